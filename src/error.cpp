@@ -1,0 +1,49 @@
+#include "error.hpp"
+
+#include <cstring>
+
+namespace wsync {
+
+[[noreturn]] void fail(wsync_status_t status, const std::string &message) {
+    throw Error(status, message);
+}
+
+[[noreturn]] void fail_errno(const std::string &what, int err) {
+    throw Error(WSYNC_ERR_SYSTEM,
+                what + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
+}
+
+const char *status_name(wsync_status_t status) noexcept {
+    switch (status) {
+    case WSYNC_OK: return "WSYNC_OK";
+    case WSYNC_ERR_INVALID_ARGUMENT: return "WSYNC_ERR_INVALID_ARGUMENT";
+    case WSYNC_ERR_UNSUPPORTED: return "WSYNC_ERR_UNSUPPORTED";
+    case WSYNC_ERR_UNAVAILABLE: return "WSYNC_ERR_UNAVAILABLE";
+    case WSYNC_ERR_MALFORMED: return "WSYNC_ERR_MALFORMED";
+    case WSYNC_ERR_MISMATCH: return "WSYNC_ERR_MISMATCH";
+    case WSYNC_ERR_TIMEOUT: return "WSYNC_ERR_TIMEOUT";
+    case WSYNC_ERR_PEER: return "WSYNC_ERR_PEER";
+    case WSYNC_ERR_NO_MEMORY: return "WSYNC_ERR_NO_MEMORY";
+    case WSYNC_ERR_WRONG_STATE: return "WSYNC_ERR_WRONG_STATE";
+    case WSYNC_ERR_SYSTEM: return "WSYNC_ERR_SYSTEM";
+    case WSYNC_ERR_INTERNAL: return "WSYNC_ERR_INTERNAL";
+    case WSYNC_ERR_INTEGRITY: return "WSYNC_ERR_INTEGRITY";
+    default: return "WSYNC_ERR_UNKNOWN";
+    }
+}
+
+namespace {
+// std::string would allocate in a thread_local destructor path; a fixed buffer cannot fail.
+thread_local char t_message[2048] = "";
+}  // namespace
+
+void set_last_error(const char *message) noexcept {
+    std::size_t n = std::strlen(message);
+    if (n >= sizeof t_message) n = sizeof t_message - 1;
+    std::memcpy(t_message, message, n);
+    t_message[n] = '\0';
+}
+
+const char *last_error() noexcept { return t_message; }
+
+}  // namespace wsync

@@ -1,0 +1,85 @@
+#include "options.hpp"
+
+#include "error.hpp"
+
+namespace wsync {
+
+namespace {
+const char *type_name(OptionSpec::Type t) { return t == OptionSpec::Type::Bool ? "bool" : "uint"; }
+}  // namespace
+
+Options::Options(std::string owner, const std::vector<OptionSpec> &specs, const char *text)
+    : owner_(std::move(owner)), values_(json::object()) {
+    for (const auto &s : specs) {
+        if (s.type == OptionSpec::Type::Bool) values_[s.key] = s.default_value != 0;
+        else values_[s.key] = s.default_value;
+    }
+    if (!text || !*text) return;
+    json given = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (given.is_discarded())
+        fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": options are not valid JSON");
+    if (!given.is_object())
+        fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": options must be a JSON object");
+    for (auto it = given.begin(); it != given.end(); ++it) {
+        const OptionSpec *spec = nullptr;
+        for (const auto &s : specs)
+            if (it.key() == s.key) spec = &s;
+        if (!spec) {
+            std::string known;
+            for (const auto &s : specs) known += (known.empty() ? "" : ", ") + std::string(s.key);
+            fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": unknown option '" + it.key() +
+                                                 "' (known: " + known + ")");
+        }
+        const json &v = it.value();
+        if (spec->type == OptionSpec::Type::Bool) {
+            if (!v.is_boolean())
+                fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": option '" + it.key() +
+                                                     "' must be true or false, got " + v.dump());
+            values_[spec->key] = v.get<bool>();
+            continue;
+        }
+        if (!v.is_number_unsigned())
+            fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": option '" + it.key() +
+                                                 "' must be a non-negative integer, got " +
+                                                 v.dump());
+        uint64_t x = v.get<uint64_t>();
+        if (x < spec->min || x > spec->max)
+            fail(WSYNC_ERR_INVALID_ARGUMENT,
+                 owner_ + ": option '" + it.key() + "' = " + std::to_string(x) +
+                     " is out of range [" + std::to_string(spec->min) + ", " +
+                     std::to_string(spec->max) + "]");
+        values_[spec->key] = x;
+    }
+}
+
+uint64_t Options::uint(const char *key) const {
+    auto it = values_.find(key);
+    if (it == values_.end() || !it->is_number_unsigned())
+        fail(WSYNC_ERR_INTERNAL, owner_ + ": option '" + key + "' is not a declared uint");
+    return it->get<uint64_t>();
+}
+
+bool Options::boolean(const char *key) const {
+    auto it = values_.find(key);
+    if (it == values_.end() || !it->is_boolean())
+        fail(WSYNC_ERR_INTERNAL, owner_ + ": option '" + key + "' is not a declared bool");
+    return it->get<bool>();
+}
+
+json describe_options(const std::vector<OptionSpec> &specs) {
+    json out = json::object();
+    for (const auto &s : specs) {
+        json d = {{"type", type_name(s.type)}, {"side", s.side}, {"doc", s.doc}};
+        if (s.type == OptionSpec::Type::Bool) {
+            d["default"] = s.default_value != 0;
+        } else {
+            d["default"] = s.default_value;
+            d["min"] = s.min;
+            d["max"] = s.max;
+        }
+        out[s.key] = std::move(d);
+    }
+    return out;
+}
+
+}  // namespace wsync

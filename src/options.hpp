@@ -1,0 +1,42 @@
+// One strictly validated options mechanism for every strategy and the planner: a JSON object
+// checked against a table of OptionSpec. Unknown keys, wrong types and out-of-range values fail
+// with WSYNC_ERR_INVALID_ARGUMENT naming the key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace wsync {
+
+using json = nlohmann::json;
+
+struct OptionSpec {
+    enum class Type { Bool, UInt };
+    const char *key;
+    Type type;
+    uint64_t default_value;  // Bool: 0 or 1
+    uint64_t min;
+    uint64_t max;
+    const char *side;  // "sender", "receiver", "both", "planner"
+    const char *doc;
+};
+
+class Options {
+public:
+    Options(std::string owner, const std::vector<OptionSpec> &specs, const char *text);
+    uint64_t uint(const char *key) const;
+    bool boolean(const char *key) const;
+    const json &values() const { return values_; }
+
+private:
+    std::string owner_;
+    json values_;  // every key of the specs, filled with defaults
+};
+
+// {"key": {"type", "default", "min", "max", "side", "doc"}} for wsync_strategy_describe_options.
+json describe_options(const std::vector<OptionSpec> &specs);
+
+}  // namespace wsync

@@ -1,0 +1,84 @@
+#include "planner.hpp"
+
+#include "error.hpp"
+#include "options.hpp"
+#include "tensor.hpp"
+
+namespace wsync {
+
+namespace {
+
+const std::vector<OptionSpec> &plan_options() {
+    using T = OptionSpec::Type;
+    static const std::vector<OptionSpec> specs = {
+        {"chunk_bytes", T::UInt, uint64_t(256) << 20, 1, uint64_t(1) << 62, "planner",
+         "batch whole module groups while a chunk stays within this many bytes"},
+        {"group_depth", T::UInt, 2, 0, WSYNC_MAX_NDIM, "planner",
+         "dotted name parts dropped to find a tensor's module; 0 disables grouping"},
+    };
+    return specs;
+}
+
+// Tensors are counted as shm and packed transports lay them out (each start aligned to 256
+// bytes), so a plan with chunk_bytes <= bucket_bytes fits in a bucket.
+uint64_t footprint(uint64_t nbytes) { return (nbytes + 255) / 256 * 256; }
+
+}  // namespace
+
+std::string Plan::group_key(const std::string &name, uint64_t depth) {
+    if (depth == 0) return std::string();
+    std::size_t end = name.size();
+    for (uint64_t d = 0; d < depth; ++d) {
+        if (end == 0) return std::string();
+        std::size_t dot = name.rfind('.', end - 1);
+        if (dot == std::string::npos) return std::string();
+        end = dot;
+    }
+    return name.substr(0, end);
+}
+
+Plan::Plan(const wsync_tensor_t *metas, std::size_t n, const char *options_json) {
+    Options opts("planner", plan_options(), options_json);
+    const uint64_t limit = opts.uint("chunk_bytes");
+    const uint64_t depth = opts.uint("group_depth");
+    std::vector<TensorMeta> m = metas_from_chunk(metas, n, /*need_data=*/false);
+
+    PlannedChunk cur;
+    uint64_t cur_fp = 0;
+    auto close = [&] {
+        if (!cur.indices.empty()) chunks_.push_back(std::move(cur));
+        cur = PlannedChunk();
+        cur_fp = 0;
+    };
+    auto add = [&](std::size_t i) {
+        cur.indices.push_back(i);
+        cur.bytes += m[i].nbytes;
+        cur_fp += footprint(m[i].nbytes);
+    };
+
+    std::size_t i = 0;
+    while (i < n) {
+        // A group: consecutive tensors sharing a non-empty module key.
+        std::string key = group_key(m[i].name, depth);
+        std::size_t j = i + 1;
+        uint64_t group_fp = footprint(m[i].nbytes);
+        if (!key.empty())
+            while (j < n && group_key(m[j].name, depth) == key) group_fp += footprint(m[j++].nbytes);
+        if (group_fp > limit) {
+            // Too big to keep whole: split between tensors; a lone tensor may exceed the limit.
+            close();
+            for (std::size_t k = i; k < j; ++k) {
+                if (!cur.indices.empty() && cur_fp + footprint(m[k].nbytes) > limit) close();
+                add(k);
+            }
+            close();
+        } else {
+            if (cur_fp + group_fp > limit) close();
+            for (std::size_t k = i; k < j; ++k) add(k);
+        }
+        i = j;
+    }
+    close();
+}
+
+}  // namespace wsync

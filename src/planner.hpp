@@ -1,0 +1,31 @@
+// The planner: tensors -> chunks that keep a module's tensors together and batch under a byte
+// threshold. Pure function of its input; no I/O.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "wsync.h"
+
+namespace wsync {
+
+struct PlannedChunk {
+    std::vector<std::size_t> indices;  // ascending
+    uint64_t bytes = 0;                // payload
+};
+
+class Plan {
+public:
+    Plan(const wsync_tensor_t *metas, std::size_t n, const char *options_json);
+    const std::vector<PlannedChunk> &chunks() const { return chunks_; }
+
+    // The module a tensor belongs to: its name without the last `depth` dotted parts, or ""
+    // (no group) when the name has no more parts than that.
+    static std::string group_key(const std::string &name, uint64_t depth);
+
+private:
+    std::vector<PlannedChunk> chunks_;
+};
+
+}  // namespace wsync

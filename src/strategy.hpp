@@ -1,0 +1,91 @@
+// What a strategy supplies. The core (core.cpp) owns everything common to all kinds: option
+// validation, the envelope, the tensor table, chunk order, sync versions, the receive iteration
+// and checksum verification. A strategy (one flat file each, strategy_<kind>.cpp) owns only its
+// transport: its init-info body, the "transport" map of its requests, and moving the bytes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "options.hpp"
+#include "tensor.hpp"
+#include "wire.hpp"
+
+namespace wsync {
+
+using json = nlohmann::json;
+
+// Where a chunk sits in the stream of syncs.
+struct ChunkHeader {
+    uint64_t version = 0;      // sync version, from 1
+    uint32_t chunk_index = 0;  // position within the version
+    bool last = false;         // completes the version
+};
+
+// The transport side of one received chunk: where each tensor's bytes are, and how the
+// receiver tells the sender it is done with them.
+class ChunkBacking {
+public:
+    virtual ~ChunkBacking() = default;
+    virtual const void *data(std::size_t i) const = 0;
+    virtual wsync_device_t device() const = 0;
+    virtual bool read_only() const = 0;
+    // Called exactly once, when the iteration ends: WSYNC_OK or the status it failed with.
+    virtual void acknowledge(wsync_status_t outcome) noexcept = 0;
+};
+
+class SenderImpl {
+public:
+    virtual ~SenderImpl() = default;
+    // Moves the validated chunk (table.metas already checked; the strategy fills
+    // table.offsets and, if it computes them, table.checksums) and returns the request's
+    // "transport" map. Must publish nothing if it throws.
+    virtual json send(const ChunkHeader &header, const wsync_tensor_t *tensors,
+                      TensorTable &table) = 0;
+    virtual void flush(int64_t timeout_ms) = 0;
+};
+
+class ReceiverImpl {
+public:
+    virtual ~ReceiverImpl() = default;
+    // Validates the transport map against the table (every offset and length in bounds, the
+    // chunk still current) and returns its backing. Throws WSYNC_ERR_MALFORMED or
+    // WSYNC_ERR_MISMATCH; touches no tensor bytes.
+    virtual std::unique_ptr<ChunkBacking> open(const ChunkHeader &header, const TensorTable &table,
+                                               const json &transport) = 0;
+    // Whether carried checksums are verified before tensors are yielded.
+    virtual bool verify_checksums() const = 0;
+};
+
+class StrategyImpl {
+public:
+    virtual ~StrategyImpl() = default;
+    virtual json create_init_info() = 0;  // the init-info body
+    virtual std::unique_ptr<SenderImpl> create_sender(const json &init_body) = 0;
+    virtual std::unique_ptr<ReceiverImpl> create_receiver(const json &init_body,
+                                                          uint32_t index) = 0;
+};
+
+// A registered kind. Each strategy file defines one and lists it in registry.cpp.
+struct KindInfo {
+    const char *name;
+    const std::vector<OptionSpec> &(*options)();
+    // "" when the kind can be created here, else what is missing (e.g. "libcuda.so.1 not found").
+    std::string (*unavailable_reason)();
+    std::unique_ptr<StrategyImpl> (*create)(const Options &options);
+    // Merges the transport maps of several senders' requests for one chunk; nullptr for kinds
+    // with a single sender (then only n == 1 is accepted).
+    json (*merge_transports)(const std::vector<const json *> &transports);
+};
+
+const std::vector<const KindInfo *> &registered_kinds();
+// Throws WSYNC_ERR_UNSUPPORTED naming the kind and listing the known ones.
+const KindInfo &find_kind(const std::string &name);
+
+extern const KindInfo kShmKind;
+
+}  // namespace wsync

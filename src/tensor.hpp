@@ -1,0 +1,67 @@
+// Tensor metadata: dtype and device tables, validation of caller descriptors, overflow-checked
+// sizes, and the tensor table every request carries (names, dtypes, shapes, offsets,
+// checksums). Shared by every strategy; knows nothing of any strategy's transport fields.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "wsync.h"
+
+namespace wsync {
+
+using json = nlohmann::json;
+
+// Overflow-checked arithmetic: nullopt on overflow.
+std::optional<uint64_t> mul_u64(uint64_t a, uint64_t b);
+std::optional<uint64_t> add_u64(uint64_t a, uint64_t b);
+
+// Bytes per element, or 0 if (code, bits, lanes) is not a dtype libwsync moves.
+uint64_t dtype_size(wsync_dtype_t dtype);
+// "bfloat16", "float32", "float8_e4m3fn", "int64x4" (lanes), "dtype(code=99,bits=8,lanes=1)".
+std::string dtype_name(wsync_dtype_t dtype);
+std::string device_name(wsync_device_t device);
+// True for memory the CPU can read and write directly (CPU, CUDA_HOST, ROCM_HOST).
+bool device_is_host(wsync_device_t device);
+
+// One tensor's description, without its bytes. No heap allocation but the name.
+struct TensorMeta {
+    std::string name;
+    wsync_dtype_t dtype{};
+    int32_t ndim = 0;
+    int64_t shape[WSYNC_MAX_NDIM] = {};
+    uint64_t nbytes = 0;  // product(shape) * dtype_size, checked
+};
+
+// Validates caller descriptor number `index` and returns its metadata. `need_data` requires a
+// non-NULL data pointer (sending); the planner passes false. Throws
+// WSYNC_ERR_INVALID_ARGUMENT naming the tensor on any defect.
+TensorMeta meta_from_descriptor(const wsync_tensor_t &t, std::size_t index, bool need_data);
+
+// Validates an array of descriptors as one chunk (each descriptor, then unique names).
+std::vector<TensorMeta> metas_from_chunk(const wsync_tensor_t *tensors, std::size_t count,
+                                         bool need_data);
+
+// The tensor table of a request: metadata plus each tensor's byte offset in the strategy's
+// buffer and, optionally, its XXH3-64 checksum.
+struct TensorTable {
+    std::vector<TensorMeta> metas;
+    std::vector<uint64_t> offsets;
+    std::vector<uint64_t> checksums;  // empty: no checksums carried
+    uint64_t total_bytes() const;
+};
+
+// Writes the table's columns into obj (see docs/wire-format.md).
+void encode_tensor_table(const TensorTable &table, json &obj);
+// Reads and validates the columns of obj. Throws WSYNC_ERR_MALFORMED naming the column and the
+// tensor index on any defect (types, counts, lengths, names, dtypes, shape overflow, dups).
+TensorTable decode_tensor_table(const json &obj);
+
+// XXH3-64 of a tensor's bytes (the checksum requests carry).
+uint64_t checksum_bytes(const void *data, uint64_t n);
+
+}  // namespace wsync

@@ -1,0 +1,158 @@
+#include "wire.hpp"
+
+#include "error.hpp"
+
+namespace wsync::wire {
+
+const char *blob_type_name(BlobType t) { return t == BlobType::Init ? "init" : "request"; }
+
+[[noreturn]] void malformed(const std::string &message) { fail(WSYNC_ERR_MALFORMED, message); }
+
+std::vector<uint8_t> encode(BlobType type, const std::string &kind, const json &body) {
+    json env = json::array({"wsync", kFormatVersion, blob_type_name(type), kind, body});
+    return json::to_cbor(env);
+}
+
+namespace {
+
+// nlohmann's binary reader recurses once per nesting level, so an untrusted blob of a few
+// hundred kilobytes of nested arrays could exhaust the stack. This SAX adaptor builds the same
+// DOM as nlohmann's own and refuses any nesting deeper than kMaxDepth before recursing further.
+class BoundedDom {
+public:
+    explicit BoundedDom(json &root) : dom_(root, false) {}
+
+    bool null() { return dom_.null(); }
+    bool boolean(bool v) { return dom_.boolean(v); }
+    bool number_integer(json::number_integer_t v) { return dom_.number_integer(v); }
+    bool number_unsigned(json::number_unsigned_t v) { return dom_.number_unsigned(v); }
+    bool number_float(json::number_float_t v, const std::string &s) { return dom_.number_float(v, s); }
+    bool string(std::string &v) { return dom_.string(v); }
+    bool binary(json::binary_t &v) { return dom_.binary(v); }
+    bool start_object(std::size_t n) { return enter() && dom_.start_object(n == std::size_t(-1) ? n : 0); }
+    bool key(std::string &k) { return dom_.key(k); }
+    bool end_object() { --depth_; return dom_.end_object(); }
+    bool start_array(std::size_t n) { return enter() && dom_.start_array(n == std::size_t(-1) ? n : 0); }
+    bool end_array() { --depth_; return dom_.end_array(); }
+    bool parse_error(std::size_t pos, const std::string &, const nlohmann::detail::exception &ex) {
+        error_ = "at byte " + std::to_string(pos) + ": " + ex.what();
+        return false;
+    }
+
+    const std::string &error() const { return error_; }
+
+private:
+    bool enter() {
+        if (++depth_ > kMaxDepth) {
+            error_ = "nesting deeper than " + std::to_string(kMaxDepth) + " levels";
+            return false;
+        }
+        return true;
+    }
+
+    // The size hint passed on is 0: a hostile length must not drive a reservation.
+    nlohmann::detail::json_sax_dom_parser<json> dom_;
+    std::size_t depth_ = 0;
+    std::string error_;
+};
+
+}  // namespace
+
+Envelope decode(const uint8_t *data, std::size_t size) {
+    if (!data || size == 0) malformed("blob is empty");
+    if (size > kMaxBlobBytes)
+        malformed("blob of " + std::to_string(size) + " bytes exceeds the limit of " +
+                  std::to_string(kMaxBlobBytes) + " bytes");
+    json root;
+    BoundedDom sax(root);
+    bool ok = json::sax_parse(data, data + size, &sax, nlohmann::detail::input_format_t::cbor, /*strict=*/true);
+    if (!ok || root.is_discarded())
+        malformed("blob is not valid CBOR (" +
+                  (sax.error().empty() ? std::string("parse failed") : sax.error()) + ")");
+    if (!root.is_array() || root.size() != 5 || !root[0].is_string() || root[0] != "wsync")
+        malformed("not a wsync blob (magic \"wsync\" missing)");
+    if (!root[1].is_number_unsigned())
+        malformed("wsync blob: format version is not an unsigned integer");
+    uint64_t version = root[1].get<uint64_t>();
+    if (version != kFormatVersion)
+        malformed("wsync blob format version " + std::to_string(version) +
+                  " is not supported (this library reads version " +
+                  std::to_string(kFormatVersion) + ")");
+    Envelope env;
+    if (root[2] == "init") env.type = BlobType::Init;
+    else if (root[2] == "request") env.type = BlobType::Request;
+    else malformed("wsync blob: unknown blob type");
+    if (!root[3].is_string() || root[3].get_ref<const std::string &>().empty() ||
+        root[3].get_ref<const std::string &>().size() > 64)
+        malformed("wsync blob: strategy kind is not a short string");
+    env.kind = root[3].get<std::string>();
+    if (!root[4].is_object()) malformed("wsync blob: body is not a map");
+    env.body = std::move(root[4]);
+    return env;
+}
+
+Envelope decode_expect(const uint8_t *data, std::size_t size, BlobType type,
+                       const std::string &kind) {
+    Envelope env = decode(data, size);
+    if (env.type != type)
+        fail(WSYNC_ERR_MISMATCH, std::string("expected a ") + blob_type_name(type) +
+                                     " blob, got a " + blob_type_name(env.type) + " blob");
+    if (env.kind != kind)
+        fail(WSYNC_ERR_MISMATCH, std::string("blob is for strategy '") + env.kind +
+                                     "', not '" + kind + "'");
+    return env;
+}
+
+const json &field(const json &obj, const char *key, const std::string &where) {
+    if (!obj.is_object()) malformed(where + ": not a map");
+    auto it = obj.find(key);
+    if (it == obj.end()) malformed(where + ": missing field '" + key + "'");
+    return *it;
+}
+
+uint64_t as_uint(const json &v, const std::string &where, uint64_t max) {
+    if (!v.is_number_unsigned()) malformed(where + " is not an unsigned integer");
+    uint64_t x = v.get<uint64_t>();
+    if (x > max)
+        malformed(where + " = " + std::to_string(x) + " exceeds " + std::to_string(max));
+    return x;
+}
+
+uint64_t uint_field(const json &obj, const char *key, const std::string &where, uint64_t max) {
+    return as_uint(field(obj, key, where), where + "." + key, max);
+}
+
+bool bool_field(const json &obj, const char *key, const std::string &where) {
+    const json &v = field(obj, key, where);
+    if (!v.is_boolean()) malformed(where + "." + key + " is not a boolean");
+    return v.get<bool>();
+}
+
+const std::string &string_field(const json &obj, const char *key, const std::string &where,
+                                std::size_t max_len) {
+    const json &v = field(obj, key, where);
+    if (!v.is_string()) malformed(where + "." + key + " is not a string");
+    const auto &s = v.get_ref<const std::string &>();
+    if (s.size() > max_len)
+        malformed(where + "." + key + " is longer than " + std::to_string(max_len) + " bytes");
+    return s;
+}
+
+const json::array_t &array_field(const json &obj, const char *key, const std::string &where,
+                                 std::size_t max_len) {
+    const json &v = field(obj, key, where);
+    if (!v.is_array()) malformed(where + "." + key + " is not an array");
+    const auto &a = v.get_ref<const json::array_t &>();
+    if (a.size() > max_len)
+        malformed(where + "." + key + " has " + std::to_string(a.size()) +
+                  " entries, more than " + std::to_string(max_len));
+    return a;
+}
+
+const json &object_field(const json &obj, const char *key, const std::string &where) {
+    const json &v = field(obj, key, where);
+    if (!v.is_object()) malformed(where + "." + key + " is not a map");
+    return v;
+}
+
+}  // namespace wsync::wire
