@@ -94,9 +94,12 @@ Envelope decode(const uint8_t *data, std::size_t size) {
 Envelope decode_expect(const uint8_t *data, std::size_t size, BlobType type,
                        const std::string &kind) {
     Envelope env = decode(data, size);
+    auto with_article = [](BlobType t) {
+        return std::string(t == BlobType::Init ? "an init" : "a request") + " blob";
+    };
     if (env.type != type)
-        fail(WSYNC_ERR_MISMATCH, std::string("expected a ") + blob_type_name(type) +
-                                     " blob, got a " + blob_type_name(env.type) + " blob");
+        fail(WSYNC_ERR_MISMATCH,
+             "expected " + with_article(type) + ", got " + with_article(env.type));
     if (env.kind != kind)
         fail(WSYNC_ERR_MISMATCH, std::string("blob is for strategy '") + env.kind +
                                      "', not '" + kind + "'");

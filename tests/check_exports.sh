@@ -1,0 +1,17 @@
+#!/bin/sh
+# Checks that libwsync exports nothing but wsync_* and needs no GPU library at load time.
+set -eu
+lib="$1"
+bad=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v '^wsync_' | grep -v '^$' || true)
+if [ -n "$bad" ]; then
+  echo "FAIL: symbols exported outside wsync_*:"; echo "$bad"; exit 1
+fi
+count=$(nm -D --defined-only "$lib" | grep -c ' wsync_' || true)
+[ "$count" -ge 20 ] || { echo "FAIL: only $count wsync_ symbols exported"; exit 1; }
+needed=$(readelf -d "$lib" | grep NEEDED || true)
+if echo "$needed" | grep -Eiq 'cuda|nccl|nvidia'; then
+  echo "FAIL: NEEDED names a GPU library:"; echo "$needed"; exit 1
+fi
+soname=$(readelf -d "$lib" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
+[ "$soname" = "libwsync.so.0" ] || { echo "FAIL: soname is '$soname', want libwsync.so.0"; exit 1; }
+echo "OK: $count wsync_* symbols, soname $soname, NEEDED: $(echo "$needed" | sed 's/.*\[\(.*\)\]/\1/' | tr '\n' ' ')"

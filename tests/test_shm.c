@@ -1,0 +1,814 @@
+/* The shm strategy, specified: what a sync moves, in what order, what every failure looks like,
+ * and what is left behind. Multi-process tests fork receivers that talk to the sender only
+ * through request bytes on a pipe and the library itself. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include "testutil.h"
+
+/* A small "model": 6 tensors in 3 modules, float32 and bf16. */
+#define NT 6
+static const char *kNames[NT] = {
+    "model.layers.0.attn.q.weight", "model.layers.0.attn.k.weight", "model.layers.0.attn.v.weight",
+    "model.layers.0.mlp.up.weight", "model.layers.0.mlp.down.weight", "lm_head.weight"};
+static const int64_t kShapes[NT][2] = {{64, 32}, {64, 32}, {64, 32}, {128, 32}, {32, 128}, {100, 32}};
+static const uint8_t kCodes[NT] = {WSYNC_DTYPE_FLOAT, WSYNC_DTYPE_FLOAT, WSYNC_DTYPE_FLOAT,
+                                   WSYNC_DTYPE_BFLOAT, WSYNC_DTYPE_BFLOAT, WSYNC_DTYPE_FLOAT};
+static const uint8_t kBits[NT] = {32, 32, 32, 16, 16, 32};
+
+typedef struct {
+    void *data[NT];
+    size_t bytes[NT];
+    wsync_tensor_t t[NT];
+} model_t;
+
+static void model_init(model_t *m) {
+    for (int i = 0; i < NT; ++i) {
+        m->bytes[i] = (size_t)(kShapes[i][0] * kShapes[i][1]) * (kBits[i] / 8);
+        m->data[i] = malloc(m->bytes[i]);
+        m->t[i] = tu_tensor(kNames[i], m->data[i], kShapes[i], 2, kCodes[i], kBits[i]);
+    }
+}
+static void model_fill(model_t *m, uint64_t step) {
+    for (int i = 0; i < NT; ++i) tu_fill(m->data[i], m->bytes[i], step, (uint64_t)i);
+}
+static void model_free(model_t *m) {
+    for (int i = 0; i < NT; ++i) free(m->data[i]);
+}
+
+/* Strategy + init info + sender, the trainer side. */
+typedef struct {
+    wsync_strategy_t *strategy;
+    wsync_blob_t init;
+    wsync_sender_t *sender;
+} trainer_t;
+
+static void trainer_open(trainer_t *tr, const char *options) {
+    OK(wsync_strategy_create("shm", options, &tr->strategy));
+    OK(wsync_strategy_create_init_info(tr->strategy, &tr->init));
+    OK(wsync_sender_create(tr->strategy, tr->init.data, tr->init.size, &tr->sender));
+}
+static void trainer_close(trainer_t *tr) {
+    wsync_sender_destroy(tr->sender);
+    wsync_strategy_destroy(tr->strategy);
+    wsync_blob_free(&tr->init);
+}
+
+static wsync_receiver_t *open_receiver(const wsync_blob_t *init, uint32_t index) {
+    wsync_strategy_t *s;
+    wsync_receiver_t *r;
+    OK(wsync_strategy_create("shm", NULL, &s));
+    OK(wsync_receiver_create(s, init->data, init->size, index, &r));
+    wsync_strategy_destroy(s); /* the receiver keeps what it needs */
+    return r;
+}
+
+/* The segment name an init blob carries, read through wsync_blob_describe. */
+static void segment_name(const wsync_blob_t *init, char *out, size_t cap) {
+    char *json;
+    OK(wsync_blob_describe(init->data, init->size, &json));
+    const char *p = strstr(json, "\"/wsync-");
+    assert_non_null(p);
+    const char *e = strchr(p + 1, '"');
+    size_t n = (size_t)(e - p - 1);
+    assert_true(n < cap);
+    memcpy(out, p + 1, n);
+    out[n] = '\0';
+    wsync_string_free(json);
+}
+
+static int segment_exists(const char *name) {
+    char path[256];
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Receives one chunk, checks every tensor against the pattern for `step`, ends it. */
+static int receive_and_check(wsync_receiver_t *r, const wsync_blob_t *req, uint64_t step,
+                             const int *tensor_ids, size_t n) {
+    wsync_recv_t *it;
+    if (wsync_receiver_receive(r, req->data, req->size, &it) != WSYNC_OK) return 0;
+    size_t k = 0;
+    int ok = 1;
+    for (;;) {
+        wsync_tensor_t v;
+        bool has;
+        if (wsync_recv_next(it, &v, &has) != WSYNC_OK) { ok = 0; break; }
+        if (!has) break;
+        int id = tensor_ids[k++];
+        size_t bytes = (size_t)(kShapes[id][0] * kShapes[id][1]) * (kBits[id] / 8);
+        if (strcmp(v.name, kNames[id]) != 0 || v.ndim != 2 || v.shape[0] != kShapes[id][0] ||
+            v.dtype.code != kCodes[id] || !(v.flags & WSYNC_TENSOR_READ_ONLY) ||
+            !tu_check(v.data, bytes, step, (uint64_t)id))
+            ok = 0;
+    }
+    if (wsync_recv_end(it) != WSYNC_OK) ok = 0;
+    return ok && k == n;
+}
+
+/* --- a whole sync, in one process ------------------------------------------------------- */
+
+static void sync_moves_every_tensor_bit_for_bit_over_several_steps(void **state) {
+    (void)state;
+    model_t m;
+    model_init(&m);
+    trainer_t tr;
+    trainer_open(&tr, "{\"bucket_bytes\": 65536}");
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    int ids_a[3] = {0, 1, 2}, ids_b[3] = {3, 4, 5};
+    for (uint64_t step = 1; step <= 4; ++step) {
+        model_fill(&m, step);
+        wsync_chunk_t a = tu_chunk(&m.t[0], 3, 0), b = tu_chunk(&m.t[3], 3, WSYNC_CHUNK_LAST);
+        wsync_blob_t ra, rb;
+        OK(wsync_sender_send_chunk(tr.sender, &a, &ra));
+        memset(m.data[0], 0, m.bytes[0]); /* the sender's memory may change once send returns */
+        OK(wsync_sender_send_chunk(tr.sender, &b, &rb));
+        assert_true(receive_and_check(r, &ra, step, ids_a, 3));
+        uint64_t done;
+        OK(wsync_receiver_completed_version(r, &done));
+        assert_int_equal(done, step - 1); /* not complete until the last chunk ends */
+        assert_true(receive_and_check(r, &rb, step, ids_b, 3));
+        OK(wsync_receiver_completed_version(r, &done));
+        assert_int_equal(done, step);
+        OK(wsync_sender_flush(tr.sender, 2000));
+        wsync_blob_free(&ra);
+        wsync_blob_free(&rb);
+    }
+    uint64_t v;
+    OK(wsync_sender_version(tr.sender, &v));
+    assert_int_equal(v, 5);
+    wsync_receiver_destroy(r);
+    trainer_close(&tr);
+    model_free(&m);
+}
+
+static void request_describes_version_chunk_and_tensors(void **state) {
+    (void)state;
+    model_t m;
+    model_init(&m);
+    model_fill(&m, 1);
+    trainer_t tr;
+    trainer_open(&tr, NULL);
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    wsync_chunk_t c = tu_chunk(m.t, NT, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+    wsync_recv_t *it;
+    OK(wsync_receiver_receive(r, req.data, req.size, &it));
+    wsync_recv_info_t info;
+    OK(wsync_recv_info(it, &info));
+    assert_int_equal(info.version, 1);
+    assert_int_equal(info.chunk_index, 0);
+    assert_int_equal(info.flags, WSYNC_CHUNK_LAST);
+    assert_int_equal(info.count, NT);
+    uint64_t total = 0;
+    for (int i = 0; i < NT; ++i) total += m.bytes[i];
+    assert_int_equal(info.bytes, total);
+    /* dry run: metadata without data */
+    wsync_tensor_t v;
+    OK(wsync_recv_peek(it, 3, &v));
+    assert_string_equal(v.name, kNames[3]);
+    assert_null(v.data);
+    assert_int_equal(v.dtype.code, WSYNC_DTYPE_BFLOAT);
+    assert_int_equal(v.shape[1], 32);
+    EXPECT_ERR(wsync_recv_peek(it, NT, &v), WSYNC_ERR_INVALID_ARGUMENT, "out of range");
+    bool has;
+    for (int i = 0; i < NT; ++i) OK(wsync_recv_next(it, &v, &has));
+    OK(wsync_recv_end(it));
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(r);
+    trainer_close(&tr);
+    model_free(&m);
+}
+
+static void views_are_aligned_to_256_bytes(void **state) {
+    (void)state;
+    float a[3] = {1, 2, 3}, b[5] = {4, 5, 6, 7, 8};
+    int64_t sa = 3, sb = 5;
+    wsync_tensor_t t[2] = {tu_tensor("a", a, &sa, 1, WSYNC_DTYPE_FLOAT, 32),
+                           tu_tensor("b", b, &sb, 1, WSYNC_DTYPE_FLOAT, 32)};
+    trainer_t tr;
+    trainer_open(&tr, NULL);
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    wsync_chunk_t c = tu_chunk(t, 2, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+    wsync_recv_t *it;
+    OK(wsync_receiver_receive(r, req.data, req.size, &it));
+    wsync_tensor_t v;
+    bool has;
+    for (int i = 0; i < 2; ++i) {
+        OK(wsync_recv_next(it, &v, &has));
+        assert_int_equal((uintptr_t)v.data % 256, 0);
+        assert_memory_equal(v.data, i ? (void *)b : (void *)a, i ? sizeof b : sizeof a);
+    }
+    OK(wsync_recv_end(it));
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(r);
+    trainer_close(&tr);
+}
+
+/* --- several processes -------------------------------------------------------------------- */
+
+/* Child: receiver `index`; reads request frames until an empty frame; checks each step. */
+static int receiver_child(const wsync_blob_t *init, uint32_t index, int fd, uint64_t steps) {
+    wsync_receiver_t *r = NULL;
+    wsync_strategy_t *s = NULL;
+    if (wsync_strategy_create("shm", NULL, &s) != WSYNC_OK ||
+        wsync_receiver_create(s, init->data, init->size, index, &r) != WSYNC_OK) {
+        fprintf(stderr, "receiver %u: %s\n", index, wsync_last_error());
+        return 10;
+    }
+    int ids_a[3] = {0, 1, 2}, ids_b[3] = {3, 4, 5};
+    for (uint64_t step = 1; step <= steps; ++step) {
+        for (int half = 0; half < 2; ++half) {
+            wsync_blob_t req;
+            if (tu_recv_frame(fd, &req.data, &req.size, 10000) || !req.size) return 11;
+            if (!receive_and_check(r, &req, step, half ? ids_b : ids_a, 3)) {
+                fprintf(stderr, "receiver %u step %llu: %s\n", index, (unsigned long long)step,
+                        wsync_last_error());
+                return 12;
+            }
+            free(req.data);
+        }
+        uint64_t done;
+        wsync_receiver_completed_version(r, &done);
+        if (done != step) return 13;
+    }
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    return 0;
+}
+
+static void three_receiver_processes_sync_five_steps_bit_for_bit(void **state) {
+    (void)state;
+    enum { R = 3, STEPS = 5 };
+    trainer_t tr;
+    trainer_open(&tr, "{\"receivers\": 3, \"buckets\": 2, \"bucket_bytes\": 65536}");
+    int fds[R][2];
+    pid_t pids[R];
+    for (int i = 0; i < R; ++i) {
+        assert_int_equal(pipe(fds[i]), 0);
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            close(fds[i][1]);
+            _exit(receiver_child(&tr.init, (uint32_t)i, fds[i][0], STEPS));
+        }
+        close(fds[i][0]);
+    }
+    model_t m;
+    model_init(&m);
+    for (uint64_t step = 1; step <= STEPS; ++step) {
+        model_fill(&m, step);
+        for (int half = 0; half < 2; ++half) {
+            wsync_chunk_t c = tu_chunk(&m.t[half * 3], 3, half ? WSYNC_CHUNK_LAST : 0);
+            wsync_blob_t req;
+            OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+            for (int i = 0; i < R; ++i) assert_int_equal(tu_send_frame(fds[i][1], req.data, req.size), 0);
+            wsync_blob_free(&req);
+        }
+        OK(wsync_sender_flush(tr.sender, 10000));
+    }
+    for (int i = 0; i < R; ++i) {
+        close(fds[i][1]);
+        assert_int_equal(tu_wait_child(pids[i], 20000), 0);
+    }
+    model_free(&m);
+    trainer_close(&tr);
+}
+
+static void killed_receiver_fails_flush_within_deadline_and_leaves_no_segment(void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr, "{\"receivers\": 2, \"bucket_bytes\": 65536}");
+    char name[128];
+    segment_name(&tr.init, name, sizeof name);
+    assert_true(segment_exists(name));
+    int go[2];
+    assert_int_equal(pipe(go), 0);
+    pid_t healthy = fork();
+    if (healthy == 0) {
+        close(go[1]);
+        wsync_receiver_t *r = open_receiver(&tr.init, 0);
+        wsync_blob_t req;
+        if (tu_recv_frame(go[0], &req.data, &req.size, 10000)) _exit(1);
+        wsync_recv_t *it;
+        if (wsync_receiver_receive(r, req.data, req.size, &it)) _exit(2);
+        wsync_tensor_t v;
+        bool has = true;
+        while (has) wsync_recv_next(it, &v, &has);
+        _exit(wsync_recv_end(it) == WSYNC_OK ? 0 : 3);
+    }
+    int attached[2];
+    assert_int_equal(pipe(attached), 0);
+    pid_t doomed = fork();
+    if (doomed == 0) {
+        wsync_receiver_t *r = open_receiver(&tr.init, 1);
+        (void)r;
+        char c = 'x';
+        if (write(attached[1], &c, 1) != 1) _exit(1);
+        pause(); /* mid-sync: attached, never acknowledges */
+        _exit(0);
+    }
+    char c;
+    assert_int_equal(read(attached[0], &c, 1), 1);
+    model_t m;
+    model_init(&m);
+    model_fill(&m, 1);
+    wsync_chunk_t ch = tu_chunk(m.t, NT, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tr.sender, &ch, &req));
+    assert_int_equal(tu_send_frame(go[1], req.data, req.size), 0);
+    assert_int_equal(tu_wait_child(healthy, 10000), 0);
+    kill(doomed, SIGKILL);
+    assert_int_equal(tu_wait_child(doomed, 5000), 128 + SIGKILL);
+
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_flush(tr.sender, 3000), WSYNC_ERR_PEER, "receiver 1");
+    assert_true(strstr(wsync_last_error(), "died") != NULL);
+    assert_true(tu_now_ms() - t0 < 3000);
+    wsync_blob_free(&req);
+    model_free(&m);
+    trainer_close(&tr);
+    assert_false(segment_exists(name));
+}
+
+static void flush_times_out_naming_receivers_that_never_answered(void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr, "{\"receivers\": 3}");
+    wsync_receiver_t *r0 = open_receiver(&tr.init, 0);
+    wsync_receiver_t *r2 = open_receiver(&tr.init, 2);
+    float x[4] = {1, 2, 3, 4};
+    int64_t s = 4;
+    wsync_tensor_t t = tu_tensor("x", x, &s, 1, WSYNC_DTYPE_FLOAT, 32);
+    wsync_chunk_t c = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+    wsync_recv_t *it;
+    OK(wsync_receiver_receive(r0, req.data, req.size, &it));
+    wsync_tensor_t v;
+    bool has;
+    OK(wsync_recv_next(it, &v, &has));
+    OK(wsync_recv_end(it));
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_flush(tr.sender, 300), WSYNC_ERR_TIMEOUT, "receivers [1, 2]");
+    long took = tu_now_ms() - t0;
+    assert_true(took >= 290 && took < 2000);
+    assert_non_null(strstr(wsync_last_error(), "never attached: [1]"));
+    EXPECT_ERR(wsync_sender_flush(tr.sender, -1), WSYNC_ERR_INVALID_ARGUMENT, "timeout_ms");
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(r0);
+    wsync_receiver_destroy(r2);
+    trainer_close(&tr);
+}
+
+static void send_blocks_for_a_free_bucket_then_times_out(void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr, "{\"buckets\": 1, \"timeout_ms\": 200}");
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    float x[4] = {1, 2, 3, 4};
+    int64_t s = 4;
+    wsync_tensor_t t = tu_tensor("x", x, &s, 1, WSYNC_DTYPE_FLOAT, 32);
+    wsync_chunk_t c = tu_chunk(&t, 1, 0);
+    wsync_blob_t r1, r2;
+    OK(wsync_sender_send_chunk(tr.sender, &c, &r1));
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_send_chunk(tr.sender, &c, &r2), WSYNC_ERR_TIMEOUT, "no free bucket");
+    assert_true(tu_now_ms() - t0 >= 190);
+    assert_null(r2.data);
+    /* Once the receiver is done, the same chunk goes through: nothing was half-published. */
+    wsync_recv_t *it;
+    OK(wsync_receiver_receive(r, r1.data, r1.size, &it));
+    wsync_tensor_t v;
+    bool has;
+    OK(wsync_recv_next(it, &v, &has));
+    OK(wsync_recv_end(it));
+    OK(wsync_sender_send_chunk(tr.sender, &c, &r2));
+    OK(wsync_receiver_receive(r, r2.data, r2.size, &it));
+    wsync_recv_info_t info;
+    OK(wsync_recv_info(it, &info));
+    assert_int_equal(info.chunk_index, 1);
+    OK(wsync_recv_next(it, &v, &has));
+    OK(wsync_recv_end(it));
+    wsync_blob_free(&r1);
+    wsync_blob_free(&r2);
+    wsync_receiver_destroy(r);
+    trainer_close(&tr);
+}
+
+/* --- integrity and order ------------------------------------------------------------------ */
+
+/* Flips one bit of the checksum the request carries for its only tensor (found by value). */
+static void corrupt_checksum(wsync_blob_t *req) {
+    char *json;
+    OK(wsync_blob_describe(req->data, req->size, &json));
+    const char *p = strstr(json, "\"xxh3\"");
+    assert_non_null(p);
+    p = strchr(p, '[');
+    unsigned long long sum = strtoull(p + 1, NULL, 10);
+    wsync_string_free(json);
+    unsigned char be[8];
+    for (int i = 0; i < 8; ++i) be[i] = (unsigned char)(sum >> (56 - 8 * i));
+    for (size_t i = 0; i + 9 <= req->size; ++i)
+        if (req->data[i] == 0x1b && memcmp(req->data + i + 1, be, 8) == 0) {
+            req->data[i + 8] ^= 1;
+            return;
+        }
+    fail_msg("checksum bytes not found in request");
+}
+
+static void corrupted_checksum_fails_the_iteration_and_the_version(void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr, NULL);
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    uint64_t x[64];
+    tu_fill(x, sizeof x, 1, 0);
+    int64_t s = 64;
+    wsync_tensor_t t = tu_tensor("w", x, &s, 1, WSYNC_DTYPE_UINT, 64);
+    wsync_chunk_t c = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+    corrupt_checksum(&req);
+    wsync_recv_t *it;
+    OK(wsync_receiver_receive(r, req.data, req.size, &it));
+    wsync_tensor_t v;
+    bool has;
+    EXPECT_ERR(wsync_recv_next(it, &v, &has), WSYNC_ERR_INTEGRITY, "tensor 'w'");
+    assert_false(has);
+    EXPECT_ERR(wsync_recv_next(it, &v, &has), WSYNC_ERR_INTEGRITY, "checksum mismatch");
+    EXPECT_ERR(wsync_recv_end(it), WSYNC_ERR_INTEGRITY, "checksum");
+    uint64_t done;
+    OK(wsync_receiver_completed_version(r, &done));
+    assert_int_equal(done, 0);
+    EXPECT_ERR(wsync_sender_flush(tr.sender, 1000), WSYNC_ERR_PEER, "WSYNC_ERR_INTEGRITY");
+    OK(wsync_sender_flush(tr.sender, 1000)); /* each failure is reported once */
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(r);
+    trainer_close(&tr);
+}
+
+static void verify_false_skips_checksums(void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr, NULL);
+    wsync_strategy_t *s;
+    wsync_receiver_t *r;
+    OK(wsync_strategy_create("shm", "{\"verify\": false}", &s));
+    OK(wsync_receiver_create(s, tr.init.data, tr.init.size, 0, &r));
+    uint64_t x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    int64_t n = 8;
+    wsync_tensor_t t = tu_tensor("w", x, &n, 1, WSYNC_DTYPE_UINT, 64);
+    wsync_chunk_t c = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+    corrupt_checksum(&req);
+    wsync_recv_t *it;
+    OK(wsync_receiver_receive(r, req.data, req.size, &it));
+    wsync_tensor_t v;
+    bool has;
+    OK(wsync_recv_next(it, &v, &has));
+    OK(wsync_recv_end(it));
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    trainer_close(&tr);
+}
+
+static void ending_early_acknowledges_failure_and_keeps_the_old_version(void **state) {
+    (void)state;
+    model_t m;
+    model_init(&m);
+    model_fill(&m, 1);
+    trainer_t tr;
+    trainer_open(&tr, NULL);
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    wsync_chunk_t c = tu_chunk(m.t, NT, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+    wsync_recv_t *it;
+    OK(wsync_receiver_receive(r, req.data, req.size, &it));
+    wsync_tensor_t v;
+    bool has;
+    OK(wsync_recv_next(it, &v, &has));
+    EXPECT_ERR(wsync_recv_end(it), WSYNC_ERR_WRONG_STATE, "after 1 of 6 tensors");
+    uint64_t done;
+    OK(wsync_receiver_completed_version(r, &done));
+    assert_int_equal(done, 0);
+    EXPECT_ERR(wsync_sender_flush(tr.sender, 1000), WSYNC_ERR_PEER, "receiver 0 failed chunk seq 1");
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(r);
+    trainer_close(&tr);
+    model_free(&m);
+}
+
+static void receive_while_iterating_is_wrong_state(void **state) {
+    (void)state;
+    float x[2] = {1, 2};
+    int64_t s = 2;
+    wsync_tensor_t t = tu_tensor("x", x, &s, 1, WSYNC_DTYPE_FLOAT, 32);
+    trainer_t tr;
+    trainer_open(&tr, NULL);
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    wsync_chunk_t c = tu_chunk(&t, 1, 0);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+    wsync_recv_t *it, *it2;
+    OK(wsync_receiver_receive(r, req.data, req.size, &it));
+    EXPECT_ERR(wsync_receiver_receive(r, req.data, req.size, &it2), WSYNC_ERR_WRONG_STATE,
+               "still open");
+    assert_null(it2);
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(r); /* ends the open iteration as failed */
+    EXPECT_ERR(wsync_sender_flush(tr.sender, 1000), WSYNC_ERR_PEER, "receiver 0");
+    trainer_close(&tr);
+}
+
+static void chunks_out_of_order_or_replayed_are_mismatch(void **state) {
+    (void)state;
+    float x[2] = {1, 2};
+    int64_t s = 2;
+    wsync_tensor_t t = tu_tensor("x", x, &s, 1, WSYNC_DTYPE_FLOAT, 32);
+    trainer_t tr;
+    trainer_open(&tr, "{\"buckets\": 4}");
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    wsync_chunk_t c = tu_chunk(&t, 1, 0);
+    wsync_blob_t q0, q1, q2;
+    OK(wsync_sender_send_chunk(tr.sender, &c, &q0));
+    OK(wsync_sender_send_chunk(tr.sender, &c, &q1));
+    OK(wsync_sender_send_chunk(tr.sender, &c, &q2));
+    wsync_recv_t *it;
+    EXPECT_ERR(wsync_receiver_receive(r, q1.data, q1.size, &it), WSYNC_ERR_MISMATCH,
+               "must start at chunk 0");
+    OK(wsync_receiver_receive(r, q0.data, q0.size, &it));
+    wsync_tensor_t v;
+    bool has;
+    OK(wsync_recv_next(it, &v, &has));
+    OK(wsync_recv_end(it));
+    EXPECT_ERR(wsync_receiver_receive(r, q2.data, q2.size, &it), WSYNC_ERR_MISMATCH,
+               "expected chunk 1 of version 1");
+    EXPECT_ERR(wsync_receiver_receive(r, q0.data, q0.size, &it), WSYNC_ERR_MISMATCH,
+               "expected chunk 1");
+    OK(wsync_receiver_receive(r, q1.data, q1.size, &it)); /* rejections changed nothing */
+    OK(wsync_recv_end(it) == WSYNC_ERR_WRONG_STATE ? WSYNC_OK : WSYNC_ERR_INTERNAL);
+    wsync_blob_free(&q0);
+    wsync_blob_free(&q1);
+    wsync_blob_free(&q2);
+    wsync_receiver_destroy(r);
+    trainer_close(&tr);
+}
+
+static void replayed_request_is_mismatch_and_late_joiners_are_unavailable(void **state) {
+    (void)state;
+    float x[2] = {1, 2};
+    int64_t s = 2;
+    wsync_tensor_t t = tu_tensor("x", x, &s, 1, WSYNC_DTYPE_FLOAT, 32);
+    trainer_t tr;
+    trainer_open(&tr, "{\"buckets\": 1}");
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    wsync_chunk_t c = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    wsync_blob_t q1, q2;
+    OK(wsync_sender_send_chunk(tr.sender, &c, &q1));
+    wsync_recv_t *it;
+    wsync_tensor_t v;
+    bool has;
+    OK(wsync_receiver_receive(r, q1.data, q1.size, &it));
+    OK(wsync_recv_next(it, &v, &has));
+    OK(wsync_recv_end(it));
+    OK(wsync_sender_send_chunk(tr.sender, &c, &q2)); /* bucket 0 now holds seq 2 */
+    EXPECT_ERR(wsync_receiver_receive(r, q1.data, q1.size, &it), WSYNC_ERR_MISMATCH,
+               "expected chunk 0 of version 2");
+    /* Every receiver had attached, so the name is gone: nobody can join mid-stream and read a
+     * bucket that has moved on (a forged stale request is covered in test_wire). */
+    wsync_strategy_t *s2;
+    wsync_receiver_t *late = NULL;
+    OK(wsync_strategy_create("shm", NULL, &s2));
+    EXPECT_ERR(wsync_receiver_create(s2, tr.init.data, tr.init.size, 0, &late),
+               WSYNC_ERR_UNAVAILABLE, "does not exist");
+    wsync_strategy_destroy(s2);
+    wsync_blob_free(&q1);
+    wsync_blob_free(&q2);
+    wsync_receiver_destroy(r);
+    trainer_close(&tr);
+}
+
+/* --- bad input ------------------------------------------------------------------------------ */
+
+static void bad_tensors_are_rejected_by_name_and_nothing_is_published(void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr, "{\"bucket_bytes\": 4096}");
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    float x[4] = {1, 2, 3, 4};
+    int64_t s4 = 4, s0 = 0, sneg = -2, big[3] = {INT64_MAX / 2, 4, 4}, s22[2] = {2, 2};
+    int64_t bad_strides[2] = {1, 2};
+    char longname[WSYNC_MAX_NAME_BYTES + 2];
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = '\0';
+    wsync_blob_t req;
+    struct { wsync_tensor_t t; wsync_status_t st; const char *msg; } cases[9];
+    int n = 0;
+    cases[n].t = tu_tensor("zero", x, &s0, 1, WSYNC_DTYPE_FLOAT, 32);
+    cases[n].st = WSYNC_ERR_INVALID_ARGUMENT; cases[n++].msg = "'zero'): shape[0] = 0";
+    cases[n].t = tu_tensor("neg", x, &sneg, 1, WSYNC_DTYPE_FLOAT, 32);
+    cases[n].st = WSYNC_ERR_INVALID_ARGUMENT; cases[n++].msg = "negative";
+    cases[n].t = tu_tensor("nodata", NULL, &s4, 1, WSYNC_DTYPE_FLOAT, 32);
+    cases[n].st = WSYNC_ERR_INVALID_ARGUMENT; cases[n++].msg = "'nodata'): data is NULL";
+    cases[n].t = tu_tensor("huge", x, big, 3, WSYNC_DTYPE_FLOAT, 32);
+    cases[n].st = WSYNC_ERR_INVALID_ARGUMENT; cases[n++].msg = "overflows";
+    cases[n].t = tu_tensor(longname, x, &s4, 1, WSYNC_DTYPE_FLOAT, 32);
+    cases[n].st = WSYNC_ERR_INVALID_ARGUMENT; cases[n++].msg = "longer than 1024";
+    cases[n].t = tu_tensor("strided", x, s22, 2, WSYNC_DTYPE_FLOAT, 32);
+    cases[n].t.strides = bad_strides;
+    cases[n].st = WSYNC_ERR_INVALID_ARGUMENT; cases[n++].msg = "'strided'): not contiguous";
+    cases[n].t = tu_tensor("opaque", x, &s4, 1, 3, 32);
+    cases[n].st = WSYNC_ERR_INVALID_ARGUMENT; cases[n++].msg = "unsupported dtype";
+    cases[n].t = tu_tensor("gpu", x, &s4, 1, WSYNC_DTYPE_FLOAT, 32);
+    cases[n].t.device.type = WSYNC_DEVICE_CUDA;
+    cases[n].st = WSYNC_ERR_UNSUPPORTED; cases[n++].msg = "'gpu' is on cuda:0";
+    cases[n].t = tu_tensor("", x, &s4, 1, WSYNC_DTYPE_FLOAT, 32);
+    cases[n].st = WSYNC_ERR_INVALID_ARGUMENT; cases[n++].msg = "name is empty";
+    for (int i = 0; i < n; ++i) {
+        wsync_chunk_t c = tu_chunk(&cases[i].t, 1, 0);
+        EXPECT_ERR(wsync_sender_send_chunk(tr.sender, &c, &req), cases[i].st, cases[i].msg);
+        assert_null(req.data);
+    }
+    wsync_tensor_t dup[2] = {tu_tensor("same", x, &s4, 1, WSYNC_DTYPE_FLOAT, 32),
+                             tu_tensor("same", x, &s4, 1, WSYNC_DTYPE_FLOAT, 32)};
+    wsync_chunk_t c = tu_chunk(dup, 2, 0);
+    EXPECT_ERR(wsync_sender_send_chunk(tr.sender, &c, &req), WSYNC_ERR_INVALID_ARGUMENT,
+               "'same'): duplicate name");
+    static float big_buf[2048];
+    int64_t sb = 2048;
+    wsync_tensor_t too_big = tu_tensor("too_big", big_buf, &sb, 1, WSYNC_DTYPE_FLOAT, 32);
+    c = tu_chunk(&too_big, 1, 0);
+    EXPECT_ERR(wsync_sender_send_chunk(tr.sender, &c, &req), WSYNC_ERR_INVALID_ARGUMENT,
+               "does not fit in one bucket");
+    c = tu_chunk(dup, 0, 0);
+    EXPECT_ERR(wsync_sender_send_chunk(tr.sender, &c, &req), WSYNC_ERR_INVALID_ARGUMENT, "no tensors");
+    c = tu_chunk(dup, 1, 0x80);
+    EXPECT_ERR(wsync_sender_send_chunk(tr.sender, &c, &req), WSYNC_ERR_INVALID_ARGUMENT, "flags");
+    /* none of that consumed a chunk: the next good one is chunk 0, seq 1 */
+    c = tu_chunk(dup, 1, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+    wsync_recv_t *it;
+    OK(wsync_receiver_receive(r, req.data, req.size, &it));
+    wsync_tensor_t v;
+    bool has;
+    OK(wsync_recv_next(it, &v, &has));
+    OK(wsync_recv_end(it));
+    OK(wsync_sender_flush(tr.sender, 1000));
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(r);
+    trainer_close(&tr);
+}
+
+static void receiver_index_out_of_range_or_taken_is_refused(void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr, "{\"receivers\": 2}");
+    wsync_strategy_t *s;
+    wsync_receiver_t *r = NULL, *r2 = NULL;
+    OK(wsync_strategy_create("shm", NULL, &s));
+    EXPECT_ERR(wsync_receiver_create(s, tr.init.data, tr.init.size, 2, &r),
+               WSYNC_ERR_INVALID_ARGUMENT, "index 2 is out of range: this sync has 2 receivers");
+    assert_null(r);
+    OK(wsync_receiver_create(s, tr.init.data, tr.init.size, 1, &r));
+    EXPECT_ERR(wsync_receiver_create(s, tr.init.data, tr.init.size, 1, &r2), WSYNC_ERR_WRONG_STATE,
+               "index 1 is already attached");
+    wsync_receiver_destroy(r);
+    OK(wsync_receiver_create(s, tr.init.data, tr.init.size, 1, &r2)); /* free again once detached */
+    wsync_receiver_destroy(r2);
+    wsync_strategy_destroy(s);
+    trainer_close(&tr);
+}
+
+static void blobs_of_another_role_or_strategy_are_mismatch(void **state) {
+    (void)state;
+    trainer_t a, b;
+    trainer_open(&a, NULL);
+    OK(wsync_strategy_create("shm", NULL, &b.strategy));
+    OK(wsync_strategy_create_init_info(b.strategy, &b.init));
+    wsync_sender_t *snd = NULL;
+    EXPECT_ERR(wsync_sender_create(b.strategy, a.init.data, a.init.size, &snd), WSYNC_ERR_MISMATCH,
+               "but this strategy created");
+    EXPECT_ERR(wsync_sender_create(a.strategy, a.init.data, a.init.size, &snd),
+               WSYNC_ERR_WRONG_STATE, "already has a sender");
+    wsync_blob_t again;
+    EXPECT_ERR(wsync_strategy_create_init_info(a.strategy, &again), WSYNC_ERR_WRONG_STATE,
+               "already created");
+    wsync_strategy_t *fresh;
+    OK(wsync_strategy_create("shm", NULL, &fresh));
+    EXPECT_ERR(wsync_sender_create(fresh, a.init.data, a.init.size, &snd), WSYNC_ERR_WRONG_STATE,
+               "has not created any");
+    /* a request where init info is expected, and the other way round */
+    float x = 1;
+    int64_t s = 1;
+    wsync_tensor_t t = tu_tensor("x", &x, &s, 1, WSYNC_DTYPE_FLOAT, 32);
+    wsync_chunk_t c = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(a.sender, &c, &req));
+    wsync_receiver_t *r = NULL;
+    EXPECT_ERR(wsync_receiver_create(fresh, req.data, req.size, 0, &r), WSYNC_ERR_MISMATCH,
+               "expected an init blob, got a request blob");
+    wsync_receiver_t *rb = open_receiver(&b.init, 0);
+    wsync_recv_t *it = NULL;
+    EXPECT_ERR(wsync_receiver_receive(rb, a.init.data, a.init.size, &it), WSYNC_ERR_MISMATCH,
+               "got an init blob");
+    EXPECT_ERR(wsync_receiver_receive(rb, req.data, req.size, &it), WSYNC_ERR_MISMATCH,
+               "request is for segment");
+    wsync_receiver_destroy(rb);
+    wsync_blob_free(&req);
+    wsync_strategy_destroy(fresh);
+    trainer_close(&a);
+    wsync_strategy_destroy(b.strategy);
+    wsync_blob_free(&b.init);
+}
+
+/* --- what is left behind ------------------------------------------------------------------- */
+
+static void segment_is_private_unguessable_and_removed(void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr, "{\"receivers\": 2}");
+    char name[128];
+    segment_name(&tr.init, name, sizeof name);
+    assert_int_equal(strlen(name), strlen("/wsync-") + 32); /* 128 random bits */
+    char path[256];
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    /* Once every receiver has attached, the name is no longer needed and disappears, so even a
+     * trainer killed with SIGKILL leaves nothing in /dev/shm. */
+    wsync_receiver_t *r0 = open_receiver(&tr.init, 0);
+    OK(wsync_sender_flush(tr.sender, 0));
+    assert_true(segment_exists(name));
+    wsync_receiver_t *r1 = open_receiver(&tr.init, 1);
+    OK(wsync_sender_flush(tr.sender, 0));
+    assert_false(segment_exists(name));
+    wsync_receiver_destroy(r0);
+    wsync_receiver_destroy(r1);
+    trainer_close(&tr);
+}
+
+static void strategy_destroyed_without_sender_removes_its_segment(void **state) {
+    (void)state;
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    OK(wsync_strategy_create("shm", NULL, &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    char name[128];
+    segment_name(&init, name, sizeof name);
+    assert_true(segment_exists(name));
+    wsync_strategy_destroy(s);
+    assert_false(segment_exists(name));
+    wsync_strategy_t *s2;
+    wsync_receiver_t *r = NULL;
+    OK(wsync_strategy_create("shm", NULL, &s2));
+    EXPECT_ERR(wsync_receiver_create(s2, init.data, init.size, 0, &r), WSYNC_ERR_UNAVAILABLE,
+               "does not exist");
+    wsync_strategy_destroy(s2);
+    wsync_blob_free(&init);
+}
+
+static void oversized_segment_is_no_memory_not_sigbus(void **state) {
+    (void)state;
+    /* 64 buckets of 1 TiB cannot be reserved in /dev/shm: the failure is immediate and named. */
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    OK(wsync_strategy_create("shm", "{\"buckets\": 64, \"bucket_bytes\": 1099511627776}", &s));
+    wsync_status_t st = wsync_strategy_create_init_info(s, &init);
+    assert_true(st == WSYNC_ERR_NO_MEMORY || st == WSYNC_ERR_SYSTEM);
+    assert_non_null(strstr(wsync_last_error(), "bytes"));
+    assert_null(init.data);
+    wsync_strategy_destroy(s);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(sync_moves_every_tensor_bit_for_bit_over_several_steps),
+    cmocka_unit_test(request_describes_version_chunk_and_tensors),
+    cmocka_unit_test(views_are_aligned_to_256_bytes),
+    cmocka_unit_test(three_receiver_processes_sync_five_steps_bit_for_bit),
+    cmocka_unit_test(killed_receiver_fails_flush_within_deadline_and_leaves_no_segment),
+    cmocka_unit_test(flush_times_out_naming_receivers_that_never_answered),
+    cmocka_unit_test(send_blocks_for_a_free_bucket_then_times_out),
+    cmocka_unit_test(corrupted_checksum_fails_the_iteration_and_the_version),
+    cmocka_unit_test(verify_false_skips_checksums),
+    cmocka_unit_test(ending_early_acknowledges_failure_and_keeps_the_old_version),
+    cmocka_unit_test(receive_while_iterating_is_wrong_state),
+    cmocka_unit_test(chunks_out_of_order_or_replayed_are_mismatch),
+    cmocka_unit_test(replayed_request_is_mismatch_and_late_joiners_are_unavailable),
+    cmocka_unit_test(bad_tensors_are_rejected_by_name_and_nothing_is_published),
+    cmocka_unit_test(receiver_index_out_of_range_or_taken_is_refused),
+    cmocka_unit_test(blobs_of_another_role_or_strategy_are_mismatch),
+    cmocka_unit_test(segment_is_private_unguessable_and_removed),
+    cmocka_unit_test(strategy_destroyed_without_sender_removes_its_segment),
+    cmocka_unit_test(oversized_segment_is_no_memory_not_sigbus),
+};
+
+TU_MAIN(tests)

@@ -1,0 +1,320 @@
+// The wire format, specified: what a blob looks like, that it round-trips, and that every kind of
+// hostile or foreign blob is refused with a named error before anything is touched — after which
+// the receiver still works. Blobs are crafted with nlohmann::json (the same codec the library
+// uses), so each case states its mutation in one line.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+extern "C" {
+#include "testutil.h"
+}
+
+using json = nlohmann::json;
+using bytes = std::vector<uint8_t>;
+
+namespace {
+
+struct Live {
+    wsync_strategy_t *strategy = nullptr;
+    wsync_blob_t init{};
+    wsync_sender_t *sender = nullptr;
+    wsync_strategy_t *rstrategy = nullptr;
+    wsync_receiver_t *receiver = nullptr;
+    bytes request;  // a valid request for chunk 0 of version 1
+    float data[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    int64_t shape[2] = {2, 4};
+
+    Live() {
+        OK(wsync_strategy_create("shm", "{\"bucket_bytes\": 8192}", &strategy));
+        OK(wsync_strategy_create_init_info(strategy, &init));
+        OK(wsync_sender_create(strategy, init.data, init.size, &sender));
+        OK(wsync_strategy_create("shm", nullptr, &rstrategy));
+        OK(wsync_receiver_create(rstrategy, init.data, init.size, 0, &receiver));
+        wsync_tensor_t t = tu_tensor("layer.weight", data, shape, 2, WSYNC_DTYPE_FLOAT, 32);
+        wsync_chunk_t c = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+        wsync_blob_t req;
+        OK(wsync_sender_send_chunk(sender, &c, &req));
+        request.assign(req.data, req.data + req.size);
+        wsync_blob_free(&req);
+    }
+    ~Live() {
+        wsync_receiver_destroy(receiver);
+        wsync_strategy_destroy(rstrategy);
+        wsync_sender_destroy(sender);
+        wsync_strategy_destroy(strategy);
+        wsync_blob_free(&init);
+    }
+    bytes init_bytes() const { return bytes(init.data, init.data + init.size); }
+
+    // Receives `req` and, if accepted, drains and ends it; returns the receive status.
+    wsync_status_t receive(const bytes &req) {
+        wsync_recv_t *it = nullptr;
+        wsync_status_t st = wsync_receiver_receive(receiver, req.data(), req.size(), &it);
+        if (st != WSYNC_OK) {
+            assert_null(it);
+            return st;
+        }
+        wsync_tensor_t v;
+        bool has = true;
+        while (has) OK(wsync_recv_next(it, &v, &has));
+        OK(wsync_recv_end(it));
+        return st;
+    }
+};
+
+json decode(const bytes &b) { return json::from_cbor(b); }
+bytes encode(const json &j) { return json::to_cbor(j); }
+
+struct Case {
+    const char *what;
+    std::function<void(json &)> mutate;
+    wsync_status_t status;
+    const char *needle;
+};
+
+void expect_receive(Live &live, const bytes &blob, wsync_status_t status, const char *needle,
+                    const char *what) {
+    wsync_status_t st = live.receive(blob);
+    if (st != status)
+        fail_msg("%s: got %s, want %s (%s)", what, wsync_status_string(st),
+                 wsync_status_string(status), wsync_last_error());
+    if (!strstr(wsync_last_error(), needle))
+        fail_msg("%s: message \"%s\" lacks \"%s\"", what, wsync_last_error(), needle);
+}
+
+}  // namespace
+
+static void blobs_are_a_cbor_array_with_magic_version_type_and_kind(void **state) {
+    (void)state;
+    Live live;
+    json init = decode(live.init_bytes());
+    assert_true(init.is_array());
+    assert_int_equal(init.size(), 5);
+    assert_true(init[0] == "wsync");
+    assert_true(init[1] == 1);
+    assert_true(init[2] == "init");
+    assert_true(init[3] == "shm");
+    const uint8_t magic[] = {0x85, 0x65, 'w', 's', 'y', 'n', 'c'};
+    assert_memory_equal(live.init.data, magic, sizeof magic);
+    json req = decode(live.request);
+    assert_true(req[2] == "request");
+    const json &body = req[4];
+    assert_true(body["version"] == 1 && body["chunk"] == 0 && body["last"] == true);
+    assert_true(body["tensors"]["names"] == json::array({"layer.weight"}));
+    assert_true(body["tensors"]["dtypes"] == json::array({2, 32, 1}));
+    assert_true(body["tensors"]["shapes"] == json::array({2, 4}));
+    assert_true(body["transport"].contains("segment"));
+}
+
+static void blobs_round_trip_through_the_codec_and_describe(void **state) {
+    (void)state;
+    Live live;
+    assert_true(encode(decode(live.request)) == live.request);  // canonical encoding
+    char *text;
+    OK(wsync_blob_describe(live.request.data(), live.request.size(), &text));
+    json described = json::parse(text);
+    wsync_string_free(text);
+    assert_true(described["body"] == decode(live.request)[4]);
+    assert_true(described["kind"] == "shm" && described["type"] == "request");
+    assert_int_equal(live.receive(encode(decode(live.request))), WSYNC_OK);
+}
+
+static void hostile_requests_are_refused_by_name_and_the_receiver_still_works(void **state) {
+    (void)state;
+    Live live;
+    const Case cases[] = {
+        {"version 0", [](json &r) { r[4]["version"] = 0; }, WSYNC_ERR_MALFORMED, "request.version is 0"},
+        {"version negative", [](json &r) { r[4]["version"] = -1; }, WSYNC_ERR_MALFORMED, "request.version is not an unsigned"},
+        {"chunk missing", [](json &r) { r[4].erase("chunk"); }, WSYNC_ERR_MALFORMED, "missing field 'chunk'"},
+        {"last not bool", [](json &r) { r[4]["last"] = 1; }, WSYNC_ERR_MALFORMED, "request.last is not a boolean"},
+        {"tensors missing", [](json &r) { r[4].erase("tensors"); }, WSYNC_ERR_MALFORMED, "missing field 'tensors'"},
+        {"transport not map", [](json &r) { r[4]["transport"] = json::array(); }, WSYNC_ERR_MALFORMED, "request.transport is not a map"},
+        {"names empty", [](json &r) { r[4]["tensors"]["names"] = json::array(); }, WSYNC_ERR_MALFORMED, "'names' is empty"},
+        {"name not string", [](json &r) { r[4]["tensors"]["names"][0] = 7; }, WSYNC_ERR_MALFORMED, "name of tensor 0 is not a string"},
+        {"name has NUL", [](json &r) { r[4]["tensors"]["names"][0] = std::string("a\0b", 3); }, WSYNC_ERR_MALFORMED, "contains NUL"},
+        {"name too long", [](json &r) { r[4]["tensors"]["names"][0] = std::string(2000, 'x'); }, WSYNC_ERR_MALFORMED, "too long"},
+        {"columns disagree", [](json &r) { r[4]["tensors"]["offsets"].push_back(0); }, WSYNC_ERR_MALFORMED, "offsets has 2 entries, more than 1"},
+        {"dtype opaque", [](json &r) { r[4]["tensors"]["dtypes"][0] = 3; }, WSYNC_ERR_MALFORMED, "unsupported: dtype(code=3"},
+        {"dtype bits", [](json &r) { r[4]["tensors"]["dtypes"][1] = 12; }, WSYNC_ERR_MALFORMED, "dtype of tensor 0 is unsupported"},
+        {"dtype over u8", [](json &r) { r[4]["tensors"]["dtypes"][0] = 300; }, WSYNC_ERR_MALFORMED, "exceeds 255"},
+        {"ndim 17", [](json &r) { r[4]["tensors"]["ndims"][0] = 17; }, WSYNC_ERR_MALFORMED, "ndim of tensor 0 = 17 exceeds 16"},
+        {"zero extent", [](json &r) { r[4]["tensors"]["shapes"][0] = 0; }, WSYNC_ERR_MALFORMED, "zero extent"},
+        {"shape overflow", [](json &r) { r[4]["tensors"]["shapes"] = json::array({uint64_t(1) << 40, uint64_t(1) << 40}); }, WSYNC_ERR_MALFORMED, "overflows"},
+        {"extent over int64", [](json &r) { r[4]["tensors"]["shapes"][0] = UINT64_MAX; }, WSYNC_ERR_MALFORMED, "exceeds"},
+        {"shapes short", [](json &r) { r[4]["tensors"]["shapes"] = json::array({2}); }, WSYNC_ERR_MALFORMED, "'shapes' is too short"},
+        {"shapes long", [](json &r) { r[4]["tensors"]["shapes"].push_back(3); }, WSYNC_ERR_MALFORMED, "ndims add up to 2"},
+        {"xxh3 length", [](json &r) { r[4]["tensors"]["xxh3"].push_back(1); }, WSYNC_ERR_MALFORMED, "xxh3 has 2 entries, more than 1"},
+        {"duplicate names", [](json &r) {
+             auto &t = r[4]["tensors"];
+             t["names"].push_back(t["names"][0]);
+             for (int i = 0; i < 3; ++i) t["dtypes"].push_back(t["dtypes"][i]);
+             t["ndims"].push_back(2); t["shapes"].push_back(2); t["shapes"].push_back(4);
+             t["offsets"].push_back(256); t["xxh3"].push_back(t["xxh3"][0]);
+         }, WSYNC_ERR_MALFORMED, "duplicate tensor name 'layer.weight'"},
+        {"offset past bucket", [](json &r) { r[4]["tensors"]["offsets"][0] = 8192; }, WSYNC_ERR_MALFORMED, "outside the 8192-byte bucket"},
+        {"offset wraps", [](json &r) { r[4]["tensors"]["offsets"][0] = UINT64_MAX - 255; }, WSYNC_ERR_MALFORMED, "outside"},
+        {"offset misaligned", [](json &r) { r[4]["tensors"]["offsets"][0] = 8; }, WSYNC_ERR_MALFORMED, "misaligned"},
+        {"tensor bigger than bucket", [](json &r) { r[4]["tensors"]["shapes"] = json::array({2048, 4}); }, WSYNC_ERR_MALFORMED, "outside"},
+        {"bucket out of range", [](json &r) { r[4]["transport"]["bucket"] = 2; }, WSYNC_ERR_MALFORMED, "request.bucket = 2 exceeds 1"},
+        {"seq zero", [](json &r) { r[4]["transport"]["seq"] = 0; }, WSYNC_ERR_MALFORMED, "seq 0 does not belong"},
+        {"seq in wrong bucket", [](json &r) { r[4]["transport"]["seq"] = 2; }, WSYNC_ERR_MALFORMED, "seq 2 does not belong in bucket 0"},
+        {"future seq", [](json &r) { r[4]["transport"]["seq"] = 3; }, WSYNC_ERR_MISMATCH, "stale or replayed"},
+        {"other segment", [](json &r) { r[4]["transport"]["segment"] = "/wsync-0000"; }, WSYNC_ERR_MISMATCH, "request is for segment '/wsync-0000'"},
+        {"other kind", [](json &r) { r[3] = "nccl_broadcast"; }, WSYNC_ERR_MISMATCH, "blob is for strategy 'nccl_broadcast', not 'shm'"},
+        {"init type", [](json &r) { r[2] = "init"; }, WSYNC_ERR_MISMATCH, "expected a request blob"},
+        {"unknown type", [](json &r) { r[2] = "reply"; }, WSYNC_ERR_MALFORMED, "unknown blob type"},
+        {"format 2", [](json &r) { r[1] = 2; }, WSYNC_ERR_MALFORMED, "format version 2 is not supported (this library reads version 1)"},
+        {"wrong magic", [](json &r) { r[0] = "wsynk"; }, WSYNC_ERR_MALFORMED, "magic"},
+        {"body not map", [](json &r) { r[4] = 5; }, WSYNC_ERR_MALFORMED, "body is not a map"},
+        {"six elements", [](json &r) { r.push_back(0); }, WSYNC_ERR_MALFORMED, "magic"},
+    };
+    for (const Case &c : cases) {
+        json r = decode(live.request);
+        c.mutate(r);
+        expect_receive(live, encode(r), c.status, c.needle, c.what);
+    }
+    // Nothing above consumed or damaged anything: the genuine request is still accepted.
+    assert_int_equal(live.receive(live.request), WSYNC_OK);
+}
+
+static void garbage_truncated_and_oversized_bytes_are_malformed(void **state) {
+    (void)state;
+    Live live;
+    const bytes garbage = {0xde, 0xad, 0xbe, 0xef, 0x00, 0x11};
+    expect_receive(live, garbage, WSYNC_ERR_MALFORMED, "not valid CBOR", "garbage");
+    expect_receive(live, encode(json::object()), WSYNC_ERR_MALFORMED, "magic", "a map");
+    bytes trailing = live.request;
+    trailing.push_back(0);
+    expect_receive(live, trailing, WSYNC_ERR_MALFORMED, "not valid CBOR", "trailing byte");
+    // Every proper prefix of a valid request is refused (and none crashes).
+    for (size_t n = 1; n < live.request.size(); ++n) {
+        bytes cut(live.request.begin(), live.request.begin() + n);
+        wsync_status_t st = live.receive(cut);
+        if (st != WSYNC_ERR_MALFORMED) fail_msg("prefix of %zu bytes: %s", n, wsync_status_string(st));
+    }
+    // A declared length of 2^64-1 elements must not drive an allocation.
+    const bytes huge_array = {0x9b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00};
+    expect_receive(live, huge_array, WSYNC_ERR_MALFORMED, "not valid CBOR", "huge array");
+    const bytes huge_string = {0x7b, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 'a'};
+    expect_receive(live, huge_string, WSYNC_ERR_MALFORMED, "not valid CBOR", "huge string");
+    // Deep nesting is refused before it can exhaust the stack.
+    bytes deep(200000, 0x81);
+    deep.push_back(0x00);
+    expect_receive(live, deep, WSYNC_ERR_MALFORMED, "nesting deeper than 16", "deep nesting");
+    // Tags are not part of the format.
+    const bytes tagged = {0xc0, 0x61, 'x'};
+    expect_receive(live, tagged, WSYNC_ERR_MALFORMED, "not valid CBOR", "tag");
+    // Oversized blobs are refused by size before parsing (the buffer is never read).
+    std::vector<uint8_t> big((size_t(256) << 20) + 1);
+    expect_receive(live, big, WSYNC_ERR_MALFORMED, "exceeds the limit", "oversized");
+    assert_int_equal(live.receive(live.request), WSYNC_OK);
+}
+
+static void hostile_init_info_is_refused_by_name(void **state) {
+    (void)state;
+    // A segment nobody has attached to yet, so its name still exists.
+    wsync_strategy_t *owner;
+    wsync_blob_t init;
+    OK(wsync_strategy_create("shm", "{\"receivers\": 2, \"bucket_bytes\": 8192}", &owner));
+    OK(wsync_strategy_create_init_info(owner, &init));
+    const bytes valid(init.data, init.data + init.size);
+    const Case cases[] = {
+        {"segment missing", [](json &r) { r[4].erase("segment"); }, WSYNC_ERR_MALFORMED, "shm init info: missing field 'segment'"},
+        {"segment path", [](json &r) { r[4]["segment"] = "/../../etc/passwd"; }, WSYNC_ERR_MALFORMED, "is not a POSIX shm name"},
+        {"segment relative", [](json &r) { r[4]["segment"] = "wsync"; }, WSYNC_ERR_MALFORMED, "is not a POSIX shm name"},
+        {"receivers zero", [](json &r) { r[4]["receivers"] = 0; }, WSYNC_ERR_MALFORMED, "out of range"},
+        {"receivers 65", [](json &r) { r[4]["receivers"] = 65; }, WSYNC_ERR_MALFORMED, "receivers = 65 exceeds 64"},
+        {"bucket unaligned", [](json &r) { r[4]["bucket_bytes"] = 4097; }, WSYNC_ERR_MALFORMED, "out of range"},
+        {"bucket huge", [](json &r) { r[4]["bucket_bytes"] = UINT64_MAX; }, WSYNC_ERR_MALFORMED, "exceeds"},
+        {"checksum not bool", [](json &r) { r[4]["checksum"] = "yes"; }, WSYNC_ERR_MALFORMED, "checksum is not a boolean"},
+        {"geometry differs", [](json &r) { r[4]["buckets"] = 3; }, WSYNC_ERR_MISMATCH, "implies"},
+        {"vanished segment", [](json &r) { r[4]["segment"] = "/wsync-gone"; }, WSYNC_ERR_UNAVAILABLE, "does not exist"},
+        {"request type", [](json &r) { r[2] = "request"; }, WSYNC_ERR_MISMATCH, "expected an init blob"},
+        {"other kind", [](json &r) { r[3] = "cuda_ipc"; }, WSYNC_ERR_MISMATCH, "blob is for strategy 'cuda_ipc'"},
+    };
+    wsync_strategy_t *s;
+    OK(wsync_strategy_create("shm", nullptr, &s));
+    for (const Case &c : cases) {
+        json r = decode(valid);
+        c.mutate(r);
+        bytes b = encode(r);
+        wsync_receiver_t *rcv = nullptr;
+        wsync_status_t st = wsync_receiver_create(s, b.data(), b.size(), 0, &rcv);
+        if (st != c.status || !strstr(wsync_last_error(), c.needle))
+            fail_msg("%s: got %s \"%s\", want %s \"%s\"", c.what, wsync_status_string(st),
+                     wsync_last_error(), wsync_status_string(c.status), c.needle);
+        assert_null(rcv);
+    }
+    wsync_receiver_t *rcv = nullptr;  // the genuine blob still works
+    OK(wsync_receiver_create(s, valid.data(), valid.size(), 1, &rcv));
+    wsync_receiver_destroy(rcv);
+    wsync_strategy_destroy(s);
+    wsync_strategy_destroy(owner);
+    wsync_blob_free(&init);
+}
+
+static void describe_renders_any_blob_and_refuses_garbage(void **state) {
+    (void)state;
+    Live live;
+    char *text = nullptr;
+    OK(wsync_blob_describe(live.init.data, live.init.size, &text));
+    json j = json::parse(text);
+    wsync_string_free(text);
+    assert_true(j["type"] == "init" && j["body"]["receivers"] == 1);
+    // A foreign kind still renders: describe is for logs and tools.
+    json foreign = decode(live.request);
+    foreign[3] = "ucx";
+    foreign[4]["transport"] = {{"worker", "x"}};
+    bytes fb = encode(foreign);
+    OK(wsync_blob_describe(fb.data(), fb.size(), &text));
+    assert_non_null(strstr(text, "\"ucx\""));
+    wsync_string_free(text);
+    // Names that are not UTF-8 are rendered with replacement characters, not an exception.
+    json odd = decode(live.request);
+    odd[4]["tensors"]["names"][0] = std::string("\xff\xfe", 2);
+    bytes ob = encode(odd);
+    OK(wsync_blob_describe(ob.data(), ob.size(), &text));
+    wsync_string_free(text);
+    const uint8_t junk[] = {0xff};
+    EXPECT_ERR(wsync_blob_describe(junk, 1, &text), WSYNC_ERR_MALFORMED, "not valid CBOR");
+    assert_null(text);
+}
+
+static void merge_of_a_single_sender_kind_takes_exactly_one_part(void **state) {
+    (void)state;
+    Live live;
+    wsync_blob_t part = {live.request.data(), live.request.size()};
+    wsync_blob_t out;
+    OK(wsync_request_merge(&part, 1, &out));
+    assert_int_equal(out.size, live.request.size());
+    assert_memory_equal(out.data, live.request.data(), out.size);
+    wsync_blob_free(&out);
+    wsync_blob_t two[2] = {part, part};
+    EXPECT_ERR(wsync_request_merge(two, 2, &out), WSYNC_ERR_UNSUPPORTED, "'shm' has a single sender; got 2 parts");
+    EXPECT_ERR(wsync_request_merge(two, 0, &out), WSYNC_ERR_INVALID_ARGUMENT, "no parts");
+    wsync_blob_t bad[2] = {part, {live.init.data, live.init.size}};
+    EXPECT_ERR(wsync_request_merge(bad, 2, &out), WSYNC_ERR_MISMATCH, "part 1 is not a request");
+    json other = decode(live.request);
+    other[3] = "cuda_ipc";
+    bytes ob = encode(other);
+    wsync_blob_t mixed[2] = {part, {ob.data(), ob.size()}};
+    EXPECT_ERR(wsync_request_merge(mixed, 2, &out), WSYNC_ERR_MISMATCH, "part 1 is for strategy 'cuda_ipc'");
+    const uint8_t junk[] = {0x01};
+    wsync_blob_t jb[1] = {{const_cast<uint8_t *>(junk), 1}};
+    EXPECT_ERR(wsync_request_merge(jb, 1, &out), WSYNC_ERR_MALFORMED, "merge: part 0");
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(blobs_are_a_cbor_array_with_magic_version_type_and_kind),
+    cmocka_unit_test(blobs_round_trip_through_the_codec_and_describe),
+    cmocka_unit_test(hostile_requests_are_refused_by_name_and_the_receiver_still_works),
+    cmocka_unit_test(garbage_truncated_and_oversized_bytes_are_malformed),
+    cmocka_unit_test(hostile_init_info_is_refused_by_name),
+    cmocka_unit_test(describe_renders_any_blob_and_refuses_garbage),
+    cmocka_unit_test(merge_of_a_single_sender_kind_takes_exactly_one_part),
+};
+
+TU_MAIN(tests)

@@ -1,0 +1,183 @@
+/* Shared helpers for libwsync's cmocka tests: status assertions that print the library's
+ * message, a deterministic weight pattern, length-prefixed frames over pipes, and bounded
+ * waits for child processes. Header-only so every test binary stays one file. */
+#ifndef WSYNC_TESTUTIL_H
+#define WSYNC_TESTUTIL_H
+
+#include <errno.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "wsync.h"
+
+/* Asserts a call returns WSYNC_OK, printing the library's message when it does not. */
+#define OK(call)                                                                        \
+    do {                                                                                \
+        wsync_status_t st_ = (call);                                                    \
+        if (st_ != WSYNC_OK)                                                            \
+            fail_msg("%s -> %s: %s", #call, wsync_status_string(st_), wsync_last_error()); \
+    } while (0)
+
+/* Asserts a call fails with `status` and that the message contains `needle`. */
+#define EXPECT_ERR(call, status, needle)                                                 \
+    do {                                                                                 \
+        wsync_status_t st_ = (call);                                                     \
+        if (st_ != (status))                                                             \
+            fail_msg("%s -> %s (want %s): %s", #call, wsync_status_string(st_),           \
+                     wsync_status_string(status), wsync_last_error());                   \
+        if (!strstr(wsync_last_error(), (needle)))                                       \
+            fail_msg("%s: message \"%s\" does not mention \"%s\"", #call, wsync_last_error(), \
+                     (needle));                                                          \
+    } while (0)
+
+static inline uint64_t tu_splitmix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* The bytes tensor `t` holds at sync `step`: independent of the library, so receivers can
+ * check what arrived bit for bit. */
+static inline void tu_fill(void *buf, size_t n, uint64_t step, uint64_t t) {
+    unsigned char *p = (unsigned char *)buf;
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t v = tu_splitmix((step << 40) ^ (t << 24) ^ (i >> 3));
+        size_t k = n - i < 8 ? n - i : 8;
+        memcpy(p + i, &v, k);
+    }
+}
+
+static inline int tu_check(const void *buf, size_t n, uint64_t step, uint64_t t) {
+    const unsigned char *p = (const unsigned char *)buf;
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t v = tu_splitmix((step << 40) ^ (t << 24) ^ (i >> 3));
+        size_t k = n - i < 8 ? n - i : 8;
+        if (memcmp(p + i, &v, k) != 0) return 0;
+    }
+    return 1;
+}
+
+static inline wsync_tensor_t tu_tensor(const char *name, void *data, const int64_t *shape,
+                                       int32_t ndim, uint8_t code, uint8_t bits) {
+    wsync_tensor_t t;
+    memset(&t, 0, sizeof t);
+    t.name = name;
+    t.data = data;
+    t.shape = shape;
+    t.ndim = ndim;
+    t.dtype.code = code;
+    t.dtype.bits = bits;
+    t.dtype.lanes = 1;
+    t.device.type = WSYNC_DEVICE_CPU;
+    return t;
+}
+
+static inline wsync_chunk_t tu_chunk(const wsync_tensor_t *t, size_t n, uint32_t flags) {
+    wsync_chunk_t c;
+    memset(&c, 0, sizeof c);
+    c.tensors = t;
+    c.count = n;
+    c.flags = flags;
+    return c;
+}
+
+/* --- frames: u64 length then bytes; length 0 means "no more" ---------------------------- */
+static inline int tu_write_all(int fd, const void *p, size_t n) {
+    const char *c = (const char *)p;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static inline int tu_read_all(int fd, void *p, size_t n, int timeout_ms) {
+    char *c = (char *)p;
+    while (n) {
+        struct pollfd pfd = {fd, POLLIN, 0};
+        int r = poll(&pfd, 1, timeout_ms);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        ssize_t got = read(fd, c, n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return -1;
+        c += got;
+        n -= (size_t)got;
+    }
+    return 0;
+}
+
+static inline int tu_send_frame(int fd, const void *p, size_t n) {
+    uint64_t len = n;
+    return tu_write_all(fd, &len, sizeof len) || (n && tu_write_all(fd, p, n)) ? -1 : 0;
+}
+
+/* Reads one frame into a malloc'd buffer (*out, *len); 0 on success. */
+static inline int tu_recv_frame(int fd, uint8_t **out, size_t *len, int timeout_ms) {
+    uint64_t n;
+    *out = NULL;
+    *len = 0;
+    if (tu_read_all(fd, &n, sizeof n, timeout_ms)) return -1;
+    if (n > ((uint64_t)1 << 30)) return -1;
+    if (n == 0) return 0;
+    *out = (uint8_t *)malloc(n);
+    if (!*out || tu_read_all(fd, *out, n, timeout_ms)) {
+        free(*out);
+        *out = NULL;
+        return -1;
+    }
+    *len = n;
+    return 0;
+}
+
+/* Waits for a child up to timeout_ms, then kills it. Returns its exit status, 128+signal,
+ * or -1 if it had to be killed. */
+static inline int tu_wait_child(pid_t pid, int timeout_ms) {
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        int status;
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long ms = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
+        if (r < 0 || ms > timeout_ms) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return -1;
+        }
+        usleep(2000);
+    }
+}
+
+static inline long tu_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The test entry point: `prog [NAME]` runs every test, or only the one called NAME (CTest runs
+ * each test as its own process so a crash or skip shows against its name). */
+#define TU_MAIN(tests)                                                     \
+    int main(int argc, char **argv) {                                      \
+        if (argc > 1) cmocka_set_test_filter(argv[1]);                     \
+        return cmocka_run_group_tests(tests, NULL, NULL);                  \
+    }
+
+#endif
