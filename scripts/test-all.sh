@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Every test of libwsync on a fresh Debian 12 machine: installs dependencies, then
+#   1. builds and runs the CTest suite (cmocka specs, header, exports, install, CLI smoke),
+#   2. builds the .deb packages and checks what each contains,
+#   3. runs the Python binding's tests and the Rust binding's tests against the fresh build,
+#   4. rebuilds with AddressSanitizer + UndefinedBehaviorSanitizer and runs the suite again,
+#   5. runs each libFuzzer target briefly (WSYNC_FUZZ_SECONDS, default 30) from its seeds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+jobs=$(nproc)
+section() { printf '\n==== %s ====\n' "$*"; }
+
+section "dependencies"
+scripts/install-deps.sh
+
+section "build and CTest"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$jobs"
+(cd build && ctest --output-on-failure -j2)
+
+section "Debian packages"
+(cd build && cpack -G DEB >/dev/null)
+for pkg in libwsync0 libwsync-dev wsync-tools; do
+  deb=$(ls build/${pkg}_*.deb)
+  echo "$deb:"; dpkg-deb -c "$deb" | awk '{print "  " $6}' | grep -v '/$'
+done
+dpkg-deb -c build/libwsync0_*.deb | grep -q 'libwsync.so.0'
+dpkg-deb -c build/libwsync-dev_*.deb | grep -q 'include/wsync.h'
+dpkg-deb -c build/libwsync-dev_*.deb | grep -q 'pkgconfig/wsync.pc'
+dpkg-deb -c build/libwsync-dev_*.deb | grep -q 'cmake/wsync/wsyncConfig.cmake'
+
+if [ -d bindings/python/tests ]; then
+  section "Python binding"
+  WSYNC_LIBRARY="$root/build/libwsync.so" /usr/bin/python3 -m pytest -q -p no:cacheprovider bindings/python/tests
+fi
+
+if [ -f bindings/rust/Cargo.toml ]; then
+  section "Rust binding"
+  (cd bindings/rust && WSYNC_LIB_DIR="$root/build" LD_LIBRARY_PATH="$root/build" \
+     cargo test --offline --quiet 2>&1)
+fi
+
+section "AddressSanitizer + UndefinedBehaviorSanitizer"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DWSYNC_SANITIZE=address,undefined >/dev/null
+cmake --build build-asan -j"$jobs" >/dev/null
+# The install test builds an uninstrumented consumer, which cannot load an instrumented library.
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j2 -LE install)
+
+section "fuzzing"
+CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DWSYNC_BUILD_FUZZERS=ON -DWSYNC_SANITIZE=address,undefined -DWSYNC_BUILD_TESTS=OFF \
+  -DWSYNC_BUILD_TOOLS=OFF >/dev/null
+cmake --build build-fuzz -j"$jobs" >/dev/null
+# fuzz_request keeps one live segment for its whole run and libFuzzer's time limit ends the
+# process without exit handlers, so its segment is removed here afterwards.
+shm_before=$(ls /dev/shm)
+for t in describe init request options; do
+  seeds=tests/fuzz/corpus/$t; [ "$t" = describe ] && seeds=tests/fuzz/corpus/blob
+  corpus=$(mktemp -d); cp "$seeds"/* "$corpus"/
+  echo "fuzz_$t: ${WSYNC_FUZZ_SECONDS:-30} s"
+  build-fuzz/tests/fuzz/fuzz_$t -max_total_time="${WSYNC_FUZZ_SECONDS:-30}" -rss_limit_mb=2048 \
+    -print_final_stats=0 "$corpus" 2>&1 | grep -E 'DONE|ERROR|SUMMARY' || true
+  # libFuzzer exits non-zero on any crash, leak or sanitizer report.
+  build-fuzz/tests/fuzz/fuzz_$t -runs=0 "$corpus" >/dev/null 2>&1
+  rm -rf "$corpus"
+done
+for f in $(ls /dev/shm); do
+  case "$f" in wsync-*) echo "$shm_before" | grep -qx "$f" || rm -f "/dev/shm/$f" ;; esac
+done
+
+section "result"
+echo "all test stages passed"
