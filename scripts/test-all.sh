@@ -29,6 +29,15 @@ dpkg-deb -c build/libwsync0_*.deb | grep -q 'libwsync.so.0'
 dpkg-deb -c build/libwsync-dev_*.deb | grep -q 'include/wsync.h'
 dpkg-deb -c build/libwsync-dev_*.deb | grep -q 'pkgconfig/wsync.pc'
 dpkg-deb -c build/libwsync-dev_*.deb | grep -q 'cmake/wsync/wsyncConfig.cmake'
+if [ "$(id -u)" -eq 0 ] && ! dpkg-query -W libwsync0 >/dev/null 2>&1; then
+  # As a user would: apt install the packages, build against the system copy, remove them.
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ./build/libwsync0_*.deb \
+    ./build/libwsync-dev_*.deb ./build/wsync-tools_*.deb >/dev/null
+  cc -std=c99 tests/install/consumer/consumer.c $(pkg-config --cflags --libs wsync) -o build/consumer-deb
+  build/consumer-deb
+  wsync --version
+  DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq wsync-tools libwsync-dev libwsync0 >/dev/null
+fi
 
 if [ -d bindings/python/tests ]; then
   section "Python binding"
