@@ -23,12 +23,18 @@ section "Debian packages"
 (cd build && cpack -G DEB >/dev/null)
 for pkg in libwsync0 libwsync-dev wsync-tools; do
   deb=$(ls build/${pkg}_*.deb)
-  echo "$deb:"; dpkg-deb -c "$deb" | awk '{print "  " $6}' | grep -v '/$'
+  echo "$deb:"; dpkg-deb -c "$deb" > build/deb-contents.txt
+  awk '{print "  " $6}' build/deb-contents.txt | grep -v '/$' || true
 done
-dpkg-deb -c build/libwsync0_*.deb | grep -q 'libwsync.so.0'
-dpkg-deb -c build/libwsync-dev_*.deb | grep -q 'include/wsync.h'
-dpkg-deb -c build/libwsync-dev_*.deb | grep -q 'pkgconfig/wsync.pc'
-dpkg-deb -c build/libwsync-dev_*.deb | grep -q 'cmake/wsync/wsyncConfig.cmake'
+# List each package once (grep -q on a pipe would SIGPIPE dpkg-deb and trip pipefail).
+runtime_files=$(dpkg-deb -c build/libwsync0_*.deb)
+dev_files=$(dpkg-deb -c build/libwsync-dev_*.deb)
+for want in libwsync.so.0; do
+  grep -q "$want" <<<"$runtime_files" || { echo "libwsync0 lacks $want"; exit 1; }
+done
+for want in include/wsync.h pkgconfig/wsync.pc cmake/wsync/wsyncConfig.cmake; do
+  grep -q "$want" <<<"$dev_files" || { echo "libwsync-dev lacks $want"; exit 1; }
+done
 if [ "$(id -u)" -eq 0 ] && ! dpkg-query -W libwsync0 >/dev/null 2>&1; then
   # As a user would: apt install the packages, build against the system copy, remove them.
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ./build/libwsync0_*.deb \
