@@ -82,7 +82,7 @@ for t in describe init request options; do
   rm -rf "$corpus"
 done
 for f in $(ls /dev/shm); do
-  case "$f" in wsync-*) echo "$shm_before" | grep -qx "$f" || rm -f "/dev/shm/$f" ;; esac
+  case "$f" in wsync-*) grep -qx "$f" <<<"$shm_before" || rm -f "/dev/shm/$f" ;; esac
 done
 
 section "result"
