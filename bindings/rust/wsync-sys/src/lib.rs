@@ -1,0 +1,444 @@
+//! Raw declarations of libwsync's C ABI, `include/wsync.h` (format version 0.1).
+//!
+//! Written by hand in the shape a generator would produce, so building needs no `bindgen` and
+//! no C compiler. Every function, type and constant of the header is here under its C name;
+//! the header stays the contract, and its comments (ownership, blocking, threads) apply
+//! unchanged. Two tests keep this file honest: `tests/layout.rs` compares every struct's size,
+//! alignment and field offsets with what the loaded library reports through
+//! [`wsync_abi_layout`], and `tests/header.rs` parses `wsync.h` and checks that every function
+//! name and every constant's value appears here.
+//!
+//! Use the `wsync` crate for a safe API; this crate is for that crate and for code that needs
+//! exactly the C calls.
+//!
+//! Representation choices:
+//! - `wsync_status_t` is an `i32` alias with one constant per status, not a Rust `enum`: the
+//!   header says new codes may be added, and a value a Rust enum does not list would be
+//!   undefined behaviour.
+//! - `bool` is C99 `_Bool`, which Rust's `bool` matches in size, alignment and values.
+//! - Handles are zero-sized opaque structs behind raw pointers, never dereferenced.
+
+#![no_std]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![allow(non_camel_case_types)]
+
+use core::ffi::{c_char, c_void};
+use core::marker::{PhantomData, PhantomPinned};
+
+// =============================================================================================
+// 1. Versions and statuses
+// =============================================================================================
+
+/// Major version of the header these declarations were written from.
+pub const WSYNC_VERSION_MAJOR: u32 = 0;
+/// Minor version of the header these declarations were written from.
+pub const WSYNC_VERSION_MINOR: u32 = 1;
+/// Patch version of the header these declarations were written from.
+pub const WSYNC_VERSION_PATCH: u32 = 0;
+/// `MAJOR * 10000 + MINOR * 100 + PATCH`, the header's one formula.
+pub const WSYNC_VERSION_NUMBER: u32 =
+    WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH;
+
+/// Status of a call: `WSYNC_OK` (0) or one of the pinned `WSYNC_ERR_*` codes. 32 bits wide
+/// (the header forces the enum to 32 bits). Unknown values must be treated as errors.
+pub type wsync_status_t = i32;
+
+/// Success.
+pub const WSYNC_OK: wsync_status_t = 0;
+/// A NULL, out-of-range or ill-formed argument or option.
+pub const WSYNC_ERR_INVALID_ARGUMENT: wsync_status_t = 1;
+/// Valid, but not supported by this strategy or build.
+pub const WSYNC_ERR_UNSUPPORTED: wsync_status_t = 2;
+/// A run-time dependency is missing (driver, NCCL, /dev/shm).
+pub const WSYNC_ERR_UNAVAILABLE: wsync_status_t = 3;
+/// A blob is truncated, corrupt, foreign or of a wrong version.
+pub const WSYNC_ERR_MALFORMED: wsync_status_t = 4;
+/// Well-formed but does not fit: other strategy, stale request, chunk out of order.
+pub const WSYNC_ERR_MISMATCH: wsync_status_t = 5;
+/// A deadline passed before the peers answered.
+pub const WSYNC_ERR_TIMEOUT: wsync_status_t = 6;
+/// A peer died, detached, or reported failure.
+pub const WSYNC_ERR_PEER: wsync_status_t = 7;
+/// An allocation or a shared-memory reservation failed.
+pub const WSYNC_ERR_NO_MEMORY: wsync_status_t = 8;
+/// A call out of order (e.g. receive while iterating).
+pub const WSYNC_ERR_WRONG_STATE: wsync_status_t = 9;
+/// An operating-system call failed; the message has errno.
+pub const WSYNC_ERR_SYSTEM: wsync_status_t = 10;
+/// A bug in libwsync.
+pub const WSYNC_ERR_INTERNAL: wsync_status_t = 11;
+/// Received bytes failed their checksum.
+pub const WSYNC_ERR_INTEGRITY: wsync_status_t = 12;
+/// Not a status: forces the C enum to 32 bits.
+pub const WSYNC_STATUS_FORCE_32BIT_: wsync_status_t = 0x7fff_ffff;
+
+// =============================================================================================
+// 2. Tensors, chunks and blobs
+// =============================================================================================
+
+/// Element type, laid out as DLPack's `DLDataType`; codes are `WSYNC_DTYPE_*`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct wsync_dtype_t {
+    /// `WSYNC_DTYPE_*`.
+    pub code: u8,
+    /// Bits per lane: 8, 16, 32, 64, ...
+    pub bits: u8,
+    /// 1 for scalars.
+    pub lanes: u16,
+}
+
+/// Signed integer.
+pub const WSYNC_DTYPE_INT: u8 = 0;
+/// Unsigned integer.
+pub const WSYNC_DTYPE_UINT: u8 = 1;
+/// IEEE floating point.
+pub const WSYNC_DTYPE_FLOAT: u8 = 2;
+/// bfloat16.
+pub const WSYNC_DTYPE_BFLOAT: u8 = 4;
+/// Complex (two floats per element).
+pub const WSYNC_DTYPE_COMPLEX: u8 = 5;
+/// Boolean, one byte per element.
+pub const WSYNC_DTYPE_BOOL: u8 = 6;
+/// float8 e3m4.
+pub const WSYNC_DTYPE_FLOAT8_E3M4: u8 = 7;
+/// float8 e4m3.
+pub const WSYNC_DTYPE_FLOAT8_E4M3: u8 = 8;
+/// float8 e4m3b11fnuz.
+pub const WSYNC_DTYPE_FLOAT8_E4M3B11FNUZ: u8 = 9;
+/// float8 e4m3fn.
+pub const WSYNC_DTYPE_FLOAT8_E4M3FN: u8 = 10;
+/// float8 e4m3fnuz.
+pub const WSYNC_DTYPE_FLOAT8_E4M3FNUZ: u8 = 11;
+/// float8 e5m2.
+pub const WSYNC_DTYPE_FLOAT8_E5M2: u8 = 12;
+/// float8 e5m2fnuz.
+pub const WSYNC_DTYPE_FLOAT8_E5M2FNUZ: u8 = 13;
+/// float8 e8m0fnu.
+pub const WSYNC_DTYPE_FLOAT8_E8M0FNU: u8 = 14;
+/// float6 e2m3fn.
+pub const WSYNC_DTYPE_FLOAT6_E2M3FN: u8 = 15;
+/// float6 e3m2fn.
+pub const WSYNC_DTYPE_FLOAT6_E3M2FN: u8 = 16;
+/// float4 e2m1fn.
+pub const WSYNC_DTYPE_FLOAT4_E2M1FN: u8 = 17;
+
+/// Where a tensor's bytes live, laid out as DLPack's `DLDevice`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct wsync_device_t {
+    /// `WSYNC_DEVICE_*`.
+    pub type_: i32,
+    /// Device ordinal; 0 for host memory.
+    pub index: i32,
+}
+
+/// Host memory.
+pub const WSYNC_DEVICE_CPU: i32 = 1;
+/// CUDA device memory.
+pub const WSYNC_DEVICE_CUDA: i32 = 2;
+/// Pinned host memory (treated as host memory).
+pub const WSYNC_DEVICE_CUDA_HOST: i32 = 3;
+/// ROCm device memory.
+pub const WSYNC_DEVICE_ROCM: i32 = 10;
+/// ROCm pinned host memory.
+pub const WSYNC_DEVICE_ROCM_HOST: i32 = 11;
+/// CUDA managed memory.
+pub const WSYNC_DEVICE_CUDA_MANAGED: i32 = 13;
+
+/// Most dimensions a tensor may have.
+pub const WSYNC_MAX_NDIM: i32 = 16;
+/// Longest tensor name in bytes, without the NUL.
+pub const WSYNC_MAX_NAME_BYTES: usize = 1024;
+
+/// `wsync_tensor_t.flags`: set on views whose memory must not be written.
+pub const WSYNC_TENSOR_READ_ONLY: u32 = 1;
+
+/// A tensor descriptor (input) or view (output). See the header for every field's rules.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct wsync_tensor_t {
+    /// NUL-terminated UTF-8, 1..=`WSYNC_MAX_NAME_BYTES` bytes.
+    pub name: *const c_char,
+    /// First element.
+    pub data: *mut c_void,
+    /// `ndim` extents, each >= 1.
+    pub shape: *const i64,
+    /// NULL, or `ndim` row-major strides in elements.
+    pub strides: *const i64,
+    /// 0..=`WSYNC_MAX_NDIM`; 0 is a scalar.
+    pub ndim: i32,
+    /// Element type.
+    pub dtype: wsync_dtype_t,
+    /// Where the bytes live.
+    pub device: wsync_device_t,
+    /// `WSYNC_TENSOR_*`; 0 on input.
+    pub flags: u32,
+    /// Must be 0.
+    pub reserved_: u32,
+}
+
+impl Default for wsync_tensor_t {
+    /// All pointers NULL, all numbers 0: the state the library expects to overwrite.
+    fn default() -> Self {
+        Self {
+            name: core::ptr::null(),
+            data: core::ptr::null_mut(),
+            shape: core::ptr::null(),
+            strides: core::ptr::null(),
+            ndim: 0,
+            dtype: wsync_dtype_t::default(),
+            device: wsync_device_t::default(),
+            flags: 0,
+            reserved_: 0,
+        }
+    }
+}
+
+/// `wsync_chunk_t.flags`: this chunk completes the current sync version.
+pub const WSYNC_CHUNK_LAST: u32 = 1;
+
+/// The tensors moved by one `wsync_sender_send_chunk()`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct wsync_chunk_t {
+    /// `count` descriptors, borrowed for the call.
+    pub tensors: *const wsync_tensor_t,
+    /// >= 1.
+    pub count: usize,
+    /// `WSYNC_CHUNK_*`.
+    pub flags: u32,
+    /// Must be 0.
+    pub reserved_: u32,
+}
+
+/// Bytes owned by the library; free with [`wsync_blob_free`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct wsync_blob_t {
+    /// First byte, or NULL.
+    pub data: *mut u8,
+    /// Number of bytes.
+    pub size: usize,
+}
+
+impl Default for wsync_blob_t {
+    /// `{NULL, 0}`, the empty blob.
+    fn default() -> Self {
+        Self {
+            data: core::ptr::null_mut(),
+            size: 0,
+        }
+    }
+}
+
+// =============================================================================================
+// Opaque handles
+// =============================================================================================
+
+macro_rules! opaque {
+    ($($(#[$doc:meta])* $name:ident;)*) => {$(
+        $(#[$doc])*
+        #[repr(C)]
+        pub struct $name {
+            _private: [u8; 0],
+            // Not Send, not Sync, not Unpin: only the library knows what is behind it.
+            _marker: PhantomData<(*mut u8, PhantomPinned)>,
+        }
+    )*};
+}
+
+opaque! {
+    /// A strategy (opaque).
+    wsync_strategy_t;
+    /// A sender, trainer side (opaque).
+    wsync_sender_t;
+    /// A receiver, engine side (opaque).
+    wsync_receiver_t;
+    /// An open receive iteration (opaque).
+    wsync_recv_t;
+    /// A plan: tensors grouped into chunks (opaque).
+    wsync_plan_t;
+}
+
+// =============================================================================================
+// 5. Receive iteration summary
+// =============================================================================================
+
+/// What an iteration carries.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct wsync_recv_info_t {
+    /// Sync version of this chunk.
+    pub version: u64,
+    /// Payload bytes of all tensors.
+    pub bytes: u64,
+    /// 0-based position of the chunk within its version.
+    pub chunk_index: u32,
+    /// `WSYNC_CHUNK_LAST` if this chunk completes the version.
+    pub flags: u32,
+    /// Number of tensors.
+    pub count: usize,
+}
+
+// =============================================================================================
+// Functions, in the header's order
+// =============================================================================================
+
+extern "C" {
+    // --- 1. versions and statuses ----------------------------------------------------------
+
+    /// The loaded library's version number (`MAJOR * 10000 + MINOR * 100 + PATCH`).
+    pub fn wsync_version_number() -> u32;
+    /// The loaded library's version as static text; never NULL, never freed.
+    pub fn wsync_version_string() -> *const c_char;
+    /// Static name of a status; `"WSYNC_ERR_UNKNOWN"` for unknown values.
+    pub fn wsync_status_string(status: wsync_status_t) -> *const c_char;
+    /// Message of the calling thread's last failure; never NULL; valid until the next failure.
+    pub fn wsync_last_error() -> *const c_char;
+
+    // --- 2. blobs and strings ----------------------------------------------------------------
+
+    /// Frees `blob->data` and sets `*blob` to `{NULL, 0}`; NULL is a no-op.
+    pub fn wsync_blob_free(blob: *mut wsync_blob_t);
+    /// Frees a string returned by the library; NULL is a no-op.
+    pub fn wsync_string_free(str_: *mut c_char);
+
+    // --- 3. strategies -------------------------------------------------------------------------
+
+    /// Creates a strategy of `kind` with JSON options (NULL or "" for defaults).
+    pub fn wsync_strategy_create(
+        kind: *const c_char,
+        options_json: *const c_char,
+        out: *mut *mut wsync_strategy_t,
+    ) -> wsync_status_t;
+    /// Destroys a strategy; NULL is a no-op.
+    pub fn wsync_strategy_destroy(strategy: *mut wsync_strategy_t);
+    /// Writes the strategy's kind name (static text) to `*kind_out`.
+    pub fn wsync_strategy_kind(
+        strategy: *const wsync_strategy_t,
+        kind_out: *mut *const c_char,
+    ) -> wsync_status_t;
+    /// Lists the kinds this build knows as JSON; free with [`wsync_string_free`].
+    pub fn wsync_strategy_kinds(json_out: *mut *mut c_char) -> wsync_status_t;
+    /// Describes a kind's options as JSON; free with [`wsync_string_free`].
+    pub fn wsync_strategy_describe_options(
+        kind: *const c_char,
+        json_out: *mut *mut c_char,
+    ) -> wsync_status_t;
+    /// Makes the init info (once per strategy); free with [`wsync_blob_free`].
+    pub fn wsync_strategy_create_init_info(
+        strategy: *mut wsync_strategy_t,
+        out: *mut wsync_blob_t,
+    ) -> wsync_status_t;
+
+    // --- 4. sender ----------------------------------------------------------------------------
+
+    /// Creates a sender from init info.
+    pub fn wsync_sender_create(
+        strategy: *mut wsync_strategy_t,
+        init: *const u8,
+        len: usize,
+        out: *mut *mut wsync_sender_t,
+    ) -> wsync_status_t;
+    /// Destroys a sender without waiting; NULL is a no-op.
+    pub fn wsync_sender_destroy(sender: *mut wsync_sender_t);
+    /// Sends one chunk and writes its request blob. Blocks up to the strategy's `timeout_ms`.
+    pub fn wsync_sender_send_chunk(
+        sender: *mut wsync_sender_t,
+        chunk: *const wsync_chunk_t,
+        request_out: *mut wsync_blob_t,
+    ) -> wsync_status_t;
+    /// Waits until every receiver acknowledged every chunk. Blocks up to `timeout_ms`.
+    pub fn wsync_sender_flush(sender: *mut wsync_sender_t, timeout_ms: i64) -> wsync_status_t;
+    /// The sync version the next chunk will belong to.
+    pub fn wsync_sender_version(
+        sender: *const wsync_sender_t,
+        version_out: *mut u64,
+    ) -> wsync_status_t;
+    /// Merges the partial requests of several senders of one chunk.
+    pub fn wsync_request_merge(
+        parts: *const wsync_blob_t,
+        n: usize,
+        out: *mut wsync_blob_t,
+    ) -> wsync_status_t;
+
+    // --- 5. receiver and receive iteration -------------------------------------------------
+
+    /// Creates receiver number `index` from init info.
+    pub fn wsync_receiver_create(
+        strategy: *mut wsync_strategy_t,
+        init: *const u8,
+        len: usize,
+        index: u32,
+        out: *mut *mut wsync_receiver_t,
+    ) -> wsync_status_t;
+    /// Destroys a receiver (ending an open iteration as failed); NULL is a no-op.
+    pub fn wsync_receiver_destroy(receiver: *mut wsync_receiver_t);
+    /// Starts receiving the chunk a request describes.
+    pub fn wsync_receiver_receive(
+        receiver: *mut wsync_receiver_t,
+        request: *const u8,
+        len: usize,
+        out: *mut *mut wsync_recv_t,
+    ) -> wsync_status_t;
+    /// The newest sync version this receiver completed successfully (0 if none).
+    pub fn wsync_receiver_completed_version(
+        receiver: *const wsync_receiver_t,
+        version_out: *mut u64,
+    ) -> wsync_status_t;
+    /// Writes the iteration's summary.
+    pub fn wsync_recv_info(it: *const wsync_recv_t, info: *mut wsync_recv_info_t)
+        -> wsync_status_t;
+    /// Describes tensor `i` without touching its bytes (`view->data` is NULL).
+    pub fn wsync_recv_peek(
+        it: *const wsync_recv_t,
+        i: usize,
+        view: *mut wsync_tensor_t,
+    ) -> wsync_status_t;
+    /// Yields the next tensor view, or `*has_view = false` at the end.
+    pub fn wsync_recv_next(
+        it: *mut wsync_recv_t,
+        view: *mut wsync_tensor_t,
+        has_view: *mut bool,
+    ) -> wsync_status_t;
+    /// Ends (acknowledges and frees) an iteration; `it` is invalid afterwards.
+    pub fn wsync_recv_end(it: *mut wsync_recv_t) -> wsync_status_t;
+
+    // --- 6. planner ---------------------------------------------------------------------------
+
+    /// Groups `n` tensor descriptors into chunks.
+    pub fn wsync_plan_create(
+        metas: *const wsync_tensor_t,
+        n: usize,
+        options_json: *const c_char,
+        out: *mut *mut wsync_plan_t,
+    ) -> wsync_status_t;
+    /// Destroys a plan; NULL is a no-op.
+    pub fn wsync_plan_destroy(plan: *mut wsync_plan_t);
+    /// Number of chunks.
+    pub fn wsync_plan_chunk_count(
+        plan: *const wsync_plan_t,
+        count_out: *mut usize,
+    ) -> wsync_status_t;
+    /// Chunk `i`: ascending indices into the planned metas (owned by the plan), and its bytes.
+    pub fn wsync_plan_chunk(
+        plan: *const wsync_plan_t,
+        i: usize,
+        indices_out: *mut *const usize,
+        count_out: *mut usize,
+        bytes_out: *mut u64,
+    ) -> wsync_status_t;
+
+    // --- 7. blobs and introspection -----------------------------------------------------------
+
+    /// Renders any blob as JSON; free with [`wsync_string_free`].
+    pub fn wsync_blob_describe(
+        blob: *const u8,
+        len: usize,
+        json_out: *mut *mut c_char,
+    ) -> wsync_status_t;
+    /// Sizes, alignments and field offsets of the header's structs as JSON; free with
+    /// [`wsync_string_free`].
+    pub fn wsync_abi_layout(json_out: *mut *mut c_char) -> wsync_status_t;
+}

@@ -1,0 +1,263 @@
+//! Statuses and errors.
+
+use std::ffi::{c_char, CStr, CString};
+use std::fmt;
+
+use wsync_sys as sys;
+
+/// Why a call failed: one of libwsync's pinned status codes.
+///
+/// The codes are pinned forever, and the library may add new ones; a code this binding does not
+/// know arrives as [`Status::Unknown`] (and the enum is `#[non_exhaustive]` so that matching on
+/// it keeps a wildcard arm for codes added later).
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// A NULL, out-of-range or ill-formed argument or option (`WSYNC_ERR_INVALID_ARGUMENT`).
+    InvalidArgument,
+    /// Valid, but not supported by this strategy or build (`WSYNC_ERR_UNSUPPORTED`).
+    Unsupported,
+    /// A run-time dependency is missing (`WSYNC_ERR_UNAVAILABLE`).
+    Unavailable,
+    /// A blob is truncated, corrupt, foreign or of a wrong version (`WSYNC_ERR_MALFORMED`).
+    Malformed,
+    /// Well-formed but does not fit: other strategy, stale request, chunk out of order
+    /// (`WSYNC_ERR_MISMATCH`).
+    Mismatch,
+    /// A deadline passed before the peers answered (`WSYNC_ERR_TIMEOUT`).
+    Timeout,
+    /// A peer died, detached, or reported failure (`WSYNC_ERR_PEER`).
+    Peer,
+    /// An allocation or a shared-memory reservation failed (`WSYNC_ERR_NO_MEMORY`).
+    NoMemory,
+    /// A call out of order (`WSYNC_ERR_WRONG_STATE`).
+    WrongState,
+    /// An operating-system call failed; the message has errno (`WSYNC_ERR_SYSTEM`).
+    System,
+    /// A bug in libwsync (`WSYNC_ERR_INTERNAL`).
+    Internal,
+    /// Received bytes failed their checksum (`WSYNC_ERR_INTEGRITY`).
+    Integrity,
+    /// A code this binding does not know (added by a newer library).
+    Unknown(i32),
+}
+
+impl Status {
+    /// The status for a raw code; `None` for `WSYNC_OK` (0), which is not an error.
+    pub fn from_code(code: i32) -> Option<Status> {
+        Some(match code {
+            sys::WSYNC_OK => return None,
+            sys::WSYNC_ERR_INVALID_ARGUMENT => Status::InvalidArgument,
+            sys::WSYNC_ERR_UNSUPPORTED => Status::Unsupported,
+            sys::WSYNC_ERR_UNAVAILABLE => Status::Unavailable,
+            sys::WSYNC_ERR_MALFORMED => Status::Malformed,
+            sys::WSYNC_ERR_MISMATCH => Status::Mismatch,
+            sys::WSYNC_ERR_TIMEOUT => Status::Timeout,
+            sys::WSYNC_ERR_PEER => Status::Peer,
+            sys::WSYNC_ERR_NO_MEMORY => Status::NoMemory,
+            sys::WSYNC_ERR_WRONG_STATE => Status::WrongState,
+            sys::WSYNC_ERR_SYSTEM => Status::System,
+            sys::WSYNC_ERR_INTERNAL => Status::Internal,
+            sys::WSYNC_ERR_INTEGRITY => Status::Integrity,
+            other => Status::Unknown(other),
+        })
+    }
+
+    /// The raw code (`WSYNC_ERR_*`).
+    pub fn code(self) -> i32 {
+        match self {
+            Status::InvalidArgument => sys::WSYNC_ERR_INVALID_ARGUMENT,
+            Status::Unsupported => sys::WSYNC_ERR_UNSUPPORTED,
+            Status::Unavailable => sys::WSYNC_ERR_UNAVAILABLE,
+            Status::Malformed => sys::WSYNC_ERR_MALFORMED,
+            Status::Mismatch => sys::WSYNC_ERR_MISMATCH,
+            Status::Timeout => sys::WSYNC_ERR_TIMEOUT,
+            Status::Peer => sys::WSYNC_ERR_PEER,
+            Status::NoMemory => sys::WSYNC_ERR_NO_MEMORY,
+            Status::WrongState => sys::WSYNC_ERR_WRONG_STATE,
+            Status::System => sys::WSYNC_ERR_SYSTEM,
+            Status::Internal => sys::WSYNC_ERR_INTERNAL,
+            Status::Integrity => sys::WSYNC_ERR_INTEGRITY,
+            Status::Unknown(code) => code,
+        }
+    }
+
+    /// The library's static name of the status, e.g. `"WSYNC_ERR_TIMEOUT"`
+    /// (`"WSYNC_ERR_UNKNOWN"` for codes the loaded library does not know).
+    pub fn name(self) -> &'static str {
+        // SAFETY: wsync_status_string accepts any value, never fails, does not touch the
+        // per-thread error, and returns static NUL-terminated text that is never freed.
+        let p = unsafe { sys::wsync_status_string(self.code()) };
+        if p.is_null() {
+            return "WSYNC_ERR_UNKNOWN";
+        }
+        // SAFETY: `p` is non-NULL static text (see above), valid for the whole program.
+        let text: &'static CStr = unsafe { CStr::from_ptr(p) };
+        text.to_str().unwrap_or("WSYNC_ERR_UNKNOWN")
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A failed call: the library's status and its message naming the cause (the option key, the
+/// tensor, the receiver index, the peer's pid...).
+///
+/// The message is copied from `wsync_last_error()` on the calling thread right after the failing
+/// call, so it always belongs to that call. Errors the binding detects itself before calling C
+/// (a slice shorter than its shape, a name with a NUL byte) carry
+/// [`Status::InvalidArgument`] and a message written here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    status: Status,
+    message: String,
+}
+
+impl Error {
+    /// The status.
+    pub fn status(&self) -> Status {
+        self.status
+    }
+
+    /// The message naming the cause (may be empty if the library gave none).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub(crate) fn new(status: Status, message: impl Into<String>) -> Error {
+        Error {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Error {
+        Error::new(Status::InvalidArgument, message)
+    }
+
+    /// The error for a failed status, with the calling thread's last message.
+    fn from_failed_call(code: sys::wsync_status_t) -> Error {
+        // SAFETY: wsync_last_error takes no arguments and never returns NULL; the text stays
+        // valid until the next failing wsync call on this thread, and it is copied right here.
+        let p = unsafe { sys::wsync_last_error() };
+        let message = if p.is_null() {
+            String::new()
+        } else {
+            // SAFETY: `p` is a valid NUL-terminated string (see above).
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        };
+        let status = Status::from_code(code).unwrap_or(Status::Internal);
+        Error { status, message }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.message.is_empty() {
+            write!(f, "{}", self.status)
+        } else {
+            write!(f, "{}: {}", self.status, self.message)
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// `std::result::Result` with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Turns a status into a `Result`. Call it immediately after the C call, on the same thread, so
+/// the message read is that call's.
+pub(crate) fn check(code: sys::wsync_status_t) -> Result<()> {
+    if code == sys::WSYNC_OK {
+        Ok(())
+    } else {
+        Err(Error::from_failed_call(code))
+    }
+}
+
+/// A NUL-terminated copy of `text` for C; a NUL byte inside is an [`Status::InvalidArgument`].
+pub(crate) fn c_string(what: &str, text: &str) -> Result<CString> {
+    CString::new(text).map_err(|e| {
+        Error::invalid(format!(
+            "{what} contains a NUL byte at position {}",
+            e.nul_position()
+        ))
+    })
+}
+
+/// Copies a string the library returned and frees it with `wsync_string_free`.
+///
+/// # Safety
+/// `p` must be NULL or a string returned by a libwsync function that is freed with
+/// `wsync_string_free`, not used again by the caller.
+pub(crate) unsafe fn take_string(p: *mut c_char) -> Result<String> {
+    if p.is_null() {
+        return Err(Error::new(
+            Status::Internal,
+            "the library returned no string",
+        ));
+    }
+    // SAFETY: the caller guarantees `p` is a valid NUL-terminated string from the library.
+    let text = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    // SAFETY: `p` came from the library, is freed once, and is not used afterwards.
+    unsafe { sys::wsync_string_free(p) };
+    Ok(text)
+}
+
+/// Copies a blob the library returned into a `Vec` and frees it with `wsync_blob_free`.
+///
+/// # Safety
+/// `blob` must be `{NULL, 0}` or a blob returned by a libwsync function, not used again by the
+/// caller.
+pub(crate) unsafe fn take_blob(mut blob: sys::wsync_blob_t) -> Vec<u8> {
+    let bytes = if blob.data.is_null() || blob.size == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: the library's blob points at `size` initialised bytes it owns.
+        unsafe { std::slice::from_raw_parts(blob.data, blob.size) }.to_vec()
+    };
+    // SAFETY: the blob came from the library (or is empty, a no-op) and is freed exactly once.
+    unsafe { sys::wsync_blob_free(&mut blob) };
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_pinned_code_round_trips_and_ok_is_not_an_error() {
+        assert_eq!(Status::from_code(0), None);
+        for code in 1..=12 {
+            let s = Status::from_code(code).expect("an error");
+            assert!(!matches!(s, Status::Unknown(_)), "code {code} is pinned");
+            assert_eq!(s.code(), code);
+            assert!(s.name().starts_with("WSYNC_ERR_"), "{s:?} -> {}", s.name());
+            assert_ne!(s.name(), "WSYNC_ERR_UNKNOWN");
+        }
+        assert_eq!(Status::from_code(99), Some(Status::Unknown(99)));
+        assert_eq!(Status::Unknown(99).code(), 99);
+        assert_eq!(Status::Unknown(99).name(), "WSYNC_ERR_UNKNOWN");
+        assert_eq!(Status::Timeout.name(), "WSYNC_ERR_TIMEOUT");
+        assert_eq!(Status::WrongState.to_string(), "WSYNC_ERR_WRONG_STATE");
+    }
+
+    #[test]
+    fn display_joins_status_and_message() {
+        let e = Error::new(Status::Peer, "shm: receiver 1 died");
+        assert_eq!(e.to_string(), "WSYNC_ERR_PEER: shm: receiver 1 died");
+        assert_eq!(Error::new(Status::Peer, "").to_string(), "WSYNC_ERR_PEER");
+    }
+
+    #[test]
+    fn nul_in_a_string_for_c_is_invalid_argument() {
+        let e = c_string("kind", "sh\0m").unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument);
+        assert!(e.message().contains("position 2"), "{e}");
+        assert_eq!(c_string("kind", "shm").unwrap().as_bytes(), b"shm");
+    }
+}

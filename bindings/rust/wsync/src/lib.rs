@@ -1,0 +1,279 @@
+//! Safe Rust API of libwsync: move model weights from RL trainers to inference engines.
+//!
+//! The trainer makes a [`Strategy`], its init info ([`Strategy::create_init_info`]) and a
+//! [`Sender`]; each engine makes a [`Receiver`] from the same init-info bytes. Every training
+//! step the trainer sends chunks of [`TensorRef`]s (grouped by a [`Plan`]) and gets one request
+//! blob per chunk; a controller forwards those bytes to every engine, which iterates over the
+//! chunk's [`View`]s, copies them into its parameters and ends the iteration, acknowledging the
+//! chunk. [`Sender::flush`] returns once every engine has acknowledged every chunk.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use wsync::{Options, Receiver, Sender, Strategy, TensorRef};
+//!
+//! # fn main() -> wsync::Result<()> {
+//! // Trainer.
+//! let opts = Options::new().uint("receivers", 1).uint("bucket_bytes", 1 << 20);
+//! let mut strategy = Strategy::with_options("shm", &opts)?;
+//! let init = strategy.create_init_info()?;            // forward to every engine
+//! let mut sender = Sender::new(&mut strategy, &init)?;
+//!
+//! // Engine (usually another process, given `init` by the controller).
+//! let mut engine_strategy = Strategy::new("shm", "")?;
+//! let mut receiver = Receiver::new(&mut engine_strategy, &init, 0)?;
+//!
+//! let weights = vec![0.5f32; 1024];
+//! let request = sender.send_chunk(&[TensorRef::new("layers.0.w", &weights, &[32, 32])?], true)?;
+//!
+//! let mut recv = receiver.receive(&request)?;          // forwarded request bytes
+//! for view in recv.views() {
+//!     let view = view?;
+//!     let values: &[f32] = view.as_slice()?;          // zero-copy, read-only
+//!     assert_eq!(values.len(), 1024);
+//! }
+//! recv.end()?;                                         // acknowledges the chunk
+//! sender.flush(Duration::from_secs(10))?;
+//! assert_eq!(receiver.completed_version()?, 1);
+//! # Ok(()) }
+//! ```
+//!
+//! # Safety model
+//!
+//! * Handles ([`Strategy`], [`Sender`], [`Receiver`], [`Plan`]) own a `NonNull` pointer and free
+//!   it in `Drop`. They are `Send` but not `Sync`: libwsync allows a handle to move between
+//!   threads but requires callers to use it from one thread at a time.
+//! * A receive iteration ([`Recv`]) mutably borrows its receiver, and every [`View`] borrows
+//!   the iteration, so no view outlives the memory it points at and no second iteration can be
+//!   opened on a receiver (both are compile errors; see "Lifetimes of views" below).
+//! * [`TensorRef`] checks `shape x element size == slice length` before the library sees the
+//!   pointer, so the library never reads past a Rust slice.
+//! * Errors are [`Error`] values carrying the pinned [`Status`] and the library's message, read
+//!   on the same thread immediately after the failing call.
+//! * Nothing blocks forever: only [`Sender::send_chunk`] (up to the strategy's `timeout_ms`)
+//!   and [`Sender::flush`] (up to its argument) wait.
+//! * Handles do not survive `fork()`; create them in the process that uses them.
+//!
+//! # Threads
+//!
+//! Every handle may be moved to another thread, and none may be shared between threads:
+//!
+//! ```no_run
+//! fn movable<T: Send>() {}
+//! movable::<wsync::Strategy>();
+//! movable::<wsync::Sender>();
+//! movable::<wsync::Receiver>();
+//! movable::<wsync::Recv<'static>>();
+//! movable::<wsync::Plan>();
+//! ```
+//!
+//! ```compile_fail,E0277
+//! fn shared<T: Sync>() {}
+//! shared::<wsync::Sender>(); // error[E0277]: cannot be shared between threads safely
+//! ```
+//!
+//! ```compile_fail,E0277
+//! fn shared<T: Sync>() {}
+//! shared::<wsync::Receiver>();
+//! ```
+//!
+//! ```compile_fail,E0277
+//! fn shared<T: Sync>() {}
+//! shared::<wsync::Strategy>();
+//! ```
+//!
+//! ```compile_fail,E0277
+//! fn shared<T: Sync>() {}
+//! shared::<wsync::Plan>();
+//! ```
+//!
+//! # Lifetimes of views
+//!
+//! ```text
+//! Receiver --receive(&mut self)--> Recv<'r> --views(&mut self)--> Views<'it, 'r> --> View<'it>
+//! ```
+//!
+//! * A [`Recv`] mutably borrows its [`Receiver`], so a second `receive` while an iteration is
+//!   open does not compile (the library would refuse it with `WSYNC_ERR_WRONG_STATE`; that
+//!   runtime error is only reachable by leaking a `Recv` with `mem::forget`), and the receiver
+//!   cannot be dropped under it.
+//! * A [`View`] borrows the `Recv` it came from, so it cannot outlive the iteration: ending it
+//!   ([`Recv::end`], or dropping it) needs the `Recv` by value, which the borrow checker refuses
+//!   while a view is alive. That is the library's rule: a view's data, name and shape stay
+//!   valid until `wsync_recv_end()`.
+//! * Because views stay valid until the end (not only until the next `wsync_recv_next`), a
+//!   plain [`Iterator`] is sound: [`Views`] borrows the `Recv` for `'it` and yields
+//!   `Result<View<'it>>`, so several views may be held at once (e.g. q, k and v, to fuse
+//!   them). No lending iterator is needed; [`Recv::next_view`] is there for loops that prefer
+//!   calling it directly.
+//!
+//! ```compile_fail,E0499
+//! # fn demo(receiver: &mut wsync::Receiver, request: &[u8]) -> wsync::Result<()> {
+//! let recv = receiver.receive(request)?;
+//! let again = receiver.receive(request)?; // error[E0499]: one iteration per receiver
+//! # drop(again); drop(recv); Ok(()) }
+//! ```
+//!
+//! ```compile_fail,E0505
+//! # fn demo(receiver: &mut wsync::Receiver, request: &[u8]) -> wsync::Result<()> {
+//! let mut recv = receiver.receive(request)?;
+//! let view = recv.views().next().unwrap()?;
+//! recv.end()?;                 // error[E0505]: cannot move out of `recv` while borrowed
+//! println!("{}", view.name()); // ...because the view is still used here
+//! # Ok(()) }
+//! ```
+//!
+//! ```compile_fail,E0505
+//! # fn demo(mut receiver: wsync::Receiver, request: &[u8]) -> wsync::Result<()> {
+//! let recv = receiver.receive(request)?;
+//! drop(receiver);              // error[E0505]: the iteration still borrows the receiver
+//! recv.end()
+//! # }
+//! ```
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod error;
+mod json;
+mod plan;
+mod receiver;
+mod sender;
+mod strategy;
+mod tensor;
+
+use std::ffi::{c_char, CStr};
+
+pub use wsync_sys as sys;
+
+pub use error::{Error, Result, Status};
+pub use plan::{plan, Plan, PlanChunk};
+pub use receiver::{Meta, Receiver, Recv, RecvInfo, View, Views};
+pub use sender::{merge_requests, Sender};
+pub use strategy::{OptionValue, Options, Strategy};
+pub use tensor::{DType, Device, Element, TensorRef, TensorSpec};
+
+use error::{c_string, check, take_string};
+
+/// The loaded library's version as text, e.g. `"0.1.0"`.
+pub fn version() -> &'static str {
+    // SAFETY: takes no arguments, never fails, returns static text that is never freed.
+    let p = unsafe { sys::wsync_version_string() };
+    if p.is_null() {
+        return "";
+    }
+    // SAFETY: `p` is non-NULL static NUL-terminated text (see above).
+    let text: &'static CStr = unsafe { CStr::from_ptr(p) };
+    text.to_str().unwrap_or("")
+}
+
+/// The loaded library's version number, `major * 10000 + minor * 100 + patch`.
+pub fn version_number() -> u32 {
+    // SAFETY: takes no arguments and never fails.
+    unsafe { sys::wsync_version_number() }
+}
+
+/// Checks that the loaded library has the major version this binding was written for
+/// ([`sys::WSYNC_VERSION_MAJOR`]); [`Status::Unsupported`] otherwise. [`Strategy::new`] and
+/// [`Plan::new`] call it.
+pub fn check_version() -> Result<()> {
+    let loaded = version_number();
+    if loaded / 10000 == sys::WSYNC_VERSION_MAJOR {
+        Ok(())
+    } else {
+        Err(Error::new(
+            Status::Unsupported,
+            format!(
+                "the loaded libwsync is {} (major {}), this binding was written for major {}",
+                version(),
+                loaded / 10000,
+                sys::WSYNC_VERSION_MAJOR
+            ),
+        ))
+    }
+}
+
+/// A strategy kind this build of the library knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KindInfo {
+    /// The kind's name, as given to [`Strategy::new`].
+    pub name: String,
+    /// Whether its run-time dependencies are present.
+    pub available: bool,
+    /// Why it is unavailable (empty when available).
+    pub reason: String,
+}
+
+/// The strategy kinds this build knows, and whether each can run here.
+pub fn kinds() -> Result<Vec<KindInfo>> {
+    let mut out: *mut c_char = std::ptr::null_mut();
+    // SAFETY: `out` is a valid out-pointer for a library-owned string.
+    check(unsafe { sys::wsync_strategy_kinds(&mut out) })?;
+    // SAFETY: on success `out` is the library's string, freed by take_string only.
+    let text = unsafe { take_string(out) }?;
+    let bad = |why: String| Error::new(Status::Internal, format!("kinds JSON: {why}: {text}"));
+    let doc = json::parse(&text).map_err(bad)?;
+    let list = doc.as_array().ok_or_else(|| bad("not an array".into()))?;
+    list.iter()
+        .map(|k| {
+            Ok(KindInfo {
+                name: k
+                    .get("kind")
+                    .and_then(json::Value::as_str)
+                    .ok_or_else(|| bad("no kind".into()))?
+                    .to_string(),
+                available: k
+                    .get("available")
+                    .and_then(json::Value::as_bool)
+                    .unwrap_or(false),
+                reason: k
+                    .get("reason")
+                    .and_then(json::Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            })
+        })
+        .collect()
+}
+
+/// A kind's options as the library describes them: a JSON object
+/// `{"key": {"type": "uint", "default": 2, "min": 1, "max": 64, "side": "sender", "doc": ...}}`.
+/// An unknown kind fails with [`Status::Unsupported`].
+pub fn describe_options(kind: &str) -> Result<String> {
+    let kind = c_string("strategy kind", kind)?;
+    let mut out: *mut c_char = std::ptr::null_mut();
+    // SAFETY: `kind` is NUL-terminated and borrowed for the call; `out` is a valid out-pointer.
+    check(unsafe { sys::wsync_strategy_describe_options(kind.as_ptr(), &mut out) })?;
+    // SAFETY: on success `out` is the library's string, freed by take_string only.
+    unsafe { take_string(out) }
+}
+
+/// Renders any blob (init info or request, any kind) as JSON for logs and tools. The blob is
+/// parsed with the same bounded parser receivers use; malformed input fails with
+/// [`Status::Malformed`] saying where.
+pub fn describe(blob: &[u8]) -> Result<String> {
+    let mut out: *mut c_char = std::ptr::null_mut();
+    // SAFETY: `blob` is borrowed for the call with its exact length; `out` is a valid
+    // out-pointer.
+    check(unsafe { sys::wsync_blob_describe(blob.as_ptr(), blob.len(), &mut out) })?;
+    // SAFETY: on success `out` is the library's string, freed by take_string only.
+    unsafe { take_string(out) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loaded_library_matches_this_binding() {
+        check_version().unwrap();
+        assert_eq!(version_number() / 10000, sys::WSYNC_VERSION_MAJOR);
+        let parts: Vec<u32> = version().split('.').map(|p| p.parse().unwrap()).collect();
+        assert_eq!(parts.len(), 3, "{}", version());
+        assert_eq!(
+            parts[0] * 10000 + parts[1] * 100 + parts[2],
+            version_number()
+        );
+    }
+}

@@ -1,0 +1,596 @@
+//! The engine side: a receiver turns request blobs into receive iterations over tensor views.
+//! See the crate docs, "Lifetimes of views", for how borrows keep views valid.
+
+use std::ffi::{c_void, CStr};
+use std::fmt;
+use std::iter::FusedIterator;
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+
+use wsync_sys as sys;
+
+use crate::error::{check, Error, Result, Status};
+use crate::strategy::Strategy;
+use crate::tensor::{DType, Device, Element};
+
+/// The engine's end of a sync: receiver number `index` of the init info.
+///
+/// `Send`, not `Sync`. Dropping it detaches it (the sender learns this); an open iteration
+/// cannot exist at that point because it borrows the receiver.
+pub struct Receiver {
+    raw: NonNull<sys::wsync_receiver_t>,
+    index: u32,
+}
+
+// SAFETY: wsync.h: "A handle may move between threads"; calls are serialised by `&mut self`
+// and by Receiver not being Sync. An iteration borrows the receiver mutably, so the two are
+// always used by the same thread together.
+unsafe impl Send for Receiver {}
+
+impl Receiver {
+    /// Creates receiver number `index` (0 .. receivers-1 as the init info says). For `"shm"` it
+    /// maps the segment and registers this process. An index out of range fails with
+    /// [`Status::InvalidArgument`], an index held by a live process with
+    /// [`Status::WrongState`], a vanished segment with [`Status::Unavailable`], a blob of
+    /// another role or kind with [`Status::Mismatch`], a corrupt one with
+    /// [`Status::Malformed`]. Does not block.
+    pub fn new(strategy: &mut Strategy, init: &[u8], index: u32) -> Result<Receiver> {
+        let mut out: *mut sys::wsync_receiver_t = std::ptr::null_mut();
+        // SAFETY: the strategy is live and used by this thread only (`&mut`); `init` is
+        // borrowed for the call with its exact length; `out` is a valid out-pointer.
+        check(unsafe {
+            sys::wsync_receiver_create(
+                strategy.as_mut_ptr(),
+                init.as_ptr(),
+                init.len(),
+                index,
+                &mut out,
+            )
+        })?;
+        let raw = NonNull::new(out)
+            .ok_or_else(|| Error::new(Status::Internal, "wsync_receiver_create returned NULL"))?;
+        Ok(Receiver { raw, index })
+    }
+
+    /// The receiver index this receiver was created with.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Starts receiving the chunk `request` describes. The request is fully validated before
+    /// any tensor memory is touched: malformed bytes fail with [`Status::Malformed`], another
+    /// kind or a stale, replayed or out-of-order chunk with [`Status::Mismatch`]. Chunks must
+    /// be received in the order they were sent. Does not block for `"shm"`.
+    ///
+    /// The returned [`Recv`] borrows the receiver until it is ended; end it with
+    /// [`Recv::end`] to learn whether the chunk was acknowledged as good.
+    pub fn receive(&mut self, request: &[u8]) -> Result<Recv<'_>> {
+        let mut out: *mut sys::wsync_recv_t = std::ptr::null_mut();
+        // SAFETY: the receiver is live and used by this thread only (`&mut self`, and no other
+        // iteration can be open because it would hold that borrow); `request` is borrowed for
+        // the call; `out` is a valid out-pointer.
+        check(unsafe {
+            sys::wsync_receiver_receive(
+                self.raw.as_ptr(),
+                request.as_ptr(),
+                request.len(),
+                &mut out,
+            )
+        })?;
+        let raw = NonNull::new(out)
+            .ok_or_else(|| Error::new(Status::Internal, "wsync_receiver_receive returned NULL"))?;
+        let mut info = sys::wsync_recv_info_t::default();
+        // SAFETY: `raw` is the live iteration just created; `info` is a valid out-pointer.
+        let status = unsafe { sys::wsync_recv_info(raw.as_ptr(), &mut info) };
+        // Build the Recv first so that a failure below still ends the iteration (its Drop).
+        let mut recv = Recv {
+            raw,
+            info: RecvInfo::default(),
+            yielded: 0,
+            exhausted: false,
+            _receiver: PhantomData,
+        };
+        check(status)?;
+        recv.info = RecvInfo {
+            version: info.version,
+            bytes: info.bytes,
+            chunk_index: info.chunk_index,
+            last: info.flags & sys::WSYNC_CHUNK_LAST != 0,
+            count: info.count,
+        };
+        Ok(recv)
+    }
+
+    /// The newest sync version whose every chunk this receiver received, verified and ended
+    /// successfully (0 if none). A version with a failed chunk never becomes complete, so an
+    /// engine can keep serving its old weights.
+    pub fn completed_version(&self) -> Result<u64> {
+        let mut v = 0u64;
+        // SAFETY: the receiver is live; Receiver is not Sync and an open iteration would hold
+        // `&mut self`, so nothing else uses it now; `v` is a valid out-pointer.
+        check(unsafe { sys::wsync_receiver_completed_version(self.raw.as_ptr(), &mut v) })?;
+        Ok(v)
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        // SAFETY: `self.raw` came from wsync_receiver_create and is destroyed exactly once. No
+        // Recv borrows it any more (the borrow checker ensures that; a Recv leaked with
+        // mem::forget is ended as failed by the library here).
+        unsafe { sys::wsync_receiver_destroy(self.raw.as_ptr()) }
+    }
+}
+
+impl fmt::Debug for Receiver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Receiver")
+            .field("index", &self.index)
+            .field("completed_version", &self.completed_version().ok())
+            .finish()
+    }
+}
+
+/// What a receive iteration carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecvInfo {
+    /// Sync version of this chunk.
+    pub version: u64,
+    /// Payload bytes of all tensors.
+    pub bytes: u64,
+    /// 0-based position of the chunk within its version.
+    pub chunk_index: u32,
+    /// Whether this chunk completes the version.
+    pub last: bool,
+    /// Number of tensors.
+    pub count: usize,
+}
+
+/// An open receive iteration over one chunk, borrowing its [`Receiver`].
+///
+/// Iterate with [`Recv::views`] (or `for view in &mut recv`), then call [`Recv::end`], which
+/// acknowledges the chunk to the sender and says whether every tensor was yielded and verified.
+///
+/// Dropping a `Recv` without `end` ends it too: if any tensor was not yet yielded, or the
+/// iteration failed, the chunk is acknowledged as failed (the sender's flush reports
+/// [`Status::Peer`], the version is not completed). **Limitation of libwsync 0.1:** the C ABI
+/// cannot fail an iteration whose tensors were all yielded, so a `Recv` dropped after its last
+/// view (say, because loading that view failed and `?` returned) is acknowledged as good. Call
+/// [`Recv::end`] only after every view is loaded, and do not rely on the drop to report a load
+/// failure that happens after the last view was taken.
+pub struct Recv<'r> {
+    raw: NonNull<sys::wsync_recv_t>,
+    info: RecvInfo,
+    yielded: usize,
+    exhausted: bool,
+    _receiver: PhantomData<&'r mut Receiver>,
+}
+
+// SAFETY: the iteration holds the unique borrow of its receiver; moving both to another thread
+// together keeps "one thread at a time" for the receiver and everything made from it.
+unsafe impl Send for Recv<'_> {}
+
+impl<'r> Recv<'r> {
+    /// The chunk's summary (version, bytes, chunk index, last flag, tensor count).
+    pub fn info(&self) -> RecvInfo {
+        self.info
+    }
+
+    /// Number of tensors in the chunk.
+    pub fn len(&self) -> usize {
+        self.info.count
+    }
+
+    /// Whether the chunk has no tensors (never true for a valid request).
+    pub fn is_empty(&self) -> bool {
+        self.info.count == 0
+    }
+
+    /// Dry run: describes tensor `i` (0 .. len-1) without touching its bytes, so a loader can
+    /// check names, dtypes and shapes before any byte moves. An index out of range fails with
+    /// [`Status::InvalidArgument`].
+    pub fn peek(&self, i: usize) -> Result<Meta<'_>> {
+        let mut t = sys::wsync_tensor_t::default();
+        // SAFETY: the iteration is live (not ended: ending consumes `self`); Recv is not Sync,
+        // so no other thread uses it; `t` is a valid out-pointer.
+        check(unsafe { sys::wsync_recv_peek(self.raw.as_ptr(), i, &mut t) })?;
+        // SAFETY: the library filled `t` describing tensor `i`; its name and shape stay valid
+        // until wsync_recv_end, which cannot happen while the returned Meta borrows `self`.
+        unsafe { Meta::from_raw(&t) }
+    }
+
+    /// Dry run of every tensor, in chunk order.
+    pub fn metas(&self) -> Result<Vec<Meta<'_>>> {
+        (0..self.info.count).map(|i| self.peek(i)).collect()
+    }
+
+    /// The views, as a standard iterator whose items borrow this iteration (see the module
+    /// docs). After an error the iterator ends; [`Recv::end`] then returns that error.
+    pub fn views(&mut self) -> Views<'_, 'r> {
+        Views { recv: self }
+    }
+
+    /// The next view: `None` at the end (or after an error was returned once).
+    pub fn next_view(&mut self) -> Option<Result<View<'_>>> {
+        // SAFETY: the View's lifetime is tied to `&mut self`, which keeps the iteration open.
+        unsafe { self.next_raw() }
+    }
+
+    /// Yields the next view with a caller-chosen lifetime.
+    ///
+    /// # Safety
+    /// `'v` must not outlive this iteration: the caller must keep the `Recv` from being ended or
+    /// dropped while a `View<'v>` exists (a borrow of the `Recv` for `'v` does that).
+    unsafe fn next_raw<'v>(&mut self) -> Option<Result<View<'v>>> {
+        if self.exhausted {
+            return None;
+        }
+        let mut t = sys::wsync_tensor_t::default();
+        let mut has = false;
+        // SAFETY: the iteration is live (not ended) and used by this thread only (`&mut self`);
+        // `t` and `has` are valid out-pointers.
+        let status = unsafe { sys::wsync_recv_next(self.raw.as_ptr(), &mut t, &mut has) };
+        if let Err(e) = check(status) {
+            self.exhausted = true;
+            return Some(Err(e));
+        }
+        if !has {
+            self.exhausted = true;
+            return None;
+        }
+        self.yielded += 1;
+        // SAFETY: the library filled `t` with a view whose data, name and shape stay valid
+        // until wsync_recv_end; the caller guarantees `'v` ends before that.
+        let view = unsafe { View::from_raw(&t) };
+        if view.is_err() {
+            self.exhausted = true;
+        }
+        Some(view)
+    }
+
+    /// Ends the iteration and acknowledges the chunk to the sender. `Ok(())` only if every
+    /// tensor was yielded and verified; an iteration ended early fails with
+    /// [`Status::WrongState`] (the chunk is acknowledged as failed), a failed one with its
+    /// error (e.g. [`Status::Integrity`]). The iteration is freed either way.
+    pub fn end(self) -> Result<()> {
+        let this = ManuallyDrop::new(self);
+        // SAFETY: the iteration is live; it is ended exactly once, here, and `this` is never
+        // dropped, so Drop does not end it again. No view borrows it (`self` was moved in).
+        check(unsafe { sys::wsync_recv_end(this.raw.as_ptr()) })
+    }
+}
+
+impl Drop for Recv<'_> {
+    fn drop(&mut self) {
+        // SAFETY: not ended yet (`end` skips Drop); ended exactly once; nothing borrows it.
+        // The status is dropped: an unfinished iteration is acknowledged as failed, which the
+        // sender's flush reports; the caller chose not to ask by not calling `end`.
+        let _ = unsafe { sys::wsync_recv_end(self.raw.as_ptr()) };
+    }
+}
+
+impl fmt::Debug for Recv<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Recv")
+            .field("info", &self.info)
+            .field("yielded", &self.yielded)
+            .finish()
+    }
+}
+
+/// Iterator over the views of a [`Recv`]; items borrow the iteration for `'it`.
+pub struct Views<'it, 'r> {
+    recv: &'it mut Recv<'r>,
+}
+
+impl<'it> Iterator for Views<'it, '_> {
+    type Item = Result<View<'it>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        // SAFETY: `self.recv` is borrowed for 'it, so the Recv cannot be ended or dropped while
+        // any View<'it> exists.
+        unsafe { self.recv.next_raw() }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        if self.recv.exhausted {
+            (0, Some(0))
+        } else {
+            // An error may end it early (lower bound 0); the upper bound leaves room for one
+            // error item in case the library reports one where no view remains.
+            (
+                0,
+                Some(self.recv.info.count.saturating_sub(self.recv.yielded) + 1),
+            )
+        }
+    }
+}
+
+impl FusedIterator for Views<'_, '_> {}
+
+impl<'it, 'r> IntoIterator for &'it mut Recv<'r> {
+    type Item = Result<View<'it>>;
+    type IntoIter = Views<'it, 'r>;
+
+    fn into_iter(self) -> Views<'it, 'r> {
+        self.views()
+    }
+}
+
+/// Turns a library-owned NUL-terminated name into `&'a str`.
+///
+/// # Safety
+/// `p` must be NULL or point at a NUL-terminated string valid for `'a`.
+unsafe fn name_from<'a>(p: *const std::ffi::c_char) -> Result<&'a str> {
+    if p.is_null() {
+        return Err(Error::new(
+            Status::Internal,
+            "the library gave a tensor without a name",
+        ));
+    }
+    // SAFETY: the caller guarantees a valid NUL-terminated string for 'a.
+    let c: &'a CStr = unsafe { CStr::from_ptr(p) };
+    c.to_str().map_err(|_| {
+        Error::new(
+            Status::Malformed,
+            format!(
+                "tensor name {:?} in the request is not UTF-8",
+                c.to_string_lossy()
+            ),
+        )
+    })
+}
+
+/// Turns a library-owned shape into `&'a [i64]`.
+///
+/// # Safety
+/// When `ndim > 0`, `p` must point at `ndim` extents valid for `'a`.
+unsafe fn shape_from<'a>(p: *const i64, ndim: i32) -> Result<&'a [i64]> {
+    let n = usize::try_from(ndim)
+        .map_err(|_| Error::new(Status::Internal, format!("the library gave ndim {ndim}")))?;
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(Error::new(
+            Status::Internal,
+            "the library gave a NULL shape",
+        ));
+    }
+    // SAFETY: the caller guarantees `n` valid, aligned extents for 'a.
+    Ok(unsafe { std::slice::from_raw_parts(p, n) })
+}
+
+fn byte_len(name: &str, shape: &[i64], dtype: DType) -> Result<usize> {
+    let esize = dtype.size().ok_or_else(|| {
+        Error::new(
+            Status::Unsupported,
+            format!("tensor '{name}': dtype {dtype} has no whole-byte element size"),
+        )
+    })?;
+    shape
+        .iter()
+        .try_fold(esize, |acc, &e| acc.checked_mul(usize::try_from(e).ok()?))
+        .filter(|&n| n <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Error::new(
+                Status::Malformed,
+                format!("tensor '{name}': shape {shape:?} is too large"),
+            )
+        })
+}
+
+/// Dry-run description of a tensor in an iteration: no data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Meta<'a> {
+    name: &'a str,
+    shape: &'a [i64],
+    dtype: DType,
+    device: Device,
+}
+
+impl<'a> Meta<'a> {
+    /// # Safety
+    /// `t` must be a descriptor the library filled whose name and shape are valid for `'a`.
+    unsafe fn from_raw(t: &sys::wsync_tensor_t) -> Result<Meta<'a>> {
+        // SAFETY: forwarded from the caller.
+        let name = unsafe { name_from(t.name) }?;
+        // SAFETY: forwarded from the caller.
+        let shape = unsafe { shape_from(t.shape, t.ndim) }?;
+        Ok(Meta {
+            name,
+            shape,
+            dtype: DType::from_raw(t.dtype),
+            device: Device::from_raw(t.device),
+        })
+    }
+
+    /// The tensor's name.
+    pub fn name(&self) -> &'a str {
+        self.name
+    }
+
+    /// The extents (empty for a scalar).
+    pub fn shape(&self) -> &'a [i64] {
+        self.shape
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Where the bytes will be.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Size in bytes.
+    pub fn byte_len(&self) -> Result<usize> {
+        byte_len(self.name, self.shape, self.dtype)
+    }
+}
+
+/// A received tensor, borrowing the iteration it came from (`'it`).
+///
+/// Zero-copy where the strategy allows: for `"shm"` the bytes are read-only shared memory that
+/// the sender does not touch until the iteration is ended. Copy them into your parameters.
+///
+/// Rust treats the bytes behind [`View::bytes`] as immutable while the view lives. libwsync
+/// guarantees that for its own sender; a foreign process with write access to the segment (same
+/// user, the segment is mode 0600) could break that, as with any shared mapping.
+#[derive(Clone, Copy)]
+pub struct View<'it> {
+    name: &'it str,
+    shape: &'it [i64],
+    dtype: DType,
+    device: Device,
+    data: *const u8,
+    len: usize,
+    read_only: bool,
+    _it: PhantomData<&'it [u8]>,
+}
+
+impl<'it> View<'it> {
+    /// # Safety
+    /// `t` must be a view the library filled whose data, name and shape are valid for `'it`.
+    unsafe fn from_raw(t: &sys::wsync_tensor_t) -> Result<View<'it>> {
+        // SAFETY: forwarded from the caller.
+        let name = unsafe { name_from(t.name) }?;
+        // SAFETY: forwarded from the caller.
+        let shape = unsafe { shape_from(t.shape, t.ndim) }?;
+        let dtype = DType::from_raw(t.dtype);
+        let len = byte_len(name, shape, dtype)?;
+        if t.data.is_null() {
+            return Err(Error::new(
+                Status::Internal,
+                format!("tensor '{name}': NULL data"),
+            ));
+        }
+        Ok(View {
+            name,
+            shape,
+            dtype,
+            device: Device::from_raw(t.device),
+            data: t.data.cast_const().cast(),
+            len,
+            read_only: t.flags & sys::WSYNC_TENSOR_READ_ONLY != 0,
+            _it: PhantomData,
+        })
+    }
+
+    /// The tensor's name.
+    pub fn name(&self) -> &'it str {
+        self.name
+    }
+
+    /// The extents (empty for a scalar).
+    pub fn shape(&self) -> &'it [i64] {
+        self.shape
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Where the bytes are.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Whether the memory must not be written (always true for `"shm"`).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.len
+    }
+
+    /// Number of elements (1 for a scalar).
+    pub fn elements(&self) -> usize {
+        // byte_len succeeded, so the product cannot overflow.
+        self.shape.iter().map(|&e| e as usize).product()
+    }
+
+    /// The first byte, on [`View::device`]: for device memory (e.g. CUDA), to hand to that
+    /// device's copy functions. Valid while the view lives.
+    pub fn data_ptr(&self) -> *const c_void {
+        self.data.cast()
+    }
+
+    /// The bytes, for tensors in host memory; [`Status::Unsupported`] for device memory (use
+    /// [`View::data_ptr`] there).
+    pub fn bytes(&self) -> Result<&'it [u8]> {
+        if !self.device.is_host() {
+            return Err(Error::new(
+                Status::Unsupported,
+                format!(
+                    "tensor '{}' is in {} memory; use data_ptr()",
+                    self.name, self.device
+                ),
+            ));
+        }
+        // SAFETY: host memory the library guarantees to hold `len` bytes (shape x element size,
+        // computed with overflow checks) until the iteration ends, which 'it outlives; nothing
+        // writes it while the iteration is open (see the type's docs).
+        Ok(unsafe { std::slice::from_raw_parts(self.data, self.len) })
+    }
+
+    /// The elements as `&[T]`, when the dtype is exactly `T::DTYPE` (e.g. `f32` for
+    /// `float32`); [`Status::Mismatch`] otherwise.
+    pub fn as_slice<T: Element>(&self) -> Result<&'it [T]> {
+        if self.dtype != T::DTYPE {
+            return Err(Error::new(
+                Status::Mismatch,
+                format!("tensor '{}' is {}, not {}", self.name, self.dtype, T::DTYPE),
+            ));
+        }
+        self.as_raw_elements()
+    }
+
+    /// The elements as `&[T]` for any dtype of the same element size, e.g. `bfloat16` as `u16`
+    /// bits; [`Status::Mismatch`] when the sizes differ.
+    pub fn as_raw_elements<T: Element>(&self) -> Result<&'it [T]> {
+        let size = std::mem::size_of::<T>();
+        if self.dtype.size() != Some(size) {
+            return Err(Error::new(
+                Status::Mismatch,
+                format!(
+                    "tensor '{}' is {}, whose elements are not {size} bytes",
+                    self.name, self.dtype
+                ),
+            ));
+        }
+        let bytes = self.bytes()?;
+        if (bytes.as_ptr() as usize) % std::mem::align_of::<T>() != 0 {
+            return Err(Error::new(
+                Status::Unsupported,
+                format!(
+                    "tensor '{}' is not aligned for {}",
+                    self.name,
+                    std::any::type_name::<T>()
+                ),
+            ));
+        }
+        // SAFETY: `bytes` is valid for 'it, aligned for T (checked), and its length is a
+        // multiple of size_of::<T>() (len = elements x dtype size = elements x size_of T);
+        // Element guarantees every bit pattern is a valid T.
+        Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
+    }
+}
+
+impl fmt::Debug for View<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("View")
+            .field("name", &self.name)
+            .field("dtype", &self.dtype.to_string())
+            .field("shape", &self.shape)
+            .field("device", &self.device.to_string())
+            .field("bytes", &self.len)
+            .finish()
+    }
+}

@@ -1,0 +1,580 @@
+//! Rust and C, in separate processes, syncing the same toy model both ways over shm.
+//!
+//! The C side is `bindings/rust/tests/c_peer/c_peer.c`, compiled here with `cc` (or `$CC`)
+//! against the public header and the same libwsync the Rust code links. Both sides build the
+//! weights from the formula in `examples/common/mod.rs` (shared with the example binaries), so
+//! each checks the other bit for bit without trusting the library.
+//!
+//! Every child is killed and reaped on every path (a guard's Drop), every wait has a deadline,
+//! and the Rust role of a test runs on a helper thread the test abandons (after killing the
+//! children, which unblocks it) if it overruns.
+
+#[allow(dead_code)]
+#[path = "../examples/common/mod.rs"]
+mod common;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::{EngineConfig, EngineReport, TrainerConfig, MODEL};
+
+/// Generous for a loaded 2-core machine; a healthy run takes well under a second.
+const DEADLINE: Duration = Duration::from_secs(60);
+const VERSIONS: u64 = 4;
+
+// --- building the C peer --------------------------------------------------------------------------
+
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Directories holding libwsync: `$WSYNC_LIB_DIR` if set, else where wsync-sys found it.
+fn lib_dirs() -> Vec<String> {
+    match std::env::var("WSYNC_LIB_DIR") {
+        Ok(dir) if !dir.is_empty() => vec![dir],
+        _ => env!("WSYNC_LINK_SEARCH")
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .map(String::from)
+            .collect(),
+    }
+}
+
+/// The include directory with wsync.h: the source tree's, else pkg-config's.
+fn include_dirs() -> Vec<PathBuf> {
+    let tree = manifest_dir().join("../../../include");
+    if tree.join("wsync.h").exists() {
+        return vec![tree];
+    }
+    env!("WSYNC_INCLUDE_DIRS")
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .collect()
+}
+
+fn build_c_peer() -> Result<PathBuf, String> {
+    let source = manifest_dir().join("../tests/c_peer/c_peer.c");
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("c_peer");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let mut cmd = Command::new(&cc);
+    cmd.args([
+        "-std=c99",
+        "-O1",
+        "-Wall",
+        "-Wextra",
+        "-Wpedantic",
+        "-Werror",
+    ]);
+    for dir in include_dirs() {
+        cmd.arg("-I").arg(dir);
+    }
+    cmd.arg(&source).arg("-o").arg(&out);
+    for dir in lib_dirs() {
+        // rpath, so the child finds the same library even without LD_LIBRARY_PATH.
+        cmd.arg(format!("-L{dir}")).arg(format!("-Wl,-rpath,{dir}"));
+    }
+    cmd.arg("-lwsync");
+    let result = cmd
+        .output()
+        .map_err(|e| format!("cannot run `{cc}`: {e}"))?;
+    if !result.status.success() {
+        return Err(format!(
+            "compiling the C peer failed ({}): {cmd:?}\n{}",
+            result.status,
+            String::from_utf8_lossy(&result.stderr)
+        ));
+    }
+    Ok(out)
+}
+
+fn c_peer() -> &'static Path {
+    static PEER: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match PEER.get_or_init(build_c_peer) {
+        Ok(path) => path,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// An example binary Cargo built next to this test (`cargo test` builds examples).
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/..");
+    let path = profile_dir.join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run the whole suite with `cargo test` (which builds the examples) or \
+         `cargo build --examples` first",
+        path.display()
+    );
+    path
+}
+
+// --- child processes ---------------------------------------------------------------------------
+
+/// A child process that is killed and reaped however the test ends.
+struct Proc {
+    name: String,
+    child: Child,
+    stdout: Option<JoinHandle<String>>,
+    stderr: Option<JoinHandle<String>>,
+    reaped: bool,
+}
+
+struct Finished {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = r.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+}
+
+impl Proc {
+    /// Spawns `cmd` with stderr captured, stdin as configured by the caller (default: null)
+    /// and stdout captured unless the caller configured it.
+    fn spawn(
+        name: &str,
+        cmd: &mut Command,
+        stdin: Stdio,
+        stdout: Stdio,
+        capture_stdout: bool,
+    ) -> Proc {
+        let mut child = cmd
+            .stdin(stdin)
+            .stdout(stdout)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
+        let stderr = child.stderr.take().map(drain);
+        let stdout = if capture_stdout {
+            child.stdout.take().map(drain)
+        } else {
+            None
+        };
+        Proc {
+            name: name.to_string(),
+            child,
+            stdout,
+            stderr,
+            reaped: false,
+        }
+    }
+
+    fn take_stdin(&mut self) -> ChildStdin {
+        self.child.stdin.take().expect("stdin was piped")
+    }
+
+    fn take_stdout(&mut self) -> ChildStdout {
+        self.child
+            .stdout
+            .take()
+            .expect("stdout was piped and not captured")
+    }
+
+    fn kill(&mut self) {
+        if !self.reaped {
+            let _ = self.child.kill();
+        }
+    }
+
+    /// Waits for the exit until `deadline` (then kills it), and collects its output.
+    fn finish(mut self, deadline: Instant) -> Finished {
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Ok(None) => {
+                    self.kill();
+                    let status = self.child.wait().expect("wait after kill");
+                    self.reaped = true;
+                    let err = self
+                        .stderr
+                        .take()
+                        .map(|h| h.join().unwrap_or_default())
+                        .unwrap_or_default();
+                    panic!(
+                        "{} did not exit before its deadline ({status}); stderr:\n{err}",
+                        self.name
+                    );
+                }
+                Err(e) => panic!("waiting for {}: {e}", self.name),
+            }
+        };
+        self.reaped = true;
+        let join = |h: Option<JoinHandle<String>>| {
+            h.map(|h| h.join().unwrap_or_default()).unwrap_or_default()
+        };
+        Finished {
+            status,
+            stdout: join(self.stdout.take()),
+            stderr: join(self.stderr.take()),
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if !self.reaped {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs `role` on a helper thread and waits for it until the deadline; past it, kills every
+/// child (which ends the role's blocked reads and writes) and fails the test.
+fn run_role<T: Send + 'static>(
+    children: &mut [&mut Proc],
+    role: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        let _ = tx.send(role());
+    });
+    match rx.recv_timeout(DEADLINE) {
+        Ok(value) => {
+            handle.join().expect("role thread");
+            value
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            children.iter_mut().for_each(|c| c.kill());
+            std::panic::resume_unwind(handle.join().expect_err("the role thread panicked"))
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            children.iter_mut().for_each(|c| c.kill());
+            panic!("the Rust role did not finish within {DEADLINE:?}")
+        }
+    }
+}
+
+fn trainer_config() -> TrainerConfig {
+    TrainerConfig {
+        versions: VERSIONS,
+        timeout_ms: 10_000,
+        ..TrainerConfig::default()
+    }
+}
+
+fn chunks_per_version() -> u64 {
+    let specs = common::model_specs().unwrap();
+    let c = TrainerConfig::default();
+    wsync::Plan::new(&specs, &format!("{{\"chunk_bytes\": {}}}", c.chunk_bytes))
+        .unwrap()
+        .len() as u64
+}
+
+fn c_send(extra: &[&str]) -> Proc {
+    let mut cmd = Command::new(c_peer());
+    cmd.args([
+        "send",
+        "--versions",
+        &VERSIONS.to_string(),
+        "--timeout-ms",
+        "10000",
+    ])
+    .args(extra);
+    Proc::spawn(
+        "c_peer send",
+        &mut cmd,
+        Stdio::null(),
+        Stdio::piped(),
+        false,
+    )
+}
+
+fn c_recv(extra: &[&str], stdin: Stdio) -> Proc {
+    let mut cmd = Command::new(c_peer());
+    cmd.arg("recv").args(extra);
+    Proc::spawn("c_peer recv", &mut cmd, stdin, Stdio::piped(), true)
+}
+
+// --- tests ------------------------------------------------------------------------------------------
+
+#[test]
+fn c_sender_feeds_the_rust_engine_bit_for_bit_over_several_versions() {
+    let mut sender = c_send(&[]);
+    let mut frames = sender.take_stdout();
+    let report = run_role(&mut [&mut sender], move || {
+        common::run_engine(
+            &mut frames,
+            &EngineConfig {
+                index: 0,
+                verify: true,
+                end_early_at: 0,
+            },
+        )
+    });
+    let done = sender.finish(Instant::now() + DEADLINE);
+    let report =
+        report.unwrap_or_else(|e| panic!("Rust engine: {e}\nC sender stderr:\n{}", done.stderr));
+    assert!(done.status.success(), "C sender failed: {}", done.stderr);
+    assert_eq!(
+        report,
+        EngineReport {
+            announced: VERSIONS,
+            completed: VERSIONS,
+            chunks: VERSIONS * chunks_per_version(),
+            tensors: VERSIONS * MODEL.len() as u64,
+        }
+    );
+    assert!(
+        chunks_per_version() > 2,
+        "more chunks than buckets, so the sender waits on acks"
+    );
+}
+
+#[test]
+fn rust_trainer_feeds_the_c_receiver_bit_for_bit_over_several_versions() {
+    let mut receiver = c_recv(&[], Stdio::piped());
+    let mut frames = receiver.take_stdin();
+    let report = run_role(&mut [&mut receiver], move || {
+        common::run_trainer(&mut frames, &trainer_config())
+    });
+    let done = receiver.finish(Instant::now() + DEADLINE);
+    let report =
+        report.unwrap_or_else(|e| panic!("Rust trainer: {e}\nC receiver stderr:\n{}", done.stderr));
+    assert_eq!(report.versions, VERSIONS);
+    assert!(done.status.success(), "C receiver failed: {}", done.stderr);
+    let expect = format!(
+        "{} chunks, {} tensors verified; completed version {VERSIONS} (announced {VERSIONS})",
+        VERSIONS * chunks_per_version(),
+        VERSIONS * MODEL.len() as u64
+    );
+    assert!(
+        done.stdout.contains(&expect),
+        "C receiver said: {}",
+        done.stdout
+    );
+}
+
+#[test]
+fn rust_engine_ending_early_fails_the_c_senders_flush_with_peer() {
+    let mut sender = c_send(&[]);
+    let mut frames = sender.take_stdout();
+    let report = run_role(&mut [&mut sender], move || {
+        common::run_engine(
+            &mut frames,
+            &EngineConfig {
+                index: 0,
+                verify: true,
+                end_early_at: 2,
+            },
+        )
+    });
+    let done = sender.finish(Instant::now() + DEADLINE);
+    let report =
+        report.unwrap_or_else(|e| panic!("Rust engine: {e}\nC sender stderr:\n{}", done.stderr));
+    assert_eq!(
+        (report.announced, report.completed),
+        (0, 1),
+        "version 2 must not complete"
+    );
+    assert!(!done.status.success(), "the C sender should fail");
+    assert!(
+        done.stderr.contains("flush: WSYNC_ERR_PEER") && done.stderr.contains("receiver 0 failed"),
+        "C sender said: {}",
+        done.stderr
+    );
+}
+
+#[test]
+fn c_receiver_ending_early_fails_the_rust_trainers_flush_with_peer() {
+    let mut receiver = c_recv(&["--end-early-at", "2"], Stdio::piped());
+    let mut frames = receiver.take_stdin();
+    let outcome = run_role(&mut [&mut receiver], move || {
+        common::run_trainer(&mut frames, &trainer_config())
+    });
+    let done = receiver.finish(Instant::now() + DEADLINE);
+    let e = outcome.expect_err("the trainer's flush should fail");
+    assert!(
+        e.contains("version 2: flush: WSYNC_ERR_PEER: shm: receiver 0 failed"),
+        "{e}"
+    );
+    assert!(done.status.success(), "C receiver: {}", done.stderr);
+    assert!(
+        done.stdout.contains("completed version 1"),
+        "C receiver said: {}",
+        done.stdout
+    );
+}
+
+#[test]
+fn rust_trainer_syncs_a_c_engine_and_a_rust_engine_process_at_once() {
+    let mut c_engine = c_recv(&["--index", "0"], Stdio::piped());
+    let mut cmd = Command::new(example("engine"));
+    cmd.args(["--index", "1"]);
+    let mut rust_engine = Proc::spawn(
+        "example engine",
+        &mut cmd,
+        Stdio::piped(),
+        Stdio::piped(),
+        true,
+    );
+    let mut fan_out = Tee(vec![c_engine.take_stdin(), rust_engine.take_stdin()]);
+    let config = TrainerConfig {
+        receivers: 2,
+        ..trainer_config()
+    };
+    let report = run_role(&mut [&mut c_engine, &mut rust_engine], move || {
+        common::run_trainer(&mut fan_out, &config)
+    });
+    let deadline = Instant::now() + DEADLINE;
+    let (c_done, rust_done) = (c_engine.finish(deadline), rust_engine.finish(deadline));
+    let report = report.unwrap_or_else(|e| {
+        panic!(
+            "Rust trainer: {e}\nC engine:\n{}\nRust engine:\n{}",
+            c_done.stderr, rust_done.stderr
+        )
+    });
+    assert_eq!(report.versions, VERSIONS);
+    assert!(c_done.status.success(), "C engine: {}", c_done.stderr);
+    assert!(
+        rust_done.status.success(),
+        "Rust engine: {}",
+        rust_done.stderr
+    );
+    assert!(
+        c_done
+            .stdout
+            .contains(&format!("completed version {VERSIONS}")),
+        "{}",
+        c_done.stdout
+    );
+    assert!(
+        rust_done.stdout.contains(&format!(
+            "engine 1: {} chunks, {} tensors verified bit for bit; completed version {VERSIONS}",
+            VERSIONS * chunks_per_version(),
+            VERSIONS * MODEL.len() as u64
+        )),
+        "{}",
+        rust_done.stdout
+    );
+}
+
+#[test]
+fn example_binaries_pipe_into_each_other_and_into_the_c_peer() {
+    let versions = VERSIONS.to_string();
+    // Each pair: (producer, consumer); the producer's stdout is the consumer's stdin.
+    let pairs: [(&str, Command, &str, Command); 3] = [
+        (
+            "example trainer",
+            example_cmd("trainer", &["--versions", &versions]),
+            "c_peer recv",
+            c_cmd(&["recv"]),
+        ),
+        (
+            "c_peer send",
+            c_cmd(&["send", "--versions", &versions]),
+            "example engine",
+            example_cmd("engine", &[]),
+        ),
+        (
+            "example trainer",
+            example_cmd("trainer", &["--versions", &versions]),
+            "example engine",
+            example_cmd("engine", &[]),
+        ),
+    ];
+    for (pname, mut producer, cname, mut consumer) in pairs {
+        let mut p = Proc::spawn(pname, &mut producer, Stdio::null(), Stdio::piped(), false);
+        let pipe = Stdio::from(p.take_stdout());
+        let c = Proc::spawn(cname, &mut consumer, pipe, Stdio::piped(), true);
+        let deadline = Instant::now() + DEADLINE;
+        let c_done = c.finish(deadline);
+        let p_done = p.finish(deadline);
+        assert!(
+            p_done.status.success(),
+            "{pname} | {cname}: {pname} failed: {}",
+            p_done.stderr
+        );
+        assert!(
+            c_done.status.success(),
+            "{pname} | {cname}: {cname} failed: {}",
+            c_done.stderr
+        );
+        assert!(
+            c_done
+                .stdout
+                .contains(&format!("completed version {VERSIONS}")),
+            "{pname} | {cname}: {}",
+            c_done.stdout
+        );
+    }
+}
+
+fn example_cmd(name: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(example(name));
+    cmd.args(args);
+    cmd
+}
+
+fn c_cmd(args: &[&str]) -> Command {
+    let mut cmd = Command::new(c_peer());
+    cmd.args(args);
+    cmd
+}
+
+#[test]
+fn a_stream_cut_short_is_an_error_not_a_hang() {
+    // A trainer that dies mid-stream leaves its engines a truncated frame or no 'Q'. (The
+    // trainer stays alive here, in this process, so its segment is removed when it is dropped.)
+    let mut strategy = wsync::Strategy::new("shm", r#"{"bucket_bytes": 65536}"#).unwrap();
+    let init = strategy.create_init_info().unwrap();
+    let mut sender = wsync::Sender::new(&mut strategy, &init).unwrap();
+    let data = common::data(1, 0);
+    let request = sender
+        .send_chunk([&data.tensor(0).unwrap()], false)
+        .unwrap();
+    let mut stream = Vec::new();
+    common::write_frame(&mut stream, common::TAG_INIT, &init).unwrap();
+    common::write_frame(&mut stream, common::TAG_REQUEST, &request).unwrap();
+    let config = EngineConfig {
+        index: 0,
+        verify: true,
+        end_early_at: 0,
+    };
+
+    let e = common::run_engine(&mut &stream[..], &config).expect_err("no 'Q'");
+    assert!(e.contains("without 'Q'"), "{e}");
+    let cut = &stream[..stream.len() - 3];
+    let e = common::run_engine(&mut &cut[..], &config).expect_err("a truncated frame");
+    assert!(e.contains("reading frames"), "{e}");
+    let mut bad_tag = stream.clone();
+    bad_tag[0] = b'X';
+    let e = common::run_engine(&mut &bad_tag[..], &config).expect_err("not a frame stream");
+    assert!(e.contains("unknown frame tag 0x58"), "{e}");
+    let e = common::run_engine(&mut &b""[..], &config).expect_err("an empty stream");
+    assert!(e.contains("before the init frame"), "{e}");
+}
+
+/// Writes every byte to several children (a controller fanning requests out).
+struct Tee(Vec<ChildStdin>);
+
+impl std::io::Write for Tee {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        for w in &mut self.0 {
+            w.write_all(buf)?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.iter_mut().try_for_each(|w| w.flush())
+    }
+}
