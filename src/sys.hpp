@@ -38,7 +38,21 @@ void random_bytes(void *buf, std::size_t n);
 // n random bytes as lowercase hex.
 std::string random_hex(std::size_t n);
 
-// True unless the kernel says the process does not exist (ESRCH).
+// False once the process is gone: ESRCH from kill(pid, 0), or a zombie (state Z or X in
+// /proc/<pid>/stat) that its parent has not reaped yet.
 bool process_alive(int32_t pid);
+
+// Creates the POSIX shared-memory object `name` (O_EXCL, mode 0600) of `size` bytes and
+// returns its descriptor. With `reserve`, every page is allocated now (posix_fallocate), so a
+// too-small /dev/shm fails here with WSYNC_ERR_NO_MEMORY instead of SIGBUS later. On failure
+// nothing is left behind. `who` prefixes messages ("shm", "cuda_ipc").
+int shm_create(const std::string &name, uint64_t size, bool reserve, const std::string &who);
+// Opens the existing object `name` read-write and checks it has `size` bytes. A missing name is
+// WSYNC_ERR_UNAVAILABLE (`gone` says why it may be missing), another size WSYNC_ERR_MISMATCH.
+int shm_open_existing(const std::string &name, uint64_t size, const std::string &who,
+                      const std::string &gone);
+// mmap of a whole descriptor range, MAP_SHARED; throws WSYNC_ERR_SYSTEM naming `what`.
+void *map_shared(int fd, uint64_t offset, uint64_t size, bool writable, bool populate,
+                 const std::string &what);
 
 }  // namespace wsync::sys
