@@ -5,13 +5,32 @@
 namespace wsync {
 
 namespace {
-const char *type_name(OptionSpec::Type t) { return t == OptionSpec::Type::Bool ? "bool" : "uint"; }
+const char *type_name(OptionSpec::Type t) {
+    switch (t) {
+    case OptionSpec::Type::Bool: return "bool";
+    case OptionSpec::Type::UInt: return "uint";
+    default: return "string";
+    }
+}
+
+bool in_choices(const std::string &v, const char *choices) {
+    std::string list(choices);
+    std::size_t start = 0;
+    for (;;) {
+        std::size_t bar = list.find('|', start);
+        if (list.compare(start, bar == std::string::npos ? std::string::npos : bar - start, v) == 0)
+            return true;
+        if (bar == std::string::npos) return false;
+        start = bar + 1;
+    }
+}
 }  // namespace
 
 Options::Options(std::string owner, const std::vector<OptionSpec> &specs, const char *text)
     : owner_(std::move(owner)), values_(json::object()) {
     for (const auto &s : specs) {
         if (s.type == OptionSpec::Type::Bool) values_[s.key] = s.default_value != 0;
+        else if (s.type == OptionSpec::Type::String) values_[s.key] = s.default_text ? s.default_text : "";
         else values_[s.key] = s.default_value;
     }
     if (!text || !*text) return;
@@ -36,6 +55,20 @@ Options::Options(std::string owner, const std::vector<OptionSpec> &specs, const 
                 fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": option '" + it.key() +
                                                      "' must be true or false, got " + v.dump());
             values_[spec->key] = v.get<bool>();
+            continue;
+        }
+        if (spec->type == OptionSpec::Type::String) {
+            if (!v.is_string())
+                fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": option '" + it.key() +
+                                                     "' must be a string, got " + v.dump());
+            const std::string &x = v.get_ref<const std::string &>();
+            if (spec->choices ? !in_choices(x, spec->choices)
+                              : (x.empty() || x.size() > 4096 || x.find('\0') != std::string::npos))
+                fail(WSYNC_ERR_INVALID_ARGUMENT,
+                     owner_ + ": option '" + it.key() + "' = " + v.dump() + " is not accepted" +
+                         (spec->choices ? std::string(" (one of: '") + spec->choices + "')"
+                                        : std::string(" (1..4096 bytes, no NUL)")));
+            values_[spec->key] = x;
             continue;
         }
         if (!v.is_number_unsigned())
@@ -66,12 +99,22 @@ bool Options::boolean(const char *key) const {
     return it->get<bool>();
 }
 
+const std::string &Options::text(const char *key) const {
+    auto it = values_.find(key);
+    if (it == values_.end() || !it->is_string())
+        fail(WSYNC_ERR_INTERNAL, owner_ + ": option '" + key + "' is not a declared string");
+    return it->get_ref<const std::string &>();
+}
+
 json describe_options(const std::vector<OptionSpec> &specs) {
     json out = json::object();
     for (const auto &s : specs) {
         json d = {{"type", type_name(s.type)}, {"side", s.side}, {"doc", s.doc}};
         if (s.type == OptionSpec::Type::Bool) {
             d["default"] = s.default_value != 0;
+        } else if (s.type == OptionSpec::Type::String) {
+            d["default"] = s.default_text ? s.default_text : "";
+            if (s.choices) d["choices"] = s.choices;
         } else {
             d["default"] = s.default_value;
             d["min"] = s.min;

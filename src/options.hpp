@@ -14,7 +14,7 @@ namespace wsync {
 using json = nlohmann::json;
 
 struct OptionSpec {
-    enum class Type { Bool, UInt };
+    enum class Type { Bool, UInt, String };
     const char *key;
     Type type;
     uint64_t default_value;  // Bool: 0 or 1
@@ -22,6 +22,10 @@ struct OptionSpec {
     uint64_t max;
     const char *side;  // "sender", "receiver", "both", "planner"
     const char *doc;
+    // String options: the default, and the accepted values separated by '|' ("" is one of them
+    // when the list starts with '|'); nullptr accepts any text of 1..4096 bytes without NUL.
+    const char *default_text = nullptr;
+    const char *choices = nullptr;
 };
 
 class Options {
@@ -29,6 +33,7 @@ public:
     Options(std::string owner, const std::vector<OptionSpec> &specs, const char *text);
     uint64_t uint(const char *key) const;
     bool boolean(const char *key) const;
+    const std::string &text(const char *key) const;
     const json &values() const { return values_; }
 
 private:
