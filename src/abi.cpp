@@ -128,7 +128,7 @@ wsync_status_t wsync_strategy_kinds(char **json_out) {
         require(json_out, "wsync_strategy_kinds", "json_out");
         wsync::json list = wsync::json::array();
         for (const wsync::KindInfo *k : wsync::registered_kinds()) {
-            std::string why = k->unavailable_reason();
+            std::string why = k->unavailable_reason(nullptr);
             list.push_back({{"kind", k->name}, {"available", why.empty()}, {"reason", why}});
         }
         *json_out = to_cstring(list.dump());

@@ -50,10 +50,14 @@ bool Waiter::all_attached() const {
     return true;
 }
 
+uint64_t Waiter::want(uint32_t slot) const {
+    return std::min(b_->slot[slot].seq.load(std::memory_order_relaxed), max_seq_);
+}
+
 uint64_t Waiter::pending(const std::vector<uint32_t> &slots) const {
     uint64_t mask = 0;
     for (uint32_t s : slots) {
-        uint64_t want = b_->slot[s].seq.load(std::memory_order_relaxed);
+        uint64_t want = this->want(s);
         if (want == 0) continue;
         for (uint32_t r = 0; r < b_->receivers; ++r)
             if (ack_seq(b_->slot[s].ack[r].load(std::memory_order_acquire)) < want)
@@ -65,7 +69,7 @@ uint64_t Waiter::pending(const std::vector<uint32_t> &slots) const {
 uint64_t Waiter::oldest_pending_seq(uint32_t r, const std::vector<uint32_t> &slots) const {
     uint64_t oldest = 0;
     for (uint32_t s : slots) {
-        uint64_t want = b_->slot[s].seq.load(std::memory_order_relaxed);
+        uint64_t want = this->want(s);
         if (want && ack_seq(b_->slot[s].ack[r].load(std::memory_order_acquire)) < want)
             oldest = oldest ? std::min(oldest, want) : want;
     }
@@ -104,7 +108,8 @@ void Waiter::check_alive(uint64_t mask, const std::vector<uint32_t> &slots) {
 }
 
 void Waiter::wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadline,
-                  const char *what, bool report_failures) {
+                  const char *what, bool report_failures, uint64_t max_seq) {
+    max_seq_ = max_seq;
     int64_t last_liveness = -1;
     for (;;) {
         if (report_failures) check_failures();

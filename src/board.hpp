@@ -72,10 +72,14 @@ public:
     // Fails with WSYNC_ERR_PEER when a receiver died or detached owing a chunk (and, if
     // `report_failures`, when one acknowledged a chunk as failed: once per failure), or with
     // WSYNC_ERR_TIMEOUT at the deadline naming the receivers that did not answer.
+    // With several senders on one board (cuda_ipc), a slot may already hold the chunk another
+    // sender just published; `max_seq` limits the wait to chunks up to that seq (the slot's
+    // previous chunk, seq - slots, when making room for chunk seq).
     void wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadline, const char *what,
-              bool report_failures);
+              bool report_failures, uint64_t max_seq = UINT64_MAX);
 
 private:
+    uint64_t want(uint32_t slot) const;
     uint64_t pending(const std::vector<uint32_t> &slots) const;
     uint64_t oldest_pending_seq(uint32_t r, const std::vector<uint32_t> &slots) const;
     void check_failures();
@@ -84,6 +88,7 @@ private:
     Board *b_;
     std::string kind_;
     uint64_t reported_[kMaxReceivers] = {};
+    uint64_t max_seq_ = UINT64_MAX;
 };
 
 // ---- receiver side ------------------------------------------------------------------------

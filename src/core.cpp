@@ -30,7 +30,7 @@ std::string chunk_label(const ChunkHeader &h) {
 // ----------------------------------------------------------------------------------------------
 Strategy::Strategy(const KindInfo &kind, const char *options_json)
     : kind_(kind), options_(kind.name, kind.options(), options_json) {
-    std::string missing = kind.unavailable_reason();
+    std::string missing = kind.unavailable_reason(&options_);
     if (!missing.empty())
         fail(WSYNC_ERR_UNAVAILABLE, std::string(kind.name) + ": unavailable: " + missing);
     impl_ = kind.create(options_);

@@ -4,7 +4,7 @@
 namespace wsync {
 
 const std::vector<const KindInfo *> &registered_kinds() {
-    static const std::vector<const KindInfo *> kinds = {&kShmKind};
+    static const std::vector<const KindInfo *> kinds = {&kShmKind, &kCudaIpcKind, &kNcclBroadcastKind};
     return kinds;
 }
 

@@ -74,8 +74,9 @@ public:
 struct KindInfo {
     const char *name;
     const std::vector<OptionSpec> &(*options)();
-    // "" when the kind can be created here, else what is missing (e.g. "libcuda.so.1 not found").
-    std::string (*unavailable_reason)();
+    // "" when the kind can be created here with these options (nullptr: the defaults), else
+    // what is missing (e.g. "cannot load libcuda.so.1").
+    std::string (*unavailable_reason)(const Options *options);
     std::unique_ptr<StrategyImpl> (*create)(const Options &options);
     // Merges the transport maps of several senders' requests for one chunk; nullptr for kinds
     // with a single sender (then only n == 1 is accepted).
@@ -87,5 +88,7 @@ const std::vector<const KindInfo *> &registered_kinds();
 const KindInfo &find_kind(const std::string &name);
 
 extern const KindInfo kShmKind;
+extern const KindInfo kCudaIpcKind;
+extern const KindInfo kNcclBroadcastKind;
 
 }  // namespace wsync

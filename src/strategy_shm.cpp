@@ -389,7 +389,7 @@ private:
     std::shared_ptr<Segment> seg_;
 };
 
-std::string shm_unavailable() {
+std::string shm_unavailable(const Options *) {
     // /dev/shm is where glibc's shm_open puts segments; without it nothing here can work.
     struct stat st;
     if (stat("/dev/shm", &st) != 0 || !S_ISDIR(st.st_mode)) return "/dev/shm is not mounted";

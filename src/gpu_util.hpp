@@ -1,0 +1,154 @@
+// Building blocks shared by the GPU strategies (cuda_ipc, nccl_broadcast): the device a handle
+// works on, owned device memory, streams and events, deadline-bounded waits on the GPU, the
+// pack kernel, and the cast option. Everything reaches the driver through gpu_api.hpp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpu_api.hpp"
+#include "gpu_kernels.hpp"
+#include "sys.hpp"
+#include "tensor.hpp"
+
+namespace wsync::gpu {
+
+// One GPU as a strategy uses it: the ordinal in this process, its UUID, and its primary context
+// (retained for the object's life). Make it current around driver calls with Scope.
+class Device {
+public:
+    Device(const CudaApi &api, int ordinal, const std::string &who);
+    ~Device();
+    Device(const Device &) = delete;
+    Device &operator=(const Device &) = delete;
+    const CudaApi &api() const { return api_; }
+    int ordinal() const { return ordinal_; }
+    const CUuuid &uuid() const { return uuid_; }
+    std::string uuid_string() const { return uuid_text(uuid_); }
+    CUcontext context() const { return ctx_; }
+
+    // Makes the device's context current on this thread and restores the previous one after.
+    class Scope {
+    public:
+        explicit Scope(const Device &d);
+        ~Scope();
+        Scope(const Scope &) = delete;
+        Scope &operator=(const Scope &) = delete;
+
+    private:
+        const CudaApi &api_;
+        CUcontext prev_ = nullptr;
+    };
+
+private:
+    const CudaApi &api_;
+    int ordinal_;
+    CUdevice dev_ = 0;
+    CUuuid uuid_{};
+    CUcontext ctx_ = nullptr;
+};
+
+// The ordinal in this process of the GPU with `uuid` (after CUDA_VISIBLE_DEVICES remapping),
+// or -1 when this process does not see it.
+int ordinal_of(const CudaApi &api, const CUuuid &uuid);
+
+// Device memory owned by this object (cuMemAlloc / cuMemFree in the device's context).
+class DeviceBuffer {
+public:
+    DeviceBuffer() = default;
+    DeviceBuffer(const Device &d, uint64_t bytes, const std::string &what);
+    ~DeviceBuffer();
+    DeviceBuffer(DeviceBuffer &&o) noexcept;
+    DeviceBuffer &operator=(DeviceBuffer &&o) noexcept;
+    CUdeviceptr ptr() const { return ptr_; }
+    uint64_t size() const { return size_; }
+
+private:
+    void release() noexcept;
+    const Device *dev_ = nullptr;
+    CUdeviceptr ptr_ = 0;
+    uint64_t size_ = 0;
+};
+
+class Stream {
+public:
+    explicit Stream(const Device &d);
+    ~Stream();
+    Stream(const Stream &) = delete;
+    Stream &operator=(const Stream &) = delete;
+    CUstream get() const { return s_; }
+
+private:
+    const Device &dev_;
+    CUstream s_ = nullptr;
+};
+
+class Event {
+public:
+    explicit Event(const Device &d);
+    ~Event();
+    Event(const Event &) = delete;
+    Event &operator=(const Event &) = delete;
+    CUevent get() const { return e_; }
+    void record(CUstream s);
+    bool done() const;  // cuEventQuery: true when complete, false when not yet; throws on error
+
+private:
+    const Device &dev_;
+    CUevent e_ = nullptr;
+};
+
+// Polls until `ready()` is true or the deadline passes (then WSYNC_ERR_TIMEOUT with `what`).
+// Sleeps grow from 20 us to 1 ms, so short waits stay short and long ones cost no CPU.
+void poll_sleep(int round);
+[[noreturn]] void throw_timeout(const std::string &message);
+
+template <class F>
+void poll_until(F ready, const sys::Deadline &deadline, const std::string &what) {
+    for (int round = 0;; ++round) {
+        if (ready()) return;
+        if (deadline.passed())
+            throw_timeout(what + " did not finish within " + std::to_string(deadline.budget_ms()) +
+                          " ms");
+        poll_sleep(round);
+    }
+}
+
+// The cast option: which float32 tensors become what while packing.
+enum class Cast { None, BFloat16, Float16 };
+Cast parse_cast(const std::string &option);  // "", "bfloat16", "float16"
+// The dtype a tensor travels as, and the pack op that makes it.
+wsync_dtype_t cast_dtype(Cast cast, wsync_dtype_t in, PackOp *op);
+
+// Packs chunks into device buckets with one kernel launch per chunk: the table of PackEntry is
+// uploaded to a device buffer of its own (grown when a chunk has more tensors), then
+// wsync_pack runs on the given stream. The module is loaded once per Packer.
+class Packer {
+public:
+    explicit Packer(const Device &d);
+    ~Packer();
+    Packer(const Packer &) = delete;
+    Packer &operator=(const Packer &) = delete;
+    // Enqueues the pack of `entries` on `stream`. Returns at once; the entries' memory (host
+    // side) may be reused when the stream has passed this point, so the Packer keeps its own
+    // copy until the next call after the stream is idle.
+    void pack(const std::vector<PackEntry> &entries, CUstream stream);
+    uint64_t launches() const { return launches_; }
+
+private:
+    const Device &dev_;
+    CUmodule module_ = nullptr;
+    CUfunction fn_ = nullptr;
+    DeviceBuffer table_;
+    std::vector<PackEntry> staged_;
+    uint64_t launches_ = 0;
+};
+
+// Lays a chunk's tensors out in a bucket: 256-byte aligned offsets, dtypes after the cast. Fills
+// table.offsets (and table.metas' dtype and nbytes when cast) and returns the bytes used. Throws
+// WSYNC_ERR_INVALID_ARGUMENT naming the tensor when the chunk exceeds `capacity`.
+uint64_t layout_bucket(TensorTable &table, Cast cast, uint64_t capacity, std::vector<PackOp> *ops,
+                       const std::string &who);
+
+}  // namespace wsync::gpu
