@@ -40,7 +40,7 @@ static void last_error_is_never_null_and_kept_on_success(void **state) {
     assert_non_null(wsync_last_error());
     wsync_strategy_t *s = (wsync_strategy_t *)1;
     EXPECT_ERR(wsync_strategy_create("nope", NULL, &s), WSYNC_ERR_UNSUPPORTED,
-               "unknown strategy kind 'nope' (known: shm)");
+               "unknown strategy kind 'nope' (known: shm, cuda_ipc, nccl_broadcast)");
     assert_null(s);
     OK(wsync_strategy_create("shm", NULL, &s));
     assert_non_null(strstr(wsync_last_error(), "'nope'")); /* success leaves the message alone */
@@ -141,6 +141,25 @@ static void strategies_describe_their_options_and_availability(void **state) {
     wsync_string_free(json);
 }
 
+/* Runs in its own process (CTest runs each test alone), so the driver path is read afresh. */
+static void gpu_kinds_without_a_driver_are_unavailable_and_name_the_library(void **state) {
+    (void)state;
+    setenv("WSYNC_CUDA_LIBRARY", "/nonexistent/libcuda.so.1", 1);
+    wsync_strategy_t *s = (wsync_strategy_t *)1;
+    EXPECT_ERR(wsync_strategy_create("cuda_ipc", NULL, &s), WSYNC_ERR_UNAVAILABLE,
+               "cannot load /nonexistent/libcuda.so.1");
+    assert_null(s);
+    EXPECT_ERR(wsync_strategy_create("nccl_broadcast", NULL, &s), WSYNC_ERR_UNAVAILABLE,
+               "/nonexistent/libcuda.so.1");
+    char *json;
+    OK(wsync_strategy_kinds(&json));
+    assert_non_null(strstr(json, "{\"available\":false,\"kind\":\"cuda_ipc\""));
+    wsync_string_free(json);
+    /* Options are still checked first, and name the key. */
+    EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"dtype\": \"int4\"}", &s),
+               WSYNC_ERR_INVALID_ARGUMENT, "'dtype'");
+}
+
 static void abi_layout_reports_the_compiled_structs(void **state) {
     (void)state;
     char *json;
@@ -167,6 +186,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(options_are_strict_and_errors_name_the_key),
     cmocka_unit_test(strategies_describe_their_options_and_availability),
     cmocka_unit_test(abi_layout_reports_the_compiled_structs),
+    cmocka_unit_test(gpu_kinds_without_a_driver_are_unavailable_and_name_the_library),
 };
 
 TU_MAIN(tests)

@@ -1,0 +1,1391 @@
+// The fake CUDA driver of libwsync_fakegpu.so: every function of WSYNC_CUDA_FUNCTIONS
+// (src/gpu_api.hpp), exported under the driver's symbol names, so CI can run the GPU strategies'
+// logic without a GPU. It proves logic, not hardware: "device memory" is host shared memory.
+//
+// What it mimics, and how:
+// - Devices come from WSYNC_FAKE_CUDA_DEVICES (comma-separated UUIDs; default two devices,
+//   GPU-0fa6e000-0000-4000-8000-000000000000 and GPU-1fa6e000-0000-4000-8000-000000000001),
+//   filtered and reordered by CUDA_VISIBLE_DEVICES as the real driver does at cuInit: ordinals or
+//   "GPU-<uuid prefix>" entries; the first unknown, ambiguous or repeated entry hides itself and
+//   everything after it; nothing left is CUDA_ERROR_NO_DEVICE. WSYNC_FAKE_CUDA_NO_DEVICE=1 makes
+//   cuInit fail with CUDA_ERROR_NO_DEVICE. Every other call before a successful cuInit is
+//   CUDA_ERROR_NOT_INITIALIZED.
+// - Primary contexts are refcounted per device and made current per thread. Calls that need a
+//   context (memory, IPC, stream/event/module creation, launches, cuCtxSynchronize) return
+//   CUDA_ERROR_INVALID_CONTEXT without a current, retained one. When the last reference to a
+//   primary context goes, the context is destroyed as the driver destroys it: its streams are
+//   drained and destroyed, its events and modules go, and its memory and IPC mappings are
+//   released (counted as "reclaimed", not as frees, so tests can spot leaks).
+// - Device memory: each cuMemAlloc is a POSIX shm object "/wsync-fakecuda-<pid>-<n>" (0600),
+//   reserved with posix_fallocate (so a full /dev/shm is CUDA_ERROR_OUT_OF_MEMORY, not a SIGBUS
+//   later) and mapped read-write; the CUdeviceptr is the host address, so tests can read and
+//   write device memory directly. cuMemFree synchronizes the process's streams first (like
+//   cudaFree; a copy in flight never touches unmapped memory), unmaps and unlinks. Allocations
+//   still alive at exit() are unlinked then (the driver frees device memory when a process
+//   ends); a process that ends in _exit() or a signal leaves them in /dev/shm.
+// - CUDA IPC: the 64-byte handle holds a magic, the owner's pid, the allocation's serial number
+//   (pid and serial give the shm name), its size and the owner device's UUID; it is the same
+//   bytes every time for one allocation. Opening maps the shm object in another process; the
+//   same process is refused (CUDA_ERROR_INVALID_CONTEXT, as the driver refuses it); repeated
+//   opens of one handle return the same address and are refcounted (each open needs a close; the
+//   last close synchronizes the process's streams and unmaps); a freed allocation is
+//   CUDA_ERROR_INVALID_HANDLE; a handle from a GPU this process cannot see (CUDA_VISIBLE_DEVICES)
+//   is CUDA_ERROR_INVALID_DEVICE. The mapping counts as an allocation of the opener's current
+//   device for cuMemGetAddressRange and cuPointerGetAttribute, with a buffer id of its own.
+// - Streams: one worker thread per stream runs enqueued operations in order; the NULL stream is
+//   one more such queue per process. Device addresses are checked when an operation runs: a range
+//   outside every allocation (NULL included) fails the operation like a device fault, and the
+//   stream is failed for good: it runs nothing more, and cuStreamQuery, and cuEventQuery of an
+//   event recorded at or after the failure, say CUDA_ERROR_ILLEGAL_ADDRESS at once. The real
+//   driver makes such an error sticky for the whole context; here it is the stream (and
+//   cuCtxSynchronize, which waits for every stream of the process and reports any failed one).
+//   cuStreamDestroy drains the stream before it returns (the driver returns at once and frees
+//   the stream later).
+// - cuMemcpyHtoDAsync copies the host source before it returns, as the driver does for pageable
+//   host memory (libwsync has no pinned memory); the device write happens in stream order.
+// - Modules: only PTX text with ".entry wsync_pack" loads; cuLaunchKernel of wsync_pack runs a
+//   host emulation of src/kernels/pack.cu in stream order (see run_pack). A launch into a stream
+//   of another device's context is CUDA_ERROR_INVALID_HANDLE.
+// - fork(): the child starts with no contexts, memory, streams, modules or communicators (its
+//   parent's worker threads do not exist there) and zeroed counters, but keeps cuInit's result,
+//   the device list and pending failure injections, so a test may initialise before it forks.
+//   (A real driver cannot be used at all in a child forked after cuInit.)
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <new>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "fake_gpu.h"
+#include "fake_internal.hpp"
+
+using namespace wsync_fake;
+
+// Every driver entry point, declared from the X-macro itself: exported under its symbol name
+// (cuMemAlloc_v2 ...) with exactly the contract's signature. A definition below that differs
+// from the contract does not compile ("conflicting declaration of C function").
+#define WSYNC_FAKE_DECLARE(field, symbol, ret, params)                                           \
+    extern "C" __attribute__((visibility("default"))) ret field params __asm__(symbol);
+WSYNC_CUDA_FUNCTIONS(WSYNC_FAKE_DECLARE)
+#undef WSYNC_FAKE_DECLARE
+
+#define WSYNC_FAKE_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace wsync_fake {
+
+constexpr int kMaxDevices = 64;
+constexpr int kDriverVersion = 13000;  // CUDA 13.0
+constexpr unsigned kMaxThreadsPerBlock = 1024;
+constexpr unsigned kMaxStaticSharedBytes = 48 * 1024;
+
+void poll_sleep() {
+    struct timespec ts = {0, 100 * 1000};
+    nanosleep(&ts, nullptr);
+}
+
+// ---- streams ----------------------------------------------------------------------------------
+struct Stream {
+    explicit Stream(int dev) : device(dev) { worker = std::thread([this] { run(); }); }
+    // cuStreamDestroy and context destruction stop the worker while they still hold a
+    // reference, so this only joins a finished thread (the NULL stream is never destroyed).
+    ~Stream() { shutdown(); }
+
+    // Appends an operation; returns its sequence number (1, 2, ...).
+    uint64_t push(Op op) {
+        std::lock_guard<std::mutex> lk(m);
+        q.emplace_back(++enq, std::move(op));
+        cv.notify_all();
+        return enq;
+    }
+    // Waits until operation `seq` (and everything before it) has completed.
+    void wait(uint64_t seq) {
+        std::unique_lock<std::mutex> lk(m);
+        cv.wait(lk, [&] { return done >= seq; });
+    }
+    // Waits for everything enqueued before the call (not for what others enqueue meanwhile).
+    void drain() {
+        uint64_t seq;
+        {
+            std::lock_guard<std::mutex> lk(m);
+            seq = enq;
+        }
+        wait(seq);
+    }
+    // cuStreamQuery: failed, drained, or not yet.
+    CUresult query() {
+        std::lock_guard<std::mutex> lk(m);
+        if (failed_seq) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        return done >= enq ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    }
+    // For events and waits: operation `seq` failed or comes after a failure (at once, as the
+    // driver reports a sticky error), has completed, or not yet.
+    CUresult query_seq(uint64_t seq) {
+        std::lock_guard<std::mutex> lk(m);
+        if (failed_seq && failed_seq <= seq) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        return done >= seq ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    }
+    bool has_failed() {
+        std::lock_guard<std::mutex> lk(m);
+        return failed_seq != 0;
+    }
+    // Drains, then stops and joins the worker. Idempotent.
+    void shutdown() {
+        {
+            std::lock_guard<std::mutex> lk(m);
+            stop = true;
+            cv.notify_all();
+        }
+        if (worker.joinable()) worker.join();
+    }
+
+    void run() {
+        std::unique_lock<std::mutex> lk(m);
+        for (;;) {
+            cv.wait(lk, [&] { return stop || !q.empty(); });
+            if (q.empty()) return;  // stopping, and drained
+            uint64_t seq = q.front().first;
+            Op op = std::move(q.front().second);
+            q.pop_front();
+            const bool skip = failed_seq != 0;  // a failed stream runs nothing more
+            lk.unlock();
+            CUresult rc = skip ? CUDA_SUCCESS : op();
+            op = nullptr;  // release what it holds before it counts as complete
+            lk.lock();
+            if (rc != CUDA_SUCCESS && !failed_seq) failed_seq = seq;
+            if (rc != CUDA_SUCCESS) g_stream_failures.fetch_add(1);
+            done = seq;
+            cv.notify_all();
+        }
+    }
+
+    static std::atomic<long long> g_stream_failures;
+
+    std::mutex m;
+    std::condition_variable cv;  // queue changes and completions
+    std::deque<std::pair<uint64_t, Op>> q;
+    uint64_t enq = 0;         // last sequence number handed out
+    uint64_t done = 0;        // last sequence number completed
+    uint64_t failed_seq = 0;  // first operation that failed; 0 while healthy
+    bool stop = false;
+    const int device;         // -1: the NULL stream
+    std::thread worker;       // last: starts once the rest is built
+};
+std::atomic<long long> Stream::g_stream_failures{0};
+
+struct Event {
+    std::mutex m;
+    std::shared_ptr<Stream> stream;  // of the last cuEventRecord; null: never recorded
+    uint64_t seq = 0;
+    int device;
+};
+
+struct Module {
+    int device;
+    char function_token = 0;  // &function_token is the CUfunction of wsync_pack
+};
+
+// An allocation, or an IPC mapping, of this process.
+struct Alloc {
+    uint64_t size = 0;     // as asked for (the mapping is rounded up to pages)
+    uint64_t map_len = 0;
+    std::string name;      // shm name; the owner's for an IPC mapping
+    int device = 0;        // visible ordinal
+    uint64_t buffer_id = 0;
+    uint64_t serial = 0;   // for IPC handles (owned allocations)
+    bool ipc = false;      // opened from a handle
+    int refs = 0;          // IPC opens not yet closed
+};
+
+// ---- per-process state ------------------------------------------------------------------------
+struct State {
+    std::mutex mu;  // guards everything below; never held while waiting for a stream
+    bool init_tried = false;
+    CUresult init_rc = CUDA_ERROR_NOT_INITIALIZED;
+    std::vector<CUuuid> visible;  // devices in ordinal order, after CUDA_VISIBLE_DEVICES
+    int ctx_refs[kMaxDevices] = {};
+    std::map<uint64_t, Alloc> allocs;  // by base address
+    std::map<std::string, uint64_t> ipc_by_name;
+    std::map<CUstream, std::shared_ptr<Stream>> streams;
+    std::shared_ptr<Stream> null_stream;
+    std::map<CUevent, std::shared_ptr<Event>> events;
+    std::map<CUmodule, std::shared_ptr<Module>> modules;
+    std::map<CUfunction, std::shared_ptr<Module>> functions;
+    uint64_t next_serial = 0;
+    uint64_t next_buffer_id = 0;
+    State *abandoned = nullptr;  // a forked child keeps the parent's state reachable, unused
+};
+
+State *&state_ptr() {
+    static State *s = new State;  // never destroyed: worker threads may outlive static destructors
+    return s;
+}
+State &st() { return *state_ptr(); }
+
+// The primary contexts: CUcontext is the address of one of these bytes.
+char g_ctx_token[kMaxDevices];
+thread_local CUcontext t_current = nullptr;
+
+CUcontext ctx_of(int dev) { return reinterpret_cast<CUcontext>(&g_ctx_token[dev]); }
+int dev_of(CUcontext c) {
+    auto p = reinterpret_cast<const char *>(c);
+    if (p < g_ctx_token || p >= g_ctx_token + kMaxDevices) return -1;
+    return static_cast<int>(p - g_ctx_token);
+}
+
+struct Counters {
+    std::atomic<long long> allocs{0}, frees{0}, ipc_get_handle{0}, ipc_open{0}, ipc_close{0},
+        kernel_launches{0}, memcpy_calls{0}, modules_loaded{0}, reclaimed{0};
+    void reset() {
+        for (auto *c : {&allocs, &frees, &ipc_get_handle, &ipc_open, &ipc_close, &kernel_launches,
+                        &memcpy_calls, &modules_loaded, &reclaimed})
+            c->store(0);
+    }
+};
+Counters g_count;
+
+// With st().mu held.
+CUresult ctx_device_locked(State &s, int *device) {
+    if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+    int d = t_current ? dev_of(t_current) : -1;
+    if (d < 0 || d >= static_cast<int>(s.visible.size()) || s.ctx_refs[d] == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *device = d;
+    return CUDA_SUCCESS;
+}
+
+CUresult current_device(int *device) {
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    return ctx_device_locked(s, device);
+}
+
+// The allocation containing address p, with st().mu held.
+std::map<uint64_t, Alloc>::iterator containing_locked(State &s, uint64_t p) {
+    auto it = s.allocs.upper_bound(p);
+    if (it == s.allocs.begin()) return s.allocs.end();
+    --it;
+    return p - it->first < it->second.size ? it : s.allocs.end();
+}
+
+bool find_region(uint64_t p, uint64_t n, Region *out) {
+    if (p == 0) return false;
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    auto it = containing_locked(s, p);
+    if (it == s.allocs.end()) return false;
+    if (n > it->second.size - (p - it->first)) return false;
+    if (out) {
+        out->name = it->second.name;
+        out->base = it->first;
+        out->size = it->second.size;
+    }
+    return true;
+}
+
+// Device access check made when an operation runs: the fake's "page fault".
+bool device_range_ok(uint64_t p, uint64_t n) { return n == 0 || find_region(p, n, nullptr); }
+
+CUresult get_stream(CUstream handle, std::shared_ptr<Stream> *out) {
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    const auto h = reinterpret_cast<uintptr_t>(handle);
+    if (h <= 2) {  // 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+        if (!s.null_stream) {
+            try {
+                s.null_stream = std::make_shared<Stream>(-1);
+            } catch (const std::exception &) {
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        }
+        *out = s.null_stream;
+        return CUDA_SUCCESS;
+    }
+    auto it = s.streams.find(handle);
+    if (it == s.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+    *out = it->second;
+    return CUDA_SUCCESS;
+}
+
+int stream_device(const Stream &s) { return s.device; }
+void enqueue(Stream &s, Op op) { s.push(std::move(op)); }
+
+// Waits for everything enqueued so far on every stream of the process. Returns whether any
+// stream has failed.
+bool sync_all_streams() {
+    std::vector<std::shared_ptr<Stream>> all;
+    {
+        State &s = st();
+        std::lock_guard<std::mutex> lk(s.mu);
+        for (auto &kv : s.streams) all.push_back(kv.second);
+        if (s.null_stream) all.push_back(s.null_stream);
+    }
+    bool failed = false;
+    for (auto &x : all) {
+        x->drain();
+        failed = failed || x->has_failed();
+    }
+    return failed;
+}
+
+// ---- failure injection ------------------------------------------------------------------------
+struct Injection {
+    std::string name;  // as given, "@async" included
+    long remaining;    // calls still let through
+    int result;
+};
+std::mutex g_inj_mu;
+std::vector<Injection> g_injections;
+
+bool inject_impl(const std::string &symbol, int *result) {
+    std::lock_guard<std::mutex> lk(g_inj_mu);
+    for (auto it = g_injections.begin(); it != g_injections.end(); ++it) {
+        const std::string &n = it->name;
+        bool match = n == symbol;
+        // "cuMemAlloc" names cuMemAlloc_v2, "cuMemAlloc@async" names cuMemAlloc_v2@async.
+        if (!match) {
+            std::string plain = symbol, suffix;
+            auto at = plain.find('@');
+            if (at != std::string::npos) {
+                suffix = plain.substr(at);
+                plain.erase(at);
+            }
+            if (plain.size() > 3 && plain.compare(plain.size() - 3, 3, "_v2") == 0)
+                match = n == plain.substr(0, plain.size() - 3) + suffix;
+        }
+        if (!match) continue;
+        if (it->remaining > 0) {
+            --it->remaining;
+            return false;
+        }
+        *result = it->result;
+        g_injections.erase(it);
+        return true;
+    }
+    return false;
+}
+
+bool inject(const char *symbol, int *result) { return inject_impl(symbol, result); }
+bool inject_async(const char *symbol, int *result) {
+    return inject_impl(std::string(symbol) + "@async", result);
+}
+
+// ---- cuInit: devices --------------------------------------------------------------------------
+int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+// "GPU-<uuid>" or a bare uuid: 32 hex digits, dashes anywhere.
+bool parse_uuid_text(std::string t, CUuuid *out) {
+    if (t.size() >= 4 && strncasecmp(t.c_str(), "GPU-", 4) == 0) t.erase(0, 4);
+    int nd = 0;
+    unsigned char bytes[16] = {};
+    for (char c : t) {
+        if (c == '-') continue;
+        int v = hexval(c);
+        if (v < 0 || nd >= 32) return false;
+        bytes[nd / 2] = static_cast<unsigned char>(bytes[nd / 2] | (nd % 2 ? v : v << 4));
+        ++nd;
+    }
+    if (nd != 32) return false;
+    std::memcpy(out->bytes, bytes, 16);
+    return true;
+}
+
+// "0fa6e000-0000-4000-8000-000000000000": the text nvidia-smi shows after "GPU-".
+std::string uuid_string(const CUuuid &u) {
+    static const char *hex = "0123456789abcdef";
+    std::string s;
+    for (int i = 0; i < 16; ++i) {
+        if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+        auto b = static_cast<unsigned char>(u.bytes[i]);
+        s += hex[b >> 4];
+        s += hex[b & 15];
+    }
+    return s;
+}
+
+std::string trim(const std::string &s) {
+    size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+    return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+std::vector<std::string> split(const std::string &s) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    for (;;) {
+        size_t comma = s.find(',', start);
+        out.push_back(trim(s.substr(start, comma == std::string::npos ? comma : comma - start)));
+        if (comma == std::string::npos) return out;
+        start = comma + 1;
+    }
+}
+
+CUresult init_devices(State &s) {
+    const char *nodev = std::getenv("WSYNC_FAKE_CUDA_NO_DEVICE");
+    if (nodev && std::strcmp(nodev, "1") == 0) return CUDA_ERROR_NO_DEVICE;
+    std::vector<CUuuid> all;
+    const char *list = std::getenv("WSYNC_FAKE_CUDA_DEVICES");
+    if (list && *list) {
+        for (const std::string &t : split(list)) {
+            CUuuid u;
+            if (!parse_uuid_text(t, &u)) {
+                std::fprintf(stderr, "fake CUDA: WSYNC_FAKE_CUDA_DEVICES entry '%s' is not a UUID\n",
+                             t.c_str());
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            all.push_back(u);
+        }
+    } else {
+        for (int i = 0; i < 2; ++i) {
+            CUuuid u;
+            char text[64];
+            std::snprintf(text, sizeof text, "%xfa6e000-0000-4000-8000-00000000000%x", i, i);
+            parse_uuid_text(text, &u);
+            all.push_back(u);
+        }
+    }
+    if (all.size() > static_cast<size_t>(kMaxDevices)) all.resize(kMaxDevices);
+    const char *cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (!cvd) {
+        s.visible = all;
+    } else {
+        std::vector<int> chosen;
+        for (const std::string &t : split(cvd)) {
+            int pick = -1;
+            if (!t.empty() && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+                if (t.size() <= 4 && std::atoi(t.c_str()) < static_cast<int>(all.size()))
+                    pick = std::atoi(t.c_str());
+            } else if (t.size() > 4 && strncasecmp(t.c_str(), "GPU-", 4) == 0) {
+                std::string prefix = t.substr(4);
+                for (auto &c : prefix) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+                for (size_t i = 0; i < all.size(); ++i) {
+                    if (uuid_string(all[i]).compare(0, prefix.size(), prefix) != 0) continue;
+                    if (uuid_string(all[i]).size() < prefix.size()) continue;
+                    pick = pick == -1 ? static_cast<int>(i) : -2;  // -2: ambiguous
+                }
+            }
+            if (pick < 0 || std::find(chosen.begin(), chosen.end(), pick) != chosen.end()) break;
+            chosen.push_back(pick);
+        }
+        for (int i : chosen) s.visible.push_back(all[i]);
+    }
+    return s.visible.empty() ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
+}
+
+// ---- shm helpers ------------------------------------------------------------------------------
+uint64_t page_round(uint64_t n) {
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    return (n + page - 1) / page * page;
+}
+
+std::string alloc_name(uint64_t pid, uint64_t serial) {
+    return "/wsync-fakecuda-" + std::to_string(pid) + "-" + std::to_string(serial);
+}
+
+// The IPC handle's layout (the rest of the 64 bytes is zero).
+struct HandleData {
+    uint32_t magic;
+    uint32_t version;
+    uint64_t pid;
+    uint64_t serial;
+    uint64_t size;
+    unsigned char uuid[16];
+};
+static_assert(sizeof(HandleData) <= sizeof(CUipcMemHandle), "an IPC handle is 64 bytes");
+constexpr uint32_t kHandleMagic = 0x43465357;  // "WSFC"
+
+// Context destruction (the last cuDevicePrimaryCtxRelease): what the driver frees with it.
+// Collected with st().mu held, in the same critical section as the release that dropped the
+// count to 0, so a retain right after starts a new context that none of this touches.
+struct Doomed {
+    int device = -1;
+    std::vector<std::shared_ptr<Stream>> streams;
+    std::vector<uint64_t> allocs;  // bases
+};
+
+Doomed collect_context_locked(State &s, int dev) {
+    Doomed d;
+    d.device = dev;
+    for (auto it = s.streams.begin(); it != s.streams.end();) {
+        if (it->second->device == dev) {
+            d.streams.push_back(it->second);
+            it = s.streams.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    for (auto it = s.events.begin(); it != s.events.end();)
+        it = it->second->device == dev ? s.events.erase(it) : std::next(it);
+    for (auto it = s.modules.begin(); it != s.modules.end();)
+        it = it->second->device == dev ? s.modules.erase(it) : std::next(it);
+    for (auto it = s.functions.begin(); it != s.functions.end();)
+        it = it->second->device == dev ? s.functions.erase(it) : std::next(it);
+    for (auto &kv : s.allocs)
+        if (kv.second.device == dev) d.allocs.push_back(kv.first);
+    return d;
+}
+
+// Without st().mu: lets the context's work finish, then releases its memory and mappings.
+void destroy_context(Doomed &d) {
+    for (auto &x : d.streams) x->drain();
+    sync_all_streams();  // other streams may still use this context's memory
+    for (auto &x : d.streams) x->shutdown();
+    std::vector<std::pair<uint64_t, Alloc>> freed;
+    {
+        State &s = st();
+        std::lock_guard<std::mutex> lk(s.mu);
+        for (uint64_t base : d.allocs) {
+            // Still there means still the same allocation: a mapped address is not reused.
+            auto it = s.allocs.find(base);
+            if (it == s.allocs.end()) continue;
+            if (it->second.ipc) s.ipc_by_name.erase(it->second.name);
+            freed.emplace_back(base, std::move(it->second));
+            s.allocs.erase(it);
+        }
+    }
+    for (auto &f : freed) {
+        munmap(reinterpret_cast<void *>(f.first), f.second.map_len);
+        if (!f.second.ipc) shm_unlink(f.second.name.c_str());
+        g_count.reclaimed.fetch_add(1);
+    }
+}
+
+// ---- fork and exit ----------------------------------------------------------------------------
+// A forked child gets fresh state (its parent's streams have no threads in it, and its parent's
+// memory is not its own) but keeps the device list, so a test may cuInit before it forks.
+void atfork_prepare() {
+    g_inj_mu.lock();
+    st().mu.lock();
+}
+void atfork_parent() {
+    st().mu.unlock();
+    g_inj_mu.unlock();
+}
+void atfork_child() {
+    State *old = state_ptr();
+    old->mu.unlock();
+    g_inj_mu.unlock();
+    auto *fresh = new State;
+    fresh->init_tried = old->init_tried;
+    fresh->init_rc = old->init_rc;
+    fresh->visible = old->visible;
+    fresh->abandoned = old;
+    state_ptr() = fresh;
+    g_count.reset();
+    Stream::g_stream_failures.store(0);
+}
+
+__attribute__((constructor)) void fake_cuda_load() {
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+// exit(): the driver frees a process's device memory when it ends; here that is unlinking the
+// shm names of what was never freed. Nothing is unmapped (stream threads may still run).
+__attribute__((destructor)) void fake_cuda_unload() {
+    State &s = st();
+    std::unique_lock<std::mutex> lk(s.mu, std::defer_lock);
+    for (int i = 0; i < 1000 && !lk.try_lock(); ++i) poll_sleep();
+    if (!lk.owns_lock()) return;
+    for (auto &kv : s.allocs)
+        if (!kv.second.ipc) shm_unlink(kv.second.name.c_str());
+}
+
+// ---- the pack kernel --------------------------------------------------------------------------
+// float32 -> bfloat16, round to nearest even (cvt.rn.bf16.f32). NaN becomes the canonical NaN
+// 0x7FFF, sign dropped, as PTX's cvt produces for f16/bf16 results.
+uint16_t f32_to_bf16(uint32_t x) {
+    if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
+    x += 0x7fffu + ((x >> 16) & 1u);  // carries into the exponent: overflow rounds to inf
+    return static_cast<uint16_t>(x >> 16);
+}
+
+// float32 -> IEEE binary16, round to nearest even (cvt.rn.f16.f32): subnormal results are
+// produced, too-large values become infinity, NaN the canonical 0x7FFF.
+uint16_t f32_to_f16(uint32_t x) {
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    const uint32_t a = x & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0x7fff;
+    if (a == 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u);
+    const int exp = static_cast<int>(a >> 23) - 127;
+    const uint32_t mant = a & 0x7fffffu;
+    if (exp > 15) return static_cast<uint16_t>(sign | 0x7c00u);
+    if (exp >= -14) {  // normal range before rounding; a carry may reach infinity, correctly
+        uint32_t h = (static_cast<uint32_t>(exp + 15) << 10) | (mant >> 13);
+        const uint32_t rem = mant & 0x1fffu;
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+        return static_cast<uint16_t>(sign | h);
+    }
+    if (exp < -25) return static_cast<uint16_t>(sign);  // below half the smallest subnormal
+    const uint32_t m = mant | 0x800000u;                  // value = m * 2^(exp - 23)
+    const int shift = -(exp + 1);                         // to units of 2^-24: 14..24
+    uint32_t h = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) ++h;     // may become the smallest normal
+    return static_cast<uint16_t>(sign | h);
+}
+
+// One launch of wsync_pack(entries, count), as pack.cu does it: op 1 casts to bfloat16, op 2 to
+// float16, anything else copies `count` bytes. The grid only splits the work on a GPU, so the
+// emulation walks the entries in order. Every address is checked first; a bad one fails the
+// launch (an illegal address on a GPU).
+CUresult run_pack(uint64_t table, unsigned count) {
+    if (count == 0) return CUDA_SUCCESS;
+    const uint64_t table_bytes = uint64_t(count) * sizeof(PackEntry);
+    if (!device_range_ok(table, table_bytes)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    std::vector<PackEntry> entries(count);
+    std::memcpy(entries.data(), reinterpret_cast<const void *>(table), table_bytes);
+    for (const PackEntry &e : entries) {
+        const bool cast = e.op == kPackF32ToBf16 || e.op == kPackF32ToF16;
+        if (cast && e.count > (UINT64_MAX / 4)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        const uint64_t in = cast ? e.count * 4 : e.count, out = cast ? e.count * 2 : e.count;
+        if (!device_range_ok(e.src, in) || !device_range_ok(e.dst, out))
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
+        if (e.count == 0) continue;
+        if (!cast) {
+            std::memmove(reinterpret_cast<void *>(e.dst), reinterpret_cast<const void *>(e.src), e.count);
+            continue;
+        }
+        auto *src = reinterpret_cast<const unsigned char *>(e.src);
+        auto *dst = reinterpret_cast<unsigned char *>(e.dst);
+        for (uint64_t i = 0; i < e.count; ++i) {
+            uint32_t f;
+            std::memcpy(&f, src + 4 * i, 4);
+            uint16_t h = e.op == kPackF32ToBf16 ? f32_to_bf16(f) : f32_to_f16(f);
+            std::memcpy(dst + 2 * i, &h, 2);
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+struct ErrorText {
+    CUresult code;
+    const char *name;
+    const char *text;
+};
+// The driver's names and texts (cuGetErrorName / cuGetErrorString) for every code returned here.
+constexpr ErrorText kErrors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+const ErrorText *error_entry(CUresult rc) {
+    for (const auto &e : kErrors)
+        if (e.code == rc) return &e;
+    return nullptr;
+}
+
+}  // namespace wsync_fake
+
+// ---- initialisation and devices ---------------------------------------------------------------
+CUresult cuInit(unsigned int flags) {
+    WSYNC_FAKE_FAIL_POINT("cuInit");
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (!s.init_tried) {  // like the driver, the first call decides (and reads the environment)
+        s.init_tried = true;
+        s.init_rc = init_devices(s);
+        if (s.init_rc != CUDA_SUCCESS) s.visible.clear();
+    }
+    return s.init_rc;
+}
+
+CUresult cuDriverGetVersion(int *version) {
+    WSYNC_FAKE_FAIL_POINT("cuDriverGetVersion");
+    if (!version) return CUDA_ERROR_INVALID_VALUE;
+    *version = kDriverVersion;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGetErrorName(CUresult error, const char **str) {
+    if (!str) return CUDA_ERROR_INVALID_VALUE;
+    const ErrorText *e = error_entry(error);
+    *str = e ? e->name : nullptr;
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorString(CUresult error, const char **str) {
+    if (!str) return CUDA_ERROR_INVALID_VALUE;
+    const ErrorText *e = error_entry(error);
+    *str = e ? e->text : nullptr;
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuDeviceGetCount(int *count) {
+    WSYNC_FAKE_FAIL_POINT("cuDeviceGetCount");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    *count = static_cast<int>(s.visible.size());
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    WSYNC_FAKE_FAIL_POINT("cuDeviceGet");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= static_cast<int>(s.visible.size())) return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;  // a CUdevice is the ordinal, as with the real driver
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+    WSYNC_FAKE_FAIL_POINT("cuDeviceGetUuid_v2");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= static_cast<int>(s.visible.size())) return CUDA_ERROR_INVALID_DEVICE;
+    *uuid = s.visible[dev];
+    return CUDA_SUCCESS;
+}
+
+// ---- contexts ---------------------------------------------------------------------------------
+CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
+    WSYNC_FAKE_FAIL_POINT("cuDevicePrimaryCtxRetain");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= static_cast<int>(s.visible.size())) return CUDA_ERROR_INVALID_DEVICE;
+    ++s.ctx_refs[dev];
+    *ctx = ctx_of(dev);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+    WSYNC_FAKE_FAIL_POINT("cuDevicePrimaryCtxRelease_v2");
+    State &s = st();
+    Doomed doomed;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+        if (dev < 0 || dev >= static_cast<int>(s.visible.size())) return CUDA_ERROR_INVALID_DEVICE;
+        if (s.ctx_refs[dev] == 0) return CUDA_ERROR_INVALID_CONTEXT;
+        if (--s.ctx_refs[dev] > 0) return CUDA_SUCCESS;
+        doomed = collect_context_locked(s, dev);
+    }
+    destroy_context(doomed);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *ctx) {
+    WSYNC_FAKE_FAIL_POINT("cuCtxGetCurrent");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    *ctx = t_current;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+    WSYNC_FAKE_FAIL_POINT("cuCtxSetCurrent");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+    // Any primary context handle may be made current (even one not retained now: calls that need
+    // it then fail with CUDA_ERROR_INVALID_CONTEXT); NULL unbinds.
+    if (ctx && (dev_of(ctx) < 0 || dev_of(ctx) >= static_cast<int>(s.visible.size())))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    t_current = ctx;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSynchronize(void) {
+    WSYNC_FAKE_FAIL_POINT("cuCtxSynchronize");
+    int dev;
+    if (CUresult rc = current_device(&dev)) return rc;
+    return sync_all_streams() ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+}
+
+// ---- memory -----------------------------------------------------------------------------------
+CUresult cuMemAlloc(CUdeviceptr *dptr, std::size_t bytes) {
+    WSYNC_FAKE_FAIL_POINT("cuMemAlloc_v2");
+    State &s = st();
+    int dev;
+    uint64_t serial;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
+        if (!dptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+        serial = ++s.next_serial;
+    }
+    const uint64_t len = page_round(bytes);
+    const uint64_t pid = static_cast<uint64_t>(getpid());
+    std::string name;
+    int fd = -1;
+    for (int tries = 0; fd < 0; ++tries) {
+        name = alloc_name(pid, serial);
+        fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+        if (fd >= 0) break;
+        if (errno != EEXIST || tries > 1000) return CUDA_ERROR_OUT_OF_MEMORY;
+        std::lock_guard<std::mutex> lk(s.mu);  // a leftover of an earlier process with our pid
+        serial = ++s.next_serial;
+    }
+    int err = posix_fallocate(fd, 0, static_cast<off_t>(len));
+    if (err == EOPNOTSUPP || err == EINVAL) err = ftruncate(fd, static_cast<off_t>(len)) ? errno : 0;
+    void *p = err ? MAP_FAILED : mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        shm_unlink(name.c_str());
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        Alloc a;
+        a.size = bytes;
+        a.map_len = len;
+        a.name = name;
+        a.device = dev;
+        a.buffer_id = ++s.next_buffer_id;
+        a.serial = serial;
+        s.allocs[reinterpret_cast<uint64_t>(p)] = std::move(a);
+    }
+    g_count.allocs.fetch_add(1);
+    *dptr = reinterpret_cast<CUdeviceptr>(p);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemFree(CUdeviceptr dptr) {
+    WSYNC_FAKE_FAIL_POINT("cuMemFree_v2");
+    State &s = st();
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        int dev;
+        if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
+        auto it = s.allocs.find(dptr);
+        if (it == s.allocs.end() || it->second.ipc) return CUDA_ERROR_INVALID_VALUE;
+    }
+    sync_all_streams();  // like cudaFree: work in flight finishes before the memory goes
+    Alloc a;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        auto it = s.allocs.find(dptr);
+        if (it == s.allocs.end() || it->second.ipc) return CUDA_ERROR_INVALID_VALUE;  // raced
+        a = std::move(it->second);
+        s.allocs.erase(it);
+    }
+    munmap(reinterpret_cast<void *>(dptr), a.map_len);
+    shm_unlink(a.name.c_str());
+    g_count.frees.fetch_add(1);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAddressRange(CUdeviceptr *base, std::size_t *size, CUdeviceptr dptr) {
+    WSYNC_FAKE_FAIL_POINT("cuMemGetAddressRange_v2");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+    auto it = containing_locked(s, dptr);
+    if (it == s.allocs.end()) return CUDA_ERROR_NOT_FOUND;
+    if (base) *base = it->first;
+    if (size) *size = it->second.size;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
+    WSYNC_FAKE_FAIL_POINT("cuPointerGetAttribute");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!data) return CUDA_ERROR_INVALID_VALUE;
+    auto it = containing_locked(s, ptr);
+    if (it == s.allocs.end()) return CUDA_ERROR_INVALID_VALUE;  // not device memory
+    const Alloc &a = it->second;
+    switch (attribute) {
+    case 1:  // CU_POINTER_ATTRIBUTE_CONTEXT
+        *static_cast<CUcontext *>(data) = ctx_of(a.device);
+        return CUDA_SUCCESS;
+    case 2:  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CU_MEMORYTYPE_DEVICE
+        *static_cast<unsigned int *>(data) = 2;
+        return CUDA_SUCCESS;
+    case 3:  // CU_POINTER_ATTRIBUTE_DEVICE_POINTER
+        *static_cast<CUdeviceptr *>(data) = ptr;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        *static_cast<unsigned long long *>(data) = a.buffer_id;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *static_cast<int *>(data) = a.device;
+        return CUDA_SUCCESS;
+    case 11:  // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+        *static_cast<CUdeviceptr *>(data) = it->first;
+        return CUDA_SUCCESS;
+    case 12:  // CU_POINTER_ATTRIBUTE_RANGE_SIZE
+        *static_cast<std::size_t *>(data) = a.size;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, std::size_t bytes, CUstream stream) {
+    WSYNC_FAKE_FAIL_POINT("cuMemcpyHtoDAsync_v2");
+    int dev;
+    if (CUresult rc = current_device(&dev)) return rc;
+    if (bytes && !src) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_ptr<Stream> s;
+    if (CUresult rc = get_stream(stream, &s)) return rc;
+    int fail_rc = 0;
+    const bool fail = inject_async("cuMemcpyHtoDAsync_v2", &fail_rc);
+    auto staged = std::make_shared<std::vector<unsigned char>>();
+    try {
+        // Pageable host memory: the driver stages it before returning, so the caller's buffer
+        // may change as soon as this returns.
+        staged->assign(static_cast<const unsigned char *>(src), static_cast<const unsigned char *>(src) + bytes);
+    } catch (const std::bad_alloc &) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    s->push([dst, staged, fail]() -> CUresult {
+        if (fail) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        if (!device_range_ok(dst, staged->size())) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        if (!staged->empty()) std::memcpy(reinterpret_cast<void *>(dst), staged->data(), staged->size());
+        return CUDA_SUCCESS;
+    });
+    g_count.memcpy_calls.fetch_add(1);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream) {
+    WSYNC_FAKE_FAIL_POINT("cuMemcpyDtoDAsync_v2");
+    int dev;
+    if (CUresult rc = current_device(&dev)) return rc;
+    std::shared_ptr<Stream> s;
+    if (CUresult rc = get_stream(stream, &s)) return rc;
+    int fail_rc = 0;
+    const bool fail = inject_async("cuMemcpyDtoDAsync_v2", &fail_rc);
+    s->push([dst, src, bytes, fail]() -> CUresult {
+        if (fail) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        if (!device_range_ok(dst, bytes) || !device_range_ok(src, bytes)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        if (bytes) std::memmove(reinterpret_cast<void *>(dst), reinterpret_cast<const void *>(src), bytes);
+        return CUDA_SUCCESS;
+    });
+    g_count.memcpy_calls.fetch_add(1);
+    return CUDA_SUCCESS;
+}
+
+// ---- IPC --------------------------------------------------------------------------------------
+CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p) {
+    WSYNC_FAKE_FAIL_POINT("cuIpcGetMemHandle");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    int dev;
+    if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    auto it = s.allocs.find(p);  // the base of an allocation of this process, as the driver wants
+    if (it == s.allocs.end() || it->second.ipc) return CUDA_ERROR_INVALID_VALUE;
+    HandleData h{};
+    h.magic = kHandleMagic;
+    h.version = 1;
+    h.pid = static_cast<uint64_t>(getpid());
+    h.serial = it->second.serial;
+    h.size = it->second.size;
+    std::memcpy(h.uuid, s.visible[it->second.device].bytes, 16);
+    std::memset(handle, 0, sizeof *handle);
+    std::memcpy(handle->reserved, &h, sizeof h);
+    g_count.ipc_get_handle.fetch_add(1);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle handle, unsigned int flags) {
+    WSYNC_FAKE_FAIL_POINT("cuIpcOpenMemHandle_v2");
+    if (!p || (flags & ~CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) return CUDA_ERROR_INVALID_VALUE;
+    HandleData h;
+    std::memcpy(&h, handle.reserved, sizeof h);
+    if (h.magic != kHandleMagic || h.version != 1) return CUDA_ERROR_INVALID_VALUE;
+    State &s = st();
+    const std::string name = alloc_name(h.pid, h.serial);
+    int dev;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
+        if (h.pid == static_cast<uint64_t>(getpid())) return CUDA_ERROR_INVALID_CONTEXT;
+        // The owner's GPU must be one this process can see (peer mapping needs it).
+        bool seen = false;
+        for (const CUuuid &u : s.visible) seen = seen || std::memcmp(u.bytes, h.uuid, 16) == 0;
+        if (!seen) return CUDA_ERROR_INVALID_DEVICE;
+        auto known = s.ipc_by_name.find(name);
+        if (known != s.ipc_by_name.end()) {
+            ++s.allocs[known->second].refs;
+            g_count.ipc_open.fetch_add(1);
+            *p = known->second;
+            return CUDA_SUCCESS;
+        }
+    }
+    int fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) return errno == ENOENT ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_OUT_OF_MEMORY;
+    struct stat sb;
+    const uint64_t len = page_round(h.size);
+    if (fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < len) {
+        close(fd);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    void *m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    std::lock_guard<std::mutex> lk(s.mu);
+    auto known = s.ipc_by_name.find(name);
+    if (known != s.ipc_by_name.end()) {  // another thread opened it meanwhile
+        munmap(m, len);
+        ++s.allocs[known->second].refs;
+    } else {
+        Alloc a;
+        a.size = h.size;
+        a.map_len = len;
+        a.name = name;
+        a.device = dev;  // belongs to the opener's current device
+        a.buffer_id = ++s.next_buffer_id;
+        a.ipc = true;
+        a.refs = 1;
+        const auto base = reinterpret_cast<uint64_t>(m);
+        s.allocs[base] = std::move(a);
+        known = s.ipc_by_name.emplace(name, base).first;
+    }
+    g_count.ipc_open.fetch_add(1);
+    *p = known->second;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+    WSYNC_FAKE_FAIL_POINT("cuIpcCloseMemHandle");
+    State &s = st();
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        int dev;
+        if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
+        auto it = s.allocs.find(p);
+        if (it == s.allocs.end() || !it->second.ipc) return CUDA_ERROR_INVALID_VALUE;
+        if (it->second.refs > 1) {
+            --it->second.refs;
+            g_count.ipc_close.fetch_add(1);
+            return CUDA_SUCCESS;
+        }
+    }
+    sync_all_streams();  // the last close unmaps; let work in flight finish first
+    Alloc a;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        auto it = s.allocs.find(p);
+        if (it == s.allocs.end() || !it->second.ipc) return CUDA_ERROR_INVALID_VALUE;  // raced
+        g_count.ipc_close.fetch_add(1);
+        if (--it->second.refs > 0) return CUDA_SUCCESS;  // reopened meanwhile
+        a = std::move(it->second);
+        s.allocs.erase(it);
+        s.ipc_by_name.erase(a.name);
+    }
+    munmap(reinterpret_cast<void *>(p), a.map_len);
+    return CUDA_SUCCESS;
+}
+
+// ---- streams and events -----------------------------------------------------------------------
+CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
+    WSYNC_FAKE_FAIL_POINT("cuStreamCreate");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    int dev;
+    if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
+    if (!stream || (flags & ~CU_STREAM_NON_BLOCKING)) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_ptr<Stream> x;
+    try {
+        x = std::make_shared<Stream>(dev);
+    } catch (const std::exception &) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    auto h = reinterpret_cast<CUstream>(x.get());
+    s.streams[h] = std::move(x);
+    *stream = h;
+    return CUDA_SUCCESS;
+}
+
+// Unlike the driver, which returns at once and frees the stream when its work is done, this
+// waits for the work (the spec the tests rely on: nothing runs after destroy returns).
+CUresult cuStreamDestroy(CUstream stream) {
+    WSYNC_FAKE_FAIL_POINT("cuStreamDestroy_v2");
+    State &s = st();
+    std::shared_ptr<Stream> x;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+        auto it = s.streams.find(stream);
+        if (it == s.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+        x = std::move(it->second);
+        s.streams.erase(it);
+    }
+    x->drain();
+    x->shutdown();
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamQuery(CUstream stream) {
+    WSYNC_FAKE_FAIL_POINT("cuStreamQuery");
+    std::shared_ptr<Stream> x;
+    if (CUresult rc = get_stream(stream, &x)) return rc;
+    return x->query();
+}
+
+CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
+    WSYNC_FAKE_FAIL_POINT("cuStreamWaitEvent");
+    if (flags & ~1u) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_ptr<Stream> x;
+    if (CUresult rc = get_stream(stream, &x)) return rc;
+    std::shared_ptr<Event> ev;
+    {
+        State &s = st();
+        std::lock_guard<std::mutex> lk(s.mu);
+        auto it = s.events.find(event);
+        if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+        ev = it->second;
+    }
+    std::shared_ptr<Stream> other;
+    uint64_t seq;
+    {
+        std::lock_guard<std::mutex> lk(ev->m);
+        other = ev->stream;
+        seq = ev->seq;
+    }
+    if (!other) return CUDA_SUCCESS;  // never recorded: nothing to wait for
+    // Waits for the record as it is now (later records do not move this wait), in stream order.
+    x->push([other, seq]() -> CUresult {
+        other->wait(seq);
+        return other->query_seq(seq);
+    });
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventCreate(CUevent *event, unsigned int flags) {
+    WSYNC_FAKE_FAIL_POINT("cuEventCreate");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    int dev;
+    if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
+    if (!event || flags > 0xf) return CUDA_ERROR_INVALID_VALUE;
+    auto ev = std::make_shared<Event>();
+    ev->device = dev;
+    auto h = reinterpret_cast<CUevent>(ev.get());
+    s.events[h] = std::move(ev);
+    *event = h;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventDestroy(CUevent event) {
+    WSYNC_FAKE_FAIL_POINT("cuEventDestroy_v2");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+    return s.events.erase(event) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuEventRecord(CUevent event, CUstream stream) {
+    WSYNC_FAKE_FAIL_POINT("cuEventRecord");
+    std::shared_ptr<Stream> x;
+    if (CUresult rc = get_stream(stream, &x)) return rc;
+    std::shared_ptr<Event> ev;
+    {
+        State &s = st();
+        std::lock_guard<std::mutex> lk(s.mu);
+        auto it = s.events.find(event);
+        if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+        ev = it->second;
+    }
+    std::lock_guard<std::mutex> lk(ev->m);
+    ev->seq = x->push([] { return CUDA_SUCCESS; });  // a marker in stream order
+    ev->stream = x;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventQuery(CUevent event) {
+    WSYNC_FAKE_FAIL_POINT("cuEventQuery");
+    std::shared_ptr<Event> ev;
+    {
+        State &s = st();
+        std::lock_guard<std::mutex> lk(s.mu);
+        auto it = s.events.find(event);
+        if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+        ev = it->second;
+    }
+    std::lock_guard<std::mutex> lk(ev->m);
+    if (!ev->stream) return CUDA_SUCCESS;  // never recorded: complete
+    return ev->stream->query_seq(ev->seq);
+}
+
+// ---- modules and launches ---------------------------------------------------------------------
+CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    WSYNC_FAKE_FAIL_POINT("cuModuleLoadData");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    int dev;
+    if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
+    if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
+    // Only PTX text can be "compiled" here: cubin (ELF) and fatbin images are refused.
+    const auto *b = static_cast<const unsigned char *>(image);
+    if ((b[0] == 0x7f && b[1] == 'E' && b[2] == 'L' && b[3] == 'F') ||
+        (b[0] == 0x50 && b[1] == 0xed && b[2] == 0x55 && b[3] == 0xba))
+        return CUDA_ERROR_INVALID_IMAGE;
+    const char *text = static_cast<const char *>(image);
+    bool found = false;
+    for (const char *at = std::strstr(text, ".entry"); at && !found; at = std::strstr(at + 1, ".entry")) {
+        const char *n = at + 6;
+        while (*n == ' ' || *n == '\t') ++n;
+        const size_t len = std::strlen(kPackKernel);
+        found = n > at + 6 && std::strncmp(n, kPackKernel, len) == 0 &&
+                !(std::isalnum(static_cast<unsigned char>(n[len])) || n[len] == '_' || n[len] == '$');
+    }
+    if (!found) return CUDA_ERROR_INVALID_IMAGE;
+    auto m = std::make_shared<Module>();
+    m->device = dev;
+    auto h = reinterpret_cast<CUmodule>(m.get());
+    s.functions[reinterpret_cast<CUfunction>(&m->function_token)] = m;
+    s.modules[h] = std::move(m);
+    *module = h;
+    g_count.modules_loaded.fetch_add(1);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleUnload(CUmodule module) {
+    WSYNC_FAKE_FAIL_POINT("cuModuleUnload");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+    auto it = s.modules.find(module);
+    if (it == s.modules.end()) return CUDA_ERROR_INVALID_HANDLE;
+    s.functions.erase(reinterpret_cast<CUfunction>(&it->second->function_token));
+    s.modules.erase(it);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleGetFunction(CUfunction *fn, CUmodule module, const char *name) {
+    WSYNC_FAKE_FAIL_POINT("cuModuleGetFunction");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fn || !name) return CUDA_ERROR_INVALID_VALUE;
+    auto it = s.modules.find(module);
+    if (it == s.modules.end()) return CUDA_ERROR_INVALID_HANDLE;
+    if (std::strcmp(name, kPackKernel) != 0) return CUDA_ERROR_NOT_FOUND;
+    *fn = reinterpret_cast<CUfunction>(&it->second->function_token);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction fn, unsigned int gx, unsigned int gy, unsigned int gz,
+                        unsigned int bx, unsigned int by, unsigned int bz,
+                        unsigned int shared_bytes, CUstream stream, void **params, void **extra) {
+    WSYNC_FAKE_FAIL_POINT("cuLaunchKernel");
+    int dev;
+    {
+        State &s = st();
+        std::lock_guard<std::mutex> lk(s.mu);
+        if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
+        auto it = s.functions.find(fn);
+        if (it == s.functions.end() || it->second->device != dev) return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (!gx || !gy || !gz || !bx || !by || !bz) return CUDA_ERROR_INVALID_VALUE;
+    if (uint64_t(bx) * by * bz > kMaxThreadsPerBlock || shared_bytes > kMaxStaticSharedBytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (extra) return CUDA_ERROR_NOT_SUPPORTED;  // only kernelParams are emulated
+    if (!params || !params[0] || !params[1]) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_ptr<Stream> x;
+    if (CUresult rc = get_stream(stream, &x)) return rc;
+    if (x->device >= 0 && x->device != dev) return CUDA_ERROR_INVALID_HANDLE;  // another context's
+    // Arguments are captured at launch, as the driver copies them; the table is read when it runs.
+    const uint64_t table = *static_cast<const CUdeviceptr *>(params[0]);
+    const unsigned count = *static_cast<const unsigned *>(params[1]);
+    int fail_rc = 0;
+    const bool fail = inject_async("cuLaunchKernel", &fail_rc);
+    x->push([table, count, fail]() -> CUresult {
+        return fail ? CUDA_ERROR_ILLEGAL_ADDRESS : run_pack(table, count);
+    });
+    g_count.kernel_launches.fetch_add(1);
+    return CUDA_SUCCESS;
+}
+
+// ---- test hooks -------------------------------------------------------------------------------
+WSYNC_FAKE_EXPORT void wsync_fake_stats(struct wsync_fake_stats *out) {
+    if (!out) return;
+    std::memset(out, 0, sizeof *out);
+    out->allocs = g_count.allocs.load();
+    out->frees = g_count.frees.load();
+    out->ipc_get_handle = g_count.ipc_get_handle.load();
+    out->ipc_open = g_count.ipc_open.load();
+    out->ipc_close = g_count.ipc_close.load();
+    out->kernel_launches = g_count.kernel_launches.load();
+    out->memcpy_calls = g_count.memcpy_calls.load();
+    out->modules_loaded = g_count.modules_loaded.load();
+    out->broadcasts = g_broadcasts.load();
+    out->stream_failures = Stream::g_stream_failures.load();
+    out->reclaimed = g_count.reclaimed.load();
+    out->comms_live = nccl_live_comms();
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    for (auto &kv : s.allocs) (kv.second.ipc ? out->ipc_live : out->live_allocs) += 1;
+    out->streams_live = static_cast<long long>(s.streams.size());
+    out->modules_live = static_cast<long long>(s.modules.size());
+    out->events_live = static_cast<long long>(s.events.size());
+}
+
+WSYNC_FAKE_EXPORT void wsync_fake_reset_stats(void) {
+    g_count.reset();
+    g_broadcasts.store(0);
+    Stream::g_stream_failures.store(0);
+}
+
+WSYNC_FAKE_EXPORT void wsync_fake_set_fail(const char *function_name, int after_n_calls, int result) {
+    std::lock_guard<std::mutex> lk(g_inj_mu);
+    if (!function_name) {
+        g_injections.clear();
+        return;
+    }
+    for (auto it = g_injections.begin(); it != g_injections.end(); ++it) {
+        if (it->name == function_name) {
+            g_injections.erase(it);
+            break;
+        }
+    }
+    if (after_n_calls >= 0) g_injections.push_back({function_name, after_n_calls, result});
+}
+
+WSYNC_FAKE_EXPORT int wsync_fake_shm_count(const char *prefix) {
+    const std::string want = prefix ? prefix : "wsync-fake";
+    DIR *d = opendir("/dev/shm");
+    if (!d) return -1;
+    int n = 0;
+    while (struct dirent *e = readdir(d))
+        if (std::strncmp(e->d_name, want.c_str(), want.size()) == 0) ++n;
+    closedir(d);
+    return n;
+}

@@ -1,0 +1,81 @@
+/* Test hooks of libwsync_fakegpu.so, the fake CUDA driver + NCCL that CI points
+ * WSYNC_CUDA_LIBRARY and WSYNC_NCCL_LIBRARY at (see fake_cuda.cpp and fake_nccl.cpp for what
+ * the fake mimics and where it differs from the real libraries).
+ *
+ * The fake is normally dlopen()ed by libwsync, so a test reaches these hooks with
+ *     void *h = dlopen(getenv("WSYNC_CUDA_LIBRARY"), RTLD_NOW | RTLD_LOCAL);
+ *     wsync_fake_stats_fn stats = (wsync_fake_stats_fn)dlsym(h, "wsync_fake_stats");
+ * dlopen() of the same file returns the same handle, so the test sees the library's state.
+ *
+ * Everything here is per process. After fork() the child starts with zeroed counters and no
+ * contexts, memory, streams, modules or communicators; it keeps cuInit's result, the device
+ * list, pending failure injections and the NCCL init delay. */
+#ifndef WSYNC_FAKE_GPU_H
+#define WSYNC_FAKE_GPU_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct wsync_fake_stats {
+    /* The fields the tests rely on. Counters count successful calls since the process started
+     * or since wsync_fake_reset_stats(); gauges ("live") describe the state now and are not
+     * touched by a reset. */
+    long long allocs;          /* cuMemAlloc_v2 */
+    long long frees;           /* cuMemFree_v2 (not counting what a context release reclaimed) */
+    long long live_allocs;     /* gauge: cuMemAlloc allocations not freed yet */
+    long long ipc_get_handle;  /* cuIpcGetMemHandle */
+    long long ipc_open;        /* cuIpcOpenMemHandle_v2, refcounted repeats included */
+    long long ipc_close;       /* cuIpcCloseMemHandle */
+    long long ipc_live;        /* gauge: distinct IPC mappings open now */
+    long long kernel_launches; /* cuLaunchKernel */
+    long long memcpy_calls;    /* cuMemcpyHtoDAsync_v2 + cuMemcpyDtoDAsync_v2 */
+    long long streams_live;    /* gauge: cuStreamCreate streams not destroyed (NULL stream not counted) */
+    long long modules_loaded;  /* cuModuleLoadData */
+    /* Extras. */
+    long long modules_live;    /* gauge */
+    long long events_live;     /* gauge */
+    long long comms_live;      /* gauge: NCCL communicators neither destroyed nor aborted */
+    long long broadcasts;      /* ncclBroadcast calls enqueued */
+    long long stream_failures; /* enqueued operations that failed (their stream is then failed) */
+    long long reclaimed;       /* allocations + IPC mappings released by the last
+                                  cuDevicePrimaryCtxRelease of their device (leaks, in effect) */
+};
+
+/* Copies this process's counters. */
+void wsync_fake_stats(struct wsync_fake_stats *out);
+/* Zeroes the counters (not the gauges). */
+void wsync_fake_reset_stats(void);
+
+/* Failure injection: the entry point `function_name` (its exported symbol, e.g.
+ * "cuIpcOpenMemHandle_v2" or "ncclCommInitRankConfig"; the name without "_v2" also matches a
+ * "_v2" symbol) lets `after_n_calls` more calls through and then fails once, returning `result`
+ * without doing anything. So (name, 2, CUDA_ERROR_OUT_OF_MEMORY) fails the 3rd call from now.
+ * With the suffix "@async" (e.g. "cuLaunchKernel@async", "cuMemcpyHtoDAsync_v2@async",
+ * "cuMemcpyDtoDAsync_v2@async", "ncclBroadcast@async") the call itself succeeds but the
+ * enqueued operation fails when the stream runs it: the stream becomes failed
+ * (CUDA_ERROR_ILLEGAL_ADDRESS) and, for ncclBroadcast, the communicator's asynchronous error
+ * becomes `result` (ncclSystemError if `result` is 0). One pending injection per name; a new one
+ * replaces it; after_n_calls < 0 cancels it; function_name NULL cancels all. */
+void wsync_fake_set_fail(const char *function_name, int after_n_calls, int result);
+
+/* Every ncclCommInitRankConfig from now on waits `ms` milliseconds before it starts joining
+ * (a slow bootstrap). 0 (the default) for none. */
+void wsync_fake_nccl_set_init_delay_ms(int ms);
+
+/* The number of entries in /dev/shm whose name starts with `prefix` (NULL: "wsync-fake", i.e.
+ * every allocation and control segment of the fake, of any process). -1 if /dev/shm cannot be
+ * read. */
+int wsync_fake_shm_count(const char *prefix);
+
+typedef void (*wsync_fake_stats_fn)(struct wsync_fake_stats *out);
+typedef void (*wsync_fake_reset_stats_fn)(void);
+typedef void (*wsync_fake_set_fail_fn)(const char *function_name, int after_n_calls, int result);
+typedef void (*wsync_fake_nccl_set_init_delay_ms_fn)(int ms);
+typedef int (*wsync_fake_shm_count_fn)(const char *prefix);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WSYNC_FAKE_GPU_H */

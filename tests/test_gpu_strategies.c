@@ -1,0 +1,638 @@
+/* Specifications of the GPU strategies (cuda_ipc, nccl_broadcast), run against the fake driver
+ * and NCCL in tests/fake_gpu (CTest points WSYNC_CUDA_LIBRARY and WSYNC_NCCL_LIBRARY at it).
+ * "Device memory" of the fake is host shared memory, so a test fills and checks it directly.
+ * The fake proves the strategies' logic (UUID selection, merge, offsets, handle caching and
+ * open/close balance, ordering, deadlines and aborts); docs/gpu-validation.md records runs on
+ * real GPUs. Engines are forked before they touch CUDA, as a real CUDA process must be. */
+#include <dlfcn.h>
+#include <math.h>
+
+#include "fake_gpu/fake_gpu.h"
+#include "testutil.h"
+
+/* ---- the parts of the (fake) driver the test itself uses --------------------------------- */
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+static struct {
+    void *h;
+    CUresult (*cuInit)(unsigned);
+    CUresult (*cuDeviceGet)(int *, int);
+    CUresult (*cuDevicePrimaryCtxRetain)(void **, int);
+    CUresult (*cuCtxSetCurrent)(void *);
+    CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*cuMemFree)(CUdeviceptr);
+    wsync_fake_stats_fn stats;
+    wsync_fake_set_fail_fn set_fail;
+} drv;
+
+static void load_driver(void) {
+    if (drv.h) return;
+    const char *path = getenv("WSYNC_CUDA_LIBRARY");
+    assert_non_null(path);
+    drv.h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(drv.h);
+#define SYM(f, name) *(void **)&drv.f = dlsym(drv.h, name), assert_non_null(drv.f)
+    SYM(cuInit, "cuInit");
+    SYM(cuDeviceGet, "cuDeviceGet");
+    SYM(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    SYM(cuCtxSetCurrent, "cuCtxSetCurrent");
+    SYM(cuMemAlloc, "cuMemAlloc_v2");
+    SYM(cuMemFree, "cuMemFree_v2");
+    SYM(stats, "wsync_fake_stats");
+    SYM(set_fail, "wsync_fake_set_fail");
+#undef SYM
+}
+
+/* Makes `ordinal` current on this thread (the trainer's "torch.cuda.set_device"). */
+static void use_device(int ordinal) {
+    load_driver();
+    assert_int_equal(drv.cuInit(0), 0);
+    int dev;
+    void *ctx;
+    assert_int_equal(drv.cuDeviceGet(&dev, ordinal), 0);
+    assert_int_equal(drv.cuDevicePrimaryCtxRetain(&ctx, dev), 0);
+    assert_int_equal(drv.cuCtxSetCurrent(ctx), 0);
+}
+
+static void *dalloc(size_t n) {
+    CUdeviceptr p = 0;
+    assert_int_equal(drv.cuMemAlloc(&p, n), 0);
+    return (void *)(uintptr_t)p;
+}
+
+static struct wsync_fake_stats stats_now(void) {
+    struct wsync_fake_stats s;
+    drv.stats(&s);
+    return s;
+}
+
+static wsync_tensor_t gpu_tensor(const char *name, void *data, const int64_t *shape, int32_t ndim,
+                                 uint8_t code, uint8_t bits, int device) {
+    wsync_tensor_t t = tu_tensor(name, data, shape, ndim, code, bits);
+    t.device.type = WSYNC_DEVICE_CUDA;
+    t.device.index = device;
+    return t;
+}
+
+/* ---- a forked engine ------------------------------------------------------------------------
+ * Reads frames: the init info, then requests; an empty frame ends it. Answers each request with
+ * one status byte (0: every tensor arrived as expected). Tensors are named "t<k>"; tensor k of
+ * version v must hold tu_fill(step = v + salt, t = k), or, with `cast`, the bfloat16 rounding
+ * of tu_floats(v, k). Finally it writes its fake-driver stats, taken after the receiver is
+ * destroyed, and exits. */
+typedef struct {
+    const char *kind;
+    const char *options;  /* strategy options of the engine side */
+    const char *visible;  /* CUDA_VISIBLE_DEVICES for the engine, or NULL */
+    uint32_t index;
+    uint64_t salt;
+    int cast;
+} engine_cfg;
+
+typedef struct {
+    pid_t pid;
+    int to, from;
+} engine_t;
+
+/* float32 values of tensor k at version v: a spread of magnitudes, signs and ties. */
+static float tu_float(uint64_t v, uint64_t k, size_t i) {
+    uint64_t r = tu_splitmix((v << 40) ^ (k << 24) ^ i);
+    float mant = (float)(r & 0xffffff) / 16777216.0f;
+    int exp = (int)((r >> 24) % 40) - 20;
+    float x = ldexpf(1.0f + mant, exp);
+    return (r >> 63) ? -x : x;
+}
+
+static uint16_t bf16_rne(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+static int engine_check_view(const engine_cfg *cfg, const wsync_tensor_t *v, uint64_t version) {
+    if (v->device.type != WSYNC_DEVICE_CUDA || !(v->flags & WSYNC_TENSOR_READ_ONLY)) return 0;
+    uint64_t k = strtoull(v->name + 1, NULL, 10);
+    size_t elems = 1;
+    for (int d = 0; d < v->ndim; ++d) elems *= (size_t)v->shape[d];
+    if (cfg->cast) {
+        if (v->dtype.code != WSYNC_DTYPE_BFLOAT || v->dtype.bits != 16) return 0;
+        const uint16_t *got = (const uint16_t *)v->data;
+        for (size_t i = 0; i < elems; ++i)
+            if (got[i] != bf16_rne(tu_float(version, k, i))) return 0;
+        return 1;
+    }
+    return tu_check(v->data, elems * v->dtype.bits / 8, version + cfg->salt, k);
+}
+
+static int engine_main(const engine_cfg *cfg, int in, int out) {
+    if (cfg->visible) setenv("CUDA_VISIBLE_DEVICES", cfg->visible, 1);
+    uint8_t *init;
+    size_t init_len;
+    if (tu_recv_frame(in, &init, &init_len, 20000) || !init) return 10;
+    wsync_strategy_t *s;
+    wsync_receiver_t *r;
+    if (wsync_strategy_create(cfg->kind, cfg->options, &s) != WSYNC_OK ||
+        wsync_receiver_create(s, init, init_len, cfg->index, &r) != WSYNC_OK) {
+        fprintf(stderr, "engine %u: %s\n", cfg->index, wsync_last_error());
+        return 11;
+    }
+    free(init);
+    for (;;) {
+        uint8_t *req;
+        size_t len;
+        if (tu_recv_frame(in, &req, &len, 20000)) return 12;
+        if (!req) break;
+        uint8_t verdict = 0;
+        wsync_recv_t *it;
+        if (wsync_receiver_receive(r, req, len, &it) != WSYNC_OK) {
+            fprintf(stderr, "engine %u: receive: %s\n", cfg->index, wsync_last_error());
+            verdict = 1;
+        } else {
+            wsync_recv_info_t info;
+            wsync_recv_info(it, &info);
+            wsync_tensor_t v;
+            bool has;
+            while (wsync_recv_next(it, &v, &has) == WSYNC_OK && has)
+                if (!engine_check_view(cfg, &v, info.version)) {
+                    fprintf(stderr, "engine %u: tensor %s of version %llu differs\n", cfg->index,
+                            v.name, (unsigned long long)info.version);
+                    verdict = 2;
+                }
+            if (wsync_recv_end(it) != WSYNC_OK) verdict = 3;
+        }
+        free(req);
+        if (tu_write_all(out, &verdict, 1)) return 13;
+    }
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    struct wsync_fake_stats st;
+    load_driver();
+    drv.stats(&st);
+    return tu_write_all(out, &st, sizeof st) ? 14 : 0;
+}
+
+static engine_t engine_start(const engine_cfg *cfg) {
+    int down[2], up[2];
+    assert_int_equal(pipe(down), 0);
+    assert_int_equal(pipe(up), 0);
+    engine_t e;
+    e.pid = fork();
+    assert_true(e.pid >= 0);
+    if (e.pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        _exit(engine_main(cfg, down[0], up[1]));
+    }
+    close(down[0]);
+    close(up[1]);
+    e.to = down[1];
+    e.from = up[0];
+    return e;
+}
+
+static void engine_send(engine_t *e, const wsync_blob_t *b) {
+    assert_int_equal(tu_send_frame(e->to, b->data, b->size), 0);
+}
+
+static uint8_t engine_verdict(engine_t *e) {
+    uint8_t v = 99;
+    assert_int_equal(tu_read_all(e->from, &v, 1, 20000), 0);
+    return v;
+}
+
+/* Ends the engine; returns its stats after its receiver was destroyed. */
+static struct wsync_fake_stats engine_finish(engine_t *e) {
+    struct wsync_fake_stats st;
+    memset(&st, 0, sizeof st);
+    assert_int_equal(tu_send_frame(e->to, NULL, 0), 0);
+    assert_int_equal(tu_read_all(e->from, &st, sizeof st, 20000), 0);
+    assert_int_equal(tu_wait_child(e->pid, 20000), 0);
+    close(e->to);
+    close(e->from);
+    return st;
+}
+
+/* ---- cuda_ipc, packed ---------------------------------------------------------------------- */
+#define NT 6
+static int64_t shapes[NT][2] = {{64, 32}, {7, 3}, {1000, 1}, {16, 16}, {5, 5}, {300, 2}};
+static const char *names[NT] = {"t0", "t1", "t2", "t3", "t4", "t5"};
+
+static void packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chunk(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0};
+    engine_cfg c1 = {"cuda_ipc", "{\"device\": 0}", NULL, 1, 0, 0};
+    engine_t e[2] = {engine_start(&c0), engine_start(&c1)};
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("cuda_ipc", "{\"receivers\": 2, \"bucket_bytes\": 65536}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    for (int i = 0; i < 2; ++i) engine_send(&e[i], &init);
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    void *data[NT];
+    for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    struct wsync_fake_stats before = stats_now();
+    const int versions = 5;
+    for (uint64_t v = 1; v <= (uint64_t)versions; ++v) {
+        wsync_tensor_t t[NT];
+        for (int k = 0; k < NT; ++k) {
+            tu_fill(data[k], (size_t)shapes[k][0] * shapes[k][1] * 4, v, (uint64_t)k);
+            t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+        }
+        for (int c = 0; c < 2; ++c) { /* two chunks per version, three tensors each */
+            wsync_chunk_t ch = tu_chunk(t + 3 * c, 3, c == 1 ? WSYNC_CHUNK_LAST : 0);
+            wsync_blob_t req;
+            OK(wsync_sender_send_chunk(tx, &ch, &req));
+            for (int i = 0; i < 2; ++i) engine_send(&e[i], &req);
+            for (int i = 0; i < 2; ++i) assert_int_equal(engine_verdict(&e[i]), 0);
+            wsync_blob_free(&req);
+        }
+        OK(wsync_sender_flush(tx, 5000));
+    }
+    struct wsync_fake_stats after = stats_now();
+    assert_int_equal(after.kernel_launches - before.kernel_launches, 2 * versions);
+    /* Both buckets' handles were made once, at the first chunk, and reused. */
+    assert_int_equal(after.ipc_get_handle - before.ipc_get_handle, 2);
+    for (int i = 0; i < 2; ++i) {
+        struct wsync_fake_stats es = engine_finish(&e[i]);
+        assert_int_equal(es.ipc_open, 2);  /* one per bucket, for all 10 chunks */
+        assert_int_equal(es.ipc_close, 2); /* and each closed exactly once */
+        assert_int_equal(es.ipc_live, 0);
+    }
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
+static void packed_cast_to_bfloat16_rounds_to_nearest_even(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 1};
+    engine_t e = engine_start(&c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("cuda_ipc", "{\"dtype\": \"bfloat16\", \"bucket_bytes\": 65536}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    engine_send(&e, &init);
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    float *data[3];
+    for (int k = 0; k < 3; ++k) data[k] = (float *)dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    for (uint64_t v = 1; v <= 3; ++v) {
+        wsync_tensor_t t[3];
+        for (int k = 0; k < 3; ++k) {
+            size_t n = (size_t)shapes[k][0] * shapes[k][1];
+            for (size_t i = 0; i < n; ++i) data[k][i] = tu_float(v, (uint64_t)k, i);
+            t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+        }
+        wsync_chunk_t ch = tu_chunk(t, 3, WSYNC_CHUNK_LAST);
+        wsync_blob_t req;
+        OK(wsync_sender_send_chunk(tx, &ch, &req));
+        engine_send(&e, &req);
+        assert_int_equal(engine_verdict(&e), 0);
+        wsync_blob_free(&req);
+        OK(wsync_sender_flush(tx, 5000));
+    }
+    engine_finish(&e);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+/* ---- cuda_ipc, per allocation -------------------------------------------------------------- */
+static void unpacked_steady_state_opens_no_new_handle_over_1000_syncs(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0};
+    engine_t e = engine_start(&c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("cuda_ipc", "{\"packed\": false}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    engine_send(&e, &init);
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    /* Six tensors in three allocations, at offsets inside them, as a caching allocator does. */
+    uint8_t *pool[3];
+    for (int a = 0; a < 3; ++a) pool[a] = (uint8_t *)dalloc(1 << 16);
+    void *data[NT];
+    for (int k = 0; k < NT; ++k) data[k] = pool[k % 3] + (k / 3) * 20000 + 512 * (k % 2);
+    struct wsync_fake_stats before = stats_now();
+    const uint64_t syncs = 1000;
+    for (uint64_t v = 1; v <= syncs; ++v) {
+        wsync_tensor_t t[NT];
+        for (int k = 0; k < NT; ++k) {
+            if (v <= 3 || v == syncs) tu_fill(data[k], (size_t)shapes[k][0] * shapes[k][1] * 4, v, (uint64_t)k);
+            t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+        }
+        wsync_chunk_t ch = tu_chunk(t, NT, WSYNC_CHUNK_LAST);
+        wsync_blob_t req;
+        OK(wsync_sender_send_chunk(tx, &ch, &req));
+        engine_send(&e, &req);
+        uint8_t verdict = engine_verdict(&e);
+        /* Only versions whose bytes were rewritten can be checked against their pattern. */
+        if (v <= 3 || v == syncs) assert_int_equal(verdict, 0);
+        else assert_true(verdict == 0 || verdict == 2);
+        wsync_blob_free(&req);
+        OK(wsync_sender_flush(tx, 5000));
+    }
+    struct wsync_fake_stats after = stats_now();
+    assert_int_equal(after.ipc_get_handle - before.ipc_get_handle, 3); /* per allocation, once */
+    assert_int_equal(after.kernel_launches - before.kernel_launches, 0); /* nothing copied */
+    struct wsync_fake_stats es = engine_finish(&e);
+    assert_int_equal(es.ipc_open, 3);
+    assert_int_equal(es.ipc_close, 3);
+    assert_int_equal(es.ipc_live, 0);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+static void unpacked_moved_tensor_gets_a_new_handle_and_the_old_one_is_closed(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0};
+    engine_t e = engine_start(&c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("cuda_ipc", "{\"packed\": false}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    engine_send(&e, &init);
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    void *a = dalloc(4096), *b = dalloc(4096);
+    for (uint64_t v = 1; v <= 4; ++v) {
+        if (v == 2) { /* the trainer re-allocates t1 */
+            drv.cuMemFree((CUdeviceptr)(uintptr_t)b);
+            b = dalloc(4096);
+        }
+        tu_fill(a, 7 * 3 * 4, v, 1);
+        tu_fill(b, 64 * 32 * 2, v, 0);
+        wsync_tensor_t t[2] = {gpu_tensor("t0", b, shapes[0], 2, WSYNC_DTYPE_BFLOAT, 16, 0),
+                               gpu_tensor("t1", a, shapes[1], 2, WSYNC_DTYPE_FLOAT, 32, 0)};
+        wsync_chunk_t ch = tu_chunk(t, 2, WSYNC_CHUNK_LAST);
+        wsync_blob_t req;
+        OK(wsync_sender_send_chunk(tx, &ch, &req));
+        engine_send(&e, &req);
+        assert_int_equal(engine_verdict(&e), 0);
+        wsync_blob_free(&req);
+        OK(wsync_sender_flush(tx, 5000));
+    }
+    struct wsync_fake_stats es = engine_finish(&e);
+    assert_int_equal(es.ipc_open, 3);  /* a, the first b, the second b */
+    assert_int_equal(es.ipc_close, 3); /* the first b after a version unused; the rest at exit */
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+/* ---- several senders, UUID selection ------------------------------------------------------- */
+static void each_engine_takes_the_part_of_its_own_gpu_even_when_remapped(void **state) {
+    (void)state;
+    /* Engine 1 sees only GPU 1, as its ordinal 0 (CUDA_VISIBLE_DEVICES remapping). */
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0};
+    engine_cfg c1 = {"cuda_ipc", "{\"device\": 0}", "1", 1, 1000, 0};
+    engine_t e[2] = {engine_start(&c0), engine_start(&c1)};
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx[2];
+    OK(wsync_strategy_create("cuda_ipc", "{\"senders\": 2, \"receivers\": 2, \"bucket_bytes\": 65536}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    for (int i = 0; i < 2; ++i) engine_send(&e[i], &init);
+    void *data[2][2];
+    for (int g = 0; g < 2; ++g) {
+        use_device(g);
+        OK(wsync_sender_create(s, init.data, init.size, &tx[g]));
+        for (int k = 0; k < 2; ++k) data[g][k] = dalloc(64 * 32 * 4);
+    }
+    for (uint64_t v = 1; v <= 3; ++v) {
+        wsync_blob_t parts[2], merged;
+        for (int g = 0; g < 2; ++g) {
+            wsync_tensor_t t[2];
+            for (int k = 0; k < 2; ++k) {
+                tu_fill(data[g][k], 64 * 32 * 4, v + (g ? 1000 : 0), (uint64_t)k);
+                t[k] = gpu_tensor(names[k], data[g][k], shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, g);
+            }
+            wsync_chunk_t ch = tu_chunk(t, 2, WSYNC_CHUNK_LAST);
+            OK(wsync_sender_send_chunk(tx[g], &ch, &parts[g]));
+        }
+        OK(wsync_request_merge(parts, 2, &merged));
+        for (int i = 0; i < 2; ++i) engine_send(&e[i], &merged);
+        for (int i = 0; i < 2; ++i) assert_int_equal(engine_verdict(&e[i]), 0);
+        for (int g = 0; g < 2; ++g) OK(wsync_sender_flush(tx[g], 5000));
+        /* A merge of one GPU twice is refused, naming the GPU. */
+        wsync_blob_t twice[2] = {parts[0], parts[0]}, bad;
+        EXPECT_ERR(wsync_request_merge(twice, 2, &bad), WSYNC_ERR_MISMATCH, "appears in two parts");
+        for (int g = 0; g < 2; ++g) wsync_blob_free(&parts[g]);
+        wsync_blob_free(&merged);
+    }
+    for (int i = 0; i < 2; ++i) engine_finish(&e[i]);
+    for (int g = 0; g < 2; ++g) wsync_sender_destroy(tx[g]);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+static void a_request_without_this_gpu_is_a_mismatch_naming_the_uuid(void **state) {
+    (void)state;
+    use_device(0);
+    wsync_strategy_t *s, *rs;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    wsync_receiver_t *rx;
+    OK(wsync_strategy_create("cuda_ipc", "{\"bucket_bytes\": 65536}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    OK(wsync_strategy_create("cuda_ipc", "{\"device\": 1}", &rs));
+    OK(wsync_receiver_create(rs, init.data, init.size, 0, &rx));
+    void *d = dalloc(64 * 32 * 4);
+    wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    wsync_recv_t *it = (wsync_recv_t *)1;
+    EXPECT_ERR(wsync_receiver_receive(rx, req.data, req.size, &it), WSYNC_ERR_MISMATCH,
+               "no part for this receiver's GPU GPU-");
+    assert_null(it);
+    /* A chunk on host memory is refused by name, and nothing is published. */
+    float host[4] = {0};
+    int64_t four = 4;
+    wsync_tensor_t h = tu_tensor("host", host, &four, 1, WSYNC_DTYPE_FLOAT, 32);
+    wsync_chunk_t hc = tu_chunk(&h, 1, WSYNC_CHUNK_LAST);
+    wsync_blob_t r2;
+    EXPECT_ERR(wsync_sender_send_chunk(tx, &hc, &r2), WSYNC_ERR_UNSUPPORTED, "tensor 'host' is on");
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(rx);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(rs);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+static void a_dead_engine_fails_flush_with_peer(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0};
+    engine_t e = engine_start(&c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("cuda_ipc", "{\"bucket_bytes\": 65536}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    engine_send(&e, &init);
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    void *d = dalloc(64 * 32 * 4);
+    wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    usleep(200000); /* let the engine attach, then kill it before it sees the request */
+    kill(e.pid, SIGKILL);
+    tu_wait_child(e.pid, 5000);
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_flush(tx, 3000), WSYNC_ERR_PEER, "died without acknowledging");
+    assert_true(tu_now_ms() - t0 < 2000);
+    wsync_blob_free(&req);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+static void cuda_ipc_options_are_checked_before_anything_happens(void **state) {
+    (void)state;
+    wsync_strategy_t *s = (wsync_strategy_t *)1;
+    EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"packed\": false, \"dtype\": \"bfloat16\"}", &s),
+               WSYNC_ERR_INVALID_ARGUMENT, "'dtype' needs packed=true");
+    assert_null(s);
+    EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"dtype\": \"fp8\"}", &s),
+               WSYNC_ERR_INVALID_ARGUMENT, "option 'dtype'");
+}
+
+/* ---- nccl_broadcast ----------------------------------------------------------------------- */
+static void nccl_broadcast_reaches_two_engines_bit_for_bit(void **state) {
+    (void)state;
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NULL, 0, 0, 0};
+    engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1}", NULL, 1, 0, 0};
+    engine_t e[2] = {engine_start(&c0), engine_start(&c1)};
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("nccl_broadcast", "{\"receivers\": 2, \"bucket_bytes\": 65536, \"timeout_ms\": 10000}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    for (int i = 0; i < 2; ++i) engine_send(&e[i], &init);
+    OK(wsync_sender_create(s, init.data, init.size, &tx)); /* joins the group of 3 */
+    void *data[NT];
+    for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    for (uint64_t v = 1; v <= 4; ++v) {
+        wsync_tensor_t t[NT];
+        wsync_blob_t req[2];
+        for (int k = 0; k < NT; ++k) {
+            tu_fill(data[k], (size_t)shapes[k][0] * shapes[k][1] * 4, v, (uint64_t)k);
+            t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+        }
+        /* Both chunks are queued before any engine receives: the double buffer at work. */
+        for (int c = 0; c < 2; ++c) {
+            wsync_chunk_t ch = tu_chunk(t + 3 * c, 3, c == 1 ? WSYNC_CHUNK_LAST : 0);
+            OK(wsync_sender_send_chunk(tx, &ch, &req[c]));
+        }
+        for (int c = 0; c < 2; ++c) {
+            for (int i = 0; i < 2; ++i) engine_send(&e[i], &req[c]);
+            for (int i = 0; i < 2; ++i) assert_int_equal(engine_verdict(&e[i]), 0);
+            wsync_blob_free(&req[c]);
+        }
+        OK(wsync_sender_flush(tx, 5000));
+    }
+    for (int i = 0; i < 2; ++i) engine_finish(&e[i]);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+static void nccl_group_that_never_completes_times_out_and_aborts(void **state) {
+    (void)state;
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx = (wsync_sender_t *)1;
+    OK(wsync_strategy_create("nccl_broadcast", "{\"receivers\": 2, \"timeout_ms\": 500}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_create(s, init.data, init.size, &tx), WSYNC_ERR_TIMEOUT,
+               "communicator aborted");
+    assert_null(tx);
+    long took = tu_now_ms() - t0;
+    assert_true(took >= 450 && took < 3000);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+static void nccl_failed_broadcast_times_the_receiver_out_and_fails_flush(void **state) {
+    (void)state;
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 400}", NULL, 0, 0, 0};
+    engine_t e = engine_start(&c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("nccl_broadcast", "{\"bucket_bytes\": 65536, \"timeout_ms\": 10000}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    engine_send(&e, &init);
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    void *d = dalloc(64 * 32 * 4);
+    wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    tu_fill(d, 64 * 32 * 4, 1, 0);
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    engine_send(&e, &req);
+    assert_int_equal(engine_verdict(&e), 0);
+    OK(wsync_sender_flush(tx, 5000));
+    wsync_blob_free(&req);
+    /* The trainer's next broadcast dies on the GPU: its receiver must not wait forever. */
+    drv.set_fail("ncclBroadcast@async", 0, 2 /* ncclSystemError */);
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    long t0 = tu_now_ms();
+    engine_send(&e, &req);
+    assert_int_equal(engine_verdict(&e), 1); /* its receive failed (timeout, comm aborted) */
+    long took = tu_now_ms() - t0;
+    assert_true(took >= 350 && took < 5000);
+    EXPECT_ERR(wsync_sender_flush(tx, 2000), WSYNC_ERR_PEER, "communicator aborted");
+    /* Once aborted, the sender says so instead of hanging. */
+    wsync_blob_t r3;
+    EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &r3), WSYNC_ERR_PEER, "aborted by an earlier failure");
+    engine_finish(&e);
+    wsync_blob_free(&req);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+static void nccl_too_old_or_missing_is_unavailable_naming_it(void **state) {
+    (void)state;
+    wsync_strategy_t *s = (wsync_strategy_t *)1;
+    EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"nccl_library\": \"/nonexistent/libnccl.so.2\"}", &s),
+               WSYNC_ERR_UNAVAILABLE, "/nonexistent/libnccl.so.2");
+    assert_null(s);
+    setenv("WSYNC_FAKE_NCCL_VERSION", "21300", 1); /* read by the fake when it is asked */
+    EXPECT_ERR(wsync_strategy_create("nccl_broadcast", NULL, &s), WSYNC_ERR_UNAVAILABLE,
+               "NCCL 2.13.0; libwsync needs 2.14 or newer");
+    unsetenv("WSYNC_FAKE_NCCL_VERSION");
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chunk),
+    cmocka_unit_test(packed_cast_to_bfloat16_rounds_to_nearest_even),
+    cmocka_unit_test(unpacked_steady_state_opens_no_new_handle_over_1000_syncs),
+    cmocka_unit_test(unpacked_moved_tensor_gets_a_new_handle_and_the_old_one_is_closed),
+    cmocka_unit_test(each_engine_takes_the_part_of_its_own_gpu_even_when_remapped),
+    cmocka_unit_test(a_request_without_this_gpu_is_a_mismatch_naming_the_uuid),
+    cmocka_unit_test(a_dead_engine_fails_flush_with_peer),
+    cmocka_unit_test(cuda_ipc_options_are_checked_before_anything_happens),
+    cmocka_unit_test(nccl_broadcast_reaches_two_engines_bit_for_bit),
+    cmocka_unit_test(nccl_group_that_never_completes_times_out_and_aborts),
+    cmocka_unit_test(nccl_failed_broadcast_times_the_receiver_out_and_fails_flush),
+    cmocka_unit_test(nccl_too_old_or_missing_is_unavailable_naming_it),
+};
+
+TU_MAIN(tests)
