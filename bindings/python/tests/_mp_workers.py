@@ -1,0 +1,141 @@
+"""Process bodies for the multi-process tests: a trainer and engines that talk only bytes
+through queues, as a controller (the test) forwards them. Every wait has a timeout; a failure
+is reported to the controller as text instead of hanging."""
+
+import traceback
+from types import SimpleNamespace
+
+import torch
+
+import wsync
+from wsync.engine import ModuleLoader
+from wsync.trainer import send_model
+from wsync.vllm_adapter import WsyncWeightTransferEngine as Engine
+from _models import TinyLM, train_steps
+
+WAIT_S = 60  # the longest any process waits for one message
+
+
+def _get(inbox, expected_kind):
+    msg = inbox.get(timeout=WAIT_S)
+    if msg[0] != expected_kind:
+        raise RuntimeError(f"expected a {expected_kind!r} message, got {msg[0]!r}")
+    return msg
+
+
+def snapshot(model) -> dict:
+    """{name: (dtype, shape, raw bytes)} of a model's state dict: what "bit for bit" compares."""
+    out = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().cpu().contiguous()
+        raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+        out[name] = (str(t.dtype), tuple(t.shape), raw.numpy().tobytes())
+    return out
+
+
+def differences(model, expected: dict) -> list:
+    """Every way the model's state dict differs from a snapshot: missing or extra names, and
+    each tensor whose dtype, shape or any byte differs."""
+    mine = snapshot(model)
+    problems = [f"missing {n}" for n in expected if n not in mine]
+    problems += [f"extra {n}" for n in mine if n not in expected]
+    for name, (dtype, shape, raw) in expected.items():
+        if name not in mine:
+            continue
+        got_dtype, got_shape, got_raw = mine[name]
+        if (got_dtype, got_shape) != (dtype, shape):
+            problems.append(f"{name}: {got_dtype}{got_shape} vs {dtype}{shape}")
+        elif got_raw != raw:
+            bad = sum(a != b for a, b in zip(got_raw, raw))
+            problems.append(f"{name}: {bad} of {len(raw)} bytes differ")
+    return problems
+
+
+def trainer_main(outbox, inbox, cfg):
+    """Trains a TinyLM and syncs it after every optimizer step: each request goes to the
+    controller as soon as its chunk is sent; then flush, then a snapshot of the weights."""
+    torch.set_num_threads(1)
+    strategy = sender = None
+    try:
+        model = TinyLM(seed=0)
+        strategy = wsync.Strategy("shm", receivers=cfg["receivers"], buckets=cfg["buckets"],
+                                  bucket_bytes=cfg["bucket_bytes"], timeout_ms=20000)
+        init = strategy.create_init_info()
+        sender = strategy.sender(init)
+        outbox.put(("init", init))
+        _get(inbox, "go")
+        for step in train_steps(model, cfg["steps"]):
+            requests = send_model(
+                sender, model, chunk_bytes=cfg["chunk_bytes"],
+                on_request=lambda request, step=step: outbox.put(("request", step, request)))
+            try:
+                sender.flush(cfg["flush_timeout_s"])
+                error = None
+            except wsync.WsyncError as exc:
+                error = (int(exc.status), exc.message)
+            outbox.put(("synced", step, sender.version, len(requests), snapshot(model), error))
+        _get(inbox, "stop")
+    except BaseException:
+        outbox.put(("error", "trainer", traceback.format_exc()))
+    finally:
+        if sender is not None:
+            sender.close()
+        if strategy is not None:
+            strategy.close()
+
+
+def engine_main(index, inbox, outbox, cfg):
+    """An inference engine: loads every forwarded request into its own TinyLM (different
+    initial weights), either with wsync's ModuleLoader or through the vLLM adapter; when asked,
+    compares its weights bit for bit with the trainer's snapshot and reports the differences."""
+    torch.set_num_threads(1)
+    strategy = receiver = engine = None
+    try:
+        model = TinyLM(seed=100 + index, hidden=cfg.get("hidden", {}).get(index, 64))
+        initial = snapshot(model)
+        _, init = _get(inbox, "init")
+        if cfg["modes"][index] == "vllm":
+            engine = Engine(SimpleNamespace(backend="wsync"), SimpleNamespace(rank=0), model)
+            engine.init_transfer_engine(engine.parse_init_info(
+                Engine.init_dict(init, receiver_offset=index)))
+            receiver = engine.receiver
+
+            def load(request):
+                engine.receive_weights(engine.parse_update_info(Engine.update_dict([request])),
+                                       model.load_weights)
+        else:
+            strategy = wsync.Strategy.for_init_info(init)
+            receiver = strategy.receiver(init, index)
+            loader = ModuleLoader(model)
+
+            def load(request):
+                loader.load(receiver, request)
+
+        outbox.put(("ready", index, initial))
+        errors, loaded = [], 0
+        while True:
+            msg = inbox.get(timeout=WAIT_S)
+            if msg[0] == "request":
+                try:
+                    load(msg[2])
+                    loaded += 1
+                except wsync.WsyncError as exc:
+                    errors.append((msg[1], int(exc.status), exc.message))
+            elif msg[0] == "check":
+                _, step, expected = msg
+                outbox.put(("report", index, step, receiver.completed_version, loaded,
+                            differences(model, expected), errors))
+                errors, loaded = [], 0
+            elif msg[0] == "stop":
+                break
+            else:
+                raise RuntimeError(f"unexpected message {msg[0]!r}")
+    except BaseException:
+        outbox.put(("error", f"engine {index}", traceback.format_exc()))
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        elif receiver is not None:
+            receiver.close()
+        if strategy is not None:
+            strategy.close()

@@ -1,0 +1,81 @@
+"""CUDA paths: CUDA tensors described as DLPack device 2 with their index, views of CUDA
+memory through __cuda_array_interface__, and loading from shm into a model on the GPU.
+
+These need a CUDA device and skip without one. The cuda_ipc strategy (GPU memory end to end)
+does not exist yet; when it does, its round trip belongs here too."""
+
+import pytest
+import torch
+
+import wsync
+from wsync import Status, WsyncError
+from wsync._core import cuda_view, describe_tensors
+from wsync.engine import ModuleLoader
+from wsync.trainer import send_model
+from _models import TinyLM, model_digests
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                          reason="torch.cuda.is_available() is False: no CUDA device or driver here")
+
+
+def test_non_cpu_non_cuda_tensors_are_unsupported():
+    # Runs everywhere: the device mapping refuses what DLPack/libwsync cannot address.
+    with pytest.raises(WsyncError) as info:
+        describe_tensors([("m", torch.empty(2, device="meta"))])
+    assert info.value.status is Status.UNSUPPORTED and "'meta'" in info.value.message
+
+
+@cuda
+def test_cuda_tensor_is_described_as_device_2_with_its_index():
+    index = torch.cuda.device_count() - 1
+    t = torch.arange(6.0, device=f"cuda:{index}")
+    d = describe_tensors([("g", t)])
+    view = d.array[0]
+    assert (view.device.type, view.device.index) == (wsync.DEVICE_CUDA, index)
+    assert view.data == t.data_ptr()
+
+
+@cuda
+def test_shm_refuses_cuda_memory_naming_the_tensor(sync):
+    with pytest.raises(WsyncError) as info:
+        sync.sender.send_chunk({"g": torch.ones(4, device="cuda:0")})
+    assert info.value.status is Status.UNSUPPORTED
+    assert "'g'" in info.value.message and "cuda:0" in info.value.message
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_cuda_view_is_zero_copy(dtype):
+    src = torch.arange(12, device="cuda:0").to(dtype).view(3, 4)
+    owner = object()
+    view = cuda_view(src.data_ptr(), (3, 4), tuple(wsync.DType.from_torch(dtype)), 0, owner=owner)
+    assert view.dtype == dtype and view.device == src.device and view.data_ptr() == src.data_ptr()
+    assert torch.equal(view, src)
+
+
+@cuda
+def test_loading_from_shm_into_a_cuda_model(make_sync):
+    s = make_sync(buckets=4, bucket_bytes=1 << 20)
+    trainer = TinyLM(seed=0).cuda()
+    engine = TinyLM(seed=4).cuda()
+    requests = send_model(s.sender, trainer, device="cpu")
+    loader = ModuleLoader(engine)
+    for request in requests:
+        loader.load(s.receiver, request)
+    s.sender.flush(10)
+    assert model_digests(engine) == model_digests(trainer)
+
+
+@cuda
+def test_send_waits_for_torchs_stream_before_the_library_reads_cuda_memory(sync, monkeypatch):
+    from wsync import _core
+    synced = []
+    real = _core._synchronize_cuda
+    monkeypatch.setattr(_core, "_synchronize_cuda", lambda devices: (synced.append(set(devices)),
+                                                                       real(devices)))
+    index = torch.cuda.device_count() - 1
+    with pytest.raises(WsyncError):  # shm moves host memory only; the wait comes first
+        sync.sender.send_chunk({"g": torch.ones(4, device=f"cuda:{index}"), "c": torch.ones(2)})
+    assert synced == [{index}]
+    sync.sender.send_chunk({"c": torch.ones(2)})
+    assert synced == [{index}]  # host-only chunks never touch CUDA

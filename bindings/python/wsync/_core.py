@@ -1,0 +1,1129 @@
+"""Strategy, Sender, Receiver, Iteration and the free functions over libwsync's C ABI.
+
+Threading: like the C handles, one object (and an iteration together with its receiver) is
+used by one thread at a time. The binding serialises calls on each handle with a lock, so
+misuse from several threads waits instead of corrupting memory; the library's blocking calls
+(``send_chunk``, ``flush``) release the GIL while they wait.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import struct
+import threading
+import warnings
+from ctypes import byref, c_bool, c_char, c_char_p, c_size_t, c_uint64, c_void_p
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _dtypes, _lib
+from ._dtypes import DType
+from ._errors import Status, WrongStateError, WsyncError, invalid, raise_for
+
+#: wsync_tensor_t.flags: set on views whose memory must not be written.
+TENSOR_READ_ONLY = 1
+#: wsync_chunk_t.flags: this chunk completes the current sync version.
+CHUNK_LAST = 1
+#: Most dimensions a tensor may have.
+MAX_NDIM = 16
+#: Longest tensor name in bytes (UTF-8, without the NUL).
+MAX_NAME_BYTES = 1024
+
+# One wsync_tensor_t as raw fields (native byte order, explicit padding): name, data, shape,
+# strides, ndim, dtype.code, dtype.bits, dtype.lanes, device.type, device.index, flags,
+# reserved_. Packing descriptors with one struct call per tensor is several times cheaper than
+# setting ctypes fields one by one; the layout is checked against ctypes (and ctypes against
+# the library, in tests/test_layout.py) right here at import.
+_TENSOR_RAW = struct.Struct("=QQQQiBBHiiII")
+
+
+def _check_raw_layout() -> None:
+    t = _lib.Tensor
+    expected = [t.name.offset, t.data.offset, t.shape.offset, t.strides.offset, t.ndim.offset,
+                t.dtype.offset, t.dtype.offset + 1, t.dtype.offset + 2, t.device.offset,
+                t.device.offset + 4, t.flags.offset, t.reserved_.offset]
+    got, off = [], 0
+    for code in "QQQQiBBHiiII":
+        got.append(off)
+        off += struct.calcsize("=" + code)
+    if ctypes.sizeof(c_void_p) != 8 or got != expected or off != ctypes.sizeof(t):
+        raise ImportError("wsync: this platform's wsync_tensor_t layout is not the 64-bit one "
+                          "the binding packs; only 64-bit platforms are supported")
+
+
+_check_raw_layout()
+
+# The longest flush timeout passed to the library (2^40 ms, about 35 years, the strategies'
+# own "timeout_ms" maximum): ctypes would silently truncate a value past 64 bits, and libwsync
+# 0.1 turns timeout_ms into nanoseconds on a 64-bit clock, which overflows past ~9.2e12 ms
+# (its deadline can then lie in the past, failing at once with TIMEOUT).
+_MAX_FLUSH_MS = 1 << 40
+
+_DUMMY = ctypes.create_string_buffer(8)
+_DUMMY_ADDR = ctypes.addressof(_DUMMY)
+_INT64_STRUCTS: Dict[int, struct.Struct] = {n: struct.Struct(f"={n}q") for n in range(MAX_NDIM + 1)}
+
+
+def _closed_error(what: str) -> WsyncError:
+    return WrongStateError(Status.WRONG_STATE, f"{what} is closed")
+
+
+def _take_blob(lib, blob: _lib.Blob) -> bytes:
+    """Copies a library blob into bytes and frees it."""
+    try:
+        return ctypes.string_at(blob.data, blob.size) if blob.size else b""
+    finally:
+        lib.wsync_blob_free(byref(blob))
+
+
+def _take_string(lib, ptr: c_void_p) -> str:
+    """Copies a library string (JSON) into str and frees it."""
+    try:
+        return ctypes.string_at(ptr.value).decode("utf-8") if ptr.value else ""
+    finally:
+        lib.wsync_string_free(ptr)
+
+
+def _as_bytes(data, what: str) -> bytes:
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise invalid(f"{what} must be bytes, bytearray or memoryview, not {type(data).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor descriptors
+# ---------------------------------------------------------------------------------------------
+class TensorMeta(NamedTuple):
+    """What a tensor is, without its bytes: a name, a :class:`DType` and a shape."""
+
+    name: str
+    dtype: DType
+    shape: Tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Payload size in bytes."""
+        return self.numel * self.dtype.itemsize
+
+
+def _as_items(tensors) -> list:
+    """A dict, or an iterable of (name, tensor) pairs, as a list of pairs."""
+    if isinstance(tensors, Mapping):
+        return list(tensors.items())
+    items = list(tensors)
+    for i, item in enumerate(items):
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise invalid(f"tensors must be a dict or (name, tensor) pairs; item {i} is a "
+                          f"{type(item).__name__}")
+    return items
+
+
+def _label(i: int, name: str) -> str:
+    return f"tensor {i} ('{name}')"
+
+
+class _Descriptors:
+    """A packed wsync_tensor_t array plus everything its pointers point into (kept alive for as
+    long as this object lives: names, shapes and strides, and the tensors themselves)."""
+
+    __slots__ = ("array", "count", "cuda_devices", "_names", "_dims", "_keep")
+
+    def __init__(self, array, count, names, dims, keep):
+        self.array, self.count = array, count
+        #: Indices of the CUDA devices whose memory the descriptors point into.
+        self.cuda_devices: frozenset = frozenset()
+        self._names, self._dims, self._keep = names, dims, keep
+
+
+def _pack(records: list, keep) -> _Descriptors:
+    """records: (name_bytes, data, shape, strides or None, (code, bits, lanes), dev_type,
+    dev_index) per tensor."""
+    n = len(records)
+    blob = b"\0".join(r[0] for r in records) + b"\0"
+    names = ctypes.create_string_buffer(blob, len(blob))
+    nbase = ctypes.addressof(names)
+    dims_list: List[int] = []
+    for r in records:
+        dims_list.extend(r[2])
+        if r[3] is not None:
+            dims_list.extend(r[3])
+    dims = (ctypes.c_int64 * max(1, len(dims_list)))(*dims_list)
+    dbase = ctypes.addressof(dims)
+    array = (_lib.Tensor * n)()
+    pack = _TENSOR_RAW.pack_into
+    noff = doff = 0
+    for i, (nb, data, shape, strides, dl, dev_type, dev_index) in enumerate(records):
+        ndim = len(shape)
+        sp = dbase + 8 * doff if ndim else 0
+        doff += ndim
+        if strides is not None and ndim:
+            st = dbase + 8 * doff
+            doff += ndim
+        else:
+            st = 0
+        pack(array, 56 * i, nbase + noff, data, sp, st, ndim, dl[0], dl[1], dl[2], dev_type,
+             dev_index, 0, 0)
+        noff += len(nb) + 1
+    return _Descriptors(array, n, names, dims, keep)
+
+
+def _encode_name(i: int, name) -> bytes:
+    if not isinstance(name, str):
+        raise invalid(f"tensor {i}: name must be str, not {type(name).__name__}")
+    nb = name.encode("utf-8")
+    if b"\0" in nb:
+        raise invalid(f"{_label(i, name)}: name contains a NUL character")
+    return nb
+
+
+def describe_tensors(items: list, need_data: bool = True) -> _Descriptors:
+    """Packs (name, tensor) pairs (torch tensors or numpy arrays) into wsync_tensor_t
+    descriptors with their real data pointers, shapes and strides.
+
+    Nothing is copied or made contiguous: a non-contiguous tensor is described with its real
+    strides, so the library rejects it naming the tensor. Zero-size tensors are described with
+    a placeholder data pointer so the library's own check reports them as zero-size (torch gives
+    them a NULL pointer, which the library would otherwise report first).
+    """
+    torch = _dtypes.torch_module()
+    torch_tensor = torch.Tensor if torch is not None else None
+    torch_dl = _dtypes.torch_tables()[0] if torch is not None else None
+    has_is_cpu = torch is not None and hasattr(torch_tensor, "is_cpu")
+    numpy_dl = _dtypes._NUMPY_TO_DL
+    records = []
+    cuda_devices = set()
+    for i, (name, t) in enumerate(items):
+        nb = name.encode("utf-8") if type(name) is str else _encode_name(i, name)
+        if b"\0" in nb:
+            _encode_name(i, name)  # raises, naming the tensor
+        if torch_tensor is not None and isinstance(t, torch_tensor):
+            dl = torch_dl.get(t.dtype)
+            if dl is None:
+                raise invalid(f"{_label(i, name)}: torch dtype {t.dtype} has no DLPack type code")
+            if t.is_cuda:
+                dev_type, dev_index = _dtypes.DEVICE_CUDA, t.get_device()
+                cuda_devices.add(dev_index)
+            elif t.is_cpu if has_is_cpu else t.device.type == "cpu":
+                dev_type, dev_index = _dtypes.DEVICE_CPU, 0
+            else:
+                raise WsyncError(Status.UNSUPPORTED,
+                                 f"{_label(i, name)}: torch device '{t.device}' has no DLPack "
+                                 "device type libwsync supports (cpu, cuda)")
+            shape = tuple(t.shape)
+            strides = t.stride() if need_data else None
+            data = t.data_ptr() if need_data else 0
+        elif isinstance(t, np.ndarray):
+            dl = numpy_dl.get(t.dtype)
+            if dl is None:
+                raise invalid(f"{_label(i, name)}: numpy dtype {t.dtype} has no DLPack type code")
+            dev_type, dev_index = _dtypes.DEVICE_CPU, 0
+            shape = t.shape
+            if need_data:
+                size = t.itemsize
+                strides = []
+                for d, s in enumerate(t.strides):
+                    if s % size and shape[d] != 1:
+                        raise invalid(f"{_label(i, name)}: not contiguous: strides[{d}] = {s} "
+                                      f"bytes is not a multiple of the {size}-byte element")
+                    strides.append(s // size)
+                data = t.__array_interface__["data"][0]
+            else:
+                strides, data = None, 0
+        else:
+            raise invalid(f"{_label(i, name)}: expected a torch.Tensor or numpy.ndarray, got "
+                          f"{type(t).__module__}.{type(t).__name__}")
+        if need_data and not data and 0 in shape:
+            data = _DUMMY_ADDR
+        records.append((nb, data, shape, strides, dl, dev_type, dev_index))
+    descs = _pack(records, items)
+    descs.cuda_devices = frozenset(cuda_devices)
+    return descs
+
+
+def _synchronize_cuda(devices) -> None:
+    """Waits for the work queued on torch's current stream of each device, so the library
+    (which knows nothing of torch's streams) reads the tensors' final values."""
+    torch = _dtypes.require_torch()
+    for index in devices:
+        torch.cuda.current_stream(index).synchronize()
+
+
+def _tensor_type(i: int, name: str, t) -> Tuple[tuple, tuple]:
+    """(DLPack type triple, shape) of a torch tensor or numpy array."""
+    torch = _dtypes.torch_module()
+    if torch is not None and isinstance(t, torch.Tensor):
+        dl = _dtypes.torch_tables()[0].get(t.dtype)
+        what = f"torch dtype {t.dtype}"
+    elif isinstance(t, np.ndarray):
+        dl = _dtypes._NUMPY_TO_DL.get(t.dtype)
+        what = f"numpy dtype {t.dtype}"
+    else:
+        raise invalid(f"{_label(i, name)}: expected a torch.Tensor or numpy.ndarray, got "
+                      f"{type(t).__module__}.{type(t).__name__}")
+    if dl is None:
+        raise invalid(f"{_label(i, name)}: {what} has no DLPack type code")
+    return dl, tuple(t.shape)
+
+
+def _describe_metas(metas) -> _Descriptors:
+    """Descriptors without data for the planner, from TensorMeta, (name, dtype, shape) or
+    (name, tensor) entries."""
+    records = []
+    for i, m in enumerate(metas):
+        if isinstance(m, tuple) and len(m) == 3:
+            name, dtype, shape = m
+            try:
+                dl = tuple(DType.of(dtype))
+            except TypeError as exc:
+                raise invalid(f"plan entry {i} ('{name}'): {exc}") from None
+            shape = tuple(int(s) for s in shape)
+        elif isinstance(m, tuple) and len(m) == 2:
+            name = m[0]
+            dl, shape = _tensor_type(i, name, m[1])
+        else:
+            raise invalid(f"plan entry {i} must be a TensorMeta, (name, dtype, shape) or "
+                          f"(name, tensor), not {type(m).__name__}")
+        records.append((_encode_name(i, name), 0, shape, None, dl, _dtypes.DEVICE_CPU, 0))
+    return _pack(records, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Strategy
+# ---------------------------------------------------------------------------------------------
+class Strategy:
+    """A strategy of one kind (``"shm"``...) with its options, e.g.
+    ``Strategy("shm", receivers=2, bucket_bytes=64 << 20)``.
+
+    Options are sent to the library as a JSON object and strictly validated there: an unknown
+    key, a wrong type or an out-of-range value raises :class:`WsyncError`
+    (``INVALID_ARGUMENT``) naming the key. See :func:`describe_options`.
+
+    The trainer side calls :meth:`create_init_info` once and forwards the bytes to every
+    engine; then it makes its :meth:`sender` from them, and engines make their :meth:`receiver`.
+    Senders and receivers stay valid after the strategy is closed.
+    """
+
+    def __init__(self, kind: str, **options: Any):
+        self._lib = lib = _lib.lib()
+        self._lock = threading.RLock()
+        self._h: Optional[int] = None
+        if not isinstance(kind, str):
+            raise invalid(f"kind must be str, not {type(kind).__name__}")
+        self.options = dict(options)
+        try:
+            text = json.dumps(options).encode("utf-8") if options else None
+        except (TypeError, ValueError) as exc:
+            raise invalid(f"strategy options must be JSON values: {exc}") from None
+        out = c_void_p()
+        status = lib.wsync_strategy_create(kind.encode("utf-8"), text, byref(out))
+        if status:
+            raise_for(status, lib)
+        self._h = out.value
+
+    @classmethod
+    def for_init_info(cls, init_info: bytes, **options: Any) -> "Strategy":
+        """An engine-side strategy of the kind an init-info blob names, with receiver-side
+        ``options`` (e.g. ``verify=False``), so an engine need not know the kind in advance."""
+        parsed = describe(init_info)
+        if parsed.get("type") != "init":
+            raise invalid(f"init_info is a wsync {parsed.get('type')} blob, not an init blob")
+        return cls(parsed["kind"], **options)
+
+    def _handle(self) -> int:
+        if self._h is None:
+            raise _closed_error("strategy")
+        return self._h
+
+    @property
+    def kind(self) -> str:
+        """The strategy's kind name."""
+        out = c_char_p()
+        with self._lock:
+            status = self._lib.wsync_strategy_kind(self._handle(), byref(out))
+            if status:
+                raise_for(status, self._lib)
+        return out.value.decode("utf-8")
+
+    def create_init_info(self) -> bytes:
+        """Makes the init-info blob every sender and receiver of this sync is created from (for
+        ``shm``: creates the shared-memory segment). Call once per strategy."""
+        blob = _lib.Blob()
+        with self._lock:
+            status = self._lib.wsync_strategy_create_init_info(self._handle(), byref(blob))
+            if status:
+                raise_for(status, self._lib)
+        return _take_blob(self._lib, blob)
+
+    def sender(self, init_info: bytes) -> "Sender":
+        """The trainer's :class:`Sender`, from this strategy's own init info."""
+        init = _as_bytes(init_info, "init_info")
+        out = c_void_p()
+        with self._lock:
+            status = self._lib.wsync_sender_create(self._handle(), init, len(init), byref(out))
+            if status:
+                raise_for(status, self._lib)
+        return Sender(self._lib, out.value, init)
+
+    def receiver(self, init_info: bytes, index: int) -> "Receiver":
+        """An engine's :class:`Receiver` number ``index`` (0 .. receivers-1)."""
+        init = _as_bytes(init_info, "init_info")
+        if not isinstance(index, int) or index < 0 or index > 0xFFFFFFFF:
+            raise invalid(f"receiver index {index!r} is not an unsigned 32-bit integer")
+        out = c_void_p()
+        with self._lock:
+            status = self._lib.wsync_receiver_create(self._handle(), init, len(init), index,
+                                                     byref(out))
+            if status:
+                raise_for(status, self._lib)
+        return Receiver(self._lib, out.value, index)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has run."""
+        return self._h is None
+
+    def close(self) -> None:
+        """Destroys the strategy (idempotent). Its senders and receivers stay valid."""
+        with self._lock:
+            h, self._h = self._h, None
+            if h is not None:
+                self._lib.wsync_strategy_destroy(h)
+
+    def __enter__(self) -> "Strategy":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        h = getattr(self, "_h", None)
+        if h is not None:
+            self._h = None
+            try:
+                self._lib.wsync_strategy_destroy(h)
+            except Exception:  # interpreter shutdown: nothing left to report to
+                pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._h is None else self.kind
+        return f"<wsync.Strategy {state} {self.options}>"
+
+
+# ---------------------------------------------------------------------------------------------
+# Sender
+# ---------------------------------------------------------------------------------------------
+class Sender:
+    """The trainer side of a sync: sends chunks of named tensors and waits for receivers.
+
+    Made by :meth:`Strategy.sender`. Use as a context manager, or call :meth:`close`; closing
+    does not wait for receivers (call :meth:`flush` first to know they are done).
+    """
+
+    def __init__(self, lib, handle: int, init_info: bytes):
+        self._lib = lib
+        self._h: Optional[int] = handle
+        self._lock = threading.RLock()
+        #: The init-info bytes this sender was made from.
+        self.init_info = init_info
+        self._init_description: Optional[dict] = None
+
+    def _handle(self) -> int:
+        if self._h is None:
+            raise _closed_error("sender")
+        return self._h
+
+    def send_chunk(self, tensors, last: bool = False) -> bytes:
+        """Sends one chunk and returns its request blob, to forward to every receiver.
+
+        ``tensors`` is a dict ``{name: tensor}`` or an iterable of ``(name, tensor)`` pairs,
+        where each tensor is a ``torch.Tensor`` (CPU; CUDA tensors are described as DLPack
+        device 2 with their index, for strategies that move GPU memory) or a
+        ``numpy.ndarray``. Tensors must be dense and row-major: a non-contiguous one is
+        rejected by the library (no silent copy). Their memory is read during the call only.
+        For CUDA tensors the binding first synchronizes torch's current stream on each of their
+        devices, so work queued there (an optimizer step, a cast) has finished.
+        ``last=True`` flags the chunk ``WSYNC_CHUNK_LAST``: it completes the current sync
+        version, and the next chunk starts the next one.
+
+        Blocks while every bucket is still being read by a receiver, up to the strategy's
+        ``timeout_ms``; then raises ``TIMEOUT`` or ``PEER`` and nothing is sent.
+        """
+        items = _as_items(tensors)
+        descs = describe_tensors(items, need_data=True)
+        if descs.cuda_devices:
+            _synchronize_cuda(descs.cuda_devices)
+        chunk = _lib.Chunk(descs.array, descs.count, CHUNK_LAST if last else 0, 0)
+        blob = _lib.Blob()
+        with self._lock:
+            status = self._lib.wsync_sender_send_chunk(self._handle(), byref(chunk), byref(blob))
+            if status:
+                raise_for(status, self._lib)
+        del descs  # the descriptors and everything they point into lived through the call
+        return _take_blob(self._lib, blob)
+
+    def flush(self, timeout_s: float = 60.0) -> None:
+        """Waits until every receiver has acknowledged every chunk sent so far.
+
+        Raises ``TIMEOUT`` after ``timeout_s`` seconds naming the receivers that did not
+        answer, or ``PEER`` naming a receiver that died, detached or failed a chunk. ``0``
+        polls. There is no infinite wait.
+        """
+        if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s):
+            raise invalid(f"flush: timeout_s must be a finite number of seconds, got {timeout_s!r}")
+        ms = math.ceil(timeout_s * 1000) if timeout_s > 0 else int(timeout_s * 1000)
+        ms = min(ms, _MAX_FLUSH_MS)
+        with self._lock:
+            status = self._lib.wsync_sender_flush(self._handle(), ms)
+            if status:
+                raise_for(status, self._lib)
+
+    @property
+    def version(self) -> int:
+        """The sync version the next chunk will belong to (1 before any chunk is sent)."""
+        out = c_uint64()
+        with self._lock:
+            status = self._lib.wsync_sender_version(self._handle(), byref(out))
+            if status:
+                raise_for(status, self._lib)
+        return out.value
+
+    @property
+    def init_description(self) -> dict:
+        """The init info as :func:`describe` renders it (kind and its fields, e.g. shm's
+        ``bucket_bytes``)."""
+        if self._init_description is None:
+            self._init_description = describe(self.init_info)
+        return self._init_description
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has run."""
+        return self._h is None
+
+    def close(self) -> None:
+        """Destroys the sender without waiting for receivers (idempotent). For ``shm`` the
+        segment's name is removed."""
+        with self._lock:
+            h, self._h = self._h, None
+            if h is not None:
+                self._lib.wsync_sender_destroy(h)
+
+    def __enter__(self) -> "Sender":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        h = getattr(self, "_h", None)
+        if h is not None:
+            self._h = None
+            try:
+                self._lib.wsync_sender_destroy(h)
+            except Exception:  # interpreter shutdown: nothing left to report to
+                pass
+
+    def __repr__(self) -> str:
+        return f"<wsync.Sender {'closed' if self._h is None else 'open'}>"
+
+
+# ---------------------------------------------------------------------------------------------
+# Receiver and receive iteration
+# ---------------------------------------------------------------------------------------------
+class _IterHandle:
+    """The C iteration pointer, shared by a Receiver and its open Iteration so that whichever
+    goes first ends it exactly once (finalizer order in a garbage cycle is not defined)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int):
+        self.value: Optional[int] = value
+
+
+class Receiver:
+    """The engine side of a sync: receives chunks described by request blobs.
+
+    Made by :meth:`Strategy.receiver`. Use as a context manager, or call :meth:`close`; an
+    iteration still open then is ended (acknowledged as failed) first.
+    """
+
+    def __init__(self, lib, handle: int, index: int):
+        self._lib = lib
+        self._h: Optional[int] = handle
+        self._lock = threading.RLock()
+        self._open: Optional[_IterHandle] = None
+        # (version, completed version before it) of a version whose chunk a loader failed after
+        # taking every tensor: the library counted that chunk as a success (see abort()).
+        self._poisoned: Optional[Tuple[int, int]] = None
+        #: This receiver's index.
+        self.index = index
+
+    def _handle(self) -> int:
+        if self._h is None:
+            raise _closed_error("receiver")
+        return self._h
+
+    def receive(self, request: bytes, *, framework: str = "torch", copy: bool = False) -> "Iteration":
+        """Starts receiving the chunk a request blob describes and returns its
+        :class:`Iteration` (a context manager; iterate it for ``(name, tensor)`` pairs).
+
+        ``framework`` is ``"torch"`` (views as torch tensors) or ``"numpy"`` (read-only numpy
+        arrays for read-only memory). ``copy=True`` yields owned copies instead of views.
+        Requests must be received in the order they were sent; only one iteration per
+        receiver may be open (``WRONG_STATE`` otherwise).
+        """
+        if framework not in ("torch", "numpy"):
+            raise invalid(f"framework must be 'torch' or 'numpy', not {framework!r}")
+        if framework == "torch":
+            _dtypes.require_torch()
+        req = _as_bytes(request, "request")
+        out = c_void_p()
+        with self._lock:
+            status = self._lib.wsync_receiver_receive(self._handle(), req, len(req), byref(out))
+            if status:
+                raise_for(status, self._lib)
+            handle = _IterHandle(out.value)
+            self._open = handle
+        return Iteration(self, handle, framework, copy)
+
+    @property
+    def completed_version(self) -> int:
+        """The newest sync version whose every chunk this receiver received, verified and ended
+        successfully (0 if none).
+
+        This is the library's ``wsync_receiver_completed_version``, except for one case the C
+        ABI cannot express: a version in which a loader failed *after* taking every tensor of a
+        chunk (see :meth:`Iteration.abort`) is not counted here even though the library counted
+        it, until a later version completes.
+        """
+        out = c_uint64()
+        with self._lock:
+            status = self._lib.wsync_receiver_completed_version(self._handle(), byref(out))
+            if status:
+                raise_for(status, self._lib)
+            version = out.value
+            if self._poisoned is not None:
+                bad, before = self._poisoned
+                if version == bad:
+                    return before
+                if version > bad:
+                    self._poisoned = None
+        return version
+
+    def _mark_failed(self, version: int, completed_before: int) -> None:
+        """Records that a chunk of ``version`` failed in the loader after the library counted
+        it as received (caller holds the lock)."""
+        if self._poisoned is None or version >= self._poisoned[0]:
+            self._poisoned = (version, completed_before)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has run."""
+        return self._h is None
+
+    def _end_open(self) -> Tuple[int, str]:
+        """Ends the open iteration, if any (caller holds the lock). Returns (status, message)."""
+        handle, self._open = self._open, None
+        if handle is None or handle.value is None:
+            return 0, ""
+        it, handle.value = handle.value, None
+        status = self._lib.wsync_recv_end(it)
+        if status:
+            raw = self._lib.wsync_last_error()
+            return status, raw.decode("utf-8", "replace") if raw else ""
+        return 0, ""
+
+    def close(self) -> None:
+        """Destroys the receiver (idempotent); an open iteration is ended as failed first and
+        the sender learns that this receiver detached."""
+        with self._lock:
+            if self._h is None:
+                return
+            self._end_open()
+            h, self._h = self._h, None
+            self._lib.wsync_receiver_destroy(h)
+
+    def __enter__(self) -> "Receiver":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            try:
+                self.close()
+            except Exception:  # interpreter shutdown: nothing left to report to
+                pass
+
+    def __repr__(self) -> str:
+        return f"<wsync.Receiver {self.index} {'closed' if self._h is None else 'open'}>"
+
+
+class RecvInfo(NamedTuple):
+    """What an iteration carries (``wsync_recv_info_t``)."""
+
+    version: int  #: sync version of this chunk
+    bytes: int  #: payload bytes of all tensors
+    chunk_index: int  #: 0-based position of the chunk within its version
+    flags: int  #: CHUNK_LAST if this chunk completes the version
+    count: int  #: number of tensors
+
+    @property
+    def last(self) -> bool:
+        """True if this chunk completes its version."""
+        return bool(self.flags & CHUNK_LAST)
+
+
+class WsyncWarning(RuntimeWarning):
+    """Something the binding could not do as asked, reported without raising."""
+
+
+class _CudaArray:
+    """Exposes a CUDA view through ``__cuda_array_interface__`` (version 2) for
+    ``torch.as_tensor``; torch keeps this object, and so the iteration, alive."""
+
+    __slots__ = ("__cuda_array_interface__", "owner")
+
+
+class Iteration:
+    """One received chunk: a context manager and a single-pass iterable of ``(name, tensor)``.
+
+    **View lifetime.** Without ``copy=True`` the tensors are zero-copy views into memory the
+    library owns (for ``shm``: the shared bucket, mapped read-only). They are valid only until
+    the iteration ends (:meth:`end`, leaving the ``with`` block, or closing the receiver):
+    after that the sender may overwrite the bucket with a later chunk. Copy what you keep.
+    numpy views of read-only memory are flagged non-writeable; torch has no read-only tensors,
+    so **writing into a torch view of shm memory crashes the process (SIGSEGV)** - copy from
+    views, never into them. A view keeps its Iteration object alive (so the Iteration is not
+    ended by garbage collection while a view exists), but ending the iteration explicitly still
+    invalidates every view.
+
+    Ending acknowledges the chunk: it succeeds only if every tensor was yielded (and verified,
+    with checksums on). Leaving the ``with`` block through an exception ends the iteration as
+    failed and lets the exception propagate.
+    """
+
+    def __init__(self, receiver: Receiver, handle: _IterHandle, framework: str, copy: bool):
+        self._receiver = receiver
+        self._lib = receiver._lib
+        self._lock = receiver._lock
+        self._handle = handle
+        self._framework = framework
+        self._copy = copy
+        self._info: Optional[RecvInfo] = None
+        self._yielded = 0
+        self._view = _lib.Tensor()
+        self._has = c_bool()
+        self._view_ref = byref(self._view)
+        self._has_ref = byref(self._has)
+        self._makers: Dict[tuple, tuple] = {}
+
+    def _h(self) -> int:
+        h = self._handle.value
+        if h is None:
+            raise WrongStateError(Status.WRONG_STATE, "the iteration has already ended")
+        return h
+
+    @property
+    def ended(self) -> bool:
+        """True once the iteration has ended (its views are then invalid)."""
+        return self._handle.value is None
+
+    @property
+    def info(self) -> RecvInfo:
+        """The chunk's version, byte count, index, flags and tensor count."""
+        if self._info is None:
+            raw = _lib.RecvInfo()
+            with self._lock:
+                status = self._lib.wsync_recv_info(self._h(), byref(raw))
+                if status:
+                    raise_for(status, self._lib)
+            self._info = RecvInfo(raw.version, raw.bytes, raw.chunk_index, raw.flags, raw.count)
+        return self._info
+
+    def __len__(self) -> int:
+        return self.info.count
+
+    def _peek_raw(self, i: int) -> tuple:
+        """wsync_recv_peek of tensor i as raw descriptor fields (caller holds the lock)."""
+        view = _lib.Tensor()
+        status = self._lib.wsync_recv_peek(self._h(), i, byref(view))
+        if status:
+            raise_for(status, self._lib)
+        return _TENSOR_RAW.unpack_from(view)
+
+    def peek(self, i: int) -> TensorMeta:
+        """Dry run: the name, dtype and shape of tensor ``i`` without touching its bytes."""
+        if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+            raise invalid(f"peek: tensor index {i!r} is not a non-negative integer")
+        with self._lock:
+            f = self._peek_raw(i)
+            name = ctypes.string_at(f[0]).decode("utf-8")
+            shape = _INT64_STRUCTS[f[4]].unpack(ctypes.string_at(f[2], 8 * f[4])) if f[4] else ()
+        return TensorMeta(name, DType(f[5], f[6], f[7]), shape)
+
+    def metas(self) -> List[TensorMeta]:
+        """Dry run over the whole chunk: a :class:`TensorMeta` per tensor, in order, without
+        touching any tensor bytes (so a loader can check the plan before anything moves)."""
+        return [self.peek(i) for i in range(self.info.count)]
+
+    def _maker(self, dl: tuple):
+        """(numpy dtype the view is built with, itemsize, torch dtype to reinterpret as or
+        None), cached per element type."""
+        m = self._makers.get(dl)
+        if m is None:
+            itemsize = dl[1] * dl[2] // 8
+            if self._framework == "numpy":
+                m = (DType(*dl).to_numpy(), itemsize, None)
+            else:
+                tdt = DType(*dl).to_torch()
+                carrier, reinterpret = torch_carrier(dl)
+                m = (carrier, itemsize, tdt if reinterpret else None)
+            self._makers[dl] = m
+        return m
+
+    def _make(self, fields) -> Tuple[str, Any]:
+        name_p, data, shape_p, _, ndim, code, bits, lanes, dev_type, dev_index, flags, _ = fields
+        name = ctypes.string_at(name_p).decode("utf-8")
+        shape = _INT64_STRUCTS[ndim].unpack(ctypes.string_at(shape_p, 8 * ndim)) if ndim else ()
+        dl = (code, bits, lanes)
+        try:
+            carrier, itemsize, reinterpret = self._maker(dl)
+        except TypeError as exc:
+            raise WsyncError(Status.UNSUPPORTED, f"tensor '{name}': {exc}") from None
+        nbytes = itemsize
+        for s in shape:
+            nbytes *= s
+        if dev_type in _dtypes.HOST_DEVICE_TYPES:
+            buf = (c_char * nbytes).from_address(data)
+            buf._wsync_owner = self  # the view keeps its iteration alive
+            arr = np.frombuffer(buf, carrier).reshape(shape)
+            if self._framework == "numpy":
+                if self._copy:
+                    return name, arr.copy()
+                if flags & TENSOR_READ_ONLY:
+                    arr.flags.writeable = False
+                return name, arr
+            torch = _dtypes.torch_module()
+            t = torch.from_numpy(arr)
+            if reinterpret is not None:
+                t = t.view(reinterpret)
+            return name, (t.clone() if self._copy else t)
+        if dev_type == _dtypes.DEVICE_CUDA:
+            if self._framework == "numpy":
+                raise WsyncError(Status.UNSUPPORTED,
+                                 f"tensor '{name}' is in CUDA memory; numpy cannot view it, "
+                                 "receive with framework='torch'")
+            t = cuda_view(data, shape, dl, dev_index, owner=self)
+            return name, (t.clone() if self._copy else t)
+        raise WsyncError(Status.UNSUPPORTED, f"tensor '{name}' is on "
+                         f"{_dtypes.device_name(dev_type, dev_index)}, which this binding cannot view")
+
+    def _check_viewable(self, fields: tuple) -> None:
+        """Raises the error :meth:`_make` would raise for these fields, without making a view."""
+        name = ctypes.string_at(fields[0]).decode("utf-8", "replace")
+        try:
+            self._maker((fields[5], fields[6], fields[7]))
+        except TypeError as exc:
+            raise WsyncError(Status.UNSUPPORTED, f"tensor '{name}': {exc}") from None
+        dev_type, dev_index = fields[8], fields[9]
+        if dev_type in _dtypes.HOST_DEVICE_TYPES:
+            return
+        if dev_type == _dtypes.DEVICE_CUDA and self._framework == "torch":
+            return
+        raise WsyncError(Status.UNSUPPORTED, f"tensor '{name}' is on "
+                         f"{_dtypes.device_name(dev_type, dev_index)}, which framework="
+                         f"'{self._framework}' cannot view")
+
+    def __iter__(self) -> Iterator[Tuple[str, Any]]:
+        nxt = self._lib.wsync_recv_next
+        unpack = _TENSOR_RAW.unpack_from
+        view, view_ref, has, has_ref = self._view, self._view_ref, self._has, self._has_ref
+        lock = self._lock
+        last = self.info.count - 1
+        handle = self._handle
+        while True:
+            with lock:
+                h = handle.value
+                if h is None:
+                    raise WrongStateError(Status.WRONG_STATE, "the iteration has already ended")
+                if self._yielded == last:
+                    # Taking the last tensor makes the chunk count as consumed, and a chunk
+                    # ended after that is acknowledged as successful; so find out whether its
+                    # view can be made while failing still fails the chunk.
+                    self._check_viewable(self._peek_raw(last))
+                status = nxt(h, view_ref, has_ref)
+                if status:
+                    raise_for(status, self._lib)
+                if not has.value:
+                    return
+                fields = unpack(view)
+                self._yielded += 1
+            yield self._make(fields)
+
+    def items(self) -> List[Tuple[str, Any]]:
+        """All remaining ``(name, tensor)`` pairs as a list (same lifetime rule as iterating)."""
+        return list(self)
+
+    def end(self) -> None:
+        """Ends the iteration and acknowledges the chunk (idempotent).
+
+        Raises :class:`WsyncError` if the chunk was not fully consumed (``WRONG_STATE``; the
+        chunk is then acknowledged as failed) or failed verification (``INTEGRITY``). Every
+        view becomes invalid.
+        """
+        with self._lock:
+            if self._handle.value is None:
+                return
+            h, self._handle.value = self._handle.value, None
+            if self._receiver._open is self._handle:
+                self._receiver._open = None
+            status = self._lib.wsync_recv_end(h)
+            if status:
+                raise_for(status, self._lib)
+
+    def abort(self) -> Optional[WsyncError]:
+        """Ends the iteration acknowledging the chunk as failed, without raising; returns the
+        library's error for the ending (None if it ended cleanly).
+
+        libwsync 0.1 acknowledges a chunk as failed only when the iteration is ended before
+        every tensor was yielded (or after a verification failure); the C ABI has no call to
+        fail a fully consumed iteration. If every tensor was already yielded, the chunk is
+        therefore acknowledged as *successful* and the sender's flush will not report it. The
+        binding then warns with a :class:`WsyncWarning`, and keeps this version out of
+        :attr:`Receiver.completed_version` on this engine.
+        """
+        with self._lock:
+            if self._handle.value is None:
+                return None
+            info = self.info
+            consumed = self._yielded >= info.count
+            before = self._receiver.completed_version if consumed else 0
+            try:
+                self.end()
+            except WsyncError as exc:
+                return exc
+            if consumed:
+                self._receiver._mark_failed(info.version, before)
+        if consumed:
+            warnings.warn(
+                f"wsync: chunk {info.chunk_index} of version {info.version} failed after every "
+                "tensor had been taken; libwsync 0.1 has no call to fail such a chunk, so it "
+                "acknowledged the chunk as successful and the sender will not be told. This "
+                f"receiver will not report version {info.version} as completed.",
+                WsyncWarning, stacklevel=3)
+        return None
+
+    def __enter__(self) -> "Iteration":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.end()
+            return False
+        err = self.abort()
+        if err is not None and hasattr(exc, "add_note"):
+            exc.add_note(f"wsync: the chunk was acknowledged as failed ({err})")
+        return False
+
+    def __del__(self):
+        handle = getattr(self, "_handle", None)
+        if handle is not None and handle.value is not None:
+            try:
+                with self._lock:
+                    if handle.value is not None:
+                        h, handle.value = handle.value, None
+                        if self._receiver._open is handle:
+                            self._receiver._open = None
+                        self._lib.wsync_recv_end(h)
+            except Exception:  # interpreter shutdown
+                pass
+
+    def __repr__(self) -> str:
+        if self.ended:
+            return "<wsync.Iteration ended>"
+        i = self.info
+        return (f"<wsync.Iteration version {i.version} chunk {i.chunk_index}"
+                f"{' (last)' if i.last else ''}: {i.count} tensors, {i.bytes} bytes>")
+
+
+def torch_carrier(dl: tuple) -> Tuple[np.dtype, bool]:
+    """The numpy dtype torch can import a view of type ``dl`` through, and whether the result
+    must then be reinterpreted (``Tensor.view(dtype)``) as the real type.
+
+    torch imports numpy's bool, signed ints, uint8, floats and complex directly; bfloat16,
+    float8, complex32 and the wider unsigned ints go through a signed int of the same size.
+    """
+    direct = _dtypes._DL_TO_NUMPY.get(dl)
+    if direct is not None and not (dl[0] == _dtypes.DTYPE_UINT and dl[1] > 8):
+        return direct, False
+    size = dl[1] * dl[2] // 8
+    carrier = _dtypes._CARRIER.get(size)
+    if carrier is None:
+        raise TypeError(f"no {size}-byte integer to carry {DType(*dl).name}")
+    return carrier, True
+
+
+def cuda_array_interface(data: int, shape: Sequence[int], dl: tuple) -> dict:
+    """The ``__cuda_array_interface__`` (version 2) dict describing a dense CUDA view.
+
+    Types torch cannot take from a typestr (bfloat16, float8, complex32, wide unsigned ints)
+    are described with a signed integer of the same size, to be reinterpreted with
+    ``Tensor.view(dtype)``. The read-only flag is always False: torch refuses read-only CUDA
+    arrays.
+    """
+    carrier, _ = torch_carrier(dl)
+    return {"shape": tuple(int(s) for s in shape), "typestr": carrier.str,
+            "data": (int(data), False), "strides": None, "version": 2}
+
+
+def cuda_view(data: int, shape: Sequence[int], dl: tuple, device_index: int, owner=None):
+    """A torch tensor viewing CUDA memory at ``data`` (no copy); ``owner`` is kept alive for as
+    long as the tensor lives."""
+    torch = _dtypes.require_torch()
+    tdt = DType(*dl).to_torch()
+    holder = _CudaArray()
+    holder.__cuda_array_interface__ = cuda_array_interface(data, shape, dl)
+    holder.owner = owner
+    t = torch.as_tensor(holder, device=torch.device("cuda", device_index))
+    if t.dtype != tdt:
+        t = t.view(tdt)
+    return t
+
+
+# ---------------------------------------------------------------------------------------------
+# Planner
+# ---------------------------------------------------------------------------------------------
+class PlannedChunk(NamedTuple):
+    """One chunk of a plan: indices into the planned list, and its payload bytes."""
+
+    indices: Tuple[int, ...]
+    bytes: int
+
+
+def plan(metas, *, chunk_bytes: Optional[int] = None, group_depth: Optional[int] = None) -> List[PlannedChunk]:
+    """Groups tensors into chunks with the library's planner (``wsync_plan_*``).
+
+    ``metas`` is a list of :class:`TensorMeta`, ``(name, dtype, shape)`` or ``(name, tensor)``
+    entries. Consecutive tensors of one module (the name without its last ``group_depth``
+    dotted parts; default 2, 0 disables grouping) stay in one chunk; whole groups are batched
+    in order while a chunk stays within ``chunk_bytes`` (default 256 MiB). Deterministic.
+    """
+    lib = _lib.lib()
+    entries = list(metas.items()) if isinstance(metas, Mapping) else list(metas)
+    descs = _describe_metas(entries)
+    options = {}
+    if chunk_bytes is not None:
+        options["chunk_bytes"] = chunk_bytes
+    if group_depth is not None:
+        options["group_depth"] = group_depth
+    text = json.dumps(options).encode("utf-8") if options else None
+    out = c_void_p()
+    status = lib.wsync_plan_create(descs.array, descs.count, text, byref(out))
+    if status:
+        raise_for(status, lib)
+    try:
+        count = c_size_t()
+        status = lib.wsync_plan_chunk_count(out.value, byref(count))
+        if status:
+            raise_for(status, lib)
+        chunks = []
+        idx = ctypes.POINTER(c_size_t)()
+        n = c_size_t()
+        nbytes = c_uint64()
+        for i in range(count.value):
+            status = lib.wsync_plan_chunk(out.value, i, byref(idx), byref(n), byref(nbytes))
+            if status:
+                raise_for(status, lib)
+            chunks.append(PlannedChunk(tuple(idx[:n.value]), nbytes.value))
+        return chunks
+    finally:
+        lib.wsync_plan_destroy(out.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Free functions
+# ---------------------------------------------------------------------------------------------
+def version() -> str:
+    """The loaded library's version string, e.g. ``"0.1.0"``."""
+    return _lib.lib().wsync_version_string().decode("ascii")
+
+
+def version_number() -> int:
+    """The loaded library's version number (MAJOR * 10000 + MINOR * 100 + PATCH)."""
+    return int(_lib.lib().wsync_version_number())
+
+
+def describe(blob: bytes) -> dict:
+    """Renders any blob (init info or request) as a dict: ``{"magic": "wsync", "format": 1,
+    "type": "request", "kind": "shm", "body": {...}}``. Malformed bytes raise ``MALFORMED``."""
+    lib = _lib.lib()
+    data = _as_bytes(blob, "blob")
+    out = c_void_p()
+    status = lib.wsync_blob_describe(data, len(data), byref(out))
+    if status:
+        raise_for(status, lib)
+    return json.loads(_take_string(lib, out))
+
+
+def kinds() -> List[dict]:
+    """The strategy kinds this library build knows:
+    ``[{"kind": "shm", "available": True, "reason": ""}, ...]``."""
+    lib = _lib.lib()
+    out = c_void_p()
+    status = lib.wsync_strategy_kinds(byref(out))
+    if status:
+        raise_for(status, lib)
+    return json.loads(_take_string(lib, out))
+
+
+def describe_options(kind: str) -> dict:
+    """A kind's options: ``{"receivers": {"type": "uint", "default": 1, "min": 1, ...}, ...}``.
+    An unknown kind raises ``UNSUPPORTED``."""
+    lib = _lib.lib()
+    out = c_void_p()
+    status = lib.wsync_strategy_describe_options(kind.encode("utf-8"), byref(out))
+    if status:
+        raise_for(status, lib)
+    return json.loads(_take_string(lib, out))
+
+
+def merge_requests(parts: Sequence[bytes]) -> bytes:
+    """Merges the partial requests of several senders of one chunk into one request. Kinds with
+    a single sender (``shm``) accept exactly one part and return a copy."""
+    lib = _lib.lib()
+    parts = [_as_bytes(p, f"part {i}") for i, p in enumerate(parts)]
+    bufs = [(ctypes.c_uint8 * len(p)).from_buffer_copy(p) if p else None for p in parts]
+    arr = (_lib.Blob * max(1, len(parts)))()
+    for i, b in enumerate(bufs):
+        if b is not None:
+            arr[i].data = ctypes.cast(b, ctypes.POINTER(ctypes.c_uint8))
+            arr[i].size = len(parts[i])
+    out = _lib.Blob()
+    status = lib.wsync_request_merge(arr if parts else None, len(parts), byref(out))
+    if status:
+        raise_for(status, lib)
+    del bufs
+    return _take_blob(lib, out)
+
+
+def abi_layout() -> dict:
+    """Sizes, alignments and field offsets of the C structs as the library was compiled
+    (``wsync_abi_layout``)."""
+    lib = _lib.lib()
+    out = c_void_p()
+    status = lib.wsync_abi_layout(byref(out))
+    if status:
+        raise_for(status, lib)
+    return json.loads(_take_string(lib, out))
