@@ -2,6 +2,7 @@
 // randomness, process liveness. Linux only.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -14,8 +15,11 @@ using Clock = std::chrono::steady_clock;
 // A point in time after which a wait gives up. Built from a millisecond budget.
 class Deadline {
 public:
+    // Budgets are clamped to [0, 2^40 ms] (about 35 years): a larger one would overflow the
+    // clock's nanosecond count and end at once instead of never.
     explicit Deadline(int64_t timeout_ms)
-        : end_(Clock::now() + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms)),
+        : end_(Clock::now() + std::chrono::milliseconds(
+                                  timeout_ms < 0 ? 0 : std::min<int64_t>(timeout_ms, int64_t(1) << 40))),
           budget_ms_(timeout_ms) {}
     bool passed() const { return Clock::now() >= end_; }
     // Milliseconds left, at least 0.

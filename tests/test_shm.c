@@ -5,6 +5,8 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <pthread.h>
+
 #include "testutil.h"
 
 /* A small "model": 6 tensors in 3 modules, float32 and bf16. */
@@ -729,6 +731,44 @@ static void blobs_of_another_role_or_strategy_are_mismatch(void **state) {
     wsync_blob_free(&b.init);
 }
 
+/* A flush with the largest timeout still waits (a budget past the clock's range once ended at
+ * once with TIMEOUT). */
+static void *end_after_200ms(void *it) {
+    usleep(200000);
+    wsync_recv_t *i = (wsync_recv_t *)it;
+    wsync_tensor_t v;
+    bool has = true;
+    while (has && wsync_recv_next(i, &v, &has) == WSYNC_OK) {
+    }
+    wsync_recv_end(i);
+    return NULL;
+}
+
+static void flush_with_the_largest_timeout_waits_for_the_receiver(void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr, NULL);
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    model_t m;
+    model_init(&m);
+    model_fill(&m, 1);
+    wsync_chunk_t c = tu_chunk(m.t, NT, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+    wsync_recv_t *it;
+    OK(wsync_receiver_receive(r, req.data, req.size, &it));
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, end_after_200ms, it), 0);
+    long t0 = tu_now_ms();
+    OK(wsync_sender_flush(tr.sender, INT64_MAX));
+    assert_true(tu_now_ms() - t0 >= 150);
+    pthread_join(th, NULL);
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(r);
+    model_free(&m);
+    trainer_close(&tr);
+}
+
 /* --- what is left behind ------------------------------------------------------------------- */
 
 static void segment_is_private_unguessable_and_removed(void **state) {
@@ -807,6 +847,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(receiver_index_out_of_range_or_taken_is_refused),
     cmocka_unit_test(blobs_of_another_role_or_strategy_are_mismatch),
     cmocka_unit_test(segment_is_private_unguessable_and_removed),
+    cmocka_unit_test(flush_with_the_largest_timeout_waits_for_the_receiver),
     cmocka_unit_test(strategy_destroyed_without_sender_removes_its_segment),
     cmocka_unit_test(oversized_segment_is_no_memory_not_sigbus),
 };
