@@ -6,8 +6,15 @@
  * ---------------------------------------------------------------------------------------------
  * Overview
  * ---------------------------------------------------------------------------------------------
- * A *strategy* (wsync_strategy_t) is made from a kind name ("shm", ...) and a JSON options
- * string. The trainer side asks it for an *init-info blob*, which a controller forwards to the
+ * A *strategy* (wsync_strategy_t) is made from a kind name and a JSON options string. Kinds:
+ *   "shm"            host memory through one POSIX shared-memory segment (one machine);
+ *   "cuda_ipc"       GPU memory through CUDA IPC handles (processes on the same GPUs), packed
+ *                    into reusable device buckets or shared per allocation ("packed": false);
+ *   "nccl_broadcast" GPU memory broadcast from the trainer to every receiver over NCCL.
+ * The GPU kinds open the CUDA driver (libcuda.so.1, or $WSYNC_CUDA_LIBRARY) and NCCL
+ * (libnccl.so.2, $WSYNC_NCCL_LIBRARY or the "nccl_library" option) at run time: libwsync has no
+ * load-time dependency on either, and without them those kinds fail with WSYNC_ERR_UNAVAILABLE.
+ * The The trainer side asks it for an *init-info blob*, which a controller forwards to the
  * engines. Trainers make a *sender* from the blob, engines a *receiver* (with their receiver
  * index). Each training step the trainer sends *chunks* (many tensors each) and gets one
  * *request blob* per chunk; the controller forwards those bytes to every receiver, whose loader
@@ -239,7 +246,10 @@ WSYNC_API wsync_status_t wsync_strategy_describe_options(const char *kind, char 
 
 /* Trainer side: makes the init info that every sender and receiver of this sync is created
  * from, and whatever the kind needs to exist first (for "shm": the shared-memory segment,
- * mode 0600, unguessable name, its buckets reserved and pre-faulted). Call once per strategy;
+ * mode 0600, unguessable name, its buckets reserved and pre-faulted; for "cuda_ipc": a small
+ * acknowledgement segment and this host's boot id; for "nccl_broadcast": the NCCL unique id,
+ * carried in the blob itself, so this process must stay alive until the group is formed).
+ * Call once per strategy;
  * a second call fails with WSYNC_ERR_WRONG_STATE. On success *out holds the blob, freed with
  * wsync_blob_free(). May take time proportional to the buckets' size (pre-faulting); does not
  * wait for peers. */
@@ -255,7 +265,11 @@ typedef struct wsync_sender_t wsync_sender_t;
 /* Creates a sender from init info (len bytes at init, borrowed for the call). For "shm" the
  * strategy must be the one whose wsync_strategy_create_init_info() made this blob; a blob of
  * another strategy or kind fails with WSYNC_ERR_MISMATCH, a corrupt one with
- * WSYNC_ERR_MALFORMED. On success *out is freed with wsync_sender_destroy(). Does not block. */
+ * WSYNC_ERR_MALFORMED. For "cuda_ipc" any process of the host may create a sender from the blob
+ * (one per trainer GPU, "senders" in all). On success *out is freed with wsync_sender_destroy().
+ * Does not block, except for "nccl_broadcast": it joins the group as rank 0 and blocks until
+ * every receiver has joined, up to the "timeout_ms" option; then the communicator is aborted
+ * and the call fails with WSYNC_ERR_TIMEOUT (or WSYNC_ERR_PEER if NCCL reported an error). */
 WSYNC_API wsync_status_t wsync_sender_create(wsync_strategy_t *strategy, const uint8_t *init,
                                              size_t len, wsync_sender_t **out);
 
@@ -267,11 +281,19 @@ WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
 /* Starts moving one chunk and writes its request blob to *request_out (freed with
  * wsync_blob_free()); forward those bytes to every receiver. The tensors' memory is read during
  * the call only (for "shm" it is packed into a bucket); it may be changed once the call
- * returns. Tensor descriptors are validated first: NULL data, zero elements, non-contiguous
+ * returns, except for "cuda_ipc" with "packed": false, whose receivers read the trainer's own
+ * memory: those tensors must stay unchanged (and allocated) until wsync_sender_flush() returns.
+ * GPU kinds take WSYNC_DEVICE_CUDA tensors, all on one GPU per sender; with "synchronize"
+ * (default) the sender first waits for work queued on the device ("cuda_ipc":
+ * cuCtxSynchronize; "nccl_broadcast": the legacy default stream), and a "dtype" option casts
+ * float32 tensors to bfloat16 or float16 while packing. Tensor descriptors are validated first: NULL data, zero elements, non-contiguous
  * strides, unknown dtype or device, over-long or duplicate names, shape products that overflow
  * fail with WSYNC_ERR_INVALID_ARGUMENT naming the tensor, and nothing is published.
  * The chunk belongs to the sender's current sync version (starting at 1); a chunk flagged
  * WSYNC_CHUNK_LAST completes that version and the next chunk starts version + 1.
+ * "cuda_ipc" returns once its pack is complete on the GPU (one kernel launch per chunk);
+ * "nccl_broadcast" returns once pack and broadcast are queued, so the next chunk packs while
+ * this one moves.
  * Blocks while every bucket is still being read by some receiver, up to the strategy's
  * "timeout_ms" option; then fails with WSYNC_ERR_TIMEOUT (or WSYNC_ERR_PEER if a receiver died
  * or reported failure) naming the receivers, and the chunk is not sent. */
@@ -282,7 +304,10 @@ WSYNC_API wsync_status_t wsync_sender_send_chunk(wsync_sender_t *sender,
 /* Waits until every receiver has acknowledged every chunk sent so far. Returns WSYNC_OK, or
  * WSYNC_ERR_TIMEOUT after timeout_ms (>= 0; 0 polls) naming the receiver indices that did not
  * answer, or WSYNC_ERR_PEER naming a receiver that died, detached or failed a chunk (with its
- * status). Blocks up to timeout_ms. */
+ * status). Blocks up to timeout_ms. For "nccl_broadcast" it waits for the queued broadcasts to
+ * complete (NCCL has no back channel, so a receiver's own loading failure is reported to that
+ * receiver's caller only); at the deadline the communicator is aborted and every later call on
+ * the sender fails with WSYNC_ERR_PEER. */
 WSYNC_API wsync_status_t wsync_sender_flush(wsync_sender_t *sender, int64_t timeout_ms);
 
 /* The sync version the next chunk will belong to (1 before any chunk is sent). */
@@ -291,8 +316,9 @@ WSYNC_API wsync_status_t wsync_sender_version(const wsync_sender_t *sender,
 
 /* Merges the partial requests of several senders of one chunk (one per trainer GPU, for kinds
  * with several senders) into one request. n >= 1; parts are borrowed for the call. Every part
- * must be of one kind, version and chunk; kinds with a single sender ("shm") accept only n == 1
- * and return a copy. *out is freed with wsync_blob_free(). Does not block. */
+ * must be of one kind, version and chunk; kinds with a single sender ("shm", "nccl_broadcast")
+ * accept only n == 1 and return a copy. For "cuda_ipc" the parts' per-GPU entries are
+ * concatenated and a GPU UUID in two parts fails with WSYNC_ERR_MISMATCH naming it. *out is freed with wsync_blob_free(). Does not block. */
 WSYNC_API wsync_status_t wsync_request_merge(const wsync_blob_t *parts, size_t n,
                                              wsync_blob_t *out);
 
@@ -307,8 +333,11 @@ typedef struct wsync_recv_t wsync_recv_t;
  * (borrowed for the call). For "shm" it maps the segment once, read-only for data, and
  * registers its pid so the sender can tell a dead receiver from a slow one. An index out of
  * range fails with WSYNC_ERR_INVALID_ARGUMENT, an index already taken by a live process with
- * WSYNC_ERR_WRONG_STATE, a vanished segment with WSYNC_ERR_UNAVAILABLE. On success *out is
- * freed with wsync_receiver_destroy(). Does not block. */
+ * WSYNC_ERR_WRONG_STATE, a vanished segment with WSYNC_ERR_UNAVAILABLE. GPU kinds work on the
+ * GPU named by the "device" option (an ordinal in this process, after CUDA_VISIBLE_DEVICES).
+ * On success *out is freed with wsync_receiver_destroy(). Does not block, except for
+ * "nccl_broadcast", which joins the group as rank index + 1 and blocks like
+ * wsync_sender_create(). */
 WSYNC_API wsync_status_t wsync_receiver_create(wsync_strategy_t *strategy, const uint8_t *init,
                                                size_t len, uint32_t index,
                                                wsync_receiver_t **out);
@@ -322,8 +351,14 @@ WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
  * before any tensor memory is touched: malformed bytes fail with WSYNC_ERR_MALFORMED, another
  * kind or a stale or out-of-order chunk with WSYNC_ERR_MISMATCH. Chunks must be received in the
  * order they were sent. Only one iteration per receiver may be open
- * (WSYNC_ERR_WRONG_STATE otherwise). On success *out is the iteration; it must be ended with
- * wsync_recv_end(). Does not block for "shm" (the bytes are in place when the request exists). */
+ * (WSYNC_ERR_WRONG_STATE otherwise). For "cuda_ipc" the receiver takes the request's part
+ * whose GPU UUID equals its own device's ("GPU-" or "MIG-" prefixed, compared as 16 bytes);
+ * none fails with WSYNC_ERR_MISMATCH naming this GPU and the ones present. IPC handles are
+ * opened once and cached by their bytes; one a whole version did not use is closed. On success
+ * *out is the iteration; it must be ended with wsync_recv_end(). Does not block for "shm" and
+ * "cuda_ipc" (the bytes are in place when the request exists); "nccl_broadcast" posts its side
+ * of the broadcast and blocks until it arrives, up to its "timeout_ms" option (then
+ * WSYNC_ERR_TIMEOUT and the communicator is aborted). */
 WSYNC_API wsync_status_t wsync_receiver_receive(wsync_receiver_t *receiver,
                                                 const uint8_t *request, size_t len,
                                                 wsync_recv_t **out);
@@ -352,7 +387,8 @@ WSYNC_API wsync_status_t wsync_recv_info(const wsync_recv_t *it, wsync_recv_info
 WSYNC_API wsync_status_t wsync_recv_peek(const wsync_recv_t *it, size_t i, wsync_tensor_t *view);
 
 /* Yields the next tensor: *has_view is true and *view describes it, or *has_view is false at
- * the end. Views are zero-copy where the kind allows ("shm": read-only shared memory, flagged
+ * the end. Views are zero-copy where the kind allows ("shm": read-only shared memory; the GPU
+ * kinds: device memory of the receiver's GPU, view->device CUDA; all flagged
  * WSYNC_TENSOR_READ_ONLY); copy the bytes into your parameters. A view's data, name and shape
  * stay valid until wsync_recv_end(). With checksums on, a tensor is verified before it is
  * yielded and a mismatch fails with WSYNC_ERR_INTEGRITY naming the tensor; the iteration is then
@@ -363,8 +399,10 @@ WSYNC_API wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view,
  * on failure; `it` is invalid afterwards). Returns WSYNC_OK only if every tensor was yielded and
  * verified; an iteration ended early or after a failure is acknowledged as failed, so the
  * sender's flush reports it and the version is not completed, and the call returns
- * WSYNC_ERR_WRONG_STATE (ended early) or the iteration's error. NULL is a no-op returning
- * WSYNC_OK. Does not block. */
+ * WSYNC_ERR_WRONG_STATE (ended early) or the iteration's error. GPU kinds with "synchronize"
+ * (default) first synchronise the receiver's device, so copies the loader queued out of the
+ * views are complete before the sender may reuse that memory; that waits on this process's own
+ * GPU work only. NULL is a no-op returning WSYNC_OK. Does not block otherwise. */
 WSYNC_API wsync_status_t wsync_recv_end(wsync_recv_t *it);
 
 /* =============================================================================================
