@@ -1335,6 +1335,27 @@ CUresult cuLaunchKernel(CUfunction fn, unsigned int gx, unsigned int gy, unsigne
 }
 
 // ---- test hooks -------------------------------------------------------------------------------
+// Synchronous copies, which libwsync never calls but tests/gpu/test_gpu_hw.c uses to write and
+// read device memory the way it must on a real GPU. Like the driver's, they wait for the
+// process's queued work first.
+WSYNC_FAKE_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, std::size_t bytes) {
+    int dev;
+    if (CUresult rc = current_device(&dev)) return rc;
+    if (sync_all_streams()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (!device_range_ok(dst, bytes) || (bytes && !src)) return CUDA_ERROR_INVALID_VALUE;
+    if (bytes) std::memcpy(reinterpret_cast<void *>(dst), src, bytes);
+    return CUDA_SUCCESS;
+}
+
+WSYNC_FAKE_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, std::size_t bytes) {
+    int dev;
+    if (CUresult rc = current_device(&dev)) return rc;
+    if (sync_all_streams()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (!device_range_ok(src, bytes) || (bytes && !dst)) return CUDA_ERROR_INVALID_VALUE;
+    if (bytes) std::memcpy(dst, reinterpret_cast<const void *>(src), bytes);
+    return CUDA_SUCCESS;
+}
+
 WSYNC_FAKE_EXPORT void wsync_fake_stats(struct wsync_fake_stats *out) {
     if (!out) return;
     std::memset(out, 0, sizeof *out);

@@ -1,0 +1,338 @@
+/* GPU strategies on a real GPU: two processes on one GPU over cuda_ipc (both modes, casts
+ * checked), NCCL init and abort, and a broadcast when two GPUs are present. Every test skips
+ * with its reason when the machine has no usable CUDA driver or too few GPUs, so CI (no GPU)
+ * reports them as skipped; CTest also runs this file against the fake driver (label gpu-fake)
+ * to keep the test itself honest. Results on real hardware go to docs/gpu-validation.md.
+ *
+ * Unlike tests/test_gpu_strategies.c, device memory is only written and read through the
+ * driver's copies, and no process touches CUDA before it forks (a real driver does not
+ * survive fork): availability is probed in a child. */
+#include <dlfcn.h>
+#include <math.h>
+
+#include "testutil.h"
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+static struct {
+    void *h;
+    CUresult (*cuInit)(unsigned);
+    CUresult (*cuDeviceGetCount)(int *);
+    CUresult (*cuDeviceGet)(int *, int);
+    CUresult (*cuDevicePrimaryCtxRetain)(void **, int);
+    CUresult (*cuCtxSetCurrent)(void *);
+    CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*cuMemFree)(CUdeviceptr);
+    CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
+    CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+} cu;
+
+static const char *driver_path(void) {
+    const char *p = getenv("WSYNC_CUDA_LIBRARY");
+    return p && *p ? p : "libcuda.so.1";
+}
+
+/* Loads the driver and runs cuInit; 0 on success, else writes why. */
+static int cu_load(char *why, size_t cap) {
+    if (cu.h) return 0;
+    void *h = dlopen(driver_path(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(why, cap, "no CUDA driver: %s", dlerror());
+        return -1;
+    }
+#define SYM(f, name)                                                                       \
+    if (!(*(void **)&cu.f = dlsym(h, name))) {                                             \
+        snprintf(why, cap, "%s lacks %s", driver_path(), name);                            \
+        return -1;                                                                         \
+    }
+    SYM(cuInit, "cuInit");
+    SYM(cuDeviceGetCount, "cuDeviceGetCount");
+    SYM(cuDeviceGet, "cuDeviceGet");
+    SYM(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    SYM(cuCtxSetCurrent, "cuCtxSetCurrent");
+    SYM(cuMemAlloc, "cuMemAlloc_v2");
+    SYM(cuMemFree, "cuMemFree_v2");
+    SYM(cuMemcpyHtoD, "cuMemcpyHtoD_v2");
+    SYM(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
+#undef SYM
+    CUresult rc = cu.cuInit(0);
+    if (rc != 0) {
+        snprintf(why, cap, "cuInit failed with CUresult %d (no usable GPU)", rc);
+        return -1;
+    }
+    cu.h = h;
+    return 0;
+}
+
+static void cu_use(int ordinal) {
+    char why[256];
+    if (cu_load(why, sizeof why)) fail_msg("%s", why);
+    int dev;
+    void *ctx;
+    assert_int_equal(cu.cuDeviceGet(&dev, ordinal), 0);
+    assert_int_equal(cu.cuDevicePrimaryCtxRetain(&ctx, dev), 0);
+    assert_int_equal(cu.cuCtxSetCurrent(ctx), 0);
+}
+
+/* Number of GPUs, probed in a child so this process stays fork-safe; -1 and why if none. */
+static int gpu_count(char *why, size_t cap) {
+    int p[2];
+    if (pipe(p)) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        char msg[256] = "";
+        int n = -1;
+        if (cu_load(msg, sizeof msg) == 0 && cu.cuDeviceGetCount(&n) != 0) n = -1;
+        if (write(p[1], &n, sizeof n) < 0 || write(p[1], msg, sizeof msg) < 0) _exit(1);
+        _exit(0);
+    }
+    close(p[1]);
+    int n = -1;
+    char msg[256] = "probe failed";
+    if (tu_read_all(p[0], &n, sizeof n, 20000) || tu_read_all(p[0], msg, sizeof msg, 20000)) n = -1;
+    close(p[0]);
+    tu_wait_child(pid, 20000);
+    snprintf(why, cap, "%s", msg);
+    return n;
+}
+
+#define REQUIRE_GPUS(want)                                                                  \
+    do {                                                                                    \
+        char why_[256];                                                                     \
+        int have_ = gpu_count(why_, sizeof why_);                                           \
+        if (have_ < (want)) {                                                               \
+            if (have_ < 0) print_message("skipped: %s\n", why_);                            \
+            else print_message("skipped: needs %d GPU(s), this machine has %d\n", (want), have_); \
+            skip();                                                                         \
+        }                                                                                   \
+    } while (0)
+
+/* ---- an engine process -------------------------------------------------------------------- */
+typedef struct {
+    const char *kind, *options;
+    uint32_t index;
+    int cast;   /* 1: tensors arrive as bfloat16 of tu_value() */
+    int device; /* the engine's GPU, as in its options */
+} engine_cfg;
+
+static float tu_value(uint64_t v, uint64_t k, size_t i) {
+    uint64_t r = tu_splitmix((v << 40) ^ (k << 24) ^ i);
+    float x = ldexpf(1.0f + (float)(r & 0xffffff) / 16777216.0f, (int)((r >> 24) % 40) - 20);
+    return (r >> 63) ? -x : x;
+}
+
+static uint16_t bf16_rne(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+static int view_ok(const engine_cfg *cfg, const wsync_tensor_t *v, uint64_t version) {
+    if (v->device.type != WSYNC_DEVICE_CUDA) return 0;
+    size_t elems = 1;
+    for (int d = 0; d < v->ndim; ++d) elems *= (size_t)v->shape[d];
+    size_t bytes = elems * v->dtype.bits / 8;
+    unsigned char *host = (unsigned char *)malloc(bytes);
+    if (!host || cu.cuMemcpyDtoH(host, (CUdeviceptr)(uintptr_t)v->data, bytes) != 0) {
+        free(host);
+        return 0;
+    }
+    uint64_t k = strtoull(v->name + 1, NULL, 10);
+    int ok = 1;
+    if (cfg->cast) {
+        ok = v->dtype.code == WSYNC_DTYPE_BFLOAT;
+        for (size_t i = 0; ok && i < elems; ++i)
+            ok = ((uint16_t *)host)[i] == bf16_rne(tu_value(version, k, i));
+    } else {
+        ok = tu_check(host, bytes, version, k);
+    }
+    free(host);
+    return ok;
+}
+
+static int engine_main(const engine_cfg *cfg, int in, int out) {
+    uint8_t *init;
+    size_t len;
+    if (tu_recv_frame(in, &init, &len, 60000) || !init) return 10;
+    wsync_strategy_t *s;
+    wsync_receiver_t *r;
+    if (wsync_strategy_create(cfg->kind, cfg->options, &s) != WSYNC_OK ||
+        wsync_receiver_create(s, init, len, cfg->index, &r) != WSYNC_OK) {
+        fprintf(stderr, "engine: %s\n", wsync_last_error());
+        return 11;
+    }
+    cu_use(cfg->device); /* for the test's own copies out of the views */
+    for (;;) {
+        uint8_t *req;
+        if (tu_recv_frame(in, &req, &len, 60000)) return 13;
+        if (!req) break;
+        uint8_t verdict = 0;
+        wsync_recv_t *it;
+        if (wsync_receiver_receive(r, req, len, &it) != WSYNC_OK) {
+            fprintf(stderr, "engine: %s\n", wsync_last_error());
+            verdict = 1;
+        } else {
+            wsync_recv_info_t info;
+            wsync_recv_info(it, &info);
+            wsync_tensor_t v;
+            bool has;
+            while (wsync_recv_next(it, &v, &has) == WSYNC_OK && has)
+                if (!view_ok(cfg, &v, info.version)) verdict = 2;
+            if (wsync_recv_end(it) != WSYNC_OK) verdict = 3;
+        }
+        free(req);
+        if (tu_write_all(out, &verdict, 1)) return 14;
+    }
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    return 0;
+}
+
+typedef struct {
+    pid_t pid;
+    int to, from;
+} engine_t;
+
+static engine_t engine_start(const engine_cfg *cfg) {
+    int down[2], up[2];
+    assert_int_equal(pipe(down), 0);
+    assert_int_equal(pipe(up), 0);
+    engine_t e;
+    e.pid = fork();
+    assert_true(e.pid >= 0);
+    if (e.pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        _exit(engine_main(cfg, down[0], up[1]));
+    }
+    close(down[0]);
+    close(up[1]);
+    e.to = down[1];
+    e.from = up[0];
+    return e;
+}
+
+static uint8_t engine_verdict(engine_t *e) {
+    uint8_t v = 99;
+    assert_int_equal(tu_read_all(e->from, &v, 1, 60000), 0);
+    return v;
+}
+
+static void engine_finish(engine_t *e) {
+    assert_int_equal(tu_send_frame(e->to, NULL, 0), 0);
+    assert_int_equal(tu_wait_child(e->pid, 60000), 0);
+    close(e->to);
+    close(e->from);
+}
+
+/* ---- a trainer on device 0 syncing NT tensors for `versions` versions ---------------------- */
+#define NT 4
+static const int64_t shapes[NT][2] = {{4096, 1024}, {1024, 1}, {333, 77}, {2048, 512}};
+static const char *names[NT] = {"t0", "t1", "t2", "t3"};
+
+static void run_sync(const char *kind, const char *trainer_opts, const char *engine_opts,
+                     int engine_device, int cast, int versions) {
+    engine_cfg cfg = {kind, engine_opts, 0, cast, engine_device};
+    engine_t e = engine_start(&cfg); /* before this process touches CUDA */
+    cu_use(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create(kind, trainer_opts, &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    assert_int_equal(tu_send_frame(e.to, init.data, init.size), 0);
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    CUdeviceptr dev[NT];
+    void *host[NT];
+    size_t bytes[NT];
+    for (int k = 0; k < NT; ++k) {
+        bytes[k] = (size_t)(shapes[k][0] * shapes[k][1]) * 4;
+        host[k] = malloc(bytes[k]);
+        assert_int_equal(cu.cuMemAlloc(&dev[k], bytes[k]), 0);
+    }
+    for (uint64_t v = 1; v <= (uint64_t)versions; ++v) {
+        wsync_tensor_t t[NT];
+        for (int k = 0; k < NT; ++k) {
+            if (cast) {
+                for (size_t i = 0; i < bytes[k] / 4; ++i) ((float *)host[k])[i] = tu_value(v, (uint64_t)k, i);
+            } else {
+                tu_fill(host[k], bytes[k], v, (uint64_t)k);
+            }
+            assert_int_equal(cu.cuMemcpyHtoD(dev[k], host[k], bytes[k]), 0);
+            t[k] = tu_tensor(names[k], (void *)(uintptr_t)dev[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32);
+            t[k].device.type = WSYNC_DEVICE_CUDA;
+        }
+        for (int c = 0; c < 2; ++c) {
+            wsync_chunk_t ch = tu_chunk(t + 2 * c, 2, c ? WSYNC_CHUNK_LAST : 0);
+            wsync_blob_t req;
+            OK(wsync_sender_send_chunk(tx, &ch, &req));
+            assert_int_equal(tu_send_frame(e.to, req.data, req.size), 0);
+            assert_int_equal(engine_verdict(&e), 0);
+            wsync_blob_free(&req);
+        }
+        OK(wsync_sender_flush(tx, 30000));
+    }
+    engine_finish(&e);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    for (int k = 0; k < NT; ++k) {
+        cu.cuMemFree(dev[k]);
+        free(host[k]);
+    }
+}
+
+static void cuda_ipc_packed_two_processes_one_gpu_bit_for_bit(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    run_sync("cuda_ipc", "{\"bucket_bytes\": 33554432}", "{\"device\": 0}", 0, 0, 5);
+}
+
+static void cuda_ipc_per_allocation_two_processes_one_gpu_bit_for_bit(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    run_sync("cuda_ipc", "{\"packed\": false}", "{\"device\": 0}", 0, 0, 5);
+}
+
+static void cuda_ipc_packed_cast_to_bfloat16_matches_round_to_nearest_even(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    run_sync("cuda_ipc", "{\"bucket_bytes\": 33554432, \"dtype\": \"bfloat16\"}", "{\"device\": 0}", 0, 1, 3);
+}
+
+static void nccl_group_missing_a_rank_times_out_and_aborts(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    cu_use(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    if (wsync_strategy_create("nccl_broadcast", "{\"timeout_ms\": 2000}", &s) == WSYNC_ERR_UNAVAILABLE) {
+        print_message("skipped: %s\n", wsync_last_error());
+        skip();
+    }
+    OK(wsync_strategy_create_init_info(s, &init));
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_create(s, init.data, init.size, &tx), WSYNC_ERR_TIMEOUT, "communicator aborted");
+    assert_true(tu_now_ms() - t0 < 10000);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+static void nccl_broadcast_between_two_gpus_bit_for_bit(void **state) {
+    (void)state;
+    REQUIRE_GPUS(2); /* NCCL refuses two ranks on one GPU */
+    run_sync("nccl_broadcast", "{\"bucket_bytes\": 33554432, \"timeout_ms\": 30000}",
+             "{\"device\": 1, \"timeout_ms\": 30000}", 1, 0, 3);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(cuda_ipc_packed_two_processes_one_gpu_bit_for_bit),
+    cmocka_unit_test(cuda_ipc_per_allocation_two_processes_one_gpu_bit_for_bit),
+    cmocka_unit_test(cuda_ipc_packed_cast_to_bfloat16_matches_round_to_nearest_even),
+    cmocka_unit_test(nccl_group_missing_a_rank_times_out_and_aborts),
+    cmocka_unit_test(nccl_broadcast_between_two_gpus_bit_for_bit),
+};
+
+TU_MAIN(tests)
