@@ -235,7 +235,9 @@ WSYNC_API wsync_status_t wsync_strategy_kind(const wsync_strategy_t *strategy,
                                              const char **kind_out);
 
 /* Lists the kinds this build knows, as a JSON array of objects
- * [{"kind": "shm", "available": true, "reason": ""}, ...]. *json_out is freed with
+ * [{"kind": "shm", "available": true, "reason": "", "runtime": ""}, ...]: "reason" says what is
+ * missing when a kind is unavailable; "runtime" what an available GPU kind would use, e.g.
+ * "CUDA driver 13000 (libcuda.so.1); NCCL 2.28.9 (libnccl.so.2)". *json_out is freed with
  * wsync_string_free(). Does not block. */
 WSYNC_API wsync_status_t wsync_strategy_kinds(char **json_out);
 

@@ -129,7 +129,8 @@ wsync_status_t wsync_strategy_kinds(char **json_out) {
         wsync::json list = wsync::json::array();
         for (const wsync::KindInfo *k : wsync::registered_kinds()) {
             std::string why = k->unavailable_reason(nullptr);
-            list.push_back({{"kind", k->name}, {"available", why.empty()}, {"reason", why}});
+            list.push_back({{"kind", k->name}, {"available", why.empty()}, {"reason", why},
+                            {"runtime", why.empty() && k->runtime ? k->runtime() : ""}});
         }
         *json_out = to_cstring(list.dump());
     });

@@ -146,6 +146,11 @@ const CudaApi &cuda() {
 
 std::string cuda_unavailable_reason() { return cuda_state().error; }
 
+std::string cuda_runtime_text() {
+    const CudaApi &api = cuda();
+    return "CUDA driver " + std::to_string(api.driver_version) + " (" + api.path + ")";
+}
+
 const NcclApi &nccl(const std::string &path) {
     std::string why;
     const NcclApi *api = load_nccl(nccl_path(path), &why);

@@ -154,6 +154,8 @@ struct NcclApi {
 const CudaApi &cuda();
 // "" when cuda() would succeed, else why not.
 std::string cuda_unavailable_reason();
+// "CUDA driver 13000 (libcuda.so.1)"; throws like cuda().
+std::string cuda_runtime_text();
 
 // NCCL: `path` if not empty (the strategy's "nccl_library" option), else the environment
 // variable WSYNC_NCCL_LIBRARY, else libnccl.so.2 (so a user can point at the copy PyTorch ships,

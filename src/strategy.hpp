@@ -81,6 +81,9 @@ struct KindInfo {
     // Merges the transport maps of several senders' requests for one chunk; nullptr for kinds
     // with a single sender (then only n == 1 is accepted).
     json (*merge_transports)(const std::vector<const json *> &transports);
+    // What the kind would run on here with default options ("CUDA driver 13000 (libcuda.so.1);
+    // NCCL 2.28.9 (libnccl.so.2)"), or nullptr when there is nothing to report.
+    std::string (*runtime)();
 };
 
 const std::vector<const KindInfo *> &registered_kinds();

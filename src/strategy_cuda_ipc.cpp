@@ -745,6 +745,7 @@ std::string ipc_unavailable(const Options *) { return gpu::cuda_unavailable_reas
 
 }  // namespace
 
-const KindInfo kCudaIpcKind = {kKind, ipc_options, ipc_unavailable, ipc_create, merge_ipc};
+const KindInfo kCudaIpcKind = {kKind,     ipc_options, ipc_unavailable,
+                               ipc_create, merge_ipc,   gpu::cuda_runtime_text};
 
 }  // namespace wsync

@@ -450,8 +450,14 @@ std::string nccl_unavailable(const Options *o) {
     return why.empty() ? gpu::nccl_unavailable_reason(o ? o->text("nccl_library") : "") : why;
 }
 
+std::string nccl_runtime() {
+    const gpu::NcclApi &n = gpu::nccl("");
+    return gpu::cuda_runtime_text() + "; NCCL " + gpu::nccl_version_text(n.version) + " (" + n.path + ")";
+}
+
 }  // namespace
 
-const KindInfo kNcclBroadcastKind = {kKind, nccl_options, nccl_unavailable, nccl_create, nullptr};
+const KindInfo kNcclBroadcastKind = {kKind,       nccl_options, nccl_unavailable,
+                                     nccl_create, nullptr,      nccl_runtime};
 
 }  // namespace wsync

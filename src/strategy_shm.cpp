@@ -402,6 +402,6 @@ std::unique_ptr<StrategyImpl> shm_create(const Options &o) {
 
 }  // namespace
 
-const KindInfo kShmKind = {"shm", shm_options, shm_unavailable, shm_create, nullptr};
+const KindInfo kShmKind = {"shm", shm_options, shm_unavailable, shm_create, nullptr, nullptr};
 
 }  // namespace wsync

@@ -137,7 +137,7 @@ static void strategies_describe_their_options_and_availability(void **state) {
     wsync_string_free(json);
     EXPECT_ERR(wsync_strategy_describe_options("ucx", &json), WSYNC_ERR_UNSUPPORTED, "'ucx'");
     OK(wsync_strategy_kinds(&json));
-    assert_non_null(strstr(json, "{\"available\":true,\"kind\":\"shm\",\"reason\":\"\"}"));
+    assert_non_null(strstr(json, "{\"available\":true,\"kind\":\"shm\",\"reason\":\"\",\"runtime\":\"\"}"));
     wsync_string_free(json);
 }
 

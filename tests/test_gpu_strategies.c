@@ -507,6 +507,12 @@ static void cuda_ipc_options_are_checked_before_anything_happens(void **state) {
     assert_null(s);
     EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"dtype\": \"fp8\"}", &s),
                WSYNC_ERR_INVALID_ARGUMENT, "option 'dtype'");
+    /* What the GPU kinds would run on is reported, driver and NCCL version included. */
+    char *json;
+    OK(wsync_strategy_kinds(&json));
+    assert_non_null(strstr(json, "\"runtime\":\"CUDA driver 13000 ("));
+    assert_non_null(strstr(json, "; NCCL 2.28.9 ("));
+    wsync_string_free(json);
 }
 
 /* ---- nccl_broadcast ----------------------------------------------------------------------- */
