@@ -89,10 +89,7 @@ typedef struct {
     int cast;
 } engine_cfg;
 
-typedef struct {
-    pid_t pid;
-    int to, from;
-} engine_t;
+typedef tu_peer_t engine_t;
 
 /* float32 values of tensor k at version v: a spread of magnitudes, signs and ties. */
 static float tu_float(uint64_t v, uint64_t k, size_t i) {
@@ -172,34 +169,17 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
     return tu_write_all(out, &st, sizeof st) ? 14 : 0;
 }
 
-static engine_t engine_start(const engine_cfg *cfg) {
-    int down[2], up[2];
-    assert_int_equal(pipe(down), 0);
-    assert_int_equal(pipe(up), 0);
-    engine_t e;
-    e.pid = fork();
-    assert_true(e.pid >= 0);
-    if (e.pid == 0) {
-        close(down[1]);
-        close(up[0]);
-        _exit(engine_main(cfg, down[0], up[1]));
-    }
-    close(down[0]);
-    close(up[1]);
-    e.to = down[1];
-    e.from = up[0];
-    return e;
+static int engine_entry(const void *cfg, int in, int out) {
+    return engine_main((const engine_cfg *)cfg, in, out);
 }
+
+static engine_t engine_start(const engine_cfg *cfg) { return tu_fork_peer(engine_entry, cfg); }
 
 static void engine_send(engine_t *e, const wsync_blob_t *b) {
     assert_int_equal(tu_send_frame(e->to, b->data, b->size), 0);
 }
 
-static uint8_t engine_verdict(engine_t *e) {
-    uint8_t v = 99;
-    assert_int_equal(tu_read_all(e->from, &v, 1, 20000), 0);
-    return v;
-}
+static uint8_t engine_verdict(engine_t *e) { return tu_peer_byte(e, 20000); }
 
 /* Ends the engine; returns its stats after its receiver was destroyed. */
 static struct wsync_fake_stats engine_finish(engine_t *e) {

@@ -166,6 +166,40 @@ static inline int tu_wait_child(pid_t pid, int timeout_ms) {
     }
 }
 
+/* A forked peer process talking frames over two pipes: `to` carries frames down to it, `from`
+ * carries its answers up. The child runs main_fn(cfg, in, out) and _exits with its result. */
+typedef struct {
+    pid_t pid;
+    int to, from;
+} tu_peer_t;
+
+static inline tu_peer_t tu_fork_peer(int (*main_fn)(const void *cfg, int in, int out),
+                                     const void *cfg) {
+    int down[2], up[2];
+    assert_int_equal(pipe(down), 0);
+    assert_int_equal(pipe(up), 0);
+    tu_peer_t e;
+    e.pid = fork();
+    assert_true(e.pid >= 0);
+    if (e.pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        _exit(main_fn(cfg, down[0], up[1]));
+    }
+    close(down[0]);
+    close(up[1]);
+    e.to = down[1];
+    e.from = up[0];
+    return e;
+}
+
+/* The peer's one-byte answer (99 if none came within timeout_ms: the assertion fails). */
+static inline uint8_t tu_peer_byte(tu_peer_t *e, int timeout_ms) {
+    uint8_t v = 99;
+    assert_int_equal(tu_read_all(e->from, &v, 1, timeout_ms), 0);
+    return v;
+}
+
 static inline long tu_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -189,35 +189,15 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
     return 0;
 }
 
-typedef struct {
-    pid_t pid;
-    int to, from;
-} engine_t;
+typedef tu_peer_t engine_t;
 
-static engine_t engine_start(const engine_cfg *cfg) {
-    int down[2], up[2];
-    assert_int_equal(pipe(down), 0);
-    assert_int_equal(pipe(up), 0);
-    engine_t e;
-    e.pid = fork();
-    assert_true(e.pid >= 0);
-    if (e.pid == 0) {
-        close(down[1]);
-        close(up[0]);
-        _exit(engine_main(cfg, down[0], up[1]));
-    }
-    close(down[0]);
-    close(up[1]);
-    e.to = down[1];
-    e.from = up[0];
-    return e;
+static int engine_entry(const void *cfg, int in, int out) {
+    return engine_main((const engine_cfg *)cfg, in, out);
 }
 
-static uint8_t engine_verdict(engine_t *e) {
-    uint8_t v = 99;
-    assert_int_equal(tu_read_all(e->from, &v, 1, 60000), 0);
-    return v;
-}
+static engine_t engine_start(const engine_cfg *cfg) { return tu_fork_peer(engine_entry, cfg); }
+
+static uint8_t engine_verdict(engine_t *e) { return tu_peer_byte(e, 60000); }
 
 static void engine_finish(engine_t *e) {
     assert_int_equal(tu_send_frame(e->to, NULL, 0), 0);
