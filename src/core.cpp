@@ -230,6 +230,14 @@ void Iteration::end() {
     finish(WSYNC_OK);
 }
 
+void check_receiver_index(const char *kind, uint32_t index, uint32_t receivers) {
+    if (index >= receivers)
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             std::string(kind) + ": receiver index " + std::to_string(index) +
+                 " is out of range: this sync has " + std::to_string(receivers) + " receivers (0.." +
+                 std::to_string(receivers - 1) + ")");
+}
+
 // ----------------------------------------------------------------------------------------------
 std::vector<uint8_t> merge_requests(
     const std::vector<std::pair<const uint8_t *, std::size_t>> &parts) {

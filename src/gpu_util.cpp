@@ -218,7 +218,6 @@ void Packer::pack(const std::vector<PackEntry> &entries, CUstream stream) {
     WSYNC_CU(dev_.api(),
              cuLaunchKernel(fn_, gx, gy, 1, kPackBlock, 1, 1, 0, stream, params, nullptr),
              "launching the pack kernel");
-    ++launches_;
 }
 
 }  // namespace wsync::gpu

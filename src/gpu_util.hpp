@@ -134,7 +134,6 @@ public:
     // side) may be reused when the stream has passed this point, so the Packer keeps its own
     // copy until the next call after the stream is idle.
     void pack(const std::vector<PackEntry> &entries, CUstream stream);
-    uint64_t launches() const { return launches_; }
 
 private:
     const Device &dev_;
@@ -142,7 +141,6 @@ private:
     CUfunction fn_ = nullptr;
     DeviceBuffer table_;
     std::vector<PackEntry> staged_;
-    uint64_t launches_ = 0;
 };
 
 // Lays a chunk's tensors out in a bucket: 256-byte aligned offsets, dtypes after the cast. Fills

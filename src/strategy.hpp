@@ -86,6 +86,10 @@ struct KindInfo {
     std::string (*runtime)();
 };
 
+// For create_receiver: throws WSYNC_ERR_INVALID_ARGUMENT unless index < receivers, naming the
+// valid range ("shm: receiver index 3 is out of range: this sync has 2 receivers (0..1)").
+void check_receiver_index(const char *kind, uint32_t index, uint32_t receivers);
+
 const std::vector<const KindInfo *> &registered_kinds();
 // Throws WSYNC_ERR_UNSUPPORTED naming the kind and listing the known ones.
 const KindInfo &find_kind(const std::string &name);

@@ -382,7 +382,6 @@ private:
                 Allocation a{base, size, {}};
                 WSYNC_CU(api_, cuIpcGetMemHandle(&a.handle, base), who + ": cuIpcGetMemHandle");
                 known = cache_.emplace(id, a).first;
-                ++handles_made_;
             }
             const Allocation &a = known->second;
             if (p - a.base + table.metas[i].nbytes > a.size)
@@ -422,7 +421,6 @@ private:
     // packed=false: allocation handles by the driver's buffer id, which is never reused in a
     // process, so a freed and re-made allocation at the same address cannot hit a stale entry.
     std::map<unsigned long long, Allocation> cache_;
-    uint64_t handles_made_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -687,11 +685,7 @@ public:
 
     std::unique_ptr<ReceiverImpl> create_receiver(const json &body, uint32_t index) override {
         InitInfo info = parse_init(body);
-        if (index >= info.receivers)
-            fail(WSYNC_ERR_INVALID_ARGUMENT,
-                 "cuda_ipc: receiver index " + std::to_string(index) + " is out of range: this sync has " +
-                     std::to_string(info.receivers) + " receivers (0.." +
-                     std::to_string(info.receivers - 1) + ")");
+        check_receiver_index(kKind, index, info.receivers);
         auto seg = BoardSegment::attach(info.segment, info.senders, info.receivers, info.slots());
         return std::make_unique<IpcReceiver>(api_, std::move(seg), info, index, device_, synchronize_);
     }

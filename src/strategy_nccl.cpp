@@ -151,7 +151,6 @@ public:
     }
 
     gpu::ncclComm_t get() const { return comm_; }
-    bool aborted() const { return comm_ == nullptr; }
 
     void abort() noexcept {
         if (!comm_) return;
@@ -422,11 +421,7 @@ public:
 
     std::unique_ptr<ReceiverImpl> create_receiver(const json &body, uint32_t index) override {
         InitInfo info = parse_init(body);
-        if (index + 1 >= info.nranks)
-            fail(WSYNC_ERR_INVALID_ARGUMENT,
-                 std::string(kKind) + ": receiver index " + std::to_string(index) +
-                     " is out of range: this group has " + std::to_string(info.nranks - 1) +
-                     " receivers (0.." + std::to_string(info.nranks - 2) + ")");
+        check_receiver_index(kKind, index, info.nranks - 1);
         auto dev = std::make_unique<gpu::Device>(cuda_, device_, kKind);
         return std::make_unique<NcclReceiver>(nccl_, std::move(dev), info, index, synchronize_,
                                               timeout_ms_);

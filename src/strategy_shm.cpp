@@ -371,11 +371,7 @@ public:
 
     std::unique_ptr<ReceiverImpl> create_receiver(const json &body, uint32_t index) override {
         InitInfo info = parse_init(body);
-        if (index >= info.receivers)
-            fail(WSYNC_ERR_INVALID_ARGUMENT,
-                 "shm: receiver index " + std::to_string(index) + " is out of range: this sync has " +
-                     std::to_string(info.receivers) + " receivers (0.." +
-                     std::to_string(info.receivers - 1) + ")");
+        check_receiver_index("shm", index, info.receivers);
         auto seg = Segment::attach(info.segment, info.receivers, info.buckets, info.bucket_bytes);
         board::attach(&seg->control()->board, index, "shm");
         return std::make_unique<ShmReceiver>(std::move(seg), index, verify_);
