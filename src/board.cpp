@@ -97,10 +97,10 @@ void Waiter::drop(uint32_t r) {
     wake(b_);
 }
 
-bool Waiter::all_present() const {
+bool Waiter::all_present(uint32_t self) const {
     for (uint32_t r = 0; r < receivers_; ++r) {
         uint32_t st = b_->receiver[r].state.load(std::memory_order_acquire);
-        if (st == kDropped) continue;
+        if (st == kDropped || r == self) continue;
         if (st == kFree || st == kDetached || !sys::lock_held_elsewhere(fd_, receiver_lock(r)))
             return false;
     }

@@ -123,7 +123,8 @@ public:
     void abandon(uint64_t version);
     void drop(uint32_t r);
     // True once every receiver that is not dropped holds its index (attached or joining).
-    bool all_present() const;
+    // `self`: the index the calling process holds itself (its own lock is invisible to it).
+    bool all_present(uint32_t self = UINT32_MAX) const;
     // Waits until every receiver that owes it has acknowledged, for each slot in `slots`, the
     // newest chunk up to `max_seq` that went to that slot (bucket reuse: seq - 1; flush: this
     // sender's last seq). Fails first, with WSYNC_ERR_PEER, when a receiver wrote a

@@ -163,10 +163,10 @@ public:
     }
     // Removes the name once every receiver holds its index (any process may: the name is
     // only a rendezvous). ENOENT when someone else removed it first is fine.
-    void unlink_if_complete(int) noexcept {
+    void unlink_if_complete(uint32_t self) noexcept {
         try {
             board::Waiter probe(&control()->board, fd_, receivers_, buckets_, "shm");
-            if (probe.all_present()) {
+            if (probe.all_present(self)) {
                 shm_unlink(name_.c_str());
                 unlinked_ = true;
             }
@@ -300,7 +300,7 @@ private:
     // nothing is left in /dev/shm even if this process is killed (receivers that attach later
     // get the segment from this process over its rendezvous socket).
     void maybe_unlink() {
-        if (!seg_->unlinked()) seg_->unlink_if_complete(0);
+        if (!seg_->unlinked()) seg_->unlink_if_complete(UINT32_MAX);
     }
 
     std::shared_ptr<Segment> seg_;
@@ -468,7 +468,7 @@ public:
         board::attach(seg->board(), seg->fd(), index, "shm");
         // The last receiver to attach removes the name: a trainer killed from now on leaves
         // nothing in /dev/shm.
-        seg->unlink_if_complete(0);
+        seg->unlink_if_complete(index);
         return std::make_unique<ShmReceiver>(std::move(seg), index, verify_, info.checksum);
     }
 

@@ -241,7 +241,7 @@ TensorTable decode_tensor_table(const json &obj) {
     constexpr std::size_t kMaxTensors = std::size_t(1) << 22;
     const auto &names = wire::array_field(obj, "names", "tensor table", kMaxTensors);
     std::size_t n = names.size();
-    if (n == 0) wire::malformed("tensor table: 'names' is empty");
+    // n == 0 is a commit without data (wsync_sender_commit): a manifest and no tensors.
     const auto &dtypes = wire::array_field(obj, "dtypes", "tensor table", 3 * n);
     const auto &ndims = wire::array_field(obj, "ndims", "tensor table", n);
     const auto &shapes =
