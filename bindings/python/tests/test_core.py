@@ -453,8 +453,10 @@ def test_exception_in_with_block_fails_the_chunk_and_propagates(sync):
                 raise KeyError("loader broke")
     assert it.ended
     assert any("acknowledged as failed" in note for note in getattr(info.value, "__notes__", []))
-    with expect_error(Status.PEER, "failed chunk seq 1 with WSYNC_ERR_WRONG_STATE"):
+    with expect_error(Status.PEER, "WSYNC_ERR_MISMATCH", "KeyError: 'loader broke'") as flush:
         sync.sender.flush(5)
+    [failure] = flush.value.failures
+    assert (failure.status, failure.message) == (Status.MISMATCH, "KeyError: 'loader broke'")
     assert sync.receiver.completed_version == 0
     # the next version goes through
     request = sync.sender.send_chunk({"a": torch.ones(3)}, last=True)
@@ -464,16 +466,16 @@ def test_exception_in_with_block_fails_the_chunk_and_propagates(sync):
     assert sync.receiver.completed_version == 2
 
 
-def test_exception_after_every_tensor_was_taken_warns_and_is_not_counted(sync):
-    # The C ABI cannot fail a fully consumed iteration: the sender sees success, but this
-    # receiver's completed_version leaves the version out until a later one completes.
+def test_exception_after_every_tensor_was_taken_fails_the_chunk(sync):
+    # 0.2's wsync_recv_fail fails a fully consumed iteration: the sender is told.
     request = sync.sender.send_chunk({"a": torch.ones(3)}, last=True)
-    with pytest.warns(wsync.WsyncWarning, match="chunk 0 of version 1 failed after every tensor"):
-        with pytest.raises(RuntimeError):
-            with sync.receiver.receive(request) as it:
-                list(it)
-                raise RuntimeError("after the last view")
-    sync.sender.flush(5)  # the gap: the sender is not told
+    with pytest.raises(RuntimeError):
+        with sync.receiver.receive(request) as it:
+            list(it)
+            raise RuntimeError("after the last view")
+    with expect_error(Status.PEER, "RuntimeError: after the last view") as flush:
+        sync.sender.flush(5)
+    assert [f.status for f in flush.value.failures] == [Status.WRONG_STATE]
     assert sync.receiver.completed_version == 0
     request = sync.sender.send_chunk({"a": torch.ones(3)}, last=True)
     with sync.receiver.receive(request) as it:
