@@ -604,10 +604,9 @@ fn dropping_an_unfinished_iteration_acknowledges_failure() {
 }
 
 #[test]
-fn dropping_after_every_view_was_taken_acknowledges_success_a_limit_of_the_c_abi() {
-    // libwsync 0.1 has no call that fails an iteration whose tensors were all yielded, so the
-    // Drop of such a Recv (e.g. after loading the last view failed) acknowledges success. This
-    // test pins that documented limit; it should change once the ABI can abort an iteration.
+fn dropping_after_every_view_was_taken_acknowledges_success() {
+    // Drop ends the iteration: with every view taken that is a success. A loader that failed
+    // after its last view must say so with Recv::fail (tests/transactions.rs).
     let mut t = trainer(&options(1));
     let mut r = receiver(&t.init, 0);
     let w = [5u8; 4];
