@@ -260,7 +260,10 @@ static int run_send(uint64_t versions, uint64_t receivers, uint64_t chunk_bytes,
             wsync_chunk_t chunk = {batch, count, c + 1 == chunks ? WSYNC_CHUNK_LAST : 0u,
                                    sizeof(wsync_chunk_t)};
             wsync_blob_t request = {NULL, 0};
-            if (!ok(wsync_sender_send_chunk(sender, &chunk, &request), "send_chunk")) goto out;
+            if (!ok(wsync_sender_send_chunk(sender, &chunk, &request), "send_chunk")) {
+                print_failures(sender);
+                goto out;
+            }
             bool written = write_frame(TAG_REQUEST, request.data, request.size);
             wsync_blob_free(&request);
             if (!written) goto write_failed;
@@ -367,7 +370,16 @@ static int run_recv(uint32_t index, uint64_t end_early_at, uint64_t fail_at) {
             goto out;
         }
         wsync_recv_t *it;
-        if (!ok(wsync_receiver_receive(receiver, frame, len, &it), "receive")) goto out;
+        wsync_status_t got_it = wsync_receiver_receive(receiver, frame, len, &it);
+        if (got_it != WSYNC_OK && failed_version == version) {
+            /* The rest of a version this receiver failed: refused with that version's status. */
+            fprintf(stderr, "c_peer recv: skipping the rest of failed version %" PRIu64 ": %s\n",
+                    version, wsync_last_error());
+            free(frame);
+            frame = NULL;
+            continue;
+        }
+        if (!ok(got_it, "receive")) goto out;
         free(frame);
         frame = NULL;
         wsync_recv_info_t info;

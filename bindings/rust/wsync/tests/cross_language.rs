@@ -389,7 +389,13 @@ fn rust_engine_ending_early_fails_the_c_senders_flush_with_peer() {
     );
     assert!(!done.status.success(), "the C sender should fail");
     assert!(
-        done.stderr.contains("flush: WSYNC_ERR_PEER") && done.stderr.contains("receiver 0 failed"),
+        // The sender learns it at its next send (waiting for a bucket) or at its flush.
+        (done.stderr.contains("flush: WSYNC_ERR_PEER")
+            || done.stderr.contains("send_chunk: WSYNC_ERR_PEER"))
+            && done.stderr.contains("failed chunk 0 of version 2")
+            && done
+                .stderr
+                .contains("failure: receiver 0 what 1 status WSYNC_ERR_WRONG_STATE"),
         "C sender said: {}",
         done.stderr
     );
@@ -405,7 +411,9 @@ fn c_receiver_ending_early_fails_the_rust_trainers_flush_with_peer() {
     let done = receiver.finish(Instant::now() + DEADLINE);
     let e = outcome.expect_err("the trainer's flush should fail");
     assert!(
-        e.contains("version 2: flush: WSYNC_ERR_PEER: shm: receiver 0 failed"),
+        (e.contains("version 2: flush: WSYNC_ERR_PEER: shm: receiver 0")
+            || e.contains("version 2: send: WSYNC_ERR_PEER: shm: receiver 0"))
+            && e.contains("failed chunk 0 of version 2"),
         "{e}"
     );
     assert!(done.status.success(), "C receiver: {}", done.stderr);

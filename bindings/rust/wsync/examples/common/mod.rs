@@ -607,7 +607,19 @@ pub fn run_engine(input: &mut impl Read, c: &EngineConfig) -> Result<EngineRepor
             }
             _ => return Err(format!("unexpected frame '{}'", tag as char)),
         }
-        let mut recv = receiver.receive(&payload).map_err(err("receive"))?;
+        let mut recv = match receiver.receive(&payload) {
+            Ok(recv) => recv,
+            // The rest of a version this engine failed: the library refuses it with that
+            // version's status (the sender abandons the version once it learns of the failure).
+            Err(e) if failed_version == version && version != 0 => {
+                eprintln!(
+                    "engine {}: skipping the rest of failed version {version}: {e}",
+                    c.index
+                );
+                continue;
+            }
+            Err(e) => return Err(format!("receive: {e}")),
+        };
         let info = recv.info();
         report.chunks += 1;
         if info.version != version {
