@@ -163,8 +163,9 @@ def test_engine_with_a_different_plan_fails_the_trainers_flush():
     (_, _, _, completed0, _, problems0, errors0) = reports[0]
     if completed0 == 1:  # the failure surfaced at the flush: engine 0 has the version
         assert errors0 == [] and problems0 == []
-    else:  # it surfaced at a send waiting for a bucket: the trainer abandoned version 1
-        assert completed0 == 0 and errors0
+    else:  # it surfaced at a send waiting for a bucket: the trainer abandoned version 1,
+        # so engine 0 never got its last chunk, or got chunks refused as ABANDONED
+        assert completed0 == 0
         assert all(status == Status.ABANDONED for _, status, _ in errors0), errors0
     (_, _, _, completed1, _, problems1, errors1) = reports[1]
     assert completed1 == 0
