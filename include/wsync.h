@@ -14,7 +14,7 @@
  * The GPU kinds open the CUDA driver (libcuda.so.1, or $WSYNC_CUDA_LIBRARY) and NCCL
  * (libnccl.so.2, $WSYNC_NCCL_LIBRARY or the "nccl_library" option) at run time: libwsync has no
  * load-time dependency on either, and without them those kinds fail with WSYNC_ERR_UNAVAILABLE.
- * The The trainer side asks it for an *init-info blob*, which a controller forwards to the
+ * The trainer side asks it for an *init-info blob*, which a controller forwards to the
  * engines. Trainers make a *sender* from the blob, engines a *receiver* (with their receiver
  * index). Each training step the trainer sends *chunks* (many tensors each) and gets one
  * *request blob* per chunk; the controller forwards those bytes to every receiver, whose loader
@@ -43,6 +43,16 @@
  * Blocking. Only functions documented as "Blocks" wait, and every wait has a deadline
  *           (an explicit timeout_ms argument or the strategy's "timeout_ms" option). Nothing
  *           waits forever.
+ * Structs.  Every public struct that may grow has a `struct_size` field. Callers set it to
+ *           sizeof(the struct) as their header declares it, or 0, which means the layout of
+ *           version 0.2 (the first sized one; 0.1 callers, who zeroed the field then named
+ *           reserved_, keep working). The library reads inputs up to struct_size (bytes past the
+ *           fields it knows must be 0, else WSYNC_ERR_UNSUPPORTED). Outputs with a struct_size
+ *           (set it before the call; smaller than this header's sizeof is
+ *           WSYNC_ERR_INVALID_ARGUMENT) get the fields this library knows and nothing past them.
+ *           Tensor views (wsync_recv_next, wsync_recv_peek) are always written in the 0.2
+ *           layout with struct_size set. In arrays (a chunk's tensors) the first element's
+ *           struct_size is the stride and every element must carry the same value.
  * Errors never cross as exceptions, signals or aborts: every failure is a status.
  * fork():   handles do not survive fork() in the child; create them after forking.
  *
@@ -74,9 +84,9 @@ extern "C" {
  * ===========================================================================================*/
 
 #define WSYNC_VERSION_MAJOR 0
-#define WSYNC_VERSION_MINOR 1
+#define WSYNC_VERSION_MINOR 2
 #define WSYNC_VERSION_PATCH 0
-/* One formula, forever: MAJOR * 10000 + MINOR * 100 + PATCH (0.1.0 -> 100). */
+/* One formula, forever: MAJOR * 10000 + MINOR * 100 + PATCH (0.2.0 -> 200). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -102,7 +112,9 @@ typedef enum wsync_status_t {
     WSYNC_ERR_WRONG_STATE = 9,      /* a call out of order (e.g. receive while iterating)       */
     WSYNC_ERR_SYSTEM = 10,          /* an operating-system call failed; the message has errno   */
     WSYNC_ERR_INTERNAL = 11,        /* a bug in libwsync; please report the message             */
-    WSYNC_ERR_INTEGRITY = 12,       /* received bytes failed their checksum                     */
+    WSYNC_ERR_INTEGRITY = 12,       /* received bytes or a blob failed their checksum           */
+    WSYNC_ERR_ABANDONED = 13,       /* the sender abandoned the version (a send failed, it called
+                                       wsync_sender_abandon, or the trainer died mid-version)   */
     WSYNC_STATUS_FORCE_32BIT_ = 0x7fffffff
 } wsync_status_t;
 
@@ -180,18 +192,19 @@ typedef struct wsync_tensor_t {
     wsync_dtype_t dtype;
     wsync_device_t device;
     uint32_t flags;         /* WSYNC_TENSOR_*; must be 0 on input */
-    uint32_t reserved_;     /* must be 0 */
+    uint32_t struct_size;   /* 0 or sizeof(wsync_tensor_t); see "Structs" above */
 } wsync_tensor_t;
 
 /* wsync_chunk_t.flags */
-#define WSYNC_CHUNK_LAST 1u /* this chunk completes the current sync version */
+#define WSYNC_CHUNK_LAST 1u /* this chunk commits the current sync version (see section 4) */
 
 /* A chunk: the tensors moved by one wsync_sender_send_chunk(). Usually one chunk of a plan. */
 typedef struct wsync_chunk_t {
     const wsync_tensor_t *tensors; /* count descriptors, borrowed for the call */
-    size_t count;                  /* >= 1 */
+    size_t count;                  /* >= 1; or 0 with WSYNC_CHUNK_LAST and tensors NULL: an empty
+                                      closing chunk, the same as wsync_sender_commit() */
     uint32_t flags;                /* WSYNC_CHUNK_*; other bits must be 0 */
-    uint32_t reserved_;            /* must be 0 */
+    uint32_t struct_size;          /* 0 or sizeof(wsync_chunk_t) */
 } wsync_chunk_t;
 
 /* Bytes owned by the library (init info, requests). Copy them anywhere; free with
@@ -260,6 +273,18 @@ WSYNC_API wsync_status_t wsync_strategy_create_init_info(wsync_strategy_t *strat
 
 /* =============================================================================================
  * 4. Sender (trainer side)
+ *
+ * Versions are transactions. The chunks of one sync form a *version* (1, 2, ...): it begins
+ * with its first chunk and is committed by a chunk flagged WSYNC_CHUNK_LAST (or by
+ * wsync_sender_commit(), when a producer learns only afterwards that it is done). The commit's
+ * request carries the version's manifest: tensor count, bytes, chunk count and a digest of the
+ * name/dtype/shape table of every chunk. A receiver completes a version only when it received,
+ * verified and ended every chunk and its own tally equals the manifest.
+ * When any call that publishes (send_chunk, commit) fails after the version has published a
+ * chunk, the version is *abandoned*: receivers that began it fail it with WSYNC_ERR_ABANDONED
+ * (they learn it from the acknowledgement board at their next call, or from the next version's
+ * first request), and the next chunk begins a new version number. Nothing of an abandoned
+ * version is ever completed anywhere.
  * ===========================================================================================*/
 
 typedef struct wsync_sender_t wsync_sender_t;
@@ -267,8 +292,9 @@ typedef struct wsync_sender_t wsync_sender_t;
 /* Creates a sender from init info (len bytes at init, borrowed for the call). For "shm" the
  * strategy must be the one whose wsync_strategy_create_init_info() made this blob; a blob of
  * another strategy or kind fails with WSYNC_ERR_MISMATCH, a corrupt one with
- * WSYNC_ERR_MALFORMED. For "cuda_ipc" any process of the host may create a sender from the blob
- * (one per trainer GPU, "senders" in all). On success *out is freed with wsync_sender_destroy().
+ * WSYNC_ERR_MALFORMED (WSYNC_ERR_INTEGRITY if its checksum fails). For "cuda_ipc" any process
+ * of the host may create a sender from the blob (one per trainer GPU, "senders" in all).
+ * On success *out is freed with wsync_sender_destroy().
  * Does not block, except for "nccl_broadcast": it joins the group as rank 0 and blocks until
  * every receiver has joined, up to the "timeout_ms" option; then the communicator is aborted
  * and the call fails with WSYNC_ERR_TIMEOUT (or WSYNC_ERR_PEER if NCCL reported an error). */
@@ -276,38 +302,66 @@ WSYNC_API wsync_status_t wsync_sender_create(wsync_strategy_t *strategy, const u
                                              size_t len, wsync_sender_t **out);
 
 /* Destroys a sender without waiting for receivers (call wsync_sender_flush() first to know
- * they are done) and releases what it holds; for "shm" the segment is unlinked, so no name is
- * left behind. NULL is a no-op. Does not block. */
+ * they are done) and releases what it holds; for "shm" the segment's name is removed, so no
+ * name is left behind. A version left open is abandoned. NULL is a no-op. Does not block
+ * (beyond joining a helper thread that wakes within 100 ms). */
 WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
 
-/* Starts moving one chunk and writes its request blob to *request_out (freed with
- * wsync_blob_free()); forward those bytes to every receiver. The tensors' memory is read during
- * the call only (for "shm" it is packed into a bucket); it may be changed once the call
- * returns, except for "cuda_ipc" with "packed": false, whose receivers read the trainer's own
- * memory: those tensors must stay unchanged (and allocated) until wsync_sender_flush() returns.
- * GPU kinds take WSYNC_DEVICE_CUDA tensors, all on one GPU per sender; with "synchronize"
- * (default) the sender first waits for work queued on the device ("cuda_ipc":
+/* Starts moving one chunk of the current version and writes its request blob to *request_out
+ * (freed with wsync_blob_free()); forward those bytes to every receiver. The tensors' memory is
+ * read during the call only (for "shm" it is packed into a bucket); it may be changed once the
+ * call returns, except for "cuda_ipc" with "packed": false, whose receivers read the trainer's
+ * own memory: those tensors must stay unchanged (and allocated) until wsync_sender_flush()
+ * returns. GPU kinds take WSYNC_DEVICE_CUDA tensors, all on one GPU per sender; with
+ * "synchronize" (default) the sender first waits for work queued on the device ("cuda_ipc":
  * cuCtxSynchronize; "nccl_broadcast": the legacy default stream), and a "dtype" option casts
- * float32 tensors to bfloat16 or float16 while packing. Tensor descriptors are validated first: NULL data, zero elements, non-contiguous
- * strides, unknown dtype or device, over-long or duplicate names, shape products that overflow
- * fail with WSYNC_ERR_INVALID_ARGUMENT naming the tensor, and nothing is published.
- * The chunk belongs to the sender's current sync version (starting at 1); a chunk flagged
- * WSYNC_CHUNK_LAST completes that version and the next chunk starts version + 1.
+ * float32 tensors to bfloat16 or float16 while packing.
+ * Tensor descriptors are validated first: NULL data, zero elements, non-contiguous strides,
+ * unknown dtype or device, names that are empty, too long, not UTF-8 or duplicated, shape
+ * products that overflow fail with WSYNC_ERR_INVALID_ARGUMENT naming the tensor; nothing is
+ * published and the version is not touched (bad input loses nothing).
+ * A chunk flagged WSYNC_CHUNK_LAST commits the version and the next chunk begins version + 1.
  * "cuda_ipc" returns once its pack is complete on the GPU (one kernel launch per chunk);
  * "nccl_broadcast" returns once pack and broadcast are queued, so the next chunk packs while
  * this one moves.
  * Blocks while every bucket is still being read by some receiver, up to the strategy's
- * "timeout_ms" option; then fails with WSYNC_ERR_TIMEOUT (or WSYNC_ERR_PEER if a receiver died
- * or reported failure) naming the receivers, and the chunk is not sent. */
+ * "timeout_ms" option; then fails with WSYNC_ERR_TIMEOUT (or WSYNC_ERR_PEER if a receiver died,
+ * detached or failed a chunk) naming the receivers, the chunk is not sent and the version is
+ * abandoned (see above); wsync_sender_failure() gives each receiver's part as fields.
+ * Receivers dropped with wsync_sender_drop_receiver() are not waited for. */
 WSYNC_API wsync_status_t wsync_sender_send_chunk(wsync_sender_t *sender,
                                                  const wsync_chunk_t *chunk,
                                                  wsync_blob_t *request_out);
 
-/* Waits until every receiver has acknowledged every chunk sent so far. Returns WSYNC_OK, or
- * WSYNC_ERR_TIMEOUT after timeout_ms (>= 0; 0 polls) naming the receiver indices that did not
- * answer, or WSYNC_ERR_PEER naming a receiver that died, detached or failed a chunk (with its
- * status). Blocks up to timeout_ms. For "nccl_broadcast" it waits for the queued broadcasts to
- * complete (NCCL has no back channel, so a receiver's own loading failure is reported to that
+/* Commits the current version without data: the same as an empty chunk flagged
+ * WSYNC_CHUNK_LAST. *request_out (freed with wsync_blob_free()) must be forwarded to every
+ * receiver like any request; receivers complete the version when they end its iteration (it
+ * yields no tensor). Fails with WSYNC_ERR_WRONG_STATE when the version has no chunk yet (there
+ * is nothing to commit). Blocks and fails like wsync_sender_send_chunk(); a failure abandons
+ * the version. */
+WSYNC_API wsync_status_t wsync_sender_commit(wsync_sender_t *sender, wsync_blob_t *request_out);
+
+/* Abandons the current version if it has published a chunk (no-op otherwise): receivers that
+ * began it fail it with WSYNC_ERR_ABANDONED, and the next chunk begins a new version number.
+ * Use it when the trainer itself gives up on a sync (its own error between chunks). Does not
+ * block. */
+WSYNC_API wsync_status_t wsync_sender_abandon(wsync_sender_t *sender);
+
+/* Waits until every receiver (but dropped ones) has acknowledged every chunk this sender has
+ * sent so far (with several "cuda_ipc" senders, each sender's own chunks only). Returns
+ * WSYNC_OK, or:
+ *   WSYNC_ERR_PEER as soon as a receiver failed a chunk, died or detached owing one; the
+ *     message carries that receiver's own status, message, version and chunk ("shm: receiver
+ *     1 (pid 42) failed chunk 3 of version 2: WSYNC_ERR_MISMATCH: tensor 'x' ...");
+ *   WSYNC_ERR_TIMEOUT after timeout_ms (>= 0; 0 polls) naming the receivers that did not
+ *     answer (a frozen engine is one).
+ * Each receiver failure is reported once by each sender, oldest first. After a failure,
+ * wsync_sender_failure_count()/wsync_sender_failure() list every receiver's failure as fields;
+ * the trainer may then drop the failed receivers (wsync_sender_drop_receiver()) and flush
+ * again, or resend the version. A failed flush does not abandon a committed version: receivers
+ * that acknowledged it have it.
+ * Blocks up to timeout_ms. For "nccl_broadcast" it waits for the queued broadcasts to complete
+ * (NCCL has no back channel, so a receiver's own loading failure is reported to that
  * receiver's caller only); at the deadline the communicator is aborted and every later call on
  * the sender fails with WSYNC_ERR_PEER. */
 WSYNC_API wsync_status_t wsync_sender_flush(wsync_sender_t *sender, int64_t timeout_ms);
@@ -316,30 +370,83 @@ WSYNC_API wsync_status_t wsync_sender_flush(wsync_sender_t *sender, int64_t time
 WSYNC_API wsync_status_t wsync_sender_version(const wsync_sender_t *sender,
                                               uint64_t *version_out);
 
+/* Stops waiting for receiver `index` (a dead, frozen or failing engine), so the others keep
+ * syncing. The receiver, if still alive, fails its next call with WSYNC_ERR_PEER saying it was
+ * dropped. A receiver process made afterwards with the same index (a restarted engine)
+ * re-attaches and takes part from the next version that begins after it attached. Fails with
+ * WSYNC_ERR_INVALID_ARGUMENT for an index out of range, WSYNC_ERR_UNSUPPORTED for kinds without
+ * membership ("nccl_broadcast": its group is fixed). Does not block. */
+WSYNC_API wsync_status_t wsync_sender_drop_receiver(wsync_sender_t *sender, uint32_t index);
+
+/* wsync_failure_t.what */
+#define WSYNC_FAILURE_FAILED 1    /* the receiver failed a chunk (its loader, checksum, order) */
+#define WSYNC_FAILURE_DIED 2      /* the receiver's process died owing a chunk                 */
+#define WSYNC_FAILURE_DETACHED 3  /* the receiver was destroyed owing a chunk                  */
+#define WSYNC_FAILURE_TIMEOUT 4   /* the receiver did not answer by the deadline               */
+#define WSYNC_FAILURE_DROPPED 5   /* the receiver was dropped by the sender                    */
+#define WSYNC_NO_CHUNK UINT32_MAX /* wsync_failure_t.chunk_index when no chunk is known        */
+
+/* One receiver's failure as the sender learnt it: data, not only text. */
+typedef struct wsync_failure_t {
+    uint32_t struct_size;   /* set by the caller: 0 or sizeof(wsync_failure_t) */
+    uint32_t what;          /* WSYNC_FAILURE_* */
+    wsync_status_t status;  /* the receiver's own status (e.g. WSYNC_ERR_MISMATCH from its
+                               loader); WSYNC_ERR_PEER for a death, WSYNC_ERR_TIMEOUT */
+    uint32_t receiver;      /* receiver index */
+    uint64_t version;       /* version of the chunk, 0 if unknown */
+    uint32_t chunk_index;   /* chunk within that version, or WSYNC_NO_CHUNK */
+    int32_t pid;            /* the receiver's pid as it saw itself, 0 if unknown; for messages
+                               only (pids mean nothing across PID namespaces) */
+    char message[256];      /* the receiver's own message, NUL-terminated, possibly cut */
+} wsync_failure_t;
+
+/* How many receiver failures the sender's last failed call (send_chunk, commit or flush)
+ * found; 0 after a call that succeeded. Does not block. */
+WSYNC_API wsync_status_t wsync_sender_failure_count(const wsync_sender_t *sender,
+                                                    size_t *count_out);
+
+/* Failure i (0 .. count-1) of the last failed call, written to *out up to out->struct_size
+ * (set it first). WSYNC_ERR_INVALID_ARGUMENT for i out of range. Does not block. */
+WSYNC_API wsync_status_t wsync_sender_failure(const wsync_sender_t *sender, size_t i,
+                                              wsync_failure_t *out);
+
 /* Merges the partial requests of several senders of one chunk (one per trainer GPU, for kinds
  * with several senders) into one request. n >= 1; parts are borrowed for the call. Every part
  * must be of one kind, version and chunk; kinds with a single sender ("shm", "nccl_broadcast")
  * accept only n == 1 and return a copy. For "cuda_ipc" the parts' per-GPU entries are
- * concatenated and a GPU UUID in two parts fails with WSYNC_ERR_MISMATCH naming it. *out is freed with wsync_blob_free(). Does not block. */
+ * concatenated and a GPU UUID in two parts fails with WSYNC_ERR_MISMATCH naming it. *out is
+ * freed with wsync_blob_free(). Does not block. */
 WSYNC_API wsync_status_t wsync_request_merge(const wsync_blob_t *parts, size_t n,
                                              wsync_blob_t *out);
 
 /* =============================================================================================
  * 5. Receiver and receive iteration (engine side)
+ *
+ * Rolling back. An engine that loads straight into the weights it serves sees a version fail
+ * part-way (a chunk fails its checksum, the trainer abandons the version or dies, the loader
+ * fails): wsync_receiver_poll() then reports failed_version == the version it began. Two
+ * patterns are safe: load into a staging copy and swap it in only when completed_version
+ * reaches the new version; or load in place, stop serving when failed_version names the
+ * version being loaded, and serve again once a later version completes (the trainer resends).
  * ===========================================================================================*/
 
 typedef struct wsync_receiver_t wsync_receiver_t;
 typedef struct wsync_recv_t wsync_recv_t;
 
 /* Creates receiver number `index` (0 .. receivers-1 as the init info says) from init info
- * (borrowed for the call). For "shm" it maps the segment once, read-only for data, and
- * registers its pid so the sender can tell a dead receiver from a slow one. An index out of
- * range fails with WSYNC_ERR_INVALID_ARGUMENT, an index already taken by a live process with
- * WSYNC_ERR_WRONG_STATE, a vanished segment with WSYNC_ERR_UNAVAILABLE. GPU kinds work on the
- * GPU named by the "device" option (an ordinal in this process, after CUDA_VISIBLE_DEVICES).
- * On success *out is freed with wsync_receiver_destroy(). Does not block, except for
- * "nccl_broadcast", which joins the group as rank index + 1 and blocks like
- * wsync_sender_create(). */
+ * (borrowed for the call). For "shm" it maps the segment once, read-only for data, and claims
+ * the index with a kernel-held lock, so the sender tells a dead receiver from a slow one
+ * whatever PID namespace either is in. An index out of range fails with
+ * WSYNC_ERR_INVALID_ARGUMENT, an index held by a live receiver with WSYNC_ERR_WRONG_STATE, a
+ * vanished sync (the trainer is gone) with WSYNC_ERR_UNAVAILABLE. A receiver made for an index
+ * that was used before (a restarted engine) re-attaches: it takes part from the next version
+ * that begins after it attached; requests of the version in flight fail with
+ * WSYNC_ERR_MISMATCH saying so. GPU kinds work on the GPU named by the "device" option (an
+ * ordinal in this process, after CUDA_VISIBLE_DEVICES).
+ * On success *out is freed with wsync_receiver_destroy(). Does not block for "shm" unless its
+ * segment's name is already gone (every receiver had attached): then it asks the live sender
+ * for the segment over a local socket and blocks up to the "timeout_ms" option. "nccl_broadcast"
+ * joins the group as rank index + 1 and blocks like wsync_sender_create(). */
 WSYNC_API wsync_status_t wsync_receiver_create(wsync_strategy_t *strategy, const uint8_t *init,
                                                size_t len, uint32_t index,
                                                wsync_receiver_t **out);
@@ -350,62 +457,114 @@ WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
 
 /* Starts receiving the chunk described by a request (len bytes at request, borrowed for the
  * call; the iteration keeps its own copy of what it needs). The request is fully validated
- * before any tensor memory is touched: malformed bytes fail with WSYNC_ERR_MALFORMED, another
- * kind or a stale or out-of-order chunk with WSYNC_ERR_MISMATCH. Chunks must be received in the
- * order they were sent. Only one iteration per receiver may be open
- * (WSYNC_ERR_WRONG_STATE otherwise). For "cuda_ipc" the receiver takes the request's part
- * whose GPU UUID equals its own device's ("GPU-" or "MIG-" prefixed, compared as 16 bytes);
- * none fails with WSYNC_ERR_MISMATCH naming this GPU and the ones present. IPC handles are
- * opened once and cached by their bytes; one a whole version did not use is closed. On success
- * *out is the iteration; it must be ended with wsync_recv_end(). Does not block for "shm" and
- * "cuda_ipc" (the bytes are in place when the request exists); "nccl_broadcast" posts its side
- * of the broadcast and blocks until it arrives, up to its "timeout_ms" option (then
- * WSYNC_ERR_TIMEOUT and the communicator is aborted). */
+ * before any tensor memory is touched: its envelope checksum first (a changed byte fails with
+ * WSYNC_ERR_INTEGRITY), then its fields (WSYNC_ERR_MALFORMED). A request of another kind, a
+ * stale, replayed or out-of-order chunk, or a chunk of a version this receiver joined too late
+ * for fails with WSYNC_ERR_MISMATCH; a chunk of a version that already failed here fails with
+ * that version's status. Such refusals are reported to the sender (its flush fails with
+ * WSYNC_ERR_PEER carrying this status and message), except stale and replayed requests, which
+ * are not this receiver's to answer. The first chunk of a newer version while a version is
+ * open fails the open one with WSYNC_ERR_ABANDONED and begins the new one. A dropped receiver
+ * fails with WSYNC_ERR_PEER. When the init info says checksums are on, a request without
+ * tensor checksums fails with WSYNC_ERR_INTEGRITY.
+ * Only one iteration per receiver may be open (WSYNC_ERR_WRONG_STATE otherwise). For
+ * "cuda_ipc" the receiver takes the request's part whose GPU UUID equals its own device's
+ * ("GPU-" or "MIG-" prefixed, compared as 16 bytes); none fails with WSYNC_ERR_MISMATCH naming
+ * this GPU and the ones present. IPC handles are opened once and cached by their bytes; one a
+ * whole version did not use is closed. On success *out is the iteration; it must be ended with
+ * wsync_recv_end() or wsync_recv_fail(). Does not block for "shm" and "cuda_ipc" (the bytes are
+ * in place when the request exists); "nccl_broadcast" posts its side of the broadcast and
+ * blocks until it arrives, up to its "timeout_ms" option (then WSYNC_ERR_TIMEOUT and the
+ * communicator is aborted). */
 WSYNC_API wsync_status_t wsync_receiver_receive(wsync_receiver_t *receiver,
                                                 const uint8_t *request, size_t len,
                                                 wsync_recv_t **out);
 
-/* The newest sync version whose every chunk this receiver has received, verified and ended
- * successfully (0 if none). A version with a failed chunk never becomes complete, so an engine
- * can keep serving its old weights. */
+/* The newest committed version whose every chunk this receiver has received, verified and
+ * ended successfully and whose manifest matched (0 if none). A version with a failed,
+ * missing or abandoned chunk never becomes complete, so an engine can keep serving its old
+ * weights. */
 WSYNC_API wsync_status_t wsync_receiver_completed_version(const wsync_receiver_t *receiver,
                                                           uint64_t *version_out);
 
+/* wsync_receiver_state_t.flags */
+#define WSYNC_RECEIVER_DROPPED 1u     /* the sender dropped this receiver                      */
+#define WSYNC_RECEIVER_SENDER_GONE 2u /* the trainer's process is gone ("shm", "cuda_ipc")     */
+
+/* Where a receiver stands: the rollback hook (see the top of this section). */
+typedef struct wsync_receiver_state_t {
+    uint32_t struct_size;         /* set by the caller: 0 or sizeof(wsync_receiver_state_t) */
+    uint32_t flags;               /* WSYNC_RECEIVER_* */
+    uint64_t completed_version;   /* as wsync_receiver_completed_version() */
+    uint64_t open_version;        /* version begun here and neither committed nor failed, or 0 */
+    uint64_t failed_version;      /* newest version begun here that failed or was abandoned, 0 */
+    wsync_status_t failed_status; /* why failed_version failed (WSYNC_ERR_ABANDONED, the
+                                     loader's status, WSYNC_ERR_INTEGRITY, WSYNC_ERR_PEER when
+                                     the trainer died); WSYNC_OK when failed_version is 0 */
+    uint32_t reserved_;           /* written 0 */
+} wsync_receiver_state_t;
+
+/* Brings the receiver's view up to date without a request and writes it to *out (up to
+ * out->struct_size): a version the sender abandoned or a trainer that died fails the open
+ * version here (failed_status WSYNC_ERR_ABANDONED or WSYNC_ERR_PEER). Call it when requests stop
+ * coming, or after a failed chunk, to decide whether to roll back. Not while an iteration is
+ * open (WSYNC_ERR_WRONG_STATE). Does not block. */
+WSYNC_API wsync_status_t wsync_receiver_poll(wsync_receiver_t *receiver,
+                                             wsync_receiver_state_t *out);
+
 /* What an iteration carries. */
 typedef struct wsync_recv_info_t {
-    uint64_t version;     /* sync version of this chunk */
-    uint64_t bytes;       /* payload bytes of all tensors */
-    uint32_t chunk_index; /* 0-based position of the chunk within its version */
-    uint32_t flags;       /* WSYNC_CHUNK_LAST if this chunk completes the version */
-    size_t count;         /* number of tensors */
+    uint32_t struct_size;     /* set by the caller: 0 or sizeof(wsync_recv_info_t) */
+    uint32_t flags;           /* WSYNC_CHUNK_LAST if this chunk commits the version */
+    uint64_t version;         /* sync version of this chunk */
+    uint64_t bytes;           /* payload bytes of all tensors */
+    uint64_t count;           /* number of tensors (0 for a commit without data) */
+    uint32_t chunk_index;     /* 0-based position of the chunk within its version */
+    uint32_t version_chunks;  /* with WSYNC_CHUNK_LAST: chunks in the version (manifest), else 0 */
+    uint64_t version_tensors; /* with WSYNC_CHUNK_LAST: tensors in the version, else 0 */
+    uint64_t version_bytes;   /* with WSYNC_CHUNK_LAST: payload bytes of the version, else 0 */
 } wsync_recv_info_t;
 
-/* Writes the iteration's summary to *info. Does not touch tensor memory. */
+/* Writes the iteration's summary to *info, up to info->struct_size (set it first). Does not
+ * touch tensor memory. */
 WSYNC_API wsync_status_t wsync_recv_info(const wsync_recv_t *it, wsync_recv_info_t *info);
 
 /* Dry run: describes tensor i (0 .. count-1) without touching its bytes, so a loader can check
  * names, dtypes and shapes against its parameters before any byte moves. view->data is NULL.
- * The name and shape pointers stay valid until wsync_recv_end(). */
+ * The name and shape pointers stay valid until the iteration ends. */
 WSYNC_API wsync_status_t wsync_recv_peek(const wsync_recv_t *it, size_t i, wsync_tensor_t *view);
 
 /* Yields the next tensor: *has_view is true and *view describes it, or *has_view is false at
  * the end. Views are zero-copy where the kind allows ("shm": read-only shared memory; the GPU
  * kinds: device memory of the receiver's GPU, view->device CUDA; all flagged
  * WSYNC_TENSOR_READ_ONLY); copy the bytes into your parameters. A view's data, name and shape
- * stay valid until wsync_recv_end(). With checksums on, a tensor is verified before it is
+ * stay valid until the iteration ends. With checksums on, a tensor is verified before it is
  * yielded and a mismatch fails with WSYNC_ERR_INTEGRITY naming the tensor; the iteration is then
  * failed (later calls return the same error). Does not block. */
 WSYNC_API wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view, bool *has_view);
 
 /* Ends an iteration, acknowledges the chunk to the sender and frees the iteration (always, even
  * on failure; `it` is invalid afterwards). Returns WSYNC_OK only if every tensor was yielded and
- * verified; an iteration ended early or after a failure is acknowledged as failed, so the
- * sender's flush reports it and the version is not completed, and the call returns
- * WSYNC_ERR_WRONG_STATE (ended early) or the iteration's error. GPU kinds with "synchronize"
- * (default) first synchronise the receiver's device, so copies the loader queued out of the
- * views are complete before the sender may reuse that memory; that waits on this process's own
- * GPU work only. NULL is a no-op returning WSYNC_OK. Does not block otherwise. */
+ * verified and, for the chunk that commits a version, the version's manifest matched what this
+ * receiver received (else WSYNC_ERR_MISMATCH naming the difference). An iteration ended early
+ * or after a failure is acknowledged as failed, so the sender's flush reports it and the
+ * version is not completed, and the call returns WSYNC_ERR_WRONG_STATE (ended early) or the
+ * iteration's error. GPU kinds with "synchronize" (default) first synchronise the receiver's
+ * device, so copies the loader queued out of the views are complete before the sender may
+ * reuse that memory; that waits on this process's own GPU work only. NULL is a no-op returning
+ * WSYNC_OK. Does not block otherwise. */
 WSYNC_API wsync_status_t wsync_recv_end(wsync_recv_t *it);
+
+/* Fails an iteration at any point, also after its last view (a loader that found a tensor it
+ * cannot load, or failed once every view was taken): the chunk is acknowledged as failed with
+ * `status` (any error status, not WSYNC_OK) and `message` (NUL-terminated UTF-8, may be NULL;
+ * borrowed; cut to 255 bytes), which reach the sender's flush as its error text and as
+ * wsync_failure_t fields; the version is not completed here. Frees the iteration (always; `it`
+ * is invalid afterwards) and returns WSYNC_OK, or WSYNC_ERR_INVALID_ARGUMENT for WSYNC_OK as
+ * status (the iteration is then still failed, with WSYNC_ERR_INVALID_ARGUMENT). NULL is a no-op
+ * returning WSYNC_OK. Does not block. */
+WSYNC_API wsync_status_t wsync_recv_fail(wsync_recv_t *it, wsync_status_t status,
+                                         const char *message);
 
 /* =============================================================================================
  * 6. Planner: tensors -> chunks
@@ -443,7 +602,7 @@ WSYNC_API wsync_status_t wsync_plan_chunk(const wsync_plan_t *plan, size_t i,
  * ===========================================================================================*/
 
 /* Renders any blob (init info or request, any kind) as JSON for logs and tools: {"magic":
- * "wsync", "format": 1, "type": "request", "kind": "shm", "body": {...}}. The blob is parsed
+ * "wsync", "format": 2, "type": "request", "kind": "shm", "body": {...}}. The blob is parsed
  * with the same bounded parser receivers use; malformed input fails with WSYNC_ERR_MALFORMED
  * saying where. *json_out is freed with wsync_string_free(). Does not block. */
 WSYNC_API wsync_status_t wsync_blob_describe(const uint8_t *blob, size_t len, char **json_out);

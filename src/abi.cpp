@@ -58,6 +58,39 @@ char *to_cstring(const std::string &s) {
     return p;
 }
 
+// The "Structs" rule of wsync.h: struct_size 0 means the 0.2 layout (this one); a larger one
+// must have zeros past the fields this version knows.
+template <class T>
+void check_struct_size(const T *p, uint32_t size, const char *what) {
+    if (size == 0 || size == sizeof(T)) return;
+    if (size < sizeof(T))
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             std::string(what) + ".struct_size is " + std::to_string(size) + ", less than " +
+                 std::to_string(sizeof(T)) + " (the smallest layout this library knows)");
+    if (size > (1u << 16))
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             std::string(what) + ".struct_size " + std::to_string(size) + " is implausibly large");
+    const auto *extra = reinterpret_cast<const unsigned char *>(p) + sizeof(T);
+    for (uint32_t i = 0; i < size - sizeof(T); ++i)
+        if (extra[i])
+            fail(WSYNC_ERR_UNSUPPORTED, std::string(what) + " sets fields newer than this library (" +
+                                            wsync_version_string() + ") knows");
+}
+
+// Output structs: the caller's struct_size says how much may be written.
+template <class T>
+void write_sized(T *out, const T &value, const char *what) {
+    uint32_t size = out->struct_size;
+    if (size != 0 && size < sizeof(T))
+        fail(WSYNC_ERR_INVALID_ARGUMENT, std::string(what) + ".struct_size is " +
+                                             std::to_string(size) + ", less than " +
+                                             std::to_string(sizeof(T)));
+    // Only the fields this version knows are written; a caller's larger struct keeps its tail.
+    T v = value;
+    v.struct_size = static_cast<uint32_t>(sizeof(T));
+    std::memcpy(out, &v, sizeof(T));
+}
+
 template <class T> wsync::Strategy *core(T *h) { return reinterpret_cast<wsync::Strategy *>(h); }
 wsync::Sender *core(wsync_sender_t *h) { return reinterpret_cast<wsync::Sender *>(h); }
 const wsync::Sender *core(const wsync_sender_t *h) { return reinterpret_cast<const wsync::Sender *>(h); }
@@ -177,7 +210,85 @@ wsync_status_t wsync_sender_send_chunk(wsync_sender_t *sender, const wsync_chunk
         require(sender, "wsync_sender_send_chunk", "sender");
         require(chunk, "wsync_sender_send_chunk", "chunk");
         require(request_out, "wsync_sender_send_chunk", "request_out");
-        *request_out = to_blob(core(sender)->send_chunk(*chunk));
+        check_struct_size(chunk, chunk->struct_size, "chunk");
+        wsync_chunk_t c = *chunk;
+        std::vector<wsync_tensor_t> copies;  // only for tensors of a newer, larger layout
+        if (c.tensors && c.count) {
+            uint32_t stride = c.tensors[0].struct_size;
+            if (stride != 0 && stride != sizeof(wsync_tensor_t)) {
+                check_struct_size(&c.tensors[0], stride, "tensors[0]");
+                if (c.count > (std::size_t(1) << 22))
+                    fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk.count " + std::to_string(c.count) +
+                                                         " exceeds the most tensors a chunk may have");
+                const auto *base = reinterpret_cast<const unsigned char *>(c.tensors);
+                for (size_t i = 0; i < c.count; ++i) {
+                    const auto *t = reinterpret_cast<const wsync_tensor_t *>(base + i * stride);
+                    if (t->struct_size != stride)
+                        fail(WSYNC_ERR_INVALID_ARGUMENT,
+                             "tensors[" + std::to_string(i) + "].struct_size differs from tensors[0]'s");
+                    check_struct_size(t, stride, "tensor");
+                    copies.push_back(*t);
+                    copies.back().struct_size = 0;
+                }
+                c.tensors = copies.data();
+            }
+        }
+        *request_out = to_blob(core(sender)->send_chunk(c));
+    });
+}
+
+wsync_status_t wsync_sender_commit(wsync_sender_t *sender, wsync_blob_t *request_out) {
+    if (request_out) *request_out = wsync_blob_t{nullptr, 0};
+    return guard([&] {
+        require(sender, "wsync_sender_commit", "sender");
+        require(request_out, "wsync_sender_commit", "request_out");
+        *request_out = to_blob(core(sender)->commit());
+    });
+}
+
+wsync_status_t wsync_sender_abandon(wsync_sender_t *sender) {
+    return guard([&] {
+        require(sender, "wsync_sender_abandon", "sender");
+        core(sender)->abandon();
+    });
+}
+
+wsync_status_t wsync_sender_drop_receiver(wsync_sender_t *sender, uint32_t index) {
+    return guard([&] {
+        require(sender, "wsync_sender_drop_receiver", "sender");
+        core(sender)->drop_receiver(index);
+    });
+}
+
+wsync_status_t wsync_sender_failure_count(const wsync_sender_t *sender, size_t *count_out) {
+    if (count_out) *count_out = 0;
+    return guard([&] {
+        require(sender, "wsync_sender_failure_count", "sender");
+        require(count_out, "wsync_sender_failure_count", "count_out");
+        *count_out = core(sender)->failures().size();
+    });
+}
+
+wsync_status_t wsync_sender_failure(const wsync_sender_t *sender, size_t i, wsync_failure_t *out) {
+    return guard([&] {
+        require(sender, "wsync_sender_failure", "sender");
+        require(out, "wsync_sender_failure", "out");
+        const auto &fs = core(sender)->failures();
+        if (i >= fs.size())
+            fail(WSYNC_ERR_INVALID_ARGUMENT, "wsync_sender_failure: index " + std::to_string(i) +
+                                                 " is out of range (" + std::to_string(fs.size()) +
+                                                 " failures)");
+        const wsync::Failure &f = fs[i];
+        wsync_failure_t v{};
+        v.what = f.what;
+        v.status = f.status;
+        v.receiver = f.receiver;
+        v.version = f.version;
+        v.chunk_index = f.chunk_index;
+        v.pid = f.pid;
+        std::size_t n = std::min(f.message.size(), sizeof v.message - 1);
+        std::memcpy(v.message, f.message.data(), n);
+        write_sized(out, v, "wsync_failure_t");
     });
 }
 
@@ -250,11 +361,23 @@ wsync_status_t wsync_receiver_completed_version(const wsync_receiver_t *receiver
     });
 }
 
+wsync_status_t wsync_receiver_poll(wsync_receiver_t *receiver, wsync_receiver_state_t *out) {
+    return guard([&] {
+        require(receiver, "wsync_receiver_poll", "receiver");
+        require(out, "wsync_receiver_poll", "out");
+        if (out->struct_size != 0 && out->struct_size < sizeof *out)
+            fail(WSYNC_ERR_INVALID_ARGUMENT, "wsync_receiver_state_t.struct_size is too small");
+        write_sized(out, core(receiver)->poll(), "wsync_receiver_state_t");
+    });
+}
+
 wsync_status_t wsync_recv_info(const wsync_recv_t *it, wsync_recv_info_t *info) {
     return guard([&] {
         require(it, "wsync_recv_info", "it");
         require(info, "wsync_recv_info", "info");
-        *info = core(it)->info();
+        wsync_recv_info_t v{};
+        core(it)->info(&v);
+        write_sized(info, v, "wsync_recv_info_t");
     });
 }
 
@@ -262,7 +385,8 @@ wsync_status_t wsync_recv_peek(const wsync_recv_t *it, size_t i, wsync_tensor_t 
     return guard([&] {
         require(it, "wsync_recv_peek", "it");
         require(view, "wsync_recv_peek", "view");
-        core(it)->peek(i, view);
+        core(it)->peek(i, view);  // views are written in the 0.2 layout, struct_size set
+        view->struct_size = static_cast<uint32_t>(sizeof *view);
     });
 }
 
@@ -273,6 +397,7 @@ wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view, bool *has
         require(view, "wsync_recv_next", "view");
         require(has_view, "wsync_recv_next", "has_view");
         *has_view = core(it)->next(view);
+        view->struct_size = static_cast<uint32_t>(sizeof *view);
     });
 }
 
@@ -281,6 +406,14 @@ wsync_status_t wsync_recv_end(wsync_recv_t *it) {
     return guard([&] {
         wsync::Iteration *i = core(it);
         i->owner()->end(i);
+    });
+}
+
+wsync_status_t wsync_recv_fail(wsync_recv_t *it, wsync_status_t status, const char *message) {
+    if (!it) return WSYNC_OK;
+    return guard([&] {
+        wsync::Iteration *i = core(it);
+        i->owner()->fail_iteration(i, status, message);
     });
 }
 
@@ -356,17 +489,34 @@ wsync_status_t wsync_abi_layout(char **json_out) {
                          WSYNC_FIELD(wsync_tensor_t, strides), WSYNC_FIELD(wsync_tensor_t, ndim),
                          WSYNC_FIELD(wsync_tensor_t, dtype), WSYNC_FIELD(wsync_tensor_t, device),
                          WSYNC_FIELD(wsync_tensor_t, flags),
-                         WSYNC_FIELD(wsync_tensor_t, reserved_)),
+                         WSYNC_FIELD(wsync_tensor_t, struct_size)),
             WSYNC_STRUCT(wsync_chunk_t, WSYNC_FIELD(wsync_chunk_t, tensors),
                          WSYNC_FIELD(wsync_chunk_t, count), WSYNC_FIELD(wsync_chunk_t, flags),
-                         WSYNC_FIELD(wsync_chunk_t, reserved_)),
+                         WSYNC_FIELD(wsync_chunk_t, struct_size)),
             WSYNC_STRUCT(wsync_blob_t, WSYNC_FIELD(wsync_blob_t, data),
                          WSYNC_FIELD(wsync_blob_t, size)),
-            WSYNC_STRUCT(wsync_recv_info_t, WSYNC_FIELD(wsync_recv_info_t, version),
-                         WSYNC_FIELD(wsync_recv_info_t, bytes),
-                         WSYNC_FIELD(wsync_recv_info_t, chunk_index),
+            WSYNC_STRUCT(wsync_recv_info_t, WSYNC_FIELD(wsync_recv_info_t, struct_size),
                          WSYNC_FIELD(wsync_recv_info_t, flags),
-                         WSYNC_FIELD(wsync_recv_info_t, count)),
+                         WSYNC_FIELD(wsync_recv_info_t, version),
+                         WSYNC_FIELD(wsync_recv_info_t, bytes),
+                         WSYNC_FIELD(wsync_recv_info_t, count),
+                         WSYNC_FIELD(wsync_recv_info_t, chunk_index),
+                         WSYNC_FIELD(wsync_recv_info_t, version_chunks),
+                         WSYNC_FIELD(wsync_recv_info_t, version_tensors),
+                         WSYNC_FIELD(wsync_recv_info_t, version_bytes)),
+            WSYNC_STRUCT(wsync_failure_t, WSYNC_FIELD(wsync_failure_t, struct_size),
+                         WSYNC_FIELD(wsync_failure_t, what), WSYNC_FIELD(wsync_failure_t, status),
+                         WSYNC_FIELD(wsync_failure_t, receiver),
+                         WSYNC_FIELD(wsync_failure_t, version),
+                         WSYNC_FIELD(wsync_failure_t, chunk_index),
+                         WSYNC_FIELD(wsync_failure_t, pid), WSYNC_FIELD(wsync_failure_t, message)),
+            WSYNC_STRUCT(wsync_receiver_state_t, WSYNC_FIELD(wsync_receiver_state_t, struct_size),
+                         WSYNC_FIELD(wsync_receiver_state_t, flags),
+                         WSYNC_FIELD(wsync_receiver_state_t, completed_version),
+                         WSYNC_FIELD(wsync_receiver_state_t, open_version),
+                         WSYNC_FIELD(wsync_receiver_state_t, failed_version),
+                         WSYNC_FIELD(wsync_receiver_state_t, failed_status),
+                         WSYNC_FIELD(wsync_receiver_state_t, reserved_)),
             {"wsync_status_t", json{{"size", sizeof(wsync_status_t)}, {"align", alignof(wsync_status_t)}}},
         };
 #undef WSYNC_STRUCT

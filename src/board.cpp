@@ -3,17 +3,33 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <sched.h>
 #include <unistd.h>
-
-#include "error.hpp"
 
 namespace wsync::board {
 
 namespace {
 constexpr char kMagic[8] = {'W', 'S', 'Y', 'N', 'C', 'B', 'R', 'D'};
-constexpr uint32_t kLayoutVersion = 1;
-constexpr int64_t kLivenessPollMs = 100;  // how often a waiting sender checks receivers' pids
+constexpr uint32_t kLayoutVersion = 2;
+constexpr int64_t kLivenessPollMs = 100;  // how often a waiting sender checks receivers' locks
+constexpr int kSeqlockTries = 100000;     // a record being written is re-read this often at most
 uint64_t ack_seq(uint64_t word) { return word >> 8; }
+uint64_t receiver_lock(uint32_t r) { return kLockBase + r; }
+uint64_t sender_lock(uint32_t k) { return kLockBase + kMaxReceivers + k; }
+
+void wake(Board *b) {
+    b->ack_futex.fetch_add(1, std::memory_order_release);
+    sys::futex_wake_all(&b->ack_futex);
+}
+
+// Control characters in a peer's message would garble logs: show them as '?'.
+std::string printable(const char *p, std::size_t cap) {
+    std::size_t n = strnlen(p, cap);
+    std::string s(p, n);
+    for (char &c : s)
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    return s;
+}
 }  // namespace
 
 Board *init(void *zeroed_memory, uint32_t receivers, uint32_t slots) {
@@ -38,144 +54,325 @@ std::string list_indices(uint64_t mask) {
 }
 
 // ---------------------------------------------------------------------------------------------
-Waiter::Waiter(Board *b, std::string kind) : b_(b), kind_(std::move(kind)) {}
+Waiter::Waiter(Board *b, int fd, uint32_t receivers, uint32_t slots, std::string kind)
+    : b_(b), fd_(fd), receivers_(std::min(receivers, kMaxReceivers)),
+      slots_(std::min(slots, kMaxSlots)), kind_(std::move(kind)) {}
+
+void Waiter::register_sender() {
+    for (uint32_t k = 0; k < kMaxSenders; ++k) {
+        if (!sys::lock_try(fd_, sender_lock(k))) continue;
+        uint32_t seen = b_->senders_seen.load();
+        while (seen < k + 1 && !b_->senders_seen.compare_exchange_weak(seen, k + 1)) {
+        }
+        return;
+    }
+    // More live senders than lock bytes: this one is simply not watched by receivers.
+}
+
+void Waiter::admit_joiners(uint64_t seq) {
+    for (uint32_t r = 0; r < receivers_; ++r) {
+        ReceiverSlot &s = b_->receiver[r];
+        if (s.state.load(std::memory_order_acquire) != kJoining) continue;
+        s.from_seq.store(seq, std::memory_order_release);
+        uint32_t joining = kJoining;
+        s.state.compare_exchange_strong(joining, kAttached, std::memory_order_acq_rel);
+    }
+}
 
 void Waiter::publish(uint32_t slot, uint64_t seq) {
     b_->slot[slot].seq.store(seq, std::memory_order_release);
 }
 
-bool Waiter::all_attached() const {
-    for (uint32_t r = 0; r < b_->receivers; ++r)
-        if (b_->receiver[r].state.load(std::memory_order_acquire) == kFree) return false;
+void Waiter::abandon(uint64_t version) {
+    uint64_t cur = b_->abandoned_version.load();
+    while (cur < version && !b_->abandoned_version.compare_exchange_weak(cur, version)) {
+    }
+    wake(b_);
+}
+
+void Waiter::drop(uint32_t r) {
+    ReceiverSlot &s = b_->receiver[r];
+    s.from_seq.store(UINT64_MAX, std::memory_order_release);
+    s.state.store(kDropped, std::memory_order_release);
+    wake(b_);
+}
+
+bool Waiter::all_present() const {
+    for (uint32_t r = 0; r < receivers_; ++r) {
+        uint32_t st = b_->receiver[r].state.load(std::memory_order_acquire);
+        if (st == kDropped) continue;
+        if (st == kFree || st == kDetached || !sys::lock_held_elsewhere(fd_, receiver_lock(r)))
+            return false;
+    }
     return true;
 }
 
-uint64_t Waiter::want(uint32_t slot) const {
-    return std::min(b_->slot[slot].seq.load(std::memory_order_relaxed), max_seq_);
+// The newest chunk up to max_seq that lands in `slot` (chunk seq goes to slot (seq-1) % slots):
+// computed, not read from the shared slot word, so neither another sender's newer chunk nor a
+// stray write can change what this sender waits for.
+uint64_t Waiter::want(uint32_t slot, uint64_t max_seq) const {
+    if (slot >= slots_ || max_seq < uint64_t(slot) + 1) return 0;
+    return slot + 1 + (max_seq - (slot + 1)) / slots_ * slots_;
 }
 
-uint64_t Waiter::pending(const std::vector<uint32_t> &slots) const {
+bool Waiter::owes(uint32_t r, uint64_t seq) const {
+    uint32_t st = b_->receiver[r].state.load(std::memory_order_acquire);
+    if (st == kDropped) return false;
+    return seq >= b_->receiver[r].from_seq.load(std::memory_order_acquire);
+}
+
+uint64_t Waiter::pending(const std::vector<uint32_t> &slots, uint64_t max_seq) const {
     uint64_t mask = 0;
     for (uint32_t s : slots) {
-        uint64_t want = this->want(s);
+        uint64_t want = this->want(s, max_seq);
         if (want == 0) continue;
-        for (uint32_t r = 0; r < b_->receivers; ++r)
-            if (ack_seq(b_->slot[s].ack[r].load(std::memory_order_acquire)) < want)
+        for (uint32_t r = 0; r < receivers_; ++r)
+            if (owes(r, want) && ack_seq(b_->slot[s].ack[r].load(std::memory_order_acquire)) < want)
                 mask |= uint64_t(1) << r;
     }
     return mask;
 }
 
-uint64_t Waiter::oldest_pending_seq(uint32_t r, const std::vector<uint32_t> &slots) const {
+uint64_t Waiter::oldest_pending_seq(uint32_t r, const std::vector<uint32_t> &slots,
+                                    uint64_t max_seq) const {
     uint64_t oldest = 0;
     for (uint32_t s : slots) {
-        uint64_t want = this->want(s);
+        uint64_t want = this->want(s, max_seq);
         if (want && ack_seq(b_->slot[s].ack[r].load(std::memory_order_acquire)) < want)
             oldest = oldest ? std::min(oldest, want) : want;
     }
     return oldest;
 }
 
-void Waiter::check_failures() {
-    for (uint32_t r = 0; r < b_->receivers; ++r) {
-        uint64_t fseq = b_->receiver[r].failed_seq.load(std::memory_order_acquire);
-        if (fseq > reported_[r]) {
-            reported_[r] = fseq;
-            auto st = static_cast<wsync_status_t>(b_->receiver[r].failed_status.load());
-            b_->receiver[r].failed_seq.store(0, std::memory_order_relaxed);
-            fail(WSYNC_ERR_PEER, kind_ + ": receiver " + std::to_string(r) +
-                                     " failed chunk seq " + std::to_string(fseq) + " with " +
-                                     status_name(st) + " (see that receiver's error for the cause)");
+int32_t Waiter::pid_of(uint32_t r) const { return b_->receiver[r].pid.load(std::memory_order_relaxed); }
+
+void Waiter::collect_failures(std::vector<Failure> &out) {
+    for (uint32_t r = 0; r < receivers_; ++r) {
+        ReceiverSlot &s = b_->receiver[r];
+        uint64_t n = s.failures.load(std::memory_order_acquire);
+        if (n <= reported_[r]) continue;
+        uint64_t first = reported_[r];
+        if (n - first > kFailureRing) {
+            Failure lost;
+            lost.what = WSYNC_FAILURE_FAILED;
+            lost.status = WSYNC_ERR_PEER;
+            lost.receiver = r;
+            lost.pid = pid_of(r);
+            lost.message = std::to_string(n - first - kFailureRing) +
+                           " earlier failure records of this receiver were overwritten before "
+                           "this sender read them";
+            out.push_back(std::move(lost));
+            first = n - kFailureRing;
         }
+        for (uint64_t k = first; k < n; ++k) {
+            const FailureRecord &rec = s.ring[k % kFailureRing];
+            const uint32_t done = static_cast<uint32_t>(2 * k + 2);
+            Failure f;
+            f.what = WSYNC_FAILURE_FAILED;
+            f.receiver = r;
+            bool ok = false;
+            for (int t = 0; t < kSeqlockTries && !ok; ++t) {
+                uint32_t g1 = rec.gen.load(std::memory_order_acquire);
+                if (g1 != done) {
+                    if (static_cast<int32_t>(g1 - done) > 0) break;  // overwritten by a later one
+                    sched_yield();
+                    continue;
+                }
+                uint32_t status = rec.status;
+                uint64_t version = rec.version;
+                uint32_t chunk = rec.chunk;
+                int32_t pid = rec.pid;
+                char msg[kMessageBytes];
+                std::memcpy(msg, rec.message, sizeof msg);
+                std::atomic_thread_fence(std::memory_order_acquire);
+                if (rec.gen.load(std::memory_order_relaxed) != g1) continue;
+                msg[kMessageBytes - 1] = '\0';
+                f.status = status >= 1 && status <= 0xff ? static_cast<wsync_status_t>(status)
+                                                         : WSYNC_ERR_PEER;
+                f.version = version;
+                f.chunk_index = chunk;
+                f.pid = pid;
+                f.message = printable(msg, sizeof msg);
+                ok = true;
+            }
+            if (!ok) {
+                f.status = WSYNC_ERR_PEER;
+                f.pid = pid_of(r);
+                f.message = "failure record " + std::to_string(k) +
+                            " was unreadable (overwritten or torn)";
+            }
+            out.push_back(std::move(f));
+        }
+        reported_[r] = n;
     }
 }
 
-void Waiter::check_alive(uint64_t mask, const std::vector<uint32_t> &slots) {
-    for (uint32_t r = 0; r < b_->receivers; ++r) {
+namespace {
+std::string describe(const std::string &kind, const std::vector<Failure> &fs) {
+    std::string msg;
+    for (const Failure &f : fs) {
+        if (!msg.empty()) msg += "; ";
+        msg += kind + ": receiver " + std::to_string(f.receiver);
+        if (f.pid) msg += " (pid " + std::to_string(f.pid) + ")";
+        switch (f.what) {
+        case WSYNC_FAILURE_FAILED:
+            msg += " failed";
+            if (f.chunk_index != WSYNC_NO_CHUNK)
+                msg += " chunk " + std::to_string(f.chunk_index) + " of version " +
+                       std::to_string(f.version);
+            msg += std::string(": ") + status_name(f.status) + ": " + f.message;
+            break;
+        default:
+            msg += " " + f.message;
+        }
+    }
+    return msg;
+}
+}  // namespace
+
+void Waiter::check_alive(uint64_t mask, const std::vector<uint32_t> &slots, uint64_t max_seq) {
+    std::vector<Failure> fs;
+    for (uint32_t r = 0; r < receivers_; ++r) {
         if (!(mask & (uint64_t(1) << r))) continue;
         uint32_t state = b_->receiver[r].state.load(std::memory_order_acquire);
-        int32_t pid = b_->receiver[r].pid.load(std::memory_order_relaxed);
-        std::string seq = std::to_string(oldest_pending_seq(r, slots));
-        if (state == kDetached)
-            fail(WSYNC_ERR_PEER, kind_ + ": receiver " + std::to_string(r) + " (pid " +
-                                     std::to_string(pid) +
-                                     ") detached without acknowledging chunk seq " + seq);
-        if (state == kAttached && !sys::process_alive(pid))
-            fail(WSYNC_ERR_PEER, kind_ + ": receiver " + std::to_string(r) + " (pid " +
-                                     std::to_string(pid) +
-                                     ") died without acknowledging chunk seq " + seq);
+        uint64_t seq = oldest_pending_seq(r, slots, max_seq);
+        Failure f;
+        f.receiver = r;
+        f.pid = pid_of(r);
+        f.status = WSYNC_ERR_PEER;
+        if (state == kDetached) {
+            f.what = WSYNC_FAILURE_DETACHED;
+            f.message = "detached without acknowledging chunk seq " + std::to_string(seq);
+        } else if (state == kJoining) {
+            f.what = WSYNC_FAILURE_DIED;
+            f.message = "went away without acknowledging chunk seq " + std::to_string(seq) +
+                        " and has re-attached since (it takes part again from the next version)";
+        } else if (state == kAttached && !sys::lock_held_elsewhere(fd_, receiver_lock(r))) {
+            f.what = WSYNC_FAILURE_DIED;
+            f.message = "died without acknowledging chunk seq " + std::to_string(seq);
+        } else {
+            continue;
+        }
+        fs.push_back(std::move(f));
+    }
+    if (!fs.empty()) {
+        std::string msg = describe(kind_, fs);
+        throw Error(WSYNC_ERR_PEER, msg, std::move(fs));
     }
 }
 
 void Waiter::wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadline,
-                  const char *what, bool report_failures, uint64_t max_seq) {
-    max_seq_ = max_seq;
+                  const char *what, uint64_t max_seq) {
     int64_t last_liveness = -1;
     for (;;) {
-        if (report_failures) check_failures();
+        std::vector<Failure> fs;
+        collect_failures(fs);
+        if (!fs.empty()) {
+            std::string msg = describe(kind_, fs);
+            throw Error(WSYNC_ERR_PEER, msg, std::move(fs));
+        }
         uint32_t word = b_->ack_futex.load(std::memory_order_acquire);
-        uint64_t mask = pending(slots);
+        uint64_t mask = pending(slots, max_seq);
         if (!mask) return;
         int64_t left = deadline.remaining_ms();
         if (last_liveness < 0 || last_liveness - left >= kLivenessPollMs) {
-            check_alive(mask, slots);
+            check_alive(mask, slots, max_seq);
             last_liveness = left;
         }
         if (deadline.passed()) {
             std::string never;
-            for (uint32_t r = 0; r < b_->receivers; ++r)
-                if ((mask >> r & 1) && b_->receiver[r].state.load() == kFree)
+            for (uint32_t r = 0; r < receivers_; ++r) {
+                if (!(mask >> r & 1)) continue;
+                Failure f;
+                f.what = WSYNC_FAILURE_TIMEOUT;
+                f.status = WSYNC_ERR_TIMEOUT;
+                f.receiver = r;
+                f.pid = pid_of(r);
+                f.message = "did not acknowledge chunk seq " +
+                            std::to_string(oldest_pending_seq(r, slots, max_seq)) + " within " +
+                            std::to_string(deadline.budget_ms()) + " ms";
+                fs.push_back(std::move(f));
+                if (b_->receiver[r].state.load() == kFree)
                     never += (never.empty() ? "" : ", ") + std::to_string(r);
+            }
             uint32_t first = static_cast<uint32_t>(__builtin_ctzll(mask));
-            fail(WSYNC_ERR_TIMEOUT,
-                 kind_ + ": " + what + " after " + std::to_string(deadline.budget_ms()) +
-                     " ms: receivers " + list_indices(mask) + " did not acknowledge (receiver " +
-                     std::to_string(first) + " is behind on chunk seq " +
-                     std::to_string(oldest_pending_seq(first, slots)) + ")" +
-                     (never.empty() ? "" : "; never attached: [" + never + "]"));
+            throw Error(WSYNC_ERR_TIMEOUT,
+                        kind_ + ": " + what + " after " + std::to_string(deadline.budget_ms()) +
+                            " ms: receivers " + list_indices(mask) +
+                            " did not acknowledge (receiver " + std::to_string(first) +
+                            " is behind on chunk seq " +
+                            std::to_string(oldest_pending_seq(first, slots, max_seq)) + ")" +
+                            (never.empty() ? "" : "; never attached: [" + never + "]"),
+                        std::move(fs));
         }
         sys::futex_wait(&b_->ack_futex, word, std::min(left, kLivenessPollMs));
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-void attach(Board *b, uint32_t index, const std::string &kind) {
+void attach(Board *b, int fd, uint32_t index, const std::string &kind) {
     ReceiverSlot &slot = b->receiver[index];
-    const int32_t me = static_cast<int32_t>(getpid());
-    int32_t prev = slot.pid.load();
-    // Take the slot if it is free or its previous holder is gone.
-    for (;;) {
-        uint32_t state = slot.state.load(std::memory_order_acquire);
-        if (state == kAttached && prev != 0 && sys::process_alive(prev))
-            fail(WSYNC_ERR_WRONG_STATE, kind + ": receiver index " + std::to_string(index) +
-                                            " is already attached (pid " + std::to_string(prev) +
-                                            ")");
-        if (slot.pid.compare_exchange_weak(prev, me)) break;
+    if (!sys::lock_try(fd, receiver_lock(index)))
+        fail(WSYNC_ERR_WRONG_STATE, kind + ": receiver index " + std::to_string(index) +
+                                        " is already attached (pid " +
+                                        std::to_string(slot.pid.load()) + ")");
+    // The index is ours now: nobody else can run this code for it until we close fd.
+    slot.pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
+    uint32_t state = slot.state.load(std::memory_order_acquire);
+    if (state == kFree) {
+        if (slot.state.compare_exchange_strong(state, kAttached)) return;
     }
-    slot.state.store(kAttached, std::memory_order_release);
+    // Used before (a restart, or after a drop): join at the next version a sender begins.
+    slot.state.store(kJoining, std::memory_order_release);
+    wake(b);
 }
 
 void detach(Board *b, uint32_t index) noexcept {
-    b->receiver[index].state.store(kDetached, std::memory_order_release);
-    b->ack_futex.fetch_add(1, std::memory_order_release);
-    sys::futex_wake_all(&b->ack_futex);
+    uint32_t st = b->receiver[index].state.load();
+    if (st != kDropped) b->receiver[index].state.store(kDetached, std::memory_order_release);
+    wake(b);
 }
 
 uint64_t held(const Board *b, uint32_t slot) {
     return b->slot[slot].seq.load(std::memory_order_acquire);
 }
 
+void record_failure(Board *b, uint32_t index, wsync_status_t status, uint64_t version,
+                    uint32_t chunk, const std::string &message) noexcept {
+    ReceiverSlot &s = b->receiver[index];
+    uint64_t k = s.failures.load(std::memory_order_relaxed);
+    FailureRecord &rec = s.ring[k % kFailureRing];
+    rec.gen.store(static_cast<uint32_t>(2 * k + 1), std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    rec.status = static_cast<uint32_t>(status);
+    rec.version = version;
+    rec.chunk = chunk;
+    rec.pid = static_cast<int32_t>(getpid());
+    std::size_t n = std::min(message.size(), kMessageBytes - 1);
+    std::memcpy(rec.message, message.data(), n);
+    rec.message[n] = '\0';
+    rec.gen.store(static_cast<uint32_t>(2 * k + 2), std::memory_order_release);
+    s.failures.store(k + 1, std::memory_order_release);
+    wake(b);
+}
+
 void acknowledge(Board *b, uint32_t index, uint32_t slot, uint64_t seq,
                  wsync_status_t outcome) noexcept {
-    if (outcome != WSYNC_OK) {
-        uint64_t zero = 0;
-        b->receiver[index].failed_status.store(static_cast<uint32_t>(outcome));
-        b->receiver[index].failed_seq.compare_exchange_strong(zero, seq);
-    }
     b->slot[slot].ack[index].store(seq << 8 | (static_cast<uint64_t>(outcome) & 0xff),
                                    std::memory_order_release);
-    b->ack_futex.fetch_add(1, std::memory_order_release);
-    sys::futex_wake_all(&b->ack_futex);
+    wake(b);
+}
+
+Standing standing(const Board *b, int fd, uint32_t index) {
+    Standing s;
+    s.state = b->receiver[index].state.load(std::memory_order_acquire);
+    s.from_seq = b->receiver[index].from_seq.load(std::memory_order_acquire);
+    s.abandoned_version = b->abandoned_version.load(std::memory_order_acquire);
+    uint32_t seen = std::min(b->senders_seen.load(std::memory_order_acquire), kMaxSenders);
+    s.sender_gone = seen > 0;
+    for (uint32_t k = 0; k < seen && s.sender_gone; ++k)
+        if (sys::lock_held_elsewhere(fd, sender_lock(k))) s.sender_gone = false;
+    return s;
 }
 
 }  // namespace wsync::board

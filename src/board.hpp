@@ -1,14 +1,38 @@
 // The acknowledgement board: a block of POSIX shared memory through which receivers on this
-// machine tell senders that they are done with a chunk, and through which a waiting sender
-// tells a dead receiver from a slow one. Every strategy whose receivers are processes on the
-// sender's host uses it (shm embeds it at the head of its segment; cuda_ipc keeps it in a small
-// segment of its own). It knows chunks only as (slot, seq) pairs, nothing of any wire format.
+// machine tell senders that they are done with a chunk or why they failed it, and through
+// which each side tells a dead peer from a slow one. Every strategy whose receivers are
+// processes on the sender's host uses it (shm embeds it at the head of its segment; cuda_ipc
+// keeps it in a small segment of its own). It knows chunks only as (slot, seq) pairs and
+// versions only as numbers, nothing of any wire format.
 //
-// Protocol. A sender publishes chunk number `seq` (1, 2, ...) in slot (seq - 1) % slots with a
-// release store, after every receiver has acknowledged that slot's previous chunk. A receiver
-// checks the slot (acquire) before touching the chunk, and acknowledges it by storing
-// (seq << 8 | status) in its ack word for the slot, then bumps a futex word and wakes waiters.
-// Receivers register their pid when they attach; a waiting sender polls those pids.
+// Who writes, reads and clears each word (docs/architecture.md has the same table):
+//
+// | word                         | written by                         | read by            | cleared |
+// |------------------------------|------------------------------------|--------------------|---------|
+// | magic, layout, geometry      | creator, before the name exists    | attach (once; each | never   |
+// |                              |                                    | side keeps its own |         |
+// |                              |                                    | copy afterwards)   |         |
+// | slot[s].seq                  | sender, release, after packing     | receiver, acquire  | never   |
+// | slot[s].ack[r]               | receiver r, release: seq<<8|status | senders, acquire   | never   |
+// | ack_futex                    | receivers (bump + wake)            | senders (futex)    | never   |
+// | receiver[r].state            | receiver r: claim (JOINING/ATTACHED| senders, receiver | never   |
+// |                              | via CAS), DETACHED at destroy;     |                    |         |
+// |                              | senders: JOINING->ATTACHED (CAS,   |                    |         |
+// |                              | with from_seq), any->DROPPED (CAS) |                    |         |
+// | receiver[r].from_seq         | sender, before the CAS to ATTACHED | senders, receiver  | never   |
+// | receiver[r].pid              | receiver r at claim (messages only)| senders            | never   |
+// | receiver[r].failures, ring[] | receiver r (seqlock per record)    | every sender, each | never:  |
+// |                              |                                    | with its own count | monotonic|
+// | abandoned_version            | sender (max), when it abandons     | receivers          | never   |
+// | senders_seen                 | each sender once (fetch_add)       | receivers          | never   |
+//
+// Liveness is a kernel-held lock, not a pid: receiver r holds an OFD write lock on byte
+// kLockBase + r of the segment's file, sender k on kLockBase + kMaxReceivers + k. A lock that is
+// free where the state says ATTACHED means its holder died. Claiming an index is taking its
+// lock (atomic in the kernel), so two processes can never hold one index.
+//
+// Nothing here trusts the shared words: every value read is range-checked, seqlocked records
+// are copied out and validated, and the geometry used for addressing is the process's own copy.
 #pragma once
 
 #include <atomic>
@@ -16,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "error.hpp"
 #include "sys.hpp"
 #include "wsync.h"
 
@@ -23,14 +48,34 @@ namespace wsync::board {
 
 constexpr uint32_t kMaxReceivers = 64;
 constexpr uint32_t kMaxSlots = 64;
+constexpr uint32_t kMaxSenders = 64;
+constexpr uint32_t kFailureRing = 4;        // failure records kept per receiver
+constexpr std::size_t kMessageBytes = 240;  // of each record, NUL included
+constexpr uint64_t kLockBase = uint64_t(1) << 40;  // lock bytes lie past any segment's end
 
-enum ReceiverState : uint32_t { kFree = 0, kAttached = 1, kDetached = 2 };
+enum ReceiverState : uint32_t {
+    kFree = 0,      // never attached
+    kAttached = 1,  // owes every chunk from from_seq on
+    kDetached = 2,  // destroyed its receiver
+    kJoining = 3,   // (re)attached; owes nothing until a sender starts a version after it
+    kDropped = 4,   // dropped by a sender; owes nothing
+};
+
+struct FailureRecord {
+    std::atomic<uint32_t> gen;  // seqlock: odd while the receiver writes the record
+    uint32_t status;
+    uint64_t version;
+    uint32_t chunk;
+    int32_t pid;
+    char message[kMessageBytes];
+};
 
 struct alignas(64) ReceiverSlot {
-    std::atomic<int32_t> pid;
     std::atomic<uint32_t> state;
-    std::atomic<uint64_t> failed_seq;     // first chunk this receiver acknowledged as failed
-    std::atomic<uint32_t> failed_status;  // and its status
+    std::atomic<int32_t> pid;
+    std::atomic<uint64_t> from_seq;
+    std::atomic<uint64_t> failures;  // records written so far; record n is ring[n % kFailureRing]
+    FailureRecord ring[kFailureRing];
 };
 
 struct alignas(64) ChunkSlot {
@@ -45,7 +90,9 @@ struct Board {
     uint32_t receivers;
     uint32_t slots;
     uint32_t reserved;
-    std::atomic<uint32_t> ack_futex;  // bumped on every acknowledgement and detach
+    std::atomic<uint32_t> ack_futex;  // bumped on every acknowledgement, failure and detach
+    std::atomic<uint32_t> senders_seen;
+    std::atomic<uint64_t> abandoned_version;
     ReceiverSlot receiver[kMaxReceivers];
     ChunkSlot slot[kMaxSlots];
 };
@@ -63,43 +110,70 @@ std::string list_indices(uint64_t mask);
 // ---- sender side --------------------------------------------------------------------------
 class Waiter {
 public:
-    // `kind` prefixes every message ("shm: receiver 1 (pid 42) died ...").
-    Waiter(Board *b, std::string kind);
+    // `kind` prefixes every message ("shm: receiver 1 (pid 42) died ..."). `fd` is this
+    // process's own descriptor of the board's file (for the liveness locks). receivers and
+    // slots come from the init info, never from the shared words.
+    Waiter(Board *b, int fd, uint32_t receivers, uint32_t slots, std::string kind);
+    // Takes a sender lock (so receivers can tell the trainer died) and registers this sender.
+    void register_sender();
+    // Before publishing the first chunk of a version as `seq`: receivers that (re)attached
+    // since the last version start owing chunks from `seq` on.
+    void admit_joiners(uint64_t seq);
     void publish(uint32_t slot, uint64_t seq);
-    // True once every receiver has attached at least once.
-    bool all_attached() const;
-    // Waits until every receiver has acknowledged the newest chunk of each slot in `slots`.
-    // Fails with WSYNC_ERR_PEER when a receiver died or detached owing a chunk (and, if
-    // `report_failures`, when one acknowledged a chunk as failed: once per failure), or with
-    // WSYNC_ERR_TIMEOUT at the deadline naming the receivers that did not answer.
-    // With several senders on one board (cuda_ipc), a slot may already hold the chunk another
-    // sender just published; `max_seq` limits the wait to chunks up to that seq (the slot's
-    // previous chunk, seq - slots, when making room for chunk seq).
+    void abandon(uint64_t version);
+    void drop(uint32_t r);
+    // True once every receiver that is not dropped holds its index (attached or joining).
+    bool all_present() const;
+    // Waits until every receiver that owes it has acknowledged, for each slot in `slots`, the
+    // newest chunk up to `max_seq` that went to that slot (bucket reuse: seq - 1; flush: this
+    // sender's last seq). Fails first, with WSYNC_ERR_PEER, when a receiver wrote a
+    // failure record this Waiter has not reported yet (each once, oldest first, every receiver
+    // in one error), or when a receiver owing a chunk died, detached or was replaced; with
+    // WSYNC_ERR_TIMEOUT at the deadline naming the receivers that did not answer. The thrown
+    // Error carries the failures as data.
     void wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadline, const char *what,
-              bool report_failures, uint64_t max_seq = UINT64_MAX);
+              uint64_t max_seq);
 
 private:
-    uint64_t want(uint32_t slot) const;
-    uint64_t pending(const std::vector<uint32_t> &slots) const;
-    uint64_t oldest_pending_seq(uint32_t r, const std::vector<uint32_t> &slots) const;
-    void check_failures();
-    void check_alive(uint64_t mask, const std::vector<uint32_t> &slots);
+    uint64_t want(uint32_t slot, uint64_t max_seq) const;
+    bool owes(uint32_t r, uint64_t seq) const;
+    uint64_t pending(const std::vector<uint32_t> &slots, uint64_t max_seq) const;
+    uint64_t oldest_pending_seq(uint32_t r, const std::vector<uint32_t> &slots,
+                                uint64_t max_seq) const;
+    void collect_failures(std::vector<Failure> &out);
+    void check_alive(uint64_t mask, const std::vector<uint32_t> &slots, uint64_t max_seq);
+    int32_t pid_of(uint32_t r) const;
 
     Board *b_;
+    int fd_;
+    uint32_t receivers_, slots_;
     std::string kind_;
     uint64_t reported_[kMaxReceivers] = {};
-    uint64_t max_seq_ = UINT64_MAX;
 };
 
 // ---- receiver side ------------------------------------------------------------------------
-// Takes receiver slot `index` for this process: free, detached, or held by a dead pid.
-// Throws WSYNC_ERR_WRONG_STATE if a live process holds it.
-void attach(Board *b, uint32_t index, const std::string &kind);
-// Marks the receiver detached and wakes waiting senders.
+// Claims receiver index `index` for this process through its own descriptor `fd` of the board's
+// file: atomic (the kernel lock). Throws WSYNC_ERR_WRONG_STATE if a live receiver holds it. A
+// never-used index is owed every chunk from the start; a used one (restart) joins at the next
+// version a sender begins.
+void attach(Board *b, int fd, uint32_t index, const std::string &kind);
+// Marks the receiver detached and wakes waiting senders (the lock goes with the descriptor).
 void detach(Board *b, uint32_t index) noexcept;
 // The chunk a slot holds now (acquire): a request for another seq is stale or replayed.
 uint64_t held(const Board *b, uint32_t slot);
+// Writes a failure record (status, version, chunk, message) for the sender to report; before
+// the failed acknowledgement, so a sender that sees the ack finds the record.
+void record_failure(Board *b, uint32_t index, wsync_status_t status, uint64_t version,
+                    uint32_t chunk, const std::string &message) noexcept;
 void acknowledge(Board *b, uint32_t index, uint32_t slot, uint64_t seq,
                  wsync_status_t outcome) noexcept;
+// What the receiver's own slot says now.
+struct Standing {
+    uint32_t state;
+    uint64_t from_seq;
+    uint64_t abandoned_version;
+    bool sender_gone;  // a sender registered and none holds its lock any more
+};
+Standing standing(const Board *b, int fd, uint32_t index);
 
 }  // namespace wsync::board

@@ -1,6 +1,10 @@
 #include "core.hpp"
 
+#include <algorithm>
 #include <cstring>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "error.hpp"
 
@@ -14,11 +18,52 @@ constexpr const char *kReq = "request";
 
 ChunkHeader decode_header(const json &body) {
     ChunkHeader h;
-    h.version = wire::uint_field(body, "version", kReq, UINT64_MAX);
+    h.version = wire::uint_field(body, "version", kReq, UINT64_MAX - 1);
     if (h.version == 0) wire::malformed("request.version is 0 (versions start at 1)");
-    h.chunk_index = static_cast<uint32_t>(wire::uint_field(body, "chunk", kReq, UINT32_MAX));
+    h.chunk_index = static_cast<uint32_t>(wire::uint_field(body, "chunk", kReq, UINT32_MAX - 1));
     h.last = wire::bool_field(body, "last", kReq);
+    if (h.last) {
+        const json &m = wire::object_field(body, "manifest", kReq);
+        const std::string w = "request.manifest";
+        h.manifest.tensors = wire::uint_field(m, "tensors", w, UINT64_MAX);
+        h.manifest.bytes = wire::uint_field(m, "bytes", w, UINT64_MAX);
+        h.manifest.chunks = static_cast<uint32_t>(wire::uint_field(m, "chunks", w, UINT32_MAX));
+        h.manifest.digest = wire::uint_field(m, "digest", w, UINT64_MAX);
+        if (h.manifest.chunks != uint64_t(h.chunk_index) + 1)
+            wire::malformed(w + ": chunks " + std::to_string(h.manifest.chunks) +
+                            " does not match the committing chunk's index " +
+                            std::to_string(h.chunk_index));
+    } else if (body.contains("manifest")) {
+        wire::malformed("request.manifest on a chunk that does not commit its version");
+    }
     return h;
+}
+
+json encode_manifest(const Manifest &m) {
+    return json{{"tensors", m.tensors}, {"bytes", m.bytes}, {"chunks", m.chunks},
+                {"digest", m.digest}};
+}
+
+std::string manifest_text(const Manifest &m) {
+    char d[24];
+    std::snprintf(d, sizeof d, "%016llx", static_cast<unsigned long long>(m.digest));
+    return std::to_string(m.tensors) + " tensors, " + std::to_string(m.bytes) + " bytes in " +
+           std::to_string(m.chunks) + " chunks, table digest " + d;
+}
+
+void tally(Manifest &m, const std::vector<TensorMeta> &metas) {
+    for (const TensorMeta &t : metas) {
+        m.bytes += t.nbytes;  // each chunk is capped at 2^62 bytes; versions at 2^32 chunks
+    }
+    m.tensors += metas.size();
+    m.chunks += 1;
+    m.digest = chain_digest(m.digest, metas);
+}
+
+// Statuses that mean the caller's input was refused before anything moved: such a failed send
+// loses nothing and leaves the version open.
+bool refused_input(wsync_status_t st) {
+    return st == WSYNC_ERR_INVALID_ARGUMENT || st == WSYNC_ERR_UNSUPPORTED;
 }
 
 std::string chunk_label(const ChunkHeader &h) {
@@ -56,12 +101,65 @@ std::unique_ptr<Receiver> Strategy::create_receiver(const uint8_t *init, std::si
     return std::make_unique<Receiver>(kind_, impl_->create_receiver(env.body, index));
 }
 
+uint64_t chain_digest(uint64_t digest, const std::vector<TensorMeta> &metas) {
+    // Canonical bytes per tensor: name + NUL, code, bits, lanes (LE), ndim, shape (LE int64s).
+    std::string buf;
+    for (const TensorMeta &t : metas) {
+        buf.append(t.name.data(), t.name.size() + 1);
+        const char head[8] = {char(t.dtype.code), char(t.dtype.bits), char(t.dtype.lanes & 0xff),
+                              char(t.dtype.lanes >> 8), char(t.ndim), 0, 0, 0};
+        buf.append(head, sizeof head);
+        buf.append(reinterpret_cast<const char *>(t.shape), sizeof(int64_t) * static_cast<std::size_t>(t.ndim));
+    }
+    return XXH3_64bits_withSeed(buf.data(), buf.size(), digest);
+}
+
 // ----------------------------------------------------------------------------------------------
+Sender::~Sender() {
+    try {
+        abandon();
+    } catch (...) {
+        // Destruction never fails; receivers also learn from the next version or the lock.
+    }
+}
+
+template <class F>
+auto Sender::noting_failures(F &&f) -> decltype(f()) {
+    failures_.clear();
+    try {
+        return f();
+    } catch (const Error &e) {
+        failures_ = e.failures();
+        throw;
+    }
+}
+
 std::vector<uint8_t> Sender::send_chunk(const wsync_chunk_t &chunk) {
-    if (chunk.flags & ~uint32_t(WSYNC_CHUNK_LAST) || chunk.reserved_ != 0)
-        fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk flags has unknown bits or reserved_ is not 0");
+    if (chunk.flags & ~uint32_t(WSYNC_CHUNK_LAST))
+        fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk flags has unknown bits");
+    if (chunk.count == 0) {
+        if (!(chunk.flags & WSYNC_CHUNK_LAST) || chunk.tensors)
+            fail(WSYNC_ERR_INVALID_ARGUMENT,
+                 "chunk has no tensors (count 0): only an empty closing chunk (tensors NULL, flags "
+                 "WSYNC_CHUNK_LAST) may be empty");
+        return commit();
+    }
+    if (!chunk.tensors) fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk.tensors is NULL");
+    return send(chunk.tensors, chunk.count, (chunk.flags & WSYNC_CHUNK_LAST) != 0);
+}
+
+std::vector<uint8_t> Sender::commit() {
+    if (next_index_ == 0)
+        fail(WSYNC_ERR_WRONG_STATE, std::string(kind_.name) + ": version " +
+                                        std::to_string(version_) +
+                                        " has no chunk yet: there is nothing to commit");
+    return send(nullptr, 0, true);
+}
+
+std::vector<uint8_t> Sender::send(const wsync_tensor_t *tensors, std::size_t count, bool last) {
+    failures_.clear();
     TensorTable table;
-    table.metas = metas_from_chunk(chunk.tensors, chunk.count, /*need_data=*/true);
+    if (count) table.metas = metas_from_chunk(tensors, count, /*need_data=*/true);
     uint64_t total = 0;
     for (const auto &m : table.metas) {
         auto sum = add_u64(total, m.nbytes);
@@ -69,27 +167,63 @@ std::vector<uint8_t> Sender::send_chunk(const wsync_chunk_t &chunk) {
             fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk byte size overflows");
         total = *sum;
     }
-    ChunkHeader h{version_, next_index_, (chunk.flags & WSYNC_CHUNK_LAST) != 0};
-    json transport = impl_->send(h, chunk.tensors, table);
+    if (next_index_ == UINT32_MAX - 1)
+        fail(WSYNC_ERR_INVALID_ARGUMENT, "version " + std::to_string(version_) +
+                                             " has reached the most chunks a version may have");
+    ChunkHeader h{version_, next_index_, last, {}};
+    json transport;
+    try {
+        transport = noting_failures([&] { return impl_->send(h, tensors, table); });
+    } catch (const Error &e) {
+        if (!refused_input(e.status())) {
+            std::vector<Failure> keep = failures_;
+            abandon();
+            failures_ = std::move(keep);
+        }
+        throw;
+    }
+    // Tallied as sent: a strategy may have changed the table (a cast to bfloat16).
+    Manifest after = tally_;
+    tally(after, table.metas);
+    if (last) h.manifest = after;
     json body = {{"version", h.version}, {"chunk", h.chunk_index}, {"last", h.last}};
-    json tensors = json::object();
-    encode_tensor_table(table, tensors);
-    body["tensors"] = std::move(tensors);
+    if (last) body["manifest"] = encode_manifest(h.manifest);
+    json table_obj = json::object();
+    encode_tensor_table(table, table_obj);
+    body["tensors"] = std::move(table_obj);
     body["transport"] = std::move(transport);
     auto blob = wire::encode(wire::BlobType::Request, kind_.name, body);
     if (h.last) {
         ++version_;
         next_index_ = 0;
+        tally_ = Manifest{};
     } else {
         ++next_index_;
+        tally_ = after;
     }
     return blob;
 }
 
+void Sender::abandon() {
+    if (next_index_ == 0) return;  // nothing of this version was published
+    uint64_t v = version_;
+    ++version_;
+    next_index_ = 0;
+    tally_ = Manifest{};
+    impl_->abandon(v);
+}
+
 void Sender::flush(int64_t timeout_ms) {
+    failures_.clear();
     if (timeout_ms < 0)
         fail(WSYNC_ERR_INVALID_ARGUMENT, "flush: timeout_ms must be >= 0 (there is no infinite wait)");
-    impl_->flush(timeout_ms);
+    noting_failures([&] { impl_->flush(timeout_ms); });
+}
+
+void Sender::drop_receiver(uint32_t index) { impl_->drop_receiver(index); }
+
+void SenderImpl::drop_receiver(uint32_t) {
+    fail(WSYNC_ERR_UNSUPPORTED, "this strategy's receivers form a fixed group: none can be dropped");
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -98,35 +232,91 @@ Receiver::~Receiver() {
     open_.reset();
 }
 
+void Receiver::fail_open_version(wsync_status_t status) {
+    if (current_ && !current_failed_) {
+        current_failed_ = true;
+        current_status_ = status;
+        failed_version_ = current_;
+        failed_status_ = status;
+    }
+}
+
+void Receiver::catch_up(const Link &link) {
+    dropped_ = link.dropped;
+    sender_gone_ = link.sender_gone;
+    if (current_ && link.abandoned_version >= current_) {
+        fail_open_version(WSYNC_ERR_ABANDONED);
+        current_why_ = "the sender abandoned version " + std::to_string(current_);
+    } else if (current_ && link.sender_gone) {
+        fail_open_version(WSYNC_ERR_PEER);
+        current_why_ = "the trainer's process is gone";
+    }
+}
+
 Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
     if (open_)
         fail(WSYNC_ERR_WRONG_STATE,
              "an iteration is still open on this receiver; end it with wsync_recv_end first");
+    // Nothing below trusts the bytes before the seal and every field have been checked.
     auto env = wire::decode_expect(request, len, wire::BlobType::Request, kind_.name);
     ChunkHeader h = decode_header(env.body);
     TensorTable table = decode_tensor_table(wire::object_field(env.body, "tensors", kReq));
     const json &transport = wire::object_field(env.body, "transport", kReq);
+    const std::string what = std::string(kind_.name) + ": " + chunk_label(h);
 
-    // Chunks arrive in the order they were sent, with no gap: that is how a lost or replayed
-    // request is caught before its bytes are read.
-    if (!have_prev_) {
-        if (h.chunk_index != 0)
-            fail(WSYNC_ERR_MISMATCH, "received " + chunk_label(h) +
-                                         " first; a receiver must start at chunk 0 of a version");
-    } else if (prev_.last) {
-        if (h.version != prev_.version + 1 || h.chunk_index != 0)
-            fail(WSYNC_ERR_MISMATCH, "received " + chunk_label(h) + " but expected chunk 0 of version " +
-                                         std::to_string(prev_.version + 1));
-    } else if (h.version != prev_.version || h.chunk_index != prev_.chunk_index + 1) {
-        fail(WSYNC_ERR_MISMATCH, "received " + chunk_label(h) + " but expected chunk " +
-                                     std::to_string(prev_.chunk_index + 1) + " of version " +
-                                     std::to_string(prev_.version));
+    Link link = impl_->link();
+    if (link.dropped)
+        fail(WSYNC_ERR_PEER, std::string(kind_.name) +
+                                 ": this receiver was dropped by the sender; destroy it and create "
+                                 "a new one with the same index to re-attach");
+    if (current_ && link.abandoned_version >= current_) catch_up(link);
+
+    // Order: chunk 0 of a version newer than any seen begins it (and abandons an open older
+    // one); any other chunk must be the next of the current version. Older chunks are replays.
+    if (h.chunk_index == 0) {
+        if (h.version <= current_ && current_ != 0)
+            fail(WSYNC_ERR_MISMATCH, "received " + chunk_label(h) + " again or out of order: " +
+                                         "version " + std::to_string(current_) +
+                                         " has begun here already (stale or replayed request)");
+    } else if (h.version < current_ || (h.version == current_ && h.chunk_index < expect_index_)) {
+        fail(WSYNC_ERR_MISMATCH, "received " + chunk_label(h) +
+                                     " again: a stale or replayed request");
+    } else if (h.version != current_ || h.chunk_index != expect_index_) {
+        std::string why = "received " + chunk_label(h) + " but expected " +
+                          (current_ ? "chunk " + std::to_string(expect_index_) + " of version " +
+                                          std::to_string(current_)
+                                    : std::string("chunk 0 of a version")) +
+                          " (a request was lost or reordered)";
+        fail_open_version(WSYNC_ERR_MISMATCH);
+        impl_->refuse(h, transport, WSYNC_ERR_MISMATCH, why, true);
+        fail(WSYNC_ERR_MISMATCH, std::string(kind_.name) + ": " + why);
+    } else if (current_failed_) {
+        std::string why = "version " + std::to_string(current_) + " already failed here with " +
+                          status_name(current_status_) +
+                          (current_why_.empty() ? "" : " (" + current_why_ + ")");
+        ++expect_index_;
+        impl_->refuse(h, transport, current_status_, why, false);
+        fail(current_status_, what + ": " + why);
+    }
+    if (impl_->checksums_promised() && table.checksums.empty() && !table.metas.empty()) {
+        std::string why = "request carries no tensor checksums though the init info says they are on";
+        impl_->refuse(h, transport, WSYNC_ERR_INTEGRITY, why, true);
+        fail(WSYNC_ERR_INTEGRITY, what + ": " + why);
     }
 
-    auto backing = impl_->open(h, table, transport);
-    if (!have_prev_ || prev_.last) version_failed_ = false;
-    have_prev_ = true;
-    prev_ = h;
+    auto backing = impl_->open(h, table, transport);  // stale seq, late joiner: nothing changes
+    if (h.chunk_index == 0) {
+        if (current_ && !current_failed_) {
+            fail_open_version(WSYNC_ERR_ABANDONED);  // the sender moved on without committing
+        }
+        current_ = h.version;
+        current_failed_ = false;
+        current_status_ = WSYNC_OK;
+        current_why_.clear();
+        tally_ = Manifest{};
+        expect_index_ = 0;
+    }
+    expect_index_ = h.chunk_index + 1;
     open_ = std::make_unique<Iteration>(*this, h, std::move(table), std::move(backing),
                                         impl_->verify_checksums());
     return open_.get();
@@ -139,9 +329,52 @@ void Receiver::end(Iteration *it) {
     own->end();
 }
 
-void Receiver::finished(wsync_status_t outcome) {
-    if (outcome != WSYNC_OK) version_failed_ = true;
-    else if (prev_.last && !version_failed_) completed_ = prev_.version;
+void Receiver::fail_iteration(Iteration *it, wsync_status_t status, const char *message) {
+    if (!open_ || open_.get() != it)
+        fail(WSYNC_ERR_INVALID_ARGUMENT, "iteration does not belong to this receiver");
+    std::unique_ptr<Iteration> own = std::move(open_);
+    std::string msg = message ? std::string(message, strnlen(message, 255)) : std::string();
+    if (status == WSYNC_OK) {
+        own->fail(WSYNC_ERR_INVALID_ARGUMENT,
+                  "the loader failed the chunk with WSYNC_OK as status" +
+                      (msg.empty() ? std::string() : ": " + msg));
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             "wsync_recv_fail: status must be an error status, not WSYNC_OK (the chunk is failed "
+             "with WSYNC_ERR_INVALID_ARGUMENT)");
+    }
+    own->fail(status, msg.empty() ? "failed by the loader" : msg);
+}
+
+void Receiver::before_ack(const ChunkHeader &h, wsync_status_t outcome, const std::string &message) {
+    if (outcome == WSYNC_OK || h.version != current_) return;
+    if (!current_failed_) impl_->record_failure(h, outcome, message);
+    fail_open_version(outcome);
+    if (current_why_.empty()) current_why_ = message;
+}
+
+void Receiver::finished(const ChunkHeader &h, const TensorTable &table, wsync_status_t outcome) {
+    if (outcome != WSYNC_OK || h.version != current_ || current_failed_) return;
+    tally(tally_, table.metas);
+    if (h.last) {
+        completed_ = h.version;
+        current_ = h.version;  // stays: a replay of it is still refused
+        current_failed_ = false;
+        expect_index_ = UINT32_MAX;
+    }
+}
+
+wsync_receiver_state_t Receiver::poll() {
+    if (open_)
+        fail(WSYNC_ERR_WRONG_STATE, "poll: an iteration is open; end or fail it first");
+    catch_up(impl_->link());
+    wsync_receiver_state_t st{};
+    st.struct_size = sizeof st;
+    st.flags = (dropped_ ? WSYNC_RECEIVER_DROPPED : 0) | (sender_gone_ ? WSYNC_RECEIVER_SENDER_GONE : 0);
+    st.completed_version = completed_;
+    st.open_version = current_ && !current_failed_ && current_ != completed_ ? current_ : 0;
+    st.failed_version = failed_version_;
+    st.failed_status = failed_version_ ? failed_status_ : WSYNC_OK;
+    return st;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -150,18 +383,28 @@ Iteration::Iteration(Receiver &owner, ChunkHeader header, TensorTable table,
     : owner_(&owner), header_(header), table_(std::move(table)), backing_(std::move(backing)),
       verify_(verify && !table_.checksums.empty()) {}
 
-Iteration::~Iteration() { finish(failed_ != WSYNC_OK ? failed_ : WSYNC_ERR_WRONG_STATE); }
-
-wsync_recv_info_t Iteration::info() const {
-    wsync_recv_info_t info{};
-    info.version = header_.version;
-    info.chunk_index = header_.chunk_index;
-    info.flags = header_.last ? WSYNC_CHUNK_LAST : 0;
-    info.count = table_.metas.size();
-    info.bytes = table_.total_bytes();
-    return info;
+Iteration::~Iteration() {
+    if (!finished_) {
+        if (failed_ == WSYNC_OK) {
+            failed_ = WSYNC_ERR_WRONG_STATE;
+            failure_ = "the receiver was destroyed with " + chunk_label(header_) + " open";
+        }
+        finish(failed_);
+    }
 }
 
+void Iteration::info(wsync_recv_info_t *out) const {
+    out->flags = header_.last ? WSYNC_CHUNK_LAST : 0;
+    out->version = header_.version;
+    out->chunk_index = header_.chunk_index;
+    out->count = table_.metas.size();
+    out->bytes = table_.total_bytes();
+    if (header_.last) {
+        out->version_chunks = header_.manifest.chunks;
+        out->version_tensors = header_.manifest.tensors;
+        out->version_bytes = header_.manifest.bytes;
+    }
+}
 void Iteration::fill(std::size_t i, wsync_tensor_t *view, bool with_data) const {
     const TensorMeta &m = table_.metas[i];
     std::memset(view, 0, sizeof *view);
@@ -179,14 +422,14 @@ void Iteration::fill(std::size_t i, wsync_tensor_t *view, bool with_data) const 
 
 void Iteration::peek(std::size_t i, wsync_tensor_t *view) const {
     if (i >= table_.metas.size())
-        fail(WSYNC_ERR_INVALID_ARGUMENT, "peek: index " + std::to_string(i) +
+        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT, "peek: index " + std::to_string(i) +
                                              " is out of range (the chunk has " +
                                              std::to_string(table_.metas.size()) + " tensors)");
     fill(i, view, false);
 }
 
 bool Iteration::next(wsync_tensor_t *view) {
-    if (failed_ != WSYNC_OK) fail(failed_, failure_);
+    if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
     if (next_ >= table_.metas.size()) return false;
     std::size_t i = next_;
     if (verify_) {
@@ -200,7 +443,7 @@ bool Iteration::next(wsync_tensor_t *view) {
                           static_cast<unsigned long long>(got));
             failure_ = "tensor '" + m.name + "' in " + chunk_label(header_) +
                        ": checksum mismatch (request says " + buf + ")";
-            fail(failed_, failure_);
+            wsync::fail(failed_, failure_);
         }
     }
     fill(i, view, true);
@@ -211,21 +454,51 @@ bool Iteration::next(wsync_tensor_t *view) {
 void Iteration::finish(wsync_status_t outcome) noexcept {
     if (finished_) return;
     finished_ = true;
+    try {
+        owner_->before_ack(header_, outcome, failure_);
+    } catch (...) {
+    }
     backing_->acknowledge(outcome);
-    owner_->finished(outcome);
+    owner_->finished(header_, table_, outcome);
+}
+
+void Iteration::fail(wsync_status_t status, std::string message) {
+    if (failed_ == WSYNC_OK) {
+        failed_ = status;
+        failure_ = std::move(message);
+    }
+    finish(failed_);
 }
 
 void Iteration::end() {
     if (failed_ != WSYNC_OK) {
         finish(failed_);
-        fail(failed_, failure_);
+        wsync::fail(failed_, failure_);
     }
     if (next_ < table_.metas.size()) {
-        finish(WSYNC_ERR_WRONG_STATE);
-        fail(WSYNC_ERR_WRONG_STATE, "iteration over " + chunk_label(header_) + " ended after " +
-                                        std::to_string(next_) + " of " +
-                                        std::to_string(table_.metas.size()) +
-                                        " tensors; the chunk is acknowledged as failed");
+        failed_ = WSYNC_ERR_WRONG_STATE;
+        failure_ = "iteration over " + chunk_label(header_) + " ended after " +
+                   std::to_string(next_) + " of " + std::to_string(table_.metas.size()) +
+                   " tensors; the chunk is acknowledged as failed";
+        finish(failed_);
+        wsync::fail(failed_, failure_);
+    }
+    if (header_.last) {
+        // The committing chunk: this receiver's tally of the version must equal the manifest.
+        Manifest with_me = owner_->tally_;
+        tally(with_me, table_.metas);
+        std::string why;
+        if (!(with_me == header_.manifest))
+            why = "version " + std::to_string(header_.version) +
+                  " is incomplete or differs: its manifest lists " +
+                  manifest_text(header_.manifest) + ", this receiver received " +
+                  manifest_text(with_me);
+        if (!why.empty()) {
+            failed_ = WSYNC_ERR_MISMATCH;
+            failure_ = why;
+            finish(failed_);
+            wsync::fail(failed_, failure_);
+        }
     }
     finish(WSYNC_OK);
 }

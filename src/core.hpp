@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "error.hpp"
 #include "strategy.hpp"
 
 namespace wsync {
@@ -31,15 +32,25 @@ class Sender {
 public:
     Sender(const KindInfo &kind, std::unique_ptr<SenderImpl> impl)
         : kind_(kind), impl_(std::move(impl)) {}
+    ~Sender();
     std::vector<uint8_t> send_chunk(const wsync_chunk_t &chunk);
+    std::vector<uint8_t> commit();
+    void abandon();
     void flush(int64_t timeout_ms);
+    void drop_receiver(uint32_t index);
     uint64_t version() const { return version_; }
+    const std::vector<Failure> &failures() const { return failures_; }
 
 private:
+    std::vector<uint8_t> send(const wsync_tensor_t *tensors, std::size_t count, bool last);
+    template <class F> auto noting_failures(F &&f) -> decltype(f());
+
     const KindInfo &kind_;
     std::unique_ptr<SenderImpl> impl_;
     uint64_t version_ = 1;
     uint32_t next_index_ = 0;
+    Manifest tally_;  // of the chunks of version_ published so far
+    std::vector<Failure> failures_;
 };
 
 class Iteration;
@@ -53,19 +64,31 @@ public:
     Iteration *receive(const uint8_t *request, std::size_t len);
     // Ends and frees the open iteration; throws its failure after freeing it.
     void end(Iteration *it);
+    // Fails and frees the open iteration with the caller's status and message.
+    void fail_iteration(Iteration *it, wsync_status_t status, const char *message);
     uint64_t completed_version() const { return completed_; }
+    wsync_receiver_state_t poll();
 
 private:
     friend class Iteration;
-    void finished(wsync_status_t outcome);
+    void catch_up(const Link &link);
+    void fail_open_version(wsync_status_t status);
+    void before_ack(const ChunkHeader &h, wsync_status_t outcome, const std::string &message);
+    void finished(const ChunkHeader &h, const TensorTable &table, wsync_status_t outcome);
 
     const KindInfo &kind_;
     std::unique_ptr<ReceiverImpl> impl_;
     std::unique_ptr<Iteration> open_;
-    bool have_prev_ = false;
-    ChunkHeader prev_;
-    bool version_failed_ = false;
+    uint64_t current_ = 0;         // version whose chunks arrive now (open or failed), 0: none
+    bool current_failed_ = false;
+    wsync_status_t current_status_ = WSYNC_OK;
+    std::string current_why_;
+    uint32_t expect_index_ = 0;    // next chunk index of current_
+    Manifest tally_;               // of current_'s chunks ended successfully
     uint64_t completed_ = 0;
+    uint64_t failed_version_ = 0;
+    wsync_status_t failed_status_ = WSYNC_OK;
+    bool dropped_ = false, sender_gone_ = false;
 };
 
 class Iteration {
@@ -74,11 +97,13 @@ public:
               std::unique_ptr<ChunkBacking> backing, bool verify);
     ~Iteration();
     Receiver *owner() const { return owner_; }
-    wsync_recv_info_t info() const;
+    void info(wsync_recv_info_t *out) const;
     void peek(std::size_t i, wsync_tensor_t *view) const;
     bool next(wsync_tensor_t *view);
     // Acknowledges; throws the iteration's failure, if any. Called once, by Receiver::end.
     void end();
+    // Acknowledges as failed with the loader's own status and message.
+    void fail(wsync_status_t status, std::string message);
 
 private:
     void fill(std::size_t i, wsync_tensor_t *view, bool with_data) const;
@@ -94,6 +119,9 @@ private:
     std::string failure_;
     bool finished_ = false;
 };
+
+// Chains a chunk's name/dtype/shape table into a version digest (both sides compute it).
+uint64_t chain_digest(uint64_t digest, const std::vector<TensorMeta> &metas);
 
 // wsync_request_merge.
 std::vector<uint8_t> merge_requests(const std::vector<std::pair<const uint8_t *, std::size_t>> &parts);

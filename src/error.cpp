@@ -28,6 +28,7 @@ const char *status_name(wsync_status_t status) noexcept {
     case WSYNC_ERR_SYSTEM: return "WSYNC_ERR_SYSTEM";
     case WSYNC_ERR_INTERNAL: return "WSYNC_ERR_INTERNAL";
     case WSYNC_ERR_INTEGRITY: return "WSYNC_ERR_INTEGRITY";
+    case WSYNC_ERR_ABANDONED: return "WSYNC_ERR_ABANDONED";
     default: return "WSYNC_ERR_UNKNOWN";
     }
 }

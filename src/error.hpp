@@ -2,21 +2,37 @@
 // names the cause. The ABI layer (abi.cpp) turns it into a status plus the per-thread message.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "wsync.h"
 
 namespace wsync {
 
+// One receiver's failure as a sender learnt it (wsync_failure_t without the ABI framing).
+struct Failure {
+    uint32_t what = 0;               // WSYNC_FAILURE_*
+    wsync_status_t status = WSYNC_OK;
+    uint32_t receiver = 0;
+    uint64_t version = 0;
+    uint32_t chunk_index = WSYNC_NO_CHUNK;
+    int32_t pid = 0;
+    std::string message;
+};
+
 class Error : public std::runtime_error {
 public:
-    Error(wsync_status_t status, std::string message)
-        : std::runtime_error(std::move(message)), status_(status) {}
+    Error(wsync_status_t status, std::string message, std::vector<Failure> failures = {})
+        : std::runtime_error(std::move(message)), status_(status), failures_(std::move(failures)) {}
     wsync_status_t status() const noexcept { return status_; }
+    // Receivers' failures behind a sender's error, as data (empty for other errors).
+    const std::vector<Failure> &failures() const noexcept { return failures_; }
 
 private:
     wsync_status_t status_;
+    std::vector<Failure> failures_;
 };
 
 // Throws Error(status, message). Kept out of line so call sites stay small.

@@ -19,11 +19,30 @@ namespace wsync {
 
 using json = nlohmann::json;
 
+// What a committed version holds: carried by its last chunk's request, tallied by receivers.
+struct Manifest {
+    uint64_t tensors = 0;
+    uint64_t bytes = 0;
+    uint32_t chunks = 0;
+    uint64_t digest = 0;  // chained XXH3 of every chunk's name/dtype/shape table
+    bool operator==(const Manifest &o) const {
+        return tensors == o.tensors && bytes == o.bytes && chunks == o.chunks && digest == o.digest;
+    }
+};
+
 // Where a chunk sits in the stream of syncs.
 struct ChunkHeader {
     uint64_t version = 0;      // sync version, from 1
     uint32_t chunk_index = 0;  // position within the version
-    bool last = false;         // completes the version
+    bool last = false;         // commits the version
+    Manifest manifest;         // when last: the whole version's
+};
+
+// What a receiver's transport knows of its standing with the senders.
+struct Link {
+    bool dropped = false;
+    bool sender_gone = false;
+    uint64_t abandoned_version = 0;  // newest version a sender abandoned
 };
 
 // The transport side of one received chunk: where each tensor's bytes are, and how the
@@ -47,6 +66,10 @@ public:
     virtual json send(const ChunkHeader &header, const wsync_tensor_t *tensors,
                       TensorTable &table) = 0;
     virtual void flush(int64_t timeout_ms) = 0;
+    // The version will get no more chunks: tell receivers (shm, cuda_ipc: the board).
+    virtual void abandon(uint64_t /*version*/) {}
+    // Stop waiting for receiver `index`; throws WSYNC_ERR_UNSUPPORTED where the kind cannot.
+    virtual void drop_receiver(uint32_t index);
 };
 
 class ReceiverImpl {
@@ -59,6 +82,19 @@ public:
                                                const json &transport) = 0;
     // Whether carried checksums are verified before tensors are yielded.
     virtual bool verify_checksums() const = 0;
+    // Whether the init info promised tensor checksums in every request.
+    virtual bool checksums_promised() const { return false; }
+    // The core refuses a well-formed, authentic request (out of order, its version already
+    // failed here): if the chunk is current and owed by this receiver, acknowledge it as failed
+    // (so the sender does not wait for it) and, with `record`, tell the sender why.
+    virtual void refuse(const ChunkHeader & /*header*/, const json & /*transport*/,
+                        wsync_status_t /*status*/, const std::string & /*message*/,
+                        bool /*record*/) noexcept {}
+    // A chunk of `header`'s version failed here for the first time: tell the sender why, before
+    // the failed acknowledgement.
+    virtual void record_failure(const ChunkHeader & /*header*/, wsync_status_t /*status*/,
+                                const std::string & /*message*/) noexcept {}
+    virtual Link link() const { return {}; }
 };
 
 class StrategyImpl {

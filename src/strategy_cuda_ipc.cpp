@@ -107,15 +107,16 @@ public:
         seg->name_ = "/wsync-ipc-" + sys::random_hex(16);
         int fd = sys::shm_create(seg->name_, sizeof(Control), false, kKind);
         seg->owner_ = true;
+        seg->fd_ = fd;
+        seg->receivers_ = receivers;
+        seg->slots_ = slots;
         void *p;
         try {
             p = sys::map_shared(fd, 0, sizeof(Control), true, true, "cuda_ipc: board");
         } catch (...) {
-            close(fd);
             shm_unlink(seg->name_.c_str());
             throw;
         }
-        close(fd);
         auto *c = new (p) Control();
         std::memcpy(c->magic, kMagic, sizeof kMagic);
         c->layout = kLayoutVersion;
@@ -132,14 +133,10 @@ public:
         int fd = sys::shm_open_existing(name, sizeof(Control), kKind,
                                         "the trainer is gone, or every sender and receiver had "
                                         "already attached and the name was removed");
-        void *p;
-        try {
-            p = sys::map_shared(fd, 0, sizeof(Control), true, false, "cuda_ipc: board");
-        } catch (...) {
-            close(fd);
-            throw;
-        }
-        close(fd);
+        seg->fd_ = fd;
+        seg->receivers_ = receivers;
+        seg->slots_ = slots;
+        void *p = sys::map_shared(fd, 0, sizeof(Control), true, false, "cuda_ipc: board");
         seg->c_ = static_cast<Control *>(p);
         const Control *c = seg->c_;
         if (std::memcmp(c->magic, kMagic, sizeof kMagic) != 0 || c->layout != kLayoutVersion ||
@@ -152,14 +149,15 @@ public:
     ~BoardSegment() {
         if (owner_) unlink();
         if (c_) munmap(c_, sizeof(Control));
+        if (fd_ >= 0) close(fd_);
     }
 
     // Removes the name once every sender and receiver has mapped the segment (or at the
     // owner's end): after that nothing is left in /dev/shm, even if every process is killed.
     void unlink_if_complete() {
         if (c_->senders_attached.load() >= c_->senders) {
-            board::Waiter probe(&c_->board, kKind);
-            if (probe.all_attached()) unlink();
+            board::Waiter probe(&c_->board, fd_, receivers_, slots_, kKind);
+            if (probe.all_present()) unlink();
         }
     }
     void unlink() noexcept {
@@ -171,12 +169,17 @@ public:
 
     Control *control() const { return c_; }
     board::Board *board() const { return &c_->board; }
+    int fd() const { return fd_; }
+    uint32_t receivers() const { return receivers_; }
+    uint32_t slots() const { return slots_; }
     const std::string &name() const { return name_; }
 
 private:
     BoardSegment() = default;
     std::string name_;
     Control *c_ = nullptr;
+    int fd_ = -1;  // kept open: the liveness locks live on it
+    uint32_t receivers_ = 0, slots_ = 0;  // from the init info, never re-read from shared memory
     bool owner_ = false;
     bool unlinked_ = false;
 };
@@ -253,9 +256,10 @@ class IpcSender final : public SenderImpl {
 public:
     IpcSender(const gpu::CudaApi &api, std::shared_ptr<BoardSegment> seg, const InitInfo &info,
               bool synchronize, int64_t timeout_ms)
-        : api_(api), seg_(std::move(seg)), info_(info), waiter_(seg_->board(), kKind),
+        : api_(api), seg_(std::move(seg)), info_(info), waiter_(seg_->board(), seg_->fd(), seg_->receivers(), seg_->slots(), kKind),
           cast_(gpu::parse_cast(info.dtype)), synchronize_(synchronize), timeout_ms_(timeout_ms) {
         seg_->control()->senders_attached.fetch_add(1);
+        waiter_.register_sender();
     }
 
     ~IpcSender() override {
@@ -267,7 +271,19 @@ public:
         dev_.reset();
     }
 
-    json send(const ChunkHeader &, const wsync_tensor_t *tensors, TensorTable &table) override {
+    json send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) override {
+        const uint64_t first = next_seq_;
+        if (h.chunk_index == 0) waiter_.admit_joiners(first);
+        if (table.metas.empty()) {
+            // A commit without data: a slot and a seq like any chunk, nothing to pack or share.
+            const uint32_t slot = static_cast<uint32_t>((first - 1) % info_.slots());
+            waiter_.wait({slot}, sys::Deadline(timeout_ms_), "no free slot", first - 1);
+            waiter_.publish(slot, first);
+            ++next_seq_;
+            used_slots_ = std::max<uint32_t>(used_slots_, slot + 1);
+            return json{{"seq", first}, {"slot", slot}, {"packed", info_.packed},
+                        {"parts", json::array()}};
+        }
         const int ordinal = chunk_device(tensors, table);
         start(ordinal);
         const uint64_t seq = next_seq_;
@@ -288,7 +304,15 @@ public:
         seg_->unlink_if_complete();
         std::vector<uint32_t> all;
         for (uint32_t s = 0; s < used_slots_; ++s) all.push_back(s);
-        waiter_.wait(all, sys::Deadline(timeout_ms), "flush timed out", true);
+        // This sender's own chunks only: with several senders, others may have published more.
+        waiter_.wait(all, sys::Deadline(timeout_ms), "flush timed out", next_seq_ - 1);
+    }
+
+    void abandon(uint64_t version) override { waiter_.abandon(version); }
+
+    void drop_receiver(uint32_t index) override {
+        check_receiver_index(kKind, index, info_.receivers);
+        waiter_.drop(index);
     }
 
 private:
@@ -328,7 +352,7 @@ private:
         std::vector<gpu::PackOp> ops;
         gpu::layout_bucket(table, cast_, info_.bucket_bytes, &ops, kKind);
         // Back-pressure: the bucket's previous chunk must be done with by every receiver.
-        waiter_.wait({b}, deadline, "no free bucket", false, next_seq_ - 1 >= info_.buckets ? next_seq_ - info_.buckets : 0);
+        waiter_.wait({b}, deadline, "no free bucket", next_seq_ - 1);
         sync_device();
         entries_.resize(table.metas.size());
         const CUdeviceptr base = buckets_[b].ptr();
@@ -395,8 +419,7 @@ private:
             alloc.push_back(slot_it->second);
             offset.push_back(p - a.base);
         }
-        waiter_.wait({slot}, deadline, "too many chunks in flight", false,
-                     next_seq_ > kUnpackedSlots ? next_seq_ - kUnpackedSlots : 0);
+        waiter_.wait({slot}, deadline, "too many chunks in flight", next_seq_ - 1);
         sync_device();
         return json{{"handles", std::move(handles)}, {"sizes", std::move(sizes)},
                     {"alloc", std::move(alloc)}, {"offset", std::move(offset)}};
@@ -518,12 +541,42 @@ public:
         : seg_(std::move(seg)), info_(info), index_(index),
           dev_(std::make_unique<gpu::Device>(api, ordinal, kKind)), cache_(*dev_),
           synchronize_(synchronize) {
-        board::attach(seg_->board(), index_, kKind);
+        board::attach(seg_->board(), seg_->fd(), index_, kKind);
     }
 
     ~IpcReceiver() override { board::detach(seg_->board(), index_); }
 
     bool verify_checksums() const override { return false; }
+
+    Link link() const override {
+        board::Standing s = board::standing(seg_->board(), seg_->fd(), index_);
+        Link l;
+        l.dropped = s.state == board::kDropped;
+        l.sender_gone = s.sender_gone;
+        l.abandoned_version = s.abandoned_version;
+        return l;
+    }
+
+    void refuse(const ChunkHeader &h, const json &transport, wsync_status_t status,
+                const std::string &message, bool record) noexcept override {
+        try {
+            const uint32_t slots = info_.slots();
+            uint64_t seq = wire::uint_field(transport, "seq", "cuda_ipc request", UINT64_MAX >> 8);
+            uint32_t slot = static_cast<uint32_t>(wire::uint_field(transport, "slot", "cuda_ipc request", slots - 1));
+            board::Standing st = board::standing(seg_->board(), seg_->fd(), index_);
+            if (seq == 0 || (seq - 1) % slots != slot || board::held(seg_->board(), slot) != seq ||
+                st.state != board::kAttached || seq < st.from_seq)
+                return;
+            if (record) board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);
+            board::acknowledge(seg_->board(), index_, slot, seq, status);
+        } catch (...) {
+        }
+    }
+
+    void record_failure(const ChunkHeader &h, wsync_status_t status,
+                        const std::string &message) noexcept override {
+        board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);
+    }
 
     std::unique_ptr<ChunkBacking> open(const ChunkHeader &header, const TensorTable &table,
                                        const json &transport) override {
@@ -536,7 +589,20 @@ public:
                             std::to_string(slot));
         if (wire::bool_field(transport, "packed", w) != info_.packed)
             fail(WSYNC_ERR_MISMATCH, w + ": packed mode differs from the init info's");
-        const json &part = my_part(wire::array_field(transport, "parts", w, board::kMaxReceivers), w);
+        const auto &parts = wire::array_field(transport, "parts", w, board::kMaxReceivers);
+        board::Standing st = board::standing(seg_->board(), seg_->fd(), index_);
+        if (st.state == board::kJoining || seq < st.from_seq)
+            fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": this receiver (re)attached while chunk seq " +
+                                         std::to_string(seq) +
+                                         "'s version was in flight; it takes part from the next version on");
+        if (table.metas.empty()) {  // a commit without data
+            if (board::held(seg_->board(), slot) != seq)
+                fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": stale or replayed commit request");
+            last_seq_ = seq;
+            return std::make_unique<IpcBacking>(seg_, *dev_, false, index_, slot, seq,
+                                                std::vector<CUdeviceptr>{});
+        }
+        const json &part = my_part(parts, w);
         if (last_seq_ && seq != last_seq_ + 1)
             fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": request carries chunk seq " +
                                          std::to_string(seq) + ", expected seq " +

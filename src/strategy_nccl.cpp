@@ -235,6 +235,11 @@ public:
     ~NcclSender() override { comm_.reset(); }
 
     json send(const ChunkHeader &, const wsync_tensor_t *tensors, TensorTable &table) override {
+        if (table.metas.empty()) {
+            // A commit without data moves nothing: both sides skip the broadcast.
+            comm_->check("before committing");
+            return json{{"seq", next_seq_++}, {"bytes", 0}};
+        }
         check_device(tensors, table, dev_->ordinal());
         std::vector<gpu::PackOp> ops;
         const uint64_t bytes = gpu::layout_bucket(table, cast_, info_.bucket_bytes, &ops, kKind);
@@ -361,6 +366,10 @@ public:
                                 "-byte broadcast");
         }
         comm_->check("before receiving chunk seq " + std::to_string(seq));
+        if (table.metas.empty()) {  // a commit without data: no broadcast was posted
+            last_seq_ = seq;
+            return std::make_unique<NcclBacking>(*dev_, bucket_.ptr(), table.offsets, false);
+        }
         {
             gpu::Device::Scope scope(*dev_);
             void *buf = reinterpret_cast<void *>(bucket_.ptr());

@@ -32,7 +32,7 @@ namespace {
 
 constexpr uint32_t kMaxReceivers = board::kMaxReceivers;
 constexpr uint32_t kMaxBuckets = board::kMaxSlots;
-constexpr uint32_t kLayoutVersion = 2;
+constexpr uint32_t kLayoutVersion = 3;
 constexpr char kMagic[8] = {'W', 'S', 'Y', 'N', 'C', 'S', 'H', 'M'};
 constexpr uint64_t kTensorAlign = 256;    // offsets of tensors inside a bucket
 constexpr uint64_t kBucketAlign = 4096;   // bucket size granularity (page)
@@ -68,83 +68,91 @@ const std::vector<OptionSpec> &shm_options() {
     return specs;
 }
 
-// A mapped segment. The creator owns the name and unlinks it at the latest when it goes away.
+// A mapped segment. The creator owns the name and removes it at the latest when it goes away;
+// it also serves the segment's descriptor to receivers that attach after the name is gone. Every
+// process keeps its own descriptor open: the liveness locks live on it. The geometry used for
+// addressing is this object's own copy, never re-read from the shared control block.
 class Segment {
 public:
     static std::shared_ptr<Segment> create(uint32_t receivers, uint32_t buckets,
                                            uint64_t bucket_bytes) {
         auto seg = std::shared_ptr<Segment>(new Segment());
         seg->name_ = "/wsync-" + sys::random_hex(16);
-        uint64_t data_offset = round_up(sizeof(Control), 65536);
+        seg->rendezvous_ = "wsync-" + sys::random_hex(16);
+        seg->receivers_ = receivers;
+        seg->buckets_ = buckets;
+        seg->bucket_bytes_ = bucket_bytes;
+        seg->data_offset_ = round_up(sizeof(Control), 65536);
         auto data = mul_u64(buckets, bucket_bytes);
-        auto total = data ? add_u64(data_offset, *data) : std::nullopt;
+        auto total = data ? add_u64(seg->data_offset_, *data) : std::nullopt;
         if (!total) fail(WSYNC_ERR_INVALID_ARGUMENT, "shm: buckets x bucket_bytes overflows");
-        int fd = sys::shm_create(seg->name_, *total, /*reserve=*/true, "shm");
+        seg->fd_ = sys::shm_create(seg->name_, *total, /*reserve=*/true, "shm");
         seg->owner_ = true;
         seg->size_ = *total;
-        void *p;
-        try {
-            p = sys::map_shared(fd, 0, *total, true, true, "shm: segment");
-        } catch (...) {
-            close(fd);
-            throw;
-        }
-        close(fd);
+        void *p = sys::map_shared(seg->fd_, 0, *total, true, true, "shm: segment");
         seg->base_ = static_cast<uint8_t *>(p);
         Control *c = new (seg->base_) Control();  // the file is zero; this just starts lifetimes
         std::memcpy(c->magic, kMagic, sizeof kMagic);
         c->layout = kLayoutVersion;
         board::init(&c->board, receivers, buckets);
         c->bucket_bytes = bucket_bytes;
-        c->data_offset = data_offset;
+        c->data_offset = seg->data_offset_;
         c->total_bytes = *total;
-        seg->data_ = seg->base_ + data_offset;
+        seg->data_ = seg->base_ + seg->data_offset_;
+        seg->server_ = std::make_unique<sys::FdServer>(seg->rendezvous_, seg->fd_, "shm");
         return seg;
     }
 
-    // Maps an existing segment: control read-write (for acks), data read-only.
-    static std::shared_ptr<Segment> attach(const std::string &name, uint32_t receivers,
-                                           uint32_t buckets, uint64_t bucket_bytes) {
+    // Maps an existing segment: control read-write (for acks), data read-only. By name while
+    // it exists, else through the owner's rendezvous socket (a receiver re-attaching).
+    static std::shared_ptr<Segment> attach(const std::string &name, const std::string &rendezvous,
+                                           uint32_t receivers, uint32_t buckets,
+                                           uint64_t bucket_bytes, int64_t timeout_ms) {
         auto seg = std::shared_ptr<Segment>(new Segment());
         seg->name_ = name;
-        uint64_t data_offset = round_up(sizeof(Control), 65536);
-        uint64_t total = data_offset + uint64_t(buckets) * bucket_bytes;  // bounded by init checks
-        int fd = sys::shm_open_existing(
-            name, total, "shm",
-            "the sender is gone, or every receiver had already attached and the name was removed");
-        void *ctl = nullptr, *data = nullptr;
+        seg->receivers_ = receivers;
+        seg->buckets_ = buckets;
+        seg->bucket_bytes_ = bucket_bytes;
+        seg->data_offset_ = round_up(sizeof(Control), 65536);
+        const uint64_t total = seg->data_offset_ + uint64_t(buckets) * bucket_bytes;  // bounded by init checks
+        const std::string gone = "the sender is gone (the segment's name was removed once every "
+                                 "receiver had attached, and no live sender answers for it)";
         try {
-            ctl = sys::map_shared(fd, 0, data_offset, true, false, "shm: control block");
-            data = sys::map_shared(fd, data_offset, total - data_offset, false, true,
-                                   "shm: data buckets");
-        } catch (...) {
-            if (ctl) munmap(ctl, data_offset);
-            close(fd);
-            throw;
+            seg->fd_ = sys::shm_open_existing(name, total, "shm", gone);
+        } catch (const Error &e) {
+            if (e.status() != WSYNC_ERR_UNAVAILABLE) throw;
+            seg->fd_ = sys::fetch_fd(rendezvous, sys::Deadline(timeout_ms), "shm: segment '" + name + "'", gone);
+            struct stat st;
+            if (fstat(seg->fd_, &st) != 0 || uint64_t(st.st_size) != total)
+                fail(WSYNC_ERR_MISMATCH, "shm: the segment handed over for '" + name +
+                                             "' does not have the size its init info implies");
         }
-        close(fd);
+        void *ctl = sys::map_shared(seg->fd_, 0, seg->data_offset_, true, false, "shm: control block");
         seg->base_ = static_cast<uint8_t *>(ctl);
-        seg->data_ = static_cast<uint8_t *>(data);
-        seg->size_ = total;
         seg->split_ = true;
+        seg->size_ = total;
+        void *data = sys::map_shared(seg->fd_, seg->data_offset_, total - seg->data_offset_, false,
+                                     true, "shm: data buckets");
+        seg->data_ = static_cast<uint8_t *>(data);
         const Control *c = seg->control();
         if (std::memcmp(c->magic, kMagic, sizeof kMagic) != 0 || c->layout != kLayoutVersion ||
             !board::matches(&c->board, receivers, buckets) || c->bucket_bytes != bucket_bytes ||
-            c->data_offset != data_offset || c->total_bytes != total)
+            c->data_offset != seg->data_offset_ || c->total_bytes != total)
             fail(WSYNC_ERR_MISMATCH, "shm: segment '" + name +
                                          "' does not match its init info (layout or geometry)");
         return seg;
     }
 
     ~Segment() {
+        server_.reset();
         unlink();
         if (split_) {
-            uint64_t off = control()->data_offset;
-            munmap(data_, size_ - off);
-            munmap(base_, off);
+            if (data_) munmap(data_, size_ - data_offset_);
+            if (base_) munmap(base_, data_offset_);
         } else if (base_) {
             munmap(base_, size_);
         }
+        if (fd_ >= 0) close(fd_);
     }
 
     void unlink() noexcept {
@@ -153,26 +161,47 @@ public:
             unlinked_ = true;
         }
     }
+    // Removes the name once every receiver holds its index (any process may: the name is
+    // only a rendezvous). ENOENT when someone else removed it first is fine.
+    void unlink_if_complete(int) noexcept {
+        try {
+            board::Waiter probe(&control()->board, fd_, receivers_, buckets_, "shm");
+            if (probe.all_present()) {
+                shm_unlink(name_.c_str());
+                unlinked_ = true;
+            }
+        } catch (...) {
+        }
+    }
 
     Control *control() const { return reinterpret_cast<Control *>(base_); }
-    uint8_t *bucket(uint32_t b) const { return data_ + uint64_t(b) * control()->bucket_bytes; }
+    board::Board *board() const { return &control()->board; }
+    uint8_t *bucket(uint32_t b) const { return data_ + uint64_t(b) * bucket_bytes_; }
     const std::string &name() const { return name_; }
+    const std::string &rendezvous() const { return rendezvous_; }
+    int fd() const { return fd_; }
+    uint32_t receivers() const { return receivers_; }
+    uint32_t buckets() const { return buckets_; }
+    uint64_t bucket_bytes() const { return bucket_bytes_; }
     bool unlinked() const { return unlinked_; }
     bool sender_made = false;
 
 private:
     Segment() = default;
-    std::string name_;
+    std::string name_, rendezvous_;
+    int fd_ = -1;
     uint8_t *base_ = nullptr;
     uint8_t *data_ = nullptr;
-    uint64_t size_ = 0;
+    uint64_t size_ = 0, data_offset_ = 0, bucket_bytes_ = 0;
+    uint32_t receivers_ = 0, buckets_ = 0;
     bool owner_ = false;
     bool unlinked_ = false;
     bool split_ = false;
+    std::unique_ptr<sys::FdServer> server_;
 };
 
 struct InitInfo {
-    std::string segment;
+    std::string segment, rendezvous;
     uint32_t receivers, buckets;
     uint64_t bucket_bytes;
     bool checksum;
@@ -183,8 +212,12 @@ InitInfo parse_init(const json &body) {
     InitInfo info;
     info.segment = wire::string_field(body, "segment", w, 255);
     if (info.segment.size() < 2 || info.segment[0] != '/' ||
-        info.segment.find('/', 1) != std::string::npos)
-        wire::malformed(w + ": segment name '" + info.segment + "' is not a POSIX shm name");
+        info.segment.find('/', 1) != std::string::npos ||
+        info.segment.find('\0') != std::string::npos)
+        wire::malformed(w + ": segment name is not a POSIX shm name");
+    info.rendezvous = wire::string_field(body, "rendezvous", w, 64);
+    if (info.rendezvous.empty() || info.rendezvous.find('\0') != std::string::npos)
+        wire::malformed(w + ": rendezvous is not a socket name");
     info.receivers = static_cast<uint32_t>(wire::uint_field(body, "receivers", w, kMaxReceivers));
     info.buckets = static_cast<uint32_t>(wire::uint_field(body, "buckets", w, kMaxBuckets));
     info.bucket_bytes = wire::uint_field(body, "bucket_bytes", w, uint64_t(1) << 40);
@@ -199,13 +232,16 @@ InitInfo parse_init(const json &body) {
 class ShmSender final : public SenderImpl {
 public:
     ShmSender(std::shared_ptr<Segment> seg, bool checksum, int64_t timeout_ms)
-        : seg_(std::move(seg)), c_(seg_->control()), waiter_(&c_->board, "shm"),
-          checksum_(checksum), timeout_ms_(timeout_ms) {}
+        : seg_(std::move(seg)),
+          waiter_(seg_->board(), seg_->fd(), seg_->receivers(), seg_->buckets(), "shm"),
+          checksum_(checksum), timeout_ms_(timeout_ms) {
+        waiter_.register_sender();
+    }
 
     ~ShmSender() override { seg_->unlink(); }
 
-    json send(const ChunkHeader &, const wsync_tensor_t *tensors, TensorTable &table) override {
-        const uint64_t cap = c_->bucket_bytes;
+    json send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) override {
+        const uint64_t cap = seg_->bucket_bytes();
         table.offsets.resize(table.metas.size());
         uint64_t end = 0;
         for (std::size_t i = 0; i < table.metas.size(); ++i) {
@@ -226,9 +262,11 @@ public:
         }
         maybe_unlink();
         const uint64_t seq = next_seq_;
-        const uint32_t b = static_cast<uint32_t>((seq - 1) % c_->board.slots);
+        const uint32_t b = static_cast<uint32_t>((seq - 1) % seg_->buckets());
+        // Receivers that (re)attached take part from a version's first chunk on.
+        if (h.chunk_index == 0) waiter_.admit_joiners(seq);
         // Back-pressure: the bucket's previous chunk must be done with by every receiver.
-        waiter_.wait({b}, sys::Deadline(timeout_ms_), "no free bucket", false);
+        waiter_.wait({b}, sys::Deadline(timeout_ms_), "no free bucket", seq - 1);
 
         uint8_t *dst = seg_->bucket(b);
         if (checksum_) table.checksums.resize(table.metas.size());
@@ -247,18 +285,25 @@ public:
         maybe_unlink();
         std::vector<uint32_t> all;
         for (uint32_t b = 0; b < used_buckets_; ++b) all.push_back(b);
-        waiter_.wait(all, sys::Deadline(timeout_ms), "flush timed out", true);
+        waiter_.wait(all, sys::Deadline(timeout_ms), "flush timed out", next_seq_ - 1);
+    }
+
+    void abandon(uint64_t version) override { waiter_.abandon(version); }
+
+    void drop_receiver(uint32_t index) override {
+        check_receiver_index("shm", index, seg_->receivers());
+        waiter_.drop(index);
     }
 
 private:
-    // Once every receiver has mapped the segment its name is no longer needed; removing it now
-    // means nothing is left in /dev/shm even if this process is killed.
+    // Once every receiver holds its index the name is no longer needed; removing it means
+    // nothing is left in /dev/shm even if this process is killed (receivers that attach later
+    // get the segment from this process over its rendezvous socket).
     void maybe_unlink() {
-        if (!seg_->unlinked() && waiter_.all_attached()) seg_->unlink();
+        if (!seg_->unlinked()) seg_->unlink_if_complete(0);
     }
 
     std::shared_ptr<Segment> seg_;
-    Control *c_;
     board::Waiter waiter_;
     bool checksum_;
     int64_t timeout_ms_;
@@ -278,7 +323,7 @@ public:
     bool read_only() const override { return true; }
 
     void acknowledge(wsync_status_t outcome) noexcept override {
-        board::acknowledge(&seg_->control()->board, index_, bucket_, seq_, outcome);
+        board::acknowledge(seg_->board(), index_, bucket_, seq_, outcome);
     }
 
 private:
@@ -290,36 +335,42 @@ private:
 
 class ShmReceiver final : public ReceiverImpl {
 public:
-    ShmReceiver(std::shared_ptr<Segment> seg, uint32_t index, bool verify)
-        : seg_(std::move(seg)), index_(index), verify_(verify) {}
+    ShmReceiver(std::shared_ptr<Segment> seg, uint32_t index, bool verify, bool promised)
+        : seg_(std::move(seg)), index_(index), verify_(verify), promised_(promised) {}
 
-    ~ShmReceiver() override { board::detach(&seg_->control()->board, index_); }
+    ~ShmReceiver() override { board::detach(seg_->board(), index_); }
 
     bool verify_checksums() const override { return verify_; }
+    bool checksums_promised() const override { return promised_; }
+
+    Link link() const override {
+        board::Standing s = board::standing(seg_->board(), seg_->fd(), index_);
+        Link l;
+        l.dropped = s.state == board::kDropped;
+        l.sender_gone = s.sender_gone;
+        l.abandoned_version = s.abandoned_version;
+        return l;
+    }
 
     std::unique_ptr<ChunkBacking> open(const ChunkHeader &, const TensorTable &table,
                                        const json &transport) override {
         const std::string w = "shm request";
-        const Control *c = seg_->control();
-        const std::string &segment = wire::string_field(transport, "segment", w, 255);
-        if (segment != seg_->name())
-            fail(WSYNC_ERR_MISMATCH, "shm: request is for segment '" + segment +
-                                         "', this receiver is attached to '" + seg_->name() + "'");
-        uint32_t b =
-            static_cast<uint32_t>(wire::uint_field(transport, "bucket", w, c->board.slots - 1));
-        uint64_t seq = wire::uint_field(transport, "seq", w, UINT64_MAX >> 8);
-        if (seq == 0 || (seq - 1) % c->board.slots != b)
-            wire::malformed(w + ": seq " + std::to_string(seq) + " does not belong in bucket " +
-                            std::to_string(b));
-        if (last_seq_ && seq != last_seq_ + 1)
-            fail(WSYNC_ERR_MISMATCH, "shm: request carries chunk seq " + std::to_string(seq) +
-                                         ", expected seq " + std::to_string(last_seq_ + 1));
-        uint64_t held = board::held(&c->board, b);
-        if (held != seq)
-            fail(WSYNC_ERR_MISMATCH, "shm: stale or replayed request: bucket " + std::to_string(b) +
-                                         " holds chunk seq " + std::to_string(held) +
-                                         ", the request is for seq " + std::to_string(seq));
-        const uint64_t cap = c->bucket_bytes;
+        Where at = where(transport);
+        board::Standing st = board::standing(seg_->board(), seg_->fd(), index_);
+        if (st.state == board::kJoining || at.seq < st.from_seq)
+            fail(WSYNC_ERR_MISMATCH,
+                 "shm: this receiver (re)attached while chunk seq " + std::to_string(at.seq) +
+                     "'s version was in flight; it takes part from the next version on");
+        if (last_seq_ && at.seq <= last_seq_)
+            fail(WSYNC_ERR_MISMATCH, "shm: request carries chunk seq " + std::to_string(at.seq) +
+                                         ", already received seq " + std::to_string(last_seq_));
+        uint64_t held = board::held(seg_->board(), at.bucket);
+        if (held != at.seq)
+            fail(WSYNC_ERR_MISMATCH, "shm: stale or replayed request: bucket " +
+                                         std::to_string(at.bucket) + " holds chunk seq " +
+                                         std::to_string(held) + ", the request is for seq " +
+                                         std::to_string(at.seq));
+        const uint64_t cap = seg_->bucket_bytes();
         for (std::size_t i = 0; i < table.metas.size(); ++i) {
             uint64_t off = table.offsets[i], n = table.metas[i].nbytes;
             if (off % kTensorAlign != 0 || n > cap || off > cap - n)
@@ -328,14 +379,53 @@ public:
                                 " bytes) is misaligned or outside the " + std::to_string(cap) +
                                 "-byte bucket");
         }
-        last_seq_ = seq;
-        return std::make_unique<ShmBacking>(seg_, index_, b, seq, table.offsets);
+        last_seq_ = at.seq;
+        return std::make_unique<ShmBacking>(seg_, index_, at.bucket, at.seq, table.offsets);
+    }
+
+    void refuse(const ChunkHeader &h, const json &transport, wsync_status_t status,
+                const std::string &message, bool record) noexcept override {
+        try {
+            Where at = where(transport);
+            board::Standing st = board::standing(seg_->board(), seg_->fd(), index_);
+            // Only the chunk now in its bucket, and only one this receiver owes, is answered.
+            if (board::held(seg_->board(), at.bucket) != at.seq || st.state != board::kAttached ||
+                at.seq < st.from_seq)
+                return;
+            if (record) board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);
+            board::acknowledge(seg_->board(), index_, at.bucket, at.seq, status);
+        } catch (...) {
+        }
+    }
+
+    void record_failure(const ChunkHeader &h, wsync_status_t status,
+                        const std::string &message) noexcept override {
+        board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);
     }
 
 private:
+    struct Where {
+        uint32_t bucket;
+        uint64_t seq;
+    };
+    Where where(const json &transport) const {
+        const std::string w = "shm request";
+        const std::string &segment = wire::string_field(transport, "segment", w, 255);
+        if (segment != seg_->name())
+            fail(WSYNC_ERR_MISMATCH, "shm: request is for segment '" + segment +
+                                         "', this receiver is attached to '" + seg_->name() + "'");
+        Where at;
+        at.bucket = static_cast<uint32_t>(wire::uint_field(transport, "bucket", w, seg_->buckets() - 1));
+        at.seq = wire::uint_field(transport, "seq", w, UINT64_MAX >> 8);
+        if (at.seq == 0 || (at.seq - 1) % seg_->buckets() != at.bucket)
+            wire::malformed(w + ": seq " + std::to_string(at.seq) + " does not belong in bucket " +
+                            std::to_string(at.bucket));
+        return at;
+    }
+
     std::shared_ptr<Segment> seg_;
     uint32_t index_;
-    bool verify_;
+    bool verify_, promised_;
     uint64_t last_seq_ = 0;
 };
 
@@ -351,7 +441,8 @@ public:
 
     json create_init_info() override {
         seg_ = Segment::create(receivers_, buckets_, bucket_bytes_);
-        return json{{"segment", seg_->name()}, {"receivers", receivers_}, {"buckets", buckets_},
+        return json{{"segment", seg_->name()},   {"rendezvous", seg_->rendezvous()},
+                    {"receivers", receivers_},   {"buckets", buckets_},
                     {"bucket_bytes", bucket_bytes_}, {"checksum", checksum_}};
     }
 
@@ -372,9 +463,13 @@ public:
     std::unique_ptr<ReceiverImpl> create_receiver(const json &body, uint32_t index) override {
         InitInfo info = parse_init(body);
         check_receiver_index("shm", index, info.receivers);
-        auto seg = Segment::attach(info.segment, info.receivers, info.buckets, info.bucket_bytes);
-        board::attach(&seg->control()->board, index, "shm");
-        return std::make_unique<ShmReceiver>(std::move(seg), index, verify_);
+        auto seg = Segment::attach(info.segment, info.rendezvous, info.receivers, info.buckets,
+                                   info.bucket_bytes, timeout_ms_);
+        board::attach(seg->board(), seg->fd(), index, "shm");
+        // The last receiver to attach removes the name: a trainer killed from now on leaves
+        // nothing in /dev/shm.
+        seg->unlink_if_complete(0);
+        return std::make_unique<ShmReceiver>(std::move(seg), index, verify_, info.checksum);
     }
 
 private:

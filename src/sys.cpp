@@ -7,6 +7,10 @@
 #include <cstring>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/random.h>
@@ -131,6 +135,147 @@ void *map_shared(int fd, uint64_t offset, uint64_t size, bool writable, bool pop
                    MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, static_cast<off_t>(offset));
     if (p == MAP_FAILED) fail_errno(what + ": mmap of " + std::to_string(size) + " bytes", errno);
     return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+namespace {
+struct flock one_byte(short type, uint64_t at) {
+    struct flock fl;
+    std::memset(&fl, 0, sizeof fl);
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = static_cast<off_t>(at);
+    fl.l_len = 1;
+    return fl;
+}
+
+sockaddr_un abstract_address(const std::string &name, socklen_t *len) {
+    sockaddr_un a;
+    std::memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    std::size_t n = std::min(name.size(), sizeof a.sun_path - 1);
+    std::memcpy(a.sun_path + 1, name.data(), n);  // sun_path[0] == 0: the abstract namespace
+    *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+    return a;
+}
+}  // namespace
+
+bool lock_try(int fd, uint64_t at) {
+    struct flock fl = one_byte(F_WRLCK, at);
+    if (fcntl(fd, F_OFD_SETLK, &fl) == 0) return true;
+    if (errno == EAGAIN || errno == EACCES) return false;
+    fail_errno("fcntl(F_OFD_SETLK)", errno);
+}
+
+bool lock_held_elsewhere(int fd, uint64_t at) {
+    struct flock fl = one_byte(F_WRLCK, at);
+    if (fcntl(fd, F_OFD_GETLK, &fl) != 0) fail_errno("fcntl(F_OFD_GETLK)", errno);
+    return fl.l_type != F_UNLCK;
+}
+
+FdServer::FdServer(const std::string &name, int fd, const std::string &who) : fd_(fd) {
+    listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (listen_fd_ < 0) fail_errno(who + ": socket(AF_UNIX)", errno);
+    socklen_t len;
+    sockaddr_un a = abstract_address(name, &len);
+    if (bind(listen_fd_, reinterpret_cast<sockaddr *>(&a), len) != 0 || listen(listen_fd_, 16) != 0) {
+        int err = errno;
+        close(listen_fd_);
+        fail_errno(who + ": binding the re-attach socket", err);
+    }
+    stop_fd_ = eventfd(0, EFD_CLOEXEC);
+    if (stop_fd_ < 0) {
+        int err = errno;
+        close(listen_fd_);
+        fail_errno(who + ": eventfd", err);
+    }
+    thread_ = std::thread([this] { run(); });
+}
+
+FdServer::~FdServer() {
+    uint64_t one = 1;
+    if (write(stop_fd_, &one, sizeof one) < 0) { /* the thread still wakes within 100 ms */ }
+    if (thread_.joinable()) thread_.join();
+    close(listen_fd_);
+    close(stop_fd_);
+}
+
+void FdServer::run() {
+    for (;;) {
+        struct pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+        int n = poll(p, 2, 100);
+        if (n < 0 && errno != EINTR) return;
+        if (p[1].revents) return;
+        if (!(p[0].revents & POLLIN)) continue;
+        int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) continue;
+        struct ucred cred;
+        socklen_t cl = sizeof cred;
+        // The segment is mode 0600: hand it to the same user only, as the file system would.
+        if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 && cred.uid == geteuid()) {
+            char byte = 'W';
+            struct iovec iov = {&byte, 1};
+            alignas(struct cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
+            std::memset(ctl, 0, sizeof ctl);
+            struct msghdr m;
+            std::memset(&m, 0, sizeof m);
+            m.msg_iov = &iov;
+            m.msg_iovlen = 1;
+            m.msg_control = ctl;
+            m.msg_controllen = sizeof ctl;
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int));
+            std::memcpy(CMSG_DATA(cm), &fd_, sizeof(int));
+            (void)sendmsg(c, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
+        close(c);
+    }
+}
+
+int fetch_fd(const std::string &name, const Deadline &deadline, const std::string &who,
+             const std::string &gone) {
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (s < 0) fail_errno(who + ": socket(AF_UNIX)", errno);
+    socklen_t len;
+    sockaddr_un a = abstract_address(name, &len);
+    if (connect(s, reinterpret_cast<sockaddr *>(&a), len) != 0) {
+        int err = errno;
+        close(s);
+        if (err == ECONNREFUSED || err == ENOENT)
+            fail(WSYNC_ERR_UNAVAILABLE, who + ": " + gone);
+        fail_errno(who + ": connecting to the sender", err);
+    }
+    struct pollfd p = {s, POLLIN, 0};
+    int n;
+    do {
+        n = poll(&p, 1, static_cast<int>(std::min<int64_t>(deadline.remaining_ms(), INT32_MAX)));
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) {
+        close(s);
+        fail(WSYNC_ERR_TIMEOUT, who + ": the sender did not hand over the segment within " +
+                                    std::to_string(deadline.budget_ms()) + " ms");
+    }
+    char byte;
+    struct iovec iov = {&byte, 1};
+    alignas(struct cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
+    struct msghdr m;
+    std::memset(&m, 0, sizeof m);
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    ssize_t got = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
+    close(s);
+    struct cmsghdr *cm = got == 1 ? CMSG_FIRSTHDR(&m) : nullptr;
+    if (!cm || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS ||
+        cm->cmsg_len != CMSG_LEN(sizeof(int)))
+        fail(WSYNC_ERR_UNAVAILABLE, who + ": the sender refused to hand over the segment "
+                                          "(another user?) or closed the connection");
+    int fd;
+    std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+    return fd;
 }
 
 }  // namespace wsync::sys

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 
 namespace wsync::sys {
 
@@ -58,5 +59,38 @@ int shm_open_existing(const std::string &name, uint64_t size, const std::string 
 // mmap of a whole descriptor range, MAP_SHARED; throws WSYNC_ERR_SYSTEM naming `what`.
 void *map_shared(int fd, uint64_t offset, uint64_t size, bool writable, bool populate,
                  const std::string &what);
+
+// Open-file-description locks (F_OFD_SETLK) on one byte of a file, used as liveness: the
+// kernel drops them when the holder's last descriptor of that open closes, which happens when
+// its process dies, whatever PID namespace anyone is in. Offsets may lie past the file's end.
+// Takes the write lock on byte `at` through fd; false if another open file description holds it.
+bool lock_try(int fd, uint64_t at);
+// True if an open file description other than fd's holds a lock on byte `at`.
+bool lock_held_elsewhere(int fd, uint64_t at);
+
+// Hands one descriptor to processes of the same user that ask for it over an abstract Unix
+// socket (no file is ever created, and the name vanishes with the process). A helper thread
+// accepts connections and wakes at least every 100 ms to see whether it must stop.
+class FdServer {
+public:
+    // `name` is the abstract socket name without the leading NUL; `fd` is borrowed and must
+    // outlive the server. Throws WSYNC_ERR_SYSTEM if the socket cannot be made.
+    FdServer(const std::string &name, int fd, const std::string &who);
+    ~FdServer();
+    FdServer(const FdServer &) = delete;
+    FdServer &operator=(const FdServer &) = delete;
+
+private:
+    void run();
+    int listen_fd_ = -1;
+    int stop_fd_ = -1;
+    int fd_;
+    std::thread thread_;
+};
+
+// Asks the FdServer `name` for its descriptor, waiting up to the deadline. No server is
+// WSYNC_ERR_UNAVAILABLE (`gone` says why), no answer in time WSYNC_ERR_TIMEOUT.
+int fetch_fd(const std::string &name, const Deadline &deadline, const std::string &who,
+             const std::string &gone);
 
 }  // namespace wsync::sys

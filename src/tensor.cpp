@@ -141,7 +141,7 @@ TensorMeta meta_from_descriptor(const wsync_tensor_t &t, std::size_t index, bool
     if (len > WSYNC_MAX_NAME_BYTES)
         bad("name is longer than " + std::to_string(WSYNC_MAX_NAME_BYTES) + " bytes");
     if (need_data && !t.data) bad("data is NULL");
-    if (t.flags != 0 || t.reserved_ != 0) bad("flags and reserved_ must be 0 on input");
+    if (t.flags != 0) bad("flags must be 0 on input");
     if (t.ndim < 0 || t.ndim > WSYNC_MAX_NDIM)
         bad("ndim " + std::to_string(t.ndim) + " is outside 0.." + std::to_string(WSYNC_MAX_NDIM));
     if (t.ndim > 0 && !t.shape) bad("shape is NULL");

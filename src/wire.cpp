@@ -1,6 +1,8 @@
 #include "wire.hpp"
+#include <cstdio>
 
 #include "error.hpp"
+#include "tensor.hpp"
 
 namespace wsync::wire {
 
@@ -8,9 +10,18 @@ const char *blob_type_name(BlobType t) { return t == BlobType::Init ? "init" : "
 
 [[noreturn]] void malformed(const std::string &message) { fail(WSYNC_ERR_MALFORMED, message); }
 
+// Format 2 seals every blob: the CBOR array gets a sixth element, the XXH3-64 of every byte
+// before it (the array head included), as a CBOR uint64 (0x1b + 8 bytes big-endian). A flipped
+// bit anywhere is WSYNC_ERR_INTEGRITY before a single field is read. XXH3 finds corruption,
+// not forgery: a blob is authenticated by the channel it came over, as before.
 std::vector<uint8_t> encode(BlobType type, const std::string &kind, const json &body) {
     json env = json::array({"wsync", kFormatVersion, blob_type_name(type), kind, body});
-    return json::to_cbor(env);
+    std::vector<uint8_t> out = json::to_cbor(env);
+    out[0] = kSealedHead;  // a 6-element array: the seal follows the body
+    uint64_t seal = checksum_bytes(out.data(), out.size());
+    out.push_back(0x1b);
+    for (int i = 7; i >= 0; --i) out.push_back(static_cast<uint8_t>(seal >> (8 * i)));
+    return out;
 }
 
 namespace {
@@ -63,13 +74,29 @@ Envelope decode(const uint8_t *data, std::size_t size) {
     if (size > kMaxBlobBytes)
         malformed("blob of " + std::to_string(size) + " bytes exceeds the limit of " +
                   std::to_string(kMaxBlobBytes) + " bytes");
+    // The seal first: nothing of a blob is parsed before its bytes are known to be the sent ones.
+    if (size < 10 || data[0] != kSealedHead || data[size - 9] != 0x1b) {
+        if (size >= 2 && data[0] == 0x85)
+            malformed("wsync blob is unsealed (format 1, from libwsync 0.1?): this library reads "
+                      "only sealed format " + std::to_string(kFormatVersion) + " blobs");
+        malformed("not a sealed wsync blob (no 6-element CBOR array ending in its XXH3 seal)");
+    }
+    uint64_t seal = 0;
+    for (std::size_t i = size - 8; i < size; ++i) seal = seal << 8 | data[i];
+    uint64_t got = checksum_bytes(data, size - 9);
+    if (got != seal) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "blob seal mismatch: the blob says %016llx, its bytes hash to %016llx",
+                      static_cast<unsigned long long>(seal), static_cast<unsigned long long>(got));
+        fail(WSYNC_ERR_INTEGRITY, std::string(buf) + " (changed in transit or in memory)");
+    }
     json root;
     BoundedDom sax(root);
     bool ok = json::sax_parse(data, data + size, &sax, nlohmann::detail::input_format_t::cbor, /*strict=*/true);
     if (!ok || root.is_discarded())
         malformed("blob is not valid CBOR (" +
                   (sax.error().empty() ? std::string("parse failed") : sax.error()) + ")");
-    if (!root.is_array() || root.size() != 5 || !root[0].is_string() || root[0] != "wsync")
+    if (!root.is_array() || root.size() != 6 || !root[0].is_string() || root[0] != "wsync")
         malformed("not a wsync blob (magic \"wsync\" missing)");
     if (!root[1].is_number_unsigned())
         malformed("wsync blob: format version is not an unsigned integer");

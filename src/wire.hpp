@@ -1,5 +1,6 @@
 // The blob envelope and bounded decoding. A blob is one CBOR array
-//   ["wsync", <format version>, "init" | "request", <kind>, <body map>]
+//   ["wsync", <format version>, "init" | "request", <kind>, <body map>, <seal>]
+// where the seal is the XXH3-64 of every byte before it (see encode()).
 // so its first bytes (0x85 0x65 'w' 's' 'y' 'n' 'c') double as a magic. The body belongs to the
 // strategy (init) or to the core's tensor table plus the strategy's "transport" map (request).
 #pragma once
@@ -14,7 +15,8 @@ namespace wsync::wire {
 
 using json = nlohmann::json;
 
-constexpr uint64_t kFormatVersion = 1;
+constexpr uint64_t kFormatVersion = 2;
+constexpr uint8_t kSealedHead = 0x86;  // CBOR array of 6: magic, format, type, kind, body, seal
 constexpr std::size_t kMaxBlobBytes = std::size_t(256) << 20;  // 256 MiB
 constexpr std::size_t kMaxDepth = 16;                          // nesting of arrays and maps
 

@@ -146,7 +146,7 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
             fprintf(stderr, "engine %u: receive: %s\n", cfg->index, wsync_last_error());
             verdict = 1;
         } else {
-            wsync_recv_info_t info;
+            wsync_recv_info_t info = {0};
             wsync_recv_info(it, &info);
             wsync_tensor_t v;
             bool has;

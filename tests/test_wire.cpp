@@ -7,6 +7,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 extern "C" {
 #include "testutil.h"
@@ -66,7 +68,24 @@ struct Live {
 };
 
 json decode(const bytes &b) { return json::from_cbor(b); }
-bytes encode(const json &j) { return json::to_cbor(j); }
+
+// Appends the format-2 seal (CBOR uint64 of the XXH3-64 of every byte before it).
+bytes seal_raw(bytes b) {
+    uint64_t h = XXH3_64bits(b.data(), b.size());
+    b.push_back(0x1b);
+    for (int i = 7; i >= 0; --i) b.push_back(static_cast<uint8_t>(h >> (8 * i)));
+    return b;
+}
+// Re-encodes a decoded blob (an array whose last element is its old seal) with a fresh seal, as
+// a sender producing hostile content would: the seal then holds, and the content is judged.
+bytes encode(const json &j) {
+    if (!j.is_array() || j.empty()) return json::to_cbor(j);
+    json prefix = j;
+    prefix.erase(prefix.size() - 1);
+    bytes b = json::to_cbor(prefix);
+    if (prefix.size() + 1 < 24) b[0] = static_cast<uint8_t>(0x80 | (prefix.size() + 1));
+    return seal_raw(b);
+}
 
 struct Case {
     const char *what;
@@ -92,12 +111,13 @@ static void blobs_are_a_cbor_array_with_magic_version_type_and_kind(void **state
     Live live;
     json init = decode(live.init_bytes());
     assert_true(init.is_array());
-    assert_int_equal(init.size(), 5);
+    assert_int_equal(init.size(), 6);
     assert_true(init[0] == "wsync");
-    assert_true(init[1] == 1);
+    assert_true(init[1] == 2);
+    assert_true(init[5].is_number_unsigned());  // the seal
     assert_true(init[2] == "init");
     assert_true(init[3] == "shm");
-    const uint8_t magic[] = {0x85, 0x65, 'w', 's', 'y', 'n', 'c'};
+    const uint8_t magic[] = {0x86, 0x65, 'w', 's', 'y', 'n', 'c'};
     assert_memory_equal(live.init.data, magic, sizeof magic);
     json req = decode(live.request);
     assert_true(req[2] == "request");
@@ -166,10 +186,10 @@ static void hostile_requests_are_refused_by_name_and_the_receiver_still_works(vo
         {"other kind", [](json &r) { r[3] = "nccl_broadcast"; }, WSYNC_ERR_MISMATCH, "blob is for strategy 'nccl_broadcast', not 'shm'"},
         {"init type", [](json &r) { r[2] = "init"; }, WSYNC_ERR_MISMATCH, "expected a request blob"},
         {"unknown type", [](json &r) { r[2] = "reply"; }, WSYNC_ERR_MALFORMED, "unknown blob type"},
-        {"format 2", [](json &r) { r[1] = 2; }, WSYNC_ERR_MALFORMED, "format version 2 is not supported (this library reads version 1)"},
+        {"format 3", [](json &r) { r[1] = 3; }, WSYNC_ERR_MALFORMED, "format version 3 is not supported (this library reads version 2)"},
         {"wrong magic", [](json &r) { r[0] = "wsynk"; }, WSYNC_ERR_MALFORMED, "magic"},
         {"body not map", [](json &r) { r[4] = 5; }, WSYNC_ERR_MALFORMED, "body is not a map"},
-        {"six elements", [](json &r) { r.push_back(0); }, WSYNC_ERR_MALFORMED, "magic"},
+        {"seven elements", [](json &r) { r.push_back(0); }, WSYNC_ERR_MALFORMED, "not a sealed wsync blob"},
     };
     for (const Case &c : cases) {
         json r = decode(live.request);
@@ -184,28 +204,36 @@ static void garbage_truncated_and_oversized_bytes_are_malformed(void **state) {
     (void)state;
     Live live;
     const bytes garbage = {0xde, 0xad, 0xbe, 0xef, 0x00, 0x11};
-    expect_receive(live, garbage, WSYNC_ERR_MALFORMED, "not valid CBOR", "garbage");
-    expect_receive(live, encode(json::object()), WSYNC_ERR_MALFORMED, "magic", "a map");
+    expect_receive(live, garbage, WSYNC_ERR_MALFORMED, "not a sealed wsync blob", "garbage");
+    expect_receive(live, json::to_cbor(json::object()), WSYNC_ERR_MALFORMED, "not a sealed", "a map");
     bytes trailing = live.request;
     trailing.push_back(0);
-    expect_receive(live, trailing, WSYNC_ERR_MALFORMED, "not valid CBOR", "trailing byte");
+    expect_receive(live, trailing, WSYNC_ERR_MALFORMED, "not a sealed", "trailing byte");
+    // A 0.1 blob (unsealed format 1) is named as such.
+    json old = decode(live.request);
+    old.erase(old.size() - 1);
+    old[1] = 1;
+    expect_receive(live, json::to_cbor(old), WSYNC_ERR_MALFORMED, "unsealed (format 1", "format 1");
     // Every proper prefix of a valid request is refused (and none crashes).
     for (size_t n = 1; n < live.request.size(); ++n) {
         bytes cut(live.request.begin(), live.request.begin() + n);
         wsync_status_t st = live.receive(cut);
-        if (st != WSYNC_ERR_MALFORMED) fail_msg("prefix of %zu bytes: %s", n, wsync_status_string(st));
+        if (st != WSYNC_ERR_MALFORMED && st != WSYNC_ERR_INTEGRITY)
+            fail_msg("prefix of %zu bytes: %s", n, wsync_status_string(st));
     }
-    // A declared length of 2^64-1 elements must not drive an allocation.
-    const bytes huge_array = {0x9b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00};
+    // Sealed garbage reaches the parser, which stays bounded. A declared length of 2^64-1
+    // elements must not drive an allocation.
+    const bytes huge_array = seal_raw({0x86, 0x9b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00});
     expect_receive(live, huge_array, WSYNC_ERR_MALFORMED, "not valid CBOR", "huge array");
-    const bytes huge_string = {0x7b, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 'a'};
+    const bytes huge_string = seal_raw({0x86, 0x7b, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 'a'});
     expect_receive(live, huge_string, WSYNC_ERR_MALFORMED, "not valid CBOR", "huge string");
     // Deep nesting is refused before it can exhaust the stack.
     bytes deep(200000, 0x81);
+    deep[0] = 0x86;
     deep.push_back(0x00);
-    expect_receive(live, deep, WSYNC_ERR_MALFORMED, "nesting deeper than 16", "deep nesting");
+    expect_receive(live, seal_raw(deep), WSYNC_ERR_MALFORMED, "nesting deeper than 16", "deep nesting");
     // Tags are not part of the format.
-    const bytes tagged = {0xc0, 0x61, 'x'};
+    const bytes tagged = seal_raw({0x86, 0xc0, 0x61, 'x'});
     expect_receive(live, tagged, WSYNC_ERR_MALFORMED, "not valid CBOR", "tag");
     // Oversized blobs are refused by size before parsing (the buffer is never read).
     std::vector<uint8_t> big((size_t(256) << 20) + 1);
@@ -231,7 +259,7 @@ static void hostile_init_info_is_refused_by_name(void **state) {
         {"bucket huge", [](json &r) { r[4]["bucket_bytes"] = UINT64_MAX; }, WSYNC_ERR_MALFORMED, "exceeds"},
         {"checksum not bool", [](json &r) { r[4]["checksum"] = "yes"; }, WSYNC_ERR_MALFORMED, "checksum is not a boolean"},
         {"geometry differs", [](json &r) { r[4]["buckets"] = 3; }, WSYNC_ERR_MISMATCH, "implies"},
-        {"vanished segment", [](json &r) { r[4]["segment"] = "/wsync-gone"; }, WSYNC_ERR_UNAVAILABLE, "does not exist"},
+        {"vanished segment", [](json &r) { r[4]["segment"] = "/wsync-gone"; r[4]["rendezvous"] = "wsync-gone"; }, WSYNC_ERR_UNAVAILABLE, "the sender is gone"},
         {"request type", [](json &r) { r[2] = "request"; }, WSYNC_ERR_MISMATCH, "expected an init blob"},
         {"other kind", [](json &r) { r[3] = "cuda_ipc"; }, WSYNC_ERR_MISMATCH, "blob is for strategy 'cuda_ipc'"},
     };
@@ -279,7 +307,7 @@ static void describe_renders_any_blob_and_refuses_garbage(void **state) {
     OK(wsync_blob_describe(ob.data(), ob.size(), &text));
     wsync_string_free(text);
     const uint8_t junk[] = {0xff};
-    EXPECT_ERR(wsync_blob_describe(junk, 1, &text), WSYNC_ERR_MALFORMED, "not valid CBOR");
+    EXPECT_ERR(wsync_blob_describe(junk, 1, &text), WSYNC_ERR_MALFORMED, "not a sealed");
     assert_null(text);
 }
 
@@ -307,7 +335,30 @@ static void merge_of_a_single_sender_kind_takes_exactly_one_part(void **state) {
     EXPECT_ERR(wsync_request_merge(jb, 1, &out), WSYNC_ERR_MALFORMED, "merge: part 0");
 }
 
+// Observation 9 of the transactions issue: one flipped bit in a request used to load (last
+// false->true, version 1->3, float->int, a renamed checksum key). Every bit of a sealed request
+// is now covered: a flip anywhere is refused before any field is read.
+static void every_single_bit_flip_of_a_request_is_refused_and_nothing_loads(void **state) {
+    (void)state;
+    Live live;
+    size_t integrity = 0, malformed = 0;
+    for (size_t i = 0; i < live.request.size(); ++i) {
+        for (int bit = 0; bit < 8; ++bit) {
+            bytes b = live.request;
+            b[i] ^= static_cast<uint8_t>(1u << bit);
+            wsync_status_t st = live.receive(b);
+            if (st == WSYNC_ERR_INTEGRITY) ++integrity;
+            else if (st == WSYNC_ERR_MALFORMED) ++malformed;
+            else fail_msg("byte %zu bit %d: accepted or misreported as %s (%s)", i, bit,
+                          wsync_status_string(st), wsync_last_error());
+        }
+    }
+    assert_true(integrity > malformed);  // most flips land in the body: the seal catches them
+    assert_int_equal(live.receive(live.request), WSYNC_OK);
+}
+
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(every_single_bit_flip_of_a_request_is_refused_and_nothing_loads),
     cmocka_unit_test(blobs_are_a_cbor_array_with_magic_version_type_and_kind),
     cmocka_unit_test(blobs_round_trip_through_the_codec_and_describe),
     cmocka_unit_test(hostile_requests_are_refused_by_name_and_the_receiver_still_works),

@@ -42,6 +42,15 @@
                      (needle));                                                          \
     } while (0)
 
+/* Re-seals a blob after a test changed its content (as a sender producing that content would):
+ * the last 8 bytes are the XXH3-64 of every byte before the CBOR uint64 head (0x1b). */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+static inline void tu_reseal(uint8_t *blob, size_t size) {
+    uint64_t h = XXH3_64bits(blob, size - 9);
+    for (int i = 0; i < 8; ++i) blob[size - 8 + i] = (uint8_t)(h >> (56 - 8 * i));
+}
+
 static inline uint64_t tu_splitmix(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;

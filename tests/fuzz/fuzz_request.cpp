@@ -77,7 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (wsync_receiver_create(g_strategy, g_init.data, g_init.size, 0, &r) != WSYNC_OK) std::abort();
     wsync_recv_t *it = nullptr;
     if (wsync_receiver_receive(r, buf.data(), buf.size(), &it) == WSYNC_OK) {
-        wsync_recv_info_t info;
+        wsync_recv_info_t info{};
         wsync_recv_info(it, &info);
         uint64_t sum = 0;
         for (;;) {
