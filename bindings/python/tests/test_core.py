@@ -154,7 +154,7 @@ def test_send_accepts_dict_or_pairs_and_versions_advance(sync):
 
 
 def test_empty_chunk_is_refused_unless_it_commits(sync):
-    with expect_error(Status.INVALID_ARGUMENT, "chunk.count is 0"):
+    with expect_error(Status.INVALID_ARGUMENT, "chunk has no tensors"):
         sync.sender.send_chunk({})
     with expect_error(Status.WRONG_STATE, "nothing to commit"):  # empty + last is a commit
         sync.sender.send_chunk({}, last=True)
