@@ -86,7 +86,7 @@ def bench_ctypes_floor(sender, receiver, tensors, reps):
     lib = _lib.lib()
     n = len(tensors)
     descs = _core.describe_tensors(tensors)  # packed once, outside the timing
-    chunk = _lib.Chunk(descs.array, descs.count, wsync.CHUNK_LAST, 0)
+    chunk = _lib.Chunk(descs.array, descs.count, wsync.CHUNK_LAST, ctypes.sizeof(_lib.Chunk))
     send_fn, free_fn = lib.wsync_sender_send_chunk, lib.wsync_blob_free
     recv_fn, next_fn, end_fn = lib.wsync_receiver_receive, lib.wsync_recv_next, lib.wsync_recv_end
     tx, rx = sender._h, receiver._h

@@ -72,6 +72,7 @@ int main(int argc, char **argv) {
         tensors[i].ndim = 2;
         tensors[i].dtype = (wsync_dtype_t){WSYNC_DTYPE_FLOAT, 32, 1};
         tensors[i].device = (wsync_device_t){WSYNC_DEVICE_CPU, 0};
+        tensors[i].struct_size = sizeof(wsync_tensor_t); /* the 0.2 layout, as the header asks */
     }
 
     size_t bucket = (n * 256 + 4095) / 4096 * 4096;
@@ -89,7 +90,7 @@ int main(int argc, char **argv) {
     check(wsync_sender_create(trainer, init.data, init.size, &sender), "sender");
     check(wsync_receiver_create(engine, init.data, init.size, 0, &receiver), "receiver");
 
-    wsync_chunk_t chunk = {tensors, n, WSYNC_CHUNK_LAST, 0};
+    wsync_chunk_t chunk = {tensors, n, WSYNC_CHUNK_LAST, sizeof(wsync_chunk_t)};
     for (int rep = -2; rep < reps; ++rep) { /* two warm-up rounds, as the Python side does */
         double t0 = now_s();
         wsync_blob_t request;
@@ -101,6 +102,8 @@ int main(int argc, char **argv) {
         double t1 = now_s();
         wsync_recv_t *it;
         check(wsync_receiver_receive(receiver, copy, len, &it), "receive");
+        wsync_recv_info_t info = {.struct_size = sizeof(wsync_recv_info_t)};
+        check(wsync_recv_info(it, &info), "info");
         wsync_tensor_t view;
         bool has = true;
         size_t count = 0;
@@ -109,13 +112,16 @@ int main(int argc, char **argv) {
             if (!has) break;
             ++count;
         }
+        if (count != n || info.count != n) {
+            /* A loader that finds something wrong after its last view fails the chunk, so the
+             * trainer's flush reports it (wsync_recv_fail frees the iteration). */
+            fprintf(stderr, "c_path: got %zu of %zu views\n", count, n);
+            wsync_recv_fail(it, WSYNC_ERR_MISMATCH, "c_path: wrong number of views");
+            return 1;
+        }
         check(wsync_recv_end(it), "end");
         double t2 = now_s();
         free(copy);
-        if (count != n) {
-            fprintf(stderr, "c_path: got %zu of %zu views\n", count, n);
-            return 1;
-        }
         if (rep >= 0) {
             send[rep] = t1 - t0;
             recv[rep] = t2 - t1;

@@ -53,7 +53,8 @@ def differences(model, expected: dict) -> list:
 
 def trainer_main(outbox, inbox, cfg):
     """Trains a TinyLM and syncs it after every optimizer step: each request goes to the
-    controller as soon as its chunk is sent; then flush, then a snapshot of the weights."""
+    controller as soon as its chunk is sent; then flush, then a snapshot of the weights. A
+    failed send or flush is reported as (status, message, [(receiver, status, message)])."""
     torch.set_num_threads(1)
     strategy = sender = None
     try:
@@ -65,15 +66,22 @@ def trainer_main(outbox, inbox, cfg):
         outbox.put(("init", init))
         _get(inbox, "go")
         for step in train_steps(model, cfg["steps"]):
-            requests = send_model(
-                sender, model, chunk_bytes=cfg["chunk_bytes"],
-                on_request=lambda request, step=step: outbox.put(("request", step, request)))
+            sent = []
+
+            def forward(request, step=step):
+                sent.append(request)
+                outbox.put(("request", step, request))
+
+            # A receiver's failure surfaces at the flush, or already at a send that waits for
+            # a bucket that receiver holds (the version is then abandoned).
             try:
+                send_model(sender, model, chunk_bytes=cfg["chunk_bytes"], on_request=forward)
                 sender.flush(cfg["flush_timeout_s"])
                 error = None
             except wsync.WsyncError as exc:
-                error = (int(exc.status), exc.message)
-            outbox.put(("synced", step, sender.version, len(requests), snapshot(model), error))
+                error = (int(exc.status), exc.message,
+                         [(f.receiver, int(f.status), f.message) for f in exc.failures])
+            outbox.put(("synced", step, sender.version, len(sent), snapshot(model), error))
         _get(inbox, "stop")
     except BaseException:
         outbox.put(("error", "trainer", traceback.format_exc()))

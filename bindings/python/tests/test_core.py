@@ -153,9 +153,11 @@ def test_send_accepts_dict_or_pairs_and_versions_advance(sync):
     assert sync.sender.version == 2
 
 
-def test_empty_chunk_is_refused(sync):
-    with expect_error(Status.INVALID_ARGUMENT, "no tensors"):
+def test_empty_chunk_is_refused_unless_it_commits(sync):
+    with expect_error(Status.INVALID_ARGUMENT, "chunk has no tensors"):
         sync.sender.send_chunk({})
+    with expect_error(Status.WRONG_STATE, "nothing to commit"):  # empty + last is a commit
+        sync.sender.send_chunk({}, last=True)
 
 
 def test_duplicate_names_are_refused(sync):
@@ -324,11 +326,11 @@ def test_receive_while_an_iteration_is_open(sync):
 def test_replayed_or_reordered_request_is_a_mismatch(sync):
     r1 = sync.sender.send_chunk({"a": torch.ones(1)})
     r2 = sync.sender.send_chunk({"b": torch.ones(1)}, last=True)
-    with expect_error(Status.MISMATCH, "chunk 1 of version 1 first"):
+    with expect_error(Status.MISMATCH, "chunk 1 of version 1", "expected chunk 0"):
         sync.receiver.receive(r2)
     with sync.receiver.receive(r1) as it:
         list(it)
-    with expect_error(Status.MISMATCH, "expected chunk 1"):
+    with expect_error(Status.MISMATCH, "chunk 0 of version 1", "replayed"):
         sync.receiver.receive(r1)
 
 
@@ -428,7 +430,7 @@ def test_dropping_an_unfinished_iteration_acknowledges_failure(sync):
     next(iter(it))
     del it
     gc.collect()
-    with expect_error(Status.PEER, "receiver 0 failed chunk seq 1"):
+    with expect_error(Status.PEER, "receiver 0", "failed chunk 0 of version 1"):
         sync.sender.flush(5)
     assert sync.receiver.completed_version == 0
 
@@ -453,8 +455,10 @@ def test_exception_in_with_block_fails_the_chunk_and_propagates(sync):
                 raise KeyError("loader broke")
     assert it.ended
     assert any("acknowledged as failed" in note for note in getattr(info.value, "__notes__", []))
-    with expect_error(Status.PEER, "failed chunk seq 1 with WSYNC_ERR_WRONG_STATE"):
+    with expect_error(Status.PEER, "WSYNC_ERR_MISMATCH", "KeyError: 'loader broke'") as flush:
         sync.sender.flush(5)
+    [failure] = flush.value.failures
+    assert (failure.status, failure.message) == (Status.MISMATCH, "KeyError: 'loader broke'")
     assert sync.receiver.completed_version == 0
     # the next version goes through
     request = sync.sender.send_chunk({"a": torch.ones(3)}, last=True)
@@ -464,16 +468,16 @@ def test_exception_in_with_block_fails_the_chunk_and_propagates(sync):
     assert sync.receiver.completed_version == 2
 
 
-def test_exception_after_every_tensor_was_taken_warns_and_is_not_counted(sync):
-    # The C ABI cannot fail a fully consumed iteration: the sender sees success, but this
-    # receiver's completed_version leaves the version out until a later one completes.
+def test_exception_after_every_tensor_was_taken_fails_the_chunk(sync):
+    # 0.2's wsync_recv_fail fails a fully consumed iteration: the sender is told.
     request = sync.sender.send_chunk({"a": torch.ones(3)}, last=True)
-    with pytest.warns(wsync.WsyncWarning, match="chunk 0 of version 1 failed after every tensor"):
-        with pytest.raises(RuntimeError):
-            with sync.receiver.receive(request) as it:
-                list(it)
-                raise RuntimeError("after the last view")
-    sync.sender.flush(5)  # the gap: the sender is not told
+    with pytest.raises(RuntimeError):
+        with sync.receiver.receive(request) as it:
+            list(it)
+            raise RuntimeError("after the last view")
+    with expect_error(Status.PEER, "RuntimeError: after the last view") as flush:
+        sync.sender.flush(5)
+    assert [f.status for f in flush.value.failures] == [Status.WRONG_STATE]
     assert sync.receiver.completed_version == 0
     request = sync.sender.send_chunk({"a": torch.ones(3)}, last=True)
     with sync.receiver.receive(request) as it:
@@ -505,7 +509,7 @@ def test_closing_the_receiver_ends_its_open_iteration(make_sync):
     s.receiver.close()
     assert it.ended
     it.end()  # nothing left to do, and no use of freed memory
-    with expect_error(Status.PEER, "receiver 0 failed chunk seq 1"):
+    with expect_error(Status.PEER, "receiver 0", "failed chunk 0 of version 1"):
         s.sender.flush(5)
     with expect_error(Status.WRONG_STATE, "receiver is closed"):
         s.receiver.receive(request)
@@ -528,8 +532,9 @@ def test_corrupted_bytes_fail_verification_naming_the_tensor(make_sync):
     with expect_error(Status.INTEGRITY, "tensor 'marked'", "checksum mismatch"):
         with s.receivers[0].receive(request) as it:
             list(it)
-    with expect_error(Status.PEER, "receiver 0 failed chunk seq 1 with WSYNC_ERR_INTEGRITY"):
-        s.sender.flush(5)
+    with expect_error(Status.PEER, "failed chunk 0 of version 1: WSYNC_ERR_INTEGRITY") as flush:
+        s.sender.flush(0.2)
+    assert [(f.receiver, f.status) for f in flush.value.failures] == [(0, Status.INTEGRITY)]
 
 
 def test_segment_name_is_gone_once_every_receiver_attached(sync):

@@ -154,10 +154,19 @@ def test_engine_with_a_different_plan_fails_the_trainers_flush():
         _, results = controller.run()
     (_, _, _, _, _, flush_error), reports = results[0]
     assert flush_error is not None
-    status, message = flush_error
-    assert status == Status.PEER and "receiver 1 failed chunk" in message
+    status, message, failures = flush_error
+    assert status == Status.PEER and "receiver 1" in message and "failed chunk" in message
+    # The engine's own status and message reach the trainer as data.
+    [(receiver, engine_status, engine_message)] = failures
+    assert (receiver, engine_status) == (1, Status.MISMATCH)
+    assert "layers.0.mlp.gate_proj.weight': shape differs" in engine_message
     (_, _, _, completed0, _, problems0, errors0) = reports[0]
-    assert errors0 == [] and completed0 == 1 and problems0 == []
+    if completed0 == 1:  # the failure surfaced at the flush: engine 0 has the version
+        assert errors0 == [] and problems0 == []
+    else:  # it surfaced at a send waiting for a bucket: the trainer abandoned version 1,
+        # so engine 0 never got its last chunk, or got chunks refused as ABANDONED
+        assert completed0 == 0
+        assert all(status == Status.ABANDONED for _, status, _ in errors0), errors0
     (_, _, _, completed1, _, problems1, errors1) = reports[1]
     assert completed1 == 0
     assert errors1, "engine 1 should have refused a chunk"

@@ -83,3 +83,38 @@ def test_messages_are_per_thread():
     assert not t.is_alive()
     assert "'buckets'" in seen["thread"] and seen["thread_last"] == seen["thread"]
     assert wsync.last_error() == info.value.message  # untouched by the other thread
+
+
+def test_abandoned_has_its_own_class():
+    err = wsync._errors.error(Status.ABANDONED, "version 3 was abandoned")
+    assert type(err) is wsync.AbandonedError and isinstance(err, WsyncError)
+    assert err.status is Status.ABANDONED and err.failures == ()
+    assert str(err) == "WSYNC_ERR_ABANDONED: version 3 was abandoned"
+
+
+def test_failures_travel_with_the_error_and_survive_pickling():
+    failure = wsync.Failure(wsync.FailureKind.FAILED, Status.MISMATCH, 1, 2, 0, 42, "shape differs")
+    err = WsyncError(Status.PEER, "receiver 1 failed", [failure])
+    assert err.failures == (failure,)
+    back = pickle.loads(pickle.dumps(err))
+    assert back.failures == (failure,) and back.status is Status.PEER
+    assert str(failure) == ("receiver 1 failed (chunk 0 of version 2): WSYNC_ERR_MISMATCH: "
+                            "shape differs")
+
+
+def test_unknown_failure_kind_is_kept():
+    kind = wsync.FailureKind(77)
+    assert int(kind) == 77 and kind.name == "UNKNOWN_77"
+
+
+@pytest.mark.parametrize("exc, status", [
+    (KeyError("x"), Status.MISMATCH), (ValueError("x"), Status.MISMATCH),
+    (TypeError("x"), Status.MISMATCH), (IndexError("x"), Status.MISMATCH),
+    (MemoryError(), Status.NO_MEMORY), (TimeoutError(), Status.TIMEOUT),
+    (PermissionError(), Status.SYSTEM), (RuntimeError("x"), Status.WRONG_STATE),
+    (KeyboardInterrupt(), Status.WRONG_STATE),
+    (WsyncError(Status.INTEGRITY, "x"), Status.INTEGRITY),
+    (wsync.InvalidArgumentError(message="x"), Status.INVALID_ARGUMENT),
+])
+def test_status_for_an_exception_leaving_a_receive_block(exc, status):
+    assert wsync.status_for_exception(exc) is status

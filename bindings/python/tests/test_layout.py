@@ -52,7 +52,7 @@ def test_packed_tensor_descriptor_matches_the_library(layout):
     dtype, device = fields["dtype"], fields["device"]
     assert offsets == [fields["name"], fields["data"], fields["shape"], fields["strides"],
                        fields["ndim"], dtype, dtype + 1, dtype + 2, device, device + 4,
-                       fields["flags"], fields["reserved_"]]
+                       fields["flags"], fields["struct_size"]]
     assert _TENSOR_RAW.size == layout["wsync_tensor_t"]["size"]
 
 
@@ -64,3 +64,44 @@ def test_nested_dtype_and_device_offsets(layout):
     assert dtype_fields == {"code": 0, "bits": 1, "lanes": 2}
     assert device_fields == {"type": 0, "index": 4}
     assert layout["wsync_tensor_t"]["fields"]["device"] % layout["wsync_device_t"]["align"] == 0
+
+
+SIZED = sorted(name for name, cls in _lib.STRUCTS.items()
+               if any(f[0] == "struct_size" for f in cls._fields_))
+
+
+def test_every_growable_struct_is_sized():
+    # The 0.2 rule: every public struct that may grow has a struct_size field.
+    assert SIZED == ["wsync_chunk_t", "wsync_failure_t", "wsync_receiver_state_t",
+                     "wsync_recv_info_t", "wsync_tensor_t"]
+
+
+@pytest.mark.parametrize("name", SIZED)
+def test_sized_structs_carry_their_own_size(name):
+    cls = _lib.STRUCTS[name]
+    assert _lib.sized(cls).struct_size == ctypes.sizeof(cls)
+
+
+def test_new_0_2_structs_have_the_header_field_order(layout):
+    # Field order as wsync.h declares it (offsets strictly increasing).
+    expected = {
+        "wsync_recv_info_t": ["struct_size", "flags", "version", "bytes", "count", "chunk_index",
+                              "version_chunks", "version_tensors", "version_bytes"],
+        "wsync_failure_t": ["struct_size", "what", "status", "receiver", "version",
+                            "chunk_index", "pid", "message"],
+        "wsync_receiver_state_t": ["struct_size", "flags", "completed_version", "open_version",
+                                   "failed_version", "failed_status", "reserved_"],
+    }
+    for name, order in expected.items():
+        fields = layout[name]["fields"]
+        assert sorted(fields, key=fields.get) == order, name
+    assert layout["wsync_failure_t"]["size"] - layout["wsync_failure_t"]["fields"]["message"] == 256
+
+
+def test_packed_descriptors_carry_struct_size():
+    # The hot path writes struct_size into each packed wsync_tensor_t, as the header asks.
+    import torch
+    from wsync._core import _TENSOR_RAW, describe_tensors
+    descs = describe_tensors([("a", torch.ones(2)), ("b", torch.ones(3))])
+    for i in range(2):
+        assert _TENSOR_RAW.unpack_from(descs.array, _TENSOR_RAW.size * i)[-1] == _TENSOR_RAW.size

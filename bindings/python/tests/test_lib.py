@@ -25,12 +25,12 @@ class FakeFunction:
 class FakeLibrary:
     """Stands in for a CDLL: a library whose wsync_version_number() returns `number`."""
 
-    def __init__(self, path, number=100):
+    def __init__(self, path, number=200):
         self.path = path
         self.wsync_version_number = FakeFunction(number)
 
 
-def recording_loader(loaded, version=100, loadable=None):
+def recording_loader(loaded, version=200, loadable=None):
     def load(path):
         if loadable is not None and path not in loadable:
             raise OSError(f"{path}: cannot open shared object file")
@@ -132,9 +132,24 @@ def test_other_major_version_is_refused(number):
     assert "/fake/libwsync.so" in text
 
 
-def test_same_major_version_passes_the_check():
-    assert _lib.check_version(FakeLibrary("x", 199), "x") == 199
-    assert _lib.check_version(FakeLibrary("x", 0), "x") == 0
+def test_same_major_version_from_0_2_passes_the_check():
+    assert _lib.check_version(FakeLibrary("x", 200), "x") == 200
+    assert _lib.check_version(FakeLibrary("x", 201), "x") == 201
+    assert _lib.check_version(FakeLibrary("x", 9999), "x") == 9999
+
+
+@pytest.mark.parametrize("number", [0, 100, 199])
+def test_library_older_than_0_2_is_refused_saying_what_is_needed(number):
+    with pytest.raises(wsync.LibraryVersionError) as info:
+        _lib.locate(environ={"WSYNC_LIBRARY": "/old/libwsync.so"},
+                    loader=recording_loader([], version=number))
+    text = str(info.value)
+    assert f"is version 0.{number // 100}.{number % 100}" in text
+    assert "needs at least 0.2.0" in text and "/old/libwsync.so" in text
+
+
+def test_loaded_library_is_at_least_the_binding_version():
+    assert wsync.version_number() >= _lib.MIN_VERSION_NUMBER == 200
 
 
 def test_runtime_major_matches_the_binding():
@@ -197,6 +212,14 @@ def test_status_and_type_codes_mirror_the_header():
             assert wsync.Status[name[len("ERR_"):]] == int(value), name
     for name, value in re.findall(r"#define WSYNC_((?:DTYPE|DEVICE)_\w+) (\d+)", text):
         assert getattr(wsync, name) == int(value), name
-    for name in ("TENSOR_READ_ONLY", "CHUNK_LAST", "MAX_NDIM", "MAX_NAME_BYTES"):
+    for name in ("TENSOR_READ_ONLY", "CHUNK_LAST", "MAX_NDIM", "MAX_NAME_BYTES",
+                 "RECEIVER_DROPPED", "RECEIVER_SENDER_GONE"):
         value = re.search(rf"#define WSYNC_{name} (\d+)", text).group(1)
         assert getattr(wsync, name) == int(value), name
+    for name, value in re.findall(r"#define WSYNC_FAILURE_(\w+) (\d+)", text):
+        assert wsync.FailureKind[name] == int(value), name
+    assert "#define WSYNC_NO_CHUNK UINT32_MAX" in text and wsync.NO_CHUNK == 0xFFFFFFFF
+    for name in ("MAJOR", "MINOR"):
+        value = re.search(rf"#define WSYNC_VERSION_{name} (\d+)", text).group(1)
+        assert getattr(wsync, f"ABI_{name}") == int(value), name
+    assert re.search(r"char message\[(\d+)\];", text).group(1) == str(_lib.FAILURE_MESSAGE_BYTES)

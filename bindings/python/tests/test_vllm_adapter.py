@@ -265,12 +265,21 @@ def test_error_in_load_weights_fails_the_chunk(trainer_side):
         request = sender.send_chunk({"a": torch.ones(2), "b": torch.ones(2)}, last=True)
 
         def broken(weights):
+            assert [name for name, _ in weights] == ["a", "b"]  # every view was taken
             raise KeyError("no such parameter")
 
-        with pytest.warns(wsync.WsyncWarning, match="sender will not be told"):
-            with pytest.raises(KeyError):
-                engine.receive_weights(engine.parse_update_info({"requests": [request]}), broken)
+        with pytest.raises(KeyError):
+            engine.receive_weights(engine.parse_update_info({"requests": [request]}), broken)
         assert engine.completed_version == 0  # the worker keeps serving its old weights
+        with pytest.raises(WsyncError) as flush:
+            sender.flush(5)
+        assert flush.value.status is Status.PEER
+        [failure] = flush.value.failures
+        assert failure.what is wsync.FailureKind.FAILED and failure.receiver == 0
+        assert (failure.status, failure.version, failure.chunk_index) == (Status.MISMATCH, 1, 0)
+        assert failure.message == "KeyError: 'no such parameter'"
+        state = engine.poll()
+        assert (state.failed_version, state.failed_status) == (1, Status.MISMATCH)
     finally:
         engine.shutdown()
 

@@ -11,25 +11,29 @@ Trainer::
     init = strategy.create_init_info()              # forward these bytes to every engine
     sender = strategy.sender(init)
     request = sender.send_chunk({"w": torch.ones(4)}, last=True)   # forward to every engine
-    sender.flush(timeout_s=30)
+    sender.flush(timeout_s=30)                      # WsyncError.failures: each engine's failure
 
 Engine::
 
     receiver = wsync.Strategy.for_init_info(init).receiver(init, index)
     with receiver.receive(request) as it:
         for name, view in it:                       # views valid until the block ends
-            params[name].copy_(view)
+            params[name].copy_(view)                # an exception here fails the chunk
 """
 
 from . import _lib
 from ._core import (
     CHUNK_LAST,
+    MAX_FAIL_MESSAGE_BYTES,
     MAX_NAME_BYTES,
     MAX_NDIM,
     TENSOR_READ_ONLY,
     Iteration,
+    RECEIVER_DROPPED,
+    RECEIVER_SENDER_GONE,
     PlannedChunk,
     Receiver,
+    ReceiverState,
     RecvInfo,
     Sender,
     Strategy,
@@ -41,6 +45,7 @@ from ._core import (
     kinds,
     merge_requests,
     plan,
+    status_for_exception,
     version,
     version_number,
 )
@@ -71,6 +76,10 @@ from ._dtypes import (
     DType,
 )
 from ._errors import (
+    NO_CHUNK,
+    AbandonedError,
+    Failure,
+    FailureKind,
     InvalidArgumentError,
     Status,
     WrongStateError,
@@ -80,12 +89,13 @@ from ._errors import (
 )
 from ._lib import (
     ABI_MAJOR,
+    ABI_MINOR,
     LibraryError,
     LibraryNotFoundError,
     LibraryVersionError,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def load_library() -> "_lib.Library":
@@ -95,7 +105,9 @@ def load_library() -> "_lib.Library":
 
 
 __all__ = [
-    "ABI_MAJOR", "CHUNK_LAST", "MAX_NAME_BYTES", "MAX_NDIM", "TENSOR_READ_ONLY",
+    "ABI_MAJOR", "ABI_MINOR", "CHUNK_LAST", "MAX_FAIL_MESSAGE_BYTES", "MAX_NAME_BYTES", "MAX_NDIM",
+    "NO_CHUNK", "RECEIVER_DROPPED", "RECEIVER_SENDER_GONE", "TENSOR_READ_ONLY",
+    "AbandonedError", "Failure", "FailureKind", "ReceiverState", "status_for_exception",
     "DEVICE_CPU", "DEVICE_CUDA", "DEVICE_CUDA_HOST", "DEVICE_CUDA_MANAGED", "DEVICE_ROCM",
     "DEVICE_ROCM_HOST",
     "DTYPE_BFLOAT", "DTYPE_BOOL", "DTYPE_COMPLEX", "DTYPE_FLOAT", "DTYPE_FLOAT4_E2M1FN",

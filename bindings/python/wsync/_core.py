@@ -13,7 +13,6 @@ import json
 import math
 import struct
 import threading
-import warnings
 from ctypes import byref, c_bool, c_char, c_char_p, c_size_t, c_uint64, c_void_p
 from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -21,12 +20,26 @@ import numpy as np
 
 from . import _dtypes, _lib
 from ._dtypes import DType
-from ._errors import Status, WrongStateError, WsyncError, invalid, raise_for
+from ._errors import (
+    Failure,
+    Status,
+    WrongStateError,
+    WsyncError,
+    invalid,
+    raise_for,
+    sender_failures,
+)
 
 #: wsync_tensor_t.flags: set on views whose memory must not be written.
 TENSOR_READ_ONLY = 1
-#: wsync_chunk_t.flags: this chunk completes the current sync version.
+#: wsync_chunk_t.flags: this chunk commits the current sync version.
 CHUNK_LAST = 1
+#: wsync_receiver_state_t.flags: the sender dropped this receiver.
+RECEIVER_DROPPED = 1
+#: wsync_receiver_state_t.flags: the trainer's process is gone.
+RECEIVER_SENDER_GONE = 2
+#: Longest message wsync_recv_fail passes on, in bytes (the rest is cut).
+MAX_FAIL_MESSAGE_BYTES = 255
 #: Most dimensions a tensor may have.
 MAX_NDIM = 16
 #: Longest tensor name in bytes (UTF-8, without the NUL).
@@ -34,7 +47,7 @@ MAX_NAME_BYTES = 1024
 
 # One wsync_tensor_t as raw fields (native byte order, explicit padding): name, data, shape,
 # strides, ndim, dtype.code, dtype.bits, dtype.lanes, device.type, device.index, flags,
-# reserved_. Packing descriptors with one struct call per tensor is several times cheaper than
+# struct_size. Packing descriptors with one struct call per tensor is several times cheaper than
 # setting ctypes fields one by one; the layout is checked against ctypes (and ctypes against
 # the library, in tests/test_layout.py) right here at import.
 _TENSOR_RAW = struct.Struct("=QQQQiBBHiiII")
@@ -44,7 +57,7 @@ def _check_raw_layout() -> None:
     t = _lib.Tensor
     expected = [t.name.offset, t.data.offset, t.shape.offset, t.strides.offset, t.ndim.offset,
                 t.dtype.offset, t.dtype.offset + 1, t.dtype.offset + 2, t.device.offset,
-                t.device.offset + 4, t.flags.offset, t.reserved_.offset]
+                t.device.offset + 4, t.flags.offset, t.struct_size.offset]
     got, off = [], 0
     for code in "QQQQiBBHiiII":
         got.append(off)
@@ -55,6 +68,8 @@ def _check_raw_layout() -> None:
 
 
 _check_raw_layout()
+_TENSOR_SIZE = ctypes.sizeof(_lib.Tensor)
+_CHUNK_SIZE = ctypes.sizeof(_lib.Chunk)
 
 # The longest flush timeout passed to the library (2^40 ms, about 35 years, the strategies'
 # own "timeout_ms" maximum): ctypes would silently truncate a value past 64 bits, and libwsync
@@ -171,8 +186,8 @@ def _pack(records: list, keep) -> _Descriptors:
             doff += ndim
         else:
             st = 0
-        pack(array, 56 * i, nbase + noff, data, sp, st, ndim, dl[0], dl[1], dl[2], dev_type,
-             dev_index, 0, 0)
+        pack(array, _TENSOR_SIZE * i, nbase + noff, data, sp, st, ndim, dl[0], dl[1], dl[2],
+             dev_type, dev_index, 0, _TENSOR_SIZE)
         noff += len(nb) + 1
     return _Descriptors(array, n, names, dims, keep)
 
@@ -452,40 +467,98 @@ class Sender:
         rejected by the library (no silent copy). Their memory is read during the call only.
         For CUDA tensors the binding first synchronizes torch's current stream on each of their
         devices, so work queued there (an optimizer step, a cast) has finished.
-        ``last=True`` flags the chunk ``WSYNC_CHUNK_LAST``: it completes the current sync
-        version, and the next chunk starts the next one.
+        ``last=True`` flags the chunk ``WSYNC_CHUNK_LAST``: it commits the current sync
+        version (with its manifest), and the next chunk begins the next one. No tensors with
+        ``last=True`` is the same as :meth:`commit`.
 
         Blocks while every bucket is still being read by a receiver, up to the strategy's
-        ``timeout_ms``; then raises ``TIMEOUT`` or ``PEER`` and nothing is sent.
+        ``timeout_ms``; then raises ``TIMEOUT`` or ``PEER`` (with ``failures``), nothing is sent
+        and a version that had published a chunk is abandoned. Bad tensors raise
+        ``INVALID_ARGUMENT`` and leave the version as it was.
         """
         items = _as_items(tensors)
         descs = describe_tensors(items, need_data=True)
         if descs.cuda_devices:
             _synchronize_cuda(descs.cuda_devices)
-        chunk = _lib.Chunk(descs.array, descs.count, CHUNK_LAST if last else 0, 0)
+        # An empty closing chunk is passed as the header asks: tensors NULL, count 0.
+        array = descs.array if descs.count else None
+        chunk = _lib.Chunk(array, descs.count, CHUNK_LAST if last else 0, _CHUNK_SIZE)
         blob = _lib.Blob()
         with self._lock:
-            status = self._lib.wsync_sender_send_chunk(self._handle(), byref(chunk), byref(blob))
+            h = self._handle()
+            status = self._lib.wsync_sender_send_chunk(h, byref(chunk), byref(blob))
             if status:
-                raise_for(status, self._lib)
+                raise_for(status, self._lib, sender=h)
         del descs  # the descriptors and everything they point into lived through the call
         return _take_blob(self._lib, blob)
 
-    def flush(self, timeout_s: float = 60.0) -> None:
-        """Waits until every receiver has acknowledged every chunk sent so far.
+    def commit(self) -> bytes:
+        """Commits the current version without data (the same as an empty last chunk) and
+        returns its request blob, to forward to every receiver like any request. For a producer
+        that learns only after its last chunk that it is done.
 
-        Raises ``TIMEOUT`` after ``timeout_s`` seconds naming the receivers that did not
-        answer, or ``PEER`` naming a receiver that died, detached or failed a chunk. ``0``
-        polls. There is no infinite wait.
+        Raises ``WRONG_STATE`` when the version has no chunk yet; blocks and fails like
+        :meth:`send_chunk` (a failure abandons the version).
+        """
+        blob = _lib.Blob()
+        with self._lock:
+            h = self._handle()
+            status = self._lib.wsync_sender_commit(h, byref(blob))
+            if status:
+                raise_for(status, self._lib, sender=h)
+        return _take_blob(self._lib, blob)
+
+    def abandon(self) -> None:
+        """Abandons the current version if it has published a chunk (nothing happens
+        otherwise): receivers that began it fail it with ``ABANDONED`` and the next chunk
+        begins a new version number. Use it when the trainer gives up on a sync between chunks
+        (its own error). Does not block."""
+        with self._lock:
+            status = self._lib.wsync_sender_abandon(self._handle())
+            if status:
+                raise_for(status, self._lib)
+
+    def drop_receiver(self, index: int) -> None:
+        """Stops waiting for receiver ``index`` (a dead, frozen or failing engine), so
+        :meth:`flush` succeeds for the others. The receiver, if alive, fails its next call with
+        ``PEER``; a receiver made again with that index re-attaches from the next version that
+        begins after it attached. ``INVALID_ARGUMENT`` for an index out of range,
+        ``UNSUPPORTED`` for kinds whose group is fixed (``nccl_broadcast``)."""
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index <= 0xFFFFFFFF:
+            raise invalid(f"drop_receiver: receiver index {index!r} is not an unsigned 32-bit "
+                          "integer")
+        with self._lock:
+            status = self._lib.wsync_sender_drop_receiver(self._handle(), index)
+            if status:
+                raise_for(status, self._lib)
+
+    @property
+    def failures(self) -> Tuple[Failure, ...]:
+        """The receiver failures the last failed call (``send_chunk``, ``commit``, ``flush``)
+        found, as :class:`wsync.Failure` records; empty after a call that succeeded. The same
+        records are on the raised error's ``failures``."""
+        with self._lock:
+            return sender_failures(self._lib, self._handle())
+
+    def flush(self, timeout_s: float = 60.0) -> None:
+        """Waits until every receiver (but dropped ones) has acknowledged every chunk sent so
+        far.
+
+        Raises ``PEER`` as soon as a receiver failed a chunk, died or detached owing one, or
+        ``TIMEOUT`` after ``timeout_s`` seconds naming the receivers that did not answer. The
+        error's ``failures`` lists each receiver's failure as data (its own status and message,
+        version, chunk); the trainer may then :meth:`drop_receiver` the failed ones and flush
+        again, or resend the version. ``0`` polls. There is no infinite wait.
         """
         if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s):
             raise invalid(f"flush: timeout_s must be a finite number of seconds, got {timeout_s!r}")
         ms = math.ceil(timeout_s * 1000) if timeout_s > 0 else int(timeout_s * 1000)
         ms = min(ms, _MAX_FLUSH_MS)
         with self._lock:
-            status = self._lib.wsync_sender_flush(self._handle(), ms)
+            h = self._handle()
+            status = self._lib.wsync_sender_flush(h, ms)
             if status:
-                raise_for(status, self._lib)
+                raise_for(status, self._lib, sender=h)
 
     @property
     def version(self) -> int:
@@ -562,9 +635,6 @@ class Receiver:
         self._h: Optional[int] = handle
         self._lock = threading.RLock()
         self._open: Optional[_IterHandle] = None
-        # (version, completed version before it) of a version whose chunk a loader failed after
-        # taking every tensor: the library counted that chunk as a success (see abort()).
-        self._poisoned: Optional[Tuple[int, int]] = None
         #: This receiver's index.
         self.index = index
 
@@ -598,33 +668,30 @@ class Receiver:
 
     @property
     def completed_version(self) -> int:
-        """The newest sync version whose every chunk this receiver received, verified and ended
-        successfully (0 if none).
-
-        This is the library's ``wsync_receiver_completed_version``, except for one case the C
-        ABI cannot express: a version in which a loader failed *after* taking every tensor of a
-        chunk (see :meth:`Iteration.abort`) is not counted here even though the library counted
-        it, until a later version completes.
-        """
+        """The newest committed version whose every chunk this receiver received, verified and
+        ended successfully, and whose manifest matched (0 if none). A version with a failed,
+        missing or abandoned chunk never becomes complete, so an engine can keep serving its
+        old weights."""
         out = c_uint64()
         with self._lock:
             status = self._lib.wsync_receiver_completed_version(self._handle(), byref(out))
             if status:
                 raise_for(status, self._lib)
-            version = out.value
-            if self._poisoned is not None:
-                bad, before = self._poisoned
-                if version == bad:
-                    return before
-                if version > bad:
-                    self._poisoned = None
-        return version
+        return out.value
 
-    def _mark_failed(self, version: int, completed_before: int) -> None:
-        """Records that a chunk of ``version`` failed in the loader after the library counted
-        it as received (caller holds the lock)."""
-        if self._poisoned is None or version >= self._poisoned[0]:
-            self._poisoned = (version, completed_before)
+    def poll(self) -> "ReceiverState":
+        """Brings this receiver's view up to date without a request and returns where it
+        stands (:class:`ReceiverState`): a version the sender abandoned, or a trainer that
+        died, fails the open version here. Call it when requests stop coming, or after a
+        failed chunk, to decide whether to roll back (see the README, "Rolling back").
+        ``WRONG_STATE`` while an iteration is open. Does not block."""
+        raw = _lib.sized(_lib.ReceiverState)
+        with self._lock:
+            status = self._lib.wsync_receiver_poll(self._handle(), byref(raw))
+            if status:
+                raise_for(status, self._lib)
+        return ReceiverState(raw.completed_version, raw.open_version, raw.failed_version,
+                             Status(raw.failed_status), raw.flags)
 
     @property
     def closed(self) -> bool:
@@ -671,18 +738,42 @@ class Receiver:
 
 
 class RecvInfo(NamedTuple):
-    """What an iteration carries (``wsync_recv_info_t``)."""
+    """What an iteration carries (``wsync_recv_info_t``); on the chunk that commits a version
+    (``last``) also the version's manifest, which the library checks at the end."""
 
     version: int  #: sync version of this chunk
     bytes: int  #: payload bytes of all tensors
     chunk_index: int  #: 0-based position of the chunk within its version
-    flags: int  #: CHUNK_LAST if this chunk completes the version
-    count: int  #: number of tensors
+    flags: int  #: CHUNK_LAST if this chunk commits the version
+    count: int  #: number of tensors (0 for a commit without data)
+    version_chunks: int = 0  #: with CHUNK_LAST: chunks in the version, else 0
+    version_tensors: int = 0  #: with CHUNK_LAST: tensors in the version, else 0
+    version_bytes: int = 0  #: with CHUNK_LAST: payload bytes of the version, else 0
 
     @property
     def last(self) -> bool:
-        """True if this chunk completes its version."""
+        """True if this chunk commits its version."""
         return bool(self.flags & CHUNK_LAST)
+
+
+class ReceiverState(NamedTuple):
+    """Where a receiver stands (``wsync_receiver_state_t``), from :meth:`Receiver.poll`."""
+
+    completed_version: int  #: as :attr:`Receiver.completed_version`
+    open_version: int  #: version begun here and neither committed nor failed, or 0
+    failed_version: int  #: newest version begun here that failed or was abandoned, or 0
+    failed_status: Status  #: why failed_version failed (ABANDONED, the loader's status...); OK if none
+    flags: int  #: RECEIVER_DROPPED | RECEIVER_SENDER_GONE
+
+    @property
+    def dropped(self) -> bool:
+        """The sender dropped this receiver."""
+        return bool(self.flags & RECEIVER_DROPPED)
+
+    @property
+    def sender_gone(self) -> bool:
+        """The trainer's process is gone."""
+        return bool(self.flags & RECEIVER_SENDER_GONE)
 
 
 class WsyncWarning(RuntimeWarning):
@@ -710,8 +801,11 @@ class Iteration:
     invalidates every view.
 
     Ending acknowledges the chunk: it succeeds only if every tensor was yielded (and verified,
-    with checksums on). Leaving the ``with`` block through an exception ends the iteration as
-    failed and lets the exception propagate.
+    with checksums on). :meth:`fail` acknowledges it as failed with the loader's own status and
+    message at any point, also after the last view (a load that failed once every view was
+    taken); the sender's flush then reports them as a :class:`wsync.Failure`. Leaving the
+    ``with`` block through an exception fails the iteration that way (see
+    :func:`status_for_exception`) and lets the exception propagate.
     """
 
     def __init__(self, receiver: Receiver, handle: _IterHandle, framework: str, copy: bool):
@@ -723,6 +817,9 @@ class Iteration:
         self._copy = copy
         self._info: Optional[RecvInfo] = None
         self._yielded = 0
+        # Set when the library failed the iteration (a checksum, an order error): ending it
+        # then reports the library's own error, which a fail() would only replace.
+        self._library_failed = False
         self._view = _lib.Tensor()
         self._has = c_bool()
         self._view_ref = byref(self._view)
@@ -744,12 +841,13 @@ class Iteration:
     def info(self) -> RecvInfo:
         """The chunk's version, byte count, index, flags and tensor count."""
         if self._info is None:
-            raw = _lib.RecvInfo()
+            raw = _lib.sized(_lib.RecvInfo)
             with self._lock:
                 status = self._lib.wsync_recv_info(self._h(), byref(raw))
                 if status:
                     raise_for(status, self._lib)
-            self._info = RecvInfo(raw.version, raw.bytes, raw.chunk_index, raw.flags, raw.count)
+            self._info = RecvInfo(raw.version, raw.bytes, raw.chunk_index, raw.flags, raw.count,
+                                  raw.version_chunks, raw.version_tensors, raw.version_bytes)
         return self._info
 
     def __len__(self) -> int:
@@ -830,47 +928,33 @@ class Iteration:
         raise WsyncError(Status.UNSUPPORTED, f"tensor '{name}' is on "
                          f"{_dtypes.device_name(dev_type, dev_index)}, which this binding cannot view")
 
-    def _check_viewable(self, fields: tuple) -> None:
-        """Raises the error :meth:`_make` would raise for these fields, without making a view."""
-        name = ctypes.string_at(fields[0]).decode("utf-8", "replace")
-        try:
-            self._maker((fields[5], fields[6], fields[7]))
-        except TypeError as exc:
-            raise WsyncError(Status.UNSUPPORTED, f"tensor '{name}': {exc}") from None
-        dev_type, dev_index = fields[8], fields[9]
-        if dev_type in _dtypes.HOST_DEVICE_TYPES:
-            return
-        if dev_type == _dtypes.DEVICE_CUDA and self._framework == "torch":
-            return
-        raise WsyncError(Status.UNSUPPORTED, f"tensor '{name}' is on "
-                         f"{_dtypes.device_name(dev_type, dev_index)}, which framework="
-                         f"'{self._framework}' cannot view")
-
     def __iter__(self) -> Iterator[Tuple[str, Any]]:
         nxt = self._lib.wsync_recv_next
         unpack = _TENSOR_RAW.unpack_from
         view, view_ref, has, has_ref = self._view, self._view_ref, self._has, self._has_ref
         lock = self._lock
-        last = self.info.count - 1
         handle = self._handle
         while True:
             with lock:
                 h = handle.value
                 if h is None:
                     raise WrongStateError(Status.WRONG_STATE, "the iteration has already ended")
-                if self._yielded == last:
-                    # Taking the last tensor makes the chunk count as consumed, and a chunk
-                    # ended after that is acknowledged as successful; so find out whether its
-                    # view can be made while failing still fails the chunk.
-                    self._check_viewable(self._peek_raw(last))
                 status = nxt(h, view_ref, has_ref)
                 if status:
+                    self._library_failed = True
                     raise_for(status, self._lib)
                 if not has.value:
                     return
                 fields = unpack(view)
                 self._yielded += 1
-            yield self._make(fields)
+                try:
+                    made = self._make(fields)
+                except WsyncError as exc:
+                    # A view this binding cannot make (a dtype or device the framework cannot
+                    # hold) fails the chunk with that reason, even if it was the last one.
+                    self._fail_locked(exc.status, exc.message)
+                    raise
+            yield made
 
     def items(self) -> List[Tuple[str, Any]]:
         """All remaining ``(name, tensor)`` pairs as a list (same lifetime rule as iterating)."""
@@ -893,37 +977,55 @@ class Iteration:
             if status:
                 raise_for(status, self._lib)
 
-    def abort(self) -> Optional[WsyncError]:
-        """Ends the iteration acknowledging the chunk as failed, without raising; returns the
-        library's error for the ending (None if it ended cleanly).
+    def _fail_locked(self, status: Status, message: str) -> None:
+        """wsync_recv_fail on the open iteration (caller holds the lock); frees it."""
+        if self._handle.value is None:
+            return
+        h, self._handle.value = self._handle.value, None
+        if self._receiver._open is self._handle:
+            self._receiver._open = None
+        raw = message.encode("utf-8", "replace")
+        if len(raw) > MAX_FAIL_MESSAGE_BYTES:  # cut on a character boundary, as the library would not
+            raw = raw[:MAX_FAIL_MESSAGE_BYTES].decode("utf-8", "ignore").encode("utf-8")
+        status = self._lib.wsync_recv_fail(h, int(status), raw.replace(b"\0", b" "))
+        if status:
+            raise_for(status, self._lib)
 
-        libwsync 0.1 acknowledges a chunk as failed only when the iteration is ended before
-        every tensor was yielded (or after a verification failure); the C ABI has no call to
-        fail a fully consumed iteration. If every tensor was already yielded, the chunk is
-        therefore acknowledged as *successful* and the sender's flush will not report it. The
-        binding then warns with a :class:`WsyncWarning`, and keeps this version out of
-        :attr:`Receiver.completed_version` on this engine.
-        """
+    def fail(self, status, message: str = "") -> None:
+        """Fails the iteration at any point, also after its last view (a loader that found a
+        tensor it cannot load, or failed once every view was taken): the chunk is acknowledged
+        as failed with ``status`` (an error :class:`Status`, not ``OK``) and ``message`` (cut
+        to 255 bytes), which reach the sender's flush as the error's text and as a
+        :class:`wsync.Failure`; the version is not completed here. Ends the iteration (every
+        view becomes invalid). ``WRONG_STATE`` if it has already ended."""
+        try:
+            status = Status(int(status))
+        except (TypeError, ValueError):
+            raise invalid(f"fail: status must be a wsync.Status, not {status!r}") from None
+        if status is Status.OK:
+            raise invalid("fail: status must be an error status, not OK")
+        if not isinstance(message, str):
+            raise invalid(f"fail: message must be str, not {type(message).__name__}")
+        with self._lock:
+            self._h()  # raises WRONG_STATE once ended
+            self._fail_locked(status, message)
+
+    def abort(self, status=Status.WRONG_STATE, message: str = "the loader stopped") -> Optional[WsyncError]:
+        """Ends the iteration acknowledging the chunk as failed, without raising; returns the
+        error that ended it (None if it had already ended). A chunk the library had already
+        failed (a checksum) keeps the library's error; otherwise it is failed with ``status``
+        and ``message`` as :meth:`fail` does."""
         with self._lock:
             if self._handle.value is None:
                 return None
-            info = self.info
-            consumed = self._yielded >= info.count
-            before = self._receiver.completed_version if consumed else 0
             try:
-                self.end()
+                if self._library_failed:
+                    self.end()
+                    return None
+                self._fail_locked(Status(int(status)), message)
             except WsyncError as exc:
                 return exc
-            if consumed:
-                self._receiver._mark_failed(info.version, before)
-        if consumed:
-            warnings.warn(
-                f"wsync: chunk {info.chunk_index} of version {info.version} failed after every "
-                "tensor had been taken; libwsync 0.1 has no call to fail such a chunk, so it "
-                "acknowledged the chunk as successful and the sender will not be told. This "
-                f"receiver will not report version {info.version} as completed.",
-                WsyncWarning, stacklevel=3)
-        return None
+        return WsyncError(status, message)
 
     def __enter__(self) -> "Iteration":
         return self
@@ -932,7 +1034,13 @@ class Iteration:
         if exc_type is None:
             self.end()
             return False
-        err = self.abort()
+        if self.ended:
+            return False
+        status = status_for_exception(exc)
+        text = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
+        if isinstance(exc, WsyncError):
+            text = exc.message
+        err = self.abort(status, text)
         if err is not None and hasattr(exc, "add_note"):
             exc.add_note(f"wsync: the chunk was acknowledged as failed ({err})")
         return False
@@ -956,6 +1064,25 @@ class Iteration:
         i = self.info
         return (f"<wsync.Iteration version {i.version} chunk {i.chunk_index}"
                 f"{' (last)' if i.last else ''}: {i.count} tensors, {i.bytes} bytes>")
+
+
+def status_for_exception(exc: BaseException) -> Status:
+    """The status an exception leaving a ``with receiver.receive(...)`` block fails the chunk
+    with: a :class:`WsyncError`'s own status; ``MISMATCH`` for ``LookupError``, ``TypeError``
+    and ``ValueError`` (the chunk does not fit what the loader expected: an unknown name, a
+    wrong shape); ``NO_MEMORY`` for ``MemoryError``; ``TIMEOUT`` for ``TimeoutError``;
+    ``SYSTEM`` for other ``OSError``; ``WRONG_STATE`` (the loader stopped) for anything else."""
+    if isinstance(exc, WsyncError) and exc.status is not Status.OK:
+        return exc.status
+    if isinstance(exc, (LookupError, TypeError, ValueError)):
+        return Status.MISMATCH
+    if isinstance(exc, MemoryError):
+        return Status.NO_MEMORY
+    if isinstance(exc, TimeoutError):
+        return Status.TIMEOUT
+    if isinstance(exc, OSError):
+        return Status.SYSTEM
+    return Status.WRONG_STATE
 
 
 def torch_carrier(dl: tuple) -> Tuple[np.dtype, bool]:

@@ -10,8 +10,10 @@ The library is looked for in three places, in this order:
 3. the system, through ``ctypes.util.find_library("wsync")`` (``ldconfig`` and friends).
 
 After loading, the runtime major version (``wsync_version_number() // 10000``) must equal
-:data:`ABI_MAJOR`, the major version this binding was written for; anything else is refused.
-Then every function of ``wsync.h`` gets its ``argtypes`` and ``restype``.
+:data:`ABI_MAJOR`, the major version this binding was written for, and the version must be at
+least :data:`ABI_MINOR` of that major (the structs and calls this binding uses, e.g.
+``wsync_recv_fail``, appeared in 0.2); anything else is refused. Then every function of
+``wsync.h`` gets its ``argtypes`` and ``restype``.
 """
 
 from __future__ import annotations
@@ -38,8 +40,12 @@ from typing import Callable, Mapping, Optional
 
 #: The major version of the C ABI this binding was written for.
 ABI_MAJOR = 0
-#: The minor version whose functions this binding declares (0.1 added none beyond 0.0).
-ABI_MINOR = 1
+#: The minor version whose structs and functions this binding declares: the loaded library
+#: must be at least ``ABI_MAJOR.ABI_MINOR`` (0.2 made versions transactions: struct_size
+#: fields, a new wsync_recv_info_t, commit/abandon/drop_receiver, failures as data, poll).
+ABI_MINOR = 2
+#: The lowest ``wsync_version_number()`` this binding accepts (the header's one formula).
+MIN_VERSION_NUMBER = ABI_MAJOR * 10000 + ABI_MINOR * 100
 
 #: Environment variable holding the full path of the library to load.
 ENV_VAR = "WSYNC_LIBRARY"
@@ -59,7 +65,8 @@ class LibraryNotFoundError(LibraryError):
 
 
 class LibraryVersionError(LibraryError):
-    """The loaded libwsync has a major version this binding was not written for."""
+    """The loaded libwsync has a major version this binding was not written for, or is older
+    than :data:`MIN_VERSION_NUMBER`."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,7 +97,7 @@ class Tensor(Structure):
         ("dtype", Dtype),
         ("device", Device),
         ("flags", c_uint32),
-        ("reserved_", c_uint32),
+        ("struct_size", c_uint32),
     ]
 
 
@@ -101,7 +108,7 @@ class Chunk(Structure):
         ("tensors", POINTER(Tensor)),
         ("count", c_size_t),
         ("flags", c_uint32),
-        ("reserved_", c_uint32),
+        ("struct_size", c_uint32),
     ]
 
 
@@ -112,14 +119,54 @@ class Blob(Structure):
 
 
 class RecvInfo(Structure):
-    """``wsync_recv_info_t``: what a receive iteration carries."""
+    """``wsync_recv_info_t``: what a receive iteration carries, with the version's manifest on
+    the chunk that commits it. ``struct_size`` must be set before ``wsync_recv_info``."""
 
     _fields_ = [
+        ("struct_size", c_uint32),
+        ("flags", c_uint32),
         ("version", c_uint64),
         ("bytes", c_uint64),
+        ("count", c_uint64),
         ("chunk_index", c_uint32),
+        ("version_chunks", c_uint32),
+        ("version_tensors", c_uint64),
+        ("version_bytes", c_uint64),
+    ]
+
+
+#: ``wsync_failure_t.message``: bytes, NUL included.
+FAILURE_MESSAGE_BYTES = 256
+
+
+class Failure(Structure):
+    """``wsync_failure_t``: one receiver's failure as the sender learnt it.
+    ``struct_size`` must be set before ``wsync_sender_failure``."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("what", c_uint32),
+        ("status", c_int32),
+        ("receiver", c_uint32),
+        ("version", c_uint64),
+        ("chunk_index", c_uint32),
+        ("pid", c_int32),
+        ("message", ctypes.c_char * FAILURE_MESSAGE_BYTES),
+    ]
+
+
+class ReceiverState(Structure):
+    """``wsync_receiver_state_t``: where a receiver stands (the rollback hook).
+    ``struct_size`` must be set before ``wsync_receiver_poll``."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
         ("flags", c_uint32),
-        ("count", c_size_t),
+        ("completed_version", c_uint64),
+        ("open_version", c_uint64),
+        ("failed_version", c_uint64),
+        ("failed_status", c_int32),
+        ("reserved_", c_uint32),
     ]
 
 
@@ -131,7 +178,17 @@ STRUCTS = {
     "wsync_chunk_t": Chunk,
     "wsync_blob_t": Blob,
     "wsync_recv_info_t": RecvInfo,
+    "wsync_failure_t": Failure,
+    "wsync_receiver_state_t": ReceiverState,
 }
+
+
+def sized(cls):
+    """A zeroed instance of a sized struct with ``struct_size`` set to its size, as the header
+    asks of callers (0.2 layout)."""
+    obj = cls()
+    obj.struct_size = ctypes.sizeof(cls)
+    return obj
 
 # ---------------------------------------------------------------------------------------------
 # Function signatures: (restype, argtypes) for every function in wsync.h. Opaque handles are
@@ -163,17 +220,24 @@ SIGNATURES: Mapping[str, tuple] = {
     "wsync_sender_destroy": (None, [_handle]),
     "wsync_sender_send_chunk": (_status, [_handle, POINTER(Chunk), POINTER(Blob)]),
     "wsync_sender_flush": (_status, [_handle, c_int64]),
+    "wsync_sender_commit": (_status, [_handle, POINTER(Blob)]),
+    "wsync_sender_abandon": (_status, [_handle]),
     "wsync_sender_version": (_status, [_handle, POINTER(c_uint64)]),
+    "wsync_sender_drop_receiver": (_status, [_handle, c_uint32]),
+    "wsync_sender_failure_count": (_status, [_handle, POINTER(c_size_t)]),
+    "wsync_sender_failure": (_status, [_handle, c_size_t, POINTER(Failure)]),
     "wsync_request_merge": (_status, [POINTER(Blob), c_size_t, POINTER(Blob)]),
     # 5. receiver and receive iteration
     "wsync_receiver_create": (_status, [_handle, _bytes_in, c_size_t, c_uint32, _out_handle]),
     "wsync_receiver_destroy": (None, [_handle]),
     "wsync_receiver_receive": (_status, [_handle, _bytes_in, c_size_t, _out_handle]),
     "wsync_receiver_completed_version": (_status, [_handle, POINTER(c_uint64)]),
+    "wsync_receiver_poll": (_status, [_handle, POINTER(ReceiverState)]),
     "wsync_recv_info": (_status, [_handle, POINTER(RecvInfo)]),
     "wsync_recv_peek": (_status, [_handle, c_size_t, POINTER(Tensor)]),
     "wsync_recv_next": (_status, [_handle, POINTER(Tensor), POINTER(c_bool)]),
     "wsync_recv_end": (_status, [_handle]),
+    "wsync_recv_fail": (_status, [_handle, _status, c_char_p]),
     # 6. planner
     "wsync_plan_create": (_status, [POINTER(Tensor), c_size_t, c_char_p, _out_handle]),
     "wsync_plan_destroy": (None, [_handle]),
@@ -217,10 +281,11 @@ class Library:
 
 
 def check_version(cdll, path: str = "?") -> int:
-    """Returns ``wsync_version_number()`` of ``cdll`` or raises :class:`LibraryVersionError`.
+    """Returns ``wsync_version_number()`` of ``cdll`` or raises :class:`LibraryVersionError`
+    (another major version, or older than :data:`MIN_VERSION_NUMBER`).
 
-    Only the version functions are declared here, since a library of another major version may
-    not have the others.
+    Only the version functions are declared here, since a library of another version may not
+    have the others.
     """
     fn = cdll.wsync_version_number
     fn.restype = c_uint32
@@ -233,6 +298,14 @@ def check_version(cdll, path: str = "?") -> int:
             f"libwsync at {path} is version {text} (major {major}), but this Python binding was "
             f"written for major version {ABI_MAJOR}; install a libwsync {ABI_MAJOR}.x or a "
             f"binding made for version {major}"
+        )
+    if number < MIN_VERSION_NUMBER:
+        text = f"{major}.{number // 100 % 100}.{number % 100}"
+        raise LibraryVersionError(
+            f"libwsync at {path} is version {text}, but this Python binding needs at least "
+            f"{ABI_MAJOR}.{ABI_MINOR}.0 (it uses the {ABI_MAJOR}.{ABI_MINOR} structs and calls: "
+            "struct_size fields, wsync_recv_fail, wsync_sender_commit...); install a newer "
+            "libwsync or point WSYNC_LIBRARY at one"
         )
     return number
 

@@ -3,9 +3,11 @@
 For every request, :class:`ModuleLoader` first checks the chunk's names, dtypes and shapes
 against the module's parameters and buffers (a dry run through ``wsync_recv_peek``: no tensor
 byte is read). On any difference it raises :class:`wsync.WsyncError` (``MISMATCH``) naming each
-tensor and what differs, and the iteration is ended as failed, so the sender's ``flush``
-reports the failure and the version never completes on this engine. Only then are the bytes
-copied into the module's tensors, under ``torch.no_grad()``.
+tensor and what differs, and the iteration is failed with that status and message
+(``Iteration.fail``), so the sender's ``flush`` reports them as a :class:`wsync.Failure` and the
+version never completes on this engine. Only then are the bytes copied into the module's
+tensors, under ``torch.no_grad()``; a copy that fails, even after the last view, fails the
+chunk the same way (with the status :func:`wsync.status_for_exception` gives).
 """
 
 from __future__ import annotations
@@ -69,9 +71,10 @@ class ModuleLoader:
     def load(self, receiver: Receiver, request: bytes) -> RecvInfo:
         """Receives one request into the module; returns the chunk's :class:`wsync.RecvInfo`.
 
-        Raises ``MISMATCH`` before any byte is copied when the chunk does not fit the model
-        (the chunk is then acknowledged as failed), or the library's error when receiving or
-        verifying fails.
+        Raises ``MISMATCH`` before any byte is copied when the chunk does not fit the model,
+        or the error of a copy that failed; either way the chunk is failed with that status and
+        message, which the trainer's flush reports. Raises the library's error when receiving
+        or verifying fails.
         """
         torch = _dtypes.require_torch()
         with receiver.receive(request, framework="torch") as it:

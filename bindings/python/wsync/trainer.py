@@ -137,19 +137,30 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
     ``chunk_bytes`` defaults to :func:`default_chunk_bytes`. ``flush_timeout_s``, when given,
     makes the call wait for every receiver's acknowledgement (see :meth:`Sender.flush`).
 
-    If a send fails the exception propagates: that version is incomplete, and receivers keep
-    reporting the previous one as their completed version.
+    If anything fails part-way (a send, a cast, ``on_request``) the version is abandoned
+    (:meth:`Sender.abandon`; receivers that began it fail it with ``ABANDONED``) and the
+    exception propagates; receivers keep the previous version as their completed one. A
+    failed send's error carries the receivers' failures (``WsyncError.failures``).
     """
     if chunk_bytes is None:
         chunk_bytes = default_chunk_bytes(sender)
     requests: List[bytes] = []
-    for chunk in iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,
-                             dtype=dtype, device=device, make_contiguous=make_contiguous):
-        request = sender.send_chunk(chunk.tensors, last=chunk.last)
-        del chunk  # drop converted copies before the next chunk is prepared
-        requests.append(request)
-        if on_request is not None:
-            on_request(request)
+    try:
+        for chunk in iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,
+                                 dtype=dtype, device=device, make_contiguous=make_contiguous):
+            request = sender.send_chunk(chunk.tensors, last=chunk.last)
+            del chunk  # drop converted copies before the next chunk is prepared
+            requests.append(request)
+            if on_request is not None:
+                on_request(request)
+    except BaseException:
+        # A version left open part-way must not look resumable to receivers: abandon it (a
+        # no-op when nothing was published, or when the failed send already abandoned it).
+        try:
+            sender.abandon()
+        except Exception:  # the sender is closed or broken: the original error matters more
+            pass
+        raise
     if flush_timeout_s is not None:
         sender.flush(flush_timeout_s)
     return requests

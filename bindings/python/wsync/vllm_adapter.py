@@ -341,22 +341,32 @@ class WsyncWeightTransferEngine(WeightTransferEngine):
         the init info asked for copies).
 
         If ``update_info`` lists expected names, dtypes or shapes and the requests differ, no
-        weight is loaded: each request is received and ended as failed (so the trainer's flush
-        reports the failure) and :class:`wsync.WsyncError` (``MISMATCH``) is raised. An error
-        in ``load_weights`` ends that chunk as failed and propagates.
+        weight is loaded: each request is received and failed with ``MISMATCH`` and the
+        differences (so the trainer's flush reports them as a :class:`wsync.Failure`) and
+        :class:`wsync.WsyncError` (``MISMATCH``) is raised.
+
+        Every view of a chunk is taken before ``load_weights`` is called, so the iteration
+        stays open until ``load_weights`` has returned: then it is ended (acknowledged), or,
+        if ``load_weights`` raised, failed through ``Iteration.fail`` with the status
+        :func:`wsync.status_for_exception` gives and the exception's text, and the exception
+        propagates. The trainer's flush then fails with ``PEER`` carrying this worker's status
+        and message in ``failures``, and the version does not complete on this worker (see
+        :meth:`poll` to decide whether to roll back).
         """
         receiver = self.receiver
         problems = self._dry_run(update_info)
         if problems:
+            message = "the update does not match its update info: " + "; ".join(problems[:10])
             for request in update_info.requests:
                 try:
-                    receiver.receive(request).abort()
+                    receiver.receive(request).fail(Status.MISMATCH, message)
                 except WsyncError:
                     break
-            raise WsyncError(Status.MISMATCH, "the update does not match its update info: "
-                             + "; ".join(problems[:10]))
+            raise WsyncError(Status.MISMATCH, message)
         torch = _dtypes.torch_module()
         for request in update_info.requests:
+            # The with block keeps the iteration open until load_weights has returned (the
+            # views live that long); an exception fails the chunk with its text (see above).
             with receiver.receive(request, framework="torch", copy=self._copy) as it:
                 batch = list(it)
                 load_weights(batch)
@@ -368,6 +378,11 @@ class WsyncWeightTransferEngine(WeightTransferEngine):
     def completed_version(self) -> int:
         """The newest sync version fully received by this worker (0 if none)."""
         return self.receiver.completed_version
+
+    def poll(self):
+        """This worker's :class:`wsync.ReceiverState` (``Receiver.poll``): whether the version
+        it began failed or was abandoned, to decide whether to roll back."""
+        return self.receiver.poll()
 
     def shutdown(self) -> None:
         """Closes the receiver (the trainer learns that this worker detached); idempotent."""

@@ -3,7 +3,7 @@
  *
  *   c_peer send [--versions N] [--receivers N] [--chunk-bytes N] [--bucket-bytes N]
  *               [--buckets N] [--timeout-ms N]            frames to stdout
- *   c_peer recv [--index N] [--end-early-at V]              frames from stdin
+ *   c_peer recv [--index N] [--end-early-at V] [--fail-at V]  frames from stdin
  *
  * It speaks the frame format of bindings/rust/wsync/examples/common/mod.rs:
  *
@@ -16,8 +16,12 @@
  *   uint8    w >> 56                             int64     (int64_t)w
  * stored little-endian. So either side checks the other bit for bit without trusting libwsync.
  *
- * Exit status: 0 success (for recv with --end-early-at: failed exactly as asked), 1 failure,
- * 2 usage. Diagnostics go to stderr; recv prints one summary line to stdout.
+ * --fail-at V takes every view of version V's last chunk, then fails it with wsync_recv_fail
+ * (WSYNC_ERR_INTEGRITY), as a loader failing after its last view does. send prints every
+ * wsync_failure_t of a failed flush to stderr, field by field.
+ *
+ * Exit status: 0 success (for recv with --end-early-at or --fail-at: failed exactly as asked),
+ * 1 failure, 2 usage. Diagnostics go to stderr; recv prints one summary line to stdout.
  */
 #include <inttypes.h>
 #include <stdbool.h>
@@ -184,6 +188,23 @@ static int find_param(const char *name) {
 
 /* --- send -------------------------------------------------------------------------------------- */
 
+/* Every receiver failure the sender's last failed call found, one line of fields each. */
+static void print_failures(const wsync_sender_t *sender) {
+    size_t n = 0;
+    if (wsync_sender_failure_count(sender, &n) != WSYNC_OK) return;
+    for (size_t i = 0; i < n; ++i) {
+        wsync_failure_t f;
+        memset(&f, 0, sizeof f);
+        f.struct_size = sizeof f;
+        if (wsync_sender_failure(sender, i, &f) != WSYNC_OK) return;
+        fprintf(stderr,
+                "c_peer send: failure: receiver %" PRIu32 " what %" PRIu32 " status %s version %" PRIu64
+                " chunk %" PRIu32 " pid %" PRId32 ": %s\n",
+                f.receiver, f.what, wsync_status_string(f.status), f.version, f.chunk_index, f.pid,
+                f.message);
+    }
+}
+
 static int run_send(uint64_t versions, uint64_t receivers, uint64_t chunk_bytes,
                     uint64_t bucket_bytes, uint64_t buckets, uint64_t timeout_ms) {
     int rc = 1;
@@ -214,6 +235,7 @@ static int run_send(uint64_t versions, uint64_t receivers, uint64_t chunk_bytes,
         tensors[t].ndim = MODEL[t].ndim;
         tensors[t].dtype = dtype_of(MODEL[t].kind);
         tensors[t].device.type = WSYNC_DEVICE_CPU;
+        tensors[t].struct_size = sizeof(wsync_tensor_t);
     }
     char plan_options[64];
     snprintf(plan_options, sizeof plan_options, "{\"chunk_bytes\": %" PRIu64 "}", chunk_bytes);
@@ -235,14 +257,21 @@ static int run_send(uint64_t versions, uint64_t receivers, uint64_t chunk_bytes,
             if (!ok(wsync_plan_chunk(plan, c, &idx, &count, NULL), "plan chunk")) goto out;
             wsync_tensor_t batch[MODEL_N];
             for (size_t k = 0; k < count; ++k) batch[k] = tensors[idx[k]];
-            wsync_chunk_t chunk = {batch, count, c + 1 == chunks ? WSYNC_CHUNK_LAST : 0u, 0u};
+            wsync_chunk_t chunk = {batch, count, c + 1 == chunks ? WSYNC_CHUNK_LAST : 0u,
+                                   sizeof(wsync_chunk_t)};
             wsync_blob_t request = {NULL, 0};
-            if (!ok(wsync_sender_send_chunk(sender, &chunk, &request), "send_chunk")) goto out;
+            if (!ok(wsync_sender_send_chunk(sender, &chunk, &request), "send_chunk")) {
+                print_failures(sender);
+                goto out;
+            }
             bool written = write_frame(TAG_REQUEST, request.data, request.size);
             wsync_blob_free(&request);
             if (!written) goto write_failed;
         }
-        if (!ok(wsync_sender_flush(sender, (int64_t)timeout_ms), "flush")) goto out;
+        if (!ok(wsync_sender_flush(sender, (int64_t)timeout_ms), "flush")) {
+            print_failures(sender);
+            goto out;
+        }
         fprintf(stderr, "c_peer send: version %" PRIu64 " flushed (%zu chunks)\n", v, chunks);
     }
     unsigned char done[8];
@@ -298,7 +327,7 @@ static bool check_view(const wsync_tensor_t *view, uint64_t version, bool seen[M
     return true;
 }
 
-static int run_recv(uint32_t index, uint64_t end_early_at) {
+static int run_recv(uint32_t index, uint64_t end_early_at, uint64_t fail_at) {
     int rc = 1;
     wsync_strategy_t *strategy = NULL;
     wsync_receiver_t *receiver = NULL;
@@ -341,10 +370,21 @@ static int run_recv(uint32_t index, uint64_t end_early_at) {
             goto out;
         }
         wsync_recv_t *it;
-        if (!ok(wsync_receiver_receive(receiver, frame, len, &it), "receive")) goto out;
+        wsync_status_t got_it = wsync_receiver_receive(receiver, frame, len, &it);
+        if (got_it != WSYNC_OK && failed_version == version) {
+            /* The rest of a version this receiver failed: refused with that version's status. */
+            fprintf(stderr, "c_peer recv: skipping the rest of failed version %" PRIu64 ": %s\n",
+                    version, wsync_last_error());
+            free(frame);
+            frame = NULL;
+            continue;
+        }
+        if (!ok(got_it, "receive")) goto out;
         free(frame);
         frame = NULL;
         wsync_recv_info_t info;
+        memset(&info, 0, sizeof info);
+        info.struct_size = sizeof info;
         if (!ok(wsync_recv_info(it, &info), "recv info")) {
             wsync_recv_end(it);
             goto out;
@@ -390,7 +430,17 @@ static int run_recv(uint32_t index, uint64_t end_early_at) {
                 }
                 ++tensors;
             }
-            if (!ok(wsync_recv_end(it), "end")) goto out;
+            if ((info.flags & WSYNC_CHUNK_LAST) && version == fail_at) {
+                /* Every view taken: only wsync_recv_fail can still fail the chunk. */
+                char why[96];
+                snprintf(why, sizeof why, "c_peer: refusing version %" PRIu64 " after its last view",
+                         version);
+                if (!ok(wsync_recv_fail(it, WSYNC_ERR_INTEGRITY, why), "fail")) goto out;
+                fprintf(stderr, "%s as asked\n", why);
+                failed_version = version;
+            } else if (!ok(wsync_recv_end(it), "end")) {
+                goto out;
+            }
         }
         if (info.flags & WSYNC_CHUNK_LAST) {
             for (int t = 0; t < MODEL_N; ++t)
@@ -433,7 +483,7 @@ static int usage(void) {
     fprintf(stderr,
             "usage: c_peer send [--versions N] [--receivers N] [--chunk-bytes N]\n"
             "                   [--bucket-bytes N] [--buckets N] [--timeout-ms N]\n"
-            "       c_peer recv [--index N] [--end-early-at V]\n");
+            "       c_peer recv [--index N] [--end-early-at V] [--fail-at V]\n");
     return 2;
 }
 
@@ -442,7 +492,7 @@ int main(int argc, char **argv) {
     bool send = strcmp(argv[1], "send") == 0;
     if (!send && strcmp(argv[1], "recv") != 0) return usage();
     uint64_t versions = 3, receivers = 1, chunk_bytes = 16 << 10, bucket_bytes = 32 << 10,
-             buckets = 2, timeout_ms = 20000, index = 0, end_early_at = 0;
+             buckets = 2, timeout_ms = 20000, index = 0, end_early_at = 0, fail_at = 0;
     struct {
         const char *key;
         uint64_t *value;
@@ -452,6 +502,7 @@ int main(int argc, char **argv) {
         {"--chunk-bytes", &chunk_bytes, true}, {"--bucket-bytes", &bucket_bytes, true},
         {"--buckets", &buckets, true},         {"--timeout-ms", &timeout_ms, true},
         {"--index", &index, false},            {"--end-early-at", &end_early_at, false},
+        {"--fail-at", &fail_at, false},
     };
     for (int a = 2; a < argc; a += 2) {
         bool known = false;
@@ -464,5 +515,5 @@ int main(int argc, char **argv) {
     }
     if (send) return run_send(versions, receivers, chunk_bytes, bucket_bytes, buckets, timeout_ms);
     if (index > UINT32_MAX) return usage();
-    return run_recv((uint32_t)index, end_early_at);
+    return run_recv((uint32_t)index, end_early_at, fail_at);
 }

@@ -1,4 +1,4 @@
-//! Raw declarations of libwsync's C ABI, `include/wsync.h` (format version 0.1).
+//! Raw declarations of libwsync's C ABI, `include/wsync.h` (version 0.2).
 //!
 //! Written by hand in the shape a generator would produce, so building needs no `bindgen` and
 //! no C compiler. Every function, type and constant of the header is here under its C name;
@@ -17,6 +17,9 @@
 //!   undefined behaviour.
 //! - `bool` is C99 `_Bool`, which Rust's `bool` matches in size, alignment and values.
 //! - Handles are zero-sized opaque structs behind raw pointers, never dereferenced.
+//! - Structs that may grow carry `struct_size` (0.2): callers set it to `size_of` the struct as
+//!   declared here (the `sized()` constructors do), so a newer library knows which layout it
+//!   was given and writes outputs only up to that size.
 
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -32,7 +35,7 @@ use core::marker::{PhantomData, PhantomPinned};
 /// Major version of the header these declarations were written from.
 pub const WSYNC_VERSION_MAJOR: u32 = 0;
 /// Minor version of the header these declarations were written from.
-pub const WSYNC_VERSION_MINOR: u32 = 1;
+pub const WSYNC_VERSION_MINOR: u32 = 2;
 /// Patch version of the header these declarations were written from.
 pub const WSYNC_VERSION_PATCH: u32 = 0;
 /// `MAJOR * 10000 + MINOR * 100 + PATCH`, the header's one formula.
@@ -67,8 +70,11 @@ pub const WSYNC_ERR_WRONG_STATE: wsync_status_t = 9;
 pub const WSYNC_ERR_SYSTEM: wsync_status_t = 10;
 /// A bug in libwsync.
 pub const WSYNC_ERR_INTERNAL: wsync_status_t = 11;
-/// Received bytes failed their checksum.
+/// Received bytes or a blob failed their checksum.
 pub const WSYNC_ERR_INTEGRITY: wsync_status_t = 12;
+/// The sender abandoned the version (a send failed, `wsync_sender_abandon`, or the trainer died
+/// mid-version).
+pub const WSYNC_ERR_ABANDONED: wsync_status_t = 13;
 /// Not a status: forces the C enum to 32 bits.
 pub const WSYNC_STATUS_FORCE_32BIT_: wsync_status_t = 0x7fff_ffff;
 
@@ -174,12 +180,24 @@ pub struct wsync_tensor_t {
     pub device: wsync_device_t,
     /// `WSYNC_TENSOR_*`; 0 on input.
     pub flags: u32,
-    /// Must be 0.
-    pub reserved_: u32,
+    /// 0 or `size_of::<wsync_tensor_t>()` (the 0.2 layout); in an array the first element's
+    /// value is the stride and every element must carry the same value.
+    pub struct_size: u32,
+}
+
+impl wsync_tensor_t {
+    /// [`Default::default`] with `struct_size` set to this declaration's size.
+    pub fn sized() -> Self {
+        Self {
+            struct_size: core::mem::size_of::<Self>() as u32,
+            ..Self::default()
+        }
+    }
 }
 
 impl Default for wsync_tensor_t {
-    /// All pointers NULL, all numbers 0: the state the library expects to overwrite.
+    /// All pointers NULL, all numbers 0 (`struct_size` too: the 0.2 layout): the state the
+    /// library expects to overwrite.
     fn default() -> Self {
         Self {
             name: core::ptr::null(),
@@ -190,12 +208,12 @@ impl Default for wsync_tensor_t {
             dtype: wsync_dtype_t::default(),
             device: wsync_device_t::default(),
             flags: 0,
-            reserved_: 0,
+            struct_size: 0,
         }
     }
 }
 
-/// `wsync_chunk_t.flags`: this chunk completes the current sync version.
+/// `wsync_chunk_t.flags`: this chunk commits the current sync version.
 pub const WSYNC_CHUNK_LAST: u32 = 1;
 
 /// The tensors moved by one `wsync_sender_send_chunk()`.
@@ -204,12 +222,13 @@ pub const WSYNC_CHUNK_LAST: u32 = 1;
 pub struct wsync_chunk_t {
     /// `count` descriptors, borrowed for the call.
     pub tensors: *const wsync_tensor_t,
-    /// >= 1.
+    /// At least 1; or 0 with `WSYNC_CHUNK_LAST` and `tensors` NULL: an empty closing chunk,
+    /// the same as `wsync_sender_commit()`.
     pub count: usize,
     /// `WSYNC_CHUNK_*`.
     pub flags: u32,
-    /// Must be 0.
-    pub reserved_: u32,
+    /// 0 or `size_of::<wsync_chunk_t>()`.
+    pub struct_size: u32,
 }
 
 /// Bytes owned by the library; free with [`wsync_blob_free`].
@@ -262,23 +281,142 @@ opaque! {
 }
 
 // =============================================================================================
-// 5. Receive iteration summary
+// 4. Receiver failures as the sender learns them
 // =============================================================================================
 
-/// What an iteration carries.
+/// `wsync_failure_t.what`: the receiver failed a chunk (its loader, checksum, order).
+pub const WSYNC_FAILURE_FAILED: u32 = 1;
+/// `wsync_failure_t.what`: the receiver's process died owing a chunk.
+pub const WSYNC_FAILURE_DIED: u32 = 2;
+/// `wsync_failure_t.what`: the receiver was destroyed owing a chunk.
+pub const WSYNC_FAILURE_DETACHED: u32 = 3;
+/// `wsync_failure_t.what`: the receiver did not answer by the deadline.
+pub const WSYNC_FAILURE_TIMEOUT: u32 = 4;
+/// `wsync_failure_t.what`: the receiver was dropped by the sender.
+pub const WSYNC_FAILURE_DROPPED: u32 = 5;
+/// `wsync_failure_t.chunk_index` when no chunk is known (`UINT32_MAX`).
+pub const WSYNC_NO_CHUNK: u32 = u32::MAX;
+
+/// One receiver's failure as the sender learnt it: data, not only text.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct wsync_failure_t {
+    /// Set by the caller: 0 or `size_of::<wsync_failure_t>()`.
+    pub struct_size: u32,
+    /// `WSYNC_FAILURE_*`.
+    pub what: u32,
+    /// The receiver's own status; `WSYNC_ERR_PEER` for a death, `WSYNC_ERR_TIMEOUT`.
+    pub status: wsync_status_t,
+    /// Receiver index.
+    pub receiver: u32,
+    /// Version of the chunk, 0 if unknown.
+    pub version: u64,
+    /// Chunk within that version, or [`WSYNC_NO_CHUNK`].
+    pub chunk_index: u32,
+    /// The receiver's pid as it saw itself, 0 if unknown (for messages only).
+    pub pid: i32,
+    /// The receiver's own message, NUL-terminated, possibly cut.
+    pub message: [c_char; 256],
+}
+
+impl wsync_failure_t {
+    /// All zero but `struct_size`, set to this declaration's size: ready for
+    /// [`wsync_sender_failure`].
+    pub fn sized() -> Self {
+        Self {
+            struct_size: core::mem::size_of::<Self>() as u32,
+            ..Self::default()
+        }
+    }
+}
+
+impl Default for wsync_failure_t {
+    /// All zero (`struct_size` 0: the 0.2 layout).
+    fn default() -> Self {
+        Self {
+            struct_size: 0,
+            what: 0,
+            status: WSYNC_OK,
+            receiver: 0,
+            version: 0,
+            chunk_index: 0,
+            pid: 0,
+            message: [0; 256],
+        }
+    }
+}
+
+// =============================================================================================
+// 5. Receiver state and receive iteration summary
+// =============================================================================================
+
+/// `wsync_receiver_state_t.flags`: the sender dropped this receiver.
+pub const WSYNC_RECEIVER_DROPPED: u32 = 1;
+/// `wsync_receiver_state_t.flags`: the trainer's process is gone ("shm", "cuda_ipc").
+pub const WSYNC_RECEIVER_SENDER_GONE: u32 = 2;
+
+/// Where a receiver stands: the rollback hook (see the header's section 5).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct wsync_receiver_state_t {
+    /// Set by the caller: 0 or `size_of::<wsync_receiver_state_t>()`.
+    pub struct_size: u32,
+    /// `WSYNC_RECEIVER_*`.
+    pub flags: u32,
+    /// As `wsync_receiver_completed_version()`.
+    pub completed_version: u64,
+    /// Version begun here and neither committed nor failed, or 0.
+    pub open_version: u64,
+    /// Newest version begun here that failed or was abandoned, or 0.
+    pub failed_version: u64,
+    /// Why `failed_version` failed; `WSYNC_OK` when it is 0.
+    pub failed_status: wsync_status_t,
+    /// Written 0.
+    pub reserved_: u32,
+}
+
+impl wsync_receiver_state_t {
+    /// All zero but `struct_size`: ready for [`wsync_receiver_poll`].
+    pub fn sized() -> Self {
+        Self {
+            struct_size: core::mem::size_of::<Self>() as u32,
+            ..Self::default()
+        }
+    }
+}
+
+/// What an iteration carries; with `WSYNC_CHUNK_LAST` also the version's manifest.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct wsync_recv_info_t {
+    /// Set by the caller: 0 or `size_of::<wsync_recv_info_t>()`.
+    pub struct_size: u32,
+    /// `WSYNC_CHUNK_LAST` if this chunk commits the version.
+    pub flags: u32,
     /// Sync version of this chunk.
     pub version: u64,
     /// Payload bytes of all tensors.
     pub bytes: u64,
+    /// Number of tensors (0 for a commit without data).
+    pub count: u64,
     /// 0-based position of the chunk within its version.
     pub chunk_index: u32,
-    /// `WSYNC_CHUNK_LAST` if this chunk completes the version.
-    pub flags: u32,
-    /// Number of tensors.
-    pub count: usize,
+    /// With `WSYNC_CHUNK_LAST`: chunks in the version (manifest), else 0.
+    pub version_chunks: u32,
+    /// With `WSYNC_CHUNK_LAST`: tensors in the version, else 0.
+    pub version_tensors: u64,
+    /// With `WSYNC_CHUNK_LAST`: payload bytes of the version, else 0.
+    pub version_bytes: u64,
+}
+
+impl wsync_recv_info_t {
+    /// All zero but `struct_size`: ready for [`wsync_recv_info`].
+    pub fn sized() -> Self {
+        Self {
+            struct_size: core::mem::size_of::<Self>() as u32,
+            ..Self::default()
+        }
+    }
 }
 
 // =============================================================================================
@@ -349,12 +487,34 @@ extern "C" {
         chunk: *const wsync_chunk_t,
         request_out: *mut wsync_blob_t,
     ) -> wsync_status_t;
-    /// Waits until every receiver acknowledged every chunk. Blocks up to `timeout_ms`.
+    /// Commits the current version without data; writes the request to forward. Blocks like
+    /// send_chunk; a failure abandons the version.
+    pub fn wsync_sender_commit(
+        sender: *mut wsync_sender_t,
+        request_out: *mut wsync_blob_t,
+    ) -> wsync_status_t;
+    /// Abandons the current version if it has published a chunk. Does not block.
+    pub fn wsync_sender_abandon(sender: *mut wsync_sender_t) -> wsync_status_t;
+    /// Waits until every receiver (but dropped ones) acknowledged every chunk. Blocks up to
+    /// `timeout_ms`.
     pub fn wsync_sender_flush(sender: *mut wsync_sender_t, timeout_ms: i64) -> wsync_status_t;
     /// The sync version the next chunk will belong to.
     pub fn wsync_sender_version(
         sender: *const wsync_sender_t,
         version_out: *mut u64,
+    ) -> wsync_status_t;
+    /// Stops waiting for receiver `index`. Does not block.
+    pub fn wsync_sender_drop_receiver(sender: *mut wsync_sender_t, index: u32) -> wsync_status_t;
+    /// How many receiver failures the sender's last failed call found.
+    pub fn wsync_sender_failure_count(
+        sender: *const wsync_sender_t,
+        count_out: *mut usize,
+    ) -> wsync_status_t;
+    /// Failure `i` of the last failed call, written up to `out->struct_size`.
+    pub fn wsync_sender_failure(
+        sender: *const wsync_sender_t,
+        i: usize,
+        out: *mut wsync_failure_t,
     ) -> wsync_status_t;
     /// Merges the partial requests of several senders of one chunk.
     pub fn wsync_request_merge(
@@ -387,7 +547,13 @@ extern "C" {
         receiver: *const wsync_receiver_t,
         version_out: *mut u64,
     ) -> wsync_status_t;
-    /// Writes the iteration's summary.
+    /// Brings the receiver's view up to date and writes it, up to `out->struct_size`. Not while
+    /// an iteration is open.
+    pub fn wsync_receiver_poll(
+        receiver: *mut wsync_receiver_t,
+        out: *mut wsync_receiver_state_t,
+    ) -> wsync_status_t;
+    /// Writes the iteration's summary, up to `info->struct_size` (set it first).
     pub fn wsync_recv_info(it: *const wsync_recv_t, info: *mut wsync_recv_info_t)
         -> wsync_status_t;
     /// Describes tensor `i` without touching its bytes (`view->data` is NULL).
@@ -404,6 +570,13 @@ extern "C" {
     ) -> wsync_status_t;
     /// Ends (acknowledges and frees) an iteration; `it` is invalid afterwards.
     pub fn wsync_recv_end(it: *mut wsync_recv_t) -> wsync_status_t;
+    /// Fails an iteration at any point (also after its last view) with `status` and `message`
+    /// (NULL or NUL-terminated UTF-8, cut to 255 bytes); frees it; `it` is invalid afterwards.
+    pub fn wsync_recv_fail(
+        it: *mut wsync_recv_t,
+        status: wsync_status_t,
+        message: *const c_char,
+    ) -> wsync_status_t;
 
     // --- 6. planner ---------------------------------------------------------------------------
 

@@ -41,6 +41,9 @@ fn header_functions(h: &str) -> Vec<String> {
 fn header_constants(h: &str) -> Vec<(String, i64)> {
     fn int(text: &str) -> Option<i64> {
         let t = text.trim().trim_end_matches(['u', 'U']);
+        if t == "UINT32_MAX" {
+            return Some(i64::from(u32::MAX));
+        }
         match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
             Some(hex) => i64::from_str_radix(hex, 16).ok(),
             None => t.parse().ok(),
@@ -91,6 +94,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         WSYNC_ERR_SYSTEM,
         WSYNC_ERR_INTERNAL,
         WSYNC_ERR_INTEGRITY,
+        WSYNC_ERR_ABANDONED,
         WSYNC_STATUS_FORCE_32BIT_,
         WSYNC_DTYPE_INT,
         WSYNC_DTYPE_UINT,
@@ -119,6 +123,14 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         WSYNC_MAX_NAME_BYTES,
         WSYNC_TENSOR_READ_ONLY,
         WSYNC_CHUNK_LAST,
+        WSYNC_FAILURE_FAILED,
+        WSYNC_FAILURE_DIED,
+        WSYNC_FAILURE_DETACHED,
+        WSYNC_FAILURE_TIMEOUT,
+        WSYNC_FAILURE_DROPPED,
+        WSYNC_NO_CHUNK,
+        WSYNC_RECEIVER_DROPPED,
+        WSYNC_RECEIVER_SENDER_GONE,
     ]
 }
 
@@ -206,11 +218,56 @@ fn every_header_type_is_declared() {
             }
         }
     }
-    assert_eq!(types.len(), 12, "types parsed from the header: {types:?}");
+    assert_eq!(types.len(), 14, "types parsed from the header: {types:?}");
     for t in &types {
         let declared = SOURCE.contains(&format!("pub struct {t} "))
             || SOURCE.contains(&format!("pub type {t} ="))
             || SOURCE.contains(&format!("    {t};"));
         assert!(declared, "{t} is in wsync.h but not declared");
     }
+}
+
+#[test]
+fn failure_message_has_the_header_length() {
+    let h = header();
+    let decl = h
+        .split("typedef struct wsync_failure_t")
+        .nth(1)
+        .expect("wsync_failure_t in the header");
+    assert!(
+        decl.contains("char message[256];"),
+        "message length changed in the header"
+    );
+    assert_eq!(wsync_failure_t::default().message.len(), 256);
+}
+
+#[test]
+fn sized_constructors_set_struct_size_to_the_declared_size() {
+    use std::mem::size_of;
+    assert_eq!(
+        wsync_tensor_t::sized().struct_size as usize,
+        size_of::<wsync_tensor_t>()
+    );
+    assert_eq!(
+        wsync_recv_info_t::sized().struct_size as usize,
+        size_of::<wsync_recv_info_t>()
+    );
+    assert_eq!(
+        wsync_failure_t::sized().struct_size as usize,
+        size_of::<wsync_failure_t>()
+    );
+    assert_eq!(
+        wsync_receiver_state_t::sized().struct_size as usize,
+        size_of::<wsync_receiver_state_t>()
+    );
+}
+
+#[test]
+fn loaded_library_is_at_least_the_header_version() {
+    // SAFETY: takes no arguments and never fails.
+    let loaded = unsafe { wsync_version_number() };
+    assert!(
+        loaded >= WSYNC_VERSION_NUMBER,
+        "loaded libwsync {loaded} is older than the declarations ({WSYNC_VERSION_NUMBER})"
+    );
 }

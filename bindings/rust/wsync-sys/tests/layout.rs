@@ -222,15 +222,29 @@ fn declarations() -> Vec<Decl> {
         decl!(wsync_tensor_t {
             "name" => name, "data" => data, "shape" => shape, "strides" => strides,
             "ndim" => ndim, "dtype" => dtype, "device" => device, "flags" => flags,
-            "reserved_" => reserved_,
+            "struct_size" => struct_size,
         }),
         decl!(wsync_chunk_t {
-            "tensors" => tensors, "count" => count, "flags" => flags, "reserved_" => reserved_,
+            "tensors" => tensors, "count" => count, "flags" => flags,
+            "struct_size" => struct_size,
         }),
         decl!(wsync_blob_t { "data" => data, "size" => size }),
         decl!(wsync_recv_info_t {
-            "version" => version, "bytes" => bytes, "chunk_index" => chunk_index,
-            "flags" => flags, "count" => count,
+            "struct_size" => struct_size, "flags" => flags, "version" => version,
+            "bytes" => bytes, "count" => count, "chunk_index" => chunk_index,
+            "version_chunks" => version_chunks, "version_tensors" => version_tensors,
+            "version_bytes" => version_bytes,
+        }),
+        decl!(wsync_failure_t {
+            "struct_size" => struct_size, "what" => what, "status" => status,
+            "receiver" => receiver, "version" => version, "chunk_index" => chunk_index,
+            "pid" => pid, "message" => message,
+        }),
+        decl!(wsync_receiver_state_t {
+            "struct_size" => struct_size, "flags" => flags,
+            "completed_version" => completed_version, "open_version" => open_version,
+            "failed_version" => failed_version, "failed_status" => failed_status,
+            "reserved_" => reserved_,
         }),
     ]
 }
@@ -260,6 +274,19 @@ fn every_struct_matches_the_library_layout_field_by_field() {
             assert_eq!(got, Some(*offset), "{}.{}: offset", d.name, field);
         }
     }
+}
+
+#[test]
+fn every_declared_struct_is_reported_by_the_library() {
+    let layout = library_layout();
+    for d in declarations() {
+        assert!(
+            layout.get(d.name).is_some(),
+            "{} is declared but the library does not report it",
+            d.name
+        );
+    }
+    assert_eq!(declarations().len(), 8);
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! engine [--input PATH|-] [--index N] [--verify true|false] [--end-early-at VERSION]
+//!        [--fail-at VERSION]
 //! ```
 //!
 //! It reads frames (see `common/mod.rs`) from `--input` (default `-`, stdin; a pipe or a FIFO),
@@ -9,7 +10,9 @@
 //! tensor's name, dtype, shape and bytes against the formula the trainer used, and checks that
 //! every version the trainer announced in its final frame completed. `--end-early-at V` ends
 //! the first chunk of version V without reading it, to show a failed sync: the version is not
-//! completed and the trainer's flush fails naming this receiver.
+//! completed and the trainer's flush fails naming this receiver. `--fail-at V` takes every view
+//! of version V's last chunk and then fails it with `Recv::fail`, as a loader that fails after
+//! its last view does: the trainer's flush fails with this engine's status and message.
 //!
 //! Exit status 0 when everything was verified (or failed exactly as asked), 1 otherwise.
 //!

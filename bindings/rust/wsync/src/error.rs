@@ -36,8 +36,11 @@ pub enum Status {
     System,
     /// A bug in libwsync (`WSYNC_ERR_INTERNAL`).
     Internal,
-    /// Received bytes failed their checksum (`WSYNC_ERR_INTEGRITY`).
+    /// Received bytes or a blob failed their checksum (`WSYNC_ERR_INTEGRITY`).
     Integrity,
+    /// The sender abandoned the version: a send failed, it called [`crate::Sender::abandon`], or
+    /// the trainer died mid-version (`WSYNC_ERR_ABANDONED`, 0.2).
+    Abandoned,
     /// A code this binding does not know (added by a newer library).
     Unknown(i32),
 }
@@ -59,6 +62,7 @@ impl Status {
             sys::WSYNC_ERR_SYSTEM => Status::System,
             sys::WSYNC_ERR_INTERNAL => Status::Internal,
             sys::WSYNC_ERR_INTEGRITY => Status::Integrity,
+            sys::WSYNC_ERR_ABANDONED => Status::Abandoned,
             other => Status::Unknown(other),
         })
     }
@@ -78,6 +82,7 @@ impl Status {
             Status::System => sys::WSYNC_ERR_SYSTEM,
             Status::Internal => sys::WSYNC_ERR_INTERNAL,
             Status::Integrity => sys::WSYNC_ERR_INTEGRITY,
+            Status::Abandoned => sys::WSYNC_ERR_ABANDONED,
             Status::Unknown(code) => code,
         }
     }
@@ -103,8 +108,97 @@ impl fmt::Display for Status {
     }
 }
 
+/// How a receiver failed, as the sender learnt it (`wsync_failure_t.what`).
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// The receiver failed a chunk: its loader ([`crate::Recv::fail`]), a checksum, the order
+    /// (`WSYNC_FAILURE_FAILED`).
+    Failed,
+    /// The receiver's process died owing a chunk (`WSYNC_FAILURE_DIED`).
+    Died,
+    /// The receiver was destroyed owing a chunk (`WSYNC_FAILURE_DETACHED`).
+    Detached,
+    /// The receiver did not answer by the deadline (`WSYNC_FAILURE_TIMEOUT`).
+    Timeout,
+    /// The receiver was dropped by the sender (`WSYNC_FAILURE_DROPPED`).
+    Dropped,
+    /// A kind this binding does not know (added by a newer library).
+    Unknown(u32),
+}
+
+impl FailureKind {
+    /// The kind for a raw `WSYNC_FAILURE_*` value.
+    pub fn from_code(code: u32) -> FailureKind {
+        match code {
+            sys::WSYNC_FAILURE_FAILED => FailureKind::Failed,
+            sys::WSYNC_FAILURE_DIED => FailureKind::Died,
+            sys::WSYNC_FAILURE_DETACHED => FailureKind::Detached,
+            sys::WSYNC_FAILURE_TIMEOUT => FailureKind::Timeout,
+            sys::WSYNC_FAILURE_DROPPED => FailureKind::Dropped,
+            other => FailureKind::Unknown(other),
+        }
+    }
+}
+
+/// One receiver's failure as the sender learnt it: data, not only text (`wsync_failure_t`).
+/// [`Error::failures`] lists them for a failed [`crate::Sender::flush`],
+/// [`crate::Sender::send_chunk`] or [`crate::Sender::commit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Failure {
+    /// How it failed.
+    pub what: FailureKind,
+    /// The receiver's own status (e.g. [`Status::Mismatch`] from its loader);
+    /// [`Status::Peer`] for a death, [`Status::Timeout`] for no answer.
+    pub status: Status,
+    /// Receiver index.
+    pub receiver: u32,
+    /// Version of the chunk, 0 if unknown.
+    pub version: u64,
+    /// Chunk within that version, `None` if unknown.
+    pub chunk_index: Option<u32>,
+    /// The receiver's pid as it saw itself, 0 if unknown; for messages only.
+    pub pid: i32,
+    /// The receiver's own message (cut by the library at 255 bytes).
+    pub message: String,
+}
+
+impl Failure {
+    pub(crate) fn from_raw(raw: &sys::wsync_failure_t) -> Failure {
+        let bytes: Vec<u8> = raw
+            .message
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        Failure {
+            what: FailureKind::from_code(raw.what),
+            status: Status::from_code(raw.status).unwrap_or(Status::Unknown(0)),
+            receiver: raw.receiver,
+            version: raw.version,
+            chunk_index: (raw.chunk_index != sys::WSYNC_NO_CHUNK).then_some(raw.chunk_index),
+            pid: raw.pid,
+            message: String::from_utf8_lossy(&bytes).into_owned(),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "receiver {} {:?}", self.receiver, self.what)?;
+        match self.chunk_index {
+            Some(c) => write!(f, " (chunk {c} of version {})", self.version)?,
+            None if self.version != 0 => write!(f, " (version {})", self.version)?,
+            None => {}
+        }
+        write!(f, ": {}: {}", self.status, self.message)
+    }
+}
+
 /// A failed call: the library's status and its message naming the cause (the option key, the
-/// tensor, the receiver index, the peer's pid...).
+/// tensor, the receiver index, the peer's pid...), and for a sender call that failed because of
+/// receivers, each receiver's failure as data ([`Error::failures`]).
 ///
 /// The message is copied from `wsync_last_error()` on the calling thread right after the failing
 /// call, so it always belongs to that call. Errors the binding detects itself before calling C
@@ -114,6 +208,7 @@ impl fmt::Display for Status {
 pub struct Error {
     status: Status,
     message: String,
+    failures: Vec<Failure>,
 }
 
 impl Error {
@@ -127,10 +222,18 @@ impl Error {
         &self.message
     }
 
+    /// The receivers' failures behind a failed sender call (`send_chunk`, `commit`, `flush`),
+    /// oldest first, read from `wsync_sender_failure` right after the call; empty for other
+    /// errors.
+    pub fn failures(&self) -> &[Failure] {
+        &self.failures
+    }
+
     pub(crate) fn new(status: Status, message: impl Into<String>) -> Error {
         Error {
             status,
             message: message.into(),
+            failures: Vec::new(),
         }
     }
 
@@ -150,7 +253,11 @@ impl Error {
             unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
         };
         let status = Status::from_code(code).unwrap_or(Status::Internal);
-        Error { status, message }
+        Error {
+            status,
+            message,
+            failures: Vec::new(),
+        }
     }
 }
 
@@ -177,6 +284,45 @@ pub(crate) fn check(code: sys::wsync_status_t) -> Result<()> {
     } else {
         Err(Error::from_failed_call(code))
     }
+}
+
+/// Like [`check`] for a call on `sender`: a failure also carries the receivers' failures the
+/// sender recorded for that call.
+///
+/// # Safety
+/// `sender` must be a live sender used by this thread only.
+pub(crate) unsafe fn check_sender(
+    code: sys::wsync_status_t,
+    sender: *const sys::wsync_sender_t,
+) -> Result<()> {
+    check(code).map_err(|mut e| {
+        // SAFETY: forwarded from the caller; the message was already copied by `check`.
+        e.failures = unsafe { sender_failures(sender) };
+        e
+    })
+}
+
+/// The receivers' failures the sender's last failed call found (empty if it cannot tell).
+///
+/// # Safety
+/// `sender` must be a live sender used by this thread only.
+pub(crate) unsafe fn sender_failures(sender: *const sys::wsync_sender_t) -> Vec<Failure> {
+    let mut count = 0usize;
+    // SAFETY: forwarded from the caller; `count` is a valid out-pointer.
+    if unsafe { sys::wsync_sender_failure_count(sender, &mut count) } != sys::WSYNC_OK {
+        return Vec::new();
+    }
+    let mut out = Vec::with_capacity(count);
+    for i in 0..count {
+        let mut raw = sys::wsync_failure_t::sized();
+        // SAFETY: forwarded from the caller; `raw` is a valid out-pointer whose struct_size
+        // says how much the library may write.
+        if unsafe { sys::wsync_sender_failure(sender, i, &mut raw) } != sys::WSYNC_OK {
+            break;
+        }
+        out.push(Failure::from_raw(&raw));
+    }
+    out
 }
 
 /// A NUL-terminated copy of `text` for C; a NUL byte inside is an [`Status::InvalidArgument`].
@@ -232,7 +378,7 @@ mod tests {
     #[test]
     fn every_pinned_code_round_trips_and_ok_is_not_an_error() {
         assert_eq!(Status::from_code(0), None);
-        for code in 1..=12 {
+        for code in 1..=13 {
             let s = Status::from_code(code).expect("an error");
             assert!(!matches!(s, Status::Unknown(_)), "code {code} is pinned");
             assert_eq!(s.code(), code);
@@ -244,6 +390,36 @@ mod tests {
         assert_eq!(Status::Unknown(99).name(), "WSYNC_ERR_UNKNOWN");
         assert_eq!(Status::Timeout.name(), "WSYNC_ERR_TIMEOUT");
         assert_eq!(Status::WrongState.to_string(), "WSYNC_ERR_WRONG_STATE");
+    }
+
+    #[test]
+    fn failure_from_raw_reads_every_field() {
+        let mut raw = sys::wsync_failure_t::sized();
+        raw.what = sys::WSYNC_FAILURE_FAILED;
+        raw.status = sys::WSYNC_ERR_MISMATCH;
+        raw.receiver = 2;
+        raw.version = 7;
+        raw.chunk_index = 3;
+        raw.pid = 42;
+        for (d, s) in raw.message.iter_mut().zip(b"shape differs") {
+            *d = *s as c_char;
+        }
+        let f = Failure::from_raw(&raw);
+        assert_eq!(f.what, FailureKind::Failed);
+        assert_eq!(f.status, Status::Mismatch);
+        assert_eq!(
+            (f.receiver, f.version, f.chunk_index, f.pid),
+            (2, 7, Some(3), 42)
+        );
+        assert_eq!(f.message, "shape differs");
+        assert_eq!(
+            f.to_string(),
+            "receiver 2 Failed (chunk 3 of version 7): WSYNC_ERR_MISMATCH: shape differs"
+        );
+        raw.chunk_index = sys::WSYNC_NO_CHUNK;
+        raw.what = 99;
+        let f = Failure::from_raw(&raw);
+        assert_eq!((f.chunk_index, f.what), (None, FailureKind::Unknown(99)));
     }
 
     #[test]

@@ -146,9 +146,9 @@ use std::ffi::{c_char, CStr};
 
 pub use wsync_sys as sys;
 
-pub use error::{Error, Result, Status};
+pub use error::{Error, Failure, FailureKind, Result, Status};
 pub use plan::{plan, Plan, PlanChunk};
-pub use receiver::{Meta, Receiver, Recv, RecvInfo, View, Views};
+pub use receiver::{Meta, Receiver, ReceiverState, Recv, RecvInfo, View, Views};
 pub use sender::{merge_requests, Sender};
 pub use strategy::{OptionValue, Options, Strategy};
 pub use tensor::{DType, Device, Element, TensorRef, TensorSpec};
@@ -174,23 +174,41 @@ pub fn version_number() -> u32 {
 }
 
 /// Checks that the loaded library has the major version this binding was written for
-/// ([`sys::WSYNC_VERSION_MAJOR`]); [`Status::Unsupported`] otherwise. [`Strategy::new`] and
-/// [`Plan::new`] call it.
+/// ([`sys::WSYNC_VERSION_MAJOR`]) and is at least the minor version it declares
+/// ([`sys::WSYNC_VERSION_MINOR`]: 0.2, whose structs and calls it uses); [`Status::Unsupported`]
+/// otherwise. [`Strategy::new`] and [`Plan::new`] call it.
 pub fn check_version() -> Result<()> {
-    let loaded = version_number();
-    if loaded / 10000 == sys::WSYNC_VERSION_MAJOR {
-        Ok(())
-    } else {
-        Err(Error::new(
+    check_version_number(version_number())
+}
+
+fn check_version_number(loaded: u32) -> Result<()> {
+    let text = format!("{}.{}.{}", loaded / 10000, loaded / 100 % 100, loaded % 100);
+    if loaded / 10000 != sys::WSYNC_VERSION_MAJOR {
+        return Err(Error::new(
             Status::Unsupported,
             format!(
-                "the loaded libwsync is {} (major {}), this binding was written for major {}",
-                version(),
+                "the loaded libwsync is {text} (major {}), this binding was written for major {}",
                 loaded / 10000,
                 sys::WSYNC_VERSION_MAJOR
             ),
-        ))
+        ));
     }
+    let least = sys::WSYNC_VERSION_MAJOR * 10000 + sys::WSYNC_VERSION_MINOR * 100;
+    if loaded < least {
+        return Err(Error::new(
+            Status::Unsupported,
+            format!(
+                "the loaded libwsync is {text}, this binding needs at least {}.{}.0 (it uses the \
+                 {}.{} structs and calls: struct_size, wsync_recv_fail, wsync_sender_commit...); \
+                 build or install a newer libwsync",
+                sys::WSYNC_VERSION_MAJOR,
+                sys::WSYNC_VERSION_MINOR,
+                sys::WSYNC_VERSION_MAJOR,
+                sys::WSYNC_VERSION_MINOR
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A strategy kind this build of the library knows.
@@ -264,6 +282,19 @@ pub fn describe(blob: &[u8]) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn other_major_or_older_minor_is_refused_with_a_clear_message() {
+        let old = check_version_number(100).unwrap_err();
+        assert_eq!(old.status(), Status::Unsupported);
+        assert!(old.message().contains("is 0.1.0"), "{old}");
+        assert!(old.message().contains("needs at least 0.2.0"), "{old}");
+        assert!(check_version_number(199).is_err());
+        let major = check_version_number(10200).unwrap_err();
+        assert!(major.message().contains("major 1"), "{major}");
+        check_version_number(200).unwrap();
+        check_version_number(299).unwrap();
+    }
 
     #[test]
     fn loaded_library_matches_this_binding() {

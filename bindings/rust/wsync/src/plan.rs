@@ -14,6 +14,7 @@ use crate::tensor::{Device, TensorSpec};
 /// stay in one chunk so an engine can fuse them; whole groups are batched in order while a chunk
 /// stays within `chunk_bytes`. Deterministic: the same tensors give the same plan. `Send`, not
 /// `Sync`.
+#[must_use = "dropping a Plan destroys it"]
 pub struct Plan {
     raw: NonNull<sys::wsync_plan_t>,
     chunks: usize,

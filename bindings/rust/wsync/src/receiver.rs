@@ -18,6 +18,7 @@ use crate::tensor::{DType, Device, Element};
 ///
 /// `Send`, not `Sync`. Dropping it detaches it (the sender learns this); an open iteration
 /// cannot exist at that point because it borrows the receiver.
+#[must_use = "dropping a Receiver detaches it from the sync"]
 pub struct Receiver {
     raw: NonNull<sys::wsync_receiver_t>,
     index: u32,
@@ -80,7 +81,7 @@ impl Receiver {
         })?;
         let raw = NonNull::new(out)
             .ok_or_else(|| Error::new(Status::Internal, "wsync_receiver_receive returned NULL"))?;
-        let mut info = sys::wsync_recv_info_t::default();
+        let mut info = sys::wsync_recv_info_t::sized();
         // SAFETY: `raw` is the live iteration just created; `info` is a valid out-pointer.
         let status = unsafe { sys::wsync_recv_info(raw.as_ptr(), &mut info) };
         // Build the Recv first so that a failure below still ends the iteration (its Drop).
@@ -97,14 +98,43 @@ impl Receiver {
             bytes: info.bytes,
             chunk_index: info.chunk_index,
             last: info.flags & sys::WSYNC_CHUNK_LAST != 0,
-            count: info.count,
+            count: usize::try_from(info.count).map_err(|_| {
+                Error::new(
+                    Status::Internal,
+                    format!("{} tensors in one chunk", info.count),
+                )
+            })?,
+            version_chunks: info.version_chunks,
+            version_tensors: info.version_tensors,
+            version_bytes: info.version_bytes,
         };
         Ok(recv)
     }
 
-    /// The newest sync version whose every chunk this receiver received, verified and ended
-    /// successfully (0 if none). A version with a failed chunk never becomes complete, so an
-    /// engine can keep serving its old weights.
+    /// Brings this receiver's view up to date without a request and says where it stands: a
+    /// version the sender abandoned, or a trainer that died, fails the open version here. Call
+    /// it when requests stop coming, or after a failed chunk, to decide whether to roll back
+    /// (see the crate README, "Rolling back"). Needs `&mut self`, so no iteration can be open
+    /// (the library would refuse with [`Status::WrongState`]). Does not block.
+    pub fn poll(&mut self) -> Result<ReceiverState> {
+        let mut raw = sys::wsync_receiver_state_t::sized();
+        // SAFETY: the receiver is live and used by this thread only (`&mut self`, and no
+        // iteration borrows it); `raw` is a valid out-pointer whose struct_size bounds writes.
+        check(unsafe { sys::wsync_receiver_poll(self.raw.as_ptr(), &mut raw) })?;
+        Ok(ReceiverState {
+            completed_version: raw.completed_version,
+            open_version: raw.open_version,
+            failed_version: raw.failed_version,
+            failed_status: Status::from_code(raw.failed_status),
+            dropped: raw.flags & sys::WSYNC_RECEIVER_DROPPED != 0,
+            sender_gone: raw.flags & sys::WSYNC_RECEIVER_SENDER_GONE != 0,
+        })
+    }
+
+    /// The newest committed version whose every chunk this receiver received, verified and
+    /// ended successfully and whose manifest matched (0 if none). A version with a failed,
+    /// missing or abandoned chunk never becomes complete, so an engine can keep serving its old
+    /// weights.
     pub fn completed_version(&self) -> Result<u64> {
         let mut v = 0u64;
         // SAFETY: the receiver is live; Receiver is not Sync and an open iteration would hold
@@ -132,8 +162,29 @@ impl fmt::Debug for Receiver {
     }
 }
 
-/// What a receive iteration carries.
+/// Where a receiver stands ([`Receiver::poll`]): the rollback hook.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReceiverState {
+    /// As [`Receiver::completed_version`].
+    pub completed_version: u64,
+    /// Version begun here and neither committed nor failed, or 0.
+    pub open_version: u64,
+    /// Newest version begun here that failed or was abandoned, or 0.
+    pub failed_version: u64,
+    /// Why `failed_version` failed ([`Status::Abandoned`], the loader's status,
+    /// [`Status::Integrity`], [`Status::Peer`] when the trainer died); `None` when it is 0.
+    pub failed_status: Option<Status>,
+    /// The sender dropped this receiver.
+    pub dropped: bool,
+    /// The trainer's process is gone.
+    pub sender_gone: bool,
+}
+
+/// What a receive iteration carries; the chunk that commits a version (`last`) also carries
+/// the version's manifest, which the library checks when the iteration ends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RecvInfo {
     /// Sync version of this chunk.
     pub version: u64,
@@ -141,10 +192,16 @@ pub struct RecvInfo {
     pub bytes: u64,
     /// 0-based position of the chunk within its version.
     pub chunk_index: u32,
-    /// Whether this chunk completes the version.
+    /// Whether this chunk commits the version.
     pub last: bool,
-    /// Number of tensors.
+    /// Number of tensors (0 for a commit without data).
     pub count: usize,
+    /// With `last`: chunks in the version (manifest), else 0.
+    pub version_chunks: u32,
+    /// With `last`: tensors in the version, else 0.
+    pub version_tensors: u64,
+    /// With `last`: payload bytes of the version, else 0.
+    pub version_bytes: u64,
 }
 
 /// An open receive iteration over one chunk, borrowing its [`Receiver`].
@@ -152,13 +209,17 @@ pub struct RecvInfo {
 /// Iterate with [`Recv::views`] (or `for view in &mut recv`), then call [`Recv::end`], which
 /// acknowledges the chunk to the sender and says whether every tensor was yielded and verified.
 ///
-/// Dropping a `Recv` without `end` ends it too: if any tensor was not yet yielded, or the
+/// When loading fails, call [`Recv::fail`] with the loader's status and message, at any point,
+/// also after the last view: the sender's flush then reports them as a [`crate::Failure`] and
+/// the version is not completed here.
+///
+/// Dropping a `Recv` without `end` or `fail` ends it: if any tensor was not yet yielded, or the
 /// iteration failed, the chunk is acknowledged as failed (the sender's flush reports
-/// [`Status::Peer`], the version is not completed). **Limitation of libwsync 0.1:** the C ABI
-/// cannot fail an iteration whose tensors were all yielded, so a `Recv` dropped after its last
-/// view (say, because loading that view failed and `?` returned) is acknowledged as good. Call
-/// [`Recv::end`] only after every view is loaded, and do not rely on the drop to report a load
-/// failure that happens after the last view was taken.
+/// [`Status::Peer`], the version is not completed); dropped during a panic it is failed with
+/// [`Status::WrongState`]. But a `Recv` dropped after its last view (say, because loading that
+/// view failed and `?` returned) is acknowledged as *good*: do not rely on the drop to report
+/// a load failure, call [`Recv::fail`].
+#[must_use = "a receive iteration must be ended with end() or fail(); dropping it acknowledges the chunk"]
 pub struct Recv<'r> {
     raw: NonNull<sys::wsync_recv_t>,
     info: RecvInfo,
@@ -182,7 +243,7 @@ impl<'r> Recv<'r> {
         self.info.count
     }
 
-    /// Whether the chunk has no tensors (never true for a valid request).
+    /// Whether the chunk has no tensors (a commit without data, [`crate::Sender::commit`]).
     pub fn is_empty(&self) -> bool {
         self.info.count == 0
     }
@@ -259,13 +320,55 @@ impl<'r> Recv<'r> {
         // dropped, so Drop does not end it again. No view borrows it (`self` was moved in).
         check(unsafe { sys::wsync_recv_end(this.raw.as_ptr()) })
     }
+
+    /// Fails the iteration at any point, also after its last view (a loader that found a
+    /// tensor it cannot load, or failed once every view was taken): the chunk is acknowledged
+    /// as failed with `status` and `message`, which reach the sender's flush as its error text
+    /// and as a [`crate::Failure`]; the version is not completed here. The message is cut to
+    /// 255 bytes (on a character boundary) and NUL bytes in it become spaces. The iteration is
+    /// freed either way.
+    pub fn fail(self, status: Status, message: &str) -> Result<()> {
+        let this = ManuallyDrop::new(self);
+        let text = fail_message(message);
+        // SAFETY: the iteration is live; it is failed (and freed) exactly once, here, and
+        // `this` is never dropped. No view borrows it (`self` was moved in). `text` is
+        // NUL-terminated and borrowed for the call.
+        check(unsafe { sys::wsync_recv_fail(this.raw.as_ptr(), status.code(), text.as_ptr()) })
+    }
+}
+
+/// `message` as wsync_recv_fail takes it: at most 255 bytes cut on a character boundary, no
+/// interior NUL.
+fn fail_message(message: &str) -> std::ffi::CString {
+    let mut end = message.len().min(255);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    let bytes: Vec<u8> = message.as_bytes()[..end]
+        .iter()
+        .map(|&b| if b == 0 { b' ' } else { b })
+        .collect();
+    std::ffi::CString::new(bytes).expect("NUL bytes were replaced")
 }
 
 impl Drop for Recv<'_> {
     fn drop(&mut self) {
-        // SAFETY: not ended yet (`end` skips Drop); ended exactly once; nothing borrows it.
-        // The status is dropped: an unfinished iteration is acknowledged as failed, which the
-        // sender's flush reports; the caller chose not to ask by not calling `end`.
+        if std::thread::panicking() {
+            // A loader that panicked mid-chunk did not load it, even if it had every view.
+            // SAFETY: not ended yet (`end`/`fail` skip Drop); freed exactly once; nothing
+            // borrows it; the message is a NUL-terminated literal.
+            let _ = unsafe {
+                sys::wsync_recv_fail(
+                    self.raw.as_ptr(),
+                    sys::WSYNC_ERR_WRONG_STATE,
+                    c"the loader panicked".as_ptr(),
+                )
+            };
+            return;
+        }
+        // SAFETY: not ended yet (`end`/`fail` skip Drop); ended exactly once; nothing borrows
+        // it. The status is dropped: an unfinished iteration is acknowledged as failed, which
+        // the sender's flush reports; the caller chose not to ask by not calling `end`.
         let _ = unsafe { sys::wsync_recv_end(self.raw.as_ptr()) };
     }
 }
@@ -592,5 +695,18 @@ impl fmt::Debug for View<'_> {
             .field("device", &self.device.to_string())
             .field("bytes", &self.len)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fail_message;
+
+    #[test]
+    fn fail_messages_are_cut_on_a_character_boundary_without_nul() {
+        assert_eq!(fail_message("a\0b").as_bytes(), b"a b");
+        let long = format!("{}é", "x".repeat(254));
+        assert_eq!(fail_message(&long).as_bytes(), "x".repeat(254).as_bytes());
+        assert_eq!(fail_message(&"y".repeat(300)).as_bytes().len(), 255);
     }
 }

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use wsync_sys as sys;
 
-use crate::error::{check, take_blob, Error, Result, Status};
+use crate::error::{
+    check, check_sender, sender_failures, take_blob, Error, Failure, Result, Status,
+};
 use crate::plan::Plan;
 use crate::strategy::Strategy;
 use crate::tensor::TensorRef;
@@ -14,7 +16,9 @@ use crate::tensor::TensorRef;
 /// The trainer's end of a sync.
 ///
 /// `Send`, not `Sync`: it may move to another thread, and every call takes `&mut self` or is a
-/// read-only query on a type no two threads can share.
+/// read-only query on a type no two threads can share. Dropping it abandons a version left
+/// open.
+#[must_use = "dropping a Sender destroys it (and abandons a version left open)"]
 pub struct Sender {
     raw: NonNull<sys::wsync_sender_t>,
 }
@@ -41,15 +45,19 @@ impl Sender {
     }
 
     /// Sends one chunk (the tensors, in order) and returns its request blob; forward those
-    /// bytes to every receiver. `last` marks the chunk that completes the current sync version.
+    /// bytes to every receiver. `last` marks the chunk that commits the current sync version
+    /// (its request carries the version's manifest); no tensors with `last` is the same as
+    /// [`Sender::commit`].
     ///
     /// The tensors' bytes are read during the call only (for `"shm"` they are copied into a
     /// bucket), so they may change as soon as it returns. The library validates every
     /// descriptor first: zero-size tensors, duplicate or over-long names, unsupported dtypes or
     /// devices fail with [`Status::InvalidArgument`] (or [`Status::Unsupported`]) naming the
-    /// tensor, and nothing is published. Blocks while every bucket is still being read by some
-    /// receiver, up to the strategy's `timeout_ms`; then fails with [`Status::Timeout`] (or
-    /// [`Status::Peer`] if a receiver died or failed).
+    /// tensor, nothing is published and the version is untouched. Blocks while every bucket is
+    /// still being read by some receiver, up to the strategy's `timeout_ms`; then fails with
+    /// [`Status::Timeout`] (or [`Status::Peer`] if a receiver died or failed, with each
+    /// receiver's part in [`Error::failures`]), and a version that had published a chunk is
+    /// abandoned.
     ///
     /// Takes anything that iterates over `&TensorRef`: a slice, a `Vec`, or the tensors of one
     /// planned chunk (`chunk.indices().iter().map(|&i| &tensors[i])`).
@@ -61,19 +69,71 @@ impl Sender {
         // The descriptors borrow names, shapes and data from `tensors`, which outlive the call.
         let raw: Vec<sys::wsync_tensor_t> = tensors.into_iter().map(TensorRef::raw).collect();
         let chunk = sys::wsync_chunk_t {
-            tensors: raw.as_ptr(),
+            // An empty closing chunk is passed as the header asks: tensors NULL, count 0.
+            tensors: if raw.is_empty() {
+                std::ptr::null()
+            } else {
+                raw.as_ptr()
+            },
             count: raw.len(),
             flags: if last { sys::WSYNC_CHUNK_LAST } else { 0 },
-            reserved_: 0,
+            struct_size: std::mem::size_of::<sys::wsync_chunk_t>() as u32,
         };
         let mut request = sys::wsync_blob_t::default();
         // SAFETY: the sender is live and used by this thread only (`&mut self`). `chunk` points
         // at `raw.len()` descriptors whose names, shapes and data are borrowed from TensorRefs
         // alive for the whole call; each TensorRef's data was checked to hold the shape's byte
         // size (or vouched for by its unsafe constructor). `request` is a valid out-parameter.
-        check(unsafe { sys::wsync_sender_send_chunk(self.raw.as_ptr(), &chunk, &mut request) })?;
+        let status =
+            unsafe { sys::wsync_sender_send_chunk(self.raw.as_ptr(), &chunk, &mut request) };
+        // SAFETY: the sender is live and used by this thread only.
+        unsafe { check_sender(status, self.raw.as_ptr()) }?;
         // SAFETY: on success the blob is the library's and is not used again.
         Ok(unsafe { take_blob(request) })
+    }
+
+    /// Commits the current version without data (the same as an empty chunk flagged last) and
+    /// returns its request blob, to forward to every receiver like any request; for a
+    /// producer that learns only after its last chunk that it is done. Fails with
+    /// [`Status::WrongState`] when the version has no chunk yet; blocks and fails like
+    /// [`Sender::send_chunk`] (a failure abandons the version).
+    pub fn commit(&mut self) -> Result<Vec<u8>> {
+        let mut request = sys::wsync_blob_t::default();
+        // SAFETY: the sender is live and used by this thread only (`&mut self`); `request` is a
+        // valid out-parameter.
+        let status = unsafe { sys::wsync_sender_commit(self.raw.as_ptr(), &mut request) };
+        // SAFETY: the sender is live and used by this thread only.
+        unsafe { check_sender(status, self.raw.as_ptr()) }?;
+        // SAFETY: on success the blob is the library's and is not used again.
+        Ok(unsafe { take_blob(request) })
+    }
+
+    /// Abandons the current version if it has published a chunk (no-op otherwise): receivers
+    /// that began it fail it with [`Status::Abandoned`], and the next chunk begins a new
+    /// version number. Use it when the trainer gives up on a sync between chunks (its own
+    /// error). Does not block.
+    pub fn abandon(&mut self) -> Result<()> {
+        // SAFETY: the sender is live and used by this thread only (`&mut self`).
+        check(unsafe { sys::wsync_sender_abandon(self.raw.as_ptr()) })
+    }
+
+    /// Stops waiting for receiver `index` (a dead, frozen or failing engine) so the others keep
+    /// syncing: [`Sender::flush`] no longer waits for it. The receiver, if still alive, fails
+    /// its next call with [`Status::Peer`]; a receiver made afterwards with the same index
+    /// re-attaches from the next version that begins. [`Status::InvalidArgument`] for an index
+    /// out of range, [`Status::Unsupported`] for kinds whose group is fixed
+    /// (`"nccl_broadcast"`). Does not block.
+    pub fn drop_receiver(&mut self, index: u32) -> Result<()> {
+        // SAFETY: the sender is live and used by this thread only (`&mut self`).
+        check(unsafe { sys::wsync_sender_drop_receiver(self.raw.as_ptr(), index) })
+    }
+
+    /// The receivers' failures the last failed call (`send_chunk`, `commit`, `flush`) found,
+    /// oldest first; empty after a call that succeeded. A failed call's [`Error::failures`]
+    /// holds the same.
+    pub fn failures(&self) -> Vec<Failure> {
+        // SAFETY: the sender is live; Sender is not Sync, so no other thread uses it now.
+        unsafe { sender_failures(self.raw.as_ptr()) }
     }
 
     /// Sends one whole sync version as `plan` groups `tensors` (the same tensors, in the same
@@ -81,12 +141,31 @@ impl Sender {
     /// exists, so receivers can start (and free buckets) while later chunks are packed. The
     /// plan's last chunk is flagged last. Returns the number of chunks sent.
     ///
-    /// Stops at the first error of the library or of `forward`.
+    /// Stops at the first error of the library or of `forward`, abandoning the version (a
+    /// failed send has abandoned it already; an error of `forward` or of the plan would leave
+    /// it open, and receivers that began it must learn it will not complete).
     pub fn send_plan<E>(
         &mut self,
         tensors: &[TensorRef<'_>],
         plan: &Plan,
         mut forward: impl FnMut(&[u8]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<usize, E>
+    where
+        E: From<Error>,
+    {
+        let result = self.send_plan_inner(tensors, plan, &mut forward);
+        if result.is_err() {
+            // Best effort: the caller's error is the one to report.
+            let _ = self.abandon();
+        }
+        result
+    }
+
+    fn send_plan_inner<E>(
+        &mut self,
+        tensors: &[TensorRef<'_>],
+        plan: &Plan,
+        forward: &mut impl FnMut(&[u8]) -> std::result::Result<(), E>,
     ) -> std::result::Result<usize, E>
     where
         E: From<Error>,
@@ -110,15 +189,20 @@ impl Sender {
         Ok(chunks)
     }
 
-    /// Waits until every receiver has acknowledged every chunk sent so far. Fails with
-    /// [`Status::Timeout`] after `timeout` naming the receivers that did not answer, or with
-    /// [`Status::Peer`] naming a receiver that died, detached or failed a chunk (each failure
-    /// is reported once). A zero timeout polls; timeouts are rounded up to whole milliseconds.
+    /// Waits until every receiver (but dropped ones) has acknowledged every chunk sent so far.
+    /// Fails with [`Status::Peer`] as soon as a receiver failed a chunk, died or detached owing
+    /// one, or with [`Status::Timeout`] after `timeout` naming the receivers that did not
+    /// answer; [`Error::failures`] gives each receiver's part as data (its own status and
+    /// message, version, chunk). Each failure is reported once. The trainer may then
+    /// [`Sender::drop_receiver`] the failed ones and flush again, or resend the version. A zero
+    /// timeout polls; timeouts are rounded up to whole milliseconds.
     pub fn flush(&mut self, timeout: Duration) -> Result<()> {
         let ms = timeout.as_nanos().div_ceil(1_000_000);
         let ms = i64::try_from(ms).unwrap_or(i64::MAX);
         // SAFETY: the sender is live and used by this thread only (`&mut self`).
-        check(unsafe { sys::wsync_sender_flush(self.raw.as_ptr(), ms) })
+        let status = unsafe { sys::wsync_sender_flush(self.raw.as_ptr(), ms) };
+        // SAFETY: as above.
+        unsafe { check_sender(status, self.raw.as_ptr()) }
     }
 
     /// The sync version the next chunk will belong to (1 before any chunk is sent).

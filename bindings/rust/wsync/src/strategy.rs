@@ -13,6 +13,7 @@ use crate::error::{c_string, check, take_blob, Error, Result, Status};
 ///
 /// `Send` (it may move to another thread) but not `Sync`: the library requires one thread at a
 /// time per handle, which `&mut self` and the missing `Sync` enforce.
+#[must_use = "dropping a Strategy destroys it"]
 pub struct Strategy {
     raw: NonNull<sys::wsync_strategy_t>,
 }

@@ -288,7 +288,7 @@ impl TensorSpec {
             dtype: self.dtype.to_raw(),
             device: device.to_raw(),
             flags: 0,
-            reserved_: 0,
+            struct_size: std::mem::size_of::<sys::wsync_tensor_t>() as u32,
         }
     }
 }

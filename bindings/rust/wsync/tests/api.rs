@@ -469,7 +469,7 @@ fn out_of_order_and_replayed_requests_are_mismatch() {
     let second = t.sender.send_chunk(&tensor, true).unwrap();
     expect_err(r.receive(&second), Status::Mismatch, "chunk 0");
     assert_eq!(receive_all(&mut r, &first).unwrap(), 1);
-    expect_err(r.receive(&first), Status::Mismatch, "expected chunk 1");
+    expect_err(r.receive(&first), Status::Mismatch, "chunk 0 of version 1");
     assert_eq!(receive_all(&mut r, &second).unwrap(), 1);
     assert_eq!(r.completed_version().unwrap(), 1);
 }
@@ -564,16 +564,23 @@ fn ending_early_is_acknowledged_as_failed_and_flush_reports_peer_once() {
         1,
         "the failed version is not complete"
     );
-    expect_err(
+    let e = expect_err(
         t.sender.flush(SEC),
         Status::Peer,
-        "receiver 0 failed chunk seq 2",
+        "failed chunk 0 of version 2",
     );
+    assert_eq!(e.failures().len(), 1);
+    assert_eq!(e.failures()[0].status, Status::WrongState);
     t.sender.flush(SEC).expect("each failure is reported once");
 
     // The next version starts afresh.
     let req = good(&mut t.sender, true).unwrap();
     r.receive(&req).unwrap().end().expect_err("no views taken");
+    expect_err(
+        t.sender.flush(SEC),
+        Status::Peer,
+        "failed chunk 0 of version 3",
+    );
     let req = good(&mut t.sender, true).unwrap();
     assert_eq!(receive_all(&mut r, &req).unwrap(), 2);
     assert_eq!(r.completed_version().unwrap(), 4);
@@ -604,10 +611,9 @@ fn dropping_an_unfinished_iteration_acknowledges_failure() {
 }
 
 #[test]
-fn dropping_after_every_view_was_taken_acknowledges_success_a_limit_of_the_c_abi() {
-    // libwsync 0.1 has no call that fails an iteration whose tensors were all yielded, so the
-    // Drop of such a Recv (e.g. after loading the last view failed) acknowledges success. This
-    // test pins that documented limit; it should change once the ABI can abort an iteration.
+fn dropping_after_every_view_was_taken_acknowledges_success() {
+    // Drop ends the iteration: with every view taken that is a success. A loader that failed
+    // after its last view must say so with Recv::fail (tests/transactions.rs).
     let mut t = trainer(&options(1));
     let mut r = receiver(&t.init, 0);
     let w = [5u8; 4];
@@ -624,15 +630,16 @@ fn dropping_after_every_view_was_taken_acknowledges_success_a_limit_of_the_c_abi
 }
 
 #[test]
-fn corrupted_checksum_fails_the_iteration_the_version_and_the_flush() {
-    let mut t = trainer(&options(1));
+fn corrupted_bytes_fail_the_iteration_the_version_and_the_flush() {
+    // Two receivers, one attached: the segment's name stays, so the test can reach its bytes.
+    let mut t = trainer(&options(2));
     let mut r = receiver(&t.init, 0);
-    let w: Vec<u64> = (0..64).collect();
-    let mut req = t
+    let w: Vec<u64> = (0..64).map(|i| 0x5753_594e_4300_0000 + i).collect();
+    let req = t
         .sender
         .send_chunk(&[TensorRef::new("w", &w, &[64]).unwrap()], true)
         .unwrap();
-    corrupt_first_checksum(&mut req);
+    corrupt_segment(&t.init, &w);
     let mut recv = r.receive(&req).unwrap();
     let mut views = recv.views();
     let e = views
@@ -647,31 +654,74 @@ fn corrupted_checksum_fails_the_iteration_the_version_and_the_flush() {
     assert!(views.next().is_none(), "the iterator ends after an error");
     expect_err(recv.end(), Status::Integrity, "checksum");
     assert_eq!(r.completed_version().unwrap(), 0);
-    expect_err(t.sender.flush(SEC), Status::Peer, "WSYNC_ERR_INTEGRITY");
+    let e = expect_err(
+        t.sender.flush(Duration::from_millis(200)),
+        Status::Peer,
+        "WSYNC_ERR_INTEGRITY",
+    );
+    assert_eq!(e.failures()[0].status, Status::Integrity);
 }
 
 #[test]
-fn verify_false_skips_checksums() {
+fn a_request_changed_in_transit_is_refused_by_its_seal() {
     let mut t = trainer(&options(1));
-    let mut r = receiver_with(&t.init, 0, r#"{"verify": false}"#);
+    let mut r = receiver(&t.init, 0);
     let w: Vec<u64> = (0..64).collect();
     let mut req = t
         .sender
         .send_chunk(&[TensorRef::new("w", &w, &[64]).unwrap()], true)
         .unwrap();
     corrupt_first_checksum(&mut req);
+    expect_err(r.receive(&req), Status::Integrity, "seal");
+}
+
+#[test]
+fn verify_false_skips_checksums() {
+    let mut t = trainer(&options(2));
+    let mut r = receiver_with(&t.init, 0, r#"{"verify": false}"#);
+    let w: Vec<u64> = (0..64).map(|i| 0x5753_594e_4300_0000 + i).collect();
+    let req = t
+        .sender
+        .send_chunk(&[TensorRef::new("w", &w, &[64]).unwrap()], true)
+        .unwrap();
+    corrupt_segment(&t.init, &w);
     let mut recv = r.receive(&req).unwrap();
+    let got = recv.views().next().unwrap().unwrap();
+    let got = got.as_slice::<u64>().unwrap();
     assert_eq!(
-        recv.views()
-            .next()
-            .unwrap()
-            .unwrap()
-            .as_slice::<u64>()
-            .unwrap(),
-        w.as_slice()
+        got[0],
+        w[0] ^ 0xff,
+        "the corrupted byte is delivered unverified"
     );
+    assert_eq!(&got[1..], &w[1..]);
     recv.end().unwrap();
-    t.sender.flush(SEC).unwrap();
+    drop(r);
+}
+
+/// Flips the lowest byte of `w[0]` where the sender packed `w` into the shm segment (the
+/// segment's name must still exist: some receiver not attached yet).
+fn corrupt_segment(init: &[u8], w: &[u64]) {
+    use std::os::unix::fs::FileExt;
+    let text = describe(init).unwrap();
+    let at = text.find("\"segment\"").expect("an shm init info");
+    let rest = &text[at + 9..];
+    let name = rest[rest.find('"').unwrap() + 1..]
+        .split('"')
+        .next()
+        .unwrap();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/dev/shm{name}"))
+        .expect("the segment");
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut &file, &mut bytes).unwrap();
+    let needle: Vec<u8> = w.iter().take(4).flat_map(|v| v.to_le_bytes()).collect();
+    let pos = bytes
+        .windows(needle.len())
+        .position(|x| x == needle.as_slice())
+        .expect("the tensor's bytes in the segment");
+    file.write_at(&[bytes[pos] ^ 0xff], pos as u64).unwrap();
 }
 
 /// Flips one bit of the first checksum a request carries (found through `describe`).
@@ -753,9 +803,15 @@ fn bad_tensors_are_refused_by_name_and_nothing_is_published() {
         "unsupported dtype",
     );
     expect_err(
-        t.sender.send_chunk(std::iter::empty(), true),
+        t.sender.send_chunk(std::iter::empty(), false),
         Status::InvalidArgument,
-        "no tensors",
+        "chunk has no tensors",
+    );
+    // Empty and last is a commit (0.2): with no chunk in the version there is nothing to commit.
+    expect_err(
+        t.sender.send_chunk(std::iter::empty(), true),
+        Status::WrongState,
+        "nothing to commit",
     );
     let big = vec![0u8; 65 << 10];
     let too_big = TensorRef::new("big", &big, &[big.len()]).unwrap();

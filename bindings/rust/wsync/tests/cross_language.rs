@@ -317,6 +317,7 @@ fn c_sender_feeds_the_rust_engine_bit_for_bit_over_several_versions() {
                 index: 0,
                 verify: true,
                 end_early_at: 0,
+                fail_at: 0,
             },
         )
     });
@@ -374,6 +375,7 @@ fn rust_engine_ending_early_fails_the_c_senders_flush_with_peer() {
                 index: 0,
                 verify: true,
                 end_early_at: 2,
+                fail_at: 0,
             },
         )
     });
@@ -387,7 +389,13 @@ fn rust_engine_ending_early_fails_the_c_senders_flush_with_peer() {
     );
     assert!(!done.status.success(), "the C sender should fail");
     assert!(
-        done.stderr.contains("flush: WSYNC_ERR_PEER") && done.stderr.contains("receiver 0 failed"),
+        // The sender learns it at its next send (waiting for a bucket) or at its flush.
+        (done.stderr.contains("flush: WSYNC_ERR_PEER")
+            || done.stderr.contains("send_chunk: WSYNC_ERR_PEER"))
+            && done.stderr.contains("failed chunk 0 of version 2")
+            && done
+                .stderr
+                .contains("failure: receiver 0 what 1 status WSYNC_ERR_WRONG_STATE"),
         "C sender said: {}",
         done.stderr
     );
@@ -403,8 +411,84 @@ fn c_receiver_ending_early_fails_the_rust_trainers_flush_with_peer() {
     let done = receiver.finish(Instant::now() + DEADLINE);
     let e = outcome.expect_err("the trainer's flush should fail");
     assert!(
-        e.contains("version 2: flush: WSYNC_ERR_PEER: shm: receiver 0 failed"),
+        (e.contains("version 2: flush: WSYNC_ERR_PEER: shm: receiver 0")
+            || e.contains("version 2: send: WSYNC_ERR_PEER: shm: receiver 0"))
+            && e.contains("failed chunk 0 of version 2"),
         "{e}"
+    );
+    assert!(done.status.success(), "C receiver: {}", done.stderr);
+    assert!(
+        done.stdout.contains("completed version 1"),
+        "C receiver said: {}",
+        done.stdout
+    );
+}
+
+#[test]
+fn rust_engine_failing_after_its_last_view_fails_the_c_senders_flush_with_its_reason() {
+    let mut sender = c_send(&[]);
+    let mut frames = sender.take_stdout();
+    let report = run_role(&mut [&mut sender], move || {
+        common::run_engine(
+            &mut frames,
+            &EngineConfig {
+                index: 0,
+                verify: true,
+                end_early_at: 0,
+                fail_at: 2,
+            },
+        )
+    });
+    let done = sender.finish(Instant::now() + DEADLINE);
+    let report =
+        report.unwrap_or_else(|e| panic!("Rust engine: {e}\nC sender stderr:\n{}", done.stderr));
+    assert_eq!(
+        (report.announced, report.completed),
+        (0, 1),
+        "version 2 must not complete"
+    );
+    assert!(!done.status.success(), "the C sender should fail");
+    // The C sender prints each wsync_failure_t it reads after the failed flush.
+    let last_chunk = chunks_per_version() - 1;
+    let fields = format!(
+        "failure: receiver 0 what 1 status WSYNC_ERR_MISMATCH version 2 chunk {last_chunk}"
+    );
+    assert!(
+        done.stderr.contains(&fields)
+            && done
+                .stderr
+                .contains("engine 0: refusing version 2 after its last view"),
+        "C sender said: {}",
+        done.stderr
+    );
+}
+
+#[test]
+fn c_receiver_failing_after_its_last_view_reaches_the_rust_flush_as_fields() {
+    let mut receiver = c_recv(&["--fail-at", "2"], Stdio::piped());
+    let mut frames = receiver.take_stdin();
+    let outcome = run_role(&mut [&mut receiver], move || {
+        common::run_trainer_detailed(&mut frames, &trainer_config())
+    });
+    let done = receiver.finish(Instant::now() + DEADLINE);
+    let e = outcome.expect_err("the trainer's flush should fail");
+    assert!(
+        e.message.starts_with("version 2: flush: WSYNC_ERR_PEER"),
+        "{}",
+        e.message
+    );
+    let [f] = e.failures.as_slice() else {
+        panic!("one failure expected: {:?}", e.failures)
+    };
+    assert_eq!(f.what, wsync::FailureKind::Failed);
+    assert_eq!(f.status, wsync::Status::Integrity);
+    assert_eq!(f.receiver, 0);
+    assert_eq!(f.version, 2);
+    assert_eq!(f.chunk_index, Some(chunks_per_version() as u32 - 1));
+    assert_eq!(f.message, "c_peer: refusing version 2 after its last view");
+    assert!(
+        f.pid > 0 && f.pid as u32 != std::process::id(),
+        "the C process's pid"
     );
     assert!(done.status.success(), "C receiver: {}", done.stderr);
     assert!(
@@ -548,6 +632,7 @@ fn a_stream_cut_short_is_an_error_not_a_hang() {
         index: 0,
         verify: true,
         end_early_at: 0,
+        fail_at: 0,
     };
 
     let e = common::run_engine(&mut &stream[..], &config).expect_err("no 'Q'");

@@ -408,8 +408,41 @@ fn err(context: &str) -> impl Fn(wsync::Error) -> String + '_ {
     move |e| format!("{context}: {e}")
 }
 
+/// Why a trainer run stopped: the text, and the receivers' failures when a flush or send
+/// failed because of them (`wsync::Error::failures`).
+#[derive(Debug, Clone, Default)]
+pub struct TrainerError {
+    /// What failed, with the library's status and message.
+    pub message: String,
+    /// Each receiver's failure as data.
+    pub failures: Vec<wsync::Failure>,
+}
+
+impl From<String> for TrainerError {
+    fn from(message: String) -> TrainerError {
+        TrainerError {
+            message,
+            failures: Vec::new(),
+        }
+    }
+}
+
 /// Runs the trainer: init frame, then every version's requests (planned, flushed), then `Q`.
 pub fn run_trainer(out: &mut impl Write, c: &TrainerConfig) -> Result<TrainerReport, String> {
+    run_trainer_detailed(out, c).map_err(|e| {
+        let mut text = e.message;
+        for f in &e.failures {
+            text.push_str(&format!("\n  {f}"));
+        }
+        text
+    })
+}
+
+/// [`run_trainer`] keeping the receivers' failures as data.
+pub fn run_trainer_detailed(
+    out: &mut impl Write,
+    c: &TrainerConfig,
+) -> Result<TrainerReport, TrainerError> {
     let options = Options::new()
         .uint("receivers", c.receivers)
         .uint("buckets", c.buckets)
@@ -440,7 +473,7 @@ pub fn run_trainer(out: &mut impl Write, c: &TrainerConfig) -> Result<TrainerRep
     for v in 1..=c.versions {
         let expected = sender.version().map_err(err("version"))?;
         if expected != v {
-            return Err(format!("sender is at version {expected}, expected {v}"));
+            return Err(format!("sender is at version {expected}, expected {v}").into());
         }
         let started = Instant::now();
         let contents: Vec<Data> = (0..MODEL.len()).map(|t| data(v, t)).collect();
@@ -461,7 +494,10 @@ pub fn run_trainer(out: &mut impl Write, c: &TrainerConfig) -> Result<TrainerRep
             .map_err(|e| format!("version {v}: send: {e}"))?;
         sender
             .flush(Duration::from_millis(c.timeout_ms))
-            .map_err(err(&format!("version {v}: flush")))?;
+            .map_err(|e| TrainerError {
+                message: format!("version {v}: flush: {e}"),
+                failures: e.failures().to_vec(),
+            })?;
         report.versions = v;
         eprintln!(
             "trainer: version {v} synced to {} receiver(s): {} chunks, {} bytes, {:.1} ms",
@@ -487,11 +523,15 @@ pub struct EngineConfig {
     pub verify: bool,
     /// End the first chunk of this version early, to show a failed sync (0: never).
     pub end_early_at: u64,
+    /// Take every view of this version's last chunk, then fail it with `Recv::fail`, as a
+    /// loader that fails after its last view does (0: never).
+    pub fail_at: u64,
 }
 
 impl EngineConfig {
     /// Options accepted by [`EngineConfig::from_args`].
-    pub const KEYS: &'static [&'static str] = &["index", "verify", "end-early-at", "input"];
+    pub const KEYS: &'static [&'static str] =
+        &["index", "verify", "end-early-at", "fail-at", "input"];
 
     /// Applies `--key value` pairs (ignoring `input`, which the caller handles).
     pub fn from_args(pairs: &[(String, String)]) -> Result<EngineConfig, String> {
@@ -499,6 +539,7 @@ impl EngineConfig {
             index: 0,
             verify: true,
             end_early_at: 0,
+            fail_at: 0,
         };
         for (k, v) in pairs {
             match k.as_str() {
@@ -507,6 +548,7 @@ impl EngineConfig {
                 }
                 "verify" => c.verify = boolean(k, v)?,
                 "end-early-at" => c.end_early_at = number(k, v)?,
+                "fail-at" => c.fail_at = number(k, v)?,
                 _ => {}
             }
         }
@@ -565,7 +607,19 @@ pub fn run_engine(input: &mut impl Read, c: &EngineConfig) -> Result<EngineRepor
             }
             _ => return Err(format!("unexpected frame '{}'", tag as char)),
         }
-        let mut recv = receiver.receive(&payload).map_err(err("receive"))?;
+        let mut recv = match receiver.receive(&payload) {
+            Ok(recv) => recv,
+            // The rest of a version this engine failed: the library refuses it with that
+            // version's status (the sender abandons the version once it learns of the failure).
+            Err(e) if failed_version == version && version != 0 => {
+                eprintln!(
+                    "engine {}: skipping the rest of failed version {version}: {e}",
+                    c.index
+                );
+                continue;
+            }
+            Err(e) => return Err(format!("receive: {e}")),
+        };
         let info = recv.info();
         report.chunks += 1;
         if info.version != version {
@@ -630,10 +684,22 @@ pub fn run_engine(input: &mut impl Read, c: &EngineConfig) -> Result<EngineRepor
                 }
                 report.tensors += 1;
             }
-            recv.end().map_err(err(&format!(
-                "end of version {version} chunk {}",
-                info.chunk_index
-            )))?;
+            if info.last && info.version == c.fail_at {
+                // Every view was taken: only Recv::fail can still fail the chunk.
+                let why = format!(
+                    "engine {}: refusing version {version} after its last view",
+                    c.index
+                );
+                recv.fail(wsync::Status::Mismatch, &why)
+                    .map_err(err("fail"))?;
+                eprintln!("{why} as asked");
+                failed_version = version;
+            } else {
+                recv.end().map_err(err(&format!(
+                    "end of version {version} chunk {}",
+                    info.chunk_index
+                )))?;
+            }
         }
         if info.last {
             if let Some(t) = seen.iter().position(|s| !s) {
