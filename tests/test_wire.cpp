@@ -256,6 +256,26 @@ static void hostile_init_info_is_refused_by_name(void **state) {
     wsync_blob_free(&init);
 }
 
+// A C consumer of a string with a NUL byte sees it cut ("/wsync-ab"), so every string field
+// of every blob refuses NUL bytes as malformed, naming the field and showing the bytes.
+static void string_fields_with_a_nul_byte_are_malformed_naming_the_field(void **state) {
+    (void)state;
+    Live live;
+    const std::string nul_segment("/wsync-ab\0cd", 12);
+    json init = decode(live.init_bytes());
+    init[4]["segment"] = nul_segment;
+    bytes b = encode(init);
+    wsync_receiver_t *rcv = nullptr;
+    EXPECT_ERR(wsync_receiver_create(live.rstrategy, b.data(), b.size(), 0, &rcv),
+               WSYNC_ERR_MALFORMED, "shm init info.segment contains a NUL byte: '/wsync-ab\\x00cd'");
+    assert_null(rcv);
+    json req = decode(live.request);
+    req[4]["transport"]["segment"] = nul_segment;
+    expect_receive(live, encode(req), WSYNC_ERR_MALFORMED,
+                   "shm request.segment contains a NUL byte: '/wsync-ab\\x00cd'", "request segment");
+    assert_int_equal(live.receive(live.request), WSYNC_OK);
+}
+
 static void describe_renders_any_blob_and_refuses_garbage(void **state) {
     (void)state;
     Live live;
@@ -313,6 +333,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(hostile_requests_are_refused_by_name_and_the_receiver_still_works),
     cmocka_unit_test(garbage_truncated_and_oversized_bytes_are_malformed),
     cmocka_unit_test(hostile_init_info_is_refused_by_name),
+    cmocka_unit_test(string_fields_with_a_nul_byte_are_malformed_naming_the_field),
     cmocka_unit_test(describe_renders_any_blob_and_refuses_garbage),
     cmocka_unit_test(merge_of_a_single_sender_kind_takes_exactly_one_part),
 };
