@@ -73,12 +73,14 @@ unsigned fixed_bits(uint8_t code) {
     }
 }
 
+// "tensor 3 ('layers.0.q')": the name cut to about 80 bytes, bytes that are not printable UTF-8
+// escaped (\xNN).
 std::string tensor_label(std::size_t index, const char *name) {
     std::string s = "tensor " + std::to_string(index);
-    if (name) {
-        std::size_t n = strnlen(name, 80);
-        s += " ('" + std::string(name, n) + (n == 80 ? "...')" : "')");
-    }
+    if (name)
+        s += " ('" +
+             wire::printable(std::string_view(name, strnlen(name, WSYNC_MAX_NAME_BYTES + 1)), 80) +
+             "')";
     return s;
 }
 
@@ -140,6 +142,7 @@ TensorMeta meta_from_descriptor(const wsync_tensor_t &t, std::size_t index, bool
     if (len == 0) bad("name is empty");
     if (len > WSYNC_MAX_NAME_BYTES)
         bad("name is longer than " + std::to_string(WSYNC_MAX_NAME_BYTES) + " bytes");
+    if (!wire::is_utf8(std::string_view(t.name, len))) bad("name is not valid UTF-8");
     if (need_data && !t.data) bad("data is NULL");
     if (t.flags != 0 || t.reserved_ != 0) bad("flags and reserved_ must be 0 on input");
     if (t.ndim < 0 || t.ndim > WSYNC_MAX_NDIM)
@@ -273,9 +276,14 @@ TensorTable decode_tensor_table(const json &obj) {
         TensorMeta &m = t.metas[i];
         if (!names[i].is_string()) wire::malformed(where("name") + " is not a string");
         const auto &name = names[i].get_ref<const std::string &>();
-        if (name.empty() || name.size() > WSYNC_MAX_NAME_BYTES ||
-            name.find('\0') != std::string::npos)
-            wire::malformed(where("name") + " is empty, too long or contains NUL");
+        if (name.empty()) wire::malformed(where("name") + " is empty");
+        if (name.size() > WSYNC_MAX_NAME_BYTES)
+            wire::malformed(where("name") + " is too long (" + std::to_string(name.size()) +
+                            " bytes, more than " + std::to_string(WSYNC_MAX_NAME_BYTES) + ")");
+        if (name.find('\0') != std::string::npos)
+            wire::malformed(where("name") + " contains NUL: '" + wire::printable(name) + "'");
+        if (!wire::is_utf8(name))
+            wire::malformed(where("name") + " is not valid UTF-8: '" + wire::printable(name) + "'");
         m.name = name;
         if (!seen.insert(m.name).second)
             wire::malformed("tensor table: duplicate tensor name '" + m.name + "'");

@@ -39,7 +39,8 @@ struct TensorMeta {
 
 // Validates caller descriptor number `index` and returns its metadata. `need_data` requires a
 // non-NULL data pointer (sending); the planner passes false. Throws
-// WSYNC_ERR_INVALID_ARGUMENT naming the tensor on any defect.
+// WSYNC_ERR_INVALID_ARGUMENT naming the tensor on any defect (a name that is not UTF-8 among
+// them; the message shows it escaped).
 TensorMeta meta_from_descriptor(const wsync_tensor_t &t, std::size_t index, bool need_data);
 
 // Validates an array of descriptors as one chunk (each descriptor, then unique names).
@@ -58,7 +59,8 @@ struct TensorTable {
 // Writes the table's columns into obj (see docs/wire-format.md).
 void encode_tensor_table(const TensorTable &table, json &obj);
 // Reads and validates the columns of obj. Throws WSYNC_ERR_MALFORMED naming the column and the
-// tensor index on any defect (types, counts, lengths, names, dtypes, shape overflow, dups).
+// tensor index on any defect (types, counts, lengths, names with NUL or not UTF-8, dtypes,
+// shape overflow, dups).
 TensorTable decode_tensor_table(const json &obj);
 
 // XXH3-64 of a tensor's bytes (the checksum requests carry).

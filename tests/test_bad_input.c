@@ -100,12 +100,99 @@ static void option_values_and_keys_quoted_in_messages_are_truncated(void **state
     free(text);
 }
 
+/* Strategy + init info + sender of the shm kind, the trainer side. */
+typedef struct {
+    wsync_strategy_t *strategy;
+    wsync_blob_t init;
+    wsync_sender_t *sender;
+} trainer_t;
+
+static void trainer_open(trainer_t *tr) {
+    OK(wsync_strategy_create("shm", "{\"bucket_bytes\": 65536}", &tr->strategy));
+    OK(wsync_strategy_create_init_info(tr->strategy, &tr->init));
+    OK(wsync_sender_create(tr->strategy, tr->init.data, tr->init.size, &tr->sender));
+}
+
+static void trainer_close(trainer_t *tr) {
+    wsync_sender_destroy(tr->sender);
+    wsync_strategy_destroy(tr->strategy);
+    wsync_blob_free(&tr->init);
+}
+
+/* --- 2. tensor names must be UTF-8 ---------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    const char *shown; /* as the message renders it */
+} kBadUtf8[] = {
+    {"w\xc0\xaf", "w\\xc0\\xaf"},                 /* overlong '/' in two bytes */
+    {"w\xe0\x80\xaf", "w\\xe0\\x80\\xaf"},        /* overlong '/' in three bytes */
+    {"w\xf0\x80\x80\xaf", "w\\xf0\\x80\\x80\\xaf"}, /* overlong '/' in four bytes */
+    {"w\xed\xa0\x80", "w\\xed\\xa0\\x80"},        /* U+D800, a UTF-16 surrogate */
+    {"w\xed\xbf\xbf", "w\\xed\\xbf\\xbf"},        /* U+DFFF */
+    {"w\xf4\x90\x80\x80", "w\\xf4\\x90\\x80\\x80"}, /* U+110000, past U+10FFFF */
+    {"w\xf8\x88\x80\x80\x80", "w\\xf8\\x88\\x80\\x80\\x80"}, /* old five-byte form */
+    {"w\xc3", "w\\xc3"},                          /* truncated at the end */
+    {"w\xe2\x82.bias", "w\\xe2\\x82.bias"},       /* truncated before ASCII */
+    {"w\x80x", "w\\x80x"},                        /* stray continuation byte */
+    {"w\xff", "w\\xff"},                          /* never valid */
+};
+
+static const char *const kGoodUtf8[] = {
+    "caf\xc3\xa9.weight",          /* U+00E9 */
+    "\xe5\xb1\x82.0.weight",       /* U+5C42 */
+    "emoji.\xf0\x9f\x98\x80",      /* U+1F600 */
+    "max.\xf4\x8f\xbf\xbf",        /* U+10FFFF */
+    "edge.\xef\xbf\xbf.\xee\x80\x80", /* U+FFFF, U+E000 */
+};
+
+static void tensor_names_that_are_not_utf8_are_invalid_argument_naming_the_tensor(void **state) {
+    (void)state;
+    int64_t shape = 4;
+    wsync_plan_t *p;
+    for (size_t i = 0; i < sizeof kGoodUtf8 / sizeof *kGoodUtf8; ++i) {
+        wsync_tensor_t t = tu_tensor(kGoodUtf8[i], NULL, &shape, 1, WSYNC_DTYPE_FLOAT, 32);
+        OK(wsync_plan_create(&t, 1, NULL, &p));
+        wsync_plan_destroy(p);
+    }
+    for (size_t i = 0; i < sizeof kBadUtf8 / sizeof *kBadUtf8; ++i) {
+        wsync_tensor_t t[2] = {tu_tensor("ok", NULL, &shape, 1, WSYNC_DTYPE_FLOAT, 32),
+                               tu_tensor(kBadUtf8[i].name, NULL, &shape, 1, WSYNC_DTYPE_FLOAT, 32)};
+        char want[128];
+        snprintf(want, sizeof want, "tensor 1 ('%s'): name is not valid UTF-8", kBadUtf8[i].shown);
+        p = (wsync_plan_t *)1;
+        EXPECT_ERR(wsync_plan_create(t, 2, NULL, &p), WSYNC_ERR_INVALID_ARGUMENT, want);
+        assert_null(p);
+    }
+}
+
+static void sender_refuses_a_non_utf8_name_and_publishes_nothing(void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr);
+    float x[4] = {1, 2, 3, 4};
+    int64_t shape = 4;
+    wsync_tensor_t t[2] = {tu_tensor("ok", x, &shape, 1, WSYNC_DTYPE_FLOAT, 32),
+                           tu_tensor("bad\xed\xa0\x80", x, &shape, 1, WSYNC_DTYPE_FLOAT, 32)};
+    wsync_chunk_t c = tu_chunk(t, 2, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    EXPECT_ERR(wsync_sender_send_chunk(tr.sender, &c, &req), WSYNC_ERR_INVALID_ARGUMENT,
+               "tensor 1 ('bad\\xed\\xa0\\x80'): name is not valid UTF-8");
+    assert_null(req.data);
+    uint64_t version;
+    OK(wsync_sender_version(tr.sender, &version));
+    assert_int_equal(version, 1);
+    trainer_close(&tr);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(options_nested_60000_deep_under_a_known_key_are_invalid_argument_not_a_crash),
     cmocka_unit_test(options_nested_60000_deep_under_an_unknown_key_are_invalid_argument_not_a_crash),
     cmocka_unit_test(options_nested_60000_deep_at_the_top_are_invalid_argument_not_a_crash),
     cmocka_unit_test(planner_options_nested_60000_deep_are_invalid_argument_not_a_crash),
     cmocka_unit_test(option_values_and_keys_quoted_in_messages_are_truncated),
+    cmocka_unit_test(tensor_names_that_are_not_utf8_are_invalid_argument_naming_the_tensor),
+    cmocka_unit_test(sender_refuses_a_non_utf8_name_and_publishes_nothing),
 };
 
 TU_MAIN(tests)
