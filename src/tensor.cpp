@@ -127,6 +127,18 @@ std::string device_name(wsync_device_t dev) {
     return std::string(base) + ":" + std::to_string(dev.index);
 }
 
+bool device_is_known(wsync_device_t dev) {
+    switch (dev.type) {
+    case WSYNC_DEVICE_CPU:
+    case WSYNC_DEVICE_CUDA:
+    case WSYNC_DEVICE_CUDA_HOST:
+    case WSYNC_DEVICE_ROCM:
+    case WSYNC_DEVICE_ROCM_HOST:
+    case WSYNC_DEVICE_CUDA_MANAGED: return true;
+    default: return false;
+    }
+}
+
 bool device_is_host(wsync_device_t dev) {
     return dev.type == WSYNC_DEVICE_CPU || dev.type == WSYNC_DEVICE_CUDA_HOST ||
            dev.type == WSYNC_DEVICE_ROCM_HOST;
@@ -144,6 +156,10 @@ TensorMeta meta_from_descriptor(const wsync_tensor_t &t, std::size_t index, bool
         bad("name is longer than " + std::to_string(WSYNC_MAX_NAME_BYTES) + " bytes");
     if (!wire::is_utf8(std::string_view(t.name, len))) bad("name is not valid UTF-8");
     if (need_data && !t.data) bad("data is NULL");
+    // A code outside the header's list is a caller error, not a device some strategy lacks
+    // (that is WSYNC_ERR_UNSUPPORTED, from the strategy). The planner never reads the device.
+    if (need_data && !device_is_known(t.device))
+        bad("device type " + std::to_string(t.device.type) + " is not a WSYNC_DEVICE_* code");
     if (t.flags != 0 || t.reserved_ != 0) bad("flags and reserved_ must be 0 on input");
     if (t.ndim < 0 || t.ndim > WSYNC_MAX_NDIM)
         bad("ndim " + std::to_string(t.ndim) + " is outside 0.." + std::to_string(WSYNC_MAX_NDIM));

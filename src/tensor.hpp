@@ -25,6 +25,8 @@ uint64_t dtype_size(wsync_dtype_t dtype);
 // "bfloat16", "float32", "float8_e4m3fn", "int64x4" (lanes), "dtype(code=99,bits=8,lanes=1)".
 std::string dtype_name(wsync_dtype_t dtype);
 std::string device_name(wsync_device_t device);
+// True for the WSYNC_DEVICE_* codes of wsync.h.
+bool device_is_known(wsync_device_t device);
 // True for memory the CPU can read and write directly (CPU, CUDA_HOST, ROCM_HOST).
 bool device_is_host(wsync_device_t device);
 
@@ -37,8 +39,8 @@ struct TensorMeta {
     uint64_t nbytes = 0;  // product(shape) * dtype_size, checked
 };
 
-// Validates caller descriptor number `index` and returns its metadata. `need_data` requires a
-// non-NULL data pointer (sending); the planner passes false. Throws
+// Validates caller descriptor number `index` and returns its metadata. `need_data` (sending)
+// requires a non-NULL data pointer and a WSYNC_DEVICE_* device type; the planner passes false. Throws
 // WSYNC_ERR_INVALID_ARGUMENT naming the tensor on any defect (a name that is not UTF-8 among
 // them; the message shows it escaped).
 TensorMeta meta_from_descriptor(const wsync_tensor_t &t, std::size_t index, bool need_data);

@@ -185,6 +185,49 @@ static void sender_refuses_a_non_utf8_name_and_publishes_nothing(void **state) {
     trainer_close(&tr);
 }
 
+/* --- 3. device types ------------------------------------------------------------------------ */
+
+static void unknown_device_type_is_invalid_argument_naming_the_tensor_and_the_code(void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr);
+    float x[4] = {1, 2, 3, 4};
+    int64_t shape = 4;
+    const int32_t unknown[] = {0, 4, 99, -1, INT32_MAX};
+    wsync_blob_t req;
+    for (size_t i = 0; i < sizeof unknown / sizeof *unknown; ++i) {
+        wsync_tensor_t t[2] = {tu_tensor("a", x, &shape, 1, WSYNC_DTYPE_FLOAT, 32),
+                               tu_tensor("b", x, &shape, 1, WSYNC_DTYPE_FLOAT, 32)};
+        t[1].device.type = unknown[i];
+        wsync_chunk_t c = tu_chunk(t, 2, 0);
+        char want[128];
+        snprintf(want, sizeof want, "tensor 1 ('b'): device type %d is not a WSYNC_DEVICE_* code",
+                 (int)unknown[i]);
+        EXPECT_ERR(wsync_sender_send_chunk(tr.sender, &c, &req), WSYNC_ERR_INVALID_ARGUMENT, want);
+        assert_null(req.data);
+    }
+    trainer_close(&tr);
+}
+
+static void known_device_the_strategy_cannot_read_stays_unsupported(void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr);
+    float x[4] = {1, 2, 3, 4};
+    int64_t shape = 4;
+    wsync_tensor_t t = tu_tensor("g", x, &shape, 1, WSYNC_DTYPE_FLOAT, 32);
+    t.device.type = WSYNC_DEVICE_CUDA;
+    wsync_chunk_t c = tu_chunk(&t, 1, 0);
+    wsync_blob_t req;
+    EXPECT_ERR(wsync_sender_send_chunk(tr.sender, &c, &req), WSYNC_ERR_UNSUPPORTED,
+               "shm: tensor 'g' is on cuda:0");
+    t.device.type = WSYNC_DEVICE_CUDA_HOST; /* pinned host memory moves */
+    c = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+    wsync_blob_free(&req);
+    trainer_close(&tr);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(options_nested_60000_deep_under_a_known_key_are_invalid_argument_not_a_crash),
     cmocka_unit_test(options_nested_60000_deep_under_an_unknown_key_are_invalid_argument_not_a_crash),
@@ -193,6 +236,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(option_values_and_keys_quoted_in_messages_are_truncated),
     cmocka_unit_test(tensor_names_that_are_not_utf8_are_invalid_argument_naming_the_tensor),
     cmocka_unit_test(sender_refuses_a_non_utf8_name_and_publishes_nothing),
+    cmocka_unit_test(unknown_device_type_is_invalid_argument_naming_the_tensor_and_the_code),
+    cmocka_unit_test(known_device_the_strategy_cannot_read_stays_unsupported),
 };
 
 TU_MAIN(tests)
