@@ -162,6 +162,8 @@ typedef struct wsync_device_t {
 
 #define WSYNC_MAX_NDIM 16        /* most dimensions a tensor may have */
 #define WSYNC_MAX_NAME_BYTES 1024 /* longest tensor name in bytes, without the NUL */
+#define WSYNC_MAX_CHUNK_TENSORS 4194304 /* most tensors in one chunk (2^22): the most a receiver
+                                           accepts, so a sender refuses more */
 
 /* wsync_tensor_t.flags */
 #define WSYNC_TENSOR_READ_ONLY 1u /* set on views whose memory must not be written */
@@ -291,6 +293,8 @@ WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
  * float32 tensors to bfloat16 or float16 while packing. Tensor descriptors are validated first: NULL data, zero elements, non-contiguous
  * strides, unknown dtype or device, over-long or duplicate names, shape products that overflow
  * fail with WSYNC_ERR_INVALID_ARGUMENT naming the tensor, and nothing is published.
+ * A chunk holds 1..WSYNC_MAX_CHUNK_TENSORS tensors (receivers refuse more); another count fails
+ * with WSYNC_ERR_INVALID_ARGUMENT before any descriptor is read.
  * The chunk belongs to the sender's current sync version (starting at 1); a chunk flagged
  * WSYNC_CHUNK_LAST completes that version and the next chunk starts version + 1.
  * "cuda_ipc" returns once its pack is complete on the GPU (one kernel launch per chunk);

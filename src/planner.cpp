@@ -41,7 +41,9 @@ Plan::Plan(const wsync_tensor_t *metas, std::size_t n, const char *options_json)
     Options opts("planner", plan_options(), options_json);
     const uint64_t limit = opts.uint("chunk_bytes");
     const uint64_t depth = opts.uint("group_depth");
-    std::vector<TensorMeta> m = metas_from_chunk(metas, n, /*need_data=*/false);
+    if (n == 0) fail(WSYNC_ERR_INVALID_ARGUMENT, "planner: no tensors to plan (n is 0)");
+    // Any number of tensors may be planned; each chunk gets at most WSYNC_MAX_CHUNK_TENSORS.
+    std::vector<TensorMeta> m = metas_from_descriptors(metas, n, /*need_data=*/false);
 
     PlannedChunk cur;
     uint64_t cur_fp = 0;
@@ -51,6 +53,7 @@ Plan::Plan(const wsync_tensor_t *metas, std::size_t n, const char *options_json)
         cur_fp = 0;
     };
     auto add = [&](std::size_t i) {
+        if (cur.indices.size() == WSYNC_MAX_CHUNK_TENSORS) close();
         cur.indices.push_back(i);
         cur.bytes += m[i].nbytes;
         cur_fp += footprint(m[i].nbytes);
@@ -73,7 +76,10 @@ Plan::Plan(const wsync_tensor_t *metas, std::size_t n, const char *options_json)
             }
             close();
         } else {
-            if (cur_fp + group_fp > limit) close();
+            // A group that fits no more by count starts a chunk; one of more than
+            // WSYNC_MAX_CHUNK_TENSORS tensors is split by add().
+            if (cur_fp + group_fp > limit || j - i > WSYNC_MAX_CHUNK_TENSORS - cur.indices.size())
+                close();
             for (std::size_t k = i; k < j; ++k) add(k);
         }
         i = j;

@@ -195,11 +195,14 @@ TensorMeta meta_from_descriptor(const wsync_tensor_t &t, std::size_t index, bool
     return m;
 }
 
-std::vector<TensorMeta> metas_from_chunk(const wsync_tensor_t *tensors, std::size_t count,
-                                         bool need_data) {
-    if (count == 0) fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk has no tensors (count is 0)");
-    if (!tensors) fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk tensors is NULL");
+std::vector<TensorMeta> metas_from_descriptors(const wsync_tensor_t *tensors, std::size_t count,
+                                               bool need_data) {
     std::vector<TensorMeta> metas;
+    // No array of descriptors is that long (and count * 2 below cannot overflow).
+    if (count > metas.max_size() / 2)
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             std::to_string(count) + " tensor descriptors are more than memory can hold");
+    // Reserved in full: `seen` points into the names, which must not move.
     metas.reserve(count);
     std::unordered_set<std::string_view> seen;
     seen.reserve(count * 2);
@@ -210,6 +213,18 @@ std::vector<TensorMeta> metas_from_chunk(const wsync_tensor_t *tensors, std::siz
                  tensor_label(i, tensors[i].name) + ": duplicate name in one chunk");
     }
     return metas;
+}
+
+std::vector<TensorMeta> metas_from_chunk(const wsync_tensor_t *tensors, std::size_t count,
+                                         bool need_data) {
+    if (count == 0) fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk has no tensors (count is 0)");
+    if (!tensors) fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk tensors is NULL");
+    if (count > WSYNC_MAX_CHUNK_TENSORS)
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             "chunk count " + std::to_string(count) + " exceeds the maximum of " +
+                 std::to_string(WSYNC_MAX_CHUNK_TENSORS) +
+                 " tensors per chunk (WSYNC_MAX_CHUNK_TENSORS); plan smaller chunks");
+    return metas_from_descriptors(tensors, count, need_data);
 }
 
 uint64_t TensorTable::total_bytes() const {
@@ -257,8 +272,7 @@ void encode_tensor_table(const TensorTable &t, json &obj) {
 }
 
 TensorTable decode_tensor_table(const json &obj) {
-    constexpr std::size_t kMaxTensors = std::size_t(1) << 22;
-    const auto &names = wire::array_field(obj, "names", "tensor table", kMaxTensors);
+    const auto &names = wire::array_field(obj, "names", "tensor table", WSYNC_MAX_CHUNK_TENSORS);
     std::size_t n = names.size();
     if (n == 0) wire::malformed("tensor table: 'names' is empty");
     const auto &dtypes = wire::array_field(obj, "dtypes", "tensor table", 3 * n);

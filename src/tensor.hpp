@@ -45,7 +45,12 @@ struct TensorMeta {
 // them; the message shows it escaped).
 TensorMeta meta_from_descriptor(const wsync_tensor_t &t, std::size_t index, bool need_data);
 
-// Validates an array of descriptors as one chunk (each descriptor, then unique names).
+// Validates count descriptors (each descriptor, and unique names), with no limit on count.
+std::vector<TensorMeta> metas_from_descriptors(const wsync_tensor_t *tensors, std::size_t count,
+                                               bool need_data);
+
+// Validates an array of descriptors as one chunk: 1..WSYNC_MAX_CHUNK_TENSORS of them (checked
+// before anything is read or allocated), then as metas_from_descriptors.
 std::vector<TensorMeta> metas_from_chunk(const wsync_tensor_t *tensors, std::size_t count,
                                          bool need_data);
 

@@ -228,6 +228,95 @@ static void known_device_the_strategy_cannot_read_stays_unsupported(void **state
     trainer_close(&tr);
 }
 
+/* --- 5, 6. tensors per chunk ---------------------------------------------------------------- */
+
+static void chunk_count_of_size_max_is_invalid_argument_before_anything_is_allocated(
+    void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr);
+    float x[4] = {1, 2, 3, 4};
+    int64_t shape = 4;
+    wsync_tensor_t t = tu_tensor("a", x, &shape, 1, WSYNC_DTYPE_FLOAT, 32);
+    wsync_chunk_t c = tu_chunk(&t, SIZE_MAX, 0);
+    wsync_blob_t req;
+    char want[128];
+    snprintf(want, sizeof want, "chunk count %zu exceeds the maximum of %d tensors per chunk",
+             (size_t)SIZE_MAX, WSYNC_MAX_CHUNK_TENSORS);
+    EXPECT_ERR(wsync_sender_send_chunk(tr.sender, &c, &req), WSYNC_ERR_INVALID_ARGUMENT, want);
+    assert_null(req.data);
+    trainer_close(&tr);
+}
+
+static void chunk_of_one_tensor_over_the_limit_is_refused_by_the_sender(void **state) {
+    (void)state;
+    assert_int_equal(WSYNC_MAX_CHUNK_TENSORS, 1 << 22);
+    trainer_t tr;
+    trainer_open(&tr);
+    /* A real array, so the old code reading it is no fault; only descriptor 0 is filled: the
+     * count is refused before any descriptor is read. */
+    size_t n = (size_t)WSYNC_MAX_CHUNK_TENSORS + 1;
+    wsync_tensor_t *t = (wsync_tensor_t *)calloc(n, sizeof *t);
+    assert_non_null(t);
+    float x[4] = {1, 2, 3, 4};
+    int64_t shape = 4;
+    t[0] = tu_tensor("a", x, &shape, 1, WSYNC_DTYPE_FLOAT, 32);
+    wsync_chunk_t c = tu_chunk(t, n, 0);
+    wsync_blob_t req;
+    EXPECT_ERR(wsync_sender_send_chunk(tr.sender, &c, &req), WSYNC_ERR_INVALID_ARGUMENT,
+               "chunk count 4194305 exceeds the maximum of 4194304 tensors per chunk");
+    assert_null(req.data);
+    free(t);
+    trainer_close(&tr);
+}
+
+/* 2^22 + 1 one-element tensors in one module: a plan with any n is fine, but no chunk may hold
+ * more tensors than a receiver accepts, whether the tensors form one group or none. */
+static void planner_never_puts_more_than_the_chunk_tensor_limit_in_one_chunk(void **state) {
+    (void)state;
+    size_t n = (size_t)WSYNC_MAX_CHUNK_TENSORS + 1;
+    wsync_tensor_t *t = (wsync_tensor_t *)calloc(n, sizeof *t);
+    char *names = (char *)malloc(n * 12);
+    assert_non_null(t);
+    assert_non_null(names);
+    static const int64_t one = 1;
+    for (size_t i = 0; i < n; ++i) {
+        snprintf(names + 12 * i, 12, "m.%07zu", i);
+        t[i] = tu_tensor(names + 12 * i, NULL, &one, 1, WSYNC_DTYPE_FLOAT, 32);
+    }
+    const char *options[] = {"{\"chunk_bytes\": 4611686018427387904, \"group_depth\": 1}",
+                             "{\"chunk_bytes\": 4611686018427387904, \"group_depth\": 0}"};
+    for (int k = 0; k < 2; ++k) {
+        wsync_plan_t *p;
+        OK(wsync_plan_create(t, n, options[k], &p));
+        size_t chunks, count;
+        const size_t *idx;
+        uint64_t bytes;
+        OK(wsync_plan_chunk_count(p, &chunks));
+        assert_int_equal(chunks, 2);
+        OK(wsync_plan_chunk(p, 0, &idx, &count, &bytes));
+        assert_int_equal(count, WSYNC_MAX_CHUNK_TENSORS);
+        assert_int_equal(bytes, 4 * (uint64_t)WSYNC_MAX_CHUNK_TENSORS);
+        OK(wsync_plan_chunk(p, 1, &idx, &count, &bytes));
+        assert_int_equal(count, 1);
+        assert_int_equal(idx[0], WSYNC_MAX_CHUNK_TENSORS);
+        wsync_plan_destroy(p);
+    }
+    free(names);
+    free(t);
+}
+
+static void plan_of_size_max_tensors_is_invalid_argument_before_anything_is_allocated(
+    void **state) {
+    (void)state;
+    int64_t shape = 4;
+    wsync_tensor_t t = tu_tensor("w", NULL, &shape, 1, WSYNC_DTYPE_FLOAT, 32);
+    wsync_plan_t *p = (wsync_plan_t *)1;
+    EXPECT_ERR(wsync_plan_create(&t, SIZE_MAX, NULL, &p), WSYNC_ERR_INVALID_ARGUMENT,
+               "18446744073709551615 tensor descriptors are more than memory can hold");
+    assert_null(p);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(options_nested_60000_deep_under_a_known_key_are_invalid_argument_not_a_crash),
     cmocka_unit_test(options_nested_60000_deep_under_an_unknown_key_are_invalid_argument_not_a_crash),
@@ -238,6 +327,10 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sender_refuses_a_non_utf8_name_and_publishes_nothing),
     cmocka_unit_test(unknown_device_type_is_invalid_argument_naming_the_tensor_and_the_code),
     cmocka_unit_test(known_device_the_strategy_cannot_read_stays_unsupported),
+    cmocka_unit_test(chunk_count_of_size_max_is_invalid_argument_before_anything_is_allocated),
+    cmocka_unit_test(chunk_of_one_tensor_over_the_limit_is_refused_by_the_sender),
+    cmocka_unit_test(planner_never_puts_more_than_the_chunk_tensor_limit_in_one_chunk),
+    cmocka_unit_test(plan_of_size_max_tensors_is_invalid_argument_before_anything_is_allocated),
 };
 
 TU_MAIN(tests)
