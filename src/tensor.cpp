@@ -73,8 +73,8 @@ unsigned fixed_bits(uint8_t code) {
     }
 }
 
-// "tensor 3 ('layers.0.q')": the name cut to about 80 bytes, bytes that are not printable UTF-8
-// escaped (\xNN).
+}  // namespace
+
 std::string tensor_label(std::size_t index, const char *name) {
     std::string s = "tensor " + std::to_string(index);
     if (name)
@@ -83,8 +83,6 @@ std::string tensor_label(std::size_t index, const char *name) {
              "')";
     return s;
 }
-
-}  // namespace
 
 uint64_t dtype_size(wsync_dtype_t d) {
     if (!code_name(d.code) || d.lanes == 0 || d.bits == 0) return 0;

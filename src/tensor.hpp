@@ -30,6 +30,10 @@ bool device_is_known(wsync_device_t device);
 // True for memory the CPU can read and write directly (CPU, CUDA_HOST, ROCM_HOST).
 bool device_is_host(wsync_device_t device);
 
+// "tensor 3 ('layers.0.q')" for messages: the name (may be NULL) cut to about 80 bytes, bytes
+// that are not printable UTF-8 escaped (\xNN).
+std::string tensor_label(std::size_t index, const char *name);
+
 // One tensor's description, without its bytes. No heap allocation but the name.
 struct TensorMeta {
     std::string name;

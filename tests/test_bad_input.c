@@ -317,6 +317,39 @@ static void plan_of_size_max_tensors_is_invalid_argument_before_anything_is_allo
     assert_null(p);
 }
 
+/* --- 7. planner byte sums ------------------------------------------------------------------- */
+
+static void planner_byte_sum_overflow_is_invalid_argument_naming_the_tensor(void **state) {
+    (void)state;
+    /* Four float32 tensors of 2^60 elements: 2^62 bytes each, the most one tensor may have;
+     * together 2^64 bytes, which wrapped to a chunk of 0 bytes. */
+    static const int64_t quarter = (int64_t)1 << 60;
+    wsync_tensor_t t[4] = {tu_tensor("m.a", NULL, &quarter, 1, WSYNC_DTYPE_FLOAT, 32),
+                           tu_tensor("m.b", NULL, &quarter, 1, WSYNC_DTYPE_FLOAT, 32),
+                           tu_tensor("m.c", NULL, &quarter, 1, WSYNC_DTYPE_FLOAT, 32),
+                           tu_tensor("m.d", NULL, &quarter, 1, WSYNC_DTYPE_FLOAT, 32)};
+    wsync_plan_t *p = (wsync_plan_t *)1;
+    EXPECT_ERR(wsync_plan_create(t, 4, "{\"chunk_bytes\": 4611686018427387904, \"group_depth\": 1}",
+                                 &p),
+               WSYNC_ERR_INVALID_ARGUMENT, "planner: tensor 3 ('m.d'): size of");
+    assert_non_null(strstr(wsync_last_error(), "overflows 64 bits"));
+    assert_null(p);
+    /* Without the group each tensor gets its own chunk, and each chunk's sum is exact. */
+    OK(wsync_plan_create(t, 4, "{\"chunk_bytes\": 4611686018427387904, \"group_depth\": 0}", &p));
+    size_t chunks;
+    OK(wsync_plan_chunk_count(p, &chunks));
+    assert_int_equal(chunks, 4);
+    for (size_t i = 0; i < 4; ++i) {
+        const size_t *idx;
+        size_t count;
+        uint64_t bytes;
+        OK(wsync_plan_chunk(p, i, &idx, &count, &bytes));
+        assert_int_equal(count, 1);
+        assert_int_equal(bytes, (uint64_t)1 << 62);
+    }
+    wsync_plan_destroy(p);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(options_nested_60000_deep_under_a_known_key_are_invalid_argument_not_a_crash),
     cmocka_unit_test(options_nested_60000_deep_under_an_unknown_key_are_invalid_argument_not_a_crash),
@@ -331,6 +364,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(chunk_of_one_tensor_over_the_limit_is_refused_by_the_sender),
     cmocka_unit_test(planner_never_puts_more_than_the_chunk_tensor_limit_in_one_chunk),
     cmocka_unit_test(plan_of_size_max_tensors_is_invalid_argument_before_anything_is_allocated),
+    cmocka_unit_test(planner_byte_sum_overflow_is_invalid_argument_naming_the_tensor),
 };
 
 TU_MAIN(tests)
