@@ -174,6 +174,8 @@ typedef struct wsync_device_t {
 
 #define WSYNC_MAX_NDIM 16        /* most dimensions a tensor may have */
 #define WSYNC_MAX_NAME_BYTES 1024 /* longest tensor name in bytes, without the NUL */
+#define WSYNC_MAX_CHUNK_TENSORS 4194304 /* most tensors in one chunk (2^22): the most a receiver
+                                           accepts, so a sender refuses more */
 
 /* wsync_tensor_t.flags */
 #define WSYNC_TENSOR_READ_ONLY 1u /* set on views whose memory must not be written */
@@ -320,6 +322,9 @@ WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
  * unknown dtype or device, names that are empty, too long, not UTF-8 or duplicated, shape
  * products that overflow fail with WSYNC_ERR_INVALID_ARGUMENT naming the tensor; nothing is
  * published and the version is not touched (bad input loses nothing).
+ * A chunk holds 1..WSYNC_MAX_CHUNK_TENSORS tensors (receivers refuse more; 0 only for an empty
+ * closing chunk); another count fails with WSYNC_ERR_INVALID_ARGUMENT before any descriptor is
+ * read.
  * A chunk flagged WSYNC_CHUNK_LAST commits the version and the next chunk begins version + 1.
  * "cuda_ipc" returns once its pack is complete on the GPU (one kernel launch per chunk);
  * "nccl_broadcast" returns once pack and broadcast are queued, so the next chunk packs while

@@ -1,6 +1,7 @@
 #include "options.hpp"
 
 #include "error.hpp"
+#include "wire.hpp"
 
 namespace wsync {
 
@@ -12,6 +13,15 @@ const char *type_name(OptionSpec::Type t) {
     default: return "string";
     }
 }
+
+// A given value or key for a message: JSON of at most about 64 bytes, so a hostile option text
+// cannot flood the message (the parse depth is bounded, so dump() cannot recurse far).
+std::string quote(const json &v) {
+    std::string s = v.dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace);
+    return s.size() <= 64 ? s : s.substr(0, 64) + "...";
+}
+
+std::string quote_key(const std::string &key) { return "'" + wire::printable(key, 64) + "'"; }
 
 bool in_choices(const std::string &v, const char *choices) {
     std::string list(choices);
@@ -34,9 +44,16 @@ Options::Options(std::string owner, const std::vector<OptionSpec> &specs, const 
         else values_[s.key] = s.default_value;
     }
     if (!text || !*text) return;
-    json given = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (given.is_discarded())
-        fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": options are not valid JSON");
+    json given;
+    wire::TextError err;
+    if (!wire::parse_json_text(text, wire::kMaxDepth, given, err)) {
+        if (!err.too_deep)
+            fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": options are not valid JSON (" + err.what + ")");
+        std::string levels = std::to_string(wire::kMaxDepth) + " levels";
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             err.key.empty() ? owner_ + ": options nest deeper than " + levels
+                             : owner_ + ": option " + quote_key(err.key) + " nests deeper than " + levels);
+    }
     if (!given.is_object())
         fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": options must be a JSON object");
     for (auto it = given.begin(); it != given.end(); ++it) {
@@ -46,26 +63,26 @@ Options::Options(std::string owner, const std::vector<OptionSpec> &specs, const 
         if (!spec) {
             std::string known;
             for (const auto &s : specs) known += (known.empty() ? "" : ", ") + std::string(s.key);
-            fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": unknown option '" + it.key() +
-                                                 "' (known: " + known + ")");
+            fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": unknown option " + quote_key(it.key()) +
+                                                 " (known: " + known + ")");
         }
         const json &v = it.value();
         if (spec->type == OptionSpec::Type::Bool) {
             if (!v.is_boolean())
                 fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": option '" + it.key() +
-                                                     "' must be true or false, got " + v.dump());
+                                                     "' must be true or false, got " + quote(v));
             values_[spec->key] = v.get<bool>();
             continue;
         }
         if (spec->type == OptionSpec::Type::String) {
             if (!v.is_string())
                 fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": option '" + it.key() +
-                                                     "' must be a string, got " + v.dump());
+                                                     "' must be a string, got " + quote(v));
             const std::string &x = v.get_ref<const std::string &>();
             if (spec->choices ? !in_choices(x, spec->choices)
                               : (x.empty() || x.size() > 4096 || x.find('\0') != std::string::npos))
                 fail(WSYNC_ERR_INVALID_ARGUMENT,
-                     owner_ + ": option '" + it.key() + "' = " + v.dump() + " is not accepted" +
+                     owner_ + ": option '" + it.key() + "' = " + quote(v) + " is not accepted" +
                          (spec->choices ? std::string(" (one of: '") + spec->choices + "')"
                                         : std::string(" (1..4096 bytes, no NUL)")));
             values_[spec->key] = x;
@@ -74,7 +91,7 @@ Options::Options(std::string owner, const std::vector<OptionSpec> &specs, const 
         if (!v.is_number_unsigned())
             fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": option '" + it.key() +
                                                  "' must be a non-negative integer, got " +
-                                                 v.dump());
+                                                 quote(v));
         uint64_t x = v.get<uint64_t>();
         if (x < spec->min || x > spec->max)
             fail(WSYNC_ERR_INVALID_ARGUMENT,

@@ -1,6 +1,7 @@
 // One strictly validated options mechanism for every strategy and the planner: a JSON object
 // checked against a table of OptionSpec. Unknown keys, wrong types and out-of-range values fail
-// with WSYNC_ERR_INVALID_ARGUMENT naming the key.
+// with WSYNC_ERR_INVALID_ARGUMENT naming the key, and so does nesting deeper than
+// wire::kMaxDepth, refused while parsing; what a message quotes of the text is cut short.
 #pragma once
 
 #include <cstdint>

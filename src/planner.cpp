@@ -41,7 +41,9 @@ Plan::Plan(const wsync_tensor_t *metas, std::size_t n, const char *options_json)
     Options opts("planner", plan_options(), options_json);
     const uint64_t limit = opts.uint("chunk_bytes");
     const uint64_t depth = opts.uint("group_depth");
-    std::vector<TensorMeta> m = metas_from_chunk(metas, n, /*need_data=*/false);
+    if (n == 0) fail(WSYNC_ERR_INVALID_ARGUMENT, "planner: no tensors to plan (n is 0)");
+    // Any number of tensors may be planned; each chunk gets at most WSYNC_MAX_CHUNK_TENSORS.
+    std::vector<TensorMeta> m = metas_from_descriptors(metas, n, /*need_data=*/false);
 
     PlannedChunk cur;
     uint64_t cur_fp = 0;
@@ -50,10 +52,19 @@ Plan::Plan(const wsync_tensor_t *metas, std::size_t n, const char *options_json)
         cur = PlannedChunk();
         cur_fp = 0;
     };
+    // Sums are checked: four tensors of 2^62 bytes (the most one may have) wrap to 0.
+    auto sum = [&](uint64_t total, uint64_t more, std::size_t i, const char *of) {
+        auto r = add_u64(total, more);
+        if (!r)
+            fail(WSYNC_ERR_INVALID_ARGUMENT, "planner: " + tensor_label(i, metas[i].name) +
+                                                 ": size of " + of + " overflows 64 bits");
+        return *r;
+    };
     auto add = [&](std::size_t i) {
+        if (cur.indices.size() == WSYNC_MAX_CHUNK_TENSORS) close();
         cur.indices.push_back(i);
-        cur.bytes += m[i].nbytes;
-        cur_fp += footprint(m[i].nbytes);
+        cur.bytes = sum(cur.bytes, m[i].nbytes, i, "its chunk");
+        cur_fp = sum(cur_fp, footprint(m[i].nbytes), i, "its chunk");
     };
 
     std::size_t i = 0;
@@ -63,7 +74,8 @@ Plan::Plan(const wsync_tensor_t *metas, std::size_t n, const char *options_json)
         std::size_t j = i + 1;
         uint64_t group_fp = footprint(m[i].nbytes);
         if (!key.empty())
-            while (j < n && group_key(m[j].name, depth) == key) group_fp += footprint(m[j++].nbytes);
+            for (; j < n && group_key(m[j].name, depth) == key; ++j)
+                group_fp = sum(group_fp, footprint(m[j].nbytes), j, "its module group");
         if (group_fp > limit) {
             // Too big to keep whole: split between tensors; a lone tensor may exceed the limit.
             close();
@@ -73,7 +85,10 @@ Plan::Plan(const wsync_tensor_t *metas, std::size_t n, const char *options_json)
             }
             close();
         } else {
-            if (cur_fp + group_fp > limit) close();
+            // A group that fits no more by count starts a chunk; one of more than
+            // WSYNC_MAX_CHUNK_TENSORS tensors is split by add().
+            if (cur_fp + group_fp > limit || j - i > WSYNC_MAX_CHUNK_TENSORS - cur.indices.size())
+                close();
             for (std::size_t k = i; k < j; ++k) add(k);
         }
         i = j;

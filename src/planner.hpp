@@ -1,5 +1,6 @@
 // The planner: tensors -> chunks that keep a module's tensors together and batch under a byte
-// threshold. Pure function of its input; no I/O.
+// threshold, each of at most WSYNC_MAX_CHUNK_TENSORS tensors (what a receiver accepts). Any
+// number of tensors may be planned. Pure function of its input; no I/O.
 #pragma once
 
 #include <cstdint>

@@ -73,16 +73,16 @@ unsigned fixed_bits(uint8_t code) {
     }
 }
 
+}  // namespace
+
 std::string tensor_label(std::size_t index, const char *name) {
     std::string s = "tensor " + std::to_string(index);
-    if (name) {
-        std::size_t n = strnlen(name, 80);
-        s += " ('" + std::string(name, n) + (n == 80 ? "...')" : "')");
-    }
+    if (name)
+        s += " ('" +
+             wire::printable(std::string_view(name, strnlen(name, WSYNC_MAX_NAME_BYTES + 1)), 80) +
+             "')";
     return s;
 }
-
-}  // namespace
 
 uint64_t dtype_size(wsync_dtype_t d) {
     if (!code_name(d.code) || d.lanes == 0 || d.bits == 0) return 0;
@@ -125,6 +125,18 @@ std::string device_name(wsync_device_t dev) {
     return std::string(base) + ":" + std::to_string(dev.index);
 }
 
+bool device_is_known(wsync_device_t dev) {
+    switch (dev.type) {
+    case WSYNC_DEVICE_CPU:
+    case WSYNC_DEVICE_CUDA:
+    case WSYNC_DEVICE_CUDA_HOST:
+    case WSYNC_DEVICE_ROCM:
+    case WSYNC_DEVICE_ROCM_HOST:
+    case WSYNC_DEVICE_CUDA_MANAGED: return true;
+    default: return false;
+    }
+}
+
 bool device_is_host(wsync_device_t dev) {
     return dev.type == WSYNC_DEVICE_CPU || dev.type == WSYNC_DEVICE_CUDA_HOST ||
            dev.type == WSYNC_DEVICE_ROCM_HOST;
@@ -140,7 +152,12 @@ TensorMeta meta_from_descriptor(const wsync_tensor_t &t, std::size_t index, bool
     if (len == 0) bad("name is empty");
     if (len > WSYNC_MAX_NAME_BYTES)
         bad("name is longer than " + std::to_string(WSYNC_MAX_NAME_BYTES) + " bytes");
+    if (!wire::is_utf8(std::string_view(t.name, len))) bad("name is not valid UTF-8");
     if (need_data && !t.data) bad("data is NULL");
+    // A code outside the header's list is a caller error, not a device some strategy lacks
+    // (that is WSYNC_ERR_UNSUPPORTED, from the strategy). The planner never reads the device.
+    if (need_data && !device_is_known(t.device))
+        bad("device type " + std::to_string(t.device.type) + " is not a WSYNC_DEVICE_* code");
     if (t.flags != 0) bad("flags must be 0 on input");
     if (t.ndim < 0 || t.ndim > WSYNC_MAX_NDIM)
         bad("ndim " + std::to_string(t.ndim) + " is outside 0.." + std::to_string(WSYNC_MAX_NDIM));
@@ -176,11 +193,14 @@ TensorMeta meta_from_descriptor(const wsync_tensor_t &t, std::size_t index, bool
     return m;
 }
 
-std::vector<TensorMeta> metas_from_chunk(const wsync_tensor_t *tensors, std::size_t count,
-                                         bool need_data) {
-    if (count == 0) fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk has no tensors (count is 0)");
-    if (!tensors) fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk tensors is NULL");
+std::vector<TensorMeta> metas_from_descriptors(const wsync_tensor_t *tensors, std::size_t count,
+                                               bool need_data) {
     std::vector<TensorMeta> metas;
+    // No array of descriptors is that long (and count * 2 below cannot overflow).
+    if (count > metas.max_size() / 2)
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             std::to_string(count) + " tensor descriptors are more than memory can hold");
+    // Reserved in full: `seen` points into the names, which must not move.
     metas.reserve(count);
     std::unordered_set<std::string_view> seen;
     seen.reserve(count * 2);
@@ -191,6 +211,18 @@ std::vector<TensorMeta> metas_from_chunk(const wsync_tensor_t *tensors, std::siz
                  tensor_label(i, tensors[i].name) + ": duplicate name in one chunk");
     }
     return metas;
+}
+
+std::vector<TensorMeta> metas_from_chunk(const wsync_tensor_t *tensors, std::size_t count,
+                                         bool need_data) {
+    if (count == 0) fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk has no tensors (count is 0)");
+    if (!tensors) fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk tensors is NULL");
+    if (count > WSYNC_MAX_CHUNK_TENSORS)
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             "chunk count " + std::to_string(count) + " exceeds the maximum of " +
+                 std::to_string(WSYNC_MAX_CHUNK_TENSORS) +
+                 " tensors per chunk (WSYNC_MAX_CHUNK_TENSORS); plan smaller chunks");
+    return metas_from_descriptors(tensors, count, need_data);
 }
 
 uint64_t TensorTable::total_bytes() const {
@@ -238,8 +270,7 @@ void encode_tensor_table(const TensorTable &t, json &obj) {
 }
 
 TensorTable decode_tensor_table(const json &obj) {
-    constexpr std::size_t kMaxTensors = std::size_t(1) << 22;
-    const auto &names = wire::array_field(obj, "names", "tensor table", kMaxTensors);
+    const auto &names = wire::array_field(obj, "names", "tensor table", WSYNC_MAX_CHUNK_TENSORS);
     std::size_t n = names.size();
     // n == 0 is a commit without data (wsync_sender_commit): a manifest and no tensors.
     const auto &dtypes = wire::array_field(obj, "dtypes", "tensor table", 3 * n);
@@ -273,9 +304,14 @@ TensorTable decode_tensor_table(const json &obj) {
         TensorMeta &m = t.metas[i];
         if (!names[i].is_string()) wire::malformed(where("name") + " is not a string");
         const auto &name = names[i].get_ref<const std::string &>();
-        if (name.empty() || name.size() > WSYNC_MAX_NAME_BYTES ||
-            name.find('\0') != std::string::npos)
-            wire::malformed(where("name") + " is empty, too long or contains NUL");
+        if (name.empty()) wire::malformed(where("name") + " is empty");
+        if (name.size() > WSYNC_MAX_NAME_BYTES)
+            wire::malformed(where("name") + " is too long (" + std::to_string(name.size()) +
+                            " bytes, more than " + std::to_string(WSYNC_MAX_NAME_BYTES) + ")");
+        if (name.find('\0') != std::string::npos)
+            wire::malformed(where("name") + " contains NUL: '" + wire::printable(name) + "'");
+        if (!wire::is_utf8(name))
+            wire::malformed(where("name") + " is not valid UTF-8: '" + wire::printable(name) + "'");
         m.name = name;
         if (!seen.insert(m.name).second)
             wire::malformed("tensor table: duplicate tensor name '" + m.name + "'");

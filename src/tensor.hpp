@@ -25,8 +25,14 @@ uint64_t dtype_size(wsync_dtype_t dtype);
 // "bfloat16", "float32", "float8_e4m3fn", "int64x4" (lanes), "dtype(code=99,bits=8,lanes=1)".
 std::string dtype_name(wsync_dtype_t dtype);
 std::string device_name(wsync_device_t device);
+// True for the WSYNC_DEVICE_* codes of wsync.h.
+bool device_is_known(wsync_device_t device);
 // True for memory the CPU can read and write directly (CPU, CUDA_HOST, ROCM_HOST).
 bool device_is_host(wsync_device_t device);
+
+// "tensor 3 ('layers.0.q')" for messages: the name (may be NULL) cut to about 80 bytes, bytes
+// that are not printable UTF-8 escaped (\xNN).
+std::string tensor_label(std::size_t index, const char *name);
 
 // One tensor's description, without its bytes. No heap allocation but the name.
 struct TensorMeta {
@@ -37,12 +43,18 @@ struct TensorMeta {
     uint64_t nbytes = 0;  // product(shape) * dtype_size, checked
 };
 
-// Validates caller descriptor number `index` and returns its metadata. `need_data` requires a
-// non-NULL data pointer (sending); the planner passes false. Throws
-// WSYNC_ERR_INVALID_ARGUMENT naming the tensor on any defect.
+// Validates caller descriptor number `index` and returns its metadata. `need_data` (sending)
+// requires a non-NULL data pointer and a WSYNC_DEVICE_* device type; the planner passes false. Throws
+// WSYNC_ERR_INVALID_ARGUMENT naming the tensor on any defect (a name that is not UTF-8 among
+// them; the message shows it escaped).
 TensorMeta meta_from_descriptor(const wsync_tensor_t &t, std::size_t index, bool need_data);
 
-// Validates an array of descriptors as one chunk (each descriptor, then unique names).
+// Validates count descriptors (each descriptor, and unique names), with no limit on count.
+std::vector<TensorMeta> metas_from_descriptors(const wsync_tensor_t *tensors, std::size_t count,
+                                               bool need_data);
+
+// Validates an array of descriptors as one chunk: 1..WSYNC_MAX_CHUNK_TENSORS of them (checked
+// before anything is read or allocated), then as metas_from_descriptors.
 std::vector<TensorMeta> metas_from_chunk(const wsync_tensor_t *tensors, std::size_t count,
                                          bool need_data);
 
@@ -58,7 +70,8 @@ struct TensorTable {
 // Writes the table's columns into obj (see docs/wire-format.md).
 void encode_tensor_table(const TensorTable &table, json &obj);
 // Reads and validates the columns of obj. Throws WSYNC_ERR_MALFORMED naming the column and the
-// tensor index on any defect (types, counts, lengths, names, dtypes, shape overflow, dups).
+// tensor index on any defect (types, counts, lengths, names with NUL or not UTF-8, dtypes,
+// shape overflow, dups).
 TensorTable decode_tensor_table(const json &obj);
 
 // XXH3-64 of a tensor's bytes (the checksum requests carry).

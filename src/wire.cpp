@@ -27,11 +27,12 @@ std::vector<uint8_t> encode(BlobType type, const std::string &kind, const json &
 namespace {
 
 // nlohmann's binary reader recurses once per nesting level, so an untrusted blob of a few
-// hundred kilobytes of nested arrays could exhaust the stack. This SAX adaptor builds the same
-// DOM as nlohmann's own and refuses any nesting deeper than kMaxDepth before recursing further.
+// hundred kilobytes of nested arrays could exhaust the stack; so do dump() and the messages that
+// quote a value. This SAX adaptor builds the same DOM as nlohmann's own and refuses any nesting
+// deeper than max_depth before going further. It serves CBOR blobs and JSON option text alike.
 class BoundedDom {
 public:
-    explicit BoundedDom(json &root) : dom_(root, false) {}
+    BoundedDom(json &root, std::size_t max_depth) : dom_(root, false), max_depth_(max_depth) {}
 
     bool null() { return dom_.null(); }
     bool boolean(bool v) { return dom_.boolean(v); }
@@ -41,21 +42,28 @@ public:
     bool string(std::string &v) { return dom_.string(v); }
     bool binary(json::binary_t &v) { return dom_.binary(v); }
     bool start_object(std::size_t n) { return enter() && dom_.start_object(n == std::size_t(-1) ? n : 0); }
-    bool key(std::string &k) { return dom_.key(k); }
+    bool key(std::string &k) {
+        if (depth_ == 1) top_key_ = k;
+        return dom_.key(k);
+    }
     bool end_object() { --depth_; return dom_.end_object(); }
     bool start_array(std::size_t n) { return enter() && dom_.start_array(n == std::size_t(-1) ? n : 0); }
     bool end_array() { --depth_; return dom_.end_array(); }
     bool parse_error(std::size_t pos, const std::string &, const nlohmann::detail::exception &ex) {
-        error_ = "at byte " + std::to_string(pos) + ": " + ex.what();
+        error_ = "at byte " + std::to_string(pos) + ": " + printable(ex.what(), 240);
         return false;
     }
 
     const std::string &error() const { return error_; }
+    bool too_deep() const { return depth_ > max_depth_; }
+    // The top-level object key being parsed when parsing stopped ("" if none).
+    std::string top_key() const { return depth_ >= 1 ? top_key_ : std::string(); }
 
 private:
     bool enter() {
-        if (++depth_ > kMaxDepth) {
-            error_ = "nesting deeper than " + std::to_string(kMaxDepth) + " levels";
+        if (depth_ == 0) top_key_.clear();
+        if (++depth_ > max_depth_) {
+            error_ = "nesting deeper than " + std::to_string(max_depth_) + " levels";
             return false;
         }
         return true;
@@ -63,11 +71,78 @@ private:
 
     // The size hint passed on is 0: a hostile length must not drive a reservation.
     nlohmann::detail::json_sax_dom_parser<json> dom_;
+    std::size_t max_depth_;
     std::size_t depth_ = 0;
+    std::string top_key_;
     std::string error_;
 };
 
 }  // namespace
+
+bool parse_json_text(const char *text, std::size_t max_depth, json &out, TextError &error) {
+    out = json();
+    BoundedDom sax(out, max_depth);
+    bool ok = json::sax_parse(text, &sax, nlohmann::detail::input_format_t::json, /*strict=*/true);
+    if (ok && !out.is_discarded()) return true;
+    error.too_deep = sax.too_deep();
+    error.what = sax.error().empty() ? std::string("parse failed") : sax.error();
+    error.key = sax.top_key();
+    out = json();
+    return false;
+}
+
+std::size_t utf8_sequence(std::string_view s, std::size_t i) {
+    auto at = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+    unsigned char b = at(i);
+    if (b < 0x80) return 1;
+    std::size_t len;
+    unsigned char lo = 0x80, hi = 0xbf;  // the range of the second byte (Unicode table 3-7)
+    if (b >= 0xc2 && b <= 0xdf) len = 2;
+    else if (b == 0xe0) len = 3, lo = 0xa0;   // no overlongs
+    else if (b == 0xed) len = 3, hi = 0x9f;   // no surrogates
+    else if (b >= 0xe1 && b <= 0xef) len = 3;
+    else if (b == 0xf0) len = 4, lo = 0x90;   // no overlongs
+    else if (b == 0xf4) len = 4, hi = 0x8f;   // nothing past U+10FFFF
+    else if (b >= 0xf1 && b <= 0xf3) len = 4;
+    else return 0;  // continuation bytes, 0xc0, 0xc1 (overlong) and 0xf5..0xff
+    if (s.size() - i < len) return 0;
+    if (at(i + 1) < lo || at(i + 1) > hi) return 0;
+    for (std::size_t k = 2; k < len; ++k)
+        if (at(i + k) < 0x80 || at(i + k) > 0xbf) return 0;
+    return len;
+}
+
+bool is_utf8(std::string_view s) {
+    for (std::size_t i = 0; i < s.size();) {
+        std::size_t n = utf8_sequence(s, i);
+        if (n == 0) return false;
+        i += n;
+    }
+    return true;
+}
+
+std::string printable(std::string_view s, std::size_t max_bytes) {
+    static const char hex[] = "0123456789abcdef";
+    std::string out;
+    for (std::size_t i = 0; i < s.size();) {
+        if (out.size() >= max_bytes) return out + "...";
+        auto b = static_cast<unsigned char>(s[i]);
+        std::size_t n = utf8_sequence(s, i);
+        if (b == '\\') {
+            out += "\\\\";
+        } else if (n > 1 || (n == 1 && b >= 0x20 && b < 0x7f)) {
+            out.append(s, i, n);
+            i += n;
+            continue;
+        } else {
+            out += "\\x";
+            out += hex[b >> 4];
+            out += hex[b & 15];
+        }
+        ++i;
+    }
+    return out;
+}
 
 Envelope decode(const uint8_t *data, std::size_t size) {
     if (!data || size == 0) malformed("blob is empty");
@@ -91,7 +166,7 @@ Envelope decode(const uint8_t *data, std::size_t size) {
         fail(WSYNC_ERR_INTEGRITY, std::string(buf) + " (changed in transit or in memory)");
     }
     json root;
-    BoundedDom sax(root);
+    BoundedDom sax(root, kMaxDepth);
     bool ok = json::sax_parse(data, data + size, &sax, nlohmann::detail::input_format_t::cbor, /*strict=*/true);
     if (!ok || root.is_discarded())
         malformed("blob is not valid CBOR (" +
@@ -165,6 +240,8 @@ const std::string &string_field(const json &obj, const char *key, const std::str
     const auto &s = v.get_ref<const std::string &>();
     if (s.size() > max_len)
         malformed(where + "." + key + " is longer than " + std::to_string(max_len) + " bytes");
+    if (s.find('\0') != std::string::npos)
+        malformed(where + "." + key + " contains a NUL byte: '" + printable(s) + "'");
     return s;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -40,12 +41,33 @@ Envelope decode(const uint8_t *data, std::size_t size);
 Envelope decode_expect(const uint8_t *data, std::size_t size, BlobType type,
                        const std::string &kind);
 
+// Parses untrusted JSON text (options) as decode parses CBOR: nesting deeper than max_depth is
+// refused before the parser goes further. On failure returns false and fills `error`.
+struct TextError {
+    bool too_deep = false;  // nesting deeper than max_depth
+    std::string what;       // "nesting deeper than N levels", or "at byte N: ..." (bounded)
+    std::string key;        // the top-level object key the failure is under; "" if none
+};
+bool parse_json_text(const char *text, std::size_t max_depth, json &out, TextError &error);
+
+// The length of the well-formed UTF-8 sequence (RFC 3629) starting at s[i], or 0 when there is
+// none there: overlong forms, surrogates (U+D800..U+DFFF), code points past U+10FFFF, stray
+// continuation bytes and truncated sequences are not well-formed.
+std::size_t utf8_sequence(std::string_view s, std::size_t i);
+// True when every byte of s belongs to a well-formed UTF-8 sequence.
+bool is_utf8(std::string_view s);
+// s for a message: well-formed UTF-8 other than control characters is kept, every other byte is
+// written as \xNN (a backslash as \\), and the result is cut to about max_bytes with "...", so an
+// untrusted string can be quoted without flooding or corrupting the message.
+std::string printable(std::string_view s, std::size_t max_bytes = 80);
+
 // Bounded field access for bodies. Each throws WSYNC_ERR_MALFORMED naming `where` and the key.
 [[noreturn]] void malformed(const std::string &message);
 const json &field(const json &obj, const char *key, const std::string &where);
 uint64_t as_uint(const json &v, const std::string &where, uint64_t max);
 uint64_t uint_field(const json &obj, const char *key, const std::string &where, uint64_t max);
 bool bool_field(const json &obj, const char *key, const std::string &where);
+// A string of at most max_len bytes and without NUL bytes (C consumers would see it cut).
 const std::string &string_field(const json &obj, const char *key, const std::string &where,
                                 std::size_t max_len);
 const json::array_t &array_field(const json &obj, const char *key, const std::string &where,

@@ -284,6 +284,61 @@ static void hostile_init_info_is_refused_by_name(void **state) {
     wsync_blob_free(&init);
 }
 
+// A C consumer of a string with a NUL byte sees it cut ("/wsync-ab"), so every string field
+// of every blob refuses NUL bytes as malformed, naming the field and showing the bytes.
+static void string_fields_with_a_nul_byte_are_malformed_naming_the_field(void **state) {
+    (void)state;
+    Live live;
+    const std::string nul_segment("/wsync-ab\0cd", 12);
+    json init = decode(live.init_bytes());
+    init[4]["segment"] = nul_segment;
+    bytes b = encode(init);
+    wsync_receiver_t *rcv = nullptr;
+    EXPECT_ERR(wsync_receiver_create(live.rstrategy, b.data(), b.size(), 0, &rcv),
+               WSYNC_ERR_MALFORMED, "shm init info.segment contains a NUL byte: '/wsync-ab\\x00cd'");
+    assert_null(rcv);
+    json req = decode(live.request);
+    req[4]["transport"]["segment"] = nul_segment;
+    expect_receive(live, encode(req), WSYNC_ERR_MALFORMED,
+                   "shm request.segment contains a NUL byte: '/wsync-ab\\x00cd'", "request segment");
+    assert_int_equal(live.receive(live.request), WSYNC_OK);
+}
+
+// Names are NUL-terminated UTF-8 (wsync.h): a request carrying any other name is malformed,
+// named by its tensor index and shown escaped.
+static void request_tensor_names_with_nul_or_not_utf8_are_malformed_naming_the_tensor(void **state) {
+    (void)state;
+    Live live;
+    const struct {
+        std::string name;
+        const char *needle;
+    } cases[] = {
+        {std::string("a\0b", 3), "name of tensor 0 contains NUL: 'a\\x00b'"},
+        {"w\xc0\xaf", "name of tensor 0 is not valid UTF-8: 'w\\xc0\\xaf'"},
+        {"w\xe0\x80\xaf", "name of tensor 0 is not valid UTF-8: 'w\\xe0\\x80\\xaf'"},
+        {"w\xed\xa0\x80", "name of tensor 0 is not valid UTF-8: 'w\\xed\\xa0\\x80'"},
+        {"w\xf4\x90\x80\x80", "name of tensor 0 is not valid UTF-8: 'w\\xf4\\x90\\x80\\x80'"},
+        {"w\xe2\x82", "name of tensor 0 is not valid UTF-8: 'w\\xe2\\x82'"},
+        {"w\x80", "name of tensor 0 is not valid UTF-8: 'w\\x80'"},
+    };
+    for (const auto &c : cases) {
+        json r = decode(live.request);
+        r[4]["tensors"]["names"][0] = c.name;
+        expect_receive(live, encode(r), WSYNC_ERR_MALFORMED, c.needle, c.needle);
+    }
+    json r = decode(live.request);  // well-formed UTF-8 is a name like any other...
+    r[4]["tensors"]["names"][0] = "\xe5\xb1\x82.\xf0\x9f\x98\x80";
+    bytes b = encode(r);
+    wsync_recv_t *it = nullptr;
+    OK(wsync_receiver_receive(live.receiver, b.data(), b.size(), &it));
+    wsync_tensor_t v;
+    bool has = true;
+    while (has) OK(wsync_recv_next(it, &v, &has));
+    // ...but renaming a tensor of a sent version no longer loads: the manifest's table digest
+    // differs, so the version is refused at its commit.
+    EXPECT_ERR(wsync_recv_end(it), WSYNC_ERR_MISMATCH, "incomplete or differs");
+}
+
 static void describe_renders_any_blob_and_refuses_garbage(void **state) {
     (void)state;
     Live live;
@@ -364,6 +419,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(hostile_requests_are_refused_by_name_and_the_receiver_still_works),
     cmocka_unit_test(garbage_truncated_and_oversized_bytes_are_malformed),
     cmocka_unit_test(hostile_init_info_is_refused_by_name),
+    cmocka_unit_test(string_fields_with_a_nul_byte_are_malformed_naming_the_field),
+    cmocka_unit_test(request_tensor_names_with_nul_or_not_utf8_are_malformed_naming_the_tensor),
     cmocka_unit_test(describe_renders_any_blob_and_refuses_garbage),
     cmocka_unit_test(merge_of_a_single_sender_kind_takes_exactly_one_part),
 };

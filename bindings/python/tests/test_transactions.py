@@ -138,13 +138,6 @@ def test_drop_receiver_checks_the_index(make_sync):
 
 
 # --- commit and abandon -----------------------------------------------------------------------
-# libwsync 0.2.0 makes commit requests (an empty tensor table) that its own receivers refuse:
-# the shared tensor-table decoder (src/tensor.cpp, decode_tensor_table) rejects an empty
-# 'names' with MALFORMED. The receive side of a commit is pinned as a strict xfail so that the
-# fix turns it into a failure to remove the mark.
-COMMIT_NOT_RECEIVABLE = pytest.mark.xfail(
-    strict=True, raises=WsyncError,
-    reason="libwsync 0.2.0: receivers refuse commit requests ('tensor table: 'names' is empty')")
 
 
 def test_commit_returns_a_request_with_the_manifest_and_begins_the_next_version(sync):
@@ -157,7 +150,6 @@ def test_commit_returns_a_request_with_the_manifest_and_begins_the_next_version(
     assert (body["manifest"]["tensors"], body["manifest"]["bytes"]) == (1, 12)
 
 
-@COMMIT_NOT_RECEIVABLE
 def test_commit_without_data_completes_the_version(sync):
     first = sync.sender.send_chunk({"a": torch.ones(3)})
     commit = sync.sender.commit()
@@ -178,7 +170,6 @@ def test_commit_with_nothing_sent_is_wrong_state(sync):
         sync.sender.commit()
 
 
-@COMMIT_NOT_RECEIVABLE
 def test_an_empty_last_chunk_is_a_commit(sync):
     first = sync.sender.send_chunk({"a": torch.ones(3)})
     commit = sync.sender.send_chunk({}, last=True)

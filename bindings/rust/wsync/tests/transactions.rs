@@ -195,7 +195,6 @@ fn commit_returns_a_request_with_the_manifest_and_begins_the_next_version() {
 // with MALFORMED. The two tests below pin the receive side of a commit; run them with
 // `cargo test -- --ignored` once that is fixed.
 #[test]
-#[ignore = "libwsync 0.2.0: receivers refuse commit requests ('tensor table: 'names' is empty')"]
 fn commit_without_data_completes_the_version() {
     let mut t = trainer(1);
     let mut r = receiver(&t.init, 0);
@@ -225,7 +224,6 @@ fn commit_with_nothing_sent_is_wrong_state() {
 }
 
 #[test]
-#[ignore = "libwsync 0.2.0: receivers refuse commit requests ('tensor table: 'names' is empty')"]
 fn an_empty_last_chunk_is_a_commit() {
     let mut t = trainer(1);
     let mut r = receiver(&t.init, 0);
