@@ -154,6 +154,8 @@ pub const WSYNC_DEVICE_CUDA_MANAGED: i32 = 13;
 
 /// Most dimensions a tensor may have.
 pub const WSYNC_MAX_NDIM: i32 = 16;
+/// Most tensors one chunk may hold (receivers refuse more).
+pub const WSYNC_MAX_CHUNK_TENSORS: usize = 4194304;
 /// Longest tensor name in bytes, without the NUL.
 pub const WSYNC_MAX_NAME_BYTES: usize = 1024;
 

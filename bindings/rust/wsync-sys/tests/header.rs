@@ -120,6 +120,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         WSYNC_DEVICE_ROCM_HOST,
         WSYNC_DEVICE_CUDA_MANAGED,
         WSYNC_MAX_NDIM,
+        WSYNC_MAX_CHUNK_TENSORS,
         WSYNC_MAX_NAME_BYTES,
         WSYNC_TENSOR_READ_ONLY,
         WSYNC_CHUNK_LAST,
