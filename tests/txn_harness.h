@@ -1,0 +1,195 @@
+/* The harness of the multi-process transaction specifications (test_transactions.c,
+ * test_isolation.c): a trainer in the test process and engines as forked processes that get
+ * only init and request bytes over a pipe and answer one byte per request. */
+#ifndef WSYNC_TXN_HARNESS_H
+#define WSYNC_TXN_HARNESS_H
+
+#include <signal.h>
+
+#include "testutil.h"
+
+#define NT 4 /* tensors per version, two chunks of two */
+static const char *kNames[NT] = {"layers.0.q.weight", "layers.0.k.weight", "layers.1.q.weight",
+                                 "layers.1.k.weight"};
+static const int64_t kShape[2] = {64, 48};
+#define TBYTES (64 * 48 * 4)
+
+enum { MODE_LOAD = 0, MODE_FAIL_LAST_VIEW_AT_V2 = 1 };
+
+typedef struct {
+    const uint8_t *init;
+    size_t init_len;
+    uint32_t index;
+    int mode;
+    pid_t ns_pid; /* engine_in_pid_namespace_main(): the engine's pid inside its namespace */
+} engine_cfg_t;
+
+/* The engine turns hostile: writes pseudo-random words (raw, small, all-ones, 16-bit) over
+ * every writable shared mapping of the segment, i.e. its whole control block and board.
+ * Returns how many mappings it wrote. */
+static int scribble_shared_control(uint64_t seed) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return 0;
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3) continue;
+        if (!strstr(line, "/wsync-") || perms[1] != 'w' || perms[3] != 's') continue;
+        for (unsigned long a = lo; a + 8 <= hi; a += 8) {
+            uint64_t v = tu_splitmix(seed ^ a);
+            switch (v & 3) {
+                case 1: v = (v >> 2) & 7; break;
+                case 2: v = ~0ull; break;
+                case 3: v = (v >> 2) & 0xffff; break;
+                default: break;
+            }
+            memcpy((void *)a, &v, 8);
+        }
+        ++n;
+    }
+    fclose(f);
+    return n;
+}
+
+/* Engine: for each request frame, answers one byte: 0 chunk loaded, the status of a refused or
+ * failed chunk, 50 if a completed version is not bit-exact, 51 if it did not complete. A frame
+ * "S" + 8-byte seed makes it scribble over the shared control block (answer 0, or 52 if it found
+ * no writable mapping of the segment); "Q" ends it. */
+static int engine_main(const void *p, int in, int out) {
+    const engine_cfg_t *cfg = (const engine_cfg_t *)p;
+    wsync_strategy_t *s;
+    wsync_receiver_t *r;
+    if (wsync_strategy_create("shm", NULL, &s) != WSYNC_OK) return 10;
+    if (wsync_receiver_create(s, cfg->init, cfg->init_len, cfg->index, &r) != WSYNC_OK) return 11;
+    uint8_t ready = 0;
+    tu_write_all(out, &ready, 1);
+    static uint8_t weights[NT][TBYTES];
+    for (;;) {
+        uint8_t *req;
+        size_t len;
+        if (tu_recv_frame(in, &req, &len, 30000) != 0) break;
+        if (len == 1 && req[0] == 'Q') {
+            free(req);
+            break;
+        }
+        if (len == 9 && req[0] == 'S') { /* scribble, seeded by the frame's next 8 bytes */
+            uint64_t seed;
+            memcpy(&seed, req + 1, 8);
+            free(req);
+            uint8_t b = scribble_shared_control(seed) > 0 ? 0 : 52;
+            tu_write_all(out, &b, 1);
+            continue;
+        }
+        wsync_recv_t *it;
+        wsync_status_t st = wsync_receiver_receive(r, req, len, &it);
+        free(req);
+        if (st != WSYNC_OK) {
+            uint8_t b = (uint8_t)st;
+            tu_write_all(out, &b, 1);
+            continue;
+        }
+        wsync_recv_info_t info = {.struct_size = sizeof info};
+        wsync_recv_info(it, &info);
+        wsync_tensor_t v;
+        bool has = true;
+        while (has && (st = wsync_recv_next(it, &v, &has)) == WSYNC_OK && has)
+            for (int k = 0; k < NT; ++k)
+                if (strcmp(v.name, kNames[k]) == 0) memcpy(weights[k], v.data, TBYTES);
+        if (st == WSYNC_OK && cfg->mode == MODE_FAIL_LAST_VIEW_AT_V2 && info.version == 2 &&
+            (info.flags & WSYNC_CHUNK_LAST)) {
+            /* Every view was taken; the loader fails afterwards. */
+            wsync_recv_fail(it, WSYNC_ERR_MISMATCH, "engine cannot load 'layers.1.k.weight': fused qkv shape differs");
+            uint8_t b = WSYNC_ERR_MISMATCH;
+            tu_write_all(out, &b, 1);
+            continue;
+        }
+        st = st == WSYNC_OK ? wsync_recv_end(it) : (wsync_recv_end(it), st);
+        uint8_t b = (uint8_t)st;
+        if (st == WSYNC_OK && (info.flags & WSYNC_CHUNK_LAST)) {
+            uint64_t done = 0;
+            wsync_receiver_completed_version(r, &done);
+            if (done != info.version) b = 51;
+            for (int k = 0; k < NT; ++k)
+                if (!tu_check(weights[k], TBYTES, info.version, (uint64_t)k)) b = 50;
+        }
+        tu_write_all(out, &b, 1);
+    }
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    return 0;
+}
+
+typedef struct {
+    wsync_strategy_t *strategy;
+    wsync_blob_t init;
+    wsync_sender_t *sender;
+    float data[NT][TBYTES / 4];
+    wsync_tensor_t t[NT];
+} trainer_t;
+
+static void trainer_open(trainer_t *tr, const char *options) {
+    OK(wsync_strategy_create("shm", options, &tr->strategy));
+    OK(wsync_strategy_create_init_info(tr->strategy, &tr->init));
+    OK(wsync_sender_create(tr->strategy, tr->init.data, tr->init.size, &tr->sender));
+    for (int k = 0; k < NT; ++k)
+        tr->t[k] = tu_tensor(kNames[k], tr->data[k], kShape, 2, WSYNC_DTYPE_FLOAT, 32);
+}
+static void trainer_close(trainer_t *tr) {
+    wsync_sender_destroy(tr->sender);
+    wsync_strategy_destroy(tr->strategy);
+    wsync_blob_free(&tr->init);
+}
+
+static tu_peer_t start_engine(engine_cfg_t *cfg, const trainer_t *tr, uint32_t index, int mode) {
+    cfg->init = tr->init.data;
+    cfg->init_len = tr->init.size;
+    cfg->index = index;
+    cfg->mode = mode;
+    tu_peer_t e = tu_fork_peer(engine_main, cfg);
+    assert_int_equal(tu_peer_byte(&e, 5000), 0); /* attached */
+    return e;
+}
+static void stop_engine(tu_peer_t *e) {
+    uint8_t q = 'Q';
+    tu_send_frame(e->to, &q, 1);
+    assert_int_equal(tu_wait_child(e->pid, 5000), 0);
+    close(e->to);
+    close(e->from);
+}
+
+/* Sends chunk c (0 or 1) of version v to the given engines; returns the send status. */
+static wsync_status_t send_chunk_to(trainer_t *tr, uint64_t v, int c, tu_peer_t **es, int n) {
+    for (int k = 2 * c; k < 2 * c + 2; ++k) tu_fill(tr->data[k], TBYTES, v, (uint64_t)k);
+    wsync_chunk_t ch = tu_chunk(&tr->t[2 * c], 2, c == 1 ? WSYNC_CHUNK_LAST : 0);
+    wsync_blob_t req;
+    wsync_status_t st = wsync_sender_send_chunk(tr->sender, &ch, &req);
+    if (st != WSYNC_OK) return st;
+    for (int i = 0; i < n; ++i) assert_int_equal(tu_send_frame(es[i]->to, req.data, req.size), 0);
+    wsync_blob_free(&req);
+    return WSYNC_OK;
+}
+
+static wsync_failure_t failure(const trainer_t *tr, size_t i) {
+    wsync_failure_t f = {.struct_size = sizeof f};
+    OK(wsync_sender_failure(tr->sender, i, &f));
+    return f;
+}
+
+/* Whether the segment an init blob names is still in /dev/shm. */
+static int segment_named_in(const uint8_t *init, size_t len) {
+    char *json;
+    OK(wsync_blob_describe(init, len, &json));
+    const char *p = strstr(json, "\"/wsync-");
+    assert_non_null(p);
+    char path[128] = "/dev/shm";
+    size_t n = (size_t)(strchr(p + 1, '"') - p - 1);
+    assert_true(n < 100);
+    memcpy(path + 8, p + 1, n);
+    path[8 + n] = '\0';
+    wsync_string_free(json);
+    return access(path, F_OK) == 0;
+}
+
+#endif
