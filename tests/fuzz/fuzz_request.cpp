@@ -3,7 +3,7 @@
 // offset the checks let through would show up under AddressSanitizer.
 //
 // Seeds name the segment "/wsync-000...0" (32 zeros); that text is swapped for the live
-// segment's name (same length, so the CBOR stays valid), and the live sender has published
+// segment's name (same length, so the CBOR stays valid) and the blob resealed, and the live sender has published
 // chunk seq 1 in bucket 0 with the seeds' layout, so mutations start from accepted requests.
 // A fresh receiver per input keeps each run independent of the previous one's chunk order.
 #include <algorithm>
@@ -14,6 +14,9 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "wsync.h"
 
@@ -71,7 +74,16 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     std::vector<uint8_t> buf(data, data + size);
     auto it_ph = std::search(buf.begin(), buf.end(), kPlaceholder.begin(), kPlaceholder.end());
-    if (it_ph != buf.end()) std::copy(g_segment.begin(), g_segment.end(), it_ph);
+    if (it_ph != buf.end()) {
+        std::copy(g_segment.begin(), g_segment.end(), it_ph);
+        // Reseal (as a writer that knows the format would), so mutated bodies reach the parser
+        // and the transport checks instead of stopping at the seal; fuzz_request_oracle covers
+        // unsealed edits.
+        if (buf.size() >= 9 && buf[buf.size() - 9] == 0x1b) {
+            uint64_t h = XXH3_64bits(buf.data(), buf.size() - 9);
+            for (int i = 0; i < 8; ++i) buf[buf.size() - 8 + i] = static_cast<uint8_t>(h >> (56 - 8 * i));
+        }
+    }
 
     wsync_receiver_t *r = nullptr;
     if (wsync_receiver_create(g_strategy, g_init.data, g_init.size, 0, &r) != WSYNC_OK) std::abort();
