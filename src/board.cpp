@@ -12,7 +12,7 @@ namespace {
 constexpr char kMagic[8] = {'W', 'S', 'Y', 'N', 'C', 'B', 'R', 'D'};
 constexpr uint32_t kLayoutVersion = 2;
 constexpr int64_t kLivenessPollMs = 100;  // how often a waiting sender checks receivers' locks
-constexpr int kSeqlockTries = 100000;     // a record being written is re-read this often at most
+constexpr int kSeqlockTries = 4;  // a record changed while copied is re-read this often at most
 uint64_t ack_seq(uint64_t word) { return word >> 8; }
 uint64_t receiver_lock(uint32_t r) { return kLockBase + r; }
 uint64_t sender_lock(uint32_t k) { return kLockBase + kMaxReceivers + k; }
@@ -173,11 +173,10 @@ void Waiter::collect_failures(std::vector<Failure> &out) {
             bool ok = false;
             for (int t = 0; t < kSeqlockTries && !ok; ++t) {
                 uint32_t g1 = rec.gen.load(std::memory_order_acquire);
-                if (g1 != done) {
-                    if (static_cast<int32_t>(g1 - done) > 0) break;  // overwritten by a later one
-                    sched_yield();
-                    continue;
-                }
+                // A receiver completes record k (gen 2k+2) before it publishes failures = k+1,
+                // so any other generation means a later record overwrote it, or a stray write
+                // did: never worth waiting for (a scribbled gen once cost seconds of spinning).
+                if (g1 != done) break;
                 uint32_t status = rec.status;
                 uint64_t version = rec.version;
                 uint32_t chunk = rec.chunk;
@@ -199,7 +198,7 @@ void Waiter::collect_failures(std::vector<Failure> &out) {
                 f.status = WSYNC_ERR_PEER;
                 f.pid = pid_of(r);
                 f.message = "failure record " + std::to_string(k) +
-                            " was unreadable (overwritten or torn)";
+                            " was unreadable (overwritten, torn or corrupt)";
             }
             out.push_back(std::move(f));
         }

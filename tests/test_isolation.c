@@ -154,6 +154,7 @@ static void engine_scribbling_over_the_shared_board_cannot_crash_the_trainer_or_
             OK(wsync_sender_version(tr->sender, &v));
             long t0 = tu_now_ms();
             wsync_status_t st = send_chunk_to(tr, v, c, honest, 1);
+            if (tu_now_ms() - t0 >= 2000) print_message("send took %ld ms: %s: %s\n", tu_now_ms() - t0, wsync_status_string(st), wsync_last_error());
             assert_true(tu_now_ms() - t0 < 2000);
             assert_true(named_cause(st));
             if (st != WSYNC_OK) break; /* the version is abandoned; the next round begins anew */

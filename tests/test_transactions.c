@@ -51,6 +51,75 @@ static void loader_failing_after_its_last_view_reaches_the_trainer_as_its_own_st
     free(tr);
 }
 
+/* Observation 5: one failure used to be kept between flushes, a later one overwrote its
+ * status, and a send blocked on a bucket returned OK when a failed acknowledgement freed it.
+ * Two engines fail different chunks of version 1 before the trainer flushes: engine 0 its
+ * chunk 0 (MISMATCH), engine 1 its chunk 1 (INTEGRITY). Trainer: the flush fails with PEER and
+ * lists both records, each with its own receiver, status, version, chunk and message; the next
+ * flush reports neither again. Then, with one bucket, a send blocked on the bucket an engine
+ * frees by failing its chunk returns PEER with that engine's status, not OK. Bound: each flush
+ * and send returns as soon as the record is read (< 1 s against 5 s deadlines). */
+static void every_failure_is_reported_once_with_its_own_status_and_a_failed_ack_is_no_free_bucket(
+    void **state) {
+    (void)state;
+    trainer_t *tr = calloc(1, sizeof *tr);
+    trainer_open(tr, "{\"receivers\": 2, \"bucket_bytes\": 65536}");
+    engine_cfg_t cfg[2];
+    tu_peer_t e[2] = {start_engine(&cfg[0], tr, 0, MODE_FAIL_V1_CHUNK0),
+                      start_engine(&cfg[1], tr, 1, MODE_FAIL_V1_CHUNK1)};
+    /* Both chunks are published before either engine sees one, so no send sees a failure. */
+    wsync_blob_t req[2];
+    for (int c = 0; c < 2; ++c) {
+        for (int k = 2 * c; k < 2 * c + 2; ++k) tu_fill(tr->data[k], TBYTES, 1, (uint64_t)k);
+        wsync_chunk_t ch = tu_chunk(&tr->t[2 * c], 2, c == 1 ? WSYNC_CHUNK_LAST : 0);
+        OK(wsync_sender_send_chunk(tr->sender, &ch, &req[c]));
+    }
+    for (int i = 0; i < 2; ++i)
+        for (int c = 0; c < 2; ++c) assert_int_equal(tu_send_frame(e[i].to, req[c].data, req[c].size), 0);
+    assert_int_equal(tu_peer_byte(&e[0], 5000), WSYNC_ERR_MISMATCH);
+    assert_int_equal(tu_peer_byte(&e[0], 5000), WSYNC_ERR_MISMATCH); /* the rest of a failed version */
+    assert_int_equal(tu_peer_byte(&e[1], 5000), 0);
+    assert_int_equal(tu_peer_byte(&e[1], 5000), WSYNC_ERR_INTEGRITY);
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_flush(tr->sender, 5000), WSYNC_ERR_PEER, "layers.0.q.weight");
+    assert_true(tu_now_ms() - t0 < 1000);
+    assert_non_null(strstr(wsync_last_error(), "corrupt"));
+    size_t n = 0;
+    OK(wsync_sender_failure_count(tr->sender, &n));
+    assert_int_equal(n, 2);
+    for (size_t i = 0; i < n; ++i) {
+        wsync_failure_t f = failure(tr, i);
+        assert_int_equal(f.what, WSYNC_FAILURE_FAILED);
+        assert_int_equal(f.version, 1);
+        assert_int_equal(f.status, f.receiver == 0 ? WSYNC_ERR_MISMATCH : WSYNC_ERR_INTEGRITY);
+        assert_int_equal(f.chunk_index, f.receiver == 0 ? 0 : 1);
+        assert_non_null(strstr(f.message, f.receiver == 0 ? "layers.0.q.weight" : "corrupt"));
+    }
+    assert_int_not_equal(failure(tr, 0).receiver, failure(tr, 1).receiver);
+    OK(wsync_sender_flush(tr->sender, 5000)); /* reported once: nothing new */
+    for (int c = 0; c < 2; ++c) wsync_blob_free(&req[c]);
+    stop_engine(&e[0]);
+    stop_engine(&e[1]);
+    trainer_close(tr);
+
+    /* One bucket: the second send waits for the first chunk's acknowledgement, a failed one. */
+    trainer_open(tr, "{\"bucket_bytes\": 65536, \"buckets\": 1}");
+    tu_peer_t f0 = start_engine(&cfg[0], tr, 0, MODE_FAIL_V1_CHUNK0);
+    tu_peer_t *one[1] = {&f0};
+    OK(send_chunk_to(tr, 1, 0, one, 1));
+    t0 = tu_now_ms();
+    EXPECT_ERR(send_chunk_to(tr, 1, 1, one, 1), WSYNC_ERR_PEER, "layers.0.q.weight");
+    assert_true(tu_now_ms() - t0 < 1000);
+    assert_int_equal(failure(tr, 0).status, WSYNC_ERR_MISMATCH);
+    assert_int_equal(tu_peer_byte(&f0, 5000), WSYNC_ERR_MISMATCH);
+    uint64_t v;
+    OK(wsync_sender_version(tr->sender, &v));
+    assert_int_equal(v, 2); /* the failed send abandoned version 1 */
+    stop_engine(&f0);
+    trainer_close(tr);
+    free(tr);
+}
+
 /* Observation 6: one dead engine used to break the sender for good. Three engines; engine 2
  * is SIGKILLed. Trainer: flush fails with PEER naming receiver 2 as died (bound: one liveness
  * poll, < 1 s); it drops receiver 2, and the other two complete five more versions bit-exact.
@@ -329,6 +398,7 @@ static void commit_without_data_completes_the_version_and_carries_its_manifest(v
 }
 
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(every_failure_is_reported_once_with_its_own_status_and_a_failed_ack_is_no_free_bucket),
     cmocka_unit_test(loader_failing_after_its_last_view_reaches_the_trainer_as_its_own_status),
     cmocka_unit_test(three_engines_one_killed_dropped_and_two_complete_five_more_versions),
     cmocka_unit_test(engine_killed_mid_version_restarts_and_receives_the_next_version),

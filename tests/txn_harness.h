@@ -14,7 +14,29 @@ static const char *kNames[NT] = {"layers.0.q.weight", "layers.0.k.weight", "laye
 static const int64_t kShape[2] = {64, 48};
 #define TBYTES (64 * 48 * 4)
 
-enum { MODE_LOAD = 0, MODE_FAIL_LAST_VIEW_AT_V2 = 1 };
+enum { MODE_LOAD = 0, MODE_FAIL_LAST_VIEW_AT_V2 = 1, MODE_FAIL_V1_CHUNK0 = 2, MODE_FAIL_V1_CHUNK1 = 3 };
+
+/* The loader failures an engine in a MODE_FAIL_* mode reports, after taking every view. */
+typedef struct {
+    int mode;
+    uint64_t version;
+    uint32_t chunk;
+    wsync_status_t status;
+    const char *message;
+} engine_failure_t;
+static const engine_failure_t kEngineFailures[] = {
+    {MODE_FAIL_LAST_VIEW_AT_V2, 2, 1, WSYNC_ERR_MISMATCH,
+     "engine cannot load 'layers.1.k.weight': fused qkv shape differs"},
+    {MODE_FAIL_V1_CHUNK0, 1, 0, WSYNC_ERR_MISMATCH, "engine cannot load 'layers.0.q.weight'"},
+    {MODE_FAIL_V1_CHUNK1, 1, 1, WSYNC_ERR_INTEGRITY, "engine found 'layers.1.q.weight' corrupt"},
+};
+static const engine_failure_t *planned_failure(int mode, uint64_t version, uint32_t chunk) {
+    for (size_t i = 0; i < sizeof kEngineFailures / sizeof kEngineFailures[0]; ++i)
+        if (kEngineFailures[i].mode == mode && kEngineFailures[i].version == version &&
+            kEngineFailures[i].chunk == chunk)
+            return &kEngineFailures[i];
+    return NULL;
+}
 
 typedef struct {
     const uint8_t *init;
@@ -97,11 +119,11 @@ static int engine_main(const void *p, int in, int out) {
         while (has && (st = wsync_recv_next(it, &v, &has)) == WSYNC_OK && has)
             for (int k = 0; k < NT; ++k)
                 if (strcmp(v.name, kNames[k]) == 0) memcpy(weights[k], v.data, TBYTES);
-        if (st == WSYNC_OK && cfg->mode == MODE_FAIL_LAST_VIEW_AT_V2 && info.version == 2 &&
-            (info.flags & WSYNC_CHUNK_LAST)) {
+        const engine_failure_t *fail = planned_failure(cfg->mode, info.version, info.chunk_index);
+        if (st == WSYNC_OK && fail) {
             /* Every view was taken; the loader fails afterwards. */
-            wsync_recv_fail(it, WSYNC_ERR_MISMATCH, "engine cannot load 'layers.1.k.weight': fused qkv shape differs");
-            uint8_t b = WSYNC_ERR_MISMATCH;
+            wsync_recv_fail(it, fail->status, fail->message);
+            uint8_t b = (uint8_t)fail->status;
             tu_write_all(out, &b, 1);
             continue;
         }
