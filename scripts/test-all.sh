@@ -50,6 +50,13 @@ if [ -d bindings/python/tests ]; then
   WSYNC_LIBRARY="$root/build/libwsync.so" /usr/bin/python3 -m pytest -q -p no:cacheprovider bindings/python/tests
 fi
 
+section "GPU validation: the fake-driver twin of scripts/gpu-validate.sh"
+# The same steps a GPU machine runs (gpu CTest label, Python GPU tests, cuda_ipc bench, baseline),
+# against tests/fake_gpu; hardware-only steps skip with their reason.
+PYTHON=/usr/bin/python3 scripts/gpu-validate.sh --fake --build-dir build > build/gpu-validate-fake.log 2>&1 \
+  || { cat build/gpu-validate-fake.log; exit 1; }
+grep -q '^Verdict: PASS' build/gpu-validation-fake.md && tail -8 build/gpu-validation-fake.md
+
 if [ -f bindings/rust/Cargo.toml ]; then
   section "Rust binding"
   (cd bindings/rust && WSYNC_LIB_DIR="$root/build" LD_LIBRARY_PATH="$root/build" \

@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Real-GPU validation of libwsync in one command, and its fake-driver twin for CI.
+#
+#   scripts/gpu-validate.sh            on a machine with an NVIDIA GPU: builds, runs the `gpu`
+#                                      CTest label, the Python GPU tests, `wsync bench --strategy
+#                                      cuda_ipc` (per-allocation, packed, packed with a bf16 cast)
+#                                      and scripts/gpu_baseline.py (one device copy and today's
+#                                      per-tensor torch IPC practice beside libwsync, same run),
+#                                      then appends a dated section to docs/gpu-validation.md.
+#   scripts/gpu-validate.sh --fake     the same steps against tests/fake_gpu (CUDA driver and NCCL
+#                                      as a library; small sizes); hardware-only steps skip with
+#                                      their reason. CI runs this. The record goes to
+#                                      BUILD/gpu-validation-fake.md unless --record says otherwise.
+#
+# Options: --build-dir DIR (default build-gpu; reuse an existing build), --record FILE,
+#          --size-gb N (bench size, default 16), --layers N (baseline model, default 32 = 8B).
+# Exits non-zero if any step fails; a skipped step is recorded with its reason. PYTHON names the
+# interpreter that has torch and pytest (default: python3).
+#
+# The GPU machine may have no package registry. Dependencies the build needs there (cmocka,
+# nlohmann-json, xxhash) can travel as unpacked Debian packages: run `scripts/gpu-validate.sh
+# --pack-deps` on a Debian machine with apt, carry the .gpu-deps folder, and this script finds it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+mode=hardware build_dir=build-gpu record="" size_gb=16 layers=32
+python=${PYTHON:-python3}  # the Python with torch (and pytest) in it
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --fake) mode=fake ;;
+    --build-dir) build_dir=$2; shift ;;
+    --record) record=$2; shift ;;
+    --size-gb) size_gb=$2; shift ;;
+    --layers) layers=$2; shift ;;
+    --pack-deps)
+      rm -rf .gpu-deps && mkdir -p .gpu-deps/debs .gpu-deps/root
+      (cd .gpu-deps/debs && apt-get download libcmocka0 libcmocka-dev nlohmann-json3-dev libxxhash-dev)
+      for d in .gpu-deps/debs/*.deb; do dpkg -x "$d" .gpu-deps/root; done
+      grep -qx '/.gpu-deps/' .git/info/exclude 2>/dev/null || echo '/.gpu-deps/' >> .git/info/exclude
+      echo "packed: $(ls .gpu-deps/debs | tr '\n' ' ')"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "gpu-validate: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ -n "$record" ] || { [ $mode = fake ] && record=$build_dir/gpu-validation-fake.md || record=docs/gpu-validation.md; }
+
+if [ -d .gpu-deps/root ]; then
+  dep=$root/.gpu-deps/root
+  export CMAKE_PREFIX_PATH=$dep/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  export CPATH=$dep/usr/include${CPATH:+:$CPATH}
+  export PKG_CONFIG_PATH=$dep/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export LD_LIBRARY_PATH=$dep/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+
+log=$(mktemp -d)
+trap 'rm -rf "$log"' EXIT
+failures=()
+step() { printf '\n==== gpu-validate: %s ====\n' "$*"; }
+
+step "build ($build_dir)"
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$build_dir" -j"$(nproc)" >/dev/null
+wsync_cli=$build_dir/tools/wsync
+if [ $mode = fake ]; then
+  fake=$root/$build_dir/tests/fake_gpu/libwsync_fakegpu.so
+  export WSYNC_CUDA_LIBRARY=$fake WSYNC_NCCL_LIBRARY=$fake
+  label=gpu-fake bench_size=(--size-mb 64 --bucket-mb 16) steps=3
+else
+  label=gpu bench_size=(--size-gb "$size_gb") steps=5
+fi
+
+step "environment"
+gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || true)
+[ -n "$gpu" ] || gpu="none ($mode: $( [ $mode = fake ] && echo "fake driver $WSYNC_CUDA_LIBRARY" || echo "nvidia-smi found no GPU"))"
+kinds=$("$wsync_cli" kinds)
+runtime() { python3 -c 'import json,sys; k=[x for x in json.load(sys.stdin) if x["kind"]==sys.argv[1]][0]; print(k["runtime"] if k["available"] else "unavailable: "+k["reason"])' "$1" <<<"$kinds"; }
+cuda_rt=$(runtime cuda_ipc) nccl_rt=$(runtime nccl_broadcast)
+torch_v=$("$python" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "available" if torch.cuda.is_available() else "not available")' 2>/dev/null || echo "not installed")
+echo "GPU: $gpu"; echo "cuda_ipc: $cuda_rt"; echo "nccl_broadcast: $nccl_rt"; echo "torch: $torch_v"
+if [ $mode = hardware ] && [[ "$cuda_rt" == unavailable* ]]; then
+  echo "gpu-validate: the CUDA driver is unavailable here ($cuda_rt); use --fake without a GPU" >&2
+  exit 1
+fi
+
+step "CTest label $label"
+set +e
+(cd "$build_dir" && ctest -L "$label" --output-on-failure) > "$log/ctest.txt" 2>&1
+ctest_rc=$?
+set -e
+cat "$log/ctest.txt"
+[ $ctest_rc -eq 0 ] || failures+=("ctest -L $label")
+
+step "Python GPU tests"
+set +e
+WSYNC_LIBRARY=$root/$build_dir/libwsync.so "$python" -m pytest -q -rs -p no:cacheprovider \
+  bindings/python/tests/test_gpu.py > "$log/pytest.txt" 2>&1
+py_rc=$?
+set -e
+cat "$log/pytest.txt"
+[ $py_rc -eq 0 ] || failures+=("pytest test_gpu.py")
+
+step "wsync bench --strategy cuda_ipc"
+: > "$log/bench.jsonl"
+for variant in "--packed false" "--packed true" "--packed true --dtype bfloat16"; do
+  # shellcheck disable=SC2086
+  if out=$("$wsync_cli" bench --strategy cuda_ipc $variant "${bench_size[@]}" --steps $steps --json 2>&1); then
+    echo "{\"variant\": \"$variant\", \"result\": $(tail -1 <<<"$out")}" >> "$log/bench.jsonl"
+    tail -1 <<<"$out"
+  else
+    echo "$out"; failures+=("bench cuda_ipc $variant")
+    echo "{\"variant\": \"$variant\", \"error\": \"failed\"}" >> "$log/bench.jsonl"
+  fi
+done
+
+step "baseline: one device copy and per-tensor torch IPC beside libwsync"
+set +e
+WSYNC_LIBRARY=$root/$build_dir/libwsync.so PYTHONPATH=$root/bindings/python${PYTHONPATH:+:$PYTHONPATH} \
+  "$python" scripts/gpu_baseline.py --layers "$layers" --steps $steps > "$log/baseline.json" 2> "$log/baseline.err"
+base_rc=$?
+set -e
+cat "$log/baseline.json"; tail -20 "$log/baseline.err"
+[ $base_rc -eq 0 ] || failures+=("gpu_baseline.py")
+
+step "record ($record)"
+python3 - "$record" "$mode" "$gpu" "$cuda_rt" "$nccl_rt" "$torch_v" "$log" "${failures[@]+"${failures[@]}"}" <<'EOF'
+import datetime, json, os, re, subprocess, sys
+record, mode, gpu, cuda_rt, nccl_rt, torch_v, log, *failed = sys.argv[1:]
+L = []
+commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+title = "hardware" if mode == "hardware" else "fake driver (tests/fake_gpu): logic only, no hardware figures"
+L.append(f"\n### {datetime.date.today().isoformat()}: {title}\n")
+L.append(f"- commit `{commit or 'unknown'}`, by `scripts/gpu-validate.sh{' --fake' if mode == 'fake' else ''}`")
+L.append(f"- GPU and driver: {gpu}\n- CUDA (cuda_ipc): {cuda_rt}\n- NCCL (nccl_broadcast): {nccl_rt}\n- torch: {torch_v}")
+L.append("\n| test | result |\n|---|---|")
+for line in open(os.path.join(log, "ctest.txt")):
+    m = re.search(r"Test\s+#\d+: (\S+) \.+\s*(\*+)?\s*(Passed|Failed|Skipped|Not Run|Timeout|Exception)", line)
+    if m:
+        L.append(f"| {m.group(1)} | {m.group(3)} |")
+py = open(os.path.join(log, "pytest.txt")).read().strip().splitlines()
+L.append(f"| Python `test_gpu.py` | {py[-1] if py else 'no output'} |")
+L.append("\n| figure | value |\n|---|---|")
+for line in open(os.path.join(log, "bench.jsonl")):
+    try:
+        b = json.loads(line)
+    except ValueError:
+        continue
+    if "error" in b:
+        L.append(f"| bench cuda_ipc {b.get('variant')} | failed |"); continue
+    variant, b = b["variant"], b["result"]
+    name = f"bench cuda_ipc {variant} ({b['bytes'] / 1e9:.2f} GB, {b['tensors']} tensors)"
+    L.append(f"| {name} | steady {b['steady_sync_s']:.4f} s = {b['ratio_to_d2d']:.3f}x one device copy ({b['baseline_d2d_s']:.4f} s); first sync {b['first_sync_s']:.3f} s |")
+try:
+    base = json.load(open(os.path.join(log, "baseline.json")))
+except ValueError:
+    base = {"skipped": "no JSON from gpu_baseline.py (see its error output)"}
+if "skipped" in base:
+    L.append(f"| baseline (d2d, torch IPC, wsync) | skipped: {base['skipped']} |")
+else:
+    L.append(f"| baseline model | {base['tensors']} tensors, {base['bytes'] / 1e9:.2f} GB bf16 |")
+    for k, v in base["methods"].items():
+        if "error" in v:
+            L.append(f"| {k} | error: {v['error']} |")
+        else:
+            exact = "" if "bit_exact" not in v else (", bit-exact" if v["bit_exact"] else ", NOT bit-exact")
+            L.append(f"| {k} | steady {v['steady_s']:.4f} s ({v['steady_gbps']} GB/s), first {v['first_s']:.3f} s{exact} |")
+    for k, v in base.get("ratios", {}).items():
+        L.append(f"| {k} | {v} |")
+L.append(f"\nVerdict: {'PASS' if not failed else 'FAIL: ' + '; '.join(failed)}.")
+with open(record, "a") as f:
+    f.write("\n".join(L) + "\n")
+print("\n".join(L))
+EOF
+
+if [ ${#failures[@]} -gt 0 ]; then
+  echo "gpu-validate: FAILED: ${failures[*]}" >&2
+  exit 1
+fi
+echo "gpu-validate: all steps passed ($mode)"

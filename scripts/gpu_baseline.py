@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""libwsync's cuda_ipc against today's practice, measured in one run on one GPU.
+
+A trainer process holds an 8B-parameter Llama-shaped bf16 model on cuda:0 (32 layers, 291
+tensors, ~16 GB; --layers scales it down) and an engine process holds a model of the same shape
+on the same GPU. Each step the trainer changes its weights and syncs them to the engine, and
+the step is timed from the trainer's first send to the engine's last acknowledged copy:
+
+  d2d          one device-to-device copy of the same bytes inside one process (the floor);
+  torch_ipc    today's practice (vLLM's `ipc` weight-transfer engine, SkyRL before it): one
+               torch.multiprocessing.reductions.reduce_tensor handle per tensor, sent to the
+               engine process, which rebuilds each tensor (cudaIpcOpenMemHandle through torch's
+               cache) and copies it into its own parameter;
+  wsync_packed / wsync_unpacked
+               libwsync's cuda_ipc strategy through the Python binding (wsync.trainer.send_model,
+               wsync.engine.ModuleLoader): packed device buckets, or the trainer's own
+               allocations with cached handles.
+
+After the last step of each method the engine's weights are compared bit for bit with the
+trainer's (a position-weighted sum of every tensor's raw 16-bit words, computed on the GPU on
+both sides; any difference fails the run). Prints one JSON object with every figure and the
+ratios (steady state = median of the steps after the first; the first is reported apart) and
+exits non-zero if any method fails or is not bit-exact. Needs torch with CUDA and a GPU;
+scripts/gpu-validate.sh runs it and records the result in docs/gpu-validation.md.
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+import traceback
+
+WAIT_S = 600  # the longest either process waits for the other's next message
+
+
+def llama_shapes(layers: int, hidden=4096, inter=14336, kv=1024, vocab=128256):
+    """(name, shape) of a Llama-3-8B-shaped model: 9 tensors a layer, embeddings, final norm,
+    lm_head (291 tensors and 8.03e9 parameters at 32 layers)."""
+    out = [("model.embed_tokens.weight", (vocab, hidden))]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        out += [(p + "self_attn.q_proj.weight", (hidden, hidden)),
+                (p + "self_attn.k_proj.weight", (kv, hidden)),
+                (p + "self_attn.v_proj.weight", (kv, hidden)),
+                (p + "self_attn.o_proj.weight", (hidden, hidden)),
+                (p + "mlp.gate_proj.weight", (inter, hidden)),
+                (p + "mlp.up_proj.weight", (inter, hidden)),
+                (p + "mlp.down_proj.weight", (hidden, inter)),
+                (p + "input_layernorm.weight", (hidden,)),
+                (p + "post_attention_layernorm.weight", (hidden,))]
+    out += [("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
+    return out
+
+
+def build_module(torch, shapes, seed):
+    """An nn.Module whose state dict has exactly `shapes` (dotted names as nested modules)."""
+    root = torch.nn.Module()
+    g = torch.Generator(device="cuda:0").manual_seed(seed)
+    for name, shape in shapes:
+        *path, leaf = name.split(".")
+        m = root
+        for part in path:
+            if not hasattr(m, part):
+                m.add_module(part, torch.nn.Module())
+            m = getattr(m, part)
+        t = torch.empty(shape, dtype=torch.bfloat16, device="cuda:0")
+        t.normal_(generator=g)
+        m.register_parameter(leaf, torch.nn.Parameter(t, requires_grad=False))
+    return root
+
+
+def fingerprint(torch, module):
+    """{name: position-weighted sum of the tensor's raw 16-bit words}: equal on both sides
+    exactly when the bytes are (up to a vanishing chance), computed without leaving the GPU."""
+    out = {}
+    for name, t in module.state_dict().items():
+        w = t.detach().reshape(-1).view(torch.int16).to(torch.int64)
+        pos = torch.arange(w.numel(), device=w.device, dtype=torch.int64) % 65521 + 1
+        out[name] = int((w * pos).sum().item())
+    return out
+
+
+def perturb(torch, module, step):
+    """A training step's worth of change: every tensor's bytes change."""
+    with torch.no_grad():
+        for t in module.parameters():
+            t.add_(0.001 * step)
+
+
+# ---- engine process ------------------------------------------------------------------------------
+def engine_main(shapes, inbox, outbox):
+    try:
+        import torch
+        import wsync
+        from wsync.engine import ModuleLoader
+
+        torch.cuda.set_device(0)
+        model = build_module(torch, shapes, seed=1)
+        params = dict(model.state_dict())
+        outbox.put(("ready",))
+        receiver = loader = None
+        while True:
+            msg = inbox.get(timeout=WAIT_S)
+            kind = msg[0]
+            if kind == "quit":
+                break
+            if kind == "wsync_init":
+                if receiver is not None:
+                    receiver.close()
+                strategy = wsync.Strategy.for_init_info(msg[1], device=0)
+                receiver = strategy.receiver(msg[1], 0)
+                loader = ModuleLoader(model)
+                outbox.put(("ok",))
+            elif kind == "wsync_request":
+                loader.load(receiver, msg[1])  # acknowledged once its copies are done
+            elif kind == "torch_handles":
+                # What vLLM's ipc engine does with each handle: rebuild, copy, let go.
+                with torch.no_grad():
+                    for name, (rebuild, args) in msg[1]:
+                        params[name].copy_(rebuild(*args))
+                torch.cuda.current_stream().synchronize()
+                outbox.put(("done",))
+            elif kind == "fingerprint":
+                outbox.put(("fingerprint", fingerprint(torch, model)))
+    except Exception:
+        outbox.put(("error", traceback.format_exc()))
+
+
+# ---- trainer (this process) -------------------------------------------------------------------------
+class Engine:
+    def __init__(self, ctx, shapes):
+        self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(target=engine_main, args=(shapes, self.inbox, self.outbox))
+        self.proc.start()
+        self.expect("ready")
+
+    def expect(self, kind):
+        msg = self.outbox.get(timeout=WAIT_S)
+        if msg[0] == "error":
+            raise RuntimeError("engine failed:\n" + msg[1])
+        if msg[0] != kind:
+            raise RuntimeError(f"engine sent {msg[0]!r}, expected {kind!r}")
+        return msg
+
+    def close(self):
+        self.inbox.put(("quit",))
+        self.proc.join(timeout=60)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+def time_steps(torch, model, steps, one_sync):
+    times = []
+    for step in range(1, steps + 1):
+        perturb(torch, model, step)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        one_sync()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def summary(times, nbytes):
+    steady = statistics.median(times[1:]) if len(times) > 1 else times[0]
+    return {"first_s": round(times[0], 6), "steady_s": round(steady, 6),
+            "steady_gbps": round(nbytes / steady / 1e9, 3), "steps_s": [round(t, 6) for t in times]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=32, help="decoder layers (32: 8B parameters)")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--bucket-mb", type=int, default=1024)
+    ap.add_argument("--methods", default="d2d,torch_ipc,wsync_packed,wsync_unpacked")
+    args = ap.parse_args()
+
+    import torch
+    import wsync
+    from wsync.trainer import send_model
+
+    if not torch.cuda.is_available():
+        print(json.dumps({"skipped": "torch.cuda.is_available() is False: no GPU or driver"}))
+        return 0
+    torch.cuda.set_device(0)
+    shapes = llama_shapes(args.layers)
+    model = build_module(torch, shapes, seed=0)
+    named = list(model.state_dict().items())
+    nbytes = sum(t.numel() * t.element_size() for _, t in named)
+    result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "cuda_runtime": torch.version.cuda, "libwsync": wsync.version(),
+              "tensors": len(named), "bytes": nbytes, "steps": args.steps, "methods": {}}
+    methods = args.methods.split(",")
+    failed = []
+
+    if "d2d" in methods:
+        flat_src = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+        flat_dst = torch.empty_like(flat_src)
+
+        def d2d():
+            flat_dst.copy_(flat_src)
+            torch.cuda.synchronize()
+        result["methods"]["d2d"] = summary(time_steps(torch, model, args.steps, d2d), nbytes)
+        del flat_src, flat_dst
+        torch.cuda.empty_cache()
+
+    ctx = mp.get_context("spawn")
+    engine = Engine(ctx, shapes)
+    try:
+        want = None
+        if "torch_ipc" in methods:
+            from torch.multiprocessing.reductions import reduce_tensor
+
+            def torch_ipc():
+                handles = [(name, reduce_tensor(t)) for name, t in model.state_dict().items()]
+                engine.inbox.put(("torch_handles", handles))
+                engine.expect("done")
+            result["methods"]["torch_ipc"] = summary(time_steps(torch, model, args.steps, torch_ipc), nbytes)
+            want = fingerprint(torch, model)
+            engine.inbox.put(("fingerprint",))
+            got = engine.expect("fingerprint")[1]
+            result["methods"]["torch_ipc"]["bit_exact"] = got == want
+            if got != want:
+                failed.append("torch_ipc not bit-exact")
+
+        for packed in (True, False):
+            name = "wsync_packed" if packed else "wsync_unpacked"
+            if name not in methods:
+                continue
+            strategy = wsync.Strategy("cuda_ipc", receivers=1, packed=packed,
+                                      bucket_bytes=args.bucket_mb << 20, buckets=2)
+            init = strategy.create_init_info()
+            engine.inbox.put(("wsync_init", init))
+            engine.expect("ok")
+            sender = strategy.sender(init)
+
+            def wsync_sync():
+                send_model(sender, model, chunk_bytes=args.bucket_mb << 20,
+                           on_request=lambda req: engine.inbox.put(("wsync_request", req)),
+                           flush_timeout_s=300)
+            try:
+                r = summary(time_steps(torch, model, args.steps, wsync_sync), nbytes)
+                want = fingerprint(torch, model)
+                engine.inbox.put(("fingerprint",))
+                got = engine.expect("fingerprint")[1]
+                r["bit_exact"] = got == want
+                if got != want:
+                    failed.append(f"{name} not bit-exact")
+                result["methods"][name] = r
+            except Exception as exc:  # recorded, and the run fails
+                result["methods"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+                failed.append(f"{name}: {exc}")
+            finally:
+                sender.close()
+                strategy.close()
+    finally:
+        engine.close()
+
+    m = result["methods"]
+    ratios = {}
+    if "d2d" in m:
+        for k in ("torch_ipc", "wsync_packed", "wsync_unpacked"):
+            if "steady_s" in m.get(k, {}):
+                ratios[f"{k}_to_d2d"] = round(m[k]["steady_s"] / m["d2d"]["steady_s"], 3)
+    if "steady_s" in m.get("torch_ipc", {}):
+        for k in ("wsync_packed", "wsync_unpacked"):
+            if "steady_s" in m.get(k, {}):
+                ratios[f"{k}_speedup_over_torch_ipc"] = round(m["torch_ipc"]["steady_s"] / m[k]["steady_s"], 3)
+    result["ratios"] = ratios
+    result["failed"] = failed
+    print(json.dumps(result, indent=2))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
