@@ -58,10 +58,12 @@ const std::vector<OptionSpec> &nccl_options() {
          "sender's tensors must be on it"},
         {"synchronize", T::Bool, 1, 0, 1, "both",
          "sender: order each pack after the work queued on the legacy default stream (PyTorch's "
-         "default stream; work on other streams the caller synchronises); receiver: synchronise "
-         "before the next chunk overwrites its bucket, so copies out of views are done"},
+         "default stream; work on other streams the caller synchronises); receiver: the next "
+         "chunk overwrites its bucket only after the work queued on the legacy default stream "
+         "before recv_end (the copies out of views) is done"},
         {"timeout_ms", T::UInt, 60000, 1, uint64_t(1) << 40, "both",
-         "deadline for communicator creation, for a free bucket and for each received chunk"},
+         "deadline for communicator creation, for a free bucket, for each pack and received "
+         "chunk, and for finalizing the communicator when the sender or receiver is destroyed"},
         {"nccl_library", T::String, 0, 0, 0, "both",
          "path of libnccl.so.2 to use (e.g. the one PyTorch ships); else $WSYNC_NCCL_LIBRARY, "
          "else the system's libnccl.so.2",
