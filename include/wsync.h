@@ -306,7 +306,9 @@ WSYNC_API wsync_status_t wsync_sender_create(wsync_strategy_t *strategy, const u
 /* Destroys a sender without waiting for receivers (call wsync_sender_flush() first to know
  * they are done) and releases what it holds; for "shm" the segment's name is removed, so no
  * name is left behind. A version left open is abandoned. NULL is a no-op. Does not block
- * (beyond joining a helper thread that wakes within 100 ms). */
+ * (beyond joining a helper thread that wakes within 100 ms), except for "nccl_broadcast": NCCL
+ * finalizes the communicator, letting queued broadcasts complete, for up to the "timeout_ms"
+ * option; then the communicator is aborted (receivers still waiting for a broadcast fail). */
 WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
 
 /* Starts moving one chunk of the current version and writes its request blob to *request_out
@@ -327,8 +329,10 @@ WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
  * read.
  * A chunk flagged WSYNC_CHUNK_LAST commits the version and the next chunk begins version + 1.
  * "cuda_ipc" returns once its pack is complete on the GPU (one kernel launch per chunk);
- * "nccl_broadcast" returns once pack and broadcast are queued, so the next chunk packs while
- * this one moves.
+ * "nccl_broadcast" returns once its pack has read the tensors on the GPU and the broadcast is
+ * queued, so the broadcast moves while the caller prepares the next chunk; a pack not done by
+ * "timeout_ms" fails the call with WSYNC_ERR_TIMEOUT (nothing is broadcast, but the GPU may
+ * still read the tensors when the pack runs).
  * Blocks while every bucket is still being read by some receiver, up to the strategy's
  * "timeout_ms" option; then fails with WSYNC_ERR_TIMEOUT (or WSYNC_ERR_PEER if a receiver died,
  * detached or failed a chunk) naming the receivers, the chunk is not sent and the version is
@@ -457,7 +461,9 @@ WSYNC_API wsync_status_t wsync_receiver_create(wsync_strategy_t *strategy, const
                                                wsync_receiver_t **out);
 
 /* Destroys a receiver; an open iteration must be ended first (else it is ended as failed).
- * The sender learns that this receiver detached. NULL is a no-op. Does not block. */
+ * The sender learns that this receiver detached. NULL is a no-op. Does not block, except for
+ * "nccl_broadcast", which finalizes its communicator for up to "timeout_ms" like
+ * wsync_sender_destroy() and aborts it then. */
 WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
 
 /* Starts receiving the chunk described by a request (len bytes at request, borrowed for the
@@ -480,7 +486,10 @@ WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
  * wsync_recv_end() or wsync_recv_fail(). Does not block for "shm" and "cuda_ipc" (the bytes are
  * in place when the request exists); "nccl_broadcast" posts its side of the broadcast and
  * blocks until it arrives, up to its "timeout_ms" option (then WSYNC_ERR_TIMEOUT and the
- * communicator is aborted). */
+ * communicator is aborted). With "synchronize" it first waits, within the same deadline, for
+ * the work queued on the legacy default stream before the previous chunk's wsync_recv_end()
+ * (the loader's copies out of its views); if that is not done in time the call fails with
+ * WSYNC_ERR_TIMEOUT naming the default stream and the communicator is aborted. */
 WSYNC_API wsync_status_t wsync_receiver_receive(wsync_receiver_t *receiver,
                                                 const uint8_t *request, size_t len,
                                                 wsync_recv_t **out);
@@ -554,10 +563,12 @@ WSYNC_API wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view,
  * receiver received (else WSYNC_ERR_MISMATCH naming the difference). An iteration ended early
  * or after a failure is acknowledged as failed, so the sender's flush reports it and the
  * version is not completed, and the call returns WSYNC_ERR_WRONG_STATE (ended early) or the
- * iteration's error. GPU kinds with "synchronize" (default) first synchronise the receiver's
- * device, so copies the loader queued out of the views are complete before the sender may
- * reuse that memory; that waits on this process's own GPU work only. NULL is a no-op returning
- * WSYNC_OK. Does not block otherwise. */
+ * iteration's error. With "synchronize" (default) copies the loader queued out of the views
+ * complete before that memory is reused: "cuda_ipc" first synchronises the receiver's device
+ * (this process's own GPU work only); "nccl_broadcast" does not wait here but records an event
+ * on the legacy default stream, which the next wsync_receiver_receive() waits for with its
+ * deadline (queue the copies there, e.g. PyTorch's default stream, or synchronise other
+ * streams before ending). NULL is a no-op returning WSYNC_OK. Does not block otherwise. */
 WSYNC_API wsync_status_t wsync_recv_end(wsync_recv_t *it);
 
 /* Fails an iteration at any point, also after its last view (a loader that found a tensor it

@@ -130,6 +130,7 @@ std::string nccl_version_text(int code);
     X(ncclCommGetAsyncError, "ncclCommGetAsyncError", ncclResult_t,                               \
       (ncclComm_t comm, ncclResult_t * error))                                                    \
     X(ncclCommAbort, "ncclCommAbort", ncclResult_t, (ncclComm_t comm))                            \
+    X(ncclCommFinalize, "ncclCommFinalize", ncclResult_t, (ncclComm_t comm))                      \
     X(ncclCommDestroy, "ncclCommDestroy", ncclResult_t, (ncclComm_t comm))                        \
     X(ncclBroadcast, "ncclBroadcast", ncclResult_t,                                               \
       (const void *send, void *recv, std::size_t count, int datatype, int root, ncclComm_t comm, \

@@ -9,13 +9,22 @@
 // missing rank never hangs anyone.
 //
 // The sender keeps two device buckets. Chunk k is packed (one kernel, optional cast) into
-// bucket k % 2 on a pack stream, and broadcast from it on a communication stream that waits for
-// the pack; send_chunk returns as soon as both are queued, so packing chunk k + 1 overlaps the
-// broadcast of chunk k. Before reusing a bucket the sender waits, with the deadline, for that
-// bucket's previous broadcast. A receiver posts its side of the broadcast when the loader asks
-// for the chunk and waits for it (deadline) before yielding views into its own bucket.
-// flush waits for the last broadcasts. NCCL has no back channel, so flush reports transport
-// completion; a receiver that fails to load a chunk reports that to its own caller.
+// bucket k % 2 on a pack stream; send_chunk waits (deadline) until that pack has read the
+// caller's tensors, which wsync.h lets the caller change once the call returns, then queues the
+// broadcast from the bucket on a communication stream and returns, so the broadcast of chunk k
+// overlaps the caller's work and the pack of chunk k + 1. Before reusing a bucket the sender
+// waits, with the deadline, for that bucket's previous broadcast. A receiver posts its side of
+// the broadcast when the loader asks for the chunk and waits for it (deadline) before yielding
+// views into its own bucket. flush waits for the last broadcasts. NCCL has no back channel, so
+// flush reports transport completion; a receiver that fails to load a chunk reports that to its
+// own caller.
+//
+// Every wait is bounded: no cuCtxSynchronize, no blocking NCCL call. Events on our own streams
+// are polled with cuEventQuery, the communicator's state with ncclCommGetAsyncError, both
+// against the deadline, and the communicator is aborted when a deadline passes. A call that
+// returns ncclInProgress is polled until NCCL has enqueued it before anything is recorded after
+// it (Comm::broadcast), and teardown is ncclCommFinalize polled against "timeout_ms", then
+// ncclCommDestroy, or ncclCommAbort at the deadline (Comm::close).
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -49,10 +58,12 @@ const std::vector<OptionSpec> &nccl_options() {
          "sender's tensors must be on it"},
         {"synchronize", T::Bool, 1, 0, 1, "both",
          "sender: order each pack after the work queued on the legacy default stream (PyTorch's "
-         "default stream; work on other streams the caller synchronises); receiver: synchronise "
-         "before the next chunk overwrites its bucket, so copies out of views are done"},
+         "default stream; work on other streams the caller synchronises); receiver: the next "
+         "chunk overwrites its bucket only after the work queued on the legacy default stream "
+         "before recv_end (the copies out of views) is done"},
         {"timeout_ms", T::UInt, 60000, 1, uint64_t(1) << 40, "both",
-         "deadline for communicator creation, for a free bucket and for each received chunk"},
+         "deadline for communicator creation, for a free bucket, for each pack and received "
+         "chunk, and for finalizing the communicator when the sender or receiver is destroyed"},
         {"nccl_library", T::String, 0, 0, 0, "both",
          "path of libnccl.so.2 to use (e.g. the one PyTorch ships); else $WSYNC_NCCL_LIBRARY, "
          "else the system's libnccl.so.2",
@@ -97,7 +108,7 @@ class Comm {
 public:
     Comm(const gpu::NcclApi &nccl, const gpu::Device &dev, const InitInfo &info, int rank,
          int64_t timeout_ms)
-        : nccl_(nccl), dev_(dev), rank_(rank) {
+        : nccl_(nccl), dev_(dev), rank_(rank), teardown_ms_(timeout_ms) {
         const std::string who = std::string(kKind) + " rank " + std::to_string(rank);
         if (version_family(info.nccl_version) != version_family(nccl.version))
             fail(WSYNC_ERR_MISMATCH, who + ": the trainer uses NCCL " +
@@ -119,35 +130,47 @@ public:
             comm_ = nullptr;
             gpu::nccl_fail(nccl_, rc, who + ": ncclCommInitRankConfig");
         }
-        sys::Deadline deadline(timeout_ms);
-        for (int round = 0;; ++round) {
-            gpu::ncclResult_t state = gpu::ncclInProgress;
-            nccl_.ncclCommGetAsyncError(comm_, &state);
-            if (state == gpu::ncclSuccess) break;
-            if (state != gpu::ncclInProgress) {
-                abort();
-                fail(WSYNC_ERR_PEER, who + ": communicator creation failed: " +
-                                         describe(state) + "; communicator aborted");
-            }
-            if (deadline.passed()) {
-                abort();
-                fail(WSYNC_ERR_TIMEOUT,
-                     who + ": the group of " + std::to_string(info.nranks) +
-                         " ranks was not complete after " + std::to_string(timeout_ms) +
-                         " ms (the sender is rank 0, receiver i is rank i + 1; every one must be "
-                         "created from this init info); communicator aborted");
-            }
-            gpu::poll_sleep(round);
+        const gpu::ncclResult_t state = poll_async(sys::Deadline(timeout_ms));
+        if (state == gpu::ncclInProgress) {
+            abort();
+            fail(WSYNC_ERR_TIMEOUT,
+                 who + ": the group of " + std::to_string(info.nranks) +
+                     " ranks was not complete after " + std::to_string(timeout_ms) +
+                     " ms (the sender is rank 0, receiver i is rank i + 1; every one must be "
+                     "created from this init info); communicator aborted");
+        }
+        if (state != gpu::ncclSuccess) {
+            abort();
+            fail(WSYNC_ERR_PEER, who + ": communicator creation failed: " + describe(state) +
+                                     "; communicator aborted");
         }
     }
 
-    ~Comm() {
+    ~Comm() { close(); }
+
+    // Leaves the group within the teardown bound. ncclCommDestroy alone would first flush the
+    // communicator's queued broadcasts with no timeout, so a peer that never posts its side
+    // would hang the destructor. nccl.h, ncclCommFinalize: it "flushes all issued
+    // communications, and marks communicator state as ncclInProgress. The state will change to
+    // ncclSuccess when the communicator is globally quiescent [...]; then, calling
+    // ncclCommDestroy can locally free the rest of the resources [...] without blocking" (also
+    // NCCL User Guide, "Creating a Communicator: Finalizing a communicator"). So: finalize, poll
+    // the state until the bound, then destroy, or abort when the bound passes or NCCL fails.
+    void close() noexcept {
         if (!comm_) return;
         try {
             gpu::Device::Scope scope(dev_);
-            nccl_.ncclCommDestroy(comm_);
+            const sys::Deadline deadline(teardown_ms_);
+            const gpu::ncclResult_t rc = nccl_.ncclCommFinalize(comm_);
+            if ((rc == gpu::ncclSuccess || rc == gpu::ncclInProgress) &&
+                poll_async(deadline) == gpu::ncclSuccess) {
+                nccl_.ncclCommDestroy(comm_);
+                comm_ = nullptr;
+                return;
+            }
         } catch (...) {
         }
+        abort();
     }
 
     gpu::ncclComm_t get() const { return comm_; }
@@ -193,7 +216,49 @@ public:
         }
     }
 
+    // Posts this rank's side of a broadcast of `bytes` at `buf` from rank 0 on `stream`, and
+    // returns once NCCL has enqueued it, so an event recorded next on `stream` follows it. A
+    // non-blocking communicator may return ncclInProgress before the kernel is on the stream;
+    // NCCL then requires polling ncclCommGetAsyncError until the state leaves ncclInProgress
+    // before the communicator or its stream is used again (NCCL User Guide, "Group Calls:
+    // Nonblocking Group Operation"; NCCL API, ncclCommGetAsyncError). Aborts the communicator
+    // on an error or when the deadline passes first.
+    void broadcast(void *buf, uint64_t bytes, gpu::CUstream stream, const sys::Deadline &deadline,
+                   const std::string &what) {
+        const gpu::ncclResult_t rc =
+            nccl_.ncclBroadcast(buf, buf, bytes, gpu::ncclUint8, 0, comm_, stream);
+        if (rc == gpu::ncclSuccess) return;
+        if (rc != gpu::ncclInProgress) {
+            abort();
+            gpu::nccl_fail(nccl_, rc, who() + ": ncclBroadcast, " + what + " (communicator aborted)");
+        }
+        const gpu::ncclResult_t state = poll_async(deadline);
+        if (state == gpu::ncclSuccess) return;
+        abort();
+        if (state == gpu::ncclInProgress)
+            fail(WSYNC_ERR_TIMEOUT, who() + ": ncclBroadcast, " + what +
+                                        ", was still ncclInProgress (not yet enqueued) after " +
+                                        std::to_string(deadline.budget_ms()) +
+                                        " ms; communicator aborted");
+        fail(WSYNC_ERR_PEER, who() + ": ncclBroadcast, " + what + ": " + describe(state) +
+                                 "; communicator aborted");
+    }
+
 private:
+    std::string who() const { return std::string(kKind) + " rank " + std::to_string(rank_); }
+
+    // Polls ncclCommGetAsyncError until the state leaves ncclInProgress or the deadline
+    // passes. Returns the last state: ncclInProgress means the deadline passed.
+    gpu::ncclResult_t poll_async(const sys::Deadline &deadline) {
+        for (int round = 0;; ++round) {
+            gpu::ncclResult_t state = gpu::ncclInProgress;
+            const gpu::ncclResult_t rc = nccl_.ncclCommGetAsyncError(comm_, &state);
+            if (rc != gpu::ncclSuccess && rc != gpu::ncclInProgress) return rc;  // the query failed
+            if (state != gpu::ncclInProgress || deadline.passed()) return state;
+            gpu::poll_sleep(round);
+        }
+    }
+
     std::string describe(gpu::ncclResult_t r) const {
         const char *text = nccl_.ncclGetErrorString(r);
         return "ncclResult_t " + std::to_string(r) + (text ? std::string(" (") + text + ")" : "");
@@ -202,6 +267,7 @@ private:
     const gpu::NcclApi &nccl_;
     const gpu::Device &dev_;
     int rank_;
+    int64_t teardown_ms_;  // the bound of close(): the "timeout_ms" option
     gpu::ncclComm_t comm_ = nullptr;
 };
 
@@ -222,17 +288,15 @@ public:
                bool synchronize, int64_t timeout_ms)
         : dev_(std::move(dev)), info_(info), cast_(gpu::parse_cast(info.dtype)),
           synchronize_(synchronize), timeout_ms_(timeout_ms),
-          comm_(std::make_unique<Comm>(nccl, *dev_, info, 0, timeout_ms)), nccl_(nccl),
-          pack_stream_(*dev_), comm_stream_(*dev_), packer_(*dev_) {
+          comm_(std::make_unique<Comm>(nccl, *dev_, info, 0, timeout_ms)),
+          pack_stream_(*dev_), comm_stream_(*dev_), packer_(*dev_), packed_(*dev_), legacy_(*dev_) {
         for (int b = 0; b < 2; ++b) {
             buckets_[b] = gpu::DeviceBuffer(*dev_, info.bucket_bytes, "nccl_broadcast bucket");
-            packed_[b] = std::make_unique<gpu::Event>(*dev_);
             sent_[b] = std::make_unique<gpu::Event>(*dev_);
         }
-        legacy_ = std::make_unique<gpu::Event>(*dev_);
     }
 
-    ~NcclSender() override { comm_.reset(); }
+    ~NcclSender() override { comm_.reset(); }  // bounded: Comm::close
 
     json send(const ChunkHeader &, const wsync_tensor_t *tensors, TensorTable &table) override {
         if (table.metas.empty()) {
@@ -246,40 +310,18 @@ public:
         comm_->check("before sending");
         const uint64_t seq = next_seq_;
         const int b = static_cast<int>(seq % 2);
+        const std::string chunk = "chunk seq " + std::to_string(seq);
         sys::Deadline deadline(timeout_ms_);
         // The bucket's previous broadcast (chunk seq - 2) must be complete before we overwrite it.
-        if (seq > 2) comm_->wait(*sent_[b], deadline, "broadcast of chunk seq " + std::to_string(seq - 2));
+        if (seq > 2)
+            comm_->wait(*sent_[b], deadline,
+                        "broadcast of chunk seq " + std::to_string(seq - 2) + " (its bucket is needed for " +
+                            chunk + ")");
         gpu::Device::Scope scope(*dev_);
-        if (synchronize_) {
-            // Not cuCtxSynchronize: that would also wait for our own queued broadcasts, which
-            // complete only when receivers post theirs. Ordering the pack after the legacy
-            // default stream (PyTorch's default) waits for the trainer's work and nothing else.
-            legacy_->record(nullptr);
-            WSYNC_CU(dev_->api(), cuStreamWaitEvent(pack_stream_.get(), legacy_->get(), 0),
-                     "ordering the pack after the default stream");
-        }
-        // The pack table upload of the previous chunk shares the packer's staging: wait for it.
-        if (seq > 1) comm_->wait(*packed_[1 - b], deadline, "packing chunk seq " + std::to_string(seq - 1));
-        std::vector<gpu::PackEntry> entries(table.metas.size());
-        for (std::size_t i = 0; i < entries.size(); ++i) {
-            const uint64_t n = ops[i] == gpu::kPackCopy ? table.metas[i].nbytes : table.metas[i].nbytes / 2;
-            entries[i] = gpu::PackEntry{reinterpret_cast<uint64_t>(tensors[i].data),
-                                        buckets_[b].ptr() + table.offsets[i], n,
-                                        static_cast<uint32_t>(ops[i]), 0};
-        }
-        packer_.pack(entries, pack_stream_.get());
-        packed_[b]->record(pack_stream_.get());
-        WSYNC_CU(dev_->api(), cuStreamWaitEvent(comm_stream_.get(), packed_[b]->get(), 0),
-                 "ordering the broadcast after its pack");
-        void *buf = reinterpret_cast<void *>(buckets_[b].ptr());
-        gpu::ncclResult_t rc = nccl_.ncclBroadcast(buf, buf, bytes, gpu::ncclUint8, 0, comm_->get(),
-                                                   comm_stream_.get());
-        if (rc != gpu::ncclSuccess && rc != gpu::ncclInProgress) {
-            comm_->abort();
-            gpu::nccl_fail(nccl_, rc, std::string(kKind) + ": ncclBroadcast of chunk seq " +
-                                          std::to_string(seq) + " (communicator aborted)");
-        }
-        sent_[b]->record(comm_stream_.get());
+        pack(tensors, table, ops, b, deadline, chunk);
+        comm_->broadcast(reinterpret_cast<void *>(buckets_[b].ptr()), bytes, comm_stream_.get(),
+                         deadline, "sending " + chunk + " (" + std::to_string(bytes) + " bytes)");
+        sent_[b]->record(comm_stream_.get());  // after the broadcast: Comm::broadcast enqueued it
         ++next_seq_;
         return json{{"seq", seq}, {"bytes", bytes}};
     }
@@ -291,46 +333,105 @@ public:
     }
 
 private:
+    // Packs the chunk into bucket b and returns once the kernel has read the caller's tensors:
+    // wsync.h lets the caller change them as soon as send_chunk returns, and nothing orders the
+    // caller's later work after our pack stream. The wait polls an event on that stream
+    // (cuEventQuery) until the deadline. On a timeout nothing is broadcast; the pack may still
+    // run later (the GPU cannot take it back), which the message says.
+    void pack(const wsync_tensor_t *tensors, const TensorTable &table,
+              const std::vector<gpu::PackOp> &ops, int b, const sys::Deadline &deadline,
+              const std::string &chunk) {
+        if (synchronize_) {
+            // Not cuCtxSynchronize: that would also wait for our own queued broadcasts, which
+            // complete only when receivers post theirs. Ordering the pack after the legacy
+            // default stream (PyTorch's default) waits for the trainer's work and nothing else.
+            legacy_.record(nullptr);
+            WSYNC_CU(dev_->api(), cuStreamWaitEvent(pack_stream_.get(), legacy_.get(), 0),
+                     "ordering the pack after the default stream");
+        }
+        std::vector<gpu::PackEntry> entries(table.metas.size());
+        for (std::size_t i = 0; i < entries.size(); ++i) {
+            const uint64_t n = ops[i] == gpu::kPackCopy ? table.metas[i].nbytes : table.metas[i].nbytes / 2;
+            entries[i] = gpu::PackEntry{reinterpret_cast<uint64_t>(tensors[i].data),
+                                        buckets_[b].ptr() + table.offsets[i], n,
+                                        static_cast<uint32_t>(ops[i]), 0};
+        }
+        packer_.pack(entries, pack_stream_.get());
+        packed_.record(pack_stream_.get());
+        for (int round = 0; !packed_.done(); ++round) {
+            if (deadline.passed())
+                fail(WSYNC_ERR_TIMEOUT,
+                     std::string(kKind) + ": the pack of " + chunk + " on cuda:" +
+                         std::to_string(dev_->ordinal()) + " did not finish within " +
+                         std::to_string(deadline.budget_ms()) + " ms" +
+                         (synchronize_ ? " (it runs after the work queued on the legacy default "
+                                         "stream: is that work stuck?)"
+                                       : "") +
+                         "; nothing was broadcast, and the GPU may still read the tensors when "
+                         "the pack runs");
+            gpu::poll_sleep(round);
+        }
+    }
+
     std::unique_ptr<gpu::Device> dev_;
     InitInfo info_;
     gpu::Cast cast_;
     bool synchronize_;
     int64_t timeout_ms_;
     std::unique_ptr<Comm> comm_;
-    const gpu::NcclApi &nccl_;
     gpu::Stream pack_stream_, comm_stream_;
     gpu::Packer packer_;
+    gpu::Event packed_, legacy_;
     gpu::DeviceBuffer buckets_[2];
-    std::unique_ptr<gpu::Event> packed_[2], sent_[2], legacy_;
+    std::unique_ptr<gpu::Event> sent_[2];
     uint64_t next_seq_ = 1;
 };
 
 // ---------------------------------------------------------------------------------------------
+// The loader's copies out of a chunk's views, as a fence: recv_end records an event on the
+// legacy default stream (where PyTorch's default stream queues them), and the next receive
+// polls it, against its deadline, before the next broadcast overwrites the bucket. This is
+// the receiver's "synchronize" without cuCtxSynchronize, which would wait with no bound for
+// every stream of the context, the engine's own kernels and collectives included.
+struct LoaderFence {
+    explicit LoaderFence(const gpu::Device &d) : dev(d), event(d) {}
+    // Called from acknowledge (noexcept): a failure is kept for the next receive to report.
+    void arm() noexcept {
+        try {
+            gpu::Device::Scope scope(dev);
+            event.record(nullptr);
+            armed = true;
+        } catch (const std::exception &e) {
+            error = e.what();
+        }
+    }
+    const gpu::Device &dev;
+    gpu::Event event;
+    bool armed = false;
+    std::string error;  // why arm() failed; "" if it did not
+};
+
 class NcclBacking final : public ChunkBacking {
 public:
     NcclBacking(const gpu::Device &dev, CUdeviceptr base, const std::vector<uint64_t> &offsets,
-                bool synchronize)
-        : dev_(dev), base_(base), offsets_(offsets), synchronize_(synchronize) {}
+                LoaderFence *fence)
+        : dev_(dev), base_(base), offsets_(offsets), fence_(fence) {}
     const void *data(std::size_t i) const override {
         return reinterpret_cast<const void *>(base_ + offsets_[i]);
     }
     wsync_device_t device() const override { return {WSYNC_DEVICE_CUDA, dev_.ordinal()}; }
     bool read_only() const override { return true; }
+    // The next chunk is broadcast into the same bucket: fence the copies out of these views.
+    // Does not wait; the next receive does, with its deadline.
     void acknowledge(wsync_status_t) noexcept override {
-        // The next chunk is broadcast into the same bucket: copies out of these views first.
-        if (!synchronize_) return;
-        try {
-            gpu::Device::Scope scope(dev_);
-            dev_.api().cuCtxSynchronize();
-        } catch (...) {
-        }
+        if (fence_) fence_->arm();
     }
 
 private:
     const gpu::Device &dev_;
     CUdeviceptr base_;
     std::vector<uint64_t> offsets_;
-    bool synchronize_;
+    LoaderFence *fence_;  // the receiver's, which outlives every iteration; null: no fence
 };
 
 class NcclReceiver final : public ReceiverImpl {
@@ -339,11 +440,11 @@ public:
                  uint32_t index, bool synchronize, int64_t timeout_ms)
         : dev_(std::move(dev)), info_(info), rank_(static_cast<int>(index) + 1),
           synchronize_(synchronize), timeout_ms_(timeout_ms),
-          comm_(std::make_unique<Comm>(nccl, *dev_, info, rank_, timeout_ms)), nccl_(nccl),
+          comm_(std::make_unique<Comm>(nccl, *dev_, info, rank_, timeout_ms)),
           stream_(*dev_), bucket_(*dev_, info.bucket_bytes, "nccl_broadcast receive bucket"),
-          done_(*dev_) {}
+          done_(*dev_), fence_(*dev_) {}
 
-    ~NcclReceiver() override { comm_.reset(); }
+    ~NcclReceiver() override { comm_.reset(); }  // bounded: Comm::close
 
     bool verify_checksums() const override { return false; }
 
@@ -365,41 +466,64 @@ public:
                                 " bytes) is misaligned or outside the " + std::to_string(bytes) +
                                 "-byte broadcast");
         }
-        comm_->check("before receiving chunk seq " + std::to_string(seq));
+        const std::string chunk = "chunk seq " + std::to_string(seq);
+        comm_->check("before receiving " + chunk);
         if (table.metas.empty()) {  // a commit without data: no broadcast was posted
             last_seq_ = seq;
-            return std::make_unique<NcclBacking>(*dev_, bucket_.ptr(), table.offsets, false);
+            return std::make_unique<NcclBacking>(*dev_, bucket_.ptr(), table.offsets, nullptr);
         }
+        const sys::Deadline deadline(timeout_ms_);
         {
             gpu::Device::Scope scope(*dev_);
-            void *buf = reinterpret_cast<void *>(bucket_.ptr());
-            gpu::ncclResult_t rc = nccl_.ncclBroadcast(buf, buf, bytes, gpu::ncclUint8, 0,
-                                                       comm_->get(), stream_.get());
-            if (rc != gpu::ncclSuccess && rc != gpu::ncclInProgress) {
-                comm_->abort();
-                gpu::nccl_fail(nccl_, rc, std::string(kKind) + ": ncclBroadcast receiving chunk seq " +
-                                              std::to_string(seq) + " (communicator aborted)");
-            }
-            done_.record(stream_.get());
+            wait_for_loader(deadline, chunk);
+            comm_->broadcast(reinterpret_cast<void *>(bucket_.ptr()), bytes, stream_.get(), deadline,
+                             "receiving " + chunk);
+            done_.record(stream_.get());  // after the broadcast: Comm::broadcast enqueued it
         }
         last_seq_ = seq;
-        comm_->wait(done_, sys::Deadline(timeout_ms_),
-                    "receiving chunk seq " + std::to_string(seq) + " (" + std::to_string(bytes) +
-                        " bytes) from rank 0");
-        return std::make_unique<NcclBacking>(*dev_, bucket_.ptr(), table.offsets, synchronize_);
+        comm_->wait(done_, deadline,
+                    "receiving " + chunk + " (" + std::to_string(bytes) + " bytes) from rank 0");
+        return std::make_unique<NcclBacking>(*dev_, bucket_.ptr(), table.offsets,
+                                             synchronize_ ? &fence_ : nullptr);
     }
 
 private:
+    // With "synchronize", the previous chunk's views may still be read by copies the loader
+    // queued before recv_end; they must be done before `chunk` overwrites the bucket.
+    void wait_for_loader(const sys::Deadline &deadline, const std::string &chunk) {
+        const std::string who = std::string(kKind) + " rank " + std::to_string(rank_);
+        if (!fence_.error.empty()) {
+            comm_->abort();
+            fail(WSYNC_ERR_SYSTEM, who + ": fencing the loader's copies out of chunk seq " +
+                                       std::to_string(last_seq_) + " failed: " + fence_.error +
+                                       "; communicator aborted");
+        }
+        if (!fence_.armed) return;
+        for (int round = 0; !fence_.event.done(); ++round) {
+            if (deadline.passed()) {
+                comm_->abort();
+                fail(WSYNC_ERR_TIMEOUT,
+                     who + ": the work queued on the legacy default stream before chunk seq " +
+                         std::to_string(last_seq_) + "'s wsync_recv_end (the loader's copies out "
+                         "of its views) did not finish within " +
+                         std::to_string(deadline.budget_ms()) + " ms, so " + chunk +
+                         " cannot overwrite the bucket; communicator aborted");
+            }
+            gpu::poll_sleep(round);
+        }
+        fence_.armed = false;
+    }
+
     std::unique_ptr<gpu::Device> dev_;
     InitInfo info_;
     int rank_;
     bool synchronize_;
     int64_t timeout_ms_;
     std::unique_ptr<Comm> comm_;
-    const gpu::NcclApi &nccl_;
     gpu::Stream stream_;
     gpu::DeviceBuffer bucket_;
     gpu::Event done_;
+    LoaderFence fence_;
     uint64_t last_seq_ = 0;
 };
 

@@ -6,6 +6,7 @@
  * real GPUs. Engines are forked before they touch CUDA, as a real CUDA process must be. */
 #include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
 
 #include "fake_gpu/fake_gpu.h"
 #include "testutil.h"
@@ -594,6 +595,289 @@ static void nccl_failed_broadcast_times_the_receiver_out_and_fails_flush(void **
     wsync_blob_free(&init);
 }
 
+/* A test control of the fake (fake_gpu.h), looked up in the library the driver came from. */
+static void *fake_control(const char *name) {
+    load_driver();
+    void *f = dlsym(drv.h, name);
+    assert_non_null(f);
+    return f;
+}
+
+/* Fills tensors 0..NT-1 of version v into data[] (device memory) and describes them. */
+static void nccl_fill_version(void *data[NT], wsync_tensor_t t[NT], uint64_t v) {
+    for (int k = 0; k < NT; ++k) {
+        tu_fill(data[k], (size_t)shapes[k][0] * shapes[k][1] * 4, v, (uint64_t)k);
+        t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    }
+}
+
+/* A trainer with two engines, each version sent as two chunks of NT / 2 tensors. */
+typedef struct {
+    engine_t e[2];
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+} nccl_group_t;
+
+static void nccl_group_start(nccl_group_t *g) {
+    static engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 10000}", NULL, 0, 0, 0};
+    static engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1, \"timeout_ms\": 10000}", NULL, 1, 0, 0};
+    g->e[0] = engine_start(&c0);
+    g->e[1] = engine_start(&c1);
+    use_device(0);
+    OK(wsync_strategy_create("nccl_broadcast", "{\"receivers\": 2, \"bucket_bytes\": 65536, \"timeout_ms\": 10000}", &g->s));
+    OK(wsync_strategy_create_init_info(g->s, &g->init));
+    for (int i = 0; i < 2; ++i) engine_send(&g->e[i], &g->init);
+    OK(wsync_sender_create(g->s, g->init.data, g->init.size, &g->tx));
+}
+
+static void nccl_group_forward(nccl_group_t *g, wsync_blob_t *req) {
+    for (int i = 0; i < 2; ++i) engine_send(&g->e[i], req);
+    for (int i = 0; i < 2; ++i) assert_int_equal(engine_verdict(&g->e[i]), 0);
+    wsync_blob_free(req);
+}
+
+static void nccl_group_finish(nccl_group_t *g) {
+    OK(wsync_sender_flush(g->tx, 5000));
+    for (int i = 0; i < 2; ++i) engine_finish(&g->e[i]);
+    wsync_sender_destroy(g->tx);
+    wsync_strategy_destroy(g->s);
+    wsync_blob_free(&g->init);
+}
+
+static void nccl_receiver_polls_an_in_progress_broadcast_to_completion_before_returning_views(void **state) {
+    (void)state;
+    wsync_fake_nccl_set_in_progress_fn in_progress =
+        (wsync_fake_nccl_set_in_progress_fn)fake_control("wsync_fake_nccl_set_in_progress");
+    in_progress(3); /* the engines fork with it: their broadcasts return ncclInProgress */
+    nccl_group_t g;
+    nccl_group_start(&g);
+    in_progress(0); /* the trainer's do not */
+    void *data[NT];
+    for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    for (uint64_t v = 1; v <= 3; ++v) {
+        wsync_tensor_t t[NT];
+        nccl_fill_version(data, t, v);
+        for (int c = 0; c < 2; ++c) {
+            wsync_chunk_t ch = tu_chunk(t + 3 * c, 3, c == 1 ? WSYNC_CHUNK_LAST : 0);
+            wsync_blob_t req;
+            OK(wsync_sender_send_chunk(g.tx, &ch, &req));
+            nccl_group_forward(&g, &req); /* each engine checks every byte of every view */
+        }
+    }
+    nccl_group_finish(&g);
+}
+
+typedef struct {
+    wsync_sender_t *tx;
+    wsync_chunk_t chunk;
+    wsync_blob_t req;
+    wsync_status_t status;
+} send_job_t;
+
+static void *send_chunk_thread(void *arg) {
+    send_job_t *job = (send_job_t *)arg;
+    job->status = wsync_sender_send_chunk(job->tx, &job->chunk, &job->req);
+    return NULL;
+}
+
+static void nccl_sender_polls_an_in_progress_broadcast_to_completion_before_reusing_its_bucket(void **state) {
+    (void)state;
+    nccl_group_t g;
+    nccl_group_start(&g);
+    ((wsync_fake_nccl_set_in_progress_fn)fake_control("wsync_fake_nccl_set_in_progress"))(1);
+    void *data[3][NT]; /* one set per version: only bucket reuse can mix them up */
+    wsync_tensor_t t[3][NT];
+    for (uint64_t v = 1; v <= 2; ++v) {
+        for (int k = 0; k < NT; ++k) data[v][k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+        nccl_fill_version(data[v], t[v], v);
+    }
+    wsync_blob_t req[2];
+    wsync_chunk_t ch0 = tu_chunk(t[1], 3, 0), ch1 = tu_chunk(t[1] + 3, 3, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(g.tx, &ch0, &req[0]));
+    OK(wsync_sender_send_chunk(g.tx, &ch1, &req[1]));
+    /* The third chunk needs the first one's bucket: its send must wait until the engines have
+     * received chunk 1, which they do only once they get its request, after this pause. */
+    send_job_t third = {g.tx, tu_chunk(t[2], 3, 0), {0}, WSYNC_ERR_INTERNAL};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, send_chunk_thread, &third), 0);
+    usleep(200 * 1000);
+    nccl_group_forward(&g, &req[0]); /* each engine checks every byte of every view */
+    assert_int_equal(pthread_join(th, NULL), 0);
+    OK(third.status);
+    nccl_group_forward(&g, &req[1]);
+    nccl_group_forward(&g, &third.req);
+    wsync_chunk_t last = tu_chunk(t[2] + 3, 3, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(g.tx, &last, &req[0]));
+    nccl_group_forward(&g, &req[0]);
+    nccl_group_finish(&g);
+}
+
+static void nccl_send_chunk_returns_only_after_the_pack_has_read_the_tensors(void **state) {
+    (void)state;
+    nccl_group_t g;
+    nccl_group_start(&g);
+    /* The trainer's GPU runs late: work nobody waits for is not done when a call returns. */
+    ((wsync_fake_set_stream_delay_ms_fn)fake_control("wsync_fake_set_stream_delay_ms"))(300);
+    void *data[NT];
+    for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    for (uint64_t v = 1; v <= 2; ++v) {
+        wsync_tensor_t t[NT];
+        nccl_fill_version(data, t, v);
+        for (int c = 0; c < 2; ++c) {
+            wsync_chunk_t ch = tu_chunk(t + 3 * c, 3, c == 1 ? WSYNC_CHUNK_LAST : 0);
+            wsync_blob_t req;
+            OK(wsync_sender_send_chunk(g.tx, &ch, &req));
+            /* wsync.h: the tensors "may be changed once the call returns". */
+            for (int k = 3 * c; k < 3 * c + 3; ++k)
+                memset(data[k], 0x5a, (size_t)shapes[k][0] * shapes[k][1] * 4);
+            nccl_group_forward(&g, &req);
+        }
+    }
+    nccl_group_finish(&g);
+}
+
+/* Destroys a sender on a thread of its own, so a destroy that never returns fails the test
+ * instead of hanging it. */
+typedef struct {
+    wsync_sender_t *tx;
+    int done;
+} destroy_job_t;
+
+static void *destroy_sender_thread(void *arg) {
+    destroy_job_t *job = (destroy_job_t *)arg;
+    wsync_sender_destroy(job->tx);
+    __atomic_store_n(&job->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void nccl_sender_destroy_is_bounded_when_a_receiver_never_posts_its_broadcast(void **state) {
+    (void)state;
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NULL, 0, 0, 0};
+    engine_t e = engine_start(&c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("nccl_broadcast", "{\"bucket_bytes\": 65536, \"timeout_ms\": 500}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    engine_send(&e, &init);
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    void *d = dalloc(64 * 32 * 4);
+    tu_fill(d, 64 * 32 * 4, 1, 0);
+    wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(tx, &ch, &req)); /* never forwarded: rank 1 never posts it */
+    destroy_job_t job = {tx, 0};
+    pthread_t th;
+    long t0 = tu_now_ms();
+    assert_int_equal(pthread_create(&th, NULL, destroy_sender_thread, &job), 0);
+    while (!__atomic_load_n(&job.done, __ATOMIC_ACQUIRE) && tu_now_ms() - t0 < 5000) usleep(1000);
+    long took = tu_now_ms() - t0;
+    if (!__atomic_load_n(&job.done, __ATOMIC_ACQUIRE))
+        fail_msg("wsync_sender_destroy did not return within 5000 ms (teardown bound: timeout_ms 500)");
+    pthread_join(th, NULL);
+    assert_true(took >= 400); /* NCCL was given its bound to finish the broadcast first */
+    assert_int_equal(stats_now().comms_live, 0); /* the communicator was aborted, not leaked */
+    engine_finish(&e);
+    wsync_blob_free(&req);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+/* An engine whose loader copies out of the first chunk's views on the legacy default stream
+ * while that stream is stuck behind other work. Answers: 0 if wsync_recv_end returned OK within
+ * 1 s; then 0 if the next receive failed with WSYNC_ERR_TIMEOUT naming the default stream. */
+static int stalled_loader_engine_main(const engine_cfg *cfg, int in, int out) {
+    alarm(30); /* whatever happens, this process does not outlive the test */
+    uint8_t *init, *req;
+    size_t len;
+    if (tu_recv_frame(in, &init, &len, 20000) || !init) return 10;
+    wsync_strategy_t *s;
+    wsync_receiver_t *r;
+    if (wsync_strategy_create(cfg->kind, cfg->options, &s) != WSYNC_OK ||
+        wsync_receiver_create(s, init, len, cfg->index, &r) != WSYNC_OK)
+        return 11;
+    free(init);
+    use_device(0); /* the loader's own context, as the engine's framework makes it current */
+    CUresult (*copy)(CUdeviceptr, CUdeviceptr, size_t, void *);
+    *(void **)&copy = dlsym(drv.h, "cuMemcpyDtoDAsync_v2");
+    wsync_fake_hold_default_stream_fn hold =
+        (wsync_fake_hold_default_stream_fn)dlsym(drv.h, "wsync_fake_hold_default_stream");
+    if (!copy || !hold) return 12;
+    uint8_t verdict = 1;
+    wsync_recv_t *it;
+    if (tu_recv_frame(in, &req, &len, 20000) || !req) return 13;
+    if (wsync_receiver_receive(r, req, len, &it) == WSYNC_OK) {
+        CUdeviceptr mine = 0;
+        wsync_tensor_t v;
+        bool has;
+        hold(1);
+        while (wsync_recv_next(it, &v, &has) == WSYNC_OK && has) {
+            size_t n = (size_t)v.shape[0] * (size_t)v.shape[1] * 4;
+            if (!mine && drv.cuMemAlloc(&mine, 1 << 20) != 0) return 14;
+            if (copy(mine, (CUdeviceptr)(uintptr_t)v.data, n, NULL) != 0) return 15;
+        }
+        long t0 = tu_now_ms();
+        wsync_status_t st = wsync_recv_end(it);
+        verdict = st == WSYNC_OK && tu_now_ms() - t0 < 1000 ? 0 : 2;
+    }
+    free(req);
+    if (tu_write_all(out, &verdict, 1)) return 16;
+    if (tu_recv_frame(in, &req, &len, 20000) || !req) return 17;
+    wsync_status_t st = wsync_receiver_receive(r, req, len, &it);
+    fprintf(stderr, "stalled engine: second receive: %s\n", wsync_last_error());
+    verdict = st == WSYNC_ERR_TIMEOUT && strstr(wsync_last_error(), "default stream") ? 0 : 3;
+    if (st == WSYNC_OK) wsync_recv_end(it);
+    free(req);
+    hold(0);
+    if (tu_write_all(out, &verdict, 1)) return 18;
+    if (tu_recv_frame(in, &req, &len, 20000) || req) return 19;
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    return 0;
+}
+
+static int stalled_loader_engine_entry(const void *cfg, int in, int out) {
+    return stalled_loader_engine_main((const engine_cfg *)cfg, in, out);
+}
+
+static void nccl_recv_end_does_not_wait_unbounded_for_the_loaders_default_stream(void **state) {
+    (void)state;
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 400}", NULL, 0, 0, 0};
+    engine_t e = tu_fork_peer(stalled_loader_engine_entry, &c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("nccl_broadcast", "{\"bucket_bytes\": 65536, \"timeout_ms\": 2000}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    engine_send(&e, &init);
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    void *data[NT];
+    wsync_tensor_t t[NT];
+    for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    nccl_fill_version(data, t, 1);
+    wsync_chunk_t ch = tu_chunk(t, 3, 0);
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    engine_send(&e, &req);
+    wsync_blob_free(&req);
+    assert_int_equal(tu_peer_byte(&e, 5000), 0); /* recv_end returned at once */
+    ch = tu_chunk(t + 3, 3, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    engine_send(&e, &req);
+    wsync_blob_free(&req);
+    assert_int_equal(tu_peer_byte(&e, 5000), 0); /* the next receive timed out, naming why */
+    assert_int_not_equal(wsync_sender_flush(tx, 1000), WSYNC_OK); /* rank 1 gave up on it */
+    assert_int_equal(tu_send_frame(e.to, NULL, 0), 0);
+    assert_int_equal(tu_wait_child(e.pid, 10000), 0);
+    close(e.to);
+    close(e.from);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
 static void nccl_too_old_or_missing_is_unavailable_naming_it(void **state) {
     (void)state;
     wsync_strategy_t *s = (wsync_strategy_t *)1;
@@ -619,6 +903,11 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(nccl_group_that_never_completes_times_out_and_aborts),
     cmocka_unit_test(nccl_failed_broadcast_times_the_receiver_out_and_fails_flush),
     cmocka_unit_test(nccl_too_old_or_missing_is_unavailable_naming_it),
+    cmocka_unit_test(nccl_receiver_polls_an_in_progress_broadcast_to_completion_before_returning_views),
+    cmocka_unit_test(nccl_sender_polls_an_in_progress_broadcast_to_completion_before_reusing_its_bucket),
+    cmocka_unit_test(nccl_send_chunk_returns_only_after_the_pack_has_read_the_tensors),
+    cmocka_unit_test(nccl_sender_destroy_is_bounded_when_a_receiver_never_posts_its_broadcast),
+    cmocka_unit_test(nccl_recv_end_does_not_wait_unbounded_for_the_loaders_default_stream),
 };
 
 TU_MAIN(tests)

@@ -41,6 +41,11 @@
 //   cuCtxSynchronize, which waits for every stream of the process and reports any failed one).
 //   cuStreamDestroy drains the stream before it returns (the driver returns at once and frees
 //   the stream later).
+//   Two test controls (fake_gpu.h) make the GPU late, as a busy one is: with
+//   wsync_fake_set_stream_delay_ms an operation starts only after that delay, or once something
+//   waits for it (cuEventQuery/cuStreamQuery/cuStreamWaitEvent/synchronisation), so work that
+//   nobody waits for is visibly not done yet; wsync_fake_hold_default_stream stops the NULL
+//   stream (a kernel that does not end) until released.
 // - cuMemcpyHtoDAsync copies the host source before it returns, as the driver does for pageable
 //   host memory (libwsync has no pinned memory); the device write happens in stream order.
 // - Modules: only PTX text with ".entry wsync_pack" loads; cuLaunchKernel of wsync_pack runs a
@@ -60,6 +65,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
@@ -101,6 +107,12 @@ void poll_sleep() {
 }
 
 // ---- streams ----------------------------------------------------------------------------------
+// Test controls of stream timing (fake_gpu.h): every operation enqueued while the delay is set
+// waits that long before it starts unless something waits for it; while the default stream is
+// held, the NULL stream starts nothing.
+std::atomic<int> g_stream_delay_ms{0};
+std::atomic<bool> g_hold_default_stream{false};
+
 struct Stream {
     explicit Stream(int dev) : device(dev) { worker = std::thread([this] { run(); }); }
     // cuStreamDestroy and context destruction stop the worker while they still hold a
@@ -110,13 +122,36 @@ struct Stream {
     // Appends an operation; returns its sequence number (1, 2, ...).
     uint64_t push(Op op) {
         std::lock_guard<std::mutex> lk(m);
-        q.emplace_back(++enq, std::move(op));
+        ++enq;
+        if (int ms = g_stream_delay_ms.load()) op = deferred(std::move(op), enq, ms);
+        q.emplace_back(enq, std::move(op));
         cv.notify_all();
         return enq;
     }
+    // A GPU busy elsewhere: `op` starts `ms` after now, or as soon as something waits for
+    // operation `seq` (a query, a synchronisation, another stream's wait: see kick_locked).
+    Op deferred(Op op, uint64_t seq, int ms) {
+        const auto due = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+        return [this, op = std::move(op), seq, due]() -> CUresult {
+            {
+                std::unique_lock<std::mutex> lk(m);
+                cv.wait_until(lk, due, [&] { return kicked >= seq || stop; });
+            }
+            return op();
+        };
+    }
+    // Someone waits for operation `seq`: deferred operations up to it start now. Holds m.
+    void kick_locked(uint64_t seq) {
+        if (seq > kicked) {
+            kicked = seq;
+            cv.notify_all();
+        }
+    }
+    bool held() const { return device == -1 && g_hold_default_stream.load(); }
     // Waits until operation `seq` (and everything before it) has completed.
     void wait(uint64_t seq) {
         std::unique_lock<std::mutex> lk(m);
+        kick_locked(seq);
         cv.wait(lk, [&] { return done >= seq; });
     }
     // Waits for everything enqueued before the call (not for what others enqueue meanwhile).
@@ -131,6 +166,7 @@ struct Stream {
     // cuStreamQuery: failed, drained, or not yet.
     CUresult query() {
         std::lock_guard<std::mutex> lk(m);
+        kick_locked(enq);
         if (failed_seq) return CUDA_ERROR_ILLEGAL_ADDRESS;
         return done >= enq ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
     }
@@ -138,6 +174,7 @@ struct Stream {
     // driver reports a sticky error), has completed, or not yet.
     CUresult query_seq(uint64_t seq) {
         std::lock_guard<std::mutex> lk(m);
+        kick_locked(seq);
         if (failed_seq && failed_seq <= seq) return CUDA_ERROR_ILLEGAL_ADDRESS;
         return done >= seq ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
     }
@@ -158,7 +195,7 @@ struct Stream {
     void run() {
         std::unique_lock<std::mutex> lk(m);
         for (;;) {
-            cv.wait(lk, [&] { return stop || !q.empty(); });
+            cv.wait(lk, [&] { return stop || (!q.empty() && !held()); });
             if (q.empty()) return;  // stopping, and drained
             uint64_t seq = q.front().first;
             Op op = std::move(q.front().second);
@@ -183,6 +220,7 @@ struct Stream {
     uint64_t enq = 0;         // last sequence number handed out
     uint64_t done = 0;        // last sequence number completed
     uint64_t failed_seq = 0;  // first operation that failed; 0 while healthy
+    uint64_t kicked = 0;      // deferred operations up to this one start at once
     bool stop = false;
     const int device;         // -1: the NULL stream
     std::thread worker;       // last: starts once the rest is built
@@ -1398,6 +1436,23 @@ WSYNC_FAKE_EXPORT void wsync_fake_set_fail(const char *function_name, int after_
         }
     }
     if (after_n_calls >= 0) g_injections.push_back({function_name, after_n_calls, result});
+}
+
+WSYNC_FAKE_EXPORT void wsync_fake_set_stream_delay_ms(int ms) {
+    g_stream_delay_ms.store(ms > 0 ? ms : 0);
+}
+
+WSYNC_FAKE_EXPORT void wsync_fake_hold_default_stream(int hold) {
+    g_hold_default_stream.store(hold != 0);
+    std::shared_ptr<Stream> x;
+    {
+        State &s = st();
+        std::lock_guard<std::mutex> lk(s.mu);
+        x = s.null_stream;
+    }
+    if (!x) return;
+    { std::lock_guard<std::mutex> lk(x->m); }  // its worker is waiting or will see the flag
+    x->cv.notify_all();
 }
 
 WSYNC_FAKE_EXPORT int wsync_fake_shm_count(const char *prefix) {

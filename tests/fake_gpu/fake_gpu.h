@@ -9,7 +9,7 @@
  *
  * Everything here is per process. After fork() the child starts with zeroed counters and no
  * contexts, memory, streams, modules or communicators; it keeps cuInit's result, the device
- * list, pending failure injections and the NCCL init delay. */
+ * list, pending failure injections, the NCCL init delay and the timing controls below. */
 #ifndef WSYNC_FAKE_GPU_H
 #define WSYNC_FAKE_GPU_H
 
@@ -63,6 +63,24 @@ void wsync_fake_set_fail(const char *function_name, int after_n_calls, int resul
  * (a slow bootstrap). 0 (the default) for none. */
 void wsync_fake_nccl_set_init_delay_ms(int ms);
 
+/* Late GPU work. Every stream operation enqueued from now on starts `ms` milliseconds after it
+ * was enqueued, or earlier once something waits for it (cuEventQuery of an event recorded after
+ * it, cuStreamQuery, cuStreamWaitEvent, cuCtxSynchronize, cuStreamDestroy, cuMemFree): code
+ * that returns without waiting for its kernels and copies sees them not done. 0 (the default)
+ * for none. Kept across fork(). */
+void wsync_fake_set_stream_delay_ms(int ms);
+
+/* hold != 0: this process's NULL stream starts no operation until released with hold == 0
+ * (the device busy with a kernel that does not end); anything waiting for it waits. */
+void wsync_fake_hold_default_stream(int hold);
+
+/* polls > 0: every ncclBroadcast on a non-blocking communicator returns ncclInProgress and
+ * enqueues nothing; the broadcast reaches its stream at the polls-th ncclCommGetAsyncError of
+ * that communicator, which reports ncclSuccess (the earlier ones ncclInProgress), as NCCL may
+ * finish enqueuing in the background. Until then any other NCCL call on it is
+ * ncclInvalidUsage. 0 (the default) turns it off. Kept across fork(). */
+void wsync_fake_nccl_set_in_progress(int polls);
+
 /* The number of entries in /dev/shm whose name starts with `prefix` (NULL: "wsync-fake", i.e.
  * every allocation and control segment of the fake, of any process). -1 if /dev/shm cannot be
  * read. */
@@ -73,6 +91,9 @@ typedef void (*wsync_fake_reset_stats_fn)(void);
 typedef void (*wsync_fake_set_fail_fn)(const char *function_name, int after_n_calls, int result);
 typedef void (*wsync_fake_nccl_set_init_delay_ms_fn)(int ms);
 typedef int (*wsync_fake_shm_count_fn)(const char *prefix);
+typedef void (*wsync_fake_set_stream_delay_ms_fn)(int ms);
+typedef void (*wsync_fake_hold_default_stream_fn)(int hold);
+typedef void (*wsync_fake_nccl_set_in_progress_fn)(int polls);
 
 #ifdef __cplusplus
 }

@@ -36,6 +36,18 @@
 //   ncclInvalidUsage in *error) returns ncclInvalidUsage rather than touching freed memory.
 // - ncclCommDestroy waits for the communicator's pending operations (no timeout, as NCCL), then
 //   leaves; the handle is dead afterwards, as after an abort.
+// - ncclCommFinalize (nccl.h: "flushes all issued communications, and marks communicator state
+//   as ncclInProgress. The state will change to ncclSuccess when the communicator is globally
+//   quiescent"): on a non-blocking communicator it returns ncclInProgress and
+//   ncclCommGetAsyncError says ncclInProgress until every pending operation has finished, which
+//   for a broadcast a peer never posts is never; a blocking one waits for that (no timeout).
+//   Later operations are ncclInvalidUsage; ncclCommDestroy then returns at once.
+// - wsync_fake_nccl_set_in_progress(polls) makes ncclBroadcast on a non-blocking communicator
+//   return ncclInProgress without enqueuing anything: the operation reaches its stream only at
+//   the polls-th ncclCommGetAsyncError of that communicator, which reports ncclSuccess (the
+//   earlier ones ncclInProgress), as NCCL may finish enqueuing in the background. An event
+//   recorded on the stream before then completes before the broadcast runs. Another NCCL call
+//   on the communicator meanwhile is ncclInvalidUsage.
 // - The last rank to leave (destroy, abort, or exit() of a process with live communicators)
 //   unlinks the control segment. abort and destroy of NULL are ncclSuccess, as in NCCL.
 #include <fcntl.h>
@@ -112,6 +124,14 @@ struct Comm {
     std::atomic<int> async{ncclInProgress};
     std::atomic<bool> abort{false};
     std::atomic<int> pending{0};        // enqueued broadcasts not finished
+    bool blocking = true;               // config->blocking
+    std::atomic<bool> finalizing{false};  // ncclCommFinalize was called
+    // A broadcast that returned ncclInProgress: enqueued on `deferred_stream` at the
+    // `deferred_polls`-th ncclCommGetAsyncError (wsync_fake_nccl_set_in_progress).
+    std::mutex deferred_mu;
+    Op deferred_op;
+    std::shared_ptr<Stream> deferred_stream;
+    int deferred_polls = 0;
     uint64_t next_seq = 0;              // under NState::mu
     std::thread joiner;                 // non-blocking init
     std::mutex maps_mu;
@@ -136,6 +156,32 @@ NState *&nstate_ptr() {
 NState &ns() { return *nstate_ptr(); }
 
 std::atomic<int> g_init_delay_ms{0};
+std::atomic<int> g_in_progress_polls{0};
+
+bool has_deferred(Comm &c) {
+    std::lock_guard<std::mutex> lk(c.deferred_mu);
+    return static_cast<bool>(c.deferred_op);
+}
+
+// One ncclCommGetAsyncError poll of a call in progress: true while it still is; the poll that
+// ends it enqueues the deferred broadcast.
+bool poll_deferred(Comm &c) {
+    std::lock_guard<std::mutex> lk(c.deferred_mu);
+    if (!c.deferred_op) return false;
+    if (--c.deferred_polls > 0) return true;
+    enqueue(*c.deferred_stream, std::move(c.deferred_op));
+    c.deferred_op = nullptr;
+    c.deferred_stream.reset();
+    g_broadcasts.fetch_add(1);
+    return false;
+}
+
+// Drops a deferred broadcast (abort, destroy): it never runs, and it no longer counts pending.
+void drop_deferred(Comm &c) {
+    std::lock_guard<std::mutex> lk(c.deferred_mu);
+    c.deferred_op = nullptr;
+    c.deferred_stream.reset();
+}
 
 bool alive(uint64_t pid) {
     return pid && (kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
@@ -462,6 +508,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
     c->nranks = nranks;
     c->rank = rank;
     c->device = dev;
+    c->blocking = blocking;
     static const char *hex = "0123456789abcdef";
     c->seg = "/wsync-fakenccl-";
     for (int i = 0; i < 16; ++i) {
@@ -506,7 +553,10 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *error) {
         *error = rc;
         return rc;
     }
-    *error = c->async.load();
+    ncclResult_t state = c->async.load();
+    if (state == ncclSuccess && poll_deferred(*c)) state = ncclInProgress;
+    if (state == ncclSuccess && c->finalizing.load() && c->pending.load() > 0) state = ncclInProgress;
+    *error = state;
     return ncclSuccess;
 }
 
@@ -516,6 +566,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     std::shared_ptr<Comm> c;
     if (ncclResult_t rc = lookup(comm, &c)) return rc;
     bury(comm);
+    drop_deferred(*c);
     c->abort.store(true);  // waiting operations and a joining thread see it within ~100 us
     if (c->joiner.joinable()) c->joiner.join();
     leave(*c);
@@ -528,6 +579,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     std::shared_ptr<Comm> c;
     if (ncclResult_t rc = lookup(comm, &c)) return rc;
     bury(comm);
+    drop_deferred(*c);
     if (c->async.load() == ncclInProgress) c->abort.store(true);  // destroyed while joining
     if (c->joiner.joinable()) c->joiner.join();
     // NCCL finishes the communicator's outstanding work first; so does this (no timeout).
@@ -542,6 +594,7 @@ ncclResult_t ncclBroadcast(const void *send, void *recv, std::size_t count, int 
     std::shared_ptr<Comm> c;
     if (ncclResult_t rc = lookup(comm, &c)) return rc;
     if (c->async.load() != ncclSuccess) return ncclInvalidUsage;  // not ready, or failed
+    if (c->finalizing.load() || has_deferred(*c)) return ncclInvalidUsage;
     if (datatype != ncclUint8) return ncclInvalidArgument;        // the only type the fake moves
     if (root < 0 || root >= c->nranks) return ncclInvalidArgument;
     std::shared_ptr<Stream> s;
@@ -559,16 +612,40 @@ ncclResult_t ncclBroadcast(const void *send, void *recv, std::size_t count, int 
     // Counts the operation finished when the stream lets go of it, run or skipped.
     std::shared_ptr<Comm> guard(c.get(), [c](Comm *p) { p->pending.fetch_sub(1); });
     const auto src = reinterpret_cast<uint64_t>(send), dst = reinterpret_cast<uint64_t>(recv);
-    enqueue(*s, [guard, k, src, dst, count, root, fail, fail_rc]() -> CUresult {
+    Op op = [guard, k, src, dst, count, root, fail, fail_rc]() -> CUresult {
         if (fail) {
             set_error(*guard, fail_rc ? fail_rc : ncclSystemError);
             return CUDA_ERROR_ILLEGAL_ADDRESS;
         }
         if (guard->abort.load()) return CUDA_ERROR_ILLEGAL_ADDRESS;
         return run_broadcast(*guard, k, src, dst, count, root);
-    });
+    };
+    const int polls = g_in_progress_polls.load();
+    if (polls > 0 && !c->blocking) {
+        std::lock_guard<std::mutex> lk(c->deferred_mu);
+        c->deferred_op = std::move(op);
+        c->deferred_stream = s;
+        c->deferred_polls = polls;
+        return ncclInProgress;
+    }
+    enqueue(*s, std::move(op));
     g_broadcasts.fetch_add(1);
     return ncclSuccess;
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+    WSYNC_FAKE_FAIL_POINT("ncclCommFinalize");
+    std::shared_ptr<Comm> c;
+    if (ncclResult_t rc = lookup(comm, &c)) return rc;
+    if (c->async.load() == ncclInProgress || has_deferred(*c)) return ncclInvalidUsage;
+    if (c->finalizing.exchange(true)) return ncclInvalidUsage;  // finalized twice
+    if (!c->blocking) return ncclInProgress;  // ncclCommGetAsyncError tells when it is quiescent
+    while (c->pending.load() > 0 && !c->abort.load()) poll_sleep();
+    return ncclSuccess;
+}
+
+extern "C" __attribute__((visibility("default"))) void wsync_fake_nccl_set_in_progress(int polls) {
+    g_in_progress_polls.store(polls > 0 ? polls : 0);
 }
 
 extern "C" __attribute__((visibility("default"))) void wsync_fake_nccl_set_init_delay_ms(int ms) {
