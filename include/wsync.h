@@ -303,10 +303,16 @@ typedef struct wsync_sender_t wsync_sender_t;
 WSYNC_API wsync_status_t wsync_sender_create(wsync_strategy_t *strategy, const uint8_t *init,
                                              size_t len, wsync_sender_t **out);
 
-/* Destroys a sender without waiting for receivers (call wsync_sender_flush() first to know
- * they are done) and releases what it holds; for "shm" the segment's name is removed, so no
- * name is left behind. A version left open is abandoned. NULL is a no-op. Does not block
- * (beyond joining a helper thread that wakes within 100 ms). */
+/* Destroys a sender without waiting for receivers' acknowledgements (call wsync_sender_flush()
+ * first to know they are done) and releases what it holds; for "shm" the segment's name is
+ * removed, so no name is left behind. A version left open is abandoned. NULL is a no-op.
+ * Does not block (beyond joining a helper thread that wakes within 100 ms), except for
+ * "cuda_ipc" with "packed" (default): its device buckets are mapped by receivers, and freeing
+ * memory another process still maps is undefined behaviour in CUDA, so it first waits, up to
+ * the "release_timeout_ms" option, until every receiver is destroyed, dropped or dead (as
+ * wsync_sender_wait_released(sender, WSYNC_ALL_VERSIONS, ...)); receivers still mapping the
+ * buckets then leave them allocated until this process exits (the driver frees them then)
+ * rather than freed under their mappings. */
 WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
 
 /* Starts moving one chunk of the current version and writes its request blob to *request_out
@@ -370,6 +376,37 @@ WSYNC_API wsync_status_t wsync_sender_abandon(wsync_sender_t *sender);
  * receiver's caller only); at the deadline the communicator is aborted and every later call on
  * the sender fails with WSYNC_ERR_PEER. */
 WSYNC_API wsync_status_t wsync_sender_flush(wsync_sender_t *sender, int64_t timeout_ms);
+
+/* wsync_sender_wait_released(): every version, i.e. no receiver maps anything of the sender. */
+#define WSYNC_ALL_VERSIONS UINT64_MAX
+
+/* Waits until the trainer may free or reallocate memory that it shared up to `version` and that
+ * `version` does not share any more; with version WSYNC_ALL_VERSIONS, any memory it shared.
+ * Only "cuda_ipc" with "packed": false shares the trainer's own memory: each receiver keeps the
+ * allocations it imported (cuIpcOpenMemHandle) open while versions use them, closes those that
+ * a version it ends no longer uses, and then announces "released through that version" on the
+ * acknowledgement board; CUDA makes freeing memory before every importer has closed it
+ * undefined behaviour. So after a tensor moved (re-allocated, or the allocator wants to return
+ * its segment), sync a version that no longer names the old memory, flush it, call this with
+ * that version, and only then free the old memory (e.g. torch.cuda.empty_cache()). Memory the
+ * version still uses stays mapped: free it only after a later version that no longer uses it is
+ * released, or after WSYNC_ALL_VERSIONS (every receiver destroyed, dropped or dead).
+ * Other kinds, and "packed": true, copy the tensors while sending: it returns WSYNC_OK at once.
+ * Receivers that are dropped, destroyed or dead, that never attached, or that joined after the
+ * version, map nothing of it and are not waited for (a dropped receiver still alive closes its
+ * mappings only when it is destroyed: free memory it mapped after WSYNC_ALL_VERSIONS or its end).
+ * `version` is a version this sender has finished (1 .. wsync_sender_version() - 1; an
+ * abandoned version is released when a later version is) or WSYNC_ALL_VERSIONS.
+ * Returns WSYNC_OK, or:
+ *   WSYNC_ERR_INVALID_ARGUMENT for timeout_ms < 0 or a version this sender has not finished;
+ *   WSYNC_ERR_TIMEOUT after timeout_ms (>= 0; 0 polls) naming the receivers that still map the
+ *     memory and the version each has released through (also as wsync_sender_failure() entries,
+ *     what WSYNC_FAILURE_TIMEOUT); a receiver releases a version when its caller ends or fails
+ *     the version's last chunk, so an engine that stopped receiving is one.
+ * Borrows nothing. Blocks up to timeout_ms. Same threading as every sender call (one thread at a
+ * time per sender). */
+WSYNC_API wsync_status_t wsync_sender_wait_released(wsync_sender_t *sender, uint64_t version,
+                                                    int64_t timeout_ms);
 
 /* The sync version the next chunk will belong to (1 before any chunk is sent). */
 WSYNC_API wsync_status_t wsync_sender_version(const wsync_sender_t *sender,
