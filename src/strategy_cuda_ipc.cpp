@@ -622,10 +622,11 @@ public:
             return outcome;
         } catch (const Error &e) {
             if (outcome != WSYNC_OK) return outcome;
-            *message = std::string(e.what()) +
-                       (e.status() == WSYNC_ERR_TIMEOUT
-                            ? ""
-                            : " (" + chunk + " is failed: the loader's copies out of it did not complete)");
+            *message = e.status() == WSYNC_ERR_TIMEOUT
+                           ? std::string(e.what())
+                           : std::string(kKind) + ": receiver " + std::to_string(index_) +
+                                 ": the loader's work on the legacy default stream of " +
+                                 dev_.uuid_string() + " failed after " + chunk + ": " + e.what();
             return e.status();
         } catch (...) {
             if (outcome != WSYNC_OK) return outcome;
