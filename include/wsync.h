@@ -321,9 +321,14 @@ WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
  * call returns, except for "cuda_ipc" with "packed": false, whose receivers read the trainer's
  * own memory: those tensors must stay unchanged (and allocated) until wsync_sender_flush()
  * returns. GPU kinds take WSYNC_DEVICE_CUDA tensors, all on one GPU per sender; with
- * "synchronize" (default) the sender first waits for work queued on the device ("cuda_ipc":
- * cuCtxSynchronize; "nccl_broadcast": the legacy default stream), and a "dtype" option casts
- * float32 tensors to bfloat16 or float16 while packing.
+ * "synchronize" (default) the sender first orders itself after the work queued on the legacy
+ * default stream (PyTorch's default stream; work on other streams, such as collectives, the
+ * caller synchronises), "cuda_ipc" waiting for it up to "timeout_ms" (then WSYNC_ERR_TIMEOUT
+ * naming the GPU and the chunk), and a "dtype" option casts float32 tensors to bfloat16 or
+ * float16 while packing. "cuda_ipc" with "packed": false refuses a tensor in memory that cannot
+ * be exported (a cudaMallocAsync pool, PyTorch's expandable segments) with
+ * WSYNC_ERR_UNSUPPORTED naming it and "packed: true"; after a tensor moved, free its old memory
+ * only after wsync_sender_wait_released().
  * Tensor descriptors are validated first: NULL data, zero elements, non-contiguous strides,
  * unknown dtype or device, names that are empty, too long, not UTF-8 or duplicated, shape
  * products that overflow fail with WSYNC_ERR_INVALID_ARGUMENT naming the tensor; nothing is
@@ -512,8 +517,9 @@ WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
  * Only one iteration per receiver may be open (WSYNC_ERR_WRONG_STATE otherwise). For
  * "cuda_ipc" the receiver takes the request's part whose GPU UUID equals its own device's
  * ("GPU-" or "MIG-" prefixed, compared as 16 bytes); none fails with WSYNC_ERR_MISMATCH naming
- * this GPU and the ones present. IPC handles are opened once and cached by their bytes; one a
- * whole version did not use is closed. On success *out is the iteration; it must be ended with
+ * this GPU and the ones present. IPC handles are opened once and cached by their bytes; when the
+ * caller ends (or fails) a version's last chunk, the handles that version did not use are
+ * closed and the version is announced released to the sender (wsync_sender_wait_released()). On success *out is the iteration; it must be ended with
  * wsync_recv_end() or wsync_recv_fail(). Does not block for "shm" and "cuda_ipc" (the bytes are
  * in place when the request exists); "nccl_broadcast" posts its side of the broadcast and
  * blocks until it arrives, up to its "timeout_ms" option (then WSYNC_ERR_TIMEOUT and the
@@ -591,10 +597,14 @@ WSYNC_API wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view,
  * receiver received (else WSYNC_ERR_MISMATCH naming the difference). An iteration ended early
  * or after a failure is acknowledged as failed, so the sender's flush reports it and the
  * version is not completed, and the call returns WSYNC_ERR_WRONG_STATE (ended early) or the
- * iteration's error. GPU kinds with "synchronize" (default) first synchronise the receiver's
- * device, so copies the loader queued out of the views are complete before the sender may
- * reuse that memory; that waits on this process's own GPU work only. NULL is a no-op returning
- * WSYNC_OK. Does not block otherwise. */
+ * iteration's error. GPU kinds with "synchronize" (default) first wait for the work queued on
+ * the receiver's legacy default stream, so copies the loader queued out of the views are
+ * complete before the sender may reuse that memory ("cuda_ipc": up to the receiver's
+ * "timeout_ms" option, polling an event; "nccl_broadcast": its device). For "cuda_ipc" that
+ * wait decides the chunk's outcome on both sides: if it fails (a faulted copy) or times out, this
+ * call returns that status (WSYNC_ERR_SYSTEM or WSYNC_ERR_TIMEOUT, naming the receiver, GPU and
+ * chunk) and the sender's flush reports the same failure. NULL is a no-op returning WSYNC_OK.
+ * Does not block otherwise. */
 WSYNC_API wsync_status_t wsync_recv_end(wsync_recv_t *it);
 
 /* Fails an iteration at any point, also after its last view (a loader that found a tensor it

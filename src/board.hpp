@@ -5,7 +5,7 @@
 // keeps it in a small segment of its own). It knows chunks only as (slot, seq) pairs and
 // versions only as numbers, nothing of any wire format.
 //
-// Who writes, reads and clears each word (docs/architecture.md has the same table):
+// Who writes, reads and clears each word:
 //
 // | word                         | written by                         | read by            | cleared |
 // |------------------------------|------------------------------------|--------------------|---------|

@@ -280,8 +280,9 @@ public:
         // Receivers map the buckets until they are destroyed: freeing them first is undefined
         // behaviour (see the top of the file). Wait, bounded; what is still mapped then is left
         // to the driver, which frees it when this process exits.
+        bool released = true;
         if (!buckets_.empty()) {
-            bool released = false;
+            released = false;
             try {
                 waiter_.wait_released(board::kAllReleased, 0, sys::Deadline(release_timeout_ms_),
                                       "destroying the sender: waiting for receivers to unmap its buckets");
@@ -297,7 +298,10 @@ public:
         legacy_.reset();
         stream_.reset();
         buckets_.clear();
-        dev_.reset();
+        // Leaked buckets keep their context too: the last release of a primary context frees
+        // its memory.
+        if (released) dev_.reset();
+        else (void)dev_.release();
         waiter_.unregister_sender();
     }
 
