@@ -303,12 +303,19 @@ typedef struct wsync_sender_t wsync_sender_t;
 WSYNC_API wsync_status_t wsync_sender_create(wsync_strategy_t *strategy, const uint8_t *init,
                                              size_t len, wsync_sender_t **out);
 
-/* Destroys a sender without waiting for receivers (call wsync_sender_flush() first to know
- * they are done) and releases what it holds; for "shm" the segment's name is removed, so no
- * name is left behind. A version left open is abandoned. NULL is a no-op. Does not block
- * (beyond joining a helper thread that wakes within 100 ms), except for "nccl_broadcast": NCCL
- * finalizes the communicator, letting queued broadcasts complete, for up to the "timeout_ms"
- * option; then the communicator is aborted (receivers still waiting for a broadcast fail). */
+/* Destroys a sender without waiting for receivers' acknowledgements (call wsync_sender_flush()
+ * first to know they are done) and releases what it holds; for "shm" the segment's name is
+ * removed, so no name is left behind. A version left open is abandoned. NULL is a no-op.
+ * Does not block (beyond joining a helper thread that wakes within 100 ms), except:
+ *   "cuda_ipc" with "packed" (default): its device buckets are mapped by receivers, and freeing
+ *     memory another process still maps is undefined behaviour in CUDA, so it first waits, up
+ *     to the "release_timeout_ms" option, until every receiver is destroyed, dropped or dead (as
+ *     wsync_sender_wait_released(sender, WSYNC_ALL_VERSIONS, ...)); receivers still mapping the
+ *     buckets then leave them allocated until this process exits (the driver frees them then)
+ *     rather than freed under their mappings;
+ *   "nccl_broadcast": NCCL finalizes the communicator, letting queued broadcasts complete, for
+ *     up to the "timeout_ms" option; then the communicator is aborted (receivers still waiting
+ *     for a broadcast fail). */
 WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
 
 /* Starts moving one chunk of the current version and writes its request blob to *request_out
@@ -317,9 +324,14 @@ WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
  * call returns, except for "cuda_ipc" with "packed": false, whose receivers read the trainer's
  * own memory: those tensors must stay unchanged (and allocated) until wsync_sender_flush()
  * returns. GPU kinds take WSYNC_DEVICE_CUDA tensors, all on one GPU per sender; with
- * "synchronize" (default) the sender first waits for work queued on the device ("cuda_ipc":
- * cuCtxSynchronize; "nccl_broadcast": the legacy default stream), and a "dtype" option casts
- * float32 tensors to bfloat16 or float16 while packing.
+ * "synchronize" (default) the sender first orders itself after the work queued on the legacy
+ * default stream (PyTorch's default stream; work on other streams, such as collectives, the
+ * caller synchronises), "cuda_ipc" waiting for it up to "timeout_ms" (then WSYNC_ERR_TIMEOUT
+ * naming the GPU and the chunk), and a "dtype" option casts float32 tensors to bfloat16 or
+ * float16 while packing. "cuda_ipc" with "packed": false refuses a tensor in memory that cannot
+ * be exported (a cudaMallocAsync pool, PyTorch's expandable segments) with
+ * WSYNC_ERR_UNSUPPORTED naming it and "packed: true"; after a tensor moved, free its old memory
+ * only after wsync_sender_wait_released().
  * Tensor descriptors are validated first: NULL data, zero elements, non-contiguous strides,
  * unknown dtype or device, names that are empty, too long, not UTF-8 or duplicated, shape
  * products that overflow fail with WSYNC_ERR_INVALID_ARGUMENT naming the tensor; nothing is
@@ -374,6 +386,37 @@ WSYNC_API wsync_status_t wsync_sender_abandon(wsync_sender_t *sender);
  * receiver's caller only); at the deadline the communicator is aborted and every later call on
  * the sender fails with WSYNC_ERR_PEER. */
 WSYNC_API wsync_status_t wsync_sender_flush(wsync_sender_t *sender, int64_t timeout_ms);
+
+/* wsync_sender_wait_released(): every version, i.e. no receiver maps anything of the sender. */
+#define WSYNC_ALL_VERSIONS UINT64_MAX
+
+/* Waits until the trainer may free or reallocate memory that it shared up to `version` and that
+ * `version` does not share any more; with version WSYNC_ALL_VERSIONS, any memory it shared.
+ * Only "cuda_ipc" with "packed": false shares the trainer's own memory: each receiver keeps the
+ * allocations it imported (cuIpcOpenMemHandle) open while versions use them, closes those that
+ * a version it ends no longer uses, and then announces "released through that version" on the
+ * acknowledgement board; CUDA makes freeing memory before every importer has closed it
+ * undefined behaviour. So after a tensor moved (re-allocated, or the allocator wants to return
+ * its segment), sync a version that no longer names the old memory, flush it, call this with
+ * that version, and only then free the old memory (e.g. torch.cuda.empty_cache()). Memory the
+ * version still uses stays mapped: free it only after a later version that no longer uses it is
+ * released, or after WSYNC_ALL_VERSIONS (every receiver destroyed, dropped or dead).
+ * Other kinds, and "packed": true, copy the tensors while sending: it returns WSYNC_OK at once.
+ * Receivers that are dropped, destroyed or dead, that never attached, or that joined after the
+ * version, map nothing of it and are not waited for (a dropped receiver still alive closes its
+ * mappings only when it is destroyed: free memory it mapped after WSYNC_ALL_VERSIONS or its end).
+ * `version` is a version this sender has finished (1 .. wsync_sender_version() - 1; an
+ * abandoned version is released when a later version is) or WSYNC_ALL_VERSIONS.
+ * Returns WSYNC_OK, or:
+ *   WSYNC_ERR_INVALID_ARGUMENT for timeout_ms < 0 or a version this sender has not finished;
+ *   WSYNC_ERR_TIMEOUT after timeout_ms (>= 0; 0 polls) naming the receivers that still map the
+ *     memory and the version each has released through (also as wsync_sender_failure() entries,
+ *     what WSYNC_FAILURE_TIMEOUT); a receiver releases a version when its caller ends or fails
+ *     the version's last chunk, so an engine that stopped receiving is one.
+ * Borrows nothing. Blocks up to timeout_ms. Same threading as every sender call (one thread at a
+ * time per sender). */
+WSYNC_API wsync_status_t wsync_sender_wait_released(wsync_sender_t *sender, uint64_t version,
+                                                    int64_t timeout_ms);
 
 /* The sync version the next chunk will belong to (1 before any chunk is sent). */
 WSYNC_API wsync_status_t wsync_sender_version(const wsync_sender_t *sender,
@@ -481,8 +524,9 @@ WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
  * Only one iteration per receiver may be open (WSYNC_ERR_WRONG_STATE otherwise). For
  * "cuda_ipc" the receiver takes the request's part whose GPU UUID equals its own device's
  * ("GPU-" or "MIG-" prefixed, compared as 16 bytes); none fails with WSYNC_ERR_MISMATCH naming
- * this GPU and the ones present. IPC handles are opened once and cached by their bytes; one a
- * whole version did not use is closed. On success *out is the iteration; it must be ended with
+ * this GPU and the ones present. IPC handles are opened once and cached by their bytes; when the
+ * caller ends (or fails) a version's last chunk, the handles that version did not use are
+ * closed and the version is announced released to the sender (wsync_sender_wait_released()). On success *out is the iteration; it must be ended with
  * wsync_recv_end() or wsync_recv_fail(). Does not block for "shm" and "cuda_ipc" (the bytes are
  * in place when the request exists); "nccl_broadcast" posts its side of the broadcast and
  * blocks until it arrives, up to its "timeout_ms" option (then WSYNC_ERR_TIMEOUT and the
@@ -564,11 +608,15 @@ WSYNC_API wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view,
  * or after a failure is acknowledged as failed, so the sender's flush reports it and the
  * version is not completed, and the call returns WSYNC_ERR_WRONG_STATE (ended early) or the
  * iteration's error. With "synchronize" (default) copies the loader queued out of the views
- * complete before that memory is reused: "cuda_ipc" first synchronises the receiver's device
- * (this process's own GPU work only); "nccl_broadcast" does not wait here but records an event
- * on the legacy default stream, which the next wsync_receiver_receive() waits for with its
- * deadline (queue the copies there, e.g. PyTorch's default stream, or synchronise other
- * streams before ending). NULL is a no-op returning WSYNC_OK. Does not block otherwise. */
+ * complete before that memory is reused, as far as they were queued on the receiver's legacy
+ * default stream (e.g. PyTorch's default stream; synchronise other streams before ending):
+ *   "cuda_ipc" waits here, up to the receiver's "timeout_ms" option, polling an event; that
+ *     wait decides the chunk's outcome on both sides: if it fails (a faulted copy) or times
+ *     out, this call returns that status (WSYNC_ERR_SYSTEM or WSYNC_ERR_TIMEOUT, naming the
+ *     receiver, GPU and chunk) and the sender's flush reports the same failure;
+ *   "nccl_broadcast" does not wait here but records an event on that stream, which the next
+ *     wsync_receiver_receive() waits for with its deadline.
+ * NULL is a no-op returning WSYNC_OK. Does not block otherwise. */
 WSYNC_API wsync_status_t wsync_recv_end(wsync_recv_t *it);
 
 /* Fails an iteration at any point, also after its last view (a loader that found a tensor it

@@ -299,6 +299,14 @@ wsync_status_t wsync_sender_flush(wsync_sender_t *sender, int64_t timeout_ms) {
     });
 }
 
+wsync_status_t wsync_sender_wait_released(wsync_sender_t *sender, uint64_t version,
+                                          int64_t timeout_ms) {
+    return guard([&] {
+        require(sender, "wsync_sender_wait_released", "sender");
+        core(sender)->wait_released(version, timeout_ms);
+    });
+}
+
 wsync_status_t wsync_sender_version(const wsync_sender_t *sender, uint64_t *version_out) {
     if (version_out) *version_out = 0;
     return guard([&] {

@@ -10,7 +10,7 @@ namespace wsync::board {
 
 namespace {
 constexpr char kMagic[8] = {'W', 'S', 'Y', 'N', 'C', 'B', 'R', 'D'};
-constexpr uint32_t kLayoutVersion = 2;
+constexpr uint32_t kLayoutVersion = 3;  // 3: released words, sender claims
 constexpr int64_t kLivenessPollMs = 100;  // how often a waiting sender checks receivers' locks
 constexpr int kSeqlockTries = 4;  // a record changed while copied is re-read this often at most
 uint64_t ack_seq(uint64_t word) { return word >> 8; }
@@ -59,14 +59,42 @@ Waiter::Waiter(Board *b, int fd, uint32_t receivers, uint32_t slots, std::string
       slots_(std::min(slots, kMaxSlots)), kind_(std::move(kind)) {}
 
 void Waiter::register_sender() {
+    // An index is claimed by its pid word (so two senders of one process, which share the
+    // descriptor and so cannot tell their locks apart, still get two indices) and its lock (so
+    // receivers and other senders see it die). A claimer that is not this process and holds no
+    // lock is dead: its index is taken over.
+    const int32_t self = static_cast<int32_t>(getpid());
     for (uint32_t k = 0; k < kMaxSenders; ++k) {
-        if (!sys::lock_try(fd_, sender_lock(k))) continue;
+        int32_t cur = b_->sender_pid[k].load(std::memory_order_acquire);
+        if (cur != 0 && (cur == self || sys::lock_held_elsewhere(fd_, sender_lock(k)))) continue;
+        if (!b_->sender_pid[k].compare_exchange_strong(cur, self)) continue;
+        if (!sys::lock_try(fd_, sender_lock(k))) {  // another process took it meanwhile
+            b_->sender_pid[k].store(0, std::memory_order_release);
+            continue;
+        }
+        sender_index_ = k;
         uint32_t seen = b_->senders_seen.load();
         while (seen < k + 1 && !b_->senders_seen.compare_exchange_weak(seen, k + 1)) {
         }
         return;
     }
-    // More live senders than lock bytes: this one is simply not watched by receivers.
+    // More live senders than indices: this one is simply not watched or counted.
+}
+
+void Waiter::unregister_sender() noexcept {
+    if (sender_index_ == UINT32_MAX) return;
+    b_->sender_pid[sender_index_].store(0, std::memory_order_release);
+    sender_index_ = UINT32_MAX;
+}
+
+uint32_t Waiter::attached_senders() const {
+    const int32_t self = static_cast<int32_t>(getpid());
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < kMaxSenders; ++k) {
+        int32_t pid = b_->sender_pid[k].load(std::memory_order_acquire);
+        if (pid != 0 && (pid == self || sys::lock_held_elsewhere(fd_, sender_lock(k)))) ++n;
+    }
+    return n;
 }
 
 void Waiter::admit_joiners(uint64_t seq) {
@@ -308,6 +336,62 @@ void Waiter::wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadl
     }
 }
 
+uint64_t Waiter::releases_pending(uint64_t version, uint64_t last_seq) const {
+    uint64_t mask = 0;
+    for (uint32_t r = 0; r < receivers_; ++r) {
+        const ReceiverSlot &s = b_->receiver[r];
+        uint32_t st = s.state.load(std::memory_order_acquire);
+        // Joining receivers refuse every chunk until they are admitted: they map nothing.
+        if (st != kAttached) continue;
+        if (version != kAllReleased && s.from_seq.load(std::memory_order_acquire) > last_seq) continue;
+        if (s.released.load(std::memory_order_acquire) >= version) continue;
+        // A dead process's mappings went with it.
+        if (!sys::lock_held_elsewhere(fd_, receiver_lock(r))) continue;
+        mask |= uint64_t(1) << r;
+    }
+    return mask;
+}
+
+void Waiter::wait_released(uint64_t version, uint64_t last_seq, const sys::Deadline &deadline,
+                           const char *what) {
+    for (;;) {
+        uint32_t word = b_->ack_futex.load(std::memory_order_acquire);
+        uint64_t mask = releases_pending(version, last_seq);
+        if (!mask) return;
+        int64_t left = deadline.remaining_ms();
+        if (deadline.passed()) {
+            std::vector<Failure> fs;
+            std::string detail;
+            for (uint32_t r = 0; r < receivers_; ++r) {
+                if (!(mask >> r & 1)) continue;
+                uint64_t rel = b_->receiver[r].released.load(std::memory_order_acquire);
+                Failure f;
+                f.what = WSYNC_FAILURE_TIMEOUT;
+                f.status = WSYNC_ERR_TIMEOUT;
+                f.receiver = r;
+                f.version = version == kAllReleased ? 0 : version;
+                f.pid = pid_of(r);
+                f.message = "still maps memory: it has released through version " +
+                            std::to_string(rel) + " (it releases a version when it ends the "
+                            "version's last chunk, and everything when it is destroyed)";
+                fs.push_back(std::move(f));
+                detail += (detail.empty() ? "" : ", ") + std::string("receiver ") +
+                          std::to_string(r) + " released through version " + std::to_string(rel);
+            }
+            throw Error(WSYNC_ERR_TIMEOUT,
+                        kind_ + ": " + what + " after " + std::to_string(deadline.budget_ms()) +
+                            " ms: receivers " + list_indices(mask) + " still map " +
+                            (version == kAllReleased
+                                 ? std::string("this sync's memory (not destroyed yet)")
+                                 : "memory that version " + std::to_string(version) +
+                                       " no longer uses") +
+                            " (" + detail + ")",
+                        std::move(fs));
+        }
+        sys::futex_wait(&b_->ack_futex, word, std::min(left, kLivenessPollMs));
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 void attach(Board *b, int fd, uint32_t index, const std::string &kind) {
     ReceiverSlot &slot = b->receiver[index];
@@ -317,6 +401,7 @@ void attach(Board *b, int fd, uint32_t index, const std::string &kind) {
                                         std::to_string(slot.pid.load()) + ")");
     // The index is ours now: nobody else can run this code for it until we close fd.
     slot.pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
+    slot.released.store(0, std::memory_order_release);  // a new process maps nothing yet
     uint32_t state = slot.state.load(std::memory_order_acquire);
     if (state == kFree) {
         if (slot.state.compare_exchange_strong(state, kAttached)) return;
@@ -329,6 +414,14 @@ void attach(Board *b, int fd, uint32_t index, const std::string &kind) {
 void detach(Board *b, uint32_t index) noexcept {
     uint32_t st = b->receiver[index].state.load();
     if (st != kDropped) b->receiver[index].state.store(kDetached, std::memory_order_release);
+    wake(b);
+}
+
+void release(Board *b, uint32_t index, uint64_t version) noexcept {
+    std::atomic<uint64_t> &w = b->receiver[index].released;
+    uint64_t cur = w.load(std::memory_order_relaxed);
+    while (cur < version && !w.compare_exchange_weak(cur, version, std::memory_order_release)) {
+    }
     wake(b);
 }
 

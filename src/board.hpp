@@ -5,7 +5,7 @@
 // keeps it in a small segment of its own). It knows chunks only as (slot, seq) pairs and
 // versions only as numbers, nothing of any wire format.
 //
-// Who writes, reads and clears each word (docs/architecture.md has the same table):
+// Who writes, reads and clears each word:
 //
 // | word                         | written by                         | read by            | cleared |
 // |------------------------------|------------------------------------|--------------------|---------|
@@ -23,8 +23,16 @@
 // | receiver[r].pid              | receiver r at claim (messages only)| senders            | never   |
 // | receiver[r].failures, ring[] | receiver r (seqlock per record)    | every sender, each | never:  |
 // |                              |                                    | with its own count | monotonic|
+// | receiver[r].released        | receiver r, release: v once every  | senders, acquire   | 0 at    |
+// |                              | IPC mapping versions <= v used and | (wait_released)    | attach  |
+// |                              | v did not is closed (cuda_ipc);    |                    |         |
+// |                              | kAllReleased after closing all,    |                    |         |
+// |                              | before DETACHED                    |                    |         |
 // | abandoned_version            | sender (max), when it abandons     | receivers          | never   |
 // | senders_seen                 | each sender once (fetch_add)       | receivers          | never   |
+// | sender_pid[k]                | sender k: its pid by CAS when it   | senders (count of  | sender k|
+// |                              | claims index k (0 -> pid, or a dead| attached senders)  | at      |
+// |                              | claimer's pid -> pid)              |                    | destroy |
 //
 // Liveness is a kernel-held lock, not a pid: receiver r holds an OFD write lock on byte
 // kLockBase + r of the segment's file, sender k on kLockBase + kMaxReceivers + k. A lock that is
@@ -52,6 +60,8 @@ constexpr uint32_t kMaxSenders = 64;
 constexpr uint32_t kFailureRing = 4;        // failure records kept per receiver
 constexpr std::size_t kMessageBytes = 240;  // of each record, NUL included
 constexpr uint64_t kLockBase = uint64_t(1) << 40;  // lock bytes lie past any segment's end
+// ReceiverSlot::released once a receiver has closed every mapping (it is detaching).
+constexpr uint64_t kAllReleased = UINT64_MAX;
 
 enum ReceiverState : uint32_t {
     kFree = 0,      // never attached
@@ -75,6 +85,7 @@ struct alignas(64) ReceiverSlot {
     std::atomic<int32_t> pid;
     std::atomic<uint64_t> from_seq;
     std::atomic<uint64_t> failures;  // records written so far; record n is ring[n % kFailureRing]
+    std::atomic<uint64_t> released;  // IPC mappings closed up to this version (see the table)
     FailureRecord ring[kFailureRing];
 };
 
@@ -93,6 +104,7 @@ struct Board {
     std::atomic<uint32_t> ack_futex;  // bumped on every acknowledgement, failure and detach
     std::atomic<uint32_t> senders_seen;
     std::atomic<uint64_t> abandoned_version;
+    std::atomic<int32_t> sender_pid[kMaxSenders];  // 0: index free
     ReceiverSlot receiver[kMaxReceivers];
     ChunkSlot slot[kMaxSlots];
 };
@@ -114,8 +126,12 @@ public:
     // process's own descriptor of the board's file (for the liveness locks). receivers and
     // slots come from the init info, never from the shared words.
     Waiter(Board *b, int fd, uint32_t receivers, uint32_t slots, std::string kind);
-    // Takes a sender lock (so receivers can tell the trainer died) and registers this sender.
+    // Claims a sender index (sender_pid) and its lock (so receivers can tell the trainer died).
     void register_sender();
+    // Gives the sender index back (the sender is destroyed): it no longer counts as attached.
+    void unregister_sender() noexcept;
+    // Senders attached now: claimed indices whose claimer is this process or holds its lock.
+    uint32_t attached_senders() const;
     // Before publishing the first chunk of a version as `seq`: receivers that (re)attached
     // since the last version start owing chunks from `seq` on.
     void admit_joiners(uint64_t seq);
@@ -135,7 +151,16 @@ public:
     void wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadline, const char *what,
               uint64_t max_seq);
 
+    // Waits until every receiver that may still map memory of `version` has closed every IPC
+    // mapping that versions <= `version` used and `version` did not (kAllReleased: every
+    // mapping), i.e. receiver[r].released >= version. Receivers that are dropped, detached,
+    // dead, never attached, or joined after the version's last chunk `last_seq` map nothing of
+    // it. WSYNC_ERR_TIMEOUT at the deadline names the receivers and how far each has released.
+    void wait_released(uint64_t version, uint64_t last_seq, const sys::Deadline &deadline,
+                       const char *what);
+
 private:
+    uint64_t releases_pending(uint64_t version, uint64_t last_seq) const;
     uint64_t want(uint32_t slot, uint64_t max_seq) const;
     bool owes(uint32_t r, uint64_t seq) const;
     uint64_t pending(const std::vector<uint32_t> &slots, uint64_t max_seq) const;
@@ -150,6 +175,7 @@ private:
     uint32_t receivers_, slots_;
     std::string kind_;
     uint64_t reported_[kMaxReceivers] = {};
+    uint32_t sender_index_ = UINT32_MAX;  // claimed by register_sender
 };
 
 // ---- receiver side ------------------------------------------------------------------------
@@ -160,6 +186,9 @@ private:
 void attach(Board *b, int fd, uint32_t index, const std::string &kind);
 // Marks the receiver detached and wakes waiting senders (the lock goes with the descriptor).
 void detach(Board *b, uint32_t index) noexcept;
+// Receiver `index` has closed every IPC mapping that versions <= `version` used and `version`
+// did not (kAllReleased: all of them). Monotonic: a smaller value than the current is ignored.
+void release(Board *b, uint32_t index, uint64_t version) noexcept;
 // The chunk a slot holds now (acquire): a request for another seq is stale or replayed.
 uint64_t held(const Board *b, uint32_t slot);
 // Writes a failure record (status, version, chunk, message) for the sender to report; before

@@ -220,6 +220,19 @@ void Sender::flush(int64_t timeout_ms) {
     noting_failures([&] { impl_->flush(timeout_ms); });
 }
 
+void Sender::wait_released(uint64_t version, int64_t timeout_ms) {
+    failures_.clear();
+    if (timeout_ms < 0)
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             "wait_released: timeout_ms must be >= 0 (there is no infinite wait)");
+    if (version != WSYNC_ALL_VERSIONS && (version == 0 || version >= version_))
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             std::string(kind_.name) + ": wait_released: version " + std::to_string(version) +
+                 " is not one this sender has finished (versions 1.." +
+                 std::to_string(version_ - 1) + " are; WSYNC_ALL_VERSIONS waits for every mapping)");
+    noting_failures([&] { impl_->wait_released(version, timeout_ms); });
+}
+
 void Sender::drop_receiver(uint32_t index) { impl_->drop_receiver(index); }
 
 void SenderImpl::drop_receiver(uint32_t) {
@@ -451,15 +464,27 @@ bool Iteration::next(wsync_tensor_t *view) {
     return true;
 }
 
-void Iteration::finish(wsync_status_t outcome) noexcept {
-    if (finished_) return;
+wsync_status_t Iteration::finish(wsync_status_t outcome) noexcept {
+    if (finished_) return failed_;
     finished_ = true;
+    // The transport's own completion decides the final outcome before anyone is told: the
+    // engine's caller and the sender's failure record then carry the same status and message.
+    std::string why;
+    wsync_status_t final = backing_->settle(outcome, &why);
+    if (final != outcome && failed_ == WSYNC_OK) {
+        failed_ = final;
+        try {
+            failure_ = why.empty() ? "the transport failed " + chunk_label(header_) : why;
+        } catch (...) {
+        }
+    }
     try {
-        owner_->before_ack(header_, outcome, failure_);
+        owner_->before_ack(header_, final, failure_);
     } catch (...) {
     }
-    backing_->acknowledge(outcome);
-    owner_->finished(header_, table_, outcome);
+    backing_->acknowledge(final);
+    owner_->finished(header_, table_, final);
+    return final;
 }
 
 void Iteration::fail(wsync_status_t status, std::string message) {
@@ -500,7 +525,7 @@ void Iteration::end() {
             wsync::fail(failed_, failure_);
         }
     }
-    finish(WSYNC_OK);
+    if (finish(WSYNC_OK) != WSYNC_OK) wsync::fail(failed_, failure_);
 }
 
 void check_receiver_index(const char *kind, uint32_t index, uint32_t receivers) {

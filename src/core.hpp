@@ -37,6 +37,7 @@ public:
     std::vector<uint8_t> commit();
     void abandon();
     void flush(int64_t timeout_ms);
+    void wait_released(uint64_t version, int64_t timeout_ms);
     void drop_receiver(uint32_t index);
     uint64_t version() const { return version_; }
     const std::vector<Failure> &failures() const { return failures_; }
@@ -107,7 +108,9 @@ public:
 
 private:
     void fill(std::size_t i, wsync_tensor_t *view, bool with_data) const;
-    void finish(wsync_status_t outcome) noexcept;
+    // Settles, records and acknowledges the chunk; returns the final outcome (the transport
+    // may turn WSYNC_OK into a failure, which then becomes the iteration's failure).
+    wsync_status_t finish(wsync_status_t outcome) noexcept;
 
     Receiver *owner_;
     ChunkHeader header_;

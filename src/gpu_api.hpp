@@ -44,6 +44,13 @@ constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 constexpr unsigned CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1;
 constexpr int CU_POINTER_ATTRIBUTE_BUFFER_ID = 7;       // unsigned long long, never reused
 constexpr int CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;  // int
+// "1 if this pointer maps to an allocation that is suitable for cudaIpcGetMemHandle, 0
+// otherwise" (cuda.h). Read into an int preset to 1, so a driver that writes one byte or four
+// reads the same.
+constexpr int CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10;
+// The legacy default stream as a handle (cuda.h: #define CU_STREAM_LEGACY ((CUstream)0x1)):
+// work recorded on it follows the work of every blocking stream of the context.
+inline const CUstream CU_STREAM_LEGACY = reinterpret_cast<CUstream>(std::uintptr_t(1));
 
 // X(field, exported symbol, return type, parameter list). Versioned symbols (_v2) are the ones
 // cuda.h maps the plain names to since CUDA 4.0/11.x; see cuda.h's "#define cuMemAlloc

@@ -63,6 +63,9 @@ public:
     DeviceBuffer &operator=(DeviceBuffer &&o) noexcept;
     CUdeviceptr ptr() const { return ptr_; }
     uint64_t size() const { return size_; }
+    // Gives the memory up without freeing it: the driver frees it when the process ends. For
+    // memory other processes may still map (freeing it then is undefined behaviour).
+    void leak() noexcept { ptr_ = 0; }
 
 private:
     void release() noexcept;

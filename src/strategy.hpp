@@ -53,7 +53,16 @@ public:
     virtual const void *data(std::size_t i) const = 0;
     virtual wsync_device_t device() const = 0;
     virtual bool read_only() const = 0;
-    // Called exactly once, when the iteration ends: WSYNC_OK or the status it failed with.
+    // Called exactly once, when the iteration ends, before anything is told to the sender:
+    // finishes the transport's own part of the chunk (cuda_ipc: waits, with a deadline, for the
+    // loader's GPU copies out of the views) and returns the final outcome, which may turn
+    // WSYNC_OK into a failure (then *message says why). The core reports that outcome to the
+    // engine's caller and records it for the sender, so both sides see the same result.
+    virtual wsync_status_t settle(wsync_status_t outcome, std::string * /*message*/) noexcept {
+        return outcome;
+    }
+    // Called exactly once, after settle() and after a failure was recorded: publishes the final
+    // outcome (WSYNC_OK or the status the chunk failed with) to the sender.
     virtual void acknowledge(wsync_status_t outcome) noexcept = 0;
 };
 
@@ -66,6 +75,10 @@ public:
     virtual json send(const ChunkHeader &header, const wsync_tensor_t *tensors,
                       TensorTable &table) = 0;
     virtual void flush(int64_t timeout_ms) = 0;
+    // Waits until no receiver maps memory of this sender that `version` (committed) does not
+    // use any more (WSYNC_ALL_VERSIONS: no memory at all), so the trainer may free it. Kinds that
+    // copy the caller's tensors during send have nothing to wait for.
+    virtual void wait_released(uint64_t /*version*/, int64_t /*timeout_ms*/) {}
     // The version will get no more chunks: tell receivers (shm, cuda_ipc: the board).
     virtual void abandon(uint64_t /*version*/) {}
     // Stop waiting for receiver `index`; throws WSYNC_ERR_UNSUPPORTED where the kind cannot.

@@ -15,11 +15,22 @@
 // wsync_request_merge concatenates their parts, refusing a UUID twice. A receiver takes the one
 // part whose GPU UUID is its own device's: none or two is an error naming the UUID.
 //
-// Ordering: a sender finishes its work on the GPU (synchronise, pack, wait for the pack with a
-// deadline) before it returns the request, so a request never describes bytes still in flight.
-// A receiver synchronises its device before acknowledging, so the loader's copies out of the
-// views are complete before the sender may reuse the bucket or the trainer may write its
-// tensors. Acknowledgements travel through the acknowledgement board (board.cpp) in a small
+// Ordering: a sender finishes its work on the GPU (the work queued on the legacy default
+// stream, then the pack, each waited for through an event polled against the deadline) before
+// it returns the request, so a request never describes bytes still in flight. A receiver waits
+// the same way for its legacy default stream before acknowledging, so the loader's copies out
+// of the views are complete before the sender may reuse the bucket or the trainer may write its
+// tensors. Never cuCtxSynchronize: it waits for the whole context (training collectives,
+// inference streams) with no deadline. What the settle decides is the chunk's outcome on both
+// sides: the engine's wsync_recv_end and the trainer's flush report the same failure.
+//
+// Lifetimes: "Calling cuMemFree on an exported memory region before calling
+// cuIpcCloseMemHandle in the importing context will result in undefined behavior" (CUDA Driver
+// API, cuIpcOpenMemHandle; cuda.h of CUDA 13.0). So each receiver closes the handles a version
+// it ends no longer uses and then writes "released through version v" on the board; a trainer
+// frees moved memory after wsync_sender_wait_released, and a sender's destroy waits (bounded)
+// for receivers to unmap its buckets before it frees them, and leaks them to the driver
+// otherwise. Acknowledgements travel through the acknowledgement board (board.cpp) in a small
 // shared-memory segment named in the init info; the GPU bytes never touch host memory.
 #include <algorithm>
 #include <cstring>
@@ -44,7 +55,7 @@ using gpu::CUipcMemHandle;
 constexpr const char *kKind = "cuda_ipc";
 constexpr uint32_t kUnpackedSlots = 16;  // chunks in flight before send_chunk waits (packed=false)
 constexpr char kMagic[8] = {'W', 'S', 'Y', 'N', 'C', 'I', 'P', 'C'};
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;  // 2: senders counted per index on the board
 
 const std::vector<OptionSpec> &ipc_options() {
     using T = OptionSpec::Type;
@@ -69,10 +80,16 @@ const std::vector<OptionSpec> &ipc_options() {
          "the receiver's GPU as an ordinal in its process (after CUDA_VISIBLE_DEVICES); it takes "
          "the part of each request whose UUID is this GPU's"},
         {"synchronize", T::Bool, 1, 0, 1, "both",
-         "sender: synchronise the device before reading tensors, so writes queued on any stream "
-         "are done; receiver: synchronise before acknowledging, so copies out of views are done"},
-        {"timeout_ms", T::UInt, 60000, 0, uint64_t(1) << 40, "sender",
-         "how long send_chunk waits for a free bucket and for its pack to finish"},
+         "sender: wait for work queued on the legacy default stream (PyTorch's default stream; "
+         "work on other streams the caller synchronises) before reading tensors; receiver: the "
+         "same before acknowledging, so the loader's copies out of views are done"},
+        {"timeout_ms", T::UInt, 60000, 0, uint64_t(1) << 40, "both",
+         "sender: how long send_chunk waits for a free bucket, for work queued on the legacy "
+         "default stream and for its pack; receiver: how long wsync_recv_end waits for the "
+         "loader's work queued on the legacy default stream"},
+        {"release_timeout_ms", T::UInt, 10000, 0, uint64_t(1) << 40, "sender",
+         "how long wsync_sender_destroy waits for receivers to unmap this sender's buckets "
+         "(packed=true); buckets still mapped then stay allocated until the process exits"},
     };
     return specs;
 }
@@ -94,9 +111,7 @@ struct Control {
     char magic[8];
     uint32_t layout;
     uint32_t senders;
-    std::atomic<uint32_t> senders_attached;
-    uint32_t reserved;
-    board::Board board;
+    board::Board board;  // senders attach per index there (sender_pid), receivers per index
 };
 
 class BoardSegment {
@@ -155,10 +170,9 @@ public:
     // Removes the name once every sender and receiver has mapped the segment (or at the
     // owner's end): after that nothing is left in /dev/shm, even if every process is killed.
     void unlink_if_complete() {
-        if (c_->senders_attached.load() >= c_->senders) {
-            board::Waiter probe(&c_->board, fd_, receivers_, slots_, kKind);
-            if (probe.all_present()) unlink();
-        }
+        // Counted per sender index, so a destroyed sender is not counted.
+        board::Waiter probe(&c_->board, fd_, receivers_, slots_, kKind);
+        if (probe.attached_senders() >= c_->senders && probe.all_present()) unlink();
     }
     void unlink() noexcept {
         if (!unlinked_) {
@@ -255,20 +269,40 @@ int chunk_device(const wsync_tensor_t *tensors, const TensorTable &table) {
 class IpcSender final : public SenderImpl {
 public:
     IpcSender(const gpu::CudaApi &api, std::shared_ptr<BoardSegment> seg, const InitInfo &info,
-              bool synchronize, int64_t timeout_ms)
+              bool synchronize, int64_t timeout_ms, int64_t release_timeout_ms)
         : api_(api), seg_(std::move(seg)), info_(info), waiter_(seg_->board(), seg_->fd(), seg_->receivers(), seg_->slots(), kKind),
-          cast_(gpu::parse_cast(info.dtype)), synchronize_(synchronize), timeout_ms_(timeout_ms) {
-        seg_->control()->senders_attached.fetch_add(1);
+          cast_(gpu::parse_cast(info.dtype)), synchronize_(synchronize), timeout_ms_(timeout_ms),
+          release_timeout_ms_(release_timeout_ms) {
         waiter_.register_sender();
     }
 
     ~IpcSender() override {
+        // Receivers map the buckets until they are destroyed: freeing them first is undefined
+        // behaviour (see the top of the file). Wait, bounded; what is still mapped then is left
+        // to the driver, which frees it when this process exits.
+        bool released = true;
+        if (!buckets_.empty()) {
+            released = false;
+            try {
+                waiter_.wait_released(board::kAllReleased, 0, sys::Deadline(release_timeout_ms_),
+                                      "destroying the sender: waiting for receivers to unmap its buckets");
+                released = true;
+            } catch (...) {
+            }
+            if (!released)
+                for (auto &b : buckets_) b.leak();
+        }
         // Freed in order: the pack machinery and buckets before the device they live on.
         packer_.reset();
         done_.reset();
+        legacy_.reset();
         stream_.reset();
         buckets_.clear();
-        dev_.reset();
+        // Leaked buckets keep their context too: the last release of a primary context frees
+        // its memory.
+        if (released) dev_.reset();
+        else (void)dev_.release();
+        waiter_.unregister_sender();
     }
 
     json send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) override {
@@ -279,6 +313,7 @@ public:
             const uint32_t slot = static_cast<uint32_t>((first - 1) % info_.slots());
             waiter_.wait({slot}, sys::Deadline(timeout_ms_), "no free slot", first - 1);
             waiter_.publish(slot, first);
+            note_version(h.version, first);
             ++next_seq_;
             used_slots_ = std::max<uint32_t>(used_slots_, slot + 1);
             return json{{"seq", first}, {"slot", slot}, {"packed", info_.packed},
@@ -289,10 +324,13 @@ public:
         const uint64_t seq = next_seq_;
         const uint32_t slot = static_cast<uint32_t>((seq - 1) % info_.slots());
         sys::Deadline deadline(timeout_ms_);
-        json part = info_.packed ? pack(tensors, table, slot, deadline)
-                                 : share(tensors, table, slot, deadline);
+        const std::string chunk = "chunk " + std::to_string(h.chunk_index) + " of version " +
+                                  std::to_string(h.version);
+        json part = info_.packed ? pack(tensors, table, slot, deadline, chunk)
+                                 : share(tensors, table, slot, deadline, chunk);
         part["uuid"] = dev_->uuid_string();
         waiter_.publish(slot, seq);
+        note_version(h.version, seq);
         ++next_seq_;
         used_slots_ = std::max<uint32_t>(used_slots_, slot + 1);
         seg_->unlink_if_complete();
@@ -309,6 +347,18 @@ public:
     }
 
     void abandon(uint64_t version) override { waiter_.abandon(version); }
+
+    void wait_released(uint64_t version, int64_t timeout_ms) override {
+        // packed=true copied the trainer's tensors into our buckets: nothing of theirs is mapped.
+        if (info_.packed && version != board::kAllReleased) return;
+        auto it = last_seq_.find(version);
+        const uint64_t last = it != last_seq_.end() ? it->second : UINT64_MAX;  // unknown: all owe
+        waiter_.wait_released(version, last, sys::Deadline(timeout_ms),
+                              ("waiting for receivers to release version " +
+                               (version == board::kAllReleased ? std::string("(all)")
+                                                               : std::to_string(version)))
+                                  .c_str());
+    }
 
     void drop_receiver(uint32_t index) override {
         check_receiver_index(kKind, index, info_.receivers);
@@ -340,20 +390,30 @@ private:
         }
     }
 
-    void sync_device() {
+    void note_version(uint64_t version, uint64_t seq) {
+        last_seq_[version] = seq;
+        while (last_seq_.size() > 1024) last_seq_.erase(last_seq_.begin());
+    }
+
+    // Waits, up to the deadline, for the work queued on the legacy default stream (the
+    // trainer's writes to the tensors), not for the whole context: training collectives on
+    // other streams would hold a cuCtxSynchronize without bound.
+    void wait_default_stream(const sys::Deadline &deadline, const std::string &chunk) {
         if (!synchronize_) return;
-        gpu::Device::Scope scope(*dev_);
-        WSYNC_CU(api_, cuCtxSynchronize(), "cuda_ipc: synchronising " + dev_->uuid_string() +
-                                               " before reading the chunk's tensors");
+        if (!legacy_) legacy_ = std::make_unique<gpu::Event>(*dev_);
+        legacy_->record(gpu::CU_STREAM_LEGACY);
+        gpu::poll_until([&] { return legacy_->done(); }, deadline,
+                        "cuda_ipc: work queued on the legacy default stream of " +
+                            dev_->uuid_string() + " before " + chunk);
     }
 
     json pack(const wsync_tensor_t *tensors, TensorTable &table, uint32_t b,
-              const sys::Deadline &deadline) {
+              const sys::Deadline &deadline, const std::string &chunk) {
         std::vector<gpu::PackOp> ops;
         gpu::layout_bucket(table, cast_, info_.bucket_bytes, &ops, kKind);
         // Back-pressure: the bucket's previous chunk must be done with by every receiver.
         waiter_.wait({b}, deadline, "no free bucket", next_seq_ - 1);
-        sync_device();
+        wait_default_stream(deadline, chunk);
         entries_.resize(table.metas.size());
         const CUdeviceptr base = buckets_[b].ptr();
         for (std::size_t i = 0; i < table.metas.size(); ++i) {
@@ -366,7 +426,7 @@ private:
         packer_->pack(entries_, stream_->get());
         done_->record(stream_->get());
         gpu::poll_until([&] { return done_->done(); }, deadline,
-                        "cuda_ipc: packing chunk into bucket " + std::to_string(b));
+                        "cuda_ipc: packing " + chunk + " into bucket " + std::to_string(b));
         return json{{"handle", handle_bin(bucket_handles_[b])}, {"bytes", info_.bucket_bytes}};
     }
 
@@ -377,7 +437,7 @@ private:
     };
 
     json share(const wsync_tensor_t *tensors, TensorTable &table, uint32_t slot,
-               const sys::Deadline &deadline) {
+               const sys::Deadline &deadline, const std::string &chunk) {
         // The core's table keeps a compact virtual layout (identical for every sender, so parts
         // merge); where each tensor really is travels in this sender's part.
         uint64_t end = 0;
@@ -403,6 +463,7 @@ private:
                      who + ": buffer id");
             auto known = cache_.find(id);
             if (known == cache_.end()) {
+                check_exportable(base, table.metas[i].name);
                 Allocation a{base, size, {}};
                 WSYNC_CU(api_, cuIpcGetMemHandle(&a.handle, base), who + ": cuIpcGetMemHandle");
                 known = cache_.emplace(id, a).first;
@@ -420,9 +481,28 @@ private:
             offset.push_back(p - a.base);
         }
         waiter_.wait({slot}, deadline, "too many chunks in flight", next_seq_ - 1);
-        sync_device();
+        wait_default_stream(deadline, chunk);
         return json{{"handles", std::move(handles)}, {"sizes", std::move(sizes)},
                     {"alloc", std::move(alloc)}, {"offset", std::move(offset)}};
+    }
+
+    // Memory from a stream-ordered pool (cudaMallocAsync) or the virtual memory management API
+    // (PyTorch's expandable segments) cannot be exported with cuIpcGetMemHandle: the driver
+    // says so through CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE ("1 if this pointer maps
+    // to an allocation that is suitable for cudaIpcGetMemHandle, 0 otherwise"; CUDA Driver API,
+    // cuPointerGetAttribute). Refused by name before anything is published. A driver too old
+    // to know the attribute answers CUDA_ERROR_INVALID_VALUE: then cuIpcGetMemHandle decides.
+    void check_exportable(CUdeviceptr base, const std::string &name) {
+        int capable = 1;
+        if (api_.cuPointerGetAttribute(&capable, gpu::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                       base) != gpu::CUDA_SUCCESS)
+            return;
+        if (!capable)
+            fail(WSYNC_ERR_UNSUPPORTED,
+                 std::string(kKind) + ": tensor '" + name + "' lives in memory that cannot be "
+                 "exported with cuIpcGetMemHandle (a cudaMallocAsync pool, or PyTorch's "
+                 "expandable segments: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); use "
+                 "packed: true, which copies it into exportable buckets");
     }
 
     const gpu::CudaApi &api_;
@@ -432,6 +512,9 @@ private:
     gpu::Cast cast_;
     bool synchronize_;
     int64_t timeout_ms_;
+    int64_t release_timeout_ms_;
+    std::map<uint64_t, uint64_t> last_seq_;  // version -> seq of its last chunk sent here
+    std::unique_ptr<gpu::Event> legacy_;     // marks the legacy default stream's queued work
     uint64_t next_seq_ = 1;
     uint32_t used_slots_ = 0;
     std::unique_ptr<gpu::Device> dev_;
@@ -448,18 +531,21 @@ private:
 
 // ---------------------------------------------------------------------------------------------
 // Opened IPC handles of one receiver, by handle bytes. Each is opened once and closed exactly
-// once: when it was not used for a whole version (the trainer freed or moved that memory), or
-// when the receiver goes away.
+// once: when a version this receiver ends does not use it (the trainer moved that memory and
+// may want to free it: see wsync_sender_wait_released), or when the receiver goes away.
 class HandleCache {
 public:
     explicit HandleCache(const gpu::Device &dev) : dev_(dev) {}
-    ~HandleCache() {
+    ~HandleCache() { close_all(); }
+
+    void close_all() noexcept {
         try {
             gpu::Device::Scope scope(dev_);
             for (auto &kv : open_) dev_.api().cuIpcCloseMemHandle(kv.second.ptr);
         } catch (...) {
             // No context to close them in: the driver releases them with the process.
         }
+        open_.clear();
     }
 
     CUdeviceptr get(const CUipcMemHandle &h, uint64_t version, const std::string &what) {
@@ -476,16 +562,20 @@ public:
         return it->second.ptr;
     }
 
-    // Called between iterations: no view is alive.
-    void evict_older_than(uint64_t version) {
-        gpu::Device::Scope scope(dev_);
-        for (auto it = open_.begin(); it != open_.end();) {
-            if (it->second.last_version < version) {
-                dev_.api().cuIpcCloseMemHandle(it->second.ptr);
-                it = open_.erase(it);
-            } else {
-                ++it;
+    // Closes every handle `version` did not use. Called as a version's last chunk ends: views of
+    // older versions are gone, and this version's views use only handles it keeps.
+    void evict_older_than(uint64_t version) noexcept {
+        try {
+            gpu::Device::Scope scope(dev_);
+            for (auto it = open_.begin(); it != open_.end();) {
+                if (it->second.last_version < version) {
+                    dev_.api().cuIpcCloseMemHandle(it->second.ptr);
+                    it = open_.erase(it);
+                } else {
+                    ++it;
+                }
             }
+        } catch (...) {
         }
     }
 
@@ -498,12 +588,20 @@ private:
     std::map<std::string, Entry> open_;
 };
 
+// Closes the handles version `version` no longer uses, then says so on the board (before the
+// acknowledgement, so a trainer whose flush returned finds the version released).
+void release_through(board::Board *b, uint32_t index, HandleCache &cache, uint64_t version) noexcept {
+    cache.evict_older_than(version);
+    board::release(b, index, version);
+}
+
 class IpcBacking final : public ChunkBacking {
 public:
-    IpcBacking(std::shared_ptr<BoardSegment> seg, const gpu::Device &dev, bool synchronize,
-               uint32_t index, uint32_t slot, uint64_t seq, std::vector<CUdeviceptr> ptrs)
-        : seg_(std::move(seg)), dev_(dev), synchronize_(synchronize), index_(index), slot_(slot),
-          seq_(seq), ptrs_(std::move(ptrs)) {}
+    IpcBacking(std::shared_ptr<BoardSegment> seg, const gpu::Device &dev, gpu::Event *legacy,
+               HandleCache &cache, int64_t timeout_ms, const ChunkHeader &h, uint32_t index,
+               uint32_t slot, uint64_t seq, std::vector<CUdeviceptr> ptrs)
+        : seg_(std::move(seg)), dev_(dev), legacy_(legacy), cache_(cache), timeout_ms_(timeout_ms),
+          header_(h), index_(index), slot_(slot), seq_(seq), ptrs_(std::move(ptrs)) {}
 
     const void *data(std::size_t i) const override {
         return reinterpret_cast<const void *>(ptrs_[i]);
@@ -511,24 +609,48 @@ public:
     wsync_device_t device() const override { return {WSYNC_DEVICE_CUDA, dev_.ordinal()}; }
     bool read_only() const override { return true; }
 
-    void acknowledge(wsync_status_t outcome) noexcept override {
-        if (synchronize_ && outcome == WSYNC_OK) {
-            // The loader's copies out of the views must be complete before the sender reuses
-            // the memory. This waits on this process's own GPU work only, never on a peer.
-            try {
-                gpu::Device::Scope scope(dev_);
-                if (dev_.api().cuCtxSynchronize() != gpu::CUDA_SUCCESS) outcome = WSYNC_ERR_SYSTEM;
-            } catch (...) {
-                outcome = WSYNC_ERR_SYSTEM;
-            }
+    // The loader's copies out of the views must be complete before the sender reuses the
+    // memory: they are queued on the legacy default stream (or ordered before it), so an event
+    // recorded there and polled against the deadline covers them, without waiting for the
+    // engine's other streams. Also after a failure: copies may still be reading the views.
+    wsync_status_t settle(wsync_status_t outcome, std::string *message) noexcept override {
+        if (!legacy_) return outcome;
+        const std::string chunk = "chunk " + std::to_string(header_.chunk_index) + " of version " +
+                                  std::to_string(header_.version);
+        try {
+            legacy_->record(gpu::CU_STREAM_LEGACY);
+            gpu::poll_until([&] { return legacy_->done(); }, sys::Deadline(timeout_ms_),
+                            std::string(kKind) + ": receiver " + std::to_string(index_) +
+                                ": the loader's work on the legacy default stream of " +
+                                dev_.uuid_string() + " after " + chunk);
+            return outcome;
+        } catch (const Error &e) {
+            if (outcome != WSYNC_OK) return outcome;
+            *message = e.status() == WSYNC_ERR_TIMEOUT
+                           ? std::string(e.what())
+                           : std::string(kKind) + ": receiver " + std::to_string(index_) +
+                                 ": the loader's work on the legacy default stream of " +
+                                 dev_.uuid_string() + " failed after " + chunk + ": " + e.what();
+            return e.status();
+        } catch (...) {
+            if (outcome != WSYNC_OK) return outcome;
+            *message = std::string(kKind) + ": " + chunk + ": waiting for the loader's work failed";
+            return WSYNC_ERR_SYSTEM;
         }
+    }
+
+    void acknowledge(wsync_status_t outcome) noexcept override {
+        if (header_.last) release_through(seg_->board(), index_, cache_, header_.version);
         board::acknowledge(seg_->board(), index_, slot_, seq_, outcome);
     }
 
 private:
     std::shared_ptr<BoardSegment> seg_;
     const gpu::Device &dev_;
-    bool synchronize_;
+    gpu::Event *legacy_;  // null: "synchronize" is off
+    HandleCache &cache_;
+    int64_t timeout_ms_;
+    ChunkHeader header_;
     uint32_t index_, slot_;
     uint64_t seq_;
     std::vector<CUdeviceptr> ptrs_;
@@ -537,14 +659,20 @@ private:
 class IpcReceiver final : public ReceiverImpl {
 public:
     IpcReceiver(const gpu::CudaApi &api, std::shared_ptr<BoardSegment> seg, const InitInfo &info,
-                uint32_t index, int ordinal, bool synchronize)
+                uint32_t index, int ordinal, bool synchronize, int64_t timeout_ms)
         : seg_(std::move(seg)), info_(info), index_(index),
           dev_(std::make_unique<gpu::Device>(api, ordinal, kKind)), cache_(*dev_),
-          synchronize_(synchronize) {
+          timeout_ms_(timeout_ms) {
+        if (synchronize) legacy_ = std::make_unique<gpu::Event>(*dev_);
         board::attach(seg_->board(), seg_->fd(), index_, kKind);
     }
 
-    ~IpcReceiver() override { board::detach(seg_->board(), index_); }
+    ~IpcReceiver() override {
+        // Every mapping is closed before the sender learns that this receiver is gone.
+        cache_.close_all();
+        board::release(seg_->board(), index_, board::kAllReleased);
+        board::detach(seg_->board(), index_);
+    }
 
     bool verify_checksums() const override { return false; }
 
@@ -568,6 +696,7 @@ public:
                 st.state != board::kAttached || seq < st.from_seq)
                 return;
             if (record) board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);
+            if (h.last) release_through(seg_->board(), index_, cache_, h.version);
             board::acknowledge(seg_->board(), index_, slot, seq, status);
         } catch (...) {
         }
@@ -599,8 +728,8 @@ public:
             if (board::held(seg_->board(), slot) != seq)
                 fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": stale or replayed commit request");
             last_seq_ = seq;
-            return std::make_unique<IpcBacking>(seg_, *dev_, false, index_, slot, seq,
-                                                std::vector<CUdeviceptr>{});
+            return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, cache_, timeout_ms_, header,
+                                                index_, slot, seq, std::vector<CUdeviceptr>{});
         }
         const json &part = my_part(parts, w);
         if (last_seq_ && seq != last_seq_ + 1)
@@ -613,13 +742,11 @@ public:
                                          std::to_string(slot) + " holds chunk seq " +
                                          std::to_string(held) + ", the request is for seq " +
                                          std::to_string(seq));
-        // Views of the previous version are gone: handles it did not use can be closed.
-        if (header.chunk_index == 0 && header.version > 1) cache_.evict_older_than(header.version - 1);
         std::vector<CUdeviceptr> ptrs = info_.packed ? packed_views(part, table, header, w)
                                                      : shared_views(part, table, header, w);
         last_seq_ = seq;
-        return std::make_unique<IpcBacking>(seg_, *dev_, synchronize_, index_, slot, seq,
-                                            std::move(ptrs));
+        return std::make_unique<IpcBacking>(seg_, *dev_, legacy_.get(), cache_, timeout_ms_, header,
+                                            index_, slot, seq, std::move(ptrs));
     }
 
 private:
@@ -711,7 +838,8 @@ private:
     uint32_t index_;
     std::unique_ptr<gpu::Device> dev_;
     HandleCache cache_;
-    bool synchronize_;
+    int64_t timeout_ms_;
+    std::unique_ptr<gpu::Event> legacy_;  // for settle(); null when "synchronize" is off
     uint64_t last_seq_ = 0;
 };
 
@@ -725,7 +853,8 @@ public:
           bucket_bytes_((o.uint("bucket_bytes") + 4095) / 4096 * 4096),
           packed_(o.boolean("packed")), dtype_(o.text("dtype")),
           device_(static_cast<int>(o.uint("device"))), synchronize_(o.boolean("synchronize")),
-          timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))) {
+          timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))),
+          release_timeout_ms_(static_cast<int64_t>(o.uint("release_timeout_ms"))) {
         if (!packed_ && !dtype_.empty())
             fail(WSYNC_ERR_INVALID_ARGUMENT,
                  "cuda_ipc: option 'dtype' needs packed=true (a cast needs a buffer to cast into)");
@@ -746,14 +875,16 @@ public:
         auto seg = seg_ && seg_->name() == info.segment
                        ? seg_
                        : BoardSegment::attach(info.segment, info.senders, info.receivers, info.slots());
-        return std::make_unique<IpcSender>(api_, std::move(seg), info, synchronize_, timeout_ms_);
+        return std::make_unique<IpcSender>(api_, std::move(seg), info, synchronize_, timeout_ms_,
+                                           release_timeout_ms_);
     }
 
     std::unique_ptr<ReceiverImpl> create_receiver(const json &body, uint32_t index) override {
         InitInfo info = parse_init(body);
         check_receiver_index(kKind, index, info.receivers);
         auto seg = BoardSegment::attach(info.segment, info.senders, info.receivers, info.slots());
-        return std::make_unique<IpcReceiver>(api_, std::move(seg), info, index, device_, synchronize_);
+        return std::make_unique<IpcReceiver>(api_, std::move(seg), info, index, device_, synchronize_,
+                                             timeout_ms_);
     }
 
 private:
@@ -764,7 +895,7 @@ private:
     std::string dtype_;
     int device_;
     bool synchronize_;
-    int64_t timeout_ms_;
+    int64_t timeout_ms_, release_timeout_ms_;
     std::shared_ptr<BoardSegment> seg_;
 };
 

@@ -22,8 +22,14 @@ static struct {
     CUresult (*cuCtxSetCurrent)(void *);
     CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
     CUresult (*cuMemFree)(CUdeviceptr);
+    CUresult (*cuStreamCreate)(void **, unsigned);
+    CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, void *);
     wsync_fake_stats_fn stats;
     wsync_fake_set_fail_fn set_fail;
+    long long (*freed_while_imported)(void);
+    int (*alloc_unexportable)(CUdeviceptr *, size_t);
+    int (*stream_hold)(void *);
+    void (*stream_release_held)(void);
 } drv;
 
 static void load_driver(void) {
@@ -39,8 +45,14 @@ static void load_driver(void) {
     SYM(cuCtxSetCurrent, "cuCtxSetCurrent");
     SYM(cuMemAlloc, "cuMemAlloc_v2");
     SYM(cuMemFree, "cuMemFree_v2");
+    SYM(cuStreamCreate, "cuStreamCreate");
+    SYM(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
     SYM(stats, "wsync_fake_stats");
     SYM(set_fail, "wsync_fake_set_fail");
+    SYM(freed_while_imported, "wsync_fake_freed_while_imported");
+    SYM(alloc_unexportable, "wsync_fake_mem_alloc_unexportable");
+    SYM(stream_hold, "wsync_fake_stream_hold");
+    SYM(stream_release_held, "wsync_fake_stream_release_held");
 #undef SYM
 }
 
@@ -88,6 +100,9 @@ typedef struct {
     uint32_t index;
     uint64_t salt;
     int cast;
+    uint64_t fail_version; /* the loader fails every chunk of this version (wsync_recv_fail) */
+    int copy_faults;       /* the loader's copy out of the first view faults on the GPU */
+    int linger_ms;         /* waits this long after the empty frame before destroying */
 } engine_cfg;
 
 typedef tu_peer_t engine_t;
@@ -151,17 +166,38 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
             wsync_recv_info(it, &info);
             wsync_tensor_t v;
             bool has;
-            while (wsync_recv_next(it, &v, &has) == WSYNC_OK && has)
+            int first = 1;
+            while (wsync_recv_next(it, &v, &has) == WSYNC_OK && has) {
                 if (!engine_check_view(cfg, &v, info.version)) {
                     fprintf(stderr, "engine %u: tensor %s of version %llu differs\n", cfg->index,
                             v.name, (unsigned long long)info.version);
                     verdict = 2;
                 }
-            if (wsync_recv_end(it) != WSYNC_OK) verdict = 3;
+                if (cfg->copy_faults && first) { /* copy it out, as a loader does; it faults */
+                    use_device(v.device.index);
+                    size_t n = (size_t)v.dtype.bits / 8;
+                    for (int d = 0; d < v.ndim; ++d) n *= (size_t)v.shape[d];
+                    CUdeviceptr dst = (CUdeviceptr)(uintptr_t)dalloc(n);
+                    drv.set_fail("cuMemcpyDtoDAsync@async", 0, 0);
+                    if (drv.cuMemcpyDtoDAsync(dst, (CUdeviceptr)(uintptr_t)v.data, n, NULL)) verdict = 5;
+                }
+                first = 0;
+            }
+            if (cfg->fail_version && info.version == cfg->fail_version) {
+                wsync_recv_fail(it, WSYNC_ERR_MISMATCH, "the loader refused tensor t0");
+                verdict = 4;
+            } else {
+                wsync_status_t end = wsync_recv_end(it);
+                if (end != WSYNC_OK) {
+                    fprintf(stderr, "engine %u: recv_end: %s\n", cfg->index, wsync_last_error());
+                    verdict = (uint8_t)(0x80 | end); /* the status, for the test to compare */
+                }
+            }
         }
         free(req);
         if (tu_write_all(out, &verdict, 1)) return 13;
     }
+    if (cfg->linger_ms) usleep((useconds_t)cfg->linger_ms * 1000);
     wsync_receiver_destroy(r);
     wsync_strategy_destroy(s);
     struct wsync_fake_stats st;
@@ -201,8 +237,8 @@ static const char *names[NT] = {"t0", "t1", "t2", "t3", "t4", "t5"};
 
 static void packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chunk(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0};
-    engine_cfg c1 = {"cuda_ipc", "{\"device\": 0}", NULL, 1, 0, 0};
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
+    engine_cfg c1 = {"cuda_ipc", "{\"device\": 0}", NULL, 1, 0, 0, 0, 0, 0};
     engine_t e[2] = {engine_start(&c0), engine_start(&c1)};
     use_device(0);
     wsync_strategy_t *s;
@@ -250,7 +286,7 @@ static void packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chun
 
 static void packed_cast_to_bfloat16_rounds_to_nearest_even(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 1};
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 1, 0, 0, 0};
     engine_t e = engine_start(&c0);
     use_device(0);
     wsync_strategy_t *s;
@@ -286,7 +322,7 @@ static void packed_cast_to_bfloat16_rounds_to_nearest_even(void **state) {
 /* ---- cuda_ipc, per allocation -------------------------------------------------------------- */
 static void unpacked_steady_state_opens_no_new_handle_over_1000_syncs(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0};
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
     engine_t e = engine_start(&c0);
     use_device(0);
     wsync_strategy_t *s;
@@ -334,7 +370,7 @@ static void unpacked_steady_state_opens_no_new_handle_over_1000_syncs(void **sta
 
 static void unpacked_moved_tensor_gets_a_new_handle_and_the_old_one_is_closed(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0};
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
     engine_t e = engine_start(&c0);
     use_device(0);
     wsync_strategy_t *s;
@@ -374,8 +410,8 @@ static void unpacked_moved_tensor_gets_a_new_handle_and_the_old_one_is_closed(vo
 static void each_engine_takes_the_part_of_its_own_gpu_even_when_remapped(void **state) {
     (void)state;
     /* Engine 1 sees only GPU 1, as its ordinal 0 (CUDA_VISIBLE_DEVICES remapping). */
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0};
-    engine_cfg c1 = {"cuda_ipc", "{\"device\": 0}", "1", 1, 1000, 0};
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
+    engine_cfg c1 = {"cuda_ipc", "{\"device\": 0}", "1", 1, 1000, 0, 0, 0, 0};
     engine_t e[2] = {engine_start(&c0), engine_start(&c1)};
     use_device(0);
     wsync_strategy_t *s;
@@ -454,7 +490,7 @@ static void a_request_without_this_gpu_is_a_mismatch_naming_the_uuid(void **stat
 
 static void a_dead_engine_fails_flush_with_peer(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0};
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
     engine_t e = engine_start(&c0);
     use_device(0);
     wsync_strategy_t *s;
@@ -496,11 +532,425 @@ static void cuda_ipc_options_are_checked_before_anything_happens(void **state) {
     wsync_string_free(json);
 }
 
+/* ---- cuda_ipc: lifetimes of shared memory (issue 10 A) ------------------------------------- */
+/* A sender and strategy over `init`, with engines already sent the init info. */
+static void ipc_trainer(const char *options, engine_t *e, int engines, wsync_strategy_t **s,
+                        wsync_blob_t *init, wsync_sender_t **tx) {
+    OK(wsync_strategy_create("cuda_ipc", options, s));
+    OK(wsync_strategy_create_init_info(*s, init));
+    for (int i = 0; i < engines; ++i) engine_send(&e[i], init);
+    OK(wsync_sender_create(*s, init->data, init->size, tx));
+}
+
+/* Sends one version of one chunk (t0 at a, t1 at b, filled for version v) to one engine and
+ * returns the engine's verdict; the version is flushed when the verdict is 0. */
+static uint8_t sync_two(wsync_sender_t *tx, engine_t *e, void *a, void *b, uint64_t v) {
+    tu_fill(a, 64 * 32 * 4, v, 0);
+    tu_fill(b, 7 * 3 * 4, v, 1);
+    wsync_tensor_t t[2] = {gpu_tensor("t0", a, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0),
+                           gpu_tensor("t1", b, shapes[1], 2, WSYNC_DTYPE_FLOAT, 32, 0)};
+    wsync_chunk_t ch = tu_chunk(t, 2, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    engine_send(e, &req);
+    uint8_t verdict = engine_verdict(e);
+    wsync_blob_free(&req);
+    if (verdict == 0) OK(wsync_sender_flush(tx, 5000));
+    return verdict;
+}
+
+static void the_fake_counts_memory_freed_while_an_engine_maps_it(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
+    engine_t e = engine_start(&c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"packed\": false}", &e, 1, &s, &init, &tx);
+    void *a = dalloc(64 * 32 * 4), *b = dalloc(4096);
+    assert_int_equal(sync_two(tx, &e, a, b, 1), 0);
+    long long before = drv.freed_while_imported();
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)a); /* version 1 still uses it: the engine maps it */
+    assert_int_equal(drv.freed_while_imported() - before, 1);
+    engine_finish(&e);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)b);
+}
+
+static void unpacked_memory_a_version_no_longer_uses_is_freed_after_wait_released(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
+    engine_t e = engine_start(&c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"packed\": false}", &e, 1, &s, &init, &tx);
+    void *a = dalloc(64 * 32 * 4), *b = dalloc(4096);
+    assert_int_equal(sync_two(tx, &e, a, b, 1), 0);
+    /* The trainer moves t0 (an optimizer re-allocates it); version 2 no longer names old a. */
+    void *moved = dalloc(64 * 32 * 4);
+    assert_int_equal(sync_two(tx, &e, moved, b, 2), 0);
+    long long before = drv.freed_while_imported();
+    OK(wsync_sender_wait_released(tx, 2, 5000));
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)a);
+    assert_int_equal(drv.freed_while_imported() - before, 0);
+    /* Versions not finished by this sender, and negative timeouts, are refused by name. */
+    EXPECT_ERR(wsync_sender_wait_released(tx, 3, 0), WSYNC_ERR_INVALID_ARGUMENT, "version 3");
+    EXPECT_ERR(wsync_sender_wait_released(tx, 2, -1), WSYNC_ERR_INVALID_ARGUMENT, "timeout_ms");
+    /* Memory version 2 still uses stays mapped until the engine is gone. */
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_wait_released(tx, WSYNC_ALL_VERSIONS, 200), WSYNC_ERR_TIMEOUT,
+               "receivers [0] still map");
+    assert_true(tu_now_ms() - t0 < 2000);
+    size_t n = 0;
+    OK(wsync_sender_failure_count(tx, &n));
+    assert_int_equal(n, 1);
+    struct wsync_fake_stats es = engine_finish(&e);
+    assert_int_equal(es.ipc_open, 3);
+    assert_int_equal(es.ipc_live, 0);
+    OK(wsync_sender_wait_released(tx, WSYNC_ALL_VERSIONS, 2000));
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)moved);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)b);
+    assert_int_equal(drv.freed_while_imported() - before, 0);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+static void destroying_a_packed_sender_waits_for_engines_to_unmap_its_buckets(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 300};
+    engine_t e = engine_start(&c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"bucket_bytes\": 65536, \"release_timeout_ms\": 5000}", &e, 1, &s, &init, &tx);
+    void *a = dalloc(64 * 32 * 4), *b = dalloc(4096);
+    assert_int_equal(sync_two(tx, &e, a, b, 1), 0);
+    long long before = drv.freed_while_imported();
+    assert_int_equal(tu_send_frame(e.to, NULL, 0), 0); /* the engine ends 300 ms from now */
+    long t0 = tu_now_ms();
+    wsync_sender_destroy(tx); /* frees the buckets once the engine has unmapped them */
+    long took = tu_now_ms() - t0;
+    assert_int_equal(drv.freed_while_imported() - before, 0);
+    assert_true(took >= 200 && took < 4000);
+    struct wsync_fake_stats es;
+    assert_int_equal(tu_read_all(e.from, &es, sizeof es, 20000), 0);
+    assert_int_equal(tu_wait_child(e.pid, 20000), 0);
+    close(e.to);
+    close(e.from);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)a);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)b);
+}
+
+static void destroying_a_packed_sender_leaves_buckets_an_engine_still_maps_allocated(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
+    engine_t e = engine_start(&c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"bucket_bytes\": 65536, \"release_timeout_ms\": 300}", &e, 1, &s, &init, &tx);
+    void *a = dalloc(64 * 32 * 4), *b = dalloc(4096);
+    assert_int_equal(sync_two(tx, &e, a, b, 1), 0);
+    long long before = drv.freed_while_imported();
+    long t0 = tu_now_ms();
+    wsync_sender_destroy(tx); /* the engine serves on: bounded wait, then the buckets stay */
+    long took = tu_now_ms() - t0;
+    assert_true(took >= 250 && took < 3000);
+    assert_int_equal(drv.freed_while_imported() - before, 0);
+    engine_finish(&e);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)a);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)b);
+}
+
+static void unpacked_refuses_unexportable_memory_naming_the_tensor_and_packed_true(void **state) {
+    (void)state;
+    use_device(0);
+    CUdeviceptr pool = 0;
+    assert_int_equal(drv.alloc_unexportable(&pool, 64 * 32 * 4), 0);
+    wsync_tensor_t t = gpu_tensor("layers.0.w", (void *)(uintptr_t)pool, shapes[0], 2,
+                                  WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("cuda_ipc", "{\"packed\": false}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_UNSUPPORTED,
+               "tensor 'layers.0.w' lives in memory that cannot be exported");
+    assert_non_null(strstr(wsync_last_error(), "packed: true"));
+    uint64_t v = 0;
+    OK(wsync_sender_version(tx, &v));
+    assert_int_equal(v, 1); /* refused input: nothing published, the version untouched */
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    /* packed: true copies it into an exportable bucket. */
+    OK(wsync_strategy_create("cuda_ipc", "{\"bucket_bytes\": 65536}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    wsync_blob_free(&req);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    drv.cuMemFree(pool);
+}
+
+/* ---- cuda_ipc: waits with deadlines on the library's own events (issue 10 B) --------------- */
+static void *release_held_after(void *ms) {
+    usleep((useconds_t)(uintptr_t)ms * 1000);
+    drv.stream_release_held();
+    return NULL;
+}
+
+static void sender_does_not_wait_for_work_on_other_streams(void **state) {
+    (void)state;
+    use_device(0);
+    void *collective = NULL; /* a training collective that does not finish meanwhile */
+    assert_int_equal(drv.cuStreamCreate(&collective, 1 /* non-blocking */), 0);
+    assert_int_equal(drv.stream_hold(collective), 0);
+    pthread_t th;
+    pthread_create(&th, NULL, release_held_after, (void *)(uintptr_t)1500);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("cuda_ipc", "{\"packed\": false, \"timeout_ms\": 10000}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    void *d = dalloc(64 * 32 * 4);
+    wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    long t0 = tu_now_ms();
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    assert_true(tu_now_ms() - t0 < 1000);
+    pthread_join(th, NULL);
+    wsync_blob_free(&req);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)d);
+}
+
+static void sender_times_out_naming_the_chunk_when_the_default_stream_does_not_drain(void **state) {
+    (void)state;
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("cuda_ipc", "{\"bucket_bytes\": 65536, \"timeout_ms\": 400}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    void *d = dalloc(64 * 32 * 4);
+    wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    assert_int_equal(drv.stream_hold(NULL), 0); /* the trainer's own stream never drains */
+    pthread_t th;
+    pthread_create(&th, NULL, release_held_after, (void *)(uintptr_t)1500);
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_TIMEOUT,
+               "legacy default stream of GPU-");
+    long took = tu_now_ms() - t0;
+    assert_non_null(strstr(wsync_last_error(), "chunk 0 of version 1"));
+    assert_true(took >= 350 && took < 2000);
+    pthread_join(th, NULL);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)d);
+}
+
+/* ---- cuda_ipc: one outcome for engine and trainer (issue 10 C) ----------------------------- */
+static void a_failed_engine_synchronise_fails_recv_end_and_flush_alike(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 1, 0};
+    engine_t e = engine_start(&c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"bucket_bytes\": 65536}", &e, 1, &s, &init, &tx);
+    void *d = dalloc(64 * 32 * 4);
+    tu_fill(d, 64 * 32 * 4, 1, 0);
+    wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    engine_send(&e, &req);
+    uint8_t verdict = engine_verdict(&e);
+    /* The engine's wsync_recv_end failed, with this status ... */
+    assert_true(verdict & 0x80);
+    wsync_status_t engine_status = (wsync_status_t)(verdict & 0x7f);
+    assert_int_not_equal(engine_status, WSYNC_OK);
+    /* ... and the trainer's flush reports the same failure of the same chunk. */
+    EXPECT_ERR(wsync_sender_flush(tx, 3000), WSYNC_ERR_PEER, "receiver 0");
+    size_t n = 0;
+    OK(wsync_sender_failure_count(tx, &n));
+    assert_int_equal(n, 1);
+    wsync_failure_t f;
+        memset(&f, 0, sizeof f);
+        f.struct_size = sizeof f;
+    OK(wsync_sender_failure(tx, 0, &f));
+    assert_int_equal(f.what, WSYNC_FAILURE_FAILED);
+    assert_int_equal(f.status, engine_status);
+    assert_int_equal(f.receiver, 0);
+    assert_int_equal(f.version, 1);
+    assert_int_equal(f.chunk_index, 0);
+    assert_non_null(strstr(f.message, "legacy default stream"));
+    wsync_blob_free(&req);
+    engine_finish(&e);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)d);
+}
+
+/* ---- cuda_ipc: several senders (issue 10 D, issue 9 observation 5) ------------------------- */
+/* Each of two senders (GPU g) sends its part of one chunk of version v; merged for engine e. */
+static void two_sender_chunk(wsync_sender_t *tx[2], void *data[2], uint64_t v, int only,
+                             wsync_blob_t parts[2]) {
+    for (int g = 0; g < 2; ++g) {
+        if (only >= 0 && g != only) continue;
+        tu_fill(data[g], 64 * 32 * 4, v, 0);
+        wsync_tensor_t t = gpu_tensor("t0", data[g], shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, g);
+        wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+        OK(wsync_sender_send_chunk(tx[g], &ch, &parts[g]));
+    }
+}
+
+static void two_senders_setup(engine_cfg *cfg, engine_t *e, wsync_strategy_t **s, wsync_blob_t *init,
+                              wsync_sender_t *tx[2], void *data[2]) {
+    *e = engine_start(cfg);
+    use_device(0);
+    OK(wsync_strategy_create("cuda_ipc", "{\"senders\": 2, \"bucket_bytes\": 65536}", s));
+    OK(wsync_strategy_create_init_info(*s, init));
+    engine_send(e, init);
+    for (int g = 0; g < 2; ++g) {
+        use_device(g);
+        OK(wsync_sender_create(*s, init->data, init->size, &tx[g]));
+        data[g] = dalloc(64 * 32 * 4);
+    }
+}
+
+static void every_cuda_ipc_senders_flush_reports_an_engines_failure(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 1, 0, 0};
+    engine_t e;
+    wsync_strategy_t *s;
+    wsync_blob_t init, parts[2], merged;
+    wsync_sender_t *tx[2];
+    void *data[2];
+    two_senders_setup(&c0, &e, &s, &init, tx, data);
+    two_sender_chunk(tx, data, 1, -1, parts);
+    OK(wsync_request_merge(parts, 2, &merged));
+    engine_send(&e, &merged);
+    assert_int_equal(engine_verdict(&e), 4); /* the loader failed version 1 */
+    for (int g = 0; g < 2; ++g) {
+        EXPECT_ERR(wsync_sender_flush(tx[g], 3000), WSYNC_ERR_PEER, "the loader refused tensor t0");
+        size_t n = 0;
+        OK(wsync_sender_failure_count(tx[g], &n));
+        assert_int_equal(n, 1);
+        wsync_failure_t f;
+        memset(&f, 0, sizeof f);
+        f.struct_size = sizeof f;
+        OK(wsync_sender_failure(tx[g], 0, &f));
+        assert_int_equal(f.what, WSYNC_FAILURE_FAILED);
+        assert_int_equal(f.status, WSYNC_ERR_MISMATCH);
+        assert_int_equal(f.receiver, 0);
+        assert_int_equal(f.version, 1);
+        wsync_blob_free(&parts[g]);
+    }
+    wsync_blob_free(&merged);
+    engine_finish(&e);
+    for (int g = 0; g < 2; ++g) wsync_sender_destroy(tx[g]);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+static void a_cuda_ipc_senders_flush_waits_only_for_its_own_chunks(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
+    engine_t e;
+    wsync_strategy_t *s;
+    wsync_blob_t init, parts[2], merged;
+    wsync_sender_t *tx[2];
+    void *data[2];
+    two_senders_setup(&c0, &e, &s, &init, tx, data);
+    two_sender_chunk(tx, data, 1, -1, parts);
+    OK(wsync_request_merge(parts, 2, &merged));
+    engine_send(&e, &merged);
+    assert_int_equal(engine_verdict(&e), 0);
+    wsync_blob_free(&merged);
+    for (int g = 0; g < 2; ++g) wsync_blob_free(&parts[g]);
+    /* Sender 0 runs ahead with version 2; the engine cannot have it yet (no merged request). */
+    two_sender_chunk(tx, data, 2, 0, parts);
+    OK(wsync_sender_flush(tx[1], 300)); /* its own chunks are acknowledged */
+    EXPECT_ERR(wsync_sender_flush(tx[0], 300), WSYNC_ERR_TIMEOUT, "receivers [0]");
+    two_sender_chunk(tx, data, 2, 1, parts);
+    OK(wsync_request_merge(parts, 2, &merged));
+    engine_send(&e, &merged);
+    assert_int_equal(engine_verdict(&e), 0);
+    for (int g = 0; g < 2; ++g) OK(wsync_sender_flush(tx[g], 3000));
+    for (int g = 0; g < 2; ++g) wsync_blob_free(&parts[g]);
+    wsync_blob_free(&merged);
+    engine_finish(&e);
+    for (int g = 0; g < 2; ++g) wsync_sender_destroy(tx[g]);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+static void a_destroyed_cuda_ipc_sender_is_not_counted_as_attached(void **state) {
+    (void)state;
+    use_device(0);
+    wsync_strategy_t *s, *other, *rs;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx, *restarted, *rank1;
+    wsync_receiver_t *rx;
+    OK(wsync_strategy_create("cuda_ipc", "{\"senders\": 2, \"bucket_bytes\": 65536}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    OK(wsync_strategy_create("cuda_ipc", "{\"device\": 1}", &rs));
+    OK(wsync_receiver_create(rs, init.data, init.size, 0, &rx)); /* every receiver is present */
+    /* Rank 0's sender is destroyed and made again (a restarted trainer rank). */
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    wsync_sender_destroy(tx);
+    OK(wsync_sender_create(s, init.data, init.size, &restarted));
+    void *d = dalloc(64 * 32 * 4);
+    wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(restarted, &ch, &req)); /* counts attached senders */
+    wsync_receiver_destroy(rx);
+    /* Rank 1 (another process: its own strategy) attaches by name: one sender was still
+     * missing, so the name must still be there. */
+    OK(wsync_strategy_create("cuda_ipc", NULL, &other));
+    use_device(1);
+    OK(wsync_sender_create(other, init.data, init.size, &rank1));
+    wsync_blob_free(&req);
+    wsync_sender_destroy(rank1);
+    wsync_sender_destroy(restarted);
+    wsync_strategy_destroy(other);
+    wsync_strategy_destroy(rs);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    use_device(0);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)d);
+}
+
 /* ---- nccl_broadcast ----------------------------------------------------------------------- */
 static void nccl_broadcast_reaches_two_engines_bit_for_bit(void **state) {
     (void)state;
-    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NULL, 0, 0, 0};
-    engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1}", NULL, 1, 0, 0};
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
+    engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1}", NULL, 1, 0, 0, 0, 0, 0};
     engine_t e[2] = {engine_start(&c0), engine_start(&c1)};
     use_device(0);
     wsync_strategy_t *s;
@@ -557,7 +1007,7 @@ static void nccl_group_that_never_completes_times_out_and_aborts(void **state) {
 
 static void nccl_failed_broadcast_times_the_receiver_out_and_fails_flush(void **state) {
     (void)state;
-    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 400}", NULL, 0, 0, 0};
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 400}", NULL, 0, 0, 0, 0, 0, 0};
     engine_t e = engine_start(&c0);
     use_device(0);
     wsync_strategy_t *s;
@@ -899,6 +1349,17 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(a_request_without_this_gpu_is_a_mismatch_naming_the_uuid),
     cmocka_unit_test(a_dead_engine_fails_flush_with_peer),
     cmocka_unit_test(cuda_ipc_options_are_checked_before_anything_happens),
+    cmocka_unit_test(the_fake_counts_memory_freed_while_an_engine_maps_it),
+    cmocka_unit_test(unpacked_memory_a_version_no_longer_uses_is_freed_after_wait_released),
+    cmocka_unit_test(destroying_a_packed_sender_waits_for_engines_to_unmap_its_buckets),
+    cmocka_unit_test(destroying_a_packed_sender_leaves_buckets_an_engine_still_maps_allocated),
+    cmocka_unit_test(unpacked_refuses_unexportable_memory_naming_the_tensor_and_packed_true),
+    cmocka_unit_test(sender_does_not_wait_for_work_on_other_streams),
+    cmocka_unit_test(sender_times_out_naming_the_chunk_when_the_default_stream_does_not_drain),
+    cmocka_unit_test(a_failed_engine_synchronise_fails_recv_end_and_flush_alike),
+    cmocka_unit_test(every_cuda_ipc_senders_flush_reports_an_engines_failure),
+    cmocka_unit_test(a_cuda_ipc_senders_flush_waits_only_for_its_own_chunks),
+    cmocka_unit_test(a_destroyed_cuda_ipc_sender_is_not_counted_as_attached),
     cmocka_unit_test(nccl_broadcast_reaches_two_engines_bit_for_bit),
     cmocka_unit_test(nccl_group_that_never_completes_times_out_and_aborts),
     cmocka_unit_test(nccl_failed_broadcast_times_the_receiver_out_and_fails_flush),

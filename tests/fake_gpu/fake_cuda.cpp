@@ -32,6 +32,18 @@
 //   CUDA_ERROR_INVALID_HANDLE; a handle from a GPU this process cannot see (CUDA_VISIBLE_DEVICES)
 //   is CUDA_ERROR_INVALID_DEVICE. The mapping counts as an allocation of the opener's current
 //   device for cuMemGetAddressRange and cuPointerGetAttribute, with a buffer id of its own.
+// - Freeing memory another process has mapped: "Calling cuMemFree on an exported memory region
+//   before calling cuIpcCloseMemHandle in the importing context will result in undefined
+//   behavior" (cuda.h, cuIpcOpenMemHandle). Every IPC mapping leaves a marker in /dev/shm
+//   ("/wsyncfk-imp-<owner pid>-<serial>-<opener pid>", removed by the last close, the context's
+//   end or the opener's exit); a cuMemFree (or context destruction) of an allocation whose marker
+//   names a live opener is counted (wsync_fake_freed_while_imported) and printed to stderr.
+// - Non-exportable memory: wsync_fake_mem_alloc_unexportable() makes device memory as a
+//   stream-ordered pool (cudaMallocAsync) or PyTorch's expandable segments do:
+//   cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE) says 0 and
+//   cuIpcGetMemHandle fails with CUDA_ERROR_INVALID_VALUE. Other memory says 1.
+// - wsync_fake_stream_hold() parks a stream (a collective that does not finish) until
+//   wsync_fake_stream_release_held(), so tests can see who waits for which stream.
 // - Streams: one worker thread per stream runs enqueued operations in order; the NULL stream is
 //   one more such queue per process. Device addresses are checked when an operation runs: a range
 //   outside every allocation (NULL included) fails the operation like a device fault, and the
@@ -58,6 +70,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -249,6 +262,7 @@ struct Alloc {
     uint64_t serial = 0;   // for IPC handles (owned allocations)
     bool ipc = false;      // opened from a handle
     int refs = 0;          // IPC opens not yet closed
+    bool unexportable = false;  // wsync_fake_mem_alloc_unexportable
 };
 
 // ---- per-process state ------------------------------------------------------------------------
@@ -381,6 +395,56 @@ bool sync_all_streams() {
     }
     return failed;
 }
+
+// ---- imports of this process's memory by others ---------------------------------------------
+std::atomic<long long> g_freed_while_imported{0};
+constexpr const char *kAllocPrefix = "/wsync-fakecuda-";
+constexpr const char *kImportPrefix = "wsyncfk-imp-";
+
+// "/wsyncfk-imp-<owner pid>-<serial>-<opener pid>" for the allocation named `alloc_name`.
+std::string import_marker(const std::string &alloc_name, long opener) {
+    return "/" + std::string(kImportPrefix) + alloc_name.substr(std::strlen(kAllocPrefix)) + "-" +
+           std::to_string(opener);
+}
+
+void mark_imported(const std::string &alloc_name) {
+    int fd = shm_open(import_marker(alloc_name, getpid()).c_str(), O_CREAT | O_RDWR, 0600);
+    if (fd >= 0) close(fd);
+}
+void unmark_imported(const std::string &alloc_name) {
+    shm_unlink(import_marker(alloc_name, getpid()).c_str());
+}
+
+// Called as this process frees its allocation `alloc_name`: counts (and says) it when a live
+// process still has it open; markers of dead openers are removed.
+void check_not_imported(const std::string &alloc_name) {
+    const std::string prefix = import_marker(alloc_name, 0).substr(1);
+    const std::string want = prefix.substr(0, prefix.size() - 1);  // "...-<serial>-"
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    std::vector<long> live;
+    while (struct dirent *e = readdir(d)) {
+        if (std::strncmp(e->d_name, want.c_str(), want.size()) != 0) continue;
+        long opener = std::atol(e->d_name + want.size());
+        if (opener > 0 && (kill(static_cast<pid_t>(opener), 0) == 0 || errno == EPERM))
+            live.push_back(opener);
+        else
+            shm_unlink(("/" + std::string(e->d_name)).c_str());
+    }
+    closedir(d);
+    for (long pid : live) {
+        g_freed_while_imported.fetch_add(1);
+        std::fprintf(stderr,
+                     "fake CUDA: %s freed while process %ld still has it open through "
+                     "cuIpcOpenMemHandle (undefined behaviour on a real GPU)\n",
+                     alloc_name.c_str(), pid);
+    }
+}
+
+// ---- held streams (wsync_fake_stream_hold) ----------------------------------------------------
+std::mutex g_hold_mu;
+std::condition_variable g_hold_cv;
+uint64_t g_hold_generation = 0;
 
 // ---- failure injection ------------------------------------------------------------------------
 struct Injection {
@@ -602,8 +666,10 @@ void destroy_context(Doomed &d) {
         }
     }
     for (auto &f : freed) {
+        if (!f.second.ipc) check_not_imported(f.second.name);
         munmap(reinterpret_cast<void *>(f.first), f.second.map_len);
         if (!f.second.ipc) shm_unlink(f.second.name.c_str());
+        else unmark_imported(f.second.name);
         g_count.reclaimed.fetch_add(1);
     }
 }
@@ -644,8 +710,10 @@ __attribute__((destructor)) void fake_cuda_unload() {
     std::unique_lock<std::mutex> lk(s.mu, std::defer_lock);
     for (int i = 0; i < 1000 && !lk.try_lock(); ++i) poll_sleep();
     if (!lk.owns_lock()) return;
-    for (auto &kv : s.allocs)
+    for (auto &kv : s.allocs) {
         if (!kv.second.ipc) shm_unlink(kv.second.name.c_str());
+        else unmark_imported(kv.second.name);  // the driver unmaps what a process had open
+    }
 }
 
 // ---- the pack kernel --------------------------------------------------------------------------
@@ -939,6 +1007,7 @@ CUresult cuMemFree(CUdeviceptr dptr) {
         a = std::move(it->second);
         s.allocs.erase(it);
     }
+    check_not_imported(a.name);
     munmap(reinterpret_cast<void *>(dptr), a.map_len);
     shm_unlink(a.name.c_str());
     g_count.frees.fetch_add(1);
@@ -981,6 +1050,9 @@ CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
         *static_cast<int *>(data) = a.device;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:  // a boolean; written as one int
+        *static_cast<int *>(data) = a.unexportable || a.ipc ? 0 : 1;
         return CUDA_SUCCESS;
     case 11:  // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
         *static_cast<CUdeviceptr *>(data) = it->first;
@@ -1047,7 +1119,8 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p) {
     if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
     if (!handle) return CUDA_ERROR_INVALID_VALUE;
     auto it = s.allocs.find(p);  // the base of an allocation of this process, as the driver wants
-    if (it == s.allocs.end() || it->second.ipc) return CUDA_ERROR_INVALID_VALUE;
+    if (it == s.allocs.end() || it->second.ipc || it->second.unexportable)
+        return CUDA_ERROR_INVALID_VALUE;
     HandleData h{};
     h.magic = kHandleMagic;
     h.version = 1;
@@ -1114,6 +1187,7 @@ CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle handle, unsigned int 
         const auto base = reinterpret_cast<uint64_t>(m);
         s.allocs[base] = std::move(a);
         known = s.ipc_by_name.emplace(name, base).first;
+        mark_imported(name);
     }
     g_count.ipc_open.fetch_add(1);
     *p = known->second;
@@ -1147,6 +1221,7 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
         s.allocs.erase(it);
         s.ipc_by_name.erase(a.name);
     }
+    unmark_imported(a.name);
     munmap(reinterpret_cast<void *>(p), a.map_len);
     return CUDA_SUCCESS;
 }
@@ -1464,4 +1539,39 @@ WSYNC_FAKE_EXPORT int wsync_fake_shm_count(const char *prefix) {
         if (std::strncmp(e->d_name, want.c_str(), want.size()) == 0) ++n;
     closedir(d);
     return n;
+}
+
+WSYNC_FAKE_EXPORT long long wsync_fake_freed_while_imported(void) {
+    return g_freed_while_imported.load();
+}
+
+WSYNC_FAKE_EXPORT int wsync_fake_mem_alloc_unexportable(unsigned long long *dptr, std::size_t bytes) {
+    CUresult rc = cuMemAlloc(dptr, bytes);
+    if (rc != CUDA_SUCCESS) return rc;
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    s.allocs[*dptr].unexportable = true;
+    return CUDA_SUCCESS;
+}
+
+WSYNC_FAKE_EXPORT int wsync_fake_stream_hold(void *stream) {
+    std::shared_ptr<Stream> x;
+    if (CUresult rc = get_stream(static_cast<CUstream>(stream), &x)) return rc;
+    uint64_t gen;
+    {
+        std::lock_guard<std::mutex> lk(g_hold_mu);
+        gen = g_hold_generation;
+    }
+    x->push([gen]() -> CUresult {
+        std::unique_lock<std::mutex> lk(g_hold_mu);
+        g_hold_cv.wait(lk, [&] { return g_hold_generation > gen; });
+        return CUDA_SUCCESS;
+    });
+    return CUDA_SUCCESS;
+}
+
+WSYNC_FAKE_EXPORT void wsync_fake_stream_release_held(void) {
+    std::lock_guard<std::mutex> lk(g_hold_mu);
+    ++g_hold_generation;
+    g_hold_cv.notify_all();
 }

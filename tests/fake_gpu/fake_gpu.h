@@ -13,6 +13,8 @@
 #ifndef WSYNC_FAKE_GPU_H
 #define WSYNC_FAKE_GPU_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -85,6 +87,26 @@ void wsync_fake_nccl_set_in_progress(int polls);
  * every allocation and control segment of the fake, of any process). -1 if /dev/shm cannot be
  * read. */
 int wsync_fake_shm_count(const char *prefix);
+
+/* How many times this process freed an allocation (cuMemFree, or its context's destruction)
+ * while another live process still had it open through cuIpcOpenMemHandle: undefined behaviour
+ * on a real GPU ("Calling cuMemFree on an exported memory region before calling
+ * cuIpcCloseMemHandle in the importing context will result in undefined behavior", cuda.h).
+ * Each is also printed to stderr. Not reset by wsync_fake_reset_stats. */
+long long wsync_fake_freed_while_imported(void);
+
+/* Allocates device memory (like cuMemAlloc_v2 in the current context) that cannot be exported,
+ * as a cudaMallocAsync pool or PyTorch's expandable segments make: cuPointerGetAttribute(
+ * CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE) reads 0 and cuIpcGetMemHandle fails with
+ * CUDA_ERROR_INVALID_VALUE. Freed with cuMemFree_v2. The arguments are (CUdeviceptr *, size_t). */
+int wsync_fake_mem_alloc_unexportable(unsigned long long *dptr, size_t bytes);
+
+/* Parks `stream` (a CUstream; 0 or 1 name the NULL/legacy stream): operations enqueued on it
+ * after this call wait until wsync_fake_stream_release_held() (a collective that does not
+ * finish). Returns 0 or the driver's error for an unknown stream. */
+int wsync_fake_stream_hold(void *stream);
+/* Lets every held stream of this process go on. */
+void wsync_fake_stream_release_held(void);
 
 typedef void (*wsync_fake_stats_fn)(struct wsync_fake_stats *out);
 typedef void (*wsync_fake_reset_stats_fn)(void);

@@ -264,6 +264,19 @@ def test_flush_needs_a_finite_timeout(sync):
     sync.sender.flush(0)  # nothing sent: polls and returns
 
 
+def test_wait_released_returns_at_once_for_shm_and_refuses_unfinished_versions(sync):
+    request = sync.sender.send_chunk({"a": torch.ones(2)}, last=True)
+    with sync.receiver.receive(request) as it:
+        list(it)
+    sync.sender.flush(5)
+    sync.sender.wait_released(1, 0)  # shm copied the tensors: nothing of the trainer's is mapped
+    sync.sender.wait_released(wsync.Sender.ALL_VERSIONS, 0)
+    with expect_error(Status.INVALID_ARGUMENT, "version 2"):
+        sync.sender.wait_released(2, 5)
+    with expect_error(Status.INVALID_ARGUMENT, "timeout_ms must be >= 0"):
+        sync.sender.wait_released(1, -1)
+
+
 def test_send_blocks_for_a_free_bucket_up_to_timeout_ms(make_sync):
     s = make_sync(buckets=1, timeout_ms=50)
     s.sender.send_chunk({"a": torch.ones(1)})

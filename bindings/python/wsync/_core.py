@@ -560,6 +560,33 @@ class Sender:
             if status:
                 raise_for(status, self._lib, sender=h)
 
+    #: :meth:`wait_released`: every version (no receiver maps anything of the sender).
+    ALL_VERSIONS = (1 << 64) - 1
+
+    def wait_released(self, version: int, timeout_s: float = 60.0) -> None:
+        """Waits until the trainer may free or reallocate memory it shared up to ``version``
+        that ``version`` no longer uses (:attr:`ALL_VERSIONS`: any memory it shared).
+
+        Only ``cuda_ipc`` with ``packed: false`` shares the trainer's own memory: engines keep
+        imported allocations open while versions use them, and freeing memory still imported
+        is undefined behaviour in CUDA. Sync a version that no longer names the old memory,
+        flush it, wait for it here, then free (``torch.cuda.empty_cache()``). Other kinds return
+        at once. Raises ``INVALID_ARGUMENT`` for a version this sender has not finished and
+        ``TIMEOUT`` after ``timeout_s`` naming the engines that still map the memory (the
+        error's ``failures`` lists them). ``0`` polls; there is no infinite wait.
+        """
+        if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s):
+            raise invalid(f"wait_released: timeout_s must be a finite number of seconds, got {timeout_s!r}")
+        if not isinstance(version, int) or not 0 <= version <= self.ALL_VERSIONS:
+            raise invalid(f"wait_released: version must be an int in 0..2**64-1, got {version!r}")
+        ms = math.ceil(timeout_s * 1000) if timeout_s > 0 else int(timeout_s * 1000)
+        ms = min(ms, _MAX_FLUSH_MS)
+        with self._lock:
+            h = self._handle()
+            status = self._lib.wsync_sender_wait_released(h, version, ms)
+            if status:
+                raise_for(status, self._lib, sender=h)
+
     @property
     def version(self) -> int:
         """The sync version the next chunk will belong to (1 before any chunk is sent)."""

@@ -220,6 +220,7 @@ SIGNATURES: Mapping[str, tuple] = {
     "wsync_sender_destroy": (None, [_handle]),
     "wsync_sender_send_chunk": (_status, [_handle, POINTER(Chunk), POINTER(Blob)]),
     "wsync_sender_flush": (_status, [_handle, c_int64]),
+    "wsync_sender_wait_released": (_status, [_handle, c_uint64, c_int64]),
     "wsync_sender_commit": (_status, [_handle, POINTER(Blob)]),
     "wsync_sender_abandon": (_status, [_handle]),
     "wsync_sender_version": (_status, [_handle, POINTER(c_uint64)]),

@@ -298,6 +298,8 @@ pub const WSYNC_FAILURE_TIMEOUT: u32 = 4;
 pub const WSYNC_FAILURE_DROPPED: u32 = 5;
 /// `wsync_failure_t.chunk_index` when no chunk is known (`UINT32_MAX`).
 pub const WSYNC_NO_CHUNK: u32 = u32::MAX;
+/// `wsync_sender_wait_released`: every version, i.e. no receiver maps anything of the sender.
+pub const WSYNC_ALL_VERSIONS: u64 = u64::MAX;
 
 /// One receiver's failure as the sender learnt it: data, not only text.
 #[repr(C)]
@@ -500,6 +502,14 @@ extern "C" {
     /// Waits until every receiver (but dropped ones) acknowledged every chunk. Blocks up to
     /// `timeout_ms`.
     pub fn wsync_sender_flush(sender: *mut wsync_sender_t, timeout_ms: i64) -> wsync_status_t;
+    /// Waits until no receiver maps memory the sender shared up to `version` that `version`
+    /// no longer uses ([`WSYNC_ALL_VERSIONS`]: any memory), so the trainer may free it. Returns
+    /// at once for kinds that copy while sending. Blocks up to `timeout_ms`.
+    pub fn wsync_sender_wait_released(
+        sender: *mut wsync_sender_t,
+        version: u64,
+        timeout_ms: i64,
+    ) -> wsync_status_t;
     /// The sync version the next chunk will belong to.
     pub fn wsync_sender_version(
         sender: *const wsync_sender_t,

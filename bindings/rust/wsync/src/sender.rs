@@ -205,6 +205,27 @@ impl Sender {
         unsafe { check_sender(status, self.raw.as_ptr()) }
     }
 
+    /// Waits until the trainer may free or reallocate memory it shared up to `version` that
+    /// `version` no longer uses ([`Sender::ALL_VERSIONS`]: any memory it shared). Only
+    /// `cuda_ipc` with `packed: false` shares the trainer's own memory: receivers keep imported
+    /// allocations open while versions use them, and CUDA makes freeing memory still imported
+    /// undefined behaviour. Sync a version that no longer names the old memory, flush it, wait
+    /// for it here, then free. Other kinds return at once. Fails with `InvalidArgument` for a
+    /// version this sender has not finished, `Timeout` naming the receivers that still map the
+    /// memory ([`Error::failures`] lists them). Blocks up to `timeout`, rounded up to whole
+    /// milliseconds.
+    pub fn wait_released(&mut self, version: u64, timeout: Duration) -> Result<()> {
+        let ms = timeout.as_nanos().div_ceil(1_000_000);
+        let ms = i64::try_from(ms).unwrap_or(i64::MAX);
+        // SAFETY: the sender is live and used by this thread only (`&mut self`).
+        let status = unsafe { sys::wsync_sender_wait_released(self.raw.as_ptr(), version, ms) };
+        // SAFETY: as above.
+        unsafe { check_sender(status, self.raw.as_ptr()) }
+    }
+
+    /// [`Sender::wait_released`]: every version (no receiver maps anything of the sender).
+    pub const ALL_VERSIONS: u64 = sys::WSYNC_ALL_VERSIONS;
+
     /// The sync version the next chunk will belong to (1 before any chunk is sent).
     pub fn version(&self) -> Result<u64> {
         let mut v = 0u64;

@@ -915,6 +915,29 @@ fn send_blocks_for_a_free_bucket_then_times_out() {
 }
 
 #[test]
+fn wait_released_returns_at_once_for_shm_and_refuses_unfinished_versions() {
+    let mut t = trainer(&options(1));
+    let mut r = receiver(&t.init, 0);
+    let w = [1u8; 8];
+    let req = t
+        .sender
+        .send_chunk(&[TensorRef::new("w", &w, &[8]).unwrap()], true)
+        .unwrap();
+    receive_all(&mut r, &req).unwrap();
+    t.sender.flush(SEC).unwrap();
+    // shm copied the tensors while sending: nothing of the trainer's is mapped elsewhere.
+    t.sender.wait_released(1, Duration::ZERO).unwrap();
+    t.sender
+        .wait_released(Sender::ALL_VERSIONS, Duration::ZERO)
+        .unwrap();
+    expect_err(
+        t.sender.wait_released(2, SEC),
+        Status::InvalidArgument,
+        "version 2",
+    );
+}
+
+#[test]
 fn flush_reports_a_receiver_that_detached() {
     let mut t = trainer(&options(1));
     let r = receiver(&t.init, 0);
