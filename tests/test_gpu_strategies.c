@@ -1070,8 +1070,8 @@ typedef struct {
 } nccl_group_t;
 
 static void nccl_group_start(nccl_group_t *g) {
-    static engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 10000}", NULL, 0, 0, 0};
-    static engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1, \"timeout_ms\": 10000}", NULL, 1, 0, 0};
+    static engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 10000}", NULL, 0, 0, 0, 0, 0, 0};
+    static engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1, \"timeout_ms\": 10000}", NULL, 1, 0, 0, 0, 0, 0};
     g->e[0] = engine_start(&c0);
     g->e[1] = engine_start(&c1);
     use_device(0);
@@ -1203,7 +1203,7 @@ static void *destroy_sender_thread(void *arg) {
 
 static void nccl_sender_destroy_is_bounded_when_a_receiver_never_posts_its_broadcast(void **state) {
     (void)state;
-    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NULL, 0, 0, 0};
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
     engine_t e = engine_start(&c0);
     use_device(0);
     wsync_strategy_t *s;
@@ -1294,7 +1294,7 @@ static int stalled_loader_engine_entry(const void *cfg, int in, int out) {
 
 static void nccl_recv_end_does_not_wait_unbounded_for_the_loaders_default_stream(void **state) {
     (void)state;
-    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 400}", NULL, 0, 0, 0};
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 400}", NULL, 0, 0, 0, 0, 0, 0};
     engine_t e = tu_fork_peer(stalled_loader_engine_entry, &c0);
     use_device(0);
     wsync_strategy_t *s;
