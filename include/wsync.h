@@ -84,9 +84,11 @@ extern "C" {
  * ===========================================================================================*/
 
 #define WSYNC_VERSION_MAJOR 0
-#define WSYNC_VERSION_MINOR 2
+#define WSYNC_VERSION_MINOR 3
 #define WSYNC_VERSION_PATCH 0
-/* One formula, forever: MAJOR * 10000 + MINOR * 100 + PATCH (0.2.0 -> 200). */
+/* One formula, forever: MAJOR * 10000 + MINOR * 100 + PATCH (0.2.0 -> 200).
+ * 0.2: versions are transactions (struct_size fields, commit/abandon/fail, failures as data).
+ * 0.3: wsync_sender_wait_released(); board layout 3 (trainer and engines must both be 0.3). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -526,14 +528,15 @@ WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
  * ("GPU-" or "MIG-" prefixed, compared as 16 bytes); none fails with WSYNC_ERR_MISMATCH naming
  * this GPU and the ones present. IPC handles are opened once and cached by their bytes; when the
  * caller ends (or fails) a version's last chunk, the handles that version did not use are
- * closed and the version is announced released to the sender (wsync_sender_wait_released()). On success *out is the iteration; it must be ended with
- * wsync_recv_end() or wsync_recv_fail(). Does not block for "shm" and "cuda_ipc" (the bytes are
- * in place when the request exists); "nccl_broadcast" posts its side of the broadcast and
- * blocks until it arrives, up to its "timeout_ms" option (then WSYNC_ERR_TIMEOUT and the
- * communicator is aborted). With "synchronize" it first waits, within the same deadline, for
- * the work queued on the legacy default stream before the previous chunk's wsync_recv_end()
- * (the loader's copies out of its views); if that is not done in time the call fails with
- * WSYNC_ERR_TIMEOUT naming the default stream and the communicator is aborted. */
+ * closed and the version is announced released to the sender (wsync_sender_wait_released()).
+ * On success *out is the iteration; it must be ended with wsync_recv_end() or wsync_recv_fail().
+ * Does not block for "shm" and "cuda_ipc" (the bytes are in place when the request exists);
+ * "nccl_broadcast" posts its side of the broadcast and blocks until it arrives, up to its
+ * "timeout_ms" option (then WSYNC_ERR_TIMEOUT and the communicator is aborted). With "synchronize"
+ * it first waits, within the same deadline, for the work queued on the legacy default stream
+ * before the previous chunk's wsync_recv_end() (the loader's copies out of its views); if that is
+ * not done in time the call fails with WSYNC_ERR_TIMEOUT naming the default stream and the
+ * communicator is aborted. */
 WSYNC_API wsync_status_t wsync_receiver_receive(wsync_receiver_t *receiver,
                                                 const uint8_t *request, size_t len,
                                                 wsync_recv_t **out);

@@ -52,6 +52,9 @@ void bind_nccl(void *handle, NcclApi &table, std::string &missing) {
 }
 #undef WSYNC_GPU_BIND
 
+// cuDriverGetVersion's number, 1000 * major + 10 * minor, as "12.4".
+std::string driver_text(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
+
 struct CudaState {
     std::once_flag once;
     CudaApi api;
@@ -78,6 +81,11 @@ CudaState &cuda_state() {
         }
         state.api.driver_version = 0;
         state.api.cuDriverGetVersion(&state.api.driver_version);
+        if (state.api.driver_version < kMinDriverVersion) {
+            state.error = "CUDA driver " + path + " is " + driver_text(state.api.driver_version) +
+                          "; libwsync's GPU strategies need a CUDA " +
+                          driver_text(kMinDriverVersion) + " driver (R525) or newer";
+        }
     });
     return state;
 }
@@ -148,7 +156,8 @@ std::string cuda_unavailable_reason() { return cuda_state().error; }
 
 std::string cuda_runtime_text() {
     const CudaApi &api = cuda();
-    return "CUDA driver " + std::to_string(api.driver_version) + " (" + api.path + ")";
+    return "CUDA driver " + driver_text(api.driver_version) + " (" + api.path + "; libwsync needs " +
+           driver_text(kMinDriverVersion) + " or newer)";
 }
 
 const NcclApi &nccl(const std::string &path) {

@@ -32,6 +32,12 @@ using CUfunction = struct CUfunc_st *;
 struct CUipcMemHandle { char reserved[64]; };
 struct CUuuid { char bytes[16]; };
 
+// The oldest driver libwsync's GPU strategies accept (cuDriverGetVersion: 1000 * major + 10 *
+// minor): CUDA 12.0 (R525). The embedded pack kernel is PTX ISA 7.0 for sm_80 (see
+// scripts/gen-ptx.sh), which drivers from CUDA 11.0 on could JIT; 12.0 is the floor tested
+// against and stated in the README.
+constexpr int kMinDriverVersion = 12000;
+
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
 constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;

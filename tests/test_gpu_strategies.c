@@ -527,7 +527,8 @@ static void cuda_ipc_options_are_checked_before_anything_happens(void **state) {
     /* What the GPU kinds would run on is reported, driver and NCCL version included. */
     char *json;
     OK(wsync_strategy_kinds(&json));
-    assert_non_null(strstr(json, "\"runtime\":\"CUDA driver 13000 ("));
+    assert_non_null(strstr(json, "\"runtime\":\"CUDA driver 13.0 ("));
+    assert_non_null(strstr(json, "libwsync needs 12.0 or newer)"));
     assert_non_null(strstr(json, "; NCCL 2.28.9 ("));
     wsync_string_free(json);
 }
@@ -1340,6 +1341,26 @@ static void nccl_too_old_or_missing_is_unavailable_naming_it(void **state) {
     unsetenv("WSYNC_FAKE_NCCL_VERSION");
 }
 
+/* Issue 10, defect 7: the GPU kinds need a CUDA 12.0 driver; an older one is UNAVAILABLE at
+ * creation (not at first use), naming the driver's version and the minimum, and `wsync kinds`
+ * says the minimum beside the driver it found. */
+static void a_cuda_driver_older_than_12_0_is_unavailable_naming_both_versions(void **state) {
+    (void)state;
+    setenv("WSYNC_FAKE_CUDA_DRIVER_VERSION", "11080", 1); /* read once, at the driver's load */
+    wsync_strategy_t *s = (wsync_strategy_t *)1;
+    EXPECT_ERR(wsync_strategy_create("cuda_ipc", NULL, &s), WSYNC_ERR_UNAVAILABLE, "is 11.8");
+    assert_non_null(strstr(wsync_last_error(), "need a CUDA 12.0 driver"));
+    assert_null(s);
+    s = (wsync_strategy_t *)1;
+    EXPECT_ERR(wsync_strategy_create("nccl_broadcast", NULL, &s), WSYNC_ERR_UNAVAILABLE, "is 11.8");
+    assert_null(s);
+    char *kinds = NULL;
+    OK(wsync_strategy_kinds(&kinds));
+    assert_non_null(strstr(kinds, "need a CUDA 12.0 driver"));
+    wsync_string_free(kinds);
+    unsetenv("WSYNC_FAKE_CUDA_DRIVER_VERSION");
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chunk),
     cmocka_unit_test(packed_cast_to_bfloat16_rounds_to_nearest_even),
@@ -1364,6 +1385,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(nccl_group_that_never_completes_times_out_and_aborts),
     cmocka_unit_test(nccl_failed_broadcast_times_the_receiver_out_and_fails_flush),
     cmocka_unit_test(nccl_too_old_or_missing_is_unavailable_naming_it),
+    cmocka_unit_test(a_cuda_driver_older_than_12_0_is_unavailable_naming_both_versions),
     cmocka_unit_test(nccl_receiver_polls_an_in_progress_broadcast_to_completion_before_returning_views),
     cmocka_unit_test(nccl_sender_polls_an_in_progress_broadcast_to_completion_before_reusing_its_bucket),
     cmocka_unit_test(nccl_send_chunk_returns_only_after_the_pack_has_read_the_tensors),

@@ -831,7 +831,9 @@ CUresult cuInit(unsigned int flags) {
 CUresult cuDriverGetVersion(int *version) {
     WSYNC_FAKE_FAIL_POINT("cuDriverGetVersion");
     if (!version) return CUDA_ERROR_INVALID_VALUE;
-    *version = kDriverVersion;
+    // WSYNC_FAKE_CUDA_DRIVER_VERSION plays an older (or newer) driver, e.g. 11080 for CUDA 11.8.
+    const char *v = std::getenv("WSYNC_FAKE_CUDA_DRIVER_VERSION");
+    *version = v && *v ? std::atoi(v) : kDriverVersion;
     return CUDA_SUCCESS;
 }
 

@@ -175,7 +175,7 @@ pub fn version_number() -> u32 {
 
 /// Checks that the loaded library has the major version this binding was written for
 /// ([`sys::WSYNC_VERSION_MAJOR`]) and is at least the minor version it declares
-/// ([`sys::WSYNC_VERSION_MINOR`]: 0.2, whose structs and calls it uses); [`Status::Unsupported`]
+/// ([`sys::WSYNC_VERSION_MINOR`]: 0.3, whose structs and calls it uses); [`Status::Unsupported`]
 /// otherwise. [`Strategy::new`] and [`Plan::new`] call it.
 pub fn check_version() -> Result<()> {
     check_version_number(version_number())
@@ -288,12 +288,13 @@ mod tests {
         let old = check_version_number(100).unwrap_err();
         assert_eq!(old.status(), Status::Unsupported);
         assert!(old.message().contains("is 0.1.0"), "{old}");
-        assert!(old.message().contains("needs at least 0.2.0"), "{old}");
+        assert!(old.message().contains("needs at least 0.3.0"), "{old}");
         assert!(check_version_number(199).is_err());
+        assert!(check_version_number(299).is_err());
         let major = check_version_number(10200).unwrap_err();
         assert!(major.message().contains("major 1"), "{major}");
-        check_version_number(200).unwrap();
-        check_version_number(299).unwrap();
+        check_version_number(300).unwrap();
+        check_version_number(399).unwrap();
     }
 
     #[test]
