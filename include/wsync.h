@@ -88,7 +88,8 @@ extern "C" {
 #define WSYNC_VERSION_PATCH 0
 /* One formula, forever: MAJOR * 10000 + MINOR * 100 + PATCH (0.2.0 -> 200).
  * 0.2: versions are transactions (struct_size fields, commit/abandon/fail, failures as data).
- * 0.3: wsync_sender_wait_released(); board layout 3 (trainer and engines must both be 0.3). */
+ * 0.3: wsync_sender_wait_released(), wsync_sender_set_stream(), wsync_receiver_set_stream();
+ *      board layout 3 (trainer and engines must both be 0.3). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -432,6 +433,18 @@ WSYNC_API wsync_status_t wsync_sender_version(const wsync_sender_t *sender,
  * membership ("nccl_broadcast": its group is fixed). Does not block. */
 WSYNC_API wsync_status_t wsync_sender_drop_receiver(wsync_sender_t *sender, uint32_t index);
 
+/* The CUDA stream (a CUstream / cudaStream_t, e.g. torch.cuda.current_stream().cuda_stream)
+ * that the caller queues its writes to the tensors on. With "synchronize" (default), GPU kinds
+ * order their reads of the tensors after the work queued on this stream before each
+ * wsync_sender_send_chunk() ("cuda_ipc" polls an event recorded there against "timeout_ms";
+ * "nccl_broadcast" makes its pack wait for it on the GPU), instead of after the legacy default
+ * stream; work on other streams stays the caller's to order. NULL (the initial setting)
+ * restores the legacy default stream. The stream is borrowed: it must stay valid until the next
+ * call of this function or the sender's destruction, and belong to the sender's GPU and context.
+ * Kinds that read no GPU memory ("shm") accept and ignore it. Takes effect from the next chunk.
+ * Returns WSYNC_OK, or WSYNC_ERR_INVALID_ARGUMENT for a NULL sender. Does not block. 0.3. */
+WSYNC_API wsync_status_t wsync_sender_set_stream(wsync_sender_t *sender, void *stream);
+
 /* wsync_failure_t.what */
 #define WSYNC_FAILURE_FAILED 1    /* the receiver failed a chunk (its loader, checksum, order) */
 #define WSYNC_FAILURE_DIED 2      /* the receiver's process died owing a chunk                 */
@@ -572,6 +585,18 @@ typedef struct wsync_receiver_state_t {
  * open (WSYNC_ERR_WRONG_STATE). Does not block. */
 WSYNC_API wsync_status_t wsync_receiver_poll(wsync_receiver_t *receiver,
                                              wsync_receiver_state_t *out);
+
+/* The CUDA stream the loader queues its copies out of the views on (e.g.
+ * torch.cuda.current_stream().cuda_stream). With "synchronize" (default), GPU kinds release a
+ * chunk's memory to the sender only after the work queued on this stream when the iteration
+ * ended ("cuda_ipc": wsync_recv_end() polls an event recorded there; "nccl_broadcast": the next
+ * receive does), instead of after the legacy default stream. NULL (the initial setting)
+ * restores the legacy default stream. The stream is borrowed: it must stay valid until the next
+ * call of this function or the receiver's destruction, and belong to the receiver's GPU and
+ * context. Kinds whose views are host memory ("shm") accept and ignore it. Returns WSYNC_OK, or
+ * WSYNC_ERR_INVALID_ARGUMENT for a NULL receiver, WSYNC_ERR_WRONG_STATE while an iteration is
+ * open. Does not block. 0.3. */
+WSYNC_API wsync_status_t wsync_receiver_set_stream(wsync_receiver_t *receiver, void *stream);
 
 /* What an iteration carries. */
 typedef struct wsync_recv_info_t {

@@ -260,6 +260,13 @@ wsync_status_t wsync_sender_drop_receiver(wsync_sender_t *sender, uint32_t index
     });
 }
 
+wsync_status_t wsync_sender_set_stream(wsync_sender_t *sender, void *stream) {
+    return guard([&] {
+        require(sender, "wsync_sender_set_stream", "sender");
+        core(sender)->set_stream(stream);
+    });
+}
+
 wsync_status_t wsync_sender_failure_count(const wsync_sender_t *sender, size_t *count_out) {
     if (count_out) *count_out = 0;
     return guard([&] {
@@ -376,6 +383,13 @@ wsync_status_t wsync_receiver_poll(wsync_receiver_t *receiver, wsync_receiver_st
         if (out->struct_size != 0 && out->struct_size < sizeof *out)
             fail(WSYNC_ERR_INVALID_ARGUMENT, "wsync_receiver_state_t.struct_size is too small");
         write_sized(out, core(receiver)->poll(), "wsync_receiver_state_t");
+    });
+}
+
+wsync_status_t wsync_receiver_set_stream(wsync_receiver_t *receiver, void *stream) {
+    return guard([&] {
+        require(receiver, "wsync_receiver_set_stream", "receiver");
+        core(receiver)->set_stream(stream);
     });
 }
 

@@ -245,6 +245,15 @@ Receiver::~Receiver() {
     open_.reset();
 }
 
+void Receiver::set_stream(void *stream) {
+    if (open_)
+        fail(WSYNC_ERR_WRONG_STATE, std::string(kind_.name) +
+                                        ": set_stream while an iteration is open: end or fail it "
+                                        "first (its chunk is released after the stream it began "
+                                        "with)");
+    impl_->set_stream(stream);
+}
+
 void Receiver::fail_open_version(wsync_status_t status) {
     if (current_ && !current_failed_) {
         current_failed_ = true;

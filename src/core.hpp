@@ -39,6 +39,7 @@ public:
     void flush(int64_t timeout_ms);
     void wait_released(uint64_t version, int64_t timeout_ms);
     void drop_receiver(uint32_t index);
+    void set_stream(void *stream) { impl_->set_stream(stream); }
     uint64_t version() const { return version_; }
     const std::vector<Failure> &failures() const { return failures_; }
 
@@ -69,6 +70,8 @@ public:
     void fail_iteration(Iteration *it, wsync_status_t status, const char *message);
     uint64_t completed_version() const { return completed_; }
     wsync_receiver_state_t poll();
+    // Not while an iteration is open: its chunk is released after the stream it began with.
+    void set_stream(void *stream);
 
 private:
     friend class Iteration;

@@ -1,3 +1,4 @@
+#include <cstdio>
 #include "gpu_util.hpp"
 
 #include <algorithm>
@@ -218,6 +219,13 @@ void Packer::pack(const std::vector<PackEntry> &entries, CUstream stream) {
     WSYNC_CU(dev_.api(),
              cuLaunchKernel(fn_, gx, gy, 1, kPackBlock, 1, 1, 0, stream, params, nullptr),
              "launching the pack kernel");
+}
+
+std::string stream_text(CUstream s) {
+    if (s == CU_STREAM_LEGACY || s == nullptr) return "the legacy default stream";
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "the caller's stream %p", static_cast<void *>(s));
+    return buf;
 }
 
 }  // namespace wsync::gpu

@@ -118,6 +118,15 @@ void poll_until(F ready, const sys::Deadline &deadline, const std::string &what)
     }
 }
 
+// The stream whose queued work the library orders itself after ("synchronize"): the caller's
+// (wsync_sender_set_stream / wsync_receiver_set_stream), else the legacy default stream, where
+// PyTorch's default stream queues work. ordering_stream(nullptr) is CU_STREAM_LEGACY.
+inline CUstream ordering_stream(void *caller) {
+    return caller ? static_cast<CUstream>(caller) : CU_STREAM_LEGACY;
+}
+// "the legacy default stream" or "the caller's stream 0x7f..." for messages.
+std::string stream_text(CUstream s);
+
 // The cast option: which float32 tensors become what while packing.
 enum class Cast { None, BFloat16, Float16 };
 Cast parse_cast(const std::string &option);  // "", "bfloat16", "float16"

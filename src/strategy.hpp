@@ -83,6 +83,9 @@ public:
     virtual void abandon(uint64_t /*version*/) {}
     // Stop waiting for receiver `index`; throws WSYNC_ERR_UNSUPPORTED where the kind cannot.
     virtual void drop_receiver(uint32_t index);
+    // The stream whose queued work GPU reads are ordered after (nullptr: the legacy default
+    // stream). Host kinds read no GPU memory: nothing to order.
+    virtual void set_stream(void * /*stream*/) {}
 };
 
 class ReceiverImpl {
@@ -108,6 +111,9 @@ public:
     virtual void record_failure(const ChunkHeader & /*header*/, wsync_status_t /*status*/,
                                 const std::string & /*message*/) noexcept {}
     virtual Link link() const { return {}; }
+    // The stream the loader queues its copies out of views on (nullptr: the legacy default
+    // stream); chunks are released after that work. Host kinds: nothing to order.
+    virtual void set_stream(void * /*stream*/) {}
 };
 
 class StrategyImpl {

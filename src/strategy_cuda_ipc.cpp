@@ -80,9 +80,10 @@ const std::vector<OptionSpec> &ipc_options() {
          "the receiver's GPU as an ordinal in its process (after CUDA_VISIBLE_DEVICES); it takes "
          "the part of each request whose UUID is this GPU's"},
         {"synchronize", T::Bool, 1, 0, 1, "both",
-         "sender: wait for work queued on the legacy default stream (PyTorch's default stream; "
-         "work on other streams the caller synchronises) before reading tensors; receiver: the "
-         "same before acknowledging, so the loader's copies out of views are done"},
+         "sender: wait for work queued on the legacy default stream (PyTorch's default stream), "
+         "or the stream named with wsync_sender_set_stream, before reading tensors (work on "
+         "other streams the caller synchronises); receiver: the same for the loader's stream "
+         "(wsync_receiver_set_stream) before acknowledging, so its copies out of views are done"},
         {"timeout_ms", T::UInt, 60000, 0, uint64_t(1) << 40, "both",
          "sender: how long send_chunk waits for a free bucket, for work queued on the legacy "
          "default stream and for its pack; receiver: how long wsync_recv_end waits for the "
@@ -348,6 +349,8 @@ public:
 
     void abandon(uint64_t version) override { waiter_.abandon(version); }
 
+    void set_stream(void *stream) override { order_stream_ = gpu::ordering_stream(stream); }
+
     void wait_released(uint64_t version, int64_t timeout_ms) override {
         // packed=true copied the trainer's tensors into our buckets: nothing of theirs is mapped.
         if (info_.packed && version != board::kAllReleased) return;
@@ -395,15 +398,16 @@ private:
         while (last_seq_.size() > 1024) last_seq_.erase(last_seq_.begin());
     }
 
-    // Waits, up to the deadline, for the work queued on the legacy default stream (the
-    // trainer's writes to the tensors), not for the whole context: training collectives on
-    // other streams would hold a cuCtxSynchronize without bound.
+    // Waits, up to the deadline, for the work queued on the caller's stream (the legacy
+    // default stream unless set_stream named one): the trainer's writes to the tensors. Not for
+    // the whole context: training collectives on other streams would hold a cuCtxSynchronize
+    // without bound.
     void wait_default_stream(const sys::Deadline &deadline, const std::string &chunk) {
         if (!synchronize_) return;
         if (!legacy_) legacy_ = std::make_unique<gpu::Event>(*dev_);
-        legacy_->record(gpu::CU_STREAM_LEGACY);
+        legacy_->record(order_stream_);
         gpu::poll_until([&] { return legacy_->done(); }, deadline,
-                        "cuda_ipc: work queued on the legacy default stream of " +
+                        "cuda_ipc: work queued on " + gpu::stream_text(order_stream_) + " of " +
                             dev_->uuid_string() + " before " + chunk);
     }
 
@@ -511,6 +515,7 @@ private:
     board::Waiter waiter_;
     gpu::Cast cast_;
     bool synchronize_;
+    gpu::CUstream order_stream_ = gpu::CU_STREAM_LEGACY;  // set_stream(); writes to order after
     int64_t timeout_ms_;
     int64_t release_timeout_ms_;
     std::map<uint64_t, uint64_t> last_seq_;  // version -> seq of its last chunk sent here
@@ -598,9 +603,10 @@ void release_through(board::Board *b, uint32_t index, HandleCache &cache, uint64
 class IpcBacking final : public ChunkBacking {
 public:
     IpcBacking(std::shared_ptr<BoardSegment> seg, const gpu::Device &dev, gpu::Event *legacy,
-               HandleCache &cache, int64_t timeout_ms, const ChunkHeader &h, uint32_t index,
-               uint32_t slot, uint64_t seq, std::vector<CUdeviceptr> ptrs)
-        : seg_(std::move(seg)), dev_(dev), legacy_(legacy), cache_(cache), timeout_ms_(timeout_ms),
+               gpu::CUstream stream, HandleCache &cache, int64_t timeout_ms, const ChunkHeader &h,
+               uint32_t index, uint32_t slot, uint64_t seq, std::vector<CUdeviceptr> ptrs)
+        : seg_(std::move(seg)), dev_(dev), legacy_(legacy), stream_(stream), cache_(cache),
+          timeout_ms_(timeout_ms),
           header_(h), index_(index), slot_(slot), seq_(seq), ptrs_(std::move(ptrs)) {}
 
     const void *data(std::size_t i) const override {
@@ -618,10 +624,10 @@ public:
         const std::string chunk = "chunk " + std::to_string(header_.chunk_index) + " of version " +
                                   std::to_string(header_.version);
         try {
-            legacy_->record(gpu::CU_STREAM_LEGACY);
+            legacy_->record(stream_);
             gpu::poll_until([&] { return legacy_->done(); }, sys::Deadline(timeout_ms_),
                             std::string(kKind) + ": receiver " + std::to_string(index_) +
-                                ": the loader's work on the legacy default stream of " +
+                                ": the loader's work on " + gpu::stream_text(stream_) + " of " +
                                 dev_.uuid_string() + " after " + chunk);
             return outcome;
         } catch (const Error &e) {
@@ -629,7 +635,7 @@ public:
             *message = e.status() == WSYNC_ERR_TIMEOUT
                            ? std::string(e.what())
                            : std::string(kKind) + ": receiver " + std::to_string(index_) +
-                                 ": the loader's work on the legacy default stream of " +
+                                 ": the loader's work on " + gpu::stream_text(stream_) + " of " +
                                  dev_.uuid_string() + " failed after " + chunk + ": " + e.what();
             return e.status();
         } catch (...) {
@@ -648,6 +654,7 @@ private:
     std::shared_ptr<BoardSegment> seg_;
     const gpu::Device &dev_;
     gpu::Event *legacy_;  // null: "synchronize" is off
+    gpu::CUstream stream_;  // the loader's stream, whose work releases the chunk
     HandleCache &cache_;
     int64_t timeout_ms_;
     ChunkHeader header_;
@@ -675,6 +682,8 @@ public:
     }
 
     bool verify_checksums() const override { return false; }
+
+    void set_stream(void *stream) override { order_stream_ = gpu::ordering_stream(stream); }
 
     Link link() const override {
         board::Standing s = board::standing(seg_->board(), seg_->fd(), index_);
@@ -728,7 +737,7 @@ public:
             if (board::held(seg_->board(), slot) != seq)
                 fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": stale or replayed commit request");
             last_seq_ = seq;
-            return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, cache_, timeout_ms_, header,
+            return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, order_stream_, cache_, timeout_ms_, header,
                                                 index_, slot, seq, std::vector<CUdeviceptr>{});
         }
         const json &part = my_part(parts, w);
@@ -745,8 +754,8 @@ public:
         std::vector<CUdeviceptr> ptrs = info_.packed ? packed_views(part, table, header, w)
                                                      : shared_views(part, table, header, w);
         last_seq_ = seq;
-        return std::make_unique<IpcBacking>(seg_, *dev_, legacy_.get(), cache_, timeout_ms_, header,
-                                            index_, slot, seq, std::move(ptrs));
+        return std::make_unique<IpcBacking>(seg_, *dev_, legacy_.get(), order_stream_, cache_,
+                                            timeout_ms_, header, index_, slot, seq, std::move(ptrs));
     }
 
 private:
@@ -840,6 +849,7 @@ private:
     HandleCache cache_;
     int64_t timeout_ms_;
     std::unique_ptr<gpu::Event> legacy_;  // for settle(); null when "synchronize" is off
+    gpu::CUstream order_stream_ = gpu::CU_STREAM_LEGACY;  // set_stream(): the loader's stream
     uint64_t last_seq_ = 0;
 };
 

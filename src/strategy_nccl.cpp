@@ -58,8 +58,9 @@ const std::vector<OptionSpec> &nccl_options() {
          "sender's tensors must be on it"},
         {"synchronize", T::Bool, 1, 0, 1, "both",
          "sender: order each pack after the work queued on the legacy default stream (PyTorch's "
-         "default stream; work on other streams the caller synchronises); receiver: the next "
-         "chunk overwrites its bucket only after the work queued on the legacy default stream "
+         "default stream) or the stream named with wsync_sender_set_stream (work on other "
+         "streams the caller synchronises); receiver: the next chunk overwrites its bucket only "
+         "after the work queued on the loader's stream (likewise, wsync_receiver_set_stream) "
          "before recv_end (the copies out of views) is done"},
         {"timeout_ms", T::UInt, 60000, 1, uint64_t(1) << 40, "both",
          "deadline for communicator creation, for a free bucket, for each pack and received "
@@ -298,6 +299,8 @@ public:
 
     ~NcclSender() override { comm_.reset(); }  // bounded: Comm::close
 
+    void set_stream(void *stream) override { order_stream_ = gpu::ordering_stream(stream); }
+
     json send(const ChunkHeader &, const wsync_tensor_t *tensors, TensorTable &table) override {
         if (table.metas.empty()) {
             // A commit without data moves nothing: both sides skip the broadcast.
@@ -343,11 +346,12 @@ private:
               const std::string &chunk) {
         if (synchronize_) {
             // Not cuCtxSynchronize: that would also wait for our own queued broadcasts, which
-            // complete only when receivers post theirs. Ordering the pack after the legacy
-            // default stream (PyTorch's default) waits for the trainer's work and nothing else.
-            legacy_.record(nullptr);
+            // complete only when receivers post theirs. Ordering the pack after the caller's
+            // stream (the legacy default stream, PyTorch's default, unless set_stream named
+            // one) waits for the trainer's work and nothing else.
+            legacy_.record(order_stream_);
             WSYNC_CU(dev_->api(), cuStreamWaitEvent(pack_stream_.get(), legacy_.get(), 0),
-                     "ordering the pack after the default stream");
+                     "ordering the pack after " + gpu::stream_text(order_stream_));
         }
         std::vector<gpu::PackEntry> entries(table.metas.size());
         for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -364,9 +368,9 @@ private:
                      std::string(kKind) + ": the pack of " + chunk + " on cuda:" +
                          std::to_string(dev_->ordinal()) + " did not finish within " +
                          std::to_string(deadline.budget_ms()) + " ms" +
-                         (synchronize_ ? " (it runs after the work queued on the legacy default "
-                                         "stream: is that work stuck?)"
-                                       : "") +
+                         (synchronize_ ? " (it runs after the work queued on " +
+                                             gpu::stream_text(order_stream_) + ": is that work stuck?)"
+                                       : std::string()) +
                          "; nothing was broadcast, and the GPU may still read the tensors when "
                          "the pack runs");
             gpu::poll_sleep(round);
@@ -382,6 +386,7 @@ private:
     gpu::Stream pack_stream_, comm_stream_;
     gpu::Packer packer_;
     gpu::Event packed_, legacy_;
+    gpu::CUstream order_stream_ = gpu::CU_STREAM_LEGACY;  // set_stream(): the trainer's writes
     gpu::DeviceBuffer buckets_[2];
     std::unique_ptr<gpu::Event> sent_[2];
     uint64_t next_seq_ = 1;
@@ -389,7 +394,8 @@ private:
 
 // ---------------------------------------------------------------------------------------------
 // The loader's copies out of a chunk's views, as a fence: recv_end records an event on the
-// legacy default stream (where PyTorch's default stream queues them), and the next receive
+// loader's stream (the legacy default stream, where PyTorch's default stream queues them,
+// unless wsync_receiver_set_stream named another), and the next receive
 // polls it, against its deadline, before the next broadcast overwrites the bucket. This is
 // the receiver's "synchronize" without cuCtxSynchronize, which would wait with no bound for
 // every stream of the context, the engine's own kernels and collectives included.
@@ -399,7 +405,7 @@ struct LoaderFence {
     void arm() noexcept {
         try {
             gpu::Device::Scope scope(dev);
-            event.record(nullptr);
+            event.record(stream);
             armed = true;
         } catch (const std::exception &e) {
             error = e.what();
@@ -407,6 +413,7 @@ struct LoaderFence {
     }
     const gpu::Device &dev;
     gpu::Event event;
+    gpu::CUstream stream = gpu::CU_STREAM_LEGACY;  // the loader's (wsync_receiver_set_stream)
     bool armed = false;
     std::string error;  // why arm() failed; "" if it did not
 };
@@ -447,6 +454,8 @@ public:
     ~NcclReceiver() override { comm_.reset(); }  // bounded: Comm::close
 
     bool verify_checksums() const override { return false; }
+
+    void set_stream(void *stream) override { fence_.stream = gpu::ordering_stream(stream); }
 
     std::unique_ptr<ChunkBacking> open(const ChunkHeader &, const TensorTable &table,
                                        const json &transport) override {
@@ -503,7 +512,7 @@ private:
             if (deadline.passed()) {
                 comm_->abort();
                 fail(WSYNC_ERR_TIMEOUT,
-                     who + ": the work queued on the legacy default stream before chunk seq " +
+                     who + ": the work queued on " + gpu::stream_text(fence_.stream) + " before chunk seq " +
                          std::to_string(last_seq_) + "'s wsync_recv_end (the loader's copies out "
                          "of its views) did not finish within " +
                          std::to_string(deadline.budget_ms()) + " ms, so " + chunk +

@@ -773,6 +773,49 @@ static void sender_times_out_naming_the_chunk_when_the_default_stream_does_not_d
     drv.cuMemFree((CUdeviceptr)(uintptr_t)d);
 }
 
+/* Issue 10, defect 4: the caller names the stream its writes are queued on
+ * (wsync_sender_set_stream); the sender then orders itself after that stream, not after the
+ * legacy default stream. With the caller's stream held, send_chunk times out naming it; with
+ * the default stream held instead, send_chunk does not wait for it. NULL restores the default. */
+static void a_sender_given_the_callers_stream_orders_after_it_and_not_the_default_stream(void **state) {
+    (void)state;
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("cuda_ipc", "{\"bucket_bytes\": 65536, \"timeout_ms\": 400}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    void *d = dalloc(64 * 32 * 4);
+    wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    void *mine = NULL;
+    assert_int_equal(drv.cuStreamCreate(&mine, 1 /* non-blocking */), 0);
+    OK(wsync_sender_set_stream(tx, mine));
+    assert_int_equal(drv.stream_hold(mine), 0); /* the trainer's writes are still queued there */
+    pthread_t th;
+    pthread_create(&th, NULL, release_held_after, (void *)(uintptr_t)1500);
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_TIMEOUT, "the caller's stream 0x");
+    assert_true(tu_now_ms() - t0 < 1500);
+    pthread_join(th, NULL);
+    assert_int_equal(drv.stream_hold(NULL), 0); /* now the default stream never drains */
+    pthread_create(&th, NULL, release_held_after, (void *)(uintptr_t)1500);
+    t0 = tu_now_ms();
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    assert_true(tu_now_ms() - t0 < 1000);
+    wsync_blob_free(&req);
+    OK(wsync_sender_set_stream(tx, NULL)); /* back to the legacy default stream: it waits */
+    EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_TIMEOUT,
+               "legacy default stream of GPU-");
+    pthread_join(th, NULL);
+    EXPECT_ERR(wsync_sender_set_stream(NULL, mine), WSYNC_ERR_INVALID_ARGUMENT, "sender");
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)d);
+}
+
 /* ---- cuda_ipc: one outcome for engine and trainer (issue 10 C) ----------------------------- */
 static void a_failed_engine_synchronise_fails_recv_end_and_flush_alike(void **state) {
     (void)state;
@@ -1377,6 +1420,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(unpacked_refuses_unexportable_memory_naming_the_tensor_and_packed_true),
     cmocka_unit_test(sender_does_not_wait_for_work_on_other_streams),
     cmocka_unit_test(sender_times_out_naming_the_chunk_when_the_default_stream_does_not_drain),
+    cmocka_unit_test(a_sender_given_the_callers_stream_orders_after_it_and_not_the_default_stream),
     cmocka_unit_test(a_failed_engine_synchronise_fails_recv_end_and_flush_alike),
     cmocka_unit_test(every_cuda_ipc_senders_flush_reports_an_engines_failure),
     cmocka_unit_test(a_cuda_ipc_senders_flush_waits_only_for_its_own_chunks),

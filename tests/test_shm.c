@@ -524,6 +524,20 @@ static void ending_early_acknowledges_failure_and_keeps_the_old_version(void **s
     model_free(&m);
 }
 
+/* Host memory needs no stream ordering: shm accepts and ignores a caller's CUDA stream. */
+static void shm_accepts_and_ignores_a_callers_stream(void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr, NULL);
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    OK(wsync_sender_set_stream(tr.sender, (void *)0x1000));
+    OK(wsync_receiver_set_stream(r, (void *)0x1000));
+    OK(wsync_receiver_set_stream(r, NULL));
+    EXPECT_ERR(wsync_receiver_set_stream(NULL, NULL), WSYNC_ERR_INVALID_ARGUMENT, "receiver");
+    wsync_receiver_destroy(r);
+    trainer_close(&tr);
+}
+
 static void receive_while_iterating_is_wrong_state(void **state) {
     (void)state;
     float x[2] = {1, 2};
@@ -540,6 +554,8 @@ static void receive_while_iterating_is_wrong_state(void **state) {
     EXPECT_ERR(wsync_receiver_receive(r, req.data, req.size, &it2), WSYNC_ERR_WRONG_STATE,
                "still open");
     assert_null(it2);
+    /* The loader's stream cannot change under an open iteration, even where it is ignored. */
+    EXPECT_ERR(wsync_receiver_set_stream(r, (void *)0x1000), WSYNC_ERR_WRONG_STATE, "end or fail it");
     wsync_blob_free(&req);
     wsync_receiver_destroy(r); /* ends the open iteration as failed */
     EXPECT_ERR(wsync_sender_flush(tr.sender, 1000), WSYNC_ERR_PEER, "receiver 0");
@@ -865,6 +881,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(verify_false_skips_checksums),
     cmocka_unit_test(ending_early_acknowledges_failure_and_keeps_the_old_version),
     cmocka_unit_test(receive_while_iterating_is_wrong_state),
+    cmocka_unit_test(shm_accepts_and_ignores_a_callers_stream),
     cmocka_unit_test(chunks_out_of_order_or_replayed_are_mismatch),
     cmocka_unit_test(replayed_request_is_mismatch_and_a_held_index_cannot_be_taken),
     cmocka_unit_test(bad_tensors_are_rejected_by_name_and_nothing_is_published),

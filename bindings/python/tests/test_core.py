@@ -697,3 +697,25 @@ def test_a_very_long_flush_timeout_still_waits(sync, timeout_s):
         list(it)
     waiter.join(timeout=10)
     assert not waiter.is_alive() and outcome == {"ok": True}
+
+
+def test_set_stream_takes_a_torch_stream_an_int_or_none_and_shm_ignores_it(sync):
+    sync.sender.set_stream(None)
+    sync.sender.set_stream(0x1000)
+    receiver = sync.receivers[0]
+    receiver.set_stream(0x1000)
+    receiver.set_stream(None)
+    for bad in ("stream", -1, 1 << 64, True, 1.5):
+        with pytest.raises(WsyncError) as info:
+            sync.sender.set_stream(bad)
+        assert info.value.status is Status.INVALID_ARGUMENT and "stream must be" in info.value.message
+
+
+def test_receiver_set_stream_while_an_iteration_is_open_is_wrong_state(sync):
+    request = sync.sender.send_chunk({"w": np.arange(4, dtype=np.float32)}, last=True)
+    receiver = sync.receivers[0]
+    with receiver.receive(request) as it:
+        with pytest.raises(WsyncError) as info:
+            receiver.set_stream(0x1000)
+        assert info.value.status is Status.WRONG_STATE
+        list(it)

@@ -587,6 +587,17 @@ class Sender:
             if status:
                 raise_for(status, self._lib, sender=h)
 
+    def set_stream(self, stream) -> None:
+        """Orders the GPU kinds' reads of the tensors after the work queued on ``stream`` (a
+        ``torch.cuda.Stream``, a raw ``cudaStream_t`` as an int, or ``None`` for the legacy
+        default stream, the initial setting) instead of after the legacy default stream. Keep
+        the stream alive while the sender uses it. ``shm`` accepts and ignores it."""
+        ptr = _stream_pointer(stream)
+        with self._lock:
+            status = self._lib.wsync_sender_set_stream(self._handle(), ptr)
+            if status:
+                raise_for(status, self._lib)
+
     @property
     def version(self) -> int:
         """The sync version the next chunk will belong to (1 before any chunk is sent)."""
@@ -720,6 +731,17 @@ class Receiver:
         return ReceiverState(raw.completed_version, raw.open_version, raw.failed_version,
                              Status(raw.failed_status), raw.flags)
 
+    def set_stream(self, stream) -> None:
+        """The CUDA stream the loader queues its copies out of the views on (a
+        ``torch.cuda.Stream``, an int ``cudaStream_t``, or ``None`` for the legacy default
+        stream, the initial setting): GPU kinds release each chunk after the work queued there.
+        ``WRONG_STATE`` while an iteration is open. ``shm`` accepts and ignores it."""
+        ptr = _stream_pointer(stream)
+        with self._lock:
+            status = self._lib.wsync_receiver_set_stream(self._handle(), ptr)
+            if status:
+                raise_for(status, self._lib)
+
     @property
     def closed(self) -> bool:
         """True once :meth:`close` has run."""
@@ -801,6 +823,18 @@ class ReceiverState(NamedTuple):
     def sender_gone(self) -> bool:
         """The trainer's process is gone."""
         return bool(self.flags & RECEIVER_SENDER_GONE)
+
+
+def _stream_pointer(stream) -> Optional[int]:
+    """A CUDA stream as the C ABI takes it: ``torch.cuda.Stream`` (its ``cuda_stream``), an int
+    handle, or ``None`` (the legacy default stream)."""
+    if stream is None:
+        return None
+    handle = getattr(stream, "cuda_stream", stream)
+    if isinstance(handle, bool) or not isinstance(handle, int) or not 0 <= handle < 1 << 64:
+        raise invalid(f"stream must be a torch.cuda.Stream, an int cudaStream_t or None, "
+                      f"got {type(stream).__name__}")
+    return handle or None
 
 
 class WsyncWarning(RuntimeWarning):

@@ -517,6 +517,9 @@ extern "C" {
     ) -> wsync_status_t;
     /// Stops waiting for receiver `index`. Does not block.
     pub fn wsync_sender_drop_receiver(sender: *mut wsync_sender_t, index: u32) -> wsync_status_t;
+    /// The CUDA stream (`CUstream`) the caller queues its writes to the tensors on; NULL: the
+    /// legacy default stream. Borrowed until the next call or the sender's destruction.
+    pub fn wsync_sender_set_stream(sender: *mut wsync_sender_t, stream: *mut c_void) -> wsync_status_t;
     /// How many receiver failures the sender's last failed call found.
     pub fn wsync_sender_failure_count(
         sender: *const wsync_sender_t,
@@ -564,6 +567,12 @@ extern "C" {
     pub fn wsync_receiver_poll(
         receiver: *mut wsync_receiver_t,
         out: *mut wsync_receiver_state_t,
+    ) -> wsync_status_t;
+    /// The CUDA stream (`CUstream`) the loader queues its copies out of views on; NULL: the
+    /// legacy default stream. Borrowed until the next call or the receiver's destruction.
+    pub fn wsync_receiver_set_stream(
+        receiver: *mut wsync_receiver_t,
+        stream: *mut c_void,
     ) -> wsync_status_t;
     /// Writes the iteration's summary, up to `info->struct_size` (set it first).
     pub fn wsync_recv_info(it: *const wsync_recv_t, info: *mut wsync_recv_info_t)

@@ -111,6 +111,23 @@ impl Receiver {
         Ok(recv)
     }
 
+    /// The CUDA stream (a `CUstream` / `cudaStream_t`) the loader queues its copies out of the
+    /// views on: GPU kinds release each chunk after the work queued there, instead of after the
+    /// legacy default stream; null restores the legacy default stream. `shm` accepts and
+    /// ignores it. Needs `&mut self`, so no iteration is open. Does not block.
+    ///
+    /// # Safety
+    /// `stream` must be null or a CUDA stream of the receiver's GPU and context that stays
+    /// valid until the next call of this method or the receiver is dropped.
+    ///
+    /// # Errors
+    /// The library's status if it refuses the call.
+    pub unsafe fn set_stream(&mut self, stream: *mut std::ffi::c_void) -> Result<()> {
+        // SAFETY: the receiver is live, used by this thread only and has no open iteration
+        // (`&mut self`); the stream's validity is the caller's promise.
+        check(unsafe { sys::wsync_receiver_set_stream(self.raw.as_ptr(), stream) })
+    }
+
     /// Brings this receiver's view up to date without a request and says where it stands: a
     /// version the sender abandoned, or a trainer that died, fails the open version here. Call
     /// it when requests stop coming, or after a failed chunk, to decide whether to roll back

@@ -223,6 +223,22 @@ impl Sender {
         unsafe { check_sender(status, self.raw.as_ptr()) }
     }
 
+    /// Orders the GPU kinds' reads of the tensors after the work the caller queued on `stream`
+    /// (a `CUstream` / `cudaStream_t`) instead of after the legacy default stream; null restores
+    /// the legacy default stream. `shm` accepts and ignores it. Does not block.
+    ///
+    /// # Safety
+    /// `stream` must be null or a CUDA stream of the sender's GPU and context that stays valid
+    /// until the next call of this method or the sender is dropped.
+    ///
+    /// # Errors
+    /// The library's status if it refuses the call.
+    pub unsafe fn set_stream(&mut self, stream: *mut std::ffi::c_void) -> Result<()> {
+        // SAFETY: the sender is live and used by this thread only (`&mut self`); the stream's
+        // validity is the caller's promise.
+        check(unsafe { sys::wsync_sender_set_stream(self.raw.as_ptr(), stream) })
+    }
+
     /// [`Sender::wait_released`]: every version (no receiver maps anything of the sender).
     pub const ALL_VERSIONS: u64 = sys::WSYNC_ALL_VERSIONS;
 

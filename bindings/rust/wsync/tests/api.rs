@@ -1090,3 +1090,23 @@ fn send_plan_sends_a_whole_version_and_forwards_each_request() {
         .unwrap_err();
     assert!(e.message().contains("only 1 tensors were given"), "{e}");
 }
+
+#[test]
+fn shm_accepts_and_ignores_a_callers_cuda_stream() {
+    let mut t = trainer(&options(1));
+    let mut r = receiver(&t.init, 0);
+    let stream = 0x1000usize as *mut std::ffi::c_void;
+    // SAFETY: shm never uses the stream (host memory needs no ordering).
+    unsafe {
+        t.sender.set_stream(stream).unwrap();
+        r.set_stream(stream).unwrap();
+        r.set_stream(std::ptr::null_mut()).unwrap();
+    }
+    let w = [3u8; 8];
+    let req = t
+        .sender
+        .send_chunk(&[TensorRef::new("w", &w, &[8]).unwrap()], true)
+        .unwrap();
+    receive_all(&mut r, &req).unwrap();
+    t.sender.flush(SEC).unwrap();
+}
