@@ -39,6 +39,7 @@
 #include <memory>
 #include <new>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "board.hpp"
@@ -121,6 +122,7 @@ public:
                                                 uint32_t slots) {
         auto seg = std::shared_ptr<BoardSegment>(new BoardSegment());
         seg->name_ = "/wsync-ipc-" + sys::random_hex(16);
+        seg->rendezvous_ = "wsync-ipc-" + sys::random_hex(16);
         int fd = sys::shm_create(seg->name_, sizeof(Control), false, kKind);
         seg->owner_ = true;
         seg->fd_ = fd;
@@ -139,16 +141,36 @@ public:
         c->senders = senders;
         board::init(&c->board, receivers, slots);
         seg->c_ = c;
+        // A restarted engine re-attaches after the name is gone: this process hands the
+        // segment's descriptor over an abstract socket (same user only), as shm does.
+        seg->server_ = std::make_unique<sys::FdServer>(seg->rendezvous_, seg->fd_, kKind);
         return seg;
     }
 
-    static std::shared_ptr<BoardSegment> attach(const std::string &name, uint32_t senders,
-                                                uint32_t receivers, uint32_t slots) {
+    // By name while it exists, else through the creator's rendezvous socket (an engine
+    // re-attaching after the name was removed).
+    static std::shared_ptr<BoardSegment> attach(const std::string &name,
+                                                const std::string &rendezvous, uint32_t senders,
+                                                uint32_t receivers, uint32_t slots,
+                                                int64_t timeout_ms) {
         auto seg = std::shared_ptr<BoardSegment>(new BoardSegment());
         seg->name_ = name;
-        int fd = sys::shm_open_existing(name, sizeof(Control), kKind,
-                                        "the trainer is gone, or every sender and receiver had "
-                                        "already attached and the name was removed");
+        const std::string gone = "the trainer is gone (the name was removed once every sender "
+                                 "and receiver had attached, and no live trainer answers for it)";
+        int fd;
+        try {
+            fd = sys::shm_open_existing(name, sizeof(Control), kKind, gone);
+        } catch (const Error &e) {
+            if (e.status() != WSYNC_ERR_UNAVAILABLE) throw;
+            fd = sys::fetch_fd(rendezvous, sys::Deadline(timeout_ms),
+                               std::string(kKind) + ": segment '" + name + "'", gone);
+            struct stat st;
+            if (fstat(fd, &st) != 0 || uint64_t(st.st_size) != sizeof(Control)) {
+                close(fd);
+                fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": the segment handed over for '" +
+                                             name + "' does not have the size of a board");
+            }
+        }
         seg->fd_ = fd;
         seg->receivers_ = receivers;
         seg->slots_ = slots;
@@ -163,6 +185,7 @@ public:
     }
 
     ~BoardSegment() {
+        server_.reset();  // before the descriptor it serves is closed
         if (owner_) unlink();
         if (c_) munmap(c_, sizeof(Control));
         if (fd_ >= 0) close(fd_);
@@ -188,10 +211,12 @@ public:
     uint32_t receivers() const { return receivers_; }
     uint32_t slots() const { return slots_; }
     const std::string &name() const { return name_; }
+    const std::string &rendezvous() const { return rendezvous_; }
 
 private:
     BoardSegment() = default;
-    std::string name_;
+    std::string name_, rendezvous_;
+    std::unique_ptr<sys::FdServer> server_;  // the creator's: hands fd_ to re-attaching engines
     Control *c_ = nullptr;
     int fd_ = -1;  // kept open: the liveness locks live on it
     uint32_t receivers_ = 0, slots_ = 0;  // from the init info, never re-read from shared memory
@@ -200,7 +225,7 @@ private:
 };
 
 struct InitInfo {
-    std::string segment, host;
+    std::string segment, rendezvous, host;
     uint32_t senders, receivers, buckets;
     uint64_t bucket_bytes;
     bool packed;
@@ -215,6 +240,9 @@ InitInfo parse_init(const json &body) {
     if (info.segment.size() < 2 || info.segment[0] != '/' ||
         info.segment.find('/', 1) != std::string::npos)
         wire::malformed(w + ": segment name '" + info.segment + "' is not a POSIX shm name");
+    info.rendezvous = wire::string_field(body, "rendezvous", w, 64);
+    if (info.rendezvous.empty() || info.rendezvous.find('\0') != std::string::npos)
+        wire::malformed(w + ": rendezvous is not a socket name");
     info.host = wire::string_field(body, "host", w, 64);
     info.senders = static_cast<uint32_t>(wire::uint_field(body, "senders", w, board::kMaxReceivers));
     info.receivers =
@@ -875,7 +903,8 @@ public:
         info.packed = packed_;
         info.buckets = buckets_;
         seg_ = BoardSegment::create(senders_, receivers_, info.slots());
-        return json{{"segment", seg_->name()}, {"host", boot_id()}, {"senders", senders_},
+        return json{{"segment", seg_->name()}, {"rendezvous", seg_->rendezvous()},
+                    {"host", boot_id()}, {"senders", senders_},
                     {"receivers", receivers_}, {"buckets", buckets_},
                     {"bucket_bytes", bucket_bytes_}, {"packed", packed_}, {"dtype", dtype_}};
     }
@@ -884,7 +913,8 @@ public:
         InitInfo info = parse_init(body);
         auto seg = seg_ && seg_->name() == info.segment
                        ? seg_
-                       : BoardSegment::attach(info.segment, info.senders, info.receivers, info.slots());
+                       : BoardSegment::attach(info.segment, info.rendezvous, info.senders,
+                                              info.receivers, info.slots(), timeout_ms_);
         return std::make_unique<IpcSender>(api_, std::move(seg), info, synchronize_, timeout_ms_,
                                            release_timeout_ms_);
     }
@@ -892,7 +922,8 @@ public:
     std::unique_ptr<ReceiverImpl> create_receiver(const json &body, uint32_t index) override {
         InitInfo info = parse_init(body);
         check_receiver_index(kKind, index, info.receivers);
-        auto seg = BoardSegment::attach(info.segment, info.senders, info.receivers, info.slots());
+        auto seg = BoardSegment::attach(info.segment, info.rendezvous, info.senders,
+                                        info.receivers, info.slots(), timeout_ms_);
         return std::make_unique<IpcReceiver>(api_, std::move(seg), info, index, device_, synchronize_,
                                              timeout_ms_);
     }

@@ -816,6 +816,59 @@ static void a_sender_given_the_callers_stream_orders_after_it_and_not_the_defaul
     drv.cuMemFree((CUdeviceptr)(uintptr_t)d);
 }
 
+/* Issue 9 observation 6 on cuda_ipc: a restarted engine could not re-attach once the board's
+ * name was gone. Engine A completes version 1 (every process attached: the name is removed), is
+ * SIGKILLed, and the trainer's flush of version 2 names it (PEER, < 2 s). Engine B starts with
+ * the same index, gets the board's descriptor from the trainer over its rendezvous socket, and
+ * version 3 reaches it bit for bit. Left behind: no name in /dev/shm at any point after v1. */
+static void cuda_ipc_engine_restarted_after_the_name_is_gone_reattaches_and_gets_the_next_version(
+    void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
+    engine_t a = engine_start(&c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"bucket_bytes\": 65536}", &a, 1, &s, &init, &tx);
+    void *x = dalloc(64 * 32 * 4), *y = dalloc(7 * 3 * 4);
+    assert_int_equal(sync_two(tx, &a, x, y, 1), 0);
+    char *json;
+    OK(wsync_blob_describe(init.data, init.size, &json));
+    const char *p = strstr(json, "\"/wsync-ipc-");
+    assert_non_null(p);
+    char path[128] = "/dev/shm";
+    size_t n = (size_t)(strchr(p + 1, '"') - p - 1);
+    assert_true(n < 100);
+    memcpy(path + 8, p + 1, n);
+    path[8 + n] = '\0';
+    wsync_string_free(json);
+    assert_int_equal(access(path, F_OK), -1); /* every process attached: the name is gone */
+    kill(a.pid, SIGKILL);
+    tu_wait_child(a.pid, 5000);
+    close(a.to);
+    close(a.from);
+    tu_fill(x, 64 * 32 * 4, 2, 0);
+    wsync_tensor_t t = gpu_tensor("t0", x, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    wsync_blob_free(&req);
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_flush(tx, 5000), WSYNC_ERR_PEER, "receiver 0");
+    assert_true(tu_now_ms() - t0 < 2000);
+    engine_t b = engine_start(&c0);
+    engine_send(&b, &init);
+    usleep(300 * 1000); /* B attaches (through the trainer's socket) before version 3 begins */
+    assert_int_equal(sync_two(tx, &b, x, y, 3), 0);
+    assert_int_equal(access(path, F_OK), -1);
+    engine_finish(&b);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)x);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)y);
+}
+
 /* ---- cuda_ipc: one outcome for engine and trainer (issue 10 C) ----------------------------- */
 static void a_failed_engine_synchronise_fails_recv_end_and_flush_alike(void **state) {
     (void)state;
@@ -1421,6 +1474,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sender_does_not_wait_for_work_on_other_streams),
     cmocka_unit_test(sender_times_out_naming_the_chunk_when_the_default_stream_does_not_drain),
     cmocka_unit_test(a_sender_given_the_callers_stream_orders_after_it_and_not_the_default_stream),
+    cmocka_unit_test(cuda_ipc_engine_restarted_after_the_name_is_gone_reattaches_and_gets_the_next_version),
     cmocka_unit_test(a_failed_engine_synchronise_fails_recv_end_and_flush_alike),
     cmocka_unit_test(every_cuda_ipc_senders_flush_reports_an_engines_failure),
     cmocka_unit_test(a_cuda_ipc_senders_flush_waits_only_for_its_own_chunks),
