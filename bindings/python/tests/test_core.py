@@ -437,12 +437,13 @@ def test_a_view_keeps_its_iteration_alive(sync):
     assert sync.receiver.completed_version == 1
 
 
-def test_dropping_an_unfinished_iteration_acknowledges_failure(sync):
+def test_dropping_an_unfinished_iteration_acknowledges_failure_with_a_warning(sync):
     request = sync.sender.send_chunk({"a": torch.ones(3), "b": torch.ones(3)}, last=True)
     it = sync.receiver.receive(request)
     next(iter(it))
-    del it
-    gc.collect()
+    with pytest.warns(wsync.WsyncWarning, match="garbage-collected before end"):
+        del it
+        gc.collect()
     with expect_error(Status.PEER, "receiver 0", "failed chunk 0 of version 1"):
         sync.sender.flush(5)
     assert sync.receiver.completed_version == 0
@@ -719,3 +720,4 @@ def test_receiver_set_stream_while_an_iteration_is_open_is_wrong_state(sync):
             receiver.set_stream(0x1000)
         assert info.value.status is Status.WRONG_STATE
         list(it)
+

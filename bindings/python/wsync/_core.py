@@ -13,6 +13,7 @@ import json
 import math
 import struct
 import threading
+import warnings
 from ctypes import byref, c_bool, c_char, c_char_p, c_size_t, c_uint64, c_void_p
 from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -1109,6 +1110,7 @@ class Iteration:
     def __del__(self):
         handle = getattr(self, "_handle", None)
         if handle is not None and handle.value is not None:
+            ended = False
             try:
                 with self._lock:
                     if handle.value is not None:
@@ -1116,8 +1118,17 @@ class Iteration:
                         if self._receiver._open is handle:
                             self._receiver._open = None
                         self._lib.wsync_recv_end(h)
+                        ended = True
             except Exception:  # interpreter shutdown
                 pass
+            if ended:
+                try:
+                    warnings.warn("wsync: an Iteration was garbage-collected before end() or "
+                                  "fail(); it was ended then, so the chunk failed unless every "
+                                  "tensor had been taken. End it explicitly, or use it as a "
+                                  "context manager", WsyncWarning, stacklevel=2)
+                except Exception:  # interpreter shutdown: the warnings machinery may be gone
+                    pass
 
     def __repr__(self) -> str:
         if self.ended:
