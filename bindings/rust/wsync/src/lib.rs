@@ -64,6 +64,8 @@
 //! movable::<wsync::Receiver>();
 //! movable::<wsync::Recv<'static>>();
 //! movable::<wsync::Plan>();
+//! fn shared<T: Send + Sync>() {}
+//! shared::<wsync::View<'static>>(); // read-only memory valid for the whole iteration
 //! ```
 //!
 //! ```compile_fail,E0277
@@ -233,6 +235,9 @@ pub struct KindInfo {
     pub available: bool,
     /// Why it is unavailable (empty when available).
     pub reason: String,
+    /// The run-time dependency the library found for it (e.g. the CUDA driver and its
+    /// version), empty when it needs none or reports none.
+    pub runtime: String,
 }
 
 /// The strategy kinds this build knows, and whether each can run here.
@@ -259,6 +264,11 @@ pub fn kinds() -> Result<Vec<KindInfo>> {
                     .unwrap_or(false),
                 reason: k
                     .get("reason")
+                    .and_then(json::Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                runtime: k
+                    .get("runtime")
                     .and_then(json::Value::as_str)
                     .unwrap_or("")
                     .to_string(),
