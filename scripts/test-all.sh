@@ -32,17 +32,50 @@ dev_files=$(dpkg-deb -c build/libwsync-dev_*.deb)
 for want in libwsync.so.0; do
   grep -q "$want" <<<"$runtime_files" || { echo "libwsync0 lacks $want"; exit 1; }
 done
-for want in include/wsync.h pkgconfig/wsync.pc cmake/wsync/wsyncConfig.cmake; do
+multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
+for want in "usr/lib/$multiarch/libwsync.so.0" usr/share/doc/libwsync0/copyright; do
+  grep -q "$want" <<<"$runtime_files" || { echo "libwsync0 lacks $want"; exit 1; }
+done
+for want in include/wsync.h "lib/$multiarch/libwsync.a" "lib/$multiarch/pkgconfig/wsync.pc" \
+            "lib/$multiarch/cmake/wsync/wsyncConfig.cmake"; do
   grep -q "$want" <<<"$dev_files" || { echo "libwsync-dev lacks $want"; exit 1; }
 done
-if [ "$(id -u)" -eq 0 ] && ! dpkg-query -W libwsync0 >/dev/null 2>&1; then
+# shlibs for dependants; the library stripped, its debug symbols in libwsync0-dbgsym.
+dpkg-deb --ctrl-tarfile build/libwsync0_*.deb | tar -xO ./shlibs | tee build/deb-shlibs.txt
+grep -q "^libwsync 0 libwsync0 (>= " build/deb-shlibs.txt
+deb_root=$(mktemp -d)
+dpkg-deb -x build/libwsync0_*.deb "$deb_root"
+dpkg-deb -x build/libwsync-dev_*.deb "$deb_root"
+! readelf -S "$deb_root/usr/lib/$multiarch/libwsync.so.0" | grep -q '\.debug_info' \
+  || { echo "libwsync.so.0 in libwsync0 is not stripped"; exit 1; }
+! readelf -S "$deb_root/usr/lib/$multiarch/libwsync.a" | grep -q '\.debug_info' \
+  || { echo "libwsync.a in libwsync-dev is not stripped"; exit 1; }
+build_id=$(readelf -n "$deb_root/usr/lib/$multiarch/libwsync.so.0" | sed -n 's/.*Build ID: //p')
+dbgsym_files=$(dpkg-deb -c build/libwsync0-dbgsym_*.ddeb)
+grep -q "${build_id:2}.debug" <<<"$dbgsym_files" \
+  || { echo "libwsync0-dbgsym lacks the debug file of build id $build_id"; exit 1; }
+rm -rf "$deb_root"
+# Debian's checks on every package; errors fail, warnings are overridden with their reason in
+# cmake/debian/*.lintian-overrides (lintian warns about running as root: not a finding).
+lint_rc=0
+lintian --fail-on error,warning build/*.deb build/*.ddeb > build/lintian.txt 2>&1 || lint_rc=$?
+grep -v 'running with root' build/lintian.txt || true
+[ "$lint_rc" -eq 0 ] || { echo "lintian found errors or warnings"; exit 1; }
+echo "lintian: no errors or warnings"
+# (Only where no libwsync0 is installed: "ok installed", not a removed package's leftover record.)
+if [ "$(id -u)" -eq 0 ] && ! dpkg-query -W -f='${Status}' libwsync0 2>/dev/null | grep -q 'ok installed'; then
   # As a user would: apt install the packages, build against the system copy, remove them.
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ./build/libwsync0_*.deb \
     ./build/libwsync-dev_*.deb ./build/wsync-tools_*.deb >/dev/null
+  pkg-config --atleast-version="$(pkg-config --modversion wsync | cut -d. -f1,2)" wsync
   cc -std=c99 tests/install/consumer/consumer.c $(pkg-config --cflags --libs wsync) -o build/consumer-deb
   build/consumer-deb
+  # A package built against it would depend on libwsync0 (>= this version), from shlibs.
+  mkdir -p build/shlibdeps-check/debian && touch build/shlibdeps-check/debian/control
+  (cd build/shlibdeps-check && dpkg-shlibdeps -O ../consumer-deb) | tee build/deb-shlibdeps.txt
+  grep -q "libwsync0 (>= " build/deb-shlibdeps.txt
   wsync --version
-  DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq wsync-tools libwsync-dev libwsync0 >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq wsync-tools libwsync-dev libwsync0 >/dev/null
 fi
 
 if [ -d bindings/python/tests ]; then

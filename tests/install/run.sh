@@ -14,17 +14,39 @@ test -f "$prefix/include/wsync.h"
 test -f "$libdir/cmake/wsync/wsyncConfig.cmake"
 test -L "$libdir/libwsync.so"
 test -f "$libdir/libwsync.so.0"
+test -f "$libdir/libwsync.a"
+version=$(sed -n 's/^#define WSYNC_VERSION_\(MAJOR\|MINOR\) \([0-9]*\).*/\2/p' "$src/include/wsync.h" | paste -sd.)
+next_major=$(( ${version%%.*} + 1 )).0
 
 echo "--- pkg-config"
 export PKG_CONFIG_PATH="$pcdir"
 pkg-config --exact-version="$(pkg-config --modversion wsync)" wsync
+pkg-config --atleast-version="$version" wsync
+echo "pkg-config --atleast-version=$version wsync: yes"
+if pkg-config --atleast-version="$next_major" wsync; then
+  echo "pkg-config claims wsync >= $next_major"; exit 1
+fi
 flags=$(pkg-config --cflags --libs wsync)
 echo "pkg-config --cflags --libs wsync: $flags"
 cc -std=c99 -Wall -Werror "$src/tests/install/consumer/consumer.c" $flags -o "$work/consumer-pc"
 LD_LIBRARY_PATH="$libdir" "$work/consumer-pc"
+echo "--- pkg-config --static (libwsync.a)"
+static_libs=$(pkg-config --static --libs-only-l wsync | sed 's/-lwsync/-l:libwsync.a/')
+cc -std=c99 -Wall -Werror "$src/tests/install/consumer/consumer.c" $(pkg-config --cflags wsync) \
+  -L"$libdir" $static_libs -o "$work/consumer-static"
+if readelf -d "$work/consumer-static" | grep -q libwsync; then
+  echo "the static consumer needs libwsync.so"; exit 1
+fi
+"$work/consumer-static"
 
 echo "--- find_package"
-cmake -S "$src/tests/install/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake -S "$src/tests/install/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DWSYNC_WANT_VERSION="$version" >/dev/null
+echo "find_package(wsync $version): found"
+if cmake -S "$src/tests/install/consumer" -B "$work/build-next" -DCMAKE_PREFIX_PATH="$prefix" \
+     -DWSYNC_WANT_VERSION="$next_major" >/dev/null 2>&1; then
+  echo "find_package(wsync $next_major) accepted a $version library"; exit 1
+fi
 cmake --build "$work/build" >/dev/null
 LD_LIBRARY_PATH="$libdir" "$work/build/consumer"
 echo "install_and_consume: OK"

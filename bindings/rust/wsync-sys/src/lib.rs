@@ -636,3 +636,24 @@ extern "C" {
     /// [`wsync_string_free`].
     pub fn wsync_abi_layout(json_out: *mut *mut c_char) -> wsync_status_t;
 }
+
+// =============================================================================================
+// The library this crate was built against
+// =============================================================================================
+
+/// `WSYNC_VERSION_NUMBER` of the `wsync.h` that build.rs found beside the library it linked
+/// (its include directory, or a CMake build directory's source tree), or 0 if it found none
+/// (a docs-only build). The `wsync` crate requires the loaded library to be at least this.
+pub const WSYNC_BUILT_AGAINST_VERSION_NUMBER: u32 = parse_u32(env!("WSYNC_SYS_BUILT_AGAINST"));
+
+const fn parse_u32(text: &str) -> u32 {
+    let bytes = text.as_bytes();
+    let mut value = 0u32;
+    let mut i = 0;
+    while i < bytes.len() {
+        assert!(bytes[i].is_ascii_digit(), "WSYNC_SYS_BUILT_AGAINST is not a number");
+        value = value * 10 + (bytes[i] - b'0') as u32;
+        i += 1;
+    }
+    value
+}

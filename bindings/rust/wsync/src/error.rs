@@ -165,6 +165,25 @@ pub struct Failure {
 }
 
 impl Failure {
+    /// A failure of receiver `receiver` (version 0, no chunk, pid 0: set the public fields for
+    /// more), for code that builds [`Error`]s of its own, e.g. test doubles of a sender.
+    pub fn new(
+        what: FailureKind,
+        status: Status,
+        receiver: u32,
+        message: impl Into<String>,
+    ) -> Failure {
+        Failure {
+            what,
+            status,
+            receiver,
+            version: 0,
+            chunk_index: None,
+            pid: 0,
+            message: message.into(),
+        }
+    }
+
     pub(crate) fn from_raw(raw: &sys::wsync_failure_t) -> Failure {
         let bytes: Vec<u8> = raw
             .message
@@ -229,12 +248,28 @@ impl Error {
         &self.failures
     }
 
-    pub(crate) fn new(status: Status, message: impl Into<String>) -> Error {
+    /// An error with `status` and `message` and no receivers' failures: for code that wraps
+    /// the binding (a forwarder, a loader, a test double) and reports in its terms.
+    ///
+    /// ```
+    /// let e = wsync::Error::new(wsync::Status::Timeout, "controller: engine 3 did not answer");
+    /// assert_eq!(e.to_string(), "WSYNC_ERR_TIMEOUT: controller: engine 3 did not answer");
+    /// let io: std::io::Error = e.into();
+    /// assert_eq!(io.kind(), std::io::ErrorKind::TimedOut);
+    /// ```
+    pub fn new(status: Status, message: impl Into<String>) -> Error {
         Error {
             status,
             message: message.into(),
             failures: Vec::new(),
         }
+    }
+
+    /// The same error carrying `failures` (see [`Error::failures`]).
+    #[must_use]
+    pub fn with_failures(mut self, failures: Vec<Failure>) -> Error {
+        self.failures = failures;
+        self
     }
 
     pub(crate) fn invalid(message: impl Into<String>) -> Error {
@@ -272,6 +307,27 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// For code whose errors are `std::io::Error` (a forwarder writing requests to sockets, passed
+/// to [`crate::Sender::send_plan`]): the kind follows the status, and the [`Error`] itself,
+/// with its receivers' failures, stays reachable through
+/// `io_error.get_ref().and_then(|e| e.downcast_ref::<wsync::Error>())`.
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> std::io::Error {
+        use std::io::ErrorKind;
+        let kind = match e.status {
+            Status::InvalidArgument => ErrorKind::InvalidInput,
+            Status::Unsupported => ErrorKind::Unsupported,
+            Status::Unavailable => ErrorKind::NotFound,
+            Status::Malformed | Status::Mismatch | Status::Integrity => ErrorKind::InvalidData,
+            Status::Timeout => ErrorKind::TimedOut,
+            Status::Peer | Status::Abandoned => ErrorKind::ConnectionAborted,
+            Status::NoMemory => ErrorKind::OutOfMemory,
+            _ => ErrorKind::Other,
+        };
+        std::io::Error::new(kind, e)
+    }
+}
 
 /// `std::result::Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
@@ -427,6 +483,19 @@ mod tests {
         let e = Error::new(Status::Peer, "shm: receiver 1 died");
         assert_eq!(e.to_string(), "WSYNC_ERR_PEER: shm: receiver 1 died");
         assert_eq!(Error::new(Status::Peer, "").to_string(), "WSYNC_ERR_PEER");
+    }
+
+    #[test]
+    fn io_error_keeps_kind_status_and_failures() {
+        let failure = Failure::new(FailureKind::Died, Status::Peer, 1, "pid 42 died");
+        let e = Error::new(Status::Peer, "receiver 1 died").with_failures(vec![failure.clone()]);
+        let io: std::io::Error = e.clone().into();
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionAborted);
+        let inner = io.get_ref().and_then(|i| i.downcast_ref::<Error>()).unwrap();
+        assert_eq!(inner, &e);
+        assert_eq!(inner.failures(), &[failure]);
+        let timeout: std::io::Error = Error::new(Status::Timeout, "").into();
+        assert_eq!(timeout.kind(), std::io::ErrorKind::TimedOut);
     }
 
     #[test]

@@ -64,6 +64,8 @@
 //! movable::<wsync::Receiver>();
 //! movable::<wsync::Recv<'static>>();
 //! movable::<wsync::Plan>();
+//! fn shared<T: Send + Sync>() {}
+//! shared::<wsync::View<'static>>(); // read-only memory valid for the whole iteration
 //! ```
 //!
 //! ```compile_fail,E0277
@@ -181,8 +183,20 @@ pub fn check_version() -> Result<()> {
     check_version_number(version_number())
 }
 
+/// The oldest library this build accepts: the `wsync.h` it was built against
+/// ([`sys::WSYNC_BUILT_AGAINST_VERSION_NUMBER`], patch included), and never older than the
+/// `MAJOR.MINOR.0` the declarations were written from (the bound when no header was found).
+fn required_version_number() -> u32 {
+    let declared = sys::WSYNC_VERSION_MAJOR * 10000 + sys::WSYNC_VERSION_MINOR * 100;
+    declared.max(sys::WSYNC_BUILT_AGAINST_VERSION_NUMBER)
+}
+
+fn version_text(number: u32) -> String {
+    format!("{}.{}.{}", number / 10000, number / 100 % 100, number % 100)
+}
+
 fn check_version_number(loaded: u32) -> Result<()> {
-    let text = format!("{}.{}.{}", loaded / 10000, loaded / 100 % 100, loaded % 100);
+    let text = version_text(loaded);
     if loaded / 10000 != sys::WSYNC_VERSION_MAJOR {
         return Err(Error::new(
             Status::Unsupported,
@@ -193,16 +207,16 @@ fn check_version_number(loaded: u32) -> Result<()> {
             ),
         ));
     }
-    let least = sys::WSYNC_VERSION_MAJOR * 10000 + sys::WSYNC_VERSION_MINOR * 100;
+    let least = required_version_number();
     if loaded < least {
         return Err(Error::new(
             Status::Unsupported,
             format!(
-                "the loaded libwsync is {text}, this binding needs at least {}.{}.0 (it uses the \
-                 {}.{} structs and calls: struct_size, wsync_recv_fail, wsync_sender_commit...); \
-                 build or install a newer libwsync",
-                sys::WSYNC_VERSION_MAJOR,
-                sys::WSYNC_VERSION_MINOR,
+                "the loaded libwsync is {text}, this binding needs at least {} (the wsync.h it \
+                 was built against, and at least the {}.{} structs and calls it declares: \
+                 struct_size, wsync_recv_fail, wsync_sender_commit...); build or install a \
+                 newer libwsync, or rebuild against the one loaded",
+                version_text(least),
                 sys::WSYNC_VERSION_MAJOR,
                 sys::WSYNC_VERSION_MINOR
             ),
@@ -221,6 +235,9 @@ pub struct KindInfo {
     pub available: bool,
     /// Why it is unavailable (empty when available).
     pub reason: String,
+    /// The run-time dependency the library found for it (e.g. the CUDA driver and its
+    /// version), empty when it needs none or reports none.
+    pub runtime: String,
 }
 
 /// The strategy kinds this build knows, and whether each can run here.
@@ -247,6 +264,11 @@ pub fn kinds() -> Result<Vec<KindInfo>> {
                     .unwrap_or(false),
                 reason: k
                     .get("reason")
+                    .and_then(json::Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                runtime: k
+                    .get("runtime")
                     .and_then(json::Value::as_str)
                     .unwrap_or("")
                     .to_string(),
@@ -295,6 +317,18 @@ mod tests {
         assert!(major.message().contains("major 1"), "{major}");
         check_version_number(300).unwrap();
         check_version_number(399).unwrap();
+    }
+
+    #[test]
+    fn the_header_built_against_is_the_oldest_library_accepted() {
+        let least = required_version_number();
+        assert!(least >= sys::WSYNC_BUILT_AGAINST_VERSION_NUMBER);
+        assert!(least >= sys::WSYNC_VERSION_MAJOR * 10000 + sys::WSYNC_VERSION_MINOR * 100);
+        check_version_number(least).unwrap();
+        let old = check_version_number(least - 1).unwrap_err();
+        assert_eq!(old.status(), Status::Unsupported);
+        let want = format!("needs at least {}", version_text(least));
+        assert!(old.message().contains(&want), "{old}");
     }
 
     #[test]

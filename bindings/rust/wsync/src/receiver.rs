@@ -572,6 +572,14 @@ pub struct View<'it> {
     _it: PhantomData<&'it [u8]>,
 }
 
+// SAFETY: a View is a read-only window (address, length, name, shape) into memory that the
+// library keeps valid and unchanged until the iteration ends, which the `'it` borrow of the Recv
+// outlasts; reading shared immutable bytes from several threads is sound (as for `&[u8]`), and
+// no View method calls into the library. A device view only hands out its address.
+unsafe impl Send for View<'_> {}
+// SAFETY: as for Send: every method takes `&self` and only reads.
+unsafe impl Sync for View<'_> {}
+
 impl<'it> View<'it> {
     /// # Safety
     /// `t` must be a view the library filled whose data, name and shape are valid for `'it`.
@@ -725,5 +733,31 @@ mod tests {
         let long = format!("{}é", "x".repeat(254));
         assert_eq!(fail_message(&long).as_bytes(), "x".repeat(254).as_bytes());
         assert_eq!(fail_message(&"y".repeat(300)).as_bytes().len(), 255);
+    }
+}
+
+/// Escape hatches to the C handle, for calls this binding does not wrap yet.
+impl Receiver {
+    /// The `wsync_receiver_t` handle, still owned by this value: do not destroy it, and use it only as
+    /// wsync.h allows while this value is alive (one thread at a time).
+    #[must_use]
+    pub fn as_raw(&self) -> *mut sys::wsync_receiver_t {
+        self.raw.as_ptr()
+    }
+
+    /// Gives up ownership: the caller must destroy the returned handle (once).
+    #[must_use = "the handle leaks unless it is destroyed"]
+    pub fn into_raw(self) -> *mut sys::wsync_receiver_t {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.raw.as_ptr()
+    }
+
+    /// Takes ownership of a handle made by the C API (or by [`Receiver::into_raw`]), created as receiver number `index`.
+    ///
+    /// # Safety
+    /// `raw` must be a live handle of that type that nothing else destroys or uses afterwards.
+    #[must_use = "dropping it destroys the handle"]
+    pub unsafe fn from_raw(raw: std::ptr::NonNull<sys::wsync_receiver_t>, index: u32) -> Receiver {
+        Receiver { raw, index }
     }
 }

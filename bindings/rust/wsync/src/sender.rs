@@ -287,3 +287,29 @@ pub fn merge_requests(parts: &[&[u8]]) -> Result<Vec<u8>> {
     // SAFETY: on success the blob is the library's and is not used again.
     Ok(unsafe { take_blob(out) })
 }
+
+/// Escape hatches to the C handle, for calls this binding does not wrap yet.
+impl Sender {
+    /// The `wsync_sender_t` handle, still owned by this value: do not destroy it, and use it only as
+    /// wsync.h allows while this value is alive (one thread at a time).
+    #[must_use]
+    pub fn as_raw(&self) -> *mut sys::wsync_sender_t {
+        self.raw.as_ptr()
+    }
+
+    /// Gives up ownership: the caller must destroy the returned handle (once).
+    #[must_use = "the handle leaks unless it is destroyed"]
+    pub fn into_raw(self) -> *mut sys::wsync_sender_t {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.raw.as_ptr()
+    }
+
+    /// Takes ownership of a handle made by the C API (or by [`Sender::into_raw`]).
+    ///
+    /// # Safety
+    /// `raw` must be a live handle of that type that nothing else destroys or uses afterwards.
+    #[must_use = "dropping it destroys the handle"]
+    pub unsafe fn from_raw(raw: std::ptr::NonNull<sys::wsync_sender_t>) -> Sender {
+        Sender { raw }
+    }
+}

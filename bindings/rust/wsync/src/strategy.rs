@@ -220,3 +220,29 @@ mod tests {
         );
     }
 }
+
+/// Escape hatches to the C handle, for calls this binding does not wrap yet.
+impl Strategy {
+    /// The `wsync_strategy_t` handle, still owned by this value: do not destroy it, and use it only as
+    /// wsync.h allows while this value is alive (one thread at a time).
+    #[must_use]
+    pub fn as_raw(&self) -> *mut sys::wsync_strategy_t {
+        self.raw.as_ptr()
+    }
+
+    /// Gives up ownership: the caller must destroy the returned handle (once).
+    #[must_use = "the handle leaks unless it is destroyed"]
+    pub fn into_raw(self) -> *mut sys::wsync_strategy_t {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.raw.as_ptr()
+    }
+
+    /// Takes ownership of a handle made by the C API (or by [`Strategy::into_raw`]).
+    ///
+    /// # Safety
+    /// `raw` must be a live handle of that type that nothing else destroys or uses afterwards.
+    #[must_use = "dropping it destroys the handle"]
+    pub unsafe fn from_raw(raw: std::ptr::NonNull<sys::wsync_strategy_t>) -> Strategy {
+        Strategy { raw }
+    }
+}
