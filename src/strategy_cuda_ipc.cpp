@@ -37,10 +37,12 @@
 #include <fcntl.h>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <vector>
 
 #include "board.hpp"
 #include "error.hpp"
@@ -295,6 +297,16 @@ int chunk_device(const wsync_tensor_t *tensors, const TensorTable &table) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Devices (primary-context references) whose buckets were left allocated for receivers that
+// still map them: kept, reachable, until the process exits, when the driver frees the memory.
+// A list rather than a bare release() so leak checkers see it is held on purpose.
+void keep_until_exit(std::unique_ptr<gpu::Device> dev) {
+    static std::mutex mu;
+    static auto *kept = new std::vector<std::unique_ptr<gpu::Device>>();  // never destroyed
+    std::lock_guard<std::mutex> lock(mu);
+    kept->push_back(std::move(dev));
+}
+
 class IpcSender final : public SenderImpl {
 public:
     IpcSender(const gpu::CudaApi &api, std::shared_ptr<BoardSegment> seg, const InitInfo &info,
@@ -330,7 +342,7 @@ public:
         // Leaked buckets keep their context too: the last release of a primary context frees
         // its memory.
         if (released) dev_.reset();
-        else (void)dev_.release();
+        else keep_until_exit(std::move(dev_));
         waiter_.unregister_sender();
     }
 
