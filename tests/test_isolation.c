@@ -116,7 +116,7 @@ static void engines_in_other_pid_namespaces_are_alive_by_their_lock_not_their_pi
     stop_engine(&e[1]);
     close(e[0].to);
     close(e[0].from);
-    assert_false(segment_named_in(tr->init.data, tr->init.size));
+    assert_false(tu_segment_named_in(tr->init.data, tr->init.size));
     trainer_close(tr);
     free(tr);
 }
@@ -170,7 +170,7 @@ static void engine_scribbling_over_the_shared_board_cannot_crash_the_trainer_or_
     print_message("engine 0 completed %d of 8 versions while engine 1 scribbled\n", completed);
     stop_engine(&e[0]);
     stop_engine(&e[1]);
-    assert_false(segment_named_in(tr->init.data, tr->init.size));
+    assert_false(tu_segment_named_in(tr->init.data, tr->init.size));
     trainer_close(tr);
     free(tr);
 }

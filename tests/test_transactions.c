@@ -278,7 +278,7 @@ static void trainer_killed_mid_version_engines_learn_it_and_nothing_is_left(void
     wsync_receiver_t *r;
     OK(wsync_strategy_create("shm", NULL, &s));
     OK(wsync_receiver_create(s, init, init_len, 0, &r));
-    assert_false(segment_named_in(init, init_len)); /* the name went with the last attach */
+    assert_false(tu_segment_named_in(init, init_len)); /* the name went with the last attach */
     uint8_t go = 1;
     tu_write_all(t.to, &go, 1);
     assert_int_equal(tu_recv_frame(t.from, &req, &req_len, 10000), 0);
@@ -304,7 +304,7 @@ static void trainer_killed_mid_version_engines_learn_it_and_nothing_is_left(void
     assert_int_equal(st.completed_version, 0);
     wsync_receiver_destroy(r);
     wsync_strategy_destroy(s);
-    assert_false(segment_named_in(init, init_len));
+    assert_false(tu_segment_named_in(init, init_len));
     free(init);
     free(req);
     close(t.to);

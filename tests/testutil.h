@@ -215,6 +215,22 @@ static inline long tu_now_ms(void) {
     return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Whether the shared-memory segment an init blob names ("/wsync-...": shm's segment,
+ * cuda_ipc's board) is still in /dev/shm. */
+static inline int tu_segment_named_in(const uint8_t *init, size_t len) {
+    char *json;
+    OK(wsync_blob_describe(init, len, &json));
+    const char *p = strstr(json, "\"/wsync-");
+    assert_non_null(p);
+    char path[128] = "/dev/shm";
+    size_t n = (size_t)(strchr(p + 1, '"') - p - 1);
+    assert_true(n < 100);
+    memcpy(path + 8, p + 1, n);
+    path[8 + n] = '\0';
+    wsync_string_free(json);
+    return access(path, F_OK) == 0;
+}
+
 /* The test entry point: `prog [NAME]` runs every test, or only the one called NAME (CTest runs
  * each test as its own process so a crash or skip shows against its name). */
 #define TU_MAIN(tests)                                                     \

@@ -199,19 +199,4 @@ static wsync_failure_t failure(const trainer_t *tr, size_t i) {
     return f;
 }
 
-/* Whether the segment an init blob names is still in /dev/shm. */
-static int segment_named_in(const uint8_t *init, size_t len) {
-    char *json;
-    OK(wsync_blob_describe(init, len, &json));
-    const char *p = strstr(json, "\"/wsync-");
-    assert_non_null(p);
-    char path[128] = "/dev/shm";
-    size_t n = (size_t)(strchr(p + 1, '"') - p - 1);
-    assert_true(n < 100);
-    memcpy(path + 8, p + 1, n);
-    path[8 + n] = '\0';
-    wsync_string_free(json);
-    return access(path, F_OK) == 0;
-}
-
 #endif
