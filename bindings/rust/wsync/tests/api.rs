@@ -1110,3 +1110,30 @@ fn shm_accepts_and_ignores_a_callers_cuda_stream() {
     receive_all(&mut r, &req).unwrap();
     t.sender.flush(SEC).unwrap();
 }
+
+#[test]
+fn a_plan_passes_through_its_raw_handle_and_back_unchanged() {
+    let specs = [
+        TensorSpec::new("layers.0.w", &[64], DType::F32).unwrap(),
+        TensorSpec::new("layers.1.w", &[64], DType::F32).unwrap(),
+    ];
+    let p = Plan::new(&specs, r#"{"chunk_bytes": 256, "group_depth": 0}"#).unwrap();
+    let before: Vec<Vec<usize>> = p
+        .chunks()
+        .unwrap()
+        .iter()
+        .map(|c| c.indices().to_vec())
+        .collect();
+    let raw = std::ptr::NonNull::new(p.into_raw()).unwrap();
+    // SAFETY: `raw` came from into_raw just above and nothing else owns it.
+    let back = unsafe { Plan::from_raw(raw) };
+    assert_eq!(back.as_raw(), raw.as_ptr());
+    assert_eq!(back.len(), before.len());
+    let after: Vec<Vec<usize>> = back
+        .chunks()
+        .unwrap()
+        .iter()
+        .map(|c| c.indices().to_vec())
+        .collect();
+    assert_eq!(after, before);
+}
