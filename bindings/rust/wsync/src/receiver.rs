@@ -439,6 +439,7 @@ impl fmt::Debug for Recv<'_> {
 }
 
 /// Iterator over the views of a [`Recv`]; items borrow the iteration for `'it`.
+#[must_use = "iterators are lazy: no view is taken until it is iterated"]
 pub struct Views<'it, 'r> {
     recv: &'it mut Recv<'r>,
 }
