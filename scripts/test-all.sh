@@ -94,6 +94,13 @@ if [ -f bindings/rust/Cargo.toml ]; then
   section "Rust binding"
   (cd bindings/rust && WSYNC_LIB_DIR="$root/build" LD_LIBRARY_PATH="$root/build" \
      cargo test --offline --quiet 2>&1)
+  # Lints as errors, pedantic included (issue 14); a toolchain without clippy skips it.
+  if (cd bindings/rust && cargo clippy --version >/dev/null 2>&1); then
+    (cd bindings/rust && WSYNC_LIB_DIR="$root/build" LD_LIBRARY_PATH="$root/build" \
+       cargo clippy --offline --all-targets --quiet -- -D warnings -W clippy::pedantic 2>&1)
+  else
+    echo "clippy: skipped (cargo clippy --version failed: no clippy in this toolchain)"
+  fi
 fi
 
 section "AddressSanitizer + UndefinedBehaviorSanitizer"

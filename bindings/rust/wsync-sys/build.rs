@@ -5,7 +5,7 @@
 //!
 //! 1. `DOCS_RS` set (docs.rs, or any docs-only build): nothing is linked, no library is needed.
 //! 2. `WSYNC_LIB_DIR`: a directory holding `libwsync.so` (dynamic) or `libwsync.a` /
-//!    `libwsync_static.a` (static), e.g. a CMake build directory or `<prefix>/lib/<multiarch>`.
+//!    `libwsync_static.a` (static), e.g. a `CMake` build directory or `<prefix>/lib/<multiarch>`.
 //!    A relative path is resolved against the workspace cargo was invoked in (then the directory
 //!    it was invoked from), never against this crate's directory; a path that does not exist is
 //!    an error naming what was tried.
@@ -26,7 +26,7 @@
 //!   README). Without it the loader needs `LD_LIBRARY_PATH` for a non-system directory.
 //!
 //! The `wsync.h` next to the library (`<dir>/../include`, `<dir>/../../include`, the source
-//! tree of a CMake build directory, pkg-config's `includedir`, or `WSYNC_INCLUDE_DIR`) gives the
+//! tree of a `CMake` build directory, pkg-config's `includedir`, or `WSYNC_INCLUDE_DIR`) gives the
 //! version built against: it must match these declarations' major version and be at least their
 //! minor version, and it becomes `WSYNC_BUILT_AGAINST_VERSION_NUMBER` (0 if no header was found),
 //! which the `wsync` crate compares with the loaded library at run time.
@@ -435,7 +435,7 @@ fn not_found(why: &str) -> ! {
          - install the development package: `apt install ./libwsync-dev_*.deb` (made by \
          `cpack -G DEB` in a libwsync build), or `cmake --install <build>`, so that \
          `pkg-config --libs wsync` works (set PKG_CONFIG_PATH for a non-standard prefix);\n  \
-         - or set WSYNC_LIB_DIR to the directory holding libwsync.so (e.g. a CMake build \
+         - or set WSYNC_LIB_DIR to the directory holding libwsync.so (e.g. a `CMake` build \
          directory), and either WSYNC_RPATH=1 (the `rpath` feature) or LD_LIBRARY_PATH to the \
          same directory when running;\n  \
          - or, for a docs-only build, set DOCS_RS=1."

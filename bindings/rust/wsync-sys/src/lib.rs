@@ -82,7 +82,7 @@ pub const WSYNC_STATUS_FORCE_32BIT_: wsync_status_t = 0x7fff_ffff;
 // 2. Tensors, chunks and blobs
 // =============================================================================================
 
-/// Element type, laid out as DLPack's `DLDataType`; codes are `WSYNC_DTYPE_*`.
+/// Element type, laid out as `DLPack`'s `DLDataType`; codes are `WSYNC_DTYPE_*`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct wsync_dtype_t {
@@ -129,7 +129,7 @@ pub const WSYNC_DTYPE_FLOAT6_E3M2FN: u8 = 16;
 /// float4 e2m1fn.
 pub const WSYNC_DTYPE_FLOAT4_E2M1FN: u8 = 17;
 
-/// Where a tensor's bytes live, laid out as DLPack's `DLDevice`.
+/// Where a tensor's bytes live, laid out as `DLPack`'s `DLDevice`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct wsync_device_t {
@@ -145,9 +145,9 @@ pub const WSYNC_DEVICE_CPU: i32 = 1;
 pub const WSYNC_DEVICE_CUDA: i32 = 2;
 /// Pinned host memory (treated as host memory).
 pub const WSYNC_DEVICE_CUDA_HOST: i32 = 3;
-/// ROCm device memory.
+/// `ROCm` device memory.
 pub const WSYNC_DEVICE_ROCM: i32 = 10;
-/// ROCm pinned host memory.
+/// `ROCm` pinned host memory.
 pub const WSYNC_DEVICE_ROCM_HOST: i32 = 11;
 /// CUDA managed memory.
 pub const WSYNC_DEVICE_CUDA_MANAGED: i32 = 13;
@@ -155,7 +155,7 @@ pub const WSYNC_DEVICE_CUDA_MANAGED: i32 = 13;
 /// Most dimensions a tensor may have.
 pub const WSYNC_MAX_NDIM: i32 = 16;
 /// Most tensors one chunk may hold (receivers refuse more).
-pub const WSYNC_MAX_CHUNK_TENSORS: usize = 4194304;
+pub const WSYNC_MAX_CHUNK_TENSORS: usize = 4_194_304;
 /// Longest tensor name in bytes, without the NUL.
 pub const WSYNC_MAX_NAME_BYTES: usize = 1024;
 
@@ -187,11 +187,19 @@ pub struct wsync_tensor_t {
     pub struct_size: u32,
 }
 
+/// `size_of::<T>()` as the `u32` a `struct_size` field holds.
+// The four structs with `struct_size` are a few hundred bytes at most: the cast cannot truncate.
+#[allow(clippy::cast_possible_truncation)]
+const fn struct_size_of<T>() -> u32 {
+    core::mem::size_of::<T>() as u32
+}
+
 impl wsync_tensor_t {
     /// [`Default::default`] with `struct_size` set to this declaration's size.
+    #[must_use]
     pub fn sized() -> Self {
         Self {
-            struct_size: core::mem::size_of::<Self>() as u32,
+            struct_size: struct_size_of::<Self>(),
             ..Self::default()
         }
     }
@@ -326,9 +334,10 @@ pub struct wsync_failure_t {
 impl wsync_failure_t {
     /// All zero but `struct_size`, set to this declaration's size: ready for
     /// [`wsync_sender_failure`].
+    #[must_use]
     pub fn sized() -> Self {
         Self {
-            struct_size: core::mem::size_of::<Self>() as u32,
+            struct_size: struct_size_of::<Self>(),
             ..Self::default()
         }
     }
@@ -356,7 +365,7 @@ impl Default for wsync_failure_t {
 
 /// `wsync_receiver_state_t.flags`: the sender dropped this receiver.
 pub const WSYNC_RECEIVER_DROPPED: u32 = 1;
-/// `wsync_receiver_state_t.flags`: the trainer's process is gone ("shm", "cuda_ipc").
+/// `wsync_receiver_state_t.flags`: the trainer's process is gone (`"shm"`, `"cuda_ipc"`).
 pub const WSYNC_RECEIVER_SENDER_GONE: u32 = 2;
 
 /// Where a receiver stands: the rollback hook (see the header's section 5).
@@ -381,9 +390,10 @@ pub struct wsync_receiver_state_t {
 
 impl wsync_receiver_state_t {
     /// All zero but `struct_size`: ready for [`wsync_receiver_poll`].
+    #[must_use]
     pub fn sized() -> Self {
         Self {
-            struct_size: core::mem::size_of::<Self>() as u32,
+            struct_size: struct_size_of::<Self>(),
             ..Self::default()
         }
     }
@@ -415,9 +425,10 @@ pub struct wsync_recv_info_t {
 
 impl wsync_recv_info_t {
     /// All zero but `struct_size`: ready for [`wsync_recv_info`].
+    #[must_use]
     pub fn sized() -> Self {
         Self {
-            struct_size: core::mem::size_of::<Self>() as u32,
+            struct_size: struct_size_of::<Self>(),
             ..Self::default()
         }
     }
@@ -492,7 +503,7 @@ extern "C" {
         request_out: *mut wsync_blob_t,
     ) -> wsync_status_t;
     /// Commits the current version without data; writes the request to forward. Blocks like
-    /// send_chunk; a failure abandons the version.
+    /// `send_chunk`; a failure abandons the version.
     pub fn wsync_sender_commit(
         sender: *mut wsync_sender_t,
         request_out: *mut wsync_blob_t,
@@ -642,7 +653,7 @@ extern "C" {
 // =============================================================================================
 
 /// `WSYNC_VERSION_NUMBER` of the `wsync.h` that build.rs found beside the library it linked
-/// (its include directory, or a CMake build directory's source tree), or 0 if it found none
+/// (its include directory, or a `CMake` build directory's source tree), or 0 if it found none
 /// (a docs-only build). The `wsync` crate requires the loaded library to be at least this.
 pub const WSYNC_BUILT_AGAINST_VERSION_NUMBER: u32 = parse_u32(env!("WSYNC_SYS_BUILT_AGAINST"));
 

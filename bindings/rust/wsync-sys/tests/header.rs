@@ -9,11 +9,10 @@ use wsync_sys::*;
 const SOURCE: &str = include_str!("../src/lib.rs");
 
 fn header() -> String {
-    let path = std::env::var_os("WSYNC_HEADER")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../include/wsync.h")
-        });
+    let path = std::env::var_os("WSYNC_HEADER").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../include/wsync.h"),
+        PathBuf::from,
+    );
     std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read the C header {}: {e}", path.display()))
 }
@@ -73,6 +72,9 @@ fn header_constants(h: &str) -> Vec<(String, i64)> {
 }
 
 /// Every constant this crate declares, with its value widened to i64.
+// One macro widens constants of every integer type; `usize` and `u64` have no `From` into i64,
+// so `as` it is (the u64 sentinels compare as their wrapped value on both sides).
+#[allow(clippy::cast_lossless, clippy::cast_possible_wrap)]
 fn rust_constants() -> Vec<(&'static str, i64)> {
     macro_rules! table {
         ($($c:ident),* $(,)?) => { vec![$((stringify!($c), $c as i64)),*] };

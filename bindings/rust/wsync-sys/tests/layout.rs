@@ -25,6 +25,8 @@ impl Json {
             _ => None,
         }
     }
+    // The guard keeps only non-negative whole numbers; offsets and sizes are far below 2^52.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     fn as_usize(&self) -> Option<usize> {
         match self {
             Json::Num(n) if *n >= 0.0 && n.fract() == 0.0 => Some(*n as usize),

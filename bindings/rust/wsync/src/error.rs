@@ -47,6 +47,7 @@ pub enum Status {
 
 impl Status {
     /// The status for a raw code; `None` for `WSYNC_OK` (0), which is not an error.
+    #[must_use]
     pub fn from_code(code: i32) -> Option<Status> {
         Some(match code {
             sys::WSYNC_OK => return None,
@@ -68,6 +69,7 @@ impl Status {
     }
 
     /// The raw code (`WSYNC_ERR_*`).
+    #[must_use]
     pub fn code(self) -> i32 {
         match self {
             Status::InvalidArgument => sys::WSYNC_ERR_INVALID_ARGUMENT,
@@ -89,6 +91,7 @@ impl Status {
 
     /// The library's static name of the status, e.g. `"WSYNC_ERR_TIMEOUT"`
     /// (`"WSYNC_ERR_UNKNOWN"` for codes the loaded library does not know).
+    #[must_use]
     pub fn name(self) -> &'static str {
         // SAFETY: wsync_status_string accepts any value, never fails, does not touch the
         // per-thread error, and returns static NUL-terminated text that is never freed.
@@ -129,6 +132,7 @@ pub enum FailureKind {
 
 impl FailureKind {
     /// The kind for a raw `WSYNC_FAILURE_*` value.
+    #[must_use]
     pub fn from_code(code: u32) -> FailureKind {
         match code {
             sys::WSYNC_FAILURE_FAILED => FailureKind::Failed,
@@ -167,6 +171,7 @@ pub struct Failure {
 impl Failure {
     /// A failure of receiver `receiver` (version 0, no chunk, pid 0: set the public fields for
     /// more), for code that builds [`Error`]s of its own, e.g. test doubles of a sender.
+    #[must_use]
     pub fn new(
         what: FailureKind,
         status: Status,
@@ -189,7 +194,7 @@ impl Failure {
             .message
             .iter()
             .take_while(|&&c| c != 0)
-            .map(|&c| c as u8)
+            .map(|&c| u8::from_ne_bytes(c.to_ne_bytes()))
             .collect();
         Failure {
             what: FailureKind::from_code(raw.what),
@@ -232,11 +237,13 @@ pub struct Error {
 
 impl Error {
     /// The status.
+    #[must_use]
     pub fn status(&self) -> Status {
         self.status
     }
 
     /// The message naming the cause (may be empty if the library gave none).
+    #[must_use]
     pub fn message(&self) -> &str {
         &self.message
     }
@@ -244,6 +251,7 @@ impl Error {
     /// The receivers' failures behind a failed sender call (`send_chunk`, `commit`, `flush`),
     /// oldest first, read from `wsync_sender_failure` right after the call; empty for other
     /// errors.
+    #[must_use]
     pub fn failures(&self) -> &[Failure] {
         &self.failures
     }
@@ -257,6 +265,7 @@ impl Error {
     /// let io: std::io::Error = e.into();
     /// assert_eq!(io.kind(), std::io::ErrorKind::TimedOut);
     /// ```
+    #[must_use]
     pub fn new(status: Status, message: impl Into<String>) -> Error {
         Error {
             status,
@@ -458,7 +467,7 @@ mod tests {
         raw.chunk_index = 3;
         raw.pid = 42;
         for (d, s) in raw.message.iter_mut().zip(b"shape differs") {
-            *d = *s as c_char;
+            *d = c_char::from_ne_bytes([*s]);
         }
         let f = Failure::from_raw(&raw);
         assert_eq!(f.what, FailureKind::Failed);

@@ -158,6 +158,7 @@ pub use tensor::{DType, Device, Element, TensorRef, TensorSpec};
 use error::{c_string, check, take_string};
 
 /// The loaded library's version as text, e.g. `"0.1.0"`.
+#[must_use]
 pub fn version() -> &'static str {
     // SAFETY: takes no arguments, never fails, returns static text that is never freed.
     let p = unsafe { sys::wsync_version_string() };
@@ -170,6 +171,7 @@ pub fn version() -> &'static str {
 }
 
 /// The loaded library's version number, `major * 10000 + minor * 100 + patch`.
+#[must_use]
 pub fn version_number() -> u32 {
     // SAFETY: takes no arguments and never fails.
     unsafe { sys::wsync_version_number() }
@@ -179,6 +181,10 @@ pub fn version_number() -> u32 {
 /// ([`sys::WSYNC_VERSION_MAJOR`]) and is at least the minor version it declares
 /// ([`sys::WSYNC_VERSION_MINOR`]: 0.3, whose structs and calls it uses); [`Status::Unsupported`]
 /// otherwise. [`Strategy::new`] and [`Plan::new`] call it.
+///
+/// # Errors
+/// [`Status::Unsupported`] for a library of another major version, or older than the
+/// `wsync.h` this binding was built against; the message names both versions.
 pub fn check_version() -> Result<()> {
     check_version_number(version_number())
 }
@@ -241,6 +247,9 @@ pub struct KindInfo {
 }
 
 /// The strategy kinds this build knows, and whether each can run here.
+///
+/// # Errors
+/// [`Status::Internal`] if the library's JSON list cannot be read (a library bug).
 pub fn kinds() -> Result<Vec<KindInfo>> {
     let mut out: *mut c_char = std::ptr::null_mut();
     // SAFETY: `out` is a valid out-pointer for a library-owned string.
@@ -280,6 +289,10 @@ pub fn kinds() -> Result<Vec<KindInfo>> {
 /// A kind's options as the library describes them: a JSON object
 /// `{"key": {"type": "uint", "default": 2, "min": 1, "max": 64, "side": "sender", "doc": ...}}`.
 /// An unknown kind fails with [`Status::Unsupported`].
+///
+/// # Errors
+/// [`Status::Unsupported`] for an unknown kind; [`Status::InvalidArgument`] for a kind name
+/// holding a NUL byte.
 pub fn describe_options(kind: &str) -> Result<String> {
     let kind = c_string("strategy kind", kind)?;
     let mut out: *mut c_char = std::ptr::null_mut();
@@ -292,6 +305,9 @@ pub fn describe_options(kind: &str) -> Result<String> {
 /// Renders any blob (init info or request, any kind) as JSON for logs and tools. The blob is
 /// parsed with the same bounded parser receivers use; malformed input fails with
 /// [`Status::Malformed`] saying where.
+///
+/// # Errors
+/// [`Status::Malformed`] for bytes that are not a well-formed libwsync blob, saying where.
 pub fn describe(blob: &[u8]) -> Result<String> {
     let mut out: *mut c_char = std::ptr::null_mut();
     // SAFETY: `blob` is borrowed for the call with its exact length; `out` is a valid

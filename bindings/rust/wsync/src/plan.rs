@@ -29,6 +29,12 @@ impl Plan {
     /// (`""` for defaults): `"chunk_bytes"` (default 256 MiB) and `"group_depth"` (default 2;
     /// 0 disables grouping). Invalid tensors or options fail with [`Status::InvalidArgument`]
     /// naming them. Does not block.
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] for an invalid tensor (bad dtype, shape, name) or option, or
+    /// options text holding a NUL byte; [`Status::Unsupported`] if the loaded library is older
+    /// than this binding needs ([`crate::check_version`]); [`Status::NoMemory`] if planning
+    /// cannot allocate.
     pub fn new<T: AsRef<TensorSpec>>(tensors: &[T], options_json: &str) -> Result<Plan> {
         crate::check_version()?;
         let options = c_string("plan options", options_json)?;
@@ -55,17 +61,23 @@ impl Plan {
     }
 
     /// Number of chunks (at least 1).
+    #[must_use]
     pub fn len(&self) -> usize {
         self.chunks
     }
 
     /// Whether the plan has no chunks (never true for a plan the library made).
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.chunks == 0
     }
 
     /// Chunk `i`: indices into the planned tensors and its payload size. Out of range is
     /// [`Status::InvalidArgument`].
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] if `i >= self.len()`; [`Status::Internal`] if the library
+    /// returns no indices for a non-empty chunk.
     pub fn chunk(&self, i: usize) -> Result<PlanChunk<'_>> {
         let mut indices: *const usize = std::ptr::null();
         let mut count = 0usize;
@@ -96,6 +108,9 @@ impl Plan {
     }
 
     /// Every chunk, in order.
+    ///
+    /// # Errors
+    /// As [`Plan::chunk`]; for a live plan only [`Status::Internal`] (a library bug).
     pub fn chunks(&self) -> Result<Vec<PlanChunk<'_>>> {
         (0..self.chunks).map(|i| self.chunk(i)).collect()
     }
@@ -113,7 +128,7 @@ impl fmt::Debug for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Plan")
             .field("chunks", &self.chunks)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -128,27 +143,68 @@ pub struct PlanChunk<'p> {
 
 impl<'p> PlanChunk<'p> {
     /// Position of the chunk in the plan.
+    #[must_use]
     pub fn index(&self) -> usize {
         self.index
     }
 
     /// Whether it is the plan's last chunk (send it with `last = true`).
+    #[must_use]
     pub fn is_last(&self) -> bool {
         self.last
     }
 
     /// Ascending indices into the tensors the plan was made from.
+    #[must_use]
     pub fn indices(&self) -> &'p [usize] {
         self.indices
     }
 
     /// Payload bytes of the chunk's tensors.
+    #[must_use]
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
 }
 
 /// Plans `tensors`: the same as [`Plan::new`].
+///
+/// # Errors
+/// As [`Plan::new`].
 pub fn plan<T: AsRef<TensorSpec>>(tensors: &[T], options_json: &str) -> Result<Plan> {
     Plan::new(tensors, options_json)
+}
+
+/// Escape hatches to the C handle, for calls this binding does not wrap yet.
+impl Plan {
+    /// The `wsync_plan_t` handle, still owned by this value: do not destroy it, and use it only
+    /// as wsync.h allows while this value is alive (one thread at a time).
+    #[must_use]
+    pub fn as_raw(&self) -> *mut sys::wsync_plan_t {
+        self.raw.as_ptr()
+    }
+
+    /// Gives up ownership: the caller must destroy the returned handle (once, with
+    /// `wsync_plan_destroy`).
+    #[must_use = "the handle leaks unless it is destroyed"]
+    pub fn into_raw(self) -> *mut sys::wsync_plan_t {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.raw.as_ptr()
+    }
+
+    /// Takes ownership of a handle made by the C API (`wsync_plan_create`) or by
+    /// [`Plan::into_raw`]. The chunk count is read once, here; a handle the library cannot
+    /// count (which a live one never is) gives an empty plan.
+    ///
+    /// # Safety
+    /// `raw` must be a live `wsync_plan_t` that nothing else destroys or uses afterwards.
+    #[must_use = "dropping it destroys the handle"]
+    pub unsafe fn from_raw(raw: NonNull<sys::wsync_plan_t>) -> Plan {
+        let mut count = 0usize;
+        // SAFETY: the caller guarantees `raw` is a live plan owned by us from here on;
+        // `count` is a valid out-pointer.
+        let status = unsafe { sys::wsync_plan_chunk_count(raw.as_ptr(), &mut count) };
+        let chunks = if status == sys::WSYNC_OK { count } else { 0 };
+        Plan { raw, chunks }
+    }
 }

@@ -36,6 +36,12 @@ impl Receiver {
     /// [`Status::WrongState`], a vanished segment with [`Status::Unavailable`], a blob of
     /// another role or kind with [`Status::Mismatch`], a corrupt one with
     /// [`Status::Malformed`]. Does not block.
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] for `index` out of range; [`Status::WrongState`] when a live
+    /// process holds `index`; [`Status::Unavailable`] when the segment is gone;
+    /// [`Status::Mismatch`] for init info of another role or kind; [`Status::Malformed`] (or
+    /// [`Status::Integrity`]) for a corrupt one.
     pub fn new(strategy: &mut Strategy, init: &[u8], index: u32) -> Result<Receiver> {
         let mut out: *mut sys::wsync_receiver_t = std::ptr::null_mut();
         // SAFETY: the strategy is live and used by this thread only (`&mut`); `init` is
@@ -55,6 +61,7 @@ impl Receiver {
     }
 
     /// The receiver index this receiver was created with.
+    #[must_use]
     pub fn index(&self) -> u32 {
         self.index
     }
@@ -66,6 +73,13 @@ impl Receiver {
     ///
     /// The returned [`Recv`] borrows the receiver until it is ended; end it with
     /// [`Recv::end`] to learn whether the chunk was acknowledged as good.
+    ///
+    /// # Errors
+    /// [`Status::Malformed`] or [`Status::Integrity`] for corrupt request bytes;
+    /// [`Status::Mismatch`] for a request of another kind or a stale, replayed or out-of-order
+    /// chunk, or a version that already failed here (with that version's status);
+    /// [`Status::Peer`] when the sender dropped this receiver; [`Status::Timeout`] for GPU
+    /// kinds whose waits run out.
     pub fn receive(&mut self, request: &[u8]) -> Result<Recv<'_>> {
         let mut out: *mut sys::wsync_recv_t = std::ptr::null_mut();
         // SAFETY: the receiver is live and used by this thread only (`&mut self`, and no other
@@ -133,6 +147,10 @@ impl Receiver {
     /// it when requests stop coming, or after a failed chunk, to decide whether to roll back
     /// (see the crate README, "Rolling back"). Needs `&mut self`, so no iteration can be open
     /// (the library would refuse with [`Status::WrongState`]). Does not block.
+    ///
+    /// # Errors
+    /// Only if the library refuses the call; with `&mut self` no iteration can be open, so
+    /// [`Status::WrongState`] is out of reach.
     pub fn poll(&mut self) -> Result<ReceiverState> {
         let mut raw = sys::wsync_receiver_state_t::sized();
         // SAFETY: the receiver is live and used by this thread only (`&mut self`, and no
@@ -152,6 +170,9 @@ impl Receiver {
     /// ended successfully and whose manifest matched (0 if none). A version with a failed,
     /// missing or abandoned chunk never becomes complete, so an engine can keep serving its old
     /// weights.
+    ///
+    /// # Errors
+    /// Only if the library refuses the call (a library bug for a live receiver).
     pub fn completed_version(&self) -> Result<u64> {
         let mut v = 0u64;
         // SAFETY: the receiver is live; Receiver is not Sync and an open iteration would hold
@@ -175,7 +196,7 @@ impl fmt::Debug for Receiver {
         f.debug_struct("Receiver")
             .field("index", &self.index)
             .field("completed_version", &self.completed_version().ok())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -251,16 +272,19 @@ unsafe impl Send for Recv<'_> {}
 
 impl<'r> Recv<'r> {
     /// The chunk's summary (version, bytes, chunk index, last flag, tensor count).
+    #[must_use]
     pub fn info(&self) -> RecvInfo {
         self.info
     }
 
     /// Number of tensors in the chunk.
+    #[must_use]
     pub fn len(&self) -> usize {
         self.info.count
     }
 
     /// Whether the chunk has no tensors (a commit without data, [`crate::Sender::commit`]).
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.info.count == 0
     }
@@ -268,6 +292,10 @@ impl<'r> Recv<'r> {
     /// Dry run: describes tensor `i` (0 .. len-1) without touching its bytes, so a loader can
     /// check names, dtypes and shapes before any byte moves. An index out of range fails with
     /// [`Status::InvalidArgument`].
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] for `i` out of range; [`Status::Malformed`] for a name that
+    /// is not UTF-8.
     pub fn peek(&self, i: usize) -> Result<Meta<'_>> {
         let mut t = sys::wsync_tensor_t::default();
         // SAFETY: the iteration is live (not ended: ending consumes `self`); Recv is not Sync,
@@ -279,6 +307,9 @@ impl<'r> Recv<'r> {
     }
 
     /// Dry run of every tensor, in chunk order.
+    ///
+    /// # Errors
+    /// As [`Recv::peek`].
     pub fn metas(&self) -> Result<Vec<Meta<'_>>> {
         (0..self.info.count).map(|i| self.peek(i)).collect()
     }
@@ -331,6 +362,11 @@ impl<'r> Recv<'r> {
     /// tensor was yielded and verified; an iteration ended early fails with
     /// [`Status::WrongState`] (the chunk is acknowledged as failed), a failed one with its
     /// error (e.g. [`Status::Integrity`]). The iteration is freed either way.
+    ///
+    /// # Errors
+    /// [`Status::WrongState`] when a tensor was not yielded; the iteration's own error
+    /// ([`Status::Integrity`], [`Status::Mismatch`] for a manifest that differs,
+    /// [`Status::Abandoned`]...) when it failed. Either way the chunk counts as failed.
     pub fn end(self) -> Result<()> {
         let this = ManuallyDrop::new(self);
         // SAFETY: the iteration is live; it is ended exactly once, here, and `this` is never
@@ -344,6 +380,9 @@ impl<'r> Recv<'r> {
     /// and as a [`crate::Failure`]; the version is not completed here. The message is cut to
     /// 255 bytes (on a character boundary) and NUL bytes in it become spaces. The iteration is
     /// freed either way.
+    ///
+    /// # Errors
+    /// Only if the library refuses the call; the chunk is failed and freed regardless.
     pub fn fail(self, status: Status, message: &str) -> Result<()> {
         let this = ManuallyDrop::new(self);
         let text = fail_message(message);
@@ -354,7 +393,7 @@ impl<'r> Recv<'r> {
     }
 }
 
-/// `message` as wsync_recv_fail takes it: at most 255 bytes cut on a character boundary, no
+/// `message` as `wsync_recv_fail` takes it: at most 255 bytes cut on a character boundary, no
 /// interior NUL.
 fn fail_message(message: &str) -> std::ffi::CString {
     let mut end = message.len().min(255);
@@ -400,6 +439,7 @@ impl fmt::Debug for Recv<'_> {
 }
 
 /// Iterator over the views of a [`Recv`]; items borrow the iteration for `'it`.
+#[must_use = "iterators are lazy: no view is taken until it is iterated"]
 pub struct Views<'it, 'r> {
     recv: &'it mut Recv<'r>,
 }
@@ -429,6 +469,9 @@ impl<'it> Iterator for Views<'it, '_> {
 
 impl FusedIterator for Views<'_, '_> {}
 
+// The borrowing iterator is called `views()`, as the crate docs name it; `iter_mut` would be a
+// second name for it.
+#[allow(clippy::into_iter_without_iter)]
 impl<'it, 'r> IntoIterator for &'it mut Recv<'r> {
     type Item = Result<View<'it>>;
     type IntoIter = Views<'it, 'r>;
@@ -492,7 +535,7 @@ fn byte_len(name: &str, shape: &[i64], dtype: DType) -> Result<usize> {
     shape
         .iter()
         .try_fold(esize, |acc, &e| acc.checked_mul(usize::try_from(e).ok()?))
-        .filter(|&n| n <= isize::MAX as usize)
+        .filter(|&n| isize::try_from(n).is_ok())
         .ok_or_else(|| {
             Error::new(
                 Status::Malformed,
@@ -527,26 +570,34 @@ impl<'a> Meta<'a> {
     }
 
     /// The tensor's name.
+    #[must_use]
     pub fn name(&self) -> &'a str {
         self.name
     }
 
     /// The extents (empty for a scalar).
+    #[must_use]
     pub fn shape(&self) -> &'a [i64] {
         self.shape
     }
 
     /// The element type.
+    #[must_use]
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
     /// Where the bytes will be.
+    #[must_use]
     pub fn device(&self) -> Device {
         self.device
     }
 
     /// Size in bytes.
+    ///
+    /// # Errors
+    /// [`Status::Unsupported`] for a dtype without a whole-byte element size;
+    /// [`Status::Malformed`] for a shape whose size overflows `isize`.
     pub fn byte_len(&self) -> Result<usize> {
         byte_len(self.name, self.shape, self.dtype)
     }
@@ -609,49 +660,63 @@ impl<'it> View<'it> {
     }
 
     /// The tensor's name.
+    #[must_use]
     pub fn name(&self) -> &'it str {
         self.name
     }
 
     /// The extents (empty for a scalar).
+    #[must_use]
     pub fn shape(&self) -> &'it [i64] {
         self.shape
     }
 
     /// The element type.
+    #[must_use]
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
     /// Where the bytes are.
+    #[must_use]
     pub fn device(&self) -> Device {
         self.device
     }
 
     /// Whether the memory must not be written (always true for `"shm"`).
+    #[must_use]
     pub fn is_read_only(&self) -> bool {
         self.read_only
     }
 
     /// Size in bytes.
+    #[must_use]
     pub fn byte_len(&self) -> usize {
         self.len
     }
 
     /// Number of elements (1 for a scalar).
+    #[must_use]
     pub fn elements(&self) -> usize {
-        // byte_len succeeded, so the product cannot overflow.
-        self.shape.iter().map(|&e| e as usize).product()
+        // byte_len succeeded, so every extent fits in usize and the product cannot overflow.
+        self.shape
+            .iter()
+            .map(|&e| usize::try_from(e).unwrap_or(0))
+            .product()
     }
 
     /// The first byte, on [`View::device`]: for device memory (e.g. CUDA), to hand to that
     /// device's copy functions. Valid while the view lives.
+    #[must_use]
     pub fn data_ptr(&self) -> *const c_void {
         self.data.cast()
     }
 
     /// The bytes, for tensors in host memory; [`Status::Unsupported`] for device memory (use
     /// [`View::data_ptr`] there).
+    ///
+    /// # Errors
+    /// [`Status::Unsupported`] when the tensor is not in host memory.
     pub fn bytes(&self) -> Result<&'it [u8]> {
         if !self.device.is_host() {
             return Err(Error::new(
@@ -670,6 +735,10 @@ impl<'it> View<'it> {
 
     /// The elements as `&[T]`, when the dtype is exactly `T::DTYPE` (e.g. `f32` for
     /// `float32`); [`Status::Mismatch`] otherwise.
+    ///
+    /// # Errors
+    /// [`Status::Mismatch`] when the dtype is not `T::DTYPE`; otherwise as
+    /// [`View::as_raw_elements`].
     pub fn as_slice<T: Element>(&self) -> Result<&'it [T]> {
         if self.dtype != T::DTYPE {
             return Err(Error::new(
@@ -682,6 +751,10 @@ impl<'it> View<'it> {
 
     /// The elements as `&[T]` for any dtype of the same element size, e.g. `bfloat16` as `u16`
     /// bits; [`Status::Mismatch`] when the sizes differ.
+    ///
+    /// # Errors
+    /// [`Status::Mismatch`] when the element sizes differ; [`Status::Unsupported`] for device
+    /// memory or bytes not aligned for `T`.
     pub fn as_raw_elements<T: Element>(&self) -> Result<&'it [T]> {
         let size = std::mem::size_of::<T>();
         if self.dtype.size() != Some(size) {
@@ -724,6 +797,9 @@ impl fmt::Debug for View<'_> {
 }
 
 #[cfg(test)]
+// TODO(issue 14): move this module last once the concurrent `Recv` copy-into change has landed
+// (the raw-handle block below stays put until then, to keep that merge clean).
+#[allow(clippy::items_after_test_module)]
 mod tests {
     use super::fail_message;
 

@@ -23,6 +23,11 @@ pub struct Sender {
     raw: NonNull<sys::wsync_sender_t>,
 }
 
+/// `struct_size` of the chunks passed to the library.
+// `wsync_chunk_t` is a few dozen bytes: the cast cannot truncate.
+#[allow(clippy::cast_possible_truncation)]
+const CHUNK_STRUCT_SIZE: u32 = std::mem::size_of::<sys::wsync_chunk_t>() as u32;
+
 // SAFETY: wsync.h: "A handle may move between threads"; calls are serialised by `&mut self`
 // and by Sender not being Sync.
 unsafe impl Send for Sender {}
@@ -32,6 +37,11 @@ impl Sender {
     /// [`Strategy::create_init_info`]. For `"shm"` it must be that same strategy: a blob of
     /// another strategy fails with [`Status::Mismatch`], a corrupt one with
     /// [`Status::Malformed`]. Does not block.
+    ///
+    /// # Errors
+    /// [`Status::Mismatch`] for init info of another strategy or kind, [`Status::Malformed`]
+    /// (or [`Status::Integrity`]) for a corrupt one; for `"nccl_broadcast"`, which joins the
+    /// group here, [`Status::Timeout`] or [`Status::Peer`] if the receivers do not all join.
     pub fn new(strategy: &mut Strategy, init: &[u8]) -> Result<Sender> {
         let mut out: *mut sys::wsync_sender_t = std::ptr::null_mut();
         // SAFETY: the strategy is live and used by this thread only (`&mut`); `init` is
@@ -61,6 +71,12 @@ impl Sender {
     ///
     /// Takes anything that iterates over `&TensorRef`: a slice, a `Vec`, or the tensors of one
     /// planned chunk (`chunk.indices().iter().map(|&i| &tensors[i])`).
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] or [`Status::Unsupported`] for a descriptor the library
+    /// refuses (nothing is sent); [`Status::Timeout`] or [`Status::Peer`], with
+    /// [`Error::failures`], when receivers hold every bucket past `timeout_ms` or failed (the
+    /// version is abandoned).
     pub fn send_chunk<'t, 'd: 't>(
         &mut self,
         tensors: impl IntoIterator<Item = &'t TensorRef<'d>>,
@@ -77,7 +93,7 @@ impl Sender {
             },
             count: raw.len(),
             flags: if last { sys::WSYNC_CHUNK_LAST } else { 0 },
-            struct_size: std::mem::size_of::<sys::wsync_chunk_t>() as u32,
+            struct_size: CHUNK_STRUCT_SIZE,
         };
         let mut request = sys::wsync_blob_t::default();
         // SAFETY: the sender is live and used by this thread only (`&mut self`). `chunk` points
@@ -97,6 +113,10 @@ impl Sender {
     /// producer that learns only after its last chunk that it is done. Fails with
     /// [`Status::WrongState`] when the version has no chunk yet; blocks and fails like
     /// [`Sender::send_chunk`] (a failure abandons the version).
+    ///
+    /// # Errors
+    /// [`Status::WrongState`] when the current version has no chunk yet; otherwise as
+    /// [`Sender::send_chunk`].
     pub fn commit(&mut self) -> Result<Vec<u8>> {
         let mut request = sys::wsync_blob_t::default();
         // SAFETY: the sender is live and used by this thread only (`&mut self`); `request` is a
@@ -112,6 +132,9 @@ impl Sender {
     /// that began it fail it with [`Status::Abandoned`], and the next chunk begins a new
     /// version number. Use it when the trainer gives up on a sync between chunks (its own
     /// error). Does not block.
+    ///
+    /// # Errors
+    /// Only if the library refuses the call (a library bug for a live sender).
     pub fn abandon(&mut self) -> Result<()> {
         // SAFETY: the sender is live and used by this thread only (`&mut self`).
         check(unsafe { sys::wsync_sender_abandon(self.raw.as_ptr()) })
@@ -123,6 +146,10 @@ impl Sender {
     /// re-attaches from the next version that begins. [`Status::InvalidArgument`] for an index
     /// out of range, [`Status::Unsupported`] for kinds whose group is fixed
     /// (`"nccl_broadcast"`). Does not block.
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] for `index` out of range; [`Status::Unsupported`] for kinds
+    /// whose group is fixed.
     pub fn drop_receiver(&mut self, index: u32) -> Result<()> {
         // SAFETY: the sender is live and used by this thread only (`&mut self`).
         check(unsafe { sys::wsync_sender_drop_receiver(self.raw.as_ptr(), index) })
@@ -131,6 +158,7 @@ impl Sender {
     /// The receivers' failures the last failed call (`send_chunk`, `commit`, `flush`) found,
     /// oldest first; empty after a call that succeeded. A failed call's [`Error::failures`]
     /// holds the same.
+    #[must_use]
     pub fn failures(&self) -> Vec<Failure> {
         // SAFETY: the sender is live; Sender is not Sync, so no other thread uses it now.
         unsafe { sender_failures(self.raw.as_ptr()) }
@@ -144,6 +172,11 @@ impl Sender {
     /// Stops at the first error of the library or of `forward`, abandoning the version (a
     /// failed send has abandoned it already; an error of `forward` or of the plan would leave
     /// it open, and receivers that began it must learn it will not complete).
+    ///
+    /// # Errors
+    /// The first error of `forward`, or of the library converted with `E::from`: as
+    /// [`Sender::send_chunk`], and [`Status::InvalidArgument`] when the plan names a tensor
+    /// beyond `tensors`.
     pub fn send_plan<E>(
         &mut self,
         tensors: &[TensorRef<'_>],
@@ -196,6 +229,11 @@ impl Sender {
     /// message, version, chunk). Each failure is reported once. The trainer may then
     /// [`Sender::drop_receiver`] the failed ones and flush again, or resend the version. A zero
     /// timeout polls; timeouts are rounded up to whole milliseconds.
+    ///
+    /// # Errors
+    /// [`Status::Peer`] when a receiver failed, died or detached owing a chunk;
+    /// [`Status::Timeout`] when some did not acknowledge by `timeout`. Both carry
+    /// [`Error::failures`].
     pub fn flush(&mut self, timeout: Duration) -> Result<()> {
         let ms = timeout.as_nanos().div_ceil(1_000_000);
         let ms = i64::try_from(ms).unwrap_or(i64::MAX);
@@ -214,6 +252,11 @@ impl Sender {
     /// version this sender has not finished, `Timeout` naming the receivers that still map the
     /// memory ([`Error::failures`] lists them). Blocks up to `timeout`, rounded up to whole
     /// milliseconds.
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] for a version this sender has not finished;
+    /// [`Status::Timeout`] (with [`Error::failures`]) when receivers still map the memory at
+    /// `timeout`.
     pub fn wait_released(&mut self, version: u64, timeout: Duration) -> Result<()> {
         let ms = timeout.as_nanos().div_ceil(1_000_000);
         let ms = i64::try_from(ms).unwrap_or(i64::MAX);
@@ -243,6 +286,9 @@ impl Sender {
     pub const ALL_VERSIONS: u64 = sys::WSYNC_ALL_VERSIONS;
 
     /// The sync version the next chunk will belong to (1 before any chunk is sent).
+    ///
+    /// # Errors
+    /// Only if the library refuses the call (a library bug for a live sender).
     pub fn version(&self) -> Result<u64> {
         let mut v = 0u64;
         // SAFETY: the sender is live; Sender is not Sync, so no other thread uses it now;
@@ -272,6 +318,12 @@ impl fmt::Debug for Sender {
 /// with several senders) into one request. Every part must be of one kind, version and chunk;
 /// kinds with a single sender (`"shm"`) accept exactly one part and return a copy (more fail
 /// with [`Status::Unsupported`]). No parts, or an empty part, is [`Status::InvalidArgument`].
+///
+/// # Errors
+/// [`Status::InvalidArgument`] for no parts or an empty part; [`Status::Unsupported`] for more
+/// than one part of a single-sender kind; [`Status::Mismatch`] for parts of different kinds,
+/// versions or chunks (or, for `"cuda_ipc"`, one GPU in two parts); [`Status::Malformed`] for
+/// a corrupt part.
 pub fn merge_requests(parts: &[&[u8]]) -> Result<Vec<u8>> {
     let raw: Vec<sys::wsync_blob_t> = parts
         .iter()

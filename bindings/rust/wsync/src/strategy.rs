@@ -1,7 +1,7 @@
 //! Strategies and their options.
 
 use std::ffi::{c_char, CStr};
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::ptr::NonNull;
 
 use wsync_sys as sys;
@@ -29,6 +29,12 @@ impl Strategy {
     /// [`Status::InvalidArgument`] naming the key; a kind this build does not know fails with
     /// [`Status::Unsupported`], one whose run-time dependency is missing with
     /// [`Status::Unavailable`]. Does not block.
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] for invalid options (or text holding a NUL byte);
+    /// [`Status::Unsupported`] for an unknown kind, or if the loaded library is older than
+    /// this binding needs ([`crate::check_version`]); [`Status::Unavailable`] when the kind's
+    /// run-time dependency is missing.
     pub fn new(kind: &str, options_json: &str) -> Result<Strategy> {
         crate::check_version()?;
         let kind_c = c_string("strategy kind", kind)?;
@@ -45,11 +51,18 @@ impl Strategy {
     }
 
     /// [`Strategy::new`] with options from an [`Options`] builder.
+    ///
+    /// # Errors
+    /// As [`Strategy::new`].
     pub fn with_options(kind: &str, options: &Options) -> Result<Strategy> {
         Strategy::new(kind, &options.to_json())
     }
 
     /// The strategy's kind name.
+    ///
+    /// # Errors
+    /// [`Status::Internal`] if the library returns no name or one that is not UTF-8 (a library
+    /// bug).
     pub fn kind(&self) -> Result<&'static str> {
         let mut kind: *const c_char = std::ptr::null();
         // SAFETY: `self.raw` is a live strategy; `kind` is a valid out-pointer.
@@ -70,6 +83,10 @@ impl Strategy {
     /// (for `"shm"`: the shared-memory segment, reserved and pre-faulted, so this takes time
     /// proportional to `buckets x bucket_bytes`). Forward the bytes to every engine. Call once;
     /// a second call fails with [`Status::WrongState`].
+    ///
+    /// # Errors
+    /// [`Status::WrongState`] on a second call; [`Status::NoMemory`] or [`Status::System`]
+    /// when the kind cannot reserve its shared memory or other resources.
     pub fn create_init_info(&mut self) -> Result<Vec<u8>> {
         let mut blob = sys::wsync_blob_t::default();
         // SAFETY: `self.raw` is a live strategy used by this thread only (`&mut self`); `blob`
@@ -130,11 +147,13 @@ pub struct Options {
 
 impl Options {
     /// No options: the kind's defaults.
+    #[must_use]
     pub fn new() -> Options {
         Options::default()
     }
 
     /// Sets `key` to `value`.
+    #[must_use]
     pub fn set(mut self, key: &str, value: OptionValue) -> Options {
         match self.entries.iter_mut().find(|(k, _)| k == key) {
             Some(entry) => entry.1 = value,
@@ -144,21 +163,25 @@ impl Options {
     }
 
     /// Sets an integer option.
+    #[must_use]
     pub fn uint(self, key: &str, value: u64) -> Options {
         self.set(key, OptionValue::UInt(value))
     }
 
     /// Sets a boolean option.
+    #[must_use]
     pub fn boolean(self, key: &str, value: bool) -> Options {
         self.set(key, OptionValue::Bool(value))
     }
 
     /// Sets a string option.
+    #[must_use]
     pub fn string(self, key: &str, value: &str) -> Options {
         self.set(key, OptionValue::Str(value.to_string()))
     }
 
     /// The options as a JSON object text (`"{}"` when empty).
+    #[must_use]
     pub fn to_json(&self) -> String {
         let mut out = String::from("{");
         for (i, (key, value)) in self.entries.iter().enumerate() {
@@ -193,32 +216,14 @@ fn push_json_string(out: &mut String, s: &str) {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c if u32::from(c) < 0x20 => {
+                // Writing into a String cannot fail.
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
             c => out.push(c),
         }
     }
     out.push('"');
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn options_render_as_a_json_object_and_replace_keys() {
-        assert_eq!(Options::new().to_json(), "{}");
-        let o = Options::new()
-            .uint("a", 1)
-            .boolean("b", false)
-            .uint("a", 7)
-            .string("s", "x\"\\\n\u{1}");
-        assert_eq!(o.to_json(), r#"{"a": 7, "b": false, "s": "x\"\\\n\u0001"}"#);
-        let parsed = crate::json::parse(&o.to_json()).unwrap();
-        assert_eq!(
-            parsed.get("s").and_then(|v| v.as_str()),
-            Some("x\"\\\n\u{1}")
-        );
-    }
 }
 
 /// Escape hatches to the C handle, for calls this binding does not wrap yet.
@@ -244,5 +249,26 @@ impl Strategy {
     #[must_use = "dropping it destroys the handle"]
     pub unsafe fn from_raw(raw: std::ptr::NonNull<sys::wsync_strategy_t>) -> Strategy {
         Strategy { raw }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_render_as_a_json_object_and_replace_keys() {
+        assert_eq!(Options::new().to_json(), "{}");
+        let o = Options::new()
+            .uint("a", 1)
+            .boolean("b", false)
+            .uint("a", 7)
+            .string("s", "x\"\\\n\u{1}");
+        assert_eq!(o.to_json(), r#"{"a": 7, "b": false, "s": "x\"\\\n\u0001"}"#);
+        let parsed = crate::json::parse(&o.to_json()).unwrap();
+        assert_eq!(
+            parsed.get("s").and_then(|v| v.as_str()),
+            Some("x\"\\\n\u{1}")
+        );
     }
 }

@@ -8,10 +8,10 @@ use wsync_sys as sys;
 
 use crate::error::{c_string, Error, Result};
 
-/// An element type, as DLPack describes it: a type code, bits per lane and lanes.
+/// An element type, as `DLPack` describes it: a type code, bits per lane and lanes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DType {
-    /// `WSYNC_DTYPE_*` code (DLPack's `DLDataTypeCode`).
+    /// `WSYNC_DTYPE_*` code (`DLPack`'s `DLDataTypeCode`).
     pub code: u8,
     /// Bits per lane.
     pub bits: u8,
@@ -20,7 +20,8 @@ pub struct DType {
 }
 
 impl DType {
-    /// A dtype from its three DLPack fields. The library decides which combinations it moves.
+    /// A dtype from its three `DLPack` fields. The library decides which combinations it moves.
+    #[must_use]
     pub const fn new(code: u8, bits: u8, lanes: u16) -> DType {
         DType { code, bits, lanes }
     }
@@ -61,6 +62,7 @@ impl DType {
 
     /// Bytes per element (`bits * lanes / 8`), or `None` when that is zero or not a whole
     /// number of bytes (such a dtype cannot describe a slice).
+    #[must_use]
     pub fn size(self) -> Option<usize> {
         let bits = usize::from(self.bits) * usize::from(self.lanes);
         (bits != 0 && bits % 8 == 0).then_some(bits / 8)
@@ -124,10 +126,10 @@ impl fmt::Display for DType {
     }
 }
 
-/// Where a tensor's bytes live, as DLPack describes it: a device type and an ordinal.
+/// Where a tensor's bytes live, as `DLPack` describes it: a device type and an ordinal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Device {
-    /// `WSYNC_DEVICE_*` code (DLPack's `DLDeviceType`).
+    /// `WSYNC_DEVICE_*` code (`DLPack`'s `DLDeviceType`).
     pub kind: i32,
     /// Device ordinal; 0 for host memory.
     pub index: i32,
@@ -141,6 +143,7 @@ impl Device {
     };
 
     /// CUDA device `index`.
+    #[must_use]
     pub const fn cuda(index: i32) -> Device {
         Device {
             kind: sys::WSYNC_DEVICE_CUDA,
@@ -149,7 +152,8 @@ impl Device {
     }
 
     /// Whether the CPU may read the bytes directly: plain host memory or pinned host memory
-    /// (CUDA or ROCm), as the library counts it.
+    /// (CUDA or `ROCm`), as the library counts it.
+    #[must_use]
     pub fn is_host(self) -> bool {
         matches!(
             self.kind,
@@ -227,6 +231,10 @@ impl TensorSpec {
     /// NUL byte or an extent does not fit in `i64`; everything else (empty or over-long names,
     /// zero extents, unsupported dtypes, too many dimensions) is checked by the library, which
     /// names the tensor in its message.
+    ///
+    /// # Errors
+    /// [`crate::Status::InvalidArgument`] for a NUL byte in `name` or an extent above
+    /// `i64::MAX`.
     pub fn new(name: &str, shape: &[usize], dtype: DType) -> Result<TensorSpec> {
         let c_name = c_string(&format!("tensor name '{}'", name.escape_debug()), name)?;
         let shape = shape
@@ -246,21 +254,25 @@ impl TensorSpec {
     }
 
     /// The name.
+    #[must_use]
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// The extents (empty for a scalar).
+    #[must_use]
     pub fn shape(&self) -> &[i64] {
         &self.shape
     }
 
     /// The element type.
+    #[must_use]
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
     /// Number of elements (the product of the extents, 1 for a scalar), or `None` on overflow.
+    #[must_use]
     pub fn elements(&self) -> Option<u64> {
         self.shape
             .iter()
@@ -268,6 +280,7 @@ impl TensorSpec {
     }
 
     /// Size in bytes, or `None` on overflow or for a dtype without a whole-byte element size.
+    #[must_use]
     pub fn byte_size(&self) -> Option<u64> {
         self.elements()?.checked_mul(self.dtype.size()? as u64)
     }
@@ -288,7 +301,7 @@ impl TensorSpec {
             dtype: self.dtype.to_raw(),
             device: device.to_raw(),
             flags: 0,
-            struct_size: std::mem::size_of::<sys::wsync_tensor_t>() as u32,
+            ..sys::wsync_tensor_t::sized()
         }
     }
 }
@@ -322,6 +335,9 @@ unsafe impl Sync for TensorRef<'_> {}
 impl<'a> TensorRef<'a> {
     /// A tensor of `T::DTYPE` elements, e.g. `TensorRef::new("w", &weights_f32, &[4096, 1024])`.
     /// The slice must hold exactly the shape's number of elements.
+    ///
+    /// # Errors
+    /// As [`TensorRef::with_dtype`].
     pub fn new<T: Element>(name: &str, data: &'a [T], shape: &[usize]) -> Result<TensorRef<'a>> {
         TensorRef::with_dtype(name, data, shape, T::DTYPE)
     }
@@ -329,6 +345,11 @@ impl<'a> TensorRef<'a> {
     /// A tensor whose bytes are given as a slice of `T` but whose dtype is `dtype`, e.g.
     /// bfloat16 weights held as `&[u16]`, or packed fp4 bytes as `&[u8]`. The slice's length in
     /// bytes must equal the shape's byte size for `dtype`.
+    ///
+    /// # Errors
+    /// [`crate::Status::InvalidArgument`] when the slice's byte length differs from the
+    /// shape's byte size, the size overflows 64 bits, `dtype` has no whole-byte element size,
+    /// or as [`TensorSpec::new`].
     pub fn with_dtype<T: Element>(
         name: &str,
         data: &'a [T],
@@ -360,6 +381,9 @@ impl<'a> TensorRef<'a> {
     }
 
     /// Bytes given as bytes: `with_dtype` for `&[u8]`.
+    ///
+    /// # Errors
+    /// As [`TensorRef::with_dtype`].
     pub fn from_bytes(
         name: &str,
         data: &'a [u8],
@@ -376,6 +400,9 @@ impl<'a> TensorRef<'a> {
     /// `data` must point at the shape's byte size of initialised memory on `device`, readable
     /// (by the library or the device's driver) and not written by anyone for as long as `'a`,
     /// and the memory must be row-major contiguous.
+    ///
+    /// # Errors
+    /// As [`TensorSpec::new`].
     pub unsafe fn from_raw_parts(
         name: &str,
         data: *const c_void,
@@ -393,26 +420,31 @@ impl<'a> TensorRef<'a> {
     }
 
     /// The metadata (name, dtype, shape).
+    #[must_use]
     pub fn spec(&self) -> &TensorSpec {
         &self.spec
     }
 
     /// The name.
+    #[must_use]
     pub fn name(&self) -> &str {
         self.spec.name()
     }
 
     /// The extents.
+    #[must_use]
     pub fn shape(&self) -> &[i64] {
         self.spec.shape()
     }
 
     /// The element type.
+    #[must_use]
     pub fn dtype(&self) -> DType {
         self.spec.dtype()
     }
 
     /// Where the bytes live ([`Device::CPU`] for slices).
+    #[must_use]
     pub fn device(&self) -> Device {
         self.device
     }

@@ -58,8 +58,15 @@ fn receive_all(r: &mut Receiver, request: &[u8]) -> wsync::Result<usize> {
 
 fn f32s(seed: u32, n: usize) -> Vec<f32> {
     (0..n)
-        .map(|i| (seed * 1000 + i as u32) as f32 * 0.25 - 3.0)
+        .map(|i| f32_exact(seed * 1000 + u32::try_from(i).unwrap()) * 0.25 - 3.0)
         .collect()
+}
+
+/// `x` as f32; test values stay far below 2^24, where binary32 is exact.
+#[allow(clippy::cast_precision_loss)]
+fn f32_exact(x: u32) -> f32 {
+    assert!(x < 1 << 24, "{x} is not exact in f32");
+    x as f32
 }
 
 fn expect_err<T: std::fmt::Debug>(
@@ -80,6 +87,8 @@ fn expect_err<T: std::fmt::Debug>(
 // --- the happy path ------------------------------------------------------------------------------
 
 #[test]
+// r, t, q, k, v: receiver, trainer and attention tensors, as the other tests name them.
+#[allow(clippy::many_single_char_names)]
 fn sync_moves_every_tensor_bit_for_bit_over_several_versions() {
     let mut t = trainer(&options(1));
     let mut r = receiver(&t.init, 0);
@@ -87,10 +96,9 @@ fn sync_moves_every_tensor_bit_for_bit_over_several_versions() {
     for v in 1..=3u32 {
         assert_eq!(t.sender.version().unwrap(), u64::from(v));
         let a = f32s(v, 600);
-        let b: Vec<u16> = (0..256)
-            .map(|i| (i as u16).wrapping_mul(v as u16 + 7))
-            .collect();
-        let c: Vec<u8> = (0..100).map(|i| (i as u8) ^ (v as u8)).collect();
+        let v16 = u16::try_from(v).unwrap();
+        let b: Vec<u16> = (0..256u16).map(|i| i.wrapping_mul(v16 + 7)).collect();
+        let c: Vec<u8> = (0..100u8).map(|i| i ^ u8::try_from(v).unwrap()).collect();
         let step = [i64::from(v) * -1_000_000_007];
         let chunk0 = [
             TensorRef::new("layers.0.attn.q.weight", &a, &[20, 30]).unwrap(),
@@ -154,6 +162,8 @@ fn sync_moves_every_tensor_bit_for_bit_over_several_versions() {
 }
 
 #[test]
+// r, t, q, k, v: receiver, trainer and attention tensors, as the other tests name them.
+#[allow(clippy::many_single_char_names)]
 fn views_may_be_held_together_and_come_in_chunk_order() {
     let mut t = trainer(&options(1));
     let mut r = receiver(&t.init, 0);
@@ -422,6 +432,8 @@ fn malformed_blobs_are_refused_before_any_memory_is_touched() {
 }
 
 #[test]
+// r, t, q, k, v: receiver, trainer and attention tensors, as the other tests name them.
+#[allow(clippy::many_single_char_names)]
 fn blobs_of_another_role_or_strategy_are_mismatch() {
     let mut t = trainer(&options(1));
     let w = [1.0f32; 4];
@@ -537,6 +549,8 @@ fn receive_while_an_iteration_is_open_is_wrong_state_at_run_time_only_when_leake
 }
 
 #[test]
+// r, t, q, k, v: receiver, trainer and attention tensors, as the other tests name them.
+#[allow(clippy::many_single_char_names)]
 fn ending_early_is_acknowledged_as_failed_and_flush_reports_peer_once() {
     let mut t = trainer(&options(1));
     let mut r = receiver(&t.init, 0);
@@ -739,10 +753,12 @@ fn corrupt_first_checksum(req: &mut [u8]) {
     let sum: u64 = digits.parse().expect("a checksum");
     // CBOR's shortest encoding of an unsigned integer: a head byte, then big-endian bytes.
     let needle: Vec<u8> = match sum {
-        0..=0x17 => vec![sum as u8],
-        0x18..=0xff => vec![0x18, sum as u8],
-        0x100..=0xffff => [&[0x19][..], &(sum as u16).to_be_bytes()].concat(),
-        0x1_0000..=0xffff_ffff => [&[0x1a][..], &(sum as u32).to_be_bytes()].concat(),
+        0..=0x17 => vec![u8::try_from(sum).unwrap()],
+        0x18..=0xff => vec![0x18, u8::try_from(sum).unwrap()],
+        0x100..=0xffff => [&[0x19][..], &u16::try_from(sum).unwrap().to_be_bytes()].concat(),
+        0x1_0000..=0xffff_ffff => {
+            [&[0x1a][..], &u32::try_from(sum).unwrap().to_be_bytes()].concat()
+        }
         _ => [&[0x1b][..], &sum.to_be_bytes()].concat(),
     };
     assert!(
@@ -1109,4 +1125,31 @@ fn shm_accepts_and_ignores_a_callers_cuda_stream() {
         .unwrap();
     receive_all(&mut r, &req).unwrap();
     t.sender.flush(SEC).unwrap();
+}
+
+#[test]
+fn a_plan_passes_through_its_raw_handle_and_back_unchanged() {
+    let specs = [
+        TensorSpec::new("layers.0.w", &[64], DType::F32).unwrap(),
+        TensorSpec::new("layers.1.w", &[64], DType::F32).unwrap(),
+    ];
+    let p = Plan::new(&specs, r#"{"chunk_bytes": 256, "group_depth": 0}"#).unwrap();
+    let before: Vec<Vec<usize>> = p
+        .chunks()
+        .unwrap()
+        .iter()
+        .map(|c| c.indices().to_vec())
+        .collect();
+    let raw = std::ptr::NonNull::new(p.into_raw()).unwrap();
+    // SAFETY: `raw` came from into_raw just above and nothing else owns it.
+    let back = unsafe { Plan::from_raw(raw) };
+    assert_eq!(back.as_raw(), raw.as_ptr());
+    assert_eq!(back.len(), before.len());
+    let after: Vec<Vec<usize>> = back
+        .chunks()
+        .unwrap()
+        .iter()
+        .map(|c| c.indices().to_vec())
+        .collect();
+    assert_eq!(after, before);
 }

@@ -197,7 +197,7 @@ impl Proc {
             match self.child.try_wait() {
                 Ok(Some(status)) => break status,
                 Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
+                    std::thread::sleep(Duration::from_millis(5));
                 }
                 Ok(None) => {
                     self.kill();
@@ -253,11 +253,15 @@ fn run_role<T: Send + 'static>(
             value
         }
         Err(mpsc::RecvTimeoutError::Disconnected) => {
-            children.iter_mut().for_each(|c| c.kill());
+            for c in &mut *children {
+                c.kill();
+            }
             std::panic::resume_unwind(handle.join().expect_err("the role thread panicked"))
         }
         Err(mpsc::RecvTimeoutError::Timeout) => {
-            children.iter_mut().for_each(|c| c.kill());
+            for c in &mut *children {
+                c.kill();
+            }
             panic!("the Rust role did not finish within {DEADLINE:?}")
         }
     }
@@ -484,10 +488,13 @@ fn c_receiver_failing_after_its_last_view_reaches_the_rust_flush_as_fields() {
     assert_eq!(f.status, wsync::Status::Integrity);
     assert_eq!(f.receiver, 0);
     assert_eq!(f.version, 2);
-    assert_eq!(f.chunk_index, Some(chunks_per_version() as u32 - 1));
+    assert_eq!(
+        f.chunk_index,
+        Some(u32::try_from(chunks_per_version()).unwrap() - 1)
+    );
     assert_eq!(f.message, "c_peer: refusing version 2 after its last view");
     assert!(
-        f.pid > 0 && f.pid as u32 != std::process::id(),
+        u32::try_from(f.pid).is_ok_and(|pid| pid > 0 && pid != std::process::id()),
         "the C process's pid"
     );
     assert!(done.status.success(), "C receiver: {}", done.stderr);
@@ -660,6 +667,6 @@ impl std::io::Write for Tee {
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        self.0.iter_mut().try_for_each(|w| w.flush())
+        self.0.iter_mut().try_for_each(std::io::Write::flush)
     }
 }

@@ -57,6 +57,8 @@ fn send(s: &mut Sender, name: &str, values: &[f32], last: bool) -> Vec<u8> {
 // --- failing a chunk ------------------------------------------------------------------------------
 
 #[test]
+// r, t, q, k, v: receiver, trainer and attention tensors, as the other tests name them.
+#[allow(clippy::many_single_char_names)]
 fn recv_fail_after_the_last_view_reaches_the_flush_as_fields() {
     let mut t = trainer(1);
     let mut r = receiver(&t.init, 0);
@@ -80,7 +82,7 @@ fn recv_fail_after_the_last_view_reaches_the_flush_as_fields() {
     assert_eq!(f.what, FailureKind::Failed);
     assert_eq!(f.status, Status::Mismatch);
     assert_eq!((f.receiver, f.version, f.chunk_index), (0, 1, Some(0)));
-    assert_eq!(f.pid, std::process::id() as i32);
+    assert_eq!(f.pid, i32::try_from(std::process::id()).unwrap());
     assert_eq!(f.message, "tensor 'w' has no home in this engine");
     assert_eq!(t.sender.failures(), e.failures());
 }
@@ -238,6 +240,8 @@ fn an_empty_last_chunk_is_a_commit() {
 }
 
 #[test]
+// r, t, q, k, v: receiver, trainer and attention tensors, as the other tests name them.
+#[allow(clippy::many_single_char_names)]
 fn the_last_chunk_carries_the_manifest() {
     let mut t = trainer(1);
     let mut r = receiver(&t.init, 0);
@@ -334,7 +338,7 @@ fn send_plan_abandons_the_version_when_forwarding_fails() {
         .collect();
     let plan = wsync::Plan::new(&specs, r#"{"chunk_bytes": 8192, "group_depth": 0}"#).unwrap();
     assert!(plan.len() > 1);
-    let data: Vec<Vec<f32>> = (0..4).map(|i| vec![i as f32; 1024]).collect();
+    let data: Vec<Vec<f32>> = (0..4u8).map(|i| vec![f32::from(i); 1024]).collect();
     let tensors: Vec<TensorRef<'_>> = data
         .iter()
         .enumerate()

@@ -100,7 +100,13 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(u8, Vec<u8>)>> {
             format!("frame of {len} bytes exceeds the {MAX_FRAME}-byte limit"),
         ));
     }
-    let mut payload = vec![0u8; len as usize];
+    let len = usize::try_from(len).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes does not fit in memory"),
+        )
+    })?;
+    let mut payload = vec![0u8; len];
     r.read_exact(&mut payload)?;
     Ok(Some((tag, payload)))
 }
@@ -223,6 +229,8 @@ pub fn word(v: u64, t: u64, i: u64) -> u64 {
 }
 
 /// A float32 element: exact in binary32, in [-1, 1).
+// `w >> 40` has 24 bits, which binary32 holds exactly.
+#[allow(clippy::cast_precision_loss)]
 pub fn f32_of(w: u64) -> f32 {
     ((w >> 40) as f32) * (1.0 / 8_388_608.0) - 1.0
 }
@@ -248,12 +256,12 @@ pub fn data(v: u64, t: usize) -> Data {
         Kind::F32 => Data::F32(ws.map(f32_of).collect()),
         Kind::BF16 => Data::BF16(ws.map(|w| (w >> 48) as u16).collect()),
         Kind::U8 => Data::U8(ws.map(|w| (w >> 56) as u8).collect()),
-        Kind::I64 => Data::I64(ws.map(|w| w as i64).collect()),
+        Kind::I64 => Data::I64(ws.map(|w| i64::from_ne_bytes(w.to_ne_bytes())).collect()),
     }
 }
 
 impl Data {
-    /// A TensorRef over these contents, named and shaped as `MODEL[t]`.
+    /// A `TensorRef` over these contents, named and shaped as `MODEL[t]`.
     pub fn tensor(&self, t: usize) -> wsync::Result<TensorRef<'_>> {
         let p = &MODEL[t];
         match self {
@@ -341,7 +349,7 @@ pub struct TrainerConfig {
     pub bucket_bytes: u64,
     /// shm buckets.
     pub buckets: u64,
-    /// Deadline of send_chunk (strategy option) and of every flush.
+    /// Deadline of `send_chunk` (strategy option) and of every flush.
     pub timeout_ms: u64,
     /// Whether requests carry checksums.
     pub checksum: bool,
@@ -432,7 +440,9 @@ pub fn run_trainer(out: &mut impl Write, c: &TrainerConfig) -> Result<TrainerRep
     run_trainer_detailed(out, c).map_err(|e| {
         let mut text = e.message;
         for f in &e.failures {
-            text.push_str(&format!("\n  {f}"));
+            text.push('\n');
+            text.push_str("  ");
+            text.push_str(&f.to_string());
         }
         text
     })
@@ -466,7 +476,7 @@ pub fn run_trainer_detailed(
             .chunks()
             .map_err(err("plan"))?
             .iter()
-            .map(|k| k.bytes())
+            .map(wsync::PlanChunk::bytes)
             .sum(),
         ..TrainerReport::default()
     };
@@ -544,7 +554,7 @@ impl EngineConfig {
         for (k, v) in pairs {
             match k.as_str() {
                 "index" => {
-                    c.index = u32::try_from(number(k, v)?).map_err(|_| "--index is too large")?
+                    c.index = u32::try_from(number(k, v)?).map_err(|_| "--index is too large")?;
                 }
                 "verify" => c.verify = boolean(k, v)?,
                 "end-early-at" => c.end_early_at = number(k, v)?,
@@ -574,6 +584,8 @@ pub struct EngineReport {
 /// version's first chunk early and checks that the version does not complete; the stream then
 /// ends without `Q` (the trainer's flush fails), which is the expected outcome and returns Ok
 /// with `announced == 0`.
+// One loop over the frame stream, read top to bottom as the protocol's reference engine.
+#[allow(clippy::too_many_lines)]
 pub fn run_engine(input: &mut impl Read, c: &EngineConfig) -> Result<EngineReport, String> {
     let io = |e: io::Error| format!("reading frames: {e}");
     let init = match read_frame(input).map_err(io)? {
@@ -660,7 +672,11 @@ pub fn run_engine(input: &mut impl Read, c: &EngineConfig) -> Result<EngineRepor
                     .position(|p| p.name == view.name())
                     .ok_or_else(|| format!("unknown tensor '{}'", view.name()))?;
                 let p = &MODEL[t];
-                let shape: Vec<i64> = p.shape.iter().map(|&e| e as i64).collect();
+                let shape = p
+                    .shape
+                    .iter()
+                    .map(|&e| i64::try_from(e).map_err(|_| format!("extent {e} of '{}'", p.name)))
+                    .collect::<Result<Vec<i64>, String>>()?;
                 if view.dtype() != p.kind.dtype() || view.shape() != shape.as_slice() {
                     return Err(format!(
                         "tensor '{}' is {} {:?}, expected {} {:?}",
@@ -731,7 +747,7 @@ pub fn run_engine(input: &mut impl Read, c: &EngineConfig) -> Result<EngineRepor
                 }
             );
             version += 1;
-            contents.iter_mut().for_each(|c| *c = None);
+            contents.fill(None);
         }
     }
     report.completed = receiver
