@@ -44,7 +44,8 @@
 
 #include "board.hpp"
 #include "error.hpp"
-#include "gpu_util.hpp"
+#include "gpu/device.hpp"
+#include "gpu/pack.hpp"
 #include "strategy.hpp"
 
 namespace wsync {

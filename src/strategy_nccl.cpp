@@ -30,7 +30,8 @@
 #include <memory>
 
 #include "error.hpp"
-#include "gpu_util.hpp"
+#include "gpu/device.hpp"
+#include "gpu/pack.hpp"
 #include "strategy.hpp"
 
 namespace wsync {
