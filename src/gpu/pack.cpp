@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "error.hpp"
+#include "wire.hpp"
 
 namespace wsync::gpu {
 
@@ -19,6 +20,19 @@ Cast parse_cast(const std::string &option) {
     if (option == "bfloat16") return Cast::BFloat16;
     if (option == "float16") return Cast::Float16;
     return Cast::None;  // the options table admits only "", "bfloat16" and "float16"
+}
+
+bool is_cast_name(const std::string &text) {
+    return text.empty() || text == "bfloat16" || text == "float16";
+}
+
+OptionSpec cast_option(const char *doc) {
+    return {"dtype", OptionSpec::Type::String, 0, 0, 0, "sender", doc, "", "|bfloat16|float16"};
+}
+
+OptionSpec bucket_bytes_option(const char *doc) {
+    return {"bucket_bytes", OptionSpec::Type::UInt, uint64_t(256) << 20, 4096, uint64_t(1) << 40,
+            "sender", doc};
 }
 
 wsync_dtype_t cast_dtype(Cast cast, wsync_dtype_t in, PackOp *op) {
@@ -55,6 +69,30 @@ uint64_t layout_bucket(TensorTable &table, Cast cast, uint64_t capacity, std::ve
         end = off + m.nbytes;
     }
     return end;
+}
+
+void fill_pack_entries(const wsync_tensor_t *tensors, const TensorTable &table,
+                       const std::vector<PackOp> &ops, CUdeviceptr bucket,
+                       std::vector<PackEntry> *entries) {
+    entries->resize(table.metas.size());
+    for (std::size_t i = 0; i < table.metas.size(); ++i) {
+        // The casts count elements: a 4-byte float32 becomes 2 bytes, nbytes is already halved.
+        const uint64_t count = ops[i] == kPackCopy ? table.metas[i].nbytes : table.metas[i].nbytes / 2;
+        (*entries)[i] = PackEntry{reinterpret_cast<uint64_t>(tensors[i].data),
+                                  bucket + table.offsets[i], count, static_cast<uint32_t>(ops[i]), 0};
+    }
+}
+
+void check_bucket_layout(const TensorTable &table, uint64_t bytes, const std::string &where,
+                         const char *what) {
+    for (std::size_t i = 0; i < table.metas.size(); ++i) {
+        uint64_t off = table.offsets[i], n = table.metas[i].nbytes;
+        if (off % kTensorAlign != 0 || n > bytes || off > bytes - n)
+            wire::malformed(where + ": tensor '" + table.metas[i].name + "' at offset " +
+                            std::to_string(off) + " (+" + std::to_string(n) +
+                            " bytes) is misaligned or outside the " + std::to_string(bytes) +
+                            "-byte " + what);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 
 #include "gpu/device.hpp"
 #include "gpu/kernels/pack_abi.hpp"
+#include "options.hpp"
 #include "tensor.hpp"
 
 namespace wsync::gpu {
@@ -15,6 +16,10 @@ namespace wsync::gpu {
 // The cast option: which float32 tensors become what while packing.
 enum class Cast { None, BFloat16, Float16 };
 Cast parse_cast(const std::string &option);  // "", "bfloat16", "float16"
+bool is_cast_name(const std::string &text);  // one parse_cast accepts
+// The "dtype" and "bucket_bytes" options of a kind that packs, with the kind's own doc text.
+OptionSpec cast_option(const char *doc);
+OptionSpec bucket_bytes_option(const char *doc);
 // The dtype a tensor travels as, and the pack op that makes it.
 wsync_dtype_t cast_dtype(Cast cast, wsync_dtype_t in, PackOp *op);
 
@@ -45,5 +50,17 @@ private:
 // WSYNC_ERR_INVALID_ARGUMENT naming the tensor when the chunk exceeds `capacity`.
 uint64_t layout_bucket(TensorTable &table, Cast cast, uint64_t capacity, std::vector<PackOp> *ops,
                        const std::string &who);
+
+// The pack kernel's entries for a chunk that layout_bucket laid out, into the bucket at
+// `bucket`: tensor i's bytes go to bucket + table.offsets[i].
+void fill_pack_entries(const wsync_tensor_t *tensors, const TensorTable &table,
+                       const std::vector<PackOp> &ops, CUdeviceptr bucket,
+                       std::vector<PackEntry> *entries);
+
+// The receiving side's check of a layout: every tensor aligned as layout_bucket aligns it and
+// inside the `bytes` received. WSYNC_ERR_MALFORMED names the tensor ("... outside the
+// 4096-byte <what>").
+void check_bucket_layout(const TensorTable &table, uint64_t bytes, const std::string &where,
+                         const char *what);
 
 }  // namespace wsync::gpu

@@ -5,6 +5,7 @@
 
 #include "board.hpp"
 #include "error.hpp"
+#include "gpu/pack.hpp"
 #include "wire.hpp"
 
 namespace wsync::cuda_ipc {
@@ -40,7 +41,7 @@ InitInfo parse_init_info(const json &body) {
     info.dtype = wire::string_field(body, "dtype", w, 16);
     if (info.senders == 0 || info.receivers == 0 || info.buckets == 0 || info.bucket_bytes == 0)
         wire::malformed(w + ": senders, receivers, buckets or bucket_bytes is 0");
-    if (!info.dtype.empty() && info.dtype != "bfloat16" && info.dtype != "float16")
+    if (!gpu::is_cast_name(info.dtype))
         wire::malformed(w + ": dtype '" + info.dtype + "' is not one libwsync casts to");
     if (!info.packed && !info.dtype.empty())
         wire::malformed(w + ": a dtype cast needs packed=true");

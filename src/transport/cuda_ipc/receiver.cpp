@@ -5,6 +5,7 @@
 
 #include "error.hpp"
 #include "gpu/device.hpp"
+#include "gpu/pack.hpp"
 #include "transport/cuda_ipc/handle_cache.hpp"
 #include "transport/cuda_ipc/request.hpp"
 
@@ -204,14 +205,7 @@ private:
         if (bytes != info_.bucket_bytes)
             wire::malformed(w + ": bucket of " + std::to_string(bytes) + " bytes, the init info says " +
                             std::to_string(info_.bucket_bytes));
-        for (std::size_t i = 0; i < table.metas.size(); ++i) {
-            uint64_t off = table.offsets[i], n = table.metas[i].nbytes;
-            if (off % 256 != 0 || n > bytes || off > bytes - n)
-                wire::malformed(w + ": tensor '" + table.metas[i].name + "' at offset " +
-                                std::to_string(off) + " (+" + std::to_string(n) +
-                                " bytes) is misaligned or outside the " + std::to_string(bytes) +
-                                "-byte bucket");
-        }
+        gpu::check_bucket_layout(table, bytes, w, "bucket");
         gpu::Device::Scope scope(*dev_);
         CUdeviceptr base = cache_.get(h, header.version, "a packed bucket");
         std::vector<CUdeviceptr> ptrs(table.metas.size());

@@ -185,15 +185,7 @@ private:
         // Back-pressure: the bucket's previous chunk must be done with by every receiver.
         waiter_.wait({b}, deadline, "no free bucket", next_seq_ - 1);
         wait_default_stream(deadline, chunk);
-        entries_.resize(table.metas.size());
-        const CUdeviceptr base = buckets_[b].ptr();
-        for (std::size_t i = 0; i < table.metas.size(); ++i) {
-            const uint64_t elems = ops[i] == gpu::kPackCopy ? table.metas[i].nbytes
-                                                            : table.metas[i].nbytes / 2;
-            entries_[i] = gpu::PackEntry{reinterpret_cast<uint64_t>(tensors[i].data),
-                                         base + table.offsets[i], elems,
-                                         static_cast<uint32_t>(ops[i]), 0};
-        }
+        gpu::fill_pack_entries(tensors, table, ops, buckets_[b].ptr(), &entries_);
         packer_->pack(entries_, stream_->get());
         done_->record(stream_->get());
         gpu::poll_until([&] { return done_->done(); }, deadline,

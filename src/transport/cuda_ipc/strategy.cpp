@@ -40,6 +40,7 @@
 
 #include "error.hpp"
 #include "gpu/api.hpp"
+#include "gpu/pack.hpp"
 #include "strategy.hpp"
 #include "transport/cuda_ipc/init_info.hpp"
 #include "transport/cuda_ipc/receiver.hpp"
@@ -64,12 +65,9 @@ const std::vector<OptionSpec> &option_specs() {
          "the trainer's own allocations (no copy; tensors must stay untouched until flush)"},
         {"buckets", T::UInt, 2, 1, board::kMaxSlots, "sender",
          "device buckets per sender (packed=true); 2 or more let packing overlap with loading"},
-        {"bucket_bytes", T::UInt, uint64_t(256) << 20, 4096, uint64_t(1) << 40, "sender",
-         "bytes per device bucket (packed=true); the largest chunk must fit"},
-        {"dtype", T::String, 0, 0, 0, "sender",
-         "cast float32 tensors while packing: \"bfloat16\" or \"float16\" (packed=true only); "
-         "\"\" sends every dtype as it is",
-         "", "|bfloat16|float16"},
+        gpu::bucket_bytes_option("bytes per device bucket (packed=true); the largest chunk must fit"),
+        gpu::cast_option("cast float32 tensors while packing: \"bfloat16\" or \"float16\" "
+                         "(packed=true only); \"\" sends every dtype as it is"),
         {"device", T::UInt, 0, 0, 4095, "receiver",
          "the receiver's GPU as an ordinal in its process (after CUDA_VISIBLE_DEVICES); it takes "
          "the part of each request whose UUID is this GPU's"},

@@ -80,15 +80,13 @@ void Comm::abort() noexcept {
 
 void Comm::check(const std::string &what) {
     if (!comm_)
-        fail(WSYNC_ERR_PEER, std::string(kKind) + " rank " + std::to_string(rank_) +
-                                 ": the communicator was aborted by an earlier failure; "
-                                 "make a new sender or receiver from new init info");
+        fail(WSYNC_ERR_PEER, who() + ": the communicator was aborted by an earlier failure; "
+                                     "make a new sender or receiver from new init info");
     gpu::ncclResult_t state = gpu::ncclSuccess;
     nccl_.ncclCommGetAsyncError(comm_, &state);
     if (state != gpu::ncclSuccess && state != gpu::ncclInProgress) {
         abort();
-        fail(WSYNC_ERR_PEER, std::string(kKind) + " rank " + std::to_string(rank_) + ": " +
-                                 what + ": " + describe(state) + "; communicator aborted");
+        fail(WSYNC_ERR_PEER, who() + ": " + what + ": " + describe(state) + "; communicator aborted");
     }
 }
 
@@ -98,8 +96,7 @@ void Comm::wait(const gpu::Event &ev, const sys::Deadline &deadline, const std::
         if (ev.done()) return;
         if (deadline.passed()) {
             abort();
-            fail(WSYNC_ERR_TIMEOUT, std::string(kKind) + " rank " + std::to_string(rank_) +
-                                        ": " + what + " did not complete within " +
+            fail(WSYNC_ERR_TIMEOUT, who() + ": " + what + " did not complete within " +
                                         std::to_string(deadline.budget_ms()) +
                                         " ms; communicator aborted");
         }

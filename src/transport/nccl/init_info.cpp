@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "gpu/pack.hpp"
 #include "wire.hpp"
 
 namespace wsync::nccl {
@@ -18,7 +19,7 @@ InitInfo parse_init_info(const json &body) {
     info.bucket_bytes = wire::uint_field(body, "bucket_bytes", w, uint64_t(1) << 40);
     if (info.bucket_bytes == 0) wire::malformed(w + ": bucket_bytes is 0");
     info.dtype = wire::string_field(body, "dtype", w, 16);
-    if (!info.dtype.empty() && info.dtype != "bfloat16" && info.dtype != "float16")
+    if (!gpu::is_cast_name(info.dtype))
         wire::malformed(w + ": dtype '" + info.dtype + "' is not one libwsync casts to");
     info.nccl_version = static_cast<int>(wire::uint_field(body, "nccl_version", w, INT32_MAX));
     return info;

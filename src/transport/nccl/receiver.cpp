@@ -1,6 +1,7 @@
 #include "transport/nccl/receiver.hpp"
 
 #include "error.hpp"
+#include "gpu/pack.hpp"
 #include "transport/nccl/comm.hpp"
 
 namespace wsync::nccl {
@@ -82,14 +83,7 @@ public:
                                          std::to_string(seq) + ", expected seq " +
                                          std::to_string(last_seq_ + 1) +
                                          " (every broadcast must be received, in order)");
-        for (std::size_t i = 0; i < table.metas.size(); ++i) {
-            uint64_t off = table.offsets[i], n = table.metas[i].nbytes;
-            if (off % 256 != 0 || n > bytes || off > bytes - n)
-                wire::malformed(w + ": tensor '" + table.metas[i].name + "' at offset " +
-                                std::to_string(off) + " (+" + std::to_string(n) +
-                                " bytes) is misaligned or outside the " + std::to_string(bytes) +
-                                "-byte broadcast");
-        }
+        gpu::check_bucket_layout(table, bytes, w, "broadcast");
         const std::string chunk = "chunk seq " + std::to_string(seq);
         comm_->check("before receiving " + chunk);
         if (table.metas.empty()) {  // a commit without data: no broadcast was posted

@@ -89,13 +89,8 @@ private:
             WSYNC_CU(dev_->api(), cuStreamWaitEvent(pack_stream_.get(), legacy_.get(), 0),
                      "ordering the pack after " + gpu::stream_text(order_stream_));
         }
-        std::vector<gpu::PackEntry> entries(table.metas.size());
-        for (std::size_t i = 0; i < entries.size(); ++i) {
-            const uint64_t n = ops[i] == gpu::kPackCopy ? table.metas[i].nbytes : table.metas[i].nbytes / 2;
-            entries[i] = gpu::PackEntry{reinterpret_cast<uint64_t>(tensors[i].data),
-                                        buckets_[b].ptr() + table.offsets[i], n,
-                                        static_cast<uint32_t>(ops[i]), 0};
-        }
+        std::vector<gpu::PackEntry> entries;
+        gpu::fill_pack_entries(tensors, table, ops, buckets_[b].ptr(), &entries);
         packer_.pack(entries, pack_stream_.get());
         packed_.record(pack_stream_.get());
         for (int round = 0; !packed_.done(); ++round) {

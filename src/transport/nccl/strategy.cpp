@@ -32,6 +32,7 @@
 #include <memory>
 
 #include "gpu/api.hpp"
+#include "gpu/pack.hpp"
 #include "gpu/device.hpp"
 #include "strategy.hpp"
 #include "transport/nccl/init_info.hpp"
@@ -47,13 +48,10 @@ const std::vector<OptionSpec> &option_specs() {
     static const std::vector<OptionSpec> specs = {
         {"receivers", T::UInt, 1, 1, kMaxReceivers, "sender",
          "number of receivers; the group has 1 + receivers ranks"},
-        {"bucket_bytes", T::UInt, uint64_t(256) << 20, 4096, uint64_t(1) << 40, "sender",
-         "bytes per device bucket (the sender has two, each receiver one of the size the init "
-         "info carries); the largest chunk must fit"},
-        {"dtype", T::String, 0, 0, 0, "sender",
-         "cast float32 tensors while packing: \"bfloat16\" or \"float16\"; \"\" sends every dtype "
-         "as it is",
-         "", "|bfloat16|float16"},
+        gpu::bucket_bytes_option("bytes per device bucket (the sender has two, each receiver one "
+                                 "of the size the init info carries); the largest chunk must fit"),
+        gpu::cast_option("cast float32 tensors while packing: \"bfloat16\" or \"float16\"; \"\" "
+                         "sends every dtype as it is"),
         {"device", T::UInt, 0, 0, 4095, "both",
          "this process's GPU for the communicator, as an ordinal after CUDA_VISIBLE_DEVICES; the "
          "sender's tensors must be on it"},
