@@ -1,7 +1,8 @@
 // What a strategy supplies. The core (core.cpp) owns everything common to all kinds: option
 // validation, the envelope, the tensor table, chunk order, sync versions, the receive iteration
-// and checksum verification. A strategy (one flat file each, strategy_<kind>.cpp) owns only its
-// transport: its init-info body, the "transport" map of its requests, and moving the bytes.
+// and checksum verification. A strategy (a flat file strategy_<kind>.cpp, or a folder
+// transport/<kind>/ once it outgrows one) owns only its transport: its init-info body, the
+// "transport" map of its requests, and moving the bytes.
 #pragma once
 
 #include <cstdint>
@@ -125,7 +126,8 @@ public:
                                                           uint32_t index) = 0;
 };
 
-// A registered kind. Each strategy file defines one and lists it in registry.cpp.
+// A registered kind. Each strategy defines one (a folder: in its strategy.cpp) and lists it in
+// registry.cpp.
 struct KindInfo {
     const char *name;
     const std::vector<OptionSpec> &(*options)();

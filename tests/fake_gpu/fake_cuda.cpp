@@ -1,5 +1,5 @@
 // The fake CUDA driver of libwsync_fakegpu.so: every function of WSYNC_CUDA_FUNCTIONS
-// (src/gpu_api.hpp), exported under the driver's symbol names, so CI can run the GPU strategies'
+// (src/gpu/api.hpp), exported under the driver's symbol names, so CI can run the GPU strategies'
 // logic without a GPU. It proves logic, not hardware: "device memory" is host shared memory.
 //
 // What it mimics, and how:
@@ -61,7 +61,7 @@
 // - cuMemcpyHtoDAsync copies the host source before it returns, as the driver does for pageable
 //   host memory (libwsync has no pinned memory); the device write happens in stream order.
 // - Modules: only PTX text with ".entry wsync_pack" loads; cuLaunchKernel of wsync_pack runs a
-//   host emulation of src/kernels/pack.cu in stream order (see run_pack). A launch into a stream
+//   host emulation of src/gpu/kernels/pack.cu in stream order (see run_pack). A launch into a stream
 //   of another device's context is CUDA_ERROR_INVALID_HANDLE.
 // - fork(): the child starts with no contexts, memory, streams, modules or communicators (its
 //   parent's worker threads do not exist there) and zeroed counters, but keeps cuInit's result,

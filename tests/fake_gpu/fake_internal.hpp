@@ -8,14 +8,14 @@
 #include <memory>
 #include <string>
 
-#include "gpu_api.hpp"
-#include "gpu_kernels.hpp"
+#include "gpu/api.hpp"
+#include "gpu/kernels/pack_abi.hpp"
 
 namespace wsync_fake {
 
 using namespace wsync::gpu;
 
-// Driver codes beyond the ones gpu_api.hpp names (values from cuda.h).
+// Driver codes beyond the ones gpu/api.hpp names (values from cuda.h).
 constexpr CUresult CUDA_ERROR_NOT_INITIALIZED = 3;
 constexpr CUresult CUDA_ERROR_INVALID_DEVICE = 101;
 constexpr CUresult CUDA_ERROR_INVALID_IMAGE = 200;

@@ -1,5 +1,5 @@
 // The fake NCCL of libwsync_fakegpu.so: every function of WSYNC_NCCL_FUNCTIONS
-// (src/gpu_api.hpp), exported under NCCL's names, working between processes through POSIX shared
+// (src/gpu/api.hpp), exported under NCCL's names, working between processes through POSIX shared
 // memory. It runs the communicator life cycle and ncclBroadcast of libwsync's nccl_broadcast
 // strategy; nothing else of NCCL.
 //

@@ -27,7 +27,7 @@
 
 #include "fake_gpu.h"
 
-/* ---- the contract, restated in C (src/gpu_api.hpp is C++) ---------------------------------- */
+/* ---- the contract, restated in C (src/gpu/api.hpp is C++) ---------------------------------- */
 typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;

@@ -1,4 +1,4 @@
-#include "gpu_api.hpp"
+#include "gpu/api.hpp"
 
 #include <cctype>
 #include <cstdlib>

@@ -1,6 +1,6 @@
 // The pack kernel: gathers a chunk's tensors into one contiguous device bucket in one launch,
 // optionally casting float32 to bfloat16 or float16 on the way. Its interface is described in
-// src/gpu_kernels.hpp; the PTX the library embeds is generated from this file by
+// src/gpu/kernels/pack_abi.hpp; the PTX the library embeds is generated from this file by
 // scripts/gen-ptx.sh (compute_80: bfloat16 conversion instructions need sm_80 or newer).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

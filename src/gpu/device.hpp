@@ -1,16 +1,14 @@
 // Building blocks shared by the GPU strategies (cuda_ipc, nccl_broadcast): the device a handle
-// works on, owned device memory, streams and events, deadline-bounded waits on the GPU, the
-// pack kernel, and the cast option. Everything reaches the driver through gpu_api.hpp.
+// works on, owned device memory, streams and events, deadline-bounded waits on the GPU.
+// Everything reaches the driver through gpu/api.hpp; packing chunks is gpu/pack.hpp.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "gpu_api.hpp"
-#include "gpu_kernels.hpp"
+#include "gpu/api.hpp"
 #include "sys.hpp"
-#include "tensor.hpp"
 
 namespace wsync::gpu {
 
@@ -126,39 +124,5 @@ inline CUstream ordering_stream(void *caller) {
 }
 // "the legacy default stream" or "the caller's stream 0x7f..." for messages.
 std::string stream_text(CUstream s);
-
-// The cast option: which float32 tensors become what while packing.
-enum class Cast { None, BFloat16, Float16 };
-Cast parse_cast(const std::string &option);  // "", "bfloat16", "float16"
-// The dtype a tensor travels as, and the pack op that makes it.
-wsync_dtype_t cast_dtype(Cast cast, wsync_dtype_t in, PackOp *op);
-
-// Packs chunks into device buckets with one kernel launch per chunk: the table of PackEntry is
-// uploaded to a device buffer of its own (grown when a chunk has more tensors), then
-// wsync_pack runs on the given stream. The module is loaded once per Packer.
-class Packer {
-public:
-    explicit Packer(const Device &d);
-    ~Packer();
-    Packer(const Packer &) = delete;
-    Packer &operator=(const Packer &) = delete;
-    // Enqueues the pack of `entries` on `stream`. Returns at once; the entries' memory (host
-    // side) may be reused when the stream has passed this point, so the Packer keeps its own
-    // copy until the next call after the stream is idle.
-    void pack(const std::vector<PackEntry> &entries, CUstream stream);
-
-private:
-    const Device &dev_;
-    CUmodule module_ = nullptr;
-    CUfunction fn_ = nullptr;
-    DeviceBuffer table_;
-    std::vector<PackEntry> staged_;
-};
-
-// Lays a chunk's tensors out in a bucket: 256-byte aligned offsets, dtypes after the cast. Fills
-// table.offsets (and table.metas' dtype and nbytes when cast) and returns the bytes used. Throws
-// WSYNC_ERR_INVALID_ARGUMENT naming the tensor when the chunk exceeds `capacity`.
-uint64_t layout_bucket(TensorTable &table, Cast cast, uint64_t capacity, std::vector<PackOp> *ops,
-                       const std::string &who);
 
 }  // namespace wsync::gpu

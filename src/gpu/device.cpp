@@ -1,0 +1,132 @@
+#include "gpu/device.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "error.hpp"
+
+namespace wsync::gpu {
+
+// ---------------------------------------------------------------------------------------------
+Device::Device(const CudaApi &api, int ordinal, const std::string &who)
+    : api_(api), ordinal_(ordinal) {
+    int count = 0;
+    WSYNC_CU(api_, cuDeviceGetCount(&count), who + ": cuDeviceGetCount");
+    if (ordinal < 0 || ordinal >= count)
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             who + ": device " + std::to_string(ordinal) + " does not exist: this process sees " +
+                 std::to_string(count) + " GPU(s) (after CUDA_VISIBLE_DEVICES)");
+    WSYNC_CU(api_, cuDeviceGet(&dev_, ordinal), who + ": cuDeviceGet");
+    WSYNC_CU(api_, cuDeviceGetUuid(&uuid_, dev_), who + ": cuDeviceGetUuid");
+    WSYNC_CU(api_, cuDevicePrimaryCtxRetain(&ctx_, dev_), who + ": cuDevicePrimaryCtxRetain");
+}
+
+Device::~Device() { api_.cuDevicePrimaryCtxRelease(dev_); }
+
+Device::Scope::Scope(const Device &d) : api_(d.api()) {
+    api_.cuCtxGetCurrent(&prev_);
+    WSYNC_CU(api_, cuCtxSetCurrent(d.context()), "cuCtxSetCurrent");
+}
+
+Device::Scope::~Scope() { api_.cuCtxSetCurrent(prev_); }
+
+int ordinal_of(const CudaApi &api, const CUuuid &uuid) {
+    int count = 0;
+    WSYNC_CU(api, cuDeviceGetCount(&count), "cuDeviceGetCount");
+    for (int i = 0; i < count; ++i) {
+        CUdevice dev;
+        CUuuid u;
+        if (api.cuDeviceGet(&dev, i) == CUDA_SUCCESS && api.cuDeviceGetUuid(&u, dev) == CUDA_SUCCESS &&
+            std::memcmp(u.bytes, uuid.bytes, 16) == 0)
+            return i;
+    }
+    return -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+DeviceBuffer::DeviceBuffer(const Device &d, uint64_t bytes, const std::string &what)
+    : dev_(&d), size_(bytes) {
+    Device::Scope scope(d);
+    WSYNC_CU(d.api(), cuMemAlloc(&ptr_, bytes),
+             what + ": cuMemAlloc of " + std::to_string(bytes) + " bytes on " + d.uuid_string());
+}
+
+DeviceBuffer::~DeviceBuffer() { release(); }
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer &&o) noexcept : dev_(o.dev_), ptr_(o.ptr_), size_(o.size_) {
+    o.ptr_ = 0;
+}
+
+DeviceBuffer &DeviceBuffer::operator=(DeviceBuffer &&o) noexcept {
+    if (this != &o) {
+        release();
+        dev_ = o.dev_, ptr_ = o.ptr_, size_ = o.size_;
+        o.ptr_ = 0;
+    }
+    return *this;
+}
+
+void DeviceBuffer::release() noexcept {
+    if (!ptr_) return;
+    try {
+        Device::Scope scope(*dev_);
+        dev_->api().cuMemFree(ptr_);
+    } catch (...) {
+    }
+    ptr_ = 0;
+}
+
+Stream::Stream(const Device &d) : dev_(d) {
+    Device::Scope scope(d);
+    WSYNC_CU(d.api(), cuStreamCreate(&s_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+}
+
+Stream::~Stream() {
+    try {
+        Device::Scope scope(dev_);
+        dev_.api().cuStreamDestroy(s_);
+    } catch (...) {
+    }
+}
+
+Event::Event(const Device &d) : dev_(d) {
+    Device::Scope scope(d);
+    WSYNC_CU(d.api(), cuEventCreate(&e_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+}
+
+Event::~Event() {
+    try {
+        Device::Scope scope(dev_);
+        dev_.api().cuEventDestroy(e_);
+    } catch (...) {
+    }
+}
+
+void Event::record(CUstream s) {
+    Device::Scope scope(dev_);
+    WSYNC_CU(dev_.api(), cuEventRecord(e_, s), "cuEventRecord");
+}
+
+bool Event::done() const {
+    CUresult rc = dev_.api().cuEventQuery(e_);
+    if (rc == CUDA_SUCCESS) return true;
+    if (rc == CUDA_ERROR_NOT_READY) return false;
+    cuda_fail(dev_.api(), rc, "cuEventQuery (a kernel or copy on " + dev_.uuid_string() + " failed)");
+}
+
+void poll_sleep(int round) {
+    int us = round < 50 ? 20 : (round < 200 ? 200 : 1000);
+    std::this_thread::sleep_for(std::chrono::microseconds(us));
+}
+
+void throw_timeout(const std::string &message) { fail(WSYNC_ERR_TIMEOUT, message); }
+
+std::string stream_text(CUstream s) {
+    if (s == CU_STREAM_LEGACY || s == nullptr) return "the legacy default stream";
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "the caller's stream %p", static_cast<void *>(s));
+    return buf;
+}
+
+}  // namespace wsync::gpu

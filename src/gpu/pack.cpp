@@ -1,0 +1,145 @@
+#include "gpu/pack.hpp"
+
+#include <algorithm>
+
+#include "error.hpp"
+#include "wire.hpp"
+
+namespace wsync::gpu {
+
+namespace {
+const char kPackPtx[] =
+#include "gpu/kernels/pack_ptx.inc"
+    ;
+constexpr uint64_t kTensorAlign = 256;
+uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+Cast parse_cast(const std::string &option) {
+    if (option == "bfloat16") return Cast::BFloat16;
+    if (option == "float16") return Cast::Float16;
+    return Cast::None;  // the options table admits only "", "bfloat16" and "float16"
+}
+
+bool is_cast_name(const std::string &text) {
+    return text.empty() || text == "bfloat16" || text == "float16";
+}
+
+OptionSpec cast_option(const char *doc) {
+    return {"dtype", OptionSpec::Type::String, 0, 0, 0, "sender", doc, "", "|bfloat16|float16"};
+}
+
+OptionSpec bucket_bytes_option(const char *doc) {
+    return {"bucket_bytes", OptionSpec::Type::UInt, uint64_t(256) << 20, 4096, uint64_t(1) << 40,
+            "sender", doc};
+}
+
+wsync_dtype_t cast_dtype(Cast cast, wsync_dtype_t in, PackOp *op) {
+    *op = kPackCopy;
+    bool f32 = in.code == WSYNC_DTYPE_FLOAT && in.bits == 32 && in.lanes == 1;
+    if (!f32 || cast == Cast::None) return in;
+    *op = cast == Cast::BFloat16 ? kPackF32ToBf16 : kPackF32ToF16;
+    return wsync_dtype_t{static_cast<uint8_t>(cast == Cast::BFloat16 ? WSYNC_DTYPE_BFLOAT
+                                                                     : WSYNC_DTYPE_FLOAT),
+                         16, 1};
+}
+
+uint64_t layout_bucket(TensorTable &table, Cast cast, uint64_t capacity, std::vector<PackOp> *ops,
+                       const std::string &who) {
+    table.offsets.resize(table.metas.size());
+    ops->resize(table.metas.size());
+    uint64_t end = 0;
+    for (std::size_t i = 0; i < table.metas.size(); ++i) {
+        TensorMeta &m = table.metas[i];
+        PackOp op;
+        wsync_dtype_t out = cast_dtype(cast, m.dtype, &op);
+        if (op != kPackCopy) {
+            m.nbytes = m.nbytes / 2;  // 4-byte elements become 2-byte ones
+            m.dtype = out;
+        }
+        (*ops)[i] = op;
+        uint64_t off = round_up(end, kTensorAlign);
+        if (m.nbytes > capacity || off > capacity - m.nbytes)
+            fail(WSYNC_ERR_INVALID_ARGUMENT,
+                 who + ": chunk does not fit in one bucket of " + std::to_string(capacity) +
+                     " bytes (tensor '" + m.name + "' of " + std::to_string(m.nbytes) +
+                     " bytes would end past it); raise bucket_bytes or plan smaller chunks");
+        table.offsets[i] = off;
+        end = off + m.nbytes;
+    }
+    return end;
+}
+
+void fill_pack_entries(const wsync_tensor_t *tensors, const TensorTable &table,
+                       const std::vector<PackOp> &ops, CUdeviceptr bucket,
+                       std::vector<PackEntry> *entries) {
+    entries->resize(table.metas.size());
+    for (std::size_t i = 0; i < table.metas.size(); ++i) {
+        // The casts count elements: a 4-byte float32 becomes 2 bytes, nbytes is already halved.
+        const uint64_t count = ops[i] == kPackCopy ? table.metas[i].nbytes : table.metas[i].nbytes / 2;
+        (*entries)[i] = PackEntry{reinterpret_cast<uint64_t>(tensors[i].data),
+                                  bucket + table.offsets[i], count, static_cast<uint32_t>(ops[i]), 0};
+    }
+}
+
+void check_bucket_layout(const TensorTable &table, uint64_t bytes, const std::string &where,
+                         const char *what) {
+    for (std::size_t i = 0; i < table.metas.size(); ++i) {
+        uint64_t off = table.offsets[i], n = table.metas[i].nbytes;
+        if (off % kTensorAlign != 0 || n > bytes || off > bytes - n)
+            wire::malformed(where + ": tensor '" + table.metas[i].name + "' at offset " +
+                            std::to_string(off) + " (+" + std::to_string(n) +
+                            " bytes) is misaligned or outside the " + std::to_string(bytes) +
+                            "-byte " + what);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+Packer::Packer(const Device &d) : dev_(d) {
+    Device::Scope scope(d);
+    WSYNC_CU(d.api(), cuModuleLoadData(&module_, kPackPtx),
+             "loading the pack kernel (PTX for compute_80) on " + d.uuid_string());
+    CUresult rc = d.api().cuModuleGetFunction(&fn_, module_, kPackKernel);
+    if (rc != CUDA_SUCCESS) {
+        d.api().cuModuleUnload(module_);
+        cuda_fail(d.api(), rc, "cuModuleGetFunction(wsync_pack)");
+    }
+}
+
+Packer::~Packer() {
+    try {
+        Device::Scope scope(dev_);
+        dev_.api().cuModuleUnload(module_);
+    } catch (...) {
+    }
+}
+
+void Packer::pack(const std::vector<PackEntry> &entries, CUstream stream) {
+    if (entries.empty()) return;
+    const uint64_t bytes = entries.size() * sizeof(PackEntry);
+    if (table_.size() < bytes)
+        table_ = DeviceBuffer(dev_, std::max<uint64_t>(bytes * 2, 64 * sizeof(PackEntry)),
+                              "pack table");
+    // The host copy must outlive the asynchronous upload; callers wait for the stream before
+    // the next pack, so one staging vector suffices.
+    staged_ = entries;
+    Device::Scope scope(dev_);
+    WSYNC_CU(dev_.api(), cuMemcpyHtoDAsync(table_.ptr(), staged_.data(), bytes, stream),
+             "uploading the pack table");
+    uint64_t largest = 0;
+    for (const auto &e : entries) largest = std::max(largest, e.count);
+    // Each block row walks entries; enough blocks per row to cover the largest entry in a few
+    // grid-stride steps of 16 bytes per thread, capped so small chunks launch small grids.
+    unsigned gy = static_cast<unsigned>(std::min<std::size_t>(entries.size(), 1024));
+    uint64_t per_row = (largest + uint64_t(kPackBlock) * 16 * 4 - 1) / (uint64_t(kPackBlock) * 16 * 4);
+    unsigned gx = static_cast<unsigned>(std::clamp<uint64_t>(per_row, 1, 1024 / std::max(1u, gy / 8 + 1) + 1));
+    CUdeviceptr table = table_.ptr();
+    unsigned count = static_cast<unsigned>(entries.size());
+    void *params[] = {&table, &count};
+    WSYNC_CU(dev_.api(),
+             cuLaunchKernel(fn_, gx, gy, 1, kPackBlock, 1, 1, 0, stream, params, nullptr),
+             "launching the pack kernel");
+}
+
+}  // namespace wsync::gpu

@@ -1,0 +1,66 @@
+// Packing a chunk into a device bucket, shared by the GPU strategies: the cast option, the
+// bucket layout, and the pack kernel (gpu/kernels/pack.cu) launched once per chunk.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpu/device.hpp"
+#include "gpu/kernels/pack_abi.hpp"
+#include "options.hpp"
+#include "tensor.hpp"
+
+namespace wsync::gpu {
+
+// The cast option: which float32 tensors become what while packing.
+enum class Cast { None, BFloat16, Float16 };
+Cast parse_cast(const std::string &option);  // "", "bfloat16", "float16"
+bool is_cast_name(const std::string &text);  // one parse_cast accepts
+// The "dtype" and "bucket_bytes" options of a kind that packs, with the kind's own doc text.
+OptionSpec cast_option(const char *doc);
+OptionSpec bucket_bytes_option(const char *doc);
+// The dtype a tensor travels as, and the pack op that makes it.
+wsync_dtype_t cast_dtype(Cast cast, wsync_dtype_t in, PackOp *op);
+
+// Packs chunks into device buckets with one kernel launch per chunk: the table of PackEntry is
+// uploaded to a device buffer of its own (grown when a chunk has more tensors), then
+// wsync_pack runs on the given stream. The module is loaded once per Packer.
+class Packer {
+public:
+    explicit Packer(const Device &d);
+    ~Packer();
+    Packer(const Packer &) = delete;
+    Packer &operator=(const Packer &) = delete;
+    // Enqueues the pack of `entries` on `stream`. Returns at once; the entries' memory (host
+    // side) may be reused when the stream has passed this point, so the Packer keeps its own
+    // copy until the next call after the stream is idle.
+    void pack(const std::vector<PackEntry> &entries, CUstream stream);
+
+private:
+    const Device &dev_;
+    CUmodule module_ = nullptr;
+    CUfunction fn_ = nullptr;
+    DeviceBuffer table_;
+    std::vector<PackEntry> staged_;
+};
+
+// Lays a chunk's tensors out in a bucket: 256-byte aligned offsets, dtypes after the cast. Fills
+// table.offsets (and table.metas' dtype and nbytes when cast) and returns the bytes used. Throws
+// WSYNC_ERR_INVALID_ARGUMENT naming the tensor when the chunk exceeds `capacity`.
+uint64_t layout_bucket(TensorTable &table, Cast cast, uint64_t capacity, std::vector<PackOp> *ops,
+                       const std::string &who);
+
+// The pack kernel's entries for a chunk that layout_bucket laid out, into the bucket at
+// `bucket`: tensor i's bytes go to bucket + table.offsets[i].
+void fill_pack_entries(const wsync_tensor_t *tensors, const TensorTable &table,
+                       const std::vector<PackOp> &ops, CUdeviceptr bucket,
+                       std::vector<PackEntry> *entries);
+
+// The receiving side's check of a layout: every tensor aligned as layout_bucket aligns it and
+// inside the `bytes` received. WSYNC_ERR_MALFORMED names the tensor ("... outside the
+// 4096-byte <what>").
+void check_bucket_layout(const TensorTable &table, uint64_t bytes, const std::string &where,
+                         const char *what);
+
+}  // namespace wsync::gpu

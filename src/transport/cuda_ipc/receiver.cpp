@@ -1,0 +1,274 @@
+#include "transport/cuda_ipc/receiver.hpp"
+
+#include <cstring>
+#include <vector>
+
+#include "error.hpp"
+#include "gpu/device.hpp"
+#include "gpu/pack.hpp"
+#include "transport/cuda_ipc/handle_cache.hpp"
+#include "transport/cuda_ipc/request.hpp"
+
+namespace wsync::cuda_ipc {
+namespace {
+
+using gpu::CUdeviceptr;
+using gpu::CUipcMemHandle;
+
+class IpcBacking final : public ChunkBacking {
+public:
+    IpcBacking(std::shared_ptr<BoardSegment> seg, const gpu::Device &dev, gpu::Event *legacy,
+               gpu::CUstream stream, HandleCache &cache, int64_t timeout_ms, const ChunkHeader &h,
+               uint32_t index, uint32_t slot, uint64_t seq, std::vector<CUdeviceptr> ptrs)
+        : seg_(std::move(seg)), dev_(dev), legacy_(legacy), stream_(stream), cache_(cache),
+          timeout_ms_(timeout_ms),
+          header_(h), index_(index), slot_(slot), seq_(seq), ptrs_(std::move(ptrs)) {}
+
+    const void *data(std::size_t i) const override {
+        return reinterpret_cast<const void *>(ptrs_[i]);
+    }
+    wsync_device_t device() const override { return {WSYNC_DEVICE_CUDA, dev_.ordinal()}; }
+    bool read_only() const override { return true; }
+
+    // The loader's copies out of the views must be complete before the sender reuses the
+    // memory: they are queued on the legacy default stream (or ordered before it), so an event
+    // recorded there and polled against the deadline covers them, without waiting for the
+    // engine's other streams. Also after a failure: copies may still be reading the views.
+    wsync_status_t settle(wsync_status_t outcome, std::string *message) noexcept override {
+        if (!legacy_) return outcome;
+        const std::string chunk = "chunk " + std::to_string(header_.chunk_index) + " of version " +
+                                  std::to_string(header_.version);
+        try {
+            legacy_->record(stream_);
+            gpu::poll_until([&] { return legacy_->done(); }, sys::Deadline(timeout_ms_),
+                            std::string(kKind) + ": receiver " + std::to_string(index_) +
+                                ": the loader's work on " + gpu::stream_text(stream_) + " of " +
+                                dev_.uuid_string() + " after " + chunk);
+            return outcome;
+        } catch (const Error &e) {
+            if (outcome != WSYNC_OK) return outcome;
+            *message = e.status() == WSYNC_ERR_TIMEOUT
+                           ? std::string(e.what())
+                           : std::string(kKind) + ": receiver " + std::to_string(index_) +
+                                 ": the loader's work on " + gpu::stream_text(stream_) + " of " +
+                                 dev_.uuid_string() + " failed after " + chunk + ": " + e.what();
+            return e.status();
+        } catch (...) {
+            if (outcome != WSYNC_OK) return outcome;
+            *message = std::string(kKind) + ": " + chunk + ": waiting for the loader's work failed";
+            return WSYNC_ERR_SYSTEM;
+        }
+    }
+
+    void acknowledge(wsync_status_t outcome) noexcept override {
+        if (header_.last) release_through(seg_->board(), index_, cache_, header_.version);
+        board::acknowledge(seg_->board(), index_, slot_, seq_, outcome);
+    }
+
+private:
+    std::shared_ptr<BoardSegment> seg_;
+    const gpu::Device &dev_;
+    gpu::Event *legacy_;  // null: "synchronize" is off
+    gpu::CUstream stream_;  // the loader's stream, whose work releases the chunk
+    HandleCache &cache_;
+    int64_t timeout_ms_;
+    ChunkHeader header_;
+    uint32_t index_, slot_;
+    uint64_t seq_;
+    std::vector<CUdeviceptr> ptrs_;
+};
+
+class IpcReceiver final : public ReceiverImpl {
+public:
+    IpcReceiver(const gpu::CudaApi &api, std::shared_ptr<BoardSegment> seg, const InitInfo &info,
+                uint32_t index, int ordinal, bool synchronize, int64_t timeout_ms)
+        : seg_(std::move(seg)), info_(info), index_(index),
+          dev_(std::make_unique<gpu::Device>(api, ordinal, kKind)), cache_(*dev_),
+          timeout_ms_(timeout_ms) {
+        if (synchronize) legacy_ = std::make_unique<gpu::Event>(*dev_);
+        board::attach(seg_->board(), seg_->fd(), index_, kKind);
+    }
+
+    ~IpcReceiver() override {
+        // Every mapping is closed before the sender learns that this receiver is gone.
+        cache_.close_all();
+        board::release(seg_->board(), index_, board::kAllReleased);
+        board::detach(seg_->board(), index_);
+    }
+
+    bool verify_checksums() const override { return false; }
+
+    void set_stream(void *stream) override { order_stream_ = gpu::ordering_stream(stream); }
+
+    Link link() const override {
+        board::Standing s = board::standing(seg_->board(), seg_->fd(), index_);
+        Link l;
+        l.dropped = s.state == board::kDropped;
+        l.sender_gone = s.sender_gone;
+        l.abandoned_version = s.abandoned_version;
+        return l;
+    }
+
+    void refuse(const ChunkHeader &h, const json &transport, wsync_status_t status,
+                const std::string &message, bool record) noexcept override {
+        try {
+            const uint32_t slots = info_.slots();
+            uint64_t seq = wire::uint_field(transport, "seq", "cuda_ipc request", UINT64_MAX >> 8);
+            uint32_t slot = static_cast<uint32_t>(wire::uint_field(transport, "slot", "cuda_ipc request", slots - 1));
+            board::Standing st = board::standing(seg_->board(), seg_->fd(), index_);
+            if (seq == 0 || (seq - 1) % slots != slot || board::held(seg_->board(), slot) != seq ||
+                st.state != board::kAttached || seq < st.from_seq)
+                return;
+            if (record) board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);
+            if (h.last) release_through(seg_->board(), index_, cache_, h.version);
+            board::acknowledge(seg_->board(), index_, slot, seq, status);
+        } catch (...) {
+        }
+    }
+
+    void record_failure(const ChunkHeader &h, wsync_status_t status,
+                        const std::string &message) noexcept override {
+        board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);
+    }
+
+    std::unique_ptr<ChunkBacking> open(const ChunkHeader &header, const TensorTable &table,
+                                       const json &transport) override {
+        const std::string w = "cuda_ipc request";
+        const uint32_t slots = info_.slots();
+        uint64_t seq = wire::uint_field(transport, "seq", w, UINT64_MAX >> 8);
+        uint32_t slot = static_cast<uint32_t>(wire::uint_field(transport, "slot", w, slots - 1));
+        if (seq == 0 || (seq - 1) % slots != slot)
+            wire::malformed(w + ": seq " + std::to_string(seq) + " does not belong in slot " +
+                            std::to_string(slot));
+        if (wire::bool_field(transport, "packed", w) != info_.packed)
+            fail(WSYNC_ERR_MISMATCH, w + ": packed mode differs from the init info's");
+        const auto &parts = wire::array_field(transport, "parts", w, board::kMaxReceivers);
+        board::Standing st = board::standing(seg_->board(), seg_->fd(), index_);
+        if (st.state == board::kJoining || seq < st.from_seq)
+            fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": this receiver (re)attached while chunk seq " +
+                                         std::to_string(seq) +
+                                         "'s version was in flight; it takes part from the next version on");
+        if (table.metas.empty()) {  // a commit without data
+            if (board::held(seg_->board(), slot) != seq)
+                fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": stale or replayed commit request");
+            last_seq_ = seq;
+            return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, order_stream_, cache_, timeout_ms_, header,
+                                                index_, slot, seq, std::vector<CUdeviceptr>{});
+        }
+        const json &part = part_for_this_gpu(parts, w);
+        if (last_seq_ && seq != last_seq_ + 1)
+            fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": request carries chunk seq " +
+                                         std::to_string(seq) + ", expected seq " +
+                                         std::to_string(last_seq_ + 1));
+        uint64_t held = board::held(seg_->board(), slot);
+        if (held != seq)
+            fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": stale or replayed request: slot " +
+                                         std::to_string(slot) + " holds chunk seq " +
+                                         std::to_string(held) + ", the request is for seq " +
+                                         std::to_string(seq));
+        std::vector<CUdeviceptr> ptrs = info_.packed ? packed_views(part, table, header, w)
+                                                     : shared_views(part, table, header, w);
+        last_seq_ = seq;
+        return std::make_unique<IpcBacking>(seg_, *dev_, legacy_.get(), order_stream_, cache_,
+                                            timeout_ms_, header, index_, slot, seq, std::move(ptrs));
+    }
+
+private:
+    // The one part for this receiver's GPU, chosen by exact UUID.
+    const json &part_for_this_gpu(const json::array_t &parts, const std::string &w) {
+        const json *mine = nullptr;
+        std::string seen;
+        for (std::size_t i = 0; i < parts.size(); ++i) {
+            const std::string where = w + ".parts[" + std::to_string(i) + "]";
+            const std::string &text = wire::string_field(parts[i], "uuid", where, 64);
+            gpu::CUuuid u;
+            if (!gpu::parse_uuid(text, &u)) wire::malformed(where + ".uuid '" + text + "' is not a GPU UUID");
+            seen += (seen.empty() ? "" : ", ") + text;
+            if (std::memcmp(u.bytes, dev_->uuid().bytes, 16) != 0) continue;
+            if (mine)
+                wire::malformed(w + ": two parts for " + dev_->uuid_string() +
+                                " (each GPU must appear once)");
+            mine = &parts[i];
+        }
+        if (!mine)
+            fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": the request has no part for this receiver's GPU " +
+                                         dev_->uuid_string() + " (device " +
+                                         std::to_string(dev_->ordinal()) + "); it has parts for [" +
+                                         seen + "]");
+        return *mine;
+    }
+
+    std::vector<CUdeviceptr> packed_views(const json &part, const TensorTable &table,
+                                          const ChunkHeader &header, const std::string &w) {
+        CUipcMemHandle h = decode_handle(wire::field(part, "handle", w), w + ".handle");
+        uint64_t bytes = wire::uint_field(part, "bytes", w, uint64_t(1) << 40);
+        if (bytes != info_.bucket_bytes)
+            wire::malformed(w + ": bucket of " + std::to_string(bytes) + " bytes, the init info says " +
+                            std::to_string(info_.bucket_bytes));
+        gpu::check_bucket_layout(table, bytes, w, "bucket");
+        gpu::Device::Scope scope(*dev_);
+        CUdeviceptr base = cache_.get(h, header.version, "a packed bucket");
+        std::vector<CUdeviceptr> ptrs(table.metas.size());
+        for (std::size_t i = 0; i < ptrs.size(); ++i) ptrs[i] = base + table.offsets[i];
+        return ptrs;
+    }
+
+    std::vector<CUdeviceptr> shared_views(const json &part, const TensorTable &table,
+                                          const ChunkHeader &header, const std::string &w) {
+        const std::size_t n = table.metas.size();
+        const auto &handles = wire::array_field(part, "handles", w, n);
+        const auto &sizes = wire::array_field(part, "sizes", w, n);
+        const auto &alloc = wire::array_field(part, "alloc", w, n);
+        const auto &offset = wire::array_field(part, "offset", w, n);
+        if (handles.empty() || sizes.size() != handles.size() || alloc.size() != n || offset.size() != n)
+            wire::malformed(w + ": handles/sizes/alloc/offset columns have inconsistent lengths");
+        // Validate every column before opening anything.
+        std::vector<uint64_t> size(handles.size());
+        for (std::size_t k = 0; k < handles.size(); ++k)
+            size[k] = wire::as_uint(sizes[k], w + ".sizes[" + std::to_string(k) + "]", uint64_t(1) << 48);
+        std::vector<std::size_t> which(n);
+        std::vector<uint64_t> off(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            const std::string where = w + ": tensor '" + table.metas[i].name + "'";
+            which[i] = wire::as_uint(alloc[i], where + " alloc", handles.size() - 1);
+            off[i] = wire::as_uint(offset[i], where + " offset", uint64_t(1) << 48);
+            uint64_t nb = table.metas[i].nbytes, cap = size[which[i]];
+            if (nb > cap || off[i] > cap - nb)
+                wire::malformed(where + " at offset " + std::to_string(off[i]) + " (+" +
+                                std::to_string(nb) + " bytes) is outside its " +
+                                std::to_string(cap) + "-byte allocation");
+        }
+        std::vector<CUipcMemHandle> hs;
+        for (std::size_t k = 0; k < handles.size(); ++k)
+            hs.push_back(decode_handle(handles[k], w + ".handles[" + std::to_string(k) + "]"));
+        gpu::Device::Scope scope(*dev_);
+        std::vector<CUdeviceptr> bases(hs.size());
+        for (std::size_t k = 0; k < hs.size(); ++k)
+            bases[k] = cache_.get(hs[k], header.version, "allocation " + std::to_string(k));
+        std::vector<CUdeviceptr> ptrs(n);
+        for (std::size_t i = 0; i < n; ++i) ptrs[i] = bases[which[i]] + off[i];
+        return ptrs;
+    }
+
+    std::shared_ptr<BoardSegment> seg_;
+    InitInfo info_;
+    uint32_t index_;
+    std::unique_ptr<gpu::Device> dev_;
+    HandleCache cache_;
+    int64_t timeout_ms_;
+    std::unique_ptr<gpu::Event> legacy_;  // for settle(); null when "synchronize" is off
+    gpu::CUstream order_stream_ = gpu::CU_STREAM_LEGACY;  // set_stream(): the loader's stream
+    uint64_t last_seq_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<ReceiverImpl> make_receiver(const gpu::CudaApi &api,
+                                            std::shared_ptr<BoardSegment> seg,
+                                            const InitInfo &info, uint32_t index, int ordinal,
+                                            bool synchronize, int64_t timeout_ms) {
+    return std::make_unique<IpcReceiver>(api, std::move(seg), info, index, ordinal, synchronize,
+                                         timeout_ms);
+}
+
+}  // namespace wsync::cuda_ipc

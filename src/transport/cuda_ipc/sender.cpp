@@ -1,0 +1,317 @@
+#include "transport/cuda_ipc/sender.hpp"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "error.hpp"
+#include "gpu/device.hpp"
+#include "gpu/pack.hpp"
+#include "transport/cuda_ipc/request.hpp"
+
+namespace wsync::cuda_ipc {
+namespace {
+
+using gpu::CUdeviceptr;
+using gpu::CUipcMemHandle;
+
+// The one GPU every tensor of a chunk lives on (a sender serves one GPU).
+int chunk_device(const wsync_tensor_t *tensors, const TensorTable &table) {
+    const wsync_device_t d0 = tensors[0].device;
+    for (std::size_t i = 0; i < table.metas.size(); ++i) {
+        const wsync_device_t d = tensors[i].device;
+        if (d.type != WSYNC_DEVICE_CUDA)
+            fail(WSYNC_ERR_UNSUPPORTED, std::string(kKind) + ": tensor '" + table.metas[i].name +
+                                            "' is on " + device_name(d) +
+                                            "; cuda_ipc moves CUDA device memory (use shm for host memory)");
+        if (d.index != d0.index)
+            fail(WSYNC_ERR_INVALID_ARGUMENT,
+                 std::string(kKind) + ": tensor '" + table.metas[i].name + "' is on cuda:" +
+                     std::to_string(d.index) + " but '" + table.metas[0].name + "' on cuda:" +
+                     std::to_string(d0.index) + "; one sender serves one GPU");
+    }
+    return d0.index;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Devices (primary-context references) whose buckets were left allocated for receivers that
+// still map them: kept, reachable, until the process exits, when the driver frees the memory.
+// A list rather than a bare release() so leak checkers see it is held on purpose.
+void keep_until_exit(std::unique_ptr<gpu::Device> dev) {
+    static std::mutex mu;
+    static auto *kept = new std::vector<std::unique_ptr<gpu::Device>>();  // never destroyed
+    std::lock_guard<std::mutex> lock(mu);
+    kept->push_back(std::move(dev));
+}
+
+class IpcSender final : public SenderImpl {
+public:
+    IpcSender(const gpu::CudaApi &api, std::shared_ptr<BoardSegment> seg, const InitInfo &info,
+              bool synchronize, int64_t timeout_ms, int64_t release_timeout_ms)
+        : api_(api), seg_(std::move(seg)), info_(info), waiter_(seg_->board(), seg_->fd(), seg_->receivers(), seg_->slots(), kKind),
+          cast_(gpu::parse_cast(info.dtype)), synchronize_(synchronize), timeout_ms_(timeout_ms),
+          release_timeout_ms_(release_timeout_ms) {
+        waiter_.register_sender();
+    }
+
+    ~IpcSender() override {
+        // Receivers map the buckets until they are destroyed: freeing them first is undefined
+        // behaviour (see strategy.cpp). Wait, bounded; what is still mapped then is left
+        // to the driver, which frees it when this process exits.
+        bool released = true;
+        if (!buckets_.empty()) {
+            released = false;
+            try {
+                waiter_.wait_released(board::kAllReleased, 0, sys::Deadline(release_timeout_ms_),
+                                      "destroying the sender: waiting for receivers to unmap its buckets");
+                released = true;
+            } catch (...) {
+            }
+            if (!released)
+                for (auto &b : buckets_) b.leak();
+        }
+        // Freed in order: the pack machinery and buckets before the device they live on.
+        packer_.reset();
+        done_.reset();
+        legacy_.reset();
+        stream_.reset();
+        buckets_.clear();
+        // Leaked buckets keep their context too: the last release of a primary context frees
+        // its memory.
+        if (released) dev_.reset();
+        else keep_until_exit(std::move(dev_));
+        waiter_.unregister_sender();
+    }
+
+    json send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) override {
+        const uint64_t first = next_seq_;
+        if (h.chunk_index == 0) waiter_.admit_joiners(first);
+        if (table.metas.empty()) {
+            // A commit without data: a slot and a seq like any chunk, nothing to pack or share.
+            const uint32_t slot = static_cast<uint32_t>((first - 1) % info_.slots());
+            waiter_.wait({slot}, sys::Deadline(timeout_ms_), "no free slot", first - 1);
+            waiter_.publish(slot, first);
+            note_version(h.version, first);
+            ++next_seq_;
+            used_slots_ = std::max<uint32_t>(used_slots_, slot + 1);
+            return json{{"seq", first}, {"slot", slot}, {"packed", info_.packed},
+                        {"parts", json::array()}};
+        }
+        const int ordinal = chunk_device(tensors, table);
+        start(ordinal);
+        const uint64_t seq = next_seq_;
+        const uint32_t slot = static_cast<uint32_t>((seq - 1) % info_.slots());
+        sys::Deadline deadline(timeout_ms_);
+        const std::string chunk = "chunk " + std::to_string(h.chunk_index) + " of version " +
+                                  std::to_string(h.version);
+        json part = info_.packed ? pack(tensors, table, slot, deadline, chunk)
+                                 : share(tensors, table, slot, deadline, chunk);
+        part["uuid"] = dev_->uuid_string();
+        waiter_.publish(slot, seq);
+        note_version(h.version, seq);
+        ++next_seq_;
+        used_slots_ = std::max<uint32_t>(used_slots_, slot + 1);
+        seg_->unlink_if_complete();
+        return json{{"seq", seq}, {"slot", slot}, {"packed", info_.packed},
+                    {"parts", json::array({std::move(part)})}};
+    }
+
+    void flush(int64_t timeout_ms) override {
+        seg_->unlink_if_complete();
+        std::vector<uint32_t> all;
+        for (uint32_t s = 0; s < used_slots_; ++s) all.push_back(s);
+        // This sender's own chunks only: with several senders, others may have published more.
+        waiter_.wait(all, sys::Deadline(timeout_ms), "flush timed out", next_seq_ - 1);
+    }
+
+    void abandon(uint64_t version) override { waiter_.abandon(version); }
+
+    void set_stream(void *stream) override { order_stream_ = gpu::ordering_stream(stream); }
+
+    void wait_released(uint64_t version, int64_t timeout_ms) override {
+        // packed=true copied the trainer's tensors into our buckets: nothing of theirs is mapped.
+        if (info_.packed && version != board::kAllReleased) return;
+        auto it = last_seq_.find(version);
+        const uint64_t last = it != last_seq_.end() ? it->second : UINT64_MAX;  // unknown: all owe
+        waiter_.wait_released(version, last, sys::Deadline(timeout_ms),
+                              ("waiting for receivers to release version " +
+                               (version == board::kAllReleased ? std::string("(all)")
+                                                               : std::to_string(version)))
+                                  .c_str());
+    }
+
+    void drop_receiver(uint32_t index) override {
+        check_receiver_index(kKind, index, info_.receivers);
+        waiter_.drop(index);
+    }
+
+private:
+    void start(int ordinal) {
+        if (dev_) {
+            if (ordinal != dev_->ordinal())
+                fail(WSYNC_ERR_INVALID_ARGUMENT,
+                     std::string(kKind) + ": this sender serves cuda:" + std::to_string(dev_->ordinal()) +
+                         " (" + dev_->uuid_string() + "); a chunk on cuda:" +
+                         std::to_string(ordinal) + " needs a sender of its own");
+            return;
+        }
+        dev_ = std::make_unique<gpu::Device>(api_, ordinal, kKind);
+        if (!info_.packed) return;
+        stream_ = std::make_unique<gpu::Stream>(*dev_);
+        done_ = std::make_unique<gpu::Event>(*dev_);
+        packer_ = std::make_unique<gpu::Packer>(*dev_);
+        gpu::Device::Scope scope(*dev_);
+        for (uint32_t b = 0; b < info_.buckets; ++b) {
+            buckets_.emplace_back(*dev_, info_.bucket_bytes, "cuda_ipc bucket " + std::to_string(b));
+            CUipcMemHandle h;
+            WSYNC_CU(api_, cuIpcGetMemHandle(&h, buckets_.back().ptr()),
+                     "cuda_ipc: cuIpcGetMemHandle for bucket " + std::to_string(b));
+            bucket_handles_.push_back(h);  // made once, reused for every chunk
+        }
+    }
+
+    void note_version(uint64_t version, uint64_t seq) {
+        last_seq_[version] = seq;
+        while (last_seq_.size() > 1024) last_seq_.erase(last_seq_.begin());
+    }
+
+    // Waits, up to the deadline, for the work queued on the caller's stream (the legacy
+    // default stream unless set_stream named one): the trainer's writes to the tensors. Not for
+    // the whole context: training collectives on other streams would hold a cuCtxSynchronize
+    // without bound.
+    void wait_default_stream(const sys::Deadline &deadline, const std::string &chunk) {
+        if (!synchronize_) return;
+        if (!legacy_) legacy_ = std::make_unique<gpu::Event>(*dev_);
+        legacy_->record(order_stream_);
+        gpu::poll_until([&] { return legacy_->done(); }, deadline,
+                        "cuda_ipc: work queued on " + gpu::stream_text(order_stream_) + " of " +
+                            dev_->uuid_string() + " before " + chunk);
+    }
+
+    json pack(const wsync_tensor_t *tensors, TensorTable &table, uint32_t b,
+              const sys::Deadline &deadline, const std::string &chunk) {
+        std::vector<gpu::PackOp> ops;
+        gpu::layout_bucket(table, cast_, info_.bucket_bytes, &ops, kKind);
+        // Back-pressure: the bucket's previous chunk must be done with by every receiver.
+        waiter_.wait({b}, deadline, "no free bucket", next_seq_ - 1);
+        wait_default_stream(deadline, chunk);
+        gpu::fill_pack_entries(tensors, table, ops, buckets_[b].ptr(), &entries_);
+        packer_->pack(entries_, stream_->get());
+        done_->record(stream_->get());
+        gpu::poll_until([&] { return done_->done(); }, deadline,
+                        "cuda_ipc: packing " + chunk + " into bucket " + std::to_string(b));
+        return json{{"handle", encode_handle(bucket_handles_[b])}, {"bytes", info_.bucket_bytes}};
+    }
+
+    struct Allocation {
+        CUdeviceptr base;
+        uint64_t size;
+        CUipcMemHandle handle;
+    };
+
+    json share(const wsync_tensor_t *tensors, TensorTable &table, uint32_t slot,
+               const sys::Deadline &deadline, const std::string &chunk) {
+        // The core's table keeps a compact virtual layout (identical for every sender, so parts
+        // merge); where each tensor really is travels in this sender's part.
+        uint64_t end = 0;
+        table.offsets.resize(table.metas.size());
+        for (std::size_t i = 0; i < table.metas.size(); ++i) {
+            table.offsets[i] = end;
+            end += table.metas[i].nbytes;
+        }
+        json handles = json::array(), sizes = json::array(), alloc = json::array(),
+             offset = json::array();
+        std::map<uint64_t, std::size_t> in_chunk;  // buffer id -> index in handles
+        gpu::Device::Scope scope(*dev_);
+        for (std::size_t i = 0; i < table.metas.size(); ++i) {
+            const auto p = reinterpret_cast<CUdeviceptr>(tensors[i].data);
+            const std::string who = "cuda_ipc: tensor '" + table.metas[i].name + "'";
+            CUdeviceptr base = 0;
+            std::size_t size = 0;
+            WSYNC_CU(api_, cuMemGetAddressRange(&base, &size, p),
+                     who + ": cuMemGetAddressRange (is it device memory from cuMemAlloc or a "
+                           "caching allocator on it?)");
+            unsigned long long id = 0;
+            WSYNC_CU(api_, cuPointerGetAttribute(&id, gpu::CU_POINTER_ATTRIBUTE_BUFFER_ID, base),
+                     who + ": buffer id");
+            auto known = cache_.find(id);
+            if (known == cache_.end()) {
+                check_exportable(base, table.metas[i].name);
+                Allocation a{base, size, {}};
+                WSYNC_CU(api_, cuIpcGetMemHandle(&a.handle, base), who + ": cuIpcGetMemHandle");
+                known = cache_.emplace(id, a).first;
+            }
+            const Allocation &a = known->second;
+            if (p - a.base + table.metas[i].nbytes > a.size)
+                fail(WSYNC_ERR_INVALID_ARGUMENT, who + " runs past the end of its allocation");
+            auto slot_it = in_chunk.find(id);
+            if (slot_it == in_chunk.end()) {
+                slot_it = in_chunk.emplace(id, handles.size()).first;
+                handles.push_back(encode_handle(a.handle));
+                sizes.push_back(a.size);
+            }
+            alloc.push_back(slot_it->second);
+            offset.push_back(p - a.base);
+        }
+        waiter_.wait({slot}, deadline, "too many chunks in flight", next_seq_ - 1);
+        wait_default_stream(deadline, chunk);
+        return json{{"handles", std::move(handles)}, {"sizes", std::move(sizes)},
+                    {"alloc", std::move(alloc)}, {"offset", std::move(offset)}};
+    }
+
+    // Memory from a stream-ordered pool (cudaMallocAsync) or the virtual memory management API
+    // (PyTorch's expandable segments) cannot be exported with cuIpcGetMemHandle: the driver
+    // says so through CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE ("1 if this pointer maps
+    // to an allocation that is suitable for cudaIpcGetMemHandle, 0 otherwise"; CUDA Driver API,
+    // cuPointerGetAttribute). Refused by name before anything is published. A driver too old
+    // to know the attribute answers CUDA_ERROR_INVALID_VALUE: then cuIpcGetMemHandle decides.
+    void check_exportable(CUdeviceptr base, const std::string &name) {
+        int capable = 1;
+        if (api_.cuPointerGetAttribute(&capable, gpu::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                       base) != gpu::CUDA_SUCCESS)
+            return;
+        if (!capable)
+            fail(WSYNC_ERR_UNSUPPORTED,
+                 std::string(kKind) + ": tensor '" + name + "' lives in memory that cannot be "
+                 "exported with cuIpcGetMemHandle (a cudaMallocAsync pool, or PyTorch's "
+                 "expandable segments: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); use "
+                 "packed: true, which copies it into exportable buckets");
+    }
+
+    const gpu::CudaApi &api_;
+    std::shared_ptr<BoardSegment> seg_;
+    InitInfo info_;
+    board::Waiter waiter_;
+    gpu::Cast cast_;
+    bool synchronize_;
+    gpu::CUstream order_stream_ = gpu::CU_STREAM_LEGACY;  // set_stream(); writes to order after
+    int64_t timeout_ms_;
+    int64_t release_timeout_ms_;
+    std::map<uint64_t, uint64_t> last_seq_;  // version -> seq of its last chunk sent here
+    std::unique_ptr<gpu::Event> legacy_;     // marks the legacy default stream's queued work
+    uint64_t next_seq_ = 1;
+    uint32_t used_slots_ = 0;
+    std::unique_ptr<gpu::Device> dev_;
+    std::unique_ptr<gpu::Stream> stream_;
+    std::unique_ptr<gpu::Event> done_;
+    std::unique_ptr<gpu::Packer> packer_;
+    std::vector<gpu::DeviceBuffer> buckets_;
+    std::vector<CUipcMemHandle> bucket_handles_;
+    std::vector<gpu::PackEntry> entries_;
+    // packed=false: allocation handles by the driver's buffer id, which is never reused in a
+    // process, so a freed and re-made allocation at the same address cannot hit a stale entry.
+    std::map<unsigned long long, Allocation> cache_;
+};
+
+}  // namespace
+
+std::unique_ptr<SenderImpl> make_sender(const gpu::CudaApi &api, std::shared_ptr<BoardSegment> seg,
+                                        const InitInfo &info, bool synchronize, int64_t timeout_ms,
+                                        int64_t release_timeout_ms) {
+    return std::make_unique<IpcSender>(api, std::move(seg), info, synchronize, timeout_ms,
+                                       release_timeout_ms);
+}
+
+}  // namespace wsync::cuda_ipc

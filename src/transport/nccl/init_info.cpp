@@ -1,0 +1,28 @@
+#include "transport/nccl/init_info.hpp"
+
+#include <cstring>
+
+#include "gpu/pack.hpp"
+#include "wire.hpp"
+
+namespace wsync::nccl {
+
+InitInfo parse_init_info(const json &body) {
+    const std::string w = "nccl_broadcast init info";
+    InitInfo info{};
+    const json &id = wire::field(body, "unique_id", w);
+    if (!id.is_binary() || id.get_binary().size() != sizeof(gpu::ncclUniqueId))
+        wire::malformed(w + ": unique_id is not a 128-byte NCCL unique id");
+    std::memcpy(info.id.internal, id.get_binary().data(), sizeof info.id.internal);
+    info.nranks = static_cast<uint32_t>(wire::uint_field(body, "nranks", w, kMaxReceivers + 1));
+    if (info.nranks < 2) wire::malformed(w + ": nranks must be at least 2 (a sender and a receiver)");
+    info.bucket_bytes = wire::uint_field(body, "bucket_bytes", w, uint64_t(1) << 40);
+    if (info.bucket_bytes == 0) wire::malformed(w + ": bucket_bytes is 0");
+    info.dtype = wire::string_field(body, "dtype", w, 16);
+    if (!gpu::is_cast_name(info.dtype))
+        wire::malformed(w + ": dtype '" + info.dtype + "' is not one libwsync casts to");
+    info.nccl_version = static_cast<int>(wire::uint_field(body, "nccl_version", w, INT32_MAX));
+    return info;
+}
+
+}  // namespace wsync::nccl

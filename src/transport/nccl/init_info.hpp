@@ -1,0 +1,30 @@
+// nccl_broadcast's init info: the NCCL unique id of the model-update group, its size, the
+// bucket size and cast, and the trainer's NCCL version.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "gpu/api.hpp"
+
+namespace wsync::nccl {
+
+using json = nlohmann::json;
+
+inline constexpr const char *kKind = "nccl_broadcast";
+inline constexpr uint32_t kMaxReceivers = 4095;
+
+struct InitInfo {
+    gpu::ncclUniqueId id;
+    uint32_t nranks;
+    uint64_t bucket_bytes;
+    std::string dtype;
+    int nccl_version;
+};
+
+// Validates an init-info body; WSYNC_ERR_MALFORMED names the bad field.
+InitInfo parse_init_info(const json &body);
+
+}  // namespace wsync::nccl

@@ -1,0 +1,157 @@
+#include "transport/nccl/receiver.hpp"
+
+#include "error.hpp"
+#include "gpu/pack.hpp"
+#include "transport/nccl/comm.hpp"
+
+namespace wsync::nccl {
+namespace {
+
+using gpu::CUdeviceptr;
+
+// The loader's copies out of a chunk's views, as a fence: recv_end records an event on the
+// loader's stream (the legacy default stream, where PyTorch's default stream queues them,
+// unless wsync_receiver_set_stream named another), and the next receive
+// polls it, against its deadline, before the next broadcast overwrites the bucket. This is
+// the receiver's "synchronize" without cuCtxSynchronize, which would wait with no bound for
+// every stream of the context, the engine's own kernels and collectives included.
+struct LoaderFence {
+    explicit LoaderFence(const gpu::Device &d) : dev(d), event(d) {}
+    // Called from acknowledge (noexcept): a failure is kept for the next receive to report.
+    void arm() noexcept {
+        try {
+            gpu::Device::Scope scope(dev);
+            event.record(stream);
+            armed = true;
+        } catch (const std::exception &e) {
+            error = e.what();
+        }
+    }
+    const gpu::Device &dev;
+    gpu::Event event;
+    gpu::CUstream stream = gpu::CU_STREAM_LEGACY;  // the loader's (wsync_receiver_set_stream)
+    bool armed = false;
+    std::string error;  // why arm() failed; "" if it did not
+};
+
+class NcclBacking final : public ChunkBacking {
+public:
+    NcclBacking(const gpu::Device &dev, CUdeviceptr base, const std::vector<uint64_t> &offsets,
+                LoaderFence *fence)
+        : dev_(dev), base_(base), offsets_(offsets), fence_(fence) {}
+    const void *data(std::size_t i) const override {
+        return reinterpret_cast<const void *>(base_ + offsets_[i]);
+    }
+    wsync_device_t device() const override { return {WSYNC_DEVICE_CUDA, dev_.ordinal()}; }
+    bool read_only() const override { return true; }
+    // The next chunk is broadcast into the same bucket: fence the copies out of these views.
+    // Does not wait; the next receive does, with its deadline.
+    void acknowledge(wsync_status_t) noexcept override {
+        if (fence_) fence_->arm();
+    }
+
+private:
+    const gpu::Device &dev_;
+    CUdeviceptr base_;
+    std::vector<uint64_t> offsets_;
+    LoaderFence *fence_;  // the receiver's, which outlives every iteration; null: no fence
+};
+
+class NcclReceiver final : public ReceiverImpl {
+public:
+    NcclReceiver(const gpu::NcclApi &nccl, std::unique_ptr<gpu::Device> dev, const InitInfo &info,
+                 uint32_t index, bool synchronize, int64_t timeout_ms)
+        : dev_(std::move(dev)), info_(info), rank_(static_cast<int>(index) + 1),
+          synchronize_(synchronize), timeout_ms_(timeout_ms),
+          comm_(std::make_unique<Comm>(nccl, *dev_, info, rank_, timeout_ms)),
+          stream_(*dev_), bucket_(*dev_, info.bucket_bytes, "nccl_broadcast receive bucket"),
+          done_(*dev_), fence_(*dev_) {}
+
+    ~NcclReceiver() override { comm_.reset(); }  // bounded: Comm::close
+
+    bool verify_checksums() const override { return false; }
+
+    void set_stream(void *stream) override { fence_.stream = gpu::ordering_stream(stream); }
+
+    std::unique_ptr<ChunkBacking> open(const ChunkHeader &, const TensorTable &table,
+                                       const json &transport) override {
+        const std::string w = "nccl_broadcast request";
+        const uint64_t seq = wire::uint_field(transport, "seq", w, UINT64_MAX);
+        const uint64_t bytes = wire::uint_field(transport, "bytes", w, info_.bucket_bytes);
+        if (seq != last_seq_ + 1)
+            fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": request carries chunk seq " +
+                                         std::to_string(seq) + ", expected seq " +
+                                         std::to_string(last_seq_ + 1) +
+                                         " (every broadcast must be received, in order)");
+        gpu::check_bucket_layout(table, bytes, w, "broadcast");
+        const std::string chunk = "chunk seq " + std::to_string(seq);
+        comm_->check("before receiving " + chunk);
+        if (table.metas.empty()) {  // a commit without data: no broadcast was posted
+            last_seq_ = seq;
+            return std::make_unique<NcclBacking>(*dev_, bucket_.ptr(), table.offsets, nullptr);
+        }
+        const sys::Deadline deadline(timeout_ms_);
+        {
+            gpu::Device::Scope scope(*dev_);
+            wait_for_loader(deadline, chunk);
+            comm_->broadcast(reinterpret_cast<void *>(bucket_.ptr()), bytes, stream_.get(), deadline,
+                             "receiving " + chunk);
+            done_.record(stream_.get());  // after the broadcast: Comm::broadcast enqueued it
+        }
+        last_seq_ = seq;
+        comm_->wait(done_, deadline,
+                    "receiving " + chunk + " (" + std::to_string(bytes) + " bytes) from rank 0");
+        return std::make_unique<NcclBacking>(*dev_, bucket_.ptr(), table.offsets,
+                                             synchronize_ ? &fence_ : nullptr);
+    }
+
+private:
+    // With "synchronize", the previous chunk's views may still be read by copies the loader
+    // queued before recv_end; they must be done before `chunk` overwrites the bucket.
+    void wait_for_loader(const sys::Deadline &deadline, const std::string &chunk) {
+        const std::string who = std::string(kKind) + " rank " + std::to_string(rank_);
+        if (!fence_.error.empty()) {
+            comm_->abort();
+            fail(WSYNC_ERR_SYSTEM, who + ": fencing the loader's copies out of chunk seq " +
+                                       std::to_string(last_seq_) + " failed: " + fence_.error +
+                                       "; communicator aborted");
+        }
+        if (!fence_.armed) return;
+        for (int round = 0; !fence_.event.done(); ++round) {
+            if (deadline.passed()) {
+                comm_->abort();
+                fail(WSYNC_ERR_TIMEOUT,
+                     who + ": the work queued on " + gpu::stream_text(fence_.stream) + " before chunk seq " +
+                         std::to_string(last_seq_) + "'s wsync_recv_end (the loader's copies out "
+                         "of its views) did not finish within " +
+                         std::to_string(deadline.budget_ms()) + " ms, so " + chunk +
+                         " cannot overwrite the bucket; communicator aborted");
+            }
+            gpu::poll_sleep(round);
+        }
+        fence_.armed = false;
+    }
+
+    std::unique_ptr<gpu::Device> dev_;
+    InitInfo info_;
+    int rank_;
+    bool synchronize_;
+    int64_t timeout_ms_;
+    std::unique_ptr<Comm> comm_;
+    gpu::Stream stream_;
+    gpu::DeviceBuffer bucket_;
+    gpu::Event done_;
+    LoaderFence fence_;
+    uint64_t last_seq_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<ReceiverImpl> make_receiver(const gpu::NcclApi &nccl,
+                                            std::unique_ptr<gpu::Device> dev, const InitInfo &info,
+                                            uint32_t index, bool synchronize, int64_t timeout_ms) {
+    return std::make_unique<NcclReceiver>(nccl, std::move(dev), info, index, synchronize,
+                                          timeout_ms);
+}
+
+}  // namespace wsync::nccl

@@ -1,0 +1,136 @@
+// nccl_broadcast: the trainer's rank 0 broadcasts packed buckets to every receiver over a
+// dedicated NCCL communicator (the model-update group), for engines on any GPUs or nodes.
+//
+// create_init_info makes the NCCL unique id; it travels inside the init-info blob, never through
+// a side channel. The group has 1 + receivers ranks: the sender is rank 0, receiver i is rank
+// i + 1. Communicators are created non-blocking (ncclCommInitRankConfig with blocking = 0) and
+// polled with ncclCommGetAsyncError until a deadline; on timeout or error the communicator is
+// aborted (ncclCommAbort) and the call fails with WSYNC_ERR_TIMEOUT or WSYNC_ERR_PEER, so a
+// missing rank never hangs anyone.
+//
+// The sender keeps two device buckets. Chunk k is packed (one kernel, optional cast) into
+// bucket k % 2 on a pack stream; send_chunk waits (deadline) until that pack has read the
+// caller's tensors, which wsync.h lets the caller change once the call returns, then queues the
+// broadcast from the bucket on a communication stream and returns, so the broadcast of chunk k
+// overlaps the caller's work and the pack of chunk k + 1. Before reusing a bucket the sender
+// waits, with the deadline, for that bucket's previous broadcast. A receiver posts its side of
+// the broadcast when the loader asks for the chunk and waits for it (deadline) before yielding
+// views into its own bucket. flush waits for the last broadcasts. NCCL has no back channel, so
+// flush reports transport completion; a receiver that fails to load a chunk reports that to its
+// own caller.
+//
+// Every wait is bounded: no cuCtxSynchronize, no blocking NCCL call. Events on our own streams
+// are polled with cuEventQuery, the communicator's state with ncclCommGetAsyncError, both
+// against the deadline, and the communicator is aborted when a deadline passes. A call that
+// returns ncclInProgress is polled until NCCL has enqueued it before anything is recorded after
+// it (Comm::broadcast), and teardown is ncclCommFinalize polled against "timeout_ms", then
+// ncclCommDestroy, or ncclCommAbort at the deadline (Comm::close).
+//
+// The files of this folder: init_info (the init-info body), comm (the communicator: creation,
+// bounded waits, broadcast, teardown), sender, receiver, and this one, which ties them into the
+// kind (options, strategy, registration).
+#include <memory>
+
+#include "gpu/api.hpp"
+#include "gpu/pack.hpp"
+#include "gpu/device.hpp"
+#include "strategy.hpp"
+#include "transport/nccl/init_info.hpp"
+#include "transport/nccl/receiver.hpp"
+#include "transport/nccl/sender.hpp"
+
+namespace wsync {
+namespace nccl {
+namespace {
+
+const std::vector<OptionSpec> &option_specs() {
+    using T = OptionSpec::Type;
+    static const std::vector<OptionSpec> specs = {
+        {"receivers", T::UInt, 1, 1, kMaxReceivers, "sender",
+         "number of receivers; the group has 1 + receivers ranks"},
+        gpu::bucket_bytes_option("bytes per device bucket (the sender has two, each receiver one "
+                                 "of the size the init info carries); the largest chunk must fit"),
+        gpu::cast_option("cast float32 tensors while packing: \"bfloat16\" or \"float16\"; \"\" "
+                         "sends every dtype as it is"),
+        {"device", T::UInt, 0, 0, 4095, "both",
+         "this process's GPU for the communicator, as an ordinal after CUDA_VISIBLE_DEVICES; the "
+         "sender's tensors must be on it"},
+        {"synchronize", T::Bool, 1, 0, 1, "both",
+         "sender: order each pack after the work queued on the legacy default stream (PyTorch's "
+         "default stream) or the stream named with wsync_sender_set_stream (work on other "
+         "streams the caller synchronises); receiver: the next chunk overwrites its bucket only "
+         "after the work queued on the loader's stream (likewise, wsync_receiver_set_stream) "
+         "before recv_end (the copies out of views) is done"},
+        {"timeout_ms", T::UInt, 60000, 1, uint64_t(1) << 40, "both",
+         "deadline for communicator creation, for a free bucket, for each pack and received "
+         "chunk, and for finalizing the communicator when the sender or receiver is destroyed"},
+        {"nccl_library", T::String, 0, 0, 0, "both",
+         "path of libnccl.so.2 to use (e.g. the one PyTorch ships); else $WSYNC_NCCL_LIBRARY, "
+         "else the system's libnccl.so.2",
+         ""},
+    };
+    return specs;
+}
+
+class NcclStrategy final : public StrategyImpl {
+public:
+    explicit NcclStrategy(const Options &o)
+        : cuda_(gpu::cuda()), nccl_(gpu::nccl(o.text("nccl_library"))),
+          receivers_(static_cast<uint32_t>(o.uint("receivers"))),
+          bucket_bytes_((o.uint("bucket_bytes") + 4095) / 4096 * 4096), dtype_(o.text("dtype")),
+          device_(static_cast<int>(o.uint("device"))), synchronize_(o.boolean("synchronize")),
+          timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))) {}
+
+    json create_init_info() override {
+        gpu::ncclUniqueId id;
+        gpu::ncclResult_t rc = nccl_.ncclGetUniqueId(&id);
+        if (rc != gpu::ncclSuccess) gpu::nccl_fail(nccl_, rc, std::string(kKind) + ": ncclGetUniqueId");
+        return json{{"unique_id", json::binary(std::vector<uint8_t>(id.internal, id.internal + sizeof id.internal))},
+                    {"nranks", receivers_ + 1}, {"bucket_bytes", bucket_bytes_}, {"dtype", dtype_},
+                    {"nccl_version", nccl_.version}};
+    }
+
+    std::unique_ptr<SenderImpl> create_sender(const json &body) override {
+        InitInfo info = parse_init_info(body);
+        auto dev = std::make_unique<gpu::Device>(cuda_, device_, kKind);
+        return make_sender(nccl_, std::move(dev), info, synchronize_, timeout_ms_);
+    }
+
+    std::unique_ptr<ReceiverImpl> create_receiver(const json &body, uint32_t index) override {
+        InitInfo info = parse_init_info(body);
+        check_receiver_index(kKind, index, info.nranks - 1);
+        auto dev = std::make_unique<gpu::Device>(cuda_, device_, kKind);
+        return make_receiver(nccl_, std::move(dev), info, index, synchronize_, timeout_ms_);
+    }
+
+private:
+    const gpu::CudaApi &cuda_;
+    const gpu::NcclApi &nccl_;
+    uint32_t receivers_;
+    uint64_t bucket_bytes_;
+    std::string dtype_;
+    int device_;
+    bool synchronize_;
+    int64_t timeout_ms_;
+};
+
+std::unique_ptr<StrategyImpl> create_strategy(const Options &o) { return std::make_unique<NcclStrategy>(o); }
+
+std::string unavailable_reason(const Options *o) {
+    std::string why = gpu::cuda_unavailable_reason();
+    return why.empty() ? gpu::nccl_unavailable_reason(o ? o->text("nccl_library") : "") : why;
+}
+
+std::string runtime_text() {
+    const gpu::NcclApi &n = gpu::nccl("");
+    return gpu::cuda_runtime_text() + "; NCCL " + gpu::nccl_version_text(n.version) + " (" + n.path + ")";
+}
+
+}  // namespace
+}  // namespace nccl
+
+const KindInfo kNcclBroadcastKind = {nccl::kKind,            nccl::option_specs,
+                                     nccl::unavailable_reason, nccl::create_strategy,
+                                     nullptr,                nccl::runtime_text};
+
+}  // namespace wsync
