@@ -1,4 +1,10 @@
-"""A vLLM ``WeightTransferEngine`` backed by libwsync.
+"""Legacy: a vLLM ``WeightTransferEngine`` for vLLM's earlier weight-transfer interface.
+
+For vLLM 0.33 use :mod:`wsync.vllm_backend` (the ``wsync`` backend, registered through the
+``vllm.general_plugins`` entry point). This module targets the older interface (engine built
+as ``(config, parallel_config, model)``, ``receive_weights(update_info, load_weights)``, a
+static ``trainer_send_weights``) that vLLM 0.33 no longer has; it is kept for code written
+against it and may be removed.
 
 vLLM's weight-transfer interface (``vllm.distributed.weight_transfer.base``) has an engine
 object per inference worker with ``parse_init_info`` / ``init_transfer_engine`` (once),

@@ -1,0 +1,376 @@
+"""The ``wsync`` weight-transfer backend for vLLM 0.33.0 (``vllm.distributed.weight_transfer``).
+
+Worker side, :class:`WsyncWeightTransferEngine` (a ``WeightTransferEngine``): one per vLLM
+worker, built by ``WeightTransferEngineFactory.create_engine`` when the engine is configured
+with ``weight_transfer_config={"backend": "wsync"}``. Trainer side,
+:class:`WsyncTrainerWeightTransferEngine` (a ``TrainerWeightTransferEngine``), built by
+``WeightTransferTrainerFactory.trainer_init(WsyncTrainerInitInfo(...), client=..., source=...)``
+and driven by a ``WeightSource`` (e.g. vLLM's ``ModuleSource``). It owns one sync end to end,
+as vLLM's ``ipc`` and ``nccl`` trainer engines do: ``start_weight_update`` -> one
+``update_weights`` per chunk (the chunk's wsync request, forwarded through vLLM's client) ->
+``Sender.flush`` -> ``finish_weight_update``.
+
+Registration: :func:`register` adds ``"wsync"`` to both factories. It is the
+``vllm.general_plugins`` entry point of this package, so vLLM calls it in every process
+(``vllm.plugins.load_general_plugins``) once ``wsync`` is installed in vLLM's environment.
+
+What travels through vLLM's client is JSON-safe (vLLM's HTTP client posts JSON): the init info
+is ``{"init_info": <base64 of the strategy's init blob>, "options": {...}, "rank_offset": n,
+"copy": bool}`` and each update info is ``{"requests": [<base64 of one request blob>]}``.
+
+Why the worker hands ``load_weights`` copies by default (``copy=True``): vLLM's layerwise
+reload (``initialize_layerwise_reload`` in ``start_weight_update``, as vLLM's own engines do)
+keeps the tensors ``load_weights`` is given until the layer they belong to is complete, or
+until ``finish_weight_update``, so a layer split across two chunks reads its first chunk's
+tensors after that chunk's ``update_weights`` returned. A wsync view is only valid until its
+iteration ends (the slot is then reused for a later chunk). Measured with vLLM 0.33.0 on CPU
+(a layer's weight in chunk 0, its bias in chunk 1, one reused staging slot NaN-filled after
+each chunk, 3 versions): views gave a wrong ``layers.0.weight`` every round; copies were
+bit-exact. So copies are the default; ``copy=False`` (zero-copy views) is only safe when
+no layer spans two chunks or the model does not use layerwise reload.
+
+This module imports vLLM; import it only where vLLM is installed. The older
+:mod:`wsync.vllm_adapter` targets an earlier vLLM interface and is kept as legacy.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple, Union
+
+import torch
+from vllm.distributed.weight_transfer.base import (
+    TrainerInitInfo,
+    TrainerWeightTransferEngine,
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+
+from ._core import Receiver, Sender, Strategy, TensorMeta, describe, plan, status_for_exception
+from ._dtypes import DType
+from ._errors import Status, WrongStateError, WsyncError
+from .trainer import DEFAULT_CHUNK_BYTES
+
+#: The backend name in ``WeightTransferConfig(backend=...)``.
+BACKEND = "wsync"
+
+
+def encode_blob(blob: bytes) -> str:
+    """A wsync blob as base64 text (the client payloads are JSON)."""
+    return base64.b64encode(bytes(blob)).decode("ascii")
+
+
+def decode_blob(value: Union[bytes, str], what: str, expect_type: str) -> bytes:
+    """bytes (as they are) or base64 text -> a wsync blob of ``expect_type`` (``ValueError``
+    otherwise, which vLLM's ``parse_*_info`` reports as a bad request)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        blob = bytes(value)
+    elif isinstance(value, str):
+        try:
+            blob = base64.b64decode(value.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError) as exc:
+            raise ValueError(f"{what} is text but not base64: {exc}") from None
+    else:
+        raise ValueError(f"{what} must be bytes or base64 text, not {type(value).__name__}")
+    try:
+        parsed = describe(blob)
+    except WsyncError as exc:
+        raise ValueError(f"{what} is not a wsync blob: {exc}") from None
+    if parsed.get("type") != expect_type:
+        raise ValueError(f"{what} is a wsync {parsed.get('type')} blob, expected {expect_type}")
+    return blob
+
+
+def receiver_index(rank_offset: int, parallel_config) -> int:
+    """A worker's receiver index, computed as vLLM's NCCL engine computes its group rank:
+    ``rank_offset + data_parallel_index * world_size + rank`` (world_size = TP * PP)."""
+    return (rank_offset + int(parallel_config.data_parallel_index) * int(parallel_config.world_size)
+            + int(parallel_config.rank))
+
+
+# -- worker side -------------------------------------------------------------------------------
+
+@dataclass
+class WsyncInitInfo(WeightTransferInitInfo):
+    """Worker init info: the strategy's init blob (bytes or base64), receiver-side strategy
+    options, the offset added to the worker's global index, and whether ``load_weights`` gets
+    copies (default, see the module documentation) or views."""
+
+    init_info: Union[bytes, str]
+    options: Dict[str, Any] = field(default_factory=dict)
+    rank_offset: int = 0
+    copy: bool = True
+
+    def __post_init__(self) -> None:
+        self.init_info = decode_blob(self.init_info, "init_info", "init")
+        if not isinstance(self.options, dict):
+            raise ValueError(f"options must be a dict, not {type(self.options).__name__}")
+        if not isinstance(self.rank_offset, int) or isinstance(self.rank_offset, bool) or self.rank_offset < 0:
+            raise ValueError(f"rank_offset must be a non-negative int, got {self.rank_offset!r}")
+        if not isinstance(self.copy, bool):
+            raise ValueError(f"copy must be a bool, got {self.copy!r}")
+
+
+@dataclass
+class WsyncUpdateInfo(WeightTransferUpdateInfo):
+    """Worker update info: request blobs (bytes or base64), received in order."""
+
+    requests: List[Union[bytes, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.requests, (list, tuple)) or not self.requests:
+            raise ValueError("requests must be a non-empty list of wsync request blobs")
+        self.requests = [decode_blob(r, f"requests[{i}]", "request") for i, r in enumerate(self.requests)]
+
+
+class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateInfo]):
+    """vLLM worker engine over libwsync: one wsync receiver per worker."""
+
+    init_info_cls = WsyncInitInfo
+    update_info_cls = WsyncUpdateInfo
+
+    def __init__(self, config, vllm_config, device: torch.device, model: torch.nn.Module) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self._strategy: Optional[Strategy] = None
+        self._receiver: Optional[Receiver] = None
+        self.copy = True
+
+    @property
+    def receiver(self) -> Receiver:
+        """This worker's receiver (``WrongStateError`` before init or after shutdown)."""
+        if self._receiver is None:
+            raise WrongStateError(Status.WRONG_STATE, "the wsync weight-transfer engine is not "
+                                  "initialised (init_transfer_engine not called, or shutdown)")
+        return self._receiver
+
+    def init_transfer_engine(self, init_info: WsyncInitInfo) -> None:
+        """Creates the receiver at index ``rank_offset + dp_index * world_size + rank``."""
+        if self._receiver is not None:
+            raise WrongStateError(Status.WRONG_STATE, "the wsync weight-transfer engine is already initialised")
+        index = receiver_index(init_info.rank_offset, self.parallel_config)
+        strategy = Strategy.for_init_info(init_info.init_info, **init_info.options)
+        try:
+            self._receiver = strategy.receiver(init_info.init_info, index)
+        except BaseException:
+            strategy.close()
+            raise
+        self._strategy = strategy
+        self.copy = init_info.copy
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+
+    def receive_weights(self, update_info: WsyncUpdateInfo) -> None:
+        """Receives each request in order and passes its ``(name, tensor)`` pairs to
+        ``self.model.load_weights`` (copies unless the init info said ``copy=False``).
+
+        If ``load_weights`` raises, the chunk is failed with ``Iteration.fail`` (the status
+        :func:`wsync.status_for_exception` gives, and a message naming this receiver and the
+        error), so the trainer's ``flush`` raises ``PEER`` carrying that message; the
+        exception then propagates to vLLM's worker, which ends the update session.
+        """
+        receiver = self.receiver
+        for request in update_info.requests:
+            with receiver.receive(request, framework="torch", copy=self.copy) as it:
+                batch = list(it)
+                try:
+                    self.model.load_weights(batch)
+                    if self.device.type == "cuda":
+                        torch.cuda.current_stream(self.device).synchronize()
+                except BaseException as exc:
+                    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                    it.fail(status_for_exception(exc),
+                            f"vLLM worker (receiver {receiver.index}) load_weights failed: {text}")
+                    raise
+                finally:
+                    del batch
+
+    def update_weights(self, update_info: Dict[str, Any]) -> None:
+        """vLLM's ``update_weights`` without its unconditional ``torch.accelerator.synchronize()``
+        (which raises on a CPU-only host with a CUDA build of torch)."""
+        self.receive_weights(self.parse_update_info(update_info))
+        if self.device.type != "cpu":
+            torch.accelerator.synchronize()
+
+    @property
+    def completed_version(self) -> int:
+        """The newest version this worker received completely (0 if none)."""
+        return self.receiver.completed_version
+
+    def shutdown(self) -> None:
+        """Closes the receiver (the trainer sees this worker detach); idempotent."""
+        receiver, self._receiver = self._receiver, None
+        strategy, self._strategy = self._strategy, None
+        if receiver is not None:
+            receiver.close()
+        if strategy is not None:
+            strategy.close()
+
+
+# -- trainer side ------------------------------------------------------------------------------
+
+@dataclass
+class WsyncTrainerInitInfo(TrainerInitInfo):
+    """Trainer init info.
+
+    - ``kind``, ``options``: the wsync strategy and its sender-side options (``shm`` for one
+      host; ``cuda_ipc`` or ``nccl_broadcast`` as for any wsync strategy);
+    - ``receivers``: how many vLLM workers receive (DP * TP * PP of the engine);
+    - ``worker_options``, ``rank_offset``, ``copy``: sent to the workers (see
+      :class:`WsyncInitInfo`);
+    - ``chunk_bytes``, ``group_depth``: the chunk plan (default: the strategy's
+      ``bucket_bytes`` for ``shm``, else 256 MiB);
+    - ``flush_timeout_s``: how long a sync waits for every worker's acknowledgement.
+    """
+
+    backend: ClassVar[str] = BACKEND
+    kind: str = "shm"
+    options: Dict[str, Any] = field(default_factory=dict)
+    receivers: int = 1
+    worker_options: Dict[str, Any] = field(default_factory=dict)
+    rank_offset: int = 0
+    copy: bool = True
+    chunk_bytes: Optional[int] = None
+    group_depth: int = 2
+    flush_timeout_s: float = 60.0
+
+
+class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerInitInfo]):
+    """vLLM trainer engine over libwsync (see the module documentation)."""
+
+    init_info_cls = WsyncTrainerInitInfo
+
+    def __init__(self, *, client, source=None, is_sender: bool = True, rank: int = 0) -> None:
+        super().__init__(client=client, source=source, is_sender=is_sender, rank=rank)
+        self.init_info: Optional[WsyncTrainerInitInfo] = None
+        self.strategy: Optional[Strategy] = None
+        self.sender: Optional[Sender] = None
+
+    @classmethod
+    def trainer_init(cls, init_info: WsyncTrainerInitInfo, *, client, source=None):
+        """Creates the strategy and sender on the sending rank and initialises every worker's
+        engine through ``client.init_weight_transfer_engine``; other ranks only keep the
+        source (``send_weights`` then iterates it for the collectives)."""
+        engine = cls(client=client, source=source, is_sender=init_info.is_sender, rank=init_info.rank)
+        engine.init_info = init_info
+        if not engine.is_sender:
+            return engine
+        strategy = Strategy(init_info.kind, receivers=init_info.receivers, **init_info.options)
+        try:
+            blob = strategy.create_init_info()
+            engine.sender = strategy.sender(blob)
+            engine.strategy = strategy
+            client.init_weight_transfer_engine({
+                "init_info": encode_blob(blob), "options": dict(init_info.worker_options),
+                "rank_offset": init_info.rank_offset, "copy": init_info.copy})
+        except BaseException:
+            engine.shutdown()
+            strategy.close()
+            raise
+        return engine
+
+    def _chunk_bytes(self) -> int:
+        if self.init_info.chunk_bytes is not None:
+            return self.init_info.chunk_bytes
+        body = self.sender.init_description.get("body", {})
+        value = body.get("bucket_bytes") if isinstance(body, dict) else None
+        return int(value) if isinstance(value, int) and value > 0 else DEFAULT_CHUNK_BYTES
+
+    def _plan(self) -> List[List[str]]:
+        """The source's parameters grouped into chunks, by name, from its metadata."""
+        metas = [TensorMeta(m.name, DType.from_torch(m.dtype), tuple(m.shape)) for m in self.source.metadata]
+        return [[metas[i].name for i in c.indices]
+                for c in plan(metas, chunk_bytes=self._chunk_bytes(), group_depth=self.init_info.group_depth)]
+
+    def _chunks(self) -> Iterator[Tuple[List[Tuple[str, torch.Tensor]], bool]]:
+        """Streams ``source.iter_full()`` into the planned chunks (one chunk's tensors held
+        at a time); yields (pairs, last)."""
+        chunks = self._plan()
+        full = self.source.iter_full()
+        for k, names in enumerate(chunks):
+            pairs = []
+            for want in names:
+                name, tensor = next(full)
+                if name != want:
+                    raise RuntimeError(f"the weight source yielded '{name}' where its metadata "
+                                       f"lists '{want}'")
+                pairs.append((name, tensor.detach()))
+            yield pairs, k == len(chunks) - 1
+
+    def send_weights(self) -> None:
+        """One sync: start -> each chunk sent and its request forwarded -> flush -> finish.
+
+        On any failure the version is abandoned (workers keep the previous version as their
+        completed one). If a worker failed a chunk, the error raised is the sender's
+        ``WsyncError`` (``PEER``) whose ``failures`` carry that worker's status and message,
+        chained to the client's error.
+        """
+        if self.source is None:
+            raise ValueError("the wsync trainer engine needs a WeightSource (source=...)")
+        if not self.is_sender:
+            for _ in self.source.iter_full():
+                pass
+            return
+        sender = self.sender
+        if sender is None:
+            raise WrongStateError(Status.WRONG_STATE, "the wsync trainer engine is shut down")
+        self.client.start_weight_update()
+        try:
+            for pairs, last in self._chunks():
+                request = sender.send_chunk(pairs, last=last)
+                del pairs
+                try:
+                    self.client.update_weights({"requests": [encode_blob(request)]})
+                except BaseException as exc:
+                    self._raise_worker_failure(exc)
+                    raise
+            sender.flush(self.init_info.flush_timeout_s)
+        except BaseException:
+            try:
+                sender.abandon()
+            except Exception:  # a closed or broken sender: the original error matters more
+                pass
+            raise
+        self.client.finish_weight_update()
+
+    def _raise_worker_failure(self, exc: BaseException) -> None:
+        """After a client error: if a worker failed its chunk, raise the sender's error
+        naming it (the worker's own message), chained to ``exc``."""
+        try:
+            self.sender.flush(min(5.0, self.init_info.flush_timeout_s))
+        except WsyncError as failure:
+            if failure.failures:
+                raise failure from exc
+
+    def shutdown(self) -> None:
+        """Closes the sender and strategy (workers see the sender go); idempotent."""
+        sender, self.sender = self.sender, None
+        strategy, self.strategy = self.strategy, None
+        if sender is not None:
+            sender.close()
+        if strategy is not None:
+            strategy.close()
+
+
+def register() -> None:
+    """Registers ``wsync`` in vLLM's worker and trainer factories (idempotent). vLLM calls
+    it through the ``vllm.general_plugins`` entry point."""
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferEngineFactory,
+        WeightTransferTrainerFactory,
+    )
+
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND, __name__, "WsyncWeightTransferEngine")
+    if BACKEND not in WeightTransferTrainerFactory._registry:
+        WeightTransferTrainerFactory.register_engine(BACKEND, __name__, "WsyncTrainerWeightTransferEngine")
