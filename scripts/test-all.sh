@@ -2,7 +2,8 @@
 # Every test of libwsync on a fresh Debian 12 machine: installs dependencies, then
 #   1. builds and runs the CTest suite (cmocka specs, header, exports, install, CLI smoke),
 #   2. builds the .deb packages and checks what each contains,
-#   3. runs the Python binding's tests and the Rust binding's tests against the fresh build,
+#   3. runs the Python binding's tests, the vLLM backend's tests against the real vLLM 0.33.0
+#      (scripts/test-vllm.sh, its own venv) and the Rust binding's tests against the fresh build,
 #   4. rebuilds with AddressSanitizer + UndefinedBehaviorSanitizer and runs the suite again,
 #   5. runs each libFuzzer target briefly (WSYNC_FUZZ_SECONDS, default 30) from its seeds.
 set -euo pipefail
@@ -82,6 +83,9 @@ if [ -d bindings/python/tests ]; then
   section "Python binding"
   WSYNC_LIBRARY="$root/build/libwsync.so" /usr/bin/python3 -m pytest -q -p no:cacheprovider bindings/python/tests
 fi
+
+section "vLLM backend (real vllm==0.33.0, CPU)"
+WSYNC_LIBRARY="$root/build/libwsync.so" scripts/test-vllm.sh
 
 section "GPU validation: the fake-driver twin of scripts/gpu-validate.sh"
 # The same steps a GPU machine runs (gpu CTest label, Python GPU tests, cuda_ipc bench, baseline),

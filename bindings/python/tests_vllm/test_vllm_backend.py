@@ -1,0 +1,255 @@
+"""The wsync backend built by vLLM 0.33.0's own factories, syncing a small model (tied
+embeddings) from a trainer engine to two worker engines on CPU."""
+
+import copy
+import importlib.metadata
+
+import pytest
+import torch
+
+import vllm
+from vllm.config import ParallelConfig, VllmConfig
+from vllm.config.weight_transfer import WeightTransferConfig
+from vllm.distributed.weight_transfer import (
+    ModuleSource,
+    VLLMWeightSyncClient,
+    WeightTransferEngineFactory,
+    WeightTransferTrainerFactory,
+)
+from vllm.distributed.weight_transfer.nccl_common import _worker_group_rank
+from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.plugins import load_general_plugins
+
+import wsync
+from wsync import vllm_backend
+from wsync.vllm_backend import (
+    WsyncTrainerInitInfo,
+    WsyncTrainerWeightTransferEngine,
+    WsyncWeightTransferEngine,
+)
+
+HIDDEN = 32
+
+
+class TiedModel(torch.nn.Module):
+    """Embedding tied to the LM head, two linear layers, and a vLLM-style ``load_weights``."""
+
+    def __init__(self, fail_on=None):
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, HIDDEN)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2)])
+        self.lm_head = torch.nn.Linear(HIDDEN, 16, bias=False)
+        self.lm_head.weight = self.embed.weight
+        self.fail_on = fail_on
+
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, w in weights:
+            if name == self.fail_on:
+                raise KeyError(f"checkpoint tensor {name} has no home in this model")
+            if name == "lm_head.weight":
+                name = "embed.weight"
+            p = params[name]
+            getattr(p, "weight_loader", default_weight_loader)(p, w)
+            loaded.add(name)
+        return loaded
+
+
+class InProcessClient:
+    """A VLLMWeightSyncClient over worker engines in this process, with the worker's
+    semantics (gpu_worker.py): an engine error ends that worker's session and reaches the
+    trainer as the RPC's error."""
+
+    def __init__(self, engines):
+        self.engines = engines
+
+    def init_weight_transfer_engine(self, init_info):
+        for e in self.engines:
+            e.init_transfer_engine(e.parse_init_info(init_info))
+
+    def start_weight_update(self):
+        for e in self.engines:
+            e.start_weight_update()
+
+    def update_weights(self, update_info):
+        for i, e in enumerate(self.engines):
+            try:
+                e.update_weights(update_info[i] if isinstance(update_info, list) else update_info)
+            except Exception as exc:
+                raise RuntimeError(f"worker {i}: update_weights failed: {exc}") from exc
+
+    def finish_weight_update(self, weight_version=None):
+        for e in self.engines:
+            e.finish_weight_update()
+
+
+def vllm_config(rank=0, world_size=1, data_parallel_index=0):
+    """The VllmConfig a worker sees (model_config None: no real checkpoint here)."""
+    if data_parallel_index:
+        vc = VllmConfig(parallel_config=ParallelConfig(data_parallel_size=data_parallel_index + 1,
+                                                       data_parallel_rank=data_parallel_index))
+    else:
+        vc = VllmConfig()
+    vc = copy.deepcopy(vc)
+    vc.parallel_config.rank = rank
+    vc.parallel_config.world_size = world_size
+    return vc
+
+
+def make_worker(vc, **model_kw):
+    model = TiedModel(**model_kw)
+    record_metadata_for_reloading(model)  # vLLM's loader does this when it builds a model
+    engine = WeightTransferEngineFactory.create_engine(
+        WeightTransferConfig(backend="wsync"), vc, torch.device("cpu"), model)
+    return model, engine
+
+
+def make_cluster(receivers=2, trainer_kw=None, **model_kw):
+    """Two worker engines (TP ranks 0 and 1) and the trainer engine, all made by vLLM's factories."""
+    workers = [make_worker(vllm_config(rank=r, world_size=receivers),
+                           **(model_kw if r == receivers - 1 else {})) for r in range(receivers)]
+    client = InProcessClient([e for _, e in workers])
+    source_model = TiedModel()
+    # 4 KiB chunks: a layer's weight (4 KiB) and its bias land in different chunks, the case
+    # where layerwise reload reads a chunk's tensors after that chunk's call returned.
+    init = WsyncTrainerInitInfo(rank=0, receivers=receivers, chunk_bytes=HIDDEN * HIDDEN * 4,
+                                **(trainer_kw or {}))
+    trainer = WeightTransferTrainerFactory.trainer_init(init, client=client,
+                                                       source=ModuleSource(source_model))
+    return workers, source_model, trainer
+
+
+def perturb(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+
+
+def assert_bit_exact(model, source):
+    want, got = source.state_dict(), model.state_dict()
+    assert sorted(want) == sorted(got)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    assert model.lm_head.weight is model.embed.weight
+
+
+@pytest.fixture
+def cleanup():
+    made = []
+    yield made
+    for obj in made:
+        obj.shutdown()
+
+
+def test_the_pinned_vllm_is_installed():
+    assert vllm.__version__ == "0.33.0"
+    assert importlib.metadata.version("vllm") == "0.33.0"
+
+
+def test_vllm_general_plugins_entry_point_registers_wsync_in_both_factories():
+    entry_points = importlib.metadata.entry_points(group="vllm.general_plugins")
+    assert "wsync.vllm_backend:register" in [ep.value for ep in entry_points]
+    load_general_plugins()
+    assert "wsync" in WeightTransferEngineFactory._registry
+    assert "wsync" in WeightTransferTrainerFactory._registry
+    vllm_backend.register()  # idempotent: vLLM calls it in every process
+    assert WeightTransferEngineFactory._registry["wsync"]() is WsyncWeightTransferEngine
+    assert WeightTransferTrainerFactory._registry["wsync"]() is WsyncTrainerWeightTransferEngine
+
+
+def test_factories_build_the_wsync_engines(cleanup):
+    load_general_plugins()
+    workers, _, trainer = make_cluster()
+    cleanup.extend([trainer] + [e for _, e in workers])
+    assert all(type(e) is WsyncWeightTransferEngine for _, e in workers)
+    assert type(trainer) is WsyncTrainerWeightTransferEngine
+    assert isinstance(trainer.client, VLLMWeightSyncClient)
+    assert [e.receiver.index for _, e in workers] == [0, 1]
+
+
+def test_three_versions_reach_two_workers_bit_exact_with_tied_embeddings(cleanup):
+    load_general_plugins()
+    workers, source, trainer = make_cluster()
+    cleanup.extend([trainer] + [e for _, e in workers])
+    chunks = trainer._plan()
+    assert any("layers.0.weight" in c and "layers.0.bias" not in c for c in chunks), chunks
+    for version in range(1, 4):
+        perturb(source)
+        trainer.send_weights()
+        for model, engine in workers:
+            assert_bit_exact(model, source)
+            assert engine.completed_version == version
+
+
+def test_receiver_index_counts_data_parallel_replicas(cleanup):
+    load_general_plugins()
+    vc = vllm_config(data_parallel_index=1)
+    pc = vc.parallel_config
+    assert (pc.data_parallel_index, pc.world_size, pc.rank) == (1, 1, 0)
+    strategy = wsync.Strategy("shm", receivers=3)
+    blob = strategy.create_init_info()
+    sender = strategy.sender(blob)
+    _, engine = make_worker(vc)
+    engine.init_transfer_engine(engine.parse_init_info(
+        {"init_info": vllm_backend.encode_blob(blob), "rank_offset": 1}))
+    cleanup.append(engine)
+    assert engine.receiver.index == 2 == _worker_group_rank(1, pc)
+    sender.close()
+    strategy.close()
+
+
+def test_a_worker_loader_failure_reaches_the_trainer_with_the_workers_message(cleanup):
+    load_general_plugins()
+    workers, source, trainer = make_cluster(fail_on="layers.1.weight")
+    cleanup.extend([trainer] + [e for _, e in workers])
+    with pytest.raises(wsync.WsyncError) as caught:
+        trainer.send_weights()
+    err = caught.value
+    assert err.status is wsync.Status.PEER
+    assert isinstance(err.__cause__, RuntimeError) and "worker 1" in str(err.__cause__)
+    [failure] = [f for f in err.failures if f.receiver == 1]
+    assert failure.status is wsync.Status.MISMATCH  # a KeyError: the chunk does not fit
+    assert "load_weights failed: KeyError" in failure.message
+    assert "has no home in this model" in failure.message
+    assert workers[1][1].completed_version == 0
+
+
+class FailingSource(ModuleSource):
+    """A ModuleSource whose iteration breaks (the trainer's own error) at one parameter."""
+
+    def __init__(self, module, fail_at):
+        super().__init__(module)
+        self.fail_at = fail_at
+
+    def iter_full(self):
+        for name, tensor in super().iter_full():
+            if name == self.fail_at and self.armed:
+                raise RuntimeError("trainer lost a shard")
+            yield name, tensor
+
+    armed = False
+
+
+def test_a_version_abandoned_mid_way_leaves_workers_on_the_previous_version(cleanup):
+    load_general_plugins()
+    workers = [make_worker(vllm_config(rank=r, world_size=2)) for r in range(2)]
+    client = InProcessClient([e for _, e in workers])
+    source_model = TiedModel()
+    source = FailingSource(source_model, fail_at="layers.1.weight")
+    trainer = WeightTransferTrainerFactory.trainer_init(
+        WsyncTrainerInitInfo(rank=0, receivers=2, chunk_bytes=HIDDEN * HIDDEN * 4),
+        client=client, source=source)
+    cleanup.extend([trainer] + [e for _, e in workers])
+    perturb(source_model)
+    trainer.send_weights()
+    source.armed = True
+    perturb(source_model)
+    with pytest.raises(RuntimeError, match="trainer lost a shard"):
+        trainer.send_weights()
+    for _, engine in workers:
+        state = engine.receiver.poll()
+        assert state.completed_version == 1
+        assert state.failed_version == 2
+        assert state.failed_status is wsync.Status.ABANDONED

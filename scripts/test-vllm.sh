@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The wsync vLLM backend's tests against the real vLLM 0.33.0 (CPU only), in a venv of its own.
+#   WSYNC_VLLM_VENV  the venv (default /tmp/wsync-vllm-venv; reused when it has vllm==0.33.0)
+#   WSYNC_LIBRARY    libwsync.so to test (default build/libwsync.so)
+# vllm 0.33.0 requires certifi>=2026.10.19, newer than PyPI offers here; uv's --override
+# loosens that one requirement (pip cannot). Cold install ~2 min, ~9 GB; the uv cache is
+# cleaned after installing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+venv=${WSYNC_VLLM_VENV:-/tmp/wsync-vllm-venv}
+lib=${WSYNC_LIBRARY:-$root/build/libwsync.so}
+[ -f "$lib" ] || { echo "no libwsync at $lib: build it first (cmake --build build --target wsync)"; exit 1; }
+export UV_CACHE_DIR="$venv/.uv-cache"
+
+if ! "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm") != "0.33.0")' 2>/dev/null; then
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q uv==0.13.9
+  echo 'certifi>=2026.10.18' > "$venv/overrides.txt"
+  "$venv/bin/uv" pip install -q --python "$venv/bin/python" vllm==0.33.0 pytest==9.2.0 \
+    --override "$venv/overrides.txt"
+  "$venv/bin/uv" cache clean -q
+fi
+# The binding, editable (the source tree is what is tested), no dependency resolution: numpy
+# and torch come with vllm. Its build metadata goes to a temporary folder, not the tree.
+"$venv/bin/uv" pip install -q --python "$venv/bin/python" --no-deps -e bindings/python
+"$venv/bin/uv" cache clean -q
+find bindings/python -maxdepth 1 -name '*.egg-info' -exec rm -rf {} +
+
+WSYNC_LIBRARY="$lib" VLLM_TARGET_DEVICE=cpu "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+  bindings/python/tests_vllm "$@"
