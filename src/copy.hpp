@@ -21,7 +21,8 @@ namespace copy {
 void copy_bytes(void *dst, const void *src, std::size_t n) noexcept;
 
 // Streams XXH3-64 over all `total` bytes at src while copying bytes [off, off + len) of them to
-// dst, in one pass over the source (block by block, each block hashed while it is in L1).
+// dst, in one pass over the source: a whole tensor has each 64-byte stripe hashed and copied from
+// one load into L1; a range is copied and hashed block by block while each block is in L1.
 // Returns the hash of the whole source, equal to XXH3_64bits(src, total).
 uint64_t copy_hashing(void *dst, const void *src, uint64_t total, uint64_t off,
                       uint64_t len) noexcept;
@@ -29,8 +30,8 @@ uint64_t copy_hashing(void *dst, const void *src, uint64_t total, uint64_t off,
 // XXH3-64 of n bytes, on AVX2 where the CPU has it (the value is the same either way).
 uint64_t hash_bytes(const void *data, uint64_t n) noexcept;
 
-// Bytes from which copy_bytes switches to non-temporal stores (half the last-level cache,
-// 4 MiB when the system does not say).
+// Bytes from which copy_bytes switches to non-temporal stores (the core's L2 size, at least
+// 256 KiB; 1 MiB when the system does not say).
 std::size_t nt_threshold() noexcept;
 
 // Threads for one receiver's large plain copies, made once (lazily, on the first copy large

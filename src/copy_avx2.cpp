@@ -18,8 +18,7 @@ namespace kernels {
 
 namespace {
 
-void forward_avx2(uint8_t *d, const uint8_t *s, size_t n,
-                                                  bool nt) {
+void forward_avx2(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
     // n >= 64. The first and last 32 bytes go unaligned; the loop stores aligned in between.
     const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s));
     const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 32));
@@ -53,13 +52,11 @@ void forward_avx2(uint8_t *d, const uint8_t *s, size_t n,
     for (; n >= 32; n -= 32, d += 32, s += 32)
         _mm256_store_si256(reinterpret_cast<__m256i *>(d),
                            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s)));
-    if (nt) _mm_sfence();
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(dfirst), first);
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(dlast), last);
 }
 
-void backward_avx2(uint8_t *d, const uint8_t *s, size_t n,
-                                                   bool nt) {
+void backward_avx2(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
     // n >= 64. Walks down from the end; the end of the aligned part is d + n.
     const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s));
     const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 32));
@@ -91,7 +88,6 @@ void backward_avx2(uint8_t *d, const uint8_t *s, size_t n,
     for (; n >= 32; n -= 32)
         _mm256_store_si256(reinterpret_cast<__m256i *>(d + n - 32),
                            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 32)));
-    if (nt) _mm_sfence();
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(d), first);
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(dlast), last);
 }
@@ -108,7 +104,8 @@ inline uint64_t hi_of(uint64_t a, uint64_t b) { return a < b ? b : a; }
 
 }  // namespace
 
-void avx2_copy(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
+// Without the fence that makes non-temporal stores visible in order: callers fence once.
+static void copy_unfenced(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
     if (n < 64) {
         memcpy(d, s, n);
     } else if (backward_is_safer(d, s)) {
@@ -118,24 +115,93 @@ void avx2_copy(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
     }
 }
 
+void avx2_copy(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
+    copy_unfenced(d, s, n, nt);
+    if (nt) _mm_sfence();
+}
+
 uint64_t avx2_hash(const void *p, size_t n) { return XXH3_64bits(p, n); }
+
+namespace {
+
+// Stores the 64 bytes at s + c to d + c (d + c 32-byte aligned) and advances c, when they lie
+// within n.
+inline void copy64_at(uint8_t *d, const uint8_t *s, size_t &c, size_t n, bool nt) {
+    if (c + 64 > n) return;
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + c));
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + c + 32));
+    if (nt) {
+        _mm256_stream_si256(reinterpret_cast<__m256i *>(d + c), a);
+        _mm256_stream_si256(reinterpret_cast<__m256i *>(d + c + 32), b);
+    } else {
+        _mm256_store_si256(reinterpret_cast<__m256i *>(d + c), a);
+        _mm256_store_si256(reinterpret_cast<__m256i *>(d + c + 32), b);
+    }
+    c += 64;
+}
+
+// XXH3-64 (default secret, seed 0) of n > 240 bytes at s, exactly as XXH3_64bits computes it
+// (XXH3_hashLong_64b_internal), while copying them to d: every 64-byte stripe the hash reads is
+// followed by the copy of the next 64 destination-aligned bytes, which the stripe's load has
+// just brought into L1. One pass, the hash's arithmetic overlapping the copy's wait for memory.
+uint64_t copy_hash_whole(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
+    const uint8_t *const secret = XXH3_kSecret;
+    const size_t secret_size = sizeof XXH3_kSecret;
+    const size_t stripes_per_block = (secret_size - XXH_STRIPE_LEN) / XXH_SECRET_CONSUME_RATE;
+    const size_t block_len = XXH_STRIPE_LEN * stripes_per_block;
+    const size_t blocks = (n - 1) / block_len;
+    XXH_ALIGN(XXH_ACC_ALIGN) xxh_u64 acc[XXH_ACC_NB] = XXH3_INIT_ACC;
+    // The copy: 32 unaligned bytes at each end, aligned 64-byte steps in between from c on.
+    const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s));
+    const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 32));
+    size_t c = (32 - (reinterpret_cast<uintptr_t>(d) & 31)) & 31;
+    for (size_t b = 0; b < blocks; ++b) {
+        for (size_t k = 0; k < stripes_per_block; ++k) {
+            XXH3_accumulate_512_avx2(acc, s + b * block_len + k * XXH_STRIPE_LEN,
+                                     secret + k * XXH_SECRET_CONSUME_RATE);
+            copy64_at(d, s, c, n, nt);
+        }
+        XXH3_scrambleAcc_avx2(acc, secret + secret_size - XXH_STRIPE_LEN);
+    }
+    const size_t stripes = ((n - 1) - block_len * blocks) / XXH_STRIPE_LEN;
+    for (size_t k = 0; k < stripes; ++k) {
+        XXH3_accumulate_512_avx2(acc, s + blocks * block_len + k * XXH_STRIPE_LEN,
+                                 secret + k * XXH_SECRET_CONSUME_RATE);
+        copy64_at(d, s, c, n, nt);
+    }
+    XXH3_accumulate_512_avx2(acc, s + n - XXH_STRIPE_LEN,
+                             secret + secret_size - XXH_STRIPE_LEN - 7 /* LASTACC_START */);
+    for (; c + 32 <= n; c += 32) {
+        __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + c));
+        if (nt)
+            _mm256_stream_si256(reinterpret_cast<__m256i *>(d + c), v);
+        else
+            _mm256_store_si256(reinterpret_cast<__m256i *>(d + c), v);
+    }
+    if (nt) _mm_sfence();
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d), first);
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + n - 32), last);
+    return XXH3_mergeAccs(acc, secret + 11 /* MERGEACCS_START */, xxh_u64(n) * XXH_PRIME64_1);
+}
+
+}  // namespace
 
 uint64_t avx2_copy_hashing(uint8_t *dst, const uint8_t *s, uint64_t total, uint64_t off,
                            uint64_t len, bool nt) {
+    if (off == 0 && len == total && total > 240)
+        return copy_hash_whole(dst, s, size_t(total), nt);
+    // A range, or a tensor too small for XXH3's long loop: copy the range block by block and
+    // hash each block while it is in L1.
     uint8_t *d = dst - off;  // d + x is where source byte x goes
     XXH3_state_t state;
     XXH3_64bits_reset(&state);
     for (uint64_t at = 0; at < total; at += kHashBlock) {
         uint64_t n = lo_of(kHashBlock, total - at);
         uint64_t lo = hi_of(at, off), hi = lo_of(at + n, off + len);
-        if (lo < hi) avx2_copy(d + lo, s + lo, size_t(hi - lo), nt);
-        // Start loading the next block while this one is hashed from L1: the hash then costs
-        // little more than the copy's wait for memory.
-        const uint8_t *next = s + at + n;
-        for (uint64_t k = 0; k < lo_of(kHashBlock, total - at - n); k += 64)
-            _mm_prefetch(reinterpret_cast<const char *>(next + k), _MM_HINT_T0);
+        if (lo < hi) copy_unfenced(d + lo, s + lo, size_t(hi - lo), nt);
         XXH3_64bits_update(&state, s + at, size_t(n));
     }
+    if (nt) _mm_sfence();
     return XXH3_64bits_digest(&state);
 }
 

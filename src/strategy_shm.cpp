@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "board.hpp"
+#include "copy.hpp"
 #include "error.hpp"
 #include "strategy.hpp"
 #include "sys.hpp"
@@ -273,10 +274,13 @@ public:
 
         uint8_t *dst = seg_->bucket(b);
         if (checksum_) table.checksums.resize(table.metas.size());
+        // The pack and the checksum in one pass over each tensor (src/copy.hpp).
         for (std::size_t i = 0; i < table.metas.size(); ++i) {
-            std::memcpy(dst + table.offsets[i], tensors[i].data, table.metas[i].nbytes);
+            const uint64_t n = table.metas[i].nbytes;
             if (checksum_)
-                table.checksums[i] = checksum_bytes(dst + table.offsets[i], table.metas[i].nbytes);
+                table.checksums[i] = copy::copy_hashing(dst + table.offsets[i], tensors[i].data, n, 0, n);
+            else
+                copy::copy_bytes(dst + table.offsets[i], tensors[i].data, n);
         }
         waiter_.publish(b, seq);  // the bytes are in place
         ++next_seq_;

@@ -80,6 +80,23 @@ void hashing_copy_returns_the_hash_of_the_whole_source_and_copies_the_range(void
     assert_true(wsync::copy::hash_bytes(src.data(), n) == want);
 }
 
+void hashing_copy_of_whole_tensors_equals_xxh3_at_every_size_and_alignment(void **) {
+    // Around XXH3's 240-byte short/long switch, its 64-byte stripes and 1024-byte blocks.
+    const size_t sizes[] = {1,    63,   64,   65,   240,  241,  255,  256,  257,  1023,
+                            1024, 1025, 1087, 1088, 1089, 2048, 4097, 65536, 100003, 3000001};
+    for (size_t n : sizes)
+        for (size_t dof : {size_t(0), size_t(1), size_t(16), size_t(31), size_t(64), size_t(2048)}) {
+            std::vector<uint8_t> src = noise(n + 7, n);
+            std::vector<uint8_t> dst(n + dof + 64, 0xEE);
+            uint64_t got = wsync::copy::copy_hashing(dst.data() + dof, src.data() + 7, n, 0, n);
+            if (got != XXH3_64bits(src.data() + 7, n)) fail_msg("n %zu dst+%zu: hash differs", n, dof);
+            if (std::memcmp(dst.data() + dof, src.data() + 7, n) != 0)
+                fail_msg("n %zu dst+%zu: bytes differ", n, dof);
+            for (size_t i = 0; i < dof; ++i) assert_int_equal(dst[i], 0xEE);
+            for (size_t i = dof + n; i < dst.size(); ++i) assert_int_equal(dst[i], 0xEE);
+        }
+}
+
 void pool_copy_is_exact_when_split_between_threads(void **) {
     wsync::copy::Pool pool(3);
     auto fn = [](void *d, const void *s, size_t n) {
@@ -98,6 +115,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(copy_is_exact_for_small_sizes_at_every_relative_alignment),
         cmocka_unit_test(copy_is_exact_for_large_sizes_in_both_directions),
         cmocka_unit_test(hashing_copy_returns_the_hash_of_the_whole_source_and_copies_the_range),
+        cmocka_unit_test(hashing_copy_of_whole_tensors_equals_xxh3_at_every_size_and_alignment),
         cmocka_unit_test(pool_copy_is_exact_when_split_between_threads),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
