@@ -596,7 +596,7 @@ WSYNC_API wsync_status_t wsync_recv_info(const wsync_recv_t *it, wsync_recv_info
 WSYNC_API wsync_status_t wsync_recv_peek(const wsync_recv_t *it, size_t i, wsync_tensor_t *view);
 
 /* Yields the next tensor: *has_view is true and *view describes it, or *has_view is false at
- * the end. Views are zero-copy where the kind allows ("shm": read-only shared memory; the GPU
+ * the end; tensors that wsync_recv_copy() already took are skipped. Views are zero-copy where the kind allows ("shm": read-only shared memory; the GPU
  * kinds: device memory of the receiver's GPU, view->device CUDA; all flagged
  * WSYNC_TENSOR_READ_ONLY); copy the bytes into your parameters (for host memory,
  * wsync_recv_copy() does that copy and the verification in one pass). A view's data, name and
@@ -619,11 +619,13 @@ WSYNC_API wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view,
  * cross the memory bus once for both. A mismatch fails with WSYNC_ERR_INTEGRITY naming the
  * tensor and fails the iteration (as wsync_recv_next() does); what dst then holds is
  * unspecified. Later copies and views of a verified tensor are not hashed again.
- * Composition. The call takes any tensor in any order, as often as wanted, before or after
- * wsync_recv_next() yielded it, and leaves next's position alone (next still yields every
- * tensor; a loader uses one or the other, or peek + copy alone). A tensor counts as taken for
- * wsync_recv_end() once it was yielded or copied (len > 0), so a loader that copies every
- * tensor (any range of each) need not call next at all. Views already taken stay valid.
+ * Composition. The call takes any tensor in any order, as often as wanted (ranges of one tensor
+ * from several calls), before or after wsync_recv_next() yielded it; views already taken stay
+ * valid. A tensor is *taken* once it was yielded or copied (len > 0): wsync_recv_next() skips
+ * tensors already taken by a copy, so a loader can copy the tensors it keeps in host memory
+ * (found with wsync_recv_peek()) and then take the rest as views, each tensor once; one that
+ * copies every tensor needs no wsync_recv_next() at all. wsync_recv_end() requires every tensor
+ * taken.
  * Borrows it and dst for the call; keeps nothing. dst must be writable host memory of len bytes
  * that does not overlap the received tensor; it needs no particular alignment.
  * Returns WSYNC_OK, or:

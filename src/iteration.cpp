@@ -61,6 +61,8 @@ void Iteration::peek(std::size_t i, wsync_tensor_t *view) const {
 
 bool Iteration::next(wsync_tensor_t *view) {
     if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
+    // Tensors a wsync_recv_copy already took are not yielded again: each is loaded once.
+    while (next_ < table_.metas.size() && (state_[next_] & kTaken)) ++next_;
     if (next_ >= table_.metas.size()) return false;
     std::size_t i = next_;
     if (verify_ && !(state_[i] & kVerified))

@@ -79,7 +79,8 @@ class ModuleLoader:
         torch = _dtypes.require_torch()
         with receiver.receive(request, framework="torch") as it:
             info = it.info
-            problems = self.check(it.metas())
+            metas = it.metas()
+            problems = self.check(metas)
             if problems:
                 listed = problems[:MAX_LISTED_PROBLEMS]
                 more = len(problems) - len(listed)
@@ -89,6 +90,14 @@ class ModuleLoader:
                     + "; ".join(listed) + (f"; and {more} more" if more > 0 else ""))
             cuda_devices = set()
             with torch.no_grad():
+                # Host targets of the chunk's own dtype get the bytes straight into their
+                # storage (the library's copy, checksum verified in the same pass); the rest
+                # (GPU targets, casts, unknown tensors) come as views, which skip those copied.
+                for i, m in enumerate(metas):
+                    target = self.targets.get(m.name)
+                    if (isinstance(target, torch.Tensor) and target.device.type == "cpu"
+                            and target.is_contiguous() and m.dtype == self._dtypes[m.name]):
+                        it.copy_into(i, target.detach())
                 for name, view in it:
                     target = self.targets.get(name)
                     if target is None:
