@@ -30,6 +30,10 @@ def _shape_text(shape) -> str:
 class ModuleLoader:
     """Loads chunks into a module's parameters and buffers (by ``state_dict`` name) in place.
 
+    Contiguous CPU targets of the chunk's own dtype receive the bytes straight into their
+    storage through :meth:`wsync.Iteration.copy_into` (the library's copy loop, checksum
+    verified in the same pass); other targets (CUDA, casts) copy from the views.
+
     - ``allow_cast``: accept a dtype different from the module's (the copy converts); by
       default a dtype difference is a mismatch.
     - ``ignore_unknown``: skip tensors the module does not have instead of failing.
