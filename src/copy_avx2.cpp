@@ -140,6 +140,37 @@ inline void copy64_at(uint8_t *d, const uint8_t *s, size_t &c, size_t n, bool nt
     c += 64;
 }
 
+// XXH3's 64-byte stripe accumulation (XXH3_accumulate_512_avx2) and its scramble, on
+// accumulators held in registers rather than in the memory array the reference keeps.
+struct Acc {
+    __m256i lo, hi;
+};
+
+inline void accumulate(Acc &a, const uint8_t *in, const uint8_t *secret) {
+    const __m256i d0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in));
+    const __m256i d1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in + 32));
+    const __m256i k0 = _mm256_xor_si256(d0, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(secret)));
+    const __m256i k1 = _mm256_xor_si256(d1, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(secret + 32)));
+    const __m256i p0 = _mm256_mul_epu32(k0, _mm256_shuffle_epi32(k0, _MM_SHUFFLE(0, 3, 0, 1)));
+    const __m256i p1 = _mm256_mul_epu32(k1, _mm256_shuffle_epi32(k1, _MM_SHUFFLE(0, 3, 0, 1)));
+    a.lo = _mm256_add_epi64(p0, _mm256_add_epi64(a.lo, _mm256_shuffle_epi32(d0, _MM_SHUFFLE(1, 0, 3, 2))));
+    a.hi = _mm256_add_epi64(p1, _mm256_add_epi64(a.hi, _mm256_shuffle_epi32(d1, _MM_SHUFFLE(1, 0, 3, 2))));
+}
+
+inline __m256i scramble1(__m256i acc, const uint8_t *secret) {
+    const __m256i prime32 = _mm256_set1_epi32(int(XXH_PRIME32_1));
+    const __m256i k = _mm256_xor_si256(_mm256_xor_si256(acc, _mm256_srli_epi64(acc, 47)),
+                                       _mm256_loadu_si256(reinterpret_cast<const __m256i *>(secret)));
+    const __m256i lo = _mm256_mul_epu32(k, prime32);
+    const __m256i hi = _mm256_mul_epu32(_mm256_shuffle_epi32(k, _MM_SHUFFLE(0, 3, 0, 1)), prime32);
+    return _mm256_add_epi64(lo, _mm256_slli_epi64(hi, 32));
+}
+
+inline void scramble(Acc &a, const uint8_t *secret) {
+    a.lo = scramble1(a.lo, secret);
+    a.hi = scramble1(a.hi, secret + 32);
+}
+
 // XXH3-64 (default secret, seed 0) of n > 240 bytes at s, exactly as XXH3_64bits computes it
 // (XXH3_hashLong_64b_internal), while copying them to d: every 64-byte stripe the hash reads is
 // followed by the copy of the next 64 destination-aligned bytes, which the stripe's load has
@@ -151,26 +182,26 @@ uint64_t copy_hash_whole(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
     const size_t block_len = XXH_STRIPE_LEN * stripes_per_block;
     const size_t blocks = (n - 1) / block_len;
     XXH_ALIGN(XXH_ACC_ALIGN) xxh_u64 acc[XXH_ACC_NB] = XXH3_INIT_ACC;
+    Acc a{_mm256_load_si256(reinterpret_cast<const __m256i *>(acc)),
+          _mm256_load_si256(reinterpret_cast<const __m256i *>(acc + 4))};
     // The copy: 32 unaligned bytes at each end, aligned 64-byte steps in between from c on.
     const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s));
     const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 32));
     size_t c = (32 - (reinterpret_cast<uintptr_t>(d) & 31)) & 31;
     for (size_t b = 0; b < blocks; ++b) {
         for (size_t k = 0; k < stripes_per_block; ++k) {
-            XXH3_accumulate_512_avx2(acc, s + b * block_len + k * XXH_STRIPE_LEN,
-                                     secret + k * XXH_SECRET_CONSUME_RATE);
+            accumulate(a, s + b * block_len + k * XXH_STRIPE_LEN, secret + k * XXH_SECRET_CONSUME_RATE);
             copy64_at(d, s, c, n, nt);
         }
-        XXH3_scrambleAcc_avx2(acc, secret + secret_size - XXH_STRIPE_LEN);
+        scramble(a, secret + secret_size - XXH_STRIPE_LEN);
     }
     const size_t stripes = ((n - 1) - block_len * blocks) / XXH_STRIPE_LEN;
     for (size_t k = 0; k < stripes; ++k) {
-        XXH3_accumulate_512_avx2(acc, s + blocks * block_len + k * XXH_STRIPE_LEN,
-                                 secret + k * XXH_SECRET_CONSUME_RATE);
+        accumulate(a, s + blocks * block_len + k * XXH_STRIPE_LEN, secret + k * XXH_SECRET_CONSUME_RATE);
         copy64_at(d, s, c, n, nt);
     }
-    XXH3_accumulate_512_avx2(acc, s + n - XXH_STRIPE_LEN,
-                             secret + secret_size - XXH_STRIPE_LEN - 7 /* LASTACC_START */);
+    accumulate(a, s + n - XXH_STRIPE_LEN,
+               secret + secret_size - XXH_STRIPE_LEN - 7 /* XXH_SECRET_LASTACC_START */);
     for (; c + 32 <= n; c += 32) {
         __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + c));
         if (nt)
@@ -181,7 +212,10 @@ uint64_t copy_hash_whole(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
     if (nt) _mm_sfence();
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(d), first);
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + n - 32), last);
-    return XXH3_mergeAccs(acc, secret + 11 /* MERGEACCS_START */, xxh_u64(n) * XXH_PRIME64_1);
+    _mm256_store_si256(reinterpret_cast<__m256i *>(acc), a.lo);
+    _mm256_store_si256(reinterpret_cast<__m256i *>(acc + 4), a.hi);
+    return XXH3_mergeAccs(acc, secret + 11 /* XXH_SECRET_MERGEACCS_START */,
+                          xxh_u64(n) * XXH_PRIME64_1);
 }
 
 }  // namespace
