@@ -88,8 +88,9 @@ extern "C" {
 #define WSYNC_VERSION_PATCH 0
 /* One formula, forever: MAJOR * 10000 + MINOR * 100 + PATCH (0.2.0 -> 200).
  * 0.2: versions are transactions (struct_size fields, commit/abandon/fail, failures as data).
- * 0.3: wsync_sender_wait_released(), wsync_sender_set_stream(), wsync_receiver_set_stream();
- *      board layout 3 (trainer and engines must both be 0.3). */
+ * 0.3: wsync_sender_wait_released(), wsync_sender_set_stream(), wsync_receiver_set_stream(),
+ *      wsync_recv_copy() (copy-into receive with fused verification) and the shm
+ *      "copy_threads" option; board layout 3 (trainer and engines must both be 0.3). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -621,17 +622,57 @@ WSYNC_API wsync_status_t wsync_recv_info(const wsync_recv_t *it, wsync_recv_info
 WSYNC_API wsync_status_t wsync_recv_peek(const wsync_recv_t *it, size_t i, wsync_tensor_t *view);
 
 /* Yields the next tensor: *has_view is true and *view describes it, or *has_view is false at
- * the end. Views are zero-copy where the kind allows ("shm": read-only shared memory; the GPU
+ * the end; tensors that wsync_recv_copy() already took are skipped. Views are zero-copy where the kind allows ("shm": read-only shared memory; the GPU
  * kinds: device memory of the receiver's GPU, view->device CUDA; all flagged
- * WSYNC_TENSOR_READ_ONLY); copy the bytes into your parameters. A view's data, name and shape
- * stay valid until the iteration ends. With checksums on, a tensor is verified before it is
- * yielded and a mismatch fails with WSYNC_ERR_INTEGRITY naming the tensor; the iteration is then
+ * WSYNC_TENSOR_READ_ONLY); copy the bytes into your parameters (for host memory,
+ * wsync_recv_copy() does that copy and the verification in one pass). A view's data, name and
+ * shape stay valid until the iteration ends. With checksums on, a tensor is verified (unless a
+ * wsync_recv_copy() verified it already) before it is yielded and a mismatch fails with WSYNC_ERR_INTEGRITY naming the tensor; the iteration is then
  * failed (later calls return the same error). Does not block. */
 WSYNC_API wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view, bool *has_view);
 
+/* Copies bytes [offset, offset + len) of tensor i (0 .. count-1, the order wsync_recv_peek()
+ * and wsync_recv_next() use) into dst, the caller's own host memory, with the library's copy
+ * loop: stores aligned to the destination whatever the relative alignment of dst and the
+ * received bytes, non-temporal stores for copies larger than the cache, and, for copies of at
+ * least 8 MiB without verification, the receiver's copy threads ("copy_threads" option; made
+ * once per receiver, never per call). offset = 0 and len = the tensor's byte size (element size
+ * times the product of its shape, as peek reports) copies the whole tensor; a smaller range
+ * suits a loader that keeps a shard of it.
+ * Verification. With checksums on (the "checksum" and "verify" options), the first copy taken
+ * from a tensor (and a wsync_recv_next() that yields it first) reads all of the tensor's bytes
+ * once: it streams them through XXH3-64 in the same pass that copies the range, so the bytes
+ * cross the memory bus once for both. A mismatch fails with WSYNC_ERR_INTEGRITY naming the
+ * tensor and fails the iteration (as wsync_recv_next() does); what dst then holds is
+ * unspecified. Later copies and views of a verified tensor are not hashed again.
+ * Composition. The call takes any tensor in any order, as often as wanted (ranges of one tensor
+ * from several calls), before or after wsync_recv_next() yielded it; views already taken stay
+ * valid. A tensor is *taken* once it was yielded or copied (len > 0): wsync_recv_next() skips
+ * tensors already taken by a copy, so a loader can copy the tensors it keeps in host memory
+ * (found with wsync_recv_peek()) and then take the rest as views, each tensor once; one that
+ * copies every tensor needs no wsync_recv_next() at all. wsync_recv_end() requires every tensor
+ * taken.
+ * Borrows it and dst for the call; keeps nothing. dst must be writable host memory of len bytes
+ * that does not overlap the received tensor; it needs no particular alignment.
+ * Returns WSYNC_OK, or:
+ *   WSYNC_ERR_INVALID_ARGUMENT for it or dst NULL, i >= count, offset + len beyond the tensor
+ *     (offset > size or len > size - offset), or a dst overlapping the tensor's received bytes;
+ *     nothing is read or written and the iteration is unchanged (it can go on);
+ *   WSYNC_ERR_INTEGRITY as above (the iteration is failed);
+ *   the iteration's own error once it has failed (a checksum, an abandoned version), as
+ *     wsync_recv_next() returns it; nothing is copied;
+ *   WSYNC_ERR_UNSUPPORTED for strategies whose tensors are in device memory ("cuda_ipc",
+ *     "nccl_broadcast"): copy out of the wsync_recv_next() view with the device's own copy.
+ * len = 0 copies nothing, verifies nothing and does not take the tensor (arguments are still
+ * checked). Does not block on peers (it takes CPU time proportional to the bytes read). Same
+ * threading as the iteration: one thread at a time; the copy threads are the library's and are
+ * finished with dst when the call returns. */
+WSYNC_API wsync_status_t wsync_recv_copy(wsync_recv_t *it, size_t i, uint64_t offset, void *dst,
+                                         uint64_t len);
+
 /* Ends an iteration, acknowledges the chunk to the sender and frees the iteration (always, even
- * on failure; `it` is invalid afterwards). Returns WSYNC_OK only if every tensor was yielded and
- * verified and, for the chunk that commits a version, the version's manifest matched what this
+ * on failure; `it` is invalid afterwards). Returns WSYNC_OK only if every tensor was taken (yielded by
+ * wsync_recv_next() or copied by wsync_recv_copy()) and verified and, for the chunk that commits a version, the version's manifest matched what this
  * receiver received (else WSYNC_ERR_MISMATCH naming the difference). An iteration ended early
  * or after a failure is acknowledged as failed, so the sender's flush reports it and the
  * version is not completed, and the call returns WSYNC_ERR_WRONG_STATE (ended early) or the

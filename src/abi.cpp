@@ -423,6 +423,15 @@ wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view, bool *has
     });
 }
 
+wsync_status_t wsync_recv_copy(wsync_recv_t *it, size_t i, uint64_t offset, void *dst,
+                               uint64_t len) {
+    return guard([&] {
+        require(it, "wsync_recv_copy", "it");
+        require(dst, "wsync_recv_copy", "dst");
+        core(it)->copy(i, offset, dst, len);
+    });
+}
+
 wsync_status_t wsync_recv_end(wsync_recv_t *it) {
     if (!it) return WSYNC_OK;
     return guard([&] {

@@ -6,6 +6,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "copy.hpp"
 #include "error.hpp"
 
 namespace wsync {
@@ -44,11 +45,16 @@ json encode_manifest(const Manifest &m) {
                 {"digest", m.digest}};
 }
 
-std::string manifest_text(const Manifest &m) {
-    char d[24];
-    std::snprintf(d, sizeof d, "%016llx", static_cast<unsigned long long>(m.digest));
-    return std::to_string(m.tensors) + " tensors, " + std::to_string(m.bytes) + " bytes in " +
-           std::to_string(m.chunks) + " chunks, table digest " + d;
+// Statuses that mean the caller's input was refused before anything moved: such a failed send
+// loses nothing and leaves the version open.
+bool refused_input(wsync_status_t st) {
+    return st == WSYNC_ERR_INVALID_ARGUMENT || st == WSYNC_ERR_UNSUPPORTED;
+}
+
+}  // namespace
+
+std::string chunk_label(const ChunkHeader &h) {
+    return "chunk " + std::to_string(h.chunk_index) + " of version " + std::to_string(h.version);
 }
 
 void tally(Manifest &m, const std::vector<TensorMeta> &metas) {
@@ -60,17 +66,12 @@ void tally(Manifest &m, const std::vector<TensorMeta> &metas) {
     m.digest = chain_digest(m.digest, metas);
 }
 
-// Statuses that mean the caller's input was refused before anything moved: such a failed send
-// loses nothing and leaves the version open.
-bool refused_input(wsync_status_t st) {
-    return st == WSYNC_ERR_INVALID_ARGUMENT || st == WSYNC_ERR_UNSUPPORTED;
+std::string manifest_text(const Manifest &m) {
+    char d[24];
+    std::snprintf(d, sizeof d, "%016llx", static_cast<unsigned long long>(m.digest));
+    return std::to_string(m.tensors) + " tensors, " + std::to_string(m.bytes) + " bytes in " +
+           std::to_string(m.chunks) + " chunks, table digest " + d;
 }
-
-std::string chunk_label(const ChunkHeader &h) {
-    return "chunk " + std::to_string(h.chunk_index) + " of version " + std::to_string(h.version);
-}
-
-}  // namespace
 
 // ----------------------------------------------------------------------------------------------
 Strategy::Strategy(const KindInfo &kind, const char *options_json)
@@ -240,6 +241,10 @@ void SenderImpl::drop_receiver(uint32_t) {
 }
 
 // ----------------------------------------------------------------------------------------------
+Receiver::Receiver(const KindInfo &kind, std::unique_ptr<ReceiverImpl> impl)
+    : kind_(kind), impl_(std::move(impl)),
+      pool_(std::make_unique<copy::Pool>(impl_->copy_threads())) {}
+
 Receiver::~Receiver() {
     // An iteration left open is acknowledged as failed before the transport goes away.
     open_.reset();
@@ -397,144 +402,6 @@ wsync_receiver_state_t Receiver::poll() {
     st.failed_version = failed_version_;
     st.failed_status = failed_version_ ? failed_status_ : WSYNC_OK;
     return st;
-}
-
-// ----------------------------------------------------------------------------------------------
-Iteration::Iteration(Receiver &owner, ChunkHeader header, TensorTable table,
-                     std::unique_ptr<ChunkBacking> backing, bool verify)
-    : owner_(&owner), header_(header), table_(std::move(table)), backing_(std::move(backing)),
-      verify_(verify && !table_.checksums.empty()) {}
-
-Iteration::~Iteration() {
-    if (!finished_) {
-        if (failed_ == WSYNC_OK) {
-            failed_ = WSYNC_ERR_WRONG_STATE;
-            failure_ = "the receiver was destroyed with " + chunk_label(header_) + " open";
-        }
-        finish(failed_);
-    }
-}
-
-void Iteration::info(wsync_recv_info_t *out) const {
-    out->flags = header_.last ? WSYNC_CHUNK_LAST : 0;
-    out->version = header_.version;
-    out->chunk_index = header_.chunk_index;
-    out->count = table_.metas.size();
-    out->bytes = table_.total_bytes();
-    if (header_.last) {
-        out->version_chunks = header_.manifest.chunks;
-        out->version_tensors = header_.manifest.tensors;
-        out->version_bytes = header_.manifest.bytes;
-    }
-}
-void Iteration::fill(std::size_t i, wsync_tensor_t *view, bool with_data) const {
-    const TensorMeta &m = table_.metas[i];
-    std::memset(view, 0, sizeof *view);
-    view->name = m.name.c_str();
-    view->shape = m.shape;
-    view->strides = nullptr;
-    view->ndim = m.ndim;
-    view->dtype = m.dtype;
-    view->device = backing_->device();
-    if (with_data) {
-        view->data = const_cast<void *>(backing_->data(i));
-        view->flags = backing_->read_only() ? WSYNC_TENSOR_READ_ONLY : 0;
-    }
-}
-
-void Iteration::peek(std::size_t i, wsync_tensor_t *view) const {
-    if (i >= table_.metas.size())
-        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT, "peek: index " + std::to_string(i) +
-                                             " is out of range (the chunk has " +
-                                             std::to_string(table_.metas.size()) + " tensors)");
-    fill(i, view, false);
-}
-
-bool Iteration::next(wsync_tensor_t *view) {
-    if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
-    if (next_ >= table_.metas.size()) return false;
-    std::size_t i = next_;
-    if (verify_) {
-        const TensorMeta &m = table_.metas[i];
-        uint64_t got = checksum_bytes(backing_->data(i), m.nbytes);
-        if (got != table_.checksums[i]) {
-            failed_ = WSYNC_ERR_INTEGRITY;
-            char buf[64];
-            std::snprintf(buf, sizeof buf, "%016llx, computed %016llx",
-                          static_cast<unsigned long long>(table_.checksums[i]),
-                          static_cast<unsigned long long>(got));
-            failure_ = "tensor '" + m.name + "' in " + chunk_label(header_) +
-                       ": checksum mismatch (request says " + buf + ")";
-            wsync::fail(failed_, failure_);
-        }
-    }
-    fill(i, view, true);
-    ++next_;
-    return true;
-}
-
-wsync_status_t Iteration::finish(wsync_status_t outcome) noexcept {
-    if (finished_) return failed_;
-    finished_ = true;
-    // The transport's own completion decides the final outcome before anyone is told: the
-    // engine's caller and the sender's failure record then carry the same status and message.
-    std::string why;
-    wsync_status_t final = backing_->settle(outcome, &why);
-    if (final != outcome && failed_ == WSYNC_OK) {
-        failed_ = final;
-        try {
-            failure_ = why.empty() ? "the transport failed " + chunk_label(header_) : why;
-        } catch (...) {
-        }
-    }
-    try {
-        owner_->before_ack(header_, final, failure_);
-    } catch (...) {
-    }
-    backing_->acknowledge(final);
-    owner_->finished(header_, table_, final);
-    return final;
-}
-
-void Iteration::fail(wsync_status_t status, std::string message) {
-    if (failed_ == WSYNC_OK) {
-        failed_ = status;
-        failure_ = std::move(message);
-    }
-    finish(failed_);
-}
-
-void Iteration::end() {
-    if (failed_ != WSYNC_OK) {
-        finish(failed_);
-        wsync::fail(failed_, failure_);
-    }
-    if (next_ < table_.metas.size()) {
-        failed_ = WSYNC_ERR_WRONG_STATE;
-        failure_ = "iteration over " + chunk_label(header_) + " ended after " +
-                   std::to_string(next_) + " of " + std::to_string(table_.metas.size()) +
-                   " tensors; the chunk is acknowledged as failed";
-        finish(failed_);
-        wsync::fail(failed_, failure_);
-    }
-    if (header_.last) {
-        // The committing chunk: this receiver's tally of the version must equal the manifest.
-        Manifest with_me = owner_->tally_;
-        tally(with_me, table_.metas);
-        std::string why;
-        if (!(with_me == header_.manifest))
-            why = "version " + std::to_string(header_.version) +
-                  " is incomplete or differs: its manifest lists " +
-                  manifest_text(header_.manifest) + ", this receiver received " +
-                  manifest_text(with_me);
-        if (!why.empty()) {
-            failed_ = WSYNC_ERR_MISMATCH;
-            failure_ = why;
-            finish(failed_);
-            wsync::fail(failed_, failure_);
-        }
-    }
-    if (finish(WSYNC_OK) != WSYNC_OK) wsync::fail(failed_, failure_);
 }
 
 void check_receiver_index(const char *kind, uint32_t index, uint32_t receivers) {

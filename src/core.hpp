@@ -12,6 +12,10 @@
 
 namespace wsync {
 
+namespace copy {
+class Pool;
+}
+
 class Strategy {
 public:
     Strategy(const KindInfo &kind, const char *options_json);
@@ -59,8 +63,7 @@ class Iteration;
 
 class Receiver {
 public:
-    Receiver(const KindInfo &kind, std::unique_ptr<ReceiverImpl> impl)
-        : kind_(kind), impl_(std::move(impl)) {}
+    Receiver(const KindInfo &kind, std::unique_ptr<ReceiverImpl> impl);
     ~Receiver();
     // The iteration is owned by the receiver until end() (or the receiver's destruction).
     Iteration *receive(const uint8_t *request, std::size_t len);
@@ -82,6 +85,7 @@ private:
 
     const KindInfo &kind_;
     std::unique_ptr<ReceiverImpl> impl_;
+    std::unique_ptr<copy::Pool> pool_;  // wsync_recv_copy's threads, started on first need
     std::unique_ptr<Iteration> open_;
     uint64_t current_ = 0;         // version whose chunks arrive now (open or failed), 0: none
     bool current_failed_ = false;
@@ -104,6 +108,9 @@ public:
     void info(wsync_recv_info_t *out) const;
     void peek(std::size_t i, wsync_tensor_t *view) const;
     bool next(wsync_tensor_t *view);
+    // wsync_recv_copy: bytes [offset, offset + len) of tensor i into dst (host memory),
+    // verifying the whole tensor in the same pass the first time any of it is taken.
+    void copy(std::size_t i, uint64_t offset, void *dst, uint64_t len);
     // Acknowledges; throws the iteration's failure, if any. Called once, by Receiver::end.
     void end();
     // Acknowledges as failed with the loader's own status and message.
@@ -111,6 +118,9 @@ public:
 
 private:
     void fill(std::size_t i, wsync_tensor_t *view, bool with_data) const;
+    // Fails the iteration with WSYNC_ERR_INTEGRITY naming tensor i unless `got` is its checksum;
+    // else marks it verified.
+    void check_sum(std::size_t i, uint64_t got);
     // Settles, records and acknowledges the chunk; returns the final outcome (the transport
     // may turn WSYNC_OK into a failure, which then becomes the iteration's failure).
     wsync_status_t finish(wsync_status_t outcome) noexcept;
@@ -121,10 +131,20 @@ private:
     std::unique_ptr<ChunkBacking> backing_;
     bool verify_;
     std::size_t next_ = 0;
+    // Per tensor: kVerified (its checksum matched), kTaken (yielded or copied).
+    enum : uint8_t { kVerified = 1, kTaken = 2 };
+    std::vector<uint8_t> state_;
+    std::size_t taken_ = 0;
     wsync_status_t failed_ = WSYNC_OK;
     std::string failure_;
     bool finished_ = false;
 };
+
+// Shared by core.cpp and iteration.cpp: "chunk 2 of version 7"; a manifest in words; a
+// chunk's tensors added to a version's tally.
+std::string chunk_label(const ChunkHeader &h);
+std::string manifest_text(const Manifest &m);
+void tally(Manifest &m, const std::vector<TensorMeta> &metas);
 
 // Chains a chunk's name/dtype/shape table into a version digest (both sides compute it).
 uint64_t chain_digest(uint64_t digest, const std::vector<TensorMeta> &metas);

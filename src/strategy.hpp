@@ -101,6 +101,8 @@ public:
     virtual bool verify_checksums() const = 0;
     // Whether the init info promised tensor checksums in every request.
     virtual bool checksums_promised() const { return false; }
+    // Threads a large wsync_recv_copy is split between (0: sized to the machine).
+    virtual unsigned copy_threads() const { return 1; }
     // The core refuses a well-formed, authentic request (out of order, its version already
     // failed here): if the chunk is current and owed by this receiver, acknowledge it as failed
     // (so the sender does not wait for it) and, with `record`, tell the sender why.

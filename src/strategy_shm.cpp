@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "board.hpp"
+#include "copy.hpp"
 #include "error.hpp"
 #include "strategy.hpp"
 #include "sys.hpp"
@@ -62,6 +63,9 @@ const std::vector<OptionSpec> &shm_options() {
         {"checksum", T::Bool, 1, 0, 1, "sender", "carry an XXH3-64 checksum of every tensor"},
         {"verify", T::Bool, 1, 0, 1, "receiver",
          "verify carried checksums before yielding each tensor"},
+        {"copy_threads", T::UInt, 0, 0, 64, "receiver",
+         "threads one wsync_recv_copy of 8 MiB or more is split between (the caller's included; "
+         "made once per receiver, on first use); 0: one per CPU this process may use, at most 8"},
         {"timeout_ms", T::UInt, 60000, 0, uint64_t(1) << 40, "sender",
          "how long send_chunk waits for a free bucket before failing"},
     };
@@ -270,10 +274,13 @@ public:
 
         uint8_t *dst = seg_->bucket(b);
         if (checksum_) table.checksums.resize(table.metas.size());
+        // The pack and the checksum in one pass over each tensor (src/copy.hpp).
         for (std::size_t i = 0; i < table.metas.size(); ++i) {
-            std::memcpy(dst + table.offsets[i], tensors[i].data, table.metas[i].nbytes);
+            const uint64_t n = table.metas[i].nbytes;
             if (checksum_)
-                table.checksums[i] = checksum_bytes(dst + table.offsets[i], table.metas[i].nbytes);
+                table.checksums[i] = copy::copy_hashing(dst + table.offsets[i], tensors[i].data, n, 0, n);
+            else
+                copy::copy_bytes(dst + table.offsets[i], tensors[i].data, n);
         }
         waiter_.publish(b, seq);  // the bytes are in place
         ++next_seq_;
@@ -335,13 +342,16 @@ private:
 
 class ShmReceiver final : public ReceiverImpl {
 public:
-    ShmReceiver(std::shared_ptr<Segment> seg, uint32_t index, bool verify, bool promised)
-        : seg_(std::move(seg)), index_(index), verify_(verify), promised_(promised) {}
+    ShmReceiver(std::shared_ptr<Segment> seg, uint32_t index, bool verify, bool promised,
+                unsigned copy_threads)
+        : seg_(std::move(seg)), index_(index), verify_(verify), promised_(promised),
+          copy_threads_(copy_threads) {}
 
     ~ShmReceiver() override { board::detach(seg_->board(), index_); }
 
     bool verify_checksums() const override { return verify_; }
     bool checksums_promised() const override { return promised_; }
+    unsigned copy_threads() const override { return copy_threads_; }
 
     Link link() const override {
         board::Standing s = board::standing(seg_->board(), seg_->fd(), index_);
@@ -426,6 +436,7 @@ private:
     std::shared_ptr<Segment> seg_;
     uint32_t index_;
     bool verify_, promised_;
+    unsigned copy_threads_;
     uint64_t last_seq_ = 0;
 };
 
@@ -437,6 +448,7 @@ public:
           buckets_(static_cast<uint32_t>(o.uint("buckets"))),
           bucket_bytes_(round_up(o.uint("bucket_bytes"), kBucketAlign)),
           checksum_(o.boolean("checksum")), verify_(o.boolean("verify")),
+          copy_threads_(static_cast<unsigned>(o.uint("copy_threads"))),
           timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))) {}
 
     json create_init_info() override {
@@ -469,13 +481,15 @@ public:
         // The last receiver to attach removes the name: a trainer killed from now on leaves
         // nothing in /dev/shm.
         seg->unlink_if_complete(index);
-        return std::make_unique<ShmReceiver>(std::move(seg), index, verify_, info.checksum);
+        return std::make_unique<ShmReceiver>(std::move(seg), index, verify_, info.checksum,
+                                             copy_threads_);
     }
 
 private:
     uint32_t receivers_, buckets_;
     uint64_t bucket_bytes_;
     bool checksum_, verify_;
+    unsigned copy_threads_;
     int64_t timeout_ms_;
     std::shared_ptr<Segment> seg_;
 };

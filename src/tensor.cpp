@@ -6,6 +6,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "copy.hpp"
 #include "error.hpp"
 #include "wire.hpp"
 
@@ -349,6 +350,6 @@ TensorTable decode_tensor_table(const json &obj) {
     return t;
 }
 
-uint64_t checksum_bytes(const void *data, uint64_t n) { return XXH3_64bits(data, n); }
+uint64_t checksum_bytes(const void *data, uint64_t n) { return copy::hash_bytes(data, n); }
 
 }  // namespace wsync

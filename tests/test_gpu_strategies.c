@@ -107,6 +107,10 @@ typedef struct {
 
 typedef tu_peer_t engine_t;
 
+/* Set by a test before it starts engines (they are forked): each engine then also asks
+ * wsync_recv_copy for the first tensor of every chunk and expects it refused (verdict 6 if not). */
+static int g_engines_try_copy;
+
 /* float32 values of tensor k at version v: a spread of magnitudes, signs and ties. */
 static float tu_float(uint64_t v, uint64_t k, size_t i) {
     uint64_t r = tu_splitmix((v << 40) ^ (k << 24) ^ i);
@@ -180,6 +184,12 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
                     CUdeviceptr dst = (CUdeviceptr)(uintptr_t)dalloc(n);
                     drv.set_fail("cuMemcpyDtoDAsync@async", 0, 0);
                     if (drv.cuMemcpyDtoDAsync(dst, (CUdeviceptr)(uintptr_t)v.data, n, NULL)) verdict = 5;
+                }
+                if (g_engines_try_copy && first) {
+                    uint8_t host[8];
+                    if (wsync_recv_copy(it, 0, 0, host, 1) != WSYNC_ERR_UNSUPPORTED ||
+                        !strstr(wsync_last_error(), "device's own copy"))
+                        verdict = 6;
                 }
                 first = 0;
             }
@@ -282,6 +292,37 @@ static void packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chun
     wsync_strategy_destroy(s);
     wsync_blob_free(&init);
     for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
+static void recv_copy_of_device_memory_is_unsupported_and_the_chunk_still_loads(void **state) {
+    (void)state;
+    g_engines_try_copy = 1;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
+    engine_t e = engine_start(&c0);
+    g_engines_try_copy = 0;
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("cuda_ipc", "{\"receivers\": 1, \"bucket_bytes\": 65536}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    engine_send(&e, &init);
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    void *data = dalloc((size_t)shapes[0][0] * shapes[0][1] * 4);
+    tu_fill(data, (size_t)shapes[0][0] * shapes[0][1] * 4, 1, 0);
+    wsync_tensor_t t = gpu_tensor(names[0], data, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    engine_send(&e, &req);
+    assert_int_equal(engine_verdict(&e), 0); /* refused by name; the views still load it */
+    wsync_blob_free(&req);
+    OK(wsync_sender_flush(tx, 5000));
+    engine_finish(&e);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)data);
 }
 
 static void packed_cast_to_bfloat16_rounds_to_nearest_even(void **state) {
@@ -1449,6 +1490,7 @@ static void a_cuda_driver_older_than_12_0_is_unavailable_naming_both_versions(vo
 
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chunk),
+    cmocka_unit_test(recv_copy_of_device_memory_is_unsupported_and_the_chunk_still_loads),
     cmocka_unit_test(packed_cast_to_bfloat16_rounds_to_nearest_even),
     cmocka_unit_test(unpacked_steady_state_opens_no_new_handle_over_1000_syncs),
     cmocka_unit_test(unpacked_moved_tensor_gets_a_new_handle_and_the_old_one_is_closed),

@@ -849,6 +849,33 @@ class _CudaArray:
     __slots__ = ("__cuda_array_interface__", "owner")
 
 
+def _writable_address(dst) -> Tuple[int, int, Any]:
+    """(address, byte capacity, object to keep alive) of a writeable host destination."""
+    torch = _dtypes.torch_module()
+    if torch is not None and isinstance(dst, torch.Tensor):
+        if dst.device.type != "cpu":
+            raise invalid(f"copy_into: the destination is on {dst.device}; only CPU tensors "
+                          "(use the views for device memory)")
+        if not dst.is_contiguous():
+            raise invalid("copy_into: the destination tensor is not contiguous")
+        return dst.data_ptr(), dst.numel() * dst.element_size(), dst
+    if isinstance(dst, np.ndarray):
+        if not dst.flags.c_contiguous or not dst.flags.writeable:
+            raise invalid("copy_into: the destination array is not C-contiguous and writeable")
+        return dst.ctypes.data, dst.nbytes, dst
+    try:
+        mv = memoryview(dst)
+    except TypeError:
+        raise invalid(f"copy_into: cannot write into a {type(dst).__name__}") from None
+    if mv.readonly or not mv.c_contiguous:
+        raise invalid("copy_into: the destination buffer is read-only or not contiguous")
+    mv = mv.cast("B")
+    if mv.nbytes == 0:
+        return 1, 0, mv  # nothing will be written; the library still wants a non-NULL address
+    buf = (c_char * mv.nbytes).from_buffer(mv)
+    return ctypes.addressof(buf), mv.nbytes, (mv, buf)
+
+
 class Iteration:
     """One received chunk: a context manager and a single-pass iterable of ``(name, tensor)``.
 
@@ -937,6 +964,45 @@ class Iteration:
         """Dry run over the whole chunk: a :class:`TensorMeta` per tensor, in order, without
         touching any tensor bytes (so a loader can check the plan before anything moves)."""
         return [self.peek(i) for i in range(self.info.count)]
+
+    def copy_into(self, i: int, dst, *, offset: int = 0, nbytes: Optional[int] = None) -> int:
+        """Copies tensor ``i``'s bytes (from byte ``offset``; ``nbytes`` of them, by default the
+        rest of the tensor) into ``dst``'s memory with the library's copy loop
+        (``wsync_recv_copy``), verifying the tensor's checksum in the same pass. Returns the
+        bytes copied.
+
+        ``dst``: a contiguous CPU torch tensor, a C-contiguous writeable numpy array, or any
+        writeable buffer, at least ``nbytes`` long; its bytes are overwritten raw (no dtype
+        conversion, no autograd record). The tensor counts as taken: iterating skips it.
+        Raises ``INVALID_ARGUMENT`` for a bad index, range or destination (the iteration goes
+        on), ``INTEGRITY`` naming the tensor when its checksum fails (the iteration is failed
+        and ``dst`` holds unspecified bytes), ``UNSUPPORTED`` for device-memory strategies.
+        """
+        if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+            raise invalid(f"copy_into: tensor index {i!r} is not a non-negative integer")
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise invalid(f"copy_into: offset {offset!r} is not a non-negative integer")
+        address, capacity, keep = _writable_address(dst)
+        with self._lock:
+            if nbytes is None:
+                f = self._peek_raw(i)
+                size = f[6] * f[7] // 8  # bits * lanes / 8
+                if f[4]:
+                    for extent in _INT64_STRUCTS[f[4]].unpack(ctypes.string_at(f[2], 8 * f[4])):
+                        size *= extent
+                nbytes = max(size - offset, 0)
+            if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+                raise invalid(f"copy_into: nbytes {nbytes!r} is not a non-negative integer")
+            if nbytes > capacity:
+                raise invalid(f"copy_into: the destination holds {capacity} bytes, "
+                              f"{nbytes} are to be copied")
+            status = self._lib.wsync_recv_copy(self._h(), i, offset, address, nbytes)
+            if status:
+                if status not in (Status.INVALID_ARGUMENT, Status.UNSUPPORTED):
+                    self._library_failed = True  # the iteration itself failed (a checksum)
+                raise_for(status, self._lib)
+        del keep
+        return nbytes
 
     def _maker(self, dl: tuple):
         """(numpy dtype the view is built with, itemsize, torch dtype to reinterpret as or

@@ -240,6 +240,7 @@ SIGNATURES: Mapping[str, tuple] = {
     "wsync_recv_info": (_status, [_handle, POINTER(RecvInfo)]),
     "wsync_recv_peek": (_status, [_handle, c_size_t, POINTER(Tensor)]),
     "wsync_recv_next": (_status, [_handle, POINTER(Tensor), POINTER(c_bool)]),
+    "wsync_recv_copy": (_status, [_handle, c_size_t, c_uint64, c_void_p, c_uint64]),
     "wsync_recv_end": (_status, [_handle]),
     "wsync_recv_fail": (_status, [_handle, _status, c_char_p]),
     # 6. planner

@@ -30,6 +30,10 @@ def _shape_text(shape) -> str:
 class ModuleLoader:
     """Loads chunks into a module's parameters and buffers (by ``state_dict`` name) in place.
 
+    Contiguous CPU targets of the chunk's own dtype receive the bytes straight into their
+    storage through :meth:`wsync.Iteration.copy_into` (the library's copy loop, checksum
+    verified in the same pass); other targets (CUDA, casts) copy from the views.
+
     - ``allow_cast``: accept a dtype different from the module's (the copy converts); by
       default a dtype difference is a mismatch.
     - ``ignore_unknown``: skip tensors the module does not have instead of failing.
@@ -79,7 +83,8 @@ class ModuleLoader:
         torch = _dtypes.require_torch()
         with receiver.receive(request, framework="torch") as it:
             info = it.info
-            problems = self.check(it.metas())
+            metas = it.metas()
+            problems = self.check(metas)
             if problems:
                 listed = problems[:MAX_LISTED_PROBLEMS]
                 more = len(problems) - len(listed)
@@ -89,6 +94,14 @@ class ModuleLoader:
                     + "; ".join(listed) + (f"; and {more} more" if more > 0 else ""))
             cuda_devices = set()
             with torch.no_grad():
+                # Host targets of the chunk's own dtype get the bytes straight into their
+                # storage (the library's copy, checksum verified in the same pass); the rest
+                # (GPU targets, casts, unknown tensors) come as views, which skip those copied.
+                for i, m in enumerate(metas):
+                    target = self.targets.get(m.name)
+                    if (isinstance(target, torch.Tensor) and target.device.type == "cpu"
+                            and target.is_contiguous() and m.dtype == self._dtypes[m.name]):
+                        it.copy_into(i, target.detach())
                 for name, view in it:
                     target = self.targets.get(name)
                     if target is None:

@@ -600,6 +600,15 @@ extern "C" {
         view: *mut wsync_tensor_t,
         has_view: *mut bool,
     ) -> wsync_status_t;
+    /// Copies bytes `[offset, offset + len)` of tensor `i` into `dst` (host memory, `len`
+    /// bytes) with the library's copy loop, verifying the tensor's checksum in the same pass.
+    pub fn wsync_recv_copy(
+        it: *mut wsync_recv_t,
+        i: usize,
+        offset: u64,
+        dst: *mut c_void,
+        len: u64,
+    ) -> wsync_status_t;
     /// Ends (acknowledges and frees) an iteration; `it` is invalid afterwards.
     pub fn wsync_recv_end(it: *mut wsync_recv_t) -> wsync_status_t;
     /// Fails an iteration at any point (also after its last view) with `status` and `message`

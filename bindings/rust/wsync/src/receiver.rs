@@ -358,6 +358,29 @@ impl<'r> Recv<'r> {
         Some(view)
     }
 
+    /// Copies bytes `offset .. offset + dst.len()` of tensor `i` into `dst` with the library's
+    /// copy loop (`wsync_recv_copy`: aligned stores whatever `dst`'s alignment, non-temporal for
+    /// large copies), verifying the tensor's checksum in the same pass the first time any of it
+    /// is taken. The tensor then counts as taken: [`Recv::next_view`] skips it. An index or
+    /// range out of bounds fails with [`Status::InvalidArgument`] naming it (the iteration goes
+    /// on); a checksum mismatch with [`Status::Integrity`] naming the tensor (the iteration is
+    /// failed and `dst` holds unspecified bytes); device-memory strategies with
+    /// [`Status::Unsupported`]. An empty `dst` copies nothing and takes nothing.
+    pub fn copy_into(&mut self, i: usize, offset: u64, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: the iteration is live and used by this thread only (`&mut self`, so no view
+        // borrows it and `dst` cannot alias a view); `dst` is valid for writes of its length
+        // for the call, and the library keeps nothing.
+        check(unsafe {
+            sys::wsync_recv_copy(
+                self.raw.as_ptr(),
+                i,
+                offset,
+                dst.as_mut_ptr().cast::<c_void>(),
+                dst.len() as u64,
+            )
+        })
+    }
+
     /// Ends the iteration and acknowledges the chunk to the sender. `Ok(())` only if every
     /// tensor was yielded and verified; an iteration ended early fails with
     /// [`Status::WrongState`] (the chunk is acknowledged as failed), a failed one with its

@@ -1,0 +1,68 @@
+// The receiver's host copy loop (wsync_recv_copy): bytes out of a shared bucket into the
+// engine's own memory, robust to how the two are aligned relative to each other, with the
+// tensor's XXH3-64 computed in the same pass when it must be verified. Why it exists and what it
+// measures: docs/data-path.md.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace wsync {
+namespace copy {
+
+// Copies n bytes; the ranges must not overlap. Stores are aligned to 32 bytes; the direction is
+// chosen so that loads never follow recent stores at the same offset modulo 4096 (the 4K
+// aliasing that makes a forward copy run ~3x slower when dst is a little ahead of src); copies of
+// at least nt_threshold() bytes use non-temporal stores (they would only evict the cache).
+void copy_bytes(void *dst, const void *src, std::size_t n) noexcept;
+
+// Streams XXH3-64 over all `total` bytes at src while copying bytes [off, off + len) of them to
+// dst, in one pass over the source: a whole tensor has each 64-byte stripe hashed and copied from
+// one load into L1; a range is copied and hashed block by block while each block is in L1.
+// Returns the hash of the whole source, equal to XXH3_64bits(src, total).
+uint64_t copy_hashing(void *dst, const void *src, uint64_t total, uint64_t off,
+                      uint64_t len) noexcept;
+
+// XXH3-64 of n bytes, on AVX2 where the CPU has it (the value is the same either way).
+uint64_t hash_bytes(const void *data, uint64_t n) noexcept;
+
+// Bytes from which copy_bytes switches to non-temporal stores (the core's L2 size, at least
+// 256 KiB; 1 MiB when the system does not say).
+std::size_t nt_threshold() noexcept;
+
+// Threads for one receiver's large plain copies, made once (lazily, on the first copy large
+// enough) and kept until the receiver is destroyed: no thread is created per call.
+class Pool {
+public:
+    // threads: how many threads share one copy, the caller's included; 0 means one per CPU
+    // this process may run on (at most 8). 1 makes a pool that never starts a thread.
+    explicit Pool(unsigned threads);
+    ~Pool();
+    Pool(const Pool &) = delete;
+    Pool &operator=(const Pool &) = delete;
+    unsigned threads() const { return threads_; }
+    // Copies like copy_bytes, split between the threads when n is large (>= 8 MiB).
+    void copy(void *dst, const void *src, std::size_t n) noexcept;
+
+private:
+    void start() noexcept;
+    void work(unsigned self) noexcept;
+
+    unsigned threads_;
+    std::vector<std::thread> workers_;
+    std::mutex mu_;
+    std::condition_variable wake_, done_;
+    uint64_t job_ = 0;      // generation of the current job
+    unsigned pending_ = 0;  // workers that have not finished the current job
+    bool stop_ = false;
+    uint8_t *dst_ = nullptr;
+    const uint8_t *src_ = nullptr;
+    std::size_t n_ = 0;
+};
+
+}  // namespace copy
+}  // namespace wsync

@@ -1,0 +1,244 @@
+// The AVX2 half of copy.cpp, compiled with -mavx2 and called only where the CPU has AVX2
+// (copy.cpp checks). XXH3 is inlined here so that it, too, runs on 256-bit vectors. Nothing in
+// this file may instantiate a template or inline function shared with other files: the linker
+// could keep this file's AVX2 copy for callers on CPUs without AVX2.
+#include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "copy_kernels.hpp"
+
+namespace wsync {
+namespace copy {
+namespace kernels {
+
+namespace {
+
+void forward_avx2(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
+    // n >= 64. The first and last 32 bytes go unaligned; the loop stores aligned in between.
+    const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s));
+    const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 32));
+    uint8_t *const dlast = d + n - 32;
+    uint8_t *const dfirst = d;
+    size_t skip = (32 - (reinterpret_cast<uintptr_t>(d) & 31)) & 31;
+    d += skip, s += skip, n -= skip;
+    if (nt) {
+        for (; n >= 128; n -= 128, d += 128, s += 128) {
+            __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s));
+            __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + 32));
+            __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + 64));
+            __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + 96));
+            _mm256_stream_si256(reinterpret_cast<__m256i *>(d), a);
+            _mm256_stream_si256(reinterpret_cast<__m256i *>(d + 32), b);
+            _mm256_stream_si256(reinterpret_cast<__m256i *>(d + 64), c);
+            _mm256_stream_si256(reinterpret_cast<__m256i *>(d + 96), e);
+        }
+    } else {
+        for (; n >= 128; n -= 128, d += 128, s += 128) {
+            __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s));
+            __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + 32));
+            __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + 64));
+            __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + 96));
+            _mm256_store_si256(reinterpret_cast<__m256i *>(d), a);
+            _mm256_store_si256(reinterpret_cast<__m256i *>(d + 32), b);
+            _mm256_store_si256(reinterpret_cast<__m256i *>(d + 64), c);
+            _mm256_store_si256(reinterpret_cast<__m256i *>(d + 96), e);
+        }
+    }
+    for (; n >= 32; n -= 32, d += 32, s += 32)
+        _mm256_store_si256(reinterpret_cast<__m256i *>(d),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(dfirst), first);
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(dlast), last);
+}
+
+void backward_avx2(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
+    // n >= 64. Walks down from the end; the end of the aligned part is d + n.
+    const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s));
+    const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 32));
+    uint8_t *const dlast = d + n - 32;
+    n -= reinterpret_cast<uintptr_t>(d + n) & 31;
+    if (nt) {
+        for (; n >= 128; n -= 128) {
+            __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 32));
+            __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 64));
+            __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 96));
+            __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 128));
+            _mm256_stream_si256(reinterpret_cast<__m256i *>(d + n - 32), a);
+            _mm256_stream_si256(reinterpret_cast<__m256i *>(d + n - 64), b);
+            _mm256_stream_si256(reinterpret_cast<__m256i *>(d + n - 96), c);
+            _mm256_stream_si256(reinterpret_cast<__m256i *>(d + n - 128), e);
+        }
+    } else {
+        for (; n >= 128; n -= 128) {
+            __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 32));
+            __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 64));
+            __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 96));
+            __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 128));
+            _mm256_store_si256(reinterpret_cast<__m256i *>(d + n - 32), a);
+            _mm256_store_si256(reinterpret_cast<__m256i *>(d + n - 64), b);
+            _mm256_store_si256(reinterpret_cast<__m256i *>(d + n - 96), c);
+            _mm256_store_si256(reinterpret_cast<__m256i *>(d + n - 128), e);
+        }
+    }
+    for (; n >= 32; n -= 32)
+        _mm256_store_si256(reinterpret_cast<__m256i *>(d + n - 32),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 32)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d), first);
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(dlast), last);
+}
+
+// See copy.cpp: a forward copy stalls when dst is a little ahead of src (mod 4096), a backward
+// one when it is a little behind.
+inline bool backward_is_safer(const void *dst, const void *src) {
+    size_t delta = (reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(src)) & 4095;
+    return delta != 0 && delta <= kAliasWindow;
+}
+
+inline uint64_t lo_of(uint64_t a, uint64_t b) { return a < b ? a : b; }
+inline uint64_t hi_of(uint64_t a, uint64_t b) { return a < b ? b : a; }
+
+}  // namespace
+
+// Without the fence that makes non-temporal stores visible in order: callers fence once.
+static void copy_unfenced(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
+    if (n < 64) {
+        memcpy(d, s, n);
+    } else if (backward_is_safer(d, s)) {
+        backward_avx2(d, s, n, nt);
+    } else {
+        forward_avx2(d, s, n, nt);
+    }
+}
+
+void avx2_copy(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
+    copy_unfenced(d, s, n, nt);
+    if (nt) _mm_sfence();
+}
+
+uint64_t avx2_hash(const void *p, size_t n) { return XXH3_64bits(p, n); }
+
+namespace {
+
+// Stores the 64 bytes at s + c to d + c (d + c 32-byte aligned) and advances c, when they lie
+// within n.
+inline void copy64_at(uint8_t *d, const uint8_t *s, size_t &c, size_t n, bool nt) {
+    if (c + 64 > n) return;
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + c));
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + c + 32));
+    if (nt) {
+        _mm256_stream_si256(reinterpret_cast<__m256i *>(d + c), a);
+        _mm256_stream_si256(reinterpret_cast<__m256i *>(d + c + 32), b);
+    } else {
+        _mm256_store_si256(reinterpret_cast<__m256i *>(d + c), a);
+        _mm256_store_si256(reinterpret_cast<__m256i *>(d + c + 32), b);
+    }
+    c += 64;
+}
+
+// XXH3's 64-byte stripe accumulation (XXH3_accumulate_512_avx2) and its scramble, on
+// accumulators held in registers rather than in the memory array the reference keeps.
+struct Acc {
+    __m256i lo, hi;
+};
+
+inline void accumulate(Acc &a, const uint8_t *in, const uint8_t *secret) {
+    const __m256i d0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in));
+    const __m256i d1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in + 32));
+    const __m256i k0 = _mm256_xor_si256(d0, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(secret)));
+    const __m256i k1 = _mm256_xor_si256(d1, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(secret + 32)));
+    const __m256i p0 = _mm256_mul_epu32(k0, _mm256_shuffle_epi32(k0, _MM_SHUFFLE(0, 3, 0, 1)));
+    const __m256i p1 = _mm256_mul_epu32(k1, _mm256_shuffle_epi32(k1, _MM_SHUFFLE(0, 3, 0, 1)));
+    a.lo = _mm256_add_epi64(p0, _mm256_add_epi64(a.lo, _mm256_shuffle_epi32(d0, _MM_SHUFFLE(1, 0, 3, 2))));
+    a.hi = _mm256_add_epi64(p1, _mm256_add_epi64(a.hi, _mm256_shuffle_epi32(d1, _MM_SHUFFLE(1, 0, 3, 2))));
+}
+
+inline __m256i scramble1(__m256i acc, const uint8_t *secret) {
+    const __m256i prime32 = _mm256_set1_epi32(int(XXH_PRIME32_1));
+    const __m256i k = _mm256_xor_si256(_mm256_xor_si256(acc, _mm256_srli_epi64(acc, 47)),
+                                       _mm256_loadu_si256(reinterpret_cast<const __m256i *>(secret)));
+    const __m256i lo = _mm256_mul_epu32(k, prime32);
+    const __m256i hi = _mm256_mul_epu32(_mm256_shuffle_epi32(k, _MM_SHUFFLE(0, 3, 0, 1)), prime32);
+    return _mm256_add_epi64(lo, _mm256_slli_epi64(hi, 32));
+}
+
+inline void scramble(Acc &a, const uint8_t *secret) {
+    a.lo = scramble1(a.lo, secret);
+    a.hi = scramble1(a.hi, secret + 32);
+}
+
+// XXH3-64 (default secret, seed 0) of n > 240 bytes at s, exactly as XXH3_64bits computes it
+// (XXH3_hashLong_64b_internal), while copying them to d: every 64-byte stripe the hash reads is
+// followed by the copy of the next 64 destination-aligned bytes, which the stripe's load has
+// just brought into L1. One pass, the hash's arithmetic overlapping the copy's wait for memory.
+uint64_t copy_hash_whole(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
+    const uint8_t *const secret = XXH3_kSecret;
+    const size_t secret_size = sizeof XXH3_kSecret;
+    const size_t stripes_per_block = (secret_size - XXH_STRIPE_LEN) / XXH_SECRET_CONSUME_RATE;
+    const size_t block_len = XXH_STRIPE_LEN * stripes_per_block;
+    const size_t blocks = (n - 1) / block_len;
+    XXH_ALIGN(XXH_ACC_ALIGN) xxh_u64 acc[XXH_ACC_NB] = XXH3_INIT_ACC;
+    Acc a{_mm256_load_si256(reinterpret_cast<const __m256i *>(acc)),
+          _mm256_load_si256(reinterpret_cast<const __m256i *>(acc + 4))};
+    // The copy: 32 unaligned bytes at each end, aligned 64-byte steps in between from c on.
+    const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s));
+    const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 32));
+    size_t c = (32 - (reinterpret_cast<uintptr_t>(d) & 31)) & 31;
+    for (size_t b = 0; b < blocks; ++b) {
+        for (size_t k = 0; k < stripes_per_block; ++k) {
+            accumulate(a, s + b * block_len + k * XXH_STRIPE_LEN, secret + k * XXH_SECRET_CONSUME_RATE);
+            copy64_at(d, s, c, n, nt);
+        }
+        scramble(a, secret + secret_size - XXH_STRIPE_LEN);
+    }
+    const size_t stripes = ((n - 1) - block_len * blocks) / XXH_STRIPE_LEN;
+    for (size_t k = 0; k < stripes; ++k) {
+        accumulate(a, s + blocks * block_len + k * XXH_STRIPE_LEN, secret + k * XXH_SECRET_CONSUME_RATE);
+        copy64_at(d, s, c, n, nt);
+    }
+    accumulate(a, s + n - XXH_STRIPE_LEN,
+               secret + secret_size - XXH_STRIPE_LEN - 7 /* XXH_SECRET_LASTACC_START */);
+    for (; c + 32 <= n; c += 32) {
+        __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + c));
+        if (nt)
+            _mm256_stream_si256(reinterpret_cast<__m256i *>(d + c), v);
+        else
+            _mm256_store_si256(reinterpret_cast<__m256i *>(d + c), v);
+    }
+    if (nt) _mm_sfence();
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d), first);
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + n - 32), last);
+    _mm256_store_si256(reinterpret_cast<__m256i *>(acc), a.lo);
+    _mm256_store_si256(reinterpret_cast<__m256i *>(acc + 4), a.hi);
+    return XXH3_mergeAccs(acc, secret + 11 /* XXH_SECRET_MERGEACCS_START */,
+                          xxh_u64(n) * XXH_PRIME64_1);
+}
+
+}  // namespace
+
+uint64_t avx2_copy_hashing(uint8_t *dst, const uint8_t *s, uint64_t total, uint64_t off,
+                           uint64_t len, bool nt) {
+    if (off == 0 && len == total && total > 240)
+        return copy_hash_whole(dst, s, size_t(total), nt);
+    // A range, or a tensor too small for XXH3's long loop: copy the range block by block and
+    // hash each block while it is in L1.
+    uint8_t *d = dst - off;  // d + x is where source byte x goes
+    XXH3_state_t state;
+    XXH3_64bits_reset(&state);
+    for (uint64_t at = 0; at < total; at += kHashBlock) {
+        uint64_t n = lo_of(kHashBlock, total - at);
+        uint64_t lo = hi_of(at, off), hi = lo_of(at + n, off + len);
+        if (lo < hi) copy_unfenced(d + lo, s + lo, size_t(hi - lo), nt);
+        XXH3_64bits_update(&state, s + at, size_t(n));
+    }
+    if (nt) _mm_sfence();
+    return XXH3_64bits_digest(&state);
+}
+
+}  // namespace kernels
+}  // namespace copy
+}  // namespace wsync

@@ -1,0 +1,189 @@
+// The receive iteration: views, the copy-into path, verification and the end of a chunk.
+#include <cstdio>
+#include <cstring>
+
+#include "copy.hpp"
+#include "core.hpp"
+#include "error.hpp"
+#include "tensor.hpp"
+
+namespace wsync {
+
+Iteration::Iteration(Receiver &owner, ChunkHeader header, TensorTable table,
+                     std::unique_ptr<ChunkBacking> backing, bool verify)
+    : owner_(&owner), header_(header), table_(std::move(table)), backing_(std::move(backing)),
+      verify_(verify && !table_.checksums.empty()), state_(table_.metas.size(), 0) {}
+
+Iteration::~Iteration() {
+    if (!finished_) {
+        if (failed_ == WSYNC_OK) {
+            failed_ = WSYNC_ERR_WRONG_STATE;
+            failure_ = "the receiver was destroyed with " + chunk_label(header_) + " open";
+        }
+        finish(failed_);
+    }
+}
+
+void Iteration::info(wsync_recv_info_t *out) const {
+    out->flags = header_.last ? WSYNC_CHUNK_LAST : 0;
+    out->version = header_.version;
+    out->chunk_index = header_.chunk_index;
+    out->count = table_.metas.size();
+    out->bytes = table_.total_bytes();
+    if (header_.last) {
+        out->version_chunks = header_.manifest.chunks;
+        out->version_tensors = header_.manifest.tensors;
+        out->version_bytes = header_.manifest.bytes;
+    }
+}
+void Iteration::fill(std::size_t i, wsync_tensor_t *view, bool with_data) const {
+    const TensorMeta &m = table_.metas[i];
+    std::memset(view, 0, sizeof *view);
+    view->name = m.name.c_str();
+    view->shape = m.shape;
+    view->strides = nullptr;
+    view->ndim = m.ndim;
+    view->dtype = m.dtype;
+    view->device = backing_->device();
+    if (with_data) {
+        view->data = const_cast<void *>(backing_->data(i));
+        view->flags = backing_->read_only() ? WSYNC_TENSOR_READ_ONLY : 0;
+    }
+}
+
+void Iteration::peek(std::size_t i, wsync_tensor_t *view) const {
+    if (i >= table_.metas.size())
+        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT, "peek: index " + std::to_string(i) +
+                                             " is out of range (the chunk has " +
+                                             std::to_string(table_.metas.size()) + " tensors)");
+    fill(i, view, false);
+}
+
+bool Iteration::next(wsync_tensor_t *view) {
+    if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
+    // Tensors a wsync_recv_copy already took are not yielded again: each is loaded once.
+    while (next_ < table_.metas.size() && (state_[next_] & kTaken)) ++next_;
+    if (next_ >= table_.metas.size()) return false;
+    std::size_t i = next_;
+    if (verify_ && !(state_[i] & kVerified))
+        check_sum(i, copy::hash_bytes(backing_->data(i), table_.metas[i].nbytes));
+    fill(i, view, true);
+    if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
+    ++next_;
+    return true;
+}
+
+void Iteration::check_sum(std::size_t i, uint64_t got) {
+    if (got != table_.checksums[i]) {
+        failed_ = WSYNC_ERR_INTEGRITY;
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%016llx, computed %016llx",
+                      static_cast<unsigned long long>(table_.checksums[i]),
+                      static_cast<unsigned long long>(got));
+        failure_ = "tensor '" + table_.metas[i].name + "' in " + chunk_label(header_) +
+                   ": checksum mismatch (request says " + buf + ")";
+        wsync::fail(failed_, failure_);
+    }
+    state_[i] |= kVerified;
+}
+
+void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
+    // Bad arguments are refused before anything is read: the iteration stays as it was.
+    if (i >= table_.metas.size())
+        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
+                    "wsync_recv_copy: index " + std::to_string(i) + " is out of range (" +
+                        chunk_label(header_) + " has " + std::to_string(table_.metas.size()) +
+                        " tensors)");
+    const TensorMeta &m = table_.metas[i];
+    if (offset > m.nbytes || len > m.nbytes - offset)
+        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
+                    "wsync_recv_copy: bytes [" + std::to_string(offset) + ", " + std::to_string(offset) +
+                        " + " + std::to_string(len) + ") are outside " + tensor_label(i, m.name.c_str()) +
+                        ", which has " + std::to_string(m.nbytes) + " bytes");
+    if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
+    const wsync_device_t dev = backing_->device();
+    if (!device_is_host(dev))
+        wsync::fail(WSYNC_ERR_UNSUPPORTED,
+                    "wsync_recv_copy: " + tensor_label(i, m.name.c_str()) + " is in " +
+                        device_name(dev) + " memory (strategy '" + owner_->kind_.name +
+                        "'); copy out of its wsync_recv_next view with the device's own copy "
+                        "(e.g. cudaMemcpyAsync)");
+    if (len == 0) return;
+    const uint8_t *src = static_cast<const uint8_t *>(backing_->data(i));
+    const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+    if (d < s + m.nbytes && s < d + len)
+        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
+                    "wsync_recv_copy: the destination overlaps " + tensor_label(i, m.name.c_str()) +
+                        "'s received bytes");
+    if (verify_ && !(state_[i] & kVerified))
+        check_sum(i, copy::copy_hashing(dst, src, m.nbytes, offset, len));  // fails the iteration
+    else
+        owner_->pool_->copy(dst, src + offset, len);
+    if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
+}
+
+wsync_status_t Iteration::finish(wsync_status_t outcome) noexcept {
+    if (finished_) return failed_;
+    finished_ = true;
+    // The transport's own completion decides the final outcome before anyone is told: the
+    // engine's caller and the sender's failure record then carry the same status and message.
+    std::string why;
+    wsync_status_t final = backing_->settle(outcome, &why);
+    if (final != outcome && failed_ == WSYNC_OK) {
+        failed_ = final;
+        try {
+            failure_ = why.empty() ? "the transport failed " + chunk_label(header_) : why;
+        } catch (...) {
+        }
+    }
+    try {
+        owner_->before_ack(header_, final, failure_);
+    } catch (...) {
+    }
+    backing_->acknowledge(final);
+    owner_->finished(header_, table_, final);
+    return final;
+}
+
+void Iteration::fail(wsync_status_t status, std::string message) {
+    if (failed_ == WSYNC_OK) {
+        failed_ = status;
+        failure_ = std::move(message);
+    }
+    finish(failed_);
+}
+
+void Iteration::end() {
+    if (failed_ != WSYNC_OK) {
+        finish(failed_);
+        wsync::fail(failed_, failure_);
+    }
+    if (taken_ < table_.metas.size()) {
+        failed_ = WSYNC_ERR_WRONG_STATE;
+        failure_ = "iteration over " + chunk_label(header_) + " ended after " +
+                   std::to_string(taken_) + " of " + std::to_string(table_.metas.size()) +
+                   " tensors were taken (yielded or copied); the chunk is acknowledged as failed";
+        finish(failed_);
+        wsync::fail(failed_, failure_);
+    }
+    if (header_.last) {
+        // The committing chunk: this receiver's tally of the version must equal the manifest.
+        Manifest with_me = owner_->tally_;
+        tally(with_me, table_.metas);
+        std::string why;
+        if (!(with_me == header_.manifest))
+            why = "version " + std::to_string(header_.version) +
+                  " is incomplete or differs: its manifest lists " +
+                  manifest_text(header_.manifest) + ", this receiver received " +
+                  manifest_text(with_me);
+        if (!why.empty()) {
+            failed_ = WSYNC_ERR_MISMATCH;
+            failure_ = why;
+            finish(failed_);
+            wsync::fail(failed_, failure_);
+        }
+    }
+    if (finish(WSYNC_OK) != WSYNC_OK) wsync::fail(failed_, failure_);
+}
+
+}  // namespace wsync

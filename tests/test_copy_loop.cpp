@@ -1,0 +1,123 @@
+// The copy loop itself (src/copy.cpp), white-box: every small size at every relative alignment
+// in both directions, the hashing copy against XXH3 of the whole source, and the pool.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+extern "C" {
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+}
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "copy.hpp"
+
+namespace {
+
+std::vector<uint8_t> noise(size_t n, uint64_t seed) {
+    std::vector<uint8_t> v(n);
+    for (size_t i = 0; i < n; ++i) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = uint8_t(seed >> 56);
+    }
+    return v;
+}
+
+// Copies n bytes from src offset so to dst offset do inside page-aligned buffers and checks the
+// bytes and that nothing around the destination changed.
+void check_copy(size_t n, size_t so, size_t dof, void (*fn)(void *, const void *, size_t)) {
+    const size_t cap = n + 3 * 4096;
+    auto *src = static_cast<uint8_t *>(aligned_alloc(4096, (cap + 4095) / 4096 * 4096));
+    auto *dst = static_cast<uint8_t *>(aligned_alloc(4096, (cap + 4095) / 4096 * 4096));
+    std::vector<uint8_t> data = noise(n, n * 31 + so * 7 + dof);
+    std::memcpy(src + so, data.data(), n);
+    std::memset(dst, 0xEE, cap);
+    fn(dst + dof, src + so, n);
+    if (std::memcmp(dst + dof, data.data(), n) != 0)
+        fail_msg("n %zu src+%zu dst+%zu: bytes differ", n, so, dof);
+    for (size_t i = 0; i < dof; ++i)
+        if (dst[i] != 0xEE) fail_msg("n %zu src+%zu dst+%zu: wrote before dst", n, so, dof);
+    for (size_t i = dof + n; i < cap; ++i)
+        if (dst[i] != 0xEE) fail_msg("n %zu src+%zu dst+%zu: wrote past dst", n, so, dof);
+    std::free(src);
+    std::free(dst);
+}
+
+void plain(void *d, const void *s, size_t n) { wsync::copy::copy_bytes(d, s, n); }
+
+void copy_is_exact_for_small_sizes_at_every_relative_alignment(void **) {
+    // Destination offsets either side of the direction switch (dst 1..2048 ahead goes backward).
+    const size_t dofs[] = {0, 1, 16, 31, 32, 64, 255, 2047, 2048, 2049, 4000, 4095};
+    for (size_t n = 0; n <= 300; ++n)
+        for (size_t so : {size_t(0), size_t(1), size_t(33)})
+            for (size_t dof : dofs) check_copy(n, so, dof, plain);
+}
+
+void copy_is_exact_for_large_sizes_in_both_directions(void **) {
+    const size_t sizes[] = {4096, 65536 + 7, (size_t(1) << 20) + 3,
+                            wsync::copy::nt_threshold() + 4099};  // non-temporal
+    for (size_t n : sizes)
+        for (size_t dof : {size_t(0), size_t(16), size_t(64), size_t(2048), size_t(3000)})
+            check_copy(n, 0, dof, plain);
+}
+
+void hashing_copy_returns_the_hash_of_the_whole_source_and_copies_the_range(void **) {
+    const size_t n = 100003;
+    std::vector<uint8_t> src = noise(n, 5);
+    const uint64_t want = XXH3_64bits(src.data(), n);
+    const uint64_t ranges[][2] = {{0, n}, {0, 0}, {1, 1}, {16383, 2}, {50000, 50003}, {n - 1, 1}};
+    for (auto &r : ranges) {
+        std::vector<uint8_t> dst(r[1] + 1, 0xEE);
+        assert_true(wsync::copy::copy_hashing(dst.data(), src.data(), n, r[0], r[1]) == want);
+        assert_memory_equal(dst.data(), src.data() + r[0], r[1]);
+        assert_int_equal(dst[r[1]], 0xEE);
+    }
+    assert_true(wsync::copy::hash_bytes(src.data(), n) == want);
+}
+
+void hashing_copy_of_whole_tensors_equals_xxh3_at_every_size_and_alignment(void **) {
+    // Around XXH3's 240-byte short/long switch, its 64-byte stripes and 1024-byte blocks.
+    const size_t sizes[] = {1,    63,   64,   65,   240,  241,  255,  256,  257,  1023,
+                            1024, 1025, 1087, 1088, 1089, 2048, 4097, 65536, 100003, 3000001};
+    for (size_t n : sizes)
+        for (size_t dof : {size_t(0), size_t(1), size_t(16), size_t(31), size_t(64), size_t(2048)}) {
+            std::vector<uint8_t> src = noise(n + 7, n);
+            std::vector<uint8_t> dst(n + dof + 64, 0xEE);
+            uint64_t got = wsync::copy::copy_hashing(dst.data() + dof, src.data() + 7, n, 0, n);
+            if (got != XXH3_64bits(src.data() + 7, n)) fail_msg("n %zu dst+%zu: hash differs", n, dof);
+            if (std::memcmp(dst.data() + dof, src.data() + 7, n) != 0)
+                fail_msg("n %zu dst+%zu: bytes differ", n, dof);
+            for (size_t i = 0; i < dof; ++i) assert_int_equal(dst[i], 0xEE);
+            for (size_t i = dof + n; i < dst.size(); ++i) assert_int_equal(dst[i], 0xEE);
+        }
+}
+
+void pool_copy_is_exact_when_split_between_threads(void **) {
+    wsync::copy::Pool pool(3);
+    auto fn = [](void *d, const void *s, size_t n) {
+        static wsync::copy::Pool p(3);
+        p.copy(d, s, n);
+    };
+    check_copy((size_t(24) << 20) + 5, 0, 16, fn);
+    check_copy((size_t(9) << 20) + 1, 64, 4095, fn);
+    assert_int_equal(pool.threads(), 3);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(copy_is_exact_for_small_sizes_at_every_relative_alignment),
+        cmocka_unit_test(copy_is_exact_for_large_sizes_in_both_directions),
+        cmocka_unit_test(hashing_copy_returns_the_hash_of_the_whole_source_and_copies_the_range),
+        cmocka_unit_test(hashing_copy_of_whole_tensors_equals_xxh3_at_every_size_and_alignment),
+        cmocka_unit_test(pool_copy_is_exact_when_split_between_threads),
+    };
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
