@@ -361,11 +361,14 @@ impl<'r> Recv<'r> {
     /// Copies bytes `offset .. offset + dst.len()` of tensor `i` into `dst` with the library's
     /// copy loop (`wsync_recv_copy`: aligned stores whatever `dst`'s alignment, non-temporal for
     /// large copies), verifying the tensor's checksum in the same pass the first time any of it
-    /// is taken. The tensor then counts as taken: [`Recv::next_view`] skips it. An index or
-    /// range out of bounds fails with [`Status::InvalidArgument`] naming it (the iteration goes
-    /// on); a checksum mismatch with [`Status::Integrity`] naming the tensor (the iteration is
-    /// failed and `dst` holds unspecified bytes); device-memory strategies with
-    /// [`Status::Unsupported`]. An empty `dst` copies nothing and takes nothing.
+    /// is taken. The tensor then counts as taken: [`Recv::next_view`] skips it. An empty `dst`
+    /// copies nothing and takes nothing.
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] naming an index or range out of bounds (the iteration goes
+    /// on); [`Status::Integrity`] naming the tensor on a checksum mismatch (the iteration is
+    /// failed and `dst` holds unspecified bytes); [`Status::Unsupported`] for device-memory
+    /// strategies; the iteration's own error once it has failed.
     pub fn copy_into(&mut self, i: usize, offset: u64, dst: &mut [u8]) -> Result<()> {
         // SAFETY: the iteration is live and used by this thread only (`&mut self`, so no view
         // borrows it and `dst` cannot alias a view); `dst` is valid for writes of its length

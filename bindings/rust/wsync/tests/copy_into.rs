@@ -1,4 +1,4 @@
-//! `Recv::copy_into` (wsync_recv_copy) against the real library, in one process.
+//! `Recv::copy_into` (`wsync_recv_copy`) against the real library, in one process.
 
 use std::time::Duration;
 
