@@ -58,7 +58,7 @@ static void sync_close(sync_t *s) {
 /* Sends n uint8 tensors t0, t1, ... of the given sizes (pattern of `step`) as one committing
  * chunk and opens the iteration. */
 static wsync_recv_t *send_bytes(sync_t *s, const size_t *sizes, size_t n, uint64_t step) {
-    static char names[8][8];
+    static char names[8][24];
     static int64_t shapes[8];
     wsync_tensor_t t[8];
     void *data[8];
@@ -139,7 +139,7 @@ static void large_copy_split_between_copy_threads_is_bit_exact(void **state) {
     sync_t s;
     sync_open(&s, "{\"checksum\": false, \"copy_threads\": 2, \"bucket_bytes\": 50331648}", 0);
     wsync_recv_t *it = send_bytes(&s, &n, 1, 3);
-    uint8_t *buf = aligned_alloc(4096, n + 8192);
+    uint8_t *buf = aligned_alloc(4096, (n + 8192 + 4095) / 4096 * 4096); /* a multiple of it */
     OK(wsync_recv_copy(it, 0, 0, buf + 16, n));
     uint8_t *want = pattern(n, 3, 0);
     assert_memory_equal(buf + 16, want, n);
