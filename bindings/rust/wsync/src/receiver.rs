@@ -245,7 +245,8 @@ pub struct RecvInfo {
 /// An open receive iteration over one chunk, borrowing its [`Receiver`].
 ///
 /// Iterate with [`Recv::views`] (or `for view in &mut recv`), then call [`Recv::end`], which
-/// acknowledges the chunk to the sender and says whether every tensor was yielded and verified.
+/// acknowledges the chunk to the sender and says whether every tensor was taken (yielded as a
+/// view or copied with [`Recv::copy_into`]) and verified.
 ///
 /// When loading fails, call [`Recv::fail`] with the loader's status and message, at any point,
 /// also after the last view: the sender's flush then reports them as a [`crate::Failure`] and
@@ -385,12 +386,13 @@ impl<'r> Recv<'r> {
     }
 
     /// Ends the iteration and acknowledges the chunk to the sender. `Ok(())` only if every
-    /// tensor was yielded and verified; an iteration ended early fails with
+    /// tensor was taken (yielded, or copied with [`Recv::copy_into`]) and verified; an
+    /// iteration ended early fails with
     /// [`Status::WrongState`] (the chunk is acknowledged as failed), a failed one with its
     /// error (e.g. [`Status::Integrity`]). The iteration is freed either way.
     ///
     /// # Errors
-    /// [`Status::WrongState`] when a tensor was not yielded; the iteration's own error
+    /// [`Status::WrongState`] when a tensor was not taken; the iteration's own error
     /// ([`Status::Integrity`], [`Status::Mismatch`] for a manifest that differs,
     /// [`Status::Abandoned`]...) when it failed. Either way the chunk counts as failed.
     pub fn end(self) -> Result<()> {
