@@ -824,22 +824,6 @@ impl fmt::Debug for View<'_> {
     }
 }
 
-#[cfg(test)]
-// TODO(issue 14): move this module last once the concurrent `Recv` copy-into change has landed
-// (the raw-handle block below stays put until then, to keep that merge clean).
-#[allow(clippy::items_after_test_module)]
-mod tests {
-    use super::fail_message;
-
-    #[test]
-    fn fail_messages_are_cut_on_a_character_boundary_without_nul() {
-        assert_eq!(fail_message("a\0b").as_bytes(), b"a b");
-        let long = format!("{}é", "x".repeat(254));
-        assert_eq!(fail_message(&long).as_bytes(), "x".repeat(254).as_bytes());
-        assert_eq!(fail_message(&"y".repeat(300)).as_bytes().len(), 255);
-    }
-}
-
 /// Escape hatches to the C handle, for calls this binding does not wrap yet.
 impl Receiver {
     /// The `wsync_receiver_t` handle, still owned by this value: do not destroy it, and use it only as
@@ -863,5 +847,18 @@ impl Receiver {
     #[must_use = "dropping it destroys the handle"]
     pub unsafe fn from_raw(raw: std::ptr::NonNull<sys::wsync_receiver_t>, index: u32) -> Receiver {
         Receiver { raw, index }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fail_message;
+
+    #[test]
+    fn fail_messages_are_cut_on_a_character_boundary_without_nul() {
+        assert_eq!(fail_message("a\0b").as_bytes(), b"a b");
+        let long = format!("{}é", "x".repeat(254));
+        assert_eq!(fail_message(&long).as_bytes(), "x".repeat(254).as_bytes());
+        assert_eq!(fail_message(&"y".repeat(300)).as_bytes().len(), 255);
     }
 }
