@@ -4,7 +4,11 @@
 namespace wsync {
 
 const std::vector<const KindInfo *> &registered_kinds() {
-    static const std::vector<const KindInfo *> kinds = {&kShmKind, &kCudaIpcKind, &kNcclBroadcastKind};
+    static const std::vector<const KindInfo *> kinds = {&kShmKind, &kCudaIpcKind, &kNcclBroadcastKind
+#ifdef WSYNC_HAVE_UCX
+                                                        , &kUcxKind
+#endif
+    };
     return kinds;
 }
 

@@ -156,5 +156,6 @@ const KindInfo &find_kind(const std::string &name);
 extern const KindInfo kShmKind;
 extern const KindInfo kCudaIpcKind;
 extern const KindInfo kNcclBroadcastKind;
+extern const KindInfo kUcxKind;  // built only with UCX's header (WSYNC_HAVE_UCX)
 
 }  // namespace wsync
