@@ -25,7 +25,7 @@
 #include "wsync.h"
 
 enum { CHUNKS = 2, PER_CHUNK = 4 };
-static size_t g_bytes = 1 << 20; /* per tensor; $UCX_PEER_TENSOR_BYTES */
+static size_t g_bytes = 1 << 20; /* per tensor; $WSYNC_PEER_TENSOR_BYTES */
 
 static uint64_t mix(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
@@ -144,7 +144,8 @@ static int trainer(const char *dir, const char *opts, int versions, int engines,
         put_file(dir, "latest", latest, (size_t)n);
         struct timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
-        wsync_status_t st = wsync_sender_flush(snd, 60000);
+        const char *fm = getenv("WSYNC_PEER_FLUSH_MS");
+        wsync_status_t st = wsync_sender_flush(snd, fm && *fm ? atoll(fm) : 60000);
         clock_gettime(CLOCK_MONOTONIC, &b);
         long ms = (b.tv_sec - a.tv_sec) * 1000 + (b.tv_nsec - a.tv_nsec) / 1000000;
         if (st == WSYNC_OK) {
@@ -238,7 +239,7 @@ static int engine(const char *dir, const char *opts, unsigned index, int from, i
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    const char *b = getenv("UCX_PEER_TENSOR_BYTES");
+    const char *b = getenv("WSYNC_PEER_TENSOR_BYTES");
     if (b && *b) g_bytes = (size_t)strtoull(b, NULL, 10);
     if (argc >= 6 && !strcmp(argv[1], "trainer"))
         return trainer(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), argc > 6 ? atoi(argv[6]) : 0);
