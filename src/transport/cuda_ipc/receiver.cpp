@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "layout.hpp"
 #include "gpu/device.hpp"
 #include "gpu/pack.hpp"
 #include "transport/cuda_ipc/handle_cache.hpp"
@@ -17,7 +18,7 @@ using gpu::CUipcMemHandle;
 
 class IpcBacking final : public ChunkBacking {
 public:
-    IpcBacking(std::shared_ptr<BoardSegment> seg, const gpu::Device &dev, gpu::Event *legacy,
+    IpcBacking(std::shared_ptr<SharedSegment> seg, const gpu::Device &dev, gpu::Event *legacy,
                gpu::CUstream stream, HandleCache &cache, int64_t timeout_ms, const ChunkHeader &h,
                uint32_t index, uint32_t slot, uint64_t seq, std::vector<CUdeviceptr> ptrs)
         : seg_(std::move(seg)), dev_(dev), legacy_(legacy), stream_(stream), cache_(cache),
@@ -66,7 +67,7 @@ public:
     }
 
 private:
-    std::shared_ptr<BoardSegment> seg_;
+    std::shared_ptr<SharedSegment> seg_;
     const gpu::Device &dev_;
     gpu::Event *legacy_;  // null: "synchronize" is off
     gpu::CUstream stream_;  // the loader's stream, whose work releases the chunk
@@ -80,7 +81,7 @@ private:
 
 class IpcReceiver final : public ReceiverImpl {
 public:
-    IpcReceiver(const gpu::CudaApi &api, std::shared_ptr<BoardSegment> seg, const InitInfo &info,
+    IpcReceiver(const gpu::CudaApi &api, std::shared_ptr<SharedSegment> seg, const InitInfo &info,
                 uint32_t index, int ordinal, bool synchronize, int64_t timeout_ms)
         : seg_(std::move(seg)), info_(info), index_(index),
           dev_(std::make_unique<gpu::Device>(api, ordinal, kKind)), cache_(*dev_),
@@ -205,7 +206,7 @@ private:
         if (bytes != info_.bucket_bytes)
             wire::malformed(w + ": bucket of " + std::to_string(bytes) + " bytes, the init info says " +
                             std::to_string(info_.bucket_bytes));
-        gpu::check_bucket_layout(table, bytes, w, "bucket");
+        layout::check(table, bytes, w, "bucket");
         gpu::Device::Scope scope(*dev_);
         CUdeviceptr base = cache_.get(h, header.version, "a packed bucket");
         std::vector<CUdeviceptr> ptrs(table.metas.size());
@@ -250,7 +251,7 @@ private:
         return ptrs;
     }
 
-    std::shared_ptr<BoardSegment> seg_;
+    std::shared_ptr<SharedSegment> seg_;
     InitInfo info_;
     uint32_t index_;
     std::unique_ptr<gpu::Device> dev_;
@@ -264,7 +265,7 @@ private:
 }  // namespace
 
 std::unique_ptr<ReceiverImpl> make_receiver(const gpu::CudaApi &api,
-                                            std::shared_ptr<BoardSegment> seg,
+                                            std::shared_ptr<SharedSegment> seg,
                                             const InitInfo &info, uint32_t index, int ordinal,
                                             bool synchronize, int64_t timeout_ms) {
     return std::make_unique<IpcReceiver>(api, std::move(seg), info, index, ordinal, synchronize,

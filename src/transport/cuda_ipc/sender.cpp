@@ -48,7 +48,7 @@ void keep_until_exit(std::unique_ptr<gpu::Device> dev) {
 
 class IpcSender final : public SenderImpl {
 public:
-    IpcSender(const gpu::CudaApi &api, std::shared_ptr<BoardSegment> seg, const InitInfo &info,
+    IpcSender(const gpu::CudaApi &api, std::shared_ptr<SharedSegment> seg, const InitInfo &info,
               bool synchronize, int64_t timeout_ms, int64_t release_timeout_ms)
         : api_(api), seg_(std::move(seg)), info_(info), waiter_(seg_->board(), seg_->fd(), seg_->receivers(), seg_->slots(), kKind),
           cast_(gpu::parse_cast(info.dtype)), synchronize_(synchronize), timeout_ms_(timeout_ms),
@@ -281,7 +281,7 @@ private:
     }
 
     const gpu::CudaApi &api_;
-    std::shared_ptr<BoardSegment> seg_;
+    std::shared_ptr<SharedSegment> seg_;
     InitInfo info_;
     board::Waiter waiter_;
     gpu::Cast cast_;
@@ -307,7 +307,7 @@ private:
 
 }  // namespace
 
-std::unique_ptr<SenderImpl> make_sender(const gpu::CudaApi &api, std::shared_ptr<BoardSegment> seg,
+std::unique_ptr<SenderImpl> make_sender(const gpu::CudaApi &api, std::shared_ptr<SharedSegment> seg,
                                         const InitInfo &info, bool synchronize, int64_t timeout_ms,
                                         int64_t release_timeout_ms) {
     return std::make_unique<IpcSender>(api, std::move(seg), info, synchronize, timeout_ms,
