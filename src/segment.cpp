@@ -121,6 +121,15 @@ void SharedSegment::unlink() noexcept {
     }
 }
 
+Link SharedSegment::link(uint32_t index) const {
+    board::Standing s = board::standing(board(), fd_, index);
+    Link l;
+    l.dropped = s.state == board::kDropped;
+    l.sender_gone = s.sender_gone;
+    l.abandoned_version = s.abandoned_version;
+    return l;
+}
+
 board::Board *SharedSegment::board() const { return &reinterpret_cast<Head *>(head_)->board; }
 
 }  // namespace wsync

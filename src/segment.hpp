@@ -28,6 +28,7 @@
 #include <string>
 
 #include "board.hpp"
+#include "strategy.hpp"
 #include "sys.hpp"
 
 namespace wsync {
@@ -79,6 +80,10 @@ public:
     uint32_t slots() const { return g_.slots; }
     uint64_t bucket_bytes() const { return g_.bucket_bytes; }
     bool unlinked() const { return unlinked_; }
+
+    // What receiver `index`'s board entries say of its link (dropped, sender gone, newest
+    // abandoned version): ReceiverImpl::link for every strategy with a board.
+    Link link(uint32_t index) const;
 
     bool sender_made = false;  // shm: the strategy that created it makes one sender only
 

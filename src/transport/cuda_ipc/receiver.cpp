@@ -101,14 +101,7 @@ public:
 
     void set_stream(void *stream) override { order_stream_ = gpu::ordering_stream(stream); }
 
-    Link link() const override {
-        board::Standing s = board::standing(seg_->board(), seg_->fd(), index_);
-        Link l;
-        l.dropped = s.state == board::kDropped;
-        l.sender_gone = s.sender_gone;
-        l.abandoned_version = s.abandoned_version;
-        return l;
-    }
+    Link link() const override { return seg_->link(index_); }
 
     void refuse(const ChunkHeader &h, const json &transport, wsync_status_t status,
                 const std::string &message, bool record) noexcept override {

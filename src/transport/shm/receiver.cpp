@@ -45,14 +45,7 @@ public:
     bool checksums_promised() const override { return promised_; }
     unsigned copy_threads() const override { return copy_threads_; }
 
-    Link link() const override {
-        board::Standing s = board::standing(seg_->board(), seg_->fd(), index_);
-        Link l;
-        l.dropped = s.state == board::kDropped;
-        l.sender_gone = s.sender_gone;
-        l.abandoned_version = s.abandoned_version;
-        return l;
-    }
+    Link link() const override { return seg_->link(index_); }
 
     std::unique_ptr<ChunkBacking> open(const ChunkHeader &, const TensorTable &table,
                                        const json &transport) override {
