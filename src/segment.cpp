@@ -106,7 +106,7 @@ SharedSegment::~SharedSegment() {
 
 void SharedSegment::unlink_if_complete(uint32_t self) noexcept {
     try {
-        board::Waiter probe(board(), fd_, g_.receivers, g_.slots, g_.kind);
+        board::SenderEnd probe(board(), fd_, g_.receivers, g_.slots, g_.kind);
         // Senders are counted per index, so a destroyed sender is not counted.
         if ((g_.senders == 0 || probe.attached_senders() >= g_.senders) && probe.all_present(self))
             unlink();

@@ -110,7 +110,7 @@ public:
             uint64_t seq = wire::uint_field(transport, "seq", "cuda_ipc request", UINT64_MAX >> 8);
             uint32_t slot = static_cast<uint32_t>(wire::uint_field(transport, "slot", "cuda_ipc request", slots - 1));
             board::Standing st = board::standing(seg_->board(), seg_->fd(), index_);
-            if (seq == 0 || (seq - 1) % slots != slot || board::held(seg_->board(), slot) != seq ||
+            if (seq == 0 || (seq - 1) % slots != slot || board::published_seq(seg_->board(), slot) != seq ||
                 st.state != board::kAttached || seq < st.from_seq)
                 return;
             if (record) board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);
@@ -143,7 +143,7 @@ public:
                                          std::to_string(seq) +
                                          "'s version was in flight; it takes part from the next version on");
         if (table.metas.empty()) {  // a commit without data
-            if (board::held(seg_->board(), slot) != seq)
+            if (board::published_seq(seg_->board(), slot) != seq)
                 fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": stale or replayed commit request");
             last_seq_ = seq;
             return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, order_stream_, cache_, timeout_ms_, header,
@@ -154,7 +154,7 @@ public:
             fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": request carries chunk seq " +
                                          std::to_string(seq) + ", expected seq " +
                                          std::to_string(last_seq_ + 1));
-        uint64_t held = board::held(seg_->board(), slot);
+        uint64_t held = board::published_seq(seg_->board(), slot);
         if (held != seq)
             fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": stale or replayed request: slot " +
                                          std::to_string(slot) + " holds chunk seq " +

@@ -59,7 +59,7 @@ public:
         if (last_seq_ && at.seq <= last_seq_)
             fail(WSYNC_ERR_MISMATCH, "shm: request carries chunk seq " + std::to_string(at.seq) +
                                          ", already received seq " + std::to_string(last_seq_));
-        uint64_t held = board::held(seg_->board(), at.bucket);
+        uint64_t held = board::published_seq(seg_->board(), at.bucket);
         if (held != at.seq)
             fail(WSYNC_ERR_MISMATCH, "shm: stale or replayed request: bucket " +
                                          std::to_string(at.bucket) + " holds chunk seq " +
@@ -76,7 +76,7 @@ public:
             Where at = where(transport);
             board::Standing st = board::standing(seg_->board(), seg_->fd(), index_);
             // Only the chunk now in its bucket, and only one this receiver owes, is answered.
-            if (board::held(seg_->board(), at.bucket) != at.seq || st.state != board::kAttached ||
+            if (board::published_seq(seg_->board(), at.bucket) != at.seq || st.state != board::kAttached ||
                 at.seq < st.from_seq)
                 return;
             if (record) board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);

@@ -16,9 +16,9 @@ class ShmSender final : public SenderImpl {
 public:
     ShmSender(std::shared_ptr<SharedSegment> seg, bool checksum, int64_t timeout_ms)
         : seg_(std::move(seg)),
-          waiter_(seg_->board(), seg_->fd(), seg_->receivers(), seg_->slots(), kKind),
+          board_(seg_->board(), seg_->fd(), seg_->receivers(), seg_->slots(), kKind),
           checksum_(checksum), timeout_ms_(timeout_ms) {
-        waiter_.register_sender();
+        board_.register_sender();
     }
 
     ~ShmSender() override { seg_->unlink(); }
@@ -35,9 +35,9 @@ public:
         const uint64_t seq = next_seq_;
         const uint32_t b = static_cast<uint32_t>((seq - 1) % seg_->slots());
         // Receivers that (re)attached take part from a version's first chunk on.
-        if (h.chunk_index == 0) waiter_.admit_joiners(seq);
+        if (h.chunk_index == 0) board_.admit_joiners(seq);
         // Back-pressure: the bucket's previous chunk must be done with by every receiver.
-        waiter_.wait({b}, sys::Deadline(timeout_ms_), "no free bucket", seq - 1);
+        board_.wait({b}, sys::Deadline(timeout_ms_), "no free bucket", seq - 1);
 
         uint8_t *dst = seg_->bucket(b);
         if (checksum_) table.checksums.resize(table.metas.size());
@@ -49,7 +49,7 @@ public:
             else
                 copy::copy_bytes(dst + table.offsets[i], tensors[i].data, n);
         }
-        waiter_.publish(b, seq);  // the bytes are in place
+        board_.publish(b, seq);  // the bytes are in place
         ++next_seq_;
         used_buckets_ = std::max<uint32_t>(used_buckets_, b + 1);
         return json{{"segment", seg_->name()}, {"bucket", b}, {"seq", seq}};
@@ -59,14 +59,14 @@ public:
         maybe_unlink();
         std::vector<uint32_t> all;
         for (uint32_t b = 0; b < used_buckets_; ++b) all.push_back(b);
-        waiter_.wait(all, sys::Deadline(timeout_ms), "flush timed out", next_seq_ - 1);
+        board_.wait(all, sys::Deadline(timeout_ms), "flush timed out", next_seq_ - 1);
     }
 
-    void abandon(uint64_t version) override { waiter_.abandon(version); }
+    void abandon(uint64_t version) override { board_.abandon(version); }
 
     void drop_receiver(uint32_t index) override {
         check_receiver_index(kKind, index, seg_->receivers());
-        waiter_.drop(index);
+        board_.drop(index);
     }
 
 private:
@@ -78,7 +78,7 @@ private:
     }
 
     std::shared_ptr<SharedSegment> seg_;
-    board::Waiter waiter_;
+    board::SenderEnd board_;
     bool checksum_;
     int64_t timeout_ms_;
     uint64_t next_seq_ = 1;
