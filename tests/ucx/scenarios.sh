@@ -138,6 +138,7 @@ trainer_killed)  # the trainer dies while engines pull: each engine names it
   start_engine 0 1 3 300
   start_engine 1 1 3 300
   wait_for "$dir/trainer.log" "trainer: ready" 20
+  for _ in $(seq 1 200); do [ -e "$dir/req-1-1.bin" ] && break; sleep 0.05; done  # both requests out
   sleep 0.5
   kill -KILL "$trainer_pid"
   finish 30
