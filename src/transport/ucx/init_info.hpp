@@ -19,7 +19,6 @@ inline constexpr uint32_t kMaxKeepVersions = 64;
 inline constexpr std::size_t kMaxAddressBytes = 64 << 10;  // a UCP worker address
 inline constexpr std::size_t kMaxRkeyBytes = 4096;         // a packed remote key
 inline constexpr std::size_t kMaxText = 255;               // names and failure messages
-inline constexpr uint64_t kTensorAlign = 256;              // offsets inside a chunk's region
 
 struct InitInfo {
     std::vector<uint8_t> address;  // the trainer's UCP worker address

@@ -5,6 +5,7 @@
 
 #include "core.hpp"
 #include "error.hpp"
+#include "layout.hpp"
 
 namespace wsync::ucx {
 namespace {
@@ -97,14 +98,7 @@ public:
         if (at.seq <= last_seq_)
             fail(WSYNC_ERR_MISMATCH, who() + ": request carries chunk seq " + std::to_string(at.seq) +
                                          ", already received seq " + std::to_string(last_seq_));
-        for (std::size_t i = 0; i < table.metas.size(); ++i) {
-            const uint64_t off = table.offsets[i], n = table.metas[i].nbytes;
-            if (off % kTensorAlign != 0 || n > at.bytes || off > at.bytes - n)
-                wire::malformed("ucx request: tensor '" + table.metas[i].name + "' at offset " +
-                                std::to_string(off) + " (+" + std::to_string(n) +
-                                " bytes) is misaligned or outside the chunk's " +
-                                std::to_string(at.bytes) + " bytes");
-        }
+        layout::check(table, at.bytes, "ucx request", "chunk");
         const std::string chunk = chunk_label(h) + " (seq " + std::to_string(at.seq) + ", " +
                                   std::to_string(at.bytes) + " bytes)";
         check_link("before reading " + chunk);

@@ -9,13 +9,13 @@
 #include <thread>
 #include <unistd.h>
 
-#include "copy.hpp"
 #include "error.hpp"
+#include "layout.hpp"
 
 namespace wsync::ucx {
 namespace {
 
-uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+using layout::round_up;
 
 // Page-backed staging memory, registered with UCX once and reused across chunks.
 struct Buffer {
@@ -67,27 +67,15 @@ public:
     }
 
     json send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) override {
-        table.offsets.resize(table.metas.size());
-        uint64_t end = 0;
-        for (std::size_t i = 0; i < table.metas.size(); ++i) {
+        for (std::size_t i = 0; i < table.metas.size(); ++i)
             if (!device_is_host(tensors[i].device))
                 fail(WSYNC_ERR_UNSUPPORTED,
                      std::string(kKind) + ": tensor '" + table.metas[i].name + "' is on " +
                          device_name(tensors[i].device) + "; this UCX moves host memory only (" +
                          memory_types_ + ")");
-            table.offsets[i] = round_up(end, kTensorAlign);
-            end = table.offsets[i] + table.metas[i].nbytes;  // the core caps a chunk at 2^62
-        }
+        const uint64_t end = layout::place(table, uint64_t(1) << 62, kKind);
         Buffer buf = take_buffer(std::max<uint64_t>(end, 1));
-        if (info_.checksum) table.checksums.resize(table.metas.size());
-        uint8_t *dst = static_cast<uint8_t *>(buf.base);
-        for (std::size_t i = 0; i < table.metas.size(); ++i) {  // pack and hash in one pass
-            const uint64_t n = table.metas[i].nbytes;
-            if (info_.checksum)
-                table.checksums[i] = copy::copy_hashing(dst + table.offsets[i], tensors[i].data, n, 0, n);
-            else
-                copy::copy_bytes(dst + table.offsets[i], tensors[i].data, n);
-        }
+        layout::pack_host(static_cast<uint8_t *>(buf.base), tensors, table, info_.checksum);  // one pass
         Where at;
         {
             std::lock_guard<std::mutex> lock(mu_);
