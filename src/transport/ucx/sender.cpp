@@ -140,15 +140,23 @@ private:
     // progresses whenever the worker's descriptor fires, and every 100 ms.
     void serve() {
         std::unique_lock<std::mutex> lock(mu_);
+        auto busy = std::chrono::steady_clock::now();
         for (;;) {
-            w_->progress();
+            const unsigned n = w_->progress();
             handle(w_->take_inbox());
             check_members();
             cv_.notify_all();
             uint64_t v;
             if (read(stop_fd_, &v, sizeof v) == sizeof v) return;
-            if (!w_->arm()) continue;  // events pending: progress again
-            lock.unlock();             // callers may use the worker while this one sleeps
+            const auto now = std::chrono::steady_clock::now();
+            if (n) busy = now;
+            if (now - busy <= kSpin || !w_->arm()) {  // busy, or events pending: progress again
+                lock.unlock();                        // let callers in between rounds
+                std::this_thread::yield();
+                lock.lock();
+                continue;
+            }
+            lock.unlock();  // callers may use the worker while this one sleeps
             w_->wait_fd(100, stop_fd_);
             lock.lock();
         }

@@ -4,6 +4,7 @@
 // every call under its own mutex, a receiver is used by one thread at a time (wsync.h).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -14,6 +15,9 @@
 #include "transport/ucx/init_info.hpp"
 
 namespace wsync::ucx {
+
+// How long waits keep progressing without sleeping after UCX last reported work.
+inline constexpr std::chrono::microseconds kSpin{2000};
 
 struct Config {
     std::string library;      // "" : $WSYNC_UCX_LIBRARY, else libucp.so.0
