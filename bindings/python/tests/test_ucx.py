@@ -1,0 +1,42 @@
+"""The ucx kind through the Python binding: selected by its kind string like the others. The
+trainer and the engine live in this one process (the sender's progress thread answers the
+receiver's attach and serves its GETs); tests/ucx/scenarios.sh covers separate hosts."""
+
+import pytest
+import torch
+
+import wsync
+from wsync import Status, WsyncError
+
+
+def _ucx_available():
+    return any(k["kind"] == "ucx" and k["available"] for k in wsync.kinds())
+
+
+pytestmark = pytest.mark.skipif(not _ucx_available(), reason="ucx kind not built or libucp.so.0 missing")
+
+OPTIONS = dict(transports="tcp", net_devices="lo", timeout_ms=10000)
+
+
+def test_ucx_versions_arrive_bit_exact_and_the_flush_sees_the_ack():
+    with wsync.Strategy("ucx", receivers=1, **OPTIONS) as trainer, wsync.Strategy("ucx", **OPTIONS) as engine:
+        init = trainer.create_init_info()
+        with trainer.sender(init) as sender, engine.receiver(init, 0) as receiver:
+            for step in (1, 2, 3):
+                weights = {"w": torch.arange(1000, dtype=torch.float32) * step, "b": torch.full((7,), step)}
+                request = sender.send_chunk(weights, last=True)
+                with receiver.receive(request) as it:
+                    got = {name: t.clone() for name, t in it}
+                sender.flush(10.0)
+                assert torch.equal(got["w"], weights["w"]) and torch.equal(got["b"], weights["b"])
+                assert receiver.completed_version == step
+
+
+def test_ucx_receiver_index_out_of_range_is_named():
+    with wsync.Strategy("ucx", receivers=1, **OPTIONS) as trainer, wsync.Strategy("ucx", **OPTIONS) as engine:
+        init = trainer.create_init_info()
+        with trainer.sender(init):
+            with pytest.raises(WsyncError) as info:
+                engine.receiver(init, 5)
+            assert info.value.status is Status.INVALID_ARGUMENT
+            assert "receiver index 5" in info.value.message
