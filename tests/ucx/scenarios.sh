@@ -115,8 +115,9 @@ late_joiner)  # engine 1 attaches after version 3 committed and pulls 3, then 4 
   for v in 3 4 5; do expect "$dir/engine1.log" "engine 1: version $v ok"; done
   for v in 1 2 3 4 5; do expect "$dir/engine0.log" "engine 0: version $v ok"; expect "$dir/trainer.log" "flush v$v ok"; done
   ;;
-frozen_engine)  # engine 1 stops (SIGSTOP) before pulling: the flush times out naming it
-  export WSYNC_PEER_FLUSH_MS=3000
+frozen_engine)  # engine 1 stops (SIGSTOP) before pulling: the flush times out naming it; the
+                # trainer drops it and the next version's flush no longer waits for it
+  export WSYNC_PEER_FLUSH_MS=3000 WSYNC_PEER_DROP_ON_TIMEOUT=1
   start_trainer 2 2 1
   start_engine 0 1 2
   start_engine 1 1 2
@@ -129,6 +130,8 @@ frozen_engine)  # engine 1 stops (SIGSTOP) before pulling: the flush times out n
   expect "$dir/trainer.log" "flush v1 WSYNC_ERR_TIMEOUT"
   expect "$dir/trainer.log" "from receiver 1 ("
   expect "$dir/trainer.log" "failure what=4 receiver=1"
+  expect "$dir/trainer.log" "dropped receiver 1: WSYNC_OK"
+  expect "$dir/trainer.log" "flush v2 ok"
   for v in 1 2; do expect "$dir/engine0.log" "engine 0: version $v ok"; done
   ;;
 trainer_killed)  # the trainer dies while engines pull: each engine names it

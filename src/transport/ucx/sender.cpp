@@ -213,7 +213,9 @@ private:
             return;
         }
         Member &mem = members_[m.index];
-        if (mem.ep) forget(m.index, false);  // a dead or dropped predecessor
+        // A predecessor at this index is dead (its leases end) or dropped (they stay: it may be
+        // frozen, not dead, and still read).
+        if (mem.ep) forget(m.index, mem.ep->error != UCS_OK);
         w_->close(std::move(mem.ep), sys::Deadline(0));
         mem = Member{};
         mem.token = m.token;
@@ -231,7 +233,10 @@ private:
         reply.index = index;
         reply.seq = seq;
         auto it = chunks_.find(seq);
-        if (it == chunks_.end() || it->second.retired) {
+        if (mem.dropped) {
+            reply.status = WSYNC_ERR_PEER;
+            reply.text = "this receiver was dropped by the trainer";
+        } else if (it == chunks_.end() || it->second.retired) {
             reply.status = WSYNC_ERR_ABANDONED;
             reply.text = "chunk seq " + std::to_string(seq) +
                          " is no longer kept (abandoned, or older than the last " +
