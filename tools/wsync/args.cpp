@@ -48,6 +48,9 @@ Args parse_args(int argc, char **argv, int first, bool bench) {
         } else if (f == "--net-devices" && bench) {
             if (!v) usage_error("--net-devices takes UCX network devices, e.g. lo or eth0");
             a.net_devices = v, ++i;
+        } else if (f == "--engine-netns" && bench) {
+            if (!v) usage_error("--engine-netns takes a name from `ip netns list`");
+            a.engine_netns = v, ++i;
         } else if (f == "--packed" && bench) {
             if (!v || (std::strcmp(v, "true") && std::strcmp(v, "false")))
                 usage_error("--packed takes true or false");

@@ -5,11 +5,15 @@
 // trainer's pack and checksum, leases, GETs, verification, the engine's load, acknowledgements);
 // the baseline is GETs alone, so the ratio is what the library keeps of the wire.
 #include <algorithm>
+#include <arpa/inet.h>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <sched.h>
 #include <signal.h>
 #include <string>
 #include <sys/wait.h>
@@ -18,7 +22,32 @@
 #include "cli.hpp"
 
 namespace wsync_cli {
+
+void enter_netns(const std::string &name) {
+    const std::string path = "/run/netns/" + name;
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0)
+        die("cannot enter network namespace '" + name + "' (" + path + "): " + std::strerror(errno));
+    close(fd);
+}
+
 namespace {
+
+// The IPv4 address of `device` in this process's network namespace ("" if none).
+std::string device_address(const std::string &device) {
+    struct ifaddrs *list = nullptr;
+    std::string out;
+    if (getifaddrs(&list) != 0) return out;
+    for (struct ifaddrs *i = list; i; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && device == i->ifa_name) {
+            char buf[INET_ADDRSTRLEN];
+            inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in *>(i->ifa_addr)->sin_addr, buf, sizeof buf);
+            out = buf;
+            break;
+        }
+    freeifaddrs(list);
+    return out;
+}
 
 // Runs ucx_perftest as server and client; returns bytes/s of the client's "Final:" line (its
 // overall bandwidth column, MB/s of 2^20 bytes), or 0 with *why set.
@@ -36,7 +65,9 @@ double raw_get_bandwidth(const Args &a, uint64_t msg_bytes, uint64_t total, std:
         _exit(127);
     }
     usleep(500000);
-    const std::string cmd = "ucx_perftest 127.0.0.1 -p " + port + " -t ucp_get -s " +
+    const std::string host = a.engine_netns.empty() ? "127.0.0.1" : device_address(a.net_devices);
+    const std::string cmd = (a.engine_netns.empty() ? "" : "ip netns exec " + a.engine_netns + " ") +
+                            "ucx_perftest " + host + " -p " + port + " -t ucp_get -s " +
                             std::to_string(msg_bytes) + " -n " + std::to_string(iters) + " -w 1 2>&1";
     FILE *p = popen(cmd.c_str(), "r");
     double mbps = 0;
@@ -67,12 +98,12 @@ int cmd_bench_ucx(const Args &a) {
     const double sync_bps = r.bytes / steady;
     std::string steps;
     for (double s : r.step_s) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
-    std::printf("{\"strategy\": \"ucx\", \"transports\": \"%s\", \"net_devices\": \"%s\", "
+    std::printf("{\"strategy\": \"ucx\", \"engine_netns\": \"%s\", \"transports\": \"%s\", \"net_devices\": \"%s\", "
                 "\"bytes\": %" PRIu64 ", \"tensors\": %zu, \"chunks\": %zu, \"receivers\": %u, "
                 "\"checksum\": %s, \"first_sync_s\": %.6f, \"steady_sync_s\": %.6f, "
                 "\"steady_gbps\": %.3f, \"raw_get_gbps\": %.3f, \"raw_get_message_bytes\": %" PRIu64
                 ", \"ratio_to_raw_get\": %.3f, \"steps_s\": [%s]%s%s%s}\n",
-                a.transports.c_str(), a.net_devices.c_str(), r.bytes, r.tensors, r.chunks, a.receivers,
+                a.engine_netns.c_str(), a.transports.c_str(), a.net_devices.c_str(), r.bytes, r.tensors, r.chunks, a.receivers,
                 a.checksum ? "true" : "false", r.step_s[0], steady, sync_bps / 1e9, raw / 1e9, chunk,
                 raw > 0 ? sync_bps / raw : 0.0, steps.c_str(), why.empty() ? "" : ", \"raw_get_error\": \"",
                 why.c_str(), why.empty() ? "" : "\"");

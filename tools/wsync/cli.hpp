@@ -43,6 +43,7 @@ struct Args {
     bool size_set = false, buckets_set = false;
     // bench --strategy ucx: UCX_TLS and UCX_NET_DEVICES for both sides and the raw baseline
     std::string transports = "tcp", net_devices = "lo";
+    std::string engine_netns;  // engines (and the raw GET client) join this network namespace
     // Where engines' parameters start past a page boundary: 64 is how PyTorch's CPU allocator
     // (posix_memalign(64)) places large tensors; 0 is page-aligned, the flattering case.
     uint64_t dst_offset = 64;
@@ -119,5 +120,7 @@ int cmd_demo(const Args &a);            // shm_sync.cpp
 int cmd_bench(const Args &a);           // shm_sync.cpp; --strategy cuda_ipc goes to the next
 int cmd_bench_cuda_ipc(Args a);         // bench_cuda_ipc.cpp
 int cmd_bench_ucx(const Args &a);       // bench_ucx.cpp
+// Moves this process into network namespace `name` (/run/netns/NAME); die() if it cannot.
+void enter_netns(const std::string &name);  // bench_ucx.cpp
 
 }  // namespace wsync_cli

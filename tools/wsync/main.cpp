@@ -83,7 +83,7 @@ void usage(FILE *out) {
         "      GPU 0 to GPU 0 between two processes through CUDA IPC, against one device copy of\n"
         "      the same bytes. Opens the driver at run time (WSYNC_CUDA_LIBRARY, else libcuda.so.1).\n"
         "  wsync bench --strategy ucx [--transports tcp] [--net-devices lo] [--size-mb N=2048]\n"
-        "              [--chunk-mb N=64] [--steps N] [--json]\n"
+        "              [--chunk-mb N=64] [--steps N] [--engine-netns NAME] [--json]\n"
         "      The ucx kind to forked engines, against UCX's own GET bandwidth (ucx_perftest\n"
         "      ucp_get, chunk-sized messages) over the same transports in the same run.\n"
         "  wsync inspect FILE|-     print an init-info or request blob as JSON (exit 2 if malformed)\n"

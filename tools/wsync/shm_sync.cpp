@@ -124,6 +124,7 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
         if (pids[i] == 0) {
             close(p1[1]);
             close(p2[0]);
+            if (!a.engine_netns.empty()) enter_netns(a.engine_netns);
             std::_Exit(engine_main(i, p1[0], p2[1], model, poll_ms, a));
         }
         close(p1[0]);
