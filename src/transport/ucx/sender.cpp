@@ -1,6 +1,7 @@
 #include "transport/ucx/sender.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -78,7 +79,7 @@ public:
         layout::pack_host(static_cast<uint8_t *>(buf.base), tensors, table, info_.checksum);  // one pass
         Where at;
         {
-            std::lock_guard<std::mutex> lock(mu_);
+            std::unique_lock<std::mutex> lock = caller_lock();
             at = Where{info_.session, next_seq_++, reinterpret_cast<uint64_t>(buf.base), end, buf.region.rkey};
             Chunk &c = chunks_[at.seq];
             c.version = h.version;
@@ -94,7 +95,7 @@ public:
 
     void flush(int64_t timeout_ms) override {
         const sys::Deadline deadline(timeout_ms);
-        std::unique_lock<std::mutex> lock(mu_);
+        std::unique_lock<std::mutex> lock = caller_lock();
         for (;;) {
             if (!failures_.empty()) report_failures();
             std::vector<uint32_t> owing = owing_members();
@@ -105,7 +106,7 @@ public:
     }
 
     void abandon(uint64_t version) override {
-        std::lock_guard<std::mutex> lock(mu_);
+        std::unique_lock<std::mutex> lock = caller_lock();
         open_version_ = 0;
         for (auto &kv : chunks_)
             if (kv.second.version == version) kv.second.retired = true;
@@ -120,7 +121,7 @@ public:
 
     void drop_receiver(uint32_t index) override {
         check_receiver_index(kKind, index, info_.receivers);
-        std::lock_guard<std::mutex> lock(mu_);
+        std::unique_lock<std::mutex> lock = caller_lock();
         Member &m = members_[index];
         if (!m.ep) return;
         Msg msg;
@@ -151,8 +152,8 @@ private:
             const auto now = std::chrono::steady_clock::now();
             if (n) busy = now;
             if (now - busy <= kSpin || !w_->arm()) {  // busy, or events pending: progress again
-                lock.unlock();                        // let callers in between rounds
-                std::this_thread::yield();
+                lock.unlock();                        // callers first: see caller_lock()
+                while (callers_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
                 lock.lock();
                 continue;
             }
@@ -160,6 +161,16 @@ private:
             w_->wait_fd(100, stop_fd_);
             lock.lock();
         }
+    }
+
+    // The mutex for a caller's thread. The progress thread re-takes the mutex between rounds
+    // while it spins; std::mutex is not fair, so a caller announces itself and the progress
+    // thread waits for it rather than starving it (send_chunk would stall behind GETs).
+    std::unique_lock<std::mutex> caller_lock() {
+        callers_.fetch_add(1, std::memory_order_acq_rel);
+        std::unique_lock<std::mutex> lock(mu_);
+        callers_.fetch_sub(1, std::memory_order_acq_rel);
+        return lock;
     }
 
     void handle(std::vector<Msg> inbox) {
@@ -330,7 +341,7 @@ private:
 
     Buffer take_buffer(uint64_t bytes) {
         {
-            std::lock_guard<std::mutex> lock(mu_);
+            std::unique_lock<std::mutex> lock = caller_lock();
             for (auto it = pool_.begin(); it != pool_.end(); ++it)
                 if (it->cap >= bytes && it->cap / 2 <= bytes) {
                     Buffer b = *it;
@@ -346,7 +357,7 @@ private:
                                           " bytes to stage a chunk");
         madvise(b.base, b.cap, MADV_HUGEPAGE);
         try {
-            std::lock_guard<std::mutex> lock(mu_);
+            std::unique_lock<std::mutex> lock = caller_lock();
             b.region = w_->map(b.base, b.cap, true, "a chunk's staging buffer");
         } catch (...) {
             munmap(b.base, b.cap);
@@ -411,6 +422,7 @@ private:
     int64_t timeout_ms_;
     std::string memory_types_ = w_->memory_types();
     std::mutex mu_;
+    std::atomic<int> callers_{0};
     std::condition_variable cv_;
     std::thread thread_;
     int stop_fd_ = -1;

@@ -17,7 +17,7 @@
 namespace wsync::ucx {
 
 // How long waits keep progressing without sleeping after UCX last reported work.
-inline constexpr std::chrono::microseconds kSpin{2000};
+inline constexpr std::chrono::microseconds kSpin{50000};
 
 struct Config {
     std::string library;      // "" : $WSYNC_UCX_LIBRARY, else libucp.so.0
