@@ -40,3 +40,19 @@ def test_ucx_receiver_index_out_of_range_is_named():
                 engine.receiver(init, 5)
             assert info.value.status is Status.INVALID_ARGUMENT
             assert "receiver index 5" in info.value.message
+
+
+def test_ucx_loader_failure_reaches_the_flush_as_data_naming_the_receiver():
+    with wsync.Strategy("ucx", receivers=1, **OPTIONS) as trainer, wsync.Strategy("ucx", **OPTIONS) as engine:
+        init = trainer.create_init_info()
+        with trainer.sender(init) as sender, engine.receiver(init, 0) as receiver:
+            request = sender.send_chunk({"w": torch.ones(8)}, last=True)
+            it = receiver.receive(request)
+            it.fail(Status.MISMATCH, "tensor 'w' has the wrong shape here")
+            with pytest.raises(WsyncError) as info:
+                sender.flush(10.0)
+            assert info.value.status is Status.PEER
+            assert "receiver 0 (" in info.value.message and "wrong shape" in info.value.message
+            (failure,) = sender.failures
+            assert failure.receiver == 0 and failure.version == 1 and failure.status is Status.MISMATCH
+            assert receiver.completed_version == 0

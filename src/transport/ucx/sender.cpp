@@ -41,6 +41,7 @@ struct Member {
     uint64_t from_version = 0;   // the first version it owes
     uint64_t acked_through = 0;  // highest chunk seq it answered
     std::map<uint64_t, uint32_t> leases;  // seq -> count
+    uint64_t failed_version = 0;  // the version whose failure it last reported
     bool dropped = false;
 };
 
@@ -268,11 +269,14 @@ private:
             if (--l->second == 0) mem.leases.erase(l);
         }
         mem.acked_through = std::max(mem.acked_through, m.seq);
-        if (m.status != WSYNC_OK && m.version >= mem.from_version)
-            failures_.push_back(Failure{WSYNC_FAILURE_FAILED, static_cast<wsync_status_t>(m.status), index,
-                                        m.version, m.chunk, mem.pid, mem.name + " failed chunk " +
-                                        std::to_string(m.chunk) + " of version " + std::to_string(m.version) +
-                                        ": " + status_name(static_cast<wsync_status_t>(m.status)) + ": " + m.text});
+        // Named once per version: the later chunks of a version that failed here are refused
+        // by the receiver's core with the same status.
+        if (m.status == WSYNC_OK || m.version < mem.from_version || m.version == mem.failed_version) return;
+        mem.failed_version = m.version;
+        const auto st = static_cast<wsync_status_t>(m.status);
+        failures_.push_back(Failure{WSYNC_FAILURE_FAILED, st, index, m.version, m.chunk, mem.pid,
+                                    mem.name + " failed chunk " + std::to_string(m.chunk) + " of version " +
+                                        std::to_string(m.version) + ": " + status_name(st) + ": " + m.text});
     }
 
     // A member's connection failed (UCX's error handler): it died, or the network between us
