@@ -56,3 +56,20 @@ def test_ucx_loader_failure_reaches_the_flush_as_data_naming_the_receiver():
             (failure,) = sender.failures
             assert failure.receiver == 0 and failure.version == 1 and failure.status is Status.MISMATCH
             assert receiver.completed_version == 0
+
+
+def test_ucx_a_version_no_longer_kept_is_refused_naming_the_latest_and_the_latest_still_arrives():
+    with wsync.Strategy("ucx", receivers=1, keep_versions=1, **OPTIONS) as trainer, \
+            wsync.Strategy("ucx", **OPTIONS) as engine:
+        init = trainer.create_init_info()
+        with trainer.sender(init) as sender, engine.receiver(init, 0) as receiver:
+            old = sender.send_chunk({"w": torch.ones(8)}, last=True)
+            new = sender.send_chunk({"w": torch.full((8,), 2.0)}, last=True)
+            with pytest.raises(WsyncError) as info:
+                receiver.receive(old)
+            assert info.value.status is Status.ABANDONED
+            assert "no longer kept" in info.value.message and "the latest is 2" in info.value.message
+            with receiver.receive(new) as it:
+                got = {name: t.clone() for name, t in it}
+            assert torch.equal(got["w"], torch.full((8,), 2.0)) and receiver.completed_version == 2
+            sender.flush(10.0)
