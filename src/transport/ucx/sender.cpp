@@ -280,11 +280,11 @@ private:
     }
 
     // A member's connection failed (UCX's error handler): it died, or the network between us
-    // did. Named once if it owed a chunk.
+    // did. Named once if it owed a chunk (a dropped one owes nothing); its leases end.
     void check_members() {
         for (uint32_t i = 0; i < members_.size(); ++i) {
             Member &m = members_[i];
-            if (m.ep && m.ep->error != UCS_OK && !m.dropped)
+            if (m.ep && m.ep->error != UCS_OK)
                 leave(i, WSYNC_FAILURE_DIED,
                       std::string("is unreachable (") + w_->api().ucs_status_string(m.ep->error) +
                           "): its process died or the network to it failed");
@@ -304,7 +304,8 @@ private:
 
     // Ends a member's standing. Its leases are released only when its connection is known
     // dead (`gone`): a dropped receiver that is merely frozen could still read its leased
-    // chunks when it wakes, so those stay registered until the sender is destroyed.
+    // chunks when it wakes, so those stay registered until its connection fails (or, if it
+    // re-attaches first, until the sender is destroyed).
     void forget(uint32_t index, bool gone) {
         Member &m = members_[index];
         if (gone) {
