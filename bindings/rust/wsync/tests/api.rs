@@ -2,59 +2,16 @@
 //! receivers in one process). One behaviour per test, named for it; every wait is bounded by a
 //! small `timeout_ms` or flush deadline.
 
+#[allow(dead_code)]
+mod support;
+
 use std::time::{Duration, Instant};
 
+use support::{options, receive_all, receiver, receiver_with, trainer, SEC};
 use wsync::{
     describe, describe_options, kinds, merge_requests, plan, DType, Device, Options, Plan,
     Receiver, Sender, Status, Strategy, TensorRef, TensorSpec,
 };
-
-const SEC: Duration = Duration::from_secs(5);
-
-/// Small buckets (64 KiB) so tests stay cheap; a short send timeout so a mistake cannot hang.
-fn options(receivers: u64) -> Options {
-    Options::new()
-        .uint("receivers", receivers)
-        .uint("buckets", 2)
-        .uint("bucket_bytes", 64 << 10)
-        .uint("timeout_ms", 3000)
-}
-
-/// A trainer (strategy + sender) and the init info.
-struct Trainer {
-    _strategy: Strategy,
-    sender: Sender,
-    init: Vec<u8>,
-}
-
-fn trainer(opts: &Options) -> Trainer {
-    let mut strategy = Strategy::with_options("shm", opts).expect("strategy");
-    let init = strategy.create_init_info().expect("init info");
-    let sender = Sender::new(&mut strategy, &init).expect("sender");
-    Trainer {
-        _strategy: strategy,
-        sender,
-        init,
-    }
-}
-
-fn receiver(init: &[u8], index: u32) -> Receiver {
-    receiver_with(init, index, "")
-}
-
-fn receiver_with(init: &[u8], index: u32, options: &str) -> Receiver {
-    // The engine's strategy may be dropped right away: receivers hold what they need.
-    let mut strategy = Strategy::new("shm", options).expect("engine strategy");
-    Receiver::new(&mut strategy, init, index).expect("receiver")
-}
-
-/// Receives a request, takes every view, and ends the iteration.
-fn receive_all(r: &mut Receiver, request: &[u8]) -> wsync::Result<usize> {
-    let mut recv = r.receive(request)?;
-    let n = recv.views().collect::<wsync::Result<Vec<_>>>()?.len();
-    recv.end()?;
-    Ok(n)
-}
 
 fn f32s(seed: u32, n: usize) -> Vec<f32> {
     (0..n)
@@ -480,9 +437,9 @@ fn out_of_order_and_replayed_requests_are_mismatch() {
     let first = t.sender.send_chunk(&tensor, false).unwrap();
     let second = t.sender.send_chunk(&tensor, true).unwrap();
     expect_err(r.receive(&second), Status::Mismatch, "chunk 0");
-    assert_eq!(receive_all(&mut r, &first).unwrap(), 1);
+    assert_eq!(receive_all(&mut r, &first).unwrap().views, 1);
     expect_err(r.receive(&first), Status::Mismatch, "chunk 0 of version 1");
-    assert_eq!(receive_all(&mut r, &second).unwrap(), 1);
+    assert_eq!(receive_all(&mut r, &second).unwrap().views, 1);
     assert_eq!(r.completed_version().unwrap(), 1);
 }
 
@@ -565,7 +522,7 @@ fn ending_early_is_acknowledged_as_failed_and_flush_reports_peer_once() {
         )
     };
     let req = good(&mut t.sender, true).unwrap();
-    assert_eq!(receive_all(&mut r, &req).unwrap(), 2);
+    assert_eq!(receive_all(&mut r, &req).unwrap().views, 2);
     t.sender.flush(SEC).unwrap();
     assert_eq!(r.completed_version().unwrap(), 1);
 
@@ -596,7 +553,7 @@ fn ending_early_is_acknowledged_as_failed_and_flush_reports_peer_once() {
         "failed chunk 0 of version 3",
     );
     let req = good(&mut t.sender, true).unwrap();
-    assert_eq!(receive_all(&mut r, &req).unwrap(), 2);
+    assert_eq!(receive_all(&mut r, &req).unwrap().views, 2);
     assert_eq!(r.completed_version().unwrap(), 4);
 }
 
