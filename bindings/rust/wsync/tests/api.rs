@@ -7,7 +7,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{options, receive_all, receiver, receiver_with, trainer, SEC};
+use support::{options, receive_all, receiver, receiver_with, send, trainer, SEC};
 use wsync::{
     describe, describe_options, kinds, merge_requests, plan, DType, Device, Options, Plan,
     Receiver, Sender, Status, Strategy, TensorRef, TensorSpec,
@@ -394,10 +394,7 @@ fn malformed_blobs_are_refused_before_any_memory_is_touched() {
 fn blobs_of_another_role_or_strategy_are_mismatch() {
     let mut t = trainer(&options(1));
     let w = [1.0f32; 4];
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[4]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     let mut s = Strategy::new("shm", "").unwrap();
     expect_err(
         Receiver::new(&mut s, &req, 0),
@@ -447,10 +444,7 @@ fn out_of_order_and_replayed_requests_are_mismatch() {
 fn merge_of_one_shm_part_is_a_copy_and_more_are_unsupported() {
     let mut t = trainer(&options(1));
     let w = [1u8; 8];
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[8]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     assert_eq!(merge_requests(&[&req]).unwrap(), req);
     expect_err(
         merge_requests(&[&req, &req]),
@@ -588,10 +582,7 @@ fn dropping_after_every_view_was_taken_acknowledges_success() {
     let mut t = trainer(&options(1));
     let mut r = receiver(&t.init, 0);
     let w = [5u8; 4];
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[4]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     {
         let mut recv = r.receive(&req).unwrap();
         assert_eq!(recv.views().count(), 1);
@@ -606,10 +597,7 @@ fn corrupted_bytes_fail_the_iteration_the_version_and_the_flush() {
     let mut t = trainer(&options(2));
     let mut r = receiver(&t.init, 0);
     let w: Vec<u64> = (0..64).map(|i| 0x5753_594e_4300_0000 + i).collect();
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[64]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     corrupt_segment(&t.init, &w);
     let mut recv = r.receive(&req).unwrap();
     let mut views = recv.views();
@@ -651,10 +639,7 @@ fn verify_false_skips_checksums() {
     let mut t = trainer(&options(2));
     let mut r = receiver_with(&t.init, 0, r#"{"verify": false}"#);
     let w: Vec<u64> = (0..64).map(|i| 0x5753_594e_4300_0000 + i).collect();
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[64]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     corrupt_segment(&t.init, &w);
     let mut recv = r.receive(&req).unwrap();
     let got = recv.views().next().unwrap().unwrap();
@@ -840,10 +825,7 @@ fn flush_times_out_naming_receivers_that_never_answered() {
     let mut t = trainer(&options(2));
     let mut r0 = receiver(&t.init, 0);
     let w = [1u8; 8];
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[8]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     let mut recv = r0.receive(&req).unwrap();
     assert_eq!(recv.views().count(), 1);
     recv.end().unwrap();
@@ -892,10 +874,7 @@ fn wait_released_returns_at_once_for_shm_and_refuses_unfinished_versions() {
     let mut t = trainer(&options(1));
     let mut r = receiver(&t.init, 0);
     let w = [1u8; 8];
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[8]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     receive_all(&mut r, &req).unwrap();
     t.sender.flush(SEC).unwrap();
     // shm copied the tensors while sending: nothing of the trainer's is mapped elsewhere.
@@ -1076,10 +1055,7 @@ fn shm_accepts_and_ignores_a_callers_cuda_stream() {
         r.set_stream(std::ptr::null_mut()).unwrap();
     }
     let w = [3u8; 8];
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[8]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     receive_all(&mut r, &req).unwrap();
     t.sender.flush(SEC).unwrap();
 }

@@ -7,20 +7,12 @@ mod support;
 
 use std::time::Duration;
 
-use support::{options, receive_all, receiver, Trainer, SEC};
-use wsync::{FailureKind, Sender, Status, TensorRef};
+use support::{options, receive_all, receiver, send, Trainer, SEC};
+use wsync::{FailureKind, Status, TensorRef};
 
 /// Four buckets: some tests publish a whole version before any receiver reads it.
 fn trainer(receivers: u64) -> Trainer {
     support::trainer(&options(receivers).uint("buckets", 4))
-}
-
-fn send(s: &mut Sender, name: &str, values: &[f32], last: bool) -> Vec<u8> {
-    s.send_chunk(
-        &[TensorRef::new(name, values, &[values.len()]).unwrap()],
-        last,
-    )
-    .expect("send")
 }
 
 // --- failing a chunk ------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use wsync::{Options, Receiver, RecvInfo, Sender, Strategy};
+use wsync::{Element, Options, Receiver, RecvInfo, Sender, Strategy, TensorRef};
 
 /// The deadline of flushes and waits that are expected to succeed.
 pub const SEC: Duration = Duration::from_secs(5);
@@ -49,6 +49,15 @@ pub fn receiver_with(init: &[u8], index: u32, options: &str) -> Receiver {
     // The engine's strategy may be dropped right away: receivers hold what they need.
     let mut strategy = Strategy::new("shm", options).expect("engine strategy");
     Receiver::new(&mut strategy, init, index).expect("receiver")
+}
+
+/// Sends `values` as a chunk of one tensor, `name`, shaped `[values.len()]`; returns the request.
+pub fn send<T: Element>(s: &mut Sender, name: &str, values: &[T], last: bool) -> Vec<u8> {
+    s.send_chunk(
+        &[TensorRef::new(name, values, &[values.len()]).unwrap()],
+        last,
+    )
+    .expect("send")
 }
 
 /// What [`receive_all`] saw: the chunk's info and how many views it took.
