@@ -222,6 +222,12 @@ static int engine_entry(const void *cfg, int in, int out) {
 
 static engine_t engine_start(const engine_cfg *cfg) { return tu_fork_peer(engine_entry, cfg); }
 
+/* A cuda_ipc engine on GPU 0 as receiver `index`, checking every version as sent. */
+static engine_t ipc_engine(uint32_t index) {
+    engine_cfg cfg = {"cuda_ipc", "{\"device\": 0}", NULL, index, 0, 0, 0, 0, 0};
+    return engine_start(&cfg); /* the child reads cfg from its copy of this frame */
+}
+
 static void engine_send(engine_t *e, const wsync_blob_t *b) {
     assert_int_equal(tu_send_frame(e->to, b->data, b->size), 0);
 }
@@ -262,9 +268,7 @@ static const char *names[NT] = {"t0", "t1", "t2", "t3", "t4", "t5"};
 
 static void packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chunk(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_cfg c1 = {"cuda_ipc", "{\"device\": 0}", NULL, 1, 0, 0, 0, 0, 0};
-    engine_t e[2] = {engine_start(&c0), engine_start(&c1)};
+    engine_t e[2] = {ipc_engine(0), ipc_engine(1)};
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init;
@@ -307,8 +311,7 @@ static void packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chun
 static void recv_copy_of_device_memory_is_unsupported_and_the_chunk_still_loads(void **state) {
     (void)state;
     g_engines_try_copy = 1;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t e = engine_start(&c0);
+    engine_t e = ipc_engine(0);
     g_engines_try_copy = 0;
     use_device(0);
     wsync_strategy_t *s;
@@ -363,8 +366,7 @@ static void packed_cast_to_bfloat16_rounds_to_nearest_even(void **state) {
 /* ---- cuda_ipc, per allocation -------------------------------------------------------------- */
 static void unpacked_steady_state_opens_no_new_handle_over_1000_syncs(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t e = engine_start(&c0);
+    engine_t e = ipc_engine(0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init;
@@ -406,8 +408,7 @@ static void unpacked_steady_state_opens_no_new_handle_over_1000_syncs(void **sta
 
 static void unpacked_moved_tensor_gets_a_new_handle_and_the_old_one_is_closed(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t e = engine_start(&c0);
+    engine_t e = ipc_engine(0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init;
@@ -519,8 +520,7 @@ static void a_request_without_this_gpu_is_a_mismatch_naming_the_uuid(void **stat
 
 static void a_dead_engine_fails_flush_with_peer(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t e = engine_start(&c0);
+    engine_t e = ipc_engine(0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init, req;
@@ -577,8 +577,7 @@ static uint8_t sync_two(wsync_sender_t *tx, engine_t *e, void *a, void *b, uint6
 
 static void the_fake_counts_memory_freed_while_an_engine_maps_it(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t e = engine_start(&c0);
+    engine_t e = ipc_engine(0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init;
@@ -596,8 +595,7 @@ static void the_fake_counts_memory_freed_while_an_engine_maps_it(void **state) {
 
 static void unpacked_memory_a_version_no_longer_uses_is_freed_after_wait_released(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t e = engine_start(&c0);
+    engine_t e = ipc_engine(0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init;
@@ -664,8 +662,7 @@ static void destroying_a_packed_sender_waits_for_engines_to_unmap_its_buckets(vo
 
 static void destroying_a_packed_sender_leaves_buckets_an_engine_still_maps_allocated(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t e = engine_start(&c0);
+    engine_t e = ipc_engine(0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init;
@@ -815,8 +812,7 @@ static void a_sender_given_the_callers_stream_orders_after_it_and_not_the_defaul
 static void cuda_ipc_engine_restarted_after_the_name_is_gone_reattaches_and_gets_the_next_version(
     void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t a = engine_start(&c0);
+    engine_t a = ipc_engine(0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init, req;
@@ -837,7 +833,7 @@ static void cuda_ipc_engine_restarted_after_the_name_is_gone_reattaches_and_gets
     long t0 = tu_now_ms();
     EXPECT_ERR(wsync_sender_flush(tx, 5000), WSYNC_ERR_PEER, "receiver 0");
     assert_true(tu_now_ms() - t0 < 2000);
-    engine_t b = engine_start(&c0);
+    engine_t b = ipc_engine(0);
     engine_send(&b, &init);
     usleep(300 * 1000); /* B attaches (through the trainer's socket) before version 3 begins */
     assert_int_equal(sync_two(tx, &b, x, y, 3), 0);
