@@ -717,14 +717,21 @@ static void *release_held_after(void *ms) {
     return NULL;
 }
 
+/* Holds `stream` (NULL: the legacy default stream) from now on; another thread, which the
+ * caller joins, releases every held stream `ms` later. */
+static pthread_t hold_stream_for(void *stream, int ms) {
+    assert_int_equal(drv.stream_hold(stream), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, release_held_after, (void *)(uintptr_t)ms), 0);
+    return th;
+}
+
 static void sender_does_not_wait_for_work_on_other_streams(void **state) {
     (void)state;
     use_device(0);
     void *collective = NULL; /* a training collective that does not finish meanwhile */
     assert_int_equal(drv.cuStreamCreate(&collective, 1 /* non-blocking */), 0);
-    assert_int_equal(drv.stream_hold(collective), 0);
-    pthread_t th;
-    pthread_create(&th, NULL, release_held_after, (void *)(uintptr_t)1500);
+    pthread_t th = hold_stream_for(collective, 1500);
     wsync_strategy_t *s;
     wsync_blob_t init, req;
     wsync_sender_t *tx;
@@ -751,9 +758,7 @@ static void sender_times_out_naming_the_chunk_when_the_default_stream_does_not_d
     void *d = dalloc(64 * 32 * 4);
     wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
     wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
-    assert_int_equal(drv.stream_hold(NULL), 0); /* the trainer's own stream never drains */
-    pthread_t th;
-    pthread_create(&th, NULL, release_held_after, (void *)(uintptr_t)1500);
+    pthread_t th = hold_stream_for(NULL, 1500); /* the trainer's own stream never drains */
     long t0 = tu_now_ms();
     EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_TIMEOUT,
                "legacy default stream of GPU-");
@@ -782,15 +787,12 @@ static void a_sender_given_the_callers_stream_orders_after_it_and_not_the_defaul
     void *mine = NULL;
     assert_int_equal(drv.cuStreamCreate(&mine, 1 /* non-blocking */), 0);
     OK(wsync_sender_set_stream(tx, mine));
-    assert_int_equal(drv.stream_hold(mine), 0); /* the trainer's writes are still queued there */
-    pthread_t th;
-    pthread_create(&th, NULL, release_held_after, (void *)(uintptr_t)1500);
+    pthread_t th = hold_stream_for(mine, 1500); /* the trainer's writes are still queued there */
     long t0 = tu_now_ms();
     EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_TIMEOUT, "the caller's stream 0x");
     assert_true(tu_now_ms() - t0 < 1500);
     pthread_join(th, NULL);
-    assert_int_equal(drv.stream_hold(NULL), 0); /* now the default stream never drains */
-    pthread_create(&th, NULL, release_held_after, (void *)(uintptr_t)1500);
+    th = hold_stream_for(NULL, 1500); /* now the default stream never drains */
     t0 = tu_now_ms();
     OK(wsync_sender_send_chunk(tx, &ch, &req));
     assert_true(tu_now_ms() - t0 < 1000);
