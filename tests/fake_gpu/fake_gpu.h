@@ -100,7 +100,7 @@ int wsync_fake_mem_alloc_unexportable(unsigned long long *dptr, size_t bytes);
 /* Parks `stream` (a CUstream; 0 or 1 name the NULL/legacy stream): operations enqueued on it
  * after this call wait until wsync_fake_stream_release_held() (a collective, or on the NULL
  * stream a kernel, that does not finish); anything waiting for them waits. Returns 0 or the
- * driver's error for an unknown stream. */
+ * driver's error for an unknown stream. A forked child starts with no stream held. */
 int wsync_fake_stream_hold(void *stream);
 /* Lets every held stream of this process go on. */
 void wsync_fake_stream_release_held(void);
