@@ -121,7 +121,7 @@ static void three_engines_one_killed_dropped_and_two_complete_five_more_versions
     trainer_t *tr = trainer_new("{\"receivers\": 3, \"bucket_bytes\": 65536}");
     engines_t es;
     start_engines(&es, tr, 3, MODE_LOAD);
-    tu_peer_t *e = es.e, **two = es.all;
+    tu_peer_t *e = es.e, **two = es.all; /* two: engines 0 and 1, the first two of all */
     send_version_to(tr, 1, es.all, 3);
     OK(wsync_sender_flush(tr->sender, 5000));
     kill(e[2].pid, SIGKILL);
