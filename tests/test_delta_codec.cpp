@@ -9,6 +9,7 @@
 
 #include "delta.hpp"  // before cmocka.h, whose fail() macro would rename wsync::fail
 #include "error.hpp"
+#include "tensor.hpp"
 
 extern "C" {
 #include <setjmp.h>
@@ -219,6 +220,55 @@ void scalars_and_odd_sizes_round_trip(void **) {
     round_trip(b8, n8, 8);
 }
 
+// The trainer's bases: an abandoned version's staged bytes never reach them.
+void an_abandoned_version_leaves_the_trainers_base_intact(void **) {
+    delta::Config cfg;
+    cfg.mode = delta::Mode::kAuto;
+    delta::Encoder enc(cfg);
+    std::vector<uint8_t> a = noise(4096, 1), b = noise(4096, 2);
+    const std::vector<uint8_t> a1 = a;
+    int64_t shape[1] = {2048};
+    auto tensor = [&](const char *name, std::vector<uint8_t> &d) {
+        wsync_tensor_t t{};
+        t.name = name;
+        t.data = d.data();
+        t.dtype = {WSYNC_DTYPE_BFLOAT, 16, 1};
+        t.ndim = 1;
+        t.shape = shape;
+        t.device = {WSYNC_DEVICE_CPU, 0};
+        return t;
+    };
+    auto send = [&](uint64_t v, std::vector<wsync_tensor_t> ts, bool commit) {
+        std::vector<wsync_tensor_t> wire;
+        std::vector<PatchInfo> patches;
+        enc.encode(v, ts.data(), metas_from_chunk(ts.data(), ts.size(), true), wire, patches);
+        enc.chunk_sent();
+        if (commit) enc.commit(v);
+        return std::make_pair(wire, patches);
+    };
+    send(1, {tensor("a", a), tensor("b", b)}, true);
+    a[10] ^= 1;
+    auto v2 = send(2, {tensor("a", a)}, false);
+    assert_int_equal(v2.second[0].base_version, 1);  // a patch, staged
+    enc.abandon();
+    b[3] ^= 1;
+    auto v3 = send(3, {tensor("b", b)}, true);
+    assert_int_equal(v3.second[0].wire_bytes, 0);  // dense after the abandon
+    a[20] ^= 1;
+    auto v4 = send(4, {tensor("a", a)}, true);
+    const PatchInfo &p = v4.second[0];
+    assert_int_equal(p.base_version, 3);
+    assert_true(p.base_xxh3 == XXH3_64bits(a1.data(), a1.size()));  // a as committed in v1
+    delta::Patch parsed = delta::parse(static_cast<const uint8_t *>(v4.first[0].data), p.wire_bytes,
+                                       2048, 2, "a");
+    std::vector<uint8_t> dst = a1;
+    uint64_t got;
+    assert_int_equal(int(delta::apply_verified(dst.data(), dst.size(), parsed, p.base_xxh3,
+                                               p.result_xxh3, &got)),
+                     int(delta::Applied::kApplied));
+    assert_true(dst == a);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -231,6 +281,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(malformed_patches_are_refused_by_name),
         cmocka_unit_test(a_patch_onto_the_wrong_base_or_with_a_wrong_result_leaves_the_destination_unchanged),
         cmocka_unit_test(scalars_and_odd_sizes_round_trip),
+        cmocka_unit_test(an_abandoned_version_leaves_the_trainers_base_intact),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, nullptr, nullptr);
