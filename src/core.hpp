@@ -91,6 +91,8 @@ private:
     const KindInfo &kind_;
     std::unique_ptr<ReceiverImpl> impl_;
     std::unique_ptr<copy::Pool> pool_;  // wsync_recv_copy's threads, started on first need
+    delta::Patch patch_;             // a patch being applied, and the bytes it replaced: kept,
+    std::vector<uint8_t> replaced_;  // so steady versions allocate nothing
     std::unique_ptr<Iteration> open_;
     uint64_t current_ = 0;         // version whose chunks arrive now (open or failed), 0: none
     bool current_failed_ = false;

@@ -49,12 +49,15 @@ kernels::Scatter as_scatter(const Patch &p) {
     return {p.idx.data(), p.idx.size(), p.values, p.esize};
 }
 
-void grow_vector(kernels::Sink *s) {
-    auto *v = static_cast<std::vector<uint64_t> *>(s->owner);
-    v->resize(s->size);
-    v->resize(v->size() < 512 ? 1024 : v->size() * 2);
-    s->data = v->data();
-    s->cap = v->size();
+// Makes room in the Changes behind a Sink.
+void grow_changes(kernels::Sink *s) {
+    auto *c = static_cast<Changes *>(s->owner);
+    const std::size_t cap = c->idx.size() < 512 ? 1024 : c->idx.size() * 2;
+    c->idx.resize(cap);
+    c->values.resize(cap * c->esize);
+    s->idx = c->idx.data();
+    s->vals = c->values.data();
+    s->cap = cap;
 }
 
 }  // namespace
@@ -74,11 +77,14 @@ uint64_t patch_bytes(uint64_t count, uint64_t esize, unsigned width) {
     return kHeaderBytes + round8(count * width) + count * esize;
 }
 
-std::vector<uint8_t> encode(const uint64_t *idx, std::size_t count, uint64_t elements,
-                            uint64_t esize, const void *data) {
+void encode(const Changes &ch, uint64_t elements, std::vector<uint8_t> &out) {
+    const uint64_t *idx = ch.idx.data(), esize = ch.esize;
+    const std::size_t count = ch.count;
     const IndexCoding c = choose_coding(idx, count, elements);
-    std::vector<uint8_t> out(patch_bytes(count, esize, c.width), 0);
+    out.resize(patch_bytes(count, esize, c.width));
     uint8_t *p = out.data();
+    std::memset(p, 0, kHeaderBytes);
+    std::memset(p + kHeaderBytes + round8(count * c.width) - 8, 0, 8);  // the indices' padding
     put32(p, kMagic);
     p[4] = c.coding;
     p[5] = uint8_t(c.width);
@@ -93,10 +99,7 @@ std::vector<uint8_t> encode(const uint64_t *idx, std::size_t count, uint64_t ele
         if (c.width == 4) put32(ix + 4 * k, uint32_t(v));
         else put64(ix + 8 * k, v);
     }
-    uint8_t *vals = ix + round8(count * c.width);
-    const uint8_t *src = static_cast<const uint8_t *>(data);
-    for (std::size_t k = 0; k < count; ++k) std::memcpy(vals + k * esize, src + idx[k] * esize, esize);
-    return out;
+    if (count) std::memcpy(ix + round8(count * c.width), ch.values.data(), count * esize);
 }
 
 const uint8_t *patch_values(const uint8_t *bytes) {
@@ -105,6 +108,13 @@ const uint8_t *patch_values(const uint8_t *bytes) {
 
 Patch parse(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
             const std::string &what) {
+    Patch p;
+    parse_into(p, bytes, n, elements, esize, what);
+    return p;
+}
+
+void parse_into(Patch &p, const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
+                const std::string &what) {
     auto bad = [&](const std::string &why) { wire::malformed(what + ": patch " + why); };
     if (n < kHeaderBytes) bad("of " + std::to_string(n) + " bytes is shorter than its header");
     if (get(bytes, 4) != kMagic) bad("does not start with the magic \"WDP1\"");
@@ -123,7 +133,6 @@ Patch parse(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
     if (count > elements || patch_bytes(count, esize, width) != n)
         bad("of " + std::to_string(n) + " bytes does not hold its " + std::to_string(count) +
             " elements");
-    Patch p;
     p.esize = esize;
     p.values = bytes + kHeaderBytes + round8(count * width);
     p.idx.resize(count);
@@ -136,28 +145,30 @@ Patch parse(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
             bad("index " + std::to_string(k) + " is out of order or outside the tensor");
         p.idx[k] = at = i;
     }
-    return p;
 }
 
-bool find_changes(const void *now, const void *base, uint64_t nbytes, uint64_t esize,
-                  uint64_t limit, std::vector<uint64_t> &idx, uint64_t *hash) {
-    idx.clear();
-    kernels::Sink sink{idx.data(), 0, idx.size(), &idx, grow_vector};
+bool find_changes(const void *now, void *base, uint64_t nbytes, uint64_t esize, uint64_t limit,
+                  const Patch *fold, Changes &out, uint64_t *hash) {
+    out.esize = esize;
+    out.values.resize(out.idx.size() * esize);
+    kernels::Sink sink{out.idx.data(), out.values.data(), 0, out.idx.size(), &out, grow_changes};
     const auto *a = static_cast<const uint8_t *>(now);
-    const auto *b = static_cast<const uint8_t *>(base);
+    auto *b = static_cast<uint8_t *>(base);
+    const kernels::Scatter f = fold ? as_scatter(*fold) : kernels::Scatter{nullptr, 0, nullptr, esize};
+    const kernels::Scatter *fp = fold ? &f : nullptr;
     bool ok;
 #if defined(__x86_64__)
-    if (copy::have_avx2()) ok = kernels::avx2_find_changes(a, b, nbytes, esize, limit, &sink, hash);
+    if (copy::have_avx2()) ok = kernels::avx2_find_changes(a, b, nbytes, esize, limit, fp, &sink, hash);
     else
 #endif
-        ok = kernels::find_changes_impl(a, b, nbytes, esize, limit, &sink, hash);
-    idx.resize(sink.size);
+        ok = kernels::find_changes_impl(a, b, nbytes, esize, limit, fp, &sink, hash);
+    out.count = sink.size;
     return ok;
 }
 
 Applied apply_verified(void *dst, uint64_t nbytes, const Patch &p, uint64_t base_hash,
-                       uint64_t result_hash, uint64_t *got) {
-    std::vector<uint8_t> old(p.idx.size() * p.esize);
+                       uint64_t result_hash, uint64_t *got, std::vector<uint8_t> &old) {
+    if (old.size() < p.idx.size() * p.esize) old.resize(p.idx.size() * p.esize);
     const kernels::Scatter s = as_scatter(p);
     auto *d = static_cast<uint8_t *>(dst);
 #if defined(__x86_64__)

@@ -42,10 +42,19 @@ IndexCoding choose_coding(const uint64_t *idx, std::size_t count, uint64_t eleme
 // Bytes of a patch of `count` elements of `esize` bytes with `width`-byte indices.
 uint64_t patch_bytes(uint64_t count, uint64_t esize, unsigned width);
 
-// Writes the patch of the elements `idx` (strictly increasing) of tensor `data` (`elements`
-// of `esize` bytes).
-std::vector<uint8_t> encode(const uint64_t *idx, std::size_t count, uint64_t elements,
-                            uint64_t esize, const void *data);
+// The changed elements find_changes() found: flat indices (strictly increasing) and, beside
+// them, their new bytes (esize each). The vectors only grow (their sizes are capacities);
+// `count` is what holds.
+struct Changes {
+    std::vector<uint64_t> idx;
+    std::vector<uint8_t> values;
+    std::size_t count = 0;
+    uint64_t esize = 0;
+};
+
+// Writes the patch of `c` for a tensor of `elements` into `out` (whose capacity is kept across
+// versions).
+void encode(const Changes &c, uint64_t elements, std::vector<uint8_t> &out);
 
 // Where the values of a patch written by encode() begin.
 const uint8_t *patch_values(const uint8_t *bytes);
@@ -59,20 +68,25 @@ struct Patch {
 };
 Patch parse(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
             const std::string &what);
+// The same into `p`, reusing its index storage.
+void parse_into(Patch &p, const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
+                const std::string &what);
 
 // Finds the elements where `now` and `base` (nbytes each, elements of esize bytes) differ
 // bitwise (a NaN payload or -0.0 vs 0.0 is a change) and hashes `now` (XXH3-64) in the same
-// pass. Stops and returns false once more than `limit` elements differ (idx then holds
-// limit + 1 of them and *hash is not set).
-bool find_changes(const void *now, const void *base, uint64_t nbytes, uint64_t esize,
-                  uint64_t limit, std::vector<uint64_t> &idx, uint64_t *hash);
+// pass. With `fold`, first writes that patch into base (a committed version's changes), block
+// by block just ahead of the compare. Stops and returns false once more than `limit` elements
+// differ (*hash is then not set, and base holds only part of the fold).
+bool find_changes(const void *now, void *base, uint64_t nbytes, uint64_t esize, uint64_t limit,
+                  const Patch *fold, Changes &out, uint64_t *hash);
 
 // Applies `p` to dst (nbytes) only if dst hashes to base_hash before and to result_hash after,
 // in one pass over dst; otherwise dst is put back as it was. Returns kApplied, kBaseDiffers or
 // kResultDiffers, with the hash that did not match in *got.
 enum class Applied { kApplied, kBaseDiffers, kResultDiffers };
+// `old` is scratch for the changed elements' previous bytes (resized as needed, kept).
 Applied apply_verified(void *dst, uint64_t nbytes, const Patch &p, uint64_t base_hash,
-                       uint64_t result_hash, uint64_t *got);
+                       uint64_t result_hash, uint64_t *got, std::vector<uint8_t> &old);
 // Writes the patch's values into dst without any check (the trainer's own bases).
 void scatter(void *dst, const Patch &p);
 
@@ -122,6 +136,7 @@ private:
     Config config_;
     std::unordered_map<std::string, std::unique_ptr<Entry>> entries_;
     std::vector<Entry *> chunk_, version_;  // staged by the last chunk / by the open version
+    Changes scratch_;                       // what find_changes found; capacity kept
     uint64_t committed_ = 0;                // last committed version (0: none)
     uint64_t open_ = 0;                     // version being encoded (0: none)
     bool patches_allowed_ = false;

@@ -21,9 +21,9 @@ namespace wsync {
 namespace delta {
 namespace kernels {
 
-bool avx2_find_changes(const uint8_t *now, const uint8_t *base, uint64_t nbytes, uint64_t esize,
-                       uint64_t limit, Sink *idx, uint64_t *hash) {
-    return find_changes_impl(now, base, nbytes, esize, limit, idx, hash);
+bool avx2_find_changes(const uint8_t *now, uint8_t *base, uint64_t nbytes, uint64_t esize,
+                       uint64_t limit, const Scatter *fold, Sink *out, uint64_t *hash) {
+    return find_changes_impl(now, base, nbytes, esize, limit, fold, out, hash);
 }
 
 Applied avx2_apply_verified(uint8_t *dst, uint64_t nbytes, const Scatter &p, uint8_t *old,

@@ -72,6 +72,10 @@ Bytes allocate(uint64_t n, const std::string &name) {
     return Bytes(static_cast<uint8_t *>(p));
 }
 
+// Auto mode: a tensor whose changes made the patch too large is sent dense without compare or
+// base for the next versions, then probed again (docs/delta.md: when dense is chosen).
+constexpr uint64_t kCoolDown = 8;
+
 // `percent` of `nbytes`, without overflow (nbytes <= 2^62).
 uint64_t budget(uint64_t nbytes, uint64_t percent) {
     return nbytes / 100 * percent + nbytes % 100 * percent / 100;
@@ -94,6 +98,9 @@ struct Encoder::Entry {
     enum class Staged { kNone, kPatch, kDense } staged = Staged::kNone;
     std::vector<uint8_t> patch;  // kPatch: the bytes sent
     Patch parsed;                // kPatch: its indices and values, for the fold
+    bool fold = false;           // parsed is committed but not yet written into base
+    bool stale = false;          // base is not the committed bytes (sent bare while cooling)
+    uint64_t cool_until = 0;     // auto: the next version that compares again
     Bytes spare;                 // kDense: the bytes sent; becomes the base at commit
     uint64_t spare_bytes = 0;
     uint64_t staged_hash = 0;
@@ -123,7 +130,6 @@ void Encoder::encode(uint64_t version, const wsync_tensor_t *tensors,
     chunk_.clear();
     wire.assign(tensors, tensors + metas.size());
     patches.assign(metas.size(), PatchInfo{});
-    std::vector<uint64_t> idx;
     for (std::size_t i = 0; i < metas.size(); ++i) {
         const TensorMeta &m = metas[i];
         if (!device_is_host(tensors[i].device))
@@ -137,21 +143,38 @@ void Encoder::encode(uint64_t version, const wsync_tensor_t *tensors,
             fail(WSYNC_ERR_INVALID_ARGUMENT, "delta: " + tensor_label(i, m.name.c_str()) +
                                                  " is sent twice in version " +
                                                  std::to_string(version));
-        chunk_.push_back(&e);
         const uint64_t esize = dtype_size(m.dtype), elements = m.nbytes / esize;
-        const bool same = e.base && e.nbytes == m.nbytes && std::memcmp(&e.dtype, &m.dtype, sizeof e.dtype) == 0;
+        if (version + 1 < e.cool_until) {
+            // Auto mode, a tensor that changed too much lately: sent dense with no compare and
+            // no base kept, until the version before the next probe rebuilds the base.
+            if (e.fold) scatter(e.base.get(), e.parsed), e.fold = false;
+            e.stale = true;
+            continue;
+        }
+        chunk_.push_back(&e);
+        const bool same = e.base && !e.stale && e.nbytes == m.nbytes &&
+                          std::memcmp(&e.dtype, &m.dtype, sizeof e.dtype) == 0;
+        // A committed patch not yet folded into the base is folded by the compare, block by
+        // block; anything that skips or cuts the compare folds it here.
+        const Patch *fold = e.fold ? &e.parsed : nullptr;
+        e.fold = false;
         if (patches_allowed_ && same) {
             const uint64_t limit = config_.mode == Mode::kOn
                                        ? UINT64_MAX
                                        : patch_limit(m.nbytes, esize, config_.max_percent);
             uint64_t hash = 0;
-            if (find_changes(tensors[i].data, e.base.get(), m.nbytes, esize, limit, idx, &hash)) {
-                e.patch = delta::encode(idx.data(), idx.size(), elements, esize, tensors[i].data);
+            const bool found = find_changes(tensors[i].data, e.base.get(), m.nbytes, esize, limit,
+                                            fold, scratch_, &hash);
+            if (!found && fold) scatter(e.base.get(), *fold);
+            fold = nullptr;
+            if (!found && config_.mode == Mode::kAuto) e.cool_until = version + kCoolDown;
+            if (found) {
+                delta::encode(scratch_, elements, e.patch);
                 if (config_.mode == Mode::kOn ||
                     e.patch.size() <= budget(m.nbytes, config_.max_percent)) {
                     e.parsed.values = patch_values(e.patch.data());
                     e.parsed.esize = esize;
-                    e.parsed.idx.swap(idx);
+                    e.parsed.idx.assign(scratch_.idx.begin(), scratch_.idx.begin() + scratch_.count);
                     e.staged = Entry::Staged::kPatch;
                     e.staged_hash = hash;
                     e.wire_shape = int64_t(e.patch.size());
@@ -164,9 +187,9 @@ void Encoder::encode(uint64_t version, const wsync_tensor_t *tensors,
                     patches[i] = {e.patch.size(), committed_, e.base_hash, hash};
                     continue;
                 }
-                e.patch.clear();
             }
         }
+        if (fold) scatter(e.base.get(), *fold);
         // Dense: kept aside until the version commits.
         if (!e.spare || e.spare_bytes != m.nbytes) e.spare = allocate(m.nbytes, m.name), e.spare_bytes = m.nbytes;
         e.staged_hash = copy::copy_hashing(e.spare.get(), tensors[i].data, m.nbytes, 0, m.nbytes);
@@ -187,14 +210,16 @@ void Encoder::chunk_sent() {
 
 void Encoder::commit(uint64_t version) {
     for (Entry *e : version_) {
-        if (e->staged == Entry::Staged::kPatch) {
-            scatter(e->base.get(), e->parsed);
-        } else {
-            std::swap(e->base, e->spare);
-            std::swap(e->nbytes, e->spare_bytes);
-            e->dtype = e->staged_dtype;
-        }
         e->base_hash = e->staged_hash;
+        if (e->staged == Entry::Staged::kPatch) {
+            e->fold = true;  // written into the base by the next compare (or by a dense send)
+            e->staged = Entry::Staged::kNone;
+            continue;
+        }
+        std::swap(e->base, e->spare);
+        std::swap(e->nbytes, e->spare_bytes);
+        e->dtype = e->staged_dtype;
+        e->stale = false;
         e->unstage();
     }
     version_.clear();

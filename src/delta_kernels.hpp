@@ -16,9 +16,10 @@ namespace wsync {
 namespace delta {
 namespace kernels {
 
-// Where find_changes puts indices; grow() (delta.cpp, baseline ISA) makes room for more.
+// Where find_changes puts indices and values; grow() (delta.cpp, baseline ISA) makes room.
 struct Sink {
-    uint64_t *data;
+    uint64_t *idx;
+    uint8_t *vals;
     size_t size, cap;
     void *owner;
     void (*grow)(Sink *);
@@ -30,8 +31,8 @@ struct Scatter {
     const uint8_t *values;
     uint64_t esize;
 };
-bool avx2_find_changes(const uint8_t *now, const uint8_t *base, uint64_t nbytes, uint64_t esize,
-                       uint64_t limit, Sink *idx, uint64_t *hash);
+bool avx2_find_changes(const uint8_t *now, uint8_t *base, uint64_t nbytes, uint64_t esize,
+                       uint64_t limit, const Scatter *fold, Sink *out, uint64_t *hash);
 Applied avx2_apply_verified(uint8_t *dst, uint64_t nbytes, const Scatter &p, uint8_t *old,
                             uint64_t base_hash, uint64_t result_hash, uint64_t *got);
 
@@ -52,23 +53,42 @@ inline uint32_t tail_mask(const uint8_t *a, const uint8_t *b, uint64_t n) {
     return m;
 }
 
-inline bool find_changes_impl(const uint8_t *now, const uint8_t *base, uint64_t nbytes,
-                              uint64_t esize, uint64_t limit, Sink *idx, uint64_t *hash) {
+inline void copy_element(uint8_t *d, const uint8_t *s, uint64_t esize) {
+    switch (esize) {
+    case 2: memcpy(d, s, 2); break;
+    case 4: memcpy(d, s, 4); break;
+    default: memcpy(d, s, esize);
+    }
+}
+
+// `fold`: a committed patch not yet written into base, written block by block just before the
+// block is compared (while it is in L1). The changed elements' values are gathered from `now`
+// in the same pass, for the same reason.
+inline bool find_changes_impl(const uint8_t *now, uint8_t *base, uint64_t nbytes, uint64_t esize,
+                              uint64_t limit, const Scatter *fold, Sink *out, uint64_t *hash) {
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
     uint64_t skip = 0;  // bytes before this belong to elements already recorded
+    size_t f = 0;       // next fold entry
     const uint64_t blk = block_for(esize);
+    // Element of a byte offset: a shift for the usual power-of-two sizes, else a division.
+    const int shift = (esize & (esize - 1)) == 0 ? __builtin_ctzll(esize) : -1;
     for (uint64_t at = 0; at < nbytes; at += blk) {
         const uint64_t end = min_u64(nbytes, at + blk);
+        for (; fold && f < fold->count && fold->idx[f] * esize < end; ++f)
+            copy_element(base + fold->idx[f] * esize, fold->values + f * esize, esize);
         for (uint64_t p = at; p < end; p += 32) {
             uint32_t m = end - p >= 32 ? WSYNC_DELTA_MASK(now + p, base + p)
                                        : tail_mask(now + p, base + p, end - p);
             if (skip > p) m = skip - p >= 32 ? 0 : m & (~0u << (skip - p));
             while (m) {
-                const uint64_t e = (p + uint64_t(__builtin_ctz(m))) / esize;
-                if (idx->size == limit) return false;
-                if (idx->size == idx->cap) idx->grow(idx);
-                idx->data[idx->size++] = e;
+                const uint64_t at_byte = p + uint64_t(__builtin_ctz(m));
+                const uint64_t e = shift >= 0 ? at_byte >> shift : at_byte / esize;
+                if (out->size == limit) return false;
+                if (out->size == out->cap) out->grow(out);
+                out->idx[out->size] = e;
+                copy_element(out->vals + out->size * esize, now + e * esize, esize);
+                ++out->size;
                 skip = (e + 1) * esize;
                 m = skip - p >= 32 ? 0 : m & (~0u << (skip - p));
             }

@@ -162,15 +162,16 @@ void Iteration::apply_patch(std::size_t i, uint64_t offset, void *dst, uint64_t 
     const auto *bytes = static_cast<const uint8_t *>(backing_->data(i));
     if (verify_ && !(state_[i] & kVerified)) check_sum(i, copy::hash_bytes(bytes, p.wire_bytes));
     const uint64_t esize = dtype_size(m.dtype);
-    delta::Patch patch;
+    delta::Patch &patch = owner_->patch_;
     try {
-        patch = delta::parse(bytes, p.wire_bytes, m.nbytes / esize, esize, what);
+        delta::parse_into(patch, bytes, p.wire_bytes, m.nbytes / esize, esize, what);
     } catch (const Error &e) {
         fail_chunk(e.status(), e.what());
     }
     uint64_t got = 0;
     char sums[64];
-    switch (delta::apply_verified(dst, m.nbytes, patch, p.base_xxh3, p.result_xxh3, &got)) {
+    switch (delta::apply_verified(dst, m.nbytes, patch, p.base_xxh3, p.result_xxh3, &got,
+                                  owner_->replaced_)) {
     case delta::Applied::kApplied: break;
     case delta::Applied::kBaseDiffers:
         std::snprintf(sums, sizeof sums, "%016llx, the patch's base is %016llx",

@@ -45,19 +45,22 @@ std::vector<uint64_t> naive_changes(const std::vector<uint8_t> &a, const std::ve
 
 // Encodes now-vs-base, parses it back, applies it onto a copy of base and checks the result.
 void round_trip(const std::vector<uint8_t> &base, const std::vector<uint8_t> &now, size_t esize) {
-    std::vector<uint64_t> idx;
+    delta::Changes ch;
     uint64_t hash = 0;
-    assert_true(delta::find_changes(now.data(), base.data(), now.size(), esize, UINT64_MAX, idx, &hash));
+    std::vector<uint8_t> scratch = base;
+    assert_true(delta::find_changes(now.data(), scratch.data(), now.size(), esize, UINT64_MAX, nullptr, ch, &hash));
     assert_true(hash == XXH3_64bits(now.data(), now.size()));
+    std::vector<uint64_t> idx(ch.idx.begin(), ch.idx.begin() + ch.count);
     assert_true(idx == naive_changes(now, base, esize));
     const uint64_t elements = now.size() / esize;
-    std::vector<uint8_t> patch = delta::encode(idx.data(), idx.size(), elements, esize, now.data());
+    std::vector<uint8_t> patch, old;
+    delta::encode(ch, elements, patch);
     delta::Patch p = delta::parse(patch.data(), patch.size(), elements, esize, "t");
     assert_true(p.idx == idx);
     std::vector<uint8_t> dst = base;
     uint64_t got = 0;
     assert_int_equal(int(delta::apply_verified(dst.data(), dst.size(), p,
-                                               XXH3_64bits(base.data(), base.size()), hash, &got)),
+                                               XXH3_64bits(base.data(), base.size()), hash, &got, old)),
                      int(delta::Applied::kApplied));
     assert_memory_equal(dst.data(), now.data(), now.size());
 }
@@ -91,23 +94,23 @@ void nan_payloads_and_signed_zeros_are_changes(void **) {
     std::vector<uint8_t> ab(64 * 4), bb(64 * 4);
     std::memcpy(ab.data(), a.data(), ab.size());
     std::memcpy(bb.data(), b.data(), bb.size());
-    std::vector<uint64_t> idx;
+    delta::Changes ch;
     uint64_t hash;
-    assert_true(delta::find_changes(bb.data(), ab.data(), bb.size(), 4, UINT64_MAX, idx, &hash));
-    assert_int_equal(idx.size(), 2);
-    assert_int_equal(idx[0], 3);
-    assert_int_equal(idx[1], 7);  // the unchanged NaN at 9 is not a change
+    assert_true(delta::find_changes(bb.data(), ab.data(), bb.size(), 4, UINT64_MAX, nullptr, ch, &hash));
+    assert_int_equal(ch.count, 2);
+    assert_int_equal(ch.idx[0], 3);
+    assert_int_equal(ch.idx[1], 7);  // the unchanged NaN at 9 is not a change
     round_trip(ab, bb, 4);
 }
 
 void find_changes_stops_once_past_its_limit(void **) {
     std::vector<uint8_t> base(4096, 0), now(4096, 1);
-    std::vector<uint64_t> idx;
+    delta::Changes ch;
     uint64_t hash = 0;
-    assert_false(delta::find_changes(now.data(), base.data(), now.size(), 2, 10, idx, &hash));
-    assert_int_equal(idx.size(), 10);
-    assert_true(delta::find_changes(now.data(), base.data(), now.size(), 2, 2048, idx, &hash));
-    assert_int_equal(idx.size(), 2048);
+    assert_false(delta::find_changes(now.data(), base.data(), now.size(), 2, 10, nullptr, ch, &hash));
+    assert_int_equal(ch.count, 10);
+    assert_true(delta::find_changes(now.data(), base.data(), now.size(), 2, 2048, nullptr, ch, &hash));
+    assert_int_equal(ch.count, 2048);
 }
 
 void index_width_switches_at_two_to_the_32_elements(void **) {
@@ -185,10 +188,12 @@ void malformed_patches_are_refused_by_name(void **) {
 void a_patch_onto_the_wrong_base_or_with_a_wrong_result_leaves_the_destination_unchanged(void **) {
     std::vector<uint8_t> base = noise(5000 * 2, 9), now = base;
     for (size_t e = 0; e < 5000; e += 37) now[e * 2] ^= 0x40;
-    std::vector<uint64_t> idx;
+    delta::Changes ch;
     uint64_t hash = 0;
-    assert_true(delta::find_changes(now.data(), base.data(), now.size(), 2, UINT64_MAX, idx, &hash));
-    std::vector<uint8_t> patch = delta::encode(idx.data(), idx.size(), 5000, 2, now.data());
+    std::vector<uint8_t> scratch = base;
+    assert_true(delta::find_changes(now.data(), scratch.data(), now.size(), 2, UINT64_MAX, nullptr, ch, &hash));
+    std::vector<uint8_t> patch, old;
+    delta::encode(ch, 5000, patch);
     delta::Patch p = delta::parse(patch.data(), patch.size(), 5000, 2, "t");
     const uint64_t base_hash = XXH3_64bits(base.data(), base.size());
 
@@ -196,13 +201,13 @@ void a_patch_onto_the_wrong_base_or_with_a_wrong_result_leaves_the_destination_u
     other[4001] ^= 1;
     const std::vector<uint8_t> before = other;
     uint64_t got = 0;
-    assert_int_equal(int(delta::apply_verified(other.data(), other.size(), p, base_hash, hash, &got)),
+    assert_int_equal(int(delta::apply_verified(other.data(), other.size(), p, base_hash, hash, &got, old)),
                      int(delta::Applied::kBaseDiffers));
     assert_true(got == XXH3_64bits(before.data(), before.size()));
     assert_true(other == before);
 
     std::vector<uint8_t> dst = base;  // the base, but the patch's result checksum is wrong
-    assert_int_equal(int(delta::apply_verified(dst.data(), dst.size(), p, base_hash, hash ^ 1, &got)),
+    assert_int_equal(int(delta::apply_verified(dst.data(), dst.size(), p, base_hash, hash ^ 1, &got, old)),
                      int(delta::Applied::kResultDiffers));
     assert_true(got == hash);
     assert_true(dst == base);
@@ -218,6 +223,28 @@ void scalars_and_odd_sizes_round_trip(void **) {
     std::vector<uint8_t> b8 = noise(8, 1), n8 = b8;  // a 0-d double
     n8[7] ^= 0x80;
     round_trip(b8, n8, 8);
+}
+
+// A committed patch folded into the base by the next compare gives the same changes as a base
+// that had it written in already.
+void a_fold_during_the_compare_equals_a_fold_before_it(void **) {
+    std::vector<uint8_t> v1 = noise(3 * 20000, 3), v2 = v1, v3;
+    for (size_t e = 0; e < 20000; e += 17) v2[e * 3 + 1] ^= 0x11;
+    v3 = v2;
+    for (size_t e = 5; e < 20000; e += 23) v3[e * 3] ^= 0x22;
+    delta::Changes c12, c23, direct;
+    uint64_t h;
+    std::vector<uint8_t> base = v1, patch;
+    assert_true(delta::find_changes(v2.data(), base.data(), base.size(), 3, UINT64_MAX, nullptr, c12, &h));
+    delta::encode(c12, 20000, patch);
+    delta::Patch p = delta::parse(patch.data(), patch.size(), 20000, 3, "t");
+    assert_true(delta::find_changes(v3.data(), base.data(), base.size(), 3, UINT64_MAX, &p, c23, &h));
+    assert_true(base == v2);  // folded
+    std::vector<uint8_t> b2 = v2;
+    assert_true(delta::find_changes(v3.data(), b2.data(), b2.size(), 3, UINT64_MAX, nullptr, direct, &h));
+    assert_int_equal(c23.count, direct.count);
+    assert_memory_equal(c23.idx.data(), direct.idx.data(), direct.count * 8);
+    assert_memory_equal(c23.values.data(), direct.values.data(), direct.count * 3);
 }
 
 // The trainer's bases: an abandoned version's staged bytes never reach them.
@@ -261,10 +288,10 @@ void an_abandoned_version_leaves_the_trainers_base_intact(void **) {
     assert_true(p.base_xxh3 == XXH3_64bits(a1.data(), a1.size()));  // a as committed in v1
     delta::Patch parsed = delta::parse(static_cast<const uint8_t *>(v4.first[0].data), p.wire_bytes,
                                        2048, 2, "a");
-    std::vector<uint8_t> dst = a1;
+    std::vector<uint8_t> dst = a1, old;
     uint64_t got;
     assert_int_equal(int(delta::apply_verified(dst.data(), dst.size(), parsed, p.base_xxh3,
-                                               p.result_xxh3, &got)),
+                                               p.result_xxh3, &got, old)),
                      int(delta::Applied::kApplied));
     assert_true(dst == a);
 }
@@ -281,6 +308,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(malformed_patches_are_refused_by_name),
         cmocka_unit_test(a_patch_onto_the_wrong_base_or_with_a_wrong_result_leaves_the_destination_unchanged),
         cmocka_unit_test(scalars_and_odd_sizes_round_trip),
+        cmocka_unit_test(a_fold_during_the_compare_equals_a_fold_before_it),
         cmocka_unit_test(an_abandoned_version_leaves_the_trainers_base_intact),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
