@@ -54,11 +54,11 @@ std::string list_indices(uint64_t mask) {
 }
 
 // ---------------------------------------------------------------------------------------------
-Waiter::Waiter(Board *b, int fd, uint32_t receivers, uint32_t slots, std::string kind)
+SenderEnd::SenderEnd(Board *b, int fd, uint32_t receivers, uint32_t slots, std::string kind)
     : b_(b), fd_(fd), receivers_(std::min(receivers, kMaxReceivers)),
       slots_(std::min(slots, kMaxSlots)), kind_(std::move(kind)) {}
 
-void Waiter::register_sender() {
+void SenderEnd::register_sender() {
     // An index is claimed by its pid word (so two senders of one process, which share the
     // descriptor and so cannot tell their locks apart, still get two indices) and its lock (so
     // receivers and other senders see it die). A claimer that is not this process and holds no
@@ -81,13 +81,13 @@ void Waiter::register_sender() {
     // More live senders than indices: this one is simply not watched or counted.
 }
 
-void Waiter::unregister_sender() noexcept {
+void SenderEnd::unregister_sender() noexcept {
     if (sender_index_ == UINT32_MAX) return;
     b_->sender_pid[sender_index_].store(0, std::memory_order_release);
     sender_index_ = UINT32_MAX;
 }
 
-uint32_t Waiter::attached_senders() const {
+uint32_t SenderEnd::attached_senders() const {
     const int32_t self = static_cast<int32_t>(getpid());
     uint32_t n = 0;
     for (uint32_t k = 0; k < kMaxSenders; ++k) {
@@ -97,7 +97,7 @@ uint32_t Waiter::attached_senders() const {
     return n;
 }
 
-void Waiter::admit_joiners(uint64_t seq) {
+void SenderEnd::admit_joiners(uint64_t seq) {
     for (uint32_t r = 0; r < receivers_; ++r) {
         ReceiverSlot &s = b_->receiver[r];
         if (s.state.load(std::memory_order_acquire) != kJoining) continue;
@@ -107,25 +107,25 @@ void Waiter::admit_joiners(uint64_t seq) {
     }
 }
 
-void Waiter::publish(uint32_t slot, uint64_t seq) {
+void SenderEnd::publish(uint32_t slot, uint64_t seq) {
     b_->slot[slot].seq.store(seq, std::memory_order_release);
 }
 
-void Waiter::abandon(uint64_t version) {
+void SenderEnd::abandon(uint64_t version) {
     uint64_t cur = b_->abandoned_version.load();
     while (cur < version && !b_->abandoned_version.compare_exchange_weak(cur, version)) {
     }
     wake(b_);
 }
 
-void Waiter::drop(uint32_t r) {
+void SenderEnd::drop(uint32_t r) {
     ReceiverSlot &s = b_->receiver[r];
     s.from_seq.store(UINT64_MAX, std::memory_order_release);
     s.state.store(kDropped, std::memory_order_release);
     wake(b_);
 }
 
-bool Waiter::all_present(uint32_t self) const {
+bool SenderEnd::all_present(uint32_t self) const {
     for (uint32_t r = 0; r < receivers_; ++r) {
         uint32_t st = b_->receiver[r].state.load(std::memory_order_acquire);
         if (st == kDropped || r == self) continue;
@@ -138,18 +138,18 @@ bool Waiter::all_present(uint32_t self) const {
 // The newest chunk up to max_seq that lands in `slot` (chunk seq goes to slot (seq-1) % slots):
 // computed, not read from the shared slot word, so neither another sender's newer chunk nor a
 // stray write can change what this sender waits for.
-uint64_t Waiter::want(uint32_t slot, uint64_t max_seq) const {
+uint64_t SenderEnd::want(uint32_t slot, uint64_t max_seq) const {
     if (slot >= slots_ || max_seq < uint64_t(slot) + 1) return 0;
     return slot + 1 + (max_seq - (slot + 1)) / slots_ * slots_;
 }
 
-bool Waiter::owes(uint32_t r, uint64_t seq) const {
+bool SenderEnd::owes(uint32_t r, uint64_t seq) const {
     uint32_t st = b_->receiver[r].state.load(std::memory_order_acquire);
     if (st == kDropped) return false;
     return seq >= b_->receiver[r].from_seq.load(std::memory_order_acquire);
 }
 
-uint64_t Waiter::pending(const std::vector<uint32_t> &slots, uint64_t max_seq) const {
+uint64_t SenderEnd::pending(const std::vector<uint32_t> &slots, uint64_t max_seq) const {
     uint64_t mask = 0;
     for (uint32_t s : slots) {
         uint64_t want = this->want(s, max_seq);
@@ -161,7 +161,7 @@ uint64_t Waiter::pending(const std::vector<uint32_t> &slots, uint64_t max_seq) c
     return mask;
 }
 
-uint64_t Waiter::oldest_pending_seq(uint32_t r, const std::vector<uint32_t> &slots,
+uint64_t SenderEnd::oldest_pending_seq(uint32_t r, const std::vector<uint32_t> &slots,
                                     uint64_t max_seq) const {
     uint64_t oldest = 0;
     for (uint32_t s : slots) {
@@ -172,9 +172,9 @@ uint64_t Waiter::oldest_pending_seq(uint32_t r, const std::vector<uint32_t> &slo
     return oldest;
 }
 
-int32_t Waiter::pid_of(uint32_t r) const { return b_->receiver[r].pid.load(std::memory_order_relaxed); }
+int32_t SenderEnd::pid_of(uint32_t r) const { return b_->receiver[r].pid.load(std::memory_order_relaxed); }
 
-void Waiter::collect_failures(std::vector<Failure> &out) {
+void SenderEnd::collect_failures(std::vector<Failure> &out) {
     for (uint32_t r = 0; r < receivers_; ++r) {
         ReceiverSlot &s = b_->receiver[r];
         uint64_t n = s.failures.load(std::memory_order_acquire);
@@ -257,7 +257,7 @@ std::string describe(const std::string &kind, const std::vector<Failure> &fs) {
 }
 }  // namespace
 
-void Waiter::check_alive(uint64_t mask, const std::vector<uint32_t> &slots, uint64_t max_seq) {
+void SenderEnd::check_alive(uint64_t mask, const std::vector<uint32_t> &slots, uint64_t max_seq) {
     std::vector<Failure> fs;
     for (uint32_t r = 0; r < receivers_; ++r) {
         if (!(mask & (uint64_t(1) << r))) continue;
@@ -288,7 +288,7 @@ void Waiter::check_alive(uint64_t mask, const std::vector<uint32_t> &slots, uint
     }
 }
 
-void Waiter::wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadline,
+void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadline,
                   const char *what, uint64_t max_seq) {
     int64_t last_liveness = -1;
     for (;;) {
@@ -336,7 +336,7 @@ void Waiter::wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadl
     }
 }
 
-uint64_t Waiter::releases_pending(uint64_t version, uint64_t last_seq) const {
+uint64_t SenderEnd::releases_pending(uint64_t version, uint64_t last_seq) const {
     uint64_t mask = 0;
     for (uint32_t r = 0; r < receivers_; ++r) {
         const ReceiverSlot &s = b_->receiver[r];
@@ -352,7 +352,7 @@ uint64_t Waiter::releases_pending(uint64_t version, uint64_t last_seq) const {
     return mask;
 }
 
-void Waiter::wait_released(uint64_t version, uint64_t last_seq, const sys::Deadline &deadline,
+void SenderEnd::wait_released(uint64_t version, uint64_t last_seq, const sys::Deadline &deadline,
                            const char *what) {
     for (;;) {
         uint32_t word = b_->ack_futex.load(std::memory_order_acquire);
@@ -425,7 +425,7 @@ void release(Board *b, uint32_t index, uint64_t version) noexcept {
     wake(b);
 }
 
-uint64_t held(const Board *b, uint32_t slot) {
+uint64_t published_seq(const Board *b, uint32_t slot) {
     return b->slot[slot].seq.load(std::memory_order_acquire);
 }
 

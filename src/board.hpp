@@ -120,12 +120,14 @@ bool matches(const Board *b, uint32_t receivers, uint32_t slots);
 std::string list_indices(uint64_t mask);
 
 // ---- sender side --------------------------------------------------------------------------
-class Waiter {
+// A sender's end of the board: it claims a sender index, publishes chunks, admits joiners,
+// abandons versions, drops receivers, and waits for acknowledgements and releases.
+class SenderEnd {
 public:
     // `kind` prefixes every message ("shm: receiver 1 (pid 42) died ..."). `fd` is this
     // process's own descriptor of the board's file (for the liveness locks). receivers and
     // slots come from the init info, never from the shared words.
-    Waiter(Board *b, int fd, uint32_t receivers, uint32_t slots, std::string kind);
+    SenderEnd(Board *b, int fd, uint32_t receivers, uint32_t slots, std::string kind);
     // Claims a sender index (sender_pid) and its lock (so receivers can tell the trainer died).
     void register_sender();
     // Gives the sender index back (the sender is destroyed): it no longer counts as attached.
@@ -144,7 +146,7 @@ public:
     // Waits until every receiver that owes it has acknowledged, for each slot in `slots`, the
     // newest chunk up to `max_seq` that went to that slot (bucket reuse: seq - 1; flush: this
     // sender's last seq). Fails first, with WSYNC_ERR_PEER, when a receiver wrote a
-    // failure record this Waiter has not reported yet (each once, oldest first, every receiver
+    // failure record this SenderEnd has not reported yet (each once, oldest first, every receiver
     // in one error), or when a receiver owing a chunk died, detached or was replaced; with
     // WSYNC_ERR_TIMEOUT at the deadline naming the receivers that did not answer. The thrown
     // Error carries the failures as data.
@@ -190,7 +192,7 @@ void detach(Board *b, uint32_t index) noexcept;
 // did not (kAllReleased: all of them). Monotonic: a smaller value than the current is ignored.
 void release(Board *b, uint32_t index, uint64_t version) noexcept;
 // The chunk a slot holds now (acquire): a request for another seq is stale or replayed.
-uint64_t held(const Board *b, uint32_t slot);
+uint64_t published_seq(const Board *b, uint32_t slot);
 // Writes a failure record (status, version, chunk, message) for the sender to report; before
 // the failed acknowledgement, so a sender that sees the ack finds the record.
 void record_failure(Board *b, uint32_t index, wsync_status_t status, uint64_t version,

@@ -173,6 +173,27 @@ bool lock_held_elsewhere(int fd, uint64_t at) {
     return fl.l_type != F_UNLCK;
 }
 
+namespace {
+
+// One byte plus room for one descriptor (SCM_RIGHTS): the message a re-attach socket carries,
+// both ways. Not copyable: m points into the object.
+struct FdMessage {
+    char byte = 'W';
+    struct iovec iov = {&byte, 1};
+    alignas(struct cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
+    struct msghdr m = {};
+    FdMessage() {
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = ctl;
+        m.msg_controllen = sizeof ctl;
+    }
+    FdMessage(const FdMessage &) = delete;
+    FdMessage &operator=(const FdMessage &) = delete;
+};
+
+}  // namespace
+
 FdServer::FdServer(const std::string &name, int fd, const std::string &who) : fd_(fd) {
     listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (listen_fd_ < 0) fail_errno(who + ": socket(AF_UNIX)", errno);
@@ -213,22 +234,13 @@ void FdServer::run() {
         socklen_t cl = sizeof cred;
         // The segment is mode 0600: hand it to the same user only, as the file system would.
         if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 && cred.uid == geteuid()) {
-            char byte = 'W';
-            struct iovec iov = {&byte, 1};
-            alignas(struct cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
-            std::memset(ctl, 0, sizeof ctl);
-            struct msghdr m;
-            std::memset(&m, 0, sizeof m);
-            m.msg_iov = &iov;
-            m.msg_iovlen = 1;
-            m.msg_control = ctl;
-            m.msg_controllen = sizeof ctl;
-            struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+            FdMessage msg;
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&msg.m);
             cm->cmsg_level = SOL_SOCKET;
             cm->cmsg_type = SCM_RIGHTS;
             cm->cmsg_len = CMSG_LEN(sizeof(int));
             std::memcpy(CMSG_DATA(cm), &fd_, sizeof(int));
-            (void)sendmsg(c, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)sendmsg(c, &msg.m, MSG_NOSIGNAL | MSG_DONTWAIT);
         }
         close(c);
     }
@@ -257,18 +269,10 @@ int fetch_fd(const std::string &name, const Deadline &deadline, const std::strin
         fail(WSYNC_ERR_TIMEOUT, who + ": the sender did not hand over the segment within " +
                                     std::to_string(deadline.budget_ms()) + " ms");
     }
-    char byte;
-    struct iovec iov = {&byte, 1};
-    alignas(struct cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
-    struct msghdr m;
-    std::memset(&m, 0, sizeof m);
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl;
-    m.msg_controllen = sizeof ctl;
-    ssize_t got = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
+    FdMessage msg;
+    ssize_t got = recvmsg(s, &msg.m, MSG_CMSG_CLOEXEC);
     close(s);
-    struct cmsghdr *cm = got == 1 ? CMSG_FIRSTHDR(&m) : nullptr;
+    struct cmsghdr *cm = got == 1 ? CMSG_FIRSTHDR(&msg.m) : nullptr;
     if (!cm || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS ||
         cm->cmsg_len != CMSG_LEN(sizeof(int)))
         fail(WSYNC_ERR_UNAVAILABLE, who + ": the sender refused to hand over the segment "

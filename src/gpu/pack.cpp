@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "error.hpp"
-#include "wire.hpp"
+#include "layout.hpp"
 
 namespace wsync::gpu {
 
@@ -11,8 +11,6 @@ namespace {
 const char kPackPtx[] =
 #include "gpu/kernels/pack_ptx.inc"
     ;
-constexpr uint64_t kTensorAlign = 256;
-uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -47,9 +45,7 @@ wsync_dtype_t cast_dtype(Cast cast, wsync_dtype_t in, PackOp *op) {
 
 uint64_t layout_bucket(TensorTable &table, Cast cast, uint64_t capacity, std::vector<PackOp> *ops,
                        const std::string &who) {
-    table.offsets.resize(table.metas.size());
     ops->resize(table.metas.size());
-    uint64_t end = 0;
     for (std::size_t i = 0; i < table.metas.size(); ++i) {
         TensorMeta &m = table.metas[i];
         PackOp op;
@@ -59,16 +55,8 @@ uint64_t layout_bucket(TensorTable &table, Cast cast, uint64_t capacity, std::ve
             m.dtype = out;
         }
         (*ops)[i] = op;
-        uint64_t off = round_up(end, kTensorAlign);
-        if (m.nbytes > capacity || off > capacity - m.nbytes)
-            fail(WSYNC_ERR_INVALID_ARGUMENT,
-                 who + ": chunk does not fit in one bucket of " + std::to_string(capacity) +
-                     " bytes (tensor '" + m.name + "' of " + std::to_string(m.nbytes) +
-                     " bytes would end past it); raise bucket_bytes or plan smaller chunks");
-        table.offsets[i] = off;
-        end = off + m.nbytes;
     }
-    return end;
+    return layout::place(table, capacity, who);
 }
 
 void fill_pack_entries(const wsync_tensor_t *tensors, const TensorTable &table,
@@ -80,18 +68,6 @@ void fill_pack_entries(const wsync_tensor_t *tensors, const TensorTable &table,
         const uint64_t count = ops[i] == kPackCopy ? table.metas[i].nbytes : table.metas[i].nbytes / 2;
         (*entries)[i] = PackEntry{reinterpret_cast<uint64_t>(tensors[i].data),
                                   bucket + table.offsets[i], count, static_cast<uint32_t>(ops[i]), 0};
-    }
-}
-
-void check_bucket_layout(const TensorTable &table, uint64_t bytes, const std::string &where,
-                         const char *what) {
-    for (std::size_t i = 0; i < table.metas.size(); ++i) {
-        uint64_t off = table.offsets[i], n = table.metas[i].nbytes;
-        if (off % kTensorAlign != 0 || n > bytes || off > bytes - n)
-            wire::malformed(where + ": tensor '" + table.metas[i].name + "' at offset " +
-                            std::to_string(off) + " (+" + std::to_string(n) +
-                            " bytes) is misaligned or outside the " + std::to_string(bytes) +
-                            "-byte " + what);
     }
 }
 

@@ -45,7 +45,7 @@ private:
     std::vector<PackEntry> staged_;
 };
 
-// Lays a chunk's tensors out in a bucket: 256-byte aligned offsets, dtypes after the cast. Fills
+// Lays a chunk's tensors out in a bucket (layout::place, after the cast). Fills
 // table.offsets (and table.metas' dtype and nbytes when cast) and returns the bytes used. Throws
 // WSYNC_ERR_INVALID_ARGUMENT naming the tensor when the chunk exceeds `capacity`.
 uint64_t layout_bucket(TensorTable &table, Cast cast, uint64_t capacity, std::vector<PackOp> *ops,
@@ -56,11 +56,5 @@ uint64_t layout_bucket(TensorTable &table, Cast cast, uint64_t capacity, std::ve
 void fill_pack_entries(const wsync_tensor_t *tensors, const TensorTable &table,
                        const std::vector<PackOp> &ops, CUdeviceptr bucket,
                        std::vector<PackEntry> *entries);
-
-// The receiving side's check of a layout: every tensor aligned as layout_bucket aligns it and
-// inside the `bytes` received. WSYNC_ERR_MALFORMED names the tensor ("... outside the
-// 4096-byte <what>").
-void check_bucket_layout(const TensorTable &table, uint64_t bytes, const std::string &where,
-                         const char *what);
 
 }  // namespace wsync::gpu

@@ -1,9 +1,11 @@
 #include "transport/cuda_ipc/receiver.hpp"
 
+#include <cinttypes>
 #include <cstring>
 #include <vector>
 
 #include "error.hpp"
+#include "layout.hpp"
 #include "gpu/device.hpp"
 #include "gpu/pack.hpp"
 #include "transport/cuda_ipc/handle_cache.hpp"
@@ -17,7 +19,7 @@ using gpu::CUipcMemHandle;
 
 class IpcBacking final : public ChunkBacking {
 public:
-    IpcBacking(std::shared_ptr<BoardSegment> seg, const gpu::Device &dev, gpu::Event *legacy,
+    IpcBacking(std::shared_ptr<SharedSegment> seg, const gpu::Device &dev, gpu::Event *legacy,
                gpu::CUstream stream, HandleCache &cache, int64_t timeout_ms, const ChunkHeader &h,
                uint32_t index, uint32_t slot, uint64_t seq, std::vector<CUdeviceptr> ptrs)
         : seg_(std::move(seg)), dev_(dev), legacy_(legacy), stream_(stream), cache_(cache),
@@ -66,7 +68,7 @@ public:
     }
 
 private:
-    std::shared_ptr<BoardSegment> seg_;
+    std::shared_ptr<SharedSegment> seg_;
     const gpu::Device &dev_;
     gpu::Event *legacy_;  // null: "synchronize" is off
     gpu::CUstream stream_;  // the loader's stream, whose work releases the chunk
@@ -80,7 +82,7 @@ private:
 
 class IpcReceiver final : public ReceiverImpl {
 public:
-    IpcReceiver(const gpu::CudaApi &api, std::shared_ptr<BoardSegment> seg, const InitInfo &info,
+    IpcReceiver(const gpu::CudaApi &api, std::shared_ptr<SharedSegment> seg, const InitInfo &info,
                 uint32_t index, int ordinal, bool synchronize, int64_t timeout_ms)
         : seg_(std::move(seg)), info_(info), index_(index),
           dev_(std::make_unique<gpu::Device>(api, ordinal, kKind)), cache_(*dev_),
@@ -100,26 +102,20 @@ public:
 
     void set_stream(void *stream) override { order_stream_ = gpu::ordering_stream(stream); }
 
-    Link link() const override {
-        board::Standing s = board::standing(seg_->board(), seg_->fd(), index_);
-        Link l;
-        l.dropped = s.state == board::kDropped;
-        l.sender_gone = s.sender_gone;
-        l.abandoned_version = s.abandoned_version;
-        return l;
-    }
+    Link link() const override { return seg_->link(index_); }
 
     void refuse(const ChunkHeader &h, const json &transport, wsync_status_t status,
                 const std::string &message, bool record) noexcept override {
         try {
             const uint32_t slots = info_.slots();
             uint64_t seq = wire::uint_field(transport, "seq", "cuda_ipc request", UINT64_MAX >> 8);
-            uint32_t slot = static_cast<uint32_t>(wire::uint_field(transport, "slot", "cuda_ipc request", slots - 1));
-            board::Standing st = board::standing(seg_->board(), seg_->fd(), index_);
-            if (seq == 0 || (seq - 1) % slots != slot || board::held(seg_->board(), slot) != seq ||
-                st.state != board::kAttached || seq < st.from_seq)
+            uint32_t slot = static_cast<uint32_t>(
+                wire::uint_field(transport, "slot", "cuda_ipc request", slots - 1));
+            if (seq == 0 || (seq - 1) % slots != slot || !seg_->may_answer(index_, slot, seq))
                 return;
-            if (record) board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);
+            if (record)
+                board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index,
+                                      message);
             if (h.last) release_through(seg_->board(), index_, cache_, h.version);
             board::acknowledge(seg_->board(), index_, slot, seq, status);
         } catch (...) {
@@ -138,34 +134,24 @@ public:
         uint64_t seq = wire::uint_field(transport, "seq", w, UINT64_MAX >> 8);
         uint32_t slot = static_cast<uint32_t>(wire::uint_field(transport, "slot", w, slots - 1));
         if (seq == 0 || (seq - 1) % slots != slot)
-            wire::malformed(w + ": seq " + std::to_string(seq) + " does not belong in slot " +
-                            std::to_string(slot));
+            wire::malformed(strf("cuda_ipc request: seq %" PRIu64 " does not belong in slot %u",
+                                 seq, slot));
         if (wire::bool_field(transport, "packed", w) != info_.packed)
             fail(WSYNC_ERR_MISMATCH, w + ": packed mode differs from the init info's");
         const auto &parts = wire::array_field(transport, "parts", w, board::kMaxReceivers);
-        board::Standing st = board::standing(seg_->board(), seg_->fd(), index_);
-        if (st.state == board::kJoining || seq < st.from_seq)
-            fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": this receiver (re)attached while chunk seq " +
-                                         std::to_string(seq) +
-                                         "'s version was in flight; it takes part from the next version on");
-        if (table.metas.empty()) {  // a commit without data
-            if (board::held(seg_->board(), slot) != seq)
-                fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": stale or replayed commit request");
+        const bool commit = table.metas.empty();  // a commit without data
+        if (!commit && last_seq_ && seq != last_seq_ + 1)
+            failf(WSYNC_ERR_MISMATCH,
+                  "cuda_ipc: request carries chunk seq %" PRIu64 ", expected seq %" PRIu64, seq,
+                  last_seq_ + 1);
+        seg_->check_owed(index_, slot, seq, commit ? "commit request" : "request");
+        if (commit) {
             last_seq_ = seq;
-            return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, order_stream_, cache_, timeout_ms_, header,
-                                                index_, slot, seq, std::vector<CUdeviceptr>{});
+            return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, order_stream_, cache_,
+                                                timeout_ms_, header, index_, slot, seq,
+                                                std::vector<CUdeviceptr>{});
         }
         const json &part = part_for_this_gpu(parts, w);
-        if (last_seq_ && seq != last_seq_ + 1)
-            fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": request carries chunk seq " +
-                                         std::to_string(seq) + ", expected seq " +
-                                         std::to_string(last_seq_ + 1));
-        uint64_t held = board::held(seg_->board(), slot);
-        if (held != seq)
-            fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": stale or replayed request: slot " +
-                                         std::to_string(slot) + " holds chunk seq " +
-                                         std::to_string(held) + ", the request is for seq " +
-                                         std::to_string(seq));
         std::vector<CUdeviceptr> ptrs = info_.packed ? packed_views(part, table, header, w)
                                                      : shared_views(part, table, header, w);
         last_seq_ = seq;
@@ -205,7 +191,7 @@ private:
         if (bytes != info_.bucket_bytes)
             wire::malformed(w + ": bucket of " + std::to_string(bytes) + " bytes, the init info says " +
                             std::to_string(info_.bucket_bytes));
-        gpu::check_bucket_layout(table, bytes, w, "bucket");
+        layout::check(table, bytes, w, "bucket");
         gpu::Device::Scope scope(*dev_);
         CUdeviceptr base = cache_.get(h, header.version, "a packed bucket");
         std::vector<CUdeviceptr> ptrs(table.metas.size());
@@ -250,7 +236,7 @@ private:
         return ptrs;
     }
 
-    std::shared_ptr<BoardSegment> seg_;
+    std::shared_ptr<SharedSegment> seg_;
     InitInfo info_;
     uint32_t index_;
     std::unique_ptr<gpu::Device> dev_;
@@ -264,7 +250,7 @@ private:
 }  // namespace
 
 std::unique_ptr<ReceiverImpl> make_receiver(const gpu::CudaApi &api,
-                                            std::shared_ptr<BoardSegment> seg,
+                                            std::shared_ptr<SharedSegment> seg,
                                             const InitInfo &info, uint32_t index, int ordinal,
                                             bool synchronize, int64_t timeout_ms) {
     return std::make_unique<IpcReceiver>(api, std::move(seg), info, index, ordinal, synchronize,

@@ -8,12 +8,12 @@
 #include "gpu/api.hpp"
 #include "strategy.hpp"
 #include "transport/cuda_ipc/init_info.hpp"
-#include "transport/cuda_ipc/segment.hpp"
+#include "segment.hpp"
 
 namespace wsync::cuda_ipc {
 
 std::unique_ptr<ReceiverImpl> make_receiver(const gpu::CudaApi &api,
-                                            std::shared_ptr<BoardSegment> seg,
+                                            std::shared_ptr<SharedSegment> seg,
                                             const InitInfo &info, uint32_t index, int ordinal,
                                             bool synchronize, int64_t timeout_ms);
 

@@ -48,12 +48,12 @@ void keep_until_exit(std::unique_ptr<gpu::Device> dev) {
 
 class IpcSender final : public SenderImpl {
 public:
-    IpcSender(const gpu::CudaApi &api, std::shared_ptr<BoardSegment> seg, const InitInfo &info,
+    IpcSender(const gpu::CudaApi &api, std::shared_ptr<SharedSegment> seg, const InitInfo &info,
               bool synchronize, int64_t timeout_ms, int64_t release_timeout_ms)
-        : api_(api), seg_(std::move(seg)), info_(info), waiter_(seg_->board(), seg_->fd(), seg_->receivers(), seg_->slots(), kKind),
+        : api_(api), seg_(std::move(seg)), info_(info), board_(seg_->board(), seg_->fd(), seg_->receivers(), seg_->slots(), kKind),
           cast_(gpu::parse_cast(info.dtype)), synchronize_(synchronize), timeout_ms_(timeout_ms),
           release_timeout_ms_(release_timeout_ms) {
-        waiter_.register_sender();
+        board_.register_sender();
     }
 
     ~IpcSender() override {
@@ -64,7 +64,7 @@ public:
         if (!buckets_.empty()) {
             released = false;
             try {
-                waiter_.wait_released(board::kAllReleased, 0, sys::Deadline(release_timeout_ms_),
+                board_.wait_released(board::kAllReleased, 0, sys::Deadline(release_timeout_ms_),
                                       "destroying the sender: waiting for receivers to unmap its buckets");
                 released = true;
             } catch (...) {
@@ -82,17 +82,17 @@ public:
         // its memory.
         if (released) dev_.reset();
         else keep_until_exit(std::move(dev_));
-        waiter_.unregister_sender();
+        board_.unregister_sender();
     }
 
     json send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) override {
         const uint64_t first = next_seq_;
-        if (h.chunk_index == 0) waiter_.admit_joiners(first);
+        if (h.chunk_index == 0) board_.admit_joiners(first);
         if (table.metas.empty()) {
             // A commit without data: a slot and a seq like any chunk, nothing to pack or share.
             const uint32_t slot = static_cast<uint32_t>((first - 1) % info_.slots());
-            waiter_.wait({slot}, sys::Deadline(timeout_ms_), "no free slot", first - 1);
-            waiter_.publish(slot, first);
+            board_.wait({slot}, sys::Deadline(timeout_ms_), "no free slot", first - 1);
+            board_.publish(slot, first);
             note_version(h.version, first);
             ++next_seq_;
             used_slots_ = std::max<uint32_t>(used_slots_, slot + 1);
@@ -109,7 +109,7 @@ public:
         json part = info_.packed ? pack(tensors, table, slot, deadline, chunk)
                                  : share(tensors, table, slot, deadline, chunk);
         part["uuid"] = dev_->uuid_string();
-        waiter_.publish(slot, seq);
+        board_.publish(slot, seq);
         note_version(h.version, seq);
         ++next_seq_;
         used_slots_ = std::max<uint32_t>(used_slots_, slot + 1);
@@ -123,10 +123,10 @@ public:
         std::vector<uint32_t> all;
         for (uint32_t s = 0; s < used_slots_; ++s) all.push_back(s);
         // This sender's own chunks only: with several senders, others may have published more.
-        waiter_.wait(all, sys::Deadline(timeout_ms), "flush timed out", next_seq_ - 1);
+        board_.wait(all, sys::Deadline(timeout_ms), "flush timed out", next_seq_ - 1);
     }
 
-    void abandon(uint64_t version) override { waiter_.abandon(version); }
+    void abandon(uint64_t version) override { board_.abandon(version); }
 
     void set_stream(void *stream) override { order_stream_ = gpu::ordering_stream(stream); }
 
@@ -135,7 +135,7 @@ public:
         if (info_.packed && version != board::kAllReleased) return;
         auto it = last_seq_.find(version);
         const uint64_t last = it != last_seq_.end() ? it->second : UINT64_MAX;  // unknown: all owe
-        waiter_.wait_released(version, last, sys::Deadline(timeout_ms),
+        board_.wait_released(version, last, sys::Deadline(timeout_ms),
                               ("waiting for receivers to release version " +
                                (version == board::kAllReleased ? std::string("(all)")
                                                                : std::to_string(version)))
@@ -144,7 +144,7 @@ public:
 
     void drop_receiver(uint32_t index) override {
         check_receiver_index(kKind, index, info_.receivers);
-        waiter_.drop(index);
+        board_.drop(index);
     }
 
 private:
@@ -195,7 +195,7 @@ private:
         std::vector<gpu::PackOp> ops;
         gpu::layout_bucket(table, cast_, info_.bucket_bytes, &ops, kKind);
         // Back-pressure: the bucket's previous chunk must be done with by every receiver.
-        waiter_.wait({b}, deadline, "no free bucket", next_seq_ - 1);
+        board_.wait({b}, deadline, "no free bucket", next_seq_ - 1);
         wait_default_stream(deadline, chunk);
         gpu::fill_pack_entries(tensors, table, ops, buckets_[b].ptr(), &entries_);
         packer_->pack(entries_, stream_->get());
@@ -255,7 +255,7 @@ private:
             alloc.push_back(slot_it->second);
             offset.push_back(p - a.base);
         }
-        waiter_.wait({slot}, deadline, "too many chunks in flight", next_seq_ - 1);
+        board_.wait({slot}, deadline, "too many chunks in flight", next_seq_ - 1);
         wait_default_stream(deadline, chunk);
         return json{{"handles", std::move(handles)}, {"sizes", std::move(sizes)},
                     {"alloc", std::move(alloc)}, {"offset", std::move(offset)}};
@@ -281,9 +281,9 @@ private:
     }
 
     const gpu::CudaApi &api_;
-    std::shared_ptr<BoardSegment> seg_;
+    std::shared_ptr<SharedSegment> seg_;
     InitInfo info_;
-    board::Waiter waiter_;
+    board::SenderEnd board_;
     gpu::Cast cast_;
     bool synchronize_;
     gpu::CUstream order_stream_ = gpu::CU_STREAM_LEGACY;  // set_stream(); writes to order after
@@ -307,7 +307,7 @@ private:
 
 }  // namespace
 
-std::unique_ptr<SenderImpl> make_sender(const gpu::CudaApi &api, std::shared_ptr<BoardSegment> seg,
+std::unique_ptr<SenderImpl> make_sender(const gpu::CudaApi &api, std::shared_ptr<SharedSegment> seg,
                                         const InitInfo &info, bool synchronize, int64_t timeout_ms,
                                         int64_t release_timeout_ms) {
     return std::make_unique<IpcSender>(api, std::move(seg), info, synchronize, timeout_ms,

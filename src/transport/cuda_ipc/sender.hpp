@@ -8,11 +8,11 @@
 #include "gpu/api.hpp"
 #include "strategy.hpp"
 #include "transport/cuda_ipc/init_info.hpp"
-#include "transport/cuda_ipc/segment.hpp"
+#include "segment.hpp"
 
 namespace wsync::cuda_ipc {
 
-std::unique_ptr<SenderImpl> make_sender(const gpu::CudaApi &api, std::shared_ptr<BoardSegment> seg,
+std::unique_ptr<SenderImpl> make_sender(const gpu::CudaApi &api, std::shared_ptr<SharedSegment> seg,
                                         const InitInfo &info, bool synchronize, int64_t timeout_ms,
                                         int64_t release_timeout_ms);
 

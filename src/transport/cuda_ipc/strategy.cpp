@@ -41,16 +41,24 @@
 #include "error.hpp"
 #include "gpu/api.hpp"
 #include "gpu/pack.hpp"
+#include "segment.hpp"
 #include "strategy.hpp"
 #include "transport/cuda_ipc/init_info.hpp"
 #include "transport/cuda_ipc/receiver.hpp"
 #include "transport/cuda_ipc/request.hpp"
-#include "transport/cuda_ipc/segment.hpp"
 #include "transport/cuda_ipc/sender.hpp"
 
 namespace wsync {
 namespace cuda_ipc {
 namespace {
+
+// The board segment every sender and receiver of one sync maps: the board alone (the GPU bytes
+// never touch it), with the sender count, so its name goes once every sender has attached.
+// Layout 3: the head shared with shm (segment.hpp).
+SegmentGeometry segment_geometry(uint32_t senders, uint32_t receivers, uint32_t slots) {
+    return SegmentGeometry{kKind, "wsync-ipc-", {'W', 'S', 'Y', 'N', 'C', 'I', 'P', 'C'}, 3,
+                           senders, receivers, slots, 0};
+}
 
 const std::vector<OptionSpec> &option_specs() {
     using T = OptionSpec::Type;
@@ -108,7 +116,7 @@ public:
         InitInfo info{};
         info.packed = packed_;
         info.buckets = buckets_;
-        seg_ = BoardSegment::create(senders_, receivers_, info.slots());
+        seg_ = SharedSegment::create(segment_geometry(senders_, receivers_, info.slots()));
         return json{{"segment", seg_->name()}, {"rendezvous", seg_->rendezvous()},
                     {"host", host_boot_id()}, {"senders", senders_},
                     {"receivers", receivers_}, {"buckets", buckets_},
@@ -119,8 +127,10 @@ public:
         InitInfo info = parse_init_info(body);
         auto seg = seg_ && seg_->name() == info.segment
                        ? seg_
-                       : BoardSegment::attach(info.segment, info.rendezvous, info.senders,
-                                              info.receivers, info.slots(), timeout_ms_);
+                       : SharedSegment::attach(info.segment, info.rendezvous,
+                                               segment_geometry(info.senders, info.receivers,
+                                                                info.slots()),
+                                               timeout_ms_);
         return make_sender(api_, std::move(seg), info, synchronize_, timeout_ms_,
                            release_timeout_ms_);
     }
@@ -128,8 +138,9 @@ public:
     std::unique_ptr<ReceiverImpl> create_receiver(const json &body, uint32_t index) override {
         InitInfo info = parse_init_info(body);
         check_receiver_index(kKind, index, info.receivers);
-        auto seg = BoardSegment::attach(info.segment, info.rendezvous, info.senders,
-                                        info.receivers, info.slots(), timeout_ms_);
+        auto seg = SharedSegment::attach(
+            info.segment, info.rendezvous,
+            segment_geometry(info.senders, info.receivers, info.slots()), timeout_ms_);
         return make_receiver(api_, std::move(seg), info, index, device_, synchronize_,
                              timeout_ms_);
     }
@@ -143,7 +154,7 @@ private:
     int device_;
     bool synchronize_;
     int64_t timeout_ms_, release_timeout_ms_;
-    std::shared_ptr<BoardSegment> seg_;
+    std::shared_ptr<SharedSegment> seg_;
 };
 
 std::unique_ptr<StrategyImpl> create_strategy(const Options &o) { return std::make_unique<IpcStrategy>(o); }

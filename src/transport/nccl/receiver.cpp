@@ -1,6 +1,7 @@
 #include "transport/nccl/receiver.hpp"
 
 #include "error.hpp"
+#include "layout.hpp"
 #include "gpu/pack.hpp"
 #include "transport/nccl/comm.hpp"
 
@@ -83,7 +84,7 @@ public:
                                          std::to_string(seq) + ", expected seq " +
                                          std::to_string(last_seq_ + 1) +
                                          " (every broadcast must be received, in order)");
-        gpu::check_bucket_layout(table, bytes, w, "broadcast");
+        layout::check(table, bytes, w, "broadcast");
         const std::string chunk = "chunk seq " + std::to_string(seq);
         comm_->check("before receiving " + chunk);
         if (table.metas.empty()) {  // a commit without data: no broadcast was posted

@@ -1,0 +1,111 @@
+// The C ABI's translation helpers, shared by its two files (send.cpp: versions, blobs,
+// strategies, senders; receive.cpp: receivers, iterations, the planner, introspection). Each
+// entry point only translates: it checks pointer arguments, clears outputs, calls the core, and
+// turns exceptions into a status plus the per-thread message (guard). No exception leaves the
+// ABI.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "core.hpp"
+#include "error.hpp"
+#include "planner.hpp"
+#include "wsync.h"
+
+namespace wsync::abi {
+
+template <class F>
+wsync_status_t guard(F &&f) noexcept {
+    try {
+        f();
+        return WSYNC_OK;
+    } catch (const Error &e) {
+        wsync::set_last_error(e.what());
+        return e.status();
+    } catch (const std::bad_alloc &) {
+        wsync::set_last_error("out of memory");
+        return WSYNC_ERR_NO_MEMORY;
+    } catch (const std::exception &e) {
+        wsync::set_last_error(e.what());  // a library bug: nothing else should escape the core
+        return WSYNC_ERR_INTERNAL;
+    } catch (...) {
+        wsync::set_last_error("unknown internal error");
+        return WSYNC_ERR_INTERNAL;
+    }
+}
+
+inline void require(const void *p, const char *fn, const char *arg) {
+    if (!p) fail(WSYNC_ERR_INVALID_ARGUMENT, std::string(fn) + ": " + arg + " is NULL");
+}
+
+inline void require_bytes(const uint8_t *p, size_t len, const char *fn, const char *arg) {
+    if (!p || len == 0)
+        fail(WSYNC_ERR_INVALID_ARGUMENT, std::string(fn) + ": " + arg + " is NULL or empty");
+}
+
+inline wsync_blob_t to_blob(const std::vector<uint8_t> &bytes) {
+    auto *p = static_cast<uint8_t *>(std::malloc(bytes.size()));
+    if (!p) throw std::bad_alloc();
+    std::memcpy(p, bytes.data(), bytes.size());
+    return wsync_blob_t{p, bytes.size()};
+}
+
+inline char *to_cstring(const std::string &s) {
+    auto *p = static_cast<char *>(std::malloc(s.size() + 1));
+    if (!p) throw std::bad_alloc();
+    std::memcpy(p, s.c_str(), s.size() + 1);
+    return p;
+}
+
+// The "Structs" rule of wsync.h: struct_size 0 means the 0.2 layout (this one); a larger one
+// must have zeros past the fields this version knows.
+template <class T>
+void check_struct_size(const T *p, uint32_t size, const char *what) {
+    if (size == 0 || size == sizeof(T)) return;
+    if (size < sizeof(T))
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             std::string(what) + ".struct_size is " + std::to_string(size) + ", less than " +
+                 std::to_string(sizeof(T)) + " (the smallest layout this library knows)");
+    if (size > (1u << 16))
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             std::string(what) + ".struct_size " + std::to_string(size) + " is implausibly large");
+    const auto *extra = reinterpret_cast<const unsigned char *>(p) + sizeof(T);
+    for (uint32_t i = 0; i < size - sizeof(T); ++i)
+        if (extra[i])
+            fail(WSYNC_ERR_UNSUPPORTED, std::string(what) + " sets fields newer than this library (" +
+                                            wsync_version_string() + ") knows");
+}
+
+// Output structs: the caller's struct_size says how much may be written.
+template <class T>
+void write_sized(T *out, const T &value, const char *what) {
+    uint32_t size = out->struct_size;
+    if (size != 0 && size < sizeof(T))
+        fail(WSYNC_ERR_INVALID_ARGUMENT, std::string(what) + ".struct_size is " +
+                                             std::to_string(size) + ", less than " +
+                                             std::to_string(sizeof(T)));
+    // Only the fields this version knows are written; a caller's larger struct keeps its tail.
+    T v = value;
+    v.struct_size = static_cast<uint32_t>(sizeof(T));
+    std::memcpy(out, &v, sizeof(T));
+}
+
+template <class T> wsync::Strategy *core(T *h) { return reinterpret_cast<wsync::Strategy *>(h); }
+inline wsync::Sender *core(wsync_sender_t *h) { return reinterpret_cast<wsync::Sender *>(h); }
+inline const wsync::Sender *core(const wsync_sender_t *h) { return reinterpret_cast<const wsync::Sender *>(h); }
+inline wsync::Receiver *core(wsync_receiver_t *h) { return reinterpret_cast<wsync::Receiver *>(h); }
+inline const wsync::Receiver *core(const wsync_receiver_t *h) {
+    return reinterpret_cast<const wsync::Receiver *>(h);
+}
+inline wsync::Iteration *core(wsync_recv_t *h) { return reinterpret_cast<wsync::Iteration *>(h); }
+inline const wsync::Iteration *core(const wsync_recv_t *h) {
+    return reinterpret_cast<const wsync::Iteration *>(h);
+}
+inline wsync::Plan *core(wsync_plan_t *h) { return reinterpret_cast<wsync::Plan *>(h); }
+inline const wsync::Plan *core(const wsync_plan_t *h) { return reinterpret_cast<const wsync::Plan *>(h); }
+
+}  // namespace wsync::abi

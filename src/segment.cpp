@@ -1,0 +1,162 @@
+#include "segment.hpp"
+
+#include <cinttypes>
+#include <cstring>
+#include <new>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "error.hpp"
+#include "layout.hpp"
+
+namespace wsync {
+
+namespace {
+
+// The head (table in segment.hpp).
+struct Head {
+    char magic[8];
+    uint32_t layout;
+    uint32_t senders;
+    uint64_t bucket_bytes;
+    uint64_t data_offset;
+    uint64_t total_bytes;
+    board::Board board;
+};
+
+constexpr uint64_t kDataAlign = 65536;  // the data region starts on a 64 KiB boundary
+
+}  // namespace
+
+SharedSegment::SharedSegment(const SegmentGeometry &g) : g_(g) {
+    data_offset_ = g.bucket_bytes ? layout::round_up(sizeof(Head), kDataAlign) : sizeof(Head);
+    auto data = mul_u64(g.slots, g.bucket_bytes);
+    auto total = data ? add_u64(data_offset_, *data) : std::nullopt;
+    if (!total)
+        fail(WSYNC_ERR_INVALID_ARGUMENT, std::string(g.kind) + ": buckets x bucket_bytes overflows");
+    total_ = *total;
+}
+
+void SharedSegment::map(bool creator) {
+    const std::string kind = g_.kind;
+    head_ = static_cast<uint8_t *>(
+        sys::map_shared(fd_, 0, data_offset_, true, creator, kind + ": segment head"));
+    if (total_ > data_offset_)
+        data_ = static_cast<uint8_t *>(sys::map_shared(fd_, data_offset_, total_ - data_offset_,
+                                                       creator, true, kind + ": data buckets"));
+}
+
+std::shared_ptr<SharedSegment> SharedSegment::create(const SegmentGeometry &g) {
+    auto seg = std::shared_ptr<SharedSegment>(new SharedSegment(g));
+    seg->name_ = "/" + std::string(g.name_prefix) + sys::random_hex(16);
+    seg->rendezvous_ = g.name_prefix + sys::random_hex(16);
+    seg->fd_ = sys::shm_create(seg->name_, seg->total_, /*reserve=*/g.bucket_bytes != 0, g.kind);
+    seg->owner_ = true;  // from here the destructor removes the name
+    seg->map(true);
+    Head *h = new (seg->head_) Head();  // the file is zero; this just starts lifetimes
+    std::memcpy(h->magic, g.magic, sizeof h->magic);
+    h->layout = g.layout;
+    h->senders = g.senders;
+    h->bucket_bytes = g.bucket_bytes;
+    h->data_offset = seg->data_offset_;
+    h->total_bytes = seg->total_;
+    board::init(&h->board, g.receivers, g.slots);
+    seg->server_ = std::make_unique<sys::FdServer>(seg->rendezvous_, seg->fd_, g.kind);
+    return seg;
+}
+
+std::shared_ptr<SharedSegment> SharedSegment::attach(const std::string &name,
+                                                     const std::string &rendezvous,
+                                                     const SegmentGeometry &g,
+                                                     int64_t timeout_ms) {
+    auto seg = std::shared_ptr<SharedSegment>(new SharedSegment(g));
+    seg->name_ = name;
+    const std::string kind = g.kind;
+    const std::string gone = "the sender is gone (the segment's name was removed once every "
+                             "process had attached, and no live sender answers for it)";
+    try {
+        seg->fd_ = sys::shm_open_existing(name, seg->total_, kind, gone);
+    } catch (const Error &e) {
+        if (e.status() != WSYNC_ERR_UNAVAILABLE) throw;
+        seg->fd_ = sys::fetch_fd(rendezvous, sys::Deadline(timeout_ms),
+                                 kind + ": segment '" + name + "'", gone);
+        struct stat st;
+        if (fstat(seg->fd_, &st) != 0 || uint64_t(st.st_size) != seg->total_)
+            fail(WSYNC_ERR_MISMATCH, kind + ": the segment handed over for '" + name +
+                                         "' does not have the size its init info implies");
+    }
+    seg->map(false);
+    const Head *h = reinterpret_cast<const Head *>(seg->head_);
+    if (std::memcmp(h->magic, g.magic, sizeof h->magic) != 0 || h->layout != g.layout ||
+        h->senders != g.senders || h->bucket_bytes != g.bucket_bytes ||
+        h->data_offset != seg->data_offset_ || h->total_bytes != seg->total_ ||
+        !board::matches(&h->board, g.receivers, g.slots))
+        fail(WSYNC_ERR_MISMATCH, kind + ": segment '" + name +
+                                     "' does not match its init info (layout or geometry)");
+    return seg;
+}
+
+SharedSegment::~SharedSegment() {
+    server_.reset();  // before the descriptor it serves is closed
+    if (owner_) unlink();
+    if (data_) munmap(data_, total_ - data_offset_);
+    if (head_) munmap(head_, data_offset_);
+    if (fd_ >= 0) close(fd_);
+}
+
+void SharedSegment::unlink_if_complete(uint32_t self) noexcept {
+    try {
+        board::SenderEnd probe(board(), fd_, g_.receivers, g_.slots, g_.kind);
+        // Senders are counted per index, so a destroyed sender is not counted.
+        if ((g_.senders == 0 || probe.attached_senders() >= g_.senders) && probe.all_present(self))
+            unlink();
+    } catch (...) {
+    }
+}
+
+void SharedSegment::unlink() noexcept {
+    if (!unlinked_) {
+        shm_unlink(name_.c_str());
+        unlinked_ = true;
+    }
+}
+
+Link SharedSegment::link(uint32_t index) const {
+    board::Standing s = board::standing(board(), fd_, index);
+    Link l;
+    l.dropped = s.state == board::kDropped;
+    l.sender_gone = s.sender_gone;
+    l.abandoned_version = s.abandoned_version;
+    return l;
+}
+
+void SharedSegment::check_owed(uint32_t index, uint32_t slot, uint64_t seq,
+                               const char *what) const {
+    const board::Standing st = board::standing(board(), fd_, index);
+    if (st.state == board::kJoining || seq < st.from_seq)
+        failf(WSYNC_ERR_MISMATCH,
+              "%s: this receiver (re)attached while chunk seq %" PRIu64
+              "'s version was in flight; it takes part from the next version on",
+              g_.kind, seq);
+    const uint64_t held = board::published_seq(board(), slot);
+    if (held != seq)
+        failf(WSYNC_ERR_MISMATCH,
+              "%s: stale or replayed %s: slot %u holds chunk seq %" PRIu64
+              ", the %s is for seq %" PRIu64,
+              g_.kind, what, slot, held, what, seq);
+}
+
+bool SharedSegment::may_answer(uint32_t index, uint32_t slot, uint64_t seq) const noexcept {
+    try {
+        const board::Standing st = board::standing(board(), fd_, index);
+        return board::published_seq(board(), slot) == seq && st.state == board::kAttached &&
+               seq >= st.from_seq;
+    } catch (...) {
+        return false;
+    }
+}
+
+board::Board *SharedSegment::board() const { return &reinterpret_cast<Head *>(head_)->board; }
+
+}  // namespace wsync

@@ -1,0 +1,122 @@
+#include "transport/shm/receiver.hpp"
+
+#include <cinttypes>
+#include <string>
+#include <vector>
+
+#include "board.hpp"
+#include "error.hpp"
+#include "layout.hpp"
+#include "wire.hpp"
+
+namespace wsync::shm {
+namespace {
+
+class ShmBacking final : public ChunkBacking {
+public:
+    ShmBacking(std::shared_ptr<SharedSegment> seg, uint32_t index, uint32_t bucket, uint64_t seq,
+               const std::vector<uint64_t> &offsets)
+        : seg_(std::move(seg)), index_(index), bucket_(bucket), seq_(seq), offsets_(offsets) {}
+
+    const void *data(std::size_t i) const override { return seg_->bucket(bucket_) + offsets_[i]; }
+    wsync_device_t device() const override { return {WSYNC_DEVICE_CPU, 0}; }
+    bool read_only() const override { return true; }
+
+    void acknowledge(wsync_status_t outcome) noexcept override {
+        board::acknowledge(seg_->board(), index_, bucket_, seq_, outcome);
+    }
+
+private:
+    std::shared_ptr<SharedSegment> seg_;
+    uint32_t index_, bucket_;
+    uint64_t seq_;
+    std::vector<uint64_t> offsets_;
+};
+
+class ShmReceiver final : public ReceiverImpl {
+public:
+    ShmReceiver(std::shared_ptr<SharedSegment> seg, uint32_t index, bool verify, bool promised,
+                unsigned copy_threads)
+        : seg_(std::move(seg)), index_(index), verify_(verify), promised_(promised),
+          copy_threads_(copy_threads) {}
+
+    ~ShmReceiver() override { board::detach(seg_->board(), index_); }
+
+    bool verify_checksums() const override { return verify_; }
+    bool checksums_promised() const override { return promised_; }
+    unsigned copy_threads() const override { return copy_threads_; }
+
+    Link link() const override { return seg_->link(index_); }
+
+    std::unique_ptr<ChunkBacking> open(const ChunkHeader &, const TensorTable &table,
+                                       const json &transport) override {
+        const std::string w = "shm request";
+        Where at = where(transport);
+        if (last_seq_ && at.seq <= last_seq_)
+            failf(WSYNC_ERR_MISMATCH,
+                  "shm: request carries chunk seq %" PRIu64 ", already received seq %" PRIu64,
+                  at.seq, last_seq_);
+        seg_->check_owed(index_, at.bucket, at.seq, "request");
+        layout::check(table, seg_->bucket_bytes(), w, "bucket");
+        last_seq_ = at.seq;
+        return std::make_unique<ShmBacking>(seg_, index_, at.bucket, at.seq, table.offsets);
+    }
+
+    void refuse(const ChunkHeader &h, const json &transport, wsync_status_t status,
+                const std::string &message, bool record) noexcept override {
+        try {
+            Where at = where(transport);
+            // Only the chunk now in its bucket, and only one this receiver owes, is answered.
+            if (!seg_->may_answer(index_, at.bucket, at.seq)) return;
+            if (record)
+                board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index,
+                                      message);
+            board::acknowledge(seg_->board(), index_, at.bucket, at.seq, status);
+        } catch (...) {
+        }
+    }
+
+    void record_failure(const ChunkHeader &h, wsync_status_t status,
+                        const std::string &message) noexcept override {
+        board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);
+    }
+
+private:
+    struct Where {
+        uint32_t bucket;
+        uint64_t seq;
+    };
+    Where where(const json &transport) const {
+        const std::string w = "shm request";
+        const std::string &segment = wire::string_field(transport, "segment", w, 255);
+        if (segment != seg_->name())
+            failf(WSYNC_ERR_MISMATCH, "shm: request is for segment '%s', this receiver is "
+                                      "attached to '%s'",
+                  segment.c_str(), seg_->name().c_str());
+        Where at;
+        at.bucket =
+            static_cast<uint32_t>(wire::uint_field(transport, "bucket", w, seg_->slots() - 1));
+        at.seq = wire::uint_field(transport, "seq", w, UINT64_MAX >> 8);
+        if (at.seq == 0 || (at.seq - 1) % seg_->slots() != at.bucket)
+            wire::malformed(strf("shm request: seq %" PRIu64 " does not belong in bucket %u",
+                                 at.seq, at.bucket));
+        return at;
+    }
+
+    std::shared_ptr<SharedSegment> seg_;
+    uint32_t index_;
+    bool verify_, promised_;
+    unsigned copy_threads_;
+    uint64_t last_seq_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<ReceiverImpl> make_receiver(std::shared_ptr<SharedSegment> seg, uint32_t index,
+                                            bool verify, bool checksums_promised,
+                                            unsigned copy_threads) {
+    return std::make_unique<ShmReceiver>(std::move(seg), index, verify, checksums_promised,
+                                         copy_threads);
+}
+
+}  // namespace wsync::shm

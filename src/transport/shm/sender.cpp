@@ -1,0 +1,95 @@
+#include "transport/shm/sender.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "board.hpp"
+#include "copy.hpp"
+#include "error.hpp"
+#include "layout.hpp"
+#include "transport/shm/init_info.hpp"
+
+namespace wsync::shm {
+namespace {
+
+class ShmSender final : public SenderImpl {
+public:
+    ShmSender(std::shared_ptr<SharedSegment> seg, bool checksum, int64_t timeout_ms)
+        : seg_(std::move(seg)),
+          board_(seg_->board(), seg_->fd(), seg_->receivers(), seg_->slots(), kKind),
+          checksum_(checksum), timeout_ms_(timeout_ms) {
+        board_.register_sender();
+    }
+
+    ~ShmSender() override { seg_->unlink(); }
+
+    json send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) override {
+        for (std::size_t i = 0; i < table.metas.size(); ++i)
+            if (!device_is_host(tensors[i].device))
+                fail(WSYNC_ERR_UNSUPPORTED,
+                     "shm: tensor '" + table.metas[i].name + "' is on " +
+                         device_name(tensors[i].device) +
+                         "; shm moves host memory (use cuda_ipc or copy it to the CPU)");
+        layout::place(table, seg_->bucket_bytes(), kKind);
+        maybe_unlink();
+        const uint64_t seq = next_seq_;
+        const uint32_t b = static_cast<uint32_t>((seq - 1) % seg_->slots());
+        // Receivers that (re)attached take part from a version's first chunk on.
+        if (h.chunk_index == 0) board_.admit_joiners(seq);
+        // Back-pressure: the bucket's previous chunk must be done with by every receiver.
+        board_.wait({b}, sys::Deadline(timeout_ms_), "no free bucket", seq - 1);
+
+        uint8_t *dst = seg_->bucket(b);
+        if (checksum_) table.checksums.resize(table.metas.size());
+        // The pack and the checksum in one pass over each tensor (src/copy.hpp).
+        for (std::size_t i = 0; i < table.metas.size(); ++i) {
+            const uint64_t n = table.metas[i].nbytes;
+            if (checksum_)
+                table.checksums[i] = copy::copy_hashing(dst + table.offsets[i], tensors[i].data, n, 0, n);
+            else
+                copy::copy_bytes(dst + table.offsets[i], tensors[i].data, n);
+        }
+        board_.publish(b, seq);  // the bytes are in place
+        ++next_seq_;
+        used_buckets_ = std::max<uint32_t>(used_buckets_, b + 1);
+        return json{{"segment", seg_->name()}, {"bucket", b}, {"seq", seq}};
+    }
+
+    void flush(int64_t timeout_ms) override {
+        maybe_unlink();
+        std::vector<uint32_t> all;
+        for (uint32_t b = 0; b < used_buckets_; ++b) all.push_back(b);
+        board_.wait(all, sys::Deadline(timeout_ms), "flush timed out", next_seq_ - 1);
+    }
+
+    void abandon(uint64_t version) override { board_.abandon(version); }
+
+    void drop_receiver(uint32_t index) override {
+        check_receiver_index(kKind, index, seg_->receivers());
+        board_.drop(index);
+    }
+
+private:
+    // Once every receiver holds its index the name is no longer needed; removing it means
+    // nothing is left in /dev/shm even if this process is killed (receivers that attach later
+    // get the segment from this process over its rendezvous socket).
+    void maybe_unlink() {
+        if (!seg_->unlinked()) seg_->unlink_if_complete(UINT32_MAX);
+    }
+
+    std::shared_ptr<SharedSegment> seg_;
+    board::SenderEnd board_;
+    bool checksum_;
+    int64_t timeout_ms_;
+    uint64_t next_seq_ = 1;
+    uint32_t used_buckets_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<SenderImpl> make_sender(std::shared_ptr<SharedSegment> seg, bool checksum,
+                                        int64_t timeout_ms) {
+    return std::make_unique<ShmSender>(std::move(seg), checksum, timeout_ms);
+}
+
+}  // namespace wsync::shm

@@ -1,0 +1,114 @@
+// wsync, the command-line tool: what its subcommands share (see main.cpp for the overview).
+// Every file of the tool uses only the public header and the shared library.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "wsync.h"
+
+namespace wsync_cli {
+
+using Clock = std::chrono::steady_clock;
+inline double since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Exit 1 with the message (a failed run).
+[[noreturn]] void die(const std::string &what);
+// Exit 2 with the message: bad command lines, like the other usage errors.
+[[noreturn]] void usage_error(const std::string &what);
+// die() naming the call, the status and the library's message unless st is WSYNC_OK.
+void check(wsync_status_t st, const char *what);
+
+// --- options (args.cpp) -------------------------------------------------------------------------
+struct Args {
+    uint64_t size_mb = 1024;
+    uint32_t receivers = 2;
+    uint32_t steps = 5;
+    bool checksum = true;
+    bool checksum_compare = true;  // bench: run with checksums off and on
+    uint64_t chunk_mb = 64;
+    uint64_t bucket_mb = 0;  // 0: derived from the plan
+    uint32_t buckets = 3;
+    int64_t timeout_ms = 60000;
+    bool json = false;
+    bool quiet = false;
+    // bench --strategy cuda_ipc
+    std::string strategy = "shm";
+    bool packed = true;
+    std::string dtype = "bfloat16";
+    bool size_set = false, buckets_set = false;
+    // Where engines' parameters start past a page boundary: 64 is how PyTorch's CPU allocator
+    // (posix_memalign(64)) places large tensors; 0 is page-aligned, the flattering case.
+    uint64_t dst_offset = 64;
+    bool load_copy = true;   // engines load with wsync_recv_copy (else next + memcpy)
+    bool copy_bench = true;  // bench: the receiver copy loop against memcpy, in process
+};
+
+// Flags from argv[first]; `bench` admits the bench-only flags and its defaults.
+Args parse_args(int argc, char **argv, int first, bool bench);
+
+// --- the synthetic model (model.cpp) ------------------------------------------------------------
+struct TensorSpec {
+    std::string name;
+    std::vector<int64_t> shape;
+    uint64_t bytes;
+};
+
+// A Llama-shaped model of about `bytes` in bf16: embeddings, per layer q/k/v/o and gate/up/down
+// projections and two norms, a final norm and lm_head. Dimensions shrink for small sizes.
+std::vector<TensorSpec> make_model(uint64_t bytes);
+
+// Tensor t's bytes at `step`: every 8-byte word changes every step. Engines regenerate the same
+// to verify what arrived, independently of the library.
+void fill(uint8_t *p, uint64_t n, uint64_t step, uint64_t t);
+bool verify(const uint8_t *p, uint64_t n, uint64_t step, uint64_t t);
+
+// Pre-faulted buffers, one per tensor: first-touch costs belong to nobody's sync time.
+std::vector<std::vector<uint8_t>> allocate(const std::vector<TensorSpec> &m);
+
+// Pre-faulted destinations as an engine's allocator places them: each tensor at `offset` bytes
+// past a page boundary (PyTorch's large CPU tensors: 64).
+struct Params {
+    uint8_t *base = nullptr;
+    std::vector<uint8_t *> at;
+    Params(const std::vector<TensorSpec> &m, uint64_t offset);
+    ~Params();
+    Params(const Params &) = delete;
+    Params &operator=(const Params &) = delete;
+};
+
+// --- frames over pipes (model.cpp) --------------------------------------------------------------
+// Controller and engines exchange length-prefixed frames that carry only bytes.
+enum Frame : uint32_t { kInit = 1, kRequest, kStepEnd, kQuit, kReady, kStepOk, kStepFail };
+bool send_frame(int fd, uint32_t type, const void *p, uint64_t n);
+// False on timeout, EOF, or a frame over 1 GiB.
+bool recv_frame(int fd, uint32_t *type, std::vector<uint8_t> *payload, int timeout_ms);
+
+struct StepReport {
+    uint64_t step, completed_version;
+    double load_s;
+};
+
+// --- a sync run's figures (shm_sync.cpp) ---------------------------------------------------------
+struct RunResult {
+    uint64_t bytes = 0;
+    size_t tensors = 0, chunks = 0;
+    std::vector<double> step_s;
+    double memcpy_s = 0;         // one core, page-aligned destination
+    double memcpy_offset_s = 0;  // one core, destination at the engines' --dst-offset
+    double steady_s() const;  // median of the steps after the first
+};
+
+// Plan + request encode + decode per tensor, over 10,000 tiny tensors, in one process.
+double metadata_us_per_tensor();
+
+// --- subcommands --------------------------------------------------------------------------------
+int cmd_demo(const Args &a);            // shm_sync.cpp
+int cmd_bench(const Args &a);           // shm_sync.cpp; --strategy cuda_ipc goes to the next
+int cmd_bench_cuda_ipc(Args a);         // bench_cuda_ipc.cpp
+
+}  // namespace wsync_cli

@@ -1,0 +1,368 @@
+// wsync demo / wsync bench (shm): a trainer and N forked engine processes sync the synthetic
+// model over shared memory; every engine verifies every tensor after every step. The bench adds
+// the baselines of the same run: one-core memcpy, the receiver copy loop (bench_copy.cpp), and
+// the metadata cost per tensor.
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <unordered_map>
+
+#include "bench_copy.hpp"
+#include "cli.hpp"
+
+namespace wsync_cli {
+namespace {
+
+// --- an engine process ------------------------------------------------------------------------
+int engine_main(uint32_t index, int in, int out, const std::vector<TensorSpec> &model,
+                int timeout_ms, const Args &a) {
+    auto fail = [&](const std::string &msg) {
+        send_frame(out, kStepFail, msg.data(), msg.size());
+        return 1;
+    };
+    std::unordered_map<std::string, size_t> by_name;
+    for (size_t i = 0; i < model.size(); ++i) by_name[model[i].name] = i;
+    Params params(model, a.dst_offset);
+    uint32_t type;
+    std::vector<uint8_t> frame;
+    if (!recv_frame(in, &type, &frame, timeout_ms) || type != kInit) return fail("no init info");
+    wsync_strategy_t *strategy;
+    wsync_receiver_t *receiver;
+    if (wsync_strategy_create("shm", nullptr, &strategy) != WSYNC_OK ||
+        wsync_receiver_create(strategy, frame.data(), frame.size(), index, &receiver) != WSYNC_OK)
+        return fail(wsync_last_error());
+    send_frame(out, kReady, nullptr, 0);
+    double load_s = 0;
+    for (;;) {
+        if (!recv_frame(in, &type, &frame, timeout_ms)) return fail("controller went silent");
+        if (type == kQuit) break;
+        if (type == kRequest) {
+            auto t0 = Clock::now();
+            wsync_recv_t *it;
+            if (wsync_receiver_receive(receiver, frame.data(), frame.size(), &it) != WSYNC_OK)
+                return fail(wsync_last_error());
+            wsync_recv_info_t info{};
+            info.struct_size = sizeof info;
+            wsync_recv_info(it, &info);
+            for (size_t i = 0; i < info.count; ++i) {
+                wsync_tensor_t v;
+                bool has = true;
+                if (a.load_copy ? wsync_recv_peek(it, i, &v) : wsync_recv_next(it, &v, &has))
+                    break;  // wsync_recv_end reports it
+                auto p = by_name.find(v.name);
+                if (p == by_name.end()) {
+                    wsync_recv_end(it);
+                    return fail(std::string("unexpected tensor '") + v.name + "'");
+                }
+                // The load an engine does anyway: the tensor into its own parameter.
+                if (a.load_copy) {
+                    if (wsync_recv_copy(it, i, 0, params.at[p->second], model[p->second].bytes))
+                        break;
+                } else {
+                    std::memcpy(params.at[p->second], v.data, model[p->second].bytes);
+                }
+            }
+            if (wsync_recv_end(it) != WSYNC_OK) return fail(wsync_last_error());
+            load_s += since(t0);
+        } else if (type == kStepEnd) {
+            uint64_t step;
+            std::memcpy(&step, frame.data(), 8);
+            for (size_t i = 0; i < model.size(); ++i)
+                if (!verify(params.at[i], model[i].bytes, step, i))
+                    return fail("engine " + std::to_string(index) + ": tensor '" + model[i].name +
+                                "' differs from the trainer's at step " + std::to_string(step));
+            StepReport r{step, 0, load_s};
+            wsync_receiver_completed_version(receiver, &r.completed_version);
+            send_frame(out, kStepOk, &r, sizeof r);
+            load_s = 0;
+        }
+    }
+    wsync_receiver_destroy(receiver);
+    wsync_strategy_destroy(strategy);
+    return 0;
+}
+
+}  // namespace
+
+double RunResult::steady_s() const {
+    std::vector<double> s(step_s.begin() + 1, step_s.end());
+    std::sort(s.begin(), s.end());
+    return s.empty() ? step_s[0] : s[s.size() / 2];
+}
+
+// --- the trainer and controller ---------------------------------------------------------------
+namespace {
+
+RunResult run_sync(const Args &a, bool checksum, bool progress) {
+    const auto model = make_model(a.size_mb << 20);
+    const int poll_ms = int(std::min<int64_t>(a.timeout_ms + 5000, INT32_MAX));
+    std::vector<pid_t> pids(a.receivers);
+    std::vector<int> to(a.receivers), from(a.receivers);
+    for (uint32_t i = 0; i < a.receivers; ++i) {
+        int p1[2], p2[2];
+        if (pipe(p1) || pipe(p2)) die("pipe failed");
+        pids[i] = fork();
+        if (pids[i] < 0) die("fork failed");
+        if (pids[i] == 0) {
+            close(p1[1]);
+            close(p2[0]);
+            std::_Exit(engine_main(i, p1[0], p2[1], model, poll_ms, a));
+        }
+        close(p1[0]);
+        close(p2[1]);
+        to[i] = p1[1];
+        from[i] = p2[0];
+    }
+    signal(SIGPIPE, SIG_IGN);  // a dead engine shows up as a failed write and a named error
+    auto expect = [&](uint32_t i, uint32_t want, std::vector<uint8_t> *payload) {
+        uint32_t type;
+        if (!recv_frame(from[i], &type, payload, poll_ms))
+            die("engine " + std::to_string(i) + " stopped answering (exited or hung)");
+        if (type == kStepFail)
+            die("engine " + std::to_string(i) + " failed: " +
+                std::string(payload->begin(), payload->end()));
+        if (type != want) die("engine " + std::to_string(i) + " sent an unexpected frame");
+    };
+
+    RunResult r;
+    r.tensors = model.size();
+    std::vector<wsync_tensor_t> desc(model.size());
+    auto weights = allocate(model);
+    uint64_t largest = 0;
+    for (size_t i = 0; i < model.size(); ++i) {
+        r.bytes += model[i].bytes;
+        largest = std::max(largest, model[i].bytes);
+        desc[i] = wsync_tensor_t{};
+        desc[i].name = model[i].name.c_str();
+        desc[i].data = weights[i].data();
+        desc[i].shape = model[i].shape.data();
+        desc[i].ndim = int32_t(model[i].shape.size());
+        desc[i].dtype = {WSYNC_DTYPE_BFLOAT, 16, 1};
+        desc[i].device = {WSYNC_DEVICE_CPU, 0};
+    }
+    uint64_t chunk_bytes = std::max(a.chunk_mb << 20, (largest + 255) / 256 * 256);
+    uint64_t bucket = a.bucket_mb ? a.bucket_mb << 20 : chunk_bytes;
+    bucket = (bucket + 4095) / 4096 * 4096;
+
+    wsync_plan_t *plan;
+    std::string plan_opts = "{\"chunk_bytes\": " + std::to_string(chunk_bytes) + "}";
+    check(wsync_plan_create(desc.data(), desc.size(), plan_opts.c_str(), &plan), "plan");
+    check(wsync_plan_chunk_count(plan, &r.chunks), "plan");
+    std::vector<std::vector<wsync_tensor_t>> chunks(r.chunks);
+    for (size_t c = 0; c < r.chunks; ++c) {
+        const size_t *idx;
+        size_t n;
+        check(wsync_plan_chunk(plan, c, &idx, &n, nullptr), "plan");
+        for (size_t k = 0; k < n; ++k) chunks[c].push_back(desc[idx[k]]);
+    }
+    wsync_plan_destroy(plan);
+
+    std::string opts = "{\"receivers\": " + std::to_string(a.receivers) +
+                       ", \"buckets\": " + std::to_string(a.buckets) +
+                       ", \"bucket_bytes\": " + std::to_string(bucket) +
+                       ", \"checksum\": " + (checksum ? "true" : "false") +
+                       ", \"timeout_ms\": " + std::to_string(a.timeout_ms) + "}";
+    wsync_strategy_t *strategy;
+    wsync_blob_t init;
+    wsync_sender_t *sender;
+    check(wsync_strategy_create("shm", opts.c_str(), &strategy), "strategy");
+    check(wsync_strategy_create_init_info(strategy, &init), "init info");
+    check(wsync_sender_create(strategy, init.data, init.size, &sender), "sender");
+    std::vector<uint8_t> payload;
+    for (uint32_t i = 0; i < a.receivers; ++i)
+        if (!send_frame(to[i], kInit, init.data, init.size)) die("engine pipe closed");
+    for (uint32_t i = 0; i < a.receivers; ++i) expect(i, kReady, &payload);
+
+    if (progress)
+        std::printf("model: %.1f MB bf16, %zu tensors, %zu chunks (<= %.0f MB), %u engine(s), "
+                    "buckets %u x %.0f MB, checksums %s\n",
+                    r.bytes / 1e6, r.tensors, r.chunks, chunk_bytes / 1048576.0, a.receivers,
+                    a.buckets, bucket / 1048576.0, checksum ? "on" : "off");
+    for (uint64_t step = 1; step <= a.steps; ++step) {
+        for (size_t i = 0; i < model.size(); ++i) fill(weights[i].data(), model[i].bytes, step, i);
+        auto t0 = Clock::now();
+        for (size_t c = 0; c < chunks.size(); ++c) {
+            wsync_chunk_t ch{chunks[c].data(), chunks[c].size(),
+                             c + 1 == chunks.size() ? WSYNC_CHUNK_LAST : 0u, 0};
+            wsync_blob_t req;
+            check(wsync_sender_send_chunk(sender, &ch, &req), "send_chunk");
+            for (uint32_t i = 0; i < a.receivers; ++i)
+                if (!send_frame(to[i], kRequest, req.data, req.size))
+                    die("engine " + std::to_string(i) + " is gone");
+            wsync_blob_free(&req);
+        }
+        check(wsync_sender_flush(sender, a.timeout_ms), "flush");
+        double s = since(t0);
+        r.step_s.push_back(s);
+        for (uint32_t i = 0; i < a.receivers; ++i) send_frame(to[i], kStepEnd, &step, 8);
+        for (uint32_t i = 0; i < a.receivers; ++i) {
+            expect(i, kStepOk, &payload);
+            StepReport rep;
+            std::memcpy(&rep, payload.data(), sizeof rep);
+            if (rep.completed_version != step)
+                die("engine " + std::to_string(i) + " completed version " +
+                    std::to_string(rep.completed_version) + ", expected " + std::to_string(step));
+        }
+        if (progress)
+            std::printf("step %" PRIu64 ": %.3f s  %.2f GB/s  verified by %u engine(s)%s\n", step,
+                        s, r.bytes / s / 1e9, a.receivers, step == 1 ? "  (first sync)" : "");
+        std::fflush(stdout);
+    }
+    for (uint32_t i = 0; i < a.receivers; ++i) {
+        send_frame(to[i], kQuit, nullptr, 0);
+        close(to[i]);
+    }
+    for (uint32_t i = 0; i < a.receivers; ++i) {
+        int status = 0;
+        waitpid(pids[i], &status, 0);
+        close(from[i]);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            die("engine " + std::to_string(i) + " exited abnormally");
+    }
+    wsync_sender_destroy(sender);
+    wsync_strategy_destroy(strategy);
+    wsync_blob_free(&init);
+
+    // The baseline, same bytes, same run: one core copying the model into warm buffers, with
+    // glibc memcpy, page-aligned and at the engines' offset.
+    for (uint64_t offset : {uint64_t(0), a.dst_offset}) {
+        Params dst(model, offset);
+        double best = 1e9;
+        for (int rep = 0; rep < 3; ++rep) {
+            auto t0 = Clock::now();
+            for (size_t i = 0; i < model.size(); ++i)
+                std::memcpy(dst.at[i], weights[i].data(), model[i].bytes);
+            best = std::min(best, since(t0));
+        }
+        (offset == 0 ? r.memcpy_s : r.memcpy_offset_s) = best;
+    }
+    if (a.dst_offset == 0) r.memcpy_offset_s = r.memcpy_s;
+    return r;
+}
+
+}  // namespace
+
+// Plan + request encode + decode per tensor, over 10,000 tiny tensors, in one process.
+double metadata_us_per_tensor() {
+    const size_t n = 10000;
+    std::vector<std::string> names(n);
+    std::vector<float> data(n * 4, 1.0f);
+    int64_t shape[1] = {4};
+    std::vector<wsync_tensor_t> t(n);
+    for (size_t i = 0; i < n; ++i) {
+        names[i] = "model.layers." + std::to_string(i / 10) + ".block.t" + std::to_string(i % 10) +
+                   ".weight";
+        t[i] = wsync_tensor_t{};
+        t[i].name = names[i].c_str();
+        t[i].data = &data[i * 4];
+        t[i].shape = shape;
+        t[i].ndim = 1;
+        t[i].dtype = {WSYNC_DTYPE_FLOAT, 32, 1};
+        t[i].device = {WSYNC_DEVICE_CPU, 0};
+    }
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    wsync_receiver_t *rx;
+    check(wsync_strategy_create("shm", "{\"checksum\": false, \"bucket_bytes\": 4194304}", &s), "meta");
+    check(wsync_strategy_create_init_info(s, &init), "meta");
+    check(wsync_sender_create(s, init.data, init.size, &tx), "meta");
+    check(wsync_receiver_create(s, init.data, init.size, 0, &rx), "meta");
+    double best = 1e9;
+    for (int rep = 0; rep < 5; ++rep) {
+        auto t0 = Clock::now();
+        wsync_plan_t *plan;
+        check(wsync_plan_create(t.data(), n, "{\"chunk_bytes\": 4194304}", &plan), "meta plan");
+        wsync_plan_destroy(plan);
+        wsync_chunk_t c{t.data(), n, WSYNC_CHUNK_LAST, 0};
+        wsync_blob_t req;
+        check(wsync_sender_send_chunk(tx, &c, &req), "meta send");
+        wsync_recv_t *it;
+        check(wsync_receiver_receive(rx, req.data, req.size, &it), "meta receive");
+        wsync_tensor_t v;
+        bool has = true;
+        while (has) check(wsync_recv_next(it, &v, &has), "meta next");
+        check(wsync_recv_end(it), "meta end");
+        best = std::min(best, since(t0));
+        wsync_blob_free(&req);
+    }
+    wsync_receiver_destroy(rx);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    return best / n * 1e6;
+}
+
+int cmd_demo(const Args &a) {
+    RunResult r = run_sync(a, a.checksum, true);
+    double steady = r.steady_s();
+    std::printf("\n%-28s %s\n", "", "shm sync");
+    std::printf("%-28s %.1f MB (%zu tensors, %zu chunks)\n", "model bytes", r.bytes / 1e6,
+                r.tensors, r.chunks);
+    std::printf("%-28s %u\n", "engines", a.receivers);
+    std::printf("%-28s %s\n", "checksums", a.checksum ? "on (xxh3)" : "off");
+    std::printf("%-28s %.3f s\n", "first sync", r.step_s[0]);
+    std::printf("%-28s %.3f s\n", "steady-state sync (median)", steady);
+    std::printf("%-28s %.2f GB/s\n", "steady-state throughput", r.bytes / steady / 1e9);
+    std::printf("%-28s %.3f s (%.2f GB/s)\n", "one-core memcpy, same bytes", r.memcpy_s,
+                r.bytes / r.memcpy_s / 1e9);
+    std::printf("%-28s %.2fx\n", "sync / memcpy", steady / r.memcpy_s);
+    std::printf("\nevery engine verified every tensor at every step: OK\n");
+    return 0;
+}
+
+int cmd_bench(const Args &a) {
+    if (a.strategy == "cuda_ipc") return cmd_bench_cuda_ipc(a);
+    // Engines' parameters at --dst-offset (64 by default, as PyTorch places them), and again
+    // page-aligned, so the flattering case is reported beside the realistic one.
+    RunResult r = run_sync(a, a.checksum && !a.checksum_compare, !a.json);
+    RunResult rc;
+    if (a.checksum_compare) rc = run_sync(a, true, false);
+    RunResult rp;
+    Args page = a;
+    page.dst_offset = 0;
+    if (a.dst_offset != 0) rp = run_sync(page, a.checksum && !a.checksum_compare, false);
+    std::string copy_json;
+    if (a.copy_bench) {
+        const auto model = make_model(a.size_mb << 20);
+        std::vector<uint64_t> sizes;
+        for (const auto &t : model) sizes.push_back(t.bytes);
+        copy_json = bench_copy_json(sizes, a.chunk_mb << 20, a.dst_offset, !a.json);
+    }
+    double meta = metadata_us_per_tensor();
+    double steady = r.steady_s();
+    std::string steps;
+    for (double s : r.step_s) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
+    std::printf("{\"strategy\": \"shm\", \"bytes\": %" PRIu64 ", \"tensors\": %zu, \"chunks\": %zu, "
+                "\"receivers\": %u, \"checksum\": %s, \"load\": \"%s\", \"dst_offset\": %" PRIu64
+                ", \"first_sync_s\": %.6f, "
+                "\"steady_sync_s\": %.6f, \"steady_gbps\": %.3f, \"memcpy_s\": %.6f, "
+                "\"memcpy_at_dst_offset_s\": %.6f, "
+                "\"ratio_to_memcpy\": %.3f, \"steps_s\": [%s], \"metadata_us_per_tensor\": %.3f",
+                r.bytes, r.tensors, r.chunks, a.receivers,
+                a.checksum && !a.checksum_compare ? "true" : "false",
+                a.load_copy ? "copy" : "memcpy", a.dst_offset, r.step_s[0], steady,
+                r.bytes / steady / 1e9, r.memcpy_s, r.memcpy_offset_s, steady / r.memcpy_s,
+                steps.c_str(), meta);
+    if (a.checksum_compare)
+        std::printf(", \"checksum_on\": {\"steady_sync_s\": %.6f, \"ratio_to_memcpy\": %.3f, "
+                    "\"extra_s\": %.6f, \"extra_fraction\": %.3f}",
+                    rc.steady_s(), rc.steady_s() / r.memcpy_s, rc.steady_s() - steady,
+                    rc.steady_s() / steady - 1);
+    if (a.dst_offset != 0)
+        std::printf(", \"page_aligned\": {\"steady_sync_s\": %.6f, \"ratio_to_memcpy\": %.3f}",
+                    rp.steady_s(), rp.steady_s() / r.memcpy_s);
+    if (!copy_json.empty()) std::printf(", \"copy\": %s", copy_json.c_str());
+    std::printf("}\n");
+    return 0;
+}
+
+}  // namespace wsync_cli
