@@ -3,7 +3,7 @@ embeddings to two vLLM workers, each a process of its own running vLLM 0.33.0's 
 update session (see ``_vllm_worker.py``), with the engines built by vLLM's factories. Then
 recovery: a worker's load failure, and the trainer's own failure, each fail the version with a
 named error, close every worker's session, and the next version reaches both workers
-bit-exact."""
+bit-exact; with staging, a failed transfer changes no worker at all."""
 
 import multiprocessing
 import os
@@ -248,3 +248,43 @@ def test_a_session_left_open_by_a_trainer_that_died_is_closed_by_the_next_sync(c
     trainer.send_weights()
     assert_workers_match(client, source_model)
     assert_sessions_closed(client.call("probe"), good + 1)
+
+
+def test_a_staged_version_that_fails_mid_transfer_changes_no_worker_at_all(cluster):
+    client, source_model, _, first = cluster
+    # The workers leave the first trainer and join a staged one (vLLM's shutdown and init RPCs).
+    client.call("shutdown_weight_transfer_engine")
+    first.shutdown()
+    source = BreakableSource(source_model, break_at="layers.1.weight")
+    trainer = WeightTransferTrainerFactory.trainer_init(
+        WsyncTrainerInitInfo(rank=0, receivers=WORKERS, chunk_bytes=HIDDEN * HIDDEN * 4,
+                             flush_timeout_s=30.0, staged=True),
+        client=client, source=source)
+    try:
+        perturb(source_model)
+        trainer.send_weights()
+        assert_workers_match(client, source_model)
+        before = client.call("state_dict")
+
+        source.armed = True
+        perturb(source_model)
+        try:
+            with pytest.raises(RuntimeError, match="the trainer lost a shard"):
+                trainer.send_weights()
+        finally:
+            source.armed = False
+        # Not one tensor changed on either worker, though chunks before the failure had
+        # arrived (without staging, layers they completed would hold the failed version).
+        for rank, got in enumerate(client.call("state_dict")):
+            for name, tensor in before[rank].items():
+                assert torch.equal(got[name], tensor), (rank, name)
+        probes = client.call("probe")
+        assert_sessions_closed(probes, 1)
+        assert all(p["failed_status"] == "ABANDONED" for p in probes)
+
+        perturb(source_model)
+        trainer.send_weights()
+        assert_workers_match(client, source_model)
+        assert_sessions_closed(client.call("probe"), 3)
+    finally:
+        trainer.shutdown()

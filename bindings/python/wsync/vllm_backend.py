@@ -16,7 +16,8 @@ Registration: :func:`register` adds ``"wsync"`` to both factories. It is the
 
 What travels through vLLM's client is JSON-safe (vLLM's HTTP client posts JSON): the init info
 is ``{"init_info": <base64 of the strategy's init blob>, "options": {...}, "rank_offset": n,
-"copy": bool}`` and each update info is ``{"requests": [<base64 of one request blob>]}``.
+"copy": bool, "staged": bool}``, each update info ``{"requests": [<base64 of one request
+blob>]}``, and an abort ``{"abort": true}``.
 
 Why the worker hands ``load_weights`` copies by default (``copy=True``): vLLM's layerwise
 reload (``initialize_layerwise_reload`` in ``start_weight_update``, as vLLM's own engines do)
@@ -39,6 +40,14 @@ still open. The next ``send_weights`` starts cleanly everywhere and, being a ful
 overwrites every parameter. Between the two, layers the failed version had completed hold its
 values (layerwise reload writes a completed layer in place): keep generation paused until a
 ``send_weights`` succeeds, as vLLM's pause/resume around a weight update does.
+
+``staged=True`` (trainer init info) makes the update two-phase: workers hold the version's
+tensors as copies (one model's worth of memory on the worker's device) and load them in
+``finish_weight_update``, which the trainer calls only after every worker acknowledged every
+chunk. A failed transfer (the trainer's error, a worker's receive failure or death, an
+abandoned version) then changes no worker's model at all. A ``load_weights`` error at finish
+still leaves that worker's completed layers written, and workers that finished before it on
+the new version; the trainer's abort closes the sessions as above.
 
 This module imports vLLM; import it only where vLLM is installed.
 """
@@ -110,13 +119,15 @@ def receiver_index(rank_offset: int, parallel_config) -> int:
 @dataclass
 class WsyncInitInfo(WeightTransferInitInfo):
     """Worker init info: the strategy's init blob (bytes or base64), receiver-side strategy
-    options, the offset added to the worker's global index, and whether ``load_weights`` gets
-    copies (default, see the module documentation) or views."""
+    options, the offset added to the worker's global index, whether ``load_weights`` gets
+    copies (default, see the module documentation) or views, and whether a version is staged
+    (held as copies and loaded only at ``finish_weight_update``)."""
 
     init_info: Union[bytes, str]
     options: Dict[str, Any] = field(default_factory=dict)
     rank_offset: int = 0
     copy: bool = True
+    staged: bool = False
 
     def __post_init__(self) -> None:
         self.init_info = decode_blob(self.init_info, "init_info", "init")
@@ -126,6 +137,8 @@ class WsyncInitInfo(WeightTransferInitInfo):
             raise ValueError(f"rank_offset must be a non-negative int, got {self.rank_offset!r}")
         if not isinstance(self.copy, bool):
             raise ValueError(f"copy must be a bool, got {self.copy!r}")
+        if not isinstance(self.staged, bool):
+            raise ValueError(f"staged must be a bool, got {self.staged!r}")
 
 
 @dataclass
@@ -160,7 +173,9 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self._strategy: Optional[Strategy] = None
         self._receiver: Optional[Receiver] = None
         self._reload_open = False
+        self._staged: List[Tuple[str, torch.Tensor]] = []
         self.copy = True
+        self.staged = False
 
     @property
     def receiver(self) -> Receiver:
@@ -189,6 +204,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             raise
         self._strategy = strategy
         self.copy = init_info.copy
+        self.staged = init_info.staged
 
     def start_weight_update(self) -> None:
         """Begins vLLM's layerwise reload for one version. A reload a failed session left
@@ -197,6 +213,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         self.discard_weight_update()
+        self._staged = []
         self._reload_open = True  # before: layers a failed initialisation moved are restored
         try:
             initialize_layerwise_reload(self.model)
@@ -217,7 +234,13 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             raise WrongStateError(Status.WRONG_STATE, f"finish_weight_update: version "
                                   f"{state.open_version} is still open on receiver "
                                   f"{self.receiver.index}; the update was discarded")
+        staged, self._staged = self._staged, []
         try:
+            if staged:
+                self.model.load_weights(staged)
+                del staged
+                if self.device.type == "cuda":
+                    torch.cuda.current_stream(self.device).synchronize()
             finalize_layerwise_reload(self.model, self.model_config)
         except BaseException:
             self.discard_weight_update()
@@ -229,6 +252,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         its own tensors back, unprocessed, and the weights buffered for it are dropped (what
         vLLM's ``sharded_rdt`` engine does after its dry run). Layers the reload already
         processed keep the values they received. A no-op when no reload is open."""
+        self._staged = []
         if not self._reload_open:
             return
         from vllm.model_executor.model_loader.reload.layerwise import (
@@ -274,8 +298,11 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
                                  f"(receiver {receiver.index}: completed version "
                                  f"{state.completed_version}); the update session is closed")
         for request in update_info.requests:
-            with receiver.receive(request, framework="torch", copy=self.copy) as it:
+            with receiver.receive(request, framework="torch", copy=self.copy or self.staged) as it:
                 batch = list(it)
+                if self.staged:
+                    self._staged.extend(batch)
+                    continue
                 try:
                     self.model.load_weights(batch)
                     if self.device.type == "cuda":
@@ -324,8 +351,8 @@ class WsyncTrainerInitInfo(TrainerInitInfo):
     - ``kind``, ``options``: the wsync strategy and its sender-side options (``shm`` for one
       host; ``cuda_ipc`` or ``nccl_broadcast`` as for any wsync strategy);
     - ``receivers``: how many vLLM workers receive (DP * TP * PP of the engine);
-    - ``worker_options``, ``rank_offset``, ``copy``: sent to the workers (see
-      :class:`WsyncInitInfo`);
+    - ``worker_options``, ``rank_offset``, ``copy``, ``staged``: sent to the workers (see
+      :class:`WsyncInitInfo` and the module documentation);
     - ``chunk_bytes``, ``group_depth``: the chunk plan (default: the strategy's
       ``bucket_bytes`` for ``shm``, else 256 MiB);
     - ``flush_timeout_s``: how long a sync waits for every worker's acknowledgement.
@@ -338,6 +365,7 @@ class WsyncTrainerInitInfo(TrainerInitInfo):
     worker_options: Dict[str, Any] = field(default_factory=dict)
     rank_offset: int = 0
     copy: bool = True
+    staged: bool = False
     chunk_bytes: Optional[int] = None
     group_depth: int = 2
     flush_timeout_s: float = 60.0
@@ -370,7 +398,8 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
             engine.strategy = strategy
             client.init_weight_transfer_engine({
                 "init_info": encode_blob(blob), "options": dict(init_info.worker_options),
-                "rank_offset": init_info.rank_offset, "copy": init_info.copy})
+                "rank_offset": init_info.rank_offset, "copy": init_info.copy,
+                "staged": init_info.staged})
         except BaseException:
             engine.shutdown()
             strategy.close()
