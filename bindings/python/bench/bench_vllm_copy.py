@@ -1,4 +1,5 @@
-"""What the vLLM backend's default (copies for load_weights) costs against zero-copy views.
+"""What the vLLM backend's default (copies for load_weights) costs against zero-copy views,
+and what staging (copies held until finish_weight_update) costs.
 
 Run in the vLLM venv (scripts/test-vllm.sh makes it):
     WSYNC_LIBRARY=$PWD/build/libwsync.so VLLM_TARGET_DEVICE=cpu \\
@@ -7,8 +8,8 @@ Run in the vLLM venv (scripts/test-vllm.sh makes it):
 One worker engine built by vLLM's factory, its model reloaded layerwise (vLLM's
 start/finish_weight_update), fed by the wsync trainer engine over shm in this process. The
 model is LAYERS linear layers of HIDDEN x HIDDEN float32, with chunks of one layer each, so no
-layer spans two chunks and views are correct too. Versions alternate between copy=True and
-copy=False; the median of REPS each is printed, with the model's size.
+layer spans two chunks and views are correct too. Versions alternate between copy=True,
+copy=False and staged=True; the median of REPS each is printed, with the model's size.
 """
 
 import json
@@ -70,38 +71,40 @@ def main():
     load_general_plugins()
     torch.set_num_threads(1)
     layer_bytes = HIDDEN * HIDDEN * 4
-    times = {True: [], False: []}
+    modes = {"copy": {"copy": True}, "view": {"copy": False}, "staged": {"staged": True}}
+    times = {mode: [] for mode in modes}
     trainers, engines = {}, {}
     source_model = Model()
-    for copy in (True, False):
+    for mode, flags in modes.items():
         model = Model()
         record_metadata_for_reloading(model)
         engine = WeightTransferEngineFactory.create_engine(
             WeightTransferConfig(backend="wsync"), VllmConfig(), torch.device("cpu"), model)
-        engines[copy] = (engine, model)
-        trainers[copy] = WeightTransferTrainerFactory.trainer_init(
-            WsyncTrainerInitInfo(rank=0, receivers=1, copy=copy, chunk_bytes=layer_bytes,
+        engines[mode] = (engine, model)
+        trainers[mode] = WeightTransferTrainerFactory.trainer_init(
+            WsyncTrainerInitInfo(rank=0, receivers=1, chunk_bytes=layer_bytes, **flags,
                                  options={"bucket_bytes": layer_bytes, "buckets": 2}),
             client=Client(engine), source=ModuleSource(source_model))
-    for copy in (True, False):  # warm up: first-touch of buckets and parameters
-        trainers[copy].send_weights()
+    for mode in modes:  # warm up: first-touch of buckets and parameters
+        trainers[mode].send_weights()
     for _ in range(REPS):
-        for copy in (True, False):
+        for mode in modes:
             start = time.perf_counter()
-            trainers[copy].send_weights()
-            times[copy].append(time.perf_counter() - start)
-    for copy in (True, False):
-        model = engines[copy][1]
+            trainers[mode].send_weights()
+            times[mode].append(time.perf_counter() - start)
+    for mode in modes:
+        model = engines[mode][1]
         for name, t in source_model.state_dict().items():
-            assert torch.equal(model.state_dict()[name], t), (copy, name)
-        trainers[copy].shutdown()
-        engines[copy][0].shutdown()
-    copies, views = statistics.median(times[True]), statistics.median(times[False])
+            assert torch.equal(model.state_dict()[name], t), (mode, name)
+        trainers[mode].shutdown()
+        engines[mode][0].shutdown()
+    median = {mode: statistics.median(t) for mode, t in times.items()}
     json.dump({"model_bytes": layer_bytes * LAYERS, "layers": LAYERS, "reps": REPS,
-               "copy_s": round(copies, 4), "view_s": round(views, 4),
-               "copy_over_view": round(copies / views, 3),
-               "copy_all_s": [round(t, 4) for t in times[True]],
-               "view_all_s": [round(t, 4) for t in times[False]]}, sys.stdout, indent=1)
+               **{f"{mode}_s": round(median[mode], 4) for mode in modes},
+               "copy_over_view": round(median["copy"] / median["view"], 3),
+               "staged_over_view": round(median["staged"] / median["view"], 3),
+               **{f"{mode}_all_s": [round(t, 4) for t in times[mode]] for mode in modes}},
+              sys.stdout, indent=1)
     print()
 
 
