@@ -145,6 +145,19 @@ def test_a_fused_parameter_missing_one_part_is_refused_by_the_strict_check(sync)
         ModuleLoader(Fused(), map_name=qkv_map).load(sync.receiver, request)
 
 
+def test_a_part_loaded_twice_does_not_make_up_for_a_missing_one(sync):
+    trainer = Separate()
+    sent = {k: v for k, v in trainer.state_dict().items() if k != "v.weight"}
+    sent["q_again.weight"] = trainer.q.weight  # as many elements as the missing v part
+    [request] = send(sync, sent)
+
+    def mapping(name):
+        return qkv_map(name.replace("q_again", "q"))
+
+    with pytest.raises(WsyncError, match="missing 'qkv.weight'"):
+        ModuleLoader(Fused(), map_name=mapping).load(sync.receiver, request)
+
+
 def test_map_name_renames_and_skips(sync):
     engine, trainer = Tied(), Tied()
     sent = {f"model.{k}": v for k, v in trainer.state_dict().items()}

@@ -84,7 +84,9 @@ class ModuleLoader:
         for name, t in self.targets.items():
             self._names_of.setdefault(self._key(t), []).append(name)
         self._version = None
-        self._covered: Dict[int, int] = {}
+        # Per module tensor, the parts this version loaded: {part: elements}; a part is the
+        # index given by map_name (None for the whole tensor), so a part loaded twice counts once.
+        self._covered: Dict[int, Dict[str, int]] = {}
 
     @staticmethod
     def _key(t) -> int:
@@ -142,19 +144,22 @@ class ModuleLoader:
     def missing(self, metas: Iterable[TensorMeta] = ()) -> List[str]:
         """The module's tensors this version has not loaded yet (counting ``metas``, a chunk
         about to be loaded), one name each (tied names joined with ``=``)."""
-        covered = dict(self._covered)
+        covered = {key: dict(parts) for key, parts in self._covered.items()}
+        self._count(covered, metas)
+        out = []
+        for key, names in self._names_of.items():
+            target = self.targets[names[0]]
+            if sum(covered.get(key, {}).values()) < target.numel():
+                out.append("=".join(names))
+        return out
+
+    def _count(self, covered, metas) -> None:
         for m in metas:
             resolved = self._resolve(m.name)
             if resolved is None or resolved[0] not in self.targets:
                 continue
-            key = self._key(self.targets[resolved[0]])
-            covered[key] = covered.get(key, 0) + _numel(m.shape)
-        out = []
-        for key, names in self._names_of.items():
-            target = self.targets[names[0]]
-            if covered.get(key, 0) < target.numel():
-                out.append("=".join(names))
-        return out
+            parts = covered.setdefault(self._key(self.targets[resolved[0]]), {})
+            parts[repr(resolved[1])] = _numel(m.shape)
 
     def load(self, receiver: Receiver, request: bytes) -> RecvInfo:
         """Receives one request into the module; returns the chunk's :class:`wsync.RecvInfo`.
@@ -217,9 +222,7 @@ class ModuleLoader:
             # The views die when the iteration ends: make sure no copy still reads them.
             for device in cuda_devices:
                 torch.cuda.current_stream(device).synchronize()
-            for _, m, resolved, _ in destinations.values():
-                key = self._key(self.targets[resolved[0]])
-                self._covered[key] = self._covered.get(key, 0) + _numel(m.shape)
+            self._count(self._covered, [entry[1] for entry in destinations.values()])
         return info
 
     def load_all(self, receiver: Receiver, requests: Iterable[bytes]) -> int:
