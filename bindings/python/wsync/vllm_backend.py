@@ -222,7 +222,8 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             raise
 
     def finish_weight_update(self) -> None:
-        """Ends vLLM's layerwise reload (processing layers not yet processed).
+        """Loads a staged version (``staged=True``: the copies ``update_weights`` held), then
+        ends vLLM's layerwise reload (processing layers not yet processed).
 
         Refuses with ``WRONG_STATE`` (after discarding the reload) when this worker's receiver
         still has a version open: finishing would process half-loaded layers."""
