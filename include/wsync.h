@@ -84,13 +84,15 @@ extern "C" {
  * ===========================================================================================*/
 
 #define WSYNC_VERSION_MAJOR 0
-#define WSYNC_VERSION_MINOR 3
+#define WSYNC_VERSION_MINOR 4
 #define WSYNC_VERSION_PATCH 0
 /* One formula, forever: MAJOR * 10000 + MINOR * 100 + PATCH (0.2.0 -> 200).
  * 0.2: versions are transactions (struct_size fields, commit/abandon/fail, failures as data).
  * 0.3: wsync_sender_wait_released(), wsync_sender_set_stream(), wsync_receiver_set_stream(),
  *      wsync_recv_copy() (copy-into receive with fused verification) and the shm
- *      "copy_threads" option; board layout 3 (trainer and engines must both be 0.3). */
+ *      "copy_threads" option; board layout 3 (trainer and engines must both be 0.3).
+ * 0.4: delta sync: the sender options "delta", "delta_anchor_every", "delta_max_percent"
+ *      (host kinds; docs/delta.md); request format 3 (trainer and engines must both be 0.4). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -236,7 +238,14 @@ typedef struct wsync_strategy_t wsync_strategy_t;
 /* Creates a strategy of the given kind ("shm"; see wsync_strategy_kinds()) with options, a JSON
  * object as text ("{\"receivers\": 2}"); NULL or "" means all defaults. Options are strictly
  * validated: an unknown key, a value of the wrong type or out of range fails with
- * WSYNC_ERR_INVALID_ARGUMENT naming the key. A kind this build does not know fails with
+ * WSYNC_ERR_INVALID_ARGUMENT naming the key.
+ * Every kind also takes the delta-sync options (docs/delta.md): "delta" ("off" (default),
+ * "auto": a tensor goes as a patch against the receivers' last committed version when that is
+ * at most "delta_max_percent" (0..100, default 50) of its dense bytes; "on": whenever there is a
+ * base), and "delta_anchor_every" (N > 0: versions 1, N+1, 2N+1, ... go dense; default 0). The
+ * sender then keeps a host copy of every tensor it sent (up to twice the tensors' bytes). Delta
+ * is host-only for now: a kind that moves GPU memory ("cuda_ipc", "nccl_broadcast") given a
+ * "delta" other than "off" fails with WSYNC_ERR_UNSUPPORTED saying so. A kind this build does not know fails with
  * WSYNC_ERR_UNSUPPORTED; a kind whose run-time dependency is missing (e.g. no CUDA driver)
  * fails with WSYNC_ERR_UNAVAILABLE naming what is missing.
  * Borrows kind and options_json for the call. On success *out is a new strategy, freed with
@@ -628,7 +637,10 @@ WSYNC_API wsync_status_t wsync_recv_peek(const wsync_recv_t *it, size_t i, wsync
  * wsync_recv_copy() does that copy and the verification in one pass). A view's data, name and
  * shape stay valid until the iteration ends. With checksums on, a tensor is verified (unless a
  * wsync_recv_copy() verified it already) before it is yielded and a mismatch fails with WSYNC_ERR_INTEGRITY naming the tensor; the iteration is then
- * failed (later calls return the same error). Does not block. */
+ * failed (later calls return the same error). A tensor carried as a patch (a trainer with the
+ * "delta" option) has no view: yielding it fails with WSYNC_ERR_UNSUPPORTED naming it and fails
+ * the iteration; take patches with wsync_recv_copy() (engines that load from views run their
+ * trainer with "delta": "off"). Does not block. */
 WSYNC_API wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view, bool *has_view);
 
 /* Copies bytes [offset, offset + len) of tensor i (0 .. count-1, the order wsync_recv_peek()
@@ -663,6 +675,17 @@ WSYNC_API wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view,
  *     wsync_recv_next() returns it; nothing is copied;
  *   WSYNC_ERR_UNSUPPORTED for strategies whose tensors are in device memory ("cuda_ipc",
  *     "nccl_broadcast"): copy out of the wsync_recv_next() view with the device's own copy.
+ * Patches (a trainer with the "delta" option; docs/delta.md). A tensor the request carries as a
+ * patch is applied onto dst, which must hold that tensor as of the patch's base version (the
+ * version this receiver completed last): offset must be 0 and len the tensor's size, once.
+ * The patch applies only if this receiver's completed version is its base version (else
+ * WSYNC_ERR_MISMATCH naming both versions) and dst hashes to the base's XXH3-64 (else
+ * WSYNC_ERR_MISMATCH, "does not hold version N"); after applying, the result must hash to the
+ * request's checksum (else WSYNC_ERR_INTEGRITY). On either failure dst is put back exactly as it
+ * was and the iteration is failed; the sender's flush reports it and its next version is dense.
+ * A patch is refused with WSYNC_ERR_INVALID_ARGUMENT (iteration unchanged) for another offset or
+ * len, or when it was applied already. The call then reads dst twice (in one pass) and the
+ * patch, and writes only the changed elements.
  * len = 0 copies nothing, verifies nothing and does not take the tensor (arguments are still
  * checked). Does not block on peers (it takes CPU time proportional to the bytes read). Same
  * threading as the iteration: one thread at a time; the copy threads are the library's and are

@@ -14,9 +14,7 @@
 namespace wsync {
 namespace copy {
 
-namespace {
-
-bool have_avx2() {
+bool have_avx2() noexcept {
 #if defined(__x86_64__)
     static const bool yes = __builtin_cpu_supports("avx2");
     return yes;
@@ -24,8 +22,6 @@ bool have_avx2() {
     return false;
 #endif
 }
-
-}  // namespace
 
 std::size_t nt_threshold() noexcept {
     // Past the core's own cache the destination would only evict what the engine uses; streamed

@@ -30,6 +30,9 @@ uint64_t copy_hashing(void *dst, const void *src, uint64_t total, uint64_t off,
 // XXH3-64 of n bytes, on AVX2 where the CPU has it (the value is the same either way).
 uint64_t hash_bytes(const void *data, uint64_t n) noexcept;
 
+// Whether this CPU runs the AVX2 kernels (copy_avx2.cpp, delta_avx2.cpp).
+bool have_avx2() noexcept;
+
 // Bytes from which copy_bytes switches to non-temporal stores (the core's L2 size, at least
 // 256 KiB; 1 MiB when the system does not say).
 std::size_t nt_threshold() noexcept;

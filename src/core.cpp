@@ -75,7 +75,8 @@ std::string manifest_text(const Manifest &m) {
 
 // ----------------------------------------------------------------------------------------------
 Strategy::Strategy(const KindInfo &kind, const char *options_json)
-    : kind_(kind), options_(kind.name, kind.options(), options_json) {
+    : kind_(kind), options_(kind.name, delta::with_delta_options(kind.options), options_json),
+      delta_(delta::config_from(options_, kind.name, &kind == &kShmKind)) {
     std::string missing = kind.unavailable_reason(&options_);
     if (!missing.empty())
         fail(WSYNC_ERR_UNAVAILABLE, std::string(kind.name) + ": unavailable: " + missing);
@@ -93,7 +94,7 @@ std::vector<uint8_t> Strategy::create_init_info() {
 
 std::unique_ptr<Sender> Strategy::create_sender(const uint8_t *init, std::size_t len) {
     auto env = wire::decode_expect(init, len, wire::BlobType::Init, kind_.name);
-    return std::make_unique<Sender>(kind_, impl_->create_sender(env.body));
+    return std::make_unique<Sender>(kind_, impl_->create_sender(env.body), delta_);
 }
 
 std::unique_ptr<Receiver> Strategy::create_receiver(const uint8_t *init, std::size_t len,
@@ -116,6 +117,10 @@ uint64_t chain_digest(uint64_t digest, const std::vector<TensorMeta> &metas) {
 }
 
 // ----------------------------------------------------------------------------------------------
+Sender::Sender(const KindInfo &kind, std::unique_ptr<SenderImpl> impl, const delta::Config &delta)
+    : kind_(kind), impl_(std::move(impl)),
+      delta_(delta.mode == delta::Mode::kOff ? nullptr : std::make_unique<delta::Encoder>(delta)) {}
+
 Sender::~Sender() {
     try {
         abandon();
@@ -131,6 +136,8 @@ auto Sender::noting_failures(F &&f) -> decltype(f()) {
         return f();
     } catch (const Error &e) {
         failures_ = e.failures();
+        // A receiver that failed or missed anything cannot take the next patch.
+        if (delta_ && !refused_input(e.status())) delta_->dense_next();
         throw;
     }
 }
@@ -173,15 +180,32 @@ std::vector<uint8_t> Sender::send(const wsync_tensor_t *tensors, std::size_t cou
                                              " has reached the most chunks a version may have");
     ChunkHeader h{version_, next_index_, last, {}};
     json transport;
+    // With delta, patches travel as uint8 tensors: the strategy moves the wire table's bytes.
+    std::vector<wsync_tensor_t> wire;
+    std::vector<TensorMeta> logical;
     try {
+        if (delta_ && count) {
+            delta_->encode(version_, tensors, table.metas, wire, table.patches);
+            tensors = wire.data();
+            logical = table.metas;
+            table.metas = table.as_wire().metas;
+        }
         transport = noting_failures([&] { return impl_->send(h, tensors, table); });
     } catch (const Error &e) {
         if (!refused_input(e.status())) {
             std::vector<Failure> keep = failures_;
+            if (delta_) delta_->abandon();  // also when nothing of the version was published
             abandon();
             failures_ = std::move(keep);
+        } else if (delta_) {
+            delta_->chunk_refused();
         }
         throw;
+    }
+    if (delta_) {
+        delta_->chunk_sent();
+        if (last) delta_->commit(version_);
+        if (!logical.empty()) table.metas = std::move(logical);
     }
     // Tallied as sent: a strategy may have changed the table (a cast to bfloat16).
     Manifest after = tally_;
@@ -211,6 +235,7 @@ void Sender::abandon() {
     ++version_;
     next_index_ = 0;
     tally_ = Manifest{};
+    if (delta_) delta_->abandon();
     impl_->abandon(v);
 }
 
@@ -331,7 +356,8 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
         fail(WSYNC_ERR_INTEGRITY, what + ": " + why);
     }
 
-    auto backing = impl_->open(h, table, transport);  // stale seq, late joiner: nothing changes
+    // The transport checks the bytes it moved: a patch's, not the tensor's.
+    auto backing = impl_->open(h, table.patches.empty() ? table : table.as_wire(), transport);
     if (h.chunk_index == 0) {
         if (current_ && !current_failed_) {
             fail_open_version(WSYNC_ERR_ABANDONED);  // the sender moved on without committing

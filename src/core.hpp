@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "delta.hpp"
 #include "error.hpp"
 #include "strategy.hpp"
 
@@ -14,6 +15,9 @@ namespace wsync {
 
 namespace copy {
 class Pool;
+}
+namespace delta {
+class Encoder;
 }
 
 class Strategy {
@@ -28,14 +32,14 @@ public:
 private:
     const KindInfo &kind_;
     Options options_;
+    delta::Config delta_;
     std::unique_ptr<StrategyImpl> impl_;
     bool init_made_ = false;
 };
 
 class Sender {
 public:
-    Sender(const KindInfo &kind, std::unique_ptr<SenderImpl> impl)
-        : kind_(kind), impl_(std::move(impl)) {}
+    Sender(const KindInfo &kind, std::unique_ptr<SenderImpl> impl, const delta::Config &delta);
     ~Sender();
     std::vector<uint8_t> send_chunk(const wsync_chunk_t &chunk);
     std::vector<uint8_t> commit();
@@ -53,6 +57,7 @@ private:
 
     const KindInfo &kind_;
     std::unique_ptr<SenderImpl> impl_;
+    std::unique_ptr<delta::Encoder> delta_;  // null: delta "off"
     uint64_t version_ = 1;
     uint32_t next_index_ = 0;
     Manifest tally_;  // of the chunks of version_ published so far
@@ -86,6 +91,8 @@ private:
     const KindInfo &kind_;
     std::unique_ptr<ReceiverImpl> impl_;
     std::unique_ptr<copy::Pool> pool_;  // wsync_recv_copy's threads, started on first need
+    delta::Patch patch_;             // a patch being applied, and the bytes it replaced: kept,
+    std::vector<uint8_t> replaced_;  // so steady versions allocate nothing
     std::unique_ptr<Iteration> open_;
     uint64_t current_ = 0;         // version whose chunks arrive now (open or failed), 0: none
     bool current_failed_ = false;
@@ -121,6 +128,10 @@ private:
     // Fails the iteration with WSYNC_ERR_INTEGRITY naming tensor i unless `got` is its checksum;
     // else marks it verified.
     void check_sum(std::size_t i, uint64_t got);
+    // Fails the iteration with this status and message (throws).
+    [[noreturn]] void fail_chunk(wsync_status_t status, std::string message);
+    // wsync_recv_copy of a patched tensor: applies it onto dst, which must hold its base.
+    void apply_patch(std::size_t i, uint64_t offset, void *dst, uint64_t len);
     // Settles, records and acknowledges the chunk; returns the final outcome (the transport
     // may turn WSYNC_OK into a failure, which then becomes the iteration's failure).
     wsync_status_t finish(wsync_status_t outcome) noexcept;

@@ -1,11 +1,49 @@
 #include "error.hpp"
 
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 
 namespace wsync {
 
 [[noreturn]] void fail(wsync_status_t status, const std::string &message) {
     throw Error(status, message);
+}
+
+namespace {
+std::string vformat(const char *format, va_list ap) {
+    va_list again;
+    va_copy(again, ap);
+    char small[256];
+    const int n = std::vsnprintf(small, sizeof small, format, ap);
+    std::string out;
+    if (n < 0) {
+        out = format;  // an encoding error: the format itself still names the place
+    } else if (static_cast<std::size_t>(n) < sizeof small) {
+        out.assign(small, static_cast<std::size_t>(n));
+    } else {
+        out.resize(static_cast<std::size_t>(n));
+        std::vsnprintf(&out[0], out.size() + 1, format, again);
+    }
+    va_end(again);
+    return out;
+}
+}  // namespace
+
+std::string strf(const char *format, ...) {
+    va_list ap;
+    va_start(ap, format);
+    std::string s = vformat(format, ap);
+    va_end(ap);
+    return s;
+}
+
+[[noreturn]] void failf(wsync_status_t status, const char *format, ...) {
+    va_list ap;
+    va_start(ap, format);
+    std::string s = vformat(format, ap);
+    va_end(ap);
+    throw Error(status, std::move(s));
 }
 
 [[noreturn]] void fail_errno(const std::string &what, int err) {

@@ -38,6 +38,13 @@ private:
 // Throws Error(status, message). Kept out of line so call sites stay small.
 [[noreturn]] void fail(wsync_status_t status, const std::string &message);
 
+// printf-style, for protocol code whose messages name several numbers: the same as
+// fail(status, strf(format, ...)). Use PRIu64 for uint64_t. Checked by the compiler.
+[[noreturn]] void failf(wsync_status_t status, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
+// The formatted text (any length).
+std::string strf(const char *format, ...) __attribute__((format(printf, 1, 2)));
+
 // Throws WSYNC_ERR_SYSTEM with "<what>: <strerror(errno)> (errno N)".
 [[noreturn]] void fail_errno(const std::string &what, int err);
 

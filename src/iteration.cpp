@@ -4,6 +4,7 @@
 
 #include "copy.hpp"
 #include "core.hpp"
+#include "delta.hpp"
 #include "error.hpp"
 #include "tensor.hpp"
 
@@ -65,6 +66,14 @@ bool Iteration::next(wsync_tensor_t *view) {
     while (next_ < table_.metas.size() && (state_[next_] & kTaken)) ++next_;
     if (next_ >= table_.metas.size()) return false;
     std::size_t i = next_;
+    if (table_.is_patch(i))
+        fail_chunk(WSYNC_ERR_UNSUPPORTED,
+                   tensor_label(i, table_.metas[i].name.c_str()) + " in " + chunk_label(header_) +
+                       " is a patch against version " +
+                       std::to_string(table_.patches[i].base_version) +
+                       ": a view would show the patch, not the tensor; take it with "
+                       "wsync_recv_copy into memory that holds that version (or run the trainer "
+                       "with delta \"off\" for engines that load from views)");
     if (verify_ && !(state_[i] & kVerified))
         check_sum(i, copy::hash_bytes(backing_->data(i), table_.metas[i].nbytes));
     fill(i, view, true);
@@ -108,18 +117,79 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
                         device_name(dev) + " memory (strategy '" + owner_->kind_.name +
                         "'); copy out of its wsync_recv_next view with the device's own copy "
                         "(e.g. cudaMemcpyAsync)");
-    if (len == 0) return;
     const uint8_t *src = static_cast<const uint8_t *>(backing_->data(i));
     const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
-    if (d < s + m.nbytes && s < d + len)
+    if (len != 0 && d < s + table_.wire_bytes(i) && s < d + len)
         wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
                     "wsync_recv_copy: the destination overlaps " + tensor_label(i, m.name.c_str()) +
                         "'s received bytes");
+    if (table_.is_patch(i)) return apply_patch(i, offset, dst, len);
+    if (len == 0) return;
     if (verify_ && !(state_[i] & kVerified))
         check_sum(i, copy::copy_hashing(dst, src, m.nbytes, offset, len));  // fails the iteration
     else
         owner_->pool_->copy(dst, src + offset, len);
     if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
+}
+
+void Iteration::fail_chunk(wsync_status_t status, std::string message) {
+    failed_ = status;
+    failure_ = std::move(message);
+    wsync::fail(failed_, failure_);
+}
+
+void Iteration::apply_patch(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
+    const TensorMeta &m = table_.metas[i];
+    const PatchInfo &p = table_.patches[i];
+    const std::string label = tensor_label(i, m.name.c_str());
+    // Argument errors leave the iteration as it was.
+    if (offset != 0 || len != m.nbytes)
+        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
+                    "wsync_recv_copy: " + label + " is a patch: copy it whole (offset 0, " +
+                        std::to_string(m.nbytes) + " bytes) into memory that holds version " +
+                        std::to_string(p.base_version));
+    if (state_[i] & kTaken)
+        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
+                    "wsync_recv_copy: " + label + " is a patch and was applied already");
+    const std::string what = label + " in " + chunk_label(header_);
+    const uint64_t have = owner_->completed_;
+    if (have != p.base_version)
+        fail_chunk(WSYNC_ERR_MISMATCH,
+                   what + " is a patch against version " + std::to_string(p.base_version) +
+                       ", but this receiver's completed version is " + std::to_string(have) +
+                       " (it missed or failed a version); the trainer sends a dense version "
+                       "once it hears of this failure");
+    const auto *bytes = static_cast<const uint8_t *>(backing_->data(i));
+    if (verify_ && !(state_[i] & kVerified)) check_sum(i, copy::hash_bytes(bytes, p.wire_bytes));
+    const uint64_t esize = dtype_size(m.dtype);
+    delta::Patch &patch = owner_->patch_;
+    try {
+        delta::parse_into(patch, bytes, p.wire_bytes, m.nbytes / esize, esize, what);
+    } catch (const Error &e) {
+        fail_chunk(e.status(), e.what());
+    }
+    uint64_t got = 0;
+    char sums[64];
+    switch (delta::apply_verified(dst, m.nbytes, patch, p.base_xxh3, p.result_xxh3, &got,
+                                  owner_->replaced_)) {
+    case delta::Applied::kApplied: break;
+    case delta::Applied::kBaseDiffers:
+        std::snprintf(sums, sizeof sums, "%016llx, the patch's base is %016llx",
+                      static_cast<unsigned long long>(got),
+                      static_cast<unsigned long long>(p.base_xxh3));
+        fail_chunk(WSYNC_ERR_MISMATCH, what + ": the destination does not hold version " +
+                                           std::to_string(p.base_version) + " of it (XXH3 " +
+                                           sums + "); left unchanged");
+    case delta::Applied::kResultDiffers:
+        std::snprintf(sums, sizeof sums, "%016llx, the request says %016llx",
+                      static_cast<unsigned long long>(got),
+                      static_cast<unsigned long long>(p.result_xxh3));
+        fail_chunk(WSYNC_ERR_INTEGRITY, what + ": the patched tensor's checksum differs (XXH3 " +
+                                            sums + "); left at version " +
+                                            std::to_string(p.base_version));
+    }
+    state_[i] |= kVerified | kTaken;
+    ++taken_;
 }
 
 wsync_status_t Iteration::finish(wsync_status_t outcome) noexcept {

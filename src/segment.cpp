@@ -1,5 +1,6 @@
 #include "segment.hpp"
 
+#include <cinttypes>
 #include <cstring>
 #include <new>
 #include <sys/mman.h>
@@ -128,6 +129,32 @@ Link SharedSegment::link(uint32_t index) const {
     l.sender_gone = s.sender_gone;
     l.abandoned_version = s.abandoned_version;
     return l;
+}
+
+void SharedSegment::check_owed(uint32_t index, uint32_t slot, uint64_t seq,
+                               const char *what) const {
+    const board::Standing st = board::standing(board(), fd_, index);
+    if (st.state == board::kJoining || seq < st.from_seq)
+        failf(WSYNC_ERR_MISMATCH,
+              "%s: this receiver (re)attached while chunk seq %" PRIu64
+              "'s version was in flight; it takes part from the next version on",
+              g_.kind, seq);
+    const uint64_t held = board::published_seq(board(), slot);
+    if (held != seq)
+        failf(WSYNC_ERR_MISMATCH,
+              "%s: stale or replayed %s: slot %u holds chunk seq %" PRIu64
+              ", the %s is for seq %" PRIu64,
+              g_.kind, what, slot, held, what, seq);
+}
+
+bool SharedSegment::may_answer(uint32_t index, uint32_t slot, uint64_t seq) const noexcept {
+    try {
+        const board::Standing st = board::standing(board(), fd_, index);
+        return board::published_seq(board(), slot) == seq && st.state == board::kAttached &&
+               seq >= st.from_seq;
+    } catch (...) {
+        return false;
+    }
 }
 
 board::Board *SharedSegment::board() const { return &reinterpret_cast<Head *>(head_)->board; }

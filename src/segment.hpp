@@ -85,6 +85,15 @@ public:
     // abandoned version): ReceiverImpl::link for every strategy with a board.
     Link link(uint32_t index) const;
 
+    // A request for chunk `seq` in `slot` to receiver `index`, checked against the board:
+    // WSYNC_ERR_MISMATCH when the receiver (re)attached while the chunk's version was in flight
+    // (it takes part from the next version), or when the slot holds another chunk (a stale or
+    // replayed request). `what` names the request in the message ("request", "commit request").
+    void check_owed(uint32_t index, uint32_t slot, uint64_t seq, const char *what) const;
+    // Whether receiver `index` may answer chunk `seq` in `slot` (acknowledge or refuse it): the
+    // slot holds that chunk and the receiver, attached, owes it. Never throws.
+    bool may_answer(uint32_t index, uint32_t slot, uint64_t seq) const noexcept;
+
     bool sender_made = false;  // shm: the strategy that created it makes one sender only
 
 private:

@@ -1,5 +1,7 @@
 #include "tensor.hpp"
 
+#include <algorithm>
+#include <iterator>
 #include <cstring>
 #include <unordered_set>
 
@@ -268,6 +270,68 @@ void encode_tensor_table(const TensorTable &t, json &obj) {
         for (uint64_t c : t.checksums) ca.emplace_back(c);
         obj["xxh3"] = std::move(sums);
     }
+    json tensor = json::array(), bytes = json::array(), base = json::array(),
+         base_sum = json::array(), result_sum = json::array();
+    for (std::size_t i = 0; i < n; ++i) {
+        if (!t.is_patch(i)) continue;
+        const PatchInfo &p = t.patches[i];
+        tensor.push_back(i);
+        bytes.push_back(p.wire_bytes);
+        base.push_back(p.base_version);
+        base_sum.push_back(p.base_xxh3);
+        result_sum.push_back(p.result_xxh3);
+    }
+    if (!tensor.empty())
+        obj["patches"] = {{"tensor", std::move(tensor)}, {"bytes", std::move(bytes)},
+                          {"base", std::move(base)}, {"base_xxh3", std::move(base_sum)},
+                          {"xxh3", std::move(result_sum)}};
+}
+
+namespace {
+// The optional "patches" column (docs/delta.md): which tensors are patches, and of what.
+void decode_patches(const json &obj, TensorTable &t) {
+    const std::size_t n = t.metas.size();
+    const std::string w = "tensor table: patches";
+    const json &p = wire::object_field(obj, "patches", "tensor table");
+    const auto &tensor = wire::array_field(p, "tensor", w, n);
+    const auto &bytes = wire::array_field(p, "bytes", w, n);
+    const auto &base = wire::array_field(p, "base", w, n);
+    const auto &base_sum = wire::array_field(p, "base_xxh3", w, n);
+    const auto &result_sum = wire::array_field(p, "xxh3", w, n);
+    const std::size_t m = tensor.size();
+    if (m == 0 || bytes.size() != m || base.size() != m || base_sum.size() != m ||
+        result_sum.size() != m)
+        wire::malformed(w + ": columns are empty or disagree on the patch count");
+    t.patches.assign(n, PatchInfo{});
+    uint64_t prev = 0;
+    for (std::size_t k = 0; k < m; ++k) {
+        const std::string at = w + " entry " + std::to_string(k);
+        const uint64_t i = wire::as_uint(tensor[k], at + " tensor", n - 1);
+        if (k > 0 && i <= prev) wire::malformed(at + ": tensor indices are not increasing");
+        prev = i;
+        PatchInfo &pi = t.patches[i];
+        pi.wire_bytes = wire::as_uint(bytes[k], at + " bytes", uint64_t(1) << 62);
+        if (pi.wire_bytes == 0) wire::malformed(at + ": a patch has at least its header's bytes");
+        pi.base_version = wire::as_uint(base[k], at + " base", UINT64_MAX - 1);
+        if (pi.base_version == 0) wire::malformed(at + ": base version 0 (versions start at 1)");
+        pi.base_xxh3 = wire::as_uint(base_sum[k], at + " base_xxh3", UINT64_MAX);
+        pi.result_xxh3 = wire::as_uint(result_sum[k], at + " xxh3", UINT64_MAX);
+    }
+}
+}  // namespace
+
+TensorTable TensorTable::as_wire() const {
+    TensorTable w = *this;
+    for (std::size_t i = 0; i < metas.size(); ++i) {
+        if (!is_patch(i)) continue;
+        TensorMeta &m = w.metas[i];
+        m.dtype = {WSYNC_DTYPE_UINT, 8, 1};
+        m.ndim = 1;
+        std::fill(std::begin(m.shape), std::end(m.shape), 0);
+        m.shape[0] = static_cast<int64_t>(patches[i].wire_bytes);
+        m.nbytes = patches[i].wire_bytes;
+    }
+    return w;
 }
 
 TensorTable decode_tensor_table(const json &obj) {
@@ -347,6 +411,7 @@ TensorTable decode_tensor_table(const json &obj) {
     if (si != shapes.size())
         wire::malformed("tensor table: 'shapes' has " + std::to_string(shapes.size()) +
                         " extents but the ndims add up to " + std::to_string(si));
+    if (obj.contains("patches")) decode_patches(obj, t);
     return t;
 }
 

@@ -58,13 +58,31 @@ std::vector<TensorMeta> metas_from_descriptors(const wsync_tensor_t *tensors, st
 std::vector<TensorMeta> metas_from_chunk(const wsync_tensor_t *tensors, std::size_t count,
                                          bool need_data);
 
+// A tensor sent as a patch against the receiver's copy of an earlier version (docs/delta.md).
+// Its bytes in the strategy's buffer are the patch (wire_bytes of them), and the table's
+// checksum of it, if any, is of those bytes.
+struct PatchInfo {
+    uint64_t wire_bytes = 0;   // 0: the tensor is dense
+    uint64_t base_version = 0; // the committed version the patch applies to
+    uint64_t base_xxh3 = 0;    // XXH3-64 of the tensor at base_version
+    uint64_t result_xxh3 = 0;  // XXH3-64 of the tensor once patched
+};
+
 // The tensor table of a request: metadata plus each tensor's byte offset in the strategy's
-// buffer and, optionally, its XXH3-64 checksum.
+// buffer and, optionally, its XXH3-64 checksum and patches.
 struct TensorTable {
     std::vector<TensorMeta> metas;
     std::vector<uint64_t> offsets;
     std::vector<uint64_t> checksums;  // empty: no checksums carried
+    std::vector<PatchInfo> patches;   // empty: every tensor dense
     uint64_t total_bytes() const;
+    bool is_patch(std::size_t i) const { return !patches.empty() && patches[i].wire_bytes != 0; }
+    // Bytes of tensor i in the strategy's buffer: its size, or its patch's.
+    uint64_t wire_bytes(std::size_t i) const {
+        return is_patch(i) ? patches[i].wire_bytes : metas[i].nbytes;
+    }
+    // The table a transport sees: each patch as a 1-D uint8 tensor of its bytes.
+    TensorTable as_wire() const;
 };
 
 // Writes the table's columns into obj (see docs/wire-format.md).

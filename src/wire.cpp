@@ -179,7 +179,9 @@ Envelope decode(const uint8_t *data, std::size_t size) {
     if (version != kFormatVersion)
         malformed("wsync blob format version " + std::to_string(version) +
                   " is not supported (this library reads version " +
-                  std::to_string(kFormatVersion) + ")");
+                  std::to_string(kFormatVersion) + "; trainer and engines run different "
+                  "libwsync minor versions" +
+                  (version == 2 ? ": format 3 (libwsync 0.4) added delta patches)" : ")"));
     Envelope env;
     if (root[2] == "init") env.type = BlobType::Init;
     else if (root[2] == "request") env.type = BlobType::Request;

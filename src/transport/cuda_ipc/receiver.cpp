@@ -1,5 +1,6 @@
 #include "transport/cuda_ipc/receiver.hpp"
 
+#include <cinttypes>
 #include <cstring>
 #include <vector>
 
@@ -108,12 +109,13 @@ public:
         try {
             const uint32_t slots = info_.slots();
             uint64_t seq = wire::uint_field(transport, "seq", "cuda_ipc request", UINT64_MAX >> 8);
-            uint32_t slot = static_cast<uint32_t>(wire::uint_field(transport, "slot", "cuda_ipc request", slots - 1));
-            board::Standing st = board::standing(seg_->board(), seg_->fd(), index_);
-            if (seq == 0 || (seq - 1) % slots != slot || board::published_seq(seg_->board(), slot) != seq ||
-                st.state != board::kAttached || seq < st.from_seq)
+            uint32_t slot = static_cast<uint32_t>(
+                wire::uint_field(transport, "slot", "cuda_ipc request", slots - 1));
+            if (seq == 0 || (seq - 1) % slots != slot || !seg_->may_answer(index_, slot, seq))
                 return;
-            if (record) board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);
+            if (record)
+                board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index,
+                                      message);
             if (h.last) release_through(seg_->board(), index_, cache_, h.version);
             board::acknowledge(seg_->board(), index_, slot, seq, status);
         } catch (...) {
@@ -132,34 +134,24 @@ public:
         uint64_t seq = wire::uint_field(transport, "seq", w, UINT64_MAX >> 8);
         uint32_t slot = static_cast<uint32_t>(wire::uint_field(transport, "slot", w, slots - 1));
         if (seq == 0 || (seq - 1) % slots != slot)
-            wire::malformed(w + ": seq " + std::to_string(seq) + " does not belong in slot " +
-                            std::to_string(slot));
+            wire::malformed(strf("cuda_ipc request: seq %" PRIu64 " does not belong in slot %u",
+                                 seq, slot));
         if (wire::bool_field(transport, "packed", w) != info_.packed)
             fail(WSYNC_ERR_MISMATCH, w + ": packed mode differs from the init info's");
         const auto &parts = wire::array_field(transport, "parts", w, board::kMaxReceivers);
-        board::Standing st = board::standing(seg_->board(), seg_->fd(), index_);
-        if (st.state == board::kJoining || seq < st.from_seq)
-            fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": this receiver (re)attached while chunk seq " +
-                                         std::to_string(seq) +
-                                         "'s version was in flight; it takes part from the next version on");
-        if (table.metas.empty()) {  // a commit without data
-            if (board::published_seq(seg_->board(), slot) != seq)
-                fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": stale or replayed commit request");
+        const bool commit = table.metas.empty();  // a commit without data
+        if (!commit && last_seq_ && seq != last_seq_ + 1)
+            failf(WSYNC_ERR_MISMATCH,
+                  "cuda_ipc: request carries chunk seq %" PRIu64 ", expected seq %" PRIu64, seq,
+                  last_seq_ + 1);
+        seg_->check_owed(index_, slot, seq, commit ? "commit request" : "request");
+        if (commit) {
             last_seq_ = seq;
-            return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, order_stream_, cache_, timeout_ms_, header,
-                                                index_, slot, seq, std::vector<CUdeviceptr>{});
+            return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, order_stream_, cache_,
+                                                timeout_ms_, header, index_, slot, seq,
+                                                std::vector<CUdeviceptr>{});
         }
         const json &part = part_for_this_gpu(parts, w);
-        if (last_seq_ && seq != last_seq_ + 1)
-            fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": request carries chunk seq " +
-                                         std::to_string(seq) + ", expected seq " +
-                                         std::to_string(last_seq_ + 1));
-        uint64_t held = board::published_seq(seg_->board(), slot);
-        if (held != seq)
-            fail(WSYNC_ERR_MISMATCH, std::string(kKind) + ": stale or replayed request: slot " +
-                                         std::to_string(slot) + " holds chunk seq " +
-                                         std::to_string(held) + ", the request is for seq " +
-                                         std::to_string(seq));
         std::vector<CUdeviceptr> ptrs = info_.packed ? packed_views(part, table, header, w)
                                                      : shared_views(part, table, header, w);
         last_seq_ = seq;

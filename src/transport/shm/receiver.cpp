@@ -1,5 +1,6 @@
 #include "transport/shm/receiver.hpp"
 
+#include <cinttypes>
 #include <string>
 #include <vector>
 
@@ -51,20 +52,11 @@ public:
                                        const json &transport) override {
         const std::string w = "shm request";
         Where at = where(transport);
-        board::Standing st = board::standing(seg_->board(), seg_->fd(), index_);
-        if (st.state == board::kJoining || at.seq < st.from_seq)
-            fail(WSYNC_ERR_MISMATCH,
-                 "shm: this receiver (re)attached while chunk seq " + std::to_string(at.seq) +
-                     "'s version was in flight; it takes part from the next version on");
         if (last_seq_ && at.seq <= last_seq_)
-            fail(WSYNC_ERR_MISMATCH, "shm: request carries chunk seq " + std::to_string(at.seq) +
-                                         ", already received seq " + std::to_string(last_seq_));
-        uint64_t held = board::published_seq(seg_->board(), at.bucket);
-        if (held != at.seq)
-            fail(WSYNC_ERR_MISMATCH, "shm: stale or replayed request: bucket " +
-                                         std::to_string(at.bucket) + " holds chunk seq " +
-                                         std::to_string(held) + ", the request is for seq " +
-                                         std::to_string(at.seq));
+            failf(WSYNC_ERR_MISMATCH,
+                  "shm: request carries chunk seq %" PRIu64 ", already received seq %" PRIu64,
+                  at.seq, last_seq_);
+        seg_->check_owed(index_, at.bucket, at.seq, "request");
         layout::check(table, seg_->bucket_bytes(), w, "bucket");
         last_seq_ = at.seq;
         return std::make_unique<ShmBacking>(seg_, index_, at.bucket, at.seq, table.offsets);
@@ -74,12 +66,11 @@ public:
                 const std::string &message, bool record) noexcept override {
         try {
             Where at = where(transport);
-            board::Standing st = board::standing(seg_->board(), seg_->fd(), index_);
             // Only the chunk now in its bucket, and only one this receiver owes, is answered.
-            if (board::published_seq(seg_->board(), at.bucket) != at.seq || st.state != board::kAttached ||
-                at.seq < st.from_seq)
-                return;
-            if (record) board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);
+            if (!seg_->may_answer(index_, at.bucket, at.seq)) return;
+            if (record)
+                board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index,
+                                      message);
             board::acknowledge(seg_->board(), index_, at.bucket, at.seq, status);
         } catch (...) {
         }
@@ -99,14 +90,16 @@ private:
         const std::string w = "shm request";
         const std::string &segment = wire::string_field(transport, "segment", w, 255);
         if (segment != seg_->name())
-            fail(WSYNC_ERR_MISMATCH, "shm: request is for segment '" + segment +
-                                         "', this receiver is attached to '" + seg_->name() + "'");
+            failf(WSYNC_ERR_MISMATCH, "shm: request is for segment '%s', this receiver is "
+                                      "attached to '%s'",
+                  segment.c_str(), seg_->name().c_str());
         Where at;
-        at.bucket = static_cast<uint32_t>(wire::uint_field(transport, "bucket", w, seg_->slots() - 1));
+        at.bucket =
+            static_cast<uint32_t>(wire::uint_field(transport, "bucket", w, seg_->slots() - 1));
         at.seq = wire::uint_field(transport, "seq", w, UINT64_MAX >> 8);
         if (at.seq == 0 || (at.seq - 1) % seg_->slots() != at.bucket)
-            wire::malformed(w + ": seq " + std::to_string(at.seq) + " does not belong in bucket " +
-                            std::to_string(at.bucket));
+            wire::malformed(strf("shm request: seq %" PRIu64 " does not belong in bucket %u",
+                                 at.seq, at.bucket));
         return at;
     }
 

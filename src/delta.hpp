@@ -1,0 +1,147 @@
+// Delta sync (docs/delta.md): the patch format, the trainer's committed bases and the receiver's
+// verified, all-or-nothing apply. A patch is, to a transport, an opaque uint8 tensor: only the
+// core (core.cpp on the sender, iteration.cpp on the receiver) and this file know its layout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tensor.hpp"
+#include "wsync.h"
+
+namespace wsync {
+
+class Options;
+struct OptionSpec;
+
+namespace delta {
+
+// The patch bytes, all little-endian:
+//   0  u32 magic "WDP1"        4  u8 coding (kPlain, kGaps)   5  u8 index width (4 or 8)
+//   6  u16 0                   8  u32 element size             12 u32 0
+//   16 u64 changed elements    24 u64 tensor elements
+//   32 indices (count x width), zero-padded to a multiple of 8, then values (count x esize).
+// kPlain: each index is the element's flat index. kGaps: each is the distance from the
+// previous changed element (the first from element 0), so 32 bits suffice for tensors of more
+// than 2^32 elements whenever no two changes are 2^32 or more apart.
+constexpr uint32_t kMagic = 0x31504457;  // "WDP1"
+constexpr uint64_t kHeaderBytes = 32;
+enum Coding : uint8_t { kPlain = 0, kGaps = 1 };
+
+struct IndexCoding {
+    Coding coding;
+    unsigned width;  // bytes per index: 4 or 8
+};
+// The narrowest coding for these (strictly increasing) flat indices of a tensor of `elements`:
+// plain 32-bit while every index fits in 32 bits (vLLM's int32 flat indices), else 32-bit gaps
+// when every gap fits, else plain 64-bit.
+IndexCoding choose_coding(const uint64_t *idx, std::size_t count, uint64_t elements);
+// Bytes of a patch of `count` elements of `esize` bytes with `width`-byte indices.
+uint64_t patch_bytes(uint64_t count, uint64_t esize, unsigned width);
+
+// The changed elements find_changes() found: flat indices (strictly increasing) and, beside
+// them, their new bytes (esize each). The vectors only grow (their sizes are capacities);
+// `count` is what holds.
+struct Changes {
+    std::vector<uint64_t> idx;
+    std::vector<uint8_t> values;
+    std::size_t count = 0;
+    uint64_t esize = 0;
+};
+
+// Writes the patch of `c` for a tensor of `elements` into `out` (whose capacity is kept across
+// versions).
+void encode(const Changes &c, uint64_t elements, std::vector<uint8_t> &out);
+
+// Where the values of a patch written by encode() begin.
+const uint8_t *patch_values(const uint8_t *bytes);
+
+// A parsed patch: absolute indices (validated: strictly increasing, inside the tensor) and its
+// values. Throws WSYNC_ERR_MALFORMED naming `what` on any defect.
+struct Patch {
+    std::vector<uint64_t> idx;
+    const uint8_t *values = nullptr;
+    uint64_t esize = 0;
+};
+Patch parse(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
+            const std::string &what);
+// The same into `p`, reusing its index storage.
+void parse_into(Patch &p, const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
+                const std::string &what);
+
+// Finds the elements where `now` and `base` (nbytes each, elements of esize bytes) differ
+// bitwise (a NaN payload or -0.0 vs 0.0 is a change) and hashes `now` (XXH3-64) in the same
+// pass. With `fold`, first writes that patch into base (a committed version's changes), block
+// by block just ahead of the compare. Stops and returns false once more than `limit` elements
+// differ (*hash is then not set, and base holds only part of the fold).
+bool find_changes(const void *now, void *base, uint64_t nbytes, uint64_t esize, uint64_t limit,
+                  const Patch *fold, Changes &out, uint64_t *hash);
+
+// Applies `p` to dst (nbytes) only if dst hashes to base_hash before and to result_hash after,
+// in one pass over dst; otherwise dst is put back as it was. Returns kApplied, kBaseDiffers or
+// kResultDiffers, with the hash that did not match in *got.
+enum class Applied { kApplied, kBaseDiffers, kResultDiffers };
+// `old` is scratch for the changed elements' previous bytes (resized as needed, kept).
+Applied apply_verified(void *dst, uint64_t nbytes, const Patch &p, uint64_t base_hash,
+                       uint64_t result_hash, uint64_t *got, std::vector<uint8_t> &old);
+// Writes the patch's values into dst without any check (the trainer's own bases).
+void scatter(void *dst, const Patch &p);
+
+// ------------------------------------------------------------------------------------------
+// The sender's options (every kind accepts them; only host kinds take a value but "off").
+enum class Mode { kOff, kAuto, kOn };
+struct Config {
+    Mode mode = Mode::kOff;
+    uint64_t anchor_every = 0;  // 0: no periodic dense versions
+    uint64_t max_percent = 50;  // auto: a patch is sent when at most this % of the dense bytes
+};
+const std::vector<OptionSpec> &option_specs();
+// The kind's own options followed by the delta options.
+const std::vector<OptionSpec> &with_delta_options(const std::vector<OptionSpec> &(*kind)());
+// Reads and checks the options for `kind_name`: throws WSYNC_ERR_UNSUPPORTED for a delta mode
+// other than "off" on a kind that moves GPU memory (delta is host-only for now).
+Config config_from(const Options &o, const char *kind_name, bool host_kind);
+
+// The trainer's side: per tensor name, the bytes of the last committed version and its hash;
+// what a version being sent will change is kept apart and folded in only at its commit, so an
+// abandoned or failed version never touches a base.
+class Encoder {
+public:
+    explicit Encoder(Config config);
+    ~Encoder();
+    // Encodes one chunk of `version` (the first call of a version decides whether it may carry
+    // patches). Fills `wire` with the descriptors to move (patches as uint8 tensors over bytes
+    // this encoder owns until the version ends) and `patches` per tensor (wire_bytes 0: dense).
+    void encode(uint64_t version, const wsync_tensor_t *tensors,
+                const std::vector<TensorMeta> &metas, std::vector<wsync_tensor_t> &wire,
+                std::vector<PatchInfo> &patches);
+    // The chunk just encoded was refused before it moved: forget what it staged.
+    void chunk_refused();
+    // The chunk just encoded was published.
+    void chunk_sent();
+    // The version committed: its staged bytes become the bases.
+    void commit(uint64_t version);
+    // The version was abandoned: its staged bytes are dropped; the next version is dense.
+    void abandon();
+    // A receiver failed (or may have missed) something: the next version is dense.
+    void dense_next() { dense_next_ = true; }
+    // Bytes held for bases and staging (docs/delta.md: memory cost).
+    uint64_t held_bytes() const;
+
+private:
+    struct Entry;
+    Config config_;
+    std::unordered_map<std::string, std::unique_ptr<Entry>> entries_;
+    std::vector<Entry *> chunk_, version_;  // staged by the last chunk / by the open version
+    Changes scratch_;                       // what find_changes found; capacity kept
+    uint64_t committed_ = 0;                // last committed version (0: none)
+    uint64_t open_ = 0;                     // version being encoded (0: none)
+    bool patches_allowed_ = false;
+    bool dense_next_ = false;
+};
+
+}  // namespace delta
+}  // namespace wsync

@@ -1,0 +1,36 @@
+// The AVX2 build of delta_kernels.hpp, compiled with -mavx2 and called only where the CPU has
+// AVX2 (delta.cpp checks). XXH3 is inlined here so that it, too, runs on 256-bit vectors.
+#include <immintrin.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace {
+// Bit i set: byte i of the 32 bytes differs.
+inline uint32_t diff_mask_avx2(const uint8_t *a, const uint8_t *b) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a));
+    const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b));
+    return ~uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(x, y)));
+}
+}  // namespace
+#define WSYNC_DELTA_MASK diff_mask_avx2
+
+#include "delta_kernels.hpp"
+
+namespace wsync {
+namespace delta {
+namespace kernels {
+
+bool avx2_find_changes(const uint8_t *now, uint8_t *base, uint64_t nbytes, uint64_t esize,
+                       uint64_t limit, const Scatter *fold, Sink *out, uint64_t *hash) {
+    return find_changes_impl(now, base, nbytes, esize, limit, fold, out, hash);
+}
+
+Applied avx2_apply_verified(uint8_t *dst, uint64_t nbytes, const Scatter &p, uint8_t *old,
+                            uint64_t base_hash, uint64_t result_hash, uint64_t *got) {
+    return apply_any(dst, nbytes, p, old, base_hash, result_hash, got);
+}
+
+}  // namespace kernels
+}  // namespace delta
+}  // namespace wsync

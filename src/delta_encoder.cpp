@@ -1,0 +1,249 @@
+// The trainer's side of delta sync: the options, the committed bases and the per-chunk choice
+// between a patch and the dense bytes (docs/delta.md).
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "copy.hpp"
+#include "delta.hpp"
+#include "error.hpp"
+#include "options.hpp"
+
+namespace wsync {
+namespace delta {
+
+const std::vector<OptionSpec> &option_specs() {
+    using T = OptionSpec::Type;
+    static const std::vector<OptionSpec> specs = {
+        {"delta", T::String, 0, 0, 0, "sender",
+         "send tensors that changed little as patches against the receivers' last committed "
+         "version: off, auto (a patch when it is at most delta_max_percent of the dense bytes), "
+         "on (a patch whenever there is a base); host kinds only (docs/delta.md)",
+         "off", "off|auto|on"},
+        {"delta_anchor_every", T::UInt, 0, 0, uint64_t(1) << 32, "sender",
+         "with delta: versions 1, N+1, 2N+1, ... are sent dense (0: only when needed)"},
+        {"delta_max_percent", T::UInt, 50, 0, 100, "sender",
+         "delta auto: a tensor goes as a patch when the patch is at most this percent of its "
+         "dense bytes"},
+    };
+    return specs;
+}
+
+const std::vector<OptionSpec> &with_delta_options(const std::vector<OptionSpec> &(*kind)()) {
+    // One list per kind, made once and never moved (kinds are static objects).
+    static std::mutex mu;
+    static std::map<decltype(kind), std::vector<OptionSpec>> made;
+    std::lock_guard<std::mutex> lock(mu);
+    auto [it, fresh] = made.try_emplace(kind);
+    if (fresh) {
+        it->second = kind();
+        for (const OptionSpec &s : option_specs()) it->second.push_back(s);
+    }
+    return it->second;
+}
+
+Config config_from(const Options &o, const char *kind_name, bool host_kind) {
+    Config c;
+    const std::string &mode = o.text("delta");
+    c.mode = mode == "on" ? Mode::kOn : mode == "auto" ? Mode::kAuto : Mode::kOff;
+    c.anchor_every = o.uint("delta_anchor_every");
+    c.max_percent = o.uint("delta_max_percent");
+    if (c.mode != Mode::kOff && !host_kind)
+        fail(WSYNC_ERR_UNSUPPORTED,
+             std::string(kind_name) + ": option 'delta' is \"" + mode +
+                 "\", but delta sync is host-only for now (kind 'shm'); this kind moves GPU "
+                 "memory: leave 'delta' \"off\"");
+    return c;
+}
+
+// ------------------------------------------------------------------------------------------
+namespace {
+struct FreeBytes {
+    void operator()(uint8_t *p) const { std::free(p); }
+};
+using Bytes = std::unique_ptr<uint8_t, FreeBytes>;
+
+Bytes allocate(uint64_t n, const std::string &name) {
+    void *p = std::aligned_alloc(64, (n + 63) / 64 * 64);
+    if (!p)
+        fail(WSYNC_ERR_NO_MEMORY, "delta: cannot allocate " + std::to_string(n) +
+                                      " bytes to keep tensor '" + name + "' as a base");
+    return Bytes(static_cast<uint8_t *>(p));
+}
+
+// Auto mode: a tensor whose changes made the patch too large is sent dense without compare or
+// base for the next versions, then probed again (docs/delta.md: when dense is chosen).
+constexpr uint64_t kCoolDown = 8;
+
+// `percent` of `nbytes`, without overflow (nbytes <= 2^62).
+uint64_t budget(uint64_t nbytes, uint64_t percent) {
+    return nbytes / 100 * percent + nbytes % 100 * percent / 100;
+}
+
+// The largest number of changed elements whose patch stays within the budget (estimated with
+// 32-bit indices; the encoded size is checked again).
+uint64_t patch_limit(uint64_t nbytes, uint64_t esize, uint64_t percent) {
+    const uint64_t b = budget(nbytes, percent), fixed = kHeaderBytes + 8;
+    return b <= fixed ? 0 : (b - fixed) / (4 + esize);
+}
+}  // namespace
+
+struct Encoder::Entry {
+    std::string name;
+    wsync_dtype_t dtype{};
+    uint64_t nbytes = 0;
+    Bytes base;  // the tensor's bytes in the last committed version that had it
+    uint64_t base_hash = 0;
+    enum class Staged { kNone, kPatch, kDense } staged = Staged::kNone;
+    std::vector<uint8_t> patch;  // kPatch: the bytes sent
+    Patch parsed;                // kPatch: its indices and values, for the fold
+    bool fold = false;           // parsed is committed but not yet written into base
+    bool stale = false;          // base is not the committed bytes (sent bare while cooling)
+    uint64_t cool_until = 0;     // auto: the next version that compares again
+    Bytes spare;                 // kDense: the bytes sent; becomes the base at commit
+    uint64_t spare_bytes = 0;
+    uint64_t staged_hash = 0;
+    wsync_dtype_t staged_dtype{};
+    int64_t wire_shape = 0;  // kPatch: the uint8 tensor's one extent
+
+    void unstage() {
+        staged = Staged::kNone;
+        patch.clear();
+        parsed.idx.clear();
+    }
+};
+
+Encoder::Encoder(Config config) : config_(config) {}
+Encoder::~Encoder() = default;
+
+void Encoder::encode(uint64_t version, const wsync_tensor_t *tensors,
+                     const std::vector<TensorMeta> &metas, std::vector<wsync_tensor_t> &wire,
+                     std::vector<PatchInfo> &patches) {
+    if (open_ != version) {
+        open_ = version;
+        version_.clear();
+        const bool anchor = config_.anchor_every && (version - 1) % config_.anchor_every == 0;
+        patches_allowed_ = !dense_next_ && committed_ != 0 && committed_ + 1 == version && !anchor;
+        dense_next_ = false;
+    }
+    chunk_.clear();
+    wire.assign(tensors, tensors + metas.size());
+    patches.assign(metas.size(), PatchInfo{});
+    for (std::size_t i = 0; i < metas.size(); ++i) {
+        const TensorMeta &m = metas[i];
+        if (!device_is_host(tensors[i].device))
+            fail(WSYNC_ERR_UNSUPPORTED, "delta: " + tensor_label(i, m.name.c_str()) + " is in " +
+                                            device_name(tensors[i].device) +
+                                            " memory; delta sync compares host memory only");
+        auto &slot = entries_[m.name];
+        if (!slot) slot = std::make_unique<Entry>(), slot->name = m.name;
+        Entry &e = *slot;
+        if (e.staged != Entry::Staged::kNone)
+            fail(WSYNC_ERR_INVALID_ARGUMENT, "delta: " + tensor_label(i, m.name.c_str()) +
+                                                 " is sent twice in version " +
+                                                 std::to_string(version));
+        const uint64_t esize = dtype_size(m.dtype), elements = m.nbytes / esize;
+        if (version + 1 < e.cool_until) {
+            // Auto mode, a tensor that changed too much lately: sent dense with no compare and
+            // no base kept, until the version before the next probe rebuilds the base.
+            if (e.fold) scatter(e.base.get(), e.parsed), e.fold = false;
+            e.stale = true;
+            continue;
+        }
+        chunk_.push_back(&e);
+        const bool same = e.base && !e.stale && e.nbytes == m.nbytes &&
+                          std::memcmp(&e.dtype, &m.dtype, sizeof e.dtype) == 0;
+        // A committed patch not yet folded into the base is folded by the compare, block by
+        // block; anything that skips or cuts the compare folds it here.
+        const Patch *fold = e.fold ? &e.parsed : nullptr;
+        e.fold = false;
+        if (patches_allowed_ && same) {
+            const uint64_t limit = config_.mode == Mode::kOn
+                                       ? UINT64_MAX
+                                       : patch_limit(m.nbytes, esize, config_.max_percent);
+            uint64_t hash = 0;
+            const bool found = find_changes(tensors[i].data, e.base.get(), m.nbytes, esize, limit,
+                                            fold, scratch_, &hash);
+            if (!found && fold) scatter(e.base.get(), *fold);
+            fold = nullptr;
+            if (!found && config_.mode == Mode::kAuto) e.cool_until = version + kCoolDown;
+            if (found) {
+                delta::encode(scratch_, elements, e.patch);
+                if (config_.mode == Mode::kOn ||
+                    e.patch.size() <= budget(m.nbytes, config_.max_percent)) {
+                    e.parsed.values = patch_values(e.patch.data());
+                    e.parsed.esize = esize;
+                    e.parsed.idx.assign(scratch_.idx.begin(), scratch_.idx.begin() + scratch_.count);
+                    e.staged = Entry::Staged::kPatch;
+                    e.staged_hash = hash;
+                    e.wire_shape = int64_t(e.patch.size());
+                    wsync_tensor_t &w = wire[i];
+                    w.data = e.patch.data();
+                    w.dtype = {WSYNC_DTYPE_UINT, 8, 1};
+                    w.ndim = 1;
+                    w.shape = &e.wire_shape;
+                    w.strides = nullptr;
+                    patches[i] = {e.patch.size(), committed_, e.base_hash, hash};
+                    continue;
+                }
+            }
+        }
+        if (fold) scatter(e.base.get(), *fold);
+        // Dense: kept aside until the version commits.
+        if (!e.spare || e.spare_bytes != m.nbytes) e.spare = allocate(m.nbytes, m.name), e.spare_bytes = m.nbytes;
+        e.staged_hash = copy::copy_hashing(e.spare.get(), tensors[i].data, m.nbytes, 0, m.nbytes);
+        e.staged = Entry::Staged::kDense;
+        e.staged_dtype = m.dtype;
+    }
+}
+
+void Encoder::chunk_refused() {
+    for (Entry *e : chunk_) e->unstage();
+    chunk_.clear();
+}
+
+void Encoder::chunk_sent() {
+    version_.insert(version_.end(), chunk_.begin(), chunk_.end());
+    chunk_.clear();
+}
+
+void Encoder::commit(uint64_t version) {
+    for (Entry *e : version_) {
+        e->base_hash = e->staged_hash;
+        if (e->staged == Entry::Staged::kPatch) {
+            e->fold = true;  // written into the base by the next compare (or by a dense send)
+            e->staged = Entry::Staged::kNone;
+            continue;
+        }
+        std::swap(e->base, e->spare);
+        std::swap(e->nbytes, e->spare_bytes);
+        e->dtype = e->staged_dtype;
+        e->stale = false;
+        e->unstage();
+    }
+    version_.clear();
+    committed_ = version;
+    open_ = 0;
+}
+
+void Encoder::abandon() {
+    for (Entry *e : version_) e->unstage();
+    chunk_refused();
+    version_.clear();
+    open_ = 0;
+    dense_next_ = true;
+}
+
+uint64_t Encoder::held_bytes() const {
+    uint64_t n = 0;
+    for (const auto &kv : entries_) {
+        const Entry &e = *kv.second;
+        n += (e.base ? e.nbytes : 0) + (e.spare ? e.spare_bytes : 0) + e.patch.capacity() +
+             e.parsed.idx.capacity() * sizeof(uint64_t);
+    }
+    return n;
+}
+
+}  // namespace delta
+}  // namespace wsync

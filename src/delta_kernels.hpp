@@ -1,0 +1,149 @@
+// The compare and apply loops of delta.cpp, built twice: by delta.cpp for the baseline ISA and
+// by delta_avx2.cpp with -mavx2 (called only where the CPU has AVX2). Include after <xxhash.h>
+// with XXH_INLINE_ALL, and with WSYNC_DELTA_MASK defined as the file's 32-byte difference mask.
+// Everything below has internal linkage and uses no template or inline function shared with
+// other files (no std::vector, no std::min), so each file keeps its own build of it and the
+// linker can never hand an AVX2 copy to a CPU without AVX2.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "delta.hpp"
+
+namespace wsync {
+namespace delta {
+namespace kernels {
+
+// Where find_changes puts indices and values; grow() (delta.cpp, baseline ISA) makes room.
+struct Sink {
+    uint64_t *idx;
+    uint8_t *vals;
+    size_t size, cap;
+    void *owner;
+    void (*grow)(Sink *);
+};
+// The patch as plain pointers.
+struct Scatter {
+    const uint64_t *idx;
+    size_t count;
+    const uint8_t *values;
+    uint64_t esize;
+};
+bool avx2_find_changes(const uint8_t *now, uint8_t *base, uint64_t nbytes, uint64_t esize,
+                       uint64_t limit, const Scatter *fold, Sink *out, uint64_t *hash);
+Applied avx2_apply_verified(uint8_t *dst, uint64_t nbytes, const Scatter &p, uint8_t *old,
+                            uint64_t base_hash, uint64_t result_hash, uint64_t *got);
+
+namespace {
+
+// Hashed and patched block by block, each block still in L1 for its second use. A block holds
+// whole elements, so no element straddles two.
+constexpr uint64_t kBlock = 16 << 10;
+inline uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+inline uint64_t block_for(uint64_t esize) {
+    return esize >= kBlock ? esize : kBlock / esize * esize;
+}
+
+// Bit i set: byte i of the n (< 32) bytes differs.
+inline uint32_t tail_mask(const uint8_t *a, const uint8_t *b, uint64_t n) {
+    uint32_t m = 0;
+    for (uint64_t i = 0; i < n; ++i) m |= uint32_t(a[i] != b[i]) << i;
+    return m;
+}
+
+inline void copy_element(uint8_t *d, const uint8_t *s, uint64_t esize) {
+    switch (esize) {
+    case 2: memcpy(d, s, 2); break;
+    case 4: memcpy(d, s, 4); break;
+    default: memcpy(d, s, esize);
+    }
+}
+
+// `fold`: a committed patch not yet written into base, written block by block just before the
+// block is compared (while it is in L1). The changed elements' values are gathered from `now`
+// in the same pass, for the same reason.
+inline bool find_changes_impl(const uint8_t *now, uint8_t *base, uint64_t nbytes, uint64_t esize,
+                              uint64_t limit, const Scatter *fold, Sink *out, uint64_t *hash) {
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    uint64_t skip = 0;  // bytes before this belong to elements already recorded
+    size_t f = 0;       // next fold entry
+    const uint64_t blk = block_for(esize);
+    // Element of a byte offset: a shift for the usual power-of-two sizes, else a division.
+    const int shift = (esize & (esize - 1)) == 0 ? __builtin_ctzll(esize) : -1;
+    for (uint64_t at = 0; at < nbytes; at += blk) {
+        const uint64_t end = min_u64(nbytes, at + blk);
+        for (; fold && f < fold->count && fold->idx[f] * esize < end; ++f)
+            copy_element(base + fold->idx[f] * esize, fold->values + f * esize, esize);
+        for (uint64_t p = at; p < end; p += 32) {
+            uint32_t m = end - p >= 32 ? WSYNC_DELTA_MASK(now + p, base + p)
+                                       : tail_mask(now + p, base + p, end - p);
+            if (skip > p) m = skip - p >= 32 ? 0 : m & (~0u << (skip - p));
+            while (m) {
+                const uint64_t at_byte = p + uint64_t(__builtin_ctz(m));
+                const uint64_t e = shift >= 0 ? at_byte >> shift : at_byte / esize;
+                if (out->size == limit) return false;
+                if (out->size == out->cap) out->grow(out);
+                out->idx[out->size] = e;
+                copy_element(out->vals + out->size * esize, now + e * esize, esize);
+                ++out->size;
+                skip = (e + 1) * esize;
+                m = skip - p >= 32 ? 0 : m & (~0u << (skip - p));
+            }
+        }
+        XXH3_64bits_update(&st, now + at, end - at);
+    }
+    *hash = XXH3_64bits_digest(&st);
+    return true;
+}
+
+// E: the element size when it is 1, 2, 4 or 8 (fixed-size moves), 0 for any other (esize).
+template <size_t E>
+Applied apply_impl(uint8_t *dst, uint64_t nbytes, const Scatter &p, uint8_t *old,
+                   uint64_t base_hash, uint64_t result_hash, uint64_t *got) {
+    const uint64_t es = E ? E : p.esize;
+    XXH3_state_t before, after;
+    XXH3_64bits_reset(&before);
+    XXH3_64bits_reset(&after);
+    const size_t n = p.count;
+    size_t k = 0;
+    const uint64_t blk = block_for(es);
+    for (uint64_t at = 0; at < nbytes; at += blk) {
+        const uint64_t end = min_u64(nbytes, at + blk);
+        XXH3_64bits_update(&before, dst + at, end - at);
+        for (; k < n && p.idx[k] * es < end; ++k) {
+            uint8_t *d = dst + p.idx[k] * es;
+            memcpy(old + k * es, d, E ? E : es);
+            memcpy(d, p.values + k * es, E ? E : es);
+        }
+        XXH3_64bits_update(&after, dst + at, end - at);
+    }
+    uint64_t b = XXH3_64bits_digest(&before), r = XXH3_64bits_digest(&after);
+    Applied outcome = b != base_hash ? Applied::kBaseDiffers
+                      : r != result_hash ? Applied::kResultDiffers
+                                         : Applied::kApplied;
+    if (outcome != Applied::kApplied) {
+        *got = outcome == Applied::kBaseDiffers ? b : r;
+        for (size_t j = 0; j < n; ++j)  // every changed element back as it was
+            memcpy(dst + p.idx[j] * es, old + j * es, E ? E : es);
+    }
+    return outcome;
+}
+
+inline Applied apply_any(uint8_t *dst, uint64_t nbytes, const Scatter &p, uint8_t *old,
+                         uint64_t base_hash, uint64_t result_hash, uint64_t *got) {
+    switch (p.esize) {
+    case 1: return apply_impl<1>(dst, nbytes, p, old, base_hash, result_hash, got);
+    case 2: return apply_impl<2>(dst, nbytes, p, old, base_hash, result_hash, got);
+    case 4: return apply_impl<4>(dst, nbytes, p, old, base_hash, result_hash, got);
+    case 8: return apply_impl<8>(dst, nbytes, p, old, base_hash, result_hash, got);
+    default: return apply_impl<0>(dst, nbytes, p, old, base_hash, result_hash, got);
+    }
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace delta
+}  // namespace wsync

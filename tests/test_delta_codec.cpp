@@ -1,0 +1,316 @@
+// The delta codec (src/delta.cpp), white-box: bitwise change finding at every element size, the
+// index coding and its width switch at 2^32 elements, the patch parser's refusals, and the
+// verified apply that leaves the destination as it was whenever a checksum disagrees.
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "delta.hpp"  // before cmocka.h, whose fail() macro would rename wsync::fail
+#include "error.hpp"
+#include "tensor.hpp"
+
+extern "C" {
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+}
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+using namespace wsync;
+
+namespace {
+
+std::vector<uint8_t> noise(size_t n, uint64_t seed) {
+    std::vector<uint8_t> v(n);
+    for (size_t i = 0; i < n; ++i) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = uint8_t(seed >> 56);
+    }
+    return v;
+}
+
+// Every element whose bytes differ, the slow way.
+std::vector<uint64_t> naive_changes(const std::vector<uint8_t> &a, const std::vector<uint8_t> &b,
+                                    size_t esize) {
+    std::vector<uint64_t> out;
+    for (size_t e = 0; e < a.size() / esize; ++e)
+        if (std::memcmp(a.data() + e * esize, b.data() + e * esize, esize) != 0) out.push_back(e);
+    return out;
+}
+
+// Encodes now-vs-base, parses it back, applies it onto a copy of base and checks the result.
+void round_trip(const std::vector<uint8_t> &base, const std::vector<uint8_t> &now, size_t esize) {
+    delta::Changes ch;
+    uint64_t hash = 0;
+    std::vector<uint8_t> scratch = base;
+    assert_true(delta::find_changes(now.data(), scratch.data(), now.size(), esize, UINT64_MAX, nullptr, ch, &hash));
+    assert_true(hash == XXH3_64bits(now.data(), now.size()));
+    std::vector<uint64_t> idx(ch.idx.begin(), ch.idx.begin() + ch.count);
+    assert_true(idx == naive_changes(now, base, esize));
+    const uint64_t elements = now.size() / esize;
+    std::vector<uint8_t> patch, old;
+    delta::encode(ch, elements, patch);
+    delta::Patch p = delta::parse(patch.data(), patch.size(), elements, esize, "t");
+    assert_true(p.idx == idx);
+    std::vector<uint8_t> dst = base;
+    uint64_t got = 0;
+    assert_int_equal(int(delta::apply_verified(dst.data(), dst.size(), p,
+                                               XXH3_64bits(base.data(), base.size()), hash, &got, old)),
+                     int(delta::Applied::kApplied));
+    assert_memory_equal(dst.data(), now.data(), now.size());
+}
+
+void changes_at_every_element_size_match_a_bytewise_comparison(void **) {
+    const size_t sizes[] = {1, 2, 3, 4, 6, 8, 16, 32, 48};
+    const size_t counts[] = {1, 7, 31, 33, 1000, 9000};
+    for (size_t es : sizes)
+        for (size_t n : counts)
+            for (int pattern = 0; pattern < 4; ++pattern) {
+                std::vector<uint8_t> base = noise(n * es, n + es), now = base;
+                for (size_t e = 0; e < n; ++e) {
+                    bool change = pattern == 1 ? true  // all changed
+                                  : pattern == 2 ? false  // none
+                                  : pattern == 3 ? (e % 97 == 5)
+                                                 : (noise(1, e * 13 + es)[0] < 20);
+                    if (change) now[e * es + (e % es)] ^= uint8_t(1 + e % 255);
+                }
+                round_trip(base, now, es);
+            }
+}
+
+void nan_payloads_and_signed_zeros_are_changes(void **) {
+    std::vector<float> a(64, 1.0f), b;
+    a[3] = 0.0f;
+    a[7] = std::nanf("1");
+    a[9] = std::nanf("7");
+    b = a;
+    b[3] = -0.0f;                 // == in IEEE, a change in bits
+    b[7] = std::nanf("2");        // another payload
+    std::vector<uint8_t> ab(64 * 4), bb(64 * 4);
+    std::memcpy(ab.data(), a.data(), ab.size());
+    std::memcpy(bb.data(), b.data(), bb.size());
+    delta::Changes ch;
+    uint64_t hash;
+    assert_true(delta::find_changes(bb.data(), ab.data(), bb.size(), 4, UINT64_MAX, nullptr, ch, &hash));
+    assert_int_equal(ch.count, 2);
+    assert_int_equal(ch.idx[0], 3);
+    assert_int_equal(ch.idx[1], 7);  // the unchanged NaN at 9 is not a change
+    round_trip(ab, bb, 4);
+}
+
+void find_changes_stops_once_past_its_limit(void **) {
+    std::vector<uint8_t> base(4096, 0), now(4096, 1);
+    delta::Changes ch;
+    uint64_t hash = 0;
+    assert_false(delta::find_changes(now.data(), base.data(), now.size(), 2, 10, nullptr, ch, &hash));
+    assert_int_equal(ch.count, 10);
+    assert_true(delta::find_changes(now.data(), base.data(), now.size(), 2, 2048, nullptr, ch, &hash));
+    assert_int_equal(ch.count, 2048);
+}
+
+void index_width_switches_at_two_to_the_32_elements(void **) {
+    const uint64_t k32 = uint64_t(1) << 32;
+    const uint64_t small[] = {0, k32 - 1};
+    delta::IndexCoding c = delta::choose_coding(small, 2, k32);
+    assert_int_equal(c.coding, delta::kPlain);
+    assert_int_equal(c.width, 4);
+    const uint64_t near[] = {5, k32 + 3, k32 + 10};  // gaps fit in 32 bits
+    c = delta::choose_coding(near, 3, k32 + 20);
+    assert_int_equal(c.coding, delta::kGaps);
+    assert_int_equal(c.width, 4);
+    const uint64_t far[] = {1, k32 + 1};  // a gap of exactly 2^32
+    c = delta::choose_coding(far, 2, k32 + 20);
+    assert_int_equal(c.coding, delta::kPlain);
+    assert_int_equal(c.width, 8);
+    assert_int_equal(delta::patch_bytes(3, 2, 4), 32 + 16 + 6);
+    assert_int_equal(delta::patch_bytes(3, 2, 8), 32 + 24 + 6);
+}
+
+// A patch written by hand: header, indices, values.
+std::vector<uint8_t> hand_patch(uint8_t coding, uint8_t width, uint32_t esize,
+                                const std::vector<uint64_t> &ix, uint64_t elements) {
+    const uint64_t n = ix.size();
+    std::vector<uint8_t> p(delta::patch_bytes(n, esize, width), 0);
+    const uint32_t magic = delta::kMagic;
+    std::memcpy(p.data(), &magic, 4);  // little-endian hosts only, as the library
+    p[4] = coding;
+    p[5] = width;
+    std::memcpy(p.data() + 8, &esize, 4);
+    std::memcpy(p.data() + 16, &n, 8);
+    std::memcpy(p.data() + 24, &elements, 8);
+    for (size_t k = 0; k < n; ++k) std::memcpy(p.data() + 32 + k * width, &ix[k], width);
+    return p;
+}
+
+void gap_coded_and_64_bit_patches_parse_to_absolute_indices(void **) {
+    delta::Patch p = delta::parse(hand_patch(delta::kGaps, 4, 2, {3, 1, 10}, 100).data(),
+                                  delta::patch_bytes(3, 2, 4), 100, 2, "t");
+    assert_true((p.idx == std::vector<uint64_t>{3, 4, 14}));
+    p = delta::parse(hand_patch(delta::kPlain, 8, 2, {0, 99}, 100).data(),
+                     delta::patch_bytes(2, 2, 8), 100, 2, "t");
+    assert_true((p.idx == std::vector<uint64_t>{0, 99}));
+}
+
+void expect_refused(const std::vector<uint8_t> &p, uint64_t elements, uint64_t esize,
+                    const char *needle) {
+    try {
+        delta::parse(p.data(), p.size(), elements, esize, "tensor 'x'");
+        fail_msg("a bad patch was accepted (%s)", needle);
+    } catch (const Error &e) {
+        assert_int_equal(e.status(), WSYNC_ERR_MALFORMED);
+        if (!std::strstr(e.what(), needle)) fail_msg("'%s' does not mention '%s'", e.what(), needle);
+    }
+}
+
+void malformed_patches_are_refused_by_name(void **) {
+    std::vector<uint8_t> good = hand_patch(delta::kPlain, 4, 2, {1, 5}, 10);
+    expect_refused(std::vector<uint8_t>(good.begin(), good.begin() + 20), 10, 2, "shorter than its header");
+    std::vector<uint8_t> bad = good;
+    bad[0] ^= 1;
+    expect_refused(bad, 10, 2, "magic");
+    bad = good, bad[5] = 3;
+    expect_refused(bad, 10, 2, "unknown coding");
+    expect_refused(good, 10, 4, "elements of 2 bytes");
+    expect_refused(good, 11, 2, "tensor of 10 elements");
+    expect_refused(std::vector<uint8_t>(good.begin(), good.end() - 1), 10, 2, "does not hold");
+    expect_refused(hand_patch(delta::kPlain, 4, 2, {5, 5}, 10), 10, 2, "out of order");
+    expect_refused(hand_patch(delta::kPlain, 4, 2, {5, 1}, 10), 10, 2, "out of order");
+    expect_refused(hand_patch(delta::kPlain, 4, 2, {10}, 10), 10, 2, "outside the tensor");
+    expect_refused(hand_patch(delta::kGaps, 4, 2, {2, 0}, 10), 10, 2, "out of order");
+    expect_refused(hand_patch(delta::kGaps, 8, 2, {2, UINT64_MAX}, 10), 10, 2, "out of order");
+}
+
+void a_patch_onto_the_wrong_base_or_with_a_wrong_result_leaves_the_destination_unchanged(void **) {
+    std::vector<uint8_t> base = noise(5000 * 2, 9), now = base;
+    for (size_t e = 0; e < 5000; e += 37) now[e * 2] ^= 0x40;
+    delta::Changes ch;
+    uint64_t hash = 0;
+    std::vector<uint8_t> scratch = base;
+    assert_true(delta::find_changes(now.data(), scratch.data(), now.size(), 2, UINT64_MAX, nullptr, ch, &hash));
+    std::vector<uint8_t> patch, old;
+    delta::encode(ch, 5000, patch);
+    delta::Patch p = delta::parse(patch.data(), patch.size(), 5000, 2, "t");
+    const uint64_t base_hash = XXH3_64bits(base.data(), base.size());
+
+    std::vector<uint8_t> other = base;  // not the base: one element differs
+    other[4001] ^= 1;
+    const std::vector<uint8_t> before = other;
+    uint64_t got = 0;
+    assert_int_equal(int(delta::apply_verified(other.data(), other.size(), p, base_hash, hash, &got, old)),
+                     int(delta::Applied::kBaseDiffers));
+    assert_true(got == XXH3_64bits(before.data(), before.size()));
+    assert_true(other == before);
+
+    std::vector<uint8_t> dst = base;  // the base, but the patch's result checksum is wrong
+    assert_int_equal(int(delta::apply_verified(dst.data(), dst.size(), p, base_hash, hash ^ 1, &got, old)),
+                     int(delta::Applied::kResultDiffers));
+    assert_true(got == hash);
+    assert_true(dst == base);
+}
+
+void scalars_and_odd_sizes_round_trip(void **) {
+    for (size_t n : {1, 2, 5, 31, 32, 33, 63, 65, 16383, 16385}) {
+        std::vector<uint8_t> base = noise(n, n), now = base;
+        now[n - 1] ^= 0x80;
+        now[0] ^= 0x01;
+        round_trip(base, now, 1);
+    }
+    std::vector<uint8_t> b8 = noise(8, 1), n8 = b8;  // a 0-d double
+    n8[7] ^= 0x80;
+    round_trip(b8, n8, 8);
+}
+
+// A committed patch folded into the base by the next compare gives the same changes as a base
+// that had it written in already.
+void a_fold_during_the_compare_equals_a_fold_before_it(void **) {
+    std::vector<uint8_t> v1 = noise(3 * 20000, 3), v2 = v1, v3;
+    for (size_t e = 0; e < 20000; e += 17) v2[e * 3 + 1] ^= 0x11;
+    v3 = v2;
+    for (size_t e = 5; e < 20000; e += 23) v3[e * 3] ^= 0x22;
+    delta::Changes c12, c23, direct;
+    uint64_t h;
+    std::vector<uint8_t> base = v1, patch;
+    assert_true(delta::find_changes(v2.data(), base.data(), base.size(), 3, UINT64_MAX, nullptr, c12, &h));
+    delta::encode(c12, 20000, patch);
+    delta::Patch p = delta::parse(patch.data(), patch.size(), 20000, 3, "t");
+    assert_true(delta::find_changes(v3.data(), base.data(), base.size(), 3, UINT64_MAX, &p, c23, &h));
+    assert_true(base == v2);  // folded
+    std::vector<uint8_t> b2 = v2;
+    assert_true(delta::find_changes(v3.data(), b2.data(), b2.size(), 3, UINT64_MAX, nullptr, direct, &h));
+    assert_int_equal(c23.count, direct.count);
+    assert_memory_equal(c23.idx.data(), direct.idx.data(), direct.count * 8);
+    assert_memory_equal(c23.values.data(), direct.values.data(), direct.count * 3);
+}
+
+// The trainer's bases: an abandoned version's staged bytes never reach them.
+void an_abandoned_version_leaves_the_trainers_base_intact(void **) {
+    delta::Config cfg;
+    cfg.mode = delta::Mode::kAuto;
+    delta::Encoder enc(cfg);
+    std::vector<uint8_t> a = noise(4096, 1), b = noise(4096, 2);
+    const std::vector<uint8_t> a1 = a;
+    int64_t shape[1] = {2048};
+    auto tensor = [&](const char *name, std::vector<uint8_t> &d) {
+        wsync_tensor_t t{};
+        t.name = name;
+        t.data = d.data();
+        t.dtype = {WSYNC_DTYPE_BFLOAT, 16, 1};
+        t.ndim = 1;
+        t.shape = shape;
+        t.device = {WSYNC_DEVICE_CPU, 0};
+        return t;
+    };
+    auto send = [&](uint64_t v, std::vector<wsync_tensor_t> ts, bool commit) {
+        std::vector<wsync_tensor_t> wire;
+        std::vector<PatchInfo> patches;
+        enc.encode(v, ts.data(), metas_from_chunk(ts.data(), ts.size(), true), wire, patches);
+        enc.chunk_sent();
+        if (commit) enc.commit(v);
+        return std::make_pair(wire, patches);
+    };
+    send(1, {tensor("a", a), tensor("b", b)}, true);
+    a[10] ^= 1;
+    auto v2 = send(2, {tensor("a", a)}, false);
+    assert_int_equal(v2.second[0].base_version, 1);  // a patch, staged
+    enc.abandon();
+    b[3] ^= 1;
+    auto v3 = send(3, {tensor("b", b)}, true);
+    assert_int_equal(v3.second[0].wire_bytes, 0);  // dense after the abandon
+    a[20] ^= 1;
+    auto v4 = send(4, {tensor("a", a)}, true);
+    const PatchInfo &p = v4.second[0];
+    assert_int_equal(p.base_version, 3);
+    assert_true(p.base_xxh3 == XXH3_64bits(a1.data(), a1.size()));  // a as committed in v1
+    delta::Patch parsed = delta::parse(static_cast<const uint8_t *>(v4.first[0].data), p.wire_bytes,
+                                       2048, 2, "a");
+    std::vector<uint8_t> dst = a1, old;
+    uint64_t got;
+    assert_int_equal(int(delta::apply_verified(dst.data(), dst.size(), parsed, p.base_xxh3,
+                                               p.result_xxh3, &got, old)),
+                     int(delta::Applied::kApplied));
+    assert_true(dst == a);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(changes_at_every_element_size_match_a_bytewise_comparison),
+        cmocka_unit_test(nan_payloads_and_signed_zeros_are_changes),
+        cmocka_unit_test(find_changes_stops_once_past_its_limit),
+        cmocka_unit_test(index_width_switches_at_two_to_the_32_elements),
+        cmocka_unit_test(gap_coded_and_64_bit_patches_parse_to_absolute_indices),
+        cmocka_unit_test(malformed_patches_are_refused_by_name),
+        cmocka_unit_test(a_patch_onto_the_wrong_base_or_with_a_wrong_result_leaves_the_destination_unchanged),
+        cmocka_unit_test(scalars_and_odd_sizes_round_trip),
+        cmocka_unit_test(a_fold_during_the_compare_equals_a_fold_before_it),
+        cmocka_unit_test(an_abandoned_version_leaves_the_trainers_base_intact),
+    };
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}

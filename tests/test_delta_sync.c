@@ -1,0 +1,451 @@
+/* Delta sync end to end over shm (docs/delta.md): a trainer in the test process, engines as
+ * forked processes that get only init and request bytes over a pipe, copy every tensor into
+ * their own memory with wsync_recv_copy and answer one status byte per request. Random change
+ * patterns (NaN payloads, -0.0 vs 0.0, all, none, one element; every element size; scalars and
+ * odd shapes) must leave every engine that completed a version bit-identical to the trainer;
+ * failed, missed and abandoned versions are recovered by the dense version that follows. */
+#include "testutil.h"
+
+#define NT 9
+static const char *kNames[NT] = {"scalar", "u8.odd", "bf16.7x5", "f32.1000", "f64.33x17",
+                                 "c128.9", "i16x3.5", "bf16.4096", "f32.big"};
+static const uint8_t kCode[NT] = {WSYNC_DTYPE_FLOAT, WSYNC_DTYPE_UINT, WSYNC_DTYPE_BFLOAT,
+                                  WSYNC_DTYPE_FLOAT, WSYNC_DTYPE_FLOAT, WSYNC_DTYPE_COMPLEX,
+                                  WSYNC_DTYPE_INT, WSYNC_DTYPE_BFLOAT, WSYNC_DTYPE_FLOAT};
+static const uint8_t kBits[NT] = {32, 8, 16, 32, 64, 128, 16, 16, 32};
+static const uint16_t kLanes[NT] = {1, 1, 1, 1, 1, 1, 3, 1, 1};
+static const int32_t kNdim[NT] = {0, 1, 2, 1, 2, 1, 1, 1, 2};
+static const int64_t kShapes[NT][2] = {{0, 0}, {3, 0}, {7, 5}, {1000, 0}, {33, 17},
+                                       {9, 0},  {5, 0}, {4096, 0}, {128, 257}};
+#define ENGINES 2
+
+typedef struct {
+    void *data[NT];
+    size_t bytes[NT], esize[NT];
+    int64_t shape[NT][2];
+    wsync_tensor_t t[NT];
+} model_t;
+
+static void model_init(model_t *m, uint64_t seed) {
+    for (int i = 0; i < NT; ++i) {
+        size_t elems = 1;
+        for (int d = 0; d < kNdim[i]; ++d) elems *= (size_t)kShapes[i][d], m->shape[i][d] = kShapes[i][d];
+        m->esize[i] = (size_t)kBits[i] * kLanes[i] / 8;
+        m->bytes[i] = elems * m->esize[i];
+        /* torch-like: 64-byte aligned, size rounded up for aligned_alloc */
+        m->data[i] = aligned_alloc(64, (m->bytes[i] + 63) / 64 * 64);
+        tu_fill(m->data[i], m->bytes[i], seed, (uint64_t)i);
+        /* some exact zeros to turn into -0.0 later */
+        for (size_t e = 0; e < elems; e += 11) memset((char *)m->data[i] + e * m->esize[i], 0, m->esize[i]);
+        m->t[i] = tu_tensor(kNames[i], m->data[i], m->shape[i], kNdim[i], kCode[i], kBits[i]);
+        m->t[i].dtype.lanes = kLanes[i];
+    }
+}
+
+static void model_free(model_t *m) {
+    for (int i = 0; i < NT; ++i) free(m->data[i]);
+}
+
+static uint64_t rnd(uint64_t *s) { return *s = tu_splitmix(*s); }
+
+/* One element changed in a way a float compare would miss or mangle. */
+static void change_element(uint8_t *p, size_t es, uint64_t r) {
+    static const uint8_t zero[32];
+    switch (r % 4) {
+    case 0: /* random bits */
+        for (size_t b = 0; b < es; ++b) p[b] ^= (uint8_t)(tu_splitmix(r + b) | 1);
+        break;
+    case 1: /* +0.0 <-> -0.0, or any value's sign */
+        p[es - 1] ^= 0x80;
+        break;
+    case 2: /* a NaN, then another payload of it */
+        if (es == 4) {
+            uint32_t nan = 0x7fc00000u | (uint32_t)(r >> 40 & 0x3fffff);
+            memcpy(p, &nan, 4);
+        } else if (es == 2) {
+            uint16_t nan = (uint16_t)(0x7fc0u | (r >> 50 & 0x3f));
+            memcpy(p, &nan, 2);
+        } else {
+            p[0] ^= 0x5a;
+        }
+        break;
+    default: /* back to exact zero (if it was -0.0, only the sign bit changes) */
+        if (memcmp(p, zero, es - 1) == 0) p[es - 1] = 0;
+        else p[0] ^= 1;
+    }
+}
+
+static void mutate(model_t *m, uint64_t *seed) {
+    for (int i = 0; i < NT; ++i) {
+        uint8_t *p = (uint8_t *)m->data[i];
+        size_t es = m->esize[i], n = m->bytes[i] / es;
+        switch (rnd(seed) % 5) {
+        case 0: break; /* unchanged */
+        case 1:        /* every element */
+            for (size_t e = 0; e < n; ++e) p[e * es] ^= (uint8_t)(1 + e % 255);
+            break;
+        case 2: /* one element */
+            change_element(p + rnd(seed) % n * es, es, rnd(seed));
+            break;
+        default: /* about 1-3% of the elements */
+            for (size_t e = 0; e < n; ++e)
+                if (rnd(seed) % 100 < 2) change_element(p + e * es, es, rnd(seed));
+        }
+    }
+}
+
+/* --- the engine process ----------------------------------------------------------------- */
+typedef struct {
+    const uint8_t *init;
+    size_t init_len;
+    uint32_t index;
+} engine_cfg_t;
+
+enum { CMD_LOAD = 'L', CMD_FAIL = 'F', CMD_STATE = 'S', CMD_REATTACH = 'A' };
+
+/* Frames down: CMD_LOAD/CMD_FAIL + request (receive, copy every tensor into its own memory;
+ * CMD_FAIL then fails the chunk as a loader would), answered with one status byte; CMD_STATE,
+ * answered with a frame of the completed version and the XXH3 of each tensor it holds;
+ * CMD_REATTACH (a new receiver with the same index, memory kept), answered with a status byte. */
+static int engine_main(const void *cfg_, int in, int out) {
+    const engine_cfg_t *cfg = (const engine_cfg_t *)cfg_;
+    wsync_strategy_t *s;
+    wsync_receiver_t *r;
+    if (wsync_strategy_create("shm", NULL, &s) ||
+        wsync_receiver_create(s, cfg->init, cfg->init_len, cfg->index, &r))
+        return 1;
+    void *dst[NT] = {0};
+    size_t dst_bytes[NT] = {0};
+    for (;;) {
+        uint8_t *f;
+        size_t n;
+        if (tu_recv_frame(in, &f, &n, 20000)) return 2;
+        if (n == 0) break;
+        if (f[0] == CMD_REATTACH) {
+            wsync_receiver_destroy(r);
+            uint8_t b = (uint8_t)wsync_receiver_create(s, cfg->init, cfg->init_len, cfg->index, &r);
+            tu_write_all(out, &b, 1);
+            free(f);
+            continue;
+        }
+        if (f[0] == CMD_STATE) {
+            uint64_t ans[NT + 1] = {0};
+            wsync_receiver_completed_version(r, &ans[0]);
+            for (int i = 0; i < NT; ++i) ans[i + 1] = dst[i] ? XXH3_64bits(dst[i], dst_bytes[i]) : 0;
+            tu_send_frame(out, ans, sizeof ans);
+            free(f);
+            continue;
+        }
+        wsync_recv_t *it;
+        wsync_status_t st = wsync_receiver_receive(r, f + 1, n - 1, &it);
+        if (st == WSYNC_OK) {
+            wsync_recv_info_t info = {.struct_size = sizeof info};
+            wsync_recv_info(it, &info);
+            for (size_t k = 0; k < info.count && st == WSYNC_OK; ++k) {
+                wsync_tensor_t v;
+                wsync_recv_peek(it, k, &v);
+                int i = 0;
+                while (i < NT && strcmp(kNames[i], v.name) != 0) ++i;
+                if (i == NT) return 3;
+                size_t bytes = (size_t)(v.dtype.bits * v.dtype.lanes / 8);
+                for (int d = 0; d < v.ndim; ++d) bytes *= (size_t)v.shape[d];
+                if (!dst[i]) dst[i] = calloc(1, bytes), dst_bytes[i] = bytes;
+                st = wsync_recv_copy(it, k, 0, dst[i], bytes);
+            }
+            if (st == WSYNC_OK && f[0] == CMD_FAIL)
+                st = wsync_recv_fail(it, WSYNC_ERR_INTEGRITY, "engine: planned failure") ? WSYNC_ERR_INTEGRITY : WSYNC_OK;
+            else if (st == WSYNC_OK)
+                st = wsync_recv_end(it);
+            else
+                wsync_recv_end(it);
+        }
+        uint8_t b = (uint8_t)st;
+        tu_write_all(out, &b, 1);
+        free(f);
+    }
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    for (int i = 0; i < NT; ++i) free(dst[i]);
+    return 0;
+}
+
+typedef struct {
+    wsync_strategy_t *strategy;
+    wsync_sender_t *sender;
+    wsync_blob_t init;
+    engine_cfg_t cfg[ENGINES];
+    tu_peer_t e[ENGINES];
+} rig_t;
+
+static void rig_open(rig_t *g, const char *options) {
+    OK(wsync_strategy_create("shm", options, &g->strategy));
+    OK(wsync_strategy_create_init_info(g->strategy, &g->init));
+    OK(wsync_sender_create(g->strategy, g->init.data, g->init.size, &g->sender));
+    for (uint32_t k = 0; k < ENGINES; ++k) {
+        g->cfg[k] = (engine_cfg_t){g->init.data, g->init.size, k};
+        g->e[k] = tu_fork_peer(engine_main, &g->cfg[k]);
+    }
+}
+
+static void rig_close(rig_t *g) {
+    for (int k = 0; k < ENGINES; ++k) {
+        tu_send_frame(g->e[k].to, NULL, 0);
+        assert_int_equal(tu_wait_child(g->e[k].pid, 10000), 0);
+        close(g->e[k].to), close(g->e[k].from);
+    }
+    wsync_sender_destroy(g->sender);
+    wsync_strategy_destroy(g->strategy);
+    wsync_blob_free(&g->init);
+}
+
+/* Forwards one request to every engine (engine `failing` fails it); returns each answer. */
+static void forward(rig_t *g, const wsync_blob_t *req, int failing, uint8_t ans[ENGINES]) {
+    uint8_t *frame = malloc(req->size + 1);
+    memcpy(frame + 1, req->data, req->size);
+    for (int k = 0; k < ENGINES; ++k) {
+        frame[0] = k == failing ? CMD_FAIL : CMD_LOAD;
+        assert_int_equal(tu_send_frame(g->e[k].to, frame, req->size + 1), 0);
+    }
+    for (int k = 0; k < ENGINES; ++k) ans[k] = tu_peer_byte(&g->e[k], 20000);
+    free(frame);
+}
+
+static int has_patches(const wsync_blob_t *req) {
+    char *json;
+    OK(wsync_blob_describe(req->data, req->size, &json));
+    int yes = strstr(json, "\"patches\"") != NULL;
+    wsync_string_free(json);
+    return yes;
+}
+
+/* Engine k's completed version, and whether every tensor it holds is the trainer's. */
+static uint64_t engine_state(rig_t *g, int k, const model_t *m, int *identical) {
+    uint8_t c = CMD_STATE;
+    assert_int_equal(tu_send_frame(g->e[k].to, &c, 1), 0);
+    uint8_t *f;
+    size_t n;
+    assert_int_equal(tu_recv_frame(g->e[k].from, &f, &n, 20000), 0);
+    assert_int_equal(n, sizeof(uint64_t) * (NT + 1));
+    uint64_t ans[NT + 1];
+    memcpy(ans, f, sizeof ans);
+    free(f);
+    *identical = 1;
+    for (int i = 0; i < NT; ++i)
+        if (ans[i + 1] != XXH3_64bits(m->data[i], m->bytes[i])) *identical = 0;
+    return ans[0];
+}
+
+/* Sends the model as one version in three chunks; engine `failing` fails chunk `fail_chunk`;
+ * with `abandon_after` >= 0 the trainer abandons after that chunk. Returns the version number
+ * when it committed (0 if abandoned, by the trainer or by a send that heard of the engine's
+ * failure: then *heard is set) and counts the chunks that carried patches. */
+static uint64_t sync_version(rig_t *g, model_t *m, int failing, int fail_chunk, int abandon_after,
+                             int *patched_chunks, int *heard) {
+    static const size_t cut[4] = {0, 3, 6, NT};
+    uint64_t v;
+    OK(wsync_sender_version(g->sender, &v));
+    for (int c = 0; c < 3; ++c) {
+        wsync_chunk_t ch = tu_chunk(&m->t[cut[c]], cut[c + 1] - cut[c], c == 2 ? WSYNC_CHUNK_LAST : 0);
+        wsync_blob_t req;
+        wsync_status_t st = wsync_sender_send_chunk(g->sender, &ch, &req);
+        if (st != WSYNC_OK) { /* it heard of an engine's failure: the version is abandoned */
+            if (failing < 0 || st != WSYNC_ERR_PEER)
+                fail_msg("send_chunk -> %s: %s", wsync_status_string(st), wsync_last_error());
+            *heard = 1;
+            return 0;
+        }
+        *patched_chunks += has_patches(&req);
+        uint8_t ans[ENGINES];
+        forward(g, &req, c == fail_chunk ? failing : -1, ans);
+        wsync_blob_free(&req);
+        if (c == abandon_after) {
+            OK(wsync_sender_abandon(g->sender));
+            return 0;
+        }
+    }
+    return v;
+}
+
+static void property(const char *options, uint64_t seed, int versions) {
+    rig_t g;
+    rig_open(&g, options);
+    model_t m;
+    model_init(&m, seed);
+    int patched = 0, recovered = 0;
+    int dense_due = 1; /* the first version, and any after a failure or abandon, is dense */
+    for (int step = 0; step < versions; ++step) {
+        if (step) mutate(&m, &seed);
+        uint64_t r = rnd(&seed) % 10;
+        int failing = r == 0 ? (int)(rnd(&seed) % ENGINES) : -1;
+        int abandon_after = r == 1 ? (int)(rnd(&seed) % 2) : -1;
+        int before = patched, heard = 0;
+        uint64_t v = sync_version(&g, &m, failing, (int)(rnd(&seed) % 3), abandon_after, &patched, &heard);
+        if (dense_due) assert_int_equal(patched, before); /* no patch right after trouble */
+        wsync_status_t fl = wsync_sender_flush(g.sender, 5000);
+        if (fl == WSYNC_ERR_PEER && failing >= 0) heard = 1;
+        else OK(fl);
+        if (failing >= 0) assert_true(heard); /* the trainer learnt of it, by send or flush */
+        for (int k = 0; k < ENGINES; ++k) {
+            int same;
+            uint64_t done = engine_state(&g, k, &m, &same);
+            if (v && k != failing) {
+                assert_int_equal(done, v);
+                if (!same) fail_msg("engine %d is not bit-identical after version %llu (seed %llu)", k,
+                                    (unsigned long long)v, (unsigned long long)seed);
+                if (dense_due && step) ++recovered;
+            } else {
+                assert_true(done < v || v == 0);
+            }
+        }
+        dense_due = failing >= 0 || abandon_after >= 0;
+    }
+    assert_true(patched > versions / 3); /* the patch path did run */
+    assert_true(recovered > 0); /* and the dense fallback did too */
+    model_free(&m);
+    rig_close(&g);
+}
+
+static void random_versions_leave_every_engine_bit_identical_with_delta_auto(void **state) {
+    (void)state;
+    for (uint64_t seed = 1; seed <= 3; ++seed)
+        property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}", seed, 40);
+}
+
+static void random_versions_leave_every_engine_bit_identical_with_delta_on(void **state) {
+    (void)state;
+    property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"on\", \"checksum\": false}", 7, 40);
+}
+
+/* An engine that re-attaches (a new receiver, same index, its memory still holding version 2)
+ * gets version 3 as a patch before the trainer knows: it refuses it naming both versions, the
+ * trainer hears of it at flush, and the dense version after makes the engine whole. */
+static void a_reattached_receiver_refuses_a_patch_naming_both_versions_and_the_next_dense_version_recovers_it(
+    void **state) {
+    (void)state;
+    rig_t g;
+    rig_open(&g, "{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}");
+    model_t m;
+    model_init(&m, 11);
+    uint8_t ans[ENGINES];
+    for (int step = 1; step <= 4; ++step) {
+        if (step > 1) ((uint8_t *)m.data[3])[8 * step] ^= 1;
+        if (step == 3) {
+            uint8_t c = CMD_REATTACH;
+            assert_int_equal(tu_send_frame(g.e[1].to, &c, 1), 0);
+            assert_int_equal(tu_peer_byte(&g.e[1], 20000), WSYNC_OK);
+        }
+        wsync_chunk_t ch = tu_chunk(m.t, NT, WSYNC_CHUNK_LAST);
+        wsync_blob_t req;
+        OK(wsync_sender_send_chunk(g.sender, &ch, &req));
+        assert_int_equal(has_patches(&req), step == 2 || step == 3);
+        forward(&g, &req, -1, ans);
+        wsync_blob_free(&req);
+        assert_int_equal(ans[0], WSYNC_OK);
+        if (step == 3) {
+            assert_int_equal(ans[1], WSYNC_ERR_MISMATCH);
+            assert_int_equal(wsync_sender_flush(g.sender, 5000), WSYNC_ERR_PEER);
+            if (!strstr(wsync_last_error(),
+                        "is a patch against version 2, but this receiver's completed version is 0"))
+                fail_msg("flush message: %s", wsync_last_error());
+        } else {
+            assert_int_equal(ans[1], WSYNC_OK);
+            OK(wsync_sender_flush(g.sender, 5000));
+        }
+    }
+    for (int k = 0; k < ENGINES; ++k) {
+        int same;
+        assert_int_equal(engine_state(&g, k, &m, &same), 4);
+        assert_true(same);
+    }
+    model_free(&m);
+    rig_close(&g);
+}
+
+/* An engine whose memory no longer holds the base (it changed a weight itself) refuses the
+ * patch and keeps what it had; the next version is dense and makes it whole. */
+static void a_destination_without_the_base_is_left_unchanged_and_refused(void **state) {
+    (void)state;
+    wsync_strategy_t *s, *rs;
+    wsync_blob_t init, req;
+    wsync_sender_t *snd;
+    wsync_receiver_t *r;
+    OK(wsync_strategy_create("shm", "{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    OK(wsync_sender_create(s, init.data, init.size, &snd));
+    OK(wsync_strategy_create("shm", NULL, &rs));
+    OK(wsync_receiver_create(rs, init.data, init.size, 0, &r));
+    float w[256], dst[256], kept[256];
+    int64_t shape[1] = {256};
+    for (int i = 0; i < 256; ++i) w[i] = (float)i;
+    wsync_tensor_t t = tu_tensor("w", w, shape, 1, WSYNC_DTYPE_FLOAT, 32);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    wsync_recv_t *it;
+    for (int v = 1; v <= 3; ++v) {
+        if (v > 1) w[v] = -w[v];
+        OK(wsync_sender_send_chunk(snd, &ch, &req));
+        OK(wsync_receiver_receive(r, req.data, req.size, &it));
+        wsync_blob_free(&req);
+        if (v == 2) {
+            dst[100] = 0.5f; /* the engine's own change */
+            memcpy(kept, dst, sizeof dst);
+            EXPECT_ERR(wsync_recv_copy(it, 0, 0, dst, sizeof dst), WSYNC_ERR_MISMATCH,
+                       "the destination does not hold version 1 of it");
+            assert_memory_equal(dst, kept, sizeof dst);
+            EXPECT_ERR(wsync_recv_end(it), WSYNC_ERR_MISMATCH, "left unchanged");
+            assert_int_equal(wsync_sender_flush(snd, 5000), WSYNC_ERR_PEER);
+            continue;
+        }
+        wsync_tensor_t view;
+        bool has;
+        if (v == 3) { /* dense after the failure: a view works too */
+            OK(wsync_recv_next(it, &view, &has));
+            assert_true(has);
+        }
+        OK(wsync_recv_copy(it, 0, 0, dst, sizeof dst));
+        OK(wsync_recv_end(it));
+        assert_memory_equal(dst, w, sizeof w);
+    }
+    OK(wsync_sender_flush(snd, 5000));
+    /* Version 4 is a patch again: a view of it is refused by name, a partial copy too. */
+    w[7] = 1e9f;
+    OK(wsync_sender_send_chunk(snd, &ch, &req));
+    OK(wsync_receiver_receive(r, req.data, req.size, &it));
+    wsync_blob_free(&req);
+    EXPECT_ERR(wsync_recv_copy(it, 0, 4, dst, 8), WSYNC_ERR_INVALID_ARGUMENT, "is a patch: copy it whole");
+    wsync_tensor_t view;
+    bool has;
+    EXPECT_ERR(wsync_recv_next(it, &view, &has), WSYNC_ERR_UNSUPPORTED, "is a patch against version 3");
+    wsync_recv_end(it);
+    wsync_receiver_destroy(r);
+    wsync_sender_destroy(snd);
+    wsync_strategy_destroy(rs);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+static void gpu_kinds_refuse_delta_by_name(void **state) {
+    (void)state;
+    static const char *kinds[] = {"cuda_ipc", "nccl_broadcast"};
+    for (int k = 0; k < 2; ++k) {
+        wsync_strategy_t *s = (wsync_strategy_t *)1;
+        EXPECT_ERR(wsync_strategy_create(kinds[k], "{\"delta\": \"auto\"}", &s), WSYNC_ERR_UNSUPPORTED,
+                   "delta sync is host-only for now");
+        assert_null(s);
+    }
+    wsync_strategy_t *s;
+    EXPECT_ERR(wsync_strategy_create("shm", "{\"delta\": \"sometimes\"}", &s), WSYNC_ERR_INVALID_ARGUMENT, "delta");
+    EXPECT_ERR(wsync_strategy_create("shm", "{\"delta_max_percent\": 101}", &s), WSYNC_ERR_INVALID_ARGUMENT,
+               "delta_max_percent");
+}
+
+int main(int argc, char **argv) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(random_versions_leave_every_engine_bit_identical_with_delta_auto),
+        cmocka_unit_test(random_versions_leave_every_engine_bit_identical_with_delta_on),
+        cmocka_unit_test(a_reattached_receiver_refuses_a_patch_naming_both_versions_and_the_next_dense_version_recovers_it),
+        cmocka_unit_test(a_destination_without_the_base_is_left_unchanged_and_refused),
+        cmocka_unit_test(gpu_kinds_refuse_delta_by_name),
+    };
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

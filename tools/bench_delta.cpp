@@ -1,0 +1,357 @@
+// wsync-bench-delta: delta sync against dense over shm, in one run (docs/delta.md). A consumer of
+// the public header and the shared library only, laid out like `wsync bench`: the parent is the
+// controller and the trainer, one forked engine per configuration copies every tensor into its
+// own 64-byte aligned memory with wsync_recv_copy (the copy-into path, which applies patches).
+//
+//   wsync-bench-delta [--size-mb N=2048] [--steps N=4] [--fractions 0.001,0.01,0.05,0.2,1.0]
+//                     [--delta auto|on] [--json]
+//
+// The model is bf16 with Llama-like shapes, in torch-like buffers. Before every step after the
+// first, a fraction F of each tensor's elements changes (one ulp, spread at random). Per
+// configuration it reports the median over steps 2..N of: bytes moved (dense bytes, or a
+// patch's), trainer time in send_chunk (compare + encode + pack, and any wait for a bucket),
+// engine time in wsync_recv_copy (dense copy, or verified apply), and sync time (first
+// send_chunk to flush), with each ratio to the dense baseline of the same run, and the mean
+// sync time over the same steps. Step 1 (no base yet) is dense everywhere and is not counted.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "wsync.h"
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+void die(const char *what) {
+    std::fprintf(stderr, "wsync-bench-delta: %s: %s\n", what, wsync_last_error());
+    std::exit(1);
+}
+#define MUST(call) \
+    do {                                 \
+        if ((call) != WSYNC_OK) die(#call); \
+    } while (0)
+
+// --- pipes: u64 length, then bytes -------------------------------------------------------------
+void write_all(int fd, const void *p, size_t n) {
+    const char *c = static_cast<const char *>(p);
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w <= 0) std::exit(3);
+        c += w, n -= size_t(w);
+    }
+}
+void read_all(int fd, void *p, size_t n) {
+    char *c = static_cast<char *>(p);
+    while (n) {
+        ssize_t r = read(fd, c, n);
+        if (r <= 0) std::exit(3);
+        c += r, n -= size_t(r);
+    }
+}
+void send_frame(int fd, const void *p, uint64_t n) {
+    write_all(fd, &n, 8);
+    if (n) write_all(fd, p, n);
+}
+std::vector<uint8_t> recv_frame(int fd) {
+    uint64_t n;
+    read_all(fd, &n, 8);
+    std::vector<uint8_t> b(n);
+    if (n) read_all(fd, b.data(), n);
+    return b;
+}
+
+struct Tensor {
+    std::string name;
+    int64_t shape[2];
+    uint64_t bytes;
+    uint16_t *data;
+};
+
+std::vector<Tensor> make_model(uint64_t size_bytes) {
+    static const int64_t layer[][2] = {{4096, 4096}, {1024, 4096}, {1024, 4096}, {4096, 4096},
+                                       {11008, 4096}, {11008, 4096}, {4096, 11008}, {1, 4096}};
+    static const char *names[] = {"q", "k", "v", "o", "gate", "up", "down", "norm"};
+    std::vector<Tensor> m;
+    uint64_t total = 0;
+    for (int l = 0; total < size_bytes; ++l)
+        for (int k = 0; k < 8 && total < size_bytes; ++k) {
+            Tensor t{"layers." + std::to_string(l) + "." + names[k], {layer[k][0], layer[k][1]}, 0, nullptr};
+            t.bytes = uint64_t(t.shape[0]) * uint64_t(t.shape[1]) * 2;
+            t.data = static_cast<uint16_t *>(std::aligned_alloc(64, (t.bytes + 63) / 64 * 64));
+            uint64_t x = 0x9e3779b97f4a7c15ull * (m.size() + 1);
+            for (uint64_t e = 0; e < t.bytes / 2; ++e) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                t.data[e] = uint16_t(0x3c00 | (x & 0x3ff));  // bf16 values around 0.01
+            }
+            total += t.bytes;
+            m.push_back(t);
+        }
+    return m;
+}
+
+// One ulp on a fraction f of the elements: one per stride of 1/f, at a random place in it.
+void mutate(std::vector<Tensor> &m, double f, uint64_t step) {
+    uint64_t x = 0x2545f4914f6cdd1dull * step;
+    for (Tensor &t : m) {
+        const uint64_t n = t.bytes / 2;
+        if (f >= 1.0) {
+            for (uint64_t e = 0; e < n; ++e) t.data[e] ^= 1;
+            continue;
+        }
+        const double stride = 1.0 / f;
+        for (double at = 0; at < double(n); at += stride) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            uint64_t e = uint64_t(at + double(x % 1000003) / 1000003.0 * stride);
+            if (e < n) t.data[e] ^= 1;
+        }
+    }
+}
+
+uint64_t model_hash(const std::vector<Tensor> &m) {
+    uint64_t h = 0;
+    for (const Tensor &t : m) h = XXH3_64bits_withSeed(t.data, t.bytes, h);
+    return h;
+}
+
+// --- the engine --------------------------------------------------------------------------------
+// Frames down: the init blob, then requests; an empty frame ends a version (answered with
+// apply_ms and the model hash as two doubles/u64), a second empty frame ends the engine.
+[[noreturn]] void engine(int in, int out) {
+    wsync_strategy_t *s;
+    wsync_receiver_t *r;
+    std::vector<uint8_t> init = recv_frame(in);
+    MUST(wsync_strategy_create("shm", nullptr, &s));
+    MUST(wsync_receiver_create(s, init.data(), init.size(), 0, &r));
+    std::vector<std::pair<std::string, std::pair<uint8_t *, uint64_t>>> mem;
+    double apply_ms = 0;
+    for (;;) {
+        std::vector<uint8_t> f = recv_frame(in);
+        if (f.empty()) {
+            uint64_t h = 0;
+            for (auto &kv : mem) h = XXH3_64bits_withSeed(kv.second.first, kv.second.second, h);
+            double ans[2];
+            std::memcpy(&ans[0], &apply_ms, 8);
+            std::memcpy(&ans[1], &h, 8);
+            write_all(out, ans, sizeof ans);
+            apply_ms = 0;
+            if (recv_frame(in).size() == 1) continue;  // another version follows
+            break;
+        }
+        wsync_recv_t *it;
+        MUST(wsync_receiver_receive(r, f.data(), f.size(), &it));
+        wsync_recv_info_t info{};
+        info.struct_size = sizeof info;
+        wsync_recv_info(it, &info);
+        for (size_t k = 0; k < info.count; ++k) {
+            wsync_tensor_t v;
+            wsync_recv_peek(it, k, &v);
+            uint64_t bytes = uint64_t(v.shape[0]) * uint64_t(v.shape[1]) * 2;
+            size_t i = 0;
+            while (i < mem.size() && mem[i].first != v.name) ++i;
+            if (i == mem.size())
+                mem.push_back({v.name, {static_cast<uint8_t *>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)), bytes}});
+            auto t0 = Clock::now();
+            MUST(wsync_recv_copy(it, k, 0, mem[i].second.first, bytes));
+            apply_ms += ms_since(t0);
+        }
+        MUST(wsync_recv_end(it));
+    }
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    std::_Exit(0);
+}
+
+struct Figures {
+    double bytes = 0, send_ms = 0, apply_ms = 0, sync_ms = 0, sync_mean_ms = 0;
+};
+
+double mean(const std::vector<double> &v) {
+    double t = 0;
+    for (double x : v) t += x;
+    return v.empty() ? 0 : t / double(v.size());
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Bytes a request moves: each tensor's dense size, or its patch's.
+double request_bytes(const wsync_blob_t &req) {
+    char *text;
+    MUST(wsync_blob_describe(req.data, req.size, &text));
+    json j = json::parse(text);
+    wsync_string_free(text);
+    const json &t = j["body"]["tensors"];
+    double total = 0;
+    std::vector<double> patch(t["names"].size(), -1);
+    if (t.contains("patches"))
+        for (size_t k = 0; k < t["patches"]["tensor"].size(); ++k)
+            patch[t["patches"]["tensor"][k].get<size_t>()] = t["patches"]["bytes"][k].get<double>();
+    size_t si = 0;
+    for (size_t i = 0; i < patch.size(); ++i) {
+        double dense = 2;  // bf16
+        for (int d = 0; d < t["ndims"][i].get<int>(); ++d) dense *= t["shapes"][si++].get<double>();
+        total += patch[i] >= 0 ? patch[i] : dense;
+    }
+    return total;
+}
+
+// One configuration: a fresh strategy, sender and engine; `steps` versions.
+Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int steps) {
+    std::string opts = "{\"bucket_bytes\": 268435456, \"delta\": \"" + delta + "\"}";
+    int down[2], up[2];
+    if (pipe(down) || pipe(up)) std::exit(3);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(down[1]), close(up[0]);
+        engine(down[0], up[1]);
+    }
+    close(down[0]), close(up[1]);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *snd;
+    MUST(wsync_strategy_create("shm", opts.c_str(), &s));
+    MUST(wsync_strategy_create_init_info(s, &init));
+    MUST(wsync_sender_create(s, init.data, init.size, &snd));
+    send_frame(down[1], init.data, init.size);
+    // Chunks of at most one bucket, in model order.
+    std::vector<std::vector<wsync_tensor_t>> chunks(1);
+    uint64_t in_chunk = 0;
+    for (Tensor &t : m) {
+        if (in_chunk + t.bytes + 256 > (uint64_t(256) << 20)) chunks.emplace_back(), in_chunk = 0;
+        wsync_tensor_t d{};
+        d.name = t.name.c_str();
+        d.data = t.data;
+        d.shape = t.shape;
+        d.ndim = 2;
+        d.dtype = {WSYNC_DTYPE_BFLOAT, 16, 1};
+        d.device = {WSYNC_DEVICE_CPU, 0};
+        chunks.back().push_back(d);
+        in_chunk += (t.bytes + 255) / 256 * 256;
+    }
+    std::vector<double> bytes, send, apply, sync;
+    for (int step = 1; step <= steps; ++step) {
+        if (step > 1) mutate(m, f, uint64_t(step) + uint64_t(f * 1e6));
+        double b = 0, send_ms = 0;
+        auto t0 = Clock::now();
+        for (size_t c = 0; c < chunks.size(); ++c) {
+            wsync_chunk_t ch{};
+            ch.tensors = chunks[c].data();
+            ch.count = chunks[c].size();
+            ch.flags = c + 1 == chunks.size() ? WSYNC_CHUNK_LAST : 0;
+            wsync_blob_t req;
+            auto ts = Clock::now();
+            MUST(wsync_sender_send_chunk(snd, &ch, &req));
+            send_ms += ms_since(ts);
+            send_frame(down[1], req.data, req.size);
+            b += request_bytes(req);
+            wsync_blob_free(&req);
+        }
+        MUST(wsync_sender_flush(snd, 600000));
+        double sync_ms = ms_since(t0);
+        send_frame(down[1], nullptr, 0);
+        double ans[2];
+        read_all(up[0], ans, sizeof ans);
+        uint64_t h;
+        std::memcpy(&h, &ans[1], 8);
+        if (h != model_hash(m)) {
+            std::fprintf(stderr, "wsync-bench-delta: the engine's model differs after step %d\n", step);
+            std::exit(1);
+        }
+        uint8_t more = 1;
+        send_frame(down[1], &more, step < steps ? 1 : 0);
+        if (step > 1) bytes.push_back(b), send.push_back(send_ms), apply.push_back(ans[0]), sync.push_back(sync_ms);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    close(down[1]), close(up[0]);
+    wsync_sender_destroy(snd);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    return {median(bytes), median(send), median(apply), median(sync), mean(sync)};
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    uint64_t size_mb = 2048;
+    int steps = 4;
+    bool as_json = false;
+    std::string delta = "auto";
+    std::vector<double> fractions = {0.001, 0.01, 0.05, 0.2, 1.0};
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) std::exit(2);
+            return argv[++i];
+        };
+        if (a == "--size-mb") size_mb = std::stoull(value());
+        else if (a == "--steps") steps = std::max(2, std::stoi(value()));
+        else if (a == "--delta") delta = value();
+        else if (a == "--json") as_json = true;
+        else if (a == "--fractions") {
+            fractions.clear();
+            std::string v = value();
+            for (size_t p = 0; p < v.size();) {
+                size_t q = v.find(',', p);
+                fractions.push_back(std::stod(v.substr(p, q - p)));
+                p = q == std::string::npos ? v.size() : q + 1;
+            }
+        } else {
+            std::fprintf(stderr, "usage: wsync-bench-delta [--size-mb N] [--steps N] "
+                                 "[--fractions F,F,...] [--delta auto|on] [--json]\n");
+            return 2;
+        }
+    }
+    std::vector<Tensor> m = make_model(size_mb << 20);
+    uint64_t total = 0;
+    for (const Tensor &t : m) total += t.bytes;
+    Figures dense = run(m, "off", 0.01, steps);
+    json out = {{"model_bytes", total}, {"tensors", m.size()}, {"dtype", "bfloat16"},
+                {"steps", steps}, {"delta", delta},
+                {"dense", {{"bytes", dense.bytes}, {"send_ms", dense.send_ms},
+                           {"apply_ms", dense.apply_ms}, {"sync_ms", dense.sync_ms},
+                           {"sync_mean_ms", dense.sync_mean_ms}}},
+                {"delta_runs", json::array()}};
+    if (!as_json)
+        std::printf("model %.0f MiB bf16, %zu tensors; median of steps 2..%d\n"
+                    "%-9s %12s %8s %10s %10s %10s %9s %10s\n", double(total) / (1 << 20), m.size(),
+                    steps, "changed", "bytes", "x dense", "send ms", "apply ms", "sync ms",
+                    "x dense", "mean sync");
+    auto row = [&](const char *label, const Figures &r) {
+        if (!as_json)
+            std::printf("%-9s %12.0f %8.4f %10.1f %10.1f %10.1f %9.3f %10.1f\n", label, r.bytes,
+                        r.bytes / dense.bytes, r.send_ms, r.apply_ms, r.sync_ms,
+                        r.sync_ms / dense.sync_ms, r.sync_mean_ms);
+    };
+    row("dense", dense);
+    for (double f : fractions) {
+        Figures r = run(m, delta, f, steps);
+        char label[32];
+        std::snprintf(label, sizeof label, "%g", f);
+        row(label, r);
+        out["delta_runs"].push_back({{"fraction", f}, {"bytes", r.bytes},
+                                     {"bytes_ratio", r.bytes / dense.bytes},
+                                     {"send_ms", r.send_ms}, {"apply_ms", r.apply_ms},
+                                     {"sync_ms", r.sync_ms}, {"sync_mean_ms", r.sync_mean_ms},
+                                     {"sync_ratio", r.sync_ms / dense.sync_ms}});
+    }
+    if (as_json) std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+}
