@@ -1,3 +1,4 @@
+#include "delta.hpp"
 #include "error.hpp"
 #include "strategy.hpp"
 
@@ -6,6 +7,10 @@ namespace wsync {
 const std::vector<const KindInfo *> &registered_kinds() {
     static const std::vector<const KindInfo *> kinds = {&kShmKind, &kCudaIpcKind, &kNcclBroadcastKind};
     return kinds;
+}
+
+const std::vector<OptionSpec> &option_specs(const KindInfo &kind) {
+    return delta::with_delta_options(kind.options);
 }
 
 const KindInfo &find_kind(const std::string &name) {

@@ -423,7 +423,7 @@ static void a_destination_without_the_base_is_left_unchanged_and_refused(void **
     wsync_blob_free(&init);
 }
 
-static void gpu_kinds_refuse_delta_by_name(void **state) {
+static void gpu_kinds_refuse_delta_by_name_and_every_kind_lists_the_options(void **state) {
     (void)state;
     static const char *kinds[] = {"cuda_ipc", "nccl_broadcast"};
     for (int k = 0; k < 2; ++k) {
@@ -431,6 +431,13 @@ static void gpu_kinds_refuse_delta_by_name(void **state) {
         EXPECT_ERR(wsync_strategy_create(kinds[k], "{\"delta\": \"auto\"}", &s), WSYNC_ERR_UNSUPPORTED,
                    "delta sync is host-only for now");
         assert_null(s);
+    }
+    for (int k = 0; k < 2; ++k) { /* every kind lists the delta options */
+        char *json;
+        OK(wsync_strategy_describe_options(k ? "cuda_ipc" : "shm", &json));
+        assert_non_null(strstr(json, "\"delta_anchor_every\""));
+        assert_non_null(strstr(json, "\"delta_max_percent\""));
+        wsync_string_free(json);
     }
     wsync_strategy_t *s;
     EXPECT_ERR(wsync_strategy_create("shm", "{\"delta\": \"sometimes\"}", &s), WSYNC_ERR_INVALID_ARGUMENT, "delta");
@@ -444,7 +451,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(random_versions_leave_every_engine_bit_identical_with_delta_on),
         cmocka_unit_test(a_reattached_receiver_refuses_a_patch_naming_both_versions_and_the_next_dense_version_recovers_it),
         cmocka_unit_test(a_destination_without_the_base_is_left_unchanged_and_refused),
-        cmocka_unit_test(gpu_kinds_refuse_delta_by_name),
+        cmocka_unit_test(gpu_kinds_refuse_delta_by_name_and_every_kind_lists_the_options),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);
