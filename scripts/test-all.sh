@@ -84,6 +84,9 @@ if [ -d bindings/python/tests ]; then
   WSYNC_LIBRARY="$root/build/libwsync.so" /usr/bin/python3 -m pytest -q -p no:cacheprovider bindings/python/tests
 fi
 
+section "Python package: wheel with the library bundled, installed into a fresh venv"
+WSYNC_LIBRARY="$root/build/libwsync.so" scripts/test-install.sh
+
 section "vLLM backend (real vllm==0.33.0, CPU)"
 WSYNC_LIBRARY="$root/build/libwsync.so" scripts/test-vllm.sh
 

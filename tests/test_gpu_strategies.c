@@ -28,8 +28,8 @@ static struct {
     wsync_fake_set_fail_fn set_fail;
     long long (*freed_while_imported)(void);
     int (*alloc_unexportable)(CUdeviceptr *, size_t);
-    int (*stream_hold)(void *);
-    void (*stream_release_held)(void);
+    wsync_fake_stream_hold_fn stream_hold;
+    wsync_fake_stream_release_held_fn stream_release_held;
 } drv;
 
 static void load_driver(void) {
@@ -222,6 +222,12 @@ static int engine_entry(const void *cfg, int in, int out) {
 
 static engine_t engine_start(const engine_cfg *cfg) { return tu_fork_peer(engine_entry, cfg); }
 
+/* A cuda_ipc engine on GPU 0 as receiver `index`, checking every version as sent. */
+static engine_t ipc_engine(uint32_t index) {
+    engine_cfg cfg = {"cuda_ipc", "{\"device\": 0}", NULL, index, 0, 0, 0, 0, 0};
+    return engine_start(&cfg); /* the child reads cfg from its copy of this frame */
+}
+
 static void engine_send(engine_t *e, const wsync_blob_t *b) {
     assert_int_equal(tu_send_frame(e->to, b->data, b->size), 0);
 }
@@ -240,6 +246,21 @@ static struct wsync_fake_stats engine_finish(engine_t *e) {
     return st;
 }
 
+/* A cuda_ipc trainer: its strategy with `options`, the init info (sent to the first `engines`
+ * engines, none if 0) and its sender. trainer_end() destroys a trainer of any kind. */
+static void ipc_trainer(const char *options, engine_t *e, int engines, wsync_strategy_t **s,
+                        wsync_blob_t *init, wsync_sender_t **tx) {
+    OK(wsync_strategy_create("cuda_ipc", options, s));
+    OK(wsync_strategy_create_init_info(*s, init));
+    for (int i = 0; i < engines; ++i) engine_send(&e[i], init);
+    OK(wsync_sender_create(*s, init->data, init->size, tx));
+}
+static void trainer_end(wsync_sender_t *tx, wsync_strategy_t *s, wsync_blob_t *init) {
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(init);
+}
+
 /* ---- cuda_ipc, packed ---------------------------------------------------------------------- */
 #define NT 6
 static int64_t shapes[NT][2] = {{64, 32}, {7, 3}, {1000, 1}, {16, 16}, {5, 5}, {300, 2}};
@@ -247,17 +268,12 @@ static const char *names[NT] = {"t0", "t1", "t2", "t3", "t4", "t5"};
 
 static void packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chunk(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_cfg c1 = {"cuda_ipc", "{\"device\": 0}", NULL, 1, 0, 0, 0, 0, 0};
-    engine_t e[2] = {engine_start(&c0), engine_start(&c1)};
+    engine_t e[2] = {ipc_engine(0), ipc_engine(1)};
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init;
     wsync_sender_t *tx;
-    OK(wsync_strategy_create("cuda_ipc", "{\"receivers\": 2, \"bucket_bytes\": 65536}", &s));
-    OK(wsync_strategy_create_init_info(s, &init));
-    for (int i = 0; i < 2; ++i) engine_send(&e[i], &init);
-    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    ipc_trainer("{\"receivers\": 2, \"bucket_bytes\": 65536}", e, 2, &s, &init, &tx);
     void *data[NT];
     for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
     struct wsync_fake_stats before = stats_now();
@@ -288,26 +304,20 @@ static void packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chun
         assert_int_equal(es.ipc_close, 2); /* and each closed exactly once */
         assert_int_equal(es.ipc_live, 0);
     }
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
     for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
 }
 
 static void recv_copy_of_device_memory_is_unsupported_and_the_chunk_still_loads(void **state) {
     (void)state;
     g_engines_try_copy = 1;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t e = engine_start(&c0);
+    engine_t e = ipc_engine(0);
     g_engines_try_copy = 0;
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init;
     wsync_sender_t *tx;
-    OK(wsync_strategy_create("cuda_ipc", "{\"receivers\": 1, \"bucket_bytes\": 65536}", &s));
-    OK(wsync_strategy_create_init_info(s, &init));
-    engine_send(&e, &init);
-    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    ipc_trainer("{\"receivers\": 1, \"bucket_bytes\": 65536}", &e, 1, &s, &init, &tx);
     void *data = dalloc((size_t)shapes[0][0] * shapes[0][1] * 4);
     tu_fill(data, (size_t)shapes[0][0] * shapes[0][1] * 4, 1, 0);
     wsync_tensor_t t = gpu_tensor(names[0], data, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
@@ -319,9 +329,7 @@ static void recv_copy_of_device_memory_is_unsupported_and_the_chunk_still_loads(
     wsync_blob_free(&req);
     OK(wsync_sender_flush(tx, 5000));
     engine_finish(&e);
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
     drv.cuMemFree((CUdeviceptr)(uintptr_t)data);
 }
 
@@ -333,10 +341,7 @@ static void packed_cast_to_bfloat16_rounds_to_nearest_even(void **state) {
     wsync_strategy_t *s;
     wsync_blob_t init;
     wsync_sender_t *tx;
-    OK(wsync_strategy_create("cuda_ipc", "{\"dtype\": \"bfloat16\", \"bucket_bytes\": 65536}", &s));
-    OK(wsync_strategy_create_init_info(s, &init));
-    engine_send(&e, &init);
-    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    ipc_trainer("{\"dtype\": \"bfloat16\", \"bucket_bytes\": 65536}", &e, 1, &s, &init, &tx);
     float *data[3];
     for (int k = 0; k < 3; ++k) data[k] = (float *)dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
     for (uint64_t v = 1; v <= 3; ++v) {
@@ -355,24 +360,18 @@ static void packed_cast_to_bfloat16_rounds_to_nearest_even(void **state) {
         OK(wsync_sender_flush(tx, 5000));
     }
     engine_finish(&e);
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
 }
 
 /* ---- cuda_ipc, per allocation -------------------------------------------------------------- */
 static void unpacked_steady_state_opens_no_new_handle_over_1000_syncs(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t e = engine_start(&c0);
+    engine_t e = ipc_engine(0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init;
     wsync_sender_t *tx;
-    OK(wsync_strategy_create("cuda_ipc", "{\"packed\": false}", &s));
-    OK(wsync_strategy_create_init_info(s, &init));
-    engine_send(&e, &init);
-    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    ipc_trainer("{\"packed\": false}", &e, 1, &s, &init, &tx);
     /* Six tensors in three allocations, at offsets inside them, as a caching allocator does. */
     uint8_t *pool[3];
     for (int a = 0; a < 3; ++a) pool[a] = (uint8_t *)dalloc(1 << 16);
@@ -404,23 +403,17 @@ static void unpacked_steady_state_opens_no_new_handle_over_1000_syncs(void **sta
     assert_int_equal(es.ipc_open, 3);
     assert_int_equal(es.ipc_close, 3);
     assert_int_equal(es.ipc_live, 0);
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
 }
 
 static void unpacked_moved_tensor_gets_a_new_handle_and_the_old_one_is_closed(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t e = engine_start(&c0);
+    engine_t e = ipc_engine(0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init;
     wsync_sender_t *tx;
-    OK(wsync_strategy_create("cuda_ipc", "{\"packed\": false}", &s));
-    OK(wsync_strategy_create_init_info(s, &init));
-    engine_send(&e, &init);
-    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    ipc_trainer("{\"packed\": false}", &e, 1, &s, &init, &tx);
     void *a = dalloc(4096), *b = dalloc(4096);
     for (uint64_t v = 1; v <= 4; ++v) {
         if (v == 2) { /* the trainer re-allocates t1 */
@@ -442,9 +435,7 @@ static void unpacked_moved_tensor_gets_a_new_handle_and_the_old_one_is_closed(vo
     struct wsync_fake_stats es = engine_finish(&e);
     assert_int_equal(es.ipc_open, 3);  /* a, the first b, the second b */
     assert_int_equal(es.ipc_close, 3); /* the first b after a version unused; the rest at exit */
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
 }
 
 /* ---- several senders, UUID selection ------------------------------------------------------- */
@@ -501,9 +492,7 @@ static void a_request_without_this_gpu_is_a_mismatch_naming_the_uuid(void **stat
     wsync_blob_t init, req;
     wsync_sender_t *tx;
     wsync_receiver_t *rx;
-    OK(wsync_strategy_create("cuda_ipc", "{\"bucket_bytes\": 65536}", &s));
-    OK(wsync_strategy_create_init_info(s, &init));
-    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    ipc_trainer("{\"bucket_bytes\": 65536}", NULL, 0, &s, &init, &tx);
     OK(wsync_strategy_create("cuda_ipc", "{\"device\": 1}", &rs));
     OK(wsync_receiver_create(rs, init.data, init.size, 0, &rx));
     void *d = dalloc(64 * 32 * 4);
@@ -531,16 +520,12 @@ static void a_request_without_this_gpu_is_a_mismatch_naming_the_uuid(void **stat
 
 static void a_dead_engine_fails_flush_with_peer(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t e = engine_start(&c0);
+    engine_t e = ipc_engine(0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init, req;
     wsync_sender_t *tx;
-    OK(wsync_strategy_create("cuda_ipc", "{\"bucket_bytes\": 65536}", &s));
-    OK(wsync_strategy_create_init_info(s, &init));
-    engine_send(&e, &init);
-    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    ipc_trainer("{\"bucket_bytes\": 65536}", &e, 1, &s, &init, &tx);
     void *d = dalloc(64 * 32 * 4);
     wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
     wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
@@ -552,9 +537,7 @@ static void a_dead_engine_fails_flush_with_peer(void **state) {
     EXPECT_ERR(wsync_sender_flush(tx, 3000), WSYNC_ERR_PEER, "died without acknowledging");
     assert_true(tu_now_ms() - t0 < 2000);
     wsync_blob_free(&req);
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
 }
 
 static void cuda_ipc_options_are_checked_before_anything_happens(void **state) {
@@ -575,15 +558,6 @@ static void cuda_ipc_options_are_checked_before_anything_happens(void **state) {
 }
 
 /* ---- cuda_ipc: lifetimes of shared memory (issue 10 A) ------------------------------------- */
-/* A sender and strategy over `init`, with engines already sent the init info. */
-static void ipc_trainer(const char *options, engine_t *e, int engines, wsync_strategy_t **s,
-                        wsync_blob_t *init, wsync_sender_t **tx) {
-    OK(wsync_strategy_create("cuda_ipc", options, s));
-    OK(wsync_strategy_create_init_info(*s, init));
-    for (int i = 0; i < engines; ++i) engine_send(&e[i], init);
-    OK(wsync_sender_create(*s, init->data, init->size, tx));
-}
-
 /* Sends one version of one chunk (t0 at a, t1 at b, filled for version v) to one engine and
  * returns the engine's verdict; the version is flushed when the verdict is 0. */
 static uint8_t sync_two(wsync_sender_t *tx, engine_t *e, void *a, void *b, uint64_t v) {
@@ -603,8 +577,7 @@ static uint8_t sync_two(wsync_sender_t *tx, engine_t *e, void *a, void *b, uint6
 
 static void the_fake_counts_memory_freed_while_an_engine_maps_it(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t e = engine_start(&c0);
+    engine_t e = ipc_engine(0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init;
@@ -616,16 +589,13 @@ static void the_fake_counts_memory_freed_while_an_engine_maps_it(void **state) {
     drv.cuMemFree((CUdeviceptr)(uintptr_t)a); /* version 1 still uses it: the engine maps it */
     assert_int_equal(drv.freed_while_imported() - before, 1);
     engine_finish(&e);
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
     drv.cuMemFree((CUdeviceptr)(uintptr_t)b);
 }
 
 static void unpacked_memory_a_version_no_longer_uses_is_freed_after_wait_released(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t e = engine_start(&c0);
+    engine_t e = ipc_engine(0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init;
@@ -658,9 +628,7 @@ static void unpacked_memory_a_version_no_longer_uses_is_freed_after_wait_release
     drv.cuMemFree((CUdeviceptr)(uintptr_t)moved);
     drv.cuMemFree((CUdeviceptr)(uintptr_t)b);
     assert_int_equal(drv.freed_while_imported() - before, 0);
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
 }
 
 static void destroying_a_packed_sender_waits_for_engines_to_unmap_its_buckets(void **state) {
@@ -694,8 +662,7 @@ static void destroying_a_packed_sender_waits_for_engines_to_unmap_its_buckets(vo
 
 static void destroying_a_packed_sender_leaves_buckets_an_engine_still_maps_allocated(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t e = engine_start(&c0);
+    engine_t e = ipc_engine(0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init;
@@ -727,27 +694,19 @@ static void unpacked_refuses_unexportable_memory_naming_the_tensor_and_packed_tr
     wsync_strategy_t *s;
     wsync_blob_t init, req;
     wsync_sender_t *tx;
-    OK(wsync_strategy_create("cuda_ipc", "{\"packed\": false}", &s));
-    OK(wsync_strategy_create_init_info(s, &init));
-    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    ipc_trainer("{\"packed\": false}", NULL, 0, &s, &init, &tx);
     EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_UNSUPPORTED,
                "tensor 'layers.0.w' lives in memory that cannot be exported");
     assert_non_null(strstr(wsync_last_error(), "packed: true"));
     uint64_t v = 0;
     OK(wsync_sender_version(tx, &v));
     assert_int_equal(v, 1); /* refused input: nothing published, the version untouched */
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
     /* packed: true copies it into an exportable bucket. */
-    OK(wsync_strategy_create("cuda_ipc", "{\"bucket_bytes\": 65536}", &s));
-    OK(wsync_strategy_create_init_info(s, &init));
-    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    ipc_trainer("{\"bucket_bytes\": 65536}", NULL, 0, &s, &init, &tx);
     OK(wsync_sender_send_chunk(tx, &ch, &req));
     wsync_blob_free(&req);
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
     drv.cuMemFree(pool);
 }
 
@@ -758,20 +717,25 @@ static void *release_held_after(void *ms) {
     return NULL;
 }
 
+/* Holds `stream` (NULL: the legacy default stream) from now on; another thread, which the
+ * caller joins, releases every held stream `ms` later. */
+static pthread_t hold_stream_for(void *stream, int ms) {
+    assert_int_equal(drv.stream_hold(stream), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, release_held_after, (void *)(uintptr_t)ms), 0);
+    return th;
+}
+
 static void sender_does_not_wait_for_work_on_other_streams(void **state) {
     (void)state;
     use_device(0);
     void *collective = NULL; /* a training collective that does not finish meanwhile */
     assert_int_equal(drv.cuStreamCreate(&collective, 1 /* non-blocking */), 0);
-    assert_int_equal(drv.stream_hold(collective), 0);
-    pthread_t th;
-    pthread_create(&th, NULL, release_held_after, (void *)(uintptr_t)1500);
+    pthread_t th = hold_stream_for(collective, 1500);
     wsync_strategy_t *s;
     wsync_blob_t init, req;
     wsync_sender_t *tx;
-    OK(wsync_strategy_create("cuda_ipc", "{\"packed\": false, \"timeout_ms\": 10000}", &s));
-    OK(wsync_strategy_create_init_info(s, &init));
-    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    ipc_trainer("{\"packed\": false, \"timeout_ms\": 10000}", NULL, 0, &s, &init, &tx);
     void *d = dalloc(64 * 32 * 4);
     wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
     wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
@@ -780,9 +744,7 @@ static void sender_does_not_wait_for_work_on_other_streams(void **state) {
     assert_true(tu_now_ms() - t0 < 1000);
     pthread_join(th, NULL);
     wsync_blob_free(&req);
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
     drv.cuMemFree((CUdeviceptr)(uintptr_t)d);
 }
 
@@ -792,15 +754,11 @@ static void sender_times_out_naming_the_chunk_when_the_default_stream_does_not_d
     wsync_strategy_t *s;
     wsync_blob_t init, req;
     wsync_sender_t *tx;
-    OK(wsync_strategy_create("cuda_ipc", "{\"bucket_bytes\": 65536, \"timeout_ms\": 400}", &s));
-    OK(wsync_strategy_create_init_info(s, &init));
-    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    ipc_trainer("{\"bucket_bytes\": 65536, \"timeout_ms\": 400}", NULL, 0, &s, &init, &tx);
     void *d = dalloc(64 * 32 * 4);
     wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
     wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
-    assert_int_equal(drv.stream_hold(NULL), 0); /* the trainer's own stream never drains */
-    pthread_t th;
-    pthread_create(&th, NULL, release_held_after, (void *)(uintptr_t)1500);
+    pthread_t th = hold_stream_for(NULL, 1500); /* the trainer's own stream never drains */
     long t0 = tu_now_ms();
     EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_TIMEOUT,
                "legacy default stream of GPU-");
@@ -808,9 +766,7 @@ static void sender_times_out_naming_the_chunk_when_the_default_stream_does_not_d
     assert_non_null(strstr(wsync_last_error(), "chunk 0 of version 1"));
     assert_true(took >= 350 && took < 2000);
     pthread_join(th, NULL);
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
     drv.cuMemFree((CUdeviceptr)(uintptr_t)d);
 }
 
@@ -824,24 +780,19 @@ static void a_sender_given_the_callers_stream_orders_after_it_and_not_the_defaul
     wsync_strategy_t *s;
     wsync_blob_t init, req;
     wsync_sender_t *tx;
-    OK(wsync_strategy_create("cuda_ipc", "{\"bucket_bytes\": 65536, \"timeout_ms\": 400}", &s));
-    OK(wsync_strategy_create_init_info(s, &init));
-    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    ipc_trainer("{\"bucket_bytes\": 65536, \"timeout_ms\": 400}", NULL, 0, &s, &init, &tx);
     void *d = dalloc(64 * 32 * 4);
     wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
     wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
     void *mine = NULL;
     assert_int_equal(drv.cuStreamCreate(&mine, 1 /* non-blocking */), 0);
     OK(wsync_sender_set_stream(tx, mine));
-    assert_int_equal(drv.stream_hold(mine), 0); /* the trainer's writes are still queued there */
-    pthread_t th;
-    pthread_create(&th, NULL, release_held_after, (void *)(uintptr_t)1500);
+    pthread_t th = hold_stream_for(mine, 1500); /* the trainer's writes are still queued there */
     long t0 = tu_now_ms();
     EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_TIMEOUT, "the caller's stream 0x");
     assert_true(tu_now_ms() - t0 < 1500);
     pthread_join(th, NULL);
-    assert_int_equal(drv.stream_hold(NULL), 0); /* now the default stream never drains */
-    pthread_create(&th, NULL, release_held_after, (void *)(uintptr_t)1500);
+    th = hold_stream_for(NULL, 1500); /* now the default stream never drains */
     t0 = tu_now_ms();
     OK(wsync_sender_send_chunk(tx, &ch, &req));
     assert_true(tu_now_ms() - t0 < 1000);
@@ -851,9 +802,7 @@ static void a_sender_given_the_callers_stream_orders_after_it_and_not_the_defaul
                "legacy default stream of GPU-");
     pthread_join(th, NULL);
     EXPECT_ERR(wsync_sender_set_stream(NULL, mine), WSYNC_ERR_INVALID_ARGUMENT, "sender");
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
     drv.cuMemFree((CUdeviceptr)(uintptr_t)d);
 }
 
@@ -865,8 +814,7 @@ static void a_sender_given_the_callers_stream_orders_after_it_and_not_the_defaul
 static void cuda_ipc_engine_restarted_after_the_name_is_gone_reattaches_and_gets_the_next_version(
     void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t a = engine_start(&c0);
+    engine_t a = ipc_engine(0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init, req;
@@ -887,15 +835,13 @@ static void cuda_ipc_engine_restarted_after_the_name_is_gone_reattaches_and_gets
     long t0 = tu_now_ms();
     EXPECT_ERR(wsync_sender_flush(tx, 5000), WSYNC_ERR_PEER, "receiver 0");
     assert_true(tu_now_ms() - t0 < 2000);
-    engine_t b = engine_start(&c0);
+    engine_t b = ipc_engine(0);
     engine_send(&b, &init);
     usleep(300 * 1000); /* B attaches (through the trainer's socket) before version 3 begins */
     assert_int_equal(sync_two(tx, &b, x, y, 3), 0);
     assert_false(tu_segment_named_in(init.data, init.size));
     engine_finish(&b);
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
     drv.cuMemFree((CUdeviceptr)(uintptr_t)x);
     drv.cuMemFree((CUdeviceptr)(uintptr_t)y);
 }
@@ -938,9 +884,7 @@ static void a_failed_engine_synchronise_fails_recv_end_and_flush_alike(void **st
     assert_non_null(strstr(f.message, "legacy default stream"));
     wsync_blob_free(&req);
     engine_finish(&e);
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
     drv.cuMemFree((CUdeviceptr)(uintptr_t)d);
 }
 
@@ -1110,9 +1054,7 @@ static void nccl_broadcast_reaches_two_engines_bit_for_bit(void **state) {
         OK(wsync_sender_flush(tx, 5000));
     }
     for (int i = 0; i < 2; ++i) engine_finish(&e[i]);
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
 }
 
 static void nccl_group_that_never_completes_times_out_and_aborts(void **state) {
@@ -1168,9 +1110,7 @@ static void nccl_failed_broadcast_times_the_receiver_out_and_fails_flush(void **
     EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &r3), WSYNC_ERR_PEER, "aborted by an earlier failure");
     engine_finish(&e);
     wsync_blob_free(&req);
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
 }
 
 /* A test control of the fake (fake_gpu.h), looked up in the library the driver came from. */
@@ -1378,11 +1318,6 @@ static int stalled_loader_engine_main(const engine_cfg *cfg, int in, int out) {
         return 11;
     free(init);
     use_device(0); /* the loader's own context, as the engine's framework makes it current */
-    CUresult (*copy)(CUdeviceptr, CUdeviceptr, size_t, void *);
-    *(void **)&copy = dlsym(drv.h, "cuMemcpyDtoDAsync_v2");
-    wsync_fake_hold_default_stream_fn hold =
-        (wsync_fake_hold_default_stream_fn)dlsym(drv.h, "wsync_fake_hold_default_stream");
-    if (!copy || !hold) return 12;
     uint8_t verdict = 1;
     wsync_recv_t *it;
     if (tu_recv_frame(in, &req, &len, 20000) || !req) return 13;
@@ -1390,11 +1325,11 @@ static int stalled_loader_engine_main(const engine_cfg *cfg, int in, int out) {
         CUdeviceptr mine = 0;
         wsync_tensor_t v;
         bool has;
-        hold(1);
+        if (drv.stream_hold(NULL) != 0) return 12; /* the default stream stops running work */
         while (wsync_recv_next(it, &v, &has) == WSYNC_OK && has) {
             size_t n = (size_t)v.shape[0] * (size_t)v.shape[1] * 4;
             if (!mine && drv.cuMemAlloc(&mine, 1 << 20) != 0) return 14;
-            if (copy(mine, (CUdeviceptr)(uintptr_t)v.data, n, NULL) != 0) return 15;
+            if (drv.cuMemcpyDtoDAsync(mine, (CUdeviceptr)(uintptr_t)v.data, n, NULL) != 0) return 15;
         }
         long t0 = tu_now_ms();
         wsync_status_t st = wsync_recv_end(it);
@@ -1408,7 +1343,7 @@ static int stalled_loader_engine_main(const engine_cfg *cfg, int in, int out) {
     verdict = st == WSYNC_ERR_TIMEOUT && strstr(wsync_last_error(), "default stream") ? 0 : 3;
     if (st == WSYNC_OK) wsync_recv_end(it);
     free(req);
-    hold(0);
+    drv.stream_release_held();
     if (tu_write_all(out, &verdict, 1)) return 18;
     if (tu_recv_frame(in, &req, &len, 20000) || req) return 19;
     wsync_receiver_destroy(r);
@@ -1451,9 +1386,7 @@ static void nccl_recv_end_does_not_wait_unbounded_for_the_loaders_default_stream
     assert_int_equal(tu_wait_child(e.pid, 10000), 0);
     close(e.to);
     close(e.from);
-    wsync_sender_destroy(tx);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
+    trainer_end(tx, s, &init);
 }
 
 static void nccl_too_old_or_missing_is_unavailable_naming_it(void **state) {

@@ -73,8 +73,7 @@ static void engines_in_other_pid_namespaces_are_alive_by_their_lock_not_their_pi
     (void)state;
     pid_t far_pid = unused_pid();
     if (far_pid == 0) skip();
-    trainer_t *tr = calloc(1, sizeof *tr);
-    trainer_open(tr, "{\"receivers\": 2, \"bucket_bytes\": 65536}");
+    trainer_t *tr = trainer_new("{\"receivers\": 2, \"bucket_bytes\": 65536}");
     engine_cfg_t cfg[2];
     tu_peer_t e[2];
     for (uint32_t i = 0; i < 2; ++i) {
@@ -83,29 +82,20 @@ static void engines_in_other_pid_namespaces_are_alive_by_their_lock_not_their_pi
         uint8_t ready = tu_peer_byte(&e[i], 5000);
         if (ready == 77) {
             for (uint32_t k = 0; k <= i; ++k) tu_wait_child(e[k].pid, 100), close(e[k].to), close(e[k].from);
-            trainer_close(tr);
-            free(tr);
+            trainer_free(tr);
             skip(); /* no new PID namespace here (needs CAP_SYS_ADMIN) */
         }
         assert_int_equal(ready, 0);
     }
     tu_peer_t *both[2] = {&e[0], &e[1]};
     for (uint64_t v = 1; v <= 3; ++v) {
-        OK(send_chunk_to(tr, v, 0, both, 2));
-        OK(send_chunk_to(tr, v, 1, both, 2));
-        for (int i = 0; i < 2; ++i) {
-            assert_int_equal(tu_peer_byte(&e[i], 5000), 0);
-            assert_int_equal(tu_peer_byte(&e[i], 5000), 0); /* completed, bit-exact */
-        }
+        send_version_to(tr, v, both, 2);
         OK(wsync_sender_flush(tr->sender, 5000));
     }
     kill(e[0].pid, SIGKILL); /* the launcher; the namespace and its engine go with it */
     assert_int_equal(tu_wait_child(e[0].pid, 5000), 128 + SIGKILL);
     usleep(100 * 1000); /* the engine itself dies of the launcher's death signal */
-    OK(send_chunk_to(tr, 4, 0, both + 1, 1));
-    OK(send_chunk_to(tr, 4, 1, both + 1, 1));
-    assert_int_equal(tu_peer_byte(&e[1], 5000), 0);
-    assert_int_equal(tu_peer_byte(&e[1], 5000), 0);
+    send_version_to(tr, 4, both + 1, 1);
     long t0 = tu_now_ms();
     EXPECT_ERR(wsync_sender_flush(tr->sender, 20000), WSYNC_ERR_PEER, "receiver 0");
     assert_true(tu_now_ms() - t0 < 1000);
@@ -117,8 +107,7 @@ static void engines_in_other_pid_namespaces_are_alive_by_their_lock_not_their_pi
     close(e[0].to);
     close(e[0].from);
     assert_false(tu_segment_named_in(tr->init.data, tr->init.size));
-    trainer_close(tr);
-    free(tr);
+    trainer_free(tr);
 }
 
 static int named_cause(wsync_status_t st) {
@@ -137,12 +126,10 @@ static int named_cause(wsync_status_t st) {
 static void engine_scribbling_over_the_shared_board_cannot_crash_the_trainer_or_its_peers(
     void **state) {
     (void)state;
-    trainer_t *tr = calloc(1, sizeof *tr);
-    trainer_open(tr, "{\"receivers\": 2, \"bucket_bytes\": 65536, \"timeout_ms\": 1000}");
-    engine_cfg_t cfg[2];
-    tu_peer_t e[2];
-    for (uint32_t i = 0; i < 2; ++i) e[i] = start_engine(&cfg[i], tr, i, MODE_LOAD);
-    tu_peer_t *honest[1] = {&e[0]};
+    trainer_t *tr = trainer_new("{\"receivers\": 2, \"bucket_bytes\": 65536, \"timeout_ms\": 1000}");
+    engines_t es;
+    start_engines(&es, tr, 2, MODE_LOAD);
+    tu_peer_t *e = es.e, **honest = es.all;
     int completed = 0;
     for (uint64_t round = 1; round <= 8; ++round) {
         uint8_t cmd[9] = {'S'};
@@ -171,8 +158,7 @@ static void engine_scribbling_over_the_shared_board_cannot_crash_the_trainer_or_
     stop_engine(&e[0]);
     stop_engine(&e[1]);
     assert_false(tu_segment_named_in(tr->init.data, tr->init.size));
-    trainer_close(tr);
-    free(tr);
+    trainer_free(tr);
 }
 
 static const struct CMUnitTest tests[] = {

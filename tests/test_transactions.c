@@ -12,16 +12,15 @@
  * (it returns as soon as the record is read). */
 static void loader_failing_after_its_last_view_reaches_the_trainer_as_its_own_status(void **state) {
     (void)state;
-    trainer_t *tr = calloc(1, sizeof *tr);
-    trainer_open(tr, "{\"bucket_bytes\": 65536}");
-    engine_cfg_t cfg;
-    tu_peer_t e = start_engine(&cfg, tr, 0, MODE_FAIL_LAST_VIEW_AT_V2);
-    tu_peer_t *es[1] = {&e};
+    trainer_t *tr = trainer_new("{\"bucket_bytes\": 65536}");
+    engines_t es;
+    start_engines(&es, tr, 1, MODE_FAIL_LAST_VIEW_AT_V2);
+    tu_peer_t *e = &es.e[0];
     for (uint64_t v = 1; v <= 2; ++v) {
-        OK(send_chunk_to(tr, v, 0, es, 1));
-        assert_int_equal(tu_peer_byte(&e, 5000), 0);
-        OK(send_chunk_to(tr, v, 1, es, 1));
-        assert_int_equal(tu_peer_byte(&e, 5000), v == 1 ? 0 : WSYNC_ERR_MISMATCH);
+        OK(send_chunk_to(tr, v, 0, es.all, 1));
+        assert_int_equal(tu_peer_byte(e, 5000), 0);
+        OK(send_chunk_to(tr, v, 1, es.all, 1));
+        assert_int_equal(tu_peer_byte(e, 5000), v == 1 ? 0 : WSYNC_ERR_MISMATCH);
         if (v == 1) OK(wsync_sender_flush(tr->sender, 5000));
     }
     long t0 = tu_now_ms();
@@ -37,18 +36,13 @@ static void loader_failing_after_its_last_view_reaches_the_trainer_as_its_own_st
     assert_int_equal(f.receiver, 0);
     assert_int_equal(f.version, 2);
     assert_int_equal(f.chunk_index, 1);
-    assert_int_equal(f.pid, e.pid);
+    assert_int_equal(f.pid, e->pid);
     assert_non_null(strstr(f.message, "fused qkv shape differs"));
     OK(wsync_sender_flush(tr->sender, 1000)); /* reported once */
-    /* Version 3 completes: the engine serves it bit-exact. */
-    OK(send_chunk_to(tr, 3, 0, es, 1));
-    assert_int_equal(tu_peer_byte(&e, 5000), 0);
-    OK(send_chunk_to(tr, 3, 1, es, 1));
-    assert_int_equal(tu_peer_byte(&e, 5000), 0);
+    send_version_to(tr, 3, es.all, 1); /* version 3 completes: the engine serves it bit-exact */
     OK(wsync_sender_flush(tr->sender, 5000));
-    stop_engine(&e);
-    trainer_close(tr);
-    free(tr);
+    stop_engine(e);
+    trainer_free(tr);
 }
 
 /* Observation 5: one failure used to be kept between flushes, a later one overwrote its
@@ -62,8 +56,7 @@ static void loader_failing_after_its_last_view_reaches_the_trainer_as_its_own_st
 static void every_failure_is_reported_once_with_its_own_status_and_a_failed_ack_is_no_free_bucket(
     void **state) {
     (void)state;
-    trainer_t *tr = calloc(1, sizeof *tr);
-    trainer_open(tr, "{\"receivers\": 2, \"bucket_bytes\": 65536}");
+    trainer_t *tr = trainer_new("{\"receivers\": 2, \"bucket_bytes\": 65536}");
     engine_cfg_t cfg[2];
     tu_peer_t e[2] = {start_engine(&cfg[0], tr, 0, MODE_FAIL_V1_CHUNK0),
                       start_engine(&cfg[1], tr, 1, MODE_FAIL_V1_CHUNK1)};
@@ -116,8 +109,7 @@ static void every_failure_is_reported_once_with_its_own_status_and_a_failed_ack_
     OK(wsync_sender_version(tr->sender, &v));
     assert_int_equal(v, 2); /* the failed send abandoned version 1 */
     stop_engine(&f0);
-    trainer_close(tr);
-    free(tr);
+    trainer_free(tr);
 }
 
 /* Observation 6: one dead engine used to break the sender for good. Three engines; engine 2
@@ -126,28 +118,15 @@ static void every_failure_is_reported_once_with_its_own_status_and_a_failed_ack_
  * Nothing is left in /dev/shm. */
 static void three_engines_one_killed_dropped_and_two_complete_five_more_versions(void **state) {
     (void)state;
-    trainer_t *tr = calloc(1, sizeof *tr);
-    trainer_open(tr, "{\"receivers\": 3, \"bucket_bytes\": 65536}");
-    engine_cfg_t cfg[3];
-    tu_peer_t e[3];
-    for (uint32_t i = 0; i < 3; ++i) e[i] = start_engine(&cfg[i], tr, i, MODE_LOAD);
-    tu_peer_t *all[3] = {&e[0], &e[1], &e[2]};
-    OK(send_chunk_to(tr, 1, 0, all, 3));
-    OK(send_chunk_to(tr, 1, 1, all, 3));
-    for (int i = 0; i < 3; ++i) {
-        assert_int_equal(tu_peer_byte(&e[i], 5000), 0);
-        assert_int_equal(tu_peer_byte(&e[i], 5000), 0);
-    }
+    trainer_t *tr = trainer_new("{\"receivers\": 3, \"bucket_bytes\": 65536}");
+    engines_t es;
+    start_engines(&es, tr, 3, MODE_LOAD);
+    tu_peer_t *e = es.e, **two = es.all; /* two: engines 0 and 1, the first two of all */
+    send_version_to(tr, 1, es.all, 3);
     OK(wsync_sender_flush(tr->sender, 5000));
     kill(e[2].pid, SIGKILL);
     assert_int_equal(tu_wait_child(e[2].pid, 5000), 128 + SIGKILL);
-    tu_peer_t *two[2] = {&e[0], &e[1]};
-    OK(send_chunk_to(tr, 2, 0, two, 2));
-    OK(send_chunk_to(tr, 2, 1, two, 2));
-    for (int i = 0; i < 2; ++i) {
-        assert_int_equal(tu_peer_byte(&e[i], 5000), 0);
-        assert_int_equal(tu_peer_byte(&e[i], 5000), 0);
-    }
+    send_version_to(tr, 2, two, 2);
     long t0 = tu_now_ms();
     EXPECT_ERR(wsync_sender_flush(tr->sender, 5000), WSYNC_ERR_PEER, "receiver 2");
     assert_true(tu_now_ms() - t0 < 1000);
@@ -157,20 +136,14 @@ static void three_engines_one_killed_dropped_and_two_complete_five_more_versions
     OK(wsync_sender_drop_receiver(tr->sender, 2));
     OK(wsync_sender_flush(tr->sender, 5000)); /* version 2 is complete on the other two */
     for (uint64_t v = 3; v <= 7; ++v) {
-        OK(send_chunk_to(tr, v, 0, two, 2));
-        OK(send_chunk_to(tr, v, 1, two, 2));
-        for (int i = 0; i < 2; ++i) {
-            assert_int_equal(tu_peer_byte(&e[i], 5000), 0);
-            assert_int_equal(tu_peer_byte(&e[i], 5000), 0); /* completed, bit-exact */
-        }
+        send_version_to(tr, v, two, 2);
         OK(wsync_sender_flush(tr->sender, 5000));
     }
     stop_engine(&e[0]);
     stop_engine(&e[1]);
     close(e[2].to);
     close(e[2].from);
-    trainer_close(tr);
-    free(tr);
+    trainer_free(tr);
 }
 
 /* Observation 6, second half: a restarted engine could not re-attach ("segment does not
@@ -179,12 +152,10 @@ static void three_engines_one_killed_dropped_and_two_complete_five_more_versions
  * away owing a chunk); the next version reaches both engines, bit-exact. */
 static void engine_killed_mid_version_restarts_and_receives_the_next_version(void **state) {
     (void)state;
-    trainer_t *tr = calloc(1, sizeof *tr);
-    trainer_open(tr, "{\"receivers\": 2, \"bucket_bytes\": 65536}");
-    engine_cfg_t cfg[2];
-    tu_peer_t e[2];
-    for (uint32_t i = 0; i < 2; ++i) e[i] = start_engine(&cfg[i], tr, i, MODE_LOAD);
-    tu_peer_t *both[2] = {&e[0], &e[1]};
+    trainer_t *tr = trainer_new("{\"receivers\": 2, \"bucket_bytes\": 65536}");
+    engines_t es;
+    start_engines(&es, tr, 2, MODE_LOAD);
+    tu_peer_t *e = es.e, **both = es.all;
     OK(send_chunk_to(tr, 1, 0, both, 2));
     assert_int_equal(tu_peer_byte(&e[0], 5000), 0);
     assert_int_equal(tu_peer_byte(&e[1], 5000), 0);
@@ -192,25 +163,19 @@ static void engine_killed_mid_version_restarts_and_receives_the_next_version(voi
     assert_int_equal(tu_wait_child(e[1].pid, 5000), 128 + SIGKILL);
     close(e[1].to);
     close(e[1].from);
-    e[1] = start_engine(&cfg[1], tr, 1, MODE_LOAD); /* re-attaches through the sender */
+    e[1] = start_engine(&es.cfg[1], tr, 1, MODE_LOAD); /* re-attaches through the sender */
     tu_peer_t *first[1] = {&e[0]};
     OK(send_chunk_to(tr, 1, 1, first, 1));
     assert_int_equal(tu_peer_byte(&e[0], 5000), 0);
     EXPECT_ERR(wsync_sender_flush(tr->sender, 5000), WSYNC_ERR_PEER, "receiver 1");
     assert_int_equal(failure(tr, 0).what, WSYNC_FAILURE_DIED);
     for (uint64_t v = 2; v <= 3; ++v) {
-        OK(send_chunk_to(tr, v, 0, both, 2));
-        OK(send_chunk_to(tr, v, 1, both, 2));
-        for (int i = 0; i < 2; ++i) {
-            assert_int_equal(tu_peer_byte(&e[i], 5000), 0);
-            assert_int_equal(tu_peer_byte(&e[i], 5000), 0);
-        }
+        send_version_to(tr, v, both, 2);
         OK(wsync_sender_flush(tr->sender, 5000));
     }
     stop_engine(&e[0]);
     stop_engine(&e[1]);
-    trainer_close(tr);
-    free(tr);
+    trainer_free(tr);
 }
 
 /* A frozen engine (SIGSTOP): the trainer's flush ends in TIMEOUT at its deadline naming it
@@ -218,15 +183,13 @@ static void engine_killed_mid_version_restarts_and_receives_the_next_version(voi
  * dropped. */
 static void frozen_engine_times_out_by_name_and_can_be_dropped(void **state) {
     (void)state;
-    trainer_t *tr = calloc(1, sizeof *tr);
-    trainer_open(tr, "{\"receivers\": 2, \"bucket_bytes\": 65536}");
-    engine_cfg_t cfg[2];
-    tu_peer_t e[2];
-    for (uint32_t i = 0; i < 2; ++i) e[i] = start_engine(&cfg[i], tr, i, MODE_LOAD);
+    trainer_t *tr = trainer_new("{\"receivers\": 2, \"bucket_bytes\": 65536}");
+    engines_t es;
+    start_engines(&es, tr, 2, MODE_LOAD);
+    tu_peer_t *e = es.e;
     kill(e[1].pid, SIGSTOP);
-    tu_peer_t *both[2] = {&e[0], &e[1]};
-    OK(send_chunk_to(tr, 1, 0, both, 2));
-    OK(send_chunk_to(tr, 1, 1, both, 2));
+    OK(send_chunk_to(tr, 1, 0, es.all, 2));
+    OK(send_chunk_to(tr, 1, 1, es.all, 2));
     assert_int_equal(tu_peer_byte(&e[0], 5000), 0);
     assert_int_equal(tu_peer_byte(&e[0], 5000), 0);
     long t0 = tu_now_ms();
@@ -243,8 +206,7 @@ static void frozen_engine_times_out_by_name_and_can_be_dropped(void **state) {
     assert_int_equal(tu_peer_byte(&e[1], 5000), WSYNC_ERR_PEER);
     stop_engine(&e[0]);
     stop_engine(&e[1]);
-    trainer_close(tr);
-    free(tr);
+    trainer_free(tr);
 }
 
 /* Observation 3 and 10: the trainer is SIGKILLed after engines attached and mid-version. The
@@ -254,8 +216,7 @@ static void frozen_engine_times_out_by_name_and_can_be_dropped(void **state) {
 static int trainer_main(const void *cfg, int in, int out) {
     (void)cfg;
     (void)in;
-    trainer_t *tr = calloc(1, sizeof *tr);
-    trainer_open(tr, "{\"bucket_bytes\": 65536}");
+    trainer_t *tr = trainer_new("{\"bucket_bytes\": 65536}");
     if (tu_send_frame(out, tr->init.data, tr->init.size) != 0) return 1;
     uint8_t go;
     if (tu_read_all(in, &go, 1, 10000) != 0) return 2;
@@ -333,8 +294,7 @@ static int claim_main(const void *p, int in, int out) {
 static void two_processes_racing_for_one_index_never_both_get_it(void **state) {
     (void)state;
     for (int round = 0; round < 40; ++round) {
-        trainer_t *tr = calloc(1, sizeof *tr);
-        trainer_open(tr, "{\"receivers\": 2, \"bucket_bytes\": 4096}");
+        trainer_t *tr = trainer_new("{\"receivers\": 2, \"bucket_bytes\": 4096}");
         engine_cfg_t cfg = {tr->init.data, tr->init.size, 0, 0, 0};
         tu_peer_t a = tu_fork_peer(claim_main, &cfg), b = tu_fork_peer(claim_main, &cfg);
         uint8_t go = 1;
@@ -348,16 +308,14 @@ static void two_processes_racing_for_one_index_never_both_get_it(void **state) {
         assert_int_equal(tu_wait_child(a.pid, 5000), 0);
         assert_int_equal(tu_wait_child(b.pid, 5000), 0);
         close(a.to), close(a.from), close(b.to), close(b.from);
-        trainer_close(tr);
-        free(tr);
+        trainer_free(tr);
     }
 }
 
 /* A lazy producer ends a version after the fact: commit() sends the manifest with no data. */
 static void commit_without_data_completes_the_version_and_carries_its_manifest(void **state) {
     (void)state;
-    trainer_t *tr = calloc(1, sizeof *tr);
-    trainer_open(tr, "{\"bucket_bytes\": 65536}");
+    trainer_t *tr = trainer_new("{\"bucket_bytes\": 65536}");
     wsync_strategy_t *s;
     wsync_receiver_t *r;
     OK(wsync_strategy_create("shm", NULL, &s));
@@ -393,8 +351,7 @@ static void commit_without_data_completes_the_version_and_carries_its_manifest(v
     wsync_blob_free(&req);
     wsync_receiver_destroy(r);
     wsync_strategy_destroy(s);
-    trainer_close(tr);
-    free(tr);
+    trainer_free(tr);
 }
 
 static const struct CMUnitTest tests[] = {

@@ -164,6 +164,18 @@ static void trainer_close(trainer_t *tr) {
     wsync_blob_free(&tr->init);
 }
 
+/* A trainer on the heap (its tensors take 48 KiB), opened with `options`; trainer_free() ends it. */
+static trainer_t *trainer_new(const char *options) {
+    trainer_t *tr = calloc(1, sizeof *tr);
+    assert_non_null(tr);
+    trainer_open(tr, options);
+    return tr;
+}
+static void trainer_free(trainer_t *tr) {
+    trainer_close(tr);
+    free(tr);
+}
+
 static tu_peer_t start_engine(engine_cfg_t *cfg, const trainer_t *tr, uint32_t index, int mode) {
     cfg->init = tr->init.data;
     cfg->init_len = tr->init.size;
@@ -181,6 +193,23 @@ static void stop_engine(tu_peer_t *e) {
     close(e->from);
 }
 
+/* n engines of one trainer, all in the same mode: engine i is receiver i. `all` lists them as
+ * send_chunk_to() and send_version_to() take them. */
+#define MAX_ENGINES 3
+typedef struct {
+    engine_cfg_t cfg[MAX_ENGINES];
+    tu_peer_t e[MAX_ENGINES];
+    tu_peer_t *all[MAX_ENGINES];
+} engines_t;
+
+static void start_engines(engines_t *es, const trainer_t *tr, int n, int mode) {
+    assert_true(n <= MAX_ENGINES);
+    for (int i = 0; i < n; ++i) {
+        es->e[i] = start_engine(&es->cfg[i], tr, (uint32_t)i, mode);
+        es->all[i] = &es->e[i];
+    }
+}
+
 /* Sends chunk c (0 or 1) of version v to the given engines; returns the send status. */
 static wsync_status_t send_chunk_to(trainer_t *tr, uint64_t v, int c, tu_peer_t **es, int n) {
     for (int k = 2 * c; k < 2 * c + 2; ++k) tu_fill(tr->data[k], TBYTES, v, (uint64_t)k);
@@ -191,6 +220,17 @@ static wsync_status_t send_chunk_to(trainer_t *tr, uint64_t v, int c, tu_peer_t 
     for (int i = 0; i < n; ++i) assert_int_equal(tu_send_frame(es[i]->to, req.data, req.size), 0);
     wsync_blob_free(&req);
     return WSYNC_OK;
+}
+
+/* Sends both chunks of version v to the given engines, then checks that each loaded both and
+ * completed the version bit-exact (answers 0 and 0). The caller flushes. */
+static void send_version_to(trainer_t *tr, uint64_t v, tu_peer_t **es, int n) {
+    OK(send_chunk_to(tr, v, 0, es, n));
+    OK(send_chunk_to(tr, v, 1, es, n));
+    for (int i = 0; i < n; ++i) {
+        assert_int_equal(tu_peer_byte(es[i], 5000), 0);
+        assert_int_equal(tu_peer_byte(es[i], 5000), 0); /* completed, bit-exact */
+    }
 }
 
 static wsync_failure_t failure(const trainer_t *tr, size_t i) {

@@ -42,8 +42,9 @@
 //   stream-ordered pool (cudaMallocAsync) or PyTorch's expandable segments do:
 //   cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE) says 0 and
 //   cuIpcGetMemHandle fails with CUDA_ERROR_INVALID_VALUE. Other memory says 1.
-// - wsync_fake_stream_hold() parks a stream (a collective that does not finish) until
-//   wsync_fake_stream_release_held(), so tests can see who waits for which stream.
+// - wsync_fake_stream_hold() parks a stream, the NULL stream included (a collective or a kernel
+//   that does not finish), until wsync_fake_stream_release_held(), so tests can see who waits
+//   for which stream.
 // - Streams: one worker thread per stream runs enqueued operations in order; the NULL stream is
 //   one more such queue per process. Device addresses are checked when an operation runs: a range
 //   outside every allocation (NULL included) fails the operation like a device fault, and the
@@ -56,8 +57,7 @@
 //   Two test controls (fake_gpu.h) make the GPU late, as a busy one is: with
 //   wsync_fake_set_stream_delay_ms an operation starts only after that delay, or once something
 //   waits for it (cuEventQuery/cuStreamQuery/cuStreamWaitEvent/synchronisation), so work that
-//   nobody waits for is visibly not done yet; wsync_fake_hold_default_stream stops the NULL
-//   stream (a kernel that does not end) until released.
+//   nobody waits for is visibly not done yet; wsync_fake_stream_hold (above) stops a stream.
 // - cuMemcpyHtoDAsync copies the host source before it returns, as the driver does for pageable
 //   host memory (libwsync has no pinned memory); the device write happens in stream order.
 // - Modules: only PTX text with ".entry wsync_pack" loads; cuLaunchKernel of wsync_pack runs a
@@ -120,11 +120,9 @@ void poll_sleep() {
 }
 
 // ---- streams ----------------------------------------------------------------------------------
-// Test controls of stream timing (fake_gpu.h): every operation enqueued while the delay is set
-// waits that long before it starts unless something waits for it; while the default stream is
-// held, the NULL stream starts nothing.
+// Test control of stream timing (fake_gpu.h): every operation enqueued while the delay is set
+// waits that long before it starts unless something waits for it.
 std::atomic<int> g_stream_delay_ms{0};
-std::atomic<bool> g_hold_default_stream{false};
 
 struct Stream {
     explicit Stream(int dev) : device(dev) { worker = std::thread([this] { run(); }); }
@@ -160,7 +158,6 @@ struct Stream {
             cv.notify_all();
         }
     }
-    bool held() const { return device == -1 && g_hold_default_stream.load(); }
     // Waits until operation `seq` (and everything before it) has completed.
     void wait(uint64_t seq) {
         std::unique_lock<std::mutex> lk(m);
@@ -208,7 +205,7 @@ struct Stream {
     void run() {
         std::unique_lock<std::mutex> lk(m);
         for (;;) {
-            cv.wait(lk, [&] { return stop || (!q.empty() && !held()); });
+            cv.wait(lk, [&] { return stop || !q.empty(); });
             if (q.empty()) return;  // stopping, and drained
             uint64_t seq = q.front().first;
             Op op = std::move(q.front().second);
@@ -1517,19 +1514,6 @@ WSYNC_FAKE_EXPORT void wsync_fake_set_fail(const char *function_name, int after_
 
 WSYNC_FAKE_EXPORT void wsync_fake_set_stream_delay_ms(int ms) {
     g_stream_delay_ms.store(ms > 0 ? ms : 0);
-}
-
-WSYNC_FAKE_EXPORT void wsync_fake_hold_default_stream(int hold) {
-    g_hold_default_stream.store(hold != 0);
-    std::shared_ptr<Stream> x;
-    {
-        State &s = st();
-        std::lock_guard<std::mutex> lk(s.mu);
-        x = s.null_stream;
-    }
-    if (!x) return;
-    { std::lock_guard<std::mutex> lk(x->m); }  // its worker is waiting or will see the flag
-    x->cv.notify_all();
 }
 
 WSYNC_FAKE_EXPORT int wsync_fake_shm_count(const char *prefix) {

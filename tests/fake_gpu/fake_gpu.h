@@ -72,10 +72,6 @@ void wsync_fake_nccl_set_init_delay_ms(int ms);
  * for none. Kept across fork(). */
 void wsync_fake_set_stream_delay_ms(int ms);
 
-/* hold != 0: this process's NULL stream starts no operation until released with hold == 0
- * (the device busy with a kernel that does not end); anything waiting for it waits. */
-void wsync_fake_hold_default_stream(int hold);
-
 /* polls > 0: every ncclBroadcast on a non-blocking communicator returns ncclInProgress and
  * enqueues nothing; the broadcast reaches its stream at the polls-th ncclCommGetAsyncError of
  * that communicator, which reports ncclSuccess (the earlier ones ncclInProgress), as NCCL may
@@ -102,8 +98,9 @@ long long wsync_fake_freed_while_imported(void);
 int wsync_fake_mem_alloc_unexportable(unsigned long long *dptr, size_t bytes);
 
 /* Parks `stream` (a CUstream; 0 or 1 name the NULL/legacy stream): operations enqueued on it
- * after this call wait until wsync_fake_stream_release_held() (a collective that does not
- * finish). Returns 0 or the driver's error for an unknown stream. */
+ * after this call wait until wsync_fake_stream_release_held() (a collective, or on the NULL
+ * stream a kernel, that does not finish); anything waiting for them waits. Returns 0 or the
+ * driver's error for an unknown stream. A forked child starts with no stream held. */
 int wsync_fake_stream_hold(void *stream);
 /* Lets every held stream of this process go on. */
 void wsync_fake_stream_release_held(void);
@@ -114,7 +111,8 @@ typedef void (*wsync_fake_set_fail_fn)(const char *function_name, int after_n_ca
 typedef void (*wsync_fake_nccl_set_init_delay_ms_fn)(int ms);
 typedef int (*wsync_fake_shm_count_fn)(const char *prefix);
 typedef void (*wsync_fake_set_stream_delay_ms_fn)(int ms);
-typedef void (*wsync_fake_hold_default_stream_fn)(int hold);
+typedef int (*wsync_fake_stream_hold_fn)(void *stream);
+typedef void (*wsync_fake_stream_release_held_fn)(void);
 typedef void (*wsync_fake_nccl_set_in_progress_fn)(int polls);
 
 #ifdef __cplusplus

@@ -3,14 +3,12 @@ through queues, as a controller (the test) forwards them. Every wait has a timeo
 is reported to the controller as text instead of hanging."""
 
 import traceback
-from types import SimpleNamespace
 
 import torch
 
 import wsync
 from wsync.engine import ModuleLoader
 from wsync.trainer import send_model
-from wsync.vllm_adapter import WsyncWeightTransferEngine as Engine
 from _models import TinyLM, train_steps
 
 WAIT_S = 60  # the longest any process waits for one message
@@ -94,26 +92,23 @@ def trainer_main(outbox, inbox, cfg):
 
 def engine_main(index, inbox, outbox, cfg):
     """An inference engine: loads every forwarded request into its own TinyLM (different
-    initial weights), either with wsync's ModuleLoader or through the vLLM adapter; when asked,
+    initial weights), either with wsync's ModuleLoader or through its own load_weights; when asked,
     compares its weights bit for bit with the trainer's snapshot and reports the differences."""
     torch.set_num_threads(1)
-    strategy = receiver = engine = None
+    strategy = receiver = None
     try:
         model = TinyLM(seed=100 + index, hidden=cfg.get("hidden", {}).get(index, 64))
         initial = snapshot(model)
         _, init = _get(inbox, "init")
-        if cfg["modes"][index] == "vllm":
-            engine = Engine(SimpleNamespace(backend="wsync"), SimpleNamespace(rank=0), model)
-            engine.init_transfer_engine(engine.parse_init_info(
-                Engine.init_dict(init, receiver_offset=index)))
-            receiver = engine.receiver
-
+        strategy = wsync.Strategy.for_init_info(init)
+        receiver = strategy.receiver(init, index)
+        if cfg["modes"][index] == "load_weights":
             def load(request):
-                engine.receive_weights(engine.parse_update_info(Engine.update_dict([request])),
-                                       model.load_weights)
+                # The model's own loader over the chunk's zero-copy views, as an inference
+                # engine's checkpoint loader would take them.
+                with receiver.receive(request, framework="torch") as it:
+                    model.load_weights(list(it))
         else:
-            strategy = wsync.Strategy.for_init_info(init)
-            receiver = strategy.receiver(init, index)
             loader = ModuleLoader(model)
 
             def load(request):
@@ -141,9 +136,7 @@ def engine_main(index, inbox, outbox, cfg):
     except BaseException:
         outbox.put(("error", f"engine {index}", traceback.format_exc()))
     finally:
-        if engine is not None:
-            engine.shutdown()
-        elif receiver is not None:
+        if receiver is not None:
             receiver.close()
         if strategy is not None:
             strategy.close()

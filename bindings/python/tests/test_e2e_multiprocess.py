@@ -111,7 +111,7 @@ class Controller:
 
 
 BASE = {"receivers": 2, "buckets": 2, "bucket_bytes": 32 << 10, "chunk_bytes": 16 << 10,
-        "flush_timeout_s": 20.0, "modes": {0: "loader", 1: "vllm"}}
+        "flush_timeout_s": 20.0, "modes": {0: "loader", 1: "load_weights"}}
 PARAMETERS = 1 + 2 * 10 + 1 + 1  # embed; 2 layers of 2 norms, 4 attn + q bias, 3 mlp; norm; head
 BUFFERS = 2  # rope_inv_freq, trained_steps
 

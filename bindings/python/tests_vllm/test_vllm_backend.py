@@ -18,44 +18,16 @@ from vllm.distributed.weight_transfer import (
 )
 from vllm.distributed.weight_transfer.nccl_common import _worker_group_rank
 from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
-from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.plugins import load_general_plugins
 
 import wsync
+from _vllm_models import HIDDEN, TiedModel
 from wsync import vllm_backend
 from wsync.vllm_backend import (
     WsyncTrainerInitInfo,
     WsyncTrainerWeightTransferEngine,
     WsyncWeightTransferEngine,
 )
-
-HIDDEN = 32
-
-
-class TiedModel(torch.nn.Module):
-    """Embedding tied to the LM head, two linear layers, and a vLLM-style ``load_weights``."""
-
-    def __init__(self, fail_on=None):
-        super().__init__()
-        self.embed = torch.nn.Embedding(16, HIDDEN)
-        self.layers = torch.nn.ModuleList([torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2)])
-        self.lm_head = torch.nn.Linear(HIDDEN, 16, bias=False)
-        self.lm_head.weight = self.embed.weight
-        self.fail_on = fail_on
-
-    def load_weights(self, weights):
-        params = dict(self.named_parameters())
-        loaded = set()
-        for name, w in weights:
-            if name == self.fail_on:
-                raise KeyError(f"checkpoint tensor {name} has no home in this model")
-            if name == "lm_head.weight":
-                name = "embed.weight"
-            p = params[name]
-            getattr(p, "weight_loader", default_weight_loader)(p, w)
-            loaded.add(name)
-        return loaded
-
 
 class InProcessClient:
     """A VLLMWeightSyncClient over worker engines in this process, with the worker's
@@ -74,11 +46,16 @@ class InProcessClient:
             e.start_weight_update()
 
     def update_weights(self, update_info):
+        # Every worker gets the call (a collective RPC), then the first error is raised.
+        errors = []
         for i, e in enumerate(self.engines):
             try:
                 e.update_weights(update_info[i] if isinstance(update_info, list) else update_info)
             except Exception as exc:
-                raise RuntimeError(f"worker {i}: update_weights failed: {exc}") from exc
+                errors.append(RuntimeError(f"worker {i}: update_weights failed: {exc}"))
+                errors[-1].__cause__ = exc
+        if errors:
+            raise errors[0]
 
     def finish_weight_update(self, weight_version=None):
         for e in self.engines:
@@ -248,8 +225,48 @@ def test_a_version_abandoned_mid_way_leaves_workers_on_the_previous_version(clea
     perturb(source_model)
     with pytest.raises(RuntimeError, match="trainer lost a shard"):
         trainer.send_weights()
-    for _, engine in workers:
+    for model, engine in workers:
         state = engine.receiver.poll()
         assert state.completed_version == 1
         assert state.failed_version == 2
         assert state.failed_status is wsync.Status.ABANDONED
+        # The trainer's abort discarded each worker's layerwise reload.
+        assert not any(t.is_meta for t in model.state_dict(keep_vars=True).values())
+    source.armed = False
+    perturb(source_model)
+    trainer.send_weights()
+    for model, engine in workers:
+        assert_bit_exact(model, source_model)
+        assert engine.completed_version == 3
+
+
+def test_finish_while_a_version_is_still_open_is_refused_and_discards_the_reload(cleanup):
+    load_general_plugins()
+    workers, source, trainer = make_cluster()
+    cleanup.extend([trainer] + [e for _, e in workers])
+    perturb(source)
+    trainer.send_weights()
+    model, engine = workers[0]
+    before = {n: t.clone() for n, t in model.state_dict().items()}
+    # A driver that calls finish before the version's last chunk: layerwise reload would
+    # process half-loaded layers.
+    perturb(source)
+    trainer.client.start_weight_update()
+    pairs, last = next(trainer._chunks())
+    assert not last
+    request = trainer.sender.send_chunk(pairs, last=False)
+    trainer.client.update_weights({"requests": [vllm_backend.encode_blob(request)]})
+    with pytest.raises(wsync.WrongStateError, match="version 2 is still open on receiver 0"):
+        engine.finish_weight_update()
+    assert not any(t.is_meta for t in model.state_dict(keep_vars=True).values())
+    # Layers the chunk completed were written in place; every other one has its own tensors
+    # back, unchanged.
+    sent = {name for name, _ in pairs}
+    if "embed.weight" in sent:
+        sent.add("lm_head.weight")  # tied
+    assert len(sent) < len(before)
+    for name, tensor in model.state_dict().items():
+        if name not in sent:
+            assert torch.equal(tensor, before[name]), name
+    assert model.lm_head.weight is model.embed.weight
+    trainer.sender.abandon()

@@ -8,6 +8,7 @@ misuse from several threads waits instead of corrupting memory; the library's bl
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import json
 import math
@@ -560,6 +561,24 @@ class Sender:
             status = self._lib.wsync_sender_flush(h, ms)
             if status:
                 raise_for(status, self._lib, sender=h)
+
+    # -- asyncio: the same calls on a worker thread; ctypes releases the GIL during each
+    # foreign call, so the event loop runs while the library packs, copies and waits.
+
+    async def send_chunk_async(self, tensors, last: bool = False) -> bytes:
+        """:meth:`send_chunk` for asyncio trainers: runs on a worker thread
+        (``asyncio.to_thread``), so the event loop keeps running while the chunk is packed or
+        a bucket is awaited. The tensors must stay unchanged until it returns. Cancelling the
+        awaiting task does not stop a send already under way."""
+        return await asyncio.to_thread(self.send_chunk, tensors, last)
+
+    async def commit_async(self) -> bytes:
+        """:meth:`commit` on a worker thread (see :meth:`send_chunk_async`)."""
+        return await asyncio.to_thread(self.commit)
+
+    async def flush_async(self, timeout_s: float = 60.0) -> None:
+        """:meth:`flush` on a worker thread: the event loop runs while receivers finish."""
+        await asyncio.to_thread(self.flush, timeout_s)
 
     #: :meth:`wait_released`: every version (no receiver maps anything of the sender).
     ALL_VERSIONS = (1 << 64) - 1

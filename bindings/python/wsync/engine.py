@@ -8,11 +8,16 @@ tensor and what differs, and the iteration is failed with that status and messag
 version never completes on this engine. Only then are the bytes copied into the module's
 tensors, under ``torch.no_grad()``; a copy that fails, even after the last view, fails the
 chunk the same way (with the status :func:`wsync.status_for_exception` gives).
+
+The loader is strict by default, as ``load_state_dict`` is: a version that does not load every
+parameter and buffer of the module fails on its last chunk, naming what is missing, so it never
+commits. ``map_name`` maps a trainer's names onto the module's, including into part of a fused
+parameter (q/k/v into one qkv).
 """
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from . import _dtypes
 from ._core import Receiver, RecvInfo, TensorMeta
@@ -27,19 +32,38 @@ def _shape_text(shape) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
+#: What a ``map_name`` hook returns for one trainer tensor: ``None`` (skip it), the name of a
+#: module tensor, or ``(name, index)`` to load into ``module_tensor[index]`` (a part of a
+#: fused parameter, e.g. ``("attn.qkv.weight", slice(0, 64))`` for the q rows).
+MappedName = Union[None, str, Tuple[str, Any]]
+
+
 class ModuleLoader:
     """Loads chunks into a module's parameters and buffers (by ``state_dict`` name) in place.
 
     Contiguous CPU targets of the chunk's own dtype receive the bytes straight into their
     storage through :meth:`wsync.Iteration.copy_into` (the library's copy loop, checksum
-    verified in the same pass); other targets (CUDA, casts) copy from the views.
+    verified in the same pass); other targets (CUDA, casts, non-contiguous parts) copy from the
+    views.
 
+    - ``strict`` (default ``True``), like ``load_state_dict(strict=True)``: a version that
+      leaves a parameter or buffer of the module unloaded is refused on its last chunk with
+      ``MISMATCH`` naming what is missing, before that chunk is copied and before the version
+      commits (see :meth:`load`).
+      Tied tensors (one tensor under several names) count as loaded under any of their names;
+      a fused tensor counts once every element of it was loaded. ``strict=False`` loads what
+      comes.
+    - ``map_name``: a hook from a trainer tensor's name to where it goes (see
+      :data:`MappedName`): rename it, skip it (``None``), or load it into part of a module
+      tensor. Without it names are taken as they are.
     - ``allow_cast``: accept a dtype different from the module's (the copy converts); by
       default a dtype difference is a mismatch.
     - ``ignore_unknown``: skip tensors the module does not have instead of failing.
     """
 
-    def __init__(self, module, *, allow_cast: bool = False, ignore_unknown: bool = False):
+    def __init__(self, module, *, strict: bool = True,
+                 map_name: Optional[Callable[[str], MappedName]] = None,
+                 allow_cast: bool = False, ignore_unknown: bool = False):
         torch = _dtypes.require_torch()
         if isinstance(module, torch.nn.Module):
             self.targets: Dict[str, object] = dict(module.state_dict(keep_vars=True))
@@ -48,41 +72,110 @@ class ModuleLoader:
         else:
             raise invalid(f"module must be an nn.Module or a mapping of tensors, not "
                           f"{type(module).__name__}")
+        if map_name is not None and not callable(map_name):
+            raise invalid(f"map_name must be callable, not {type(map_name).__name__}")
+        self.strict = strict
+        self.map_name = map_name
         self.allow_cast = allow_cast
         self.ignore_unknown = ignore_unknown
         self._dtypes = {name: DType.from_torch(t.dtype) for name, t in self.targets.items()}
+        # Tied tensors: one storage, several names; coverage is counted per tensor.
+        self._names_of: Dict[int, List[str]] = {}
+        for name, t in self.targets.items():
+            self._names_of.setdefault(self._key(t), []).append(name)
+        self._version = None
+        # Per module tensor, the parts this version loaded: {part: elements}; a part is the
+        # index given by map_name (None for the whole tensor), so a part loaded twice counts once.
+        self._covered: Dict[int, Dict[str, int]] = {}
+
+    @staticmethod
+    def _key(t) -> int:
+        return id(t)
+
+    def _resolve(self, name: str):
+        """(module tensor name, index or None) for a trainer tensor, or None to skip it."""
+        if self.map_name is None:
+            return name, None
+        mapped = self.map_name(name)
+        if mapped is None or isinstance(mapped, str):
+            return None if mapped is None else (mapped, None)
+        if isinstance(mapped, tuple) and len(mapped) == 2 and isinstance(mapped[0], str):
+            return mapped
+        raise invalid(f"map_name('{name}') returned {mapped!r}: expected None, a name, or "
+                      f"(name, index)")
+
+    def _destination(self, resolved):
+        target_name, index = resolved
+        target = self.targets.get(target_name)
+        if target is None or index is None:
+            return target
+        return target.detach()[index]
 
     def check(self, metas: Iterable[TensorMeta]) -> List[str]:
         """The differences between a chunk's tensors and the module, one line each (empty when
         the chunk fits)."""
         problems = []
         for m in metas:
-            target = self.targets.get(m.name)
-            if target is None:
-                if not self.ignore_unknown:
-                    problems.append(f"tensor '{m.name}' is not a parameter or buffer of the model")
+            resolved = self._resolve(m.name)
+            if resolved is None:
                 continue
-            want_dtype = self._dtypes[m.name]
+            target_name, index = resolved
+            where = f"tensor '{m.name}'" + (f" (-> '{target_name}')" if target_name != m.name
+                                              or index is not None else "")
+            if target_name not in self.targets:
+                if not self.ignore_unknown:
+                    problems.append(f"{where} is not a parameter or buffer of the model")
+                continue
+            want_dtype = self._dtypes[target_name]
             if m.dtype != want_dtype and not self.allow_cast:
-                problems.append(f"tensor '{m.name}': dtype differs: request has {m.dtype.name}, "
+                problems.append(f"{where}: dtype differs: request has {m.dtype.name}, "
                                 f"model has {want_dtype.name}")
-            want_shape = tuple(target.shape)
+            try:
+                want_shape = tuple(self._destination(resolved).shape)
+            except (IndexError, TypeError, ValueError, RuntimeError) as exc:
+                problems.append(f"{where}: index {index!r} does not apply to "
+                                f"'{target_name}': {exc}")
+                continue
             if tuple(m.shape) != want_shape:
-                problems.append(f"tensor '{m.name}': shape differs: request has "
+                problems.append(f"{where}: shape differs: request has "
                                 f"{_shape_text(m.shape)}, model has {_shape_text(want_shape)}")
         return problems
+
+    def missing(self, metas: Iterable[TensorMeta] = ()) -> List[str]:
+        """The module's tensors this version has not loaded yet (counting ``metas``, a chunk
+        about to be loaded), one name each (tied names joined with ``=``)."""
+        covered = {key: dict(parts) for key, parts in self._covered.items()}
+        self._count(covered, metas)
+        out = []
+        for key, names in self._names_of.items():
+            target = self.targets[names[0]]
+            if sum(covered.get(key, {}).values()) < target.numel():
+                out.append("=".join(names))
+        return out
+
+    def _count(self, covered, metas) -> None:
+        for m in metas:
+            resolved = self._resolve(m.name)
+            if resolved is None or resolved[0] not in self.targets:
+                continue
+            parts = covered.setdefault(self._key(self.targets[resolved[0]]), {})
+            parts[repr(resolved[1])] = _numel(m.shape)
 
     def load(self, receiver: Receiver, request: bytes) -> RecvInfo:
         """Receives one request into the module; returns the chunk's :class:`wsync.RecvInfo`.
 
         Raises ``MISMATCH`` before any byte is copied when the chunk does not fit the model,
-        or the error of a copy that failed; either way the chunk is failed with that status and
-        message, which the trainer's flush reports. Raises the library's error when receiving
-        or verifying fails.
+        or, with ``strict``, on the last chunk of a version that leaves some of the module's
+        tensors unloaded (naming them; the chunk is not copied and the version does not
+        commit); or the error of a copy that failed. Either way the chunk is failed with that
+        status and message, which the trainer's flush reports. Raises the library's error
+        when receiving or verifying fails.
         """
         torch = _dtypes.require_torch()
         with receiver.receive(request, framework="torch") as it:
             info = it.info
+            if info.version != self._version or info.chunk_index == 0:
+                self._version, self._covered = info.version, {}
             metas = it.metas()
             problems = self.check(metas)
             if problems:
@@ -92,26 +185,44 @@ class ModuleLoader:
                     Status.MISMATCH,
                     f"chunk {info.chunk_index} of version {info.version} does not match the model: "
                     + "; ".join(listed) + (f"; and {more} more" if more > 0 else ""))
+            if self.strict and info.last:
+                missing = self.missing(metas)
+                if missing:
+                    listed = missing[:MAX_LISTED_PROBLEMS]
+                    more = len(missing) - len(listed)
+                    raise WsyncError(
+                        Status.MISMATCH,
+                        f"version {info.version} does not load {len(missing)} tensor(s) of the "
+                        f"model (strict): missing " + ", ".join(f"'{n}'" for n in listed)
+                        + (f" and {more} more" if more > 0 else ""))
+            destinations = {}
+            for i, m in enumerate(metas):
+                resolved = self._resolve(m.name)
+                if resolved is not None and resolved[0] in self.targets:
+                    destinations[m.name] = (i, m, resolved, self._destination(resolved))
             cuda_devices = set()
             with torch.no_grad():
                 # Host targets of the chunk's own dtype get the bytes straight into their
                 # storage (the library's copy, checksum verified in the same pass); the rest
-                # (GPU targets, casts, unknown tensors) come as views, which skip those copied.
-                for i, m in enumerate(metas):
-                    target = self.targets.get(m.name)
-                    if (isinstance(target, torch.Tensor) and target.device.type == "cpu"
-                            and target.is_contiguous() and m.dtype == self._dtypes[m.name]):
-                        it.copy_into(i, target.detach())
+                # (GPU targets, casts, non-contiguous parts) come as views, which skip those
+                # copied; unknown or skipped tensors are taken unread.
+                for i, m, resolved, dst in destinations.values():
+                    if (isinstance(dst, torch.Tensor) and dst.device.type == "cpu"
+                            and dst.is_contiguous()
+                            and m.dtype == self._dtypes[resolved[0]]):
+                        it.copy_into(i, dst.detach())
                 for name, view in it:
-                    target = self.targets.get(name)
-                    if target is None:
+                    entry = destinations.get(name)
+                    if entry is None:
                         continue
-                    target.copy_(view)
-                    if target.is_cuda:
-                        cuda_devices.add(target.device)
+                    dst = entry[3]
+                    dst.copy_(view)
+                    if dst.is_cuda:
+                        cuda_devices.add(dst.device)
             # The views die when the iteration ends: make sure no copy still reads them.
             for device in cuda_devices:
                 torch.cuda.current_stream(device).synchronize()
+            self._count(self._covered, [entry[1] for entry in destinations.values()])
         return info
 
     def load_all(self, receiver: Receiver, requests: Iterable[bytes]) -> int:
@@ -121,9 +232,18 @@ class ModuleLoader:
         return receiver.completed_version
 
 
+def _numel(shape) -> int:
+    n = 1
+    for extent in shape:
+        n *= int(extent)
+    return n
+
+
 def load_into_module(receiver: Receiver, request: bytes, module, *, allow_cast: bool = False,
-                     ignore_unknown: bool = False) -> RecvInfo:
-    """One-call form of :meth:`ModuleLoader.load` (builds the name table each call; keep a
-    :class:`ModuleLoader` when loading many chunks)."""
-    return ModuleLoader(module, allow_cast=allow_cast, ignore_unknown=ignore_unknown).load(
-        receiver, request)
+                     ignore_unknown: bool = False,
+                     map_name: Optional[Callable[[str], MappedName]] = None) -> RecvInfo:
+    """One-call form of :meth:`ModuleLoader.load` for one chunk (not strict: a lone chunk
+    cannot tell what a whole version loads; keep a :class:`ModuleLoader` when loading
+    versions)."""
+    return ModuleLoader(module, strict=False, map_name=map_name, allow_cast=allow_cast,
+                        ignore_unknown=ignore_unknown).load(receiver, request)

@@ -9,6 +9,8 @@ is one sync version. :func:`send_model` does all of it in one call.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from typing import Any, Callable, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -156,11 +158,50 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
     except BaseException:
         # A version left open part-way must not look resumable to receivers: abandon it (a
         # no-op when nothing was published, or when the failed send already abandoned it).
-        try:
-            sender.abandon()
-        except Exception:  # the sender is closed or broken: the original error matters more
-            pass
+        _abandon_quietly(sender)
         raise
     if flush_timeout_s is not None:
         sender.flush(flush_timeout_s)
     return requests
+
+
+async def send_model_async(sender: Sender, source, *, chunk_bytes: Optional[int] = None,
+                           group_depth: int = 2, dtype=None, device=None,
+                           make_contiguous: bool = False,
+                           on_request: Optional[Callable[[bytes], Any]] = None,
+                           flush_timeout_s: Optional[float] = None) -> List[bytes]:
+    """:func:`send_model` for asyncio trainers. Preparing each chunk (casts, moves), sending
+    it and flushing run on worker threads, so the event loop keeps serving while weights go
+    out; ``on_request`` may be a plain function or a coroutine function (awaited on the loop,
+    e.g. an HTTP call to the inference engines). Failures abandon the version, as in
+    :func:`send_model`."""
+    if chunk_bytes is None:
+        chunk_bytes = default_chunk_bytes(sender)
+    chunks = iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,
+                         dtype=dtype, device=device, make_contiguous=make_contiguous)
+    requests: List[bytes] = []
+    try:
+        while True:
+            chunk = await asyncio.to_thread(next, chunks, None)
+            if chunk is None:
+                break
+            request = await sender.send_chunk_async(chunk.tensors, last=chunk.last)
+            del chunk
+            requests.append(request)
+            if on_request is not None:
+                result = on_request(request)
+                if inspect.isawaitable(result):
+                    await result
+    except BaseException:
+        await asyncio.to_thread(_abandon_quietly, sender)
+        raise
+    if flush_timeout_s is not None:
+        await sender.flush_async(flush_timeout_s)
+    return requests
+
+
+def _abandon_quietly(sender: Sender) -> None:
+    try:
+        sender.abandon()
+    except Exception:  # the sender is closed or broken: the original error matters more
+        pass

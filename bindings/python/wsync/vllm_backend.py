@@ -16,7 +16,8 @@ Registration: :func:`register` adds ``"wsync"`` to both factories. It is the
 
 What travels through vLLM's client is JSON-safe (vLLM's HTTP client posts JSON): the init info
 is ``{"init_info": <base64 of the strategy's init blob>, "options": {...}, "rank_offset": n,
-"copy": bool}`` and each update info is ``{"requests": [<base64 of one request blob>]}``.
+"copy": bool, "staged": bool}``, each update info ``{"requests": [<base64 of one request
+blob>]}``, and an abort ``{"abort": true}``.
 
 Why the worker hands ``load_weights`` copies by default (``copy=True``): vLLM's layerwise
 reload (``initialize_layerwise_reload`` in ``start_weight_update``, as vLLM's own engines do)
@@ -29,8 +30,26 @@ each chunk, 3 versions): views gave a wrong ``layers.0.weight`` every round; cop
 bit-exact. So copies are the default; ``copy=False`` (zero-copy views) is only safe when
 no layer spans two chunks or the model does not use layerwise reload.
 
-This module imports vLLM; import it only where vLLM is installed. The older
-:mod:`wsync.vllm_adapter` targets an earlier vLLM interface and is kept as legacy.
+Failed versions. vLLM's worker (``gpu_worker.Worker``) closes its update session when
+``update_weights`` raises and refuses ``start_weight_update`` while a session is open. The
+worker engine therefore discards its open layerwise reload whenever ``update_weights`` raises
+(layers still waiting get their own tensors back, nothing buffered for the failed version is
+kept), and the trainer engine, on any failure of a sync, abandons the wsync version and sends
+``update_weights({"abort": True})``, which closes the session of every worker whose session is
+still open. The next ``send_weights`` starts cleanly everywhere and, being a full version,
+overwrites every parameter. Between the two, layers the failed version had completed hold its
+values (layerwise reload writes a completed layer in place): keep generation paused until a
+``send_weights`` succeeds, as vLLM's pause/resume around a weight update does.
+
+``staged=True`` (trainer init info) makes the update two-phase: workers hold the version's
+tensors as copies (one model's worth of memory on the worker's device) and load them in
+``finish_weight_update``, which the trainer calls only after every worker acknowledged every
+chunk. A failed transfer (the trainer's error, a worker's receive failure or death, an
+abandoned version) then changes no worker's model at all. A ``load_weights`` error at finish
+still leaves that worker's completed layers written, and workers that finished before it on
+the new version; the trainer's abort closes the sessions as above.
+
+This module imports vLLM; import it only where vLLM is installed.
 """
 
 from __future__ import annotations
@@ -51,11 +70,15 @@ from vllm.distributed.weight_transfer.base import (
 
 from ._core import Receiver, Sender, Strategy, TensorMeta, describe, plan, status_for_exception
 from ._dtypes import DType
-from ._errors import Status, WrongStateError, WsyncError
+from ._errors import AbandonedError, Status, WrongStateError, WsyncError
 from .trainer import DEFAULT_CHUNK_BYTES
 
 #: The backend name in ``WeightTransferConfig(backend=...)``.
 BACKEND = "wsync"
+
+#: Strategies that move GPU memory: a worker receives on its own device (``device`` option,
+#: filled from the worker's device unless ``worker_options`` sets it).
+GPU_KINDS = ("cuda_ipc", "nccl_broadcast")
 
 
 def encode_blob(blob: bytes) -> str:
@@ -96,13 +119,15 @@ def receiver_index(rank_offset: int, parallel_config) -> int:
 @dataclass
 class WsyncInitInfo(WeightTransferInitInfo):
     """Worker init info: the strategy's init blob (bytes or base64), receiver-side strategy
-    options, the offset added to the worker's global index, and whether ``load_weights`` gets
-    copies (default, see the module documentation) or views."""
+    options, the offset added to the worker's global index, whether ``load_weights`` gets
+    copies (default, see the module documentation) or views, and whether a version is staged
+    (held as copies and loaded only at ``finish_weight_update``)."""
 
     init_info: Union[bytes, str]
     options: Dict[str, Any] = field(default_factory=dict)
     rank_offset: int = 0
     copy: bool = True
+    staged: bool = False
 
     def __post_init__(self) -> None:
         self.init_info = decode_blob(self.init_info, "init_info", "init")
@@ -112,15 +137,26 @@ class WsyncInitInfo(WeightTransferInitInfo):
             raise ValueError(f"rank_offset must be a non-negative int, got {self.rank_offset!r}")
         if not isinstance(self.copy, bool):
             raise ValueError(f"copy must be a bool, got {self.copy!r}")
+        if not isinstance(self.staged, bool):
+            raise ValueError(f"staged must be a bool, got {self.staged!r}")
 
 
 @dataclass
 class WsyncUpdateInfo(WeightTransferUpdateInfo):
-    """Worker update info: request blobs (bytes or base64), received in order."""
+    """Worker update info: request blobs (bytes or base64), received in order; or
+    ``abort=True`` with no requests, which the trainer sends after a failed sync to close every
+    worker's update session (see :meth:`WsyncWeightTransferEngine.update_weights`)."""
 
     requests: List[Union[bytes, str]] = field(default_factory=list)
+    abort: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.abort, bool):
+            raise ValueError(f"abort must be a bool, got {self.abort!r}")
+        if self.abort:
+            if self.requests:
+                raise ValueError("an abort carries no requests")
+            return
         if not isinstance(self.requests, (list, tuple)) or not self.requests:
             raise ValueError("requests must be a non-empty list of wsync request blobs")
         self.requests = [decode_blob(r, f"requests[{i}]", "request") for i, r in enumerate(self.requests)]
@@ -136,7 +172,10 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         super().__init__(config, vllm_config, device, model)
         self._strategy: Optional[Strategy] = None
         self._receiver: Optional[Receiver] = None
+        self._reload_open = False
+        self._staged: List[Tuple[str, torch.Tensor]] = []
         self.copy = True
+        self.staged = False
 
     @property
     def receiver(self) -> Receiver:
@@ -151,7 +190,13 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         if self._receiver is not None:
             raise WrongStateError(Status.WRONG_STATE, "the wsync weight-transfer engine is already initialised")
         index = receiver_index(init_info.rank_offset, self.parallel_config)
-        strategy = Strategy.for_init_info(init_info.init_info, **init_info.options)
+        options = dict(init_info.options)
+        kind = describe(init_info.init_info).get("kind")
+        if kind in GPU_KINDS and "device" not in options and self.device.type == "cuda":
+            # Each worker receives on its own GPU; the options are the same for all workers.
+            options["device"] = (self.device.index if self.device.index is not None
+                                 else torch.cuda.current_device())
+        strategy = Strategy.for_init_info(init_info.init_info, **options)
         try:
             self._receiver = strategy.receiver(init_info.init_info, index)
         except BaseException:
@@ -159,16 +204,75 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             raise
         self._strategy = strategy
         self.copy = init_info.copy
+        self.staged = init_info.staged
 
     def start_weight_update(self) -> None:
+        """Begins vLLM's layerwise reload for one version. A reload a failed session left
+        behind (its worker never reached ``finish_weight_update``) is discarded first, so no
+        tensor buffered for an abandoned version is ever loaded into a later one."""
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
-        initialize_layerwise_reload(self.model)
+        self.discard_weight_update()
+        self._staged = []
+        self._reload_open = True  # before: layers a failed initialisation moved are restored
+        try:
+            initialize_layerwise_reload(self.model)
+        except BaseException:
+            self.discard_weight_update()
+            raise
 
     def finish_weight_update(self) -> None:
+        """Loads a staged version (``staged=True``: the copies ``update_weights`` held), then
+        ends vLLM's layerwise reload (processing layers not yet processed).
+
+        Refuses with ``WRONG_STATE`` (after discarding the reload) when this worker's receiver
+        still has a version open: finishing would process half-loaded layers."""
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        finalize_layerwise_reload(self.model, self.model_config)
+        state = self.receiver.poll()
+        if state.open_version:
+            self.discard_weight_update()
+            raise WrongStateError(Status.WRONG_STATE, f"finish_weight_update: version "
+                                  f"{state.open_version} is still open on receiver "
+                                  f"{self.receiver.index}; the update was discarded")
+        staged, self._staged = self._staged, []
+        try:
+            if staged:
+                self.model.load_weights(staged)
+                del staged
+                if self.device.type == "cuda":
+                    torch.cuda.current_stream(self.device).synchronize()
+            finalize_layerwise_reload(self.model, self.model_config)
+        except BaseException:
+            self.discard_weight_update()
+            raise
+        self._reload_open = False
+
+    def discard_weight_update(self) -> None:
+        """Drops an unfinished layerwise reload: every layer still waiting for weights gets
+        its own tensors back, unprocessed, and the weights buffered for it are dropped (what
+        vLLM's ``sharded_rdt`` engine does after its dry run). Layers the reload already
+        processed keep the values they received. A no-op when no reload is open."""
+        self._staged = []
+        if not self._reload_open:
+            return
+        from vllm.model_executor.model_loader.reload.layerwise import (
+            LAYERWISE_INFO,
+            LOADING_LAYERS,
+            _place_kernel_tensors,
+        )
+
+        model = self.model
+        for layer in model.modules():
+            info = LAYERWISE_INFO.get(layer)
+            if info is not None and info.can_load():
+                if info.kernel_tensors is not None:
+                    _place_kernel_tensors(layer, info)
+                info.reset()
+        LOADING_LAYERS.clear()
+        if hasattr(model, "_original_do_torchao_reload"):
+            model._do_torchao_reload = model._original_do_torchao_reload
+        self._reload_open = False
 
     def receive_weights(self, update_info: WsyncUpdateInfo) -> None:
         """Receives each request in order and passes its ``(name, tensor)`` pairs to
@@ -176,13 +280,30 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
 
         If ``load_weights`` raises, the chunk is failed with ``Iteration.fail`` (the status
         :func:`wsync.status_for_exception` gives, and a message naming this receiver and the
-        error), so the trainer's ``flush`` raises ``PEER`` carrying that message; the
-        exception then propagates to vLLM's worker, which ends the update session.
+        error), so the trainer's ``flush`` raises ``PEER`` carrying that message. Whatever
+        fails here, the open layerwise reload is discarded before the error propagates:
+        vLLM's worker closes its update session on any ``update_weights`` error and will not
+        call ``finish_weight_update``.
         """
+        try:
+            self._receive(update_info)
+        except BaseException:
+            self.discard_weight_update()
+            raise
+
+    def _receive(self, update_info: WsyncUpdateInfo) -> None:
         receiver = self.receiver
+        if update_info.abort:
+            state = receiver.poll()
+            raise AbandonedError(Status.ABANDONED, f"the trainer aborted the weight update "
+                                 f"(receiver {receiver.index}: completed version "
+                                 f"{state.completed_version}); the update session is closed")
         for request in update_info.requests:
-            with receiver.receive(request, framework="torch", copy=self.copy) as it:
+            with receiver.receive(request, framework="torch", copy=self.copy or self.staged) as it:
                 batch = list(it)
+                if self.staged:
+                    self._staged.extend(batch)
+                    continue
                 try:
                     self.model.load_weights(batch)
                     if self.device.type == "cuda":
@@ -197,7 +318,12 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
 
     def update_weights(self, update_info: Dict[str, Any]) -> None:
         """vLLM's ``update_weights`` without its unconditional ``torch.accelerator.synchronize()``
-        (which raises on a CPU-only host with a CUDA build of torch)."""
+        (which raises on a CPU-only host with a CUDA build of torch).
+
+        ``{"abort": True}`` discards the open reload and raises :class:`wsync.AbandonedError`:
+        vLLM's worker closes its update session on that error, so after a failed sync the
+        trainer's abort leaves every worker with no session open (workers whose own error
+        already closed theirs refuse the abort before it reaches the engine)."""
         self.receive_weights(self.parse_update_info(update_info))
         if self.device.type != "cpu":
             torch.accelerator.synchronize()
@@ -226,8 +352,8 @@ class WsyncTrainerInitInfo(TrainerInitInfo):
     - ``kind``, ``options``: the wsync strategy and its sender-side options (``shm`` for one
       host; ``cuda_ipc`` or ``nccl_broadcast`` as for any wsync strategy);
     - ``receivers``: how many vLLM workers receive (DP * TP * PP of the engine);
-    - ``worker_options``, ``rank_offset``, ``copy``: sent to the workers (see
-      :class:`WsyncInitInfo`);
+    - ``worker_options``, ``rank_offset``, ``copy``, ``staged``: sent to the workers (see
+      :class:`WsyncInitInfo` and the module documentation);
     - ``chunk_bytes``, ``group_depth``: the chunk plan (default: the strategy's
       ``bucket_bytes`` for ``shm``, else 256 MiB);
     - ``flush_timeout_s``: how long a sync waits for every worker's acknowledgement.
@@ -240,6 +366,7 @@ class WsyncTrainerInitInfo(TrainerInitInfo):
     worker_options: Dict[str, Any] = field(default_factory=dict)
     rank_offset: int = 0
     copy: bool = True
+    staged: bool = False
     chunk_bytes: Optional[int] = None
     group_depth: int = 2
     flush_timeout_s: float = 60.0
@@ -272,7 +399,8 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
             engine.strategy = strategy
             client.init_weight_transfer_engine({
                 "init_info": encode_blob(blob), "options": dict(init_info.worker_options),
-                "rank_offset": init_info.rank_offset, "copy": init_info.copy})
+                "rank_offset": init_info.rank_offset, "copy": init_info.copy,
+                "staged": init_info.staged})
         except BaseException:
             engine.shutdown()
             strategy.close()
@@ -304,16 +432,25 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
                 if name != want:
                     raise RuntimeError(f"the weight source yielded '{name}' where its metadata "
                                        f"lists '{want}'")
-                pairs.append((name, tensor.detach()))
+                tensor = tensor.detach()
+                if self.init_info.kind == "shm" and tensor.device.type != "cpu":
+                    tensor = tensor.to("cpu")  # shm moves host memory: one chunk at a time
+                pairs.append((name, tensor))
             yield pairs, k == len(chunks) - 1
 
     def send_weights(self) -> None:
         """One sync: start -> each chunk sent and its request forwarded -> flush -> finish.
 
-        On any failure the version is abandoned (workers keep the previous version as their
-        completed one). If a worker failed a chunk, the error raised is the sender's
+        On any failure after ``start_weight_update`` was asked for, the version is abandoned
+        (workers keep the previous version as their completed one) and every worker's update
+        session is closed with an abort (``update_weights({"abort": True})``, see
+        :meth:`WsyncWeightTransferEngine.update_weights`), so the next ``send_weights`` starts
+        cleanly on every worker. If a worker failed a chunk, the error raised is the sender's
         ``WsyncError`` (``PEER``) whose ``failures`` carry that worker's status and message,
         chained to the client's error.
+
+        A ``start_weight_update`` refused because a session is still open (a trainer that died
+        mid-sync left it) is retried once after an abort.
         """
         if self.source is None:
             raise ValueError("the wsync trainer engine needs a WeightSource (source=...)")
@@ -324,8 +461,12 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
         sender = self.sender
         if sender is None:
             raise WrongStateError(Status.WRONG_STATE, "the wsync trainer engine is shut down")
-        self.client.start_weight_update()
         try:
+            try:
+                self.client.start_weight_update()
+            except Exception:
+                self.abort_workers()
+                self.client.start_weight_update()
             for pairs, last in self._chunks():
                 request = sender.send_chunk(pairs, last=last)
                 del pairs
@@ -335,13 +476,23 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
                     self._raise_worker_failure(exc)
                     raise
             sender.flush(self.init_info.flush_timeout_s)
+            self.client.finish_weight_update()
         except BaseException:
             try:
                 sender.abandon()
             except Exception:  # a closed or broken sender: the original error matters more
                 pass
+            self.abort_workers()
             raise
-        self.client.finish_weight_update()
+
+    def abort_workers(self) -> None:
+        """Closes every worker's update session, discarding what it buffered for an
+        unfinished version. Errors are ignored: a worker whose own failure already closed its
+        session refuses the abort, and one that is gone has nothing to close."""
+        try:
+            self.client.update_weights({"abort": True})
+        except Exception:
+            pass
 
     def _raise_worker_failure(self, exc: BaseException) -> None:
         """After a client error: if a worker failed its chunk, raise the sender's error

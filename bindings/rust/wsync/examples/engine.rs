@@ -23,19 +23,46 @@
 #[allow(dead_code)]
 mod common;
 
+use std::io::{self, Read};
 use std::process::ExitCode;
 
+use common::{boolean, number, parse_args, EngineConfig};
+
+/// The options over the defaults, and `--input`.
+fn config(args: impl IntoIterator<Item = String>) -> Result<(EngineConfig, String), String> {
+    let mut c = EngineConfig::default();
+    let mut input = "-".to_string();
+    let keys = ["index", "verify", "end-early-at", "fail-at", "input"];
+    parse_args(args, &keys, |k, v| {
+        match k {
+            "index" => {
+                c.index = u32::try_from(number(k, &v)?).map_err(|_| "--index is too large")?;
+            }
+            "verify" => c.verify = boolean(k, &v)?,
+            "end-early-at" => c.end_early_at = number(k, &v)?,
+            "fail-at" => c.fail_at = number(k, &v)?,
+            _ => input = v,
+        }
+        Ok(())
+    })?;
+    Ok((c, input))
+}
+
+/// Opens `path` for reading (`-` is stdin).
+fn open_input(path: &str) -> Result<Box<dyn Read>, String> {
+    if path == "-" {
+        Ok(Box::new(io::stdin().lock()))
+    } else {
+        std::fs::File::open(path)
+            .map(|f| Box::new(io::BufReader::new(f)) as Box<dyn Read>)
+            .map_err(|e| format!("cannot open {path}: {e}"))
+    }
+}
+
 fn main() -> ExitCode {
-    let run = || -> Result<(common::EngineConfig, common::EngineReport), String> {
-        let pairs = common::parse_args(std::env::args().skip(1), common::EngineConfig::KEYS)?;
-        let config = common::EngineConfig::from_args(&pairs)?;
-        let input = pairs
-            .iter()
-            .rev()
-            .find(|(k, _)| k == "input")
-            .map_or("-", |(_, v)| v);
-        let mut input = common::open_input(input)?;
-        let report = common::run_engine(&mut input, &config)?;
+    let run = || -> Result<(EngineConfig, common::EngineReport), String> {
+        let (config, input) = config(std::env::args().skip(1))?;
+        let report = common::run_engine(&mut open_input(&input)?, &config)?;
         Ok((config, report))
     };
     match run() {

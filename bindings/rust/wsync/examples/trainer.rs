@@ -21,19 +21,56 @@
 #[allow(dead_code)]
 mod common;
 
+use std::io::{self, Write};
 use std::process::ExitCode;
 
+use common::{boolean, number, parse_args, TrainerConfig};
+
+/// The options over the defaults, and `--output`.
+fn config(args: impl IntoIterator<Item = String>) -> Result<(TrainerConfig, String), String> {
+    let mut c = TrainerConfig::default();
+    let mut output = "-".to_string();
+    let keys = [
+        "versions",
+        "receivers",
+        "chunk-bytes",
+        "bucket-bytes",
+        "buckets",
+        "timeout-ms",
+        "checksum",
+        "output",
+    ];
+    parse_args(args, &keys, |k, v| {
+        match k {
+            "versions" => c.versions = number(k, &v)?,
+            "receivers" => c.receivers = number(k, &v)?,
+            "chunk-bytes" => c.chunk_bytes = number(k, &v)?,
+            "bucket-bytes" => c.bucket_bytes = number(k, &v)?,
+            "buckets" => c.buckets = number(k, &v)?,
+            "timeout-ms" => c.timeout_ms = number(k, &v)?,
+            "checksum" => c.checksum = boolean(k, &v)?,
+            _ => output = v,
+        }
+        Ok(())
+    })?;
+    Ok((c, output))
+}
+
+/// Opens `path` for writing (`-` is stdout; a FIFO is opened for writing as is).
+fn open_output(path: &str) -> Result<Box<dyn Write>, String> {
+    if path == "-" {
+        Ok(Box::new(io::stdout().lock()))
+    } else {
+        std::fs::File::create(path)
+            .map(|f| Box::new(io::BufWriter::new(f)) as Box<dyn Write>)
+            .map_err(|e| format!("cannot open {path}: {e}"))
+    }
+}
+
 fn main() -> ExitCode {
-    let run = || -> Result<common::TrainerReport, String> {
-        let pairs = common::parse_args(std::env::args().skip(1), common::TrainerConfig::KEYS)?;
-        let config = common::TrainerConfig::from_args(&pairs)?;
-        let output = pairs
-            .iter()
-            .rev()
-            .find(|(k, _)| k == "output")
-            .map_or("-", |(_, v)| v);
-        let mut out = common::open_output(output)?;
-        common::run_trainer(&mut out, &config)
+    let run = || -> Result<common::TrainerReport, common::TrainerError> {
+        let (config, output) = config(std::env::args().skip(1))?;
+        common::run_trainer(&mut open_output(&output)?, &config)
     };
     match run() {
         Ok(r) => {

@@ -2,59 +2,16 @@
 //! receivers in one process). One behaviour per test, named for it; every wait is bounded by a
 //! small `timeout_ms` or flush deadline.
 
+#[allow(dead_code)]
+mod support;
+
 use std::time::{Duration, Instant};
 
+use support::{options, receive_all, receiver, receiver_with, send, trainer, SEC};
 use wsync::{
     describe, describe_options, kinds, merge_requests, plan, DType, Device, Options, Plan,
     Receiver, Sender, Status, Strategy, TensorRef, TensorSpec,
 };
-
-const SEC: Duration = Duration::from_secs(5);
-
-/// Small buckets (64 KiB) so tests stay cheap; a short send timeout so a mistake cannot hang.
-fn options(receivers: u64) -> Options {
-    Options::new()
-        .uint("receivers", receivers)
-        .uint("buckets", 2)
-        .uint("bucket_bytes", 64 << 10)
-        .uint("timeout_ms", 3000)
-}
-
-/// A trainer (strategy + sender) and the init info.
-struct Trainer {
-    _strategy: Strategy,
-    sender: Sender,
-    init: Vec<u8>,
-}
-
-fn trainer(opts: &Options) -> Trainer {
-    let mut strategy = Strategy::with_options("shm", opts).expect("strategy");
-    let init = strategy.create_init_info().expect("init info");
-    let sender = Sender::new(&mut strategy, &init).expect("sender");
-    Trainer {
-        _strategy: strategy,
-        sender,
-        init,
-    }
-}
-
-fn receiver(init: &[u8], index: u32) -> Receiver {
-    receiver_with(init, index, "")
-}
-
-fn receiver_with(init: &[u8], index: u32, options: &str) -> Receiver {
-    // The engine's strategy may be dropped right away: receivers hold what they need.
-    let mut strategy = Strategy::new("shm", options).expect("engine strategy");
-    Receiver::new(&mut strategy, init, index).expect("receiver")
-}
-
-/// Receives a request, takes every view, and ends the iteration.
-fn receive_all(r: &mut Receiver, request: &[u8]) -> wsync::Result<usize> {
-    let mut recv = r.receive(request)?;
-    let n = recv.views().collect::<wsync::Result<Vec<_>>>()?.len();
-    recv.end()?;
-    Ok(n)
-}
 
 fn f32s(seed: u32, n: usize) -> Vec<f32> {
     (0..n)
@@ -437,10 +394,7 @@ fn malformed_blobs_are_refused_before_any_memory_is_touched() {
 fn blobs_of_another_role_or_strategy_are_mismatch() {
     let mut t = trainer(&options(1));
     let w = [1.0f32; 4];
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[4]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     let mut s = Strategy::new("shm", "").unwrap();
     expect_err(
         Receiver::new(&mut s, &req, 0),
@@ -480,9 +434,9 @@ fn out_of_order_and_replayed_requests_are_mismatch() {
     let first = t.sender.send_chunk(&tensor, false).unwrap();
     let second = t.sender.send_chunk(&tensor, true).unwrap();
     expect_err(r.receive(&second), Status::Mismatch, "chunk 0");
-    assert_eq!(receive_all(&mut r, &first).unwrap(), 1);
+    assert_eq!(receive_all(&mut r, &first).unwrap().views, 1);
     expect_err(r.receive(&first), Status::Mismatch, "chunk 0 of version 1");
-    assert_eq!(receive_all(&mut r, &second).unwrap(), 1);
+    assert_eq!(receive_all(&mut r, &second).unwrap().views, 1);
     assert_eq!(r.completed_version().unwrap(), 1);
 }
 
@@ -490,10 +444,7 @@ fn out_of_order_and_replayed_requests_are_mismatch() {
 fn merge_of_one_shm_part_is_a_copy_and_more_are_unsupported() {
     let mut t = trainer(&options(1));
     let w = [1u8; 8];
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[8]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     assert_eq!(merge_requests(&[&req]).unwrap(), req);
     expect_err(
         merge_requests(&[&req, &req]),
@@ -565,7 +516,7 @@ fn ending_early_is_acknowledged_as_failed_and_flush_reports_peer_once() {
         )
     };
     let req = good(&mut t.sender, true).unwrap();
-    assert_eq!(receive_all(&mut r, &req).unwrap(), 2);
+    assert_eq!(receive_all(&mut r, &req).unwrap().views, 2);
     t.sender.flush(SEC).unwrap();
     assert_eq!(r.completed_version().unwrap(), 1);
 
@@ -596,7 +547,7 @@ fn ending_early_is_acknowledged_as_failed_and_flush_reports_peer_once() {
         "failed chunk 0 of version 3",
     );
     let req = good(&mut t.sender, true).unwrap();
-    assert_eq!(receive_all(&mut r, &req).unwrap(), 2);
+    assert_eq!(receive_all(&mut r, &req).unwrap().views, 2);
     assert_eq!(r.completed_version().unwrap(), 4);
 }
 
@@ -631,10 +582,7 @@ fn dropping_after_every_view_was_taken_acknowledges_success() {
     let mut t = trainer(&options(1));
     let mut r = receiver(&t.init, 0);
     let w = [5u8; 4];
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[4]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     {
         let mut recv = r.receive(&req).unwrap();
         assert_eq!(recv.views().count(), 1);
@@ -649,10 +597,7 @@ fn corrupted_bytes_fail_the_iteration_the_version_and_the_flush() {
     let mut t = trainer(&options(2));
     let mut r = receiver(&t.init, 0);
     let w: Vec<u64> = (0..64).map(|i| 0x5753_594e_4300_0000 + i).collect();
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[64]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     corrupt_segment(&t.init, &w);
     let mut recv = r.receive(&req).unwrap();
     let mut views = recv.views();
@@ -694,10 +639,7 @@ fn verify_false_skips_checksums() {
     let mut t = trainer(&options(2));
     let mut r = receiver_with(&t.init, 0, r#"{"verify": false}"#);
     let w: Vec<u64> = (0..64).map(|i| 0x5753_594e_4300_0000 + i).collect();
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[64]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     corrupt_segment(&t.init, &w);
     let mut recv = r.receive(&req).unwrap();
     let got = recv.views().next().unwrap().unwrap();
@@ -883,10 +825,7 @@ fn flush_times_out_naming_receivers_that_never_answered() {
     let mut t = trainer(&options(2));
     let mut r0 = receiver(&t.init, 0);
     let w = [1u8; 8];
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[8]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     let mut recv = r0.receive(&req).unwrap();
     assert_eq!(recv.views().count(), 1);
     recv.end().unwrap();
@@ -935,10 +874,7 @@ fn wait_released_returns_at_once_for_shm_and_refuses_unfinished_versions() {
     let mut t = trainer(&options(1));
     let mut r = receiver(&t.init, 0);
     let w = [1u8; 8];
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[8]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     receive_all(&mut r, &req).unwrap();
     t.sender.flush(SEC).unwrap();
     // shm copied the tensors while sending: nothing of the trainer's is mapped elsewhere.
@@ -1119,10 +1055,7 @@ fn shm_accepts_and_ignores_a_callers_cuda_stream() {
         r.set_stream(std::ptr::null_mut()).unwrap();
     }
     let w = [3u8; 8];
-    let req = t
-        .sender
-        .send_chunk(&[TensorRef::new("w", &w, &[8]).unwrap()], true)
-        .unwrap();
+    let req = send(&mut t.sender, "w", &w, true);
     receive_all(&mut r, &req).unwrap();
     t.sender.flush(SEC).unwrap();
 }

@@ -12,6 +12,8 @@
 #[allow(dead_code)]
 #[path = "../examples/common/mod.rs"]
 mod common;
+#[allow(dead_code)]
+mod support;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -21,7 +23,7 @@ use std::sync::OnceLock;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{EngineConfig, EngineReport, TrainerConfig, MODEL};
+use common::{EngineConfig, EngineReport, TrainerConfig, TrainerError, TrainerReport, MODEL};
 
 /// Generous for a loaded 2-core machine; a healthy run takes well under a second.
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -308,26 +310,38 @@ fn c_recv(extra: &[&str], stdin: Stdio) -> Proc {
     Proc::spawn("c_peer recv", &mut cmd, stdin, Stdio::piped(), true)
 }
 
-// --- tests ------------------------------------------------------------------------------------------
-
-#[test]
-fn c_sender_feeds_the_rust_engine_bit_for_bit_over_several_versions() {
+/// Runs the Rust engine in this process on the frames of `c_peer send`: its report (a panic
+/// with its error and the sender's stderr if it failed) and how the sender ended.
+fn rust_engine_fed_by_c_sender(config: EngineConfig) -> (EngineReport, Finished) {
     let mut sender = c_send(&[]);
     let mut frames = sender.take_stdout();
     let report = run_role(&mut [&mut sender], move || {
-        common::run_engine(
-            &mut frames,
-            &EngineConfig {
-                index: 0,
-                verify: true,
-                end_early_at: 0,
-                fail_at: 0,
-            },
-        )
+        common::run_engine(&mut frames, &config)
     });
     let done = sender.finish(Instant::now() + DEADLINE);
     let report =
         report.unwrap_or_else(|e| panic!("Rust engine: {e}\nC sender stderr:\n{}", done.stderr));
+    (report, done)
+}
+
+/// Runs the Rust trainer in this process into `c_peer recv ARGS`: its outcome and how the
+/// receiver ended.
+fn rust_trainer_feeding_c_receiver(
+    args: &[&str],
+) -> (Result<TrainerReport, TrainerError>, Finished) {
+    let mut receiver = c_recv(args, Stdio::piped());
+    let mut frames = receiver.take_stdin();
+    let outcome = run_role(&mut [&mut receiver], move || {
+        common::run_trainer(&mut frames, &trainer_config())
+    });
+    (outcome, receiver.finish(Instant::now() + DEADLINE))
+}
+
+// --- tests ------------------------------------------------------------------------------------------
+
+#[test]
+fn c_sender_feeds_the_rust_engine_bit_for_bit_over_several_versions() {
+    let (report, done) = rust_engine_fed_by_c_sender(EngineConfig::default());
     assert!(done.status.success(), "C sender failed: {}", done.stderr);
     assert_eq!(
         report,
@@ -346,12 +360,7 @@ fn c_sender_feeds_the_rust_engine_bit_for_bit_over_several_versions() {
 
 #[test]
 fn rust_trainer_feeds_the_c_receiver_bit_for_bit_over_several_versions() {
-    let mut receiver = c_recv(&[], Stdio::piped());
-    let mut frames = receiver.take_stdin();
-    let report = run_role(&mut [&mut receiver], move || {
-        common::run_trainer(&mut frames, &trainer_config())
-    });
-    let done = receiver.finish(Instant::now() + DEADLINE);
+    let (report, done) = rust_trainer_feeding_c_receiver(&[]);
     let report =
         report.unwrap_or_else(|e| panic!("Rust trainer: {e}\nC receiver stderr:\n{}", done.stderr));
     assert_eq!(report.versions, VERSIONS);
@@ -370,22 +379,10 @@ fn rust_trainer_feeds_the_c_receiver_bit_for_bit_over_several_versions() {
 
 #[test]
 fn rust_engine_ending_early_fails_the_c_senders_flush_with_peer() {
-    let mut sender = c_send(&[]);
-    let mut frames = sender.take_stdout();
-    let report = run_role(&mut [&mut sender], move || {
-        common::run_engine(
-            &mut frames,
-            &EngineConfig {
-                index: 0,
-                verify: true,
-                end_early_at: 2,
-                fail_at: 0,
-            },
-        )
+    let (report, done) = rust_engine_fed_by_c_sender(EngineConfig {
+        end_early_at: 2,
+        ..EngineConfig::default()
     });
-    let done = sender.finish(Instant::now() + DEADLINE);
-    let report =
-        report.unwrap_or_else(|e| panic!("Rust engine: {e}\nC sender stderr:\n{}", done.stderr));
     assert_eq!(
         (report.announced, report.completed),
         (0, 1),
@@ -407,13 +404,10 @@ fn rust_engine_ending_early_fails_the_c_senders_flush_with_peer() {
 
 #[test]
 fn c_receiver_ending_early_fails_the_rust_trainers_flush_with_peer() {
-    let mut receiver = c_recv(&["--end-early-at", "2"], Stdio::piped());
-    let mut frames = receiver.take_stdin();
-    let outcome = run_role(&mut [&mut receiver], move || {
-        common::run_trainer(&mut frames, &trainer_config())
-    });
-    let done = receiver.finish(Instant::now() + DEADLINE);
-    let e = outcome.expect_err("the trainer's flush should fail");
+    let (outcome, done) = rust_trainer_feeding_c_receiver(&["--end-early-at", "2"]);
+    let e = outcome
+        .expect_err("the trainer's flush should fail")
+        .to_string();
     assert!(
         (e.contains("version 2: flush: WSYNC_ERR_PEER: shm: receiver 0")
             || e.contains("version 2: send: WSYNC_ERR_PEER: shm: receiver 0"))
@@ -430,22 +424,10 @@ fn c_receiver_ending_early_fails_the_rust_trainers_flush_with_peer() {
 
 #[test]
 fn rust_engine_failing_after_its_last_view_fails_the_c_senders_flush_with_its_reason() {
-    let mut sender = c_send(&[]);
-    let mut frames = sender.take_stdout();
-    let report = run_role(&mut [&mut sender], move || {
-        common::run_engine(
-            &mut frames,
-            &EngineConfig {
-                index: 0,
-                verify: true,
-                end_early_at: 0,
-                fail_at: 2,
-            },
-        )
+    let (report, done) = rust_engine_fed_by_c_sender(EngineConfig {
+        fail_at: 2,
+        ..EngineConfig::default()
     });
-    let done = sender.finish(Instant::now() + DEADLINE);
-    let report =
-        report.unwrap_or_else(|e| panic!("Rust engine: {e}\nC sender stderr:\n{}", done.stderr));
     assert_eq!(
         (report.announced, report.completed),
         (0, 1),
@@ -469,12 +451,7 @@ fn rust_engine_failing_after_its_last_view_fails_the_c_senders_flush_with_its_re
 
 #[test]
 fn c_receiver_failing_after_its_last_view_reaches_the_rust_flush_as_fields() {
-    let mut receiver = c_recv(&["--fail-at", "2"], Stdio::piped());
-    let mut frames = receiver.take_stdin();
-    let outcome = run_role(&mut [&mut receiver], move || {
-        common::run_trainer_detailed(&mut frames, &trainer_config())
-    });
-    let done = receiver.finish(Instant::now() + DEADLINE);
+    let (outcome, done) = rust_trainer_feeding_c_receiver(&["--fail-at", "2"]);
     let e = outcome.expect_err("the trainer's flush should fail");
     assert!(
         e.message.starts_with("version 2: flush: WSYNC_ERR_PEER"),
@@ -625,22 +602,16 @@ fn c_cmd(args: &[&str]) -> Command {
 fn a_stream_cut_short_is_an_error_not_a_hang() {
     // A trainer that dies mid-stream leaves its engines a truncated frame or no 'Q'. (The
     // trainer stays alive here, in this process, so its segment is removed when it is dropped.)
-    let mut strategy = wsync::Strategy::new("shm", r#"{"bucket_bytes": 65536}"#).unwrap();
-    let init = strategy.create_init_info().unwrap();
-    let mut sender = wsync::Sender::new(&mut strategy, &init).unwrap();
+    let mut t = support::trainer(&support::options(1));
     let data = common::data(1, 0);
-    let request = sender
+    let request = t
+        .sender
         .send_chunk([&data.tensor(0).unwrap()], false)
         .unwrap();
     let mut stream = Vec::new();
-    common::write_frame(&mut stream, common::TAG_INIT, &init).unwrap();
+    common::write_frame(&mut stream, common::TAG_INIT, &t.init).unwrap();
     common::write_frame(&mut stream, common::TAG_REQUEST, &request).unwrap();
-    let config = EngineConfig {
-        index: 0,
-        verify: true,
-        end_early_at: 0,
-        fail_at: 0,
-    };
+    let config = EngineConfig::default();
 
     let e = common::run_engine(&mut &stream[..], &config).expect_err("no 'Q'");
     assert!(e.contains("without 'Q'"), "{e}");

@@ -2,56 +2,17 @@
 //! on the trainer's errors, dropping a receiver, committing without data, abandoning, and
 //! polling a receiver to decide whether to roll back. One behaviour per test, in one process.
 
+#[allow(dead_code)]
+mod support;
+
 use std::time::Duration;
 
-use wsync::{FailureKind, Options, Receiver, Sender, Status, Strategy, TensorRef};
+use support::{options, receive_all, receiver, send, Trainer, SEC};
+use wsync::{FailureKind, Status, TensorRef};
 
-const SEC: Duration = Duration::from_secs(5);
-
-fn options(receivers: u64) -> Options {
-    Options::new()
-        .uint("receivers", receivers)
-        .uint("buckets", 4)
-        .uint("bucket_bytes", 64 << 10)
-        .uint("timeout_ms", 3000)
-}
-
-struct Trainer {
-    _strategy: Strategy,
-    sender: Sender,
-    init: Vec<u8>,
-}
-
+/// Four buckets: some tests publish a whole version before any receiver reads it.
 fn trainer(receivers: u64) -> Trainer {
-    let mut strategy = Strategy::with_options("shm", &options(receivers)).expect("strategy");
-    let init = strategy.create_init_info().expect("init info");
-    let sender = Sender::new(&mut strategy, &init).expect("sender");
-    Trainer {
-        _strategy: strategy,
-        sender,
-        init,
-    }
-}
-
-fn receiver(init: &[u8], index: u32) -> Receiver {
-    let mut strategy = Strategy::new("shm", "").expect("engine strategy");
-    Receiver::new(&mut strategy, init, index).expect("receiver")
-}
-
-fn receive_all(r: &mut Receiver, request: &[u8]) -> wsync::Result<wsync::RecvInfo> {
-    let mut recv = r.receive(request)?;
-    let info = recv.info();
-    recv.views().collect::<wsync::Result<Vec<_>>>()?;
-    recv.end()?;
-    Ok(info)
-}
-
-fn send(s: &mut Sender, name: &str, values: &[f32], last: bool) -> Vec<u8> {
-    s.send_chunk(
-        &[TensorRef::new(name, values, &[values.len()]).unwrap()],
-        last,
-    )
-    .expect("send")
+    support::trainer(&options(receivers).uint("buckets", 4))
 }
 
 // --- failing a chunk ------------------------------------------------------------------------------
@@ -204,7 +165,7 @@ fn commit_without_data_completes_the_version() {
     let first = send(&mut t.sender, "a", &w, false);
     let commit = t.sender.commit().unwrap();
     assert_eq!(t.sender.version().unwrap(), 2);
-    let info = receive_all(&mut r, &first).unwrap();
+    let info = receive_all(&mut r, &first).unwrap().info;
     assert_eq!((info.version, info.chunk_index, info.last), (1, 0, false));
     assert_eq!(r.completed_version().unwrap(), 0);
     let recv = r.receive(&commit).unwrap();
@@ -234,7 +195,7 @@ fn an_empty_last_chunk_is_a_commit() {
     let none: [TensorRef<'_>; 0] = [];
     let commit = t.sender.send_chunk(&none, true).unwrap();
     receive_all(&mut r, &first).unwrap();
-    let info = receive_all(&mut r, &commit).unwrap();
+    let info = receive_all(&mut r, &commit).unwrap().info;
     assert!(info.last && info.count == 0);
     assert_eq!(r.completed_version().unwrap(), 1);
 }
@@ -257,7 +218,7 @@ fn the_last_chunk_carries_the_manifest() {
             true,
         )
         .unwrap();
-    let info = receive_all(&mut r, &first).unwrap();
+    let info = receive_all(&mut r, &first).unwrap().info;
     assert_eq!(
         (
             info.version_chunks,
@@ -266,7 +227,7 @@ fn the_last_chunk_carries_the_manifest() {
         ),
         (0, 0, 0)
     );
-    let info = receive_all(&mut r, &last).unwrap();
+    let info = receive_all(&mut r, &last).unwrap().info;
     assert_eq!((info.count, info.bytes), (2, 20));
     assert_eq!(
         (
@@ -297,7 +258,7 @@ fn poll_after_an_abandon_reports_the_failed_version() {
 
     assert_eq!(t.sender.version().unwrap(), 2);
     let req = send(&mut t.sender, "a", &w, true);
-    assert_eq!(receive_all(&mut r, &req).unwrap().version, 2);
+    assert_eq!(receive_all(&mut r, &req).unwrap().info.version, 2);
     t.sender.flush(SEC).unwrap();
     assert_eq!(r.poll().unwrap().completed_version, 2);
 }

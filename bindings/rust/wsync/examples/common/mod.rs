@@ -1,6 +1,8 @@
 //! What the example trainer and engine share with each other, with the C peer
 //! (`bindings/rust/tests/c_peer/c_peer.c`) and with the cross-language tests: the frame format
-//! that carries blobs between processes, the toy model, and the formula for its weights.
+//! that carries blobs between processes, the toy model, the formula for its weights, and the
+//! trainer's and engine's loops ([`run_trainer`], [`run_engine`]), which the tests also run in
+//! their own process. Each example reads its own command line.
 //!
 //! # Frames
 //!
@@ -53,7 +55,7 @@ pub const TAG_REQUEST: u8 = b'R';
 /// Tag of the final frame (payload: u64 LE number of versions sent).
 pub const TAG_DONE: u8 = b'Q';
 /// Largest payload a reader accepts.
-pub const MAX_FRAME: u64 = 64 << 20;
+pub const MAX_FRAME: usize = 64 << 20;
 
 /// Writes one frame and flushes the writer.
 pub fn write_frame(w: &mut impl Write, tag: u8, payload: &[u8]) -> io::Result<()> {
@@ -63,6 +65,10 @@ pub fn write_frame(w: &mut impl Write, tag: u8, payload: &[u8]) -> io::Result<()
     w.write_all(&header)?;
     w.write_all(payload)?;
     w.flush()
+}
+
+fn invalid(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message)
 }
 
 /// Reads one frame: `Ok(None)` at a clean end of stream (no byte of a new frame), an error for
@@ -86,26 +92,19 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(u8, Vec<u8>)>> {
     }
     let tag = header[0];
     if ![TAG_INIT, TAG_REQUEST, TAG_DONE].contains(&tag) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("unknown frame tag 0x{tag:02x} (not a wsync frame stream?)"),
-        ));
+        return Err(invalid(format!(
+            "unknown frame tag 0x{tag:02x} (not a wsync frame stream?)"
+        )));
     }
-    let mut len = [0u8; 8];
-    len.copy_from_slice(&header[1..]);
-    let len = u64::from_le_bytes(len);
-    if len > MAX_FRAME {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("frame of {len} bytes exceeds the {MAX_FRAME}-byte limit"),
-        ));
-    }
-    let len = usize::try_from(len).map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("frame of {len} bytes does not fit in memory"),
-        )
-    })?;
+    let len = u64::from_le_bytes(header[1..].try_into().expect("8 bytes"));
+    let len = usize::try_from(len)
+        .ok()
+        .filter(|&n| n <= MAX_FRAME)
+        .ok_or_else(|| {
+            invalid(format!(
+                "frame of {len} bytes exceeds the {MAX_FRAME}-byte limit"
+            ))
+        })?;
     let mut payload = vec![0u8; len];
     r.read_exact(&mut payload)?;
     Ok(Some((tag, payload)))
@@ -113,106 +112,35 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(u8, Vec<u8>)>> {
 
 // --- model and weights ------------------------------------------------------------------------
 
-/// Element kinds of the toy model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// float32
-    F32,
-    /// bfloat16, held as u16 bits
-    BF16,
-    /// uint8
-    U8,
-    /// int64
-    I64,
-}
-
-impl Kind {
-    /// The wsync dtype.
-    pub fn dtype(self) -> DType {
-        match self {
-            Kind::F32 => DType::F32,
-            Kind::BF16 => DType::BF16,
-            Kind::U8 => DType::U8,
-            Kind::I64 => DType::I64,
-        }
-    }
-}
-
-/// One tensor of the toy model.
+/// One tensor of the toy model: its name, dtype (float32, bfloat16, uint8 or int64) and shape
+/// (empty for a scalar).
 #[derive(Debug, Clone, Copy)]
 pub struct Param {
     /// Its name.
     pub name: &'static str,
-    /// Its element kind.
-    pub kind: Kind,
-    /// Its shape (empty for a scalar).
+    /// Its element type.
+    pub dtype: DType,
+    /// Its shape.
     pub shape: &'static [usize],
 }
 
-impl Param {
-    /// Number of elements.
-    pub fn elements(&self) -> usize {
-        self.shape.iter().product()
-    }
+const fn param(name: &'static str, dtype: DType, shape: &'static [usize]) -> Param {
+    Param { name, dtype, shape }
 }
 
 /// The toy model, in the order the trainer lists it (the C peer has the same table).
 pub const MODEL: [Param; 11] = [
-    Param {
-        name: "embed.weight",
-        kind: Kind::F32,
-        shape: &[64, 32],
-    },
-    Param {
-        name: "layers.0.attn.q.weight",
-        kind: Kind::BF16,
-        shape: &[32, 32],
-    },
-    Param {
-        name: "layers.0.attn.k.weight",
-        kind: Kind::BF16,
-        shape: &[32, 32],
-    },
-    Param {
-        name: "layers.0.attn.v.weight",
-        kind: Kind::BF16,
-        shape: &[32, 32],
-    },
-    Param {
-        name: "layers.0.attn.o.weight",
-        kind: Kind::F32,
-        shape: &[32, 32],
-    },
-    Param {
-        name: "layers.0.mlp.up.weight",
-        kind: Kind::F32,
-        shape: &[128, 32],
-    },
-    Param {
-        name: "layers.0.mlp.down.weight",
-        kind: Kind::F32,
-        shape: &[32, 128],
-    },
-    Param {
-        name: "layers.0.norm.weight",
-        kind: Kind::F32,
-        shape: &[32],
-    },
-    Param {
-        name: "layers.0.norm.quant",
-        kind: Kind::U8,
-        shape: &[3, 5, 7],
-    },
-    Param {
-        name: "lm_head.weight",
-        kind: Kind::F32,
-        shape: &[64, 32],
-    },
-    Param {
-        name: "step",
-        kind: Kind::I64,
-        shape: &[],
-    },
+    param("embed.weight", DType::F32, &[64, 32]),
+    param("layers.0.attn.q.weight", DType::BF16, &[32, 32]),
+    param("layers.0.attn.k.weight", DType::BF16, &[32, 32]),
+    param("layers.0.attn.v.weight", DType::BF16, &[32, 32]),
+    param("layers.0.attn.o.weight", DType::F32, &[32, 32]),
+    param("layers.0.mlp.up.weight", DType::F32, &[128, 32]),
+    param("layers.0.mlp.down.weight", DType::F32, &[32, 128]),
+    param("layers.0.norm.weight", DType::F32, &[32]),
+    param("layers.0.norm.quant", DType::U8, &[3, 5, 7]),
+    param("lm_head.weight", DType::F32, &[64, 32]),
+    param("step", DType::I64, &[]),
 ];
 
 /// splitmix64's output function (see the module docs).
@@ -251,12 +179,13 @@ pub enum Data {
 /// The contents of tensor `t` of [`MODEL`] at version `v`.
 pub fn data(v: u64, t: usize) -> Data {
     let p = &MODEL[t];
-    let ws = (0..p.elements() as u64).map(|i| word(v, t as u64, i));
-    match p.kind {
-        Kind::F32 => Data::F32(ws.map(f32_of).collect()),
-        Kind::BF16 => Data::BF16(ws.map(|w| (w >> 48) as u16).collect()),
-        Kind::U8 => Data::U8(ws.map(|w| (w >> 56) as u8).collect()),
-        Kind::I64 => Data::I64(ws.map(|w| i64::from_ne_bytes(w.to_ne_bytes())).collect()),
+    let ws = (0..p.shape.iter().product::<usize>() as u64).map(|i| word(v, t as u64, i));
+    match p.dtype {
+        DType::F32 => Data::F32(ws.map(f32_of).collect()),
+        DType::BF16 => Data::BF16(ws.map(|w| (w >> 48) as u16).collect()),
+        DType::U8 => Data::U8(ws.map(|w| (w >> 56) as u8).collect()),
+        DType::I64 => Data::I64(ws.map(|w| i64::from_ne_bytes(w.to_ne_bytes())).collect()),
+        other => unreachable!("the toy model has no {other} tensor"),
     }
 }
 
@@ -291,18 +220,18 @@ impl Data {
 pub fn model_specs() -> wsync::Result<Vec<TensorSpec>> {
     MODEL
         .iter()
-        .map(|p| TensorSpec::new(p.name, p.shape, p.kind.dtype()))
+        .map(|p| TensorSpec::new(p.name, p.shape, p.dtype))
         .collect()
 }
 
 // --- command lines ------------------------------------------------------------------------------
 
-/// Reads `--key value` pairs; `known` lists the keys accepted.
+/// Reads `--key value` pairs, handing each to `set`; `known` lists the keys accepted.
 pub fn parse_args(
     args: impl IntoIterator<Item = String>,
     known: &[&str],
-) -> Result<Vec<(String, String)>, String> {
-    let mut out = Vec::new();
+    mut set: impl FnMut(&str, String) -> Result<(), String>,
+) -> Result<(), String> {
     let mut it = args.into_iter();
     while let Some(key) = it.next() {
         let name = key
@@ -315,18 +244,20 @@ pub fn parse_args(
             ));
         }
         let value = it.next().ok_or_else(|| format!("--{name} needs a value"))?;
-        out.push((name.to_string(), value));
+        set(name, value)?;
     }
-    Ok(out)
+    Ok(())
 }
 
-fn number(key: &str, value: &str) -> Result<u64, String> {
+/// `value` as a non-negative integer.
+pub fn number(key: &str, value: &str) -> Result<u64, String> {
     value
         .parse()
         .map_err(|_| format!("--{key} takes a non-negative integer, not '{value}'"))
 }
 
-fn boolean(key: &str, value: &str) -> Result<bool, String> {
+/// `value` as a boolean: true/1/yes or false/0/no.
+pub fn boolean(key: &str, value: &str) -> Result<bool, String> {
     match value {
         "true" | "1" | "yes" => Ok(true),
         "false" | "0" | "no" => Ok(false),
@@ -336,7 +267,7 @@ fn boolean(key: &str, value: &str) -> Result<bool, String> {
 
 // --- trainer ------------------------------------------------------------------------------------
 
-/// How the trainer runs.
+/// How the trainer runs (examples/trainer.rs reads it from the command line).
 #[derive(Debug, Clone)]
 pub struct TrainerConfig {
     /// Sync versions to send.
@@ -369,38 +300,6 @@ impl Default for TrainerConfig {
     }
 }
 
-impl TrainerConfig {
-    /// Options accepted by [`TrainerConfig::from_args`].
-    pub const KEYS: &'static [&'static str] = &[
-        "versions",
-        "receivers",
-        "chunk-bytes",
-        "bucket-bytes",
-        "buckets",
-        "timeout-ms",
-        "checksum",
-        "output",
-    ];
-
-    /// Applies `--key value` pairs (ignoring `output`, which the caller handles).
-    pub fn from_args(pairs: &[(String, String)]) -> Result<TrainerConfig, String> {
-        let mut c = TrainerConfig::default();
-        for (k, v) in pairs {
-            match k.as_str() {
-                "versions" => c.versions = number(k, v)?,
-                "receivers" => c.receivers = number(k, v)?,
-                "chunk-bytes" => c.chunk_bytes = number(k, v)?,
-                "bucket-bytes" => c.bucket_bytes = number(k, v)?,
-                "buckets" => c.buckets = number(k, v)?,
-                "timeout-ms" => c.timeout_ms = number(k, v)?,
-                "checksum" => c.checksum = boolean(k, v)?,
-                _ => {}
-            }
-        }
-        Ok(c)
-    }
-}
-
 /// What a trainer run did.
 #[derive(Debug, Clone, Default)]
 pub struct TrainerReport {
@@ -416,8 +315,8 @@ fn err(context: &str) -> impl Fn(wsync::Error) -> String + '_ {
     move |e| format!("{context}: {e}")
 }
 
-/// Why a trainer run stopped: the text, and the receivers' failures when a flush or send
-/// failed because of them (`wsync::Error::failures`).
+/// Why a trainer run stopped: the text, and the receivers' failures when a flush failed because
+/// of them (`wsync::Error::failures`). `Display` prints the text, then one line per failure.
 #[derive(Debug, Clone, Default)]
 pub struct TrainerError {
     /// What failed, with the library's status and message.
@@ -435,24 +334,15 @@ impl From<String> for TrainerError {
     }
 }
 
-/// Runs the trainer: init frame, then every version's requests (planned, flushed), then `Q`.
-pub fn run_trainer(out: &mut impl Write, c: &TrainerConfig) -> Result<TrainerReport, String> {
-    run_trainer_detailed(out, c).map_err(|e| {
-        let mut text = e.message;
-        for f in &e.failures {
-            text.push('\n');
-            text.push_str("  ");
-            text.push_str(&f.to_string());
-        }
-        text
-    })
+impl std::fmt::Display for TrainerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)?;
+        self.failures.iter().try_for_each(|x| write!(f, "\n  {x}"))
+    }
 }
 
-/// [`run_trainer`] keeping the receivers' failures as data.
-pub fn run_trainer_detailed(
-    out: &mut impl Write,
-    c: &TrainerConfig,
-) -> Result<TrainerReport, TrainerError> {
+/// Runs the trainer: init frame, then every version's requests (planned, flushed), then `Q`.
+pub fn run_trainer(out: &mut impl Write, c: &TrainerConfig) -> Result<TrainerReport, TrainerError> {
     let options = Options::new()
         .uint("receivers", c.receivers)
         .uint("buckets", c.buckets)
@@ -524,8 +414,8 @@ pub fn run_trainer_detailed(
 
 // --- engine -------------------------------------------------------------------------------------
 
-/// How the engine runs.
-#[derive(Debug, Clone, Default)]
+/// How the engine runs (examples/engine.rs reads it from the command line).
+#[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Receiver index.
     pub index: u32,
@@ -538,31 +428,14 @@ pub struct EngineConfig {
     pub fail_at: u64,
 }
 
-impl EngineConfig {
-    /// Options accepted by [`EngineConfig::from_args`].
-    pub const KEYS: &'static [&'static str] =
-        &["index", "verify", "end-early-at", "fail-at", "input"];
-
-    /// Applies `--key value` pairs (ignoring `input`, which the caller handles).
-    pub fn from_args(pairs: &[(String, String)]) -> Result<EngineConfig, String> {
-        let mut c = EngineConfig {
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
             index: 0,
             verify: true,
             end_early_at: 0,
             fail_at: 0,
-        };
-        for (k, v) in pairs {
-            match k.as_str() {
-                "index" => {
-                    c.index = u32::try_from(number(k, v)?).map_err(|_| "--index is too large")?;
-                }
-                "verify" => c.verify = boolean(k, v)?,
-                "end-early-at" => c.end_early_at = number(k, v)?,
-                "fail-at" => c.fail_at = number(k, v)?,
-                _ => {}
-            }
         }
-        Ok(c)
     }
 }
 
@@ -599,7 +472,6 @@ pub fn run_engine(input: &mut impl Read, c: &EngineConfig) -> Result<EngineRepor
     let mut report = EngineReport::default();
     let mut version = 1u64; // the version the next chunk 0 must belong to
     let mut seen = [false; MODEL.len()];
-    let mut contents: Vec<Option<Data>> = vec![None; MODEL.len()];
     let mut failed_version = 0u64;
     loop {
         let (tag, payload) = match read_frame(input).map_err(io)? {
@@ -672,18 +544,14 @@ pub fn run_engine(input: &mut impl Read, c: &EngineConfig) -> Result<EngineRepor
                     .position(|p| p.name == view.name())
                     .ok_or_else(|| format!("unknown tensor '{}'", view.name()))?;
                 let p = &MODEL[t];
-                let shape = p
-                    .shape
-                    .iter()
-                    .map(|&e| i64::try_from(e).map_err(|_| format!("extent {e} of '{}'", p.name)))
-                    .collect::<Result<Vec<i64>, String>>()?;
-                if view.dtype() != p.kind.dtype() || view.shape() != shape.as_slice() {
+                let shape = view.shape().iter().map(|&e| usize::try_from(e).ok());
+                if view.dtype() != p.dtype || !shape.eq(p.shape.iter().copied().map(Some)) {
                     return Err(format!(
                         "tensor '{}' is {} {:?}, expected {} {:?}",
                         p.name,
                         view.dtype(),
                         view.shape(),
-                        p.kind.dtype(),
+                        p.dtype,
                         p.shape
                     ));
                 }
@@ -694,8 +562,7 @@ pub fn run_engine(input: &mut impl Read, c: &EngineConfig) -> Result<EngineRepor
                     ));
                 }
                 seen[t] = true;
-                let expected = contents[t].get_or_insert_with(|| data(version, t));
-                if !expected.matches(&view).map_err(err("typed view"))? {
+                if !data(version, t).matches(&view).map_err(err("typed view"))? {
                     return Err(format!("tensor '{}' of version {version} differs", p.name));
                 }
                 report.tensors += 1;
@@ -747,7 +614,6 @@ pub fn run_engine(input: &mut impl Read, c: &EngineConfig) -> Result<EngineRepor
                 }
             );
             version += 1;
-            contents.fill(None);
         }
     }
     report.completed = receiver
@@ -760,30 +626,4 @@ pub fn run_engine(input: &mut impl Read, c: &EngineConfig) -> Result<EngineRepor
         ));
     }
     Ok(report)
-}
-
-/// Opens `path` for reading (`-` is stdin).
-pub fn open_input(path: &str) -> Result<Box<dyn Read>, String> {
-    if path == "-" {
-        Ok(Box::new(io::stdin().lock()))
-    } else {
-        std::fs::File::open(path)
-            .map(|f| Box::new(io::BufReader::new(f)) as Box<dyn Read>)
-            .map_err(|e| format!("cannot open {path}: {e}"))
-    }
-}
-
-/// Opens `path` for writing (`-` is stdout; a FIFO is opened for writing as is).
-pub fn open_output(path: &str) -> Result<Box<dyn Write>, String> {
-    if path == "-" {
-        Ok(Box::new(io::stdout().lock()))
-    } else {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)
-            .map(|f| Box::new(io::BufWriter::new(f)) as Box<dyn Write>)
-            .map_err(|e| format!("cannot open {path}: {e}"))
-    }
 }

@@ -1,0 +1,193 @@
+"""ModuleLoader: strict by default (a version that misses a tensor of the module never
+commits), tied tensors, and the map_name hook (renames, skips, q/k/v into a fused qkv)."""
+
+import pytest
+import torch
+
+from wsync import Status, WsyncError
+from wsync.engine import ModuleLoader
+from wsync.trainer import send_model
+
+H = 16
+
+
+class Tied(torch.nn.Module):
+    """An embedding tied to the LM head, one linear layer and a persistent buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(8, H)
+        self.proj = torch.nn.Linear(H, H)
+        self.head = torch.nn.Linear(H, 8, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("scale", torch.ones(H))
+
+
+class Separate(torch.nn.Module):
+    """A trainer's attention: q, k and v as separate projections."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Linear(H, H)
+        self.k = torch.nn.Linear(H, H)
+        self.v = torch.nn.Linear(H, H)
+
+
+class Fused(torch.nn.Module):
+    """An inference engine's attention: one qkv projection (rows q, then k, then v)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(H, 3 * H)
+
+
+QKV_ROWS = {"q": slice(0, H), "k": slice(H, 2 * H), "v": slice(2 * H, 3 * H)}
+
+
+def qkv_map(name):
+    """q.weight -> qkv.weight[0:H], k.bias -> qkv.bias[H:2H], ..."""
+    part, kind = name.split(".")
+    return f"qkv.{kind}", QKV_ROWS[part]
+
+
+def send(sync, tensors, chunk_bytes=1 << 20):
+    return send_model(sync.sender, tensors, chunk_bytes=chunk_bytes)
+
+
+def test_a_version_missing_a_parameter_is_refused_on_its_last_chunk_and_never_commits(sync):
+    engine = Tied()
+    before = engine.proj.bias.detach().clone()
+    trainer = Tied()
+    sent = {k: v for k, v in trainer.state_dict().items() if k != "proj.bias"}
+    [request] = send(sync, sent)
+    with pytest.raises(WsyncError) as info:
+        ModuleLoader(engine).load(sync.receiver, request)
+    assert info.value.status is Status.MISMATCH
+    assert "version 1 does not load 1 tensor(s) of the model (strict): missing 'proj.bias'" in str(info.value)
+    # Refused before the chunk was copied, and the version did not commit.
+    assert torch.equal(engine.proj.bias, before)
+    assert not torch.equal(engine.proj.weight, trainer.proj.weight)
+    state = sync.receiver.poll()
+    assert (state.completed_version, state.failed_version, state.failed_status) == (0, 1, Status.MISMATCH)
+    with pytest.raises(WsyncError) as flushed:
+        sync.sender.flush(5)
+    assert "missing 'proj.bias'" in flushed.value.failures[0].message
+
+
+def test_a_missing_tensor_in_an_earlier_chunk_is_found_on_the_last(make_sync):
+    s = make_sync(buckets=4)
+    engine = Tied()
+    sent = {k: v for k, v in Tied().state_dict().items() if k != "scale"}
+    requests = send(s, sent, chunk_bytes=H * H * 4)
+    assert len(requests) > 1
+    loader = ModuleLoader(engine)
+    for request in requests[:-1]:
+        loader.load(s.receiver, request)
+    with pytest.raises(WsyncError, match="missing 'scale'"):
+        loader.load(s.receiver, requests[-1])
+    assert s.receiver.completed_version == 0
+
+
+def test_strict_false_loads_a_partial_version(sync):
+    engine = Tied()
+    trainer = Tied()
+    [request] = send(sync, {"proj.weight": trainer.proj.weight})
+    ModuleLoader(engine, strict=False).load(sync.receiver, request)
+    assert torch.equal(engine.proj.weight, trainer.proj.weight)
+    assert sync.receiver.completed_version == 1
+
+
+def test_a_tied_tensor_sent_once_under_either_name_loads_both(make_sync):
+    for name in ("embed.weight", "head.weight"):
+        s = make_sync()
+        engine, trainer = Tied(), Tied()
+        sent = dict(trainer.named_parameters())  # tied: embed.weight only
+        sent["scale"] = trainer.scale
+        if name == "head.weight":
+            sent["head.weight"] = sent.pop("embed.weight")
+        [request] = send(s, sent)
+        ModuleLoader(engine).load(s.receiver, request)
+        assert torch.equal(engine.head.weight, trainer.embed.weight)
+        assert engine.head.weight is engine.embed.weight
+        assert s.receiver.completed_version == 1
+
+
+def test_the_missing_list_names_tied_tensors_together(sync):
+    loader = ModuleLoader(Tied())
+    assert loader.missing() == ["scale", "embed.weight=head.weight", "proj.weight", "proj.bias"]
+
+
+def test_map_name_loads_q_k_v_into_a_fused_qkv_bit_exact(make_sync):
+    trainer, engine = Separate(), Fused()
+    loader = ModuleLoader(engine, map_name=qkv_map)
+    s = make_sync(buckets=4)
+    for version in (1, 2):
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.add_(torch.randn_like(p))
+        # Small chunks: the qkv parts arrive in several chunks, and the fused tensor counts
+        # as loaded only once all three are in.
+        requests = send_model(s.sender, trainer.state_dict(), chunk_bytes=H * H * 4,
+                              on_request=lambda r: loader.load(s.receiver, r))
+        assert len(requests) > 3
+        assert s.receiver.completed_version == version
+        want_w = torch.cat([trainer.q.weight, trainer.k.weight, trainer.v.weight])
+        want_b = torch.cat([trainer.q.bias, trainer.k.bias, trainer.v.bias])
+        assert torch.equal(engine.qkv.weight, want_w)
+        assert torch.equal(engine.qkv.bias, want_b)
+
+
+def test_a_fused_parameter_missing_one_part_is_refused_by_the_strict_check(sync):
+    trainer = Separate()
+    sent = {k: v for k, v in trainer.state_dict().items() if k != "v.weight"}
+    [request] = send(sync, sent)
+    with pytest.raises(WsyncError, match="missing 'qkv.weight'"):
+        ModuleLoader(Fused(), map_name=qkv_map).load(sync.receiver, request)
+
+
+def test_a_part_loaded_twice_does_not_make_up_for_a_missing_one(sync):
+    trainer = Separate()
+    sent = {k: v for k, v in trainer.state_dict().items() if k != "v.weight"}
+    sent["q_again.weight"] = trainer.q.weight  # as many elements as the missing v part
+    [request] = send(sync, sent)
+
+    def mapping(name):
+        return qkv_map(name.replace("q_again", "q"))
+
+    with pytest.raises(WsyncError, match="missing 'qkv.weight'"):
+        ModuleLoader(Fused(), map_name=mapping).load(sync.receiver, request)
+
+
+def test_map_name_renames_and_skips(sync):
+    engine, trainer = Tied(), Tied()
+    sent = {f"model.{k}": v for k, v in trainer.state_dict().items()}
+    sent["model.optimizer_step"] = torch.tensor(3)
+
+    def strip(name):
+        return None if name == "model.optimizer_step" else name[len("model."):]
+
+    [request] = send(sync, sent)
+    ModuleLoader(engine, map_name=strip).load(sync.receiver, request)
+    for k, v in trainer.state_dict().items():
+        assert torch.equal(engine.state_dict()[k], v), k
+    assert sync.receiver.completed_version == 1
+
+
+def test_a_mapped_part_of_the_wrong_shape_is_a_mismatch_naming_both_names(sync):
+    trainer = Separate()
+    [request] = send(sync, trainer.state_dict())
+
+    def wrong(name):
+        part, kind = name.split(".")
+        return f"qkv.{kind}", slice(0, H // 2)
+
+    with pytest.raises(WsyncError) as info:
+        ModuleLoader(Fused(), map_name=wrong).load(sync.receiver, request)
+    assert info.value.status is Status.MISMATCH
+    assert "tensor 'q.weight' (-> 'qkv.weight'): shape differs: request has (16, 16), model has (8, 16)" in str(info.value)
+
+
+def test_map_name_must_return_none_a_name_or_a_pair(sync):
+    [request] = send(sync, {"a": torch.ones(2)})
+    with pytest.raises(WsyncError, match=r"map_name\('a'\) returned 3"):
+        ModuleLoader({"a": torch.zeros(2)}, map_name=lambda n: 3).load(sync.receiver, request)

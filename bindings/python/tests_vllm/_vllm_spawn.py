@@ -1,0 +1,8 @@
+"""The worker processes' entry point, importable without vLLM (the trainer process pickles a
+reference to it; the worker process imports the heavy part)."""
+
+
+def run_worker(conn, rank: int, world_size: int) -> None:
+    import _vllm_worker
+
+    _vllm_worker.serve(conn, rank, world_size)
