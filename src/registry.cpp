@@ -1,3 +1,4 @@
+#include "delta.hpp"
 #include "error.hpp"
 #include "strategy.hpp"
 
@@ -10,6 +11,10 @@ const std::vector<const KindInfo *> &registered_kinds() {
 #endif
     };
     return kinds;
+}
+
+const std::vector<OptionSpec> &option_specs(const KindInfo &kind) {
+    return delta::with_delta_options(kind.options);
 }
 
 const KindInfo &find_kind(const std::string &name) {
