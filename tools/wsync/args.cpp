@@ -11,8 +11,6 @@
 #include "cli.hpp"
 
 namespace wsync_cli {
-namespace {
-
 uint64_t parse_uint(const std::string &flag, const char *v, uint64_t lo, uint64_t hi) {
     if (!v) usage_error(flag + " needs a value");
     char *end = nullptr;
@@ -24,7 +22,6 @@ uint64_t parse_uint(const std::string &flag, const char *v, uint64_t lo, uint64_
     return x;
 }
 
-}  // namespace
 
 Args parse_args(int argc, char **argv, int first, bool bench) {
     Args a;

@@ -53,6 +53,8 @@ struct Args {
 
 // Flags from argv[first]; `bench` admits the bench-only flags and its defaults.
 Args parse_args(int argc, char **argv, int first, bool bench);
+// An unsigned flag value in [lo, hi]; usage_error() naming the flag otherwise.
+uint64_t parse_uint(const std::string &flag, const char *v, uint64_t lo, uint64_t hi);
 
 // --- the synthetic model (model.cpp) ------------------------------------------------------------
 struct TensorSpec {
@@ -119,6 +121,7 @@ double metadata_us_per_tensor();
 int cmd_demo(const Args &a);            // shm_sync.cpp
 int cmd_bench(const Args &a);           // shm_sync.cpp; --strategy cuda_ipc goes to the next
 int cmd_bench_cuda_ipc(Args a);         // bench_cuda_ipc.cpp
+int cmd_bench_delta(int argc, char **argv, int first);  // bench_delta.cpp (--delta-fraction)
 int cmd_bench_ucx(const Args &a);       // bench_ucx.cpp
 // Moves this process into network namespace `name` (/run/netns/NAME); die() if it cannot.
 void enter_netns(const std::string &name);  // bench_ucx.cpp

@@ -86,6 +86,10 @@ void usage(FILE *out) {
         "              [--chunk-mb N=64] [--steps N] [--engine-netns NAME] [--json]\n"
         "      The ucx kind to forked engines, against UCX's own GET bandwidth (ucx_perftest\n"
         "      ucp_get, chunk-sized messages) over the same transports in the same run.\n"
+        "  wsync bench --delta-fraction F[,F...] [--delta auto|on] [--size-mb N=2048] [--steps N=4]\n"
+        "              [--json]\n"
+        "      Delta sync against dense over shm in one run (docs/delta.md): per fraction F of\n"
+        "      elements changed each step, bytes moved, send, apply and sync time, and ratios.\n"
         "  wsync inspect FILE|-     print an init-info or request blob as JSON (exit 2 if malformed)\n"
         "  wsync kinds              the strategies this build knows\n"
         "  wsync options KIND       a strategy's options\n"
@@ -109,7 +113,11 @@ int main(int argc, char **argv) {
     std::string cmd = argv[1];
     char *json = nullptr;
     if (cmd == "demo") return cmd_demo(parse_args(argc, argv, 2, false));
-    if (cmd == "bench") return cmd_bench(parse_args(argc, argv, 2, true));
+    if (cmd == "bench") {
+        for (int i = 2; i < argc; ++i)
+            if (std::strcmp(argv[i], "--delta-fraction") == 0) return cmd_bench_delta(argc, argv, 2);
+        return cmd_bench(parse_args(argc, argv, 2, true));
+    }
     if (cmd == "inspect") return cmd_inspect(argc, argv);
     if (cmd == "kinds") {
         check(wsync_strategy_kinds(&json), "kinds");

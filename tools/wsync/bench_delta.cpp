@@ -1,10 +1,10 @@
-// wsync-bench-delta: delta sync against dense over shm, in one run (docs/delta.md). A consumer of
-// the public header and the shared library only, laid out like `wsync bench`: the parent is the
+// wsync bench --delta-fraction: delta sync against dense over shm, in one run (docs/delta.md),
+// laid out like `wsync bench`: the parent is the
 // controller and the trainer, one forked engine per configuration copies every tensor into its
 // own 64-byte aligned memory with wsync_recv_copy (the copy-into path, which applies patches).
 //
-//   wsync-bench-delta [--size-mb N=2048] [--steps N=4] [--fractions 0.001,0.01,0.05,0.2,1.0]
-//                     [--delta auto|on] [--json]
+//   wsync bench --delta-fraction F[,F...] (e.g. 0.001,0.01,0.05,0.2,1.0) [--size-mb N=2048]
+//               [--steps N=4] [--delta auto|on] [--json]
 //
 // The model is bf16 with Llama-like shapes, in torch-like buffers. Before every step after the
 // first, a fraction F of each tensor's elements changes (one ulp, spread at random). Per
@@ -27,24 +27,17 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "wsync.h"
+#include "cli.hpp"
 
+namespace wsync_cli {
 namespace {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-void die(const char *what) {
-    std::fprintf(stderr, "wsync-bench-delta: %s: %s\n", what, wsync_last_error());
-    std::exit(1);
-}
-#define MUST(call) \
-    do {                                 \
-        if ((call) != WSYNC_OK) die(#call); \
-    } while (0)
+#define MUST(call) check((call), #call)
 
 // --- pipes: u64 length, then bytes -------------------------------------------------------------
 void write_all(int fd, const void *p, size_t n) {
@@ -82,7 +75,7 @@ struct Tensor {
     uint16_t *data;
 };
 
-std::vector<Tensor> make_model(uint64_t size_bytes) {
+std::vector<Tensor> make_delta_model(uint64_t size_bytes) {
     static const int64_t layer[][2] = {{4096, 4096}, {1024, 4096}, {1024, 4096}, {4096, 4096},
                                        {11008, 4096}, {11008, 4096}, {4096, 11008}, {1, 4096}};
     static const char *names[] = {"q", "k", "v", "o", "gate", "up", "down", "norm"};
@@ -289,37 +282,41 @@ Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int step
 
 }  // namespace
 
-int main(int argc, char **argv) {
+int cmd_bench_delta(int argc, char **argv, int first) {
     uint64_t size_mb = 2048;
     int steps = 4;
     bool as_json = false;
     std::string delta = "auto";
-    std::vector<double> fractions = {0.001, 0.01, 0.05, 0.2, 1.0};
-    for (int i = 1; i < argc; ++i) {
-        std::string a = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) std::exit(2);
-            return argv[++i];
-        };
-        if (a == "--size-mb") size_mb = std::stoull(value());
-        else if (a == "--steps") steps = std::max(2, std::stoi(value()));
-        else if (a == "--delta") delta = value();
-        else if (a == "--json") as_json = true;
-        else if (a == "--fractions") {
-            fractions.clear();
-            std::string v = value();
-            for (size_t p = 0; p < v.size();) {
-                size_t q = v.find(',', p);
-                fractions.push_back(std::stod(v.substr(p, q - p)));
-                p = q == std::string::npos ? v.size() : q + 1;
+    std::vector<double> fractions;
+    for (int i = first; i < argc; ++i) {
+        const std::string a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : nullptr;
+        if (a == "--size-mb") size_mb = parse_uint(a, v, 1, 1 << 20), ++i;
+        else if (a == "--steps") steps = int(parse_uint(a, v, 2, 1000)), ++i;
+        else if (a == "--delta") {
+            if (!v || (std::strcmp(v, "auto") && std::strcmp(v, "on")))
+                usage_error("--delta takes auto or on");
+            delta = v, ++i;
+        } else if (a == "--json") as_json = true;
+        else if (a == "--delta-fraction") {
+            if (!v) usage_error("--delta-fraction needs a value");
+            const std::string list = v;
+            ++i;
+            for (size_t p = 0; p <= list.size();) {
+                const size_t q = std::min(list.find(',', p), list.size());
+                const std::string item = list.substr(p, q - p);
+                char *end = nullptr;
+                const double f = std::strtod(item.c_str(), &end);
+                if (item.empty() || *end || !(f > 0.0 && f <= 1.0))
+                    usage_error("--delta-fraction: '" + item + "' is not a fraction in (0, 1]");
+                fractions.push_back(f);
+                p = q + 1;
             }
         } else {
-            std::fprintf(stderr, "usage: wsync-bench-delta [--size-mb N] [--steps N] "
-                                 "[--fractions F,F,...] [--delta auto|on] [--json]\n");
-            return 2;
+            usage_error("unknown option '" + a + "' for bench --delta-fraction (see: wsync help)");
         }
     }
-    std::vector<Tensor> m = make_model(size_mb << 20);
+    std::vector<Tensor> m = make_delta_model(size_mb << 20);
     uint64_t total = 0;
     for (const Tensor &t : m) total += t.bytes;
     Figures dense = run(m, "off", 0.01, steps);
@@ -356,3 +353,5 @@ int main(int argc, char **argv) {
     for (Tensor &t : m) std::free(t.data);
     return 0;
 }
+
+}  // namespace wsync_cli
