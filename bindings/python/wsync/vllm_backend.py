@@ -393,6 +393,14 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
         engine.init_info = init_info
         if not engine.is_sender:
             return engine
+        if str(init_info.options.get("delta", "off")) != "off":
+            # Patches apply only onto a destination that holds the base (wsync_recv_copy into
+            # the engine's own parameter); vLLM's load_weights takes fresh tensors, so a worker
+            # would refuse every patch (docs/delta.md).
+            raise ValueError(
+                f"options['delta'] = {init_info.options['delta']!r}: delta sync needs engines "
+                "that load in place with copy-into; vLLM workers load through load_weights, so "
+                "the wsync vLLM backend sends dense versions only (leave 'delta' unset or 'off')")
         strategy = Strategy(init_info.kind, receivers=init_info.receivers, **init_info.options)
         try:
             blob = strategy.create_init_info()
