@@ -249,18 +249,8 @@ int cmd_bench_cuda_ipc(Args a) {
         desc[i].device = {WSYNC_DEVICE_CUDA, 0};
     }
     auto tp = Clock::now();
-    wsync_plan_t *plan;
-    std::string plan_opts = "{\"chunk_bytes\": " + std::to_string(bucket) + "}";
-    check(wsync_plan_create(desc.data(), desc.size(), plan_opts.c_str(), &plan), "plan");
-    check(wsync_plan_chunk_count(plan, &r.chunks), "plan");
-    std::vector<std::vector<wsync_tensor_t>> chunks(r.chunks);
-    for (size_t c = 0; c < r.chunks; ++c) {
-        const size_t *idx;
-        size_t n;
-        check(wsync_plan_chunk(plan, c, &idx, &n, nullptr), "plan");
-        for (size_t k = 0; k < n; ++k) chunks[c].push_back(desc[idx[k]]);
-    }
-    wsync_plan_destroy(plan);
+    const auto chunks = plan_chunks(desc, bucket);
+    r.chunks = chunks.size();
     const double plan_s = since(tp);
 
     std::string opts = std::string("{\"receivers\": 1, \"packed\": ") +

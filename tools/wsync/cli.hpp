@@ -86,6 +86,10 @@ struct Params {
     Params &operator=(const Params &) = delete;
 };
 
+// The library's plan of `desc` into chunks of about chunk_bytes: each chunk's descriptors.
+std::vector<std::vector<wsync_tensor_t>> plan_chunks(const std::vector<wsync_tensor_t> &desc,
+                                                     uint64_t chunk_bytes);
+
 // --- frames over pipes (model.cpp) --------------------------------------------------------------
 // Controller and engines exchange length-prefixed frames that carry only bytes.
 enum Frame : uint32_t { kInit = 1, kRequest, kStepEnd, kQuit, kReady, kStepOk, kStepFail };

@@ -130,6 +130,24 @@ Params::Params(const std::vector<TensorSpec> &m, uint64_t offset) {
 }
 Params::~Params() { std::free(base); }
 
+std::vector<std::vector<wsync_tensor_t>> plan_chunks(const std::vector<wsync_tensor_t> &desc,
+                                                     uint64_t chunk_bytes) {
+    wsync_plan_t *plan;
+    const std::string opts = "{\"chunk_bytes\": " + std::to_string(chunk_bytes) + "}";
+    check(wsync_plan_create(desc.data(), desc.size(), opts.c_str(), &plan), "plan");
+    size_t count = 0;
+    check(wsync_plan_chunk_count(plan, &count), "plan");
+    std::vector<std::vector<wsync_tensor_t>> chunks(count);
+    for (size_t c = 0; c < count; ++c) {
+        const size_t *idx;
+        size_t n;
+        check(wsync_plan_chunk(plan, c, &idx, &n, nullptr), "plan");
+        for (size_t k = 0; k < n; ++k) chunks[c].push_back(desc[idx[k]]);
+    }
+    wsync_plan_destroy(plan);
+    return chunks;
+}
+
 bool send_frame(int fd, uint32_t type, const void *p, uint64_t n) {
     uint64_t hdr[2] = {type, n};
     return write_all(fd, hdr, sizeof hdr) && (n == 0 || write_all(fd, p, n));

@@ -163,18 +163,8 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
     uint64_t bucket = a.bucket_mb ? a.bucket_mb << 20 : chunk_bytes;
     bucket = (bucket + 4095) / 4096 * 4096;
 
-    wsync_plan_t *plan;
-    std::string plan_opts = "{\"chunk_bytes\": " + std::to_string(chunk_bytes) + "}";
-    check(wsync_plan_create(desc.data(), desc.size(), plan_opts.c_str(), &plan), "plan");
-    check(wsync_plan_chunk_count(plan, &r.chunks), "plan");
-    std::vector<std::vector<wsync_tensor_t>> chunks(r.chunks);
-    for (size_t c = 0; c < r.chunks; ++c) {
-        const size_t *idx;
-        size_t n;
-        check(wsync_plan_chunk(plan, c, &idx, &n, nullptr), "plan");
-        for (size_t k = 0; k < n; ++k) chunks[c].push_back(desc[idx[k]]);
-    }
-    wsync_plan_destroy(plan);
+    const auto chunks = plan_chunks(desc, chunk_bytes);
+    r.chunks = chunks.size();
 
     const std::string opts = kind_options(a, checksum, bucket);
     wsync_strategy_t *strategy;
