@@ -5,28 +5,10 @@
 #include <cstring>
 #include <vector>
 
-extern "C" {
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <cmocka.h>
-}
-
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "copy.hpp"
+#include "whitebox.hpp"
 
 namespace {
-
-std::vector<uint8_t> noise(size_t n, uint64_t seed) {
-    std::vector<uint8_t> v(n);
-    for (size_t i = 0; i < n; ++i) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        v[i] = uint8_t(seed >> 56);
-    }
-    return v;
-}
 
 // Copies n bytes from src offset so to dst offset do inside page-aligned buffers and checks the
 // bytes and that nothing around the destination changed.

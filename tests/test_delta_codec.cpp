@@ -10,29 +10,11 @@
 #include "delta.hpp"  // before cmocka.h, whose fail() macro would rename wsync::fail
 #include "error.hpp"
 #include "tensor.hpp"
-
-extern "C" {
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <cmocka.h>
-}
-
-#define XXH_INLINE_ALL
-#include <xxhash.h>
+#include "whitebox.hpp"
 
 using namespace wsync;
 
 namespace {
-
-std::vector<uint8_t> noise(size_t n, uint64_t seed) {
-    std::vector<uint8_t> v(n);
-    for (size_t i = 0; i < n; ++i) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        v[i] = uint8_t(seed >> 56);
-    }
-    return v;
-}
 
 // Every element whose bytes differ, the slow way.
 std::vector<uint64_t> naive_changes(const std::vector<uint8_t> &a, const std::vector<uint8_t> &b,
