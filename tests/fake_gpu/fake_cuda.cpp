@@ -77,6 +77,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cerrno>
@@ -601,6 +602,25 @@ std::string alloc_name(uint64_t pid, uint64_t serial) {
     return "/wsync-fakecuda-" + std::to_string(pid) + "-" + std::to_string(serial);
 }
 
+// Device memory named for this pid that this process did not make belongs to an earlier
+// process with the same pid that was killed (a killed process frees nothing; pids are reused
+// on a busy machine). The real driver frees a dead process's memory, so the fake removes such
+// leftovers once per process, before its first allocation: then counting "/dev/shm" entries of a
+// pid counts what that live process holds.
+void sweep_dead_namesakes() {
+    static std::atomic<pid_t> swept{0};
+    const pid_t me = getpid();
+    if (swept.exchange(me) == me) return;
+    const std::string prefix = "wsync-fakecuda-" + std::to_string(me) + "-";
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    std::vector<std::string> dead;
+    while (struct dirent *e = readdir(d))
+        if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) dead.push_back(e->d_name);
+    closedir(d);
+    for (const std::string &name : dead) shm_unlink(("/" + name).c_str());
+}
+
 // The IPC handle's layout (the rest of the 64 bytes is zero).
 struct HandleData {
     uint32_t magic;
@@ -815,6 +835,7 @@ const ErrorText *error_entry(CUresult rc) {
 CUresult cuInit(unsigned int flags) {
     WSYNC_FAKE_FAIL_POINT("cuInit");
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    sweep_dead_namesakes();
     State &s = st();
     std::lock_guard<std::mutex> lk(s.mu);
     if (!s.init_tried) {  // like the driver, the first call decides (and reads the environment)
@@ -953,6 +974,7 @@ CUresult cuMemAlloc(CUdeviceptr *dptr, std::size_t bytes) {
     }
     const uint64_t len = page_round(bytes);
     const uint64_t pid = static_cast<uint64_t>(getpid());
+    sweep_dead_namesakes();
     std::string name;
     int fd = -1;
     for (int tries = 0; fd < 0; ++tries) {

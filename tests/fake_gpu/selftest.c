@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
@@ -16,6 +17,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,9 +262,14 @@ static int run_fresh(const char *mode, const char *const *env) {
     return reap(pid);
 }
 
+/* Entries named for this pid before the test: left by an earlier process that had the same pid
+ * and was killed (a killed process cannot clean up; pids are reused on a busy machine). */
+static int shm_before;
+
 static int setup(void **state) {
     (void)state;
     alarm(60);
+    shm_before = shm_of_pid(getpid());
     assert_int_equal(F.cuInit(0), OK);
     assert_int_equal(F.cuCtxSetCurrent(NULL), OK);
     F.set_fail(NULL, 0, 0);
@@ -273,7 +280,7 @@ static int teardown(void **state) {
     (void)state;
     F.set_fail(NULL, 0, 0);
     /* Every test frees what it made: nothing of this process is left in /dev/shm. */
-    assert_int_equal(shm_of_pid(getpid()), 0);
+    assert_int_equal(shm_of_pid(getpid()), shm_before);
     alarm(0);
     return 0;
 }
@@ -1219,6 +1226,28 @@ static int child_exit_leaky(void *arg) {
     exit(0);
 }
 
+/* Plays a process whose pid was used before by one that was killed holding device memory:
+ * the leftover is named for this pid before anything here allocates. */
+static int child_after_a_dead_namesake(void *arg) {
+    (void)arg;
+    char name[96];
+    snprintf(name, sizeof name, "/wsync-fakecuda-%d-424242", (int)getpid());
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    CK_EQ(fd >= 0, 1);
+    close(fd);
+    CK_EQ(shm_of_pid(getpid()), 1);
+    CK_EQ(F.cuInit(0), OK);  /* the driver frees a dead process's memory: so does the fake */
+    CK_EQ(shm_of_pid(getpid()), 0);
+    return 0;
+}
+
+static void test_memory_of_a_killed_namesake_is_freed(void **state) {
+    (void)state;
+    pid_t child = spawn(child_after_a_dead_namesake, NULL);
+    assert_int_equal(reap(child), 0);
+    assert_int_equal(shm_of_pid(child), 0);
+}
+
 static void test_exit_cleanup(void **state) {
     (void)state;
     ncclUniqueId id;
@@ -1382,6 +1411,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_nccl_streams_and_abort, setup, teardown),
         cmocka_unit_test_setup_teardown(test_nccl_two_process_broadcast, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exit_cleanup, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_memory_of_a_killed_namesake_is_freed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
