@@ -113,7 +113,7 @@ static void blobs_are_a_cbor_array_with_magic_version_type_and_kind(void **state
     assert_true(init.is_array());
     assert_int_equal(init.size(), 6);
     assert_true(init[0] == "wsync");
-    assert_true(init[1] == 3);
+    assert_true(init[1] == 4);
     assert_true(init[5].is_number_unsigned());  // the seal
     assert_true(init[2] == "init");
     assert_true(init[3] == "shm");
@@ -186,13 +186,21 @@ static void hostile_requests_are_refused_by_name_and_the_receiver_still_works(vo
         {"other kind", [](json &r) { r[3] = "nccl_broadcast"; }, WSYNC_ERR_MISMATCH, "blob is for strategy 'nccl_broadcast', not 'shm'"},
         {"init type", [](json &r) { r[2] = "init"; }, WSYNC_ERR_MISMATCH, "expected a request blob"},
         {"unknown type", [](json &r) { r[2] = "reply"; }, WSYNC_ERR_MALFORMED, "unknown blob type"},
-        {"format 4", [](json &r) { r[1] = 4; }, WSYNC_ERR_MALFORMED, "format version 4 is not supported (this library reads version 3"},
-        {"format 2 (0.3)", [](json &r) { r[1] = 2; }, WSYNC_ERR_MALFORMED, "format version 2 is not supported (this library reads version 3; trainer and engines run different libwsync minor versions: format 3 (libwsync 0.4) added delta patches)"},
+        {"format 5", [](json &r) { r[1] = 5; }, WSYNC_ERR_MALFORMED, "format version 5 is not supported (this library reads version 4"},
+        {"format 3 (0.4)", [](json &r) { r[1] = 3; }, WSYNC_ERR_MALFORMED, "format version 3 is not supported (this library reads version 4; trainer and engines run different libwsync minor versions: format 4 (libwsync 0.5) added split tensors' parts)"},
+        {"format 2 (0.3)", [](json &r) { r[1] = 2; }, WSYNC_ERR_MALFORMED, "format version 2 is not supported (this library reads version 4; trainer and engines run different libwsync minor versions: format 3 (libwsync 0.4) added delta patches)"},
         {"patches not a map", [](json &r) { r[4]["tensors"]["patches"] = 1; }, WSYNC_ERR_MALFORMED, "patches"},
         {"patch of a missing tensor", [](json &r) { r[4]["tensors"]["patches"] = {{"tensor", {5}}, {"bytes", {40}}, {"base", {1}}, {"base_xxh3", {0}}, {"xxh3", {0}}}; }, WSYNC_ERR_MALFORMED, "patches entry 0 tensor"},
-        {"patch columns disagree", [](json &r) { r[4]["tensors"]["patches"] = {{"tensor", {0}}, {"bytes", json::array()}, {"base", {1}}, {"base_xxh3", {0}}, {"xxh3", {0}}}; }, WSYNC_ERR_MALFORMED, "disagree on the patch count"},
+        {"patch columns disagree", [](json &r) { r[4]["tensors"]["patches"] = {{"tensor", {0}}, {"bytes", json::array()}, {"base", {1}}, {"base_xxh3", {0}}, {"xxh3", {0}}}; }, WSYNC_ERR_MALFORMED, "'bytes' disagrees with 'tensor' on the entry count"},
         {"patch of zero bytes", [](json &r) { r[4]["tensors"]["patches"] = {{"tensor", {0}}, {"bytes", {0}}, {"base", {1}}, {"base_xxh3", {0}}, {"xxh3", {0}}}; }, WSYNC_ERR_MALFORMED, "at least its header"},
         {"patch base 0", [](json &r) { r[4]["tensors"]["patches"] = {{"tensor", {0}}, {"bytes", {40}}, {"base", {0}}, {"base_xxh3", {0}}, {"xxh3", {0}}}; }, WSYNC_ERR_MALFORMED, "base version 0"},
+        {"part not whole elements", [](json &r) { r[4]["tensors"]["parts"] = {{"tensor", {0}}, {"offset", {0}}, {"bytes", {3}}}; }, WSYNC_ERR_MALFORMED, "not whole elements"},
+        {"part past the tensor", [](json &r) { r[4]["tensors"]["parts"] = {{"tensor", {0}}, {"offset", {4000}}, {"bytes", {4}}}; }, WSYNC_ERR_MALFORMED, "parts entry 0 offset"},
+        {"part columns disagree", [](json &r) { r[4]["tensors"]["parts"] = {{"tensor", {0}}, {"offset", json::array()}, {"bytes", {4}}}; }, WSYNC_ERR_MALFORMED, "'offset' disagrees with 'tensor'"},
+        {"part and patch", [](json &r) {
+             r[4]["tensors"]["parts"] = {{"tensor", {0}}, {"offset", {0}}, {"bytes", {4}}};
+             r[4]["tensors"]["patches"] = {{"tensor", {0}}, {"bytes", {40}}, {"base", {1}}, {"base_xxh3", {0}}, {"xxh3", {0}}};
+         }, WSYNC_ERR_MALFORMED, "both a part and a patch"},
         {"wrong magic", [](json &r) { r[0] = "wsynk"; }, WSYNC_ERR_MALFORMED, "magic"},
         {"body not map", [](json &r) { r[4] = 5; }, WSYNC_ERR_MALFORMED, "body is not a map"},
         {"seven elements", [](json &r) { r.push_back(0); }, WSYNC_ERR_MALFORMED, "not a sealed wsync blob"},
