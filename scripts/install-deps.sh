@@ -3,9 +3,9 @@
 #   scripts/install-deps.sh          everything (build, tests, sanitizers, fuzzers, bindings)
 #   scripts/install-deps.sh --build  only what building the library and the wsync tool needs
 set -euo pipefail
-build=(build-essential cmake pkg-config nlohmann-json3-dev libxxhash-dev)
+build=(build-essential cmake pkg-config nlohmann-json3-dev libxxhash-dev libucx-dev)
 tests=(libcmocka-dev clang-14 libclang-rt-14-dev python3 python3-pytest python3-numpy
-       python3-torch binutils dpkg-dev lintian)
+       python3-torch python3-venv binutils dpkg-dev lintian libucx0 ucx-utils iproute2)
 want=("${build[@]}")
 [ "${1:-}" = "--build" ] || want+=("${tests[@]}")
 command -v cargo >/dev/null 2>&1 || [ "${1:-}" = "--build" ] || want+=(cargo)

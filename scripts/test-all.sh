@@ -125,7 +125,7 @@ cmake --build build-fuzz -j"$jobs" >/dev/null
 # fuzz_request keeps one live segment for its whole run and libFuzzer's time limit ends the
 # process without exit handlers, so its segment is removed here afterwards.
 shm_before=$(ls /dev/shm)
-for t in describe init request request_oracle options; do
+for t in describe init request request_oracle options ucx_wire; do
   seeds=tests/fuzz/corpus/$t; [ "$t" = describe ] && seeds=tests/fuzz/corpus/blob
   corpus=$(mktemp -d); cp "$seeds"/* "$corpus"/
   echo "fuzz_$t: ${WSYNC_FUZZ_SECONDS:-30} s"

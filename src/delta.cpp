@@ -129,8 +129,9 @@ void parse_into(Patch &p, const uint8_t *bytes, uint64_t n, uint64_t elements, u
         bad("is for a tensor of " + std::to_string(get(bytes + 24, 8)) + " elements, this one has " +
             std::to_string(elements));
     const uint64_t count = get(bytes + 16, 8);
-    // count <= elements <= 2^62 keeps patch_bytes() from overflowing.
-    if (count > elements || patch_bytes(count, esize, width) != n)
+    // Bounded by the bytes at hand before patch_bytes() multiplies anything.
+    if (count > elements || count > (n - kHeaderBytes) / (width + esize) ||
+        patch_bytes(count, esize, width) != n)
         bad("of " + std::to_string(n) + " bytes does not hold its " + std::to_string(count) +
             " elements");
     p.esize = esize;

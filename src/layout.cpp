@@ -1,5 +1,7 @@
 #include "layout.hpp"
 
+#include "copy.hpp"
+
 #include "error.hpp"
 #include "wire.hpp"
 
@@ -30,6 +32,17 @@ void check(const TensorTable &table, uint64_t bytes, const std::string &where, c
                             std::to_string(off) + " (+" + std::to_string(n) +
                             " bytes) is misaligned or outside the " + std::to_string(bytes) +
                             "-byte " + what);
+    }
+}
+
+void pack_host(uint8_t *dst, const wsync_tensor_t *tensors, TensorTable &table, bool checksum) {
+    if (checksum) table.checksums.resize(table.metas.size());
+    for (std::size_t i = 0; i < table.metas.size(); ++i) {
+        const uint64_t n = table.metas[i].nbytes;
+        if (checksum)
+            table.checksums[i] = copy::copy_hashing(dst + table.offsets[i], tensors[i].data, n, 0, n);
+        else
+            copy::copy_bytes(dst + table.offsets[i], tensors[i].data, n);
     }
 }
 

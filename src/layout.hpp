@@ -23,4 +23,8 @@ uint64_t place(TensorTable &table, uint64_t capacity, const std::string &who);
 // WSYNC_ERR_MALFORMED naming the tensor ("... outside the 4096-byte <what>").
 void check(const TensorTable &table, uint64_t bytes, const std::string &where, const char *what);
 
+// Copies each tensor of a host chunk to its placed offset (table.offsets) at dst, and with
+// `checksum` fills table.checksums with XXH3-64 in the same pass (src/copy.hpp).
+void pack_host(uint8_t *dst, const wsync_tensor_t *tensors, TensorTable &table, bool checksum);
+
 }  // namespace wsync::layout

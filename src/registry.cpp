@@ -1,11 +1,20 @@
+#include "delta.hpp"
 #include "error.hpp"
 #include "strategy.hpp"
 
 namespace wsync {
 
 const std::vector<const KindInfo *> &registered_kinds() {
-    static const std::vector<const KindInfo *> kinds = {&kShmKind, &kCudaIpcKind, &kNcclBroadcastKind};
+    static const std::vector<const KindInfo *> kinds = {&kShmKind, &kCudaIpcKind, &kNcclBroadcastKind
+#ifdef WSYNC_HAVE_UCX
+                                                        , &kUcxKind
+#endif
+    };
     return kinds;
+}
+
+const std::vector<OptionSpec> &option_specs(const KindInfo &kind) {
+    return delta::with_delta_options(kind.options);
 }
 
 const KindInfo &find_kind(const std::string &name) {

@@ -143,7 +143,12 @@ struct KindInfo {
     // What the kind would run on here with default options ("CUDA driver 13000 (libcuda.so.1);
     // NCCL 2.28.9 (libnccl.so.2)"), or nullptr when there is nothing to report.
     std::string (*runtime)();
+    // Whether senders take tensors in host memory (delta sync is host-only for now).
+    bool host_memory = false;
 };
+
+// The kind's own options followed by those every kind takes (delta sync's).
+const std::vector<OptionSpec> &option_specs(const KindInfo &kind);
 
 // For create_receiver: throws WSYNC_ERR_INVALID_ARGUMENT unless index < receivers, naming the
 // valid range ("shm: receiver index 3 is out of range: this sync has 2 receivers (0..1)").
@@ -156,5 +161,6 @@ const KindInfo &find_kind(const std::string &name);
 extern const KindInfo kShmKind;
 extern const KindInfo kCudaIpcKind;
 extern const KindInfo kNcclBroadcastKind;
+extern const KindInfo kUcxKind;  // built only with UCX's header (WSYNC_HAVE_UCX)
 
 }  // namespace wsync

@@ -423,7 +423,43 @@ static void a_destination_without_the_base_is_left_unchanged_and_refused(void **
     wsync_blob_free(&init);
 }
 
-static void gpu_kinds_refuse_delta_by_name(void **state) {
+/* "delta_anchor_every": 3 makes versions 1, 4, 7 dense; the others carry patches. */
+static void anchors_make_every_nth_version_dense(void **state) {
+    (void)state;
+    wsync_strategy_t *s, *rs;
+    wsync_blob_t init, req;
+    wsync_sender_t *snd;
+    wsync_receiver_t *r;
+    OK(wsync_strategy_create("shm", "{\"bucket_bytes\": 65536, \"delta\": \"auto\", \"delta_anchor_every\": 3}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    OK(wsync_sender_create(s, init.data, init.size, &snd));
+    OK(wsync_strategy_create("shm", NULL, &rs));
+    OK(wsync_receiver_create(rs, init.data, init.size, 0, &r));
+    uint16_t w[4096], dst[4096];
+    int64_t shape[1] = {4096};
+    for (int i = 0; i < 4096; ++i) w[i] = (uint16_t)i;
+    wsync_tensor_t t = tu_tensor("w", w, shape, 1, WSYNC_DTYPE_BFLOAT, 16);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    for (int v = 1; v <= 7; ++v) {
+        w[v * 13] ^= 0x8000;
+        OK(wsync_sender_send_chunk(snd, &ch, &req));
+        assert_int_equal(has_patches(&req), v % 3 != 1);
+        wsync_recv_t *it;
+        OK(wsync_receiver_receive(r, req.data, req.size, &it));
+        wsync_blob_free(&req);
+        OK(wsync_recv_copy(it, 0, 0, dst, sizeof dst));
+        OK(wsync_recv_end(it));
+        assert_memory_equal(dst, w, sizeof w);
+    }
+    OK(wsync_sender_flush(snd, 5000));
+    wsync_receiver_destroy(r);
+    wsync_sender_destroy(snd);
+    wsync_strategy_destroy(rs);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+static void gpu_kinds_refuse_delta_by_name_and_every_kind_lists_the_options(void **state) {
     (void)state;
     static const char *kinds[] = {"cuda_ipc", "nccl_broadcast"};
     for (int k = 0; k < 2; ++k) {
@@ -431,6 +467,13 @@ static void gpu_kinds_refuse_delta_by_name(void **state) {
         EXPECT_ERR(wsync_strategy_create(kinds[k], "{\"delta\": \"auto\"}", &s), WSYNC_ERR_UNSUPPORTED,
                    "delta sync is host-only for now");
         assert_null(s);
+    }
+    for (int k = 0; k < 2; ++k) { /* every kind lists the delta options */
+        char *json;
+        OK(wsync_strategy_describe_options(k ? "cuda_ipc" : "shm", &json));
+        assert_non_null(strstr(json, "\"delta_anchor_every\""));
+        assert_non_null(strstr(json, "\"delta_max_percent\""));
+        wsync_string_free(json);
     }
     wsync_strategy_t *s;
     EXPECT_ERR(wsync_strategy_create("shm", "{\"delta\": \"sometimes\"}", &s), WSYNC_ERR_INVALID_ARGUMENT, "delta");
@@ -444,7 +487,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(random_versions_leave_every_engine_bit_identical_with_delta_on),
         cmocka_unit_test(a_reattached_receiver_refuses_a_patch_naming_both_versions_and_the_next_dense_version_recovers_it),
         cmocka_unit_test(a_destination_without_the_base_is_left_unchanged_and_refused),
-        cmocka_unit_test(gpu_kinds_refuse_delta_by_name),
+        cmocka_unit_test(anchors_make_every_nth_version_dense),
+        cmocka_unit_test(gpu_kinds_refuse_delta_by_name_and_every_kind_lists_the_options),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -353,5 +353,6 @@ int main(int argc, char **argv) {
                                      {"sync_ratio", r.sync_ms / dense.sync_ms}});
     }
     if (as_json) std::printf("%s\n", out.dump(2).c_str());
+    for (Tensor &t : m) std::free(t.data);
     return 0;
 }

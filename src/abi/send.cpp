@@ -73,7 +73,7 @@ wsync_status_t wsync_strategy_describe_options(const char *kind, char **json_out
         require(kind, "wsync_strategy_describe_options", "kind");
         require(json_out, "wsync_strategy_describe_options", "json_out");
         *json_out =
-            to_cstring(wsync::describe_options(wsync::find_kind(kind).options()).dump(2));
+            to_cstring(wsync::describe_options(wsync::option_specs(wsync::find_kind(kind))).dump(2));
     });
 }
 

@@ -39,9 +39,18 @@ Args parse_args(int argc, char **argv, int first, bool bench) {
         else if (f == "--size-gb" && bench)
             a.size_mb = parse_uint(f, v, 1, 1024) << 10, a.size_set = true, ++i;
         else if (f == "--strategy" && bench) {
-            if (!v || (std::strcmp(v, "shm") && std::strcmp(v, "cuda_ipc")))
-                usage_error("--strategy takes shm or cuda_ipc");
+            if (!v || (std::strcmp(v, "shm") && std::strcmp(v, "cuda_ipc") && std::strcmp(v, "ucx")))
+                usage_error("--strategy takes shm, cuda_ipc or ucx");
             a.strategy = v, ++i;
+        } else if (f == "--transports" && bench) {
+            if (!v) usage_error("--transports takes UCX transports, e.g. tcp");
+            a.transports = v, ++i;
+        } else if (f == "--net-devices" && bench) {
+            if (!v) usage_error("--net-devices takes UCX network devices, e.g. lo or eth0");
+            a.net_devices = v, ++i;
+        } else if (f == "--engine-netns" && bench) {
+            if (!v) usage_error("--engine-netns takes a name from `ip netns list`");
+            a.engine_netns = v, ++i;
         } else if (f == "--packed" && bench) {
             if (!v || (std::strcmp(v, "true") && std::strcmp(v, "false")))
                 usage_error("--packed takes true or false");

@@ -41,6 +41,9 @@ struct Args {
     bool packed = true;
     std::string dtype = "bfloat16";
     bool size_set = false, buckets_set = false;
+    // bench --strategy ucx: UCX_TLS and UCX_NET_DEVICES for both sides and the raw baseline
+    std::string transports = "tcp", net_devices = "lo";
+    std::string engine_netns;  // engines (and the raw GET client) join this network namespace
     // Where engines' parameters start past a page boundary: 64 is how PyTorch's CPU allocator
     // (posix_memalign(64)) places large tensors; 0 is page-aligned, the flattering case.
     uint64_t dst_offset = 64;
@@ -103,6 +106,12 @@ struct RunResult {
     double steady_s() const;  // median of the steps after the first
 };
 
+// One run of the synthetic model through a.strategy ("shm" or "ucx") with a.receivers forked
+// engines that verify every step; `progress` prints each step.
+RunResult run_sync(const Args &a, bool checksum, bool progress);
+// The kind's options for this run: the strategy's own knobs from Args.
+std::string kind_options(const Args &a, bool checksum, uint64_t bucket_bytes);
+
 // Plan + request encode + decode per tensor, over 10,000 tiny tensors, in one process.
 double metadata_us_per_tensor();
 
@@ -110,5 +119,8 @@ double metadata_us_per_tensor();
 int cmd_demo(const Args &a);            // shm_sync.cpp
 int cmd_bench(const Args &a);           // shm_sync.cpp; --strategy cuda_ipc goes to the next
 int cmd_bench_cuda_ipc(Args a);         // bench_cuda_ipc.cpp
+int cmd_bench_ucx(const Args &a);       // bench_ucx.cpp
+// Moves this process into network namespace `name` (/run/netns/NAME); die() if it cannot.
+void enter_netns(const std::string &name);  // bench_ucx.cpp
 
 }  // namespace wsync_cli

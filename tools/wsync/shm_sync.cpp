@@ -36,7 +36,8 @@ int engine_main(uint32_t index, int in, int out, const std::vector<TensorSpec> &
     if (!recv_frame(in, &type, &frame, timeout_ms) || type != kInit) return fail("no init info");
     wsync_strategy_t *strategy;
     wsync_receiver_t *receiver;
-    if (wsync_strategy_create("shm", nullptr, &strategy) != WSYNC_OK ||
+    const std::string opts = a.strategy == "ucx" ? kind_options(a, true, 0) : "{}";
+    if (wsync_strategy_create(a.strategy.c_str(), opts.c_str(), &strategy) != WSYNC_OK ||
         wsync_receiver_create(strategy, frame.data(), frame.size(), index, &receiver) != WSYNC_OK)
         return fail(wsync_last_error());
     send_frame(out, kReady, nullptr, 0);
@@ -98,9 +99,18 @@ double RunResult::steady_s() const {
     return s.empty() ? step_s[0] : s[s.size() / 2];
 }
 
-// --- the trainer and controller ---------------------------------------------------------------
-namespace {
+std::string kind_options(const Args &a, bool checksum, uint64_t bucket) {
+    std::string common = "{\"receivers\": " + std::to_string(a.receivers) +
+                         ", \"checksum\": " + (checksum ? "true" : "false") +
+                         ", \"timeout_ms\": " + std::to_string(a.timeout_ms);
+    if (a.strategy == "ucx")
+        return common + ", \"keep_versions\": 1, \"transports\": \"" + a.transports +
+               "\", \"net_devices\": \"" + a.net_devices + "\"}";
+    return common + ", \"buckets\": " + std::to_string(a.buckets) +
+           ", \"bucket_bytes\": " + std::to_string(bucket) + "}";
+}
 
+// --- the trainer and controller ---------------------------------------------------------------
 RunResult run_sync(const Args &a, bool checksum, bool progress) {
     const auto model = make_model(a.size_mb << 20);
     const int poll_ms = int(std::min<int64_t>(a.timeout_ms + 5000, INT32_MAX));
@@ -114,6 +124,7 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
         if (pids[i] == 0) {
             close(p1[1]);
             close(p2[0]);
+            if (!a.engine_netns.empty()) enter_netns(a.engine_netns);
             std::_Exit(engine_main(i, p1[0], p2[1], model, poll_ms, a));
         }
         close(p1[0]);
@@ -165,15 +176,11 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
     }
     wsync_plan_destroy(plan);
 
-    std::string opts = "{\"receivers\": " + std::to_string(a.receivers) +
-                       ", \"buckets\": " + std::to_string(a.buckets) +
-                       ", \"bucket_bytes\": " + std::to_string(bucket) +
-                       ", \"checksum\": " + (checksum ? "true" : "false") +
-                       ", \"timeout_ms\": " + std::to_string(a.timeout_ms) + "}";
+    const std::string opts = kind_options(a, checksum, bucket);
     wsync_strategy_t *strategy;
     wsync_blob_t init;
     wsync_sender_t *sender;
-    check(wsync_strategy_create("shm", opts.c_str(), &strategy), "strategy");
+    check(wsync_strategy_create(a.strategy.c_str(), opts.c_str(), &strategy), "strategy");
     check(wsync_strategy_create_init_info(strategy, &init), "init info");
     check(wsync_sender_create(strategy, init.data, init.size, &sender), "sender");
     std::vector<uint8_t> payload;
@@ -248,8 +255,6 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
     return r;
 }
 
-}  // namespace
-
 // Plan + request encode + decode per tensor, over 10,000 tiny tensors, in one process.
 double metadata_us_per_tensor() {
     const size_t n = 10000;
@@ -321,6 +326,7 @@ int cmd_demo(const Args &a) {
 
 int cmd_bench(const Args &a) {
     if (a.strategy == "cuda_ipc") return cmd_bench_cuda_ipc(a);
+    if (a.strategy == "ucx") return cmd_bench_ucx(a);
     // Engines' parameters at --dst-offset (64 by default, as PyTorch places them), and again
     // page-aligned, so the flattering case is reported beside the realistic one.
     RunResult r = run_sync(a, a.checksum && !a.checksum_compare, !a.json);

@@ -350,7 +350,8 @@ class WsyncTrainerInitInfo(TrainerInitInfo):
     """Trainer init info.
 
     - ``kind``, ``options``: the wsync strategy and its sender-side options (``shm`` for one
-      host; ``cuda_ipc`` or ``nccl_broadcast`` as for any wsync strategy);
+      host; ``cuda_ipc`` or ``nccl_broadcast`` as for any wsync strategy; ``ucx`` for workers on
+      other hosts, pulling over UCX);
     - ``receivers``: how many vLLM workers receive (DP * TP * PP of the engine);
     - ``worker_options``, ``rank_offset``, ``copy``, ``staged``: sent to the workers (see
       :class:`WsyncInitInfo` and the module documentation);

@@ -39,16 +39,7 @@ public:
         // Back-pressure: the bucket's previous chunk must be done with by every receiver.
         board_.wait({b}, sys::Deadline(timeout_ms_), "no free bucket", seq - 1);
 
-        uint8_t *dst = seg_->bucket(b);
-        if (checksum_) table.checksums.resize(table.metas.size());
-        // The pack and the checksum in one pass over each tensor (src/copy.hpp).
-        for (std::size_t i = 0; i < table.metas.size(); ++i) {
-            const uint64_t n = table.metas[i].nbytes;
-            if (checksum_)
-                table.checksums[i] = copy::copy_hashing(dst + table.offsets[i], tensors[i].data, n, 0, n);
-            else
-                copy::copy_bytes(dst + table.offsets[i], tensors[i].data, n);
-        }
+        layout::pack_host(seg_->bucket(b), tensors, table, checksum_);  // pack + checksum, one pass
         board_.publish(b, seq);  // the bytes are in place
         ++next_seq_;
         used_buckets_ = std::max<uint32_t>(used_buckets_, b + 1);

@@ -118,6 +118,6 @@ std::unique_ptr<StrategyImpl> shm_create(const Options &o) {
 }  // namespace shm
 
 const KindInfo kShmKind = {"shm", shm::shm_options, shm::shm_unavailable, shm::shm_create,
-                           nullptr, nullptr};
+                           nullptr, nullptr, /*host_memory=*/true};
 
 }  // namespace wsync

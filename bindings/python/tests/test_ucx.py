@@ -1,0 +1,75 @@
+"""The ucx kind through the Python binding: selected by its kind string like the others. The
+trainer and the engine live in this one process (the sender's progress thread answers the
+receiver's attach and serves its GETs); tests/ucx/scenarios.sh covers separate hosts."""
+
+import pytest
+import torch
+
+import wsync
+from wsync import Status, WsyncError
+
+
+def _ucx_available():
+    return any(k["kind"] == "ucx" and k["available"] for k in wsync.kinds())
+
+
+pytestmark = pytest.mark.skipif(not _ucx_available(), reason="ucx kind not built or libucp.so.0 missing")
+
+OPTIONS = dict(transports="tcp", net_devices="lo", timeout_ms=10000)
+
+
+def test_ucx_versions_arrive_bit_exact_and_the_flush_sees_the_ack():
+    with wsync.Strategy("ucx", receivers=1, **OPTIONS) as trainer, wsync.Strategy("ucx", **OPTIONS) as engine:
+        init = trainer.create_init_info()
+        with trainer.sender(init) as sender, engine.receiver(init, 0) as receiver:
+            for step in (1, 2, 3):
+                weights = {"w": torch.arange(1000, dtype=torch.float32) * step, "b": torch.full((7,), step)}
+                request = sender.send_chunk(weights, last=True)
+                with receiver.receive(request) as it:
+                    got = {name: t.clone() for name, t in it}
+                sender.flush(10.0)
+                assert torch.equal(got["w"], weights["w"]) and torch.equal(got["b"], weights["b"])
+                assert receiver.completed_version == step
+
+
+def test_ucx_receiver_index_out_of_range_is_named():
+    with wsync.Strategy("ucx", receivers=1, **OPTIONS) as trainer, wsync.Strategy("ucx", **OPTIONS) as engine:
+        init = trainer.create_init_info()
+        with trainer.sender(init):
+            with pytest.raises(WsyncError) as info:
+                engine.receiver(init, 5)
+            assert info.value.status is Status.INVALID_ARGUMENT
+            assert "receiver index 5" in info.value.message
+
+
+def test_ucx_loader_failure_reaches_the_flush_as_data_naming_the_receiver():
+    with wsync.Strategy("ucx", receivers=1, **OPTIONS) as trainer, wsync.Strategy("ucx", **OPTIONS) as engine:
+        init = trainer.create_init_info()
+        with trainer.sender(init) as sender, engine.receiver(init, 0) as receiver:
+            request = sender.send_chunk({"w": torch.ones(8)}, last=True)
+            it = receiver.receive(request)
+            it.fail(Status.MISMATCH, "tensor 'w' has the wrong shape here")
+            with pytest.raises(WsyncError) as info:
+                sender.flush(10.0)
+            assert info.value.status is Status.PEER
+            assert "receiver 0 (" in info.value.message and "wrong shape" in info.value.message
+            (failure,) = sender.failures
+            assert failure.receiver == 0 and failure.version == 1 and failure.status is Status.MISMATCH
+            assert receiver.completed_version == 0
+
+
+def test_ucx_a_version_no_longer_kept_is_refused_naming_the_latest_and_the_latest_still_arrives():
+    with wsync.Strategy("ucx", receivers=1, keep_versions=1, **OPTIONS) as trainer, \
+            wsync.Strategy("ucx", **OPTIONS) as engine:
+        init = trainer.create_init_info()
+        with trainer.sender(init) as sender, engine.receiver(init, 0) as receiver:
+            old = sender.send_chunk({"w": torch.ones(8)}, last=True)
+            new = sender.send_chunk({"w": torch.full((8,), 2.0)}, last=True)
+            with pytest.raises(WsyncError) as info:
+                receiver.receive(old)
+            assert info.value.status is Status.ABANDONED
+            assert "no longer kept" in info.value.message and "the latest is 2" in info.value.message
+            with receiver.receive(new) as it:
+                got = {name: t.clone() for name, t in it}
+            assert torch.equal(got["w"], torch.full((8,), 2.0)) and receiver.completed_version == 2
+            sender.flush(10.0)

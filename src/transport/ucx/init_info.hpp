@@ -1,0 +1,78 @@
+// What the ucx kind puts on the wire: the init-info body, the request's "transport" map, and
+// the small control messages receivers and the sender exchange as UCP active messages
+// (docs/wire-format.md). Everything here comes from another process and is checked before use.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace wsync::ucx {
+
+using json = nlohmann::json;
+
+inline constexpr const char *kKind = "ucx";
+inline constexpr uint32_t kMaxReceivers = 4096;
+inline constexpr uint32_t kMaxKeepVersions = 64;
+inline constexpr std::size_t kMaxAddressBytes = 64 << 10;  // a UCP worker address
+inline constexpr std::size_t kMaxRkeyBytes = 4096;         // a packed remote key
+inline constexpr std::size_t kMaxText = 255;               // names and failure messages
+
+struct InitInfo {
+    std::vector<uint8_t> address;  // the trainer's UCP worker address
+    std::string trainer;           // "host pid N": names the trainer in receivers' messages
+    uint64_t session = 0;          // random per sender: requests of another trainer are refused
+    uint32_t receivers = 0;        // receiver indices 0..receivers-1
+    uint32_t keep_versions = 0;    // committed versions the trainer keeps pullable
+    bool checksum = false;         // every request carries tensor checksums
+};
+
+json encode_init_info(const InitInfo &info);
+// Validates an init-info body; WSYNC_ERR_MALFORMED names the bad field.
+InitInfo parse_init_info(const json &body);
+
+// Where one chunk's bytes sit in the trainer's memory.
+struct Where {
+    uint64_t session = 0;
+    uint64_t seq = 0;    // chunk number since the sender began, from 1
+    uint64_t addr = 0;   // remote address of the chunk's region
+    uint64_t bytes = 0;  // region size
+    std::vector<uint8_t> rkey;
+};
+
+json encode_where(const Where &w);
+// Validates the request's transport map (WSYNC_ERR_MALFORMED naming the field).
+Where parse_where(const json &transport);
+
+// Control messages. Receiver -> sender: Hello (attach, with its worker address), Lease (may I
+// read chunk seq?), Ack (done with chunk seq: status, and a message when it failed), Bye
+// (destroyed). Sender -> receiver: Welcome (status: attached or refused), Grant (status:
+// chunk seq may be read, or why not), Abandon (version), Dropped.
+enum class MsgType : uint32_t { Hello = 1, Welcome, Lease, Grant, Ack, Bye, Abandon, Dropped };
+
+struct Msg {
+    MsgType type = MsgType::Hello;
+    uint32_t index = 0;     // receiver index
+    uint64_t token = 0;     // the receiver's attach token (random per receiver object)
+    uint64_t seq = 0;
+    uint64_t version = 0;
+    uint32_t chunk = 0;
+    int32_t status = 0;     // wsync_status_t
+    int32_t pid = 0;
+    std::string text;       // hello: the receiver's name; ack/welcome/grant: the message
+    std::vector<uint8_t> address;  // hello only
+};
+
+// The active-message id of every control message (either direction).
+inline constexpr unsigned kAmId = 0x5753;
+
+std::vector<uint8_t> encode_msg(const Msg &m);
+// False for anything malformed (a peer's garbage is dropped, not trusted).
+bool decode_msg(const void *data, std::size_t size, Msg &out);
+
+// "host pid N" for this process.
+std::string self_name();
+
+}  // namespace wsync::ucx

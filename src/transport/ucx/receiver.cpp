@@ -1,0 +1,273 @@
+#include "transport/ucx/receiver.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "core.hpp"
+#include "error.hpp"
+#include "layout.hpp"
+
+namespace wsync::ucx {
+namespace {
+
+class UcxReceiver;
+
+class UcxBacking final : public ChunkBacking {
+public:
+    UcxBacking(UcxReceiver &owner, const uint8_t *base, std::vector<uint64_t> offsets, uint64_t seq)
+        : owner_(owner), base_(base), offsets_(std::move(offsets)), seq_(seq) {}
+    const void *data(std::size_t i) const override { return base_ + offsets_[i]; }
+    wsync_device_t device() const override { return {WSYNC_DEVICE_CPU, 0}; }
+    bool read_only() const override { return false; }
+    void acknowledge(wsync_status_t outcome) noexcept override;
+    void set_header(const ChunkHeader &h) { header_ = h; }
+
+private:
+    UcxReceiver &owner_;
+    const uint8_t *base_;
+    std::vector<uint64_t> offsets_;
+    uint64_t seq_;
+    ChunkHeader header_;
+};
+
+class UcxReceiver final : public ReceiverImpl {
+public:
+    UcxReceiver(const InitInfo &info, uint32_t index, const ReceiverOptions &o)
+        : info_(info), index_(index), o_(o),
+          w_(std::make_unique<Worker>(o.config, std::string(kKind) + " receiver " + std::to_string(index))),
+          trainer_("the trainer (" + info.trainer + ")") {
+        sys::random_bytes(&token_, sizeof token_);
+        ep_ = w_->connect(info.address, trainer_);
+        Msg hello;
+        hello.type = MsgType::Hello;
+        hello.seq = info.session;
+        hello.pid = static_cast<int32_t>(getpid());
+        hello.text = self_name();
+        hello.address = w_->address();
+        send(hello);
+        const sys::Deadline d(o.timeout_ms);
+        awaited_ = MsgType::Welcome;
+        if (!w_->wait([&] { return drain() || ep_->error != UCS_OK; }, d)) {
+            teardown();
+            fail(WSYNC_ERR_TIMEOUT, who() + ": " + trainer_ + " did not answer the attach within " +
+                                        std::to_string(o.timeout_ms) + " ms");
+        }
+        check_link("attaching");
+        if (reply_.status != WSYNC_OK) {
+            teardown();
+            fail(static_cast<wsync_status_t>(reply_.status), who() + ": " + trainer_ + " refused it: " + reply_.text);
+        }
+    }
+
+    ~UcxReceiver() override {
+        if (ep_ && ep_->error == UCS_OK) {
+            Msg bye;
+            bye.type = MsgType::Bye;
+            send(bye);
+            w_->wait([] { return false; }, sys::Deadline(20));  // let the goodbye go out
+        }
+        teardown();
+        if (buf_) {
+            w_->unmap(region_);
+            munmap(buf_, cap_);
+        }
+    }
+
+    bool verify_checksums() const override { return o_.verify; }
+    bool checksums_promised() const override { return info_.checksum; }
+    unsigned copy_threads() const override { return o_.copy_threads; }
+
+    Link link() const override {
+        auto *self = const_cast<UcxReceiver *>(this);  // progress is not observable state
+        if (self->ep_) {
+            self->w_->progress();
+            self->drain();
+        }
+        Link l;
+        l.dropped = dropped_;
+        l.sender_gone = !ep_ || ep_->error != UCS_OK;
+        l.abandoned_version = abandoned_;
+        return l;
+    }
+
+    std::unique_ptr<ChunkBacking> open(const ChunkHeader &h, const TensorTable &table,
+                                       const json &transport) override {
+        Where at = parse_where(transport);
+        if (at.session != info_.session)
+            fail(WSYNC_ERR_MISMATCH, who() + ": request is from another trainer session than its init info");
+        if (at.seq <= last_seq_)
+            fail(WSYNC_ERR_MISMATCH, who() + ": request carries chunk seq " + std::to_string(at.seq) +
+                                         ", already received seq " + std::to_string(last_seq_));
+        layout::check(table, at.bytes, "ucx request", "chunk");
+        const std::string chunk = chunk_label(h) + " (seq " + std::to_string(at.seq) + ", " +
+                                  std::to_string(at.bytes) + " bytes)";
+        check_link("before reading " + chunk);
+        if (dropped_)
+            fail(WSYNC_ERR_PEER, who() + ": dropped by " + trainer_);
+        const sys::Deadline deadline(o_.timeout_ms);
+        lease(at.seq, chunk, deadline);
+        // From here the trainer holds the chunk for us until we answer seq.
+        try {
+            ensure_buffer(at.bytes);
+            ucp_rkey_h rkey = w_->unpack(*ep_, at.rkey, chunk);
+            void *req = nullptr;
+            try {
+                req = w_->get(*ep_, buf_, at.bytes, at.addr, rkey, chunk);
+            } catch (...) {
+                w_->api().ucp_rkey_destroy(rkey);
+                throw;
+            }
+            ucs_status_t st = finish(*w_, req, *ep_, deadline);
+            w_->api().ucp_rkey_destroy(rkey);
+            if (st == UCS_ERR_TIMED_OUT) {
+                teardown();  // the GET may still land: no buffer reuse until the endpoint is gone
+                fail(WSYNC_ERR_TIMEOUT, who() + ": reading " + chunk + " from " + trainer_ +
+                                            " did not finish within " + std::to_string(o_.timeout_ms) +
+                                            " ms; the connection is closed");
+            }
+            if (st != UCS_OK) ucs_fail(w_->api(), st, who() + ": reading " + chunk + " from " + trainer_, WSYNC_ERR_PEER);
+        } catch (const Error &e) {
+            answer(at.seq, h, e.status(), e.what());
+            throw;
+        }
+        last_seq_ = at.seq;
+        auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), table.offsets, at.seq);
+        b->set_header(h);
+        return b;
+    }
+
+    void refuse(const ChunkHeader &h, const json &transport, wsync_status_t status,
+                const std::string &message, bool) noexcept override {
+        try {
+            Where at = parse_where(transport);
+            if (at.session == info_.session && at.seq > last_seq_) answer(at.seq, h, status, message);
+        } catch (...) {
+        }
+    }
+
+    void record_failure(const ChunkHeader &, wsync_status_t, const std::string &message) noexcept override {
+        failure_text_ = message;
+    }
+
+    // Tells the trainer we are done with chunk seq (and why it failed, if it did).
+    void answer(uint64_t seq, const ChunkHeader &h, wsync_status_t status, const std::string &message) noexcept {
+        try {
+            Msg ack;
+            ack.type = MsgType::Ack;
+            ack.seq = seq;
+            ack.version = h.version;
+            ack.chunk = h.chunk_index;
+            ack.status = status;
+            ack.text = status == WSYNC_OK ? std::string() : (failure_text_.empty() ? message : failure_text_);
+            failure_text_.clear();
+            if (ep_) {
+                send(ack);
+                w_->progress();
+            }
+        } catch (...) {
+        }
+    }
+
+private:
+    std::string who() const { return std::string(kKind) + " receiver " + std::to_string(index_); }
+
+    void send(Msg m) {
+        m.index = index_;
+        m.token = token_;
+        w_->send(*ep_, m);
+    }
+
+    // Handles the messages that arrived; true once the awaited reply has.
+    bool drain() {
+        bool got = false;
+        for (Msg &m : w_->take_inbox()) {
+            if (m.type == MsgType::Abandon) abandoned_ = std::max(abandoned_, m.version);
+            else if (m.type == MsgType::Dropped) dropped_ = true;
+            else if (m.type == awaited_ && (m.type != MsgType::Grant || m.seq == awaited_seq_)) {
+                reply_ = std::move(m);
+                got = true;
+            }
+        }
+        return got;
+    }
+
+    void check_link(const std::string &when) {
+        if (!ep_) fail(WSYNC_ERR_PEER, who() + ": the connection to " + trainer_ + " was closed after an earlier failure");
+        if (ep_->error != UCS_OK)
+            fail(WSYNC_ERR_PEER, who() + ": " + trainer_ + " is unreachable " + when + " (" +
+                                     w_->api().ucs_status_string(ep_->error) +
+                                     "): its process died or the network to it failed");
+    }
+
+    void lease(uint64_t seq, const std::string &chunk, const sys::Deadline &deadline) {
+        Msg m;
+        m.type = MsgType::Lease;
+        m.seq = seq;
+        send(m);
+        awaited_ = MsgType::Grant;
+        awaited_seq_ = seq;
+        if (!w_->wait([&] { return drain() || ep_->error != UCS_OK; }, deadline))
+            fail(WSYNC_ERR_TIMEOUT, who() + ": " + trainer_ + " did not grant " + chunk + " within " +
+                                        std::to_string(o_.timeout_ms) + " ms");
+        check_link("asking for " + chunk);
+        if (reply_.status != WSYNC_OK)
+            fail(static_cast<wsync_status_t>(reply_.status), who() + ": " + chunk + ": " + reply_.text);
+    }
+
+    void ensure_buffer(uint64_t bytes) {
+        if (bytes <= cap_) return;
+        if (buf_) {
+            w_->unmap(region_);
+            munmap(buf_, cap_);
+            buf_ = nullptr;
+            cap_ = 0;
+        }
+        const uint64_t cap = (bytes + (2 << 20) - 1) / (2 << 20) * (2 << 20);
+        void *p = mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            fail(WSYNC_ERR_NO_MEMORY, who() + ": cannot map " + std::to_string(cap) + " bytes for a chunk");
+        madvise(p, cap, MADV_HUGEPAGE);
+        try {
+            region_ = w_->map(p, cap, false, "its receive buffer");
+        } catch (...) {
+            munmap(p, cap);
+            throw;
+        }
+        buf_ = p;
+        cap_ = cap;
+    }
+
+    void teardown() noexcept {
+        if (ep_) w_->close(std::move(ep_), sys::Deadline(std::min<int64_t>(o_.timeout_ms, 2000)));
+    }
+
+    InitInfo info_;
+    uint32_t index_;
+    ReceiverOptions o_;
+    std::unique_ptr<Worker> w_;
+    std::string trainer_;
+    std::unique_ptr<Endpoint> ep_;
+    uint64_t token_ = 0;
+    MsgType awaited_ = MsgType::Welcome;
+    uint64_t awaited_seq_ = 0;
+    Msg reply_;
+    uint64_t last_seq_ = 0, abandoned_ = 0;
+    bool dropped_ = false;
+    std::string failure_text_;
+    void *buf_ = nullptr;
+    uint64_t cap_ = 0;
+    Region region_;
+};
+
+void UcxBacking::acknowledge(wsync_status_t outcome) noexcept {
+    owner_.answer(seq_, header_, outcome, "");
+}
+
+}  // namespace
+
+std::unique_ptr<ReceiverImpl> make_receiver(const InitInfo &info, uint32_t index,
+                                            const ReceiverOptions &options) {
+    return std::make_unique<UcxReceiver>(info, index, options);
+}
+
+}  // namespace wsync::ucx

@@ -1,0 +1,24 @@
+// The ucx receiver: attaches to the trainer (hello/welcome), and for each chunk asks for a
+// lease, pulls the chunk with one GET into its own registered buffer, and acknowledges.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "strategy.hpp"
+#include "transport/ucx/init_info.hpp"
+#include "transport/ucx/worker.hpp"
+
+namespace wsync::ucx {
+
+struct ReceiverOptions {
+    Config config;
+    bool verify = true;
+    unsigned copy_threads = 0;
+    int64_t timeout_ms = 60000;
+};
+
+std::unique_ptr<ReceiverImpl> make_receiver(const InitInfo &info, uint32_t index,
+                                            const ReceiverOptions &options);
+
+}  // namespace wsync::ucx

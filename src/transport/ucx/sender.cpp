@@ -1,0 +1,450 @@
+#include "transport/ucx/sender.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <thread>
+#include <unistd.h>
+
+#include "error.hpp"
+#include "layout.hpp"
+
+namespace wsync::ucx {
+namespace {
+
+using layout::round_up;
+
+// Page-backed staging memory, registered with UCX once and reused across chunks.
+struct Buffer {
+    void *base = nullptr;
+    std::size_t cap = 0;
+    Region region;
+};
+
+struct Chunk {
+    uint64_t version = 0;
+    uint32_t index = 0;
+    Buffer buf;
+    uint32_t leases = 0;   // receivers granted a read and not done with it
+    bool retired = false;  // no new leases: its version is no longer kept, or was abandoned
+};
+
+struct Member {
+    uint64_t token = 0;
+    std::string name;  // "receiver 1 (host pid 40)"
+    int32_t pid = 0;
+    std::unique_ptr<Endpoint> ep;
+    uint64_t from_version = 0;   // the first version it owes
+    uint64_t acked_through = 0;  // highest chunk seq it answered
+    std::map<uint64_t, uint32_t> leases;  // seq -> count
+    uint64_t failed_version = 0;  // the version whose failure it last reported
+    bool dropped = false;
+};
+
+class UcxSender final : public SenderImpl {
+public:
+    UcxSender(std::unique_ptr<Worker> w, const InitInfo &info, int64_t timeout_ms)
+        : w_(std::move(w)), info_(info), timeout_ms_(timeout_ms), members_(info.receivers) {
+        stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (stop_fd_ < 0) fail_errno("ucx sender: eventfd", errno);
+        thread_ = std::thread([this] { serve(); });
+    }
+
+    // Bounded: the progress thread stops at once; endpoints are force-closed with a deadline
+    // of timeout_ms in total; nothing waits on a receiver.
+    ~UcxSender() override {
+        uint64_t one = 1;
+        (void)!write(stop_fd_, &one, sizeof one);
+        thread_.join();
+        close(stop_fd_);
+        const sys::Deadline d(std::min<int64_t>(timeout_ms_, 5000));
+        for (auto &m : members_) w_->close(std::move(m.ep), d);
+        for (auto &ep : refused_) w_->close(std::move(ep), d);
+        for (auto &kv : chunks_) free_buffer(kv.second.buf);
+        for (Buffer &b : pool_) free_buffer(b);
+    }
+
+    json send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) override {
+        for (std::size_t i = 0; i < table.metas.size(); ++i)
+            if (!device_is_host(tensors[i].device))
+                fail(WSYNC_ERR_UNSUPPORTED,
+                     std::string(kKind) + ": tensor '" + table.metas[i].name + "' is on " +
+                         device_name(tensors[i].device) + "; this UCX moves host memory only (" +
+                         memory_types_ + ")");
+        const uint64_t end = layout::place(table, uint64_t(1) << 62, kKind);
+        Buffer buf = take_buffer(std::max<uint64_t>(end, 1));
+        layout::pack_host(static_cast<uint8_t *>(buf.base), tensors, table, info_.checksum);  // one pass
+        Where at;
+        {
+            std::unique_lock<std::mutex> lock = caller_lock();
+            at = Where{info_.session, next_seq_++, reinterpret_cast<uint64_t>(buf.base), end, buf.region.rkey};
+            Chunk &c = chunks_[at.seq];
+            c.version = h.version;
+            c.index = h.chunk_index;
+            c.buf = buf;
+            last_seq_ = at.seq;
+            open_version_ = h.last ? 0 : h.version;
+            if (h.last) commit(h.version);
+        }
+        w_->signal();
+        return encode_where(at);
+    }
+
+    void flush(int64_t timeout_ms) override {
+        const sys::Deadline deadline(timeout_ms);
+        std::unique_lock<std::mutex> lock = caller_lock();
+        for (;;) {
+            if (!failures_.empty()) report_failures();
+            std::vector<uint32_t> owing = owing_members();
+            if (owing.empty()) return;
+            if (deadline.passed()) report_timeout(owing, deadline.budget_ms());
+            cv_.wait_for(lock, std::chrono::milliseconds(std::clamp<int64_t>(deadline.remaining_ms(), 1, 50)));
+        }
+    }
+
+    void abandon(uint64_t version) override {
+        std::unique_lock<std::mutex> lock = caller_lock();
+        open_version_ = 0;
+        for (auto &kv : chunks_)
+            if (kv.second.version == version) kv.second.retired = true;
+        Msg m;
+        m.type = MsgType::Abandon;
+        m.version = version;
+        for (Member &mem : members_)
+            if (mem.ep) w_->send(*mem.ep, m);
+        release();
+        w_->signal();
+    }
+
+    void drop_receiver(uint32_t index) override {
+        check_receiver_index(kKind, index, info_.receivers);
+        std::unique_lock<std::mutex> lock = caller_lock();
+        Member &m = members_[index];
+        if (!m.ep) return;
+        Msg msg;
+        msg.type = MsgType::Dropped;
+        msg.index = index;
+        w_->send(*m.ep, msg);
+        // Its leased chunks stay registered (see forget()): a frozen receiver may still read.
+        m.dropped = true;
+        forget(index, false);
+        w_->signal();
+    }
+
+private:
+    // ---- the progress thread ------------------------------------------------------------
+    // UCX serves a one-sided GET over tcp by software emulation on the target, which needs the
+    // target's worker to progress (UCX's "sw RMA"); so does every control message. This thread
+    // progresses whenever the worker's descriptor fires, and every 100 ms.
+    void serve() {
+        std::unique_lock<std::mutex> lock(mu_);
+        auto busy = std::chrono::steady_clock::now();
+        for (;;) {
+            const unsigned n = w_->progress();
+            handle(w_->take_inbox());
+            check_members();
+            cv_.notify_all();
+            uint64_t v;
+            if (read(stop_fd_, &v, sizeof v) == sizeof v) return;
+            const auto now = std::chrono::steady_clock::now();
+            if (n) busy = now;
+            if (now - busy <= kSpin || !w_->arm()) {  // busy, or events pending: progress again
+                lock.unlock();                        // callers first: see caller_lock()
+                while (callers_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+                lock.lock();
+                continue;
+            }
+            lock.unlock();  // callers may use the worker while this one sleeps
+            w_->wait_fd(100, stop_fd_);
+            lock.lock();
+        }
+    }
+
+    // The mutex for a caller's thread. The progress thread re-takes the mutex between rounds
+    // while it spins; std::mutex is not fair, so a caller announces itself and the progress
+    // thread waits for it rather than starving it (send_chunk would stall behind GETs).
+    std::unique_lock<std::mutex> caller_lock() {
+        callers_.fetch_add(1, std::memory_order_acq_rel);
+        std::unique_lock<std::mutex> lock(mu_);
+        callers_.fetch_sub(1, std::memory_order_acq_rel);
+        return lock;
+    }
+
+    void handle(std::vector<Msg> inbox) {
+        for (Msg &m : inbox) {
+            if (m.type == MsgType::Hello) {
+                hello(m);
+                continue;
+            }
+            if (m.index >= members_.size() || members_[m.index].token != m.token || !members_[m.index].ep)
+                continue;  // a stale or forged sender of this message: ignored
+            Member &mem = members_[m.index];
+            switch (m.type) {
+            case MsgType::Lease: lease(m.index, mem, m.seq); break;
+            case MsgType::Ack: ack(m.index, mem, m); break;
+            case MsgType::Bye: leave(m.index, WSYNC_FAILURE_DETACHED, "was destroyed"); break;
+            default: break;
+            }
+        }
+        release();
+    }
+
+    void hello(const Msg &m) {
+        std::string why;
+        wsync_status_t st = WSYNC_OK;
+        if (m.seq != info_.session) {
+            st = WSYNC_ERR_MISMATCH;
+            why = "its init info is from another trainer session";
+        } else if (m.index >= members_.size()) {
+            st = WSYNC_ERR_INVALID_ARGUMENT;
+            why = "receiver index " + std::to_string(m.index) + " is out of range (0.." +
+                  std::to_string(members_.size() - 1) + ")";
+        } else if (members_[m.index].ep && members_[m.index].ep->error == UCS_OK && !members_[m.index].dropped) {
+            st = WSYNC_ERR_MISMATCH;
+            why = "receiver index " + std::to_string(m.index) + " is held by " + members_[m.index].name;
+        }
+        std::unique_ptr<Endpoint> ep;
+        const std::string name = "receiver " + std::to_string(m.index) + " (" + m.text + ")";
+        try {
+            ep = w_->connect(m.address, name);
+        } catch (const Error &) {
+            return;  // cannot answer it; it times out naming the trainer
+        }
+        Msg reply;
+        reply.type = MsgType::Welcome;
+        reply.index = m.index;
+        reply.status = st;
+        reply.text = why;
+        w_->send(*ep, reply);
+        if (st != WSYNC_OK) {
+            refused_.push_back(std::move(ep));  // closed by the destructor, after the reply
+            return;
+        }
+        Member &mem = members_[m.index];
+        // A predecessor at this index is dead (its leases end) or dropped (they stay: it may be
+        // frozen, not dead, and still read).
+        if (mem.ep) forget(m.index, mem.ep->error != UCS_OK);
+        w_->close(std::move(mem.ep), sys::Deadline(0));
+        mem = Member{};
+        mem.token = m.token;
+        mem.name = name;
+        mem.pid = m.pid;
+        mem.ep = std::move(ep);
+        // It owes versions that begin after it attached; it may still pull any kept one.
+        mem.from_version = open_version_ ? open_version_ + 1 : last_committed_ + 1;
+        mem.acked_through = last_seq_;
+    }
+
+    void lease(uint32_t index, Member &mem, uint64_t seq) {
+        Msg reply;
+        reply.type = MsgType::Grant;
+        reply.index = index;
+        reply.seq = seq;
+        auto it = chunks_.find(seq);
+        if (mem.dropped) {
+            reply.status = WSYNC_ERR_PEER;
+            reply.text = "this receiver was dropped by the trainer";
+        } else if (it == chunks_.end() || it->second.retired) {
+            reply.status = WSYNC_ERR_ABANDONED;
+            reply.text = "chunk seq " + std::to_string(seq) +
+                         " is no longer kept (abandoned, or older than the last " +
+                         std::to_string(info_.keep_versions) + " committed versions; the latest is " +
+                         std::to_string(last_committed_) + ")";
+        } else {
+            ++it->second.leases;
+            ++mem.leases[seq];
+        }
+        w_->send(*mem.ep, reply);
+    }
+
+    void ack(uint32_t index, Member &mem, const Msg &m) {
+        auto l = mem.leases.find(m.seq);
+        if (l != mem.leases.end()) {
+            auto c = chunks_.find(m.seq);
+            if (c != chunks_.end() && c->second.leases) --c->second.leases;
+            if (--l->second == 0) mem.leases.erase(l);
+        }
+        mem.acked_through = std::max(mem.acked_through, m.seq);
+        // Named once per version: the later chunks of a version that failed here are refused
+        // by the receiver's core with the same status.
+        if (m.status == WSYNC_OK || m.version < mem.from_version || m.version == mem.failed_version) return;
+        mem.failed_version = m.version;
+        const auto st = static_cast<wsync_status_t>(m.status);
+        failures_.push_back(Failure{WSYNC_FAILURE_FAILED, st, index, m.version, m.chunk, mem.pid,
+                                    mem.name + " failed chunk " + std::to_string(m.chunk) + " of version " +
+                                        std::to_string(m.version) + ": " + status_name(st) + ": " + m.text});
+    }
+
+    // A member's connection failed (UCX's error handler): it died, or the network between us
+    // did. Named once if it owed a chunk (a dropped one owes nothing); its leases end.
+    void check_members() {
+        for (uint32_t i = 0; i < members_.size(); ++i) {
+            Member &m = members_[i];
+            if (m.ep && m.ep->error != UCS_OK)
+                leave(i, WSYNC_FAILURE_DIED,
+                      std::string("is unreachable (") + w_->api().ucs_status_string(m.ep->error) +
+                          "): its process died or the network to it failed");
+        }
+    }
+
+    void leave(uint32_t index, uint32_t what, const std::string &why) {
+        Member &m = members_[index];
+        if (owes(m))
+            failures_.push_back(Failure{what, WSYNC_ERR_PEER,
+                                        index, last_version(), WSYNC_NO_CHUNK, m.pid,
+                                        m.name + " " + why + " owing chunk seq " + std::to_string(last_seq_)});
+        forget(index, true);
+        w_->close(std::move(m.ep), sys::Deadline(0));
+        m = Member{};
+    }
+
+    // Ends a member's standing. Its leases are released only when its connection is known
+    // dead (`gone`): a dropped receiver that is merely frozen could still read its leased
+    // chunks when it wakes, so those stay registered until its connection fails (or, if it
+    // re-attaches first, until the sender is destroyed).
+    void forget(uint32_t index, bool gone) {
+        Member &m = members_[index];
+        if (gone) {
+            for (auto &kv : m.leases) {
+                auto c = chunks_.find(kv.first);
+                if (c != chunks_.end()) c->second.leases -= std::min(c->second.leases, kv.second);
+            }
+            m.leases.clear();
+        }
+    }
+
+    // ---- versions ---------------------------------------------------------------------------
+    void commit(uint64_t version) {
+        last_committed_ = version;
+        committed_.push_back(version);
+        while (committed_.size() > info_.keep_versions) {
+            const uint64_t old = committed_.front();
+            committed_.erase(committed_.begin());
+            for (auto &kv : chunks_)
+                if (kv.second.version <= old) kv.second.retired = true;
+        }
+        release();
+    }
+
+    // Unregisters nothing a receiver holds a lease on: over tcp UCX's target-side GET emulation
+    // reads our memory without checking the registration, so a read after unmap would read
+    // freed memory. Retired chunks go back to the pool once no lease holds them.
+    void release() {
+        for (auto it = chunks_.begin(); it != chunks_.end();) {
+            if (it->second.retired && it->second.leases == 0) {
+                put_buffer(it->second.buf);
+                it = chunks_.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+
+    Buffer take_buffer(uint64_t bytes) {
+        {
+            std::unique_lock<std::mutex> lock = caller_lock();
+            for (auto it = pool_.begin(); it != pool_.end(); ++it)
+                if (it->cap >= bytes && it->cap / 2 <= bytes) {
+                    Buffer b = *it;
+                    pool_.erase(it);
+                    return b;
+                }
+        }
+        Buffer b;
+        b.cap = round_up(bytes, 2 << 20);
+        b.base = mmap(nullptr, b.cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (b.base == MAP_FAILED)
+            fail(WSYNC_ERR_NO_MEMORY, std::string(kKind) + ": cannot map " + std::to_string(b.cap) +
+                                          " bytes to stage a chunk");
+        madvise(b.base, b.cap, MADV_HUGEPAGE);
+        try {
+            std::unique_lock<std::mutex> lock = caller_lock();
+            b.region = w_->map(b.base, b.cap, true, "a chunk's staging buffer");
+        } catch (...) {
+            munmap(b.base, b.cap);
+            throw;
+        }
+        return b;
+    }
+
+    void put_buffer(Buffer &b) {
+        if (pool_.size() < 64) pool_.push_back(b);
+        else free_buffer(b);
+        b = Buffer{};
+    }
+
+    void free_buffer(Buffer &b) noexcept {
+        w_->unmap(b.region);
+        if (b.base) munmap(b.base, b.cap);
+        b = Buffer{};
+    }
+
+    // ---- flush ------------------------------------------------------------------------------
+    uint64_t last_version() const {
+        auto it = chunks_.find(last_seq_);
+        return it == chunks_.end() ? 0 : it->second.version;
+    }
+    bool owes(const Member &m) const {
+        return m.ep && !m.dropped && last_seq_ && m.acked_through < last_seq_ &&
+               last_version() >= m.from_version;
+    }
+    std::vector<uint32_t> owing_members() const {
+        std::vector<uint32_t> out;
+        for (uint32_t i = 0; i < members_.size(); ++i)
+            if (owes(members_[i])) out.push_back(i);
+        return out;
+    }
+
+    [[noreturn]] void report_failures() {
+        std::vector<Failure> f;
+        f.swap(failures_);
+        std::string msg = std::string(kKind) + ": " + f.front().message;
+        if (f.size() > 1) msg += " (and " + std::to_string(f.size() - 1) + " more failures)";
+        throw Error(WSYNC_ERR_PEER, msg, std::move(f));
+    }
+
+    [[noreturn]] void report_timeout(const std::vector<uint32_t> &owing, int64_t budget) {
+        std::vector<Failure> f;
+        std::string names;
+        for (uint32_t i : owing) {
+            const Member &m = members_[i];
+            names += (names.empty() ? "" : ", ") + m.name + " (answered through chunk seq " +
+                     std::to_string(m.acked_through) + ")";
+            f.push_back(Failure{WSYNC_FAILURE_TIMEOUT, WSYNC_ERR_TIMEOUT, i, last_version(), WSYNC_NO_CHUNK,
+                                m.pid, m.name + " did not acknowledge chunk seq " + std::to_string(last_seq_)});
+        }
+        throw Error(WSYNC_ERR_TIMEOUT, std::string(kKind) + ": flush timed out after " + std::to_string(budget) +
+                                           " ms waiting for chunk seq " + std::to_string(last_seq_) + " from " + names,
+                    std::move(f));
+    }
+
+    std::unique_ptr<Worker> w_;
+    InitInfo info_;
+    int64_t timeout_ms_;
+    std::string memory_types_ = w_->memory_types();
+    std::mutex mu_;
+    std::atomic<int> callers_{0};
+    std::condition_variable cv_;
+    std::thread thread_;
+    int stop_fd_ = -1;
+    std::vector<Member> members_;
+    std::vector<std::unique_ptr<Endpoint>> refused_;
+    std::map<uint64_t, Chunk> chunks_;
+    std::vector<Buffer> pool_;
+    std::vector<uint64_t> committed_;
+    std::vector<Failure> failures_;
+    uint64_t next_seq_ = 1, last_seq_ = 0, last_committed_ = 0, open_version_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<SenderImpl> make_sender(std::unique_ptr<Worker> worker, const InitInfo &info,
+                                        int64_t timeout_ms) {
+    return std::make_unique<UcxSender>(std::move(worker), info, timeout_ms);
+}
+
+}  // namespace wsync::ucx

@@ -1,0 +1,18 @@
+// The ucx sender: stages each chunk in registered host memory, serves receivers' one-sided GETs
+// from a progress thread, keeps the last "keep_versions" committed versions pullable, and
+// tracks elastic membership (attach, leases, acknowledgements, deaths).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "strategy.hpp"
+#include "transport/ucx/init_info.hpp"
+#include "transport/ucx/worker.hpp"
+
+namespace wsync::ucx {
+
+std::unique_ptr<SenderImpl> make_sender(std::unique_ptr<Worker> worker, const InitInfo &info,
+                                        int64_t timeout_ms);
+
+}  // namespace wsync::ucx

@@ -1,0 +1,137 @@
+// ucx: engines pull committed versions from the trainer with one-sided GETs over UCX's UCP API,
+// across machines (tcp, shared memory, RDMA: whatever the loaded UCX offers).
+//
+// create_init_info creates the trainer's UCP worker; its address travels in the init info with
+// a random session number. The sender stages each chunk in registered host memory (packing and
+// hashing in one pass) and returns a request carrying the chunk's remote address, size and
+// packed remote key. A receiver attaches by sending the trainer its own worker address (hello;
+// the trainer answers welcome, or why not); for each chunk it asks for a lease (so the trainer
+// never unregisters memory a receiver may still read), GETs the chunk into its own registered
+// buffer, lets the core verify checksums and the loader take the tensors, and acknowledges.
+// A progress thread on the trainer serves GETs (UCX emulates them on tcp with the target's
+// help) and control messages while the trainer computes.
+//
+// Elastic: receivers attach at any time and owe the versions that begin after they attached;
+// they may pull any version the trainer still keeps (the last "keep_versions" committed ones).
+// A receiver whose connection fails (UCP_ERR_HANDLING_MODE_PEER) is named once in the next
+// flush if it owed a chunk, and is no longer waited for. Every wait has a deadline
+// ("timeout_ms"); teardown force-closes endpoints (no flush towards a dead peer).
+//
+// The files of this folder: api (the dlopen'ed UCP table), worker (context, worker, endpoints,
+// messages, memory registration, bounded waits), init_info (the wire: init info, request map,
+// control messages), sender, receiver, and this one (options, strategy, registration).
+#include <memory>
+#include <unistd.h>
+
+#include "error.hpp"
+#include "strategy.hpp"
+#include "sys.hpp"
+#include "transport/ucx/api.hpp"
+#include "transport/ucx/receiver.hpp"
+#include "transport/ucx/sender.hpp"
+#include "transport/ucx/worker.hpp"
+
+namespace wsync {
+namespace ucx {
+namespace {
+
+const std::vector<OptionSpec> &option_specs() {
+    using T = OptionSpec::Type;
+    static const std::vector<OptionSpec> specs = {
+        {"receivers", T::UInt, 1, 1, kMaxReceivers, "sender",
+         "receiver indices that may attach (0..receivers-1); engines attach and leave at any time"},
+        {"keep_versions", T::UInt, 2, 1, kMaxKeepVersions, "sender",
+         "committed versions the trainer keeps pullable for late or slow engines (each costs its "
+         "size in registered host memory)"},
+        {"checksum", T::Bool, 1, 0, 1, "sender", "carry an XXH3-64 checksum of every tensor"},
+        {"verify", T::Bool, 1, 0, 1, "receiver",
+         "verify carried checksums before yielding each tensor"},
+        {"copy_threads", T::UInt, 0, 0, 64, "receiver",
+         "threads one wsync_recv_copy of 8 MiB or more is split between; 0: one per CPU, at most 8"},
+        {"timeout_ms", T::UInt, 60000, 1, uint64_t(1) << 40, "both",
+         "deadline for attaching, for each lease and GET, and for closing endpoints"},
+        {"transports", T::String, 0, 0, 0, "both",
+         "UCX transports (UCX_TLS), e.g. \"tcp\" or \"rc,sm\"; \"\": UCX's own choice", ""},
+        {"net_devices", T::String, 0, 0, 0, "both",
+         "network devices UCX may use (UCX_NET_DEVICES), e.g. \"eth0\" or \"mlx5_0:1\"; \"\": all",
+         ""},
+        {"ucx_library", T::String, 0, 0, 0, "both",
+         "path of libucp.so.0 to use; else $WSYNC_UCX_LIBRARY, else the system's libucp.so.0", ""},
+    };
+    return specs;
+}
+
+class UcxStrategy final : public StrategyImpl {
+public:
+    explicit UcxStrategy(const Options &o)
+        : config_{o.text("ucx_library"), o.text("transports"), o.text("net_devices")},
+          receivers_(static_cast<uint32_t>(o.uint("receivers"))),
+          keep_(static_cast<uint32_t>(o.uint("keep_versions"))), checksum_(o.boolean("checksum")),
+          timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))) {
+        receiver_.config = config_;
+        receiver_.verify = o.boolean("verify");
+        receiver_.copy_threads = static_cast<unsigned>(o.uint("copy_threads"));
+        receiver_.timeout_ms = timeout_ms_;
+    }
+
+    json create_init_info() override {
+        worker_ = std::make_unique<Worker>(config_, std::string(kKind) + " sender");
+        info_.address = worker_->address();
+        info_.trainer = self_name();
+        sys::random_bytes(&info_.session, sizeof info_.session);
+        info_.receivers = receivers_;
+        info_.keep_versions = keep_;
+        info_.checksum = checksum_;
+        return encode_init_info(info_);
+    }
+
+    std::unique_ptr<SenderImpl> create_sender(const json &body) override {
+        InitInfo info = parse_init_info(body);
+        if (!worker_)
+            fail(WSYNC_ERR_WRONG_STATE, "ucx: a sender must be made by the strategy that created the init "
+                                        "info (this one has not created one, or already made its sender)");
+        if (info.session != info_.session)
+            fail(WSYNC_ERR_MISMATCH, "ucx: the init info is not the one this strategy created");
+        return make_sender(std::move(worker_), info, timeout_ms_);
+    }
+
+    std::unique_ptr<ReceiverImpl> create_receiver(const json &body, uint32_t index) override {
+        InitInfo info = parse_init_info(body);
+        check_receiver_index(kKind, index, info.receivers);
+        return make_receiver(info, index, receiver_);
+    }
+
+private:
+    Config config_;
+    uint32_t receivers_, keep_;
+    bool checksum_;
+    int64_t timeout_ms_;
+    ReceiverOptions receiver_;
+    std::unique_ptr<Worker> worker_;
+    InitInfo info_;
+};
+
+std::unique_ptr<StrategyImpl> create_strategy(const Options &o) { return std::make_unique<UcxStrategy>(o); }
+
+std::string unavailable(const Options *o) { return unavailable_reason(o ? o->text("ucx_library") : ""); }
+
+// "UCX 1.13.1 (libucp.so.0); memory types: host; transports: tcp, posix, sysv, cma"
+std::string runtime_text() {
+    const Api &a = api("");
+    std::string out = "UCX " + version_text(a) + " (" + a.path + ")";
+    try {
+        Worker w(Config{}, "ucx");
+        out += "; memory types: " + w.memory_types() + "; transports: " + w.transports();
+    } catch (const std::exception &e) {
+        out += std::string("; no UCP context: ") + e.what();
+    }
+    return out;
+}
+
+}  // namespace
+}  // namespace ucx
+
+const KindInfo kUcxKind = {ucx::kKind,          ucx::option_specs, ucx::unavailable,
+                           ucx::create_strategy, nullptr,           ucx::runtime_text};
+
+}  // namespace wsync

@@ -1,0 +1,287 @@
+#include "transport/ucx/worker.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <poll.h>
+
+#include "error.hpp"
+
+namespace wsync::ucx {
+namespace {
+
+// UCP_ERR_HANDLING_MODE_PEER: UCX reports a failed peer through this handler (called during
+// ucp_worker_progress) and fails the endpoint's outstanding requests; the endpoint may then
+// only be closed (ucp.h, ucp_err_handler_cb_t). We note the status; the owner closes it.
+void on_ep_error(void *arg, ucp_ep_h, ucs_status_t status) {
+    auto *ep = static_cast<Endpoint *>(arg);
+    if (ep->error == UCS_OK) ep->error = status;
+}
+
+void check(const Api &a, ucs_status_t st, const std::string &what) {
+    if (st != UCS_OK) ucs_fail(a, st, what, WSYNC_ERR_PEER);
+}
+
+}  // namespace
+
+Worker::Worker(const Config &config, std::string who) : api_(ucx::api(config.library)), who_(std::move(who)) {
+    ucp_config_t *cfg = nullptr;
+    check(api_, api_.ucp_config_read(nullptr, nullptr, &cfg), who_ + ": ucp_config_read");
+    try {
+        if (!config.transports.empty())
+            check(api_, api_.ucp_config_modify(cfg, "TLS", config.transports.c_str()),
+                  who_ + ": UCX transports '" + config.transports + "'");
+        if (!config.net_devices.empty())
+            check(api_, api_.ucp_config_modify(cfg, "NET_DEVICES", config.net_devices.c_str()),
+                  who_ + ": UCX net devices '" + config.net_devices + "'");
+    } catch (...) {
+        api_.ucp_config_release(cfg);
+        throw;
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    ucs_status_t st = api_.ucp_init_version(UCP_API_MAJOR, 13, &params, cfg, &context_);
+    api_.ucp_config_release(cfg);
+    check(api_, st, who_ + ": ucp_init");
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // callers serialise (see worker.hpp)
+    st = api_.ucp_worker_create(context_, &wp, &worker_);
+    if (st == UCS_OK) st = api_.ucp_worker_get_efd(worker_, &efd_);
+    if (st == UCS_OK) {
+        ucp_am_handler_param_t hp{};
+        hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                        UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+        hp.id = kAmId;
+        hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+        hp.cb = &Worker::on_am;
+        hp.arg = this;
+        st = api_.ucp_worker_set_am_recv_handler(worker_, &hp);
+    }
+    if (st != UCS_OK) {
+        if (worker_) api_.ucp_worker_destroy(worker_);
+        api_.ucp_cleanup(context_);
+        check(api_, st, who_ + ": creating the UCP worker");
+    }
+}
+
+Worker::~Worker() {
+    for (Pending &p : sends_) api_.ucp_request_free(p.request);
+    api_.ucp_worker_destroy(worker_);
+    api_.ucp_cleanup(context_);
+}
+
+std::vector<uint8_t> Worker::address() const {
+    ucp_address_t *addr = nullptr;
+    size_t len = 0;
+    check(api_, api_.ucp_worker_get_address(worker_, &addr, &len), who_ + ": worker address");
+    std::vector<uint8_t> out(reinterpret_cast<uint8_t *>(addr), reinterpret_cast<uint8_t *>(addr) + len);
+    api_.ucp_worker_release_address(worker_, addr);
+    if (out.size() > kMaxAddressBytes)
+        fail(WSYNC_ERR_UNSUPPORTED, who_ + ": the UCP worker address is " + std::to_string(out.size()) +
+                                        " bytes, more than the " + std::to_string(kMaxAddressBytes) +
+                                        " an init info may carry (narrow option 'net_devices')");
+    return out;
+}
+
+// Control messages are small and sent eagerly (UCP_AM_SEND_FLAG_EAGER); with
+// UCP_AM_FLAG_WHOLE_MSG the callback sees the whole message, and returning UCS_OK means UCX
+// may drop the data once we return (ucp_def.h, ucp_am_recv_callback_t), so it is decoded here.
+// A rendezvous message is nothing we sent: returning an error status drops it.
+ucs_status_t Worker::on_am(void *arg, const void *, size_t, void *data, size_t length,
+                           const ucp_am_recv_param_t *param) {
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_ERR_MESSAGE_TRUNCATED;
+    auto *self = static_cast<Worker *>(arg);
+    Msg m;
+    if (decode_msg(data, length, m)) self->inbox_.push_back(std::move(m));
+    return UCS_OK;
+}
+
+unsigned Worker::progress() {
+    unsigned n = 0, k;
+    while ((k = api_.ucp_worker_progress(worker_)) != 0) n += k;
+    reap();
+    return n;
+}
+
+void Worker::reap() noexcept {
+    auto done = [&](Pending &p) {
+        if (api_.ucp_request_check_status(p.request) == UCS_INPROGRESS) return false;
+        api_.ucp_request_free(p.request);
+        return true;
+    };
+    sends_.erase(std::remove_if(sends_.begin(), sends_.end(), done), sends_.end());
+}
+
+std::vector<Msg> Worker::take_inbox() {
+    std::vector<Msg> out;
+    out.swap(inbox_);
+    return out;
+}
+
+bool Worker::arm() { return api_.ucp_worker_arm(worker_) == UCS_OK; }
+
+void Worker::wait_fd(int ms, int extra_fd) const {
+    struct pollfd fds[2] = {{efd_, POLLIN, 0}, {extra_fd, POLLIN, 0}};
+    (void)::poll(fds, extra_fd >= 0 ? 2 : 1, ms);
+}
+
+void Worker::signal() { api_.ucp_worker_signal(worker_); }
+
+bool Worker::wait(const std::function<bool()> &done, const sys::Deadline &deadline) {
+    // Spin while UCX reports work and for a short while after: a large GET over tcp arrives as
+    // many fragments, and a sleep on the wakeup descriptor per fragment would halve its rate.
+    auto busy = std::chrono::steady_clock::now();
+    for (;;) {
+        const unsigned n = progress();
+        if (done()) return true;
+        if (deadline.passed()) return false;
+        const auto now = std::chrono::steady_clock::now();
+        if (n) busy = now;
+        else if (now - busy > kSpin)
+            sleep(static_cast<int>(std::clamp<int64_t>(deadline.remaining_ms(), 1, 20)));
+    }
+}
+
+std::unique_ptr<Endpoint> Worker::connect(const std::vector<uint8_t> &address, const std::string &peer) {
+    auto ep = std::make_unique<Endpoint>();
+    ep->peer = peer;
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.address = reinterpret_cast<const ucp_address_t *>(address.data());
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = on_ep_error;
+    p.err_handler.arg = ep.get();
+    ucs_status_t st = api_.ucp_ep_create(worker_, &p, &ep->ep);
+    if (st != UCS_OK) ucs_fail(api_, st, who_ + ": connecting to " + peer, WSYNC_ERR_PEER);
+    return ep;
+}
+
+void Worker::close(std::unique_ptr<Endpoint> ep, const sys::Deadline &deadline) noexcept {
+    if (!ep || !ep->ep) return;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void *req = api_.ucp_ep_close_nbx(ep->ep, &p);
+    if (UCS_PTR_IS_PTR(req)) {
+        while (api_.ucp_request_check_status(req) == UCS_INPROGRESS && !deadline.passed()) {
+            progress();
+            if (api_.ucp_request_check_status(req) == UCS_INPROGRESS) sleep(1);
+        }
+        api_.ucp_request_free(req);
+    }
+    progress();  // the endpoint's error callback may still be queued; it holds `ep`
+}
+
+void Worker::send(Endpoint &ep, const Msg &m) {
+    if (ep.error != UCS_OK) return;  // the peer is gone; the caller learns it from ep.error
+    Pending p{encode_msg(m), nullptr};
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = UCP_AM_SEND_FLAG_EAGER;
+    void *req = api_.ucp_am_send_nbx(ep.ep, kAmId, nullptr, 0, p.bytes.data(), p.bytes.size(), &rp);
+    if (UCS_PTR_IS_ERR(req)) {
+        if (ep.error == UCS_OK) ep.error = UCS_PTR_STATUS(req);
+        return;
+    }
+    if (req == nullptr) return;  // sent in place
+    p.request = req;             // the bytes stay alive until the send completes (reap)
+    sends_.push_back(std::move(p));
+}
+
+Region Worker::map(void *base, std::size_t bytes, bool pack_rkey, const std::string &what) {
+    Region r;
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = base;
+    mp.length = bytes;
+    ucs_status_t st = api_.ucp_mem_map(context_, &mp, &r.memh);
+    if (st == UCS_ERR_NO_MEMORY)
+        fail(WSYNC_ERR_NO_MEMORY, who_ + ": registering " + std::to_string(bytes) + " bytes for " + what);
+    check(api_, st, who_ + ": registering " + std::to_string(bytes) + " bytes for " + what);
+    r.base = base;
+    r.bytes = bytes;
+    if (pack_rkey) {
+        void *buf = nullptr;
+        size_t len = 0;
+        st = api_.ucp_rkey_pack(context_, r.memh, &buf, &len);
+        if (st != UCS_OK) {
+            api_.ucp_mem_unmap(context_, r.memh);
+            check(api_, st, who_ + ": packing the remote key of " + what);
+        }
+        r.rkey.assign(static_cast<uint8_t *>(buf), static_cast<uint8_t *>(buf) + len);
+        api_.ucp_rkey_buffer_release(buf);
+        if (r.rkey.size() > kMaxRkeyBytes) {
+            api_.ucp_mem_unmap(context_, r.memh);
+            fail(WSYNC_ERR_UNSUPPORTED, who_ + ": the remote key of " + what + " is " +
+                                            std::to_string(len) + " bytes, more than a request may carry");
+        }
+    }
+    return r;
+}
+
+void Worker::unmap(Region &r) noexcept {
+    if (r.memh) api_.ucp_mem_unmap(context_, r.memh);
+    r = Region{};
+}
+
+ucp_rkey_h Worker::unpack(Endpoint &ep, const std::vector<uint8_t> &rkey, const std::string &what) {
+    ucp_rkey_h h = nullptr;
+    ucs_status_t st = api_.ucp_ep_rkey_unpack(ep.ep, rkey.data(), &h);
+    if (st != UCS_OK) ucs_fail(api_, st, who_ + ": the remote key of " + what + " from " + ep.peer, WSYNC_ERR_PEER);
+    return h;
+}
+
+void *Worker::get(Endpoint &ep, void *dst, std::size_t n, uint64_t addr, ucp_rkey_h rkey,
+                  const std::string &what) {
+    ucp_request_param_t p{};
+    void *req = api_.ucp_get_nbx(ep.ep, dst, n, addr, rkey, &p);
+    if (UCS_PTR_IS_ERR(req)) ucs_fail(api_, UCS_PTR_STATUS(req), who_ + ": reading " + what + " from " + ep.peer, WSYNC_ERR_PEER);
+    return req;
+}
+
+std::string Worker::memory_types() const {
+    ucp_context_attr_t attr{};
+    attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+    if (api_.ucp_context_query(context_, &attr) != UCS_OK) return "unknown";
+    static const char *names[] = {"host", "cuda", "cuda-managed", "rocm", "rocm-managed"};
+    std::string out;
+    for (unsigned t = 0; t < sizeof names / sizeof *names; ++t)
+        if (attr.memory_types & (uint64_t(1) << t)) out += (out.empty() ? "" : ", ") + std::string(names[t]);
+    return out.empty() ? "none" : out;
+}
+
+std::string Worker::transports() const {
+    // ucp_context_print_info writes one "# resource N : md M dev D flags -- <tl>/<device>" line
+    // per transport resource; we list each transport once.
+    char *text = nullptr;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return "unknown";
+    api_.ucp_context_print_info(context_, f);
+    std::fclose(f);
+    std::string all(text, len), out;
+    std::free(text);
+    for (std::size_t at = all.find("resource"); at != std::string::npos; at = all.find("resource", at + 1)) {
+        const std::size_t dash = all.find("-- ", at), eol = all.find('\n', at);
+        if (dash == std::string::npos || dash > eol) continue;
+        const std::string tl = all.substr(dash + 3, all.find('/', dash) - dash - 3);
+        if (out.find(tl) == std::string::npos) out += (out.empty() ? "" : ", ") + tl;
+    }
+    return out.empty() ? "none" : out;
+}
+
+ucs_status_t finish(Worker &w, void *request, const Endpoint &ep, const sys::Deadline &deadline) {
+    if (request == nullptr) return UCS_OK;
+    const Api &a = w.api();
+    const bool done = w.wait([&] { return a.ucp_request_check_status(request) != UCS_INPROGRESS || ep.error != UCS_OK; },
+                             deadline);
+    ucs_status_t st = a.ucp_request_check_status(request);
+    a.ucp_request_free(request);  // released on completion if still in flight (ucp.h)
+    if (st == UCS_INPROGRESS) return done ? ep.error : UCS_ERR_TIMED_OUT;
+    return st;
+}
+
+}  // namespace wsync::ucx

@@ -1,0 +1,119 @@
+// The UCX side of one sender or receiver (the counterpart of nccl/comm): a UCP context and
+// worker, endpoints to peers with their error state, control messages as active messages,
+// memory regions with remote keys, and bounded waits. Not thread-safe: the sender serialises
+// every call under its own mutex, a receiver is used by one thread at a time (wsync.h).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sys.hpp"
+#include "transport/ucx/api.hpp"
+#include "transport/ucx/init_info.hpp"
+
+namespace wsync::ucx {
+
+// How long waits keep progressing without sleeping after UCX last reported work.
+inline constexpr std::chrono::microseconds kSpin{50000};
+
+struct Config {
+    std::string library;      // "" : $WSYNC_UCX_LIBRARY, else libucp.so.0
+    std::string transports;   // UCX_TLS for this context ("" : UCX's own choice)
+    std::string net_devices;  // UCX_NET_DEVICES for this context ("" : UCX's own choice)
+};
+
+// One connection to a peer. Its address is stable (the error handler holds it).
+struct Endpoint {
+    ucp_ep_h ep = nullptr;
+    ucs_status_t error = UCS_OK;  // set by UCX's error handler: the peer is gone or unreachable
+    std::string peer;             // "the trainer (host pid 12)", "receiver 1 (host pid 40)"
+};
+
+// A registered piece of this process's memory that peers may GET from.
+struct Region {
+    void *base = nullptr;
+    std::size_t bytes = 0;
+    ucp_mem_h memh = nullptr;
+    std::vector<uint8_t> rkey;  // packed remote key (empty unless asked for)
+};
+
+class Worker {
+public:
+    // `who` names the owner in messages ("ucx sender"). Throws WSYNC_ERR_UNAVAILABLE or
+    // WSYNC_ERR_SYSTEM naming the UCX call that failed.
+    Worker(const Config &config, std::string who);
+    ~Worker();
+    Worker(const Worker &) = delete;
+    Worker &operator=(const Worker &) = delete;
+
+    const Api &api() const { return api_; }
+    const std::string &who() const { return who_; }
+    std::vector<uint8_t> address() const;
+
+    // One round of progress: UCX callbacks run, finished sends are freed, control messages
+    // are decoded into the inbox. Returns UCX's count of events.
+    unsigned progress();
+    std::vector<Msg> take_inbox();
+    // Sleeps on the worker's wakeup descriptor up to `ms`, unless events are already pending.
+    void sleep(int ms) {
+        if (arm()) wait_fd(ms, -1);
+    }
+    // Arms the wakeup descriptor; false when events are pending (ucp_worker_arm says
+    // UCS_ERR_BUSY), and the descriptor would not fire for them: progress again instead.
+    bool arm();
+    // Polls the armed descriptor (and `extra_fd`, if >= 0) up to `ms`; needs no progress lock.
+    void wait_fd(int ms, int extra_fd) const;
+    // Wakes a sleep() in another thread (ucp_worker_signal may be called from any thread).
+    void signal();
+    // Progresses until done() or the deadline; false when the deadline passed first.
+    bool wait(const std::function<bool()> &done, const sys::Deadline &deadline);
+
+    // An endpoint to a peer's worker address, failures reported through Endpoint::error
+    // (UCP_ERR_HANDLING_MODE_PEER). Throws WSYNC_ERR_PEER if the address is unusable.
+    std::unique_ptr<Endpoint> connect(const std::vector<uint8_t> &address, const std::string &peer);
+    // Force-closes (UCP_EP_CLOSE_FLAG_FORCE: no flush, nothing waits on the peer), progressing
+    // up to the deadline; never throws.
+    void close(std::unique_ptr<Endpoint> ep, const sys::Deadline &deadline) noexcept;
+    // Queues a control message; it completes (or fails with the endpoint) during progress.
+    void send(Endpoint &ep, const Msg &m);
+
+    // Registers `bytes` of this process's memory at `base` (which the caller owns and keeps
+    // until unmap), packing a remote key when asked.
+    Region map(void *base, std::size_t bytes, bool pack_rkey, const std::string &what);
+    void unmap(Region &r) noexcept;
+    // A GET of n bytes at remote `addr` into dst; returns when UCX has it in flight or done.
+    void *get(Endpoint &ep, void *dst, std::size_t n, uint64_t addr, ucp_rkey_h rkey,
+              const std::string &what);
+    ucp_rkey_h unpack(Endpoint &ep, const std::vector<uint8_t> &rkey, const std::string &what);
+
+    // Memory types this context can move ("host", "cuda", ...), for `wsync kinds`.
+    std::string memory_types() const;
+    // The transports this context found ("tcp, posix, sysv, cma"), for `wsync kinds`.
+    std::string transports() const;
+
+private:
+    static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
+                              size_t length, const ucp_am_recv_param_t *param);
+    void reap() noexcept;
+
+    const Api &api_;
+    std::string who_;
+    ucp_context_h context_ = nullptr;
+    ucp_worker_h worker_ = nullptr;
+    int efd_ = -1;
+    struct Pending {
+        std::vector<uint8_t> bytes;
+        void *request;
+    };
+    std::vector<Pending> sends_;
+    std::vector<Msg> inbox_;
+};
+
+// Waits for a UCX request (null: already complete) up to the deadline, progressing; returns
+// its status, or UCS_ERR_TIMED_OUT after cancelling it at the deadline. Frees the request.
+ucs_status_t finish(Worker &w, void *request, const Endpoint &ep, const sys::Deadline &deadline);
+
+}  // namespace wsync::ucx

@@ -1,0 +1,263 @@
+/* One "host" of the ucx scenario tests (tests/ucx/scenarios.sh): a trainer or an engine
+ * process that talks to the others only through the ucx kind and files in a shared folder
+ * (the controller: init.bin, req-V-K.bin, latest). Prints one line per event for the script
+ * to assert on:
+ *   trainer DIR OPTIONS VERSIONS ENGINES [STEP]
+ *                                          waits for engines 0..ENGINES-1 to attach (their
+ *                                          DIR/attached-I), then sends VERSIONS versions of CHUNKS
+ *                                          chunks and flushes each (a flush failure is printed
+ *                                          and the next version still goes); with STEP it waits
+ *                                          for DIR/go-V before version V; with
+ *                                          $WSYNC_PEER_DROP_ON_TIMEOUT it drops each receiver a
+ *                                          flush timed out on
+ *   engine DIR OPTIONS INDEX FROM TO [SLOW_MS]
+ *                                          receives versions FROM..TO (FROM 0: the latest
+ *                                          committed one) bit for bit; SLOW_MS sleeps between
+ *                                          tensors (so a test can act mid-pull) */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "wsync.h"
+
+enum { CHUNKS = 2, PER_CHUNK = 4 };
+static size_t g_bytes = 1 << 20; /* per tensor; $WSYNC_PEER_TENSOR_BYTES */
+
+static uint64_t mix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+static void fill(uint8_t *p, size_t n, uint64_t v, uint64_t t) {
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t x = mix((v << 40) ^ (t << 24) ^ (i >> 3));
+        memcpy(p + i, &x, n - i < 8 ? n - i : 8);
+    }
+}
+static int check(const uint8_t *p, size_t n, uint64_t v, uint64_t t) {
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t x = mix((v << 40) ^ (t << 24) ^ (i >> 3));
+        if (memcmp(p + i, &x, n - i < 8 ? n - i : 8)) return 0;
+    }
+    return 1;
+}
+
+static void put_file(const char *dir, const char *name, const void *p, size_t n) {
+    char tmp[512], fin[512];
+    snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
+    snprintf(fin, sizeof fin, "%s/%s", dir, name);
+    FILE *f = fopen(tmp, "wb");
+    if (!f || fwrite(p, 1, n, f) != n || fclose(f) != 0) {
+        printf("io error writing %s\n", fin);
+        exit(3);
+    }
+    rename(tmp, fin);
+}
+
+/* Waits up to 60 s for DIR/name; returns its bytes (malloc'd) or NULL. */
+static uint8_t *get_file(const char *dir, const char *name, size_t *n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    for (int i = 0; i < 6000; ++i) {
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            fseek(f, 0, SEEK_END);
+            long len = ftell(f);
+            fseek(f, 0, SEEK_SET);
+            uint8_t *p = malloc(len ? (size_t)len : 1);
+            *n = fread(p, 1, (size_t)len, f);
+            fclose(f);
+            return p;
+        }
+        usleep(10000);
+    }
+    return NULL;
+}
+
+static int trainer(const char *dir, const char *opts, int versions, int engines, int step) {
+    wsync_strategy_t *s = NULL;
+    wsync_sender_t *snd = NULL;
+    wsync_blob_t init = {0};
+    if (wsync_strategy_create("ucx", opts, &s) || wsync_strategy_create_init_info(s, &init) ||
+        wsync_sender_create(s, init.data, init.size, &snd)) {
+        printf("trainer: setup failed: %s\n", wsync_last_error());
+        return 2;
+    }
+    put_file(dir, "init.bin", init.data, init.size);
+    wsync_blob_free(&init);
+    for (int i = 0; i < engines; ++i) {
+        char name[32];
+        size_t n;
+        snprintf(name, sizeof name, "attached-%d", i);
+        free(get_file(dir, name, &n));
+    }
+    printf("trainer: ready\n");
+    fflush(stdout);
+    int64_t shape[1] = {(int64_t)g_bytes};
+    uint8_t *data = malloc(g_bytes * CHUNKS * PER_CHUNK);
+    char names[CHUNKS * PER_CHUNK][32];
+    int failed = 0;
+    for (int v = 1; v <= versions; ++v) {
+        if (step) {
+            char go[32];
+            size_t n;
+            snprintf(go, sizeof go, "go-%d", v);
+            free(get_file(dir, go, &n));
+        }
+        for (int k = 0; k < CHUNKS; ++k) {
+            wsync_tensor_t t[PER_CHUNK];
+            memset(t, 0, sizeof t);
+            for (int j = 0; j < PER_CHUNK; ++j) {
+                int id = k * PER_CHUNK + j;
+                snprintf(names[id], sizeof names[id], "layer%d.w", id);
+                fill(data + (size_t)id * g_bytes, g_bytes, (uint64_t)v, (uint64_t)id);
+                t[j].name = names[id];
+                t[j].data = data + (size_t)id * g_bytes;
+                t[j].shape = shape;
+                t[j].ndim = 1;
+                t[j].dtype.code = WSYNC_DTYPE_UINT;
+                t[j].dtype.bits = 8;
+                t[j].dtype.lanes = 1;
+                t[j].device.type = WSYNC_DEVICE_CPU;
+            }
+            wsync_chunk_t c = {0};
+            c.tensors = t;
+            c.count = PER_CHUNK;
+            c.flags = k == CHUNKS - 1 ? WSYNC_CHUNK_LAST : 0;
+            wsync_blob_t req = {0};
+            if (wsync_sender_send_chunk(snd, &c, &req)) {
+                printf("trainer: send v%d chunk %d failed: %s\n", v, k, wsync_last_error());
+                return 2;
+            }
+            char name[32];
+            snprintf(name, sizeof name, "req-%d-%d.bin", v, k);
+            put_file(dir, name, req.data, req.size);
+            wsync_blob_free(&req);
+        }
+        char latest[16];
+        int n = snprintf(latest, sizeof latest, "%d", v);
+        put_file(dir, "latest", latest, (size_t)n);
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        const char *fm = getenv("WSYNC_PEER_FLUSH_MS");
+        wsync_status_t st = wsync_sender_flush(snd, fm && *fm ? atoll(fm) : 60000);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        long ms = (b.tv_sec - a.tv_sec) * 1000 + (b.tv_nsec - a.tv_nsec) / 1000000;
+        if (st == WSYNC_OK) {
+            printf("trainer: flush v%d ok (%ld ms)\n", v, ms);
+        } else {
+            failed = 1;
+            printf("trainer: flush v%d %s (%ld ms): %s\n", v, wsync_status_string(st), ms, wsync_last_error());
+            size_t count = 0;
+            wsync_sender_failure_count(snd, &count);
+            for (size_t i = 0; i < count; ++i) {
+                wsync_failure_t f;
+                memset(&f, 0, sizeof f);
+                f.struct_size = sizeof f;
+                wsync_sender_failure(snd, i, &f);
+                printf("trainer: failure what=%u receiver=%u status=%s: %s\n", f.what, f.receiver,
+                       wsync_status_string(f.status), f.message);
+                if (f.what == WSYNC_FAILURE_TIMEOUT && getenv("WSYNC_PEER_DROP_ON_TIMEOUT")) {
+                    wsync_status_t d = wsync_sender_drop_receiver(snd, f.receiver);
+                    printf("trainer: dropped receiver %u: %s\n", f.receiver, wsync_status_string(d));
+                }
+            }
+        }
+        fflush(stdout);
+    }
+    free(data);
+    wsync_sender_destroy(snd);
+    wsync_strategy_destroy(s);
+    printf("trainer: done\n");
+    return failed;
+}
+
+static int engine(const char *dir, const char *opts, unsigned index, int from, int to, int slow_ms) {
+    size_t n;
+    uint8_t *init = get_file(dir, "init.bin", &n);
+    wsync_strategy_t *s = NULL;
+    wsync_receiver_t *r = NULL;
+    if (!init || wsync_strategy_create("ucx", opts, &s) || wsync_receiver_create(s, init, n, index, &r)) {
+        printf("engine %u: attach %s\n", index, init ? wsync_last_error() : "no init info");
+        return 2;
+    }
+    free(init);
+    if (from == 0) {
+        uint8_t *latest = get_file(dir, "latest", &n);
+        from = latest ? atoi((char *)latest) : 1;
+        free(latest);
+    }
+    printf("engine %u: attached, from version %d\n", index, from);
+    char mark[32];
+    snprintf(mark, sizeof mark, "attached-%u", index);
+    put_file(dir, mark, "1", 1);
+    fflush(stdout);
+    for (int v = from; v <= to; ++v) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        for (int k = 0; k < CHUNKS; ++k) {
+            char name[32];
+            snprintf(name, sizeof name, "req-%d-%d.bin", v, k);
+            uint8_t *req = get_file(dir, name, &n);
+            if (!req) {
+                printf("engine %u: no request for v%d chunk %d\n", index, v, k);
+                return 2;
+            }
+            wsync_recv_t *it = NULL;
+            if (k == 0) clock_gettime(CLOCK_MONOTONIC, &a); /* the pull, not the wait for it */
+            wsync_status_t st = wsync_receiver_receive(r, req, n, &it);
+            free(req);
+            if (st) {
+                printf("engine %u: v%d %s: %s\n", index, v, wsync_status_string(st), wsync_last_error());
+                fflush(stdout);
+                return 1;
+            }
+            bool has = true;
+            for (int j = 0; has; ++j) {
+                wsync_tensor_t view;
+                memset(&view, 0, sizeof view);
+                view.struct_size = sizeof view;
+                if ((st = wsync_recv_next(it, &view, &has)) != WSYNC_OK) break;
+                if (!has) break;
+                if (!check(view.data, g_bytes, (uint64_t)v, (uint64_t)(k * PER_CHUNK + j))) {
+                    printf("engine %u: v%d tensor %s differs\n", index, v, view.name);
+                    return 1;
+                }
+                if (slow_ms) usleep((useconds_t)slow_ms * 1000);
+            }
+            if (st == WSYNC_OK) st = wsync_recv_end(it);
+            if (st) {
+                printf("engine %u: v%d %s: %s\n", index, v, wsync_status_string(st), wsync_last_error());
+                return 1;
+            }
+        }
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double s = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
+        printf("engine %u: version %d ok (%.3f s, %.2f GB/s)\n", index, v, s,
+               (double)g_bytes * CHUNKS * PER_CHUNK / s / 1e9);
+        fflush(stdout);
+    }
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *b = getenv("WSYNC_PEER_TENSOR_BYTES");
+    if (b && *b) g_bytes = (size_t)strtoull(b, NULL, 10);
+    if (argc >= 6 && !strcmp(argv[1], "trainer"))
+        return trainer(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), argc > 6 ? atoi(argv[6]) : 0);
+    if (argc >= 7 && !strcmp(argv[1], "engine"))
+        return engine(argv[2], argv[3], (unsigned)atoi(argv[4]), atoi(argv[5]), atoi(argv[6]),
+                      argc > 7 ? atoi(argv[7]) : 0);
+    fprintf(stderr, "usage: see the head of tests/ucx/ucx_peer.c\n");
+    return 64;
+}

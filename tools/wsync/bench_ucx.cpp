@@ -1,0 +1,113 @@
+// wsync bench --strategy ucx: the synthetic model synced to forked engines through the ucx kind
+// (every step verified), against UCX's own one-sided GET bandwidth in the same run: Debian's
+// ucx_perftest (ucx-utils), "ucp_get" with messages of the chunk size, between two processes
+// over the same transports and devices. Steady sync time counts everything a sync costs (the
+// trainer's pack and checksum, leases, GETs, verification, the engine's load, acknowledgements);
+// the baseline is GETs alone, so the ratio is what the library keeps of the wire.
+#include <algorithm>
+#include <arpa/inet.h>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <sched.h>
+#include <signal.h>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli.hpp"
+
+namespace wsync_cli {
+
+void enter_netns(const std::string &name) {
+    const std::string path = "/run/netns/" + name;
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0)
+        die("cannot enter network namespace '" + name + "' (" + path + "): " + std::strerror(errno));
+    close(fd);
+}
+
+namespace {
+
+// The IPv4 address of `device` in this process's network namespace ("" if none).
+std::string device_address(const std::string &device) {
+    struct ifaddrs *list = nullptr;
+    std::string out;
+    if (getifaddrs(&list) != 0) return out;
+    for (struct ifaddrs *i = list; i; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && device == i->ifa_name) {
+            char buf[INET_ADDRSTRLEN];
+            inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in *>(i->ifa_addr)->sin_addr, buf, sizeof buf);
+            out = buf;
+            break;
+        }
+    freeifaddrs(list);
+    return out;
+}
+
+// Runs ucx_perftest as server and client; returns bytes/s of the client's "Final:" line (its
+// overall bandwidth column, MB/s of 2^20 bytes), or 0 with *why set.
+double raw_get_bandwidth(const Args &a, uint64_t msg_bytes, uint64_t total, std::string *why) {
+    setenv("UCX_TLS", a.transports.c_str(), 1);
+    setenv("UCX_NET_DEVICES", a.net_devices.c_str(), 1);
+    const std::string port = std::to_string(20000 + getpid() % 20000);
+    const uint64_t iters = std::max<uint64_t>(4, total / msg_bytes * 2);
+    pid_t server = fork();
+    if (server == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        execlp("ucx_perftest", "ucx_perftest", "-p", port.c_str(), (char *)nullptr);
+        _exit(127);
+    }
+    usleep(500000);
+    const std::string host = a.engine_netns.empty() ? "127.0.0.1" : device_address(a.net_devices);
+    const std::string cmd = (a.engine_netns.empty() ? "" : "ip netns exec " + a.engine_netns + " ") +
+                            "ucx_perftest " + host + " -p " + port + " -t ucp_get -s " +
+                            std::to_string(msg_bytes) + " -n " + std::to_string(iters) + " -w 1 2>&1";
+    FILE *p = popen(cmd.c_str(), "r");
+    double mbps = 0;
+    char line[512];
+    while (p && fgets(line, sizeof line, p)) {
+        double f[8];
+        if (std::strncmp(line, "Final:", 6) == 0 &&
+            std::sscanf(line + 6, "%lf %lf %lf %lf %lf %lf", &f[0], &f[1], &f[2], &f[3], &f[4], &f[5]) == 6)
+            mbps = f[5];
+    }
+    const int rc = p ? pclose(p) : -1;
+    kill(server, SIGKILL);
+    waitpid(server, nullptr, 0);
+    unsetenv("UCX_TLS");
+    unsetenv("UCX_NET_DEVICES");
+    if (mbps <= 0) *why = "ucx_perftest gave no figure (exit " + std::to_string(rc) + "; is ucx-utils installed?)";
+    return mbps * 1048576.0;
+}
+
+}  // namespace
+
+int cmd_bench_ucx(const Args &a) {
+    RunResult r = run_sync(a, a.checksum, !a.json);
+    const uint64_t chunk = a.chunk_mb << 20;
+    std::string why;
+    const double raw = raw_get_bandwidth(a, chunk, r.bytes, &why);
+    const double steady = r.steady_s();
+    const double sync_bps = r.bytes / steady;
+    std::string steps;
+    for (double s : r.step_s) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
+    std::printf("{\"strategy\": \"ucx\", \"engine_netns\": \"%s\", \"transports\": \"%s\", \"net_devices\": \"%s\", "
+                "\"bytes\": %" PRIu64 ", \"tensors\": %zu, \"chunks\": %zu, \"receivers\": %u, "
+                "\"checksum\": %s, \"first_sync_s\": %.6f, \"steady_sync_s\": %.6f, "
+                "\"steady_gbps\": %.3f, \"raw_get_gbps\": %.3f, \"raw_get_message_bytes\": %" PRIu64
+                ", \"ratio_to_raw_get\": %.3f, \"steps_s\": [%s]%s%s%s}\n",
+                a.engine_netns.c_str(), a.transports.c_str(), a.net_devices.c_str(), r.bytes, r.tensors, r.chunks, a.receivers,
+                a.checksum ? "true" : "false", r.step_s[0], steady, sync_bps / 1e9, raw / 1e9, chunk,
+                raw > 0 ? sync_bps / raw : 0.0, steps.c_str(), why.empty() ? "" : ", \"raw_get_error\": \"",
+                why.c_str(), why.empty() ? "" : "\"");
+    return 0;
+}
+
+}  // namespace wsync_cli
