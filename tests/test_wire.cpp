@@ -214,6 +214,28 @@ static void hostile_requests_are_refused_by_name_and_the_receiver_still_works(vo
     assert_int_equal(live.receive(live.request), WSYNC_OK);
 }
 
+// A well-formed, sealed request whose parts do not follow each other from byte 0, or whose
+// committing chunk leaves a split tensor incomplete, is refused before any byte is read; the
+// version does not complete and the trainer's flush hears why.
+static void receiver_refuses_parts_out_of_order_or_incomplete_at_commit(void **state) {
+    (void)state;
+    struct Case {
+        uint64_t offset, bytes;
+        const char *needle;
+    } cases[] = {{16, 16, "its next part must start at 0"},
+                 {0, 16, "only its first 16 bytes arrived before the version's commit"}};
+    for (const Case &c : cases) {
+        Live live;
+        json r = decode(live.request);
+        r[4]["tensors"]["parts"] = {{"tensor", {0}}, {"offset", {c.offset}}, {"bytes", {c.bytes}}};
+        expect_receive(live, encode(r), WSYNC_ERR_MISMATCH, c.needle, c.needle);
+        uint64_t done = 1;
+        OK(wsync_receiver_completed_version(live.receiver, &done));
+        assert_int_equal(done, 0);
+        EXPECT_ERR(wsync_sender_flush(live.sender, 2000), WSYNC_ERR_PEER, c.needle);
+    }
+}
+
 static void garbage_truncated_and_oversized_bytes_are_malformed(void **state) {
     (void)state;
     Live live;
@@ -431,6 +453,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(blobs_are_a_cbor_array_with_magic_version_type_and_kind),
     cmocka_unit_test(blobs_round_trip_through_the_codec_and_describe),
     cmocka_unit_test(hostile_requests_are_refused_by_name_and_the_receiver_still_works),
+    cmocka_unit_test(receiver_refuses_parts_out_of_order_or_incomplete_at_commit),
     cmocka_unit_test(garbage_truncated_and_oversized_bytes_are_malformed),
     cmocka_unit_test(hostile_init_info_is_refused_by_name),
     cmocka_unit_test(string_fields_with_a_nul_byte_are_malformed_naming_the_field),
