@@ -673,7 +673,9 @@ WSYNC_API wsync_status_t wsync_recv_peek(const wsync_recv_t *it, size_t i, wsync
  * failed (later calls return the same error). A tensor carried as a patch (a trainer with the
  * "delta" option) has no view: yielding it fails with WSYNC_ERR_UNSUPPORTED naming it and fails
  * the iteration; take patches with wsync_recv_copy() (engines that load from views run their
- * trainer with "delta": "off"). Does not block. */
+ * trainer with "delta": "off"). A part of a split tensor (see "Split tensors" below) fails the
+ * same way, WSYNC_ERR_UNSUPPORTED naming it: take parts with wsync_recv_copy() or
+ * wsync_recv_next_part(). Does not block. */
 WSYNC_API wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view, bool *has_view);
 
 /* Split tensors (wsync_part_t). An entry of a chunk may be a *part* of a tensor: its name,
