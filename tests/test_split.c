@@ -71,7 +71,7 @@ static wsync_status_t send_planned(sync_t *s, const model_t *m, size_t c, wsync_
 
 /* Torch places a large CPU tensor 64 bytes past a page. */
 static uint8_t *torch_like(size_t n, void **base) {
-    *base = aligned_alloc(4096, n + 4096 + 64);
+    if (posix_memalign(base, 4096, n + 64) != 0) return NULL;
     return (uint8_t *)*base + 64;
 }
 
