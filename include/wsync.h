@@ -84,7 +84,7 @@ extern "C" {
  * ===========================================================================================*/
 
 #define WSYNC_VERSION_MAJOR 0
-#define WSYNC_VERSION_MINOR 4
+#define WSYNC_VERSION_MINOR 5
 #define WSYNC_VERSION_PATCH 0
 /* One formula, forever: MAJOR * 10000 + MINOR * 100 + PATCH (0.2.0 -> 200).
  * 0.2: versions are transactions (struct_size fields, commit/abandon/fail, failures as data).
@@ -92,7 +92,10 @@ extern "C" {
  *      wsync_recv_copy() (copy-into receive with fused verification) and the shm
  *      "copy_threads" option; board layout 3 (trainer and engines must both be 0.3).
  * 0.4: delta sync: the sender options "delta", "delta_anchor_every", "delta_max_percent"
- *      (host kinds; docs/delta.md); request format 3 (trainer and engines must both be 0.4). */
+ *      (host kinds; docs/delta.md); request format 3 (trainer and engines must both be 0.4).
+ * 0.5: split tensors: wsync_part_t, wsync_sender_send_parts(), wsync_plan_chunk_parts() and the
+ *      planner's "split" option, wsync_recv_part(), wsync_recv_next_part(); request format 4
+ *      (trainer and engines must both be 0.5). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -214,6 +217,15 @@ typedef struct wsync_chunk_t {
     uint32_t flags;                /* WSYNC_CHUNK_*; other bits must be 0 */
     uint32_t struct_size;          /* 0 or sizeof(wsync_chunk_t) */
 } wsync_chunk_t;
+
+/* A byte range of one tensor: a *part*. A tensor larger than a bucket travels as parts in
+ * consecutive chunks of one version (the planner's "split" option makes them; send them with
+ * wsync_sender_send_parts()). offset and bytes count bytes of the whole tensor (row-major), both
+ * multiples of its element size; bytes = 0 means the whole tensor. Never grows. 0.5. */
+typedef struct wsync_part_t {
+    uint64_t offset; /* first byte of the part within the whole tensor */
+    uint64_t bytes;  /* the part's size, >= 1; 0: the whole tensor (offset must then be 0) */
+} wsync_part_t;
 
 /* Bytes owned by the library (init info, requests). Copy them anywhere; free with
  * wsync_blob_free(). Blobs are self-describing (see docs/wire-format.md): magic, format
@@ -365,6 +377,27 @@ WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
  * Receivers dropped with wsync_sender_drop_receiver() are not waited for. */
 WSYNC_API wsync_status_t wsync_sender_send_chunk(wsync_sender_t *sender,
                                                  const wsync_chunk_t *chunk,
+                                                 wsync_blob_t *request_out);
+
+/* wsync_sender_send_chunk() for a chunk that may carry parts of tensors (split tensors, see
+ * wsync_part_t): parts is NULL (the same as wsync_sender_send_chunk()) or chunk->count ranges,
+ * parts[k] for chunk->tensors[k], {0, 0} for a tensor sent whole. A part's descriptor describes
+ * the whole tensor (name, dtype, shape, data at its first element); only bytes
+ * [offset, offset + bytes) of it are read and moved, and the request's table marks the entry as
+ * that part, with its own checksum. The parts of one tensor must follow each other in one
+ * version: offset 0 first, each next part where the previous one ended, the last one ending at
+ * the tensor's size, at most one part of a tensor per chunk, and no chunk may commit the
+ * version while a tensor's parts are incomplete. A part that breaks these rules (a range outside
+ * the tensor or not a multiple of its element size, out of order, a commit too early) fails with
+ * WSYNC_ERR_INVALID_ARGUMENT naming the tensor before anything is published; the version stays
+ * open. A sender with the "delta" option on ("auto", "on") refuses parts with
+ * WSYNC_ERR_UNSUPPORTED (split tensors always go dense: run delta "off" or raise "bucket_bytes");
+ * the version stays open. GPU kinds move parts like tensors; a "dtype" cast scales each part's
+ * range with the element size. Borrows chunk and parts for the call. Blocks, fails and owns
+ * *request_out like wsync_sender_send_chunk(). 0.5. */
+WSYNC_API wsync_status_t wsync_sender_send_parts(wsync_sender_t *sender,
+                                                 const wsync_chunk_t *chunk,
+                                                 const wsync_part_t *parts,
                                                  wsync_blob_t *request_out);
 
 /* Commits the current version without data: the same as an empty chunk flagged
@@ -640,8 +673,39 @@ WSYNC_API wsync_status_t wsync_recv_peek(const wsync_recv_t *it, size_t i, wsync
  * failed (later calls return the same error). A tensor carried as a patch (a trainer with the
  * "delta" option) has no view: yielding it fails with WSYNC_ERR_UNSUPPORTED naming it and fails
  * the iteration; take patches with wsync_recv_copy() (engines that load from views run their
- * trainer with "delta": "off"). Does not block. */
+ * trainer with "delta": "off"). A part of a split tensor (see "Split tensors" below) fails the
+ * same way, WSYNC_ERR_UNSUPPORTED naming it: take parts with wsync_recv_copy() or
+ * wsync_recv_next_part(). Does not block. */
 WSYNC_API wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view, bool *has_view);
+
+/* Split tensors (wsync_part_t). An entry of a chunk may be a *part* of a tensor: its name,
+ * dtype and shape (peek, views) are the whole tensor's, and only a byte range of it is in this
+ * chunk; the other parts come in the neighbouring chunks of the same version, in order, and the
+ * receiver refuses a version whose parts do not follow each other or do not cover the tensor
+ * (WSYNC_ERR_MISMATCH, the version fails). wsync_recv_part() says which range an entry carries.
+ * wsync_recv_copy() loads parts transparently: its offset and len count bytes of the whole
+ * tensor, and dst holds byte `offset` of the whole tensor at dst[0]; of that range, the bytes in
+ * this part are written at their place in dst and the others are left alone. So a loader that
+ * copies every entry whole (offset 0, len = the tensor's size) into its parameter fills the
+ * parameter part by part, each chunk writing its own range. Views: wsync_recv_next() refuses a
+ * part (WSYNC_ERR_UNSUPPORTED naming it, the iteration fails: a loader unaware of parts would
+ * read the whole tensor's size from a part's bytes); wsync_recv_next_part() yields one view per
+ * part. Checksums are per part. 0.5. */
+
+/* Writes the byte range that entry i (0 .. count-1) carries to *out: {offset, bytes} within the
+ * whole tensor, or {0, the tensor's size} for an entry that is a whole tensor. Touches no tensor
+ * bytes. Returns WSYNC_OK, or WSYNC_ERR_INVALID_ARGUMENT for NULL arguments or i >= count.
+ * Does not block. 0.5. */
+WSYNC_API wsync_status_t wsync_recv_part(const wsync_recv_t *it, size_t i, wsync_part_t *out);
+
+/* wsync_recv_next() that also yields parts of split tensors: *view describes the whole tensor
+ * (name, dtype, shape) but view->data points at the part's first byte, i.e. byte part->offset of
+ * the whole tensor, and only part->bytes bytes are readable there; *part is the range ({0, the
+ * tensor's size} for a whole tensor). Otherwise the same as wsync_recv_next() (skips tensors
+ * already copied, verifies, validity, failures, patches refused). part may not be NULL. Does not
+ * block. 0.5. */
+WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *view,
+                                              wsync_part_t *part, bool *has_view);
 
 /* Copies bytes [offset, offset + len) of tensor i (0 .. count-1, the order wsync_recv_peek()
  * and wsync_recv_next() use) into dst, the caller's own host memory, with the library's copy
@@ -735,7 +799,11 @@ typedef struct wsync_plan_t wsync_plan_t;
  * stays within "chunk_bytes"; a group larger than the threshold is split between tensors, and a
  * single tensor larger than the threshold gets a chunk of its own. Deterministic: the same input
  * gives the same plan. Options (JSON, NULL for defaults): "chunk_bytes" (default 256 MiB),
- * "group_depth" (default 2; 0 disables grouping). Borrows metas for the call (names are
+ * "group_depth" (default 2; 0 disables grouping), "split" (default false; 0.5): a tensor larger
+ * than "chunk_bytes" is split into parts (wsync_part_t) of at most "chunk_bytes" each (cut at
+ * multiples of 4096 bytes and of its element size), each part in a chunk of its own (the
+ * last one may share its chunk with the rest of its module group); wsync_plan_chunk_parts() says which range of each tensor a
+ * chunk holds, and the chunk is sent with wsync_sender_send_parts(). Borrows metas for the call (names are
  * copied). *out is freed with wsync_plan_destroy(). Does not block. */
 WSYNC_API wsync_status_t wsync_plan_create(const wsync_tensor_t *metas, size_t n,
                                            const char *options_json, wsync_plan_t **out);
@@ -752,6 +820,14 @@ WSYNC_API wsync_status_t wsync_plan_chunk_count(const wsync_plan_t *plan, size_t
 WSYNC_API wsync_status_t wsync_plan_chunk(const wsync_plan_t *plan, size_t i,
                                           const size_t **indices_out, size_t *count_out,
                                           uint64_t *bytes_out);
+
+/* Chunk i's ranges: *parts_out points at as many wsync_part_t as wsync_plan_chunk() gives
+ * indices, parts[k] the range of tensor indices[k] that chunk i holds ({0, 0}: the whole tensor;
+ * every range is {0, 0} in a plan made without "split"). Owned by the plan (valid until
+ * wsync_plan_destroy()); pass it to wsync_sender_send_parts() with the chunk's descriptors.
+ * WSYNC_ERR_INVALID_ARGUMENT for NULL arguments or i out of range. Does not block. 0.5. */
+WSYNC_API wsync_status_t wsync_plan_chunk_parts(const wsync_plan_t *plan, size_t i,
+                                                const wsync_part_t **parts_out);
 
 /* =============================================================================================
  * 7. Blobs and introspection

@@ -17,6 +17,8 @@ namespace {
 //   {"version": u64, "chunk": u32, "last": bool, "tensors": {table}, "transport": {kind's}}
 constexpr const char *kReq = "request";
 
+}  // namespace
+
 ChunkHeader decode_header(const json &body) {
     ChunkHeader h;
     h.version = wire::uint_field(body, "version", kReq, UINT64_MAX - 1);
@@ -40,6 +42,8 @@ ChunkHeader decode_header(const json &body) {
     return h;
 }
 
+namespace {
+
 json encode_manifest(const Manifest &m) {
     return json{{"tensors", m.tensors}, {"bytes", m.bytes}, {"chunks", m.chunks},
                 {"digest", m.digest}};
@@ -57,13 +61,15 @@ std::string chunk_label(const ChunkHeader &h) {
     return "chunk " + std::to_string(h.chunk_index) + " of version " + std::to_string(h.version);
 }
 
-void tally(Manifest &m, const std::vector<TensorMeta> &metas) {
-    for (const TensorMeta &t : metas) {
-        m.bytes += t.nbytes;  // each chunk is capped at 2^62 bytes; versions at 2^32 chunks
+void tally(Manifest &m, const TensorTable &table) {
+    for (std::size_t i = 0; i < table.metas.size(); ++i) {
+        // Each chunk is capped at 2^62 bytes; versions at 2^32 chunks. A split tensor counts
+        // once (at its first part), its bytes part by part.
+        m.bytes += table.payload_bytes(i);
+        if (!table.is_part(i) || table.parts[i].offset == 0) m.tensors += 1;
     }
-    m.tensors += metas.size();
     m.chunks += 1;
-    m.digest = chain_digest(m.digest, metas);
+    m.digest = chain_digest(m.digest, table);
 }
 
 std::string manifest_text(const Manifest &m) {
@@ -103,15 +109,19 @@ std::unique_ptr<Receiver> Strategy::create_receiver(const uint8_t *init, std::si
     return std::make_unique<Receiver>(kind_, impl_->create_receiver(env.body, index));
 }
 
-uint64_t chain_digest(uint64_t digest, const std::vector<TensorMeta> &metas) {
-    // Canonical bytes per tensor: name + NUL, code, bits, lanes (LE), ndim, shape (LE int64s).
+uint64_t chain_digest(uint64_t digest, const TensorTable &table) {
+    // Canonical bytes per tensor: name + NUL, code, bits, lanes (LE), ndim, shape (LE int64s);
+    // a part adds its offset and bytes (LE uint64s).
     std::string buf;
-    for (const TensorMeta &t : metas) {
+    for (std::size_t i = 0; i < table.metas.size(); ++i) {
+        const TensorMeta &t = table.metas[i];
         buf.append(t.name.data(), t.name.size() + 1);
         const char head[8] = {char(t.dtype.code), char(t.dtype.bits), char(t.dtype.lanes & 0xff),
                               char(t.dtype.lanes >> 8), char(t.ndim), 0, 0, 0};
         buf.append(head, sizeof head);
         buf.append(reinterpret_cast<const char *>(t.shape), sizeof(int64_t) * static_cast<std::size_t>(t.ndim));
+        if (table.is_part(i))
+            buf.append(reinterpret_cast<const char *>(&table.parts[i]), sizeof(PartInfo));
     }
     return XXH3_64bits_withSeed(buf.data(), buf.size(), digest);
 }
@@ -142,7 +152,7 @@ auto Sender::noting_failures(F &&f) -> decltype(f()) {
     }
 }
 
-std::vector<uint8_t> Sender::send_chunk(const wsync_chunk_t &chunk) {
+std::vector<uint8_t> Sender::send_chunk(const wsync_chunk_t &chunk, const wsync_part_t *parts) {
     if (chunk.flags & ~uint32_t(WSYNC_CHUNK_LAST))
         fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk flags has unknown bits");
     if (chunk.count == 0) {
@@ -153,7 +163,7 @@ std::vector<uint8_t> Sender::send_chunk(const wsync_chunk_t &chunk) {
         return commit();
     }
     if (!chunk.tensors) fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk.tensors is NULL");
-    return send(chunk.tensors, chunk.count, (chunk.flags & WSYNC_CHUNK_LAST) != 0);
+    return send(chunk.tensors, chunk.count, (chunk.flags & WSYNC_CHUNK_LAST) != 0, parts);
 }
 
 std::vector<uint8_t> Sender::commit() {
@@ -161,16 +171,18 @@ std::vector<uint8_t> Sender::commit() {
         fail(WSYNC_ERR_WRONG_STATE, std::string(kind_.name) + ": version " +
                                         std::to_string(version_) +
                                         " has no chunk yet: there is nothing to commit");
-    return send(nullptr, 0, true);
+    return send(nullptr, 0, true, nullptr);
 }
 
-std::vector<uint8_t> Sender::send(const wsync_tensor_t *tensors, std::size_t count, bool last) {
+std::vector<uint8_t> Sender::send(const wsync_tensor_t *tensors, std::size_t count, bool last,
+                                  const wsync_part_t *parts) {
     failures_.clear();
     TensorTable table;
     if (count) table.metas = metas_from_chunk(tensors, count, /*need_data=*/true);
+    parts::take(table, parts);
     uint64_t total = 0;
-    for (const auto &m : table.metas) {
-        auto sum = add_u64(total, m.nbytes);
+    for (std::size_t i = 0; i < table.metas.size(); ++i) {
+        auto sum = add_u64(total, table.payload_bytes(i));
         if (!sum || *sum > (uint64_t(1) << 62))
             fail(WSYNC_ERR_INVALID_ARGUMENT, "chunk byte size overflows");
         total = *sum;
@@ -179,6 +191,16 @@ std::vector<uint8_t> Sender::send(const wsync_tensor_t *tensors, std::size_t cou
         fail(WSYNC_ERR_INVALID_ARGUMENT, "version " + std::to_string(version_) +
                                              " has reached the most chunks a version may have");
     ChunkHeader h{version_, next_index_, last, {}};
+    const std::string what = std::string(kind_.name) + ": " + chunk_label(h);
+    if (delta_ && !table.parts.empty())
+        fail(WSYNC_ERR_UNSUPPORTED, what + ": delta sync does not take split tensors (parts); "
+                                           "run the sender with delta \"off\" or raise "
+                                           "bucket_bytes so that no tensor is split");
+    parts::Tracker split = parts_;
+    split.add(table, WSYNC_ERR_INVALID_ARGUMENT, what);
+    if (last) split.require_complete(WSYNC_ERR_INVALID_ARGUMENT, what + " commits the version");
+    parts::Wire part_wire;
+    if (!table.parts.empty()) tensors = parts::to_wire(table, tensors, part_wire);
     json transport;
     // With delta, patches travel as uint8 tensors: the strategy moves the wire table's bytes.
     std::vector<wsync_tensor_t> wire;
@@ -207,9 +229,11 @@ std::vector<uint8_t> Sender::send(const wsync_tensor_t *tensors, std::size_t cou
         if (last) delta_->commit(version_);
         if (!logical.empty()) table.metas = std::move(logical);
     }
+    if (!table.parts.empty()) parts::from_wire(table, part_wire);
+    parts_ = std::move(split);
     // Tallied as sent: a strategy may have changed the table (a cast to bfloat16).
     Manifest after = tally_;
-    tally(after, table.metas);
+    tally(after, table);
     if (last) h.manifest = after;
     json body = {{"version", h.version}, {"chunk", h.chunk_index}, {"last", h.last}};
     if (last) body["manifest"] = encode_manifest(h.manifest);
@@ -235,6 +259,7 @@ void Sender::abandon() {
     ++version_;
     next_index_ = 0;
     tally_ = Manifest{};
+    parts_.reset();
     if (delta_) delta_->abandon();
     impl_->abandon(v);
 }
@@ -356,8 +381,20 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
         fail(WSYNC_ERR_INTEGRITY, what + ": " + why);
     }
 
-    // The transport checks the bytes it moved: a patch's, not the tensor's.
-    auto backing = impl_->open(h, table.patches.empty() ? table : table.as_wire(), transport);
+    // A split tensor's parts follow each other and are complete when the version commits.
+    parts::Tracker split = h.chunk_index == 0 ? parts::Tracker() : parts_;
+    try {
+        split.add(table, WSYNC_ERR_MISMATCH, what);
+        if (h.last) split.require_complete(WSYNC_ERR_MISMATCH, what + " commits its version");
+    } catch (const Error &e) {
+        if (h.version == current_) fail_open_version(WSYNC_ERR_MISMATCH);
+        impl_->refuse(h, transport, WSYNC_ERR_MISMATCH, e.what(), true);
+        throw;
+    }
+    // The transport checks the bytes it moved: a patch's or a part's, not the tensor's.
+    const bool whole = table.patches.empty() && table.parts.empty();
+    auto backing = impl_->open(h, whole ? table : table.as_wire(), transport);
+    parts_ = std::move(split);
     if (h.chunk_index == 0) {
         if (current_ && !current_failed_) {
             fail_open_version(WSYNC_ERR_ABANDONED);  // the sender moved on without committing
@@ -407,7 +444,7 @@ void Receiver::before_ack(const ChunkHeader &h, wsync_status_t outcome, const st
 
 void Receiver::finished(const ChunkHeader &h, const TensorTable &table, wsync_status_t outcome) {
     if (outcome != WSYNC_OK || h.version != current_ || current_failed_) return;
-    tally(tally_, table.metas);
+    tally(tally_, table);
     if (h.last) {
         completed_ = h.version;
         current_ = h.version;  // stays: a replay of it is still refused
@@ -436,61 +473,6 @@ void check_receiver_index(const char *kind, uint32_t index, uint32_t receivers) 
              std::string(kind) + ": receiver index " + std::to_string(index) +
                  " is out of range: this sync has " + std::to_string(receivers) + " receivers (0.." +
                  std::to_string(receivers - 1) + ")");
-}
-
-// ----------------------------------------------------------------------------------------------
-std::vector<uint8_t> merge_requests(
-    const std::vector<std::pair<const uint8_t *, std::size_t>> &parts) {
-    if (parts.empty()) fail(WSYNC_ERR_INVALID_ARGUMENT, "merge: no parts (n is 0)");
-    std::vector<wire::Envelope> envs;
-    envs.reserve(parts.size());
-    for (std::size_t i = 0; i < parts.size(); ++i) {
-        try {
-            envs.push_back(wire::decode(parts[i].first, parts[i].second));
-        } catch (const Error &e) {
-            fail(e.status(), "merge: part " + std::to_string(i) + ": " + e.what());
-        }
-        if (envs.back().type != wire::BlobType::Request)
-            fail(WSYNC_ERR_MISMATCH, "merge: part " + std::to_string(i) + " is not a request");
-        if (envs.back().kind != envs.front().kind)
-            fail(WSYNC_ERR_MISMATCH, "merge: part " + std::to_string(i) + " is for strategy '" +
-                                         envs.back().kind + "', part 0 for '" +
-                                         envs.front().kind + "'");
-    }
-    const KindInfo &kind = find_kind(envs.front().kind);
-    if (!kind.merge_transports) {
-        if (parts.size() != 1)
-            fail(WSYNC_ERR_UNSUPPORTED, std::string("merge: strategy '") + kind.name +
-                                            "' has a single sender; got " +
-                                            std::to_string(parts.size()) + " parts");
-        return std::vector<uint8_t>(parts[0].first, parts[0].first + parts[0].second);
-    }
-    ChunkHeader h0 = decode_header(envs[0].body);
-    std::vector<const json *> transports;
-    for (std::size_t i = 0; i < envs.size(); ++i) {
-        ChunkHeader h = decode_header(envs[i].body);
-        if (h.version != h0.version || h.chunk_index != h0.chunk_index || h.last != h0.last)
-            fail(WSYNC_ERR_MISMATCH, "merge: part " + std::to_string(i) + " is " +
-                                         chunk_label(h) + ", part 0 is " + chunk_label(h0));
-        if (envs[i].body.at("tensors") != envs[0].body.at("tensors"))
-            fail(WSYNC_ERR_MISMATCH, "merge: part " + std::to_string(i) +
-                                         " describes other tensors than part 0");
-        transports.push_back(&wire::object_field(envs[i].body, "transport", kReq));
-    }
-    json body = envs[0].body;
-    body["transport"] = kind.merge_transports(transports);
-    return wire::encode(wire::BlobType::Request, kind.name, body);
-}
-
-std::string describe_blob(const uint8_t *data, std::size_t size) {
-    wire::Envelope env = wire::decode(data, size);
-    json out = {{"magic", "wsync"},
-                {"format", wire::kFormatVersion},
-                {"type", wire::blob_type_name(env.type)},
-                {"kind", env.kind},
-                {"body", std::move(env.body)}};
-    // Strings inside a hostile blob need not be UTF-8: replace rather than throw.
-    return out.dump(2, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace wsync

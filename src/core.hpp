@@ -9,6 +9,7 @@
 
 #include "delta.hpp"
 #include "error.hpp"
+#include "parts.hpp"
 #include "strategy.hpp"
 
 namespace wsync {
@@ -41,7 +42,8 @@ class Sender {
 public:
     Sender(const KindInfo &kind, std::unique_ptr<SenderImpl> impl, const delta::Config &delta);
     ~Sender();
-    std::vector<uint8_t> send_chunk(const wsync_chunk_t &chunk);
+    // parts: NULL, or chunk.count ranges (wsync_sender_send_parts).
+    std::vector<uint8_t> send_chunk(const wsync_chunk_t &chunk, const wsync_part_t *parts);
     std::vector<uint8_t> commit();
     void abandon();
     void flush(int64_t timeout_ms);
@@ -52,7 +54,8 @@ public:
     const std::vector<Failure> &failures() const { return failures_; }
 
 private:
-    std::vector<uint8_t> send(const wsync_tensor_t *tensors, std::size_t count, bool last);
+    std::vector<uint8_t> send(const wsync_tensor_t *tensors, std::size_t count, bool last,
+                              const wsync_part_t *parts);
     template <class F> auto noting_failures(F &&f) -> decltype(f());
 
     const KindInfo &kind_;
@@ -61,6 +64,7 @@ private:
     uint64_t version_ = 1;
     uint32_t next_index_ = 0;
     Manifest tally_;  // of the chunks of version_ published so far
+    parts::Tracker parts_;  // split tensors of version_ still sending
     std::vector<Failure> failures_;
 };
 
@@ -100,6 +104,7 @@ private:
     std::string current_why_;
     uint32_t expect_index_ = 0;    // next chunk index of current_
     Manifest tally_;               // of current_'s chunks ended successfully
+    parts::Tracker parts_;         // split tensors of current_ still arriving
     uint64_t completed_ = 0;
     uint64_t failed_version_ = 0;
     wsync_status_t failed_status_ = WSYNC_OK;
@@ -114,7 +119,9 @@ public:
     Receiver *owner() const { return owner_; }
     void info(wsync_recv_info_t *out) const;
     void peek(std::size_t i, wsync_tensor_t *view) const;
-    bool next(wsync_tensor_t *view);
+    // part NULL (wsync_recv_next): a part of a split tensor fails the iteration.
+    bool next(wsync_tensor_t *view, wsync_part_t *part);
+    void part(std::size_t i, wsync_part_t *out) const;
     // wsync_recv_copy: bytes [offset, offset + len) of tensor i into dst (host memory),
     // verifying the whole tensor in the same pass the first time any of it is taken.
     void copy(std::size_t i, uint64_t offset, void *dst, uint64_t len);
@@ -155,10 +162,13 @@ private:
 // chunk's tensors added to a version's tally.
 std::string chunk_label(const ChunkHeader &h);
 std::string manifest_text(const Manifest &m);
-void tally(Manifest &m, const std::vector<TensorMeta> &metas);
+void tally(Manifest &m, const TensorTable &table);
 
 // Chains a chunk's name/dtype/shape table into a version digest (both sides compute it).
-uint64_t chain_digest(uint64_t digest, const std::vector<TensorMeta> &metas);
+uint64_t chain_digest(uint64_t digest, const TensorTable &table);
+
+// The request body's chunk header (version, chunk, last, manifest), checked.
+ChunkHeader decode_header(const json &body);
 
 // wsync_request_merge.
 std::vector<uint8_t> merge_requests(const std::vector<std::pair<const uint8_t *, std::size_t>> &parts);

@@ -1,4 +1,5 @@
 // The receive iteration: views, the copy-into path, verification and the end of a chunk.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -60,12 +61,31 @@ void Iteration::peek(std::size_t i, wsync_tensor_t *view) const {
     fill(i, view, false);
 }
 
-bool Iteration::next(wsync_tensor_t *view) {
+void Iteration::part(std::size_t i, wsync_part_t *out) const {
+    if (i >= table_.metas.size())
+        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT, "wsync_recv_part: index " + std::to_string(i) +
+                                                    " is out of range (the chunk has " +
+                                                    std::to_string(table_.metas.size()) +
+                                                    " tensors)");
+    out->offset = table_.is_part(i) ? table_.parts[i].offset : 0;
+    out->bytes = table_.payload_bytes(i);
+}
+
+bool Iteration::next(wsync_tensor_t *view, wsync_part_t *part) {
     if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
     // Tensors a wsync_recv_copy already took are not yielded again: each is loaded once.
     while (next_ < table_.metas.size() && (state_[next_] & kTaken)) ++next_;
     if (next_ >= table_.metas.size()) return false;
     std::size_t i = next_;
+    if (table_.is_part(i) && !part)
+        fail_chunk(WSYNC_ERR_UNSUPPORTED,
+                   tensor_label(i, table_.metas[i].name.c_str()) + " in " + chunk_label(header_) +
+                       " is a part of a split tensor (bytes " +
+                       std::to_string(table_.parts[i].offset) + " + " +
+                       std::to_string(table_.parts[i].bytes) + " of " +
+                       std::to_string(table_.metas[i].nbytes) +
+                       "): a whole-tensor view would overrun it; take it with wsync_recv_copy "
+                       "or wsync_recv_next_part");
     if (table_.is_patch(i))
         fail_chunk(WSYNC_ERR_UNSUPPORTED,
                    tensor_label(i, table_.metas[i].name.c_str()) + " in " + chunk_label(header_) +
@@ -75,8 +95,9 @@ bool Iteration::next(wsync_tensor_t *view) {
                        "wsync_recv_copy into memory that holds that version (or run the trainer "
                        "with delta \"off\" for engines that load from views)");
     if (verify_ && !(state_[i] & kVerified))
-        check_sum(i, copy::hash_bytes(backing_->data(i), table_.metas[i].nbytes));
+        check_sum(i, copy::hash_bytes(backing_->data(i), table_.payload_bytes(i)));
     fill(i, view, true);
+    if (part) this->part(i, part);
     if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
     ++next_;
     return true;
@@ -124,9 +145,19 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
                     "wsync_recv_copy: the destination overlaps " + tensor_label(i, m.name.c_str()) +
                         "'s received bytes");
     if (table_.is_patch(i)) return apply_patch(i, offset, dst, len);
+    if (table_.is_part(i)) {
+        // dst holds byte `offset` of the whole tensor at dst[0]: write the part's share of
+        // [offset, offset + len) at its place there, in the part's own coordinates.
+        const PartInfo &p = table_.parts[i];
+        const uint64_t lo = std::max(offset, p.offset), hi = std::min(offset + len, p.offset + p.bytes);
+        if (lo >= hi) return;
+        dst = static_cast<uint8_t *>(dst) + (lo - offset);
+        offset = lo - p.offset;
+        len = hi - lo;
+    }
     if (len == 0) return;
-    if (verify_ && !(state_[i] & kVerified))
-        check_sum(i, copy::copy_hashing(dst, src, m.nbytes, offset, len));  // fails the iteration
+    if (verify_ && !(state_[i] & kVerified))  // fails the iteration on a mismatch
+        check_sum(i, copy::copy_hashing(dst, src, table_.payload_bytes(i), offset, len));
     else
         owner_->pool_->copy(dst, src + offset, len);
     if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
@@ -239,7 +270,7 @@ void Iteration::end() {
     if (header_.last) {
         // The committing chunk: this receiver's tally of the version must equal the manifest.
         Manifest with_me = owner_->tally_;
-        tally(with_me, table_.metas);
+        tally(with_me, table_);
         std::string why;
         if (!(with_me == header_.manifest))
             why = "version " + std::to_string(header_.version) +

@@ -1,5 +1,7 @@
 #include "planner.hpp"
 
+#include <algorithm>
+
 #include "error.hpp"
 #include "options.hpp"
 #include "tensor.hpp"
@@ -15,6 +17,8 @@ const std::vector<OptionSpec> &plan_options() {
          "batch whole module groups while a chunk stays within this many bytes"},
         {"group_depth", T::UInt, 2, 0, WSYNC_MAX_NDIM, "planner",
          "dotted name parts dropped to find a tensor's module; 0 disables grouping"},
+        {"split", T::Bool, false, 0, 0, "planner",
+         "split a tensor larger than chunk_bytes into parts (wsync_part_t) across chunks"},
     };
     return specs;
 }
@@ -41,6 +45,7 @@ Plan::Plan(const wsync_tensor_t *metas, std::size_t n, const char *options_json)
     Options opts("planner", plan_options(), options_json);
     const uint64_t limit = opts.uint("chunk_bytes");
     const uint64_t depth = opts.uint("group_depth");
+    const bool split = opts.boolean("split");
     if (n == 0) fail(WSYNC_ERR_INVALID_ARGUMENT, "planner: no tensors to plan (n is 0)");
     // Any number of tensors may be planned; each chunk gets at most WSYNC_MAX_CHUNK_TENSORS.
     std::vector<TensorMeta> m = metas_from_descriptors(metas, n, /*need_data=*/false);
@@ -60,11 +65,33 @@ Plan::Plan(const wsync_tensor_t *metas, std::size_t n, const char *options_json)
                                                  ": size of " + of + " overflows 64 bits");
         return *r;
     };
-    auto add = [&](std::size_t i) {
+    auto add_part = [&](std::size_t i, wsync_part_t part) {
+        const uint64_t bytes = part.bytes ? part.bytes : m[i].nbytes;
         if (cur.indices.size() == WSYNC_MAX_CHUNK_TENSORS) close();
         cur.indices.push_back(i);
-        cur.bytes = sum(cur.bytes, m[i].nbytes, i, "its chunk");
-        cur_fp = sum(cur_fp, footprint(m[i].nbytes), i, "its chunk");
+        cur.parts.push_back(part);
+        cur.bytes = sum(cur.bytes, bytes, i, "its chunk");
+        cur_fp = sum(cur_fp, footprint(bytes), i, "its chunk");
+    };
+    auto add = [&](std::size_t i) { add_part(i, wsync_part_t{0, 0}); };
+    // A tensor over the limit: parts of whole pages and elements, a chunk each; the last part
+    // stays open for the tensors that follow.
+    auto add_split = [&](std::size_t i) {
+        const uint64_t esize = dtype_size(metas[i].dtype);
+        uint64_t grain = 4096;
+        while (grain % esize != 0) grain += 4096;
+        const uint64_t part = limit / grain * grain;
+        if (part == 0)
+            fail(WSYNC_ERR_INVALID_ARGUMENT,
+                 "planner: " + tensor_label(i, metas[i].name) + ": chunk_bytes " +
+                     std::to_string(limit) + " is smaller than one part of it (" +
+                     std::to_string(grain) + " bytes: whole pages of whole elements)");
+        close();
+        if (part >= m[i].nbytes) return add(i);  // over the limit only by its 256-byte rounding
+        for (uint64_t off = 0; off < m[i].nbytes; off += part) {
+            close();
+            add_part(i, wsync_part_t{off, std::min(part, m[i].nbytes - off)});
+        }
     };
 
     std::size_t i = 0;
@@ -80,6 +107,10 @@ Plan::Plan(const wsync_tensor_t *metas, std::size_t n, const char *options_json)
             // Too big to keep whole: split between tensors; a lone tensor may exceed the limit.
             close();
             for (std::size_t k = i; k < j; ++k) {
+                if (split && footprint(m[k].nbytes) > limit) {
+                    add_split(k);
+                    continue;
+                }
                 if (!cur.indices.empty() && cur_fp + footprint(m[k].nbytes) > limit) close();
                 add(k);
             }

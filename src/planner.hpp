@@ -13,6 +13,7 @@ namespace wsync {
 
 struct PlannedChunk {
     std::vector<std::size_t> indices;  // ascending
+    std::vector<wsync_part_t> parts;   // per index: its range, {0, 0} for the whole tensor
     uint64_t bytes = 0;                // payload
 };
 

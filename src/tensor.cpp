@@ -10,6 +10,7 @@
 
 #include "copy.hpp"
 #include "error.hpp"
+#include "parts.hpp"
 #include "wire.hpp"
 
 namespace wsync {
@@ -231,7 +232,7 @@ std::vector<TensorMeta> metas_from_chunk(const wsync_tensor_t *tensors, std::siz
 uint64_t TensorTable::total_bytes() const {
     uint64_t total = 0;
     // Cannot overflow: decode_tensor_table and senders cap the total at 2^62.
-    for (const auto &m : metas) total += m.nbytes;
+    for (std::size_t i = 0; i < metas.size(); ++i) total += payload_bytes(i);
     return total;
 }
 
@@ -285,44 +286,60 @@ void encode_tensor_table(const TensorTable &t, json &obj) {
         obj["patches"] = {{"tensor", std::move(tensor)}, {"bytes", std::move(bytes)},
                           {"base", std::move(base)}, {"base_xxh3", std::move(base_sum)},
                           {"xxh3", std::move(result_sum)}};
+    parts::encode(t, obj);
 }
 
 namespace {
 // The optional "patches" column (docs/delta.md): which tensors are patches, and of what.
 void decode_patches(const json &obj, TensorTable &t) {
-    const std::size_t n = t.metas.size();
-    const std::string w = "tensor table: patches";
-    const json &p = wire::object_field(obj, "patches", "tensor table");
-    const auto &tensor = wire::array_field(p, "tensor", w, n);
-    const auto &bytes = wire::array_field(p, "bytes", w, n);
-    const auto &base = wire::array_field(p, "base", w, n);
-    const auto &base_sum = wire::array_field(p, "base_xxh3", w, n);
-    const auto &result_sum = wire::array_field(p, "xxh3", w, n);
-    const std::size_t m = tensor.size();
-    if (m == 0 || bytes.size() != m || base.size() != m || base_sum.size() != m ||
-        result_sum.size() != m)
-        wire::malformed(w + ": columns are empty or disagree on the patch count");
-    t.patches.assign(n, PatchInfo{});
-    uint64_t prev = 0;
-    for (std::size_t k = 0; k < m; ++k) {
-        const std::string at = w + " entry " + std::to_string(k);
-        const uint64_t i = wire::as_uint(tensor[k], at + " tensor", n - 1);
-        if (k > 0 && i <= prev) wire::malformed(at + ": tensor indices are not increasing");
-        prev = i;
-        PatchInfo &pi = t.patches[i];
-        pi.wire_bytes = wire::as_uint(bytes[k], at + " bytes", uint64_t(1) << 62);
+    const SparseColumn c = read_sparse_column(obj, "patches", t.metas.size(),
+                                              {"bytes", "base", "base_xxh3", "xxh3"});
+    t.patches.assign(t.metas.size(), PatchInfo{});
+    for (std::size_t k = 0; k < c.rows.size(); ++k) {
+        const std::string at = c.at(k);
+        PatchInfo &pi = t.patches[c.rows[k]];
+        pi.wire_bytes = wire::as_uint((*c.cols[0])[k], at + " bytes", uint64_t(1) << 62);
         if (pi.wire_bytes == 0) wire::malformed(at + ": a patch has at least its header's bytes");
-        pi.base_version = wire::as_uint(base[k], at + " base", UINT64_MAX - 1);
+        pi.base_version = wire::as_uint((*c.cols[1])[k], at + " base", UINT64_MAX - 1);
         if (pi.base_version == 0) wire::malformed(at + ": base version 0 (versions start at 1)");
-        pi.base_xxh3 = wire::as_uint(base_sum[k], at + " base_xxh3", UINT64_MAX);
-        pi.result_xxh3 = wire::as_uint(result_sum[k], at + " xxh3", UINT64_MAX);
+        pi.base_xxh3 = wire::as_uint((*c.cols[2])[k], at + " base_xxh3", UINT64_MAX);
+        pi.result_xxh3 = wire::as_uint((*c.cols[3])[k], at + " xxh3", UINT64_MAX);
     }
 }
 }  // namespace
 
+SparseColumn read_sparse_column(const json &obj, const char *key, std::size_t n,
+                                std::initializer_list<const char *> names) {
+    SparseColumn c;
+    c.what = std::string("tensor table: ") + key;
+    const json &p = wire::object_field(obj, key, "tensor table");
+    const auto &tensor = wire::array_field(p, "tensor", c.what, n);
+    const std::size_t m = tensor.size();
+    if (m == 0) wire::malformed(c.what + ": no entries");
+    for (const char *name : names) {
+        c.cols.push_back(&wire::array_field(p, name, c.what, n));
+        if (c.cols.back()->size() != m)
+            wire::malformed(c.what + ": '" + name + "' disagrees with 'tensor' on the entry count");
+    }
+    for (std::size_t k = 0; k < m; ++k) {
+        const uint64_t i = wire::as_uint(tensor[k], c.at(k) + " tensor", n - 1);
+        if (k > 0 && i <= c.rows.back())
+            wire::malformed(c.at(k) + ": tensor indices are not increasing");
+        c.rows.push_back(static_cast<std::size_t>(i));
+    }
+    return c;
+}
+
 TensorTable TensorTable::as_wire() const {
     TensorTable w = *this;
     for (std::size_t i = 0; i < metas.size(); ++i) {
+        if (is_part(i)) {
+            TensorMeta &m = w.metas[i];
+            m.ndim = 1;
+            std::fill(std::begin(m.shape), std::end(m.shape), 0);
+            m.shape[0] = static_cast<int64_t>(parts[i].bytes / dtype_size(m.dtype));
+            m.nbytes = parts[i].bytes;
+        }
         if (!is_patch(i)) continue;
         TensorMeta &m = w.metas[i];
         m.dtype = {WSYNC_DTYPE_UINT, 8, 1};
@@ -412,6 +429,7 @@ TensorTable decode_tensor_table(const json &obj) {
         wire::malformed("tensor table: 'shapes' has " + std::to_string(shapes.size()) +
                         " extents but the ndims add up to " + std::to_string(si));
     if (obj.contains("patches")) decode_patches(obj, t);
+    parts::decode(obj, t);
     return t;
 }
 

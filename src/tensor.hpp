@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -68,22 +69,50 @@ struct PatchInfo {
     uint64_t result_xxh3 = 0;  // XXH3-64 of the tensor once patched
 };
 
+// A part of a split tensor (src/parts.hpp): bytes [offset, offset + bytes) of the whole tensor,
+// which the entry's meta describes. bytes 0: the entry is the whole tensor.
+struct PartInfo {
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+};
+
 // The tensor table of a request: metadata plus each tensor's byte offset in the strategy's
-// buffer and, optionally, its XXH3-64 checksum and patches.
+// buffer and, optionally, its XXH3-64 checksum, patches and parts.
 struct TensorTable {
     std::vector<TensorMeta> metas;
     std::vector<uint64_t> offsets;
     std::vector<uint64_t> checksums;  // empty: no checksums carried
     std::vector<PatchInfo> patches;   // empty: every tensor dense
+    std::vector<PartInfo> parts;      // empty: every entry a whole tensor
+    // Payload bytes: each entry's size, or its part's.
     uint64_t total_bytes() const;
     bool is_patch(std::size_t i) const { return !patches.empty() && patches[i].wire_bytes != 0; }
-    // Bytes of tensor i in the strategy's buffer: its size, or its patch's.
-    uint64_t wire_bytes(std::size_t i) const {
-        return is_patch(i) ? patches[i].wire_bytes : metas[i].nbytes;
+    bool is_part(std::size_t i) const { return !parts.empty() && parts[i].bytes != 0; }
+    // The bytes of the whole tensor entry i carries: its size, or its part's.
+    uint64_t payload_bytes(std::size_t i) const {
+        return is_part(i) ? parts[i].bytes : metas[i].nbytes;
     }
-    // The table a transport sees: each patch as a 1-D uint8 tensor of its bytes.
+    // Bytes of entry i in the strategy's buffer: its size, its part's, or its patch's.
+    uint64_t wire_bytes(std::size_t i) const {
+        return is_patch(i) ? patches[i].wire_bytes : payload_bytes(i);
+    }
+    // The table a transport sees: each patch as a 1-D uint8 tensor of its bytes, each part as a
+    // 1-D tensor of its elements.
     TensorTable as_wire() const;
 };
+
+// A sparse column of the tensor table ("patches", "parts"): an object of equal-length arrays
+// whose "tensor" array holds strictly increasing indices below n. read_sparse_column checks that
+// and returns the indices and the other arrays, in the order named; WSYNC_ERR_MALFORMED naming
+// the column otherwise.
+struct SparseColumn {
+    std::string what;                          // "tensor table: parts"
+    std::vector<std::size_t> rows;             // the entries' tensor indices
+    std::vector<const json::array_t *> cols;   // the named arrays
+    std::string at(std::size_t k) const { return what + " entry " + std::to_string(k); }
+};
+SparseColumn read_sparse_column(const json &obj, const char *key, std::size_t n,
+                                std::initializer_list<const char *> names);
 
 // Writes the table's columns into obj (see docs/wire-format.md).
 void encode_tensor_table(const TensorTable &table, json &obj);

@@ -181,7 +181,9 @@ Envelope decode(const uint8_t *data, std::size_t size) {
                   " is not supported (this library reads version " +
                   std::to_string(kFormatVersion) + "; trainer and engines run different "
                   "libwsync minor versions" +
-                  (version == 2 ? ": format 3 (libwsync 0.4) added delta patches)" : ")"));
+                  (version == 2   ? ": format 3 (libwsync 0.4) added delta patches)"
+                   : version == 3 ? ": format 4 (libwsync 0.5) added split tensors' parts)"
+                                  : ")"));
     Envelope env;
     if (root[2] == "init") env.type = BlobType::Init;
     else if (root[2] == "request") env.type = BlobType::Request;

@@ -7,7 +7,11 @@ if [ -n "$bad" ]; then
   echo "FAIL: symbols exported outside wsync_*:"; echo "$bad"; exit 1
 fi
 count=$(nm -D --defined-only "$lib" | grep -c ' wsync_' || true)
-[ "$count" -ge 20 ] || { echo "FAIL: only $count wsync_ symbols exported"; exit 1; }
+[ "$count" -ge 47 ] || { echo "FAIL: only $count wsync_ symbols exported (0.5 has 47)"; exit 1; }
+# The calls each minor version added (0.5: split tensors) are exported.
+for sym in wsync_sender_send_parts wsync_plan_chunk_parts wsync_recv_part wsync_recv_next_part; do
+  nm -D --defined-only "$lib" | awk '{print $3}' | grep -qx "$sym" || { echo "FAIL: $sym is not exported"; exit 1; }
+done
 needed=$(readelf -d "$lib" | grep NEEDED || true)
 if echo "$needed" | grep -Eiq 'cuda|nccl|nvidia'; then
   echo "FAIL: NEEDED names a GPU library:"; echo "$needed"; exit 1

@@ -110,6 +110,9 @@ typedef tu_peer_t engine_t;
 /* Set by a test before it starts engines (they are forked): each engine then also asks
  * wsync_recv_copy for the first tensor of every chunk and expects it refused (verdict 6 if not). */
 static int g_engines_try_copy;
+/* Set by a test before it starts engines: they take views with wsync_recv_next_part and check
+ * each part's range against the whole tensor. */
+static int g_engines_take_parts;
 
 /* float32 values of tensor k at version v: a spread of magnitudes, signs and ties. */
 static float tu_float(uint64_t v, uint64_t k, size_t i) {
@@ -142,6 +145,26 @@ static int engine_check_view(const engine_cfg *cfg, const wsync_tensor_t *v, uin
     return tu_check(v->data, elems * v->dtype.bits / 8, version + cfg->salt, k);
 }
 
+/* A view of a part (or a whole tensor) against the bytes the whole tensor holds at `version`. */
+static int engine_check_part(const wsync_tensor_t *v, const wsync_part_t *p, uint64_t version) {
+    if (v->device.type != WSYNC_DEVICE_CUDA) return 0;
+    size_t whole = (size_t)v->dtype.bits / 8;
+    for (int d = 0; d < v->ndim; ++d) whole *= (size_t)v->shape[d];
+    if (p->offset + p->bytes > whole) return 0;
+    uint8_t *want = malloc(whole);
+    tu_fill(want, whole, version, strtoull(v->name + 1, NULL, 10));
+    int ok = memcmp(v->data, want + p->offset, p->bytes) == 0;
+    free(want);
+    return ok;
+}
+
+static int engine_next(const engine_cfg *cfg, wsync_recv_t *it, wsync_tensor_t *v,
+                       wsync_part_t *p, bool *has) {
+    (void)cfg;
+    if (g_engines_take_parts) return wsync_recv_next_part(it, v, p, has) == WSYNC_OK && *has;
+    return wsync_recv_next(it, v, has) == WSYNC_OK && *has;
+}
+
 static int engine_main(const engine_cfg *cfg, int in, int out) {
     if (cfg->visible) setenv("CUDA_VISIBLE_DEVICES", cfg->visible, 1);
     uint8_t *init;
@@ -169,10 +192,12 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
             wsync_recv_info_t info = {0};
             wsync_recv_info(it, &info);
             wsync_tensor_t v;
+            wsync_part_t part;
             bool has;
             int first = 1;
-            while (wsync_recv_next(it, &v, &has) == WSYNC_OK && has) {
-                if (!engine_check_view(cfg, &v, info.version)) {
+            while (engine_next(cfg, it, &v, &part, &has)) {
+                if (g_engines_take_parts ? !engine_check_part(&v, &part, info.version)
+                               : !engine_check_view(cfg, &v, info.version)) {
                     fprintf(stderr, "engine %u: tensor %s of version %llu differs\n", cfg->index,
                             v.name, (unsigned long long)info.version);
                     verdict = 2;
@@ -306,6 +331,51 @@ static void packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chun
     }
     trainer_end(tx, s, &init);
     for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
+/* A split tensor goes through the core like any other: each part is a tensor of its own to the
+ * transport, packed or shared per allocation, and arrives as one view per part. */
+static void cuda_ipc_moves_a_split_tensor_as_one_view_per_part_packed_or_not(void **state) {
+    (void)state;
+    static const char *opts[2] = {"{\"bucket_bytes\": 65536}",
+                                  "{\"bucket_bytes\": 65536, \"packed\": false}"};
+    for (int mode = 0; mode < 2; ++mode) {
+        g_engines_take_parts = 1;
+        engine_t e = ipc_engine(0);
+        use_device(0);
+        wsync_strategy_t *s;
+        wsync_blob_t init;
+        wsync_sender_t *tx;
+        ipc_trainer(opts[mode], &e, 1, &s, &init, &tx);
+        void *data[2];
+        wsync_tensor_t t[2];
+        for (int k = 0; k < 2; ++k) {
+            data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+            t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+        }
+        for (uint64_t v = 1; v <= 3; ++v) {
+            for (int k = 0; k < 2; ++k)
+                tu_fill(data[k], (size_t)shapes[k][0] * shapes[k][1] * 4, v, (uint64_t)k);
+            /* t0 (8192 bytes) in two parts; its second part shares the last chunk with t1 */
+            wsync_part_t first = {0, 4096}, rest[2] = {{4096, 4096}, {0, 0}};
+            wsync_chunk_t c0 = tu_chunk(t, 1, 0), c1 = tu_chunk(t, 2, WSYNC_CHUNK_LAST);
+            wsync_blob_t req;
+            OK(wsync_sender_send_parts(tx, &c0, &first, &req));
+            engine_send(&e, &req);
+            assert_int_equal(engine_verdict(&e), 0);
+            wsync_blob_free(&req);
+            OK(wsync_sender_send_parts(tx, &c1, rest, &req));
+            engine_send(&e, &req);
+            assert_int_equal(engine_verdict(&e), 0);
+            wsync_blob_free(&req);
+            OK(wsync_sender_flush(tx, 5000));
+        }
+        struct wsync_fake_stats es = engine_finish(&e);
+        assert_int_equal(es.ipc_open, es.ipc_close);
+        trainer_end(tx, s, &init);
+        for (int k = 0; k < 2; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+    }
+    g_engines_take_parts = 0;
 }
 
 static void recv_copy_of_device_memory_is_unsupported_and_the_chunk_still_loads(void **state) {
@@ -1423,6 +1493,7 @@ static void a_cuda_driver_older_than_12_0_is_unavailable_naming_both_versions(vo
 
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chunk),
+    cmocka_unit_test(cuda_ipc_moves_a_split_tensor_as_one_view_per_part_packed_or_not),
     cmocka_unit_test(recv_copy_of_device_memory_is_unsupported_and_the_chunk_still_loads),
     cmocka_unit_test(packed_cast_to_bfloat16_rounds_to_nearest_even),
     cmocka_unit_test(unpacked_steady_state_opens_no_new_handle_over_1000_syncs),

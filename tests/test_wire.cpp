@@ -113,7 +113,7 @@ static void blobs_are_a_cbor_array_with_magic_version_type_and_kind(void **state
     assert_true(init.is_array());
     assert_int_equal(init.size(), 6);
     assert_true(init[0] == "wsync");
-    assert_true(init[1] == 3);
+    assert_true(init[1] == 4);
     assert_true(init[5].is_number_unsigned());  // the seal
     assert_true(init[2] == "init");
     assert_true(init[3] == "shm");
@@ -186,13 +186,21 @@ static void hostile_requests_are_refused_by_name_and_the_receiver_still_works(vo
         {"other kind", [](json &r) { r[3] = "nccl_broadcast"; }, WSYNC_ERR_MISMATCH, "blob is for strategy 'nccl_broadcast', not 'shm'"},
         {"init type", [](json &r) { r[2] = "init"; }, WSYNC_ERR_MISMATCH, "expected a request blob"},
         {"unknown type", [](json &r) { r[2] = "reply"; }, WSYNC_ERR_MALFORMED, "unknown blob type"},
-        {"format 4", [](json &r) { r[1] = 4; }, WSYNC_ERR_MALFORMED, "format version 4 is not supported (this library reads version 3"},
-        {"format 2 (0.3)", [](json &r) { r[1] = 2; }, WSYNC_ERR_MALFORMED, "format version 2 is not supported (this library reads version 3; trainer and engines run different libwsync minor versions: format 3 (libwsync 0.4) added delta patches)"},
+        {"format 5", [](json &r) { r[1] = 5; }, WSYNC_ERR_MALFORMED, "format version 5 is not supported (this library reads version 4"},
+        {"format 3 (0.4)", [](json &r) { r[1] = 3; }, WSYNC_ERR_MALFORMED, "format version 3 is not supported (this library reads version 4; trainer and engines run different libwsync minor versions: format 4 (libwsync 0.5) added split tensors' parts)"},
+        {"format 2 (0.3)", [](json &r) { r[1] = 2; }, WSYNC_ERR_MALFORMED, "format version 2 is not supported (this library reads version 4; trainer and engines run different libwsync minor versions: format 3 (libwsync 0.4) added delta patches)"},
         {"patches not a map", [](json &r) { r[4]["tensors"]["patches"] = 1; }, WSYNC_ERR_MALFORMED, "patches"},
         {"patch of a missing tensor", [](json &r) { r[4]["tensors"]["patches"] = {{"tensor", {5}}, {"bytes", {40}}, {"base", {1}}, {"base_xxh3", {0}}, {"xxh3", {0}}}; }, WSYNC_ERR_MALFORMED, "patches entry 0 tensor"},
-        {"patch columns disagree", [](json &r) { r[4]["tensors"]["patches"] = {{"tensor", {0}}, {"bytes", json::array()}, {"base", {1}}, {"base_xxh3", {0}}, {"xxh3", {0}}}; }, WSYNC_ERR_MALFORMED, "disagree on the patch count"},
+        {"patch columns disagree", [](json &r) { r[4]["tensors"]["patches"] = {{"tensor", {0}}, {"bytes", json::array()}, {"base", {1}}, {"base_xxh3", {0}}, {"xxh3", {0}}}; }, WSYNC_ERR_MALFORMED, "'bytes' disagrees with 'tensor' on the entry count"},
         {"patch of zero bytes", [](json &r) { r[4]["tensors"]["patches"] = {{"tensor", {0}}, {"bytes", {0}}, {"base", {1}}, {"base_xxh3", {0}}, {"xxh3", {0}}}; }, WSYNC_ERR_MALFORMED, "at least its header"},
         {"patch base 0", [](json &r) { r[4]["tensors"]["patches"] = {{"tensor", {0}}, {"bytes", {40}}, {"base", {0}}, {"base_xxh3", {0}}, {"xxh3", {0}}}; }, WSYNC_ERR_MALFORMED, "base version 0"},
+        {"part not whole elements", [](json &r) { r[4]["tensors"]["parts"] = {{"tensor", {0}}, {"offset", {0}}, {"bytes", {3}}}; }, WSYNC_ERR_MALFORMED, "not whole elements"},
+        {"part past the tensor", [](json &r) { r[4]["tensors"]["parts"] = {{"tensor", {0}}, {"offset", {4000}}, {"bytes", {4}}}; }, WSYNC_ERR_MALFORMED, "parts entry 0 offset"},
+        {"part columns disagree", [](json &r) { r[4]["tensors"]["parts"] = {{"tensor", {0}}, {"offset", json::array()}, {"bytes", {4}}}; }, WSYNC_ERR_MALFORMED, "'offset' disagrees with 'tensor'"},
+        {"part and patch", [](json &r) {
+             r[4]["tensors"]["parts"] = {{"tensor", {0}}, {"offset", {0}}, {"bytes", {4}}};
+             r[4]["tensors"]["patches"] = {{"tensor", {0}}, {"bytes", {40}}, {"base", {1}}, {"base_xxh3", {0}}, {"xxh3", {0}}};
+         }, WSYNC_ERR_MALFORMED, "both a part and a patch"},
         {"wrong magic", [](json &r) { r[0] = "wsynk"; }, WSYNC_ERR_MALFORMED, "magic"},
         {"body not map", [](json &r) { r[4] = 5; }, WSYNC_ERR_MALFORMED, "body is not a map"},
         {"seven elements", [](json &r) { r.push_back(0); }, WSYNC_ERR_MALFORMED, "not a sealed wsync blob"},
@@ -204,6 +212,28 @@ static void hostile_requests_are_refused_by_name_and_the_receiver_still_works(vo
     }
     // Nothing above consumed or damaged anything: the genuine request is still accepted.
     assert_int_equal(live.receive(live.request), WSYNC_OK);
+}
+
+// A well-formed, sealed request whose parts do not follow each other from byte 0, or whose
+// committing chunk leaves a split tensor incomplete, is refused before any byte is read; the
+// version does not complete and the trainer's flush hears why.
+static void receiver_refuses_parts_out_of_order_or_incomplete_at_commit(void **state) {
+    (void)state;
+    struct Case {
+        uint64_t offset, bytes;
+        const char *needle;
+    } cases[] = {{16, 16, "its next part must start at 0"},
+                 {0, 16, "only its first 16 bytes arrived before the version's commit"}};
+    for (const Case &c : cases) {
+        Live live;
+        json r = decode(live.request);
+        r[4]["tensors"]["parts"] = {{"tensor", {0}}, {"offset", {c.offset}}, {"bytes", {c.bytes}}};
+        expect_receive(live, encode(r), WSYNC_ERR_MISMATCH, c.needle, c.needle);
+        uint64_t done = 1;
+        OK(wsync_receiver_completed_version(live.receiver, &done));
+        assert_int_equal(done, 0);
+        EXPECT_ERR(wsync_sender_flush(live.sender, 2000), WSYNC_ERR_PEER, c.needle);
+    }
 }
 
 static void garbage_truncated_and_oversized_bytes_are_malformed(void **state) {
@@ -423,6 +453,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(blobs_are_a_cbor_array_with_magic_version_type_and_kind),
     cmocka_unit_test(blobs_round_trip_through_the_codec_and_describe),
     cmocka_unit_test(hostile_requests_are_refused_by_name_and_the_receiver_still_works),
+    cmocka_unit_test(receiver_refuses_parts_out_of_order_or_incomplete_at_commit),
     cmocka_unit_test(garbage_truncated_and_oversized_bytes_are_malformed),
     cmocka_unit_test(hostile_init_info_is_refused_by_name),
     cmocka_unit_test(string_fields_with_a_nul_byte_are_malformed_naming_the_field),

@@ -86,8 +86,29 @@ wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view, bool *has
         require(it, "wsync_recv_next", "it");
         require(view, "wsync_recv_next", "view");
         require(has_view, "wsync_recv_next", "has_view");
-        *has_view = core(it)->next(view);
+        *has_view = core(it)->next(view, nullptr);
         view->struct_size = static_cast<uint32_t>(sizeof *view);
+    });
+}
+
+wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *view, wsync_part_t *part,
+                                    bool *has_view) {
+    if (has_view) *has_view = false;
+    return guard([&] {
+        require(it, "wsync_recv_next_part", "it");
+        require(view, "wsync_recv_next_part", "view");
+        require(part, "wsync_recv_next_part", "part");
+        require(has_view, "wsync_recv_next_part", "has_view");
+        *has_view = core(it)->next(view, part);
+        view->struct_size = static_cast<uint32_t>(sizeof *view);
+    });
+}
+
+wsync_status_t wsync_recv_part(const wsync_recv_t *it, size_t i, wsync_part_t *out) {
+    return guard([&] {
+        require(it, "wsync_recv_part", "it");
+        require(out, "wsync_recv_part", "out");
+        core(it)->part(i, out);
     });
 }
 
@@ -156,6 +177,22 @@ wsync_status_t wsync_plan_chunk(const wsync_plan_t *plan, size_t i, const size_t
         *indices_out = chunks[i].indices.data();
         *count_out = chunks[i].indices.size();
         if (bytes_out) *bytes_out = chunks[i].bytes;
+    });
+}
+
+wsync_status_t wsync_plan_chunk_parts(const wsync_plan_t *plan, size_t i,
+                                      const wsync_part_t **parts_out) {
+    if (parts_out) *parts_out = nullptr;
+    return guard([&] {
+        require(plan, "wsync_plan_chunk_parts", "plan");
+        require(parts_out, "wsync_plan_chunk_parts", "parts_out");
+        const auto &chunks = core(plan)->chunks();
+        if (i >= chunks.size())
+            fail(WSYNC_ERR_INVALID_ARGUMENT, "wsync_plan_chunk_parts: chunk " +
+                                                 std::to_string(i) +
+                                                 " is out of range (the plan has " +
+                                                 std::to_string(chunks.size()) + ")");
+        *parts_out = chunks[i].parts.data();
     });
 }
 

@@ -101,13 +101,14 @@ wsync_status_t wsync_sender_create(wsync_strategy_t *strategy, const uint8_t *in
 
 void wsync_sender_destroy(wsync_sender_t *sender) { delete core(sender); }
 
-wsync_status_t wsync_sender_send_chunk(wsync_sender_t *sender, const wsync_chunk_t *chunk,
-                                       wsync_blob_t *request_out) {
+namespace {
+wsync_status_t send_chunk(const char *fn, wsync_sender_t *sender, const wsync_chunk_t *chunk,
+                          const wsync_part_t *parts, wsync_blob_t *request_out) {
     if (request_out) *request_out = wsync_blob_t{nullptr, 0};
     return guard([&] {
-        require(sender, "wsync_sender_send_chunk", "sender");
-        require(chunk, "wsync_sender_send_chunk", "chunk");
-        require(request_out, "wsync_sender_send_chunk", "request_out");
+        require(sender, fn, "sender");
+        require(chunk, fn, "chunk");
+        require(request_out, fn, "request_out");
         check_struct_size(chunk, chunk->struct_size, "chunk");
         wsync_chunk_t c = *chunk;
         std::vector<wsync_tensor_t> copies;  // only for tensors of a newer, larger layout
@@ -131,8 +132,19 @@ wsync_status_t wsync_sender_send_chunk(wsync_sender_t *sender, const wsync_chunk
                 c.tensors = copies.data();
             }
         }
-        *request_out = to_blob(core(sender)->send_chunk(c));
+        *request_out = to_blob(core(sender)->send_chunk(c, parts));
     });
+}
+}  // namespace
+
+wsync_status_t wsync_sender_send_chunk(wsync_sender_t *sender, const wsync_chunk_t *chunk,
+                                       wsync_blob_t *request_out) {
+    return send_chunk("wsync_sender_send_chunk", sender, chunk, nullptr, request_out);
+}
+
+wsync_status_t wsync_sender_send_parts(wsync_sender_t *sender, const wsync_chunk_t *chunk,
+                                       const wsync_part_t *parts, wsync_blob_t *request_out) {
+    return send_chunk("wsync_sender_send_parts", sender, chunk, parts, request_out);
 }
 
 wsync_status_t wsync_sender_commit(wsync_sender_t *sender, wsync_blob_t *request_out) {

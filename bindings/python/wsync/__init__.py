@@ -95,7 +95,7 @@ from ._lib import (
     LibraryVersionError,
 )
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 
 def load_library() -> "_lib.Library":

@@ -43,8 +43,8 @@ ABI_MAJOR = 0
 #: The minor version whose structs and functions this binding declares: the loaded library
 #: must be at least ``ABI_MAJOR.ABI_MINOR`` (0.2 made versions transactions: struct_size
 #: fields, a new wsync_recv_info_t, commit/abandon/drop_receiver, failures as data, poll;
-#: 0.3 added wsync_sender_wait_released).
-ABI_MINOR = 4
+#: 0.3 added wsync_sender_wait_released; 0.5 the split-tensor calls, declared below).
+ABI_MINOR = 5
 #: The lowest ``wsync_version_number()`` this binding accepts (the header's one formula).
 MIN_VERSION_NUMBER = ABI_MAJOR * 10000 + ABI_MINOR * 100
 
@@ -111,6 +111,12 @@ class Chunk(Structure):
         ("flags", c_uint32),
         ("struct_size", c_uint32),
     ]
+
+
+class Part(Structure):
+    """``wsync_part_t``: a byte range of one tensor (a part of a split tensor, 0.5)."""
+
+    _fields_ = [("offset", c_uint64), ("bytes", c_uint64)]
 
 
 class Blob(Structure):
@@ -220,6 +226,8 @@ SIGNATURES: Mapping[str, tuple] = {
     "wsync_sender_create": (_status, [_handle, _bytes_in, c_size_t, _out_handle]),
     "wsync_sender_destroy": (None, [_handle]),
     "wsync_sender_send_chunk": (_status, [_handle, POINTER(Chunk), POINTER(Blob)]),
+    "wsync_sender_send_parts": (
+        _status, [_handle, POINTER(Chunk), POINTER(Part), POINTER(Blob)]),
     "wsync_sender_flush": (_status, [_handle, c_int64]),
     "wsync_sender_wait_released": (_status, [_handle, c_uint64, c_int64]),
     "wsync_sender_commit": (_status, [_handle, POINTER(Blob)]),
@@ -241,6 +249,9 @@ SIGNATURES: Mapping[str, tuple] = {
     "wsync_recv_peek": (_status, [_handle, c_size_t, POINTER(Tensor)]),
     "wsync_recv_next": (_status, [_handle, POINTER(Tensor), POINTER(c_bool)]),
     "wsync_recv_copy": (_status, [_handle, c_size_t, c_uint64, c_void_p, c_uint64]),
+    "wsync_recv_part": (_status, [_handle, c_size_t, POINTER(Part)]),
+    "wsync_recv_next_part": (
+        _status, [_handle, POINTER(Tensor), POINTER(Part), POINTER(c_bool)]),
     "wsync_recv_end": (_status, [_handle]),
     "wsync_recv_fail": (_status, [_handle, _status, c_char_p]),
     # 6. planner
@@ -251,6 +262,7 @@ SIGNATURES: Mapping[str, tuple] = {
         _status,
         [_handle, c_size_t, POINTER(POINTER(c_size_t)), POINTER(c_size_t), POINTER(c_uint64)],
     ),
+    "wsync_plan_chunk_parts": (_status, [_handle, c_size_t, POINTER(POINTER(Part))]),
     # 7. blobs and introspection
     "wsync_blob_describe": (_status, [_bytes_in, c_size_t, POINTER(c_void_p)]),
     "wsync_abi_layout": (_status, [POINTER(c_void_p)]),

@@ -35,7 +35,7 @@ use core::marker::{PhantomData, PhantomPinned};
 /// Major version of the header these declarations were written from.
 pub const WSYNC_VERSION_MAJOR: u32 = 0;
 /// Minor version of the header these declarations were written from.
-pub const WSYNC_VERSION_MINOR: u32 = 4;
+pub const WSYNC_VERSION_MINOR: u32 = 5;
 /// Patch version of the header these declarations were written from.
 pub const WSYNC_VERSION_PATCH: u32 = 0;
 /// `MAJOR * 10000 + MINOR * 100 + PATCH`, the header's one formula.
@@ -239,6 +239,16 @@ pub struct wsync_chunk_t {
     pub flags: u32,
     /// 0 or `size_of::<wsync_chunk_t>()`.
     pub struct_size: u32,
+}
+
+/// A byte range of one tensor (a part of a split tensor, 0.5): `bytes` 0 is the whole tensor.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct wsync_part_t {
+    /// First byte of the part within the whole tensor.
+    pub offset: u64,
+    /// The part's size; 0: the whole tensor (offset 0).
+    pub bytes: u64,
 }
 
 /// Bytes owned by the library; free with [`wsync_blob_free`].
@@ -502,6 +512,14 @@ extern "C" {
         chunk: *const wsync_chunk_t,
         request_out: *mut wsync_blob_t,
     ) -> wsync_status_t;
+    /// `wsync_sender_send_chunk` with one range per tensor (`parts` NULL or `chunk.count` of
+    /// them): parts of split tensors (0.5).
+    pub fn wsync_sender_send_parts(
+        sender: *mut wsync_sender_t,
+        chunk: *const wsync_chunk_t,
+        parts: *const wsync_part_t,
+        request_out: *mut wsync_blob_t,
+    ) -> wsync_status_t;
     /// Commits the current version without data; writes the request to forward. Blocks like
     /// `send_chunk`; a failure abandons the version.
     pub fn wsync_sender_commit(
@@ -600,6 +618,16 @@ extern "C" {
         view: *mut wsync_tensor_t,
         has_view: *mut bool,
     ) -> wsync_status_t;
+    /// `wsync_recv_next` that also yields parts: the view's data is the part's first byte (0.5).
+    pub fn wsync_recv_next_part(
+        it: *mut wsync_recv_t,
+        view: *mut wsync_tensor_t,
+        part: *mut wsync_part_t,
+        has_view: *mut bool,
+    ) -> wsync_status_t;
+    /// The byte range entry `i` carries of its tensor (0.5).
+    pub fn wsync_recv_part(it: *const wsync_recv_t, i: usize, out: *mut wsync_part_t)
+        -> wsync_status_t;
     /// Copies bytes `[offset, offset + len)` of tensor `i` into `dst` (host memory, `len`
     /// bytes) with the library's copy loop, verifying the tensor's checksum in the same pass.
     pub fn wsync_recv_copy(
@@ -642,6 +670,12 @@ extern "C" {
         indices_out: *mut *const usize,
         count_out: *mut usize,
         bytes_out: *mut u64,
+    ) -> wsync_status_t;
+    /// Chunk `i`'s ranges, one per index (owned by the plan; 0.5).
+    pub fn wsync_plan_chunk_parts(
+        plan: *const wsync_plan_t,
+        i: usize,
+        parts_out: *mut *const wsync_part_t,
     ) -> wsync_status_t;
 
     // --- 7. blobs and introspection -----------------------------------------------------------
