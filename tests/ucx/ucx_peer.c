@@ -61,7 +61,7 @@ static void put_file(const char *dir, const char *name, const void *p, size_t n)
     rename(tmp, fin);
 }
 
-/* Waits up to 60 s for DIR/name; returns its bytes (malloc'd) or NULL. */
+/* Waits up to 60 s for DIR/name; returns its bytes (malloc'd, NUL-terminated past *n) or NULL. */
 static uint8_t *get_file(const char *dir, const char *name, size_t *n) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -71,8 +71,18 @@ static uint8_t *get_file(const char *dir, const char *name, size_t *n) {
             fseek(f, 0, SEEK_END);
             long len = ftell(f);
             fseek(f, 0, SEEK_SET);
-            uint8_t *p = malloc(len ? (size_t)len : 1);
+            if (len < 0) {
+                fclose(f);
+                return NULL;
+            }
+            /* One byte more, always NUL: callers parse small files ("latest") as text. */
+            uint8_t *p = malloc((size_t)len + 1);
+            if (!p) {
+                fclose(f);
+                return NULL;
+            }
             *n = fread(p, 1, (size_t)len, f);
+            p[*n] = 0;
             fclose(f);
             return p;
         }
