@@ -275,15 +275,19 @@ WSYNC_API wsync_status_t wsync_strategy_kind(const wsync_strategy_t *strategy,
                                              const char **kind_out);
 
 /* Lists the kinds this build knows, as a JSON array of objects
- * [{"kind": "shm", "available": true, "reason": "", "runtime": ""}, ...]: "reason" says what is
- * missing when a kind is unavailable; "runtime" what an available GPU kind would use, e.g.
- * "CUDA driver 13000 (libcuda.so.1); NCCL 2.28.9 (libnccl.so.2)". *json_out is freed with
- * wsync_string_free(). Does not block. */
+ * [{"kind": "shm", "available": true, "reason": "", "runtime": "", "stability": "stable"}, ...]:
+ * "reason" says what is missing when a kind is unavailable; "runtime" what an available kind
+ * would use, e.g. "CUDA driver 13000 (libcuda.so.1); NCCL 2.28.9 (libnccl.so.2)"; "stability"
+ * is "experimental" for a kind whose options and wire may change in any minor version
+ * (0.5: "ucx"), else "stable" (since 0.5). *json_out is freed with wsync_string_free(). Does not
+ * block. */
 WSYNC_API wsync_status_t wsync_strategy_kinds(char **json_out);
 
 /* Describes a kind's options as a JSON object: {"key": {"type": "uint", "default": 2,
- * "min": 1, "max": 64, "side": "sender", "doc": "..."}, ...}. *json_out is freed with
- * wsync_string_free(). Fails with WSYNC_ERR_UNSUPPORTED for an unknown kind. */
+ * "min": 1, "max": 64, "side": "sender", "doc": "...", "stability": "stable"}, ...}; an
+ * "experimental" option (0.5: the delta options) may change in any minor version (since 0.5).
+ * *json_out is freed with wsync_string_free(). Fails with WSYNC_ERR_UNSUPPORTED for an unknown
+ * kind. */
 WSYNC_API wsync_status_t wsync_strategy_describe_options(const char *kind, char **json_out);
 
 /* Trainer side: makes the init info that every sender and receiver of this sync is created

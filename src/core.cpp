@@ -82,7 +82,7 @@ std::string manifest_text(const Manifest &m) {
 // ----------------------------------------------------------------------------------------------
 Strategy::Strategy(const KindInfo &kind, const char *options_json)
     : kind_(kind), options_(kind.name, option_specs(kind), options_json),
-      delta_(delta::config_from(options_, kind.name, kind.host_memory)) {
+      delta_(delta::config_from(options_, kind.name, kind.delta_sync)) {
     std::string missing = kind.unavailable_reason(&options_);
     if (!missing.empty())
         fail(WSYNC_ERR_UNAVAILABLE, std::string(kind.name) + ": unavailable: " + missing);

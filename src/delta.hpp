@@ -102,8 +102,8 @@ const std::vector<OptionSpec> &option_specs();
 // The kind's own options followed by the delta options.
 const std::vector<OptionSpec> &with_delta_options(const std::vector<OptionSpec> &(*kind)());
 // Reads and checks the options for `kind_name`: throws WSYNC_ERR_UNSUPPORTED for a delta mode
-// other than "off" on a kind that moves GPU memory (delta is host-only for now).
-Config config_from(const Options &o, const char *kind_name, bool host_kind);
+// other than "off" on a kind that does not carry delta sync (KindInfo::delta_sync).
+Config config_from(const Options &o, const char *kind_name, bool kind_has_delta);
 
 // The trainer's side: per tensor name, the bytes of the last committed version and its hash;
 // what a version being sent will change is kept apart and folded in only at its commit, so an

@@ -15,18 +15,20 @@ namespace delta {
 
 const std::vector<OptionSpec> &option_specs() {
     using T = OptionSpec::Type;
-    static const std::vector<OptionSpec> specs = {
+    // Experimental (docs/abi-policy.md): the patch format and the fallback may change in a
+    // minor version while the GPU kernels and per-receiver fallback are built.
+    static const std::vector<OptionSpec> specs = experimental({
         {"delta", T::String, 0, 0, 0, "sender",
          "send tensors that changed little as patches against the receivers' last committed "
          "version: off, auto (a patch when it is at most delta_max_percent of the dense bytes), "
-         "on (a patch whenever there is a base); host kinds only (docs/delta.md)",
+         "on (a patch whenever there is a base); kind shm only for now (docs/delta.md)",
          "off", "off|auto|on"},
         {"delta_anchor_every", T::UInt, 0, 0, uint64_t(1) << 32, "sender",
          "with delta: versions 1, N+1, 2N+1, ... are sent dense (0: only when needed)"},
         {"delta_max_percent", T::UInt, 50, 0, 100, "sender",
          "delta auto: a tensor goes as a patch when the patch is at most this percent of its "
          "dense bytes"},
-    };
+    });
     return specs;
 }
 
@@ -43,17 +45,18 @@ const std::vector<OptionSpec> &with_delta_options(const std::vector<OptionSpec> 
     return it->second;
 }
 
-Config config_from(const Options &o, const char *kind_name, bool host_kind) {
+Config config_from(const Options &o, const char *kind_name, bool kind_has_delta) {
     Config c;
     const std::string &mode = o.text("delta");
     c.mode = mode == "on" ? Mode::kOn : mode == "auto" ? Mode::kAuto : Mode::kOff;
     c.anchor_every = o.uint("delta_anchor_every");
     c.max_percent = o.uint("delta_max_percent");
-    if (c.mode != Mode::kOff && !host_kind)
-        fail(WSYNC_ERR_UNSUPPORTED,
-             std::string(kind_name) + ": option 'delta' is \"" + mode +
-                 "\", but delta sync is host-only for now (kind 'shm'); this kind moves GPU "
-                 "memory: leave 'delta' \"off\"");
+    if (c.mode != Mode::kOff && !kind_has_delta)
+        failf(WSYNC_ERR_UNSUPPORTED,
+              "%s: option 'delta' is \"%s\", but delta sync is carried by kind 'shm' only for "
+              "now (the GPU kinds have no compare kernel yet; ucx engines may attach at any kept "
+              "version, and a patch applies to exactly one base): leave 'delta' \"off\"",
+              kind_name, mode.c_str());
     return c;
 }
 

@@ -123,10 +123,53 @@ const std::string &Options::text(const char *key) const {
     return it->get_ref<const std::string &>();
 }
 
+std::vector<OptionSpec> experimental(std::vector<OptionSpec> specs) {
+    for (OptionSpec &s : specs) s.experimental = true;
+    return specs;
+}
+
+namespace option {
+
+OptionSpec receivers(uint64_t max, const char *doc) {
+    return {"receivers", OptionSpec::Type::UInt, 1, 1, max, "sender", doc};
+}
+
+OptionSpec timeout_ms(uint64_t min, const char *side, const char *doc) {
+    return {"timeout_ms", OptionSpec::Type::UInt, 60000, min, uint64_t(1) << 40, side, doc};
+}
+
+OptionSpec device(const char *side, const char *doc) {
+    return {"device", OptionSpec::Type::UInt, 0, 0, 4095, side, doc};
+}
+
+OptionSpec synchronize(const char *doc) {
+    return {"synchronize", OptionSpec::Type::Bool, 1, 0, 1, "both", doc};
+}
+
+OptionSpec checksum() {
+    return {"checksum", OptionSpec::Type::Bool, 1, 0, 1, "sender",
+            "carry an XXH3-64 checksum of every tensor"};
+}
+
+OptionSpec verify() {
+    return {"verify", OptionSpec::Type::Bool, 1, 0, 1, "receiver",
+            "verify carried checksums before yielding each tensor"};
+}
+
+OptionSpec copy_threads() {
+    return {"copy_threads", OptionSpec::Type::UInt, 0, 0, 64, "receiver",
+            "threads one wsync_recv_copy of 8 MiB or more is split between (the caller's "
+            "included; made once per receiver, on first use); 0: one per CPU this process may "
+            "use, at most 8"};
+}
+
+}  // namespace option
+
 json describe_options(const std::vector<OptionSpec> &specs) {
     json out = json::object();
     for (const auto &s : specs) {
-        json d = {{"type", type_name(s.type)}, {"side", s.side}, {"doc", s.doc}};
+        json d = {{"type", type_name(s.type)}, {"side", s.side}, {"doc", s.doc},
+                  {"stability", s.experimental ? "experimental" : "stable"}};
         if (s.type == OptionSpec::Type::Bool) {
             d["default"] = s.default_value != 0;
         } else if (s.type == OptionSpec::Type::String) {

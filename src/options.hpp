@@ -27,7 +27,13 @@ struct OptionSpec {
     // when the list starts with '|'); nullptr accepts any text of 1..4096 bytes without NUL.
     const char *default_text = nullptr;
     const char *choices = nullptr;
+    // Experimental options may change or go in any minor version (docs/abi-policy.md);
+    // wsync_strategy_describe_options says "stability": "experimental".
+    bool experimental = false;
 };
+
+// The specs, each marked experimental.
+std::vector<OptionSpec> experimental(std::vector<OptionSpec> specs);
 
 class Options {
 public:
@@ -41,6 +47,18 @@ private:
     std::string owner_;
     json values_;  // every key of the specs, filled with defaults
 };
+
+// The options several kinds share, one definition each (each kind words its own doc, because
+// what a key covers differs: whose deadline, which stream). Ranges and defaults live here.
+namespace option {
+OptionSpec receivers(uint64_t max, const char *doc);                 // 1..max, default 1
+OptionSpec timeout_ms(uint64_t min, const char *side, const char *doc);  // default 60000
+OptionSpec device(const char *side, const char *doc);               // GPU ordinal 0..4095
+OptionSpec synchronize(const char *doc);                            // bool, default true
+OptionSpec checksum();      // sender: carry XXH3-64 per tensor (host kinds)
+OptionSpec verify();        // receiver: verify carried checksums
+OptionSpec copy_threads();  // receiver: wsync_recv_copy's threads
+}  // namespace option
 
 // {"key": {"type", "default", "min", "max", "side", "doc"}} for wsync_strategy_describe_options.
 json describe_options(const std::vector<OptionSpec> &specs);

@@ -143,8 +143,13 @@ struct KindInfo {
     // What the kind would run on here with default options ("CUDA driver 13000 (libcuda.so.1);
     // NCCL 2.28.9 (libnccl.so.2)"), or nullptr when there is nothing to report.
     std::string (*runtime)();
-    // Whether senders take tensors in host memory (delta sync is host-only for now).
-    bool host_memory = false;
+    // Whether the kind carries delta sync (docs/delta.md): "shm" only for now. The GPU kinds
+    // have no compare kernel yet; "ucx" engines may attach at any kept version, and a patch
+    // applies to exactly one base.
+    bool delta_sync = false;
+    // Whether the kind is experimental: its options and wire may change in any minor version
+    // (docs/abi-policy.md, "Experimental"); wsync_strategy_kinds says so.
+    bool experimental = false;
 };
 
 // The kind's own options followed by those every kind takes (delta sync's).

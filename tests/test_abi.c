@@ -127,6 +127,20 @@ static void options_are_strict_and_errors_name_the_key(void **state) {
     wsync_strategy_destroy(s);
 }
 
+/* Whether the JSON object around the first `at` (up to its closing brace) contains `want`. */
+static bool object_has(const char *json, const char *at, const char *want) {
+    const char *p = strstr(json, at);
+    if (!p) return false;
+    size_t n = strlen(at);
+    if (n && at[n - 1] == '{')
+        p += n - 1; /* `at` opens the object: "key": { */
+    else
+        while (p > json && *p != '{') --p; /* `at` is inside it */
+    const char *end = strchr(p, '}');
+    const char *w = strstr(p, want);
+    return end && w && w < end;
+}
+
 static void strategies_describe_their_options_and_availability(void **state) {
     (void)state;
     char *json;
@@ -137,7 +151,22 @@ static void strategies_describe_their_options_and_availability(void **state) {
     wsync_string_free(json);
     EXPECT_ERR(wsync_strategy_describe_options("carrier_pigeon", &json), WSYNC_ERR_UNSUPPORTED, "'carrier_pigeon'");
     OK(wsync_strategy_kinds(&json));
-    assert_non_null(strstr(json, "{\"available\":true,\"kind\":\"shm\",\"reason\":\"\",\"runtime\":\"\"}"));
+    assert_non_null(strstr(json, "{\"available\":true,\"kind\":\"shm\",\"reason\":\"\",\"runtime\":\"\","
+                                 "\"stability\":\"stable\"}"));
+    if (strstr(json, "\"kind\":\"ucx\"")) /* built with the ucx kind: experimental in 0.5 */
+        assert_true(object_has(json, "\"kind\":\"ucx\"", "\"stability\":\"experimental\""));
+    wsync_string_free(json);
+}
+
+static void experimental_options_are_marked_and_the_rest_are_stable(void **state) {
+    (void)state;
+    char *json;
+    OK(wsync_strategy_describe_options("shm", &json));
+    assert_true(object_has(json, "\"delta_max_percent\": {", "\"stability\": \"experimental\""));
+    assert_true(object_has(json, "\"delta\": {", "\"stability\": \"experimental\""));
+    assert_true(object_has(json, "\"receivers\": {", "\"stability\": \"stable\""));
+    assert_true(object_has(json, "\"timeout_ms\": {", "\"stability\": \"stable\""));
+    assert_false(object_has(json, "\"receivers\": {", "experimental"));
     wsync_string_free(json);
 }
 
@@ -185,6 +214,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(destroy_and_free_accept_null),
     cmocka_unit_test(options_are_strict_and_errors_name_the_key),
     cmocka_unit_test(strategies_describe_their_options_and_availability),
+    cmocka_unit_test(experimental_options_are_marked_and_the_rest_are_stable),
     cmocka_unit_test(abi_layout_reports_the_compiled_structs),
     cmocka_unit_test(gpu_kinds_without_a_driver_are_unavailable_and_name_the_library),
 };

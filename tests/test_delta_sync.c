@@ -459,14 +459,24 @@ static void anchors_make_every_nth_version_dense(void **state) {
     wsync_blob_free(&init);
 }
 
-static void gpu_kinds_refuse_delta_by_name_and_every_kind_lists_the_options(void **state) {
+static void kinds_without_delta_refuse_it_by_name_and_every_kind_lists_the_options(void **state) {
     (void)state;
     static const char *kinds[] = {"cuda_ipc", "nccl_broadcast"};
     for (int k = 0; k < 2; ++k) {
         wsync_strategy_t *s = (wsync_strategy_t *)1;
         EXPECT_ERR(wsync_strategy_create(kinds[k], "{\"delta\": \"auto\"}", &s), WSYNC_ERR_UNSUPPORTED,
-                   "delta sync is host-only for now");
+                   "delta sync is carried by kind 'shm' only");
         assert_null(s);
+    }
+    /* ucx moves host memory but refuses too (engines attach at any kept version), saying why;
+       where this build or machine has no UCX the kind is unavailable instead. */
+    wsync_strategy_t *u = (wsync_strategy_t *)1;
+    wsync_status_t st = wsync_strategy_create("ucx", "{\"delta\": \"on\"}", &u);
+    assert_null(u);
+    if (st != WSYNC_ERR_UNAVAILABLE) {
+        assert_int_equal(st, WSYNC_ERR_UNSUPPORTED);
+        if (strstr(wsync_last_error(), "unknown") == NULL) /* a build without the ucx kind */
+            assert_non_null(strstr(wsync_last_error(), "ucx engines may attach at any kept version"));
     }
     for (int k = 0; k < 2; ++k) { /* every kind lists the delta options */
         char *json;
@@ -488,7 +498,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_reattached_receiver_refuses_a_patch_naming_both_versions_and_the_next_dense_version_recovers_it),
         cmocka_unit_test(a_destination_without_the_base_is_left_unchanged_and_refused),
         cmocka_unit_test(anchors_make_every_nth_version_dense),
-        cmocka_unit_test(gpu_kinds_refuse_delta_by_name_and_every_kind_lists_the_options),
+        cmocka_unit_test(kinds_without_delta_refuse_it_by_name_and_every_kind_lists_the_options),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);

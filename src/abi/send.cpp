@@ -61,7 +61,8 @@ wsync_status_t wsync_strategy_kinds(char **json_out) {
         for (const wsync::KindInfo *k : wsync::registered_kinds()) {
             std::string why = k->unavailable_reason(nullptr);
             list.push_back({{"kind", k->name}, {"available", why.empty()}, {"reason", why},
-                            {"runtime", why.empty() && k->runtime ? k->runtime() : ""}});
+                            {"runtime", why.empty() && k->runtime ? k->runtime() : ""},
+                            {"stability", k->experimental ? "experimental" : "stable"}});
         }
         *json_out = to_cstring(list.dump());
     });

@@ -63,8 +63,8 @@ SegmentGeometry segment_geometry(uint32_t senders, uint32_t receivers, uint32_t 
 const std::vector<OptionSpec> &option_specs() {
     using T = OptionSpec::Type;
     static const std::vector<OptionSpec> specs = {
-        {"receivers", T::UInt, 1, 1, board::kMaxReceivers, "sender",
-         "number of receivers (engines) that must acknowledge every chunk"},
+        option::receivers(board::kMaxReceivers,
+                          "number of receivers (engines) that must acknowledge every chunk"),
         {"senders", T::UInt, 1, 1, board::kMaxReceivers, "sender",
          "number of senders (trainer processes, one per GPU) whose partial requests are merged "
          "with wsync_request_merge for every chunk"},
@@ -76,18 +76,19 @@ const std::vector<OptionSpec> &option_specs() {
         gpu::bucket_bytes_option("bytes per device bucket (packed=true); the largest chunk must fit"),
         gpu::cast_option("cast float32 tensors while packing: \"bfloat16\" or \"float16\" "
                          "(packed=true only); \"\" sends every dtype as it is"),
-        {"device", T::UInt, 0, 0, 4095, "receiver",
-         "the receiver's GPU as an ordinal in its process (after CUDA_VISIBLE_DEVICES); it takes "
-         "the part of each request whose UUID is this GPU's"},
-        {"synchronize", T::Bool, 1, 0, 1, "both",
+        option::device("receiver", "the receiver's GPU as an ordinal in its process (after "
+                                   "CUDA_VISIBLE_DEVICES); it takes the part of each request "
+                                   "whose UUID is this GPU's"),
+        option::synchronize(
          "sender: wait for work queued on the legacy default stream (PyTorch's default stream), "
          "or the stream named with wsync_sender_set_stream, before reading tensors (work on "
          "other streams the caller synchronises); receiver: the same for the loader's stream "
-         "(wsync_receiver_set_stream) before acknowledging, so its copies out of views are done"},
-        {"timeout_ms", T::UInt, 60000, 0, uint64_t(1) << 40, "both",
-         "sender: how long send_chunk waits for a free bucket, for work queued on the legacy "
-         "default stream and for its pack; receiver: how long wsync_recv_end waits for the "
-         "loader's work queued on the legacy default stream"},
+         "(wsync_receiver_set_stream) before acknowledging, so its copies out of views are done"),
+        option::timeout_ms(0, "both",
+                           "sender: how long send_chunk waits for a free bucket, for work queued "
+                           "on the legacy default stream and for its pack; receiver: how long "
+                           "wsync_recv_end waits for the loader's work queued on the legacy "
+                           "default stream"),
         {"release_timeout_ms", T::UInt, 10000, 0, uint64_t(1) << 40, "sender",
          "how long wsync_sender_destroy waits for receivers to unmap this sender's buckets "
          "(packed=true); buckets still mapped then stay allocated until the process exits"},

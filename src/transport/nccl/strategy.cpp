@@ -46,24 +46,23 @@ namespace {
 const std::vector<OptionSpec> &option_specs() {
     using T = OptionSpec::Type;
     static const std::vector<OptionSpec> specs = {
-        {"receivers", T::UInt, 1, 1, kMaxReceivers, "sender",
-         "number of receivers; the group has 1 + receivers ranks"},
+        option::receivers(kMaxReceivers, "number of receivers; the group has 1 + receivers ranks"),
         gpu::bucket_bytes_option("bytes per device bucket (the sender has two, each receiver one "
                                  "of the size the init info carries); the largest chunk must fit"),
         gpu::cast_option("cast float32 tensors while packing: \"bfloat16\" or \"float16\"; \"\" "
                          "sends every dtype as it is"),
-        {"device", T::UInt, 0, 0, 4095, "both",
-         "this process's GPU for the communicator, as an ordinal after CUDA_VISIBLE_DEVICES; the "
-         "sender's tensors must be on it"},
-        {"synchronize", T::Bool, 1, 0, 1, "both",
+        option::device("both", "this process's GPU for the communicator, as an ordinal after "
+                               "CUDA_VISIBLE_DEVICES; the sender's tensors must be on it"),
+        option::synchronize(
          "sender: order each pack after the work queued on the legacy default stream (PyTorch's "
          "default stream) or the stream named with wsync_sender_set_stream (work on other "
          "streams the caller synchronises); receiver: the next chunk overwrites its bucket only "
          "after the work queued on the loader's stream (likewise, wsync_receiver_set_stream) "
-         "before recv_end (the copies out of views) is done"},
-        {"timeout_ms", T::UInt, 60000, 1, uint64_t(1) << 40, "both",
-         "deadline for communicator creation, for a free bucket, for each pack and received "
-         "chunk, and for finalizing the communicator when the sender or receiver is destroyed"},
+         "before recv_end (the copies out of views) is done"),
+        option::timeout_ms(1, "both",
+                           "deadline for communicator creation, for a free bucket, for each pack "
+                           "and received chunk, and for finalizing the communicator when the "
+                           "sender or receiver is destroyed"),
         {"nccl_library", T::String, 0, 0, 0, "both",
          "path of libnccl.so.2 to use (e.g. the one PyTorch ships); else $WSYNC_NCCL_LIBRARY, "
          "else the system's libnccl.so.2",

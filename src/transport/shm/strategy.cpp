@@ -32,20 +32,16 @@ namespace {
 const std::vector<OptionSpec> &shm_options() {
     using T = OptionSpec::Type;
     static const std::vector<OptionSpec> specs = {
-        {"receivers", T::UInt, 1, 1, board::kMaxReceivers, "sender",
-         "number of receivers (engines) that must acknowledge every chunk"},
+        option::receivers(board::kMaxReceivers,
+                          "number of receivers (engines) that must acknowledge every chunk"),
         {"buckets", T::UInt, 2, 1, board::kMaxSlots, "sender",
          "buckets in the segment; 2 or more let packing overlap with receivers' loading"},
         {"bucket_bytes", T::UInt, uint64_t(256) << 20, layout::kPageBytes, uint64_t(1) << 40, "sender",
          "bytes per bucket (rounded up to 4096); the largest chunk must fit in one bucket"},
-        {"checksum", T::Bool, 1, 0, 1, "sender", "carry an XXH3-64 checksum of every tensor"},
-        {"verify", T::Bool, 1, 0, 1, "receiver",
-         "verify carried checksums before yielding each tensor"},
-        {"copy_threads", T::UInt, 0, 0, 64, "receiver",
-         "threads one wsync_recv_copy of 8 MiB or more is split between (the caller's included; "
-         "made once per receiver, on first use); 0: one per CPU this process may use, at most 8"},
-        {"timeout_ms", T::UInt, 60000, 0, uint64_t(1) << 40, "sender",
-         "how long send_chunk waits for a free bucket before failing"},
+        option::checksum(),
+        option::verify(),
+        option::copy_threads(),
+        option::timeout_ms(0, "sender", "how long send_chunk waits for a free bucket before failing"),
     };
     return specs;
 }
@@ -118,6 +114,6 @@ std::unique_ptr<StrategyImpl> shm_create(const Options &o) {
 }  // namespace shm
 
 const KindInfo kShmKind = {"shm", shm::shm_options, shm::shm_unavailable, shm::shm_create,
-                           nullptr, nullptr, /*host_memory=*/true};
+                           nullptr, nullptr, /*delta_sync=*/true};
 
 }  // namespace wsync

@@ -38,18 +38,17 @@ namespace {
 const std::vector<OptionSpec> &option_specs() {
     using T = OptionSpec::Type;
     static const std::vector<OptionSpec> specs = {
-        {"receivers", T::UInt, 1, 1, kMaxReceivers, "sender",
-         "receiver indices that may attach (0..receivers-1); engines attach and leave at any time"},
+        option::receivers(kMaxReceivers, "receiver indices that may attach (0..receivers-1); "
+                                         "engines attach and leave at any time"),
         {"keep_versions", T::UInt, 2, 1, kMaxKeepVersions, "sender",
          "committed versions the trainer keeps pullable for late or slow engines (each costs its "
          "size in registered host memory)"},
-        {"checksum", T::Bool, 1, 0, 1, "sender", "carry an XXH3-64 checksum of every tensor"},
-        {"verify", T::Bool, 1, 0, 1, "receiver",
-         "verify carried checksums before yielding each tensor"},
-        {"copy_threads", T::UInt, 0, 0, 64, "receiver",
-         "threads one wsync_recv_copy of 8 MiB or more is split between; 0: one per CPU, at most 8"},
-        {"timeout_ms", T::UInt, 60000, 1, uint64_t(1) << 40, "both",
-         "deadline for attaching, for each lease and GET, and for closing endpoints"},
+        option::checksum(),
+        option::verify(),
+        option::copy_threads(),
+        option::timeout_ms(1, "both",
+                           "deadline for attaching, for each lease and GET, and for closing "
+                           "endpoints"),
         {"transports", T::String, 0, 0, 0, "both",
          "UCX transports (UCX_TLS), e.g. \"tcp\" or \"rc,sm\"; \"\": UCX's own choice", ""},
         {"net_devices", T::String, 0, 0, 0, "both",
@@ -132,6 +131,7 @@ std::string runtime_text() {
 }  // namespace ucx
 
 const KindInfo kUcxKind = {ucx::kKind,          ucx::option_specs, ucx::unavailable,
-                           ucx::create_strategy, nullptr,           ucx::runtime_text};
+                           ucx::create_strategy, nullptr,           ucx::runtime_text,
+                           /*delta_sync=*/false,  /*experimental=*/true};
 
 }  // namespace wsync
