@@ -3,7 +3,9 @@
 # joined by a veth pair (MODE netns), or the same processes over loopback (MODE loopback, and
 # the fallback where namespaces cannot be made: then the netns tests skip with the reason).
 # Each scenario asserts what the trainer and each engine see (named status, the peer named),
-# the time it took, and that nothing is left behind (namespaces, veths, processes).
+# how each process ended (its exit status; no sanitizer report in any log), the time bounds
+# (the failing wait against its deadline, the whole scenario against its limit), and that
+# nothing is left behind (processes before cleanup; namespaces, veths, UCX shared memory after).
 #   scenarios.sh MODE SCENARIO PEER_BINARY
 set -u
 mode=$1 scenario=$2 peer=$3
@@ -11,7 +13,9 @@ tag="wsu$$"
 nst="${tag}t" nse="${tag}e" vt="${tag}a" ve="${tag}b"
 dir=$(mktemp -d /tmp/wsync-ucx.XXXXXX)
 pids=()
+declare -A rc_of=()  # pid -> exit status, once finish has seen it end
 fail=0
+shm_before=$(ls /dev/shm 2>/dev/null | grep -i 'ucx' | sort)
 
 cleanup() {
   for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done
@@ -69,12 +73,35 @@ wait_for() {  # file pattern seconds
 expect() {  # file pattern
   grep -q -- "$2" "$1" || bad "$(basename "$1") lacks \"$2\""
 }
-finish() {  # seconds: wait for every process, then the bound
+finish() {  # seconds: wait for every process up to the bound, then collect exit statuses
   local limit=$1 p
   for p in "${pids[@]}"; do
     for _ in $(seq 1 $((limit * 10))); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
   done
-  for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && bad "process $p still runs after $limit s"; done
+  for p in "${pids[@]}"; do
+    if kill -0 "$p" 2>/dev/null; then
+      bad "process $p still runs after $limit s (left behind)"
+    else
+      wait "$p"; rc_of[$p]=$?
+    fi
+  done
+  finished=$(date +%s%N)
+}
+exits() {  # name pid status...: the process ended with one of these statuses (137: SIGKILL)
+  local name=$1 pid=$2; shift 2
+  local got=${rc_of[$pid]:-running} want
+  for want in "$@"; do [ "$got" = "$want" ] && return 0; done
+  bad "$name exited with $got, want $*"
+}
+ms_since() {  # nanosecond timestamp: milliseconds from it to when finish saw all end
+  echo $(( (finished - $1) / 1000000 ))
+}
+flush_ms() {  # version: the milliseconds the trainer's flush of it took, from its log line
+  sed -n "s/^trainer: flush v$1 [A-Z_a-z]* (\([0-9]*\) ms).*/\1/p" "$dir/trainer.log" | head -1
+}
+within() {  # what got_ms lo_ms hi_ms
+  [ -n "$2" ] || { bad "$1: no figure"; return; }
+  [ "$2" -ge "$3" ] && [ "$2" -le "$4" ] || bad "$1 took $2 ms, want $3..$4 ms"
 }
 
 start=$(date +%s)
@@ -87,14 +114,16 @@ two_engines)
   finish 60
   for v in 1 2 3 4; do expect "$dir/trainer.log" "flush v$v ok"; done
   for e in 0 1; do for v in 1 2 3 4; do expect "$dir/engine$e.log" "engine $e: version $v ok"; done; done
+  exits trainer "$trainer_pid" 0; exits "engine 0" "$engine0_pid" 0; exits "engine 1" "$engine1_pid" 0
+  limit=60
   ;;
 engine_killed)  # engine 1 dies mid-pull of version 1: named in the flush, the rest go on
   export WSYNC_PEER_TENSOR_BYTES=4194304
   start_trainer 3 2
   start_engine 0 1 3
   start_engine 1 1 3 400
-  wait_for "$dir/trainer.log" "trainer: ready" 20
-  sleep 0.6
+  # Killed holding v1's first chunk, its iteration open, before it acknowledged anything.
+  wait_for "$dir/engine1.log" "engine 1: in v1 chunk 0" 30
   kill -KILL "$engine1_pid"
   finish 40
   expect "$dir/trainer.log" "flush v1 WSYNC_ERR_PEER"
@@ -103,6 +132,10 @@ engine_killed)  # engine 1 dies mid-pull of version 1: named in the flush, the r
   expect "$dir/trainer.log" "flush v2 ok"
   expect "$dir/trainer.log" "flush v3 ok"
   for v in 1 2 3; do expect "$dir/engine0.log" "engine 0: version $v ok"; done
+  # The death is seen through the endpoint, not by waiting out the 10 s deadline.
+  within "the trainer's failed flush of v1" "$(flush_ms 1)" 0 9000
+  exits trainer "$trainer_pid" 1; exits "engine 0" "$engine0_pid" 0; exits "engine 1" "$engine1_pid" 137
+  limit=40
   ;;
 late_joiner)  # engine 1 attaches after version 3 committed and pulls 3, then 4 and 5
   start_trainer 5 1 1
@@ -114,6 +147,8 @@ late_joiner)  # engine 1 attaches after version 3 committed and pulls 3, then 4 
   finish 60
   for v in 3 4 5; do expect "$dir/engine1.log" "engine 1: version $v ok"; done
   for v in 1 2 3 4 5; do expect "$dir/engine0.log" "engine 0: version $v ok"; expect "$dir/trainer.log" "flush v$v ok"; done
+  exits trainer "$trainer_pid" 0; exits "engine 0" "$engine0_pid" 0; exits "engine 1" "$engine1_pid" 0
+  limit=60
   ;;
 frozen_engine)  # engine 1 stops (SIGSTOP) before pulling: the flush times out naming it; the
                 # trainer drops it and the next version's flush no longer waits for it
@@ -133,6 +168,12 @@ frozen_engine)  # engine 1 stops (SIGSTOP) before pulling: the flush times out n
   expect "$dir/trainer.log" "dropped receiver 1: WSYNC_OK"
   expect "$dir/trainer.log" "flush v2 ok"
   for v in 1 2; do expect "$dir/engine0.log" "engine 0: version $v ok"; done
+  # The flush waited out its 3 s deadline for the frozen engine and not much longer; v2, with
+  # it dropped, did not wait for it at all.
+  within "the trainer's timed-out flush of v1" "$(flush_ms 1)" 2900 5000
+  within "the trainer's flush of v2" "$(flush_ms 2)" 0 2500
+  exits trainer "$trainer_pid" 1; exits "engine 0" "$engine0_pid" 0; exits "engine 1" "$engine1_pid" 137
+  limit=40
   ;;
 trainer_killed)  # the trainer dies while engines pull: each engine names it
   export WSYNC_PEER_TENSOR_BYTES=4194304
@@ -140,15 +181,21 @@ trainer_killed)  # the trainer dies while engines pull: each engine names it
   start_trainer 3 2
   start_engine 0 1 3 300
   start_engine 1 1 3 300
-  wait_for "$dir/trainer.log" "trainer: ready" 20
-  for _ in $(seq 1 200); do [ -e "$dir/req-1-1.bin" ] && break; sleep 0.05; done  # both requests out
-  sleep 0.5
+  # Killed while both engines hold v1's first chunk: the second is still to be pulled.
+  wait_for "$dir/engine0.log" "engine 0: in v1 chunk 0" 30
+  wait_for "$dir/engine1.log" "engine 1: in v1 chunk 0" 30
+  killed=$(date +%s%N)
   kill -KILL "$trainer_pid"
   finish 30
   for e in 0 1; do
     grep -Eq "engine $e: v1 WSYNC_ERR_(PEER|TIMEOUT): .*the trainer \(" "$dir/engine$e.log" ||
       bad "engine $e did not name the trainer: $(tail -1 "$dir/engine$e.log")"
   done
+  # Both engines gave up within their 5 s deadline (plus the 4 x 0.3 s they sleep in chunk 0
+  # and scheduling), not at the 60 s a request file is waited for.
+  within "the engines' ends after the trainer died" "$(ms_since "$killed")" 0 9000
+  exits trainer "$trainer_pid" 137; exits "engine 0" "$engine0_pid" 1; exits "engine 1" "$engine1_pid" 1
+  limit=30
   ;;
 link_down)  # the engines' link goes down mid-pull: both sides end in named errors in time
   export WSYNC_PEER_TENSOR_BYTES=4194304 WSYNC_PEER_FLUSH_MS=8000
@@ -156,8 +203,9 @@ link_down)  # the engines' link goes down mid-pull: both sides end in named erro
   start_trainer 2 2
   start_engine 0 1 2 300
   start_engine 1 1 2 300
-  wait_for "$dir/trainer.log" "trainer: ready" 20
-  sleep 0.5
+  # Down while both engines hold v1's first chunk: the second cannot be pulled.
+  wait_for "$dir/engine0.log" "engine 0: in v1 chunk 0" 30
+  wait_for "$dir/engine1.log" "engine 1: in v1 chunk 0" 30
   ip -n "$nse" link set "$ve" down
   finish 40
   for e in 0 1; do
@@ -166,16 +214,29 @@ link_down)  # the engines' link goes down mid-pull: both sides end in named erro
   done
   grep -Eq "flush v1 WSYNC_ERR_(TIMEOUT|PEER).*receiver [01] \(" "$dir/trainer.log" ||
     bad "the trainer's flush did not name a receiver: $(grep flush "$dir/trainer.log")"
+  within "the trainer's failed flush of v1" "$(flush_ms 1)" 0 10000
+  exits trainer "$trainer_pid" 1; exits "engine 0" "$engine0_pid" 1; exits "engine 1" "$engine1_pid" 1
+  limit=40
   ;;
 *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 took=$(( $(date +%s) - start ))
 echo "--- $mode/$scenario took ${took} s"
+[ "$took" -le "$limit" ] || bad "the scenario took $took s, over its $limit s"
+# A sanitizer's report (the ASan build runs these too) fails the scenario whatever the
+# process's exit status.
+for f in "$dir"/*.log; do
+  grep -Eq 'ERROR: (Address|Leak|Thread)Sanitizer|runtime error:' "$f" &&
+    bad "$(basename "$f") holds a sanitizer report"
+done
 for f in "$dir"/*.log; do echo "--- $(basename "$f")"; cat "$f"; done
 cleanup
 trap - EXIT
 if [ "$mode" = netns ]; then
   ip netns list | grep -q "$tag" && bad "namespaces left behind"
+  ip link show 2>/dev/null | grep -q "$tag" && bad "a veth left behind in the root namespace"
 fi
-for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && bad "process $p left behind"; done
+shm_after=$(ls /dev/shm 2>/dev/null | grep -i 'ucx' | sort)
+[ "$shm_after" = "$shm_before" ] ||
+  bad "shared memory left behind: $(comm -13 <(echo "$shm_before") <(echo "$shm_after") | tr '\n' ' ')"
 exit $fail

@@ -13,7 +13,11 @@
  *   engine DIR OPTIONS INDEX FROM TO [SLOW_MS]
  *                                          receives versions FROM..TO (FROM 0: the latest
  *                                          committed one) bit for bit; SLOW_MS sleeps between
- *                                          tensors (so a test can act mid-pull) */
+ *                                          tensors (so a test can act mid-pull); prints
+ *                                          "in vV chunk K" once it holds chunk K's first
+ *                                          tensor, before acknowledging it
+ * Exit status: 0 all went well; 1 a flush, receive or check failed (printed); 2 setup failed;
+ * 3 a file the test must provide never came. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdint.h>
@@ -91,6 +95,17 @@ static uint8_t *get_file(const char *dir, const char *name, size_t *n) {
     return NULL;
 }
 
+/* get_file for a file the test must provide: gives up loudly (exit 3), never goes on without it. */
+static uint8_t *need_file(const char *dir, const char *name, const char *who) {
+    size_t n;
+    uint8_t *p = get_file(dir, name, &n);
+    if (!p) {
+        printf("%s: gave up waiting 60 s for %s/%s\n", who, dir, name);
+        exit(3);
+    }
+    return p;
+}
+
 static int trainer(const char *dir, const char *opts, int versions, int engines, int step) {
     wsync_strategy_t *s = NULL;
     wsync_sender_t *snd = NULL;
@@ -104,9 +119,8 @@ static int trainer(const char *dir, const char *opts, int versions, int engines,
     wsync_blob_free(&init);
     for (int i = 0; i < engines; ++i) {
         char name[32];
-        size_t n;
         snprintf(name, sizeof name, "attached-%d", i);
-        free(get_file(dir, name, &n));
+        free(need_file(dir, name, "trainer"));
     }
     printf("trainer: ready\n");
     fflush(stdout);
@@ -117,9 +131,8 @@ static int trainer(const char *dir, const char *opts, int versions, int engines,
     for (int v = 1; v <= versions; ++v) {
         if (step) {
             char go[32];
-            size_t n;
             snprintf(go, sizeof go, "go-%d", v);
-            free(get_file(dir, go, &n));
+            free(need_file(dir, go, "trainer"));
         }
         for (int k = 0; k < CHUNKS; ++k) {
             wsync_tensor_t t[PER_CHUNK];
@@ -200,8 +213,8 @@ static int engine(const char *dir, const char *opts, unsigned index, int from, i
     }
     free(init);
     if (from == 0) {
-        uint8_t *latest = get_file(dir, "latest", &n);
-        from = latest ? atoi((char *)latest) : 1;
+        uint8_t *latest = need_file(dir, "latest", "engine");
+        from = atoi((char *)latest);
         free(latest);
     }
     printf("engine %u: attached, from version %d\n", index, from);
@@ -240,6 +253,9 @@ static int engine(const char *dir, const char *opts, unsigned index, int from, i
                     printf("engine %u: v%d tensor %s differs\n", index, v, view.name);
                     return 1;
                 }
+                /* A protocol point the scripts act at: the chunk is pulled, its iteration is
+                   open and not yet acknowledged. */
+                if (j == 0) printf("engine %u: in v%d chunk %d\n", index, v, k);
                 if (slow_ms) usleep((useconds_t)slow_ms * 1000);
             }
             if (st == WSYNC_OK) st = wsync_recv_end(it);
