@@ -121,10 +121,10 @@ pub struct Param {
     /// Its element type.
     pub dtype: DType,
     /// Its shape.
-    pub shape: &'static [usize],
+    pub shape: &'static [i64],
 }
 
-const fn param(name: &'static str, dtype: DType, shape: &'static [usize]) -> Param {
+const fn param(name: &'static str, dtype: DType, shape: &'static [i64]) -> Param {
     Param { name, dtype, shape }
 }
 
@@ -179,7 +179,8 @@ pub enum Data {
 /// The contents of tensor `t` of [`MODEL`] at version `v`.
 pub fn data(v: u64, t: usize) -> Data {
     let p = &MODEL[t];
-    let ws = (0..p.shape.iter().product::<usize>() as u64).map(|i| word(v, t as u64, i));
+    let n = p.shape.iter().product::<i64>().unsigned_abs();
+    let ws = (0..n).map(|i| word(v, t as u64, i));
     match p.dtype {
         DType::F32 => Data::F32(ws.map(f32_of).collect()),
         DType::BF16 => Data::BF16(ws.map(|w| (w >> 48) as u16).collect()),
@@ -544,8 +545,7 @@ pub fn run_engine(input: &mut impl Read, c: &EngineConfig) -> Result<EngineRepor
                     .position(|p| p.name == view.name())
                     .ok_or_else(|| format!("unknown tensor '{}'", view.name()))?;
                 let p = &MODEL[t];
-                let shape = view.shape().iter().map(|&e| usize::try_from(e).ok());
-                if view.dtype() != p.dtype || !shape.eq(p.shape.iter().copied().map(Some)) {
+                if view.dtype() != p.dtype || view.shape() != p.shape {
                     return Err(format!(
                         "tensor '{}' is {} {:?}, expected {} {:?}",
                         p.name,
