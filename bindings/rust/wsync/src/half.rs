@@ -123,7 +123,11 @@ impl F16 {
         let exp = (b >> 23) & 0xff;
         let man = b & 0x007f_ffff;
         if exp == 0xff {
-            let nan = if man == 0 { 0 } else { 0x0200 | low_bits(man >> 13) };
+            let nan = if man == 0 {
+                0
+            } else {
+                0x0200 | low_bits(man >> 13)
+            };
             return F16(sign | 0x7c00 | nan);
         }
         // binary16 exponent field of a normal result: exp - 127 + 15.
@@ -250,7 +254,12 @@ mod tests {
                 assert!(back.to_f32().is_nan(), "{bits:#06x}");
                 assert_eq!(back.to_bits() & 0x8000, bits & 0x8000, "{bits:#06x} sign");
             } else {
-                assert_eq!(back.to_bits(), bits, "{bits:#06x} -> {} -> {back:?}", h.to_f32());
+                assert_eq!(
+                    back.to_bits(),
+                    bits,
+                    "{bits:#06x} -> {} -> {back:?}",
+                    h.to_f32()
+                );
             }
         }
     }
@@ -291,12 +300,18 @@ mod tests {
     #[test]
     fn f16_rounds_to_nearest_even() {
         let ulp = 2f32.powi(-10); // at 1.0
-        // Ties go to the even mantissa.
+                                  // Ties go to the even mantissa.
         assert_eq!(F16::from_f32(1.0 + ulp / 2.0).to_bits(), 0x3c00);
         assert_eq!(F16::from_f32(1.0 + 1.5 * ulp).to_bits(), 0x3c02);
         // Just above a tie rounds up, just below rounds down.
-        assert_eq!(F16::from_f32(1.0 + ulp / 2.0 + ulp / 64.0).to_bits(), 0x3c01);
-        assert_eq!(F16::from_f32(1.0 + ulp / 2.0 - ulp / 64.0).to_bits(), 0x3c00);
+        assert_eq!(
+            F16::from_f32(1.0 + ulp / 2.0 + ulp / 64.0).to_bits(),
+            0x3c01
+        );
+        assert_eq!(
+            F16::from_f32(1.0 + ulp / 2.0 - ulp / 64.0).to_bits(),
+            0x3c00
+        );
         // Halfway between MAX and the next power: rounds to infinity (the even side).
         assert_eq!(F16::from_f32(65520.0), F16::INFINITY);
         assert_eq!(F16::from_f32(65519.0), F16::MAX);
@@ -306,7 +321,10 @@ mod tests {
         assert_eq!(F16::from_f32(3.0 * 2f32.powi(-25)).to_bits(), 2);
         assert_eq!(F16::from_f32(-1e-10).to_bits(), 0x8000);
         // The largest subnormal rounds up into the smallest normal.
-        assert_eq!(F16::from_f32(2f32.powi(-14) - 2f32.powi(-26)).to_bits(), 0x0400);
+        assert_eq!(
+            F16::from_f32(2f32.powi(-14) - 2f32.powi(-26)).to_bits(),
+            0x0400
+        );
     }
 
     #[test]
@@ -349,11 +367,16 @@ mod tests {
         assert_eq!(Bf16::from_f32(f32::MAX), Bf16::INFINITY);
         assert_eq!(Bf16::MAX.to_f32(), f32::from_bits(0x7f7f_0000));
         assert!(Bf16::from_f32(f32::NAN).to_f32().is_nan());
-        assert!(Bf16::from_f32(f32::from_bits(0x7f80_0001)).to_f32().is_nan());
+        assert!(Bf16::from_f32(f32::from_bits(0x7f80_0001))
+            .to_f32()
+            .is_nan());
         // Ties to even: 1 + 2^-8 is halfway between 1 and 1 + 2^-7.
         assert_eq!(Bf16::from_f32(1.0 + 2f32.powi(-8)).to_bits(), 0x3f80);
         assert_eq!(Bf16::from_f32(1.0 + 3.0 * 2f32.powi(-8)).to_bits(), 0x3f82);
-        assert_eq!(Bf16::from_f32(1.0 + 2f32.powi(-8) + 2f32.powi(-20)).to_bits(), 0x3f81);
+        assert_eq!(
+            Bf16::from_f32(1.0 + 2f32.powi(-8) + 2f32.powi(-20)).to_bits(),
+            0x3f81
+        );
     }
 
     #[test]

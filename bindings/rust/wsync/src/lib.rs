@@ -357,9 +357,21 @@ mod tests {
     #[test]
     fn the_header_built_against_is_the_oldest_library_accepted() {
         let declared = sys::WSYNC_VERSION_MAJOR * 10000 + sys::WSYNC_VERSION_MINOR * 100;
-        assert_eq!(least_of(0), declared, "no header found: the declared version");
-        assert_eq!(least_of(declared + 7), declared + 7, "a newer header raises the bound");
-        assert_eq!(least_of(declared - 1), declared, "an older header does not lower it");
+        assert_eq!(
+            least_of(0),
+            declared,
+            "no header found: the declared version"
+        );
+        assert_eq!(
+            least_of(declared + 7),
+            declared + 7,
+            "a newer header raises the bound"
+        );
+        assert_eq!(
+            least_of(declared - 1),
+            declared,
+            "an older header does not lower it"
+        );
         let least = required_version_number();
         assert_eq!(least, least_of(sys::WSYNC_BUILT_AGAINST_VERSION_NUMBER));
         check_version_number(least).unwrap();
