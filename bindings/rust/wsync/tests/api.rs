@@ -1185,3 +1185,61 @@ fn half_floats_travel_as_their_dtypes_and_read_back_typed() {
     recv.end().unwrap();
     t.sender.flush(SEC).unwrap();
 }
+
+#[test]
+fn kind_info_runtime_is_the_librarys_runtime_field() {
+    let mut raw: *mut std::ffi::c_char = std::ptr::null_mut();
+    // SAFETY: `raw` is a valid out-pointer; on success it holds the library's string, which is
+    // copied here and freed once with wsync_string_free.
+    let text = unsafe {
+        assert_eq!(
+            wsync::sys::wsync_strategy_kinds(&mut raw),
+            wsync::sys::WSYNC_OK
+        );
+        let text = std::ffi::CStr::from_ptr(raw).to_string_lossy().into_owned();
+        wsync::sys::wsync_string_free(raw);
+        text
+    };
+    let all = kinds().unwrap();
+    for k in &all {
+        // Names and runtimes here hold no characters JSON escapes.
+        let field = format!("\"runtime\":\"{}\"", k.runtime);
+        assert!(text.contains(&field), "{k:?} not in {text}");
+        assert!(k.available || k.runtime.is_empty(), "{k:?}");
+    }
+    let reported =
+        text.matches("\"runtime\":\"").count() - text.matches("\"runtime\":\"\"").count();
+    let read = all.iter().filter(|k| !k.runtime.is_empty()).count();
+    assert_eq!(read, reported, "{text}");
+}
+
+#[test]
+fn handles_survive_a_round_trip_through_their_raw_pointers() {
+    use std::ptr::NonNull;
+    let mut strategy = Strategy::with_options("shm", &options(1)).unwrap();
+    let init = strategy.create_init_info().unwrap();
+    let raw = NonNull::new(strategy.into_raw()).unwrap();
+    // SAFETY: `raw` came from into_raw just above and nothing else owns it.
+    let mut strategy = unsafe { Strategy::from_raw(raw) };
+    assert_eq!(strategy.as_raw(), raw.as_ptr());
+    assert_eq!(strategy.kind().unwrap(), "shm");
+
+    let sender = Sender::new(&mut strategy, &init).unwrap();
+    let raw = NonNull::new(sender.into_raw()).unwrap();
+    // SAFETY: as above.
+    let mut sender = unsafe { Sender::from_raw(raw) };
+    assert_eq!(sender.as_raw(), raw.as_ptr());
+
+    let receiver = receiver(&init, 0);
+    let raw = NonNull::new(receiver.into_raw()).unwrap();
+    // SAFETY: as above; it was made as receiver 0.
+    let mut receiver = unsafe { Receiver::from_raw(raw, 0) };
+    assert_eq!((receiver.as_raw(), receiver.index()), (raw.as_ptr(), 0));
+
+    // Both still work as the handles they were.
+    let request = send(&mut sender, "w", &[1.5f32, 2.5], true);
+    let got = receive_all(&mut receiver, &request).unwrap();
+    assert_eq!(got.views, 1);
+    sender.flush(SEC).unwrap();
+    assert_eq!(receiver.completed_version().unwrap(), 1);
+}
