@@ -99,12 +99,16 @@ grep -q '^Verdict: PASS' build/gpu-validation-fake.md && tail -8 build/gpu-valid
 
 if [ -f bindings/rust/Cargo.toml ]; then
   section "Rust binding"
+  # --features wsync/half: the optional bf16/f16 types are tested too.
   (cd bindings/rust && WSYNC_LIB_DIR="$root/build" LD_LIBRARY_PATH="$root/build" \
-     cargo test --offline --quiet 2>&1)
-  # Lints as errors, pedantic included (issue 14); a toolchain without clippy skips it.
+     cargo test --offline --quiet --features wsync/half 2>&1)
+  # Lints as errors, pedantic included (issue 14), also in the docs-only mode (DOCS_RS: no
+  # library, a header-less build); a toolchain without clippy skips it.
   if (cd bindings/rust && cargo clippy --version >/dev/null 2>&1); then
     (cd bindings/rust && WSYNC_LIB_DIR="$root/build" LD_LIBRARY_PATH="$root/build" \
-       cargo clippy --offline --all-targets --quiet -- -D warnings -W clippy::pedantic 2>&1)
+       cargo clippy --offline --all-targets --quiet --features wsync/half -- -D warnings -W clippy::pedantic 2>&1)
+    (cd bindings/rust && DOCS_RS=1 \
+       cargo clippy --offline --all-targets --quiet --features wsync/half -- -D warnings -W clippy::pedantic 2>&1)
   else
     echo "clippy: skipped (cargo clippy --version failed: no clippy in this toolchain)"
   fi

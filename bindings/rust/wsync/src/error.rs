@@ -281,6 +281,27 @@ impl Error {
         self
     }
 
+    /// The same error (status and receivers' failures kept) with `context` and `": "` put
+    /// before its message, saying what the caller was doing: `e.context("version 3: flush")`.
+    /// Its [`Display`](fmt::Display) is then `STATUS: context: message`.
+    ///
+    /// ```
+    /// use wsync::{Error, Status};
+    /// let e = Error::new(Status::Peer, "receiver 1 detached").context("version 3: flush");
+    /// assert_eq!(e.status(), Status::Peer);
+    /// assert_eq!(e.message(), "version 3: flush: receiver 1 detached");
+    /// assert_eq!(e.to_string(), "WSYNC_ERR_PEER: version 3: flush: receiver 1 detached");
+    /// ```
+    #[must_use]
+    pub fn context(mut self, context: impl fmt::Display) -> Error {
+        self.message = if self.message.is_empty() {
+            context.to_string()
+        } else {
+            format!("{context}: {}", self.message)
+        };
+        self
+    }
+
     pub(crate) fn invalid(message: impl Into<String>) -> Error {
         Error::new(Status::InvalidArgument, message)
     }
@@ -495,12 +516,29 @@ mod tests {
     }
 
     #[test]
+    fn context_prefixes_the_message_and_keeps_status_and_failures() {
+        let failure = Failure::new(FailureKind::Failed, Status::Integrity, 2, "bad sum");
+        let e = Error::new(Status::Peer, "receiver 2 failed")
+            .with_failures(vec![failure.clone()])
+            .context("version 3")
+            .context(format_args!("step {}", 7));
+        assert_eq!(e.status(), Status::Peer);
+        assert_eq!(e.message(), "step 7: version 3: receiver 2 failed");
+        assert_eq!(e.failures(), &[failure]);
+        let bare = Error::new(Status::Timeout, "").context("flush");
+        assert_eq!(bare.to_string(), "WSYNC_ERR_TIMEOUT: flush");
+    }
+
+    #[test]
     fn io_error_keeps_kind_status_and_failures() {
         let failure = Failure::new(FailureKind::Died, Status::Peer, 1, "pid 42 died");
         let e = Error::new(Status::Peer, "receiver 1 died").with_failures(vec![failure.clone()]);
         let io: std::io::Error = e.clone().into();
         assert_eq!(io.kind(), std::io::ErrorKind::ConnectionAborted);
-        let inner = io.get_ref().and_then(|i| i.downcast_ref::<Error>()).unwrap();
+        let inner = io
+            .get_ref()
+            .and_then(|i| i.downcast_ref::<Error>())
+            .unwrap();
         assert_eq!(inner, &e);
         assert_eq!(inner.failures(), &[failure]);
         let timeout: std::io::Error = Error::new(Status::Timeout, "").into();

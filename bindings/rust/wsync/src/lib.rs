@@ -37,6 +37,14 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Features
+//!
+//! * `half`: the `wsync::half` module, `Bf16` (bfloat16) and `F16` (IEEE float16)
+//!   element types with `f32` conversions, written in this crate (no crates.io dependency).
+//!   Without it, hold 16-bit floats as `u16` bits ([`TensorRef::with_dtype`],
+//!   [`View::as_raw_elements`]).
+//! * `static`, `rpath`: how `wsync-sys` links libwsync (see the README).
+//!
 //! # Safety model
 //!
 //! * Handles ([`Strategy`], [`Sender`], [`Receiver`], [`Plan`]) own a `NonNull` pointer and free
@@ -137,6 +145,8 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod error;
+#[cfg(feature = "half")]
+pub mod half;
 mod json;
 mod plan;
 mod receiver;
@@ -193,8 +203,15 @@ pub fn check_version() -> Result<()> {
 /// ([`sys::WSYNC_BUILT_AGAINST_VERSION_NUMBER`], patch included), and never older than the
 /// `MAJOR.MINOR.0` the declarations were written from (the bound when no header was found).
 fn required_version_number() -> u32 {
+    least_of(sys::WSYNC_BUILT_AGAINST_VERSION_NUMBER)
+}
+
+/// The declared `MAJOR.MINOR.0`, or `built_against` when that is newer. A function of its
+/// argument (not of the constant) because the constant is 0 in a docs-only build (`DOCS_RS`, no
+/// header), where clippy would call a `max` against it pointless.
+fn least_of(built_against: u32) -> u32 {
     let declared = sys::WSYNC_VERSION_MAJOR * 10000 + sys::WSYNC_VERSION_MINOR * 100;
-    declared.max(sys::WSYNC_BUILT_AGAINST_VERSION_NUMBER)
+    declared.max(built_against)
 }
 
 fn version_text(number: u32) -> String {
@@ -339,9 +356,24 @@ mod tests {
 
     #[test]
     fn the_header_built_against_is_the_oldest_library_accepted() {
+        let declared = sys::WSYNC_VERSION_MAJOR * 10000 + sys::WSYNC_VERSION_MINOR * 100;
+        assert_eq!(
+            least_of(0),
+            declared,
+            "no header found: the declared version"
+        );
+        assert_eq!(
+            least_of(declared + 7),
+            declared + 7,
+            "a newer header raises the bound"
+        );
+        assert_eq!(
+            least_of(declared - 1),
+            declared,
+            "an older header does not lower it"
+        );
         let least = required_version_number();
-        assert!(least >= sys::WSYNC_BUILT_AGAINST_VERSION_NUMBER);
-        assert!(least >= sys::WSYNC_VERSION_MAJOR * 10000 + sys::WSYNC_VERSION_MINOR * 100);
+        assert_eq!(least, least_of(sys::WSYNC_BUILT_AGAINST_VERSION_NUMBER));
         check_version_number(least).unwrap();
         let old = check_version_number(least - 1).unwrap_err();
         assert_eq!(old.status(), Status::Unsupported);

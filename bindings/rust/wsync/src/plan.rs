@@ -6,6 +6,7 @@ use std::ptr::NonNull;
 use wsync_sys as sys;
 
 use crate::error::{c_string, check, Error, Result, Status};
+use crate::strategy::Options;
 use crate::tensor::{Device, TensorSpec};
 
 /// A plan: the library's grouping of a model's tensors into chunks.
@@ -58,6 +59,16 @@ impl Plan {
         check(unsafe { sys::wsync_plan_chunk_count(plan.raw.as_ptr(), &mut count) })?;
         plan.chunks = count;
         Ok(plan)
+    }
+
+    /// [`Plan::new`] with options from an [`Options`] builder, as for
+    /// [`Strategy::with_options`](crate::Strategy::with_options):
+    /// `Plan::with_options(&specs, &Options::new().uint("chunk_bytes", 64 << 20))`.
+    ///
+    /// # Errors
+    /// As [`Plan::new`].
+    pub fn with_options<T: AsRef<TensorSpec>>(tensors: &[T], options: &Options) -> Result<Plan> {
+        Plan::new(tensors, &options.to_json())
     }
 
     /// Number of chunks (at least 1).

@@ -272,7 +272,8 @@ pub struct Recv<'r> {
 unsafe impl Send for Recv<'_> {}
 
 impl<'r> Recv<'r> {
-    /// The chunk's summary (version, bytes, chunk index, last flag, tensor count).
+    /// The chunk's summary (version, bytes, chunk index, last flag, tensor count). While a
+    /// [`Views`] iterator borrows the iteration, read it with [`Views::info`].
     #[must_use]
     pub fn info(&self) -> RecvInfo {
         self.info
@@ -470,6 +471,22 @@ impl fmt::Debug for Recv<'_> {
 #[must_use = "iterators are lazy: no view is taken until it is iterated"]
 pub struct Views<'it, 'r> {
     recv: &'it mut Recv<'r>,
+}
+
+impl Views<'_, '_> {
+    /// The chunk's summary, as [`Recv::info`], readable while iterating (the iterator holds
+    /// the `Recv`'s mutable borrow, so `recv.info()` is out of reach inside a `for` loop).
+    #[must_use]
+    pub fn info(&self) -> RecvInfo {
+        self.recv.info
+    }
+
+    /// Number of views yielded so far by this iteration (by any iterator or
+    /// [`Recv::next_view`]); tensors copied with [`Recv::copy_into`] are not counted.
+    #[must_use]
+    pub fn yielded(&self) -> usize {
+        self.recv.yielded
+    }
 }
 
 impl<'it> Iterator for Views<'it, '_> {

@@ -128,7 +128,8 @@ pub enum OptionValue {
     Str(String),
 }
 
-/// A small builder for the JSON options object of [`Strategy::new`] and [`crate::Plan::new`].
+/// A small builder for the JSON options object of [`Strategy::new`] and [`crate::Plan::new`]
+/// (or pass it to [`Strategy::with_options`] and [`crate::Plan::with_options`]).
 ///
 /// ```
 /// let opts = wsync::Options::new()

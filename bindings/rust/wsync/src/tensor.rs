@@ -227,28 +227,26 @@ pub struct TensorSpec {
 }
 
 impl TensorSpec {
-    /// A tensor's metadata. Fails with [`crate::Status::InvalidArgument`] if the name contains a
-    /// NUL byte or an extent does not fit in `i64`; everything else (empty or over-long names,
-    /// zero extents, unsupported dtypes, too many dimensions) is checked by the library, which
-    /// names the tensor in its message.
+    /// A tensor's metadata. `shape` is the extents as the C ABI and [`crate::View::shape`] give
+    /// them (`i64`, as `DLPack` and `PyTorch` do), so a received tensor's shape can be passed
+    /// back in as it is. Fails with [`crate::Status::InvalidArgument`] if the name contains a
+    /// NUL byte or an extent is negative; everything else (empty or over-long names, zero
+    /// extents, unsupported dtypes, too many dimensions) is checked by the library, which names
+    /// the tensor in its message.
     ///
     /// # Errors
-    /// [`crate::Status::InvalidArgument`] for a NUL byte in `name` or an extent above
-    /// `i64::MAX`.
-    pub fn new(name: &str, shape: &[usize], dtype: DType) -> Result<TensorSpec> {
+    /// [`crate::Status::InvalidArgument`] for a NUL byte in `name` or a negative extent.
+    pub fn new(name: &str, shape: &[i64], dtype: DType) -> Result<TensorSpec> {
         let c_name = c_string(&format!("tensor name '{}'", name.escape_debug()), name)?;
-        let shape = shape
-            .iter()
-            .map(|&e| {
-                i64::try_from(e).map_err(|_| {
-                    Error::invalid(format!("tensor '{name}': extent {e} does not fit in int64"))
-                })
-            })
-            .collect::<Result<Vec<i64>>>()?;
+        if let Some(e) = shape.iter().find(|&&e| e < 0) {
+            return Err(Error::invalid(format!(
+                "tensor '{name}': extent {e} of shape {shape:?} is negative"
+            )));
+        }
         Ok(TensorSpec {
             name: name.to_string(),
             c_name,
-            shape,
+            shape: shape.to_vec(),
             dtype,
         })
     }
@@ -333,12 +331,13 @@ unsafe impl Send for TensorRef<'_> {}
 unsafe impl Sync for TensorRef<'_> {}
 
 impl<'a> TensorRef<'a> {
-    /// A tensor of `T::DTYPE` elements, e.g. `TensorRef::new("w", &weights_f32, &[4096, 1024])`.
+    /// A tensor of `T::DTYPE` elements, e.g. `TensorRef::new("w", &weights_f32, &[4096, 1024])`
+    /// (extents are `i64`, the type [`TensorRef::shape`] and [`crate::View::shape`] return).
     /// The slice must hold exactly the shape's number of elements.
     ///
     /// # Errors
     /// As [`TensorRef::with_dtype`].
-    pub fn new<T: Element>(name: &str, data: &'a [T], shape: &[usize]) -> Result<TensorRef<'a>> {
+    pub fn new<T: Element>(name: &str, data: &'a [T], shape: &[i64]) -> Result<TensorRef<'a>> {
         TensorRef::with_dtype(name, data, shape, T::DTYPE)
     }
 
@@ -353,7 +352,7 @@ impl<'a> TensorRef<'a> {
     pub fn with_dtype<T: Element>(
         name: &str,
         data: &'a [T],
-        shape: &[usize],
+        shape: &[i64],
         dtype: DType,
     ) -> Result<TensorRef<'a>> {
         let spec = TensorSpec::new(name, shape, dtype)?;
@@ -387,7 +386,7 @@ impl<'a> TensorRef<'a> {
     pub fn from_bytes(
         name: &str,
         data: &'a [u8],
-        shape: &[usize],
+        shape: &[i64],
         dtype: DType,
     ) -> Result<TensorRef<'a>> {
         TensorRef::with_dtype(name, data, shape, dtype)
@@ -406,7 +405,7 @@ impl<'a> TensorRef<'a> {
     pub unsafe fn from_raw_parts(
         name: &str,
         data: *const c_void,
-        shape: &[usize],
+        shape: &[i64],
         dtype: DType,
         device: Device,
     ) -> Result<TensorRef<'a>> {
@@ -529,16 +528,27 @@ mod tests {
     #[test]
     fn overflowing_shapes_and_fractional_dtypes_are_refused() {
         let data = [0u8; 8];
-        let e = TensorRef::new("w", &data, &[usize::MAX / 2, 4]).unwrap_err();
-        assert!(
-            e.message().contains("int64") || e.message().contains("overflow"),
-            "{e}"
-        );
+        let e = TensorRef::new("w", &data, &[i64::MAX, 4]).unwrap_err();
+        assert!(e.message().contains("overflow"), "{e}");
+        let e = TensorRef::new("w", &data, &[2, -4]).unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument);
+        assert!(e.message().contains("extent -4"), "{e}");
+        assert!(e.message().contains("negative"), "{e}");
         let e = TensorRef::new("w", &data, &[1 << 40, 1 << 40]).unwrap_err();
         assert!(e.message().contains("overflows"), "{e}");
         let fp4 = DType::new(sys::WSYNC_DTYPE_FLOAT4_E2M1FN, 4, 1);
         let e = TensorRef::from_bytes("w", &data, &[16], fp4).unwrap_err();
         assert!(e.message().contains("whole-byte"), "{e}");
+    }
+
+    #[test]
+    fn a_shape_goes_in_as_it_comes_out() {
+        let data = [0f32; 6];
+        let t = TensorRef::new("w", &data, &[2, 3]).unwrap();
+        let again = TensorRef::new("w", &data, t.shape()).unwrap();
+        assert_eq!(again.shape(), &[2, 3]);
+        let spec = TensorSpec::new("w", t.shape(), t.dtype()).unwrap();
+        assert_eq!(&spec, t.spec());
     }
 
     #[test]

@@ -772,7 +772,7 @@ fn bad_tensors_are_refused_by_name_and_nothing_is_published() {
         "nothing to commit",
     );
     let big = vec![0u8; 65 << 10];
-    let too_big = TensorRef::new("big", &big, &[big.len()]).unwrap();
+    let too_big = TensorRef::new("big", &big, &[65 << 10]).unwrap();
     expect_err(
         t.sender.send_chunk([&too_big], true),
         Status::InvalidArgument,
@@ -1085,4 +1085,161 @@ fn a_plan_passes_through_its_raw_handle_and_back_unchanged() {
         .map(|c| c.indices().to_vec())
         .collect();
     assert_eq!(after, before);
+}
+
+// --- builders and iteration info -----------------------------------------------------------------
+
+#[test]
+fn plan_with_options_is_plan_new_with_the_builders_json() {
+    let specs = specs();
+    let opts = Options::new()
+        .uint("chunk_bytes", 12288)
+        .uint("group_depth", 0);
+    let built = Plan::with_options(&specs, &opts).unwrap();
+    let text = Plan::new(&specs, &opts.to_json()).unwrap();
+    let indices = |p: &Plan| -> Vec<Vec<usize>> {
+        p.chunks()
+            .unwrap()
+            .iter()
+            .map(|c| c.indices().to_vec())
+            .collect()
+    };
+    assert_eq!(indices(&built), indices(&text));
+    // The options reach the planner: a smaller bound gives more chunks.
+    let small = Plan::with_options(&specs, &Options::new().uint("chunk_bytes", 1024)).unwrap();
+    assert!(small.len() > built.len(), "{small:?} vs {built:?}");
+    expect_err(
+        Plan::with_options(&specs, &Options::new().uint("chunk_size", 1)),
+        Status::InvalidArgument,
+        "chunk_size",
+    );
+}
+
+#[test]
+fn chunk_info_is_readable_while_views_are_held() {
+    let mut t = trainer(&options(1));
+    let mut r = receiver(&t.init, 0);
+    let a = f32s(1, 16);
+    let b = f32s(2, 8);
+    let request = t
+        .sender
+        .send_chunk(
+            &[
+                TensorRef::new("a", &a, &[16]).unwrap(),
+                TensorRef::new("b", &b, &[8]).unwrap(),
+            ],
+            true,
+        )
+        .unwrap();
+    let mut recv = r.receive(&request).unwrap();
+    let mut views = recv.views();
+    assert_eq!(views.yielded(), 0);
+    let first = views.next().unwrap().unwrap();
+    // The first view is still held while the iterator answers for the chunk.
+    let info = views.info();
+    assert_eq!((info.version, info.chunk_index, info.count), (1, 0, 2));
+    assert!(info.last);
+    assert_eq!(info.bytes, 24 * 4);
+    assert_eq!(views.yielded(), 1);
+    let second = views.next().unwrap().unwrap();
+    assert_eq!(views.yielded(), 2);
+    assert!(views.next().is_none());
+    assert_eq!(views.info(), info);
+    assert_eq!((first.name(), second.name()), ("a", "b"));
+    assert_eq!(recv.info(), info);
+    recv.end().unwrap();
+    t.sender.flush(SEC).unwrap();
+}
+
+#[cfg(feature = "half")]
+#[test]
+fn half_floats_travel_as_their_dtypes_and_read_back_typed() {
+    use wsync::half::{Bf16, F16};
+    let mut t = trainer(&options(1));
+    let mut r = receiver(&t.init, 0);
+    let values = [0.5f32, -1.25, 3.0, 65504.0, -0.0, 1e-7];
+    let b: Vec<Bf16> = values.iter().copied().map(Bf16::from_f32).collect();
+    let h: Vec<F16> = values.iter().copied().map(F16::from_f32).collect();
+    let request = t
+        .sender
+        .send_chunk(
+            &[
+                TensorRef::new("b", &b, &[2, 3]).unwrap(),
+                TensorRef::new("h", &h, &[6]).unwrap(),
+            ],
+            true,
+        )
+        .unwrap();
+    let mut recv = r.receive(&request).unwrap();
+    let views: Vec<_> = recv.views().collect::<wsync::Result<_>>().unwrap();
+    assert_eq!(views[0].dtype(), DType::BF16);
+    assert_eq!(views[1].dtype(), DType::F16);
+    assert_eq!(views[0].as_slice::<Bf16>().unwrap(), b.as_slice());
+    assert_eq!(views[1].as_slice::<F16>().unwrap(), h.as_slice());
+    // The dtype is checked: bfloat16 is not float16.
+    expect_err(views[0].as_slice::<F16>(), Status::Mismatch, "bfloat16");
+    // The bits are the documented encodings.
+    let bits: &[u16] = views[1].as_raw_elements().unwrap();
+    assert_eq!(&bits[..4], &[0x3800, 0xbd00, 0x4200, 0x7bff]);
+    drop(views);
+    recv.end().unwrap();
+    t.sender.flush(SEC).unwrap();
+}
+
+#[test]
+fn kind_info_runtime_is_the_librarys_runtime_field() {
+    let mut raw: *mut std::ffi::c_char = std::ptr::null_mut();
+    // SAFETY: `raw` is a valid out-pointer; on success it holds the library's string, which is
+    // copied here and freed once with wsync_string_free.
+    let text = unsafe {
+        assert_eq!(
+            wsync::sys::wsync_strategy_kinds(&mut raw),
+            wsync::sys::WSYNC_OK
+        );
+        let text = std::ffi::CStr::from_ptr(raw).to_string_lossy().into_owned();
+        wsync::sys::wsync_string_free(raw);
+        text
+    };
+    let all = kinds().unwrap();
+    for k in &all {
+        // Names and runtimes here hold no characters JSON escapes.
+        let field = format!("\"runtime\":\"{}\"", k.runtime);
+        assert!(text.contains(&field), "{k:?} not in {text}");
+        assert!(k.available || k.runtime.is_empty(), "{k:?}");
+    }
+    let reported =
+        text.matches("\"runtime\":\"").count() - text.matches("\"runtime\":\"\"").count();
+    let read = all.iter().filter(|k| !k.runtime.is_empty()).count();
+    assert_eq!(read, reported, "{text}");
+}
+
+#[test]
+fn handles_survive_a_round_trip_through_their_raw_pointers() {
+    use std::ptr::NonNull;
+    let mut strategy = Strategy::with_options("shm", &options(1)).unwrap();
+    let init = strategy.create_init_info().unwrap();
+    let raw = NonNull::new(strategy.into_raw()).unwrap();
+    // SAFETY: `raw` came from into_raw just above and nothing else owns it.
+    let mut strategy = unsafe { Strategy::from_raw(raw) };
+    assert_eq!(strategy.as_raw(), raw.as_ptr());
+    assert_eq!(strategy.kind().unwrap(), "shm");
+
+    let sender = Sender::new(&mut strategy, &init).unwrap();
+    let raw = NonNull::new(sender.into_raw()).unwrap();
+    // SAFETY: as above.
+    let mut sender = unsafe { Sender::from_raw(raw) };
+    assert_eq!(sender.as_raw(), raw.as_ptr());
+
+    let receiver = receiver(&init, 0);
+    let raw = NonNull::new(receiver.into_raw()).unwrap();
+    // SAFETY: as above; it was made as receiver 0.
+    let mut receiver = unsafe { Receiver::from_raw(raw, 0) };
+    assert_eq!((receiver.as_raw(), receiver.index()), (raw.as_ptr(), 0));
+
+    // Both still work as the handles they were.
+    let request = send(&mut sender, "w", &[1.5f32, 2.5], true);
+    let got = receive_all(&mut receiver, &request).unwrap();
+    assert_eq!(got.views, 1);
+    sender.flush(SEC).unwrap();
+    assert_eq!(receiver.completed_version().unwrap(), 1);
 }

@@ -9,11 +9,16 @@
 //! and the Rust role of a test runs on a helper thread the test abandons (after killing the
 //! children, which unblocks it) if it overruns.
 
+// The example binaries' loops, run here in this process too. Each file brings its own copy of
+// `examples/common/mod.rs` (as it does in its binary); the engine's serves the model and frames.
 #[allow(dead_code)]
-#[path = "../examples/common/mod.rs"]
-mod common;
+#[path = "../examples/engine.rs"]
+mod engine;
 #[allow(dead_code)]
 mod support;
+#[allow(dead_code, clippy::duplicate_mod)]
+#[path = "../examples/trainer.rs"]
+mod trainer;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -23,7 +28,9 @@ use std::sync::OnceLock;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{EngineConfig, EngineReport, TrainerConfig, TrainerError, TrainerReport, MODEL};
+use engine::common::{self, MODEL};
+use engine::{EngineConfig, EngineReport};
+use trainer::{TrainerConfig, TrainerReport};
 
 /// Generous for a loaded 2-core machine; a healthy run takes well under a second.
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -280,9 +287,12 @@ fn trainer_config() -> TrainerConfig {
 fn chunks_per_version() -> u64 {
     let specs = common::model_specs().unwrap();
     let c = TrainerConfig::default();
-    wsync::Plan::new(&specs, &format!("{{\"chunk_bytes\": {}}}", c.chunk_bytes))
-        .unwrap()
-        .len() as u64
+    wsync::Plan::with_options(
+        &specs,
+        &wsync::Options::new().uint("chunk_bytes", c.chunk_bytes),
+    )
+    .unwrap()
+    .len() as u64
 }
 
 fn c_send(extra: &[&str]) -> Proc {
@@ -316,7 +326,7 @@ fn rust_engine_fed_by_c_sender(config: EngineConfig) -> (EngineReport, Finished)
     let mut sender = c_send(&[]);
     let mut frames = sender.take_stdout();
     let report = run_role(&mut [&mut sender], move || {
-        common::run_engine(&mut frames, &config)
+        engine::run_engine(&mut frames, &config)
     });
     let done = sender.finish(Instant::now() + DEADLINE);
     let report =
@@ -326,13 +336,11 @@ fn rust_engine_fed_by_c_sender(config: EngineConfig) -> (EngineReport, Finished)
 
 /// Runs the Rust trainer in this process into `c_peer recv ARGS`: its outcome and how the
 /// receiver ended.
-fn rust_trainer_feeding_c_receiver(
-    args: &[&str],
-) -> (Result<TrainerReport, TrainerError>, Finished) {
+fn rust_trainer_feeding_c_receiver(args: &[&str]) -> (wsync::Result<TrainerReport>, Finished) {
     let mut receiver = c_recv(args, Stdio::piped());
     let mut frames = receiver.take_stdin();
     let outcome = run_role(&mut [&mut receiver], move || {
-        common::run_trainer(&mut frames, &trainer_config())
+        trainer::run_trainer(&mut frames, &trainer_config())
     });
     (outcome, receiver.finish(Instant::now() + DEADLINE))
 }
@@ -405,13 +413,13 @@ fn rust_engine_ending_early_fails_the_c_senders_flush_with_peer() {
 #[test]
 fn c_receiver_ending_early_fails_the_rust_trainers_flush_with_peer() {
     let (outcome, done) = rust_trainer_feeding_c_receiver(&["--end-early-at", "2"]);
-    let e = outcome
-        .expect_err("the trainer's flush should fail")
-        .to_string();
+    let e = outcome.expect_err("the trainer's flush should fail");
+    assert_eq!(e.status(), wsync::Status::Peer, "{e}");
+    let m = e.message();
     assert!(
-        (e.contains("version 2: flush: WSYNC_ERR_PEER: shm: receiver 0")
-            || e.contains("version 2: send: WSYNC_ERR_PEER: shm: receiver 0"))
-            && e.contains("failed chunk 0 of version 2"),
+        (m.starts_with("version 2: flush: shm: receiver 0")
+            || m.starts_with("version 2: send: shm: receiver 0"))
+            && m.contains("failed chunk 0 of version 2"),
         "{e}"
     );
     assert!(done.status.success(), "C receiver: {}", done.stderr);
@@ -453,13 +461,10 @@ fn rust_engine_failing_after_its_last_view_fails_the_c_senders_flush_with_its_re
 fn c_receiver_failing_after_its_last_view_reaches_the_rust_flush_as_fields() {
     let (outcome, done) = rust_trainer_feeding_c_receiver(&["--fail-at", "2"]);
     let e = outcome.expect_err("the trainer's flush should fail");
-    assert!(
-        e.message.starts_with("version 2: flush: WSYNC_ERR_PEER"),
-        "{}",
-        e.message
-    );
-    let [f] = e.failures.as_slice() else {
-        panic!("one failure expected: {:?}", e.failures)
+    assert_eq!(e.status(), wsync::Status::Peer, "{e}");
+    assert!(e.message().starts_with("version 2: flush: "), "{e}");
+    let [f] = e.failures() else {
+        panic!("one failure expected: {:?}", e.failures())
     };
     assert_eq!(f.what, wsync::FailureKind::Failed);
     assert_eq!(f.status, wsync::Status::Integrity);
@@ -500,7 +505,7 @@ fn rust_trainer_syncs_a_c_engine_and_a_rust_engine_process_at_once() {
         ..trainer_config()
     };
     let report = run_role(&mut [&mut c_engine, &mut rust_engine], move || {
-        common::run_trainer(&mut fan_out, &config)
+        trainer::run_trainer(&mut fan_out, &config)
     });
     let deadline = Instant::now() + DEADLINE;
     let (c_done, rust_done) = (c_engine.finish(deadline), rust_engine.finish(deadline));
@@ -606,23 +611,26 @@ fn a_stream_cut_short_is_an_error_not_a_hang() {
     let data = common::data(1, 0);
     let request = t
         .sender
-        .send_chunk([&data.tensor(0).unwrap()], false)
+        .send_chunk([&common::tensor(0, &data).unwrap()], false)
         .unwrap();
     let mut stream = Vec::new();
     common::write_frame(&mut stream, common::TAG_INIT, &t.init).unwrap();
     common::write_frame(&mut stream, common::TAG_REQUEST, &request).unwrap();
     let config = EngineConfig::default();
 
-    let e = common::run_engine(&mut &stream[..], &config).expect_err("no 'Q'");
+    let e = engine::run_engine(&mut &stream[..], &config).expect_err("no 'Q'");
     assert!(e.contains("without 'Q'"), "{e}");
     let cut = &stream[..stream.len() - 3];
-    let e = common::run_engine(&mut &cut[..], &config).expect_err("a truncated frame");
+    let e = engine::run_engine(&mut &cut[..], &config).expect_err("a truncated frame");
     assert!(e.contains("reading frames"), "{e}");
     let mut bad_tag = stream.clone();
     bad_tag[0] = b'X';
-    let e = common::run_engine(&mut &bad_tag[..], &config).expect_err("not a frame stream");
-    assert!(e.contains("unknown frame tag 0x58"), "{e}");
-    let e = common::run_engine(&mut &b""[..], &config).expect_err("an empty stream");
+    let e = engine::run_engine(&mut &bad_tag[..], &config).expect_err("not a frame stream");
+    assert!(
+        e.contains("frame tag 0x58") && e.contains("not a wsync frame stream"),
+        "{e}"
+    );
+    let e = engine::run_engine(&mut &b""[..], &config).expect_err("an empty stream");
     assert!(e.contains("before the init frame"), "{e}");
 }
 

@@ -54,7 +54,7 @@ pub fn receiver_with(init: &[u8], index: u32, options: &str) -> Receiver {
 /// Sends `values` as a chunk of one tensor, `name`, shaped `[values.len()]`; returns the request.
 pub fn send<T: Element>(s: &mut Sender, name: &str, values: &[T], last: bool) -> Vec<u8> {
     s.send_chunk(
-        &[TensorRef::new(name, values, &[values.len()]).unwrap()],
+        &[TensorRef::new(name, values, &[i64::try_from(values.len()).unwrap()]).unwrap()],
         last,
     )
     .expect("send")
