@@ -1,6 +1,7 @@
 #include "board.hpp"
 
 #include <algorithm>
+#include <cinttypes>
 #include <cstring>
 #include <new>
 #include <sched.h>
@@ -186,9 +187,9 @@ void SenderEnd::collect_failures(std::vector<Failure> &out) {
             lost.status = WSYNC_ERR_PEER;
             lost.receiver = r;
             lost.pid = pid_of(r);
-            lost.message = std::to_string(n - first - kFailureRing) +
-                           " earlier failure records of this receiver were overwritten before "
-                           "this sender read them";
+            lost.message = strf("%" PRIu64 " earlier failure records of this receiver were "
+                                "overwritten before this sender read them",
+                                n - first - kFailureRing);
             out.push_back(std::move(lost));
             first = n - kFailureRing;
         }
@@ -225,8 +226,8 @@ void SenderEnd::collect_failures(std::vector<Failure> &out) {
             if (!ok) {
                 f.status = WSYNC_ERR_PEER;
                 f.pid = pid_of(r);
-                f.message = "failure record " + std::to_string(k) +
-                            " was unreadable (overwritten, torn or corrupt)";
+                f.message = strf("failure record %" PRIu64
+                                 " was unreadable (overwritten, torn or corrupt)", k);
             }
             out.push_back(std::move(f));
         }
@@ -239,15 +240,14 @@ std::string describe(const std::string &kind, const std::vector<Failure> &fs) {
     std::string msg;
     for (const Failure &f : fs) {
         if (!msg.empty()) msg += "; ";
-        msg += kind + ": receiver " + std::to_string(f.receiver);
-        if (f.pid) msg += " (pid " + std::to_string(f.pid) + ")";
+        msg += strf("%s: receiver %" PRIu32, kind.c_str(), f.receiver);
+        if (f.pid) msg += strf(" (pid %" PRId32 ")", f.pid);
         switch (f.what) {
         case WSYNC_FAILURE_FAILED:
             msg += " failed";
             if (f.chunk_index != WSYNC_NO_CHUNK)
-                msg += " chunk " + std::to_string(f.chunk_index) + " of version " +
-                       std::to_string(f.version);
-            msg += std::string(": ") + status_name(f.status) + ": " + f.message;
+                msg += strf(" chunk %" PRIu32 " of version %" PRIu64, f.chunk_index, f.version);
+            msg += strf(": %s: %s", status_name(f.status), f.message.c_str());
             break;
         default:
             msg += " " + f.message;
@@ -315,21 +315,20 @@ void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &de
                 f.status = WSYNC_ERR_TIMEOUT;
                 f.receiver = r;
                 f.pid = pid_of(r);
-                f.message = "did not acknowledge chunk seq " +
-                            std::to_string(oldest_pending_seq(r, slots, max_seq)) + " within " +
-                            std::to_string(deadline.budget_ms()) + " ms";
+                f.message = strf("did not acknowledge chunk seq %" PRIu64 " within %" PRId64 " ms",
+                                 oldest_pending_seq(r, slots, max_seq), deadline.budget_ms());
                 fs.push_back(std::move(f));
                 if (b_->receiver[r].state.load() == kFree)
                     never += (never.empty() ? "" : ", ") + std::to_string(r);
             }
             uint32_t first = static_cast<uint32_t>(__builtin_ctzll(mask));
             throw Error(WSYNC_ERR_TIMEOUT,
-                        kind_ + ": " + what + " after " + std::to_string(deadline.budget_ms()) +
-                            " ms: receivers " + list_indices(mask) +
-                            " did not acknowledge (receiver " + std::to_string(first) +
-                            " is behind on chunk seq " +
-                            std::to_string(oldest_pending_seq(first, slots, max_seq)) + ")" +
-                            (never.empty() ? "" : "; never attached: [" + never + "]"),
+                        strf("%s: %s after %" PRId64 " ms: receivers %s did not acknowledge "
+                             "(receiver %" PRIu32 " is behind on chunk seq %" PRIu64 ")%s%s%s",
+                             kind_.c_str(), what, deadline.budget_ms(), list_indices(mask).c_str(),
+                             first, oldest_pending_seq(first, slots, max_seq),
+                             never.empty() ? "" : "; never attached: [", never.c_str(),
+                             never.empty() ? "" : "]"),
                         std::move(fs));
         }
         sys::futex_wait(&b_->ack_futex, word, std::min(left, kLivenessPollMs));
@@ -371,21 +370,22 @@ void SenderEnd::wait_released(uint64_t version, uint64_t last_seq, const sys::De
                 f.receiver = r;
                 f.version = version == kAllReleased ? 0 : version;
                 f.pid = pid_of(r);
-                f.message = "still maps memory: it has released through version " +
-                            std::to_string(rel) + " (it releases a version when it ends the "
-                            "version's last chunk, and everything when it is destroyed)";
+                f.message = strf("still maps memory: it has released through version %" PRIu64
+                                 " (it releases a version when it ends the version's last "
+                                 "chunk, and everything when it is destroyed)",
+                                 rel);
                 fs.push_back(std::move(f));
-                detail += (detail.empty() ? "" : ", ") + std::string("receiver ") +
-                          std::to_string(r) + " released through version " + std::to_string(rel);
+                detail += strf("%sreceiver %" PRIu32 " released through version %" PRIu64,
+                               detail.empty() ? "" : ", ", r, rel);
             }
+            const std::string mapped =
+                version == kAllReleased
+                    ? std::string("this sync's memory (not destroyed yet)")
+                    : strf("memory that version %" PRIu64 " no longer uses", version);
             throw Error(WSYNC_ERR_TIMEOUT,
-                        kind_ + ": " + what + " after " + std::to_string(deadline.budget_ms()) +
-                            " ms: receivers " + list_indices(mask) + " still map " +
-                            (version == kAllReleased
-                                 ? std::string("this sync's memory (not destroyed yet)")
-                                 : "memory that version " + std::to_string(version) +
-                                       " no longer uses") +
-                            " (" + detail + ")",
+                        strf("%s: %s after %" PRId64 " ms: receivers %s still map %s (%s)",
+                             kind_.c_str(), what, deadline.budget_ms(), list_indices(mask).c_str(),
+                             mapped.c_str(), detail.c_str()),
                         std::move(fs));
         }
         sys::futex_wait(&b_->ack_futex, word, std::min(left, kLivenessPollMs));
@@ -396,9 +396,8 @@ void SenderEnd::wait_released(uint64_t version, uint64_t last_seq, const sys::De
 void attach(Board *b, int fd, uint32_t index, const std::string &kind) {
     ReceiverSlot &slot = b->receiver[index];
     if (!sys::lock_try(fd, receiver_lock(index)))
-        fail(WSYNC_ERR_WRONG_STATE, kind + ": receiver index " + std::to_string(index) +
-                                        " is already attached (pid " +
-                                        std::to_string(slot.pid.load()) + ")");
+        failf(WSYNC_ERR_WRONG_STATE, "%s: receiver index %" PRIu32 " is already attached (pid %" PRId32 ")",
+              kind.c_str(), index, slot.pid.load());
     // The index is ours now: nobody else can run this code for it until we close fd.
     slot.pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
     slot.released.store(0, std::memory_order_release);  // a new process maps nothing yet

@@ -1,5 +1,6 @@
 // The receive iteration: views, the copy-into path, verification and the end of a chunk.
 #include <algorithm>
+#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 
@@ -55,18 +56,16 @@ void Iteration::fill(std::size_t i, wsync_tensor_t *view, bool with_data) const 
 
 void Iteration::peek(std::size_t i, wsync_tensor_t *view) const {
     if (i >= table_.metas.size())
-        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT, "peek: index " + std::to_string(i) +
-                                             " is out of range (the chunk has " +
-                                             std::to_string(table_.metas.size()) + " tensors)");
+        failf(WSYNC_ERR_INVALID_ARGUMENT, "peek: index %zu is out of range (the chunk has %zu tensors)",
+              i, table_.metas.size());
     fill(i, view, false);
 }
 
 void Iteration::part(std::size_t i, wsync_part_t *out) const {
     if (i >= table_.metas.size())
-        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT, "wsync_recv_part: index " + std::to_string(i) +
-                                                    " is out of range (the chunk has " +
-                                                    std::to_string(table_.metas.size()) +
-                                                    " tensors)");
+        failf(WSYNC_ERR_INVALID_ARGUMENT,
+              "wsync_recv_part: index %zu is out of range (the chunk has %zu tensors)", i,
+              table_.metas.size());
     out->offset = table_.is_part(i) ? table_.parts[i].offset : 0;
     out->bytes = table_.payload_bytes(i);
 }
@@ -79,21 +78,20 @@ bool Iteration::next(wsync_tensor_t *view, wsync_part_t *part) {
     std::size_t i = next_;
     if (table_.is_part(i) && !part)
         fail_chunk(WSYNC_ERR_UNSUPPORTED,
-                   tensor_label(i, table_.metas[i].name.c_str()) + " in " + chunk_label(header_) +
-                       " is a part of a split tensor (bytes " +
-                       std::to_string(table_.parts[i].offset) + " + " +
-                       std::to_string(table_.parts[i].bytes) + " of " +
-                       std::to_string(table_.metas[i].nbytes) +
-                       "): a whole-tensor view would overrun it; take it with wsync_recv_copy "
-                       "or wsync_recv_next_part");
+                   strf("%s in %s is a part of a split tensor (bytes %" PRIu64 " + %" PRIu64
+                        " of %" PRIu64 "): a whole-tensor view would overrun it; take it with "
+                        "wsync_recv_copy or wsync_recv_next_part",
+                        tensor_label(i, table_.metas[i].name.c_str()).c_str(),
+                        chunk_label(header_).c_str(), table_.parts[i].offset,
+                        table_.parts[i].bytes, table_.metas[i].nbytes));
     if (table_.is_patch(i))
         fail_chunk(WSYNC_ERR_UNSUPPORTED,
-                   tensor_label(i, table_.metas[i].name.c_str()) + " in " + chunk_label(header_) +
-                       " is a patch against version " +
-                       std::to_string(table_.patches[i].base_version) +
-                       ": a view would show the patch, not the tensor; take it with "
-                       "wsync_recv_copy into memory that holds that version (or run the trainer "
-                       "with delta \"off\" for engines that load from views)");
+                   strf("%s in %s is a patch against version %" PRIu64 ": a view would show "
+                        "the patch, not the tensor; take it with wsync_recv_copy into memory "
+                        "that holds that version (or run the trainer with delta \"off\" for "
+                        "engines that load from views)",
+                        tensor_label(i, table_.metas[i].name.c_str()).c_str(),
+                        chunk_label(header_).c_str(), table_.patches[i].base_version));
     if (verify_ && !(state_[i] & kVerified))
         check_sum(i, copy::hash_bytes(backing_->data(i), table_.payload_bytes(i)));
     fill(i, view, true);
@@ -120,16 +118,14 @@ void Iteration::check_sum(std::size_t i, uint64_t got) {
 void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
     // Bad arguments are refused before anything is read: the iteration stays as it was.
     if (i >= table_.metas.size())
-        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
-                    "wsync_recv_copy: index " + std::to_string(i) + " is out of range (" +
-                        chunk_label(header_) + " has " + std::to_string(table_.metas.size()) +
-                        " tensors)");
+        failf(WSYNC_ERR_INVALID_ARGUMENT, "wsync_recv_copy: index %zu is out of range (%s has %zu tensors)",
+              i, chunk_label(header_).c_str(), table_.metas.size());
     const TensorMeta &m = table_.metas[i];
     if (offset > m.nbytes || len > m.nbytes - offset)
-        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
-                    "wsync_recv_copy: bytes [" + std::to_string(offset) + ", " + std::to_string(offset) +
-                        " + " + std::to_string(len) + ") are outside " + tensor_label(i, m.name.c_str()) +
-                        ", which has " + std::to_string(m.nbytes) + " bytes");
+        failf(WSYNC_ERR_INVALID_ARGUMENT,
+              "wsync_recv_copy: bytes [%" PRIu64 ", %" PRIu64 " + %" PRIu64 ") are outside %s, "
+              "which has %" PRIu64 " bytes",
+              offset, offset, len, tensor_label(i, m.name.c_str()).c_str(), m.nbytes);
     if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
     const wsync_device_t dev = backing_->device();
     if (!device_is_host(dev))
@@ -175,10 +171,10 @@ void Iteration::apply_patch(std::size_t i, uint64_t offset, void *dst, uint64_t 
     const std::string label = tensor_label(i, m.name.c_str());
     // Argument errors leave the iteration as it was.
     if (offset != 0 || len != m.nbytes)
-        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
-                    "wsync_recv_copy: " + label + " is a patch: copy it whole (offset 0, " +
-                        std::to_string(m.nbytes) + " bytes) into memory that holds version " +
-                        std::to_string(p.base_version));
+        failf(WSYNC_ERR_INVALID_ARGUMENT,
+              "wsync_recv_copy: %s is a patch: copy it whole (offset 0, %" PRIu64
+              " bytes) into memory that holds version %" PRIu64,
+              label.c_str(), m.nbytes, p.base_version);
     if (state_[i] & kTaken)
         wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
                     "wsync_recv_copy: " + label + " is a patch and was applied already");
@@ -186,10 +182,10 @@ void Iteration::apply_patch(std::size_t i, uint64_t offset, void *dst, uint64_t 
     const uint64_t have = owner_->completed_;
     if (have != p.base_version)
         fail_chunk(WSYNC_ERR_MISMATCH,
-                   what + " is a patch against version " + std::to_string(p.base_version) +
-                       ", but this receiver's completed version is " + std::to_string(have) +
-                       " (it missed or failed a version); the trainer sends a dense version "
-                       "once it hears of this failure");
+                   strf("%s is a patch against version %" PRIu64 ", but this receiver's "
+                        "completed version is %" PRIu64 " (it missed or failed a version); the "
+                        "trainer sends a dense version once it hears of this failure",
+                        what.c_str(), p.base_version, have));
     const auto *bytes = static_cast<const uint8_t *>(backing_->data(i));
     if (verify_ && !(state_[i] & kVerified)) check_sum(i, copy::hash_bytes(bytes, p.wire_bytes));
     const uint64_t esize = dtype_size(m.dtype);
@@ -208,16 +204,17 @@ void Iteration::apply_patch(std::size_t i, uint64_t offset, void *dst, uint64_t 
         std::snprintf(sums, sizeof sums, "%016llx, the patch's base is %016llx",
                       static_cast<unsigned long long>(got),
                       static_cast<unsigned long long>(p.base_xxh3));
-        fail_chunk(WSYNC_ERR_MISMATCH, what + ": the destination does not hold version " +
-                                           std::to_string(p.base_version) + " of it (XXH3 " +
-                                           sums + "); left unchanged");
+        fail_chunk(WSYNC_ERR_MISMATCH,
+                   strf("%s: the destination does not hold version %" PRIu64
+                        " of it (XXH3 %s); left unchanged",
+                        what.c_str(), p.base_version, sums));
     case delta::Applied::kResultDiffers:
         std::snprintf(sums, sizeof sums, "%016llx, the request says %016llx",
                       static_cast<unsigned long long>(got),
                       static_cast<unsigned long long>(p.result_xxh3));
-        fail_chunk(WSYNC_ERR_INTEGRITY, what + ": the patched tensor's checksum differs (XXH3 " +
-                                            sums + "); left at version " +
-                                            std::to_string(p.base_version));
+        fail_chunk(WSYNC_ERR_INTEGRITY,
+                   strf("%s: the patched tensor's checksum differs (XXH3 %s); left at version "
+                        "%" PRIu64, what.c_str(), sums, p.base_version));
     }
     state_[i] |= kVerified | kTaken;
     ++taken_;
@@ -261,9 +258,9 @@ void Iteration::end() {
     }
     if (taken_ < table_.metas.size()) {
         failed_ = WSYNC_ERR_WRONG_STATE;
-        failure_ = "iteration over " + chunk_label(header_) + " ended after " +
-                   std::to_string(taken_) + " of " + std::to_string(table_.metas.size()) +
-                   " tensors were taken (yielded or copied); the chunk is acknowledged as failed";
+        failure_ = strf("iteration over %s ended after %zu of %zu tensors were taken (yielded "
+                        "or copied); the chunk is acknowledged as failed",
+                        chunk_label(header_).c_str(), taken_, table_.metas.size());
         finish(failed_);
         wsync::fail(failed_, failure_);
     }
@@ -273,10 +270,10 @@ void Iteration::end() {
         tally(with_me, table_);
         std::string why;
         if (!(with_me == header_.manifest))
-            why = "version " + std::to_string(header_.version) +
-                  " is incomplete or differs: its manifest lists " +
-                  manifest_text(header_.manifest) + ", this receiver received " +
-                  manifest_text(with_me);
+            why = strf("version %" PRIu64 " is incomplete or differs: its manifest lists %s, "
+                       "this receiver received %s",
+                       header_.version, manifest_text(header_.manifest).c_str(),
+                       manifest_text(with_me).c_str());
         if (!why.empty()) {
             failed_ = WSYNC_ERR_MISMATCH;
             failure_ = why;
