@@ -13,7 +13,8 @@ import wsync
 from wsync.engine import ModuleLoader
 from wsync.trainer import send_model_async
 
-BIG = 96 << 20  # bytes in the large chunk: long enough to pack that the loop must tick meanwhile
+BIG = 96 << 20  # bytes in the large chunk
+HOLD_S = 0.25  # how long an engine holds the only bucket before each timed send gets it
 TICK_S = 0.001
 
 
@@ -41,28 +42,49 @@ async def ticks_during(work):
 
 
 def test_the_event_loop_keeps_running_during_a_large_send(make_sync):
+    # One bucket, which an engine thread holds (its iteration open) for HOLD_S before it lets
+    # go: each send below waits that long for the bucket, then packs BIG bytes. So a send lasts
+    # at least HOLD_S on any host, however fast it copies (a modern torch on a fast host packs
+    # 96 MiB in under 10 ms, too short to count ticks in).
     s = make_sync(buckets=1, bucket_bytes=BIG)
     big = {"w": torch.ones(BIG // 4)}
+    engines = []
+
+    def engine_holds(request):
+        it = s.receiver.receive(request)
+
+        def run():
+            time.sleep(HOLD_S)
+            with it:
+                for _ in it:
+                    pass
+
+        engines.append(threading.Thread(target=run))
+        engines[-1].start()
 
     async def blocking_send():
         return s.sender.send_chunk(big, last=True)  # no await inside: the loop is blocked
 
     async def scenario():
+        engine_holds(s.sender.send_chunk(big, last=True))
         request, free_ticks, elapsed = await ticks_during(s.sender.send_chunk_async(big, last=True))
-        with s.receiver.receive(request) as it:
-            for _ in it:
-                pass
+        engine_holds(request)
         # The control: the plain call starves the loop for the whole send, which shows the
         # tick count tells a blocked loop from a free one.
         blocked = await ticks_during(blocking_send())
+        engine_holds(blocked[0])
         return free_ticks, elapsed, blocked
 
     free_ticks, elapsed, (request, blocked_ticks, blocked_elapsed) = asyncio.run(scenario())
+    for e in engines:
+        e.join(10)
+    assert s.receiver.completed_version == 3
     # The loop woke during the awaited send at least once per 50 ms of it (1 ms ticks; lenient
     # for a loaded 2-core host, where the loop's thread waits for a core)...
-    assert elapsed > 0.01, f"the send took {elapsed:.4f} s: too short to tell"
+    assert elapsed >= 0.9 * HOLD_S, f"the send took {elapsed:.4f} s: it did not wait for the bucket"
     assert free_ticks >= max(3, int(elapsed / 0.05)), (free_ticks, elapsed)
     # ...and not at all during the same send called plainly.
+    assert blocked_elapsed >= 0.9 * HOLD_S, blocked_elapsed
     assert blocked_ticks == 0, (blocked_ticks, blocked_elapsed)
     assert isinstance(request, bytes)
 
