@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""A Python trainer with a GPT (tied embeddings) syncing to two engine processes: wsync's
+``send_model`` + ``ModuleLoader`` over ``shm`` against the hand-written baseline peers use on one
+host (the trainer's parameters in shared memory through ``share_memory_()``, their handles sent
+to the engines once over a ``torch.multiprocessing`` pipe, then per step a message down the pipe
+and each engine ``copy_()``-ing every parameter into its own model), all in this one run.
+
+Per step, outside the timing, the trainer changes every weight (``add_``, as an optimizer step
+writes them); the figure is the time from the trainer starting the sync until both engines have
+loaded the step (wsync: ``send_model`` forwarding each request as its chunk is sent, ``flush``,
+and both engines' replies; baseline: the message down both pipes and both engines' replies).
+Medians over ``--steps`` steps after one warm-up step; every mode ends by checking that both
+engines hold the trainer's weights bit for bit. A one-core ``copy_`` of the model's unique bytes
+is measured in the same run as the memory-speed reference.
+
+What differs, so the figures read right: the baseline copies once (shared memory -> engine) and
+only works when the trainer's parameters live in host shared memory (not for a GPU trainer, not
+across machines) and an engine may copy while the trainer writes (no versions, no checksums, a
+torn step is served). wsync copies twice (trainer -> bucket -> engine, pipelined by chunk) and
+gives versioned, all-or-nothing syncs, with or without checksums.
+
+    WSYNC_LIBRARY=build/libwsync.so /usr/bin/python3 bindings/python/bench/bench_gpt.py
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))
+
+import torch  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from torch import nn  # noqa: E402
+
+import wsync  # noqa: E402
+from wsync.engine import ModuleLoader  # noqa: E402
+from wsync.trainer import send_model  # noqa: E402
+
+WAIT_S = 300
+
+
+class Block(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(dim)
+        self.attn = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln_2 = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, hidden)
+        self.fc_proj = nn.Linear(hidden, dim)
+
+
+class GPT(nn.Module):
+    """GPT-2's shapes; lm_head.weight is wte.weight (tied)."""
+
+    def __init__(self, vocab, dim, layers, ctx=1024, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(ctx, dim)
+        self.h = nn.ModuleList(Block(dim, 4 * dim) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+
+def digest(model) -> str:
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def unique_params(model):
+    """(name, parameter) once per tensor, as named_parameters() gives them (tied: first name)."""
+    return list(model.named_parameters())
+
+
+def engine_main(index, conn, cfg):
+    torch.set_num_threads(1)
+    model = GPT(cfg["vocab"], cfg["dim"], cfg["layers"], seed=100 + index)
+    mode = cfg["mode"]
+    if mode == "baseline":
+        shared = conn.recv()  # {name: tensor in the trainer's shared memory}, once
+        own = unique_params(model)
+        conn.send("ready")
+        while True:
+            msg = conn.recv()
+            if msg[0] == "sync":
+                with torch.no_grad():
+                    for name, p in own:
+                        p.copy_(shared[name])
+                conn.send(("done", msg[1]))
+            elif msg[0] == "digest":
+                conn.send(("digest", digest(model)))
+            else:
+                break
+    else:
+        init = conn.recv()
+        opts = {"copy_threads": cfg["copy_threads"]} if cfg["copy_threads"] is not None else {}
+        strategy = wsync.Strategy.for_init_info(init, **opts)
+        receiver = strategy.receiver(init, index)
+        loader = ModuleLoader(model)
+        conn.send("ready")
+        while True:
+            msg = conn.recv()
+            if msg[0] == "request":
+                info = loader.load(receiver, msg[1])
+                if info.last:
+                    conn.send(("done", info.version))
+            elif msg[0] == "digest":
+                conn.send(("digest", digest(model)))
+            else:
+                break
+        receiver.close()
+        strategy.close()
+
+
+def step_weights(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1e-6)
+
+
+def expect(conn, kind):
+    if not conn.poll(WAIT_S):
+        raise RuntimeError(f"no {kind!r} from an engine within {WAIT_S} s")
+    msg = conn.recv()
+    got = msg if isinstance(msg, str) else msg[0]
+    if got != kind:
+        raise RuntimeError(f"expected {kind!r} from an engine, got {msg!r}")
+    return msg
+
+
+def run_mode(model, cfg, mode, checksum=None):
+    ctx = mp.get_context("spawn")
+    pipes = [ctx.Pipe() for _ in range(2)]
+    procs = [ctx.Process(target=engine_main, args=(i, pipes[i][1], dict(cfg, mode=mode)))
+             for i in range(2)]
+    for p in procs:
+        p.start()
+    conns = [a for a, _ in pipes]
+    strategy = sender = None
+    times = []
+    try:
+        if mode == "baseline":
+            shared = dict(unique_params(model))
+            for c in conns:
+                c.send(shared)
+        else:
+            strategy = wsync.Strategy("shm", receivers=2, checksum=checksum,
+                                      bucket_bytes=cfg["bucket_mb"] << 20, buckets=cfg["buckets"],
+                                      timeout_ms=60000)
+            init = strategy.create_init_info()
+            sender = strategy.sender(init)
+            for c in conns:
+                c.send(init)
+        for c in conns:
+            expect(c, "ready")
+        for step in range(cfg["steps"] + 1):
+            step_weights(model)
+            t0 = time.perf_counter()
+            if mode == "baseline":
+                for c in conns:
+                    c.send(("sync", step))
+            else:
+                def forward(request):
+                    for c in conns:
+                        c.send(("request", request))
+                send_model(sender, model, on_request=forward,
+                           chunk_bytes=cfg["chunk_mb"] << 20 if cfg["chunk_mb"] else None)
+                sender.flush(60)
+            for c in conns:
+                expect(c, "done")
+            if step > 0:  # step 0 warms up (page faults, first mappings)
+                times.append(time.perf_counter() - t0)
+        want = digest(model)
+        for i, c in enumerate(conns):
+            c.send(("digest",))
+            got = expect(c, "digest")[1]
+            if got != want:
+                raise RuntimeError(f"{mode}: engine {i} does not hold the trainer's weights")
+        for c in conns:
+            c.send(("stop",))
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+        if sender is not None:
+            sender.close()
+        if strategy is not None:
+            strategy.close()
+    return statistics.median(times), times
+
+
+def one_core_copy_s(model, reps=5):
+    params = [p.detach() for p in model.parameters()]
+    dsts = [torch.empty_like(p) for p in params]
+    for d, s in zip(dsts, params):
+        d.copy_(s)
+    best = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for d, s in zip(dsts, params):
+            d.copy_(s)
+        best.append(time.perf_counter() - t0)
+    return statistics.median(best)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=8, help="transformer blocks (default 8: ~96M params)")
+    ap.add_argument("--dim", type=int, default=768)
+    ap.add_argument("--vocab", type=int, default=50304)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per mode (after one warm-up)")
+    ap.add_argument("--bucket-mb", type=int, default=256,
+                    help="shm bucket size (MiB); at least the largest tensor (wte)")
+    ap.add_argument("--buckets", type=int, default=2, help="shm buckets")
+    ap.add_argument("--chunk-mb", type=int, default=0,
+                    help="planned chunk size (MiB; default: the bucket size)")
+    ap.add_argument("--copy-threads", type=int, default=None,
+                    help="engines' copy_threads option (default: the library's)")
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    cfg = {"vocab": args.vocab, "dim": args.dim, "layers": args.layers, "steps": args.steps,
+           "bucket_mb": args.bucket_mb, "buckets": args.buckets, "chunk_mb": args.chunk_mb,
+           "copy_threads": args.copy_threads}
+    model = GPT(args.vocab, args.dim, args.layers)
+    unique = sum(p.numel() * p.element_size() for p in model.parameters())
+    named = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    copy_s = one_core_copy_s(model)
+    model.share_memory()  # share_memory_() on every tensor; the baseline needs it; wsync does not care where the bytes live
+    results = {}
+    for name, mode, checksum in (("baseline share_memory_ + pipe", "baseline", None),
+                                 ("wsync shm, checksums on", "wsync", True),
+                                 ("wsync shm, checksums off", "wsync", False)):
+        med, all_s = run_mode(model, cfg, mode, checksum)
+        results[name] = {"median_s": med, "steps_s": all_s}
+    base = results["baseline share_memory_ + pipe"]["median_s"]
+    out = {"params": sum(p.numel() for p in model.parameters()), "unique_bytes": unique,
+           "state_dict_bytes": named, "one_core_copy_s": copy_s, "cpus": os.cpu_count(),
+           "torch": torch.__version__, "results": results}
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(f"GPT {out['params'] / 1e6:.1f}M params (tied wte/lm_head), float32: "
+          f"{unique / 2**20:.0f} MiB unique, {named / 2**20:.0f} MiB under all state_dict names; "
+          f"torch {torch.__version__}, {os.cpu_count()} CPUs, 2 engine processes")
+    print(f"one-core copy_ of the unique bytes: {copy_s * 1e3:.1f} ms")
+    print(f"{'sync to both engines (median of ' + str(args.steps) + ')':<42} {'ms':>8} "
+          f"{'x baseline':>11} {'x one-core copy':>16}")
+    for name, r in results.items():
+        print(f"{name:<42} {r['median_s'] * 1e3:8.1f} {r['median_s'] / base:11.2f} "
+              f"{r['median_s'] / copy_s:16.2f}")
+
+
+if __name__ == "__main__":
+    main()
