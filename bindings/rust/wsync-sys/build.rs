@@ -180,7 +180,10 @@ fn text(number: u32) -> String {
 fn resolve_lib_dir(dir: &Path) -> PathBuf {
     if dir.is_absolute() {
         if !dir.is_dir() {
-            eprintln!("error: WSYNC_LIB_DIR is '{}', which is not a directory.", dir.display());
+            eprintln!(
+                "error: WSYNC_LIB_DIR is '{}', which is not a directory.",
+                dir.display()
+            );
             exit(1);
         }
         return dir.to_path_buf();
@@ -336,9 +339,12 @@ fn from_pkg_config(want_static: bool, declared: (u32, u32, u32)) -> Result<Found
     let tool = env::var("PKG_CONFIG").unwrap_or_else(|_| "pkg-config".to_string());
     let modversion = run(&tool, &["--modversion", "wsync"])?;
     let least = format!("{}.{}", declared.0, declared.1);
-    let major: Option<u32> = modversion.trim().split('.').next().and_then(|m| m.parse().ok());
-    if run(&tool, &["--atleast-version", &least, "wsync"]).is_err() || major != Some(declared.0)
-    {
+    let major: Option<u32> = modversion
+        .trim()
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok());
+    if run(&tool, &["--atleast-version", &least, "wsync"]).is_err() || major != Some(declared.0) {
         return Err(format!(
             "`{tool}` finds libwsync {}, but this binding needs {least} or newer with major \
              version {} (`{tool} --atleast-version={least} wsync` fails); install a newer \

@@ -548,7 +548,10 @@ extern "C" {
     pub fn wsync_sender_drop_receiver(sender: *mut wsync_sender_t, index: u32) -> wsync_status_t;
     /// The CUDA stream (`CUstream`) the caller queues its writes to the tensors on; NULL: the
     /// legacy default stream. Borrowed until the next call or the sender's destruction.
-    pub fn wsync_sender_set_stream(sender: *mut wsync_sender_t, stream: *mut c_void) -> wsync_status_t;
+    pub fn wsync_sender_set_stream(
+        sender: *mut wsync_sender_t,
+        stream: *mut c_void,
+    ) -> wsync_status_t;
     /// How many receiver failures the sender's last failed call found.
     pub fn wsync_sender_failure_count(
         sender: *const wsync_sender_t,
@@ -626,8 +629,11 @@ extern "C" {
         has_view: *mut bool,
     ) -> wsync_status_t;
     /// The byte range entry `i` carries of its tensor (0.5).
-    pub fn wsync_recv_part(it: *const wsync_recv_t, i: usize, out: *mut wsync_part_t)
-        -> wsync_status_t;
+    pub fn wsync_recv_part(
+        it: *const wsync_recv_t,
+        i: usize,
+        out: *mut wsync_part_t,
+    ) -> wsync_status_t;
     /// Copies bytes `[offset, offset + len)` of tensor `i` into `dst` (host memory, `len`
     /// bytes) with the library's copy loop, verifying the tensor's checksum in the same pass.
     pub fn wsync_recv_copy(
@@ -705,7 +711,10 @@ const fn parse_u32(text: &str) -> u32 {
     let mut value = 0u32;
     let mut i = 0;
     while i < bytes.len() {
-        assert!(bytes[i].is_ascii_digit(), "WSYNC_SYS_BUILT_AGAINST is not a number");
+        assert!(
+            bytes[i].is_ascii_digit(),
+            "WSYNC_SYS_BUILT_AGAINST is not a number"
+        );
         value = value * 10 + (bytes[i] - b'0') as u32;
         i += 1;
     }
