@@ -21,8 +21,10 @@ inline uint32_t diff_mask_words(const uint8_t *a, const uint8_t *b) {
     for (unsigned i = 0; i < 32; ++i) m |= uint32_t(a[i] != b[i]) << i;
     return m;
 }
+inline bool same128_words(const uint8_t *a, const uint8_t *b) { return std::memcmp(a, b, 128) == 0; }
 }  // namespace
 #define WSYNC_DELTA_MASK diff_mask_words
+#define WSYNC_DELTA_SAME128 same128_words
 
 #include "delta_kernels.hpp"
 

@@ -12,8 +12,20 @@ inline uint32_t diff_mask_avx2(const uint8_t *a, const uint8_t *b) {
     const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b));
     return ~uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(x, y)));
 }
+// Whether the 128 bytes at a and b are equal: four compares folded into one test.
+inline bool same128_avx2(const uint8_t *a, const uint8_t *b) {
+    const auto *x = reinterpret_cast<const __m256i *>(a);
+    const auto *y = reinterpret_cast<const __m256i *>(b);
+    const __m256i d0 = _mm256_xor_si256(_mm256_loadu_si256(x), _mm256_loadu_si256(y));
+    const __m256i d1 = _mm256_xor_si256(_mm256_loadu_si256(x + 1), _mm256_loadu_si256(y + 1));
+    const __m256i d2 = _mm256_xor_si256(_mm256_loadu_si256(x + 2), _mm256_loadu_si256(y + 2));
+    const __m256i d3 = _mm256_xor_si256(_mm256_loadu_si256(x + 3), _mm256_loadu_si256(y + 3));
+    const __m256i any = _mm256_or_si256(_mm256_or_si256(d0, d1), _mm256_or_si256(d2, d3));
+    return _mm256_testz_si256(any, any) != 0;
+}
 }  // namespace
 #define WSYNC_DELTA_MASK diff_mask_avx2
+#define WSYNC_DELTA_SAME128 same128_avx2
 
 #include "delta_kernels.hpp"
 

@@ -1,6 +1,7 @@
 // The compare and apply loops of delta.cpp, built twice: by delta.cpp for the baseline ISA and
 // by delta_avx2.cpp with -mavx2 (called only where the CPU has AVX2). Include after <xxhash.h>
-// with XXH_INLINE_ALL, and with WSYNC_DELTA_MASK defined as the file's 32-byte difference mask.
+// with XXH_INLINE_ALL, and with WSYNC_DELTA_MASK defined as the file's 32-byte difference mask
+// and WSYNC_DELTA_SAME128 as its 128-byte equality test.
 // Everything below has internal linkage and uses no template or inline function shared with
 // other files (no std::vector, no std::min), so each file keeps its own build of it and the
 // linker can never hand an AVX2 copy to a CPU without AVX2.
@@ -78,6 +79,12 @@ inline bool find_changes_impl(const uint8_t *now, uint8_t *base, uint64_t nbytes
         for (; fold && f < fold->count && fold->idx[f] * esize < end; ++f)
             copy_element(base + fold->idx[f] * esize, fold->values + f * esize, esize);
         for (uint64_t p = at; p < end; p += 32) {
+            // Most of a tensor is unchanged: 128 equal bytes are skipped with one test.
+            if (((p - at) & 127) == 0 && end - p >= 128 && skip <= p &&
+                WSYNC_DELTA_SAME128(now + p, base + p)) {
+                p += 96;
+                continue;
+            }
             uint32_t m = end - p >= 32 ? WSYNC_DELTA_MASK(now + p, base + p)
                                        : tail_mask(now + p, base + p, end - p);
             if (skip > p) m = skip - p >= 32 ? 0 : m & (~0u << (skip - p));
