@@ -476,3 +476,44 @@ def test_a_strategy_that_shares_trainer_memory_refuses_a_lazy_source():
 
     with pytest.raises(wsync.InvalidArgumentError, match="packed: false"):
         send_model(SharingSender(), LazySource([("a", "float32", (1,))], list))
+
+
+def test_lazy_numpy_tensors_are_cast_as_planned(sync):
+    state = {"a.w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4),
+             "a.steps": np.arange(3, dtype=np.int64)}
+    source = LazySource([(n, a.dtype, a.shape) for n, a in state.items()],
+                        lambda names: {n: state[n].copy() for n in names})
+    [chunk] = list(iter_chunks(source, dtype=torch.bfloat16))
+    sent = dict(chunk.tensors)
+    assert sent["a.w"].dtype == torch.bfloat16 and sent["a.steps"].dtype == torch.int64
+    assert chunk.bytes == 12 * 2 + 3 * 8
+    engine = {"a.w": torch.zeros(3, 4, dtype=torch.bfloat16),
+              "a.steps": torch.zeros(3, dtype=torch.int64)}
+    [request] = send_model(sync.sender, source, dtype=torch.bfloat16)
+    ModuleLoader(engine).load(sync.receiver, request)
+    assert torch.equal(engine["a.w"], torch.from_numpy(state["a.w"]).to(torch.bfloat16))
+    assert torch.equal(engine["a.steps"], torch.arange(3))
+
+
+def test_send_model_async_sends_a_lazy_tied_source(make_sync):
+    import asyncio
+
+    from wsync.trainer import send_model_async
+
+    s = make_sync(buckets=4, bucket_bytes=64 << 10)
+    trainer, engine = TiedLM(seed=0), TiedLM(tied=False, seed=4)
+    state = trainer.state_dict()
+    metas = [(n, t.dtype, t.shape) for n, t in state.items() if n != "lm_head.weight"]
+    gather = Gathers(state)
+    source = LazySource(metas, gather, aliases={"lm_head.weight": "wte.weight"})
+    loader = ModuleLoader(engine)
+
+    async def load(request):
+        loader.load(s.receiver, request)
+
+    requests = asyncio.run(send_model_async(s.sender, source, chunk_bytes=32 << 10,
+                                            on_request=load, flush_timeout_s=10))
+    assert len(requests) == len(gather.calls) > 1
+    assert gather.peak <= max(c.bytes for c in wsync.plan(source.metas, chunk_bytes=32 << 10))
+    assert s.receiver.completed_version == 1
+    assert model_digests(engine) == model_digests(trainer)

@@ -134,7 +134,8 @@ class LazySource:
             except (TypeError, ValueError) as exc:
                 raise invalid(f"LazySource: tensor '{name}': {exc}") from None
             self.metas.append(TensorMeta(name, dt, shape))
-        known = {m.name for m in self.metas}
+        self._by_name: Dict[str, TensorMeta] = {m.name: m for m in self.metas}
+        known = self._by_name
         if len(known) != len(self.metas):
             raise invalid("LazySource: a name appears more than once in the metadata")
         self.aliases: Dict[str, str] = dict(aliases or {})
@@ -174,12 +175,14 @@ def _alias_key(t):
     be an alias of anything (no elements, no memory, not a tensor)."""
     torch = _dtypes.torch_module()
     if torch is not None and isinstance(t, torch.Tensor):
-        if t.numel() == 0 or t.device.type == "meta" or t.is_sparse or t.is_quantized:
+        try:
+            if t.numel() == 0 or t.device.type == "meta" or t.is_sparse or t.is_quantized:
+                return None
+            ptr = t.data_ptr()
+            key = ("torch", str(t.device), ptr, t.dtype, tuple(t.shape), tuple(t.stride()))
+        except (RuntimeError, NotImplementedError, TypeError):  # no plain memory (subclasses)
             return None
-        ptr = t.data_ptr()
-        if ptr == 0:
-            return None
-        return ("torch", str(t.device), ptr, t.dtype, tuple(t.shape), tuple(t.stride()))
+        return key if ptr != 0 else None
     if isinstance(t, np.ndarray):
         if t.size == 0:
             return None
@@ -297,7 +300,7 @@ def _gathered(lazy: LazySource, names: List[str]) -> Dict[str, Any]:
                           f"{len(names)} names")
         out = dict(zip(names, got))
     del got
-    want = {m.name: m for m in lazy.metas if m.name in out}
+    want = lazy._by_name
     for name, t in out.items():
         have = _meta(name, t, None)
         if (have.dtype, have.shape) != (want[name].dtype, want[name].shape):
@@ -346,6 +349,9 @@ def iter_chunks(source, *, chunk_bytes: Optional[int] = None, group_depth: int =
         for e in picked:
             t = sources[e.key] if sources is not None else e.key
             ident = e.key if sources is not None else id(t)
+            if sources is not None and dtype is not None and isinstance(t, np.ndarray):
+                # The plan cast every floating-point lazy tensor: numpy ones go through torch.
+                t = _dtypes.require_torch().from_numpy(t)
             if ident not in prepared:
                 prepared[ident] = _prepare(t, dtype, device, make_contiguous)
             tensors.append((e.wire_name, prepared[ident]))
@@ -419,7 +425,8 @@ async def send_model_async(sender: Sender, source, *, chunk_bytes: Optional[int]
     it and flushing run on worker threads, so the event loop keeps serving while weights go
     out; ``on_request`` may be a plain function or a coroutine function (awaited on the loop,
     e.g. an HTTP call to the inference engines). Failures abandon the version, as in
-    :func:`send_model`."""
+    :func:`send_model`. A :class:`LazySource`'s ``gather`` runs on those worker threads too,
+    one call at a time."""
     _check_lazy_allowed(sender, source)
     if chunk_bytes is None:
         chunk_bytes = default_chunk_bytes(sender)
