@@ -517,3 +517,24 @@ def test_send_model_async_sends_a_lazy_tied_source(make_sync):
     assert gather.peak <= max(c.bytes for c in wsync.plan(source.metas, chunk_bytes=32 << 10))
     assert s.receiver.completed_version == 1
     assert model_digests(engine) == model_digests(trainer)
+
+
+def test_a_cast_copy_replaces_its_gathered_original_before_the_send(sync):
+    # With dtype=, each gathered float32 tensor is dropped as soon as its bfloat16 copy exists:
+    # when the chunk is sent, none of the gathered originals is alive any more.
+    trainer = TiedLM(seed=0)
+    source, gather = lazy(trainer)
+    live_at_send = []
+
+    def sent(request):
+        live_at_send.append(gather.live)
+
+    chunks = list(iter_chunks(source, dtype=torch.bfloat16))
+    assert gather.live == 0 and len(chunks) == 1
+    source, gather = lazy(trainer)
+    send_model(sync.sender, source, dtype=torch.bfloat16, on_request=sent)
+    assert live_at_send == [0]
+    # The control: without a cast the gathered tensors are what is sent, alive at the send.
+    source, gather = lazy(trainer)
+    send_model(sync.sender, source, on_request=sent)
+    assert live_at_send[-1] == sum(nbytes(t) for t in trainer.state_dict().values())

@@ -51,8 +51,8 @@ MAX_NAME_BYTES = 1024
 
 
 def join_alias_names(names) -> List[str]:
-    """The wire names that carry one tensor known under ``names`` (in order): ``names`` joined
-    with ``=``, in order, as few joined names as fit :data:`MAX_NAME_BYTES` each; names that
+    """The wire names that carry one tensor known under ``names``: ``names`` joined with
+    ``=`` in order, in as few joined names as fit :data:`MAX_NAME_BYTES` each; names that
     contain ``=`` (or are empty) come last, each alone."""
     out: List[str] = []
     alone: List[str] = []
@@ -242,7 +242,8 @@ def _prepare(t, dtype, device, make_contiguous: bool):
     torch = _dtypes.torch_module()
     if torch is None or not isinstance(t, torch.Tensor):
         return t
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()  # only then: the tensor itself is sent, not a new view of its storage
     want = _target_dtype(t, dtype)
     if want != t.dtype or (device is not None and t.device != torch.device(device)):
         t = t.to(device=device if device is not None else t.device, dtype=want)
@@ -290,7 +291,7 @@ def _gathered(lazy: LazySource, names: List[str]) -> Dict[str, Any]:
     if isinstance(got, Mapping):
         missing = [n for n in names if n not in got]
         if missing:
-            raise invalid(f"LazySource: gather returned no tensor for "
+            raise invalid("LazySource: gather returned no tensor for "
                           + ", ".join(f"'{n}'" for n in missing))
         out = {n: got[n] for n in names}
     else:
@@ -347,15 +348,18 @@ def iter_chunks(source, *, chunk_bytes: Optional[int] = None, group_depth: int =
         prepared: Dict[Any, Any] = {}  # one converted copy per tensor, shared by its wire names
         tensors = []
         for e in picked:
-            t = sources[e.key] if sources is not None else e.key
-            ident = e.key if sources is not None else id(t)
-            if sources is not None and dtype is not None and isinstance(t, np.ndarray):
-                # The plan cast every floating-point lazy tensor: numpy ones go through torch.
-                t = _dtypes.require_torch().from_numpy(t)
+            ident = e.key if sources is not None else id(e.key)
             if ident not in prepared:
+                # A gathered tensor leaves `sources` as it is prepared, so a cast or moved copy
+                # replaces its original here instead of both living until the chunk is sent.
+                t = sources.pop(e.key) if sources is not None else e.key
+                if sources is not None and dtype is not None and isinstance(t, np.ndarray):
+                    # The plan cast every floating-point lazy tensor: numpy ones go through torch.
+                    t = _dtypes.require_torch().from_numpy(t)
                 prepared[ident] = _prepare(t, dtype, device, make_contiguous)
+                t = None
             tensors.append((e.wire_name, prepared[ident]))
-        t = sources = prepared = None
+        sources = prepared = None
         yield ChunkToSend(k, tensors, k == len(chunks) - 1, planned.bytes)
         # The caller is done with this chunk: drop its gathered and converted tensors before
         # the next gather, so two chunks of them never coexist here.
