@@ -59,7 +59,9 @@ class ModuleLoader:
       ``MISMATCH`` naming what is missing, before that chunk is copied and before the version
       commits (see :meth:`load`).
       Tied tensors (one tensor under several names) count as loaded under any of their names;
-      a fused tensor counts once every element of it was loaded. ``strict=False`` loads what
+      a fused tensor counts once every element of it was loaded. A wire tensor whose name
+      joins several names with ``=`` (a tied weight the trainer sent once) loads under, and
+      counts for, every one of them (see the module documentation). ``strict=False`` loads what
       comes.
     - ``map_name``: a hook from a trainer tensor's name to where it goes (see
       :data:`MappedName`): rename it, skip it (``None``), or load it into part of a module
