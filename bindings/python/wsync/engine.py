@@ -13,6 +13,13 @@ The loader is strict by default, as ``load_state_dict`` is: a version that does 
 parameter and buffer of the module fails on its last chunk, naming what is missing, so it never
 commits. ``map_name`` maps a trainer's names onto the module's, including into part of a fused
 parameter (q/k/v into one qkv).
+
+Aliases: a wire tensor whose name joins several names with ``=`` (``"embed_tokens.weight=
+lm_head.weight"``, how :func:`wsync.trainer.send_model` sends a tied weight once) is loaded
+under every one of them: into the one tensor of a tied module (once), or into each parameter
+of an untied one, and the strict check counts every name as loaded. ``map_name`` sees each
+name on its own. A name is taken whole instead when the module has a tensor of exactly that
+name (and there is no ``map_name``).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from . import _dtypes
 from ._core import Receiver, RecvInfo, TensorMeta
 from ._dtypes import DType
 from ._errors import Status, WsyncError, invalid
+from .trainer import split_alias_name
 
 #: How many differences a mismatch error lists before summarising the rest.
 MAX_LISTED_PROBLEMS = 10
@@ -51,7 +59,9 @@ class ModuleLoader:
       ``MISMATCH`` naming what is missing, before that chunk is copied and before the version
       commits (see :meth:`load`).
       Tied tensors (one tensor under several names) count as loaded under any of their names;
-      a fused tensor counts once every element of it was loaded. ``strict=False`` loads what
+      a fused tensor counts once every element of it was loaded. A wire tensor whose name
+      joins several names with ``=`` (a tied weight the trainer sent once) loads under, and
+      counts for, every one of them (see the module documentation). ``strict=False`` loads what
       comes.
     - ``map_name``: a hook from a trainer tensor's name to where it goes (see
       :data:`MappedName`): rename it, skip it (``None``), or load it into part of a module
@@ -104,6 +114,20 @@ class ModuleLoader:
         raise invalid(f"map_name('{name}') returned {mapped!r}: expected None, a name, or "
                       f"(name, index)")
 
+    def _resolve_all(self, wire_name: str) -> List[Tuple[str, Tuple[str, Any]]]:
+        """(name, resolved) for each name a wire tensor carries (its aliases, see the module
+        documentation), skipping the names ``map_name`` skips."""
+        if self.map_name is None and wire_name in self.targets:
+            names = [wire_name]
+        else:
+            names = split_alias_name(wire_name)
+        out = []
+        for name in names:
+            resolved = self._resolve(name)
+            if resolved is not None:
+                out.append((name, resolved))
+        return out
+
     def _destination(self, resolved):
         target_name, index = resolved
         target = self.targets.get(target_name)
@@ -116,29 +140,34 @@ class ModuleLoader:
         the chunk fits)."""
         problems = []
         for m in metas:
-            resolved = self._resolve(m.name)
-            if resolved is None:
-                continue
-            target_name, index = resolved
-            where = f"tensor '{m.name}'" + (f" (-> '{target_name}')" if target_name != m.name
-                                              or index is not None else "")
-            if target_name not in self.targets:
-                if not self.ignore_unknown:
-                    problems.append(f"{where} is not a parameter or buffer of the model")
-                continue
-            want_dtype = self._dtypes[target_name]
-            if m.dtype != want_dtype and not self.allow_cast:
-                problems.append(f"{where}: dtype differs: request has {m.dtype.name}, "
-                                f"model has {want_dtype.name}")
-            try:
-                want_shape = tuple(self._destination(resolved).shape)
-            except (IndexError, TypeError, ValueError, RuntimeError) as exc:
-                problems.append(f"{where}: index {index!r} does not apply to "
-                                f"'{target_name}': {exc}")
-                continue
-            if tuple(m.shape) != want_shape:
-                problems.append(f"{where}: shape differs: request has "
-                                f"{_shape_text(m.shape)}, model has {_shape_text(want_shape)}")
+            for name, resolved in self._resolve_all(m.name):
+                problems += self._check_one(m, name, resolved)
+        return problems
+
+    def _check_one(self, m: TensorMeta, name: str, resolved) -> List[str]:
+        problems: List[str] = []
+        target_name, index = resolved
+        where = f"tensor '{name}'" + (f" (-> '{target_name}')" if target_name != name
+                                        or index is not None else "")
+        if name != m.name:
+            where += f" (of '{m.name}')"
+        if target_name not in self.targets:
+            if not self.ignore_unknown:
+                problems.append(f"{where} is not a parameter or buffer of the model")
+            return problems
+        want_dtype = self._dtypes[target_name]
+        if m.dtype != want_dtype and not self.allow_cast:
+            problems.append(f"{where}: dtype differs: request has {m.dtype.name}, "
+                            f"model has {want_dtype.name}")
+        try:
+            want_shape = tuple(self._destination(resolved).shape)
+        except (IndexError, TypeError, ValueError, RuntimeError) as exc:
+            problems.append(f"{where}: index {index!r} does not apply to "
+                            f"'{target_name}': {exc}")
+            return problems
+        if tuple(m.shape) != want_shape:
+            problems.append(f"{where}: shape differs: request has "
+                            f"{_shape_text(m.shape)}, model has {_shape_text(want_shape)}")
         return problems
 
     def missing(self, metas: Iterable[TensorMeta] = ()) -> List[str]:
@@ -155,11 +184,11 @@ class ModuleLoader:
 
     def _count(self, covered, metas) -> None:
         for m in metas:
-            resolved = self._resolve(m.name)
-            if resolved is None or resolved[0] not in self.targets:
-                continue
-            parts = covered.setdefault(self._key(self.targets[resolved[0]]), {})
-            parts[repr(resolved[1])] = _numel(m.shape)
+            for _, resolved in self._resolve_all(m.name):
+                if resolved[0] not in self.targets:
+                    continue
+                parts = covered.setdefault(self._key(self.targets[resolved[0]]), {})
+                parts[repr(resolved[1])] = _numel(m.shape)
 
     def load(self, receiver: Receiver, request: bytes) -> RecvInfo:
         """Receives one request into the module; returns the chunk's :class:`wsync.RecvInfo`.
@@ -195,30 +224,50 @@ class ModuleLoader:
                         f"version {info.version} does not load {len(missing)} tensor(s) of the "
                         f"model (strict): missing " + ", ".join(f"'{n}'" for n in listed)
                         + (f" and {more} more" if more > 0 else ""))
+            # Per wire tensor: (index, meta, [destination...]); an alias list gives several
+            # destinations, one per distinct module tensor (or part of one) it names.
             destinations = {}
             for i, m in enumerate(metas):
-                resolved = self._resolve(m.name)
-                if resolved is not None and resolved[0] in self.targets:
-                    destinations[m.name] = (i, m, resolved, self._destination(resolved))
+                seen, dsts = set(), []
+                for _, resolved in self._resolve_all(m.name):
+                    if resolved[0] not in self.targets:
+                        continue
+                    key = (self._key(self.targets[resolved[0]]), repr(resolved[1]))
+                    if key not in seen:
+                        seen.add(key)
+                        dsts.append((resolved, self._destination(resolved)))
+                if dsts:
+                    destinations[m.name] = (i, m, dsts)
             cuda_devices = set()
+            copied = {}
             with torch.no_grad():
                 # Host targets of the chunk's own dtype get the bytes straight into their
                 # storage (the library's copy, checksum verified in the same pass); the rest
                 # (GPU targets, casts, non-contiguous parts) come as views, which skip those
-                # copied; unknown or skipped tensors are taken unread.
-                for i, m, resolved, dst in destinations.values():
-                    if (isinstance(dst, torch.Tensor) and dst.device.type == "cpu"
-                            and dst.is_contiguous()
-                            and m.dtype == self._dtypes[resolved[0]]):
-                        it.copy_into(i, dst.detach())
+                # copied; unknown or skipped tensors are taken unread. The other destinations
+                # of a tensor copied that way copy from that one (it holds the wire bytes).
+                for name, (i, m, dsts) in destinations.items():
+                    for resolved, dst in dsts:
+                        if (isinstance(dst, torch.Tensor) and dst.device.type == "cpu"
+                                and dst.is_contiguous()
+                                and m.dtype == self._dtypes[resolved[0]]):
+                            it.copy_into(i, dst.detach())
+                            copied[name] = dst
+                            break
                 for name, view in it:
                     entry = destinations.get(name)
                     if entry is None:
                         continue
-                    dst = entry[3]
-                    dst.copy_(view)
-                    if dst.is_cuda:
-                        cuda_devices.add(dst.device)
+                    for _, dst in entry[2]:
+                        dst.copy_(view)
+                        if dst.is_cuda:
+                            cuda_devices.add(dst.device)
+                for name, src in copied.items():
+                    for _, dst in destinations[name][2]:
+                        if dst is not src:
+                            dst.copy_(src)
+                            if dst.is_cuda:
+                                cuda_devices.add(dst.device)
             # The views die when the iteration ends: make sure no copy still reads them.
             for device in cuda_devices:
                 torch.cuda.current_stream(device).synchronize()

@@ -1,17 +1,35 @@
-"""Trainer-side helpers: from an ``nn.Module`` (or a state dict) to sent chunks.
+"""Trainer-side helpers: from an ``nn.Module`` (or a state dict, or a lazy source) to sent chunks.
 
 :func:`iter_chunks` lists a model's tensors, groups them with the library's planner (tensors of
 one module stay together, chunks stay under a byte threshold), optionally casts floating-point
 tensors (e.g. float32 -> bfloat16) or moves them to another device one chunk at a time, and
 yields chunks ready for :meth:`wsync.Sender.send_chunk`, the last one flagged so that one pass
 is one sync version. :func:`send_model` does all of it in one call.
+
+Tied and aliased tensors are sent once. Tensors of the source that are one tensor under
+several names (same device, data pointer, dtype, shape and strides, as ``state_dict()`` lists a
+tied embedding and LM head) travel as **one** wire tensor whose name is every name joined with
+``=`` (:data:`ALIAS_SEPARATOR`), in the source's order: ``"embed_tokens.weight=lm_head.weight"``.
+The bytes cross once; :class:`wsync.engine.ModuleLoader` loads them under every name (a tied
+engine module once, an untied one into each parameter), and its strict check counts every name
+as loaded. Views of only part of a storage, or of it with another shape, strides or dtype, are
+not aliases and are sent separately. A joined name never exceeds the library's
+:data:`MAX_NAME_BYTES`: longer alias lists are split over several joined names (their bytes
+then cross once per joined name), and a name that itself contains ``=`` is never joined (its
+aliases are sent under their own names). ``aliases="repeat"`` sends every name with its own
+copy of the bytes, for engines that read wire names directly and do not split them
+(:func:`split_alias_name` is the engine-side rule).
+
+A :class:`LazySource` gives the tensors' metadata up front and gathers the tensors of each chunk
+only when that chunk is about to be sent (as FSDP or Megatron trainers all-gather shards), so a
+sync holds about one chunk of gathered tensors at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any, Callable, Iterator, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -25,14 +43,111 @@ from ._errors import invalid
 DEFAULT_CHUNK_BYTES = 256 << 20
 
 
+#: Joins the names of one tensor's aliases into its wire name (``"a.weight=b.weight"``).
+ALIAS_SEPARATOR = "="
+
+#: The longest tensor name the library accepts, in UTF-8 bytes (``WSYNC_MAX_NAME_BYTES``).
+MAX_NAME_BYTES = 1024
+
+
+def join_alias_names(names) -> List[str]:
+    """The wire names that carry one tensor known under ``names``: ``names`` joined with
+    ``=`` in order, in as few joined names as fit :data:`MAX_NAME_BYTES` each; names that
+    contain ``=`` (or are empty) come last, each alone."""
+    out: List[str] = []
+    alone: List[str] = []
+    current: List[str] = []
+    size = 0
+    for name in names:
+        n = len(name.encode("utf-8", "surrogatepass"))
+        if not name or ALIAS_SEPARATOR in name:
+            alone.append(name)
+            continue
+        if current and size + 1 + n > MAX_NAME_BYTES:
+            out.append(ALIAS_SEPARATOR.join(current))
+            current, size = [], 0
+        size += n + (1 if current else 0)
+        current.append(name)
+    if current:
+        out.append(ALIAS_SEPARATOR.join(current))
+    return out + alone
+
+
+def split_alias_name(name: str) -> List[str]:
+    """The names one wire tensor is loaded under: ``name`` split at ``=``, or ``[name]`` when a
+    part would be empty. An engine that reads wire names itself loads the tensor's bytes under
+    every one of them (:class:`wsync.engine.ModuleLoader` does)."""
+    parts = name.split(ALIAS_SEPARATOR)
+    return [name] if len(parts) == 1 or not all(parts) else parts
+
+
 class ChunkToSend(NamedTuple):
-    """One planned chunk: ``tensors`` as (name, tensor) pairs, its position, whether it is the
-    last of the version, and its payload bytes."""
+    """One planned chunk: ``tensors`` as (wire name, tensor) pairs (aliases joined with ``=``),
+    its position, whether it is the last of the version, and its payload bytes."""
 
     index: int
     tensors: List[Tuple[str, Any]]
     last: bool
     bytes: int
+
+
+class LazySource:
+    """A source whose tensors exist only when asked for: metadata now, tensors per chunk.
+
+    ``metas`` lists every tensor as a :class:`wsync.TensorMeta` or ``(name, dtype, shape)``
+    (``dtype`` a torch or numpy dtype, a :class:`wsync.DType` or a name such as
+    ``"bfloat16"``), in sending order, with the dtype and shape the gathered tensor will have
+    (before any ``dtype=`` cast of :func:`iter_chunks`). The planner works from these alone.
+
+    ``gather(names)`` is called once per chunk, just before the chunk is handed out, with the
+    names of that chunk's tensors (aliases excluded), and returns their tensors: a mapping
+    ``{name: tensor}`` or a sequence in the order of ``names``. Each must match its metadata
+    (dtype and shape; anything else raises ``INVALID_ARGUMENT`` naming it); extra entries are
+    ignored. The tensors may be fresh (an FSDP all-gather, a Megatron gather onto rank 0): they
+    are dropped when the caller asks for the next chunk (:func:`send_model` asks only after the
+    chunk was sent), so at most about one chunk of gathered tensors, plus the converted copies
+    of a cast or move, is alive at a time. Every library strategy copies (or packs) the tensors
+    while sending except ``cuda_ipc`` with ``packed: false``, which shares the trainer's memory
+    and so cannot send a lazy source (:func:`send_model` refuses it).
+
+    ``aliases`` maps extra names onto names of ``metas`` (``{"lm_head.weight":
+    "embed_tokens.weight"}``, a tied weight): they are not gathered; they join their tensor's
+    wire name (see the module documentation), or with ``aliases="repeat"`` are sent as copies.
+    """
+
+    def __init__(self, metas, gather: Callable[[List[str]], Any], *,
+                 aliases: Optional[Mapping[str, str]] = None):
+        if not callable(gather):
+            raise invalid(f"LazySource: gather must be callable, not {type(gather).__name__}")
+        self.gather = gather
+        self.metas: List[TensorMeta] = []
+        for i, m in enumerate(metas):
+            if not isinstance(m, tuple) or len(m) != 3:
+                raise invalid(f"LazySource: metadata entry {i} must be a TensorMeta or (name, "
+                              f"dtype, shape), not {m!r}")
+            name, dt, shape = m
+            if not isinstance(name, str):
+                raise invalid(f"LazySource: metadata entry {i}: name must be a str, not {name!r}")
+            try:
+                dt = DType.of(dt)
+                shape = tuple(int(s) for s in shape)
+            except (TypeError, ValueError) as exc:
+                raise invalid(f"LazySource: tensor '{name}': {exc}") from None
+            self.metas.append(TensorMeta(name, dt, shape))
+        self._by_name: Dict[str, TensorMeta] = {m.name: m for m in self.metas}
+        known = self._by_name
+        if len(known) != len(self.metas):
+            raise invalid("LazySource: a name appears more than once in the metadata")
+        self.aliases: Dict[str, str] = dict(aliases or {})
+        for alias, target in self.aliases.items():
+            if target not in known:
+                raise invalid(f"LazySource: alias '{alias}' names '{target}', which the "
+                              f"metadata does not list")
+            if alias in known:
+                raise invalid(f"LazySource: alias '{alias}' is also a tensor of the metadata")
+
+    def __repr__(self) -> str:
+        return f"LazySource({len(self.metas)} tensors, {len(self.aliases)} aliases)"
 
 
 def named_tensors(source) -> List[Tuple[str, Any]]:
@@ -53,6 +168,42 @@ def named_tensors(source) -> List[Tuple[str, Any]]:
             raise invalid(f"source must be an nn.Module, a mapping or (name, tensor) pairs; "
                           f"item {i} is a {type(item).__name__}")
     return items
+
+
+def _alias_key(t):
+    """What makes two tensors one (same memory seen the same way), or None when ``t`` cannot
+    be an alias of anything (no elements, no memory, not a tensor)."""
+    torch = _dtypes.torch_module()
+    if torch is not None and isinstance(t, torch.Tensor):
+        try:
+            if t.numel() == 0 or t.device.type == "meta" or t.is_sparse or t.is_quantized:
+                return None
+            ptr = t.data_ptr()
+            key = ("torch", str(t.device), ptr, t.dtype, tuple(t.shape), tuple(t.stride()))
+        except (RuntimeError, NotImplementedError, TypeError):  # no plain memory (subclasses)
+            return None
+        return key if ptr != 0 else None
+    if isinstance(t, np.ndarray):
+        if t.size == 0:
+            return None
+        return ("numpy", t.__array_interface__["data"][0], t.dtype.str, t.shape, t.strides)
+    return None
+
+
+def alias_groups(items: List[Tuple[str, Any]]) -> List[List[int]]:
+    """Indices of ``items`` grouped by alias (one tensor under several names), each group in
+    order, groups ordered by their first index."""
+    groups: List[List[int]] = []
+    where: Dict[Any, int] = {}
+    for i, (_, t) in enumerate(items):
+        key = _alias_key(t)
+        if key is not None and key in where:
+            groups[where[key]].append(i)
+            continue
+        if key is not None:
+            where[key] = len(groups)
+        groups.append([i])
+    return groups
 
 
 def _target_dtype(t, dtype):
@@ -76,11 +227,23 @@ def _meta(name: str, t, dtype) -> TensorMeta:
                   f"{type(t).__module__}.{type(t).__name__}")
 
 
+def _lazy_meta(m: TensorMeta, dtype) -> TensorMeta:
+    """A lazy tensor's metadata as sent: ``dtype`` for floating-point ones when given."""
+    if dtype is None:
+        return m
+    try:
+        floating = m.dtype.to_torch().is_floating_point
+        return m._replace(dtype=DType.from_torch(dtype)) if floating else m
+    except TypeError as exc:
+        raise invalid(f"tensor '{m.name}': {exc}") from None
+
+
 def _prepare(t, dtype, device, make_contiguous: bool):
     torch = _dtypes.torch_module()
     if torch is None or not isinstance(t, torch.Tensor):
         return t
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()  # only then: the tensor itself is sent, not a new view of its storage
     want = _target_dtype(t, dtype)
     if want != t.dtype or (device is not None and t.device != torch.device(device)):
         t = t.to(device=device if device is not None else t.device, dtype=want)
@@ -89,31 +252,118 @@ def _prepare(t, dtype, device, make_contiguous: bool):
     return t
 
 
+class _Entry(NamedTuple):
+    """One wire tensor: its wire name, what gives its bytes (eager: the tensor; lazy: the name
+    to gather) and its metadata as planned (the first name, the dtype as sent)."""
+
+    wire_name: str
+    key: Any
+    meta: TensorMeta
+
+
+def _entries(source, aliases: str, dtype) -> Tuple[List[_Entry], Optional[LazySource]]:
+    if aliases not in ("join", "repeat"):
+        raise invalid(f"aliases must be 'join' or 'repeat', not {aliases!r}")
+    entries: List[_Entry] = []
+    if isinstance(source, LazySource):
+        extra: Dict[str, List[str]] = {}
+        for alias, target in source.aliases.items():
+            extra.setdefault(target, []).append(alias)
+        for m in source.metas:
+            meta = _lazy_meta(m, dtype)
+            names = [m.name, *extra.get(m.name, ())]
+            wire = join_alias_names(names) if aliases == "join" else names
+            entries += [_Entry(w, m.name, meta._replace(name=split_alias_name(w)[0])) for w in wire]
+        return entries, source
+    items = named_tensors(source)
+    groups = alias_groups(items) if aliases == "join" else [[i] for i in range(len(items))]
+    for group in groups:
+        name, t = items[group[0]]
+        meta = _meta(name, t, dtype)
+        for w in join_alias_names([items[i][0] for i in group]):
+            entries.append(_Entry(w, t, meta._replace(name=split_alias_name(w)[0])))
+    return entries, None
+
+
+def _gathered(lazy: LazySource, names: List[str]) -> Dict[str, Any]:
+    """Calls the lazy source's gather for one chunk and checks what it gave."""
+    got = lazy.gather(list(names))
+    if isinstance(got, Mapping):
+        missing = [n for n in names if n not in got]
+        if missing:
+            raise invalid("LazySource: gather returned no tensor for "
+                          + ", ".join(f"'{n}'" for n in missing))
+        out = {n: got[n] for n in names}
+    else:
+        got = list(got)
+        if len(got) != len(names):
+            raise invalid(f"LazySource: gather returned {len(got)} tensors for "
+                          f"{len(names)} names")
+        out = dict(zip(names, got))
+    del got
+    want = lazy._by_name
+    for name, t in out.items():
+        have = _meta(name, t, None)
+        if (have.dtype, have.shape) != (want[name].dtype, want[name].shape):
+            raise invalid(f"LazySource: gather returned tensor '{name}' as "
+                          f"{have.dtype.name}{list(have.shape)}, its metadata says "
+                          f"{want[name].dtype.name}{list(want[name].shape)}")
+    return out
+
+
 def iter_chunks(source, *, chunk_bytes: Optional[int] = None, group_depth: int = 2,
-                dtype=None, device=None, make_contiguous: bool = False) -> Iterator[ChunkToSend]:
+                dtype=None, device=None, make_contiguous: bool = False,
+                aliases: str = "join") -> Iterator[ChunkToSend]:
     """Plans ``source``'s tensors into chunks and yields them ready to send, in order; the
     last one has ``last=True``, so sending every chunk of one call is one sync version.
 
+    - ``source``: an ``nn.Module``, a mapping or (name, tensor) pairs (see
+      :func:`named_tensors`), or a :class:`LazySource`.
     - ``chunk_bytes`` (default 256 MiB) and ``group_depth`` (default 2) go to the planner
       (see :func:`wsync.plan`); for ``shm`` keep ``chunk_bytes`` at most the ``bucket_bytes``.
     - ``dtype``: cast floating-point tensors to this torch dtype (integer and bool tensors are
       sent as they are). The plan counts the bytes after the cast.
     - ``device``: move tensors there (e.g. ``"cpu"`` for ``shm`` from a GPU model).
-    - Casts and moves happen one chunk at a time, when that chunk is yielded, so at most one
-      chunk of converted copies exists at once if the caller sends each chunk before asking
-      for the next.
+    - Casts, moves and a lazy source's gathers happen one chunk at a time, when that chunk is
+      yielded, and are dropped when the next one is asked for, so at most one chunk of
+      converted or gathered tensors exists at once if the caller sends each chunk (and drops
+      it) before asking for the next.
     - ``make_contiguous``: copy non-contiguous tensors into contiguous ones; without it they
       are passed as they are and the library refuses them by name.
+    - ``aliases``: ``"join"`` (default) sends a tensor known under several names (a tied
+      weight) once, under its names joined with ``=``; ``"repeat"`` sends it under each name,
+      its bytes each time (see the module documentation).
     """
-    items = named_tensors(source)
-    if not items:
+    entries, lazy = _entries(source, aliases, dtype)
+    if not entries:
         raise invalid("nothing to send: the source has no tensors")
-    metas = [_meta(name, t, dtype) for name, t in items]
-    chunks = plan(metas, chunk_bytes=chunk_bytes, group_depth=group_depth)
+    chunks = plan([e.meta for e in entries], chunk_bytes=chunk_bytes, group_depth=group_depth)
     for k, planned in enumerate(chunks):
-        tensors = [(items[i][0], _prepare(items[i][1], dtype, device, make_contiguous))
-                   for i in planned.indices]
+        picked = [entries[i] for i in planned.indices]
+        if lazy is not None:
+            keys = list(dict.fromkeys(e.key for e in picked))
+            sources = _gathered(lazy, keys)
+        else:
+            sources = None
+        prepared: Dict[Any, Any] = {}  # one converted copy per tensor, shared by its wire names
+        tensors = []
+        for e in picked:
+            ident = e.key if sources is not None else id(e.key)
+            if ident not in prepared:
+                # A gathered tensor leaves `sources` as it is prepared, so a cast or moved copy
+                # replaces its original here instead of both living until the chunk is sent.
+                t = sources.pop(e.key) if sources is not None else e.key
+                if sources is not None and dtype is not None and isinstance(t, np.ndarray):
+                    # The plan cast every floating-point lazy tensor: numpy ones go through torch.
+                    t = _dtypes.require_torch().from_numpy(t)
+                prepared[ident] = _prepare(t, dtype, device, make_contiguous)
+                t = None
+            tensors.append((e.wire_name, prepared[ident]))
+        sources = prepared = None
         yield ChunkToSend(k, tensors, k == len(chunks) - 1, planned.bytes)
+        # The caller is done with this chunk: drop its gathered and converted tensors before
+        # the next gather, so two chunks of them never coexist here.
+        del tensors
 
 
 def default_chunk_bytes(sender: Sender) -> int:
@@ -127,8 +377,10 @@ def default_chunk_bytes(sender: Sender) -> int:
 def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, group_depth: int = 2,
                dtype=None, device=None, make_contiguous: bool = False,
                on_request: Optional[Callable[[bytes], Any]] = None,
-               flush_timeout_s: Optional[float] = None) -> List[bytes]:
-    """Sends every chunk of ``source`` as one sync version and returns the request blobs.
+               flush_timeout_s: Optional[float] = None, aliases: str = "join") -> List[bytes]:
+    """Sends every chunk of ``source`` (a module, a state dict or a :class:`LazySource`; see
+    :func:`iter_chunks`, which also describes ``aliases``) as one sync version and returns the
+    request blobs.
 
     ``on_request(request)``, when given, is called right after each chunk is sent, so a
     controller can forward it to the engines while the next chunk is packed. Without it the
@@ -144,12 +396,14 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
     exception propagates; receivers keep the previous version as their completed one. A
     failed send's error carries the receivers' failures (``WsyncError.failures``).
     """
+    _check_lazy_allowed(sender, source)
     if chunk_bytes is None:
         chunk_bytes = default_chunk_bytes(sender)
     requests: List[bytes] = []
     try:
         for chunk in iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,
-                                 dtype=dtype, device=device, make_contiguous=make_contiguous):
+                                 dtype=dtype, device=device, make_contiguous=make_contiguous,
+                                 aliases=aliases):
             request = sender.send_chunk(chunk.tensors, last=chunk.last)
             del chunk  # drop converted copies before the next chunk is prepared
             requests.append(request)
@@ -169,16 +423,20 @@ async def send_model_async(sender: Sender, source, *, chunk_bytes: Optional[int]
                            group_depth: int = 2, dtype=None, device=None,
                            make_contiguous: bool = False,
                            on_request: Optional[Callable[[bytes], Any]] = None,
-                           flush_timeout_s: Optional[float] = None) -> List[bytes]:
+                           flush_timeout_s: Optional[float] = None,
+                           aliases: str = "join") -> List[bytes]:
     """:func:`send_model` for asyncio trainers. Preparing each chunk (casts, moves), sending
     it and flushing run on worker threads, so the event loop keeps serving while weights go
     out; ``on_request`` may be a plain function or a coroutine function (awaited on the loop,
     e.g. an HTTP call to the inference engines). Failures abandon the version, as in
-    :func:`send_model`."""
+    :func:`send_model`. A :class:`LazySource`'s ``gather`` runs on those worker threads too,
+    one call at a time."""
+    _check_lazy_allowed(sender, source)
     if chunk_bytes is None:
         chunk_bytes = default_chunk_bytes(sender)
     chunks = iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,
-                         dtype=dtype, device=device, make_contiguous=make_contiguous)
+                         dtype=dtype, device=device, make_contiguous=make_contiguous,
+                         aliases=aliases)
     requests: List[bytes] = []
     try:
         while True:
@@ -198,6 +456,18 @@ async def send_model_async(sender: Sender, source, *, chunk_bytes: Optional[int]
     if flush_timeout_s is not None:
         await sender.flush_async(flush_timeout_s)
     return requests
+
+
+def _check_lazy_allowed(sender: Sender, source) -> None:
+    """A lazy source's tensors are dropped once their chunk is sent: refuse a strategy that
+    shares the trainer's memory instead of copying it (``cuda_ipc`` with ``packed: false``)."""
+    if not isinstance(source, LazySource):
+        return
+    body = sender.init_description.get("body", {})
+    if isinstance(body, dict) and body.get("packed") is False:
+        raise invalid("a LazySource cannot be sent with a strategy that shares the trainer's "
+                      "memory (packed: false): its gathered tensors are freed after each chunk; "
+                      "use packed: true")
 
 
 def _abandon_quietly(sender: Sender) -> None:
