@@ -2,6 +2,7 @@
 embeddings) from a trainer engine to two worker engines on CPU."""
 
 import copy
+import ctypes
 import importlib.metadata
 
 import pytest
@@ -91,8 +92,8 @@ def make_cluster(receivers=2, trainer_kw=None, **model_kw):
     source_model = TiedModel()
     # 4 KiB chunks: a layer's weight (4 KiB) and its bias land in different chunks, the case
     # where layerwise reload reads a chunk's tensors after that chunk's call returned.
-    init = WsyncTrainerInitInfo(rank=0, receivers=receivers, chunk_bytes=HIDDEN * HIDDEN * 4,
-                                **(trainer_kw or {}))
+    init = WsyncTrainerInitInfo(**{"rank": 0, "receivers": receivers,
+                                   "chunk_bytes": HIDDEN * HIDDEN * 4, **(trainer_kw or {})})
     trainer = WeightTransferTrainerFactory.trainer_init(init, client=client,
                                                        source=ModuleSource(source_model))
     return workers, source_model, trainer
@@ -281,3 +282,128 @@ def test_delta_option_is_refused_before_any_worker_is_touched(delta):
     info = WsyncTrainerInitInfo(rank=0, kind="shm", options={"delta": delta}, receivers=1)
     with pytest.raises(ValueError, match="delta sync needs engines that load in place"):
         WsyncTrainerWeightTransferEngine.trainer_init(info, client=UntouchedClient())
+
+
+class RecordingLoads:
+    """Wraps a model's load_weights: keeps every (name, tensor) it was given."""
+
+    def __init__(self, model):
+        self.seen = []
+        inner = model.load_weights
+
+        def load_weights(weights):
+            weights = list(weights)
+            self.seen.extend(weights)
+            return inner(weights)
+
+        model.load_weights = load_weights
+
+
+@pytest.mark.parametrize("copy", [True, False], ids=["copy", "views"])
+def test_load_weights_gets_library_copies_that_outlive_the_iteration_or_views(
+        cleanup, monkeypatch, copy):
+    """By default (copy=True) each tensor reaches load_weights as a fresh tensor the library's
+    copy loop filled (Iteration.copy_into, i.e. wsync_recv_copy with the checksum fused), once
+    per tensor and with no view in between, and keeps its value after its chunk's slot was
+    reused by later chunks (layerwise reload may hold it until the layer completes).
+    copy=False passes the zero-copy views (one chunk here, so no layer spans two)."""
+    load_general_plugins()
+    copied, iterated = [], []
+    real_copy_into, real_iter = wsync.Iteration.copy_into, wsync.Iteration.__iter__
+
+    def copy_into(self, i, dst, **kw):
+        copied.append(self.peek(i).name)
+        return real_copy_into(self, i, dst, **kw)
+
+    def iterate(self):
+        for name, tensor in real_iter(self):
+            iterated.append(name)
+            yield name, tensor
+
+    monkeypatch.setattr(wsync.Iteration, "copy_into", copy_into)
+    monkeypatch.setattr(wsync.Iteration, "__iter__", iterate)
+    kw = {"copy": copy} if copy else {"copy": False, "chunk_bytes": 1 << 20}
+    workers, source, trainer = make_cluster(trainer_kw=kw)
+    cleanup.extend([trainer] + [e for _, e in workers])
+    assert workers[0][1].copy is copy
+    names = [n for n, _ in source.named_parameters()]
+    chunks = trainer._plan()
+    assert len(chunks) >= (4 if copy else 1), chunks
+    records = [RecordingLoads(model) for model, _ in workers]
+    for version in (1, 2, 3):
+        perturb(source)
+        want = {n: t.detach().clone() for n, t in source.named_parameters()}
+        for r in records:
+            r.seen.clear()
+        copied.clear()
+        iterated.clear()
+        trainer.send_weights()
+        for (model, _), r in zip(workers, records):
+            assert_bit_exact(model, source)
+            assert sorted(n for n, _ in r.seen) == sorted(names)
+        if copy:
+            assert sorted(copied) == sorted(names * len(workers))
+            assert iterated == []
+            for r in records:
+                ptrs = set()
+                for name, tensor in r.seen:
+                    # Owned, dense, of the source's dtype and shape, and still holding what was
+                    # sent after every chunk of the version was received and ended.
+                    assert tensor._base is None and tensor.is_contiguous(), name
+                    assert torch.equal(tensor, want[name]), name
+                    ptrs.add(tensor.untyped_storage().data_ptr())
+                assert len(ptrs) == len(names)
+        else:
+            assert copied == []
+            assert sorted(iterated) == sorted(names * len(workers))
+
+
+def send_parts(sender, items, parts, last=False):
+    """A chunk whose entries may be parts of tensors (wsync_sender_send_parts; the binding's
+    Sender sends whole tensors only): parts[k] = (offset, bytes), (0, 0) for a whole tensor."""
+    from wsync import _core, _lib
+
+    descs = _core.describe_tensors(items, need_data=True)
+    chunk = _lib.Chunk(descs.array, descs.count, _core.CHUNK_LAST if last else 0, _core._CHUNK_SIZE)
+    ranges = (_lib.Part * len(parts))(*[_lib.Part(o, b) for o, b in parts])
+    blob = _lib.Blob()
+    status = sender._lib.wsync_sender_send_parts(sender._handle(), ctypes.byref(chunk), ranges,
+                                                 ctypes.byref(blob))
+    if status:
+        wsync._errors.raise_for(status, sender._lib)
+    del descs
+    return _core._take_blob(sender._lib, blob)
+
+
+def test_a_split_tensor_is_refused_by_name_not_loaded_half_set(cleanup):
+    """A trainer that splits a tensor across chunks (a C trainer with the planner's "split"):
+    copied alone into a fresh tensor, a part would hand load_weights a tensor whose other bytes
+    are unset. The worker refuses it with UNSUPPORTED naming the tensor; the trainer's flush
+    carries that; nothing of it is loaded and the reload is discarded."""
+    load_general_plugins()
+    model, engine = make_worker(vllm_config())
+    cleanup.append(engine)
+    strategy = wsync.Strategy("shm", receivers=1)
+    blob = strategy.create_init_info()
+    sender = strategy.sender(blob)
+    engine.init_transfer_engine(engine.parse_init_info({"init_info": vllm_backend.encode_blob(blob)}))
+    before = {n: t.clone() for n, t in model.state_dict().items()}
+    weight = torch.randn(HIDDEN, HIDDEN)
+    half = weight.numel() * weight.element_size() // 2
+    try:
+        engine.start_weight_update()
+        request = send_parts(sender, [("layers.0.weight", weight)], [(0, half)])
+        with pytest.raises(wsync.WsyncError) as caught:
+            engine.update_weights({"requests": [vllm_backend.encode_blob(request)]})
+        assert caught.value.status is wsync.Status.UNSUPPORTED
+        assert "tensor 'layers.0.weight' arrives split into parts" in caught.value.message
+        with pytest.raises(wsync.WsyncError) as flushed:
+            sender.flush(5.0)
+        [failure] = flushed.value.failures
+        assert failure.status is wsync.Status.UNSUPPORTED and "layers.0.weight" in failure.message
+        assert not any(t.is_meta for t in model.state_dict(keep_vars=True).values())
+        for name, tensor in model.state_dict().items():
+            assert torch.equal(tensor, before[name]), name
+    finally:
+        sender.close()
+        strategy.close()
