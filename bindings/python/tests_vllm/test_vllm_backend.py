@@ -19,6 +19,7 @@ from vllm.distributed.weight_transfer import (
 )
 from vllm.distributed.weight_transfer.nccl_common import _worker_group_rank
 from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.plugins import load_general_plugins
 
 import wsync
@@ -284,6 +285,57 @@ def test_delta_option_is_refused_before_any_worker_is_touched(delta):
         WsyncTrainerWeightTransferEngine.trainer_init(info, client=UntouchedClient())
 
 
+def test_the_report_names_the_torch_and_vllm_versions(pytestconfig):
+    want = f"torch {torch.__version__}, vllm {vllm.__version__}"
+    lines = [line for result in pytestconfig.hook.pytest_report_header(
+        config=pytestconfig, start_path=pytestconfig.rootpath) for line in
+        ([result] if isinstance(result, str) else result)]
+    assert want in lines, lines  # the header (pytest without -q)
+
+    class Reporter:
+        written = []
+
+        def write_line(self, line, **kw):
+            self.written.append(line)
+
+    [conftest] = [p for p in pytestconfig.pluginmanager.get_plugins()
+                  if str(getattr(p, "__file__", "")).endswith("tests_vllm/conftest.py")]
+    conftest.pytest_terminal_summary(Reporter(), 0, pytestconfig)
+    assert Reporter.written == [f"tested with {want}"]  # the summary (shown with -q too)
+
+
+@pytest.mark.parametrize("rank_offset", [0, 2])
+def test_receiver_index_with_data_parallel_replicas_of_several_ranks(cleanup, rank_offset):
+    """2 DP replicas of TP 2 (world_size 2, as vLLM's ParallelConfig computes it): worker
+    (dp, rank) is receiver rank_offset + dp * 2 + rank, as vLLM's NCCL engine numbers its group,
+    and a real sync reaches all four, each bit-exact."""
+    load_general_plugins()
+    configs = [VllmConfig(parallel_config=ParallelConfig(
+        tensor_parallel_size=2, data_parallel_size=2, data_parallel_rank=dp, rank=rank))
+        for dp in range(2) for rank in range(2)]
+    assert [(c.parallel_config.data_parallel_index, c.parallel_config.world_size,
+             c.parallel_config.rank) for c in configs] == [(0, 2, 0), (0, 2, 1), (1, 2, 0), (1, 2, 1)]
+    workers = [make_worker(vc) for vc in configs]
+    cleanup.extend(e for _, e in workers)
+    source = TiedModel()
+    trainer = WeightTransferTrainerFactory.trainer_init(
+        WsyncTrainerInitInfo(rank=0, receivers=rank_offset + 4, rank_offset=rank_offset,
+                             chunk_bytes=HIDDEN * HIDDEN * 4, flush_timeout_s=30.0),
+        client=InProcessClient([e for _, e in workers]), source=ModuleSource(source))
+    cleanup.append(trainer)
+    indices = [e.receiver.index for _, e in workers]
+    assert indices == [rank_offset + dp * 2 + rank for dp in range(2) for rank in range(2)]
+    assert indices == [_worker_group_rank(rank_offset, c.parallel_config) for c in configs]
+    for i in range(rank_offset):  # the receivers below the offset belong to no worker here
+        trainer.sender.drop_receiver(i)
+    for version in (1, 2):
+        perturb(source)
+        trainer.send_weights()
+        for model, engine in workers:
+            assert_bit_exact(model, source)
+            assert engine.completed_version == version
+
+
 class RecordingLoads:
     """Wraps a model's load_weights: keeps every (name, tensor) it was given."""
 
@@ -356,6 +408,68 @@ def test_load_weights_gets_library_copies_that_outlive_the_iteration_or_views(
         else:
             assert copied == []
             assert sorted(iterated) == sorted(names * len(workers))
+
+
+class Float8Model(torch.nn.Module):
+    """Parameters of both float8 formats vLLM quantises with (every byte value, NaN, -0.0 and
+    e5m2's infinities included) beside a float32 one."""
+
+    def __init__(self):
+        super().__init__()
+        self.e4m3 = torch.nn.Parameter(torch.zeros(16, 16, dtype=torch.float8_e4m3fn),
+                                       requires_grad=False)
+        self.e5m2 = torch.nn.Parameter(torch.zeros(8, 32, dtype=torch.float8_e5m2),
+                                       requires_grad=False)
+        self.scale = torch.nn.Parameter(torch.ones(16), requires_grad=False)
+
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        for name, w in weights:
+            p = params[name]
+            getattr(p, "weight_loader", default_weight_loader)(p, w)
+        return {name for name, _ in weights}
+
+    def scramble(self, seed):
+        """Every byte pattern 0..255 once per float8 tensor, in a fresh order."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in (self.e4m3, self.e5m2):
+                p.view(torch.uint8).copy_(torch.randperm(256, generator=g).to(torch.uint8).view(p.shape))
+            self.scale.copy_(torch.randn(16, generator=g))
+
+
+def assert_float8_bit_exact(model, source):
+    for (name, got), (_, want) in zip(model.named_parameters(), source.named_parameters()):
+        assert got.dtype == want.dtype, name
+        assert torch.equal(got.view(torch.uint8) if got.element_size() == 1 else got,
+                           want.view(torch.uint8) if want.element_size() == 1 else want), name
+
+
+@pytest.mark.parametrize("copy", [True, False], ids=["copy", "views"])
+def test_float8_tensors_reach_the_worker_bit_exact(cleanup, copy):
+    """float8_e4m3fn and float8_e5m2 (modern torch has both) through a real sync: trainer engine
+    -> shm -> worker engine with vLLM's layerwise reload, every byte value bit-exact."""
+    load_general_plugins()
+    model = Float8Model()
+    record_metadata_for_reloading(model)
+    engine = WeightTransferEngineFactory.create_engine(
+        WeightTransferConfig(backend="wsync"), vllm_config(), torch.device("cpu"), model)
+    cleanup.append(engine)
+    source = Float8Model()
+    trainer = WeightTransferTrainerFactory.trainer_init(
+        WsyncTrainerInitInfo(rank=0, receivers=1, copy=copy,
+                             chunk_bytes=256 if copy else 1 << 20),
+        client=InProcessClient([engine]), source=ModuleSource(source))
+    cleanup.append(trainer)
+    assert [m.dtype for m in trainer.source.metadata] == [
+        torch.float8_e4m3fn, torch.float8_e5m2, torch.float32]
+    for version in (1, 2):
+        source.scramble(version)
+        trainer.send_weights()
+        assert_float8_bit_exact(model, source)
+        assert engine.completed_version == version
+    # NaN and -0.0 are among the bytes sent (and e5m2's infinities).
+    assert torch.isnan(model.e4m3.float()).any() and torch.isinf(model.e5m2.float()).any()
 
 
 def send_parts(sender, items, parts, last=False):
