@@ -521,3 +521,36 @@ def test_a_split_tensor_is_refused_by_name_not_loaded_half_set(cleanup):
     finally:
         sender.close()
         strategy.close()
+
+
+UCX_OPTIONS = dict(transports="tcp", net_devices="lo", timeout_ms=10000)
+
+
+@pytest.mark.skipif(not any(k["kind"] == "ucx" and k["available"] for k in wsync.kinds()),
+                    reason="ucx kind not built or libucp.so.0 missing")
+def test_ucx_workers_take_their_copies_with_copy_into_bit_exact(cleanup, monkeypatch):
+    """kind="ucx" (host memory pulled over UCX, here over TCP on lo in one process): a host
+    kind, so the default copies are the library's (copy_into), and three versions reach both
+    workers bit-exact with a layer spanning two chunks."""
+    load_general_plugins()
+    copied = []
+    real_copy_into = wsync.Iteration.copy_into
+
+    def copy_into(self, i, dst, **kw):
+        copied.append(self.peek(i).name)
+        return real_copy_into(self, i, dst, **kw)
+
+    monkeypatch.setattr(wsync.Iteration, "copy_into", copy_into)
+    workers, source, trainer = make_cluster(trainer_kw={
+        "kind": "ucx", "options": UCX_OPTIONS, "worker_options": UCX_OPTIONS,
+        "flush_timeout_s": 30.0})
+    cleanup.extend([trainer] + [e for _, e in workers])
+    names = [n for n, _ in source.named_parameters()]
+    for version in (1, 2, 3):
+        copied.clear()
+        perturb(source)
+        trainer.send_weights()
+        for model, engine in workers:
+            assert_bit_exact(model, source)
+            assert engine.completed_version == version
+        assert sorted(copied) == sorted(names * len(workers))
