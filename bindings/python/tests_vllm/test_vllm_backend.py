@@ -2,6 +2,7 @@
 embeddings) from a trainer engine to two worker engines on CPU."""
 
 import copy
+import ctypes
 import importlib.metadata
 
 import pytest
@@ -18,6 +19,7 @@ from vllm.distributed.weight_transfer import (
 )
 from vllm.distributed.weight_transfer.nccl_common import _worker_group_rank
 from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.plugins import load_general_plugins
 
 import wsync
@@ -91,8 +93,8 @@ def make_cluster(receivers=2, trainer_kw=None, **model_kw):
     source_model = TiedModel()
     # 4 KiB chunks: a layer's weight (4 KiB) and its bias land in different chunks, the case
     # where layerwise reload reads a chunk's tensors after that chunk's call returned.
-    init = WsyncTrainerInitInfo(rank=0, receivers=receivers, chunk_bytes=HIDDEN * HIDDEN * 4,
-                                **(trainer_kw or {}))
+    init = WsyncTrainerInitInfo(**{"rank": 0, "receivers": receivers,
+                                   "chunk_bytes": HIDDEN * HIDDEN * 4, **(trainer_kw or {})})
     trainer = WeightTransferTrainerFactory.trainer_init(init, client=client,
                                                        source=ModuleSource(source_model))
     return workers, source_model, trainer
@@ -281,3 +283,274 @@ def test_delta_option_is_refused_before_any_worker_is_touched(delta):
     info = WsyncTrainerInitInfo(rank=0, kind="shm", options={"delta": delta}, receivers=1)
     with pytest.raises(ValueError, match="delta sync needs engines that load in place"):
         WsyncTrainerWeightTransferEngine.trainer_init(info, client=UntouchedClient())
+
+
+def test_the_report_names_the_torch_and_vllm_versions(pytestconfig):
+    want = f"torch {torch.__version__}, vllm {vllm.__version__}"
+    lines = [line for result in pytestconfig.hook.pytest_report_header(
+        config=pytestconfig, start_path=pytestconfig.rootpath) for line in
+        ([result] if isinstance(result, str) else result)]
+    assert want in lines, lines  # the header (pytest without -q)
+
+    class Reporter:
+        written = []
+
+        def write_line(self, line, **kw):
+            self.written.append(line)
+
+    [conftest] = [p for p in pytestconfig.pluginmanager.get_plugins()
+                  if str(getattr(p, "__file__", "")).endswith("tests_vllm/conftest.py")]
+    conftest.pytest_terminal_summary(Reporter(), 0, pytestconfig)
+    assert Reporter.written == [f"tested with {want}"]  # the summary (shown with -q too)
+
+
+@pytest.mark.parametrize("rank_offset", [0, 2])
+def test_receiver_index_with_data_parallel_replicas_of_several_ranks(cleanup, rank_offset):
+    """2 DP replicas of TP 2 (world_size 2, as vLLM's ParallelConfig computes it): worker
+    (dp, rank) is receiver rank_offset + dp * 2 + rank, as vLLM's NCCL engine numbers its group,
+    and a real sync reaches all four, each bit-exact."""
+    load_general_plugins()
+    configs = [VllmConfig(parallel_config=ParallelConfig(
+        tensor_parallel_size=2, data_parallel_size=2, data_parallel_rank=dp, rank=rank))
+        for dp in range(2) for rank in range(2)]
+    assert [(c.parallel_config.data_parallel_index, c.parallel_config.world_size,
+             c.parallel_config.rank) for c in configs] == [(0, 2, 0), (0, 2, 1), (1, 2, 0), (1, 2, 1)]
+    workers = [make_worker(vc) for vc in configs]
+    cleanup.extend(e for _, e in workers)
+    source = TiedModel()
+    trainer = WeightTransferTrainerFactory.trainer_init(
+        WsyncTrainerInitInfo(rank=0, receivers=rank_offset + 4, rank_offset=rank_offset,
+                             chunk_bytes=HIDDEN * HIDDEN * 4, flush_timeout_s=30.0),
+        client=InProcessClient([e for _, e in workers]), source=ModuleSource(source))
+    cleanup.append(trainer)
+    indices = [e.receiver.index for _, e in workers]
+    assert indices == [rank_offset + dp * 2 + rank for dp in range(2) for rank in range(2)]
+    assert indices == [_worker_group_rank(rank_offset, c.parallel_config) for c in configs]
+    for i in range(rank_offset):  # the receivers below the offset belong to no worker here
+        trainer.sender.drop_receiver(i)
+    for version in (1, 2):
+        perturb(source)
+        trainer.send_weights()
+        for model, engine in workers:
+            assert_bit_exact(model, source)
+            assert engine.completed_version == version
+
+
+class RecordingLoads:
+    """Wraps a model's load_weights: keeps every (name, tensor) it was given."""
+
+    def __init__(self, model):
+        self.seen = []
+        inner = model.load_weights
+
+        def load_weights(weights):
+            weights = list(weights)
+            self.seen.extend(weights)
+            return inner(weights)
+
+        model.load_weights = load_weights
+
+
+@pytest.mark.parametrize("copy", [True, False], ids=["copy", "views"])
+def test_load_weights_gets_library_copies_that_outlive_the_iteration_or_views(
+        cleanup, monkeypatch, copy):
+    """By default (copy=True) each tensor reaches load_weights as a fresh tensor the library's
+    copy loop filled (Iteration.copy_into, i.e. wsync_recv_copy with the checksum fused), once
+    per tensor and with no view in between, and keeps its value after its chunk's slot was
+    reused by later chunks (layerwise reload may hold it until the layer completes).
+    copy=False passes the zero-copy views (one chunk here, so no layer spans two)."""
+    load_general_plugins()
+    copied, iterated = [], []
+    real_copy_into, real_iter = wsync.Iteration.copy_into, wsync.Iteration.__iter__
+
+    def copy_into(self, i, dst, **kw):
+        copied.append(self.peek(i).name)
+        return real_copy_into(self, i, dst, **kw)
+
+    def iterate(self):
+        for name, tensor in real_iter(self):
+            iterated.append(name)
+            yield name, tensor
+
+    monkeypatch.setattr(wsync.Iteration, "copy_into", copy_into)
+    monkeypatch.setattr(wsync.Iteration, "__iter__", iterate)
+    kw = {"copy": copy} if copy else {"copy": False, "chunk_bytes": 1 << 20}
+    workers, source, trainer = make_cluster(trainer_kw=kw)
+    cleanup.extend([trainer] + [e for _, e in workers])
+    assert workers[0][1].copy is copy
+    names = [n for n, _ in source.named_parameters()]
+    chunks = trainer._plan()
+    assert len(chunks) >= (4 if copy else 1), chunks
+    records = [RecordingLoads(model) for model, _ in workers]
+    for version in (1, 2, 3):
+        perturb(source)
+        want = {n: t.detach().clone() for n, t in source.named_parameters()}
+        for r in records:
+            r.seen.clear()
+        copied.clear()
+        iterated.clear()
+        trainer.send_weights()
+        for (model, _), r in zip(workers, records):
+            assert_bit_exact(model, source)
+            assert sorted(n for n, _ in r.seen) == sorted(names)
+        if copy:
+            assert sorted(copied) == sorted(names * len(workers))
+            assert iterated == []
+            for r in records:
+                ptrs = set()
+                for name, tensor in r.seen:
+                    # Owned, dense, of the source's dtype and shape, and still holding what was
+                    # sent after every chunk of the version was received and ended.
+                    assert tensor._base is None and tensor.is_contiguous(), name
+                    assert torch.equal(tensor, want[name]), name
+                    ptrs.add(tensor.untyped_storage().data_ptr())
+                assert len(ptrs) == len(names)
+        else:
+            assert copied == []
+            assert sorted(iterated) == sorted(names * len(workers))
+
+
+class Float8Model(torch.nn.Module):
+    """Parameters of both float8 formats vLLM quantises with (every byte value, NaN, -0.0 and
+    e5m2's infinities included) beside a float32 one."""
+
+    def __init__(self):
+        super().__init__()
+        self.e4m3 = torch.nn.Parameter(torch.zeros(16, 16, dtype=torch.float8_e4m3fn),
+                                       requires_grad=False)
+        self.e5m2 = torch.nn.Parameter(torch.zeros(8, 32, dtype=torch.float8_e5m2),
+                                       requires_grad=False)
+        self.scale = torch.nn.Parameter(torch.ones(16), requires_grad=False)
+
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        for name, w in weights:
+            p = params[name]
+            getattr(p, "weight_loader", default_weight_loader)(p, w)
+        return {name for name, _ in weights}
+
+    def scramble(self, seed):
+        """Every byte pattern 0..255 once per float8 tensor, in a fresh order."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in (self.e4m3, self.e5m2):
+                p.view(torch.uint8).copy_(torch.randperm(256, generator=g).to(torch.uint8).view(p.shape))
+            self.scale.copy_(torch.randn(16, generator=g))
+
+
+def assert_float8_bit_exact(model, source):
+    for (name, got), (_, want) in zip(model.named_parameters(), source.named_parameters()):
+        assert got.dtype == want.dtype, name
+        assert torch.equal(got.view(torch.uint8) if got.element_size() == 1 else got,
+                           want.view(torch.uint8) if want.element_size() == 1 else want), name
+
+
+@pytest.mark.parametrize("copy", [True, False], ids=["copy", "views"])
+def test_float8_tensors_reach_the_worker_bit_exact(cleanup, copy):
+    """float8_e4m3fn and float8_e5m2 (modern torch has both) through a real sync: trainer engine
+    -> shm -> worker engine with vLLM's layerwise reload, every byte value bit-exact."""
+    load_general_plugins()
+    model = Float8Model()
+    record_metadata_for_reloading(model)
+    engine = WeightTransferEngineFactory.create_engine(
+        WeightTransferConfig(backend="wsync"), vllm_config(), torch.device("cpu"), model)
+    cleanup.append(engine)
+    source = Float8Model()
+    trainer = WeightTransferTrainerFactory.trainer_init(
+        WsyncTrainerInitInfo(rank=0, receivers=1, copy=copy,
+                             chunk_bytes=256 if copy else 1 << 20),
+        client=InProcessClient([engine]), source=ModuleSource(source))
+    cleanup.append(trainer)
+    assert [m.dtype for m in trainer.source.metadata] == [
+        torch.float8_e4m3fn, torch.float8_e5m2, torch.float32]
+    for version in (1, 2):
+        source.scramble(version)
+        trainer.send_weights()
+        assert_float8_bit_exact(model, source)
+        assert engine.completed_version == version
+    # NaN and -0.0 are among the bytes sent (and e5m2's infinities).
+    assert torch.isnan(model.e4m3.float()).any() and torch.isinf(model.e5m2.float()).any()
+
+
+def send_parts(sender, items, parts, last=False):
+    """A chunk whose entries may be parts of tensors (wsync_sender_send_parts; the binding's
+    Sender sends whole tensors only): parts[k] = (offset, bytes), (0, 0) for a whole tensor."""
+    from wsync import _core, _lib
+
+    descs = _core.describe_tensors(items, need_data=True)
+    chunk = _lib.Chunk(descs.array, descs.count, _core.CHUNK_LAST if last else 0, _core._CHUNK_SIZE)
+    ranges = (_lib.Part * len(parts))(*[_lib.Part(o, b) for o, b in parts])
+    blob = _lib.Blob()
+    status = sender._lib.wsync_sender_send_parts(sender._handle(), ctypes.byref(chunk), ranges,
+                                                 ctypes.byref(blob))
+    if status:
+        wsync._errors.raise_for(status, sender._lib)
+    del descs
+    return _core._take_blob(sender._lib, blob)
+
+
+def test_a_split_tensor_is_refused_by_name_not_loaded_half_set(cleanup):
+    """A trainer that splits a tensor across chunks (a C trainer with the planner's "split"):
+    copied alone into a fresh tensor, a part would hand load_weights a tensor whose other bytes
+    are unset. The worker refuses it with UNSUPPORTED naming the tensor; the trainer's flush
+    carries that; nothing of it is loaded and the reload is discarded."""
+    load_general_plugins()
+    model, engine = make_worker(vllm_config())
+    cleanup.append(engine)
+    strategy = wsync.Strategy("shm", receivers=1)
+    blob = strategy.create_init_info()
+    sender = strategy.sender(blob)
+    engine.init_transfer_engine(engine.parse_init_info({"init_info": vllm_backend.encode_blob(blob)}))
+    before = {n: t.clone() for n, t in model.state_dict().items()}
+    weight = torch.randn(HIDDEN, HIDDEN)
+    half = weight.numel() * weight.element_size() // 2
+    try:
+        engine.start_weight_update()
+        request = send_parts(sender, [("layers.0.weight", weight)], [(0, half)])
+        with pytest.raises(wsync.WsyncError) as caught:
+            engine.update_weights({"requests": [vllm_backend.encode_blob(request)]})
+        assert caught.value.status is wsync.Status.UNSUPPORTED
+        assert "tensor 'layers.0.weight' arrives split into parts" in caught.value.message
+        with pytest.raises(wsync.WsyncError) as flushed:
+            sender.flush(5.0)
+        [failure] = flushed.value.failures
+        assert failure.status is wsync.Status.UNSUPPORTED and "layers.0.weight" in failure.message
+        assert not any(t.is_meta for t in model.state_dict(keep_vars=True).values())
+        for name, tensor in model.state_dict().items():
+            assert torch.equal(tensor, before[name]), name
+    finally:
+        sender.close()
+        strategy.close()
+
+
+UCX_OPTIONS = dict(transports="tcp", net_devices="lo", timeout_ms=10000)
+
+
+@pytest.mark.skipif(not any(k["kind"] == "ucx" and k["available"] for k in wsync.kinds()),
+                    reason="ucx kind not built or libucp.so.0 missing")
+def test_ucx_workers_take_their_copies_with_copy_into_bit_exact(cleanup, monkeypatch):
+    """kind="ucx" (host memory pulled over UCX, here over TCP on lo in one process): a host
+    kind, so the default copies are the library's (copy_into), and three versions reach both
+    workers bit-exact with a layer spanning two chunks."""
+    load_general_plugins()
+    copied = []
+    real_copy_into = wsync.Iteration.copy_into
+
+    def copy_into(self, i, dst, **kw):
+        copied.append(self.peek(i).name)
+        return real_copy_into(self, i, dst, **kw)
+
+    monkeypatch.setattr(wsync.Iteration, "copy_into", copy_into)
+    workers, source, trainer = make_cluster(trainer_kw={
+        "kind": "ucx", "options": UCX_OPTIONS, "worker_options": UCX_OPTIONS,
+        "flush_timeout_s": 30.0})
+    cleanup.extend([trainer] + [e for _, e in workers])
+    names = [n for n, _ in source.named_parameters()]
+    for version in (1, 2, 3):
+        copied.clear()
+        perturb(source)
+        trainer.send_weights()
+        for model, engine in workers:
+            assert_bit_exact(model, source)
+            assert engine.completed_version == version
+        assert sorted(copied) == sorted(names * len(workers))

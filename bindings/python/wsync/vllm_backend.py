@@ -28,7 +28,11 @@ iteration ends (the slot is then reused for a later chunk). Measured with vLLM 0
 (a layer's weight in chunk 0, its bias in chunk 1, one reused staging slot NaN-filled after
 each chunk, 3 versions): views gave a wrong ``layers.0.weight`` every round; copies were
 bit-exact. So copies are the default; ``copy=False`` (zero-copy views) is only safe when
-no layer spans two chunks or the model does not use layerwise reload.
+no layer spans two chunks or the model does not use layerwise reload. For the host kinds
+(``shm``, ``ucx``) a copy is a fresh torch tensor filled by the library's copy loop
+(``wsync_recv_copy``, :meth:`wsync.Iteration.copy_into`), which verifies the checksum in the
+same pass; for the GPU kinds, which the library cannot copy into, it is a clone of the view on
+the worker's device.
 
 Failed versions. vLLM's worker (``gpu_worker.Worker``) closes its update session when
 ``update_weights`` raises and refuses ``start_weight_update`` while a session is open. The
@@ -56,6 +60,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from ctypes import byref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple, Union
 
@@ -68,9 +73,10 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from . import _lib
 from ._core import Receiver, Sender, Strategy, TensorMeta, describe, plan, status_for_exception
 from ._dtypes import DType
-from ._errors import AbandonedError, Status, WrongStateError, WsyncError
+from ._errors import AbandonedError, Status, WrongStateError, WsyncError, error, raise_for
 from .trainer import DEFAULT_CHUNK_BYTES
 
 #: The backend name in ``WeightTransferConfig(backend=...)``.
@@ -105,6 +111,17 @@ def decode_blob(value: Union[bytes, str], what: str, expect_type: str) -> bytes:
     if parsed.get("type") != expect_type:
         raise ValueError(f"{what} is a wsync {parsed.get('type')} blob, expected {expect_type}")
     return blob
+
+
+def _entry_range(it, i: int) -> Tuple[int, int]:
+    """(offset, bytes) of the whole tensor that entry ``i`` of an iteration carries
+    (``wsync_recv_part``): ``(0, size)`` for a tensor sent whole."""
+    part = _lib.Part()
+    with it._lock:
+        status = it._lib.wsync_recv_part(it._h(), i, byref(part))
+        if status:
+            raise_for(status, it._lib)
+    return part.offset, part.bytes
 
 
 def receiver_index(rank_offset: int, parallel_config) -> int:
@@ -176,6 +193,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self._staged: List[Tuple[str, torch.Tensor]] = []
         self.copy = True
         self.staged = False
+        self._host_copies = True
 
     @property
     def receiver(self) -> Receiver:
@@ -205,6 +223,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self._strategy = strategy
         self.copy = init_info.copy
         self.staged = init_info.staged
+        self._host_copies = kind not in GPU_KINDS
 
     def start_weight_update(self) -> None:
         """Begins vLLM's layerwise reload for one version. A reload a failed session left
@@ -276,7 +295,9 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
 
     def receive_weights(self, update_info: WsyncUpdateInfo) -> None:
         """Receives each request in order and passes its ``(name, tensor)`` pairs to
-        ``self.model.load_weights`` (copies unless the init info said ``copy=False``).
+        ``self.model.load_weights`` (copies unless the init info said ``copy=False``: for the host
+        kinds taken with :meth:`wsync.Iteration.copy_into` into fresh tensors, see
+        :meth:`_copies`).
 
         If ``load_weights`` raises, the chunk is failed with ``Iteration.fail`` (the status
         :func:`wsync.status_for_exception` gives, and a message naming this receiver and the
@@ -298,9 +319,13 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             raise AbandonedError(Status.ABANDONED, f"the trainer aborted the weight update "
                                  f"(receiver {receiver.index}: completed version "
                                  f"{state.completed_version}); the update session is closed")
+        # Owned tensors: for host kinds copied once by the library (_copies); for GPU kinds,
+        # which it cannot copy into, views cloned on the device by the iteration (copy=True).
+        owned = self.copy or self.staged
+        library_copies = owned and self._host_copies
         for request in update_info.requests:
-            with receiver.receive(request, framework="torch", copy=self.copy or self.staged) as it:
-                batch = list(it)
+            with receiver.receive(request, framework="torch", copy=owned and not library_copies) as it:
+                batch = self._copies(it) if library_copies else list(it)
                 if self.staged:
                     self._staged.extend(batch)
                     continue
@@ -315,6 +340,26 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
                     raise
                 finally:
                     del batch
+
+    @staticmethod
+    def _copies(it) -> List[Tuple[str, torch.Tensor]]:
+        """Every tensor of the chunk as a fresh torch tensor that stays valid after the
+        iteration ends, filled by the library's copy loop (``wsync_recv_copy`` through
+        :meth:`wsync.Iteration.copy_into`), which verifies the tensor's checksum in the same
+        pass: one copy, no zero-copy view in between. A part of a split tensor is refused with
+        ``UNSUPPORTED`` naming it (leaving the ``with`` block fails the chunk with it), as a
+        view of it would be: copied alone into a fresh tensor it would leave the rest unset."""
+        pairs = []
+        for i in range(len(it)):
+            meta = it.peek(i)
+            dst = torch.empty(meta.shape, dtype=meta.dtype.to_torch())
+            if _entry_range(it, i) != (0, dst.numel() * dst.element_size()):
+                raise error(Status.UNSUPPORTED, f"tensor '{meta.name}' arrives split into "
+                            "parts; the wsync vLLM backend loads whole tensors only (send it "
+                            "unsplit)")
+            it.copy_into(i, dst)
+            pairs.append((meta.name, dst))
+        return pairs
 
     def update_weights(self, update_info: Dict[str, Any]) -> None:
         """vLLM's ``update_weights`` without its unconditional ``torch.accelerator.synchronize()``
