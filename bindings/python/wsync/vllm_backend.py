@@ -85,6 +85,9 @@ BACKEND = "wsync"
 #: Strategies that move GPU memory: a worker receives on its own device (``device`` option,
 #: filled from the worker's device unless ``worker_options`` sets it).
 GPU_KINDS = ("cuda_ipc", "nccl_broadcast")
+#: Kinds that move host memory (ucx registers host buckets only for now): a GPU trainer's
+#: tensors are copied to the CPU one chunk at a time before they are sent.
+HOST_KINDS = ("shm", "ucx")
 
 
 def encode_blob(blob: bytes) -> str:
@@ -487,8 +490,8 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
                     raise RuntimeError(f"the weight source yielded '{name}' where its metadata "
                                        f"lists '{want}'")
                 tensor = tensor.detach()
-                if self.init_info.kind == "shm" and tensor.device.type != "cpu":
-                    tensor = tensor.to("cpu")  # shm moves host memory: one chunk at a time
+                if self.init_info.kind in HOST_KINDS and tensor.device.type != "cpu":
+                    tensor = tensor.to("cpu")  # host-memory kinds: one chunk at a time
                 pairs.append((name, tensor))
             yield pairs, k == len(chunks) - 1
 
