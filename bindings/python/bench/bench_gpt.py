@@ -139,7 +139,7 @@ def expect(conn, kind):
     return msg
 
 
-def run_mode(model, cfg, mode, checksum=None):
+def run_mode(model, cfg, mode, checksum=None, aliases="join"):
     ctx = mp.get_context("spawn")
     pipes = [ctx.Pipe() for _ in range(2)]
     procs = [ctx.Process(target=engine_main, args=(i, pipes[i][1], dict(cfg, mode=mode)))
@@ -174,7 +174,7 @@ def run_mode(model, cfg, mode, checksum=None):
                 def forward(request):
                     for c in conns:
                         c.send(("request", request))
-                send_model(sender, model, on_request=forward,
+                send_model(sender, model, on_request=forward, aliases=aliases,
                            chunk_bytes=cfg["chunk_mb"] << 20 if cfg["chunk_mb"] else None)
                 sender.flush(60)
             for c in conns:
@@ -240,10 +240,12 @@ def main():
     copy_s = one_core_copy_s(model)
     model.share_memory()  # share_memory_() on every tensor; the baseline needs it; wsync does not care where the bytes live
     results = {}
-    for name, mode, checksum in (("baseline share_memory_ + pipe", "baseline", None),
-                                 ("wsync shm, checksums on", "wsync", True),
-                                 ("wsync shm, checksums off", "wsync", False)):
-        med, all_s = run_mode(model, cfg, mode, checksum)
+    for name, mode, checksum, aliases in (
+            ("baseline share_memory_ + pipe", "baseline", None, None),
+            ("wsync shm, checksums on", "wsync", True, "join"),
+            ("wsync shm, checksums off", "wsync", False, "join"),
+            ("wsync, checksums on, tied sent twice", "wsync", True, "repeat")):
+        med, all_s = run_mode(model, cfg, mode, checksum, aliases)
         results[name] = {"median_s": med, "steps_s": all_s}
     base = results["baseline share_memory_ + pipe"]["median_s"]
     out = {"params": sum(p.numel() for p in model.parameters()), "unique_bytes": unique,
