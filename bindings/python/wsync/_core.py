@@ -459,7 +459,7 @@ class Sender:
             raise _closed_error("sender")
         return self._h
 
-    def send_chunk(self, tensors, last: bool = False) -> bytes:
+    def send_chunk(self, tensors, last: bool = False, parts=None) -> bytes:
         """Sends one chunk and returns its request blob, to forward to every receiver.
 
         ``tensors`` is a dict ``{name: tensor}`` or an iterable of ``(name, tensor)`` pairs,
@@ -477,8 +477,31 @@ class Sender:
         ``timeout_ms``; then raises ``TIMEOUT`` or ``PEER`` (with ``failures``), nothing is sent
         and a version that had published a chunk is abandoned. Bad tensors raise
         ``INVALID_ARGUMENT`` and leave the version as it was.
+
+        ``parts`` (split tensors, libwsync 0.5): ``None``, or one ``(offset, nbytes)`` per
+        tensor, in bytes of the whole tensor, ``(0, 0)`` for a tensor sent whole (what
+        :attr:`PlannedChunk.parts` gives with ``plan(..., split=True)``). A part's tensor is
+        still passed whole; only its range is read and moved (``wsync_sender_send_parts``).
+        The parts of one tensor go in consecutive chunks of one version, in order, covering
+        it; the library refuses anything else (``INVALID_ARGUMENT`` naming the tensor), and a
+        sender with ``delta`` on refuses parts (``UNSUPPORTED``).
         """
         items = _as_items(tensors)
+        praw = None
+        if parts is not None:
+            parts = list(parts)
+            if len(parts) != len(items):
+                raise invalid(f"send_chunk: {len(parts)} parts for {len(items)} tensors")
+            praw = (_lib.Part * max(1, len(parts)))()
+            for k, p in enumerate(parts):
+                try:
+                    off, size = (int(x) for x in p)
+                except (TypeError, ValueError):
+                    raise invalid(f"send_chunk: part {k} must be (offset, nbytes), "
+                                  f"not {p!r}") from None
+                if not (0 <= off < 1 << 64 and 0 <= size < 1 << 64):
+                    raise invalid(f"send_chunk: part {k} {p!r} is out of range")
+                praw[k].offset, praw[k].bytes = off, size
         descs = describe_tensors(items, need_data=True)
         if descs.cuda_devices:
             _synchronize_cuda(descs.cuda_devices)
@@ -488,7 +511,10 @@ class Sender:
         blob = _lib.Blob()
         with self._lock:
             h = self._handle()
-            status = self._lib.wsync_sender_send_chunk(h, byref(chunk), byref(blob))
+            if praw is None:
+                status = self._lib.wsync_sender_send_chunk(h, byref(chunk), byref(blob))
+            else:
+                status = self._lib.wsync_sender_send_parts(h, byref(chunk), praw, byref(blob))
             if status:
                 raise_for(status, self._lib, sender=h)
         del descs  # the descriptors and everything they point into lived through the call
@@ -565,12 +591,12 @@ class Sender:
     # -- asyncio: the same calls on a worker thread; ctypes releases the GIL during each
     # foreign call, so the event loop runs while the library packs, copies and waits.
 
-    async def send_chunk_async(self, tensors, last: bool = False) -> bytes:
+    async def send_chunk_async(self, tensors, last: bool = False, parts=None) -> bytes:
         """:meth:`send_chunk` for asyncio trainers: runs on a worker thread
         (``asyncio.to_thread``), so the event loop keeps running while the chunk is packed or
         a bucket is awaited. The tensors must stay unchanged until it returns. Cancelling the
         awaiting task does not stop a send already under way."""
-        return await asyncio.to_thread(self.send_chunk, tensors, last)
+        return await asyncio.to_thread(self.send_chunk, tensors, last, parts)
 
     async def commit_async(self) -> bytes:
         """:meth:`commit` on a worker thread (see :meth:`send_chunk_async`)."""
@@ -825,6 +851,41 @@ class RecvInfo(NamedTuple):
         return bool(self.flags & CHUNK_LAST)
 
 
+class TensorPart(NamedTuple):
+    """A byte range of one tensor (``wsync_part_t``): ``offset`` and ``nbytes`` count bytes of
+    the whole tensor (row-major)."""
+
+    offset: int
+    nbytes: int
+
+
+class PartView(NamedTuple):
+    """One entry yielded by :meth:`Iteration.iter_parts`: a whole tensor or a part of a split
+    one, as a flat 1-D view of its elements."""
+
+    name: str  #: the whole tensor's (wire) name
+    view: Any  #: flat 1-D view of the entry's elements (torch tensor or numpy array)
+    offset: int  #: byte offset of the entry within the whole tensor (0 for a whole tensor)
+    nbytes: int  #: the entry's bytes
+    shape: Tuple[int, ...]  #: the whole tensor's shape
+    itemsize: int  #: bytes per element
+
+    @property
+    def start(self) -> int:
+        """Index of the entry's first element in the whole tensor, flattened."""
+        return self.offset // self.itemsize if self.itemsize else 0
+
+    @property
+    def stop(self) -> int:
+        """One past the entry's last element in the whole tensor, flattened."""
+        return (self.offset + self.nbytes) // self.itemsize if self.itemsize else 0
+
+    @property
+    def whole(self) -> bool:
+        """True when the entry is the whole tensor (not a part of a split one)."""
+        return self.offset == 0 and self.nbytes == math.prod(self.shape) * self.itemsize
+
+
 class ReceiverState(NamedTuple):
     """Where a receiver stands (``wsync_receiver_state_t``), from :meth:`Receiver.poll`."""
 
@@ -1038,18 +1099,26 @@ class Iteration:
             self._makers[dl] = m
         return m
 
-    def _make(self, fields) -> Tuple[str, Any]:
+    def _make(self, fields, part_bytes: Optional[int] = None) -> Tuple[str, Any]:
+        """(name, view) of a yielded descriptor; with ``part_bytes``, a flat 1-D view of that
+        many bytes (a part of a split tensor, or a whole tensor seen flat)."""
         name_p, data, shape_p, _, ndim, code, bits, lanes, dev_type, dev_index, flags, _ = fields
         name = ctypes.string_at(name_p).decode("utf-8")
-        shape = _INT64_STRUCTS[ndim].unpack(ctypes.string_at(shape_p, 8 * ndim)) if ndim else ()
         dl = (code, bits, lanes)
         try:
             carrier, itemsize, reinterpret = self._maker(dl)
         except TypeError as exc:
             raise WsyncError(Status.UNSUPPORTED, f"tensor '{name}': {exc}") from None
-        nbytes = itemsize
-        for s in shape:
-            nbytes *= s
+        if part_bytes is None:
+            shape = _INT64_STRUCTS[ndim].unpack(ctypes.string_at(shape_p, 8 * ndim)) if ndim else ()
+            nbytes = itemsize
+            for s in shape:
+                nbytes *= s
+        else:
+            if itemsize <= 0 or part_bytes % itemsize:
+                raise WsyncError(Status.UNSUPPORTED, f"tensor '{name}': a part of {part_bytes} "
+                                 f"bytes is not a whole number of {itemsize}-byte elements")
+            shape, nbytes = (part_bytes // itemsize,), part_bytes
         if dev_type in _dtypes.HOST_DEVICE_TYPES:
             buf = (c_char * nbytes).from_address(data)
             buf._wsync_owner = self  # the view keeps its iteration alive
@@ -1106,6 +1175,76 @@ class Iteration:
     def items(self) -> List[Tuple[str, Any]]:
         """All remaining ``(name, tensor)`` pairs as a list (same lifetime rule as iterating)."""
         return list(self)
+
+    # -- split tensors (libwsync 0.5)
+
+    def part(self, i: int) -> "TensorPart":
+        """The byte range of the whole tensor that entry ``i`` carries (``wsync_recv_part``):
+        ``(offset, nbytes)``, or ``(0, the tensor's size)`` for an entry that is a whole
+        tensor. An entry that is a *part* of a split tensor (a tensor larger than a bucket,
+        sent in consecutive chunks; see :func:`wsync.plan`) has its whole tensor's name,
+        dtype and shape in :meth:`peek`, but only this range of its bytes in this chunk.
+        Touches no tensor bytes."""
+        if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+            raise invalid(f"part: tensor index {i!r} is not a non-negative integer")
+        out = _lib.Part()
+        with self._lock:
+            status = self._lib.wsync_recv_part(self._h(), i, byref(out))
+            if status:
+                raise_for(status, self._lib)
+        return TensorPart(out.offset, out.bytes)
+
+    def parts(self) -> List["TensorPart"]:
+        """:meth:`part` of every entry, in order."""
+        return [self.part(i) for i in range(self.info.count)]
+
+    def iter_parts(self) -> Iterator["PartView"]:
+        """Yields every remaining entry, parts of split tensors included, as a
+        :class:`PartView`: the name, a **flat 1-D view** of the entry's elements (a part's
+        elements, or all of a whole tensor's, in row-major order), the entry's byte offset
+        within the whole tensor, its byte count and the whole tensor's shape. Entries taken
+        with :meth:`copy_into` are skipped, as by plain iteration. A part's elements belong at
+        ``whole.view(-1)[pv.start:pv.stop]``; a whole tensor's view is
+        ``pv.view.view(pv.shape)``.
+
+        Plain iteration (``for name, view in it``) refuses parts: it raises ``UNSUPPORTED``
+        naming the tensor and fails the iteration, since a loader unaware of parts would read
+        the whole tensor's size from a part's bytes. Loaders that copy into host memory need
+        neither: :meth:`copy_into` of the whole tensor (offset 0, the tensor's size) writes the
+        part's share at its place and leaves the rest alone, so copying every entry whole fills
+        a split tensor chunk by chunk. Same view lifetime and verification as plain iteration.
+        """
+        nxt = self._lib.wsync_recv_next_part
+        unpack = _TENSOR_RAW.unpack_from
+        view, view_ref, has, has_ref = self._view, self._view_ref, self._has, self._has_ref
+        part = _lib.Part()
+        part_ref = byref(part)
+        lock = self._lock
+        handle = self._handle
+        while True:
+            with lock:
+                h = handle.value
+                if h is None:
+                    raise WrongStateError(Status.WRONG_STATE, "the iteration has already ended")
+                status = nxt(h, view_ref, part_ref, has_ref)
+                if status:
+                    self._library_failed = True
+                    raise_for(status, self._lib)
+                if not has.value:
+                    return
+                fields = unpack(view)
+                self._yielded += 1
+                offset, nbytes = part.offset, part.bytes
+                ndim = fields[4]
+                shape = (_INT64_STRUCTS[ndim].unpack(ctypes.string_at(fields[2], 8 * ndim))
+                         if ndim else ())
+                itemsize = fields[6] * fields[7] // 8
+                try:
+                    name, t = self._make(fields, nbytes)
+                except WsyncError as exc:
+                    self._fail_locked(exc.status, exc.message)
+                    raise
+            yield PartView(name, t, offset, nbytes, shape, itemsize)
 
     def end(self) -> None:
         """Ends the iteration and acknowledges the chunk (idempotent).
@@ -1290,19 +1429,32 @@ def cuda_view(data: int, shape: Sequence[int], dl: tuple, device_index: int, own
 # Planner
 # ---------------------------------------------------------------------------------------------
 class PlannedChunk(NamedTuple):
-    """One chunk of a plan: indices into the planned list, and its payload bytes."""
+    """One chunk of a plan: indices into the planned list, its payload bytes, and (plans made
+    with ``split=True`` only) the byte range of each tensor the chunk holds."""
 
     indices: Tuple[int, ...]
     bytes: int
+    #: ``None`` when every tensor of the chunk is whole; else one ``(offset, nbytes)`` per
+    #: index (bytes of the whole tensor, as :meth:`Sender.send_chunk` takes them), ``(0, 0)``
+    #: for a tensor held whole.
+    parts: Optional[Tuple[Tuple[int, int], ...]] = None
 
 
-def plan(metas, *, chunk_bytes: Optional[int] = None, group_depth: Optional[int] = None) -> List[PlannedChunk]:
+def plan(metas, *, chunk_bytes: Optional[int] = None, group_depth: Optional[int] = None,
+         split: bool = False) -> List[PlannedChunk]:
     """Groups tensors into chunks with the library's planner (``wsync_plan_*``).
 
     ``metas`` is a list of :class:`TensorMeta`, ``(name, dtype, shape)`` or ``(name, tensor)``
     entries. Consecutive tensors of one module (the name without its last ``group_depth``
     dotted parts; default 2, 0 disables grouping) stay in one chunk; whole groups are batched
     in order while a chunk stays within ``chunk_bytes`` (default 256 MiB). Deterministic.
+
+    A single tensor larger than ``chunk_bytes`` gets a chunk of its own, which a strategy
+    whose buckets are ``chunk_bytes`` cannot send. ``split=True`` (libwsync 0.5) splits such
+    a tensor into byte-range parts of at most ``chunk_bytes`` each, one part per chunk
+    (consecutive chunks; the last part may share its chunk with the rest of its module
+    group); each chunk's :attr:`PlannedChunk.parts` says which range of each tensor it holds,
+    and :meth:`Sender.send_chunk` sends them with ``parts=``.
     """
     lib = _lib.lib()
     entries = list(metas.items()) if isinstance(metas, Mapping) else list(metas)
@@ -1312,6 +1464,8 @@ def plan(metas, *, chunk_bytes: Optional[int] = None, group_depth: Optional[int]
         options["chunk_bytes"] = chunk_bytes
     if group_depth is not None:
         options["group_depth"] = group_depth
+    if split:
+        options["split"] = True
     text = json.dumps(options).encode("utf-8") if options else None
     out = c_void_p()
     status = lib.wsync_plan_create(descs.array, descs.count, text, byref(out))
@@ -1330,7 +1484,16 @@ def plan(metas, *, chunk_bytes: Optional[int] = None, group_depth: Optional[int]
             status = lib.wsync_plan_chunk(out.value, i, byref(idx), byref(n), byref(nbytes))
             if status:
                 raise_for(status, lib)
-            chunks.append(PlannedChunk(tuple(idx[:n.value]), nbytes.value))
+            parts = None
+            if split and n.value:
+                praw = ctypes.POINTER(_lib.Part)()
+                status = lib.wsync_plan_chunk_parts(out.value, i, byref(praw))
+                if status:
+                    raise_for(status, lib)
+                ranges = tuple((praw[k].offset, praw[k].bytes) for k in range(n.value))
+                if any(r != (0, 0) for r in ranges):
+                    parts = ranges
+            chunks.append(PlannedChunk(tuple(idx[:n.value]), nbytes.value, parts))
         return chunks
     finally:
         lib.wsync_plan_destroy(out.value)
