@@ -20,6 +20,19 @@ aliases are sent under their own names). ``aliases="repeat"`` sends every name w
 copy of the bytes, for engines that read wire names directly and do not split them
 (:func:`split_alias_name` is the engine-side rule).
 
+Split tensors. A tensor larger than ``chunk_bytes`` (for ``shm``, the bucket: a 152064 x 3584
+bf16 embedding is 1.02 GiB) is split into byte-range parts of at most ``chunk_bytes``, each in a
+chunk of its own, consecutive chunks of one version (``split=True``, the default; libwsync
+0.5). Each :class:`ChunkToSend` then carries ``parts`` (one ``(offset, nbytes)`` per tensor,
+``(0, 0)`` for whole ones), which :meth:`wsync.Sender.send_chunk` takes as ``parts=``; the tensor
+itself is passed whole and only the part's range is read. A split tensor is cast, moved or
+gathered (lazy source) once, for all its parts, and kept until its last part is sent.
+Receivers see each part as an entry with the whole tensor's name, dtype and shape:
+:class:`wsync.engine.ModuleLoader` and :meth:`wsync.Iteration.copy_into` load them
+transparently; plain iteration over views refuses parts, :meth:`wsync.Iteration.iter_parts`
+yields them. Delta sync refuses parts (``UNSUPPORTED``): with ``delta`` on, keep tensors within
+``chunk_bytes`` or pass ``split=False`` (the planner then refuses an oversized tensor by name).
+
 A :class:`LazySource` gives the tensors' metadata up front and gathers the tensors of each chunk
 only when that chunk is about to be sent (as FSDP or Megatron trainers all-gather shards), so a
 sync holds about one chunk of gathered tensors at a time.
@@ -83,12 +96,16 @@ def split_alias_name(name: str) -> List[str]:
 
 class ChunkToSend(NamedTuple):
     """One planned chunk: ``tensors`` as (wire name, tensor) pairs (aliases joined with ``=``),
-    its position, whether it is the last of the version, and its payload bytes."""
+    its position, whether it is the last of the version, its payload bytes, and the byte range
+    of each tensor it carries (``None`` when every tensor is whole; else one ``(offset,
+    nbytes)`` per tensor, ``(0, 0)`` for a whole one): pass it to
+    :meth:`wsync.Sender.send_chunk` as ``parts=``."""
 
     index: int
     tensors: List[Tuple[str, Any]]
     last: bool
     bytes: int
+    parts: Optional[List[Tuple[int, int]]] = None
 
 
 class LazySource:
@@ -100,7 +117,9 @@ class LazySource:
     (before any ``dtype=`` cast of :func:`iter_chunks`). The planner works from these alone.
 
     ``gather(names)`` is called once per chunk, just before the chunk is handed out, with the
-    names of that chunk's tensors (aliases excluded), and returns their tensors: a mapping
+    names of that chunk's tensors (aliases excluded; a split tensor is asked for once, with the
+    chunk of its first part, and kept until its last part is sent; a chunk holding only a
+    later part calls no gather), and returns their tensors: a mapping
     ``{name: tensor}`` or a sequence in the order of ``names``. Each must match its metadata
     (dtype and shape; anything else raises ``INVALID_ARGUMENT`` naming it); extra entries are
     ignored. The tensors may be fresh (an FSDP all-gather, a Megatron gather onto rank 0): they
@@ -313,7 +332,7 @@ def _gathered(lazy: LazySource, names: List[str]) -> Dict[str, Any]:
 
 def iter_chunks(source, *, chunk_bytes: Optional[int] = None, group_depth: int = 2,
                 dtype=None, device=None, make_contiguous: bool = False,
-                aliases: str = "join") -> Iterator[ChunkToSend]:
+                aliases: str = "join", split: bool = True) -> Iterator[ChunkToSend]:
     """Plans ``source``'s tensors into chunks and yields them ready to send, in order; the
     last one has ``last=True``, so sending every chunk of one call is one sync version.
 
@@ -321,13 +340,17 @@ def iter_chunks(source, *, chunk_bytes: Optional[int] = None, group_depth: int =
       :func:`named_tensors`), or a :class:`LazySource`.
     - ``chunk_bytes`` (default 256 MiB) and ``group_depth`` (default 2) go to the planner
       (see :func:`wsync.plan`); for ``shm`` keep ``chunk_bytes`` at most the ``bucket_bytes``.
+    - ``split`` (default ``True``): a tensor larger than ``chunk_bytes`` is split into
+      byte-range parts, one per chunk (see "Split tensors" in the module documentation);
+      ``split=False`` makes the planner refuse it instead.
     - ``dtype``: cast floating-point tensors to this torch dtype (integer and bool tensors are
       sent as they are). The plan counts the bytes after the cast.
     - ``device``: move tensors there (e.g. ``"cpu"`` for ``shm`` from a GPU model).
     - Casts, moves and a lazy source's gathers happen one chunk at a time, when that chunk is
       yielded, and are dropped when the next one is asked for, so at most one chunk of
       converted or gathered tensors exists at once if the caller sends each chunk (and drops
-      it) before asking for the next.
+      it) before asking for the next. A split tensor is gathered, cast or moved once, when its
+      first part is yielded, and kept until its last part was yielded.
     - ``make_contiguous``: copy non-contiguous tensors into contiguous ones; without it they
       are passed as they are and the library refuses them by name.
     - ``aliases``: ``"join"`` (default) sends a tensor known under several names (a tied
@@ -337,30 +360,53 @@ def iter_chunks(source, *, chunk_bytes: Optional[int] = None, group_depth: int =
     entries, lazy = _entries(source, aliases, dtype)
     if not entries:
         raise invalid("nothing to send: the source has no tensors")
-    chunks = plan([e.meta for e in entries], chunk_bytes=chunk_bytes, group_depth=group_depth)
+    metas = [e.meta for e in entries]
+    # Split only when a tensor needs it: the planner also splits a tensor that fits only by its
+    # 256-byte rounding, and refuses any split below one 4096-byte part, which would fail
+    # plans of tiny chunks (tests, small producers) that never needed a split.
+    limit = chunk_bytes if chunk_bytes is not None else DEFAULT_CHUNK_BYTES
+    split = split and any(m.nbytes > limit for m in metas)
+    chunks = plan(metas, chunk_bytes=chunk_bytes, group_depth=group_depth, split=split)
+    del metas
+    # Split tensors whose last part is still to come: ident -> the prepared tensor, reused for
+    # every part (gathered, cast or moved once).
+    pending: Dict[Any, Any] = {}
     for k, planned in enumerate(chunks):
         picked = [entries[i] for i in planned.indices]
+        ranges = planned.parts or [(0, 0)] * len(picked)
         if lazy is not None:
-            keys = list(dict.fromkeys(e.key for e in picked))
-            sources = _gathered(lazy, keys)
+            keys = list(dict.fromkeys(e.key for e in picked if e.key not in pending))
+            sources = _gathered(lazy, keys) if keys else {}
         else:
             sources = None
         prepared: Dict[Any, Any] = {}  # one converted copy per tensor, shared by its wire names
         tensors = []
-        for e in picked:
+        for e, (offset, size) in zip(picked, ranges):
             ident = e.key if sources is not None else id(e.key)
             if ident not in prepared:
-                # A gathered tensor leaves `sources` as it is prepared, so a cast or moved copy
-                # replaces its original here instead of both living until the chunk is sent.
-                t = sources.pop(e.key) if sources is not None else e.key
-                if sources is not None and dtype is not None and isinstance(t, np.ndarray):
-                    # The plan cast every floating-point lazy tensor: numpy ones go through torch.
-                    t = _dtypes.require_torch().from_numpy(t)
-                prepared[ident] = _prepare(t, dtype, device, make_contiguous)
-                t = None
+                if ident in pending:
+                    prepared[ident] = pending[ident]
+                else:
+                    # A gathered tensor leaves `sources` as it is prepared, so a cast or moved
+                    # copy replaces its original here instead of both living until the chunk
+                    # is sent.
+                    t = sources.pop(e.key) if sources is not None else e.key
+                    if sources is not None and dtype is not None and isinstance(t, np.ndarray):
+                        # The plan cast every floating-point lazy tensor: numpy ones go through
+                        # torch.
+                        t = _dtypes.require_torch().from_numpy(t)
+                    prepared[ident] = _prepare(t, dtype, device, make_contiguous)
+                    t = None
+            if size:
+                # A part: keep the prepared tensor for the next parts, drop it after the last.
+                if offset + size < e.meta.nbytes:
+                    pending[ident] = prepared[ident]
+                else:
+                    pending.pop(ident, None)
             tensors.append((e.wire_name, prepared[ident]))
         sources = prepared = None
-        yield ChunkToSend(k, tensors, k == len(chunks) - 1, planned.bytes)
+        yield ChunkToSend(k, tensors, k == len(chunks) - 1, planned.bytes,
+                          list(planned.parts) if planned.parts else None)
         # The caller is done with this chunk: drop its gathered and converted tensors before
         # the next gather, so two chunks of them never coexist here.
         del tensors
@@ -377,7 +423,8 @@ def default_chunk_bytes(sender: Sender) -> int:
 def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, group_depth: int = 2,
                dtype=None, device=None, make_contiguous: bool = False,
                on_request: Optional[Callable[[bytes], Any]] = None,
-               flush_timeout_s: Optional[float] = None, aliases: str = "join") -> List[bytes]:
+               flush_timeout_s: Optional[float] = None, aliases: str = "join",
+               split: bool = True) -> List[bytes]:
     """Sends every chunk of ``source`` (a module, a state dict or a :class:`LazySource`; see
     :func:`iter_chunks`, which also describes ``aliases``) as one sync version and returns the
     request blobs.
@@ -391,6 +438,11 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
     ``chunk_bytes`` defaults to :func:`default_chunk_bytes`. ``flush_timeout_s``, when given,
     makes the call wait for every receiver's acknowledgement (see :meth:`Sender.flush`).
 
+    ``split`` (default ``True``): a tensor larger than ``chunk_bytes`` (a bucket) is sent as
+    parts in consecutive chunks (see "Split tensors" in the module documentation). Delta sync
+    refuses parts (``UNSUPPORTED``): a sender with ``delta`` on must keep every tensor within
+    ``chunk_bytes``, or pass ``split=False`` to have the planner name the oversized tensor.
+
     If anything fails part-way (a send, a cast, ``on_request``) the version is abandoned
     (:meth:`Sender.abandon`; receivers that began it fail it with ``ABANDONED``) and the
     exception propagates; receivers keep the previous version as their completed one. A
@@ -403,8 +455,8 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
     try:
         for chunk in iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,
                                  dtype=dtype, device=device, make_contiguous=make_contiguous,
-                                 aliases=aliases):
-            request = sender.send_chunk(chunk.tensors, last=chunk.last)
+                                 aliases=aliases, split=split):
+            request = sender.send_chunk(chunk.tensors, last=chunk.last, parts=chunk.parts)
             del chunk  # drop converted copies before the next chunk is prepared
             requests.append(request)
             if on_request is not None:
@@ -424,7 +476,7 @@ async def send_model_async(sender: Sender, source, *, chunk_bytes: Optional[int]
                            make_contiguous: bool = False,
                            on_request: Optional[Callable[[bytes], Any]] = None,
                            flush_timeout_s: Optional[float] = None,
-                           aliases: str = "join") -> List[bytes]:
+                           aliases: str = "join", split: bool = True) -> List[bytes]:
     """:func:`send_model` for asyncio trainers. Preparing each chunk (casts, moves), sending
     it and flushing run on worker threads, so the event loop keeps serving while weights go
     out; ``on_request`` may be a plain function or a coroutine function (awaited on the loop,
@@ -436,14 +488,15 @@ async def send_model_async(sender: Sender, source, *, chunk_bytes: Optional[int]
         chunk_bytes = default_chunk_bytes(sender)
     chunks = iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,
                          dtype=dtype, device=device, make_contiguous=make_contiguous,
-                         aliases=aliases)
+                         aliases=aliases, split=split)
     requests: List[bytes] = []
     try:
         while True:
             chunk = await asyncio.to_thread(next, chunks, None)
             if chunk is None:
                 break
-            request = await sender.send_chunk_async(chunk.tensors, last=chunk.last)
+            request = await sender.send_chunk_async(chunk.tensors, last=chunk.last,
+                                                    parts=chunk.parts)
             del chunk
             requests.append(request)
             if on_request is not None:
