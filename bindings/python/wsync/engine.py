@@ -54,6 +54,15 @@ class ModuleLoader:
     verified in the same pass); other targets (CUDA, casts, non-contiguous parts) copy from the
     views.
 
+    Split tensors (a tensor larger than a bucket, sent in parts over consecutive chunks; see
+    :mod:`wsync.trainer`) load transparently: ``copy_into`` of the whole tensor writes each
+    part's share at its place, and view targets take each part's flat view
+    (:meth:`wsync.Iteration.iter_parts`) into their flat element range, casting if needed;
+    non-contiguous targets take it through views of their rows. A target that is not a
+    strided tensor cannot take a range: ``UNSUPPORTED`` naming it, before any copy. The strict
+    check counts a split tensor as loaded with its parts (the library refuses a version whose
+    parts do not cover the tensor).
+
     - ``strict`` (default ``True``), like ``load_state_dict(strict=True)``: a version that
       leaves a parameter or buffer of the module unloaded is refused on its last chunk with
       ``MISMATCH`` naming what is missing, before that chunk is copied and before the version
@@ -238,6 +247,23 @@ class ModuleLoader:
                         dsts.append((resolved, self._destination(resolved)))
                 if dsts:
                     destinations[m.name] = (i, m, dsts)
+            # Split tensors: an entry may carry only a byte range (a part) of its tensor. The
+            # whole-size copy_into below writes the part's share at its place; views of parts
+            # come flat (iter_parts) and go into the destination's flat element range.
+            ranges = {}
+            for name, (i, m, dsts) in destinations.items():
+                part = it.part(i)
+                if part.offset == 0 and part.nbytes == m.nbytes:
+                    continue
+                size = m.dtype.itemsize
+                ranges[name] = (part.offset // size, (part.offset + part.nbytes) // size)
+                for resolved, dst in dsts:
+                    if not isinstance(dst, torch.Tensor) or dst.layout != torch.strided:
+                        raise WsyncError(
+                            Status.UNSUPPORTED,
+                            f"tensor '{m.name}' arrives in parts (bytes {part.offset}.."
+                            f"{part.offset + part.nbytes} of {m.nbytes}) and its destination "
+                            f"'{resolved[0]}' is not a strided tensor that takes a flat range")
             cuda_devices = set()
             copied = {}
             with torch.no_grad():
@@ -254,18 +280,36 @@ class ModuleLoader:
                             it.copy_into(i, dst.detach())
                             copied[name] = dst
                             break
-                for name, view in it:
-                    entry = destinations.get(name)
-                    if entry is None:
-                        continue
-                    for _, dst in entry[2]:
-                        dst.copy_(view)
-                        if dst.is_cuda:
-                            cuda_devices.add(dst.device)
+                if not ranges:
+                    for name, view in it:
+                        entry = destinations.get(name)
+                        if entry is None:
+                            continue
+                        for _, dst in entry[2]:
+                            dst.copy_(view)
+                            if dst.is_cuda:
+                                cuda_devices.add(dst.device)
+                else:
+                    for pv in it.iter_parts():
+                        entry = destinations.get(pv.name)
+                        if entry is None:
+                            continue
+                        for _, dst in entry[2]:
+                            if pv.name in ranges:
+                                _copy_flat(dst, pv.start, pv.stop, pv.view)
+                            else:
+                                dst.copy_(pv.view.view(pv.shape))
+                            if dst.is_cuda:
+                                cuda_devices.add(dst.device)
                 for name, src in copied.items():
+                    span = ranges.get(name)
                     for _, dst in destinations[name][2]:
                         if dst is not src:
-                            dst.copy_(src)
+                            if span is None:
+                                dst.copy_(src)
+                            else:  # only this part's range: the rest came with other chunks
+                                _copy_flat(dst, span[0], span[1],
+                                           src.detach().view(-1)[span[0]:span[1]])
                             if dst.is_cuda:
                                 cuda_devices.add(dst.device)
             # The views die when the iteration ends: make sure no copy still reads them.
@@ -279,6 +323,40 @@ class ModuleLoader:
         for request in requests:
             self.load(receiver, request)
         return receiver.completed_version
+
+
+def _copy_flat(dst, start: int, stop: int, src) -> None:
+    """Copies ``src`` (1-D, ``stop - start`` elements) into elements ``[start, stop)`` of
+    ``dst`` counted in row-major order (a part of a split tensor), casting as ``copy_`` does.
+    A non-contiguous ``dst`` is written through at most two partial rows per dimension and one
+    block of whole rows, all views of it, so any strided destination takes the range."""
+    if stop <= start:
+        return
+    if dst.dim() == 0:
+        dst.copy_(src.reshape(()))
+        return
+    if dst.is_contiguous():
+        dst.view(-1)[start:stop].copy_(src)
+        return
+    if dst.dim() == 1:
+        dst[start:stop].copy_(src)
+        return
+    inner = _numel(dst.shape[1:])
+    r0, o0 = divmod(start, inner)
+    r1, o1 = divmod(stop, inner)
+    if r0 == r1:
+        _copy_flat(dst[r0], o0, o1, src)
+        return
+    pos = 0
+    if o0:
+        _copy_flat(dst[r0], o0, inner, src[:inner - o0])
+        pos, r0 = inner - o0, r0 + 1
+    if r1 > r0:
+        n = (r1 - r0) * inner
+        dst[r0:r1].copy_(src[pos:pos + n].view(r1 - r0, *dst.shape[1:]))
+        pos += n
+    if o1:
+        _copy_flat(dst[r1], 0, o1, src[pos:])
 
 
 def _numel(shape) -> int:
