@@ -271,3 +271,28 @@ def test_a_strict_loader_counts_a_split_tensor_as_loaded(make_sync):
     send(s, src, loader)
     assert s.receiver.completed_version == 1
     assert torch.equal(engine["emb.weight"], src["emb.weight"])
+
+
+def test_delta_refuses_parts_and_split_false_names_the_tensor(make_sync):
+    s = make_sync(buckets=8, bucket_bytes=MiB, delta="on")
+    with pytest.raises(wsync.WsyncError, match="delta sync does not take split tensors") as err:
+        send_model(s.sender, SplitLM())
+    assert err.value.status is Status.UNSUPPORTED
+    with pytest.raises(wsync.InvalidArgumentError, match="emb.weight.*raise bucket_bytes"):
+        send_model(s.sender, SplitLM(), split=False)
+    # Tensors within the bucket still go with delta on (nothing is split).
+    small = {"a.weight": torch.randn(64, 64)}
+    assert len(send_model(s.sender, small)) == 1
+
+
+def test_a_non_strided_destination_of_a_split_tensor_is_refused_before_any_copy(make_sync):
+    s = make_sync(buckets=2, bucket_bytes=MiB)
+    dense = torch.zeros(VOCAB, DIM)
+    engine = {"emb.weight": torch.zeros(VOCAB, DIM).to_sparse(), "x.weight": dense}
+    loader = ModuleLoader(engine, strict=False)
+    src = {"x.weight": torch.ones(VOCAB, DIM), "emb.weight": torch.randn(VOCAB, DIM)}
+    with pytest.raises(wsync.WsyncError, match="'emb.weight' arrives in parts.*not a strided") as err:
+        send(s, src, loader)
+    assert err.value.status is Status.UNSUPPORTED
+    # x.weight (split too, its chunks came first) loaded; emb.weight's first chunk failed.
+    assert torch.equal(dense, torch.ones(VOCAB, DIM))
