@@ -296,3 +296,18 @@ def test_a_non_strided_destination_of_a_split_tensor_is_refused_before_any_copy(
     assert err.value.status is Status.UNSUPPORTED
     # x.weight (split too, its chunks came first) loaded; emb.weight's first chunk failed.
     assert torch.equal(dense, torch.ones(VOCAB, DIM))
+
+
+@pytest.mark.parametrize("how", ["ignore_unknown", "map_name_skips"])
+def test_a_split_tensor_the_loader_skips_is_taken_unread(make_sync, how):
+    s = make_sync(buckets=2, bucket_bytes=MiB)
+    engine = {"x.weight": torch.zeros(8, 8)}
+    if how == "ignore_unknown":
+        loader = ModuleLoader(engine, ignore_unknown=True)
+    else:
+        loader = ModuleLoader(engine, map_name=lambda n: None if n == "emb.weight" else n)
+    src = {"emb.weight": torch.randn(VOCAB, DIM), "x.weight": torch.randn(8, 8)}
+    requests = send(s, src, loader)
+    assert len(emb_parts(requests)) == 4
+    assert s.receiver.completed_version == 1
+    assert torch.equal(engine["x.weight"], src["x.weight"])

@@ -251,12 +251,19 @@ class ModuleLoader:
             # whole-size copy_into below writes the part's share at its place; views of parts
             # come flat (iter_parts) and go into the destination's flat element range.
             ranges = {}
-            for name, (i, m, dsts) in destinations.items():
+            any_part = False
+            # A chunk whose payload is its tensors' whole sizes holds no part: skip the lookups.
+            maybe_parts = info.bytes != sum(m.nbytes for m in metas)
+            for i, m in enumerate(metas if maybe_parts else ()):
                 part = it.part(i)
                 if part.offset == 0 and part.nbytes == m.nbytes:
                     continue
+                any_part = True  # even one without a destination: plain iteration refuses it
+                if m.name not in destinations:
+                    continue
+                dsts = destinations[m.name][2]
                 size = m.dtype.itemsize
-                ranges[name] = (part.offset // size, (part.offset + part.nbytes) // size)
+                ranges[m.name] = (part.offset // size, (part.offset + part.nbytes) // size)
                 for resolved, dst in dsts:
                     if not isinstance(dst, torch.Tensor) or dst.layout != torch.strided:
                         raise WsyncError(
@@ -280,7 +287,7 @@ class ModuleLoader:
                             it.copy_into(i, dst.detach())
                             copied[name] = dst
                             break
-                if not ranges:
+                if not any_part:
                     for name, view in it:
                         entry = destinations.get(name)
                         if entry is None:
