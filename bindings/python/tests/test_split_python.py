@@ -73,9 +73,13 @@ def test_plan_split_gives_parts_and_plain_plan_does_not():
     assert all(c.parts is None for c in wsync.plan(metas, chunk_bytes=MiB))
 
 
-def test_iteration_part_and_iter_parts(make_sync):
+@pytest.mark.parametrize("dtype,framework", [(torch.float32, "torch"),
+                                              (torch.bfloat16, "torch"),
+                                              (torch.float32, "numpy")])
+def test_iteration_part_and_iter_parts(make_sync, dtype, framework):
     s = make_sync(buckets=2)
-    emb = torch.randn(VOCAB, DIM)
+    rows = VOCAB if dtype == torch.float32 else 2 * VOCAB  # 3.5 MiB either way
+    emb = torch.randn(rows, DIM).to(dtype)
     items = [("emb.weight", emb), ("x.bias", torch.arange(10.0))]
     chunks = wsync.plan(items, chunk_bytes=MiB, split=True)
     out = torch.zeros_like(emb)
@@ -83,23 +87,25 @@ def test_iteration_part_and_iter_parts(make_sync):
     for k, c in enumerate(chunks):
         request = s.sender.send_chunk([items[i] for i in c.indices], last=k == len(chunks) - 1,
                                       parts=c.parts)
-        with s.receiver.receive(request) as it:
+        with s.receiver.receive(request, framework=framework) as it:
             for i in range(len(it)):
                 meta, part = it.peek(i), it.part(i)
                 if meta.name == "emb.weight":
-                    assert meta.shape == (VOCAB, DIM)  # the whole tensor's shape
+                    assert meta.shape == (rows, DIM)  # the whole tensor's shape
                     assert part == c.parts[i]
                     seen.append(part)
                 else:
                     assert part == wsync.TensorPart(0, 40)  # whole: (0, its size)
             for pv in it.iter_parts():
-                assert pv.view.dim() == 1 and pv.view.numel() == pv.stop - pv.start
+                view = torch.from_numpy(pv.view.copy()) if framework == "numpy" else pv.view
+                assert view.dim() == 1 and view.numel() == pv.stop - pv.start
                 if pv.name == "emb.weight":
-                    assert not pv.whole and pv.shape == (VOCAB, DIM)
+                    assert not pv.whole and pv.shape == (rows, DIM)
                     assert pv.offset == seen[-1].offset and pv.nbytes == seen[-1].nbytes
-                    out.view(-1)[pv.start:pv.stop].copy_(pv.view)
+                    assert view.dtype == dtype and pv.itemsize == emb.element_size()
+                    out.view(-1)[pv.start:pv.stop].copy_(view)
                 else:
-                    assert pv.whole and torch.equal(pv.view.view(pv.shape), torch.arange(10.0))
+                    assert pv.whole and torch.equal(view.view(pv.shape), torch.arange(10.0))
     assert len(seen) == 4 and torch.equal(out, emb)
     assert s.receiver.completed_version == 1
 
