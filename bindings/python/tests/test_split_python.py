@@ -297,7 +297,8 @@ def test_a_non_strided_destination_of_a_split_tensor_is_refused_before_any_copy(
     engine = {"emb.weight": torch.zeros(VOCAB, DIM).to_sparse(), "x.weight": dense}
     loader = ModuleLoader(engine, strict=False)
     src = {"x.weight": torch.ones(VOCAB, DIM), "emb.weight": torch.randn(VOCAB, DIM)}
-    with pytest.raises(wsync.WsyncError, match="'emb.weight' arrives in parts.*not a strided") as err:
+    with pytest.raises(wsync.WsyncError,
+                       match="'emb.weight' arrives in parts.*not a strided") as err:
         send(s, src, loader)
     assert err.value.status is Status.UNSUPPORTED
     # x.weight (split too, its chunks came first) loaded; emb.weight's first chunk failed.

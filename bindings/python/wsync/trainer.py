@@ -31,7 +31,8 @@ Receivers see each part as an entry with the whole tensor's name, dtype and shap
 :class:`wsync.engine.ModuleLoader` and :meth:`wsync.Iteration.copy_into` load them
 transparently; plain iteration over views refuses parts, :meth:`wsync.Iteration.iter_parts`
 yields them. Delta sync refuses parts (``UNSUPPORTED``): with ``delta`` on, keep tensors within
-``chunk_bytes`` or pass ``split=False`` (the planner then refuses an oversized tensor by name).
+``chunk_bytes`` or pass ``split=False`` (an oversized tensor then gets a chunk of its own, as
+before 0.5, which ``shm`` refuses naming it: "raise bucket_bytes").
 
 A :class:`LazySource` gives the tensors' metadata up front and gathers the tensors of each chunk
 only when that chunk is about to be sent (as FSDP or Megatron trainers all-gather shards), so a
@@ -342,7 +343,7 @@ def iter_chunks(source, *, chunk_bytes: Optional[int] = None, group_depth: int =
       (see :func:`wsync.plan`); for ``shm`` keep ``chunk_bytes`` at most the ``bucket_bytes``.
     - ``split`` (default ``True``): a tensor larger than ``chunk_bytes`` is split into
       byte-range parts, one per chunk (see "Split tensors" in the module documentation);
-      ``split=False`` makes the planner refuse it instead.
+      with ``split=False`` it gets a chunk of its own, which ``shm`` refuses naming it.
     - ``dtype``: cast floating-point tensors to this torch dtype (integer and bool tensors are
       sent as they are). The plan counts the bytes after the cast.
     - ``device``: move tensors there (e.g. ``"cpu"`` for ``shm`` from a GPU model).
@@ -441,7 +442,8 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
     ``split`` (default ``True``): a tensor larger than ``chunk_bytes`` (a bucket) is sent as
     parts in consecutive chunks (see "Split tensors" in the module documentation). Delta sync
     refuses parts (``UNSUPPORTED``): a sender with ``delta`` on must keep every tensor within
-    ``chunk_bytes``, or pass ``split=False`` to have the planner name the oversized tensor.
+    ``chunk_bytes``, or pass ``split=False`` (the oversized tensor then gets a chunk of its own,
+    which ``shm`` refuses naming it: "raise bucket_bytes").
 
     If anything fails part-way (a send, a cast, ``on_request``) the version is abandoned
     (:meth:`Sender.abandon`; receivers that began it fail it with ``ABANDONED``) and the
