@@ -975,6 +975,14 @@ class Iteration:
     taken); the sender's flush then reports them as a :class:`wsync.Failure`. Leaving the
     ``with`` block through an exception fails the iteration that way (see
     :func:`status_for_exception`) and lets the exception propagate.
+
+    **Split tensors** (libwsync 0.5). A tensor larger than a bucket arrives as *parts*, one per
+    chunk in consecutive chunks: each part is an entry with the whole tensor's name, dtype and
+    shape (:meth:`peek`) and only a byte range of its bytes (:meth:`part`). Plain iteration
+    refuses a part (``UNSUPPORTED`` naming it; the iteration fails), because a whole-tensor
+    view would overrun it. Take parts with :meth:`copy_into` (a whole-tensor copy into the
+    parameter writes only this part's range; every chunk fills its own) or as flat 1-D views
+    with :meth:`iter_parts`, which yields whole tensors too.
     """
 
     def __init__(self, receiver: Receiver, handle: _IterHandle, framework: str, copy: bool):
