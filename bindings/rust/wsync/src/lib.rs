@@ -159,7 +159,7 @@ use std::ffi::{c_char, CStr};
 pub use wsync_sys as sys;
 
 pub use error::{Error, Failure, FailureKind, Result, Status};
-pub use plan::{plan, Plan, PlanChunk};
+pub use plan::{plan, Part, Plan, PlanChunk};
 pub use receiver::{Meta, Receiver, ReceiverState, Recv, RecvInfo, View, Views};
 pub use sender::{merge_requests, Sender};
 pub use strategy::{OptionValue, Options, Strategy};

@@ -110,10 +110,27 @@ impl Plan {
             // plan is destroyed, which the `&self` borrow prevents while the slice lives.
             unsafe { std::slice::from_raw_parts(indices, count) }
         };
+        let mut parts_ptr: *const sys::wsync_part_t = std::ptr::null();
+        // SAFETY: the plan is live, `i` was just accepted by wsync_plan_chunk, and `parts_ptr`
+        // is a valid out-pointer.
+        check(unsafe { sys::wsync_plan_chunk_parts(self.raw.as_ptr(), i, &mut parts_ptr) })?;
+        let parts: &[sys::wsync_part_t] = if count == 0 {
+            &[]
+        } else if parts_ptr.is_null() {
+            return Err(Error::new(
+                Status::Internal,
+                "wsync_plan_chunk_parts returned NULL ranges",
+            ));
+        } else {
+            // SAFETY: the library returned one range per index (`count`), owned by the plan
+            // and valid until it is destroyed, which the `&self` borrow prevents.
+            unsafe { std::slice::from_raw_parts(parts_ptr, count) }
+        };
         Ok(PlanChunk {
             index: i,
             last: i + 1 == self.chunks,
             indices,
+            parts,
             bytes,
         })
     }
@@ -149,6 +166,7 @@ pub struct PlanChunk<'p> {
     index: usize,
     last: bool,
     indices: &'p [usize],
+    parts: &'p [sys::wsync_part_t],
     bytes: u64,
 }
 
@@ -171,10 +189,58 @@ impl<'p> PlanChunk<'p> {
         self.indices
     }
 
-    /// Payload bytes of the chunk's tensors.
+    /// Payload bytes of the chunk's tensors (of their parts, for split tensors).
     #[must_use]
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// The range of each tensor of [`PlanChunk::indices`] that this chunk carries, in the same
+    /// order: [`Part::WHOLE`] for a tensor sent whole (always, in a plan made without
+    /// `"split": true`), else a part of a split tensor (a tensor larger than `chunk_bytes`,
+    /// planned as consecutive parts, one per chunk). [`crate::Sender::send_plan`] sends them
+    /// with [`crate::Sender::send_parts`].
+    #[must_use]
+    pub fn parts(&self) -> Vec<Part> {
+        self.parts
+            .iter()
+            .map(|p| Part {
+                offset: p.offset,
+                bytes: p.bytes,
+            })
+            .collect()
+    }
+
+    /// Whether some tensor of the chunk is a part of a split tensor.
+    #[must_use]
+    pub fn has_parts(&self) -> bool {
+        self.parts.iter().any(|p| p.bytes != 0)
+    }
+}
+
+/// A byte range of one tensor (`wsync_part_t`): bytes `offset .. offset + bytes` of the whole
+/// tensor, row-major. A tensor larger than a chunk crosses as consecutive parts of one version
+/// (split tensors, libwsync 0.5). `bytes == 0` means the whole tensor ([`Part::WHOLE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Part {
+    /// First byte of the part within the whole tensor.
+    pub offset: u64,
+    /// The part's size in bytes; 0: the whole tensor (then `offset` is 0).
+    pub bytes: u64,
+}
+
+impl Part {
+    /// The whole tensor.
+    pub const WHOLE: Part = Part {
+        offset: 0,
+        bytes: 0,
+    };
+
+    pub(crate) fn raw(self) -> sys::wsync_part_t {
+        sys::wsync_part_t {
+            offset: self.offset,
+            bytes: self.bytes,
+        }
     }
 }
 

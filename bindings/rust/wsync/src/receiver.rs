@@ -11,6 +11,7 @@ use std::ptr::NonNull;
 use wsync_sys as sys;
 
 use crate::error::{check, Error, Result, Status};
+use crate::plan::Part;
 use crate::strategy::Strategy;
 use crate::tensor::{DType, Device, Element};
 
@@ -383,6 +384,26 @@ impl<'r> Recv<'r> {
                 dst.as_mut_ptr().cast::<c_void>(),
                 dst.len() as u64,
             )
+        })
+    }
+
+    /// The range of the whole tensor that entry `i` carries (`wsync_recv_part`): a part of a
+    /// split tensor, or `Part { offset: 0, bytes: <the tensor's size> }` for a whole tensor. A
+    /// part's [`Meta`] is the whole tensor's (name, dtype, shape); only this range of its bytes
+    /// is in this chunk. [`Recv::copy_into`] loads parts transparently: its offset counts bytes
+    /// of the whole tensor, so copying every entry whole (offset 0, the tensor's size) into the
+    /// same buffer fills a split tensor chunk by chunk. Views refuse parts
+    /// ([`Status::Unsupported`] naming the tensor).
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] when `i` is out of range.
+    pub fn part(&self, i: usize) -> Result<Part> {
+        let mut out = sys::wsync_part_t::default();
+        // SAFETY: the iteration is live; `out` is a valid out-pointer; no tensor byte is read.
+        check(unsafe { sys::wsync_recv_part(self.raw.as_ptr(), i, &mut out) })?;
+        Ok(Part {
+            offset: out.offset,
+            bytes: out.bytes,
         })
     }
 

@@ -9,7 +9,7 @@ use wsync_sys as sys;
 use crate::error::{
     check, check_sender, sender_failures, take_blob, Error, Failure, Result, Status,
 };
-use crate::plan::Plan;
+use crate::plan::{Part, Plan};
 use crate::strategy::Strategy;
 use crate::tensor::TensorRef;
 
@@ -82,8 +82,51 @@ impl Sender {
         tensors: impl IntoIterator<Item = &'t TensorRef<'d>>,
         last: bool,
     ) -> Result<Vec<u8>> {
+        self.send_inner(tensors, None, last)
+    }
+
+    /// [`Sender::send_chunk`] for a chunk that carries parts of split tensors
+    /// (`wsync_sender_send_parts`): `parts[k]` is the range of `tensors[k]` to send
+    /// ([`Part::WHOLE`] for a tensor sent whole). Each `TensorRef` describes the *whole* tensor;
+    /// only its range is read. The parts of one tensor must follow each other in one version
+    /// (offset 0 first, each next where the previous ended, the last ending at the tensor's
+    /// size, at most one per chunk), and no chunk may commit the version while a tensor's parts
+    /// are incomplete. [`Sender::send_plan`] does all of this from a plan made with
+    /// `"split": true`.
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] when `parts` and `tensors` differ in length, or naming the
+    /// tensor for a range that breaks the rules above (nothing is published; the version stays
+    /// open); [`Status::Unsupported`] from a sender with delta sync on; otherwise as
+    /// [`Sender::send_chunk`].
+    pub fn send_parts<'t, 'd: 't>(
+        &mut self,
+        tensors: impl IntoIterator<Item = &'t TensorRef<'d>>,
+        parts: &[Part],
+        last: bool,
+    ) -> Result<Vec<u8>> {
+        self.send_inner(tensors, Some(parts), last)
+    }
+
+    fn send_inner<'t, 'd: 't>(
+        &mut self,
+        tensors: impl IntoIterator<Item = &'t TensorRef<'d>>,
+        parts: Option<&[Part]>,
+        last: bool,
+    ) -> Result<Vec<u8>> {
         // The descriptors borrow names, shapes and data from `tensors`, which outlive the call.
         let raw: Vec<sys::wsync_tensor_t> = tensors.into_iter().map(TensorRef::raw).collect();
+        let raw_parts: Option<Vec<sys::wsync_part_t>> =
+            parts.map(|p| p.iter().map(|x| x.raw()).collect());
+        if let Some(p) = &raw_parts {
+            if p.len() != raw.len() {
+                return Err(Error::invalid(format!(
+                    "send_parts: {} parts for {} tensors (one range per tensor)",
+                    p.len(),
+                    raw.len()
+                )));
+            }
+        }
         let chunk = sys::wsync_chunk_t {
             // An empty closing chunk is passed as the header asks: tensors NULL, count 0.
             tensors: if raw.is_empty() {
@@ -96,12 +139,21 @@ impl Sender {
             struct_size: CHUNK_STRUCT_SIZE,
         };
         let mut request = sys::wsync_blob_t::default();
-        // SAFETY: the sender is live and used by this thread only (`&mut self`). `chunk` points
-        // at `raw.len()` descriptors whose names, shapes and data are borrowed from TensorRefs
-        // alive for the whole call; each TensorRef's data was checked to hold the shape's byte
-        // size (or vouched for by its unsafe constructor). `request` is a valid out-parameter.
-        let status =
-            unsafe { sys::wsync_sender_send_chunk(self.raw.as_ptr(), &chunk, &mut request) };
+        // For both calls: the sender is live and used by this thread only (`&mut self`).
+        // `chunk` points at `raw.len()` descriptors whose names, shapes and data are borrowed
+        // from TensorRefs alive for the whole call; each TensorRef's data was checked to hold
+        // the shape's byte size (or vouched for by its unsafe constructor). `request` is a
+        // valid out-parameter.
+        let status = match &raw_parts {
+            // SAFETY: as above; `p` holds one range per descriptor (checked), alive for the call.
+            Some(p) => unsafe {
+                sys::wsync_sender_send_parts(self.raw.as_ptr(), &chunk, p.as_ptr(), &mut request)
+            },
+            // SAFETY: as above.
+            None => unsafe {
+                sys::wsync_sender_send_chunk(self.raw.as_ptr(), &chunk, &mut request)
+            },
+        };
         // SAFETY: the sender is live and used by this thread only.
         unsafe { check_sender(status, self.raw.as_ptr()) }?;
         // SAFETY: on success the blob is the library's and is not used again.
@@ -213,10 +265,12 @@ impl Sender {
                 ))
                 .into());
             }
-            let request = self.send_chunk(
-                chunk.indices().iter().map(|&i| &tensors[i]),
-                c + 1 == chunks,
-            )?;
+            let picked = chunk.indices().iter().map(|&i| &tensors[i]);
+            let request = if chunk.has_parts() {
+                self.send_parts(picked, &chunk.parts(), c + 1 == chunks)?
+            } else {
+                self.send_chunk(picked, c + 1 == chunks)?
+            };
             forward(&request)?;
         }
         Ok(chunks)
