@@ -11,11 +11,11 @@ class TiedModel(torch.nn.Module):
     """Embedding tied to the LM head, two linear layers, and a vLLM-style ``load_weights``
     that raises at the tensor named ``fail_on`` (a checkpoint tensor the model cannot place)."""
 
-    def __init__(self, fail_on=None):
+    def __init__(self, fail_on=None, vocab=16):
         super().__init__()
-        self.embed = torch.nn.Embedding(16, HIDDEN)
+        self.embed = torch.nn.Embedding(vocab, HIDDEN)
         self.layers = torch.nn.ModuleList([torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(2)])
-        self.lm_head = torch.nn.Linear(HIDDEN, 16, bias=False)
+        self.lm_head = torch.nn.Linear(HIDDEN, vocab, bias=False)
         self.lm_head.weight = self.embed.weight
         self.fail_on = fail_on
 

@@ -2,7 +2,6 @@
 embeddings) from a trainer engine to two worker engines on CPU."""
 
 import copy
-import ctypes
 import importlib.metadata
 
 import pytest
@@ -162,6 +161,65 @@ def test_three_versions_reach_two_workers_bit_exact_with_tied_embeddings(cleanup
             assert engine.completed_version == version
 
 
+def test_a_tensor_larger_than_a_chunk_crosses_in_parts_and_workers_load_it_whole(cleanup):
+    # A 64 KiB tied embedding with 16 KiB chunks: planned as 4 parts, assembled on each worker
+    # (its copy_into writes each part's range into one tensor) and given to load_weights whole.
+    load_general_plugins()
+    vocab, chunk = 512, 16 << 10
+    workers = [make_worker(vllm_config(rank=r, world_size=2), vocab=vocab) for r in range(2)]
+    cleanup.extend(e for _, e in workers)
+    loaded = []
+    for model, _ in workers:
+        original = model.load_weights
+
+        def spy(weights, original=original):
+            weights = list(weights)
+            loaded.append([(n, tuple(w.shape)) for n, w in weights])
+            return original(weights)
+
+        model.load_weights = spy
+    source = TiedModel(vocab=vocab)
+    init = WsyncTrainerInitInfo(rank=0, receivers=2, chunk_bytes=chunk,
+                                options={"bucket_bytes": chunk, "buckets": 2})
+    trainer = WeightTransferTrainerFactory.trainer_init(
+        init, client=InProcessClient([e for _, e in workers]), source=ModuleSource(source))
+    cleanup.append(trainer)
+    planned = trainer._planned()
+    embed_parts = [parts[names.index("embed.weight")] for names, parts in planned
+                   if "embed.weight" in names]
+    assert len(embed_parts) == 4 and all(p[1] == chunk for p in embed_parts), embed_parts
+    for version in range(1, 3):
+        perturb(source)
+        loaded.clear()
+        trainer.send_weights()
+        for model, engine in workers:
+            assert_bit_exact(model, source)
+            assert engine.completed_version == version
+        # Each worker saw the embedding once per version, whole, in the batch of its last part.
+        for w in range(2):
+            seen = [s for batch in loaded[w::2] for s in batch if s[0] == "embed.weight"]
+            assert seen == [("embed.weight", (vocab, HIDDEN))], loaded
+
+
+def test_a_split_tensor_with_views_only_is_refused_by_the_sender_by_name(cleanup):
+    # copy=False hands load_weights views, which cannot carry parts: the trainer does not split,
+    # so a tensor larger than the bucket is refused when sent, naming it.
+    load_general_plugins()
+    vocab, chunk = 512, 16 << 10
+    workers = [make_worker(vllm_config(rank=0, world_size=1), vocab=vocab)]
+    cleanup.extend(e for _, e in workers)
+    init = WsyncTrainerInitInfo(rank=0, receivers=1, chunk_bytes=chunk, copy=False,
+                                options={"bucket_bytes": chunk, "buckets": 2})
+    trainer = WeightTransferTrainerFactory.trainer_init(
+        init, client=InProcessClient([e for _, e in workers]),
+        source=ModuleSource(TiedModel(vocab=vocab)))
+    cleanup.append(trainer)
+    assert all(parts is None for _, parts in trainer._planned())
+    with pytest.raises(wsync.WsyncError) as info:
+        trainer.send_weights()
+    assert "embed.weight" in info.value.message, info.value.message
+
+
 def test_receiver_index_counts_data_parallel_replicas(cleanup):
     load_general_plugins()
     vc = vllm_config(data_parallel_index=1)
@@ -254,7 +312,7 @@ def test_finish_while_a_version_is_still_open_is_refused_and_discards_the_reload
     # process half-loaded layers.
     perturb(source)
     trainer.client.start_weight_update()
-    pairs, last = next(trainer._chunks())
+    pairs, last, _ = next(trainer._chunks())
     assert not last
     request = trainer.sender.send_chunk(pairs, last=False)
     trainer.client.update_weights({"requests": [vllm_backend.encode_blob(request)]})
@@ -472,52 +530,41 @@ def test_float8_tensors_reach_the_worker_bit_exact(cleanup, copy):
     assert torch.isnan(model.e4m3.float()).any() and torch.isinf(model.e5m2.float()).any()
 
 
-def send_parts(sender, items, parts, last=False):
-    """A chunk whose entries may be parts of tensors (wsync_sender_send_parts; the binding's
-    Sender sends whole tensors only): parts[k] = (offset, bytes), (0, 0) for a whole tensor."""
-    from wsync import _core, _lib
-
-    descs = _core.describe_tensors(items, need_data=True)
-    chunk = _lib.Chunk(descs.array, descs.count, _core.CHUNK_LAST if last else 0, _core._CHUNK_SIZE)
-    ranges = (_lib.Part * len(parts))(*[_lib.Part(o, b) for o, b in parts])
-    blob = _lib.Blob()
-    status = sender._lib.wsync_sender_send_parts(sender._handle(), ctypes.byref(chunk), ranges,
-                                                 ctypes.byref(blob))
-    if status:
-        wsync._errors.raise_for(status, sender._lib)
-    del descs
-    return _core._take_blob(sender._lib, blob)
-
-
-def test_a_split_tensor_is_refused_by_name_not_loaded_half_set(cleanup):
-    """A trainer that splits a tensor across chunks (a C trainer with the planner's "split"):
-    copied alone into a fresh tensor, a part would hand load_weights a tensor whose other bytes
-    are unset. The worker refuses it with UNSUPPORTED naming the tensor; the trainer's flush
-    carries that; nothing of it is loaded and the reload is discarded."""
+def test_a_part_is_held_until_its_tensor_is_whole_never_loaded_half_set(cleanup):
+    """A trainer that splits a tensor across chunks (``Sender.send_chunk(..., parts=...)``, as
+    the trainer engine does for a tensor larger than a chunk): the worker copies each part into
+    one tensor and hands ``load_weights`` nothing of it until the last part has arrived, so no
+    layer ever sees a tensor whose other bytes are unset; then it loads it whole, bit-exact."""
     load_general_plugins()
     model, engine = make_worker(vllm_config())
     cleanup.append(engine)
+    calls = []
+    original = model.load_weights
+
+    def spy(weights):
+        weights = list(weights)
+        calls.append([n for n, _ in weights])
+        return original(weights)
+
+    model.load_weights = spy
     strategy = wsync.Strategy("shm", receivers=1)
     blob = strategy.create_init_info()
     sender = strategy.sender(blob)
     engine.init_transfer_engine(engine.parse_init_info({"init_info": vllm_backend.encode_blob(blob)}))
-    before = {n: t.clone() for n, t in model.state_dict().items()}
     weight = torch.randn(HIDDEN, HIDDEN)
     half = weight.numel() * weight.element_size() // 2
     try:
         engine.start_weight_update()
-        request = send_parts(sender, [("layers.0.weight", weight)], [(0, half)])
-        with pytest.raises(wsync.WsyncError) as caught:
-            engine.update_weights({"requests": [vllm_backend.encode_blob(request)]})
-        assert caught.value.status is wsync.Status.UNSUPPORTED
-        assert "tensor 'layers.0.weight' arrives split into parts" in caught.value.message
-        with pytest.raises(wsync.WsyncError) as flushed:
-            sender.flush(5.0)
-        [failure] = flushed.value.failures
-        assert failure.status is wsync.Status.UNSUPPORTED and "layers.0.weight" in failure.message
-        assert not any(t.is_meta for t in model.state_dict(keep_vars=True).values())
-        for name, tensor in model.state_dict().items():
-            assert torch.equal(tensor, before[name]), name
+        first = sender.send_chunk([("layers.0.weight", weight)], parts=[(0, half)])
+        engine.update_weights({"requests": [vllm_backend.encode_blob(first)]})
+        assert calls == [[]] and engine._partial[0] == "layers.0.weight", calls
+        second = sender.send_chunk([("layers.0.weight", weight)], last=True, parts=[(half, half)])
+        engine.update_weights({"requests": [vllm_backend.encode_blob(second)]})
+        assert calls == [[], ["layers.0.weight"]] and engine._partial is None, calls
+        sender.flush(5.0)
+        engine.finish_weight_update()
+        assert torch.equal(model.layers[0].weight, weight)
+        assert engine.completed_version == 1
     finally:
         sender.close()
         strategy.close()

@@ -194,6 +194,8 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self._receiver: Optional[Receiver] = None
         self._reload_open = False
         self._staged: List[Tuple[str, torch.Tensor]] = []
+        # A split tensor being assembled across chunks: (name, whole tensor) until its last part.
+        self._partial: Optional[Tuple[str, torch.Tensor]] = None
         self.copy = True
         self.staged = False
         self._host_copies = True
@@ -236,6 +238,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
 
         self.discard_weight_update()
         self._staged = []
+        self._partial = None
         self._reload_open = True  # before: layers a failed initialisation moved are restored
         try:
             initialize_layerwise_reload(self.model)
@@ -276,6 +279,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         vLLM's ``sharded_rdt`` engine does after its dry run). Layers the reload already
         processed keep the values they received. A no-op when no reload is open."""
         self._staged = []
+        self._partial = None
         if not self._reload_open:
             return
         from vllm.model_executor.model_loader.reload.layerwise import (
@@ -344,23 +348,35 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
                 finally:
                     del batch
 
-    @staticmethod
-    def _copies(it) -> List[Tuple[str, torch.Tensor]]:
+    def _copies(self, it) -> List[Tuple[str, torch.Tensor]]:
         """Every tensor of the chunk as a fresh torch tensor that stays valid after the
         iteration ends, filled by the library's copy loop (``wsync_recv_copy`` through
         :meth:`wsync.Iteration.copy_into`), which verifies the tensor's checksum in the same
-        pass: one copy, no zero-copy view in between. A part of a split tensor is refused with
-        ``UNSUPPORTED`` naming it (leaving the ``with`` block fails the chunk with it), as a
-        view of it would be: copied alone into a fresh tensor it would leave the rest unset."""
+        pass: one copy, no zero-copy view in between.
+
+        A split tensor (larger than a chunk, sent as consecutive parts, one per chunk) is
+        assembled: its first part allocates the whole tensor, each part's ``copy_into`` writes
+        its own range, and the tensor joins the batch with its last part, so ``load_weights``
+        only ever sees whole tensors. The library refuses parts out of order or a version that
+        leaves a tensor incomplete, so at most one tensor is being assembled at a time; a
+        discarded update drops it."""
         pairs = []
         for i in range(len(it)):
             meta = it.peek(i)
-            dst = torch.empty(meta.shape, dtype=meta.dtype.to_torch())
-            if _entry_range(it, i) != (0, dst.numel() * dst.element_size()):
-                raise error(Status.UNSUPPORTED, f"tensor '{meta.name}' arrives split into "
-                            "parts; the wsync vLLM backend loads whole tensors only (send it "
-                            "unsplit)")
-            it.copy_into(i, dst)
+            offset, nbytes = _entry_range(it, i)
+            if self._partial is not None and self._partial[0] != meta.name:
+                raise error(Status.MISMATCH, f"tensor '{meta.name}' arrived while split tensor "
+                            f"'{self._partial[0]}' was still incomplete")
+            if self._partial is not None:
+                dst = self._partial[1]
+            else:
+                dst = torch.empty(meta.shape, dtype=meta.dtype.to_torch())
+            whole = dst.numel() * dst.element_size()
+            it.copy_into(i, dst)  # the whole range: a part writes only its own share
+            if offset + nbytes < whole:
+                self._partial = (meta.name, dst)
+                continue
+            self._partial = None
             pairs.append((meta.name, dst))
         return pairs
 
@@ -471,20 +487,42 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
         value = body.get("bucket_bytes") if isinstance(body, dict) else None
         return int(value) if isinstance(value, int) and value > 0 else DEFAULT_CHUNK_BYTES
 
+    def _split(self, metas: List[TensorMeta], chunk_bytes: int) -> bool:
+        """Whether to plan split tensors: only when a tensor is larger than a chunk, and only
+        where workers assemble parts (host kinds, with copies: see
+        :meth:`WsyncWeightTransferEngine._copies`); otherwise such a tensor gets a chunk of its
+        own, which a sender whose buckets are smaller refuses by name."""
+        info = self.init_info
+        return ((info.copy or info.staged) and info.kind in HOST_KINDS
+                and any(m.nbytes > chunk_bytes for m in metas))
+
+    def _planned(self) -> List[Tuple[List[str], Optional[Tuple[Tuple[int, int], ...]]]]:
+        """The source's parameters grouped into chunks, by name, from its metadata, with each
+        chunk's byte ranges (``None`` when every tensor in it is whole)."""
+        metas = [TensorMeta(m.name, DType.from_torch(m.dtype), tuple(m.shape)) for m in self.source.metadata]
+        chunk_bytes = self._chunk_bytes()
+        chunks = plan(metas, chunk_bytes=chunk_bytes, group_depth=self.init_info.group_depth,
+                      split=self._split(metas, chunk_bytes))
+        return [([metas[i].name for i in c.indices], c.parts) for c in chunks]
+
     def _plan(self) -> List[List[str]]:
         """The source's parameters grouped into chunks, by name, from its metadata."""
-        metas = [TensorMeta(m.name, DType.from_torch(m.dtype), tuple(m.shape)) for m in self.source.metadata]
-        return [[metas[i].name for i in c.indices]
-                for c in plan(metas, chunk_bytes=self._chunk_bytes(), group_depth=self.init_info.group_depth)]
+        return [names for names, _ in self._planned()]
 
-    def _chunks(self) -> Iterator[Tuple[List[Tuple[str, torch.Tensor]], bool]]:
+    def _chunks(self) -> Iterator[Tuple[List[Tuple[str, torch.Tensor]], bool, Any]]:
         """Streams ``source.iter_full()`` into the planned chunks (one chunk's tensors held
-        at a time); yields (pairs, last)."""
-        chunks = self._plan()
+        at a time, and a split tensor until its last part); yields (pairs, last, parts)."""
+        chunks = self._planned()
         full = self.source.iter_full()
-        for k, names in enumerate(chunks):
+        held = None  # (name, tensor) of a split tensor whose later parts are still to send
+        for k, (names, parts) in enumerate(chunks):
             pairs = []
-            for want in names:
+            for j, want in enumerate(names):
+                if held is not None and held[0] == want:
+                    pairs.append(held)
+                    if parts is None or sum(parts[j]) >= held[1].numel() * held[1].element_size():
+                        held = None  # its last part
+                    continue
                 name, tensor = next(full)
                 if name != want:
                     raise RuntimeError(f"the weight source yielded '{name}' where its metadata "
@@ -493,7 +531,10 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
                 if self.init_info.kind in HOST_KINDS and tensor.device.type != "cpu":
                     tensor = tensor.to("cpu")  # host-memory kinds: one chunk at a time
                 pairs.append((name, tensor))
-            yield pairs, k == len(chunks) - 1
+                if parts is not None and parts[j][1] and \
+                        sum(parts[j]) < tensor.numel() * tensor.element_size():
+                    held = (name, tensor)  # the first part of a split tensor
+            yield pairs, k == len(chunks) - 1, parts
 
     def send_weights(self) -> None:
         """One sync: start -> each chunk sent and its request forwarded -> flush -> finish.
@@ -524,8 +565,8 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
             except Exception:
                 self.abort_workers()
                 self.client.start_weight_update()
-            for pairs, last in self._chunks():
-                request = sender.send_chunk(pairs, last=last)
+            for pairs, last, parts in self._chunks():
+                request = sender.send_chunk(pairs, last=last, parts=parts)
                 del pairs
                 try:
                     self.client.update_weights({"requests": [encode_blob(request)]})
