@@ -558,12 +558,17 @@ def test_a_part_is_held_until_its_tensor_is_whole_never_loaded_half_set(cleanup)
         first = sender.send_chunk([("layers.0.weight", weight)], parts=[(0, half)])
         engine.update_weights({"requests": [vllm_backend.encode_blob(first)]})
         assert calls == [[]] and engine._partial[0] == "layers.0.weight", calls
-        second = sender.send_chunk([("layers.0.weight", weight)], last=True, parts=[(half, half)])
+        # A whole tensor ahead of the last part in the same chunk loads beside it.
+        bias = torch.randn(HIDDEN)
+        second = sender.send_chunk([("layers.0.bias", bias), ("layers.0.weight", weight)],
+                                   last=True, parts=[(0, 0), (half, half)])
         engine.update_weights({"requests": [vllm_backend.encode_blob(second)]})
-        assert calls == [[], ["layers.0.weight"]] and engine._partial is None, calls
+        assert calls == [[], ["layers.0.bias", "layers.0.weight"]], calls
+        assert engine._partial is None
         sender.flush(5.0)
         engine.finish_weight_update()
         assert torch.equal(model.layers[0].weight, weight)
+        assert torch.equal(model.layers[0].bias, bias)
         assert engine.completed_version == 1
     finally:
         sender.close()

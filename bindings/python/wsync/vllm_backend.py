@@ -364,19 +364,18 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         for i in range(len(it)):
             meta = it.peek(i)
             offset, nbytes = _entry_range(it, i)
-            if self._partial is not None and self._partial[0] != meta.name:
-                raise error(Status.MISMATCH, f"tensor '{meta.name}' arrived while split tensor "
-                            f"'{self._partial[0]}' was still incomplete")
-            if self._partial is not None:
-                dst = self._partial[1]
-            else:
-                dst = torch.empty(meta.shape, dtype=meta.dtype.to_torch())
+            held = self._partial is not None and self._partial[0] == meta.name
+            dst = self._partial[1] if held else torch.empty(meta.shape, dtype=meta.dtype.to_torch())
             whole = dst.numel() * dst.element_size()
+            if (offset, nbytes) != (0, whole) and self._partial is not None and not held:
+                raise error(Status.MISMATCH, f"a part of tensor '{meta.name}' arrived while split "
+                            f"tensor '{self._partial[0]}' was still incomplete")
             it.copy_into(i, dst)  # the whole range: a part writes only its own share
             if offset + nbytes < whole:
                 self._partial = (meta.name, dst)
                 continue
-            self._partial = None
+            if held:
+                self._partial = None
             pairs.append((meta.name, dst))
         return pairs
 
