@@ -806,8 +806,11 @@ typedef struct wsync_plan_t wsync_plan_t;
  * "group_depth" (default 2; 0 disables grouping), "split" (default false; 0.5): a tensor larger
  * than "chunk_bytes" is split into parts (wsync_part_t) of at most "chunk_bytes" each (cut at
  * multiples of 4096 bytes and of its element size), each part in a chunk of its own (the
- * last one may share its chunk with the rest of its module group); wsync_plan_chunk_parts() says which range of each tensor a
- * chunk holds, and the chunk is sent with wsync_sender_send_parts(). Borrows metas for the call (names are
+ * last one may share its chunk with the rest of its module group); a tensor that cannot be cut
+ * into such parts ("chunk_bytes" below one part) stays whole in a chunk of its own, as without
+ * "split", so the option never fails a plan that succeeds without it.
+ * wsync_plan_chunk_parts() says which range of each tensor a chunk holds, and the chunk is sent
+ * with wsync_sender_send_parts(). Borrows metas for the call (names are
  * copied). *out is freed with wsync_plan_destroy(). Does not block. */
 WSYNC_API wsync_status_t wsync_plan_create(const wsync_tensor_t *metas, size_t n,
                                            const char *options_json, wsync_plan_t **out);

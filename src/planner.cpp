@@ -81,13 +81,12 @@ Plan::Plan(const wsync_tensor_t *metas, std::size_t n, const char *options_json)
         uint64_t grain = 4096;
         while (grain % esize != 0) grain += 4096;
         const uint64_t part = limit / grain * grain;
-        if (part == 0)
-            fail(WSYNC_ERR_INVALID_ARGUMENT,
-                 "planner: " + tensor_label(i, metas[i].name) + ": chunk_bytes " +
-                     std::to_string(limit) + " is smaller than one part of it (" +
-                     std::to_string(grain) + " bytes: whole pages of whole elements)");
         close();
-        if (part >= m[i].nbytes) return add(i);  // over the limit only by its 256-byte rounding
+        // Kept whole, in a chunk of its own, as without "split": a tensor over the limit only by
+        // its 256-byte rounding, or a limit below one part (whole pages of whole elements). So
+        // "split" never fails a plan that would succeed without it; the sender refuses a chunk
+        // its buckets cannot hold, naming the tensor.
+        if (part == 0 || part >= m[i].nbytes) return add(i);
         for (uint64_t off = 0; off < m[i].nbytes; off += part) {
             close();
             add_part(i, wsync_part_t{off, std::min(part, m[i].nbytes - off)});

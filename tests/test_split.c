@@ -123,6 +123,18 @@ static void planner_splits_a_tensor_over_chunk_bytes_into_page_parts(void **stat
         assert_int_equal(parts[0].bytes, want[c][2]);
     }
     wsync_plan_destroy(p);
+    /* A limit below one part (4096 bytes) keeps every tensor whole, as without "split": the
+       option never fails a plan that succeeds without it. */
+    OK(wsync_plan_create(m.t, NT, "{\"chunk_bytes\": 1000, \"split\": true}", &p));
+    OK(wsync_plan_chunk_count(p, &chunks));
+    assert_int_equal(chunks, NT);
+    for (size_t c = 0; c < chunks; ++c) {
+        const wsync_part_t *whole;
+        OK(wsync_plan_chunk_parts(p, c, &whole));
+        assert_int_equal(whole[0].offset, 0);
+        assert_int_equal(whole[0].bytes, 0);
+    }
+    wsync_plan_destroy(p);
     /* Without "split" the large tensor keeps a chunk of its own, whole. */
     OK(wsync_plan_create(m.t, NT, "{\"chunk_bytes\": 16384}", &p));
     OK(wsync_plan_chunk_count(p, &chunks));

@@ -362,11 +362,6 @@ def iter_chunks(source, *, chunk_bytes: Optional[int] = None, group_depth: int =
     if not entries:
         raise invalid("nothing to send: the source has no tensors")
     metas = [e.meta for e in entries]
-    # Split only when a tensor needs it: the planner also splits a tensor that fits only by its
-    # 256-byte rounding, and refuses any split below one 4096-byte part, which would fail
-    # plans of tiny chunks (tests, small producers) that never needed a split.
-    limit = chunk_bytes if chunk_bytes is not None else DEFAULT_CHUNK_BYTES
-    split = split and any(m.nbytes > limit for m in metas)
     chunks = plan(metas, chunk_bytes=chunk_bytes, group_depth=group_depth, split=split)
     del metas
     # Split tensors whose last part is still to come: ident -> the prepared tensor, reused for

@@ -486,22 +486,20 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
         value = body.get("bucket_bytes") if isinstance(body, dict) else None
         return int(value) if isinstance(value, int) and value > 0 else DEFAULT_CHUNK_BYTES
 
-    def _split(self, metas: List[TensorMeta], chunk_bytes: int) -> bool:
-        """Whether to plan split tensors: only when a tensor is larger than a chunk, and only
+    def _split(self) -> bool:
+        """Whether to plan split tensors (a tensor larger than a chunk cut into parts): only
         where workers assemble parts (host kinds, with copies: see
         :meth:`WsyncWeightTransferEngine._copies`); otherwise such a tensor gets a chunk of its
         own, which a sender whose buckets are smaller refuses by name."""
         info = self.init_info
-        return ((info.copy or info.staged) and info.kind in HOST_KINDS
-                and any(m.nbytes > chunk_bytes for m in metas))
+        return bool(info.copy or info.staged) and info.kind in HOST_KINDS
 
     def _planned(self) -> List[Tuple[List[str], Optional[Tuple[Tuple[int, int], ...]]]]:
         """The source's parameters grouped into chunks, by name, from its metadata, with each
         chunk's byte ranges (``None`` when every tensor in it is whole)."""
         metas = [TensorMeta(m.name, DType.from_torch(m.dtype), tuple(m.shape)) for m in self.source.metadata]
-        chunk_bytes = self._chunk_bytes()
-        chunks = plan(metas, chunk_bytes=chunk_bytes, group_depth=self.init_info.group_depth,
-                      split=self._split(metas, chunk_bytes))
+        chunks = plan(metas, chunk_bytes=self._chunk_bytes(),
+                      group_depth=self.init_info.group_depth, split=self._split())
         return [([metas[i].name for i in c.indices], c.parts) for c in chunks]
 
     def _plan(self) -> List[List[str]]:
