@@ -71,6 +71,10 @@ Args parse_args(int argc, char **argv, int first, bool bench) {
             if (!v || (std::strcmp(v, "copy") && std::strcmp(v, "memcpy")))
                 usage_error("--load takes copy or memcpy");
             a.load_copy = std::strcmp(v, "copy") == 0, ++i;
+        } else if (f == "--split") {
+            if (!v || (std::strcmp(v, "on") && std::strcmp(v, "off")))
+                usage_error("--split takes on or off");
+            a.split = std::strcmp(v, "on") == 0, ++i;
         } else if (f == "--no-copy-bench" && bench) a.copy_bench = false;
         else usage_error("unknown option '" + f + "' (see: wsync help)");
     }

@@ -47,7 +47,8 @@ struct Args {
     // Where engines' parameters start past a page boundary: 64 is how PyTorch's CPU allocator
     // (posix_memalign(64)) places large tensors; 0 is page-aligned, the flattering case.
     uint64_t dst_offset = 64;
-    bool load_copy = true;   // engines load with wsync_recv_copy (else next + memcpy)
+    bool load_copy = true;   // engines load with wsync_recv_copy (else next_part + memcpy)
+    bool split = true;       // tensors larger than a chunk cross in parts (else chunks grow)
     bool copy_bench = true;  // bench: the receiver copy loop against memcpy, in process
 };
 
@@ -86,9 +87,12 @@ struct Params {
     Params &operator=(const Params &) = delete;
 };
 
-// The library's plan of `desc` into chunks of about chunk_bytes: each chunk's descriptors.
+// The library's plan of `desc` into chunks of about chunk_bytes: each chunk's descriptors. With
+// `parts` the plan splits tensors larger than chunk_bytes ("split": true) and (*parts)[c] holds
+// chunk c's ranges for wsync_sender_send_parts(); without it no tensor is split.
 std::vector<std::vector<wsync_tensor_t>> plan_chunks(const std::vector<wsync_tensor_t> &desc,
-                                                     uint64_t chunk_bytes);
+                                                     uint64_t chunk_bytes,
+                                                     std::vector<std::vector<wsync_part_t>> *parts = nullptr);
 
 // --- frames over pipes (model.cpp) --------------------------------------------------------------
 // Controller and engines exchange length-prefixed frames that carry only bytes.

@@ -131,9 +131,11 @@ Params::Params(const std::vector<TensorSpec> &m, uint64_t offset) {
 Params::~Params() { std::free(base); }
 
 std::vector<std::vector<wsync_tensor_t>> plan_chunks(const std::vector<wsync_tensor_t> &desc,
-                                                     uint64_t chunk_bytes) {
+                                                     uint64_t chunk_bytes,
+                                                     std::vector<std::vector<wsync_part_t>> *parts) {
     wsync_plan_t *plan;
-    const std::string opts = "{\"chunk_bytes\": " + std::to_string(chunk_bytes) + "}";
+    const std::string opts = "{\"chunk_bytes\": " + std::to_string(chunk_bytes) +
+                             (parts ? ", \"split\": true}" : "}");
     check(wsync_plan_create(desc.data(), desc.size(), opts.c_str(), &plan), "plan");
     size_t count = 0;
     check(wsync_plan_chunk_count(plan, &count), "plan");
@@ -143,6 +145,11 @@ std::vector<std::vector<wsync_tensor_t>> plan_chunks(const std::vector<wsync_ten
         size_t n;
         check(wsync_plan_chunk(plan, c, &idx, &n, nullptr), "plan");
         for (size_t k = 0; k < n; ++k) chunks[c].push_back(desc[idx[k]]);
+        if (parts) {
+            const wsync_part_t *p;
+            check(wsync_plan_chunk_parts(plan, c, &p), "plan");
+            parts->emplace_back(p, p + n);
+        }
     }
     wsync_plan_destroy(plan);
     return chunks;

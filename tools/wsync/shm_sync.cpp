@@ -55,20 +55,24 @@ int engine_main(uint32_t index, int in, int out, const std::vector<TensorSpec> &
             wsync_recv_info(it, &info);
             for (size_t i = 0; i < info.count; ++i) {
                 wsync_tensor_t v;
+                wsync_part_t part{};
                 bool has = true;
-                if (a.load_copy ? wsync_recv_peek(it, i, &v) : wsync_recv_next(it, &v, &has))
+                if (a.load_copy ? wsync_recv_peek(it, i, &v) : wsync_recv_next_part(it, &v, &part, &has))
                     break;  // wsync_recv_end reports it
                 auto p = by_name.find(v.name);
                 if (p == by_name.end()) {
                     wsync_recv_end(it);
                     return fail(std::string("unexpected tensor '") + v.name + "'");
                 }
-                // The load an engine does anyway: the tensor into its own parameter.
+                // The load an engine does anyway: the tensor into its own parameter. A part of a
+                // split tensor lands at its place: wsync_recv_copy of the whole range writes only
+                // the part's bytes; a view is the part's bytes, at part.offset of the tensor.
                 if (a.load_copy) {
                     if (wsync_recv_copy(it, i, 0, params.at[p->second], model[p->second].bytes))
                         break;
                 } else {
-                    std::memcpy(params.at[p->second], v.data, model[p->second].bytes);
+                    std::memcpy(static_cast<uint8_t *>(params.at[p->second]) + part.offset, v.data,
+                                part.bytes);
                 }
             }
             if (wsync_recv_end(it) != WSYNC_OK) return fail(wsync_last_error());
@@ -159,12 +163,19 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
         desc[i].dtype = {WSYNC_DTYPE_BFLOAT, 16, 1};
         desc[i].device = {WSYNC_DEVICE_CPU, 0};
     }
-    uint64_t chunk_bytes = std::max(a.chunk_mb << 20, (largest + 255) / 256 * 256);
+    // With --split on (default) a tensor larger than a chunk crosses in parts, so chunks and
+    // buckets stay at --chunk-mb whatever the largest tensor; with --split off a chunk must hold
+    // the largest tensor whole.
+    uint64_t chunk_bytes = a.split ? a.chunk_mb << 20 : std::max(a.chunk_mb << 20, (largest + 255) / 256 * 256);
     uint64_t bucket = a.bucket_mb ? a.bucket_mb << 20 : chunk_bytes;
     bucket = (bucket + 4095) / 4096 * 4096;
 
-    const auto chunks = plan_chunks(desc, chunk_bytes);
+    std::vector<std::vector<wsync_part_t>> parts;
+    const auto chunks = plan_chunks(desc, chunk_bytes, a.split ? &parts : nullptr);
     r.chunks = chunks.size();
+    size_t split_tensors = 0;  // tensors that cross in parts: count their first parts
+    for (const auto &c : parts)
+        for (const wsync_part_t &pt : c) split_tensors += pt.bytes != 0 && pt.offset == 0;
 
     const std::string opts = kind_options(a, checksum, bucket);
     wsync_strategy_t *strategy;
@@ -179,10 +190,10 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
     for (uint32_t i = 0; i < a.receivers; ++i) expect(i, kReady, &payload);
 
     if (progress)
-        std::printf("model: %.1f MB bf16, %zu tensors, %zu chunks (<= %.0f MB), %u engine(s), "
-                    "buckets %u x %.0f MB, checksums %s\n",
-                    r.bytes / 1e6, r.tensors, r.chunks, chunk_bytes / 1048576.0, a.receivers,
-                    a.buckets, bucket / 1048576.0, checksum ? "on" : "off");
+        std::printf("model: %.1f MB bf16, %zu tensors, %zu chunks (<= %.0f MB, %zu tensor(s) in parts), "
+                    "%u engine(s), buckets %u x %.0f MB, checksums %s\n",
+                    r.bytes / 1e6, r.tensors, r.chunks, chunk_bytes / 1048576.0, split_tensors,
+                    a.receivers, a.buckets, bucket / 1048576.0, checksum ? "on" : "off");
     for (uint64_t step = 1; step <= a.steps; ++step) {
         for (size_t i = 0; i < model.size(); ++i) fill(weights[i].data(), model[i].bytes, step, i);
         auto t0 = Clock::now();
@@ -190,7 +201,8 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
             wsync_chunk_t ch{chunks[c].data(), chunks[c].size(),
                              c + 1 == chunks.size() ? WSYNC_CHUNK_LAST : 0u, 0};
             wsync_blob_t req;
-            check(wsync_sender_send_chunk(sender, &ch, &req), "send_chunk");
+            check(wsync_sender_send_parts(sender, &ch, a.split ? parts[c].data() : nullptr, &req),
+                  "send_chunk");
             for (uint32_t i = 0; i < a.receivers; ++i)
                 if (!send_frame(to[i], kRequest, req.data, req.size))
                     die("engine " + std::to_string(i) + " is gone");
@@ -338,14 +350,14 @@ int cmd_bench(const Args &a) {
     std::string steps;
     for (double s : r.step_s) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
     std::printf("{\"strategy\": \"shm\", \"bytes\": %" PRIu64 ", \"tensors\": %zu, \"chunks\": %zu, "
-                "\"receivers\": %u, \"checksum\": %s, \"load\": \"%s\", \"dst_offset\": %" PRIu64
+                "\"receivers\": %u, \"checksum\": %s, \"load\": \"%s\", \"split\": %s, \"dst_offset\": %" PRIu64
                 ", \"first_sync_s\": %.6f, "
                 "\"steady_sync_s\": %.6f, \"steady_gbps\": %.3f, \"memcpy_s\": %.6f, "
                 "\"memcpy_at_dst_offset_s\": %.6f, "
                 "\"ratio_to_memcpy\": %.3f, \"steps_s\": [%s], \"metadata_us_per_tensor\": %.3f",
                 r.bytes, r.tensors, r.chunks, a.receivers,
                 a.checksum && !a.checksum_compare ? "true" : "false",
-                a.load_copy ? "copy" : "memcpy", a.dst_offset, r.step_s[0], steady,
+                a.load_copy ? "copy" : "memcpy", a.split ? "true" : "false", a.dst_offset, r.step_s[0], steady,
                 r.bytes / steady / 1e9, r.memcpy_s, r.memcpy_offset_s, steady / r.memcpy_s,
                 steps.c_str(), meta);
     if (a.checksum_compare)
