@@ -192,10 +192,14 @@ std::vector<uint8_t> Sender::send(const wsync_tensor_t *tensors, std::size_t cou
                                              " has reached the most chunks a version may have");
     ChunkHeader h{version_, next_index_, last, {}};
     const std::string what = std::string(kind_.name) + ": " + chunk_label(h);
-    if (delta_ && !table.parts.empty())
-        fail(WSYNC_ERR_UNSUPPORTED, what + ": delta sync does not take split tensors (parts); "
-                                           "run the sender with delta \"off\" or raise "
-                                           "bucket_bytes so that no tensor is split");
+    if (delta_ && !table.parts.empty()) {
+        std::size_t first = 0;
+        while (!table.is_part(first)) ++first;  // table.parts is non-empty only with a part
+        fail(WSYNC_ERR_UNSUPPORTED, what + ": tensor '" + table.metas[first].name +
+                                        "' is a part of a split tensor, and delta sync does not take "
+                                        "split tensors; run the sender with delta \"off\" or raise "
+                                        "bucket_bytes so that no tensor is split");
+    }
     parts::Tracker split = parts_;
     split.add(table, WSYNC_ERR_INVALID_ARGUMENT, what);
     if (last) split.require_complete(WSYNC_ERR_INVALID_ARGUMENT, what + " commits the version");

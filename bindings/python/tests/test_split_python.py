@@ -281,7 +281,7 @@ def test_a_strict_loader_counts_a_split_tensor_as_loaded(make_sync):
 
 def test_delta_refuses_parts_and_split_false_names_the_tensor(make_sync):
     s = make_sync(buckets=8, bucket_bytes=MiB, delta="on")
-    with pytest.raises(wsync.WsyncError, match="delta sync does not take split tensors") as err:
+    with pytest.raises(wsync.WsyncError, match="'emb.weight' is a part of a split tensor, and delta sync does not take split tensors") as err:
         send_model(s.sender, SplitLM())
     assert err.value.status is Status.UNSUPPORTED
     with pytest.raises(wsync.InvalidArgumentError, match="emb.weight.*raise bucket_bytes"):
