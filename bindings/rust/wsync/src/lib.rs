@@ -144,6 +144,7 @@
 #![deny(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod alias;
 mod error;
 #[cfg(feature = "half")]
 pub mod half;
@@ -158,6 +159,7 @@ use std::ffi::{c_char, CStr};
 
 pub use wsync_sys as sys;
 
+pub use alias::{alias_names, join_alias_names, ALIAS_SEPARATOR, MAX_NAME_BYTES};
 pub use error::{Error, Failure, FailureKind, Result, Status};
 pub use plan::{plan, Part, Plan, PlanChunk};
 pub use receiver::{Meta, Receiver, ReceiverState, Recv, RecvInfo, View, Views};
