@@ -35,7 +35,9 @@ while [ $# -gt 0 ]; do
     --layers) layers=$2; shift ;;
     --pack-deps)
       rm -rf .gpu-deps && mkdir -p .gpu-deps/debs .gpu-deps/root
-      (cd .gpu-deps/debs && apt-get download libcmocka0 libcmocka-dev nlohmann-json3-dev libxxhash-dev)
+      # pkgconf too: CMake needs a pkg-config to find cmocka, and GPU images often lack one.
+      (cd .gpu-deps/debs && apt-get download libcmocka0 libcmocka-dev nlohmann-json3-dev libxxhash-dev \
+         pkgconf pkgconf-bin libpkgconf3)
       for d in .gpu-deps/debs/*.deb; do dpkg -x "$d" .gpu-deps/root; done
       grep -qx '/.gpu-deps/' .git/info/exclude 2>/dev/null || echo '/.gpu-deps/' >> .git/info/exclude
       echo "packed: $(ls .gpu-deps/debs | tr '\n' ' ')"; exit 0 ;;
@@ -52,6 +54,18 @@ if [ -d .gpu-deps/root ]; then
   export CPATH=$dep/usr/include${CPATH:+:$CPATH}
   export PKG_CONFIG_PATH=$dep/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
   export LD_LIBRARY_PATH=$dep/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export LIBRARY_PATH=$dep/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
+  # The carried pkgconf only where the machine has no pkg-config of its own; its .pc files say
+  # prefix=/usr, so the sysroot variable points their -I/-L at the carried tree.
+  if ! command -v pkg-config >/dev/null && [ -x "$dep/usr/bin/pkgconf" ]; then
+    export PATH=$dep/usr/bin:$PATH PKG_CONFIG_SYSROOT_DIR=$dep
+    export PKG_CONFIG_LIBDIR=$dep/usr/lib/x86_64-linux-gnu/pkgconfig:$dep/usr/share/pkgconfig
+  fi
+fi
+# NCCL: where the system has no libnccl.so.2, the one PyTorch's wheel ships (nvidia-nccl-cu1x).
+if [ -z "${WSYNC_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
+  nccl=$("$python" -c 'import glob, os, nvidia; print(next(iter(sorted(p for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "nccl*", "lib", "libnccl.so.2")))), ""))' 2>/dev/null || true)
+  [ -n "$nccl" ] && export WSYNC_NCCL_LIBRARY=$nccl
 fi
 
 log=$(mktemp -d)
