@@ -102,6 +102,7 @@ def engine_main(shapes, inbox, outbox):
         params = dict(model.state_dict())
         outbox.put(("ready",))
         receiver = loader = None
+        load_s = []  # wall time of each ModuleLoader.load since the last "stats"
         while True:
             msg = inbox.get(timeout=WAIT_S)
             kind = msg[0]
@@ -115,7 +116,29 @@ def engine_main(shapes, inbox, outbox):
                 loader = ModuleLoader(model)
                 outbox.put(("ok",))
             elif kind == "wsync_request":
+                t0 = time.perf_counter()
                 loader.load(receiver, msg[1])  # acknowledged once its copies are done
+                load_s.append(time.perf_counter() - t0)
+            elif kind == "stats":
+                # Where an engine's time goes: its load() calls, and the cost of one zero-copy
+                # CUDA view (wsync._core.cuda_view, torch.as_tensor over __cuda_array_interface__)
+                # and of one copy_ launch, each timed over 2000 calls on this engine's GPU.
+                from wsync._core import cuda_view
+                p = next(iter(params.values()))
+                t0 = time.perf_counter()
+                for _ in range(2000):
+                    v = cuda_view(p.data_ptr(), p.shape, (wsync.DTYPE_BFLOAT, 16, 1), 0)
+                view_us = (time.perf_counter() - t0) / 2000 * 1e6
+                small = torch.empty(64, dtype=torch.bfloat16, device="cuda:0")
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(2000):
+                    small.copy_(v.view(-1)[:64])
+                torch.cuda.synchronize()
+                copy_us = (time.perf_counter() - t0) / 2000 * 1e6
+                outbox.put(("stats", {"loads": len(load_s), "load_s_total": round(sum(load_s), 6),
+                                      "view_us": round(view_us, 2), "copy_launch_us": round(copy_us, 2)}))
+                load_s = []
             elif kind == "torch_handles":
                 # What vLLM's ipc engine does with each handle: rebuild, copy, let go.
                 with torch.no_grad():
@@ -242,6 +265,12 @@ def main():
                            flush_timeout_s=300)
             try:
                 r = summary(time_steps(torch, model, args.steps, wsync_sync), nbytes)
+                engine.inbox.put(("stats",))
+                st = engine.expect("stats")[1]
+                r["engine"] = {"load_s_per_step": round(st["load_s_total"] / args.steps, 6),
+                               "loads_per_step": st["loads"] / args.steps,
+                               "view_us_per_tensor": st["view_us"],
+                               "copy_launch_us": st["copy_launch_us"]}
                 want = fingerprint(torch, model)
                 engine.inbox.put(("fingerprint",))
                 got = engine.expect("fingerprint")[1]

@@ -63,11 +63,18 @@ void fill_pack_entries(const wsync_tensor_t *tensors, const TensorTable &table,
                        const std::vector<PackOp> &ops, CUdeviceptr bucket,
                        std::vector<PackEntry> *entries) {
     entries->resize(table.metas.size());
+    uint64_t tile = 0;
     for (std::size_t i = 0; i < table.metas.size(); ++i) {
         // The casts count elements: a 4-byte float32 becomes 2 bytes, nbytes is already halved.
         const uint64_t count = ops[i] == kPackCopy ? table.metas[i].nbytes : table.metas[i].nbytes / 2;
-        (*entries)[i] = PackEntry{reinterpret_cast<uint64_t>(tensors[i].data),
-                                  bucket + table.offsets[i], count, static_cast<uint32_t>(ops[i]), 0};
+        PackEntry &e = (*entries)[i];
+        e = PackEntry{reinterpret_cast<uint64_t>(tensors[i].data), bucket + table.offsets[i], count,
+                      static_cast<uint32_t>(ops[i]), static_cast<uint32_t>(tile)};
+        tile += pack_tiles(e);
+        // 2^32 tiles are 256 TiB of a copy: no bucket comes near, but never wrap silently.
+        if (tile > UINT32_MAX)
+            fail(WSYNC_ERR_INVALID_ARGUMENT, "a chunk of " + std::to_string(tile) +
+                                                 " pack tiles is more than one launch can index");
     }
 }
 
@@ -103,18 +110,18 @@ void Packer::pack(const std::vector<PackEntry> &entries, CUstream stream) {
     Device::Scope scope(dev_);
     WSYNC_CU(dev_.api(), cuMemcpyHtoDAsync(table_.ptr(), staged_.data(), bytes, stream),
              "uploading the pack table");
-    uint64_t largest = 0;
-    for (const auto &e : entries) largest = std::max(largest, e.count);
-    // Each block row walks entries; enough blocks per row to cover the largest entry in a few
-    // grid-stride steps of 16 bytes per thread, capped so small chunks launch small grids.
-    unsigned gy = static_cast<unsigned>(std::min<std::size_t>(entries.size(), 1024));
-    uint64_t per_row = (largest + uint64_t(kPackBlock) * 16 * 4 - 1) / (uint64_t(kPackBlock) * 16 * 4);
-    unsigned gx = static_cast<unsigned>(std::clamp<uint64_t>(per_row, 1, 1024 / std::max(1u, gy / 8 + 1) + 1));
+    // fill_pack_entries numbered the tiles; the last entry's end is the launch's tile count.
+    const uint64_t tiles = entries.back().first_tile + pack_tiles(entries.back());
+    if (tiles == 0) return;  // only empty tensors
+    // One block a tile (a 1 GiB chunk is 16384 blocks of 64 KiB), capped so a huge chunk's
+    // blocks take several tiles each rather than asking for an enormous grid.
+    const unsigned gx = static_cast<unsigned>(std::min<uint64_t>(tiles, uint64_t(1) << 20));
     CUdeviceptr table = table_.ptr();
     unsigned count = static_cast<unsigned>(entries.size());
-    void *params[] = {&table, &count};
+    unsigned ntiles = static_cast<unsigned>(tiles);
+    void *params[] = {&table, &count, &ntiles};
     WSYNC_CU(dev_.api(),
-             cuLaunchKernel(fn_, gx, gy, 1, kPackBlock, 1, 1, 0, stream, params, nullptr),
+             cuLaunchKernel(fn_, gx, 1, 1, kPackBlock, 1, 1, 0, stream, params, nullptr),
              "launching the pack kernel");
 }
 

@@ -767,30 +767,50 @@ uint16_t f32_to_f16(uint32_t x) {
     return static_cast<uint16_t>(sign | h);
 }
 
-// One launch of wsync_pack(entries, count), as pack.cu does it: op 1 casts to bfloat16, op 2 to
-// float16, anything else copies `count` bytes. The grid only splits the work on a GPU, so the
-// emulation walks the entries in order. Every address is checked first; a bad one fails the
-// launch (an illegal address on a GPU).
-CUresult run_pack(uint64_t table, unsigned count) {
+// One launch of wsync_pack(entries, count, tiles), as pack.cu does it: op 1 casts to bfloat16,
+// op 2 to float16, anything else copies bytes. Like the kernel, the emulation walks the launch's
+// tiles and finds each tile's entry by its first_tile, so a tile table the library numbered
+// wrongly leaves bytes unpacked (and the bit-exact tests fail) here as on a GPU; a tile count
+// that differs from the entries' sum fails the launch. Every address is checked first; a bad one
+// fails the launch (an illegal address on a GPU).
+CUresult run_pack(uint64_t table, unsigned count, unsigned tiles) {
     if (count == 0) return CUDA_SUCCESS;
     const uint64_t table_bytes = uint64_t(count) * sizeof(PackEntry);
     if (!device_range_ok(table, table_bytes)) return CUDA_ERROR_ILLEGAL_ADDRESS;
     std::vector<PackEntry> entries(count);
     std::memcpy(entries.data(), reinterpret_cast<const void *>(table), table_bytes);
+    uint64_t sum = 0;
     for (const PackEntry &e : entries) {
         const bool cast = e.op == kPackF32ToBf16 || e.op == kPackF32ToF16;
         if (cast && e.count > (UINT64_MAX / 4)) return CUDA_ERROR_ILLEGAL_ADDRESS;
         const uint64_t in = cast ? e.count * 4 : e.count, out = cast ? e.count * 2 : e.count;
         if (!device_range_ok(e.src, in) || !device_range_ok(e.dst, out))
             return CUDA_ERROR_ILLEGAL_ADDRESS;
-        if (e.count == 0) continue;
+        sum += pack_tiles(e);
+    }
+    if (sum != tiles) return CUDA_ERROR_INVALID_VALUE;  // the kernel would read past its table
+    for (unsigned tile = 0; tile < tiles; ++tile) {
+        // The last entry whose first_tile <= tile, as find_entry() in pack.cu.
+        unsigned lo = 0, hi = count;
+        while (hi - lo > 1) {
+            const unsigned mid = (lo + hi) / 2;
+            (entries[mid].first_tile <= tile ? lo : hi) = mid;
+        }
+        const PackEntry &e = entries[lo];
+        if (tile < e.first_tile) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        const bool cast = e.op == kPackF32ToBf16 || e.op == kPackF32ToF16;
+        const uint64_t per = cast ? kPackTileElems : kPackTileBytes;
+        const uint64_t begin = uint64_t(tile - e.first_tile) * per;
+        if (begin >= e.count) return CUDA_ERROR_ILLEGAL_ADDRESS;  // a tile past its entry's end
+        const uint64_t n = std::min(per, e.count - begin);
         if (!cast) {
-            std::memmove(reinterpret_cast<void *>(e.dst), reinterpret_cast<const void *>(e.src), e.count);
+            std::memmove(reinterpret_cast<unsigned char *>(e.dst) + begin,
+                         reinterpret_cast<const unsigned char *>(e.src) + begin, n);
             continue;
         }
-        auto *src = reinterpret_cast<const unsigned char *>(e.src);
-        auto *dst = reinterpret_cast<unsigned char *>(e.dst);
-        for (uint64_t i = 0; i < e.count; ++i) {
+        auto *src = reinterpret_cast<const unsigned char *>(e.src) + 4 * begin;
+        auto *dst = reinterpret_cast<unsigned char *>(e.dst) + 2 * begin;
+        for (uint64_t i = 0; i < n; ++i) {
             uint32_t f;
             std::memcpy(&f, src + 4 * i, 4);
             uint16_t h = e.op == kPackF32ToBf16 ? f32_to_bf16(f) : f32_to_f16(f);
@@ -1452,17 +1472,18 @@ CUresult cuLaunchKernel(CUfunction fn, unsigned int gx, unsigned int gy, unsigne
     if (uint64_t(bx) * by * bz > kMaxThreadsPerBlock || shared_bytes > kMaxStaticSharedBytes)
         return CUDA_ERROR_INVALID_VALUE;
     if (extra) return CUDA_ERROR_NOT_SUPPORTED;  // only kernelParams are emulated
-    if (!params || !params[0] || !params[1]) return CUDA_ERROR_INVALID_VALUE;
+    if (!params || !params[0] || !params[1] || !params[2]) return CUDA_ERROR_INVALID_VALUE;
     std::shared_ptr<Stream> x;
     if (CUresult rc = get_stream(stream, &x)) return rc;
     if (x->device >= 0 && x->device != dev) return CUDA_ERROR_INVALID_HANDLE;  // another context's
     // Arguments are captured at launch, as the driver copies them; the table is read when it runs.
     const uint64_t table = *static_cast<const CUdeviceptr *>(params[0]);
     const unsigned count = *static_cast<const unsigned *>(params[1]);
+    const unsigned tiles = *static_cast<const unsigned *>(params[2]);
     int fail_rc = 0;
     const bool fail = inject_async("cuLaunchKernel", &fail_rc);
-    x->push([table, count, fail]() -> CUresult {
-        return fail ? CUDA_ERROR_ILLEGAL_ADDRESS : run_pack(table, count);
+    x->push([table, count, tiles, fail]() -> CUresult {
+        return fail ? CUDA_ERROR_ILLEGAL_ADDRESS : run_pack(table, count, tiles);
     });
     g_count.kernel_launches.fetch_add(1);
     return CUDA_SUCCESS;

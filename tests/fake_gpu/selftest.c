@@ -47,7 +47,7 @@ typedef struct {
 } ncclConfig_t;
 typedef struct {
     uint64_t src, dst, count;
-    uint32_t op, reserved;
+    uint32_t op, first_tile; /* tiles of 65536 bytes (copy) or 16384 elements (casts) */
 } PackEntry;
 
 enum {
@@ -738,16 +738,19 @@ static void test_kernel_pack(void **state) {
     /* entry 0: copy 999 bytes to an odd address; 1: bf16; 2: f16 */
     PackEntry e[3] = {
         {src, dst + 1, 999, 0, 0},
-        {src, dst + 1024, N, 1, 0},
-        {src, dst + 3072, N / 2, 2, 0},
+        {src, dst + 1024, N, 1, 1},
+        {src, dst + 3072, N / 2, 2, 2},
     };
     assert_int_equal(F.cuMemcpyHtoDAsync(table, e, sizeof e, s), OK);
-    unsigned count = 3;
-    void *params[] = {&table, &count};
+    unsigned count = 3, tiles = 3;
+    void *params[] = {&table, &count, &tiles};
+    void *two_params[] = {&table, &count, NULL};
+    assert_int_equal(F.cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, s, two_params, NULL), E_VALUE);
     assert_int_equal(F.cuLaunchKernel(fn, 0, 1, 1, 256, 1, 1, 0, s, params, NULL), E_VALUE);
     assert_int_equal(F.cuLaunchKernel(fn, 1, 1, 1, 2048, 1, 1, 0, s, params, NULL), E_VALUE);
     assert_int_equal(F.cuLaunchKernel(fn, 4, 3, 1, 256, 1, 1, 0, s, params, NULL), OK);
     count = 0;  /* arguments are taken at launch */
+    tiles = 0;
     assert_int_equal(stream_wait(s), OK);
     assert_int_equal(stats().kernel_launches, 1);
     assert_memory_equal((void *)(dst + 1), (void *)src, 999);
@@ -813,12 +816,12 @@ static void test_kernel_pack(void **state) {
             x ^= x << 5;
             bits[i] = i < 65536 ? (uint32_t)i << 16 | (x & 0xffffu) : x;  /* every bf16 pattern too */
         }
-        PackEntry two[2] = {{in, out, M, 1, 0}, {in, out + M * 2, M, 2, 0}};
+        PackEntry two[2] = {{in, out, M, 1, 0}, {in, out + M * 2, M, 2, M / 16384}};
         memcpy((void *)tab, two, sizeof two);
         CUdeviceptr tab_arg = tab;
-        unsigned two_count = 2;
-        void *args[] = {&tab_arg, &two_count};
-        assert_int_equal(F.cuLaunchKernel(fn, 64, 2, 1, 256, 1, 1, 0, s, args, NULL), OK);
+        unsigned two_count = 2, two_tiles = 2 * (M / 16384);
+        void *args[] = {&tab_arg, &two_count, &two_tiles};
+        assert_int_equal(F.cuLaunchKernel(fn, 64, 1, 1, 256, 1, 1, 0, s, args, NULL), OK);
         assert_int_equal(stream_wait(s), OK);
         const uint16_t *ob = (const uint16_t *)out, *oh = (const uint16_t *)(out + M * 2);
         for (int i = 0; i < M; ++i) {
@@ -832,9 +835,49 @@ static void test_kernel_pack(void **state) {
         assert_int_equal(F.cuMemFree(out), OK);
         assert_int_equal(F.cuMemFree(tab), OK);
     }
+    /* Tiles: a copy of 3.5 tiles, an empty entry, a cast of 2 tiles + 1 element; each tile is
+     * found by first_tile as the kernel finds it. Numbered right, every byte lands; a tile count
+     * that is not the entries' sum fails the launch; a wrong first_tile leaves bytes unpacked. */
+    {
+        enum { C = 65536 * 3 + 32768, E = 2 * 16384 + 1 };
+        CUdeviceptr in = 0, out = 0, tab = 0;
+        assert_int_equal(F.cuMemAlloc(&in, C), OK);
+        assert_int_equal(F.cuMemAlloc(&out, C + 2 * E), OK);
+        assert_int_equal(F.cuMemAlloc(&tab, 3 * sizeof(PackEntry)), OK);
+        for (int i = 0; i < C; ++i) ((unsigned char *)in)[i] = (unsigned char)(i * 7 + 3);
+        PackEntry three[3] = {{in, out, C, 0, 0}, {in, out, 0, 0, 4}, {in, out + C, E, 1, 4}};
+        CUdeviceptr tab_arg = tab;
+        unsigned n3 = 3, t3 = 7;
+        void *args[] = {&tab_arg, &n3, &t3};
+        memcpy((void *)tab, three, sizeof three);
+        memset((void *)out, 0, C + 2 * E);
+        assert_int_equal(F.cuLaunchKernel(fn, 7, 1, 1, 256, 1, 1, 0, s, args, NULL), OK);
+        assert_int_equal(stream_wait(s), OK);
+        assert_memory_equal((void *)out, (void *)in, C);
+        const float *fin = (const float *)in;
+        for (int i = 0; i < E; ++i) assert_int_equal(((const uint16_t *)(out + C))[i], ref_bf16(fin[i]));
+        /* Each failure fails its stream for good (the driver's sticky error), so each gets one. */
+        CUstream bad_s = NULL;
+        t3 = 6;  /* one short of the entries' sum */
+        assert_int_equal(F.cuStreamCreate(&bad_s, 1), OK);
+        assert_int_equal(F.cuLaunchKernel(fn, 6, 1, 1, 256, 1, 1, 0, bad_s, args, NULL), OK);
+        assert_int_equal(stream_wait(bad_s), E_ILLEGAL);
+        assert_int_equal(F.cuStreamDestroy(bad_s), OK);
+        t3 = 7;
+        three[2].first_tile = 5;  /* entry 0's tile 4 (its last half tile) is never packed */
+        memcpy((void *)tab, three, sizeof three);
+        assert_int_equal(F.cuStreamCreate(&bad_s, 1), OK);
+        assert_int_equal(F.cuLaunchKernel(fn, 7, 1, 1, 256, 1, 1, 0, bad_s, args, NULL), OK);
+        assert_int_equal(stream_wait(bad_s), E_ILLEGAL);
+        assert_int_equal(F.cuStreamDestroy(bad_s), OK);
+        assert_int_equal(F.cuMemFree(in), OK);
+        assert_int_equal(F.cuMemFree(out), OK);
+        assert_int_equal(F.cuMemFree(tab), OK);
+    }
     /* A bad address in an entry fails the launch and the stream. */
     PackEntry bad = {src, 8, 4, 0, 0};
     count = 1;
+    tiles = 1;
     assert_int_equal(F.cuMemcpyHtoDAsync(table, &bad, sizeof bad, s), OK);
     assert_int_equal(F.cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, s, params, NULL), OK);
     assert_int_equal(stream_wait(s), E_ILLEGAL);
@@ -855,8 +898,8 @@ static uint16_t fake_cast(CUfunction fn, CUstream s, CUdeviceptr buf, float f, u
     memcpy((void *)buf, &f, 4);
     memcpy((void *)(buf + 32), &e, sizeof e);
     CUdeviceptr table = buf + 32;
-    unsigned count = 1;
-    void *params[] = {&table, &count};
+    unsigned count = 1, tiles = 1;
+    void *params[] = {&table, &count, &tiles};
     assert_int_equal(F.cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, s, params, NULL), OK);
     assert_int_equal(stream_wait(s), OK);
     uint16_t out;

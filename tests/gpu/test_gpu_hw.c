@@ -211,6 +211,11 @@ static void engine_finish(engine_t *e) {
 static const int64_t shapes[NT][2] = {{4096, 1024}, {1024, 1}, {333, 77}, {2048, 512}};
 static const char *names[NT] = {"t0", "t1", "t2", "t3"};
 
+/* Where the trainer's tensors live: NULL gives each its own allocation; else tensor k sits at
+ * byte offset g_offsets[k] of one allocation (as views into a flat buffer, at 4, 8 and 12 bytes
+ * past a 16-byte boundary, which takes the pack kernel off its 16-byte path). */
+static const size_t *g_offsets;
+
 static void run_sync(const char *kind, const char *trainer_opts, const char *engine_opts,
                      int engine_device, int cast, int versions) {
     engine_cfg cfg = {kind, engine_opts, 0, cast, engine_device};
@@ -223,13 +228,18 @@ static void run_sync(const char *kind, const char *trainer_opts, const char *eng
     OK(wsync_strategy_create_init_info(s, &init));
     assert_int_equal(tu_send_frame(e.to, init.data, init.size), 0);
     OK(wsync_sender_create(s, init.data, init.size, &tx));
-    CUdeviceptr dev[NT];
+    CUdeviceptr dev[NT], flat = 0;
     void *host[NT];
-    size_t bytes[NT];
+    size_t bytes[NT], total = 0;
     for (int k = 0; k < NT; ++k) {
         bytes[k] = (size_t)(shapes[k][0] * shapes[k][1]) * 4;
         host[k] = malloc(bytes[k]);
-        assert_int_equal(cu.cuMemAlloc(&dev[k], bytes[k]), 0);
+        if (g_offsets && g_offsets[k] + bytes[k] > total) total = g_offsets[k] + bytes[k];
+        if (!g_offsets) assert_int_equal(cu.cuMemAlloc(&dev[k], bytes[k]), 0);
+    }
+    if (g_offsets) {
+        assert_int_equal(cu.cuMemAlloc(&flat, total), 0);
+        for (int k = 0; k < NT; ++k) dev[k] = flat + g_offsets[k];
     }
     for (uint64_t v = 1; v <= (uint64_t)versions; ++v) {
         wsync_tensor_t t[NT];
@@ -258,10 +268,15 @@ static void run_sync(const char *kind, const char *trainer_opts, const char *eng
     wsync_strategy_destroy(s);
     wsync_blob_free(&init);
     for (int k = 0; k < NT; ++k) {
-        cu.cuMemFree(dev[k]);
+        if (!g_offsets) cu.cuMemFree(dev[k]);
         free(host[k]);
     }
+    if (flat) cu.cuMemFree(flat);
 }
+
+/* Byte offsets of t0..t3 in one allocation: 4, 8, 0 and 12 past a 16-byte boundary, apart. */
+static const size_t unaligned_offsets[NT] = {4, (16u << 20) + 4096 + 8, (16u << 20) + 16384,
+                                             (16u << 20) + 16384 + 131072 + 12};
 
 static void cuda_ipc_packed_two_processes_one_gpu_bit_for_bit(void **state) {
     (void)state;
@@ -279,6 +294,16 @@ static void cuda_ipc_packed_cast_to_bfloat16_matches_round_to_nearest_even(void 
     (void)state;
     REQUIRE_GPUS(1);
     run_sync("cuda_ipc", "{\"bucket_bytes\": 33554432, \"dtype\": \"bfloat16\"}", "{\"device\": 0}", 0, 1, 3);
+}
+
+static void cuda_ipc_packed_tensors_off_16_byte_boundaries_bit_for_bit(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    g_offsets = unaligned_offsets;
+    run_sync("cuda_ipc", "{\"bucket_bytes\": 33554432}", "{\"device\": 0}", 0, 0, 3);
+    run_sync("cuda_ipc", "{\"bucket_bytes\": 33554432, \"dtype\": \"bfloat16\"}", "{\"device\": 0}", 0, 1, 2);
+    run_sync("cuda_ipc", "{\"packed\": false}", "{\"device\": 0}", 0, 0, 2);
+    g_offsets = NULL;
 }
 
 static void nccl_group_missing_a_rank_times_out_and_aborts(void **state) {
@@ -311,6 +336,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_packed_two_processes_one_gpu_bit_for_bit),
     cmocka_unit_test(cuda_ipc_per_allocation_two_processes_one_gpu_bit_for_bit),
     cmocka_unit_test(cuda_ipc_packed_cast_to_bfloat16_matches_round_to_nearest_even),
+    cmocka_unit_test(cuda_ipc_packed_tensors_off_16_byte_boundaries_bit_for_bit),
     cmocka_unit_test(nccl_group_missing_a_rank_times_out_and_aborts),
     cmocka_unit_test(nccl_broadcast_between_two_gpus_bit_for_bit),
 };

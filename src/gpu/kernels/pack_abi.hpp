@@ -20,16 +20,28 @@ enum PackOp : uint32_t {
 struct PackEntry {
     uint64_t src;
     uint64_t dst;
-    uint64_t count;  // bytes for kPackCopy, elements for the casts
-    uint32_t op;     // PackOp
-    uint32_t reserved;
+    uint64_t count;       // bytes for kPackCopy, elements for the casts
+    uint32_t op;          // PackOp
+    uint32_t first_tile;  // the sum of pack_tiles() over the entries before this one
 };
 static_assert(sizeof(PackEntry) == 32, "PackEntry is part of the kernel ABI");
 
-// Kernel "wsync_pack"(const PackEntry *entries, unsigned int count): grid (x, y) where blocks
-// with the same blockIdx.y walk entries y, y + gridDim.y, ... and split each entry's work over
-// gridDim.x * blockDim.x threads. Parameters as cuLaunchKernel passes them: &entries (a
-// CUdeviceptr), &count (unsigned int).
+// The work of a launch is cut into tiles of equal size over all its entries: kPackTileBytes of
+// a copy, kPackTileElems elements of a cast. Tile j of entry e is launch tile
+// e.first_tile + j; blocks take launch tiles (blockIdx.x, + gridDim.x, ...) and find their entry
+// by binary search over first_tile, so a chunk of tensors of very different sizes keeps every
+// SM busy to the end.
+constexpr uint64_t kPackTileBytes = 65536;
+constexpr uint64_t kPackTileElems = 16384;
+inline uint64_t pack_tiles(const PackEntry &e) {
+    const uint64_t per = e.op == kPackCopy ? kPackTileBytes : kPackTileElems;
+    return (e.count + per - 1) / per;
+}
+
+// Kernel "wsync_pack"(const PackEntry *entries, unsigned int count, unsigned int tiles): a 1-D
+// grid of kPackBlock threads a block over `tiles` launch tiles (the sum of pack_tiles over the
+// entries, below 2^32). Parameters as cuLaunchKernel passes them: &entries (a CUdeviceptr),
+// &count (unsigned int), &tiles (unsigned int).
 constexpr const char *kPackKernel = "wsync_pack";
 constexpr unsigned kPackBlock = 256;
 
