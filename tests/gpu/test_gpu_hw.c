@@ -296,13 +296,29 @@ static void cuda_ipc_packed_cast_to_bfloat16_matches_round_to_nearest_even(void 
     run_sync("cuda_ipc", "{\"bucket_bytes\": 33554432, \"dtype\": \"bfloat16\"}", "{\"device\": 0}", 0, 1, 3);
 }
 
+/* Each run_sync forks its engine before this process touches CUDA (a forked child of a CUDA
+ * process cannot use CUDA), so each layout is a test of its own: CTest runs each in a process. */
 static void cuda_ipc_packed_tensors_off_16_byte_boundaries_bit_for_bit(void **state) {
     (void)state;
     REQUIRE_GPUS(1);
     g_offsets = unaligned_offsets;
     run_sync("cuda_ipc", "{\"bucket_bytes\": 33554432}", "{\"device\": 0}", 0, 0, 3);
+    g_offsets = NULL;
+}
+
+static void cuda_ipc_packed_cast_off_16_byte_boundaries_matches_round_to_nearest_even(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    g_offsets = unaligned_offsets;
     run_sync("cuda_ipc", "{\"bucket_bytes\": 33554432, \"dtype\": \"bfloat16\"}", "{\"device\": 0}", 0, 1, 2);
-    run_sync("cuda_ipc", "{\"packed\": false}", "{\"device\": 0}", 0, 0, 2);
+    g_offsets = NULL;
+}
+
+static void cuda_ipc_per_allocation_views_inside_one_allocation_bit_for_bit(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    g_offsets = unaligned_offsets;
+    run_sync("cuda_ipc", "{\"packed\": false}", "{\"device\": 0}", 0, 0, 3);
     g_offsets = NULL;
 }
 
@@ -337,6 +353,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_per_allocation_two_processes_one_gpu_bit_for_bit),
     cmocka_unit_test(cuda_ipc_packed_cast_to_bfloat16_matches_round_to_nearest_even),
     cmocka_unit_test(cuda_ipc_packed_tensors_off_16_byte_boundaries_bit_for_bit),
+    cmocka_unit_test(cuda_ipc_packed_cast_off_16_byte_boundaries_matches_round_to_nearest_even),
+    cmocka_unit_test(cuda_ipc_per_allocation_views_inside_one_allocation_bit_for_bit),
     cmocka_unit_test(nccl_group_missing_a_rank_times_out_and_aborts),
     cmocka_unit_test(nccl_broadcast_between_two_gpus_bit_for_bit),
 };
