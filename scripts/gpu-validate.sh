@@ -128,6 +128,14 @@ for variant in "--packed false" "--packed true" "--packed true --dtype bfloat16"
   fi
 done
 
+step "pack kernel against one device copy of the same bytes (tests/gpu/pack_bench.cpp)"
+pack_args=(--layers 2 --reps 20); [ $mode = fake ] && pack_args=(--layers 1 --reps 2)
+if "$build_dir/tests/pack_bench" "${pack_args[@]}" > "$log/pack.json" 2> "$log/pack.err"; then
+  cat "$log/pack.json"
+else
+  cat "$log/pack.json" "$log/pack.err"; failures+=("pack_bench")
+fi
+
 step "baseline: one device copy and per-tensor torch IPC beside libwsync"
 set +e
 WSYNC_LIBRARY=$root/$build_dir/libwsync.so PYTHONPATH=$root/bindings/python${PYTHONPATH:+:$PYTHONPATH} \
@@ -165,6 +173,11 @@ for line in open(os.path.join(log, "bench.jsonl")):
     variant, b = b["variant"], b["result"]
     name = f"bench cuda_ipc {variant} ({b['bytes'] / 1e9:.2f} GB, {b['tensors']} tensors)"
     L.append(f"| {name} | steady {b['steady_sync_s']:.4f} s = {b['ratio_to_d2d']:.3f}x one device copy ({b['baseline_d2d_s']:.4f} s); first sync {b['first_sync_s']:.3f} s |")
+try:
+    p = json.load(open(os.path.join(log, "pack.json")))
+    L.append(f"| pack kernel, {p['tensors']} tensors in one launch ({p['bytes'] / 1e9:.2f} GB, {p['tiles']} tiles) | {p['pack_s']:.5f} s ({p['pack_gbps']} GB/s) = {p['pack_to_copy']:.3f}x one cuMemcpyDtoDAsync of the same bytes ({p['copy_s']:.5f} s, {p['copy_gbps']} GB/s){'' if p['exact'] else ', NOT bit-exact'} |")
+except (OSError, ValueError, KeyError):
+    L.append("| pack kernel | no result (see pack_bench's output) |")
 try:
     base = json.load(open(os.path.join(log, "baseline.json")))
 except ValueError:
