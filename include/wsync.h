@@ -95,7 +95,8 @@ extern "C" {
  *      (host kinds; docs/delta.md); request format 3 (trainer and engines must both be 0.4).
  * 0.5: split tensors: wsync_part_t, wsync_sender_send_parts(), wsync_plan_chunk_parts() and the
  *      planner's "split" option, wsync_recv_part(), wsync_recv_next_part(); request format 4
- *      (trainer and engines must both be 0.5). */
+ *      (trainer and engines must both be 0.5); wsync_recv_copy() into device memory for
+ *      "cuda_ipc" (was WSYNC_ERR_UNSUPPORTED). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -671,7 +672,8 @@ WSYNC_API wsync_status_t wsync_recv_peek(const wsync_recv_t *it, size_t i, wsync
  * the end; tensors that wsync_recv_copy() already took are skipped. Views are zero-copy where the kind allows ("shm": read-only shared memory; the GPU
  * kinds: device memory of the receiver's GPU, view->device CUDA; all flagged
  * WSYNC_TENSOR_READ_ONLY); copy the bytes into your parameters (for host memory,
- * wsync_recv_copy() does that copy and the verification in one pass). A view's data, name and
+ * wsync_recv_copy() does that copy and the verification in one pass; for "cuda_ipc" it queues
+ * the device copy itself). A view's data, name and
  * shape stay valid until the iteration ends. With checksums on, a tensor is verified (unless a
  * wsync_recv_copy() verified it already) before it is yielded and a mismatch fails with WSYNC_ERR_INTEGRITY naming the tensor; the iteration is then
  * failed (later calls return the same error). A tensor carried as a patch (a trainer with the
@@ -734,6 +736,15 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  * taken.
  * Borrows it and dst for the call; keeps nothing. dst must be writable host memory of len bytes
  * that does not overlap the received tensor; it needs no particular alignment.
+ * Device memory ("cuda_ipc", since 0.5). dst is device memory of the receiver's GPU, len bytes
+ * of one allocation (checked with the driver before anything is queued). The call queues one
+ * device copy on the loader's stream (wsync_receiver_set_stream(), else the legacy default
+ * stream, PyTorch's default) and returns without waiting for it: dst holds the bytes once that
+ * stream has run the copy, and wsync_recv_end() waits for that stream before it acknowledges
+ * (with the "synchronize" option on, the default; with it off the caller waits before ending).
+ * It reads the sender's memory as a view does; the GPU kinds carry no checksums. Where a loader
+ * keeps parameters in device memory this is the cheap path: one call and one driver copy per
+ * tensor, no view. "nccl_broadcast" has no device copy yet (WSYNC_ERR_UNSUPPORTED).
  * Returns WSYNC_OK, or:
  *   WSYNC_ERR_INVALID_ARGUMENT for it or dst NULL, i >= count, offset + len beyond the tensor
  *     (offset > size or len > size - offset), or a dst overlapping the tensor's received bytes;
@@ -741,8 +752,12 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  *   WSYNC_ERR_INTEGRITY as above (the iteration is failed);
  *   the iteration's own error once it has failed (a checksum, an abandoned version), as
  *     wsync_recv_next() returns it; nothing is copied;
- *   WSYNC_ERR_UNSUPPORTED for strategies whose tensors are in device memory ("cuda_ipc",
- *     "nccl_broadcast"): copy out of the wsync_recv_next() view with the device's own copy.
+ *   WSYNC_ERR_INVALID_ARGUMENT for "cuda_ipc" when dst is not device memory, is memory of
+ *     another GPU, or [dst, dst + len) does not fit in its allocation (the message names the
+ *     tensor and why); nothing is queued and the iteration goes on;
+ *   a driver error's status if queuing the copy fails (the message names the tensor);
+ *   WSYNC_ERR_UNSUPPORTED for "nccl_broadcast", whose tensors are in device memory and which has
+ *     no device copy: copy out of the wsync_recv_next() view with the device's own copy.
  * Patches (a trainer with the "delta" option; docs/delta.md). A tensor the request carries as a
  * patch is applied onto dst, which must hold that tensor as of the patch's base version (the
  * version this receiver completed last): offset must be 0 and len the tensor's size, once.

@@ -125,6 +125,7 @@ public:
     // wsync_recv_copy: bytes [offset, offset + len) of tensor i into dst (host memory),
     // verifying the whole tensor in the same pass the first time any of it is taken.
     void copy(std::size_t i, uint64_t offset, void *dst, uint64_t len);
+    void copy_device(std::size_t i, uint64_t offset, void *dst, uint64_t len, const uint8_t *src);
     // Acknowledges; throws the iteration's failure, if any. Called once, by Receiver::end.
     void end();
     // Acknowledges as failed with the loader's own status and message.

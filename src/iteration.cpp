@@ -128,13 +128,8 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
               offset, offset, len, tensor_label(i, m.name.c_str()).c_str(), m.nbytes);
     if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
     const wsync_device_t dev = backing_->device();
-    if (!device_is_host(dev))
-        wsync::fail(WSYNC_ERR_UNSUPPORTED,
-                    "wsync_recv_copy: " + tensor_label(i, m.name.c_str()) + " is in " +
-                        device_name(dev) + " memory (strategy '" + owner_->kind_.name +
-                        "'); copy out of its wsync_recv_next view with the device's own copy "
-                        "(e.g. cudaMemcpyAsync)");
     const uint8_t *src = static_cast<const uint8_t *>(backing_->data(i));
+    if (!device_is_host(dev)) return copy_device(i, offset, dst, len, src);
     const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
     if (len != 0 && d < s + table_.wire_bytes(i) && s < d + len)
         wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
@@ -156,6 +151,38 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
         check_sum(i, copy::copy_hashing(dst, src, table_.payload_bytes(i), offset, len));
     else
         owner_->pool_->copy(dst, src + offset, len);
+    if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
+}
+
+// wsync_recv_copy() of a tensor in device memory: the transport queues a device copy on the
+// loader's stream (cuda_ipc), or has none (UNSUPPORTED, the iteration unchanged). The GPU kinds
+// carry no checksums and no patches; parts are cut to the range as for host memory.
+void Iteration::copy_device(std::size_t i, uint64_t offset, void *dst, uint64_t len,
+                            const uint8_t *src) {
+    const TensorMeta &m = table_.metas[i];
+    const std::string label = tensor_label(i, m.name.c_str());
+    const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+    if (len != 0 && d < s + table_.wire_bytes(i) && s < d + len)
+        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
+                    "wsync_recv_copy: the destination overlaps " + label + "'s received bytes");
+    if (table_.is_patch(i))  // no GPU kind sends patches today; never hand out patch bytes raw
+        wsync::fail(WSYNC_ERR_UNSUPPORTED, "wsync_recv_copy: " + label + " is a patch in " +
+                                               device_name(backing_->device()) + " memory");
+    if (table_.is_part(i)) {
+        const PartInfo &p = table_.parts[i];
+        const uint64_t lo = std::max(offset, p.offset), hi = std::min(offset + len, p.offset + p.bytes);
+        if (lo >= hi) return;
+        dst = static_cast<uint8_t *>(dst) + (lo - offset);
+        offset = lo - p.offset;
+        len = hi - lo;
+    }
+    if (len == 0) return;
+    if (!backing_->copy_to_device(dst, src + offset, len, label + " in " + chunk_label(header_)))
+        wsync::fail(WSYNC_ERR_UNSUPPORTED,
+                    "wsync_recv_copy: " + label + " is in " + device_name(backing_->device()) +
+                        " memory and strategy '" + owner_->kind_.name +
+                        "' has no device copy; copy out of its wsync_recv_next view with the "
+                        "device's own copy (e.g. cudaMemcpyAsync)");
     if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
 }
 

@@ -54,6 +54,15 @@ public:
     virtual const void *data(std::size_t i) const = 0;
     virtual wsync_device_t device() const = 0;
     virtual bool read_only() const = 0;
+    // wsync_recv_copy() for a backing in device memory: checks `dst` (device memory of this
+    // backing's GPU, [dst, dst + len) inside one allocation; else WSYNC_ERR_INVALID_ARGUMENT
+    // naming `what`, nothing queued) and queues the copy of `len` bytes from `src` (inside the
+    // chunk) on the loader's stream, which settle() waits for. Returns false where the transport
+    // has no such copy (the iteration then refuses it as WSYNC_ERR_UNSUPPORTED).
+    virtual bool copy_to_device(void * /*dst*/, const void * /*src*/, uint64_t /*len*/,
+                                const std::string & /*what*/) {
+        return false;
+    }
     // Called exactly once, when the iteration ends, before anything is told to the sender:
     // finishes the transport's own part of the chunk (cuda_ipc: waits, with a deadline, for the
     // loader's GPU copies out of the views) and returns the final outcome, which may turn

@@ -107,8 +107,8 @@ typedef struct {
 
 typedef tu_peer_t engine_t;
 
-/* Set by a test before it starts engines (they are forked): each engine then also asks
- * wsync_recv_copy for the first tensor of every chunk and expects it refused (verdict 6 if not). */
+/* Set by a test before it starts engines (they are forked): each engine then takes tensor 0 of
+ * every chunk with wsync_recv_copy into device memory (engine_device_copies) instead of a view. */
 static int g_engines_try_copy;
 /* Set by a test before it starts engines: they take views with wsync_recv_next_part and check
  * each part's range against the whole tensor. */
@@ -165,6 +165,47 @@ static int engine_next(const engine_cfg *cfg, wsync_recv_t *it, wsync_tensor_t *
     return wsync_recv_next(it, v, has) == WSYNC_OK && *has;
 }
 
+/* wsync_recv_copy into device memory, as a GPU loader takes the tensors it keeps. Wrong
+ * destinations are refused by name and the iteration goes on; then tensor 0 is copied whole with
+ * the default stream held (nothing may land before that stream runs: the copy is queued on the
+ * loader's stream, not done by the call) and bytes [100, 1100) into a second buffer. Returns 0
+ * or a verdict; *whole and *range are checked after wsync_recv_end, which waits for the stream. */
+static int engine_device_copies(wsync_recv_t *it, CUdeviceptr *whole, CUdeviceptr *range,
+                                size_t *bytes) {
+    wsync_tensor_t t;
+    if (wsync_recv_peek(it, 0, &t) != WSYNC_OK) return 20;
+    size_t n = (size_t)t.dtype.bits / 8;
+    for (int d = 0; d < t.ndim; ++d) n *= (size_t)t.shape[d];
+    *bytes = n;
+    use_device(1);
+    CUdeviceptr other = (CUdeviceptr)(uintptr_t)dalloc(n);
+    use_device(0);
+    CUdeviceptr small = (CUdeviceptr)(uintptr_t)dalloc(16);
+    uint8_t host[64];
+    if (wsync_recv_copy(it, 0, 0, host, sizeof host) != WSYNC_ERR_INVALID_ARGUMENT ||
+        !strstr(wsync_last_error(), "is not device memory") || !strstr(wsync_last_error(), "'t0'"))
+        return 21;
+    if (wsync_recv_copy(it, 0, 0, (void *)(uintptr_t)small, 64) != WSYNC_ERR_INVALID_ARGUMENT ||
+        !strstr(wsync_last_error(), "64 bytes do not fit in its allocation (16 bytes"))
+        return 22;
+    if (wsync_recv_copy(it, 0, 0, (void *)(uintptr_t)other, n) != WSYNC_ERR_INVALID_ARGUMENT ||
+        !strstr(wsync_last_error(), "is memory of GPU ordinal 1, not of this receiver's GPU"))
+        return 23;
+    drv.cuMemFree(other);
+    drv.cuMemFree(small);
+    *whole = (CUdeviceptr)(uintptr_t)dalloc(n);
+    memset((void *)(uintptr_t)*whole, 0, n);
+    if (drv.stream_hold(NULL) != 0) return 24;
+    if (wsync_recv_copy(it, 0, 0, (void *)(uintptr_t)*whole, n) != WSYNC_OK) return 25;
+    static const uint8_t zeros[64];
+    const int landed = memcmp((const void *)(uintptr_t)*whole, zeros, sizeof zeros) != 0;
+    drv.stream_release_held();
+    if (landed) return 26; /* written before the loader's stream ran */
+    *range = (CUdeviceptr)(uintptr_t)dalloc(1000);
+    if (wsync_recv_copy(it, 0, 100, (void *)(uintptr_t)*range, 1000) != WSYNC_OK) return 27;
+    return 0;
+}
+
 static int engine_main(const engine_cfg *cfg, int in, int out) {
     if (cfg->visible) setenv("CUDA_VISIBLE_DEVICES", cfg->visible, 1);
     uint8_t *init;
@@ -195,6 +236,9 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
             wsync_part_t part;
             bool has;
             int first = 1;
+            CUdeviceptr whole = 0, range = 0;
+            size_t whole_bytes = 0;
+            if (g_engines_try_copy) verdict = (uint8_t)engine_device_copies(it, &whole, &range, &whole_bytes);
             while (engine_next(cfg, it, &v, &part, &has)) {
                 if (g_engines_take_parts ? !engine_check_part(&v, &part, info.version)
                                : !engine_check_view(cfg, &v, info.version)) {
@@ -210,12 +254,6 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
                     drv.set_fail("cuMemcpyDtoDAsync@async", 0, 0);
                     if (drv.cuMemcpyDtoDAsync(dst, (CUdeviceptr)(uintptr_t)v.data, n, NULL)) verdict = 5;
                 }
-                if (g_engines_try_copy && first) {
-                    uint8_t host[8];
-                    if (wsync_recv_copy(it, 0, 0, host, 1) != WSYNC_ERR_UNSUPPORTED ||
-                        !strstr(wsync_last_error(), "device's own copy"))
-                        verdict = 6;
-                }
                 first = 0;
             }
             if (cfg->fail_version && info.version == cfg->fail_version) {
@@ -227,6 +265,16 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
                     fprintf(stderr, "engine %u: recv_end: %s\n", cfg->index, wsync_last_error());
                     verdict = (uint8_t)(0x80 | end); /* the status, for the test to compare */
                 }
+            }
+            if (whole) { /* the device copies landed once recv_end returned */
+                uint8_t *want = malloc(whole_bytes);
+                tu_fill(want, whole_bytes, info.version, 0);
+                if (memcmp((const void *)(uintptr_t)whole, want, whole_bytes) ||
+                    memcmp((const void *)(uintptr_t)range, want + 100, 1000))
+                    verdict = 28;
+                free(want);
+                drv.cuMemFree(whole);
+                drv.cuMemFree(range);
             }
         }
         free(req);
@@ -378,7 +426,7 @@ static void cuda_ipc_moves_a_split_tensor_as_one_view_per_part_packed_or_not(voi
     g_engines_take_parts = 0;
 }
 
-static void recv_copy_of_device_memory_is_unsupported_and_the_chunk_still_loads(void **state) {
+static void recv_copy_into_device_memory_is_queued_on_the_loaders_stream_and_bit_exact(void **state) {
     (void)state;
     g_engines_try_copy = 1;
     engine_t e = ipc_engine(0);
@@ -395,7 +443,7 @@ static void recv_copy_of_device_memory_is_unsupported_and_the_chunk_still_loads(
     wsync_blob_t req;
     OK(wsync_sender_send_chunk(tx, &ch, &req));
     engine_send(&e, &req);
-    assert_int_equal(engine_verdict(&e), 0); /* refused by name; the views still load it */
+    assert_int_equal(engine_verdict(&e), 0); /* see engine_device_copies for each verdict */
     wsync_blob_free(&req);
     OK(wsync_sender_flush(tx, 5000));
     engine_finish(&e);
@@ -1494,7 +1542,7 @@ static void a_cuda_driver_older_than_12_0_is_unavailable_naming_both_versions(vo
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chunk),
     cmocka_unit_test(cuda_ipc_moves_a_split_tensor_as_one_view_per_part_packed_or_not),
-    cmocka_unit_test(recv_copy_of_device_memory_is_unsupported_and_the_chunk_still_loads),
+    cmocka_unit_test(recv_copy_into_device_memory_is_queued_on_the_loaders_stream_and_bit_exact),
     cmocka_unit_test(packed_cast_to_bfloat16_rounds_to_nearest_even),
     cmocka_unit_test(unpacked_steady_state_opens_no_new_handle_over_1000_syncs),
     cmocka_unit_test(unpacked_moved_tensor_gets_a_new_handle_and_the_old_one_is_closed),

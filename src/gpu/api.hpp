@@ -48,6 +48,8 @@ constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
 constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 constexpr unsigned CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1;
+constexpr int CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2;     // unsigned int, a CU_MEMORYTYPE_*
+constexpr unsigned CU_MEMORYTYPE_DEVICE = 2;
 constexpr int CU_POINTER_ATTRIBUTE_BUFFER_ID = 7;       // unsigned long long, never reused
 constexpr int CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;  // int
 // "1 if this pointer maps to an allocation that is suitable for cudaIpcGetMemHandle, 0

@@ -113,6 +113,7 @@ typedef struct {
     uint32_t index;
     int cast;   /* 1: tensors arrive as bfloat16 of tu_value() */
     int device; /* the engine's GPU, as in its options */
+    int copy;   /* 1: take every tensor with wsync_recv_copy into device buffers, check after end */
 } engine_cfg;
 
 static float tu_value(uint64_t v, uint64_t k, size_t i) {
@@ -177,9 +178,31 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
             wsync_recv_info(it, &info);
             wsync_tensor_t v;
             bool has;
+            /* copy: each tensor into a buffer of the engine's own (as a loader's parameters),
+             * queued on the default stream by the library; read back after recv_end. */
+            wsync_tensor_t seen[8];
+            CUdeviceptr mine[8] = {0};
+            size_t n_copied = 0;
+            for (size_t i = 0; cfg->copy && i < info.count && i < 8; ++i) {
+                wsync_recv_peek(it, i, &seen[i]);
+                size_t bytes = seen[i].dtype.bits / 8;
+                for (int d = 0; d < seen[i].ndim; ++d) bytes *= (size_t)seen[i].shape[d];
+                if (cu.cuMemAlloc(&mine[i], bytes) != 0 ||
+                    wsync_recv_copy(it, i, 0, (void *)(uintptr_t)mine[i], bytes) != WSYNC_OK) {
+                    fprintf(stderr, "engine: copy: %s\n", wsync_last_error());
+                    verdict = 4;
+                }
+                n_copied = i + 1;
+            }
             while (wsync_recv_next(it, &v, &has) == WSYNC_OK && has)
                 if (!view_ok(cfg, &v, info.version)) verdict = 2;
             if (wsync_recv_end(it) != WSYNC_OK) verdict = 3;
+            for (size_t i = 0; i < n_copied; ++i) {
+                wsync_tensor_t t = seen[i];
+                t.data = (void *)(uintptr_t)mine[i];
+                if (verdict == 0 && !view_ok(cfg, &t, info.version)) verdict = 5;
+                cu.cuMemFree(mine[i]);
+            }
         }
         free(req);
         if (tu_write_all(out, &verdict, 1)) return 14;
@@ -215,10 +238,12 @@ static const char *names[NT] = {"t0", "t1", "t2", "t3"};
  * byte offset g_offsets[k] of one allocation (as views into a flat buffer, at 4, 8 and 12 bytes
  * past a 16-byte boundary, which takes the pack kernel off its 16-byte path). */
 static const size_t *g_offsets;
+/* Set by a test: the engine takes every tensor with wsync_recv_copy into device memory. */
+static int g_engine_copies;
 
 static void run_sync(const char *kind, const char *trainer_opts, const char *engine_opts,
                      int engine_device, int cast, int versions) {
-    engine_cfg cfg = {kind, engine_opts, 0, cast, engine_device};
+    engine_cfg cfg = {kind, engine_opts, 0, cast, engine_device, g_engine_copies};
     engine_t e = engine_start(&cfg); /* before this process touches CUDA */
     cu_use(0);
     wsync_strategy_t *s;
@@ -322,6 +347,24 @@ static void cuda_ipc_per_allocation_views_inside_one_allocation_bit_for_bit(void
     g_offsets = NULL;
 }
 
+static void cuda_ipc_recv_copy_into_device_memory_bit_for_bit(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    g_engine_copies = 1;
+    g_offsets = unaligned_offsets; /* sources off 16-byte boundaries too */
+    run_sync("cuda_ipc", "{\"packed\": false}", "{\"device\": 0}", 0, 0, 3);
+    g_offsets = NULL;
+    g_engine_copies = 0;
+}
+
+static void cuda_ipc_packed_recv_copy_into_device_memory_bit_for_bit(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    g_engine_copies = 1;
+    run_sync("cuda_ipc", "{\"bucket_bytes\": 33554432}", "{\"device\": 0}", 0, 0, 3);
+    g_engine_copies = 0;
+}
+
 static void nccl_group_missing_a_rank_times_out_and_aborts(void **state) {
     (void)state;
     REQUIRE_GPUS(1);
@@ -355,6 +398,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_packed_tensors_off_16_byte_boundaries_bit_for_bit),
     cmocka_unit_test(cuda_ipc_packed_cast_off_16_byte_boundaries_matches_round_to_nearest_even),
     cmocka_unit_test(cuda_ipc_per_allocation_views_inside_one_allocation_bit_for_bit),
+    cmocka_unit_test(cuda_ipc_recv_copy_into_device_memory_bit_for_bit),
+    cmocka_unit_test(cuda_ipc_packed_recv_copy_into_device_memory_bit_for_bit),
     cmocka_unit_test(nccl_group_missing_a_rank_times_out_and_aborts),
     cmocka_unit_test(nccl_broadcast_between_two_gpus_bit_for_bit),
 };

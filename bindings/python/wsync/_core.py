@@ -53,6 +53,7 @@ MAX_NAME_BYTES = 1024
 # setting ctypes fields one by one; the layout is checked against ctypes (and ctypes against
 # the library, in tests/test_layout.py) right here at import.
 _TENSOR_RAW = struct.Struct("=QQQQiBBHiiII")
+_UNKNOWN = object()  # a lazily computed attribute not computed yet
 
 
 def _check_raw_layout() -> None:
@@ -929,13 +930,19 @@ class _CudaArray:
     __slots__ = ("__cuda_array_interface__", "owner")
 
 
-def _writable_address(dst) -> Tuple[int, int, Any]:
-    """(address, byte capacity, object to keep alive) of a writeable host destination."""
+def _writable_address(dst, cuda_index: Optional[int] = None) -> Tuple[int, int, Any]:
+    """(address, byte capacity, object to keep alive) of a writeable destination: host memory,
+    or (``cuda_index`` given: the chunk is in that GPU's memory) a tensor on that GPU."""
     torch = _dtypes.torch_module()
     if torch is not None and isinstance(dst, torch.Tensor):
-        if dst.device.type != "cpu":
-            raise invalid(f"copy_into: the destination is on {dst.device}; only CPU tensors "
-                          "(use the views for device memory)")
+        if dst.device.type == "cuda" and cuda_index is not None:
+            if dst.device.index != cuda_index:
+                raise invalid(f"copy_into: the destination is on {dst.device}; this chunk is in "
+                              f"the memory of cuda:{cuda_index}")
+        elif dst.device.type != "cpu":
+            where = "CPU tensors" if cuda_index is None else f"CPU tensors or cuda:{cuda_index}"
+            raise invalid(f"copy_into: the destination is on {dst.device}; only {where} "
+                          "(use the views for other devices)")
         if not dst.is_contiguous():
             raise invalid("copy_into: the destination tensor is not contiguous")
         return dst.data_ptr(), dst.numel() * dst.element_size(), dst
@@ -1002,6 +1009,7 @@ class Iteration:
         self._view_ref = byref(self._view)
         self._has_ref = byref(self._has)
         self._makers: Dict[tuple, tuple] = {}
+        self._cuda_index: Any = _UNKNOWN
 
     def _h(self) -> int:
         h = self._handle.value
@@ -1053,6 +1061,16 @@ class Iteration:
         touching any tensor bytes (so a loader can check the plan before anything moves)."""
         return [self.peek(i) for i in range(self.info.count)]
 
+    @property
+    def cuda_index(self) -> Optional[int]:
+        """The GPU whose memory holds this chunk's tensors (``cuda_ipc``, ``nccl_broadcast``),
+        or ``None`` for host memory (and for an empty chunk)."""
+        if self._cuda_index is _UNKNOWN:
+            with self._lock:
+                f = self._peek_raw(0) if self.info.count else None
+            self._cuda_index = f[9] if f is not None and f[8] == _dtypes.DEVICE_CUDA else None
+        return self._cuda_index
+
     def copy_into(self, i: int, dst, *, offset: int = 0, nbytes: Optional[int] = None) -> int:
         """Copies tensor ``i``'s bytes (from byte ``offset``; ``nbytes`` of them, by default the
         rest of the tensor) into ``dst``'s memory with the library's copy loop
@@ -1062,15 +1080,22 @@ class Iteration:
         ``dst``: a contiguous CPU torch tensor, a C-contiguous writeable numpy array, or any
         writeable buffer, at least ``nbytes`` long; its bytes are overwritten raw (no dtype
         conversion, no autograd record). The tensor counts as taken: iterating skips it.
+        For ``cuda_ipc`` (the chunk is in GPU memory) ``dst`` is a contiguous torch tensor on
+        the receiver's GPU: the copy is queued on the loader's stream (the legacy default
+        stream, PyTorch's default, unless ``Receiver.set_stream`` named another) and is done
+        when :meth:`end` returns, which waits for that stream before acknowledging (with the
+        ``synchronize`` option on, the default). One library call and one driver copy a
+        tensor, no view: the cheap way for a Python loader to take GPU tensors.
         Raises ``INVALID_ARGUMENT`` for a bad index, range or destination (the iteration goes
         on), ``INTEGRITY`` naming the tensor when its checksum fails (the iteration is failed
-        and ``dst`` holds unspecified bytes), ``UNSUPPORTED`` for device-memory strategies.
+        and ``dst`` holds unspecified bytes), ``UNSUPPORTED`` for device-memory strategies
+        without a device copy (``nccl_broadcast``).
         """
         if not isinstance(i, int) or isinstance(i, bool) or i < 0:
             raise invalid(f"copy_into: tensor index {i!r} is not a non-negative integer")
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
             raise invalid(f"copy_into: offset {offset!r} is not a non-negative integer")
-        address, capacity, keep = _writable_address(dst)
+        address, capacity, keep = _writable_address(dst, self.cuda_index)
         with self._lock:
             if nbytes is None:
                 f = self._peek_raw(i)

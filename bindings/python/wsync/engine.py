@@ -103,6 +103,9 @@ class ModuleLoader:
         for name, t in self.targets.items():
             self._names_of.setdefault(self._key(t), []).append(name)
         self._version = None
+        # Receivers (by id) whose kind has no device copy (nccl_broadcast): GPU targets take
+        # views there, after the first UNSUPPORTED.
+        self._no_device_copy: set = set()
         # Per module tensor, the parts this version loaded: {part: elements}; a part is the
         # index given by map_name (None for the whole tensor), so a part loaded twice counts once.
         self._covered: Dict[int, Dict[str, int]] = {}
@@ -279,14 +282,32 @@ class ModuleLoader:
                 # (GPU targets, casts, non-contiguous parts) come as views, which skip those
                 # copied; unknown or skipped tensors are taken unread. The other destinations
                 # of a tensor copied that way copy from that one (it holds the wire bytes).
+                # GPU targets on the chunk's own GPU take the same call where the kind has a
+                # device copy (cuda_ipc): one library call and one queued driver copy per tensor
+                # instead of a view and a copy_ (measured on an H100 in docs/gpu-validation.md).
+                host_chunk = it.cuda_index is None
+                gpu = None if host_chunk or id(receiver) in self._no_device_copy else it.cuda_index
                 for name, (i, m, dsts) in destinations.items():
                     for resolved, dst in dsts:
-                        if (isinstance(dst, torch.Tensor) and dst.device.type == "cpu"
-                                and dst.is_contiguous()
+                        if not (isinstance(dst, torch.Tensor) and dst.is_contiguous()
                                 and m.dtype == self._dtypes[resolved[0]]):
+                            continue
+                        if dst.device.type == "cpu" and host_chunk:
                             it.copy_into(i, dst.detach())
-                            copied[name] = dst
-                            break
+                        elif dst.is_cuda and gpu is not None and dst.device.index == gpu:
+                            try:
+                                it.copy_into(i, dst.detach())
+                            except WsyncError as exc:
+                                if exc.status is not Status.UNSUPPORTED:
+                                    raise
+                                self._no_device_copy.add(id(receiver))  # views from now on
+                                gpu = None
+                                continue
+                            cuda_devices.add(dst.device)
+                        else:
+                            continue
+                        copied[name] = dst
+                        break
                 if not any_part:
                     for name, view in it:
                         entry = destinations.get(name)
