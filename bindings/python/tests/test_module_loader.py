@@ -191,3 +191,40 @@ def test_map_name_must_return_none_a_name_or_a_pair(sync):
     [request] = send(sync, {"a": torch.ones(2)})
     with pytest.raises(WsyncError, match=r"map_name\('a'\) returned 3"):
         ModuleLoader({"a": torch.zeros(2)}, map_name=lambda n: 3).load(sync.receiver, request)
+
+
+def test_a_repeated_chunk_layout_is_resolved_once_and_a_new_layout_is_checked_again(make_sync):
+    # The loader works out names, checks and destinations once per chunk layout: over three
+    # versions of the same plan map_name sees each name once, the fused qkv stays bit-exact
+    # (views into the target are made fresh each time), and a chunk of a new layout that does
+    # not fit is still refused by name before any byte moves.
+    trainer, engine = Separate(), Fused()
+    calls = []
+
+    def counting_map(name):
+        calls.append(name)
+        return qkv_map(name)
+
+    loader = ModuleLoader(engine, map_name=counting_map)
+    s = make_sync(buckets=4)
+    after = {}
+    for version in (1, 2, 3):
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.add_(torch.randn_like(p))
+        send_model(s.sender, trainer.state_dict(), chunk_bytes=H * H * 4,
+                   on_request=lambda r: loader.load(s.receiver, r))
+        assert s.receiver.completed_version == version
+        assert torch.equal(engine.qkv.weight,
+                           torch.cat([trainer.q.weight, trainer.k.weight, trainer.v.weight]))
+        after[version] = len(calls)
+    assert sorted(set(calls)) == sorted(trainer.state_dict())
+    assert after[1] == 2 * len(trainer.state_dict())  # the check and the plan, once a name
+    assert after[3] == after[1]  # versions 2 and 3: no name resolved again
+    before = engine.qkv.weight.detach().clone()
+    bad = {"q.weight": torch.ones(H, H + 1)}  # a new layout, of the wrong shape
+    request = s.sender.send_chunk(bad, last=True)
+    with pytest.raises(WsyncError) as info:
+        loader.load(s.receiver, request)
+    assert info.value.status is Status.MISMATCH and "'q.weight'" in info.value.message
+    assert torch.equal(engine.qkv.weight, before)

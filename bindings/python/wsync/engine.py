@@ -34,6 +34,8 @@ from .trainer import split_alias_name
 
 #: How many differences a mismatch error lists before summarising the rest.
 MAX_LISTED_PROBLEMS = 10
+# Chunk layouts a ModuleLoader remembers (a model of N chunks per version needs N).
+MAX_CACHED_LAYOUTS = 4096
 
 
 def _shape_text(shape) -> str:
@@ -103,6 +105,11 @@ class ModuleLoader:
         for name, t in self.targets.items():
             self._names_of.setdefault(self._key(t), []).append(name)
         self._version = None
+        # Per chunk layout (the tuple of its TensorMetas, the same every version while the
+        # trainer's plan stays): destinations and coverage, so a repeated chunk skips name
+        # resolution and checks. map_name is thus called once per layout and must depend on the
+        # name alone.
+        self._plans: Dict[tuple, tuple] = {}
         # Receivers (by id) whose kind has no device copy (nccl_broadcast): GPU targets take
         # views there, after the first UNSUPPORTED.
         self._no_device_copy: set = set()
@@ -185,22 +192,25 @@ class ModuleLoader:
     def missing(self, metas: Iterable[TensorMeta] = ()) -> List[str]:
         """The module's tensors this version has not loaded yet (counting ``metas``, a chunk
         about to be loaded), one name each (tied names joined with ``=``)."""
+        increments = []
+        for m in metas:
+            for _, resolved in self._resolve_all(m.name):
+                if resolved[0] in self.targets:
+                    increments.append((self._key(self.targets[resolved[0]]), repr(resolved[1]),
+                                       _numel(m.shape)))
+        return self._missing(increments)
+
+    def _missing(self, increments) -> List[str]:
+        """missing() after a chunk adding `increments` (see _plan)."""
         covered = {key: dict(parts) for key, parts in self._covered.items()}
-        self._count(covered, metas)
+        for key, part, numel in increments:
+            covered.setdefault(key, {})[part] = numel
         out = []
         for key, names in self._names_of.items():
             target = self.targets[names[0]]
             if sum(covered.get(key, {}).values()) < target.numel():
                 out.append("=".join(names))
         return out
-
-    def _count(self, covered, metas) -> None:
-        for m in metas:
-            for _, resolved in self._resolve_all(m.name):
-                if resolved[0] not in self.targets:
-                    continue
-                parts = covered.setdefault(self._key(self.targets[resolved[0]]), {})
-                parts[repr(resolved[1])] = _numel(m.shape)
 
     def load(self, receiver: Receiver, request: bytes) -> RecvInfo:
         """Receives one request into the module; returns the chunk's :class:`wsync.RecvInfo`.
@@ -218,7 +228,9 @@ class ModuleLoader:
             if info.version != self._version or info.chunk_index == 0:
                 self._version, self._covered = info.version, {}
             metas = it.metas()
-            problems = self.check(metas)
+            layout = tuple(metas)
+            plan = self._plans.get(layout)
+            problems = self.check(metas) if plan is None else ()
             if problems:
                 listed = problems[:MAX_LISTED_PROBLEMS]
                 more = len(problems) - len(listed)
@@ -226,8 +238,13 @@ class ModuleLoader:
                     Status.MISMATCH,
                     f"chunk {info.chunk_index} of version {info.version} does not match the model: "
                     + "; ".join(listed) + (f"; and {more} more" if more > 0 else ""))
+            if plan is None:
+                plan = self._plan(metas)
+                if len(self._plans) >= MAX_CACHED_LAYOUTS:
+                    self._plans.clear()
+                self._plans[layout] = plan
             if self.strict and info.last:
-                missing = self.missing(metas)
+                missing = self._missing(plan[1])
                 if missing:
                     listed = missing[:MAX_LISTED_PROBLEMS]
                     more = len(missing) - len(listed)
@@ -237,19 +254,12 @@ class ModuleLoader:
                         f"model (strict): missing " + ", ".join(f"'{n}'" for n in listed)
                         + (f" and {more} more" if more > 0 else ""))
             # Per wire tensor: (index, meta, [destination...]); an alias list gives several
-            # destinations, one per distinct module tensor (or part of one) it names.
-            destinations = {}
-            for i, m in enumerate(metas):
-                seen, dsts = set(), []
-                for _, resolved in self._resolve_all(m.name):
-                    if resolved[0] not in self.targets:
-                        continue
-                    key = (self._key(self.targets[resolved[0]]), repr(resolved[1]))
-                    if key not in seen:
-                        seen.add(key)
-                        dsts.append((resolved, self._destination(resolved)))
-                if dsts:
-                    destinations[m.name] = (i, m, dsts)
+            # destinations, one per distinct module tensor (or part of one) it names. Indexed
+            # destinations are views made now, so they see the target's storage as it is.
+            destinations = {
+                name: (i, m, [(resolved, target if resolved[1] is None else target.detach()[resolved[1]])
+                              for resolved, target in dsts])
+                for name, (i, m, dsts) in plan[0].items()}
             # Split tensors: an entry may carry only a byte range (a part) of its tensor. The
             # whole-size copy_into below writes the part's share at its place; views of parts
             # come flat (iter_parts) and go into the destination's flat element range.
@@ -293,10 +303,10 @@ class ModuleLoader:
                                 and m.dtype == self._dtypes[resolved[0]]):
                             continue
                         if dst.device.type == "cpu" and host_chunk:
-                            it.copy_into(i, dst.detach())
+                            it.copy_into(i, dst.detach(), nbytes=m.nbytes)
                         elif dst.is_cuda and gpu is not None and dst.device.index == gpu:
                             try:
-                                it.copy_into(i, dst.detach())
+                                it.copy_into(i, dst.detach(), nbytes=m.nbytes)
                             except WsyncError as exc:
                                 if exc.status is not Status.UNSUPPORTED:
                                     raise
@@ -343,8 +353,33 @@ class ModuleLoader:
             # The views die when the iteration ends: make sure no copy still reads them.
             for device in cuda_devices:
                 torch.cuda.current_stream(device).synchronize()
-            self._count(self._covered, [entry[1] for entry in destinations.values()])
+            for key, part, numel in plan[1]:
+                self._covered.setdefault(key, {})[part] = numel
         return info
+
+    def _plan(self, metas: List[TensorMeta]) -> tuple:
+        """What loading a chunk of this layout takes, worked out once per layout: for each wire
+        tensor with a destination, (index, meta, [(resolved, target tensor)...]), and the
+        coverage each loaded tensor adds, [(target key, part, elements)...]."""
+        plan, increments = {}, []
+        for i, m in enumerate(metas):
+            seen, dsts = set(), []
+            names = self._resolve_all(m.name)
+            for _, resolved in names:
+                if resolved[0] not in self.targets:
+                    continue
+                target = self.targets.get(resolved[0])  # as _destination reads it
+                key = (self._key(self.targets[resolved[0]]), repr(resolved[1]))
+                if key not in seen:
+                    seen.add(key)
+                    dsts.append((resolved, target))
+            if dsts:
+                plan[m.name] = (i, m, dsts)
+                for _, resolved in names:
+                    if resolved[0] in self.targets:
+                        increments.append((self._key(self.targets[resolved[0]]),
+                                           repr(resolved[1]), _numel(m.shape)))
+        return plan, increments
 
     def load_all(self, receiver: Receiver, requests: Iterable[bytes]) -> int:
         """Loads every request in order; returns the receiver's completed version after."""
