@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "error.hpp"
+#include "select.hpp"
 #include "strategy.hpp"
 #include "sys.hpp"
 #include "transport/ucx/api.hpp"
@@ -54,6 +55,16 @@ const std::vector<OptionSpec> &option_specs() {
         {"net_devices", T::String, 0, 0, 0, "both",
          "network devices UCX may use (UCX_NET_DEVICES), e.g. \"eth0\" or \"mlx5_0:1\"; \"\": all",
          ""},
+        {"select", T::Json, 0, 0, 0, "receiver",
+         "partial pull: the tensors, byte ranges or dimension-0 shards this engine loads, checked "
+         "against each request before any byte moves; only those bytes are fetched: "
+         "[{\"tensor\": name}, {\"tensor\": name, \"offset\": B, \"bytes\": B}, {\"tensors\": "
+         "[names], \"rank\": r, \"ranks\": n}, ...], each optionally with \"dtype\" and \"shape\" "
+         "to check; unset: every tensor (docs/architecture.md, \"Partial pulls\")"},
+        {"select_rest", T::String, 0, 0, 0, "receiver",
+         "with \"select\": what happens to tensors it does not name: \"skip\" them, or pull them "
+         "\"whole\"",
+         "skip", "skip|whole"},
         {"ucx_library", T::String, 0, 0, 0, "both",
          "path of libucp.so.0 to use; else $WSYNC_UCX_LIBRARY, else the system's libucp.so.0", ""},
     };
@@ -71,6 +82,10 @@ public:
         receiver_.verify = o.boolean("verify");
         receiver_.copy_threads = static_cast<unsigned>(o.uint("copy_threads"));
         receiver_.timeout_ms = timeout_ms_;
+        if (!o.value("select").is_null())
+            receiver_.selection = select::parse(o.value("select"), o.text("select_rest"), kKind);
+        else if (o.values().count("select_rest") && o.text("select_rest") != "skip")
+            fail(WSYNC_ERR_INVALID_ARGUMENT, std::string(kKind) + ": option 'select_rest' needs 'select'");
     }
 
     json create_init_info() override {
