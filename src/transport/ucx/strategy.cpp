@@ -60,11 +60,12 @@ const std::vector<OptionSpec> &option_specs() {
          "against each request before any byte moves; only those bytes are fetched: "
          "[{\"tensor\": name}, {\"tensor\": name, \"offset\": B, \"bytes\": B}, {\"tensors\": "
          "[names], \"rank\": r, \"ranks\": n}, ...], each optionally with \"dtype\" and \"shape\" "
-         "to check; unset: every tensor (docs/architecture.md, \"Partial pulls\")"},
+         "to check; unset: every tensor (docs/architecture.md, \"Partial pulls\")",
+         nullptr, nullptr, /*experimental=*/true},
         {"select_rest", T::String, 0, 0, 0, "receiver",
          "with \"select\": what happens to tensors it does not name: \"skip\" them, or pull them "
          "\"whole\"",
-         "skip", "skip|whole"},
+         "skip", "skip|whole", /*experimental=*/true},
         {"ucx_library", T::String, 0, 0, 0, "both",
          "path of libucp.so.0 to use; else $WSYNC_UCX_LIBRARY, else the system's libucp.so.0", ""},
     };
