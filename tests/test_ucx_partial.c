@@ -2,6 +2,7 @@
  * over loopback tcp (the sender's progress thread serves the GETs). The engines load UCX through
  * tests/ucx/ucp_count.c, which counts every GET and its bytes at the UCP API, so "only the
  * selected bytes move" is measured where UCX is asked to move them. */
+#define _GNU_SOURCE /* memmem */
 #include <dlfcn.h>
 
 #include "testutil.h"
@@ -47,13 +48,15 @@ static void need_ucx(void) {
     if (!get_bytes) skip();
 }
 
-static void trainer_start(struct trainer *t, unsigned receivers) {
+static void trainer_start_with(struct trainer *t, unsigned receivers, const char *extra) {
     char o[256];
-    snprintf(o, sizeof o, "{" OPTS ",\"receivers\":%u}", receivers);
+    snprintf(o, sizeof o, "{" OPTS ",\"receivers\":%u%s}", receivers, extra);
     OK(wsync_strategy_create("ucx", o, &t->s));
     OK(wsync_strategy_create_init_info(t->s, &t->init));
     OK(wsync_sender_create(t->s, t->init.data, t->init.size, &t->snd));
 }
+
+static void trainer_start(struct trainer *t, unsigned receivers) { trainer_start_with(t, receivers, ""); }
 
 static void trainer_stop(struct trainer *t) {
     wsync_sender_destroy(t->snd);
@@ -156,7 +159,8 @@ static uint64_t completed(wsync_receiver_t *r) {
 }
 
 /* Two engines pull different tensor-parallel shards (rank 0 and 1 of 2 along dimension 0) of
- * the same two weights plus the whole norm, over three versions: each gets exactly its rows,
+ * the same two weights plus the whole norm, over three versions (the trainer carrying 4 KiB
+ * block checksums, so each shard is verified block by block): each gets exactly its rows,
  * bit-exact, and UCX is asked for exactly those bytes, one GET per range (no two ranges of a
  * rank touch in the trainer's chunk: q's half, k's half, the norm). An engine without a
  * selection pulls every byte of each chunk, which shows the counter sees whole pulls too. */
@@ -164,7 +168,7 @@ static void two_tp_shards_get_exactly_their_bytes_over_three_versions(void **sta
     (void)state;
     need_ucx();
     static struct trainer t;
-    trainer_start(&t, 3);
+    trainer_start_with(&t, 3, ",\"block_checksum_bytes\":4096");
     wsync_receiver_t *r0 = engine(&t, 0,
         "[{\"tensors\":[\"layers.0.q.weight\",\"layers.0.k.weight\"],\"rank\":0,\"ranks\":2,"
         "\"dtype\":\"float32\",\"shape\":[64,32]},{\"tensor\":\"layers.0.norm\"}]", NULL);
@@ -385,6 +389,67 @@ static void a_selection_spans_the_parts_of_a_split_tensor(void **state) {
     trainer_stop(&t);
 }
 
+/* Flips the first copy of `sum`'s 8 little-endian bytes in a request and re-seals it, as a
+ * sender that carried a wrong block checksum would. */
+static void corrupt_sum(wsync_blob_t *req, uint64_t sum) {
+    uint8_t le[8];
+    for (int i = 0; i < 8; ++i) le[i] = (uint8_t)(sum >> (8 * i));
+    uint8_t *at = memmem(req->data, req->size, le, sizeof le);
+    assert_non_null(at);
+    at[0] ^= 1;
+    tu_reseal(req->data, req->size);
+}
+
+/* With the trainer's "block_checksum_bytes", a range is verified block by block where it covers
+ * a block whole: a corrupt block checksum fails the chunk with WSYNC_ERR_INTEGRITY naming the
+ * tensor and the block (after its GET; the trainer hears of it). A range covering a block only
+ * in part is not verified, as documented: the same corrupt checksum goes unnoticed there. The
+ * next, intact version arrives at both engines. */
+static void block_checksums_verify_whole_blocks_of_a_range_and_name_a_corrupt_one(void **state) {
+    (void)state;
+    need_ucx();
+    static struct trainer t;
+    trainer_start_with(&t, 2, ",\"block_checksum_bytes\":4096");
+    wsync_receiver_t *shard = engine(&t, 0,
+        "[{\"tensors\":[\"layers.0.q.weight\",\"layers.0.k.weight\"],\"rank\":0,\"ranks\":2}]", NULL);
+    wsync_receiver_t *inside = engine(&t, 1, "[{\"tensor\":\"layers.0.q.weight\",\"offset\":1024,\"bytes\":2048}]", NULL);
+    wsync_blob_t req[2] = {{0}};
+    send_version(&t, 1, 0, req);
+    corrupt_sum(&req[0], XXH3_64bits(t.data[Q], 4096));  /* q's block 0 */
+    get_reset();
+    wsync_recv_t *it = NULL;
+    EXPECT_ERR(wsync_receiver_receive(shard, req[0].data, req[0].size, &it), WSYNC_ERR_INTEGRITY,
+               "tensor 'layers.0.q.weight' in chunk 0 of version 1: block 0 (bytes [0, 4096) of the entry) checksum mismatch");
+    assert_int_equal(get_bytes(), 8192);
+    assert_int_not_equal(wsync_receiver_receive(shard, req[1].data, req[1].size, &it), WSYNC_OK);
+    const struct want part[] = {{Q, 1024, 2048}};
+    take(inside, &req[0], 1, part, 1);
+    take(inside, &req[1], 1, NULL, 0);
+    assert_int_equal(completed(inside), 1);
+    EXPECT_ERR(wsync_sender_flush(t.snd, 10000), WSYNC_ERR_PEER, "checksum mismatch");
+    wsync_failure_t f = {.struct_size = sizeof f};
+    OK(wsync_sender_failure(t.snd, 0, &f));
+    assert_int_equal(f.receiver, 0);
+    assert_int_equal(f.status, WSYNC_ERR_INTEGRITY);
+    wsync_blob_free(&req[0]);
+    wsync_blob_free(&req[1]);
+
+    send_version(&t, 2, 0, req);
+    const struct want w0[] = {{Q, 0, 4096}, {K, 0, 4096}};
+    take(shard, &req[0], 2, w0, 2);
+    take(shard, &req[1], 2, NULL, 0);
+    take(inside, &req[0], 2, part, 1);
+    take(inside, &req[1], 2, NULL, 0);
+    OK(wsync_sender_flush(t.snd, 10000));
+    assert_int_equal(completed(shard), 2);
+    assert_int_equal(completed(inside), 2);
+    wsync_blob_free(&req[0]);
+    wsync_blob_free(&req[1]);
+    wsync_receiver_destroy(shard);
+    wsync_receiver_destroy(inside);
+    trainer_stop(&t);
+}
+
 /* A bad selection is refused when the engine's strategy is created, naming the option and the
  * entry. */
 static void a_bad_selection_is_refused_at_creation_naming_the_entry(void **state) {
@@ -408,6 +473,7 @@ static void a_bad_selection_is_refused_at_creation_naming_the_entry(void **state
         {"\"select\":[{\"tensors\":[\"a\",\"\"],\"rank\":0,\"ranks\":2}]", "option 'select[0].tensors[1]' names no valid tensor"},
         {"\"select_rest\":\"whole\"", "option 'select_rest' needs 'select'"},
         {"\"select\":[{\"tensor\":\"a\"}],\"select_rest\":\"all\"", "option 'select_rest'"},
+        {"\"block_checksum_bytes\":5000", "option 'block_checksum_bytes' = 5000 is not a multiple of 4096"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
         char o[512];
@@ -425,6 +491,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_range_past_the_end_or_a_conflicting_dtype_or_shape_fails_by_name_before_any_byte_moves),
         cmocka_unit_test(byte_ranges_with_the_rest_whole_copy_into_place),
         cmocka_unit_test(a_selection_spans_the_parts_of_a_split_tensor),
+        cmocka_unit_test(block_checksums_verify_whole_blocks_of_a_range_and_name_a_corrupt_one),
         cmocka_unit_test(a_bad_selection_is_refused_at_creation_naming_the_entry),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);

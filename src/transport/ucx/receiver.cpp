@@ -1,6 +1,8 @@
 #include "transport/ucx/receiver.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <iterator>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -120,14 +122,26 @@ public:
                          [&](std::size_t a, std::size_t b) { return fetch[a].offset < fetch[b].offset; });
         // The chunk's entries by offset: a gap between two ranges may be crossed only where it
         // holds no byte of any entry (the padding between tensors), so no unselected byte moves.
-        std::vector<ByteRange> entries(table.metas.size());
-        for (std::size_t i = 0; i < entries.size(); ++i) entries[i] = ByteRange{table.offsets[i], table.wire_bytes(i)};
-        std::sort(entries.begin(), entries.end(), [](const ByteRange &a, const ByteRange &b) { return a.offset < b.offset; });
+        struct Entry {
+            uint64_t offset, bytes, first_sum;
+            std::size_t index;
+        };
+        std::vector<Entry> entries(table.metas.size());
+        uint64_t sums = 0;
+        for (std::size_t i = 0; i < entries.size(); ++i) {
+            entries[i] = Entry{table.offsets[i], table.wire_bytes(i), sums, i};
+            if (at.block_bytes) sums += (table.wire_bytes(i) + at.block_bytes - 1) / at.block_bytes;
+        }
+        if (at.block_bytes && at.block_sums.size() != sums)
+            fail(WSYNC_ERR_MALFORMED, who() + ": the request carries " + std::to_string(at.block_sums.size()) +
+                                          " block checksums; its table has " + std::to_string(sums) + " blocks of " +
+                                          std::to_string(at.block_bytes) + " bytes");
+        std::sort(entries.begin(), entries.end(), [](const Entry &a, const Entry &b) { return a.offset < b.offset; });
         auto padding_only = [&](uint64_t lo, uint64_t hi) {
             if (hi - lo >= layout::kTensorAlign) return false;
             // the first entry that ends after lo must begin at or after hi
             auto it = std::lower_bound(entries.begin(), entries.end(), lo,
-                                       [](const ByteRange &e, uint64_t x) { return e.offset + e.bytes <= x; });
+                                       [](const Entry &e, uint64_t x) { return e.offset + e.bytes <= x; });
             return it == entries.end() || it->offset >= hi;
         };
         std::vector<Span> spans;
@@ -154,6 +168,7 @@ public:
             if (!fetch.empty()) ensure_buffer(1);  // empty tensors still get a valid pointer
         } else {
             pull(h, at, spans, cursor);
+            if (o_.verify && at.block_bytes) verify_blocks(h, at, table, fetch, local, entries);
         }
         auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), std::move(local), at.seq);
         b->set_header(h);
@@ -198,6 +213,44 @@ private:
     };
 
     std::string who() const { return std::string(kKind) + " receiver " + std::to_string(index_); }
+
+    // Verifies every block checksum a fetched range covers whole (a range that is a whole entry
+    // is left to the entry's own checksum, which the core verifies). Blocks a range covers only
+    // in part are not verified. WSYNC_ERR_INTEGRITY naming the tensor and the block; the
+    // trainer hears of it.
+    template <class Entries>
+    void verify_blocks(const ChunkHeader &h, const Where &at, const TensorTable &table,
+                       const std::vector<ByteRange> &fetch, const std::vector<uint64_t> &local,
+                       const Entries &entries) {
+        const uint64_t bb = at.block_bytes;
+        for (std::size_t k = 0; k < fetch.size(); ++k) {
+            const ByteRange &r = fetch[k];
+            if (r.bytes == 0) continue;
+            auto it = std::upper_bound(entries.begin(), entries.end(), r.offset,
+                                       [](uint64_t x, const auto &e) { return x < e.offset; });
+            if (it == entries.begin()) continue;
+            const auto &e = *std::prev(it);
+            if (r.offset + r.bytes > e.offset + e.bytes) continue;  // not within one entry
+            const uint64_t lo = r.offset - e.offset, hi = lo + r.bytes;
+            if (lo == 0 && hi == e.bytes && !table.checksums.empty()) continue;
+            for (uint64_t b = (lo + bb - 1) / bb; b * bb < e.bytes; ++b) {
+                const uint64_t bend = std::min((b + 1) * bb, e.bytes);
+                if (bend > hi) break;
+                const uint64_t got = checksum_bytes(static_cast<const uint8_t *>(buf_) + local[k] + (b * bb - lo), bend - b * bb);
+                const uint64_t want = at.block_sums[e.first_sum + b];
+                if (got == want) continue;
+                char sums[64];
+                std::snprintf(sums, sizeof sums, "%016llx, computed %016llx", static_cast<unsigned long long>(want),
+                              static_cast<unsigned long long>(got));
+                const std::string msg = who() + ": tensor '" + table.metas[e.index].name + "' in " + chunk_label(h) +
+                                        ": block " + std::to_string(b) + " (bytes [" + std::to_string(b * bb) + ", " +
+                                        std::to_string(bend) + ") of the entry) checksum mismatch (request says " +
+                                        sums + ")";
+                answer(at.seq, h, WSYNC_ERR_INTEGRITY, msg);
+                fail(WSYNC_ERR_INTEGRITY, msg);
+            }
+        }
+    }
 
     // Checks a request's transport map and table before anything moves.
     Where admit(const ChunkHeader &, const TensorTable &table, const json &transport) {
