@@ -60,11 +60,11 @@ else
   dev_t=lo dev_e=lo
 fi
 
-opts() {  # device timeout_ms
-  echo "{\"receivers\":2,\"transports\":\"tcp\",\"net_devices\":\"$1\",\"timeout_ms\":$2}"
+opts() {  # device timeout_ms [more options, each with its leading comma]
+  echo "{\"receivers\":2,\"transports\":\"tcp\",\"net_devices\":\"$1\",\"timeout_ms\":$2${3:-}}"
 }
-start_trainer() {  # versions engines [step]
-  "${pre_t[@]}" "$peer" trainer "$dir" "$(opts "$dev_t" "${T_TIMEOUT:-10000}")" "$@" >"$dir/trainer.log" 2>&1 &
+start_trainer() {  # versions engines [step]; $T_EXTRA: more trainer options
+  "${pre_t[@]}" "$peer" trainer "$dir" "$(opts "$dev_t" "${T_TIMEOUT:-10000}" "${T_EXTRA:-}")" "$@" >"$dir/trainer.log" 2>&1 &
   pids+=($!); trainer_pid=$!
 }
 start_engine() {  # index from to [slow_ms]
@@ -229,10 +229,11 @@ link_down)  # the engines' link goes down mid-pull: both sides end in named erro
   ;;
 tp_shards)  # partial pulls across the link: engine 0 takes rank 0 of 2 along dimension 0 of
             # every tensor, engine 1 rank 1; each gets its half bit for bit, UCX is asked for
-            # exactly those bytes (the engines load UCX through the counting stand-in), and the
-            # trainer's flushes see both acknowledge every chunk
+            # exactly those bytes (the engines load UCX through the counting stand-in), every
+            # 64 KiB block of each half is verified against the trainer's block checksums, and
+            # the trainer's flushes see both acknowledge every chunk
   [ -n "$counter" ] || skip "no counting libucp stand-in (tests/ucx/ucp_count.c) was given"
-  start_trainer 3 2
+  T_EXTRA=',"block_checksum_bytes":65536' start_trainer 3 2
   WSYNC_PEER_SHARD=0/2 WSYNC_UCX_LIBRARY=$counter start_engine 0 1 3
   WSYNC_PEER_SHARD=1/2 WSYNC_UCX_LIBRARY=$counter start_engine 1 1 3
   finish 60

@@ -78,9 +78,10 @@ def test_ucx_a_version_no_longer_kept_is_refused_naming_the_latest_and_the_lates
 def test_ucx_select_gives_each_engine_its_tp_shard_as_parts_bit_exact():
     """Partial pulls ("select"): two engines take rank 0 and rank 1 of 2 along dimension 0 of
     q and k; rank 1 also takes every other tensor whole ("select_rest": "whole"). Each yields
-    only its entries, a shard as a part (offset, bytes within the whole tensor), bit-exact."""
+    only its entries, a shard as a part (offset, bytes within the whole tensor), bit-exact; the
+    trainer's 4 KiB block checksums cover each 4 KiB shard, which is verified."""
     shard = lambda r: [{"tensors": ["q", "k"], "rank": r, "ranks": 2, "dtype": "float32", "shape": [64, 32]}]
-    with wsync.Strategy("ucx", receivers=2, **OPTIONS) as trainer, \
+    with wsync.Strategy("ucx", receivers=2, block_checksum_bytes=4096, **OPTIONS) as trainer, \
             wsync.Strategy("ucx", select=shard(0), **OPTIONS) as e0, \
             wsync.Strategy("ucx", select=shard(1), select_rest="whole", **OPTIONS) as e1:
         init = trainer.create_init_info()
