@@ -136,7 +136,10 @@ public:
             fail(WSYNC_ERR_MALFORMED, who() + ": the request carries " + std::to_string(at.block_sums.size()) +
                                           " block checksums; its table has " + std::to_string(sums) + " blocks of " +
                                           std::to_string(at.block_bytes) + " bytes");
-        std::sort(entries.begin(), entries.end(), [](const Entry &a, const Entry &b) { return a.offset < b.offset; });
+        // By offset, then size: empty entries first, so ends do not decrease either.
+        std::sort(entries.begin(), entries.end(), [](const Entry &a, const Entry &b) {
+            return a.offset != b.offset ? a.offset < b.offset : a.bytes < b.bytes;
+        });
         auto padding_only = [&](uint64_t lo, uint64_t hi) {
             if (hi - lo >= layout::kTensorAlign) return false;
             // the first entry that ends after lo must begin at or after hi
@@ -174,6 +177,7 @@ public:
         b->set_header(h);
         return b;
     }
+
     void refuse(const ChunkHeader &h, const json &transport, wsync_status_t status,
                 const std::string &message, bool) noexcept override {
         try {
