@@ -395,10 +395,36 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
         impl_->refuse(h, transport, WSYNC_ERR_MISMATCH, e.what(), true);
         throw;
     }
+    // With a selection (src/select.hpp) the plan is checked before any byte moves; its state
+    // restarts with each version.
+    const select::Spec *selection = impl_->selection();
+    select::Version chosen = h.chunk_index == 0 ? select::Version() : chosen_;
+    Subset subset;
+    TensorTable view;
+    std::vector<ByteRange> fetch;
+    if (selection) {
+        try {
+            select::Plan plan = chosen.plan(*selection, h, table, what);
+            view = std::move(plan.view);
+            fetch = std::move(plan.fetch);
+            subset.unverified = std::move(plan.unverified);
+            subset.active = true;
+        } catch (const Error &e) {
+            if (h.version == current_) fail_open_version(e.status());
+            impl_->refuse(h, transport, e.status(), e.what(), true);
+            throw;
+        }
+    }
     // The transport checks the bytes it moved: a patch's or a part's, not the tensor's.
     const bool whole = table.patches.empty() && table.parts.empty();
-    auto backing = impl_->open(h, whole ? table : table.as_wire(), transport);
+    auto backing = selection ? impl_->open_ranges(h, whole ? table : table.as_wire(), fetch, transport)
+                             : impl_->open(h, whole ? table : table.as_wire(), transport);
     parts_ = std::move(split);
+    if (selection) {
+        chosen_ = std::move(chosen);
+        subset.whole = std::move(table);
+        table = std::move(view);
+    }
     if (h.chunk_index == 0) {
         if (current_ && !current_failed_) {
             fail_open_version(WSYNC_ERR_ABANDONED);  // the sender moved on without committing
@@ -412,7 +438,7 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
     }
     expect_index_ = h.chunk_index + 1;
     open_ = std::make_unique<Iteration>(*this, h, std::move(table), std::move(backing),
-                                        impl_->verify_checksums());
+                                        impl_->verify_checksums(), std::move(subset));
     return open_.get();
 }
 
@@ -469,6 +495,11 @@ wsync_receiver_state_t Receiver::poll() {
     st.failed_version = failed_version_;
     st.failed_status = failed_version_ ? failed_status_ : WSYNC_OK;
     return st;
+}
+
+std::unique_ptr<ChunkBacking> ReceiverImpl::open_ranges(const ChunkHeader &, const TensorTable &,
+                                                       const std::vector<ByteRange> &, const json &) {
+    fail(WSYNC_ERR_INTERNAL, "this strategy's receivers do not take a selection");
 }
 
 void check_receiver_index(const char *kind, uint32_t index, uint32_t receivers) {

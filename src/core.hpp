@@ -10,6 +10,7 @@
 #include "delta.hpp"
 #include "error.hpp"
 #include "parts.hpp"
+#include "select.hpp"
 #include "strategy.hpp"
 
 namespace wsync {
@@ -105,16 +106,26 @@ private:
     uint32_t expect_index_ = 0;    // next chunk index of current_
     Manifest tally_;               // of current_'s chunks ended successfully
     parts::Tracker parts_;         // split tensors of current_ still arriving
+    select::Version chosen_;       // with a selection: its state within current_
     uint64_t completed_ = 0;
     uint64_t failed_version_ = 0;
     wsync_status_t failed_status_ = WSYNC_OK;
     bool dropped_ = false, sender_gone_ = false;
 };
 
+// A chunk seen through a receiver's selection (src/select.hpp): the iteration's table holds the
+// selected entries; `whole` is the chunk's own table (the version's tally counts it), and
+// `unverified` marks the entries no carried checksum covers (byte ranges).
+struct Subset {
+    bool active = false;
+    TensorTable whole;
+    std::vector<uint8_t> unverified;
+};
+
 class Iteration {
 public:
     Iteration(Receiver &owner, ChunkHeader header, TensorTable table,
-              std::unique_ptr<ChunkBacking> backing, bool verify);
+              std::unique_ptr<ChunkBacking> backing, bool verify, Subset subset = {});
     ~Iteration();
     Receiver *owner() const { return owner_; }
     void info(wsync_recv_info_t *out) const;
@@ -148,9 +159,13 @@ private:
     ChunkHeader header_;
     TensorTable table_;
     std::unique_ptr<ChunkBacking> backing_;
+    Subset subset_;
     bool verify_;
     std::size_t next_ = 0;
-    // Per tensor: kVerified (its checksum matched), kTaken (yielded or copied).
+    // What the version's tally counts: the chunk's whole table.
+    const TensorTable &tallied() const { return subset_.active ? subset_.whole : table_; }
+    // Per tensor: kVerified (its checksum matched, or a selection's range has none to match),
+    // kTaken (yielded or copied).
     enum : uint8_t { kVerified = 1, kTaken = 2 };
     std::vector<uint8_t> state_;
     std::size_t taken_ = 0;

@@ -13,9 +13,13 @@
 namespace wsync {
 
 Iteration::Iteration(Receiver &owner, ChunkHeader header, TensorTable table,
-                     std::unique_ptr<ChunkBacking> backing, bool verify)
+                     std::unique_ptr<ChunkBacking> backing, bool verify, Subset subset)
     : owner_(&owner), header_(header), table_(std::move(table)), backing_(std::move(backing)),
-      verify_(verify && !table_.checksums.empty()), state_(table_.metas.size(), 0) {}
+      subset_(std::move(subset)), verify_(verify && !table_.checksums.empty()),
+      state_(table_.metas.size(), 0) {
+    for (std::size_t i = 0; i < subset_.unverified.size(); ++i)
+        if (subset_.unverified[i]) state_[i] |= kVerified;  // a range: no checksum covers it
+}
 
 Iteration::~Iteration() {
     if (!finished_) {
@@ -266,7 +270,7 @@ wsync_status_t Iteration::finish(wsync_status_t outcome) noexcept {
     } catch (...) {
     }
     backing_->acknowledge(final);
-    owner_->finished(header_, table_, final);
+    owner_->finished(header_, tallied(), final);
     return final;
 }
 
@@ -294,7 +298,7 @@ void Iteration::end() {
     if (header_.last) {
         // The committing chunk: this receiver's tally of the version must equal the manifest.
         Manifest with_me = owner_->tally_;
-        tally(with_me, table_);
+        tally(with_me, tallied());
         std::string why;
         if (!(with_me == header_.manifest))
             why = strf("version %" PRIu64 " is incomplete or differs: its manifest lists %s, "

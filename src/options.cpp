@@ -10,6 +10,7 @@ const char *type_name(OptionSpec::Type t) {
     switch (t) {
     case OptionSpec::Type::Bool: return "bool";
     case OptionSpec::Type::UInt: return "uint";
+    case OptionSpec::Type::Json: return "json";
     default: return "string";
     }
 }
@@ -41,6 +42,7 @@ Options::Options(std::string owner, const std::vector<OptionSpec> &specs, const 
     for (const auto &s : specs) {
         if (s.type == OptionSpec::Type::Bool) values_[s.key] = s.default_value != 0;
         else if (s.type == OptionSpec::Type::String) values_[s.key] = s.default_text ? s.default_text : "";
+        else if (s.type == OptionSpec::Type::Json) values_[s.key] = nullptr;
         else values_[s.key] = s.default_value;
     }
     if (!text || !*text) return;
@@ -72,6 +74,13 @@ Options::Options(std::string owner, const std::vector<OptionSpec> &specs, const 
                 fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": option '" + it.key() +
                                                      "' must be true or false, got " + quote(v));
             values_[spec->key] = v.get<bool>();
+            continue;
+        }
+        if (spec->type == OptionSpec::Type::Json) {
+            if (!v.is_array() && !v.is_object())
+                fail(WSYNC_ERR_INVALID_ARGUMENT, owner_ + ": option '" + it.key() +
+                                                     "' must be a JSON array or object, got " + quote(v));
+            values_[spec->key] = v;
             continue;
         }
         if (spec->type == OptionSpec::Type::String) {
@@ -121,6 +130,13 @@ const std::string &Options::text(const char *key) const {
     if (it == values_.end() || !it->is_string())
         fail(WSYNC_ERR_INTERNAL, owner_ + ": option '" + key + "' is not a declared string");
     return it->get_ref<const std::string &>();
+}
+
+const json &Options::value(const char *key) const {
+    auto it = values_.find(key);
+    if (it == values_.end())
+        fail(WSYNC_ERR_INTERNAL, owner_ + ": option '" + key + "' is not declared");
+    return *it;
 }
 
 std::vector<OptionSpec> experimental(std::vector<OptionSpec> specs) {
@@ -175,6 +191,8 @@ json describe_options(const std::vector<OptionSpec> &specs) {
         } else if (s.type == OptionSpec::Type::String) {
             d["default"] = s.default_text ? s.default_text : "";
             if (s.choices) d["choices"] = s.choices;
+        } else if (s.type == OptionSpec::Type::Json) {
+            d["default"] = nullptr;
         } else {
             d["default"] = s.default_value;
             d["min"] = s.min;

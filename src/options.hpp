@@ -15,7 +15,8 @@ namespace wsync {
 using json = nlohmann::json;
 
 struct OptionSpec {
-    enum class Type { Bool, UInt, String };
+    // Json: any JSON array or object (default null), validated by the kind that reads it.
+    enum class Type { Bool, UInt, String, Json };
     const char *key;
     Type type;
     uint64_t default_value;  // Bool: 0 or 1
@@ -41,6 +42,8 @@ public:
     uint64_t uint(const char *key) const;
     bool boolean(const char *key) const;
     const std::string &text(const char *key) const;
+    // A Json option's value: null when not given.
+    const json &value(const char *key) const;
     const json &values() const { return values_; }
 
 private:

@@ -39,6 +39,16 @@ struct ChunkHeader {
     Manifest manifest;         // when last: the whole version's
 };
 
+// Bytes [offset, offset + bytes) of a chunk's buffer.
+struct ByteRange {
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+};
+
+namespace select {
+struct Spec;
+}
+
 // What a receiver's transport knows of its standing with the senders.
 struct Link {
     bool dropped = false;
@@ -106,6 +116,15 @@ public:
     // WSYNC_ERR_MISMATCH; touches no tensor bytes.
     virtual std::unique_ptr<ChunkBacking> open(const ChunkHeader &header, const TensorTable &table,
                                                const json &transport) = 0;
+    // The receiver's selection (src/select.hpp), or nullptr: it pulls every tensor.
+    virtual const select::Spec *selection() const { return nullptr; }
+    // With a selection, instead of open(): `table` is the chunk's whole wire table (checked as
+    // open() checks it), and only `fetch` is moved, range k becoming the backing's data(k);
+    // an empty `fetch` moves nothing. Kinds without a selection never get this call.
+    virtual std::unique_ptr<ChunkBacking> open_ranges(const ChunkHeader &header,
+                                                      const TensorTable &table,
+                                                      const std::vector<ByteRange> &fetch,
+                                                      const json &transport);
     // Whether carried checksums are verified before tensors are yielded.
     virtual bool verify_checksums() const = 0;
     // Whether the init info promised tensor checksums in every request.

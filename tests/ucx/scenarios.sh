@@ -6,9 +6,9 @@
 # how each process ended (its exit status; no sanitizer report in any log), the time bounds
 # (the failing wait against its deadline, the whole scenario against its limit), and that
 # nothing is left behind (processes before cleanup; namespaces, veths, UCX shared memory after).
-#   scenarios.sh MODE SCENARIO PEER_BINARY
+#   scenarios.sh MODE SCENARIO PEER_BINARY [COUNTING_LIBUCP]
 set -u
-mode=$1 scenario=$2 peer=$3
+mode=$1 scenario=$2 peer=$3 counter=${4:-}
 tag="wsu$$"
 nst="${tag}t" nse="${tag}e" vt="${tag}a" ve="${tag}b"
 dir=$(mktemp -d /tmp/wsync-ucx.XXXXXX)
@@ -60,11 +60,11 @@ else
   dev_t=lo dev_e=lo
 fi
 
-opts() {  # device timeout_ms
-  echo "{\"receivers\":2,\"transports\":\"tcp\",\"net_devices\":\"$1\",\"timeout_ms\":$2}"
+opts() {  # device timeout_ms [more options, each with its leading comma]
+  echo "{\"receivers\":2,\"transports\":\"tcp\",\"net_devices\":\"$1\",\"timeout_ms\":$2${3:-}}"
 }
-start_trainer() {  # versions engines [step]
-  "${pre_t[@]}" "$peer" trainer "$dir" "$(opts "$dev_t" "${T_TIMEOUT:-10000}")" "$@" >"$dir/trainer.log" 2>&1 &
+start_trainer() {  # versions engines [step]; $T_EXTRA: more trainer options
+  "${pre_t[@]}" "$peer" trainer "$dir" "$(opts "$dev_t" "${T_TIMEOUT:-10000}" "${T_EXTRA:-}")" "$@" >"$dir/trainer.log" 2>&1 &
   pids+=($!); trainer_pid=$!
 }
 start_engine() {  # index from to [slow_ms]
@@ -226,6 +226,24 @@ link_down)  # the engines' link goes down mid-pull: both sides end in named erro
   within "the trainer's failed flush of v1" "$(flush_ms 1)" 0 10000
   exits trainer "$trainer_pid" 1; exits "engine 0" "$engine0_pid" 1; exits "engine 1" "$engine1_pid" 1
   limit=40
+  ;;
+tp_shards)  # partial pulls across the link: engine 0 takes rank 0 of 2 along dimension 0 of
+            # every tensor, engine 1 rank 1; each gets its half bit for bit, UCX is asked for
+            # exactly those bytes (the engines load UCX through the counting stand-in), every
+            # 64 KiB block of each half is verified against the trainer's block checksums, and
+            # the trainer's flushes see both acknowledge every chunk
+  [ -n "$counter" ] || skip "no counting libucp stand-in (tests/ucx/ucp_count.c) was given"
+  T_EXTRA=',"block_checksum_bytes":65536' start_trainer 3 2
+  WSYNC_PEER_SHARD=0/2 WSYNC_UCX_LIBRARY=$counter start_engine 0 1 3
+  WSYNC_PEER_SHARD=1/2 WSYNC_UCX_LIBRARY=$counter start_engine 1 1 3
+  finish 60
+  half=$((WSYNC_PEER_TENSOR_BYTES * 8 / 2))  # 8 tensors, half of each
+  for v in 1 2 3; do
+    expect "$dir/trainer.log" "flush v$v ok"
+    for e in 0 1; do expect "$dir/engine$e.log" "engine $e: version $v ok .*; took $half bytes; fetched $half bytes"; done
+  done
+  exits trainer "$trainer_pid" 0; exits "engine 0" "$engine0_pid" 0; exits "engine 1" "$engine1_pid" 0
+  limit=60
   ;;
 *) echo "unknown scenario $scenario"; exit 2 ;;
 esac

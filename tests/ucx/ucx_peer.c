@@ -15,10 +15,16 @@
  *                                          committed one) bit for bit; SLOW_MS sleeps between
  *                                          tensors (so a test can act mid-pull); prints
  *                                          "in vV chunk K" once it holds chunk K's first
- *                                          tensor, before acknowledging it
+ *                                          tensor, before acknowledging it; with
+ *                                          $WSYNC_PEER_SHARD "R/N" it pulls only rank R of N
+ *                                          along dimension 0 of every tensor (the "select"
+ *                                          option), checks those bytes, and prints the bytes
+ *                                          it took and, when $WSYNC_UCX_LIBRARY is the counting
+ *                                          stand-in (tests/ucx/ucp_count.c), the bytes fetched
  * Exit status: 0 all went well; 1 a flush, receive or check failed (printed); 2 setup failed;
  * 3 a file the test must provide never came. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,9 +51,10 @@ static void fill(uint8_t *p, size_t n, uint64_t v, uint64_t t) {
         memcpy(p + i, &x, n - i < 8 ? n - i : 8);
     }
 }
-static int check(const uint8_t *p, size_t n, uint64_t v, uint64_t t) {
+/* Bytes [off, off + n) of tensor t at version v (off a multiple of 8). */
+static int check(const uint8_t *p, size_t n, uint64_t v, uint64_t t, size_t off) {
     for (size_t i = 0; i < n; i += 8) {
-        uint64_t x = mix((v << 40) ^ (t << 24) ^ (i >> 3));
+        uint64_t x = mix((v << 40) ^ (t << 24) ^ ((off + i) >> 3));
         if (memcmp(p + i, &x, n - i < 8 ? n - i : 8)) return 0;
     }
     return 1;
@@ -204,6 +211,28 @@ static int trainer(const char *dir, const char *opts, int versions, int engines,
 
 static int engine(const char *dir, const char *opts, unsigned index, int from, int to, int slow_ms) {
     size_t n;
+    /* A shard: "select" every tensor's rank R of N along dimension 0. */
+    const char *shard = getenv("WSYNC_PEER_SHARD");
+    unsigned rank = 0, ranks = 1;
+    char with_select[4096];
+    if (shard && *shard) {
+        if (sscanf(shard, "%u/%u", &rank, &ranks) != 2 || ranks == 0 || rank >= ranks) {
+            printf("engine %u: bad WSYNC_PEER_SHARD '%s'\n", index, shard);
+            return 2;
+        }
+        size_t len = strlen(opts);
+        int w = snprintf(with_select, sizeof with_select, "%.*s,\"select\":[{\"tensors\":[", (int)(len - 1), opts);
+        for (int id = 0; id < CHUNKS * PER_CHUNK; ++id)
+            w += snprintf(with_select + w, sizeof with_select - (size_t)w, "%s\"layer%d.w\"", id ? "," : "", id);
+        snprintf(with_select + w, sizeof with_select - (size_t)w, "],\"rank\":%u,\"ranks\":%u}]}", rank, ranks);
+        opts = with_select;
+    }
+    uint64_t (*fetched)(void) = NULL;  /* the counting stand-in's GET byte counter, if loaded */
+    const char *lib = getenv("WSYNC_UCX_LIBRARY");
+    if (lib && *lib) {
+        void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+        if (h) fetched = (uint64_t (*)(void))dlsym(h, "wsync_test_get_bytes");
+    }
     uint8_t *init = get_file(dir, "init.bin", &n);
     wsync_strategy_t *s = NULL;
     wsync_receiver_t *r = NULL;
@@ -225,6 +254,7 @@ static int engine(const char *dir, const char *opts, unsigned index, int from, i
     for (int v = from; v <= to; ++v) {
         struct timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
+        uint64_t took = 0, fetched_before = fetched ? fetched() : 0;
         for (int k = 0; k < CHUNKS; ++k) {
             char name[32];
             snprintf(name, sizeof name, "req-%d-%d.bin", v, k);
@@ -247,12 +277,21 @@ static int engine(const char *dir, const char *opts, unsigned index, int from, i
                 wsync_tensor_t view;
                 memset(&view, 0, sizeof view);
                 view.struct_size = sizeof view;
-                if ((st = wsync_recv_next(it, &view, &has)) != WSYNC_OK) break;
+                wsync_part_t part;
+                if ((st = wsync_recv_next_part(it, &view, &part, &has)) != WSYNC_OK) break;
                 if (!has) break;
-                if (!check(view.data, g_bytes, (uint64_t)v, (uint64_t)(k * PER_CHUNK + j))) {
+                const size_t share = g_bytes / ranks;
+                if (part.offset != rank * share || part.bytes != share) {
+                    printf("engine %u: v%d tensor %s is bytes %llu + %llu, want %zu + %zu\n", index, v,
+                           view.name, (unsigned long long)part.offset, (unsigned long long)part.bytes,
+                           rank * share, share);
+                    return 1;
+                }
+                if (!check(view.data, part.bytes, (uint64_t)v, (uint64_t)(k * PER_CHUNK + j), part.offset)) {
                     printf("engine %u: v%d tensor %s differs\n", index, v, view.name);
                     return 1;
                 }
+                took += part.bytes;
                 /* A protocol point the scripts act at: the chunk is pulled, its iteration is
                    open and not yet acknowledged. */
                 if (j == 0) printf("engine %u: in v%d chunk %d\n", index, v, k);
@@ -266,8 +305,10 @@ static int engine(const char *dir, const char *opts, unsigned index, int from, i
         }
         clock_gettime(CLOCK_MONOTONIC, &b);
         double s = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
-        printf("engine %u: version %d ok (%.3f s, %.2f GB/s)\n", index, v, s,
-               (double)g_bytes * CHUNKS * PER_CHUNK / s / 1e9);
+        printf("engine %u: version %d ok (%.3f s, %.2f GB/s); took %llu bytes", index, v, s,
+               (double)took / s / 1e9, (unsigned long long)took);
+        if (fetched) printf("; fetched %llu bytes", (unsigned long long)(fetched() - fetched_before));
+        printf("\n");
         fflush(stdout);
     }
     wsync_receiver_destroy(r);

@@ -73,3 +73,49 @@ def test_ucx_a_version_no_longer_kept_is_refused_naming_the_latest_and_the_lates
                 got = {name: t.clone() for name, t in it}
             assert torch.equal(got["w"], torch.full((8,), 2.0)) and receiver.completed_version == 2
             sender.flush(10.0)
+
+
+def test_ucx_select_gives_each_engine_its_tp_shard_as_parts_bit_exact():
+    """Partial pulls ("select"): two engines take rank 0 and rank 1 of 2 along dimension 0 of
+    q and k; rank 1 also takes every other tensor whole ("select_rest": "whole"). Each yields
+    only its entries, a shard as a part (offset, bytes within the whole tensor), bit-exact; the
+    trainer's 4 KiB block checksums cover each 4 KiB shard, which is verified."""
+    shard = lambda r: [{"tensors": ["q", "k"], "rank": r, "ranks": 2, "dtype": "float32", "shape": [64, 32]}]
+    with wsync.Strategy("ucx", receivers=2, block_checksum_bytes=4096, **OPTIONS) as trainer, \
+            wsync.Strategy("ucx", select=shard(0), **OPTIONS) as e0, \
+            wsync.Strategy("ucx", select=shard(1), select_rest="whole", **OPTIONS) as e1:
+        init = trainer.create_init_info()
+        with trainer.sender(init) as sender, e0.receiver(init, 0) as r0, e1.receiver(init, 1) as r1:
+            for step in (1, 2):
+                weights = {"q": torch.arange(2048, dtype=torch.float32).reshape(64, 32) * step,
+                           "k": -torch.arange(2048, dtype=torch.float32).reshape(64, 32) * step,
+                           "norm": torch.full((32,), float(step))}
+                request = sender.send_chunk(weights, last=True)
+                for rank, receiver in ((0, r0), (1, r1)):
+                    with receiver.receive(request) as it:
+                        got = {pv.name: (pv.offset, pv.nbytes, pv.view.clone()) for pv in it.iter_parts()}
+                    assert sorted(got) == (["k", "q"] if rank == 0 else ["k", "norm", "q"])
+                    for name in ("q", "k"):
+                        offset, nbytes, flat = got[name]
+                        assert (offset, nbytes) == (rank * 4096, 4096)
+                        assert torch.equal(flat, weights[name][32 * rank:32 * (rank + 1)].reshape(-1))
+                    if rank == 1:
+                        assert got["norm"][:2] == (0, 128) and torch.equal(got["norm"][2], weights["norm"])
+                    assert receiver.completed_version == step
+                sender.flush(10.0)
+
+
+def test_ucx_select_naming_a_tensor_the_version_lacks_fails_by_name_and_a_bad_entry_is_refused():
+    with wsync.Strategy("ucx", receivers=1, **OPTIONS) as trainer, \
+            wsync.Strategy("ucx", select=[{"tensor": "w"}, {"tensor": "v"}], **OPTIONS) as engine:
+        init = trainer.create_init_info()
+        with trainer.sender(init) as sender, engine.receiver(init, 0) as receiver:
+            request = sender.send_chunk({"w": torch.ones(8)}, last=True)
+            with pytest.raises(WsyncError) as info:
+                receiver.receive(request)
+            assert info.value.status is Status.MISMATCH
+            assert "tensor 'v' (select[1]) is not in version 1" in info.value.message
+            assert receiver.completed_version == 0
+    with pytest.raises(WsyncError) as info:
+        wsync.Strategy("ucx", select=[{"tensor": "w", "offset": 0, "bytes": 0}], **OPTIONS)
+    assert info.value.status is Status.INVALID_ARGUMENT and "select[0]" in info.value.message

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "wire.hpp"
+#include "wsync.h"
 
 namespace wsync::ucx {
 namespace {
@@ -55,8 +56,16 @@ InitInfo parse_init_info(const json &body) {
 }
 
 json encode_where(const Where &w) {
-    return json{{"session", w.session}, {"seq", w.seq}, {"addr", w.addr}, {"bytes", w.bytes},
-                {"rkey", json::binary(w.rkey)}};
+    json t{{"session", w.session}, {"seq", w.seq}, {"addr", w.addr}, {"bytes", w.bytes},
+           {"rkey", json::binary(w.rkey)}};
+    if (w.block_bytes) {
+        std::vector<uint8_t> sums(w.block_sums.size() * 8);
+        for (std::size_t i = 0; i < w.block_sums.size(); ++i)
+            for (int b = 0; b < 8; ++b) sums[i * 8 + b] = static_cast<uint8_t>(w.block_sums[i] >> (8 * b));
+        t["block_bytes"] = w.block_bytes;
+        t["block_sums"] = json::binary(std::move(sums));
+    }
+    return t;
 }
 
 Where parse_where(const json &t) {
@@ -68,6 +77,21 @@ Where parse_where(const json &t) {
     at.addr = wire::uint_field(t, "addr", w, UINT64_MAX);
     at.bytes = wire::uint_field(t, "bytes", w, uint64_t(1) << 62);
     at.rkey = binary_field(t, "rkey", w, kMaxRkeyBytes);
+    if (t.contains("block_bytes")) {  // the count is checked against the table by the receiver
+        at.block_bytes = wire::uint_field(t, "block_bytes", w, kMaxBlockBytes);
+        if (at.block_bytes < kMinBlockBytes)
+            wire::malformed(w + ": block_bytes " + std::to_string(at.block_bytes) + " is under " +
+                            std::to_string(kMinBlockBytes));
+        const uint64_t most = (at.bytes / at.block_bytes + WSYNC_MAX_CHUNK_TENSORS) * 8;
+        const json &v = wire::field(t, "block_sums", w);
+        if (!v.is_binary() || v.get_binary().size() % 8 || v.get_binary().size() > most)
+            wire::malformed(w + ": block_sums is not a byte string of whole 8-byte sums, at most " +
+                            std::to_string(most) + " bytes");
+        const auto &b = v.get_binary();
+        at.block_sums.resize(b.size() / 8);
+        for (std::size_t i = 0; i < at.block_sums.size(); ++i)
+            for (int k = 0; k < 8; ++k) at.block_sums[i] |= uint64_t(b[i * 8 + k]) << (8 * k);
+    }
     return at;
 }
 

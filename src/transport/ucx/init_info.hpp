@@ -40,7 +40,15 @@ struct Where {
     uint64_t addr = 0;   // remote address of the chunk's region
     uint64_t bytes = 0;  // region size
     std::vector<uint8_t> rkey;
+    // Optional (the sender's "block_checksum_bytes"): XXH3-64 of every block_bytes-sized block
+    // of each entry, counted from the entry's first byte (the last one may be shorter), entries
+    // in table order; little-endian in "block_sums". block_bytes 0: none carried.
+    uint64_t block_bytes = 0;
+    std::vector<uint64_t> block_sums;
 };
+
+inline constexpr uint64_t kMinBlockBytes = 4096;
+inline constexpr uint64_t kMaxBlockBytes = uint64_t(1) << 30;
 
 json encode_where(const Where &w);
 // Validates the request's transport map (WSYNC_ERR_MALFORMED naming the field).

@@ -1,5 +1,8 @@
 #include "transport/ucx/receiver.hpp"
 
+#include <algorithm>
+#include <cstdio>
+#include <iterator>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -92,46 +95,85 @@ public:
 
     std::unique_ptr<ChunkBacking> open(const ChunkHeader &h, const TensorTable &table,
                                        const json &transport) override {
-        Where at = parse_where(transport);
-        if (at.session != info_.session)
-            fail(WSYNC_ERR_MISMATCH, who() + ": request is from another trainer session than its init info");
-        if (at.seq <= last_seq_)
-            fail(WSYNC_ERR_MISMATCH, who() + ": request carries chunk seq " + std::to_string(at.seq) +
-                                         ", already received seq " + std::to_string(last_seq_));
-        layout::check(table, at.bytes, "ucx request", "chunk");
-        const std::string chunk = chunk_label(h) + " (seq " + std::to_string(at.seq) + ", " +
-                                  std::to_string(at.bytes) + " bytes)";
-        check_link("before reading " + chunk);
-        if (dropped_)
-            fail(WSYNC_ERR_PEER, who() + ": dropped by " + trainer_);
-        const sys::Deadline deadline(o_.timeout_ms);
-        lease(at.seq, chunk, deadline);
-        // From here the trainer holds the chunk for us until we answer seq.
-        try {
-            ensure_buffer(at.bytes);
-            ucp_rkey_h rkey = w_->unpack(*ep_, at.rkey, chunk);
-            void *req = nullptr;
-            try {
-                req = w_->get(*ep_, buf_, at.bytes, at.addr, rkey, chunk);
-            } catch (...) {
-                w_->api().ucp_rkey_destroy(rkey);
-                throw;
-            }
-            ucs_status_t st = finish(*w_, req, *ep_, deadline);
-            w_->api().ucp_rkey_destroy(rkey);
-            if (st == UCS_ERR_TIMED_OUT) {
-                teardown();  // the GET may still land: no buffer reuse until the endpoint is gone
-                fail(WSYNC_ERR_TIMEOUT, who() + ": reading " + chunk + " from " + trainer_ +
-                                            " did not finish within " + std::to_string(o_.timeout_ms) +
-                                            " ms; the connection is closed");
-            }
-            if (st != UCS_OK) ucs_fail(w_->api(), st, who() + ": reading " + chunk + " from " + trainer_, WSYNC_ERR_PEER);
-        } catch (const Error &e) {
-            answer(at.seq, h, e.status(), e.what());
-            throw;
-        }
-        last_seq_ = at.seq;
+        Where at = admit(h, table, transport);
+        pull(h, at, {Span{at.addr, at.bytes, 0}}, at.bytes);
         auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), table.offsets, at.seq);
+        b->set_header(h);
+        return b;
+    }
+
+    const select::Spec *selection() const override { return o_.selection.get(); }
+
+    // A selection's chunk: only the ranges move, coalesced into one GET per run of ranges that
+    // are adjacent in the trainer's buffer (at most the kTensorAlign padding between two
+    // tensors apart), each run placed in our buffer at the trainer's alignment modulo
+    // kTensorAlign. Nothing to fetch: no lease and no GET (the chunk is still acknowledged).
+    std::unique_ptr<ChunkBacking> open_ranges(const ChunkHeader &h, const TensorTable &table,
+                                              const std::vector<ByteRange> &fetch,
+                                              const json &transport) override {
+        Where at = admit(h, table, transport);
+        for (const ByteRange &r : fetch)
+            if (r.offset > at.bytes || r.bytes > at.bytes - r.offset)
+                fail(WSYNC_ERR_MALFORMED, who() + ": a selected range lies outside the " +
+                                              std::to_string(at.bytes) + "-byte chunk");
+        std::vector<std::size_t> order(fetch.size());
+        for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+        std::stable_sort(order.begin(), order.end(),
+                         [&](std::size_t a, std::size_t b) { return fetch[a].offset < fetch[b].offset; });
+        // The chunk's entries by offset: a gap between two ranges may be crossed only where it
+        // holds no byte of any entry (the padding between tensors), so no unselected byte moves.
+        struct Entry {
+            uint64_t offset, bytes, first_sum;
+            std::size_t index;
+        };
+        std::vector<Entry> entries(table.metas.size());
+        uint64_t sums = 0;
+        for (std::size_t i = 0; i < entries.size(); ++i) {
+            entries[i] = Entry{table.offsets[i], table.wire_bytes(i), sums, i};
+            if (at.block_bytes) sums += (table.wire_bytes(i) + at.block_bytes - 1) / at.block_bytes;
+        }
+        if (at.block_bytes && at.block_sums.size() != sums)
+            fail(WSYNC_ERR_MALFORMED, who() + ": the request carries " + std::to_string(at.block_sums.size()) +
+                                          " block checksums; its table has " + std::to_string(sums) + " blocks of " +
+                                          std::to_string(at.block_bytes) + " bytes");
+        // By offset, then size: empty entries first, so ends do not decrease either.
+        std::sort(entries.begin(), entries.end(), [](const Entry &a, const Entry &b) {
+            return a.offset != b.offset ? a.offset < b.offset : a.bytes < b.bytes;
+        });
+        auto padding_only = [&](uint64_t lo, uint64_t hi) {
+            if (hi - lo >= layout::kTensorAlign) return false;
+            // the first entry that ends after lo must begin at or after hi
+            auto it = std::lower_bound(entries.begin(), entries.end(), lo,
+                                       [](const Entry &e, uint64_t x) { return e.offset + e.bytes <= x; });
+            return it == entries.end() || it->offset >= hi;
+        };
+        std::vector<Span> spans;
+        std::vector<uint64_t> local(fetch.size());
+        uint64_t cursor = 0, first = 0;  // first: the remote offset of the open span
+        for (std::size_t k : order) {
+            const ByteRange &r = fetch[k];
+            const uint64_t end = spans.empty() ? 0 : first + spans.back().bytes;
+            if (spans.empty() || (r.offset > end && !padding_only(end, r.offset))) {
+                const uint64_t at_local = layout::round_up(cursor, layout::kTensorAlign) + r.offset % layout::kTensorAlign;
+                spans.push_back(Span{at.addr + r.offset, 0, at_local});
+                first = r.offset;
+            }
+            Span &s = spans.back();
+            s.bytes = std::max(s.bytes, r.offset + r.bytes - first);
+            local[k] = s.local + (r.offset - first);
+            cursor = s.local + s.bytes;
+        }
+        uint64_t moved = 0;
+        for (const Span &s : spans) moved += s.bytes;
+        if (moved == 0) {
+            check_link("before acknowledging " + chunk_label(h));
+            last_seq_ = at.seq;
+            if (!fetch.empty()) ensure_buffer(1);  // empty tensors still get a valid pointer
+        } else {
+            pull(h, at, spans, cursor);
+            if (o_.verify && at.block_bytes) verify_blocks(h, at, table, fetch, local, entries);
+        }
+        auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), std::move(local), at.seq);
         b->set_header(h);
         return b;
     }
@@ -169,7 +211,110 @@ public:
     }
 
 private:
+    // Bytes [remote, remote + bytes) of the trainer's memory, read to buf_ + local.
+    struct Span {
+        uint64_t remote = 0, bytes = 0, local = 0;
+    };
+
     std::string who() const { return std::string(kKind) + " receiver " + std::to_string(index_); }
+
+    // Verifies every block checksum a fetched range covers whole (a range that is a whole entry
+    // is left to the entry's own checksum, which the core verifies). Blocks a range covers only
+    // in part are not verified. WSYNC_ERR_INTEGRITY naming the tensor and the block; the
+    // trainer hears of it.
+    template <class Entries>
+    void verify_blocks(const ChunkHeader &h, const Where &at, const TensorTable &table,
+                       const std::vector<ByteRange> &fetch, const std::vector<uint64_t> &local,
+                       const Entries &entries) {
+        const uint64_t bb = at.block_bytes;
+        for (std::size_t k = 0; k < fetch.size(); ++k) {
+            const ByteRange &r = fetch[k];
+            if (r.bytes == 0) continue;
+            auto it = std::upper_bound(entries.begin(), entries.end(), r.offset,
+                                       [](uint64_t x, const auto &e) { return x < e.offset; });
+            if (it == entries.begin()) continue;
+            const auto &e = *std::prev(it);
+            if (r.offset + r.bytes > e.offset + e.bytes) continue;  // not within one entry
+            const uint64_t lo = r.offset - e.offset, hi = lo + r.bytes;
+            if (lo == 0 && hi == e.bytes && !table.checksums.empty()) continue;
+            for (uint64_t b = (lo + bb - 1) / bb; b * bb < e.bytes; ++b) {
+                const uint64_t bend = std::min((b + 1) * bb, e.bytes);
+                if (bend > hi) break;
+                const uint64_t got = checksum_bytes(static_cast<const uint8_t *>(buf_) + local[k] + (b * bb - lo), bend - b * bb);
+                const uint64_t want = at.block_sums[e.first_sum + b];
+                if (got == want) continue;
+                char sums[64];
+                std::snprintf(sums, sizeof sums, "%016llx, computed %016llx", static_cast<unsigned long long>(want),
+                              static_cast<unsigned long long>(got));
+                const std::string msg = who() + ": tensor '" + table.metas[e.index].name + "' in " + chunk_label(h) +
+                                        ": block " + std::to_string(b) + " (bytes [" + std::to_string(b * bb) + ", " +
+                                        std::to_string(bend) + ") of the entry) checksum mismatch (request says " +
+                                        sums + ")";
+                answer(at.seq, h, WSYNC_ERR_INTEGRITY, msg);
+                fail(WSYNC_ERR_INTEGRITY, msg);
+            }
+        }
+    }
+
+    // Checks a request's transport map and table before anything moves.
+    Where admit(const ChunkHeader &, const TensorTable &table, const json &transport) {
+        Where at = parse_where(transport);
+        if (at.session != info_.session)
+            fail(WSYNC_ERR_MISMATCH, who() + ": request is from another trainer session than its init info");
+        if (at.seq <= last_seq_)
+            fail(WSYNC_ERR_MISMATCH, who() + ": request carries chunk seq " + std::to_string(at.seq) +
+                                         ", already received seq " + std::to_string(last_seq_));
+        layout::check(table, at.bytes, "ucx request", "chunk");
+        return at;
+    }
+
+    // Leases the chunk and GETs every span into our buffer (`need` bytes of it), all in flight
+    // at once, each bounded by the deadline; on any failure the trainer hears of it.
+    void pull(const ChunkHeader &h, const Where &at, const std::vector<Span> &spans, uint64_t need) {
+        uint64_t moved = 0;
+        for (const Span &s : spans) moved += s.bytes;
+        const std::string chunk = chunk_label(h) + " (seq " + std::to_string(at.seq) + ", " +
+                                  std::to_string(at.bytes) + " bytes" +
+                                  (moved == at.bytes ? std::string() : ", " + std::to_string(moved) + " of them selected") + ")";
+        check_link("before reading " + chunk);
+        if (dropped_)
+            fail(WSYNC_ERR_PEER, who() + ": dropped by " + trainer_);
+        const sys::Deadline deadline(o_.timeout_ms);
+        lease(at.seq, chunk, deadline);
+        // From here the trainer holds the chunk for us until we answer seq.
+        try {
+            ensure_buffer(need);
+            ucp_rkey_h rkey = w_->unpack(*ep_, at.rkey, chunk);
+            std::vector<void *> reqs;
+            ucs_status_t st = UCS_OK;
+            try {
+                for (const Span &s : spans)
+                    if (s.bytes) {
+                        reqs.push_back(w_->get(*ep_, static_cast<uint8_t *>(buf_) + s.local, s.bytes, s.remote, rkey, chunk));
+                    }
+            } catch (...) {
+                if (!reqs.empty()) teardown();  // GETs in flight may still land: no buffer reuse
+                w_->api().ucp_rkey_destroy(rkey);
+                throw;
+            }
+            for (void *req : reqs) {
+                const ucs_status_t one = finish(*w_, req, *ep_, deadline);
+                if (st == UCS_OK) st = one;
+            }
+            w_->api().ucp_rkey_destroy(rkey);
+            if (st == UCS_ERR_TIMED_OUT) {
+                teardown();  // the GET may still land: no buffer reuse until the endpoint is gone
+                fail(WSYNC_ERR_TIMEOUT, who() + ": reading " + chunk + " from " + trainer_ +
+                                            " did not finish within " + std::to_string(o_.timeout_ms) +
+                                            " ms; the connection is closed");
+            }
+            if (st != UCS_OK) ucs_fail(w_->api(), st, who() + ": reading " + chunk + " from " + trainer_, WSYNC_ERR_PEER);
+        } catch (const Error &e) {
+            answer(at.seq, h, e.status(), e.what());
+            throw;
+        }
+        last_seq_ = at.seq;
+    }
 
     void send(Msg m) {
         m.index = index_;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "select.hpp"
 #include "strategy.hpp"
 #include "transport/ucx/init_info.hpp"
 #include "transport/ucx/worker.hpp"
@@ -16,6 +17,7 @@ struct ReceiverOptions {
     bool verify = true;
     unsigned copy_threads = 0;
     int64_t timeout_ms = 60000;
+    std::shared_ptr<const select::Spec> selection;  // null: every tensor
 };
 
 std::unique_ptr<ReceiverImpl> make_receiver(const InitInfo &info, uint32_t index,

@@ -47,8 +47,9 @@ struct Member {
 
 class UcxSender final : public SenderImpl {
 public:
-    UcxSender(std::unique_ptr<Worker> w, const InitInfo &info, int64_t timeout_ms)
-        : w_(std::move(w)), info_(info), timeout_ms_(timeout_ms), members_(info.receivers) {
+    UcxSender(std::unique_ptr<Worker> w, const InitInfo &info, int64_t timeout_ms, uint64_t block_bytes)
+        : w_(std::move(w)), info_(info), timeout_ms_(timeout_ms), block_bytes_(block_bytes),
+          members_(info.receivers) {
         stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (stop_fd_ < 0) fail_errno("ucx sender: eventfd", errno);
         thread_ = std::thread([this] { serve(); });
@@ -78,10 +79,18 @@ public:
         const uint64_t end = layout::place(table, uint64_t(1) << 62, kKind);
         Buffer buf = take_buffer(std::max<uint64_t>(end, 1));
         layout::pack_host(static_cast<uint8_t *>(buf.base), tensors, table, info_.checksum);  // one pass
+        std::vector<uint64_t> blocks;
+        if (block_bytes_) {  // a second pass, for engines that pull byte ranges (docs/architecture.md)
+            const auto *base = static_cast<const uint8_t *>(buf.base);
+            for (std::size_t i = 0; i < table.metas.size(); ++i)
+                for (uint64_t o = 0, n = table.wire_bytes(i); o < n; o += block_bytes_)
+                    blocks.push_back(checksum_bytes(base + table.offsets[i] + o, std::min(block_bytes_, n - o)));
+        }
         Where at;
         {
             std::unique_lock<std::mutex> lock = caller_lock();
-            at = Where{info_.session, next_seq_++, reinterpret_cast<uint64_t>(buf.base), end, buf.region.rkey};
+            at = Where{info_.session, next_seq_++, reinterpret_cast<uint64_t>(buf.base), end, buf.region.rkey,
+                       block_bytes_, std::move(blocks)};
             Chunk &c = chunks_[at.seq];
             c.version = h.version;
             c.index = h.chunk_index;
@@ -425,6 +434,7 @@ private:
     std::unique_ptr<Worker> w_;
     InitInfo info_;
     int64_t timeout_ms_;
+    uint64_t block_bytes_;  // 0: no block checksums
     std::string memory_types_ = w_->memory_types();
     std::mutex mu_;
     std::atomic<int> callers_{0};
@@ -443,8 +453,8 @@ private:
 }  // namespace
 
 std::unique_ptr<SenderImpl> make_sender(std::unique_ptr<Worker> worker, const InitInfo &info,
-                                        int64_t timeout_ms) {
-    return std::make_unique<UcxSender>(std::move(worker), info, timeout_ms);
+                                        int64_t timeout_ms, uint64_t block_bytes) {
+    return std::make_unique<UcxSender>(std::move(worker), info, timeout_ms, block_bytes);
 }
 
 }  // namespace wsync::ucx

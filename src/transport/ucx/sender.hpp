@@ -13,6 +13,6 @@
 namespace wsync::ucx {
 
 std::unique_ptr<SenderImpl> make_sender(std::unique_ptr<Worker> worker, const InitInfo &info,
-                                        int64_t timeout_ms);
+                                        int64_t timeout_ms, uint64_t block_bytes);
 
 }  // namespace wsync::ucx

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "error.hpp"
+#include "select.hpp"
 #include "strategy.hpp"
 #include "sys.hpp"
 #include "transport/ucx/api.hpp"
@@ -44,6 +45,11 @@ const std::vector<OptionSpec> &option_specs() {
          "committed versions the trainer keeps pullable for late or slow engines (each costs its "
          "size in registered host memory)"},
         option::checksum(),
+        {"block_checksum_bytes", T::UInt, 0, 0, kMaxBlockBytes, "sender",
+         "also carry an XXH3-64 of every block of this many bytes of each tensor (a multiple of "
+         "4096; 0: none), so engines that pull byte ranges (\"select\") verify each block their "
+         "range covers whole; costs one more hashing pass over each chunk",
+         nullptr, nullptr, /*experimental=*/true},
         option::verify(),
         option::copy_threads(),
         option::timeout_ms(1, "both",
@@ -54,6 +60,17 @@ const std::vector<OptionSpec> &option_specs() {
         {"net_devices", T::String, 0, 0, 0, "both",
          "network devices UCX may use (UCX_NET_DEVICES), e.g. \"eth0\" or \"mlx5_0:1\"; \"\": all",
          ""},
+        {"select", T::Json, 0, 0, 0, "receiver",
+         "partial pull: the tensors, byte ranges or dimension-0 shards this engine loads, checked "
+         "against each request before any byte moves; only those bytes are fetched: "
+         "[{\"tensor\": name}, {\"tensor\": name, \"offset\": B, \"bytes\": B}, {\"tensors\": "
+         "[names], \"rank\": r, \"ranks\": n}, ...], each optionally with \"dtype\" and \"shape\" "
+         "to check; unset: every tensor (docs/architecture.md, \"Partial pulls\")",
+         nullptr, nullptr, /*experimental=*/true},
+        {"select_rest", T::String, 0, 0, 0, "receiver",
+         "with \"select\": what happens to tensors it does not name: \"skip\" them, or pull them "
+         "\"whole\"",
+         "skip", "skip|whole", /*experimental=*/true},
         {"ucx_library", T::String, 0, 0, 0, "both",
          "path of libucp.so.0 to use; else $WSYNC_UCX_LIBRARY, else the system's libucp.so.0", ""},
     };
@@ -66,11 +83,19 @@ public:
         : config_{o.text("ucx_library"), o.text("transports"), o.text("net_devices")},
           receivers_(static_cast<uint32_t>(o.uint("receivers"))),
           keep_(static_cast<uint32_t>(o.uint("keep_versions"))), checksum_(o.boolean("checksum")),
-          timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))) {
+          timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))), block_bytes_(o.uint("block_checksum_bytes")) {
+        if (block_bytes_ % kMinBlockBytes)
+            fail(WSYNC_ERR_INVALID_ARGUMENT, std::string(kKind) + ": option 'block_checksum_bytes' = " +
+                                                 std::to_string(block_bytes_) + " is not a multiple of " +
+                                                 std::to_string(kMinBlockBytes));
         receiver_.config = config_;
         receiver_.verify = o.boolean("verify");
         receiver_.copy_threads = static_cast<unsigned>(o.uint("copy_threads"));
         receiver_.timeout_ms = timeout_ms_;
+        if (!o.value("select").is_null())
+            receiver_.selection = select::parse(o.value("select"), o.text("select_rest"), kKind);
+        else if (o.values().count("select_rest") && o.text("select_rest") != "skip")
+            fail(WSYNC_ERR_INVALID_ARGUMENT, std::string(kKind) + ": option 'select_rest' needs 'select'");
     }
 
     json create_init_info() override {
@@ -91,7 +116,7 @@ public:
                                         "info (this one has not created one, or already made its sender)");
         if (info.session != info_.session)
             fail(WSYNC_ERR_MISMATCH, "ucx: the init info is not the one this strategy created");
-        return make_sender(std::move(worker_), info, timeout_ms_);
+        return make_sender(std::move(worker_), info, timeout_ms_, block_bytes_);
     }
 
     std::unique_ptr<ReceiverImpl> create_receiver(const json &body, uint32_t index) override {
@@ -105,6 +130,7 @@ private:
     uint32_t receivers_, keep_;
     bool checksum_;
     int64_t timeout_ms_;
+    uint64_t block_bytes_;
     ReceiverOptions receiver_;
     std::unique_ptr<Worker> worker_;
     InitInfo info_;
