@@ -163,21 +163,42 @@ def test_a_loader_that_copies_the_checkpoint_tensor_is_refused_by_name_and_dense
     assert_bit_exact(model, source)
 
 
-def test_a_quantized_layer_refuses_delta_by_name_before_any_version(tp1, cleanup):
-    class Fp8LinearMethod:  # stands for any quant method that transforms weights after loading
-        pass
+class Fp8LinearMethod:  # stands for any quant method that transforms weights after loading
+    pass
 
-    class Quantized(LlamaLike):
-        def __init__(self, **kw):
-            super().__init__(**kw)
-            self.down_proj.quant_method = Fp8LinearMethod()
 
+def _quantized(model):
+    model.down_proj.quant_method = Fp8LinearMethod()
+
+
+def _cpu_packed(model):
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    # what vLLM's CPU platform does to an unquantized linear after loading
+    dispatch_cpu_unquantized_gemm(model.o_proj, remove_weight=False)
+    if getattr(model.o_proj, "cpu_linear", None) in (None, torch.nn.functional.linear):
+        model.o_proj.cpu_linear = lambda x, w, b=None: x  # a CPU without the packed kernels
+
+
+def _model_hook(model):
+    model.process_weights_after_loading = lambda: None
+
+
+@pytest.mark.parametrize("alter,needle", [
+    (_quantized, "layer 'down_proj' uses Fp8LinearMethod"),
+    (_cpu_packed, "layer 'o_proj' had its weight repacked for vLLM's CPU GEMM"),
+    (_model_hook, "model LlamaLike has a model-level process_weights_after_loading hook"),
+], ids=["quantized", "cpu-packed", "model-hook"])
+def test_layers_whose_weights_are_processed_after_loading_refuse_delta_by_name(
+        tp1, cleanup, alter, needle):
     load_general_plugins()
+    model = LlamaLike()
+    alter(model)
     engine = WeightTransferEngineFactory.create_engine(
-        WeightTransferConfig(backend="wsync"), vllm_config(), torch.device("cpu"), Quantized())
+        WeightTransferConfig(backend="wsync"), vllm_config(), torch.device("cpu"), model)
     cleanup.append(engine)
     info = WsyncTrainerInitInfo(rank=0, receivers=1, options={"delta": "auto"})
-    with pytest.raises(ValueError, match="layer 'down_proj' uses Fp8LinearMethod"):
+    with pytest.raises(ValueError, match=needle):
         WsyncTrainerWeightTransferEngine.trainer_init(
             info, client=InProcessClient([engine]), source=ModuleSource(CheckpointLike()))
 

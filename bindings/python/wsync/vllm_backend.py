@@ -58,8 +58,9 @@ with :meth:`wsync.Iteration.patch` (``wsync_recv_patch``) and applies it in plac
 ``load_weights`` with :func:`wsync.checkpoint_patch.apply_checkpoint_patch` (bit-exact: a mask,
 not vLLM's NaN sentinel, marks the changed elements); dense tensors of such a version load in
 place. There is no layerwise reload then (patches need the live parameters at their base
-version, as in vLLM's sparse engine), so quantized layers are refused by name at init and
-``staged=True`` is refused by the trainer.
+version, as in vLLM's sparse engine), so layers whose weights vLLM processes after loading are
+refused by name at init (:func:`refuse_delta_for`) and ``staged=True`` is refused by the
+trainer.
 
 This module imports vLLM; import it only where vLLM is installed.
 """
@@ -148,18 +149,39 @@ UNQUANTIZED_METHODS = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod",
 
 
 def refuse_delta_for(model: torch.nn.Module) -> None:
-    """Raises ``ValueError`` naming the first layer whose parameters a patch cannot be
-    applied to in place: a layer with a quant method other than the unquantized ones
-    (its ``process_weights_after_loading`` turns checkpoint tensors into another layout, and
-    delta sync runs without vLLM's layerwise reload, which would redo it)."""
+    """Raises ``ValueError`` naming the first layer whose parameters a patch (or a dense tensor
+    of a delta sync) cannot be written to in place. Delta sync runs without vLLM's layerwise
+    reload, so nothing redoes vLLM's post-load processing
+    (``model_loader.utils.process_weights_after_loading`` in vLLM 0.33) after an update; refused:
+
+    - a layer whose quant method is not one of the unquantized ones (quantization, repacking:
+      its parameters are not checkpoint tensors after loading);
+    - an unquantized linear whose weight vLLM's CPU backend repacked for its GEMM
+      (``dispatch_cpu_unquantized_gemm`` sets ``layer.cpu_linear``; on CUDA the unquantized
+      methods leave the weight as loaded);
+    - an MLA attention layer (its post-load step derives tensors from ``kv_b_proj``'s weight,
+      which would go stale);
+    - a model with a model-level ``process_weights_after_loading`` hook.
+    """
     for name, module in model.named_modules():
+        where = f"layer '{name}'" if name else f"model {type(module).__name__}"
         method = getattr(module, "quant_method", None)
-        if method is None or type(method).__name__ in UNQUANTIZED_METHODS:
+        if method is not None and type(method).__name__ not in UNQUANTIZED_METHODS:
+            why = (f"uses {type(method).__name__}, whose parameters are not checkpoint tensors "
+                   "after loading")
+        elif getattr(module, "cpu_linear", None) not in (None, torch.nn.functional.linear):
+            why = "had its weight repacked for vLLM's CPU GEMM (cpu_linear) after loading"
+        elif "MLA" in type(module).__name__ and hasattr(module, "process_weights_after_loading"):
+            why = (f"is {type(module).__name__}, whose post-load step derives tensors from the "
+                   "weights")
+        elif not name and callable(getattr(module, "process_weights_after_loading", None)):
+            why = "has a model-level process_weights_after_loading hook"
+        else:
             continue
         raise ValueError(
-            f"delta sync: layer '{name}' uses {type(method).__name__}, whose parameters are not "
-            "checkpoint tensors after loading, so sparse patches cannot be applied to them in "
-            "place; run the trainer with delta 'off' for this model")
+            f"delta sync: {where} {why}, so patches cannot be applied to its parameters in "
+            "place (there is no layerwise reload with delta); run the trainer with delta 'off' "
+            "for this model")
 
 
 def receiver_index(rank_offset: int, parallel_config) -> int:
