@@ -758,8 +758,8 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  * request's checksum (else WSYNC_ERR_INTEGRITY). On either failure dst is put back exactly as it
  * was and the iteration is failed; the sender's flush reports it and its next version is dense.
  * A patch is refused with WSYNC_ERR_INVALID_ARGUMENT (iteration unchanged) for another offset or
- * len, or when it was taken already (applied, or handed out by wsync_recv_patch()). The call then reads dst twice (in one pass) and the
- * patch, and writes only the changed elements.
+ * len, or when it was taken already (applied, or handed out by wsync_recv_patch()). The call
+ * then reads dst twice (in one pass) and the patch, and writes only the changed elements.
  * len = 0 copies nothing, verifies nothing and does not take the tensor (arguments are still
  * checked). Does not block on peers (it takes CPU time proportional to the bytes read). Same
  * threading as the iteration: one thread at a time; the copy threads are the library's and are
@@ -830,7 +830,7 @@ WSYNC_API wsync_status_t wsync_recv_patch(wsync_recv_t *it, size_t i, wsync_patc
 
 /* Ends an iteration, acknowledges the chunk to the sender and frees the iteration (always, even
  * on failure; `it` is invalid afterwards). Returns WSYNC_OK only if every tensor was taken (yielded by
- * wsync_recv_next() or copied by wsync_recv_copy()) and verified and, for the chunk that commits a version, the version's manifest matched what this
+ * wsync_recv_next(), copied by wsync_recv_copy() or handed out by wsync_recv_patch()) and verified and, for the chunk that commits a version, the version's manifest matched what this
  * receiver received (else WSYNC_ERR_MISMATCH naming the difference). An iteration ended early
  * or after a failure is acknowledged as failed, so the sender's flush reports it and the
  * version is not completed, and the call returns WSYNC_ERR_WRONG_STATE (ended early) or the
