@@ -212,3 +212,88 @@ def test_delta_with_staged_versions_is_refused_before_any_worker_is_touched():
                                 staged=True)
     with pytest.raises(ValueError, match="delta patches apply in place"):
         WsyncTrainerWeightTransferEngine.trainer_init(info, client=UntouchedClient())
+
+
+def tp_shards(source, rank, tp=2):
+    """What rank ``rank`` of ``tp`` holds of each LlamaLike parameter after a dense load of
+    ``source`` (vLLM's sharding: QKV and gate/up by output rows per head / half, o/down by
+    input columns, the vocab by rows of the padded embedding, the norm replicated)."""
+    s = {n: p.detach() for n, p in source.named_parameters()}
+    rows = lambda t, r: t.chunk(tp, dim=0)[r]  # noqa: E731
+    cols = lambda t, r: t.chunk(tp, dim=1)[r]  # noqa: E731
+    vocab = s["embed_tokens.weight"]
+    per = 64  # 100 rows padded to 128 (multiples of 64), 64 per rank
+    return {
+        "embed_tokens.weight": (vocab[rank * per:(rank + 1) * per], min(per, vocab.shape[0] - rank * per)),
+        "qkv_proj.weight": (torch.cat([rows(s[f"{x}_proj.weight"], rank) for x in "qkv"]), None),
+        "qkv_proj.bias": (torch.cat([rows(s[f"{x}_proj.bias"], rank) for x in "qkv"]), None),
+        "o_proj.weight": (cols(s["o_proj.weight"], rank), None),
+        "gate_up_proj.weight": (torch.cat([rows(s["gate_proj.weight"], rank),
+                                           rows(s["up_proj.weight"], rank)]), None),
+        "down_proj.weight": (cols(s["down_proj.weight"], rank), None),
+        "norm": (s["norm"], None),
+    }
+
+
+def test_patches_reach_two_tensor_parallel_ranks_each_its_own_shard_bit_exact(monkeypatch):
+    """Two worker processes at TP 2 (gloo): each rank's vLLM loaders narrow the patch's
+    staging to their shard, and only the changed elements of that shard are written."""
+    import multiprocessing
+
+    from test_vllm_processes import ProcessClient
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    ctx = multiprocessing.get_context("spawn")
+    monkeypatch.setenv("PYTHONPATH", here + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    import _vllm_spawn
+
+    conns, procs = [], []
+    for rank in range(2):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_vllm_spawn.run_tp_worker, args=(child, rank, 2, port),
+                           daemon=True)
+        proc.start()
+        child.close()
+        conns.append(parent)
+        procs.append(proc)
+    trainer = None
+    try:
+        for rank, conn in enumerate(conns):
+            assert conn.poll(600), f"TP worker {rank} did not start"
+            assert conn.recv() == ("ok", rank)
+        client = ProcessClient(conns)
+        source = CheckpointLike()
+        load_general_plugins()
+        trainer = WeightTransferTrainerFactory.trainer_init(
+            WsyncTrainerInitInfo(rank=0, receivers=2, chunk_bytes=8192,
+                                 options={"delta": "on"}),
+            client=client, source=ModuleSource(source))
+        gen = torch.Generator().manual_seed(5)
+        for version in range(1, 4):
+            if version > 1:
+                step(source, version, gen)
+            trainer.send_weights()
+            assert client.call("completed_version") == [version, version]
+            for rank, params in enumerate(client.call("params")):
+                for name, (want, valid_rows) in tp_shards(source, rank).items():
+                    have = params[name]
+                    if valid_rows is not None:
+                        have, want = have[:valid_rows], want[:valid_rows]
+                    assert have.shape == want.shape, (rank, name)
+                    assert torch.equal(bits(have), bits(want)), f"v{version} rank {rank} {name}"
+    finally:
+        if trainer is not None:
+            trainer.shutdown()
+        for conn in conns:
+            try:
+                conn.send(("stop", ()))
+                conn.poll(30) and conn.recv()
+            except (OSError, EOFError):
+                pass
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()

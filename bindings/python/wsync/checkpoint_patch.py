@@ -169,7 +169,8 @@ def apply_checkpoint_patch(load_weights: Callable[[List[Tuple[str, torch.Tensor]
     if indices.numel() == numel:  # every element changed: the staging is the whole tensor
         stage.view(-1).view(_INT_OF_SIZE[esize]).index_copy_(
             0, indices.to(device=device, dtype=torch.long), values.to(device).view(_INT_OF_SIZE[esize]))
-        load_weights([(name, stage)])
+        with torch.no_grad():
+            load_weights([(name, stage)])
         return numel
     mask = torch.zeros(tuple(shape), dtype=torch.bool, device=device)
     if indices.numel():
@@ -178,6 +179,6 @@ def apply_checkpoint_patch(load_weights: Callable[[List[Tuple[str, torch.Tensor]
         stage.view(-1).view(as_int).index_copy_(0, idx, values.to(device).view(as_int))
         mask.view(-1).index_fill_(0, idx, True)
     mode = _MaskedCopies(name, stage, mask)
-    with mode:
+    with torch.no_grad(), mode:
         load_weights([(name, stage)])
     return mode.written
