@@ -95,8 +95,9 @@ extern "C" {
  *      (host kinds; docs/delta.md); request format 3 (trainer and engines must both be 0.4).
  * 0.5: split tensors: wsync_part_t, wsync_sender_send_parts(), wsync_plan_chunk_parts() and the
  *      planner's "split" option, wsync_recv_part(), wsync_recv_next_part(); request format 4
- *      (trainer and engines must both be 0.5); wsync_recv_copy() into device memory for
- *      "cuda_ipc" (was WSYNC_ERR_UNSUPPORTED). */
+ *      (trainer and engines must both be 0.5); wsync_recv_patch(), wsync_patch_t and
+ *      WSYNC_TENSOR_PATCH (delta patches as flat indices and values for the engine to apply);
+ *      wsync_recv_copy() into device memory for "cuda_ipc" (was WSYNC_ERR_UNSUPPORTED). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -189,6 +190,9 @@ typedef struct wsync_device_t {
 
 /* wsync_tensor_t.flags */
 #define WSYNC_TENSOR_READ_ONLY 1u /* set on views whose memory must not be written */
+#define WSYNC_TENSOR_PATCH 2u     /* set by wsync_recv_peek() on an entry that crossed as a
+                                     patch (delta sync): take it with wsync_recv_patch() or
+                                     wsync_recv_copy(), not as a view. 0.5. */
 
 /* A tensor: a descriptor the caller fills for sending, or a view the library fills when
  * receiving. Only dense, row-major (C-contiguous) tensors with at least one element move.
@@ -664,7 +668,8 @@ typedef struct wsync_recv_info_t {
 WSYNC_API wsync_status_t wsync_recv_info(const wsync_recv_t *it, wsync_recv_info_t *info);
 
 /* Dry run: describes tensor i (0 .. count-1) without touching its bytes, so a loader can check
- * names, dtypes and shapes against its parameters before any byte moves. view->data is NULL.
+ * names, dtypes and shapes against its parameters before any byte moves. view->data is NULL;
+ * view->flags is WSYNC_TENSOR_PATCH for an entry that crossed as a patch (since 0.5), else 0.
  * The name and shape pointers stay valid until the iteration ends. */
 WSYNC_API wsync_status_t wsync_recv_peek(const wsync_recv_t *it, size_t i, wsync_tensor_t *view);
 
@@ -678,8 +683,9 @@ WSYNC_API wsync_status_t wsync_recv_peek(const wsync_recv_t *it, size_t i, wsync
  * wsync_recv_copy() verified it already) before it is yielded and a mismatch fails with WSYNC_ERR_INTEGRITY naming the tensor; the iteration is then
  * failed (later calls return the same error). A tensor carried as a patch (a trainer with the
  * "delta" option) has no view: yielding it fails with WSYNC_ERR_UNSUPPORTED naming it and fails
- * the iteration; take patches with wsync_recv_copy() (engines that load from views run their
- * trainer with "delta": "off"). A part of a split tensor (see "Split tensors" below) fails the
+ * the iteration; take patches first, with wsync_recv_copy() into memory that holds the base, or
+ * with wsync_recv_patch() as indices and values (wsync_recv_peek() flags them
+ * WSYNC_TENSOR_PATCH). A part of a split tensor (see "Split tensors" below) fails the
  * same way, WSYNC_ERR_UNSUPPORTED naming it: take parts with wsync_recv_copy() or
  * wsync_recv_next_part(). Does not block. */
 WSYNC_API wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view, bool *has_view);
@@ -767,8 +773,8 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  * request's checksum (else WSYNC_ERR_INTEGRITY). On either failure dst is put back exactly as it
  * was and the iteration is failed; the sender's flush reports it and its next version is dense.
  * A patch is refused with WSYNC_ERR_INVALID_ARGUMENT (iteration unchanged) for another offset or
- * len, or when it was applied already. The call then reads dst twice (in one pass) and the
- * patch, and writes only the changed elements.
+ * len, or when it was taken already (applied, or handed out by wsync_recv_patch()). The call
+ * then reads dst twice (in one pass) and the patch, and writes only the changed elements.
  * len = 0 copies nothing, verifies nothing and does not take the tensor (arguments are still
  * checked). Does not block on peers (it takes CPU time proportional to the bytes read). Same
  * threading as the iteration: one thread at a time; the copy threads are the library's and are
@@ -776,9 +782,70 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
 WSYNC_API wsync_status_t wsync_recv_copy(wsync_recv_t *it, size_t i, uint64_t offset, void *dst,
                                          uint64_t len);
 
+/* Delta sync for engines that cannot apply a patch with wsync_recv_copy() (loaders that do not
+ * own the tensor as contiguous host memory holding the base, such as vLLM's load_weights path,
+ * which shards and fuses checkpoint tensors). wsync_recv_patch() hands out a patch as flat
+ * element indices and new values, in the form vLLM's sparse weight patches take (int32 flat
+ * indices + values per checkpoint tensor), for the engine to apply itself. 0.5. */
+
+/* What wsync_recv_patch() writes: one patch, read-only. Pointers stay valid until the iteration
+ * ends (wsync_recv_end() or wsync_recv_fail()). 0.5. */
+typedef struct wsync_patch_t {
+    uint32_t struct_size;  /* set by the caller: 0 or sizeof(wsync_patch_t) */
+    uint32_t index_bits;   /* 32: indices are int32_t (the tensor has at most 2^31 elements, so
+                              every flat index fits); 64: int64_t (larger tensors) */
+    uint64_t base_version; /* the version the patch applies to: this receiver's completed one */
+    uint64_t count;        /* changed elements: entries of indices and of values (>= 0) */
+    uint64_t elements;     /* the tensor's element count (the product of its shape) */
+    const void *indices;   /* count flat row-major element indices, native byte order, strictly
+                              increasing, each < elements; aligned to index_bits / 8 */
+    const void *values;    /* count elements of the tensor's dtype in index order: the new
+                              bytes, bit for bit (a NaN payload or -0.0 is kept); aligned to 8
+                              bytes (elements of up to 8 bytes are naturally aligned) */
+    uint64_t base_xxh3;    /* XXH3-64 (seed 0) of the whole tensor's row-major bytes at
+                              base_version */
+    uint64_t result_xxh3;  /* the same of the tensor once patched: the engine's check */
+} wsync_patch_t;
+
+/* Entry i (0 .. count-1) of the iteration, which crossed as a patch (wsync_recv_peek() flags it
+ * WSYNC_TENSOR_PATCH), as flat indices and values, written to *out (up to out->struct_size).
+ * Checks first what can be checked without the base: that this receiver's completed version is
+ * the patch's base version, the tensor checksum of the patch bytes (with checksums on, as for
+ * any tensor), and the patch's own structure (magic, coding, index width, element size and
+ * count against the tensor, exact length, every index strictly increasing and inside the
+ * tensor). The entry is then taken (wsync_recv_next() skips it, wsync_recv_end() counts it) and
+ * the engine owns the rest: writing values[k] at element indices[k] of the tensor as of
+ * base_version gives the tensor of this chunk's version, and nothing else changes. The library
+ * cannot check the result without the base (it does not hold the tensor): an engine that holds
+ * the whole tensor can compare its XXH3-64 with result_xxh3; one that cannot apply the patch
+ * must fail the chunk (wsync_recv_fail()) so that the version does not complete here and the
+ * sender sends the next version dense.
+ * Borrows it and out for the call. *out's pointers are into the received bytes (read-only
+ * shared memory for "shm") where they already are flat indices in the native integer of
+ * index_bits, else into memory the iteration owns; either way valid until the iteration ends,
+ * and the same pointers on every call for the same entry. Repeated calls and a call after
+ * wsync_recv_copy() applied the patch are allowed (they take nothing again); wsync_recv_copy()
+ * refuses a patch this call took.
+ * Returns WSYNC_OK, or (on failure *out is zeroed but for struct_size, when it could be written):
+ *   WSYNC_ERR_INVALID_ARGUMENT for it or out NULL, out->struct_size nonzero but smaller than
+ *     sizeof(wsync_patch_t), i >= count, or an entry that is not a patch (it crossed dense:
+ *     the message names the tensor and says to take it with wsync_recv_next() or
+ *     wsync_recv_copy()); the iteration is unchanged (it can go on);
+ *   WSYNC_ERR_MISMATCH when this receiver's completed version differs from the patch's base
+ *     version, naming both (the same rule as wsync_recv_copy()): the iteration is failed;
+ *   WSYNC_ERR_INTEGRITY when the patch bytes fail their checksum, WSYNC_ERR_MALFORMED naming
+ *     the tensor when they do not parse or an index is out of order or outside the tensor:
+ *     the iteration is failed;
+ *   the iteration's own error once it has failed;
+ *   WSYNC_ERR_UNSUPPORTED for a patch in device memory (no kind carries one yet).
+ * A failed iteration is acknowledged as failed at wsync_recv_end(): the sender's flush reports
+ * it and its next version is dense. Does not block (it reads the patch once: O(count)). Same
+ * threading as the iteration. 0.5. */
+WSYNC_API wsync_status_t wsync_recv_patch(wsync_recv_t *it, size_t i, wsync_patch_t *out);
+
 /* Ends an iteration, acknowledges the chunk to the sender and frees the iteration (always, even
  * on failure; `it` is invalid afterwards). Returns WSYNC_OK only if every tensor was taken (yielded by
- * wsync_recv_next() or copied by wsync_recv_copy()) and verified and, for the chunk that commits a version, the version's manifest matched what this
+ * wsync_recv_next(), copied by wsync_recv_copy() or handed out by wsync_recv_patch()) and verified and, for the chunk that commits a version, the version's manifest matched what this
  * receiver received (else WSYNC_ERR_MISMATCH naming the difference). An iteration ended early
  * or after a failure is acknowledged as failed, so the sender's flush reports it and the
  * version is not completed, and the call returns WSYNC_ERR_WRONG_STATE (ended early) or the

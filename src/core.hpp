@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "delta.hpp"
@@ -136,7 +137,10 @@ public:
     // wsync_recv_copy: bytes [offset, offset + len) of tensor i into dst (host memory),
     // verifying the whole tensor in the same pass the first time any of it is taken.
     void copy(std::size_t i, uint64_t offset, void *dst, uint64_t len);
+    // copy() of a tensor in device memory: the transport's queued device copy (cuda_ipc).
     void copy_device(std::size_t i, uint64_t offset, void *dst, uint64_t len, const uint8_t *src);
+    // wsync_recv_patch: tensor i's patch as flat indices and values, checked without the base.
+    void patch(std::size_t i, wsync_patch_t *out);
     // Acknowledges; throws the iteration's failure, if any. Called once, by Receiver::end.
     void end();
     // Acknowledges as failed with the loader's own status and message.
@@ -168,6 +172,13 @@ private:
     // kTaken (yielded or copied).
     enum : uint8_t { kVerified = 1, kTaken = 2 };
     std::vector<uint8_t> state_;
+    // wsync_recv_patch's answers by entry: the same pointers on every call; flat indices the
+    // received bytes do not hold as such are decoded into `wide`.
+    struct HandedPatch {
+        wsync_patch_t out;
+        std::vector<int64_t> wide;
+    };
+    std::unordered_map<std::size_t, HandedPatch> handed_;
     std::size_t taken_ = 0;
     wsync_status_t failed_ = WSYNC_OK;
     std::string failure_;

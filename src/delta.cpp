@@ -115,8 +115,15 @@ Patch parse(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
     return p;
 }
 
-void parse_into(Patch &p, const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
-                const std::string &what) {
+namespace {
+// The header's fields, checked against the tensor and the bytes at hand.
+struct Header {
+    Coding coding;
+    unsigned width;
+    uint64_t count;
+};
+Header check_header(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
+                    const std::string &what) {
     auto bad = [&](const std::string &why) { wire::malformed(what + ": patch " + why); };
     if (n < kHeaderBytes) bad("of " + std::to_string(n) + " bytes is shorter than its header");
     if (get(bytes, 4) != kMagic) bad("does not start with the magic \"WDP1\"");
@@ -136,6 +143,27 @@ void parse_into(Patch &p, const uint8_t *bytes, uint64_t n, uint64_t elements, u
         patch_bytes(count, esize, width) != n)
         bad("of " + std::to_string(n) + " bytes does not hold its " + std::to_string(count) +
             " elements");
+    return {Coding(coding), width, count};
+}
+
+[[noreturn]] void bad_index(const std::string &what, uint64_t k) {
+    wire::malformed(what + ": patch index " + std::to_string(k) +
+                    " is out of order or outside the tensor");
+}
+
+constexpr bool kLittleEndian =
+#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__)
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
+#else
+    false;
+#endif
+}  // namespace
+
+void parse_into(Patch &p, const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
+                const std::string &what) {
+    const Header h = check_header(bytes, n, elements, esize, what);
+    const uint64_t count = h.count;
+    const unsigned width = h.width;
     p.esize = esize;
     p.values = bytes + kHeaderBytes + round8(count * width);
     p.idx.resize(count);
@@ -143,10 +171,58 @@ void parse_into(Patch &p, const uint8_t *bytes, uint64_t n, uint64_t elements, u
     uint64_t at = 0;
     for (uint64_t k = 0; k < count; ++k) {
         const uint64_t v = get(ix + k * width, width);
-        const uint64_t i = coding == kGaps ? at + v : v;
-        if (i >= elements || (k > 0 && i <= at) || (coding == kGaps && i < at))
-            bad("index " + std::to_string(k) + " is out of order or outside the tensor");
+        const uint64_t i = h.coding == kGaps ? at + v : v;
+        if (i >= elements || (k > 0 && i <= at) || (h.coding == kGaps && i < at))
+            bad_index(what, k);
         p.idx[k] = at = i;
+    }
+}
+
+PatchView check(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
+                const std::string &what) {
+    const Header h = check_header(bytes, n, elements, esize, what);
+    PatchView v;
+    v.coding = h.coding;
+    v.width = h.width;
+    v.count = h.count;
+    v.indices = bytes + kHeaderBytes;
+    v.values = bytes + kHeaderBytes + round8(h.count * h.width);
+    const uint8_t *ix = v.indices;
+    if (h.coding == kPlain && h.width == 4) {  // the common case: one compare per index
+        uint32_t prev = 0;
+        for (uint64_t k = 0; k < h.count; ++k) {
+            uint32_t i;
+            std::memcpy(&i, ix + 4 * k, 4);
+            if (!kLittleEndian) i = uint32_t(get(ix + 4 * k, 4));
+            if (i >= elements || (k > 0 && i <= prev)) bad_index(what, k);
+            prev = i;
+        }
+        return v;
+    }
+    uint64_t at = 0;
+    for (uint64_t k = 0; k < h.count; ++k) {
+        const uint64_t d = get(ix + k * h.width, h.width);
+        const uint64_t i = h.coding == kGaps ? at + d : d;
+        if (i >= elements || (k > 0 && i <= at) || (h.coding == kGaps && i < at))
+            bad_index(what, k);
+        at = i;
+    }
+    return v;
+}
+
+bool flat_in_place(const PatchView &v, uint64_t elements) {
+    if (!kLittleEndian || v.coding != kPlain) return false;
+    // 4-byte indices are read as int32_t: every index must be below 2^31. 8-byte ones are
+    // below `elements`, which a tensor's byte size keeps far below 2^63.
+    return v.width == 8 || elements <= (uint64_t(1) << 31);
+}
+
+void flat_indices(const PatchView &v, int64_t *out) {
+    uint64_t at = 0;
+    for (uint64_t k = 0; k < v.count; ++k) {
+        const uint64_t d = get(v.indices + k * v.width, v.width);
+        at = v.coding == kGaps ? at + d : d;
+        out[k] = int64_t(at);
     }
 }
 

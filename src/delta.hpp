@@ -72,6 +72,25 @@ Patch parse(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
 void parse_into(Patch &p, const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
                 const std::string &what);
 
+// A patch checked where it lies (wsync_recv_patch): header, exact length, and every index
+// strictly increasing and inside the tensor, without decoding the indices into a copy. Throws
+// WSYNC_ERR_MALFORMED naming `what` on any defect, as parse() does.
+struct PatchView {
+    Coding coding = kPlain;
+    unsigned width = 4;              // bytes per index on the wire
+    uint64_t count = 0;              // changed elements
+    const uint8_t *indices = nullptr;  // count x width, little-endian
+    const uint8_t *values = nullptr;   // count x esize
+};
+PatchView check(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
+                const std::string &what);
+// Whether the view's indices already are the flat indices in the host's own signed integer of
+// their width (plain coding on a little-endian host, and for 4-byte indices every index below
+// 2^31), so a caller may read them in place as int32_t / int64_t.
+bool flat_in_place(const PatchView &v, uint64_t elements);
+// The view's flat indices as int64_t (gaps summed, 32-bit ones widened): count of them.
+void flat_indices(const PatchView &v, int64_t *out);
+
 // Finds the elements where `now` and `base` (nbytes each, elements of esize bytes) differ
 // bitwise (a NaN payload or -0.0 vs 0.0 is a change) and hashes `now` (XXH3-64) in the same
 // pass. With `fold`, first writes that patch into base (a committed version's changes), block

@@ -55,6 +55,8 @@ void Iteration::fill(std::size_t i, wsync_tensor_t *view, bool with_data) const 
     if (with_data) {
         view->data = const_cast<void *>(backing_->data(i));
         view->flags = backing_->read_only() ? WSYNC_TENSOR_READ_ONLY : 0;
+    } else if (table_.is_patch(i)) {
+        view->flags = WSYNC_TENSOR_PATCH;  // peek: the loader takes it as a patch, not a view
     }
 }
 
@@ -208,7 +210,8 @@ void Iteration::apply_patch(std::size_t i, uint64_t offset, void *dst, uint64_t 
               label.c_str(), m.nbytes, p.base_version);
     if (state_[i] & kTaken)
         wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
-                    "wsync_recv_copy: " + label + " is a patch and was applied already");
+                    "wsync_recv_copy: " + label + " is a patch and was taken already (applied, "
+                    "or handed out by wsync_recv_patch)");
     const std::string what = label + " in " + chunk_label(header_);
     const uint64_t have = owner_->completed_;
     if (have != p.base_version)
@@ -249,6 +252,80 @@ void Iteration::apply_patch(std::size_t i, uint64_t offset, void *dst, uint64_t 
     }
     state_[i] |= kVerified | kTaken;
     ++taken_;
+}
+
+void Iteration::patch(std::size_t i, wsync_patch_t *out) {
+    // Argument errors, a dense entry included, leave the iteration as it was.
+    if (i >= table_.metas.size())
+        failf(WSYNC_ERR_INVALID_ARGUMENT,
+              "wsync_recv_patch: index %zu is out of range (%s has %zu tensors)", i,
+              chunk_label(header_).c_str(), table_.metas.size());
+    if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
+    const TensorMeta &m = table_.metas[i];
+    const std::string label = tensor_label(i, m.name.c_str());
+    if (!table_.is_patch(i))
+        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
+                    "wsync_recv_patch: " + label + " in " + chunk_label(header_) +
+                        " is not a patch (it crossed dense" +
+                        (table_.is_part(i) ? std::string(", as a part of a split tensor") : "") +
+                        "): take it with wsync_recv_next or wsync_recv_copy (wsync_recv_peek "
+                        "flags patches WSYNC_TENSOR_PATCH)");
+    auto done = handed_.find(i);
+    if (done != handed_.end()) {  // checked already: the same answer, nothing taken again
+        *out = done->second.out;
+        return;
+    }
+    const PatchInfo &p = table_.patches[i];
+    const std::string what = label + " in " + chunk_label(header_);
+    const uint64_t have = owner_->completed_;
+    if (have != p.base_version)  // the same rule and words as wsync_recv_copy
+        fail_chunk(WSYNC_ERR_MISMATCH,
+                   strf("%s is a patch against version %" PRIu64 ", but this receiver's "
+                        "completed version is %" PRIu64 " (it missed or failed a version); the "
+                        "trainer sends a dense version once it hears of this failure",
+                        what.c_str(), p.base_version, have));
+    const wsync_device_t dev = backing_->device();
+    if (!device_is_host(dev))
+        wsync::fail(WSYNC_ERR_UNSUPPORTED, "wsync_recv_patch: " + label + " is in " +
+                                               device_name(dev) + " memory");
+    const auto *bytes = static_cast<const uint8_t *>(backing_->data(i));
+    if (verify_ && !(state_[i] & kVerified)) check_sum(i, copy::hash_bytes(bytes, p.wire_bytes));
+    const uint64_t elements = m.nbytes / dtype_size(m.dtype);
+    delta::PatchView v;
+    try {
+        v = delta::check(bytes, p.wire_bytes, elements, dtype_size(m.dtype), what);
+    } catch (const Error &e) {
+        fail_chunk(e.status(), e.what());
+    }
+    HandedPatch &h = handed_[i];
+    wsync_patch_t &o = h.out;
+    std::memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    o.base_version = p.base_version;
+    o.count = v.count;
+    o.elements = elements;
+    o.values = v.values;
+    o.base_xxh3 = p.base_xxh3;
+    o.result_xxh3 = p.result_xxh3;
+    // int32 whenever every flat index of the tensor fits (vLLM's sparse patches are int32).
+    o.index_bits = elements <= (uint64_t(1) << 31) ? 32 : 64;
+    if (delta::flat_in_place(v, elements) && v.width * 8 == o.index_bits) {
+        o.indices = v.indices;
+    } else {
+        h.wide.resize(std::max<uint64_t>(v.count, 1));
+        delta::flat_indices(v, h.wide.data());
+        if (o.index_bits == 32) {  // 8-byte wire indices of a small tensor: narrow in place
+            auto *narrow = reinterpret_cast<uint8_t *>(h.wide.data());
+            for (uint64_t k = 0; k < v.count; ++k) {  // byte 4k never passes the unread 8k
+                const int32_t x = int32_t(h.wide[k]);
+                std::memcpy(narrow + 4 * k, &x, 4);
+            }
+        }
+        o.indices = h.wide.data();
+    }
+    state_[i] |= kVerified;
+    if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
+    *out = o;
 }
 
 wsync_status_t Iteration::finish(wsync_status_t outcome) noexcept {

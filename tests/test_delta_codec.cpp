@@ -167,6 +167,60 @@ void malformed_patches_are_refused_by_name(void **) {
     expect_refused(hand_patch(delta::kGaps, 8, 2, {2, UINT64_MAX}, 10), 10, 2, "out of order");
 }
 
+// wsync_recv_patch's in-place check (delta::check) refuses what parse() refuses, with the same
+// words, and hands out flat indices: in place for plain coding (int32 up to 2^31 elements),
+// decoded for gaps and for 32-bit wire indices of a tensor over 2^31 elements. The headers
+// claim huge tensors; no tensor memory is needed.
+std::vector<int64_t> checked_flat(const std::vector<uint8_t> &p, uint64_t elements, bool *in_place) {
+    const delta::PatchView v = delta::check(p.data(), p.size(), elements, 2, "t");
+    std::vector<int64_t> out(v.count);
+    delta::flat_indices(v, out.data());
+    *in_place = delta::flat_in_place(v, elements);
+    return out;
+}
+
+void the_in_place_check_refuses_like_the_parser_and_decodes_every_coding(void **) {
+    bool in_place = false;
+    const uint64_t big = (uint64_t(1) << 34) + 5;  // gap coding's home: over 2^32 elements
+    assert_true((checked_flat(hand_patch(delta::kGaps, 4, 2, {3, 1, 4000000000u, 4000000000u}, big),
+                              big, &in_place) ==
+                 std::vector<int64_t>{3, 4, 4000000004ll, 8000000004ll}));
+    assert_false(in_place);
+    assert_true((checked_flat(hand_patch(delta::kPlain, 8, 2, {0, big - 1}, big), big, &in_place) ==
+                 std::vector<int64_t>{0, int64_t(big - 1)}));
+    assert_true(in_place);  // int64 on the wire already
+    const uint64_t mid = (uint64_t(1) << 31) + 10;  // 32-bit wire indices that int32 cannot hold
+    assert_true((checked_flat(hand_patch(delta::kPlain, 4, 2, {7, (1u << 31) + 3}, mid), mid,
+                              &in_place) == std::vector<int64_t>{7, (int64_t(1) << 31) + 3}));
+    assert_false(in_place);
+    assert_true((checked_flat(hand_patch(delta::kPlain, 4, 2, {1, 5}, 10), 10, &in_place) ==
+                 std::vector<int64_t>{1, 5}));
+    assert_true(in_place);
+    const struct {
+        std::vector<uint8_t> p;
+        uint64_t elements;
+        const char *needle;
+    } bad[] = {
+        {hand_patch(delta::kPlain, 4, 2, {5, 5}, 10), 10, "patch index 1 is out of order"},
+        {hand_patch(delta::kPlain, 4, 2, {5, 1}, 10), 10, "patch index 1 is out of order"},
+        {hand_patch(delta::kPlain, 4, 2, {1, 10}, 10), 10, "patch index 1 is out of order or outside the tensor"},
+        {hand_patch(delta::kGaps, 4, 2, {2, 0}, big), big, "out of order"},
+        {hand_patch(delta::kGaps, 8, 2, {2, UINT64_MAX}, 10), 10, "out of order"},
+        {hand_patch(delta::kPlain, 8, 2, {4, 3}, 10), 10, "out of order"},
+        {hand_patch(delta::kPlain, 4, 2, {1, 5}, 10), 11, "tensor of 10 elements"},
+    };
+    for (const auto &b : bad) {
+        try {
+            delta::check(b.p.data(), b.p.size(), b.elements, 2, "tensor 'x'");
+            fail_msg("a bad patch was accepted (%s)", b.needle);
+        } catch (const Error &e) {
+            assert_int_equal(e.status(), WSYNC_ERR_MALFORMED);
+            if (!std::strstr(e.what(), b.needle) || !std::strstr(e.what(), "tensor 'x'"))
+                fail_msg("'%s' does not mention '%s'", e.what(), b.needle);
+        }
+    }
+}
+
 void a_patch_onto_the_wrong_base_or_with_a_wrong_result_leaves_the_destination_unchanged(void **) {
     std::vector<uint8_t> base = noise(5000 * 2, 9), now = base;
     for (size_t e = 0; e < 5000; e += 37) now[e * 2] ^= 0x40;
@@ -288,6 +342,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(index_width_switches_at_two_to_the_32_elements),
         cmocka_unit_test(gap_coded_and_64_bit_patches_parse_to_absolute_indices),
         cmocka_unit_test(malformed_patches_are_refused_by_name),
+        cmocka_unit_test(the_in_place_check_refuses_like_the_parser_and_decodes_every_coding),
         cmocka_unit_test(a_patch_onto_the_wrong_base_or_with_a_wrong_result_leaves_the_destination_unchanged),
         cmocka_unit_test(scalars_and_odd_sizes_round_trip),
         cmocka_unit_test(a_fold_during_the_compare_equals_a_fold_before_it),

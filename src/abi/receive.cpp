@@ -121,6 +121,17 @@ wsync_status_t wsync_recv_copy(wsync_recv_t *it, size_t i, uint64_t offset, void
     });
 }
 
+wsync_status_t wsync_recv_patch(wsync_recv_t *it, size_t i, wsync_patch_t *out) {
+    return guard([&] {
+        require(it, "wsync_recv_patch", "it");
+        require(out, "wsync_recv_patch", "out");
+        write_sized(out, wsync_patch_t{}, "wsync_patch_t");  // zeroed, should the call fail
+        wsync_patch_t v{};
+        core(it)->patch(i, &v);
+        write_sized(out, v, "wsync_patch_t");
+    });
+}
+
 wsync_status_t wsync_recv_end(wsync_recv_t *it) {
     if (!it) return WSYNC_OK;
     return guard([&] {
@@ -246,6 +257,13 @@ wsync_status_t wsync_abi_layout(char **json_out) {
                          WSYNC_FIELD(wsync_failure_t, version),
                          WSYNC_FIELD(wsync_failure_t, chunk_index),
                          WSYNC_FIELD(wsync_failure_t, pid), WSYNC_FIELD(wsync_failure_t, message)),
+            WSYNC_STRUCT(wsync_patch_t, WSYNC_FIELD(wsync_patch_t, struct_size),
+                         WSYNC_FIELD(wsync_patch_t, index_bits),
+                         WSYNC_FIELD(wsync_patch_t, base_version),
+                         WSYNC_FIELD(wsync_patch_t, count), WSYNC_FIELD(wsync_patch_t, elements),
+                         WSYNC_FIELD(wsync_patch_t, indices), WSYNC_FIELD(wsync_patch_t, values),
+                         WSYNC_FIELD(wsync_patch_t, base_xxh3),
+                         WSYNC_FIELD(wsync_patch_t, result_xxh3)),
             WSYNC_STRUCT(wsync_receiver_state_t, WSYNC_FIELD(wsync_receiver_state_t, struct_size),
                          WSYNC_FIELD(wsync_receiver_state_t, flags),
                          WSYNC_FIELD(wsync_receiver_state_t, completed_version),

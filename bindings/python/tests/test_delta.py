@@ -97,3 +97,143 @@ def test_views_of_a_patched_tensor_are_refused_by_name(make_sync):
                 pass
     assert info.value.status is Status.UNSUPPORTED
     assert "patch" in str(info.value)
+
+
+# -- Iteration.patch (wsync_recv_patch): patches as flat indices and values --------------------
+
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def as_int(t):
+    """Same-size integer view: equal bits compare equal, NaN payloads and -0.0 included."""
+    return t.detach().contiguous().view(_INT_OF_SIZE[t.element_size()]).view(-1)
+
+
+def awkward_step(tensors, version, gen):
+    """Random changes plus, per float tensor, a signed zero and a NaN of another payload."""
+    for name, t in tensors.items():
+        flat = t.view(-1)
+        n = flat.numel()
+        k = int(torch.randint(0, max(2, n // 20), (1,), generator=gen))
+        idx = torch.randperm(n, generator=gen)[:k]
+        if t.dtype.is_floating_point:
+            flat[idx] = flat[idx] * 1.5 + 0.25
+            if version % 2 == 0:
+                flat[1] = -0.0 if str(as_int(flat[1:2]).item()) == "0" else 0.0
+                nan = torch.tensor([0x7FC00000 + version], dtype=torch.int32).view(torch.float32)
+                flat[2] = nan.to(t.dtype)[0]
+        else:
+            flat[idx] += 1
+
+
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+def test_patch_gives_exactly_the_changed_indices_and_values(make_sync, framework):
+    sync = make_sync(bucket_bytes=1 << 20, delta="on")
+    gen = torch.Generator().manual_seed(3)
+    # numpy has no bfloat16 (a bf16 patch from a numpy iteration is refused by name, as a view is)
+    half = torch.bfloat16 if framework == "torch" else torch.float16
+    tensors = {
+        "a.weight": torch.randn(37, 41, generator=gen).to(half),
+        "a.bias": torch.zeros(41),
+        "b.weight": torch.randn(300, generator=gen).to(torch.float64),
+        "c.count": torch.arange(0, 999, dtype=torch.int32),
+    }
+    engine = {k: torch.zeros_like(v) for k, v in tensors.items()}
+    seen = 0
+    for version in range(1, 7):
+        before = {k: v.clone() for k, v in tensors.items()}
+        if version > 1:
+            awkward_step(tensors, version, gen)
+        request = sync.sender.send_chunk(list(tensors.items()), last=True)
+        with sync.receiver.receive(request, framework=framework) as it:
+            for i in range(len(it)):
+                name = it.peek(i).name
+                if version == 1:
+                    assert not it.is_patch(i)
+                    it.copy_into(i, engine[name])
+                    continue
+                assert it.is_patch(i)
+                p = it.patch(i)
+                assert p.name == name and p.base_version == version - 1
+                assert p.shape == tuple(tensors[name].shape) and p.numel == tensors[name].numel()
+                indices = torch.as_tensor(p.indices) if framework == "numpy" else p.indices
+                values = p.values if framework == "torch" else torch.from_numpy(p.values.copy())
+                assert indices.dtype == torch.int32
+                if framework == "torch":
+                    assert values.dtype == tensors[name].dtype
+                else:
+                    assert p.values.dtype.itemsize == tensors[name].element_size()
+                    values = values.view(tensors[name].dtype)
+                want = torch.nonzero(as_int(before[name]) != as_int(tensors[name])).view(-1)
+                assert torch.equal(indices.long(), want), f"v{version} {name}"
+                assert torch.equal(as_int(values), as_int(tensors[name])[want]), f"v{version} {name}"
+                # vLLM's sparse apply: flat index_copy_ of the values (bits kept)
+                engine[name].view(-1).index_copy_(0, indices.long(), values)
+                seen += int(indices.numel())
+        sync.sender.flush(5.0)
+        for name, t in tensors.items():
+            assert torch.equal(as_int(engine[name]), as_int(t)), f"version {version}: {name} differs"
+    assert seen > 50
+
+
+def test_patch_views_are_read_only_and_copies_outlive_the_iteration(make_sync):
+    sync = make_sync(bucket_bytes=1 << 20, delta="on")
+    w = torch.arange(100, dtype=torch.float32)
+    for version in (1, 2):
+        if version == 2:
+            w[7] = -1.0
+        request = sync.sender.send_chunk([("w", w)], last=True)
+        with sync.receiver.receive(request, framework="numpy") as it:
+            if version == 1:
+                it.copy_into(0, torch.empty(100))
+                continue
+            view = it.patch(0)
+            assert not view.values.flags.writeable and not view.indices.flags.writeable
+            kept = it.patch(0, copy=True)  # a second call: the same patch, nothing taken again
+        assert kept.indices.tolist() == [7] and kept.values.tolist() == [-1.0]
+        assert kept.result_xxh3 != kept.base_xxh3
+        sync.sender.flush(5.0)
+
+
+def test_patch_against_another_version_is_refused_naming_both_versions(make_sync):
+    sync = make_sync(bucket_bytes=1 << 20, delta="on")
+    w = torch.arange(256, dtype=torch.float32)
+    dst = torch.empty(256)
+    for version in (1, 2):
+        w[version] += 1
+        with sync.receiver.receive(sync.sender.send_chunk([("w", w)], last=True)) as it:
+            if version == 1:
+                it.copy_into(0, dst)
+            else:
+                p = it.patch(0)
+                dst.view(-1).index_copy_(0, p.indices.long(), p.values)
+        sync.sender.flush(5.0)
+    # an engine restart: a new receiver, same index, completed version 0
+    sync.receivers[0].close()
+    sync.receivers[0] = sync.engine_strategy.receiver(sync.init, 0)
+    w[3] += 1
+    request = sync.sender.send_chunk([("w", w)], last=True)
+    with pytest.raises(WsyncError) as info:
+        with sync.receiver.receive(request) as it:
+            assert it.is_patch(0)
+            it.patch(0)
+    assert info.value.status is Status.MISMATCH
+    assert "is a patch against version 2, but this receiver's completed version is 0" in str(info.value)
+    with pytest.raises(WsyncError) as flushed:
+        sync.sender.flush(5.0)
+    assert flushed.value.status is Status.PEER
+
+
+def test_patch_of_a_dense_entry_is_refused_by_name_and_the_iteration_goes_on(make_sync):
+    sync = make_sync(bucket_bytes=1 << 20, delta="auto")
+    w = torch.arange(256, dtype=torch.float32)
+    with sync.receiver.receive(sync.sender.send_chunk([("layers.0.w", w)], last=True)) as it:
+        assert not it.is_patch(0)
+        with pytest.raises(WsyncError) as info:
+            it.patch(0)
+        assert info.value.status is Status.INVALID_ARGUMENT
+        assert "tensor 0 ('layers.0.w')" in str(info.value) and "is not a patch" in str(info.value)
+        (name, view), = list(it)  # the iteration went on
+        assert name == "layers.0.w" and torch.equal(view, w)
+    sync.sender.flush(5.0)
+    assert sync.receiver.completed_version == 1

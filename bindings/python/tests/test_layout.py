@@ -72,8 +72,8 @@ SIZED = sorted(name for name, cls in _lib.STRUCTS.items()
 
 def test_every_growable_struct_is_sized():
     # The 0.2 rule: every public struct that may grow has a struct_size field.
-    assert SIZED == ["wsync_chunk_t", "wsync_failure_t", "wsync_receiver_state_t",
-                     "wsync_recv_info_t", "wsync_tensor_t"]
+    assert SIZED == ["wsync_chunk_t", "wsync_failure_t", "wsync_patch_t",
+                     "wsync_receiver_state_t", "wsync_recv_info_t", "wsync_tensor_t"]
 
 
 @pytest.mark.parametrize("name", SIZED)
@@ -91,6 +91,8 @@ def test_new_0_2_structs_have_the_header_field_order(layout):
                             "chunk_index", "pid", "message"],
         "wsync_receiver_state_t": ["struct_size", "flags", "completed_version", "open_version",
                                    "failed_version", "failed_status", "reserved_"],
+        "wsync_patch_t": ["struct_size", "index_bits", "base_version", "count", "elements",
+                          "indices", "values", "base_xxh3", "result_xxh3"],
     }
     for name, order in expected.items():
         fields = layout[name]["fields"]

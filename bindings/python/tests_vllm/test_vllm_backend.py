@@ -332,17 +332,6 @@ def test_finish_while_a_version_is_still_open_is_refused_and_discards_the_reload
     trainer.sender.abandon()
 
 
-@pytest.mark.parametrize("delta", ["auto", "on"])
-def test_delta_option_is_refused_before_any_worker_is_touched(delta):
-    class UntouchedClient:
-        def __getattr__(self, name):
-            raise AssertionError(f"the client was used ({name}) before the refusal")
-
-    info = WsyncTrainerInitInfo(rank=0, kind="shm", options={"delta": delta}, receivers=1)
-    with pytest.raises(ValueError, match="delta sync needs engines that load in place"):
-        WsyncTrainerWeightTransferEngine.trainer_init(info, client=UntouchedClient())
-
-
 def test_the_report_names_the_torch_and_vllm_versions(pytestconfig):
     want = f"torch {torch.__version__}, vllm {vllm.__version__}"
     lines = [line for result in pytestconfig.hook.pytest_report_header(

@@ -34,6 +34,8 @@ from ._errors import (
 
 #: wsync_tensor_t.flags: set on views whose memory must not be written.
 TENSOR_READ_ONLY = 1
+#: wsync_tensor_t.flags from wsync_recv_peek: the entry crossed as a delta patch (0.5).
+TENSOR_PATCH = 2
 #: wsync_chunk_t.flags: this chunk commits the current sync version.
 CHUNK_LAST = 1
 #: wsync_receiver_state_t.flags: the sender dropped this receiver.
@@ -860,6 +862,30 @@ class TensorPart(NamedTuple):
     nbytes: int
 
 
+class PatchData(NamedTuple):
+    """One delta patch as :meth:`Iteration.patch` gives it (``wsync_recv_patch``): writing
+    ``values[k]`` at flat element ``indices[k]`` of the tensor as of ``base_version`` gives the
+    tensor of the chunk's version; nothing else changed. vLLM's sparse patches take exactly
+    this (int32 flat indices + values per checkpoint tensor)."""
+
+    name: str  #: the tensor's (wire) name
+    indices: Any  #: 1-D int32 (tensors of at most 2^31 elements) or int64 flat indices, strictly increasing
+    values: Any  #: 1-D, the tensor's dtype, the changed elements' new bits in index order
+    shape: Tuple[int, ...]  #: the whole tensor's shape
+    dtype: DType  #: the tensor's dtype
+    base_version: int  #: the version the patch applies to (the receiver's completed one)
+    base_xxh3: int  #: XXH3-64 (seed 0) of the tensor's bytes at base_version
+    result_xxh3: int  #: XXH3-64 (seed 0) of the tensor's bytes once patched
+
+    @property
+    def numel(self) -> int:
+        """The whole tensor's element count."""
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
 class PartView(NamedTuple):
     """One entry yielded by :meth:`Iteration.iter_parts`: a whole tensor or a part of a split
     one, as a flat 1-D view of its elements."""
@@ -1055,6 +1081,81 @@ class Iteration:
             name = ctypes.string_at(f[0]).decode("utf-8")
             shape = _INT64_STRUCTS[f[4]].unpack(ctypes.string_at(f[2], 8 * f[4])) if f[4] else ()
         return TensorMeta(name, DType(f[5], f[6], f[7]), shape)
+
+    def is_patch(self, i: int) -> bool:
+        """Whether entry ``i`` crossed as a delta patch (``WSYNC_TENSOR_PATCH`` from
+        ``wsync_recv_peek``): take it with :meth:`patch` or :meth:`copy_into`, not as a view."""
+        if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+            raise invalid(f"is_patch: tensor index {i!r} is not a non-negative integer")
+        with self._lock:
+            return bool(self._peek_raw(i)[10] & TENSOR_PATCH)
+
+    def patch(self, i: int, *, copy: Optional[bool] = None) -> PatchData:
+        """Entry ``i``, which crossed as a delta patch, as flat indices and values
+        (``wsync_recv_patch``, libwsync 0.5): a :class:`PatchData` whose ``indices`` are int32
+        (the tensor has at most 2^31 elements) or int64 and whose ``values`` have the tensor's
+        dtype, both 1-D, as torch tensors or numpy arrays (the iteration's framework).
+
+        The library first checks what it can without the base: that the receiver's completed
+        version is the patch's base version (else ``MISMATCH`` naming both; the iteration is
+        failed), the patch bytes' checksum (``INTEGRITY``) and the patch itself (``MALFORMED``
+        naming the tensor for a bad header, length, or an index out of order or outside the
+        tensor). A dense entry raises ``INVALID_ARGUMENT`` naming it, and the iteration goes on.
+        The entry is then taken (iterating skips it); applying it is the caller's, and so is
+        checking the result (``result_xxh3``), which the library cannot do without the tensor.
+        If the caller cannot apply it, fail the iteration (:meth:`fail`, or raise inside the
+        ``with`` block) so the version does not complete here.
+
+        Without ``copy`` (default: the iteration's ``copy`` setting) the arrays are views of
+        memory the library owns (for ``shm`` the read-only shared bucket: never write into
+        them), valid until the iteration ends; ``copy=True`` gives owned copies."""
+        if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+            raise invalid(f"patch: tensor index {i!r} is not a non-negative integer")
+        copy = self._copy if copy is None else bool(copy)
+        out = _lib.sized(_lib.Patch)
+        with self._lock:
+            status = self._lib.wsync_recv_patch(self._h(), i, byref(out))
+            if status:
+                if status not in (Status.INVALID_ARGUMENT, Status.UNSUPPORTED):
+                    self._library_failed = True  # the iteration itself failed
+                raise_for(status, self._lib)
+            f = self._peek_raw(i)
+            name = ctypes.string_at(f[0]).decode("utf-8")
+            shape = _INT64_STRUCTS[f[4]].unpack(ctypes.string_at(f[2], 8 * f[4])) if f[4] else ()
+            dl = (f[5], f[6], f[7])
+            count = int(out.count)
+            index_dtype = np.int32 if out.index_bits == 32 else np.int64
+            if count:
+                ibuf = (c_char * (count * (out.index_bits // 8))).from_address(out.indices)
+                ibuf._wsync_owner = self  # a view keeps its iteration alive
+                indices = np.frombuffer(ibuf, index_dtype)
+            else:
+                indices = np.zeros(0, index_dtype)
+            try:
+                carrier, itemsize, reinterpret = self._maker(dl)
+            except TypeError as exc:
+                raise WsyncError(Status.UNSUPPORTED, f"tensor '{name}': {exc}") from None
+            if count:
+                vbuf = (c_char * (count * itemsize)).from_address(out.values)
+                vbuf._wsync_owner = self
+                values = np.frombuffer(vbuf, carrier)
+            else:
+                values = np.zeros(0, carrier)
+            if copy:
+                indices, values = indices.copy(), values.copy()
+            else:
+                indices.flags.writeable = False
+                values.flags.writeable = False
+            if self._framework != "numpy":
+                torch = _dtypes.torch_module()
+                with warnings.catch_warnings():  # torch warns about non-writeable arrays
+                    warnings.simplefilter("ignore", UserWarning)
+                    indices = torch.from_numpy(indices)
+                    values = torch.from_numpy(values)
+                if reinterpret is not None:
+                    values = values.view(reinterpret)
+        return PatchData(name, indices, values, tuple(shape), DType(*dl), int(out.base_version),
+                         int(out.base_xxh3), int(out.result_xxh3))
 
     def metas(self) -> List[TensorMeta]:
         """Dry run over the whole chunk: a :class:`TensorMeta` per tensor, in order, without

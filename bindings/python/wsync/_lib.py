@@ -177,6 +177,23 @@ class ReceiverState(Structure):
     ]
 
 
+class Patch(Structure):
+    """``wsync_patch_t``: a delta patch as flat element indices and values (0.5), written by
+    ``wsync_recv_patch``; the pointers are valid until the iteration ends."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("index_bits", c_uint32),
+        ("base_version", c_uint64),
+        ("count", c_uint64),
+        ("elements", c_uint64),
+        ("indices", c_void_p),
+        ("values", c_void_p),
+        ("base_xxh3", c_uint64),
+        ("result_xxh3", c_uint64),
+    ]
+
+
 #: The ctypes declaration of each struct, keyed by its C name (used by the layout test).
 STRUCTS = {
     "wsync_dtype_t": Dtype,
@@ -187,6 +204,7 @@ STRUCTS = {
     "wsync_recv_info_t": RecvInfo,
     "wsync_failure_t": Failure,
     "wsync_receiver_state_t": ReceiverState,
+    "wsync_patch_t": Patch,
 }
 
 
@@ -252,6 +270,7 @@ SIGNATURES: Mapping[str, tuple] = {
     "wsync_recv_part": (_status, [_handle, c_size_t, POINTER(Part)]),
     "wsync_recv_next_part": (
         _status, [_handle, POINTER(Tensor), POINTER(Part), POINTER(c_bool)]),
+    "wsync_recv_patch": (_status, [_handle, c_size_t, POINTER(Patch)]),
     "wsync_recv_end": (_status, [_handle]),
     "wsync_recv_fail": (_status, [_handle, _status, c_char_p]),
     # 6. planner

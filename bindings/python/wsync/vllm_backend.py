@@ -53,6 +53,15 @@ abandoned version) then changes no worker's model at all. A ``load_weights`` err
 still leaves that worker's completed layers written, and workers that finished before it on
 the new version; the trainer's abort closes the sessions as above.
 
+Delta sync (trainer ``options={"delta": "auto"}``, kind ``shm``): the worker takes each patch
+with :meth:`wsync.Iteration.patch` (``wsync_recv_patch``) and applies it in place through
+``load_weights`` with :func:`wsync.checkpoint_patch.apply_checkpoint_patch` (bit-exact: a mask,
+not vLLM's NaN sentinel, marks the changed elements); dense tensors of such a version load in
+place. There is no layerwise reload then (patches need the live parameters at their base
+version, as in vLLM's sparse engine), so layers whose weights vLLM processes after loading are
+refused by name at init (:func:`refuse_delta_for`) and ``staged=True`` is refused by the
+trainer.
+
 This module imports vLLM; import it only where vLLM is installed.
 """
 
@@ -75,6 +84,7 @@ from vllm.distributed.weight_transfer.base import (
 
 from . import _lib
 from ._core import Receiver, Sender, Strategy, TensorMeta, describe, plan, status_for_exception
+from .checkpoint_patch import apply_checkpoint_patch
 from ._dtypes import DType
 from ._errors import AbandonedError, Status, WrongStateError, WsyncError, error, raise_for
 from .trainer import DEFAULT_CHUNK_BYTES
@@ -127,6 +137,53 @@ def _entry_range(it, i: int) -> Tuple[int, int]:
     return part.offset, part.bytes
 
 
+def _delta_on(init_info) -> bool:
+    """Whether the trainer's options turn delta sync on (``"auto"``/``"on"``)."""
+    return str(init_info.options.get("delta", "off")) != "off"
+
+
+#: Quant methods whose layers keep checkpoint-coordinate parameters that ``load_weights`` writes
+#: straight into (no post-load transformation), so patches can apply in place.
+UNQUANTIZED_METHODS = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod",
+                       "UnquantizedFusedMoEMethod")
+
+
+def refuse_delta_for(model: torch.nn.Module) -> None:
+    """Raises ``ValueError`` naming the first layer whose parameters a patch (or a dense tensor
+    of a delta sync) cannot be written to in place. Delta sync runs without vLLM's layerwise
+    reload, so nothing redoes vLLM's post-load processing
+    (``model_loader.utils.process_weights_after_loading`` in vLLM 0.33) after an update; refused:
+
+    - a layer whose quant method is not one of the unquantized ones (quantization, repacking:
+      its parameters are not checkpoint tensors after loading);
+    - an unquantized linear whose weight vLLM's CPU backend repacked for its GEMM
+      (``dispatch_cpu_unquantized_gemm`` sets ``layer.cpu_linear``; on CUDA the unquantized
+      methods leave the weight as loaded);
+    - an MLA attention layer (its post-load step derives tensors from ``kv_b_proj``'s weight,
+      which would go stale);
+    - a model with a model-level ``process_weights_after_loading`` hook.
+    """
+    for name, module in model.named_modules():
+        where = f"layer '{name}'" if name else f"model {type(module).__name__}"
+        method = getattr(module, "quant_method", None)
+        if method is not None and type(method).__name__ not in UNQUANTIZED_METHODS:
+            why = (f"uses {type(method).__name__}, whose parameters are not checkpoint tensors "
+                   "after loading")
+        elif getattr(module, "cpu_linear", None) not in (None, torch.nn.functional.linear):
+            why = "had its weight repacked for vLLM's CPU GEMM (cpu_linear) after loading"
+        elif "MLA" in type(module).__name__ and hasattr(module, "process_weights_after_loading"):
+            why = (f"is {type(module).__name__}, whose post-load step derives tensors from the "
+                   "weights")
+        elif not name and callable(getattr(module, "process_weights_after_loading", None)):
+            why = "has a model-level process_weights_after_loading hook"
+        else:
+            continue
+        raise ValueError(
+            f"delta sync: {where} {why}, so patches cannot be applied to its parameters in "
+            "place (there is no layerwise reload with delta); run the trainer with delta 'off' "
+            "for this model")
+
+
 def receiver_index(rank_offset: int, parallel_config) -> int:
     """A worker's receiver index, computed as vLLM's NCCL engine computes its group rank:
     ``rank_offset + data_parallel_index * world_size + rank`` (world_size = TP * PP)."""
@@ -148,6 +205,7 @@ class WsyncInitInfo(WeightTransferInitInfo):
     rank_offset: int = 0
     copy: bool = True
     staged: bool = False
+    delta: bool = False
 
     def __post_init__(self) -> None:
         self.init_info = decode_blob(self.init_info, "init_info", "init")
@@ -159,6 +217,10 @@ class WsyncInitInfo(WeightTransferInitInfo):
             raise ValueError(f"copy must be a bool, got {self.copy!r}")
         if not isinstance(self.staged, bool):
             raise ValueError(f"staged must be a bool, got {self.staged!r}")
+        if not isinstance(self.delta, bool):
+            raise ValueError(f"delta must be a bool, got {self.delta!r}")
+        if self.delta and self.staged:
+            raise ValueError("delta and staged cannot be combined: patches apply in place")
 
 
 @dataclass
@@ -198,6 +260,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self._partial: Optional[Tuple[str, torch.Tensor]] = None
         self.copy = True
         self.staged = False
+        self.delta = False
         self._host_copies = True
 
     @property
@@ -215,6 +278,8 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         index = receiver_index(init_info.rank_offset, self.parallel_config)
         options = dict(init_info.options)
         kind = describe(init_info.init_info).get("kind")
+        if init_info.delta:
+            refuse_delta_for(self.model)
         if kind in GPU_KINDS and "device" not in options and self.device.type == "cuda":
             # Each worker receives on its own GPU; the options are the same for all workers.
             options["device"] = (self.device.index if self.device.index is not None
@@ -228,6 +293,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self._strategy = strategy
         self.copy = init_info.copy
         self.staged = init_info.staged
+        self.delta = init_info.delta
         self._host_copies = kind not in GPU_KINDS
 
     def start_weight_update(self) -> None:
@@ -239,6 +305,11 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self.discard_weight_update()
         self._staged = []
         self._partial = None
+        if self.delta:
+            # Patches apply in place onto the parameters, which must hold the base version:
+            # no layerwise reload (it would hand load_weights fresh tensors), as vLLM's own
+            # sparse engine does; dense tensors of a delta sync load in place too.
+            return
         self._reload_open = True  # before: layers a failed initialisation moved are restored
         try:
             initialize_layerwise_reload(self.model)
@@ -267,7 +338,8 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
                 del staged
                 if self.device.type == "cuda":
                     torch.cuda.current_stream(self.device).synchronize()
-            finalize_layerwise_reload(self.model, self.model_config)
+            if self._reload_open:
+                finalize_layerwise_reload(self.model, self.model_config)
         except BaseException:
             self.discard_weight_update()
             raise
@@ -326,6 +398,9 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             raise AbandonedError(Status.ABANDONED, f"the trainer aborted the weight update "
                                  f"(receiver {receiver.index}: completed version "
                                  f"{state.completed_version}); the update session is closed")
+        if self.delta:
+            self._receive_delta(update_info)
+            return
         # Owned tensors: for host kinds copied once by the library (_copies); for GPU kinds,
         # which it cannot copy into, views cloned on the device by the iteration (copy=True).
         owned = self.copy or self.staged
@@ -347,6 +422,44 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
                     raise
                 finally:
                     del batch
+
+    def _receive_delta(self, update_info: WsyncUpdateInfo) -> None:
+        """A delta sync's requests (trainer option ``delta``): dense entries are copied by the
+        library and loaded in place with ``load_weights``; each patch (``wsync_recv_patch``,
+        :meth:`wsync.Iteration.patch`: int32/int64 flat indices + values in checkpoint
+        coordinates, checked by the library against this receiver's completed version) is
+        applied through ``load_weights`` bit for bit by
+        :func:`wsync.checkpoint_patch.apply_checkpoint_patch` (a mask, not vLLM's NaN sentinel,
+        marks the changed elements, so NaN payloads and -0.0 arrive exactly). Any failure fails
+        the chunk with the error's status, so the version does not complete on this worker and
+        the trainer's next version is dense (which rewrites every parameter)."""
+        receiver = self.receiver
+        for request in update_info.requests:
+            with receiver.receive(request, framework="torch") as it:
+                dense, patches = [], []
+                for i in range(len(it)):
+                    if it.is_patch(i):
+                        patches.append(it.patch(i))  # views, valid inside this block
+                        continue
+                    meta = it.peek(i)
+                    dst = torch.empty(meta.shape, dtype=meta.dtype.to_torch())
+                    it.copy_into(i, dst)
+                    dense.append((meta.name, dst))
+                try:
+                    if dense:
+                        self.model.load_weights(dense)
+                    for p in patches:
+                        apply_checkpoint_patch(self.model.load_weights, p.name, p.shape,
+                                               p.indices, p.values, device=self.device)
+                    if self.device.type == "cuda":
+                        torch.cuda.current_stream(self.device).synchronize()
+                except BaseException as exc:
+                    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                    it.fail(status_for_exception(exc),
+                            f"vLLM worker (receiver {receiver.index}) delta load: {text}")
+                    raise
+                finally:
+                    del dense, patches
 
     def _copies(self, it) -> List[Tuple[str, torch.Tensor]]:
         """Every tensor of the chunk as a fresh torch tensor that stays valid after the
@@ -456,14 +569,12 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
         engine.init_info = init_info
         if not engine.is_sender:
             return engine
-        if str(init_info.options.get("delta", "off")) != "off":
-            # Patches apply only onto a destination that holds the base (wsync_recv_copy into
-            # the engine's own parameter); vLLM's load_weights takes fresh tensors, so a worker
-            # would refuse every patch (docs/delta.md).
-            raise ValueError(
-                f"options['delta'] = {init_info.options['delta']!r}: delta sync needs engines "
-                "that load in place with copy-into; vLLM workers load through load_weights, so "
-                "the wsync vLLM backend sends dense versions only (leave 'delta' unset or 'off')")
+        delta = _delta_on(init_info)
+        if delta and init_info.staged:
+            # Staged versions load at finish from held copies; patches apply in place.
+            raise ValueError(f"options['delta'] = {init_info.options['delta']!r} with "
+                             "staged=True: delta patches apply in place as they arrive; use "
+                             "staged=False or delta 'off'")
         strategy = Strategy(init_info.kind, receivers=init_info.receivers, **init_info.options)
         try:
             blob = strategy.create_init_info()
@@ -472,7 +583,7 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
             client.init_weight_transfer_engine({
                 "init_info": encode_blob(blob), "options": dict(init_info.worker_options),
                 "rank_offset": init_info.rank_offset, "copy": init_info.copy,
-                "staged": init_info.staged})
+                "staged": init_info.staged, "delta": delta})
         except BaseException:
             engine.shutdown()
             strategy.close()
@@ -492,6 +603,8 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
         :meth:`WsyncWeightTransferEngine._copies`); otherwise such a tensor gets a chunk of its
         own, which a sender whose buckets are smaller refuses by name."""
         info = self.init_info
+        if _delta_on(info):
+            return False  # delta sync does not take split tensors (docs/delta.md)
         return bool(info.copy or info.staged) and info.kind in HOST_KINDS
 
     def _planned(self) -> List[Tuple[List[str], Optional[Tuple[Tuple[int, int], ...]]]]:

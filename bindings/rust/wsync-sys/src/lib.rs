@@ -161,6 +161,9 @@ pub const WSYNC_MAX_NAME_BYTES: usize = 1024;
 
 /// `wsync_tensor_t.flags`: set on views whose memory must not be written.
 pub const WSYNC_TENSOR_READ_ONLY: u32 = 1;
+/// `wsync_tensor_t.flags` from `wsync_recv_peek()`: the entry crossed as a delta patch; take it
+/// with [`wsync_recv_patch`] or [`wsync_recv_copy`], not as a view (0.5).
+pub const WSYNC_TENSOR_PATCH: u32 = 2;
 
 /// A tensor descriptor (input) or view (output). See the header for every field's rules.
 #[repr(C)]
@@ -249,6 +252,58 @@ pub struct wsync_part_t {
     pub offset: u64,
     /// The part's size; 0: the whole tensor (offset 0).
     pub bytes: u64,
+}
+
+/// A delta patch as flat element indices and values, written by [`wsync_recv_patch`] (0.5).
+/// The pointers stay valid until the iteration ends.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct wsync_patch_t {
+    /// Set by the caller: 0 or `size_of::<wsync_patch_t>()`.
+    pub struct_size: u32,
+    /// 32: `indices` are `i32` (at most 2^31 elements); 64: `i64`.
+    pub index_bits: u32,
+    /// The version the patch applies to (the receiver's completed one).
+    pub base_version: u64,
+    /// Changed elements: entries of `indices` and of `values`.
+    pub count: u64,
+    /// The tensor's element count.
+    pub elements: u64,
+    /// `count` flat row-major indices, strictly increasing, each < `elements`.
+    pub indices: *const c_void,
+    /// `count` elements of the tensor's dtype, in index order (the new bits).
+    pub values: *const c_void,
+    /// XXH3-64 (seed 0) of the tensor's bytes at `base_version`.
+    pub base_xxh3: u64,
+    /// XXH3-64 (seed 0) of the tensor's bytes once patched.
+    pub result_xxh3: u64,
+}
+
+impl wsync_patch_t {
+    /// All zero but `struct_size`: ready for [`wsync_recv_patch`].
+    #[must_use]
+    pub fn sized() -> Self {
+        Self {
+            struct_size: struct_size_of::<Self>(),
+            ..Self::default()
+        }
+    }
+}
+
+impl Default for wsync_patch_t {
+    fn default() -> Self {
+        Self {
+            struct_size: 0,
+            index_bits: 0,
+            base_version: 0,
+            count: 0,
+            elements: 0,
+            indices: core::ptr::null(),
+            values: core::ptr::null(),
+            base_xxh3: 0,
+            result_xxh3: 0,
+        }
+    }
 }
 
 /// Bytes owned by the library; free with [`wsync_blob_free`].
@@ -642,6 +697,14 @@ extern "C" {
         offset: u64,
         dst: *mut c_void,
         len: u64,
+    ) -> wsync_status_t;
+    /// Entry `i`, which crossed as a delta patch, as flat indices and values, checked without
+    /// the base (base version, checksum, structure); the entry is then taken and the engine
+    /// applies it (0.5).
+    pub fn wsync_recv_patch(
+        it: *mut wsync_recv_t,
+        i: usize,
+        out: *mut wsync_patch_t,
     ) -> wsync_status_t;
     /// Ends (acknowledges and frees) an iteration; `it` is invalid afterwards.
     pub fn wsync_recv_end(it: *mut wsync_recv_t) -> wsync_status_t;

@@ -125,6 +125,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         WSYNC_MAX_CHUNK_TENSORS,
         WSYNC_MAX_NAME_BYTES,
         WSYNC_TENSOR_READ_ONLY,
+        WSYNC_TENSOR_PATCH,
         WSYNC_CHUNK_LAST,
         WSYNC_FAILURE_FAILED,
         WSYNC_FAILURE_DIED,
@@ -221,7 +222,7 @@ fn every_header_type_is_declared() {
             }
         }
     }
-    assert_eq!(types.len(), 15, "types parsed from the header: {types:?}");
+    assert_eq!(types.len(), 16, "types parsed from the header: {types:?}");
     for t in &types {
         let declared = SOURCE.contains(&format!("pub struct {t} "))
             || SOURCE.contains(&format!("pub type {t} ="))
@@ -262,6 +263,10 @@ fn sized_constructors_set_struct_size_to_the_declared_size() {
     assert_eq!(
         wsync_receiver_state_t::sized().struct_size as usize,
         size_of::<wsync_receiver_state_t>()
+    );
+    assert_eq!(
+        wsync_patch_t::sized().struct_size as usize,
+        size_of::<wsync_patch_t>()
     );
 }
 

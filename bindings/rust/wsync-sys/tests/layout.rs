@@ -248,6 +248,12 @@ fn declarations() -> Vec<Decl> {
             "failed_version" => failed_version, "failed_status" => failed_status,
             "reserved_" => reserved_,
         }),
+        decl!(wsync_patch_t {
+            "struct_size" => struct_size, "index_bits" => index_bits,
+            "base_version" => base_version, "count" => count, "elements" => elements,
+            "indices" => indices, "values" => values, "base_xxh3" => base_xxh3,
+            "result_xxh3" => result_xxh3,
+        }),
     ]
 }
 
@@ -288,7 +294,7 @@ fn every_declared_struct_is_reported_by_the_library() {
             d.name
         );
     }
-    assert_eq!(declarations().len(), 8);
+    assert_eq!(declarations().len(), 9);
 }
 
 #[test]

@@ -162,7 +162,9 @@ pub use wsync_sys as sys;
 pub use alias::{alias_names, join_alias_names, ALIAS_SEPARATOR, MAX_NAME_BYTES};
 pub use error::{Error, Failure, FailureKind, Result, Status};
 pub use plan::{plan, Part, Plan, PlanChunk};
-pub use receiver::{Meta, Receiver, ReceiverState, Recv, RecvInfo, View, Views};
+pub use receiver::{
+    Meta, PatchIndices, PatchRef, Receiver, ReceiverState, Recv, RecvInfo, View, Views,
+};
 pub use sender::{merge_requests, Sender};
 pub use strategy::{OptionValue, Options, Strategy};
 pub use tensor::{DType, Device, Element, TensorRef, TensorSpec};

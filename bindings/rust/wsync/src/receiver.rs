@@ -407,6 +407,73 @@ impl<'r> Recv<'r> {
         })
     }
 
+    /// Whether entry `i` crossed as a delta patch (`wsync_recv_peek` flags it
+    /// `WSYNC_TENSOR_PATCH`): take it with [`Recv::patch`] or [`Recv::copy_into`] (into memory
+    /// holding the previous version), not as a view.
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] for `i` out of range.
+    pub fn is_patch(&self, i: usize) -> Result<bool> {
+        let mut t = sys::wsync_tensor_t::default();
+        // SAFETY: the iteration is live; `t` is a valid out-pointer; no tensor byte is read.
+        check(unsafe { sys::wsync_recv_peek(self.raw.as_ptr(), i, &mut t) })?;
+        Ok(t.flags & sys::WSYNC_TENSOR_PATCH != 0)
+    }
+
+    /// Entry `i`, which crossed as a delta patch, as flat indices and values
+    /// (`wsync_recv_patch`, libwsync 0.5), borrowed from the iteration. The library first checks
+    /// the base version against this receiver's completed one, the patch bytes' checksum and
+    /// the indices' order and range; the entry is then taken ([`Recv::next_view`] skips it) and
+    /// applying it is the caller's: writing `values[k]` at flat element `indices[k]` of the
+    /// tensor as of [`PatchRef::base_version`] gives this chunk's version. The library cannot
+    /// check the result without the tensor ([`PatchRef::result_xxh3`] is for the caller); if the
+    /// caller cannot apply it, [`Recv::fail`] the chunk so the version does not complete here.
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] naming a dense entry or an index out of range (the iteration
+    /// goes on); [`Status::Mismatch`] naming both versions when the base is not this receiver's
+    /// completed version, [`Status::Integrity`] or [`Status::Malformed`] (naming the tensor)
+    /// for bad patch bytes: the iteration is then failed.
+    pub fn patch(&mut self, i: usize) -> Result<PatchRef<'_>> {
+        let mut out = sys::wsync_patch_t::sized();
+        // SAFETY: the iteration is live and used by this thread only (`&mut self`); `out` is a
+        // valid out-pointer of its declared size.
+        check(unsafe { sys::wsync_recv_patch(self.raw.as_ptr(), i, &mut out) })?;
+        let meta = self.peek(i)?;
+        let count = usize::try_from(out.count)
+            .map_err(|_| Error::new(Status::Malformed, "patch count exceeds usize"))?;
+        let esize = meta.byte_len()? / usize::try_from(out.elements.max(1)).unwrap_or(usize::MAX);
+        // SAFETY: the library wrote `count` indices of `index_bits` and `count` elements of
+        // `esize` bytes at these addresses, aligned as the header says, valid until the
+        // iteration ends, which cannot happen while the result borrows `self`.
+        let (indices, values) = unsafe {
+            let indices = if count == 0 {
+                PatchIndices::I32(&[])
+            } else if out.index_bits == 32 {
+                PatchIndices::I32(std::slice::from_raw_parts(out.indices.cast::<i32>(), count))
+            } else {
+                PatchIndices::I64(std::slice::from_raw_parts(out.indices.cast::<i64>(), count))
+            };
+            let values: &[u8] = if count == 0 {
+                &[]
+            } else {
+                std::slice::from_raw_parts(out.values.cast::<u8>(), count * esize)
+            };
+            (indices, values)
+        };
+        Ok(PatchRef {
+            name: meta.name(),
+            shape: meta.shape(),
+            dtype: meta.dtype(),
+            indices,
+            values,
+            base_version: out.base_version,
+            elements: out.elements,
+            base_xxh3: out.base_xxh3,
+            result_xxh3: out.result_xxh3,
+        })
+    }
+
     /// Ends the iteration and acknowledges the chunk to the sender. `Ok(())` only if every
     /// tensor was taken (yielded, or copied with [`Recv::copy_into`]) and verified; an
     /// iteration ended early fails with
@@ -608,6 +675,105 @@ fn byte_len(name: &str, shape: &[i64], dtype: DType) -> Result<usize> {
                 format!("tensor '{name}': shape {shape:?} is too large"),
             )
         })
+}
+
+/// A patch's flat element indices: `i32` for tensors of at most 2^31 elements, else `i64`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchIndices<'it> {
+    /// Every index fits in `i32` (vLLM's sparse patches use int32 flat indices).
+    I32(&'it [i32]),
+    /// A tensor of more than 2^31 elements.
+    I64(&'it [i64]),
+}
+
+impl PatchIndices<'_> {
+    /// Number of indices.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        match self {
+            PatchIndices::I32(s) => s.len(),
+            PatchIndices::I64(s) => s.len(),
+        }
+    }
+
+    /// Whether the patch changes nothing.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Index `k` widened to `u64`, or `None` past the end.
+    #[must_use]
+    #[allow(clippy::cast_sign_loss)] // the library hands out indices >= 0
+    pub fn get(&self, k: usize) -> Option<u64> {
+        match self {
+            PatchIndices::I32(s) => s.get(k).map(|&x| x as u64),
+            PatchIndices::I64(s) => s.get(k).map(|&x| x as u64),
+        }
+    }
+}
+
+/// A delta patch borrowed from its iteration ([`Recv::patch`]): the changed elements' flat
+/// row-major indices (strictly increasing) and their new bytes in the tensor's dtype.
+#[derive(Debug, Clone, Copy)]
+pub struct PatchRef<'it> {
+    name: &'it str,
+    shape: &'it [i64],
+    dtype: DType,
+    indices: PatchIndices<'it>,
+    values: &'it [u8],
+    base_version: u64,
+    elements: u64,
+    base_xxh3: u64,
+    result_xxh3: u64,
+}
+
+impl<'it> PatchRef<'it> {
+    /// The tensor's name.
+    #[must_use]
+    pub fn name(&self) -> &'it str {
+        self.name
+    }
+    /// The whole tensor's shape.
+    #[must_use]
+    pub fn shape(&self) -> &'it [i64] {
+        self.shape
+    }
+    /// The tensor's element type.
+    #[must_use]
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// The changed elements' flat indices.
+    #[must_use]
+    pub fn indices(&self) -> PatchIndices<'it> {
+        self.indices
+    }
+    /// The changed elements' new bytes, one element after another, in index order.
+    #[must_use]
+    pub fn values(&self) -> &'it [u8] {
+        self.values
+    }
+    /// The version the patch applies to (this receiver's completed version).
+    #[must_use]
+    pub fn base_version(&self) -> u64 {
+        self.base_version
+    }
+    /// The whole tensor's element count.
+    #[must_use]
+    pub fn elements(&self) -> u64 {
+        self.elements
+    }
+    /// XXH3-64 (seed 0) of the whole tensor's bytes at the base version.
+    #[must_use]
+    pub fn base_xxh3(&self) -> u64 {
+        self.base_xxh3
+    }
+    /// XXH3-64 (seed 0) of the whole tensor's bytes once patched: the caller's check.
+    #[must_use]
+    pub fn result_xxh3(&self) -> u64 {
+        self.result_xxh3
+    }
 }
 
 /// Dry-run description of a tensor in an iteration: no data.
