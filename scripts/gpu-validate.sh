@@ -194,7 +194,8 @@ else:
             L.append(f"| {k} | steady {v['steady_s']:.4f} s ({v['steady_gbps']} GB/s), first {v['first_s']:.3f} s{exact} |")
             if "engine" in v:
                 e = v["engine"]
-                L.append(f"| {k}: engine | load() {e['load_s_per_step']:.4f} s a step over {e['loads_per_step']:g} chunks; one CUDA view {e['view_us_per_tensor']} us, one copy_ launch {e['copy_launch_us']} us |")
+                split = "" if "end_s_per_step" not in e else f" (receive {e['receive_s_per_step']:.4f} s, end {e['end_s_per_step']:.4f} s)"
+                L.append(f"| {k}: engine | load() {e['load_s_per_step']:.4f} s a step over {e['loads_per_step']:g} chunks{split}; one CUDA view {e['view_us_per_tensor']} us, one copy_ launch {e['copy_launch_us']} us |")
     for k, v in base.get("ratios", {}).items():
         L.append(f"| {k} | {v} |")
 L.append(f"\nVerdict: {'PASS' if not failed else 'FAIL: ' + '; '.join(failed)}.")

@@ -103,6 +103,21 @@ def engine_main(shapes, inbox, outbox):
         outbox.put(("ready",))
         receiver = loader = None
         load_s = []  # wall time of each ModuleLoader.load since the last "stats"
+        # Where load() spends it: receive (parse, open handles), end (wait for the copies,
+        # acknowledge), and the rest (the loader's own work and queuing copies).
+        split = {"receive_s": 0.0, "end_s": 0.0}
+        from wsync._core import Iteration, Receiver
+        def timed(cls, attr, key):
+            inner = getattr(cls, attr)
+            def wrapper(*a, **k):
+                t0 = time.perf_counter()
+                try:
+                    return inner(*a, **k)
+                finally:
+                    split[key] += time.perf_counter() - t0
+            setattr(cls, attr, wrapper)
+        timed(Receiver, "receive", "receive_s")
+        timed(Iteration, "end", "end_s")
         while True:
             msg = inbox.get(timeout=WAIT_S)
             kind = msg[0]
@@ -137,8 +152,11 @@ def engine_main(shapes, inbox, outbox):
                 torch.cuda.synchronize()
                 copy_us = (time.perf_counter() - t0) / 2000 * 1e6
                 outbox.put(("stats", {"loads": len(load_s), "load_s_total": round(sum(load_s), 6),
+                                      "receive_s_total": round(split["receive_s"], 6),
+                                      "end_s_total": round(split["end_s"], 6),
                                       "view_us": round(view_us, 2), "copy_launch_us": round(copy_us, 2)}))
                 load_s = []
+                split["receive_s"] = split["end_s"] = 0.0
             elif kind == "torch_handles":
                 # What vLLM's ipc engine does with each handle: rebuild, copy, let go.
                 with torch.no_grad():
@@ -268,6 +286,8 @@ def main():
                 engine.inbox.put(("stats",))
                 st = engine.expect("stats")[1]
                 r["engine"] = {"load_s_per_step": round(st["load_s_total"] / args.steps, 6),
+                               "receive_s_per_step": round(st["receive_s_total"] / args.steps, 6),
+                               "end_s_per_step": round(st["end_s_total"] / args.steps, 6),
                                "loads_per_step": st["loads"] / args.steps,
                                "view_us_per_tensor": st["view_us"],
                                "copy_launch_us": st["copy_launch_us"]}
