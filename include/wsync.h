@@ -97,7 +97,9 @@ extern "C" {
  *      planner's "split" option, wsync_recv_part(), wsync_recv_next_part(); request format 4
  *      (trainer and engines must both be 0.5); wsync_recv_patch(), wsync_patch_t and
  *      WSYNC_TENSOR_PATCH (delta patches as flat indices and values for the engine to apply);
- *      wsync_recv_copy() into device memory for "cuda_ipc" (was WSYNC_ERR_UNSUPPORTED). */
+ *      wsync_recv_copy() into device memory for "cuda_ipc" (was WSYNC_ERR_UNSUPPORTED); "cuda_ipc"
+ *      receivers acknowledge a chunk that does not end its version when its copies complete
+ *      rather than in wsync_recv_end(). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -852,10 +854,16 @@ WSYNC_API wsync_status_t wsync_recv_patch(wsync_recv_t *it, size_t i, wsync_patc
  * iteration's error. With "synchronize" (default) copies the loader queued out of the views
  * complete before that memory is reused, as far as they were queued on the receiver's legacy
  * default stream (e.g. PyTorch's default stream; synchronise other streams before ending):
- *   "cuda_ipc" waits here, up to the receiver's "timeout_ms" option, polling an event; that
- *     wait decides the chunk's outcome on both sides: if it fails (a faulted copy) or times
- *     out, this call returns that status (WSYNC_ERR_SYSTEM or WSYNC_ERR_TIMEOUT, naming the
- *     receiver, GPU and chunk) and the sender's flush reports the same failure;
+ *   "cuda_ipc", for the chunk that ends a version (WSYNC_CHUNK_LAST) and for a failed chunk,
+ *     waits here, up to the receiver's "timeout_ms" option, polling an event, for this chunk's
+ *     work and every earlier chunk's; that wait decides the outcome on both sides: if it fails
+ *     (a faulted copy) or times out, or an earlier chunk's work failed, this call returns that
+ *     status (WSYNC_ERR_SYSTEM or WSYNC_ERR_TIMEOUT, naming the receiver, GPU and chunk), the
+ *     version does not complete, and the sender's flush reports the failure. Any other chunk
+ *     returns without waiting (since 0.5): an event is recorded on the stream and a thread of
+ *     the receiver's acknowledges the chunk once it completes (or reports it failed if the
+ *     work fails or outlives "timeout_ms"), so the sender hears of the chunk, and may reuse
+ *     its memory, only after the copies, while the engine already takes the next chunk;
  *   "nccl_broadcast" does not wait here but records an event on that stream, which the next
  *     wsync_receiver_receive() waits for with its deadline.
  * NULL is a no-op returning WSYNC_OK. Does not block otherwise. */

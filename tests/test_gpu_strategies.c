@@ -1507,6 +1507,194 @@ static void nccl_recv_end_does_not_wait_unbounded_for_the_loaders_default_stream
     trainer_end(tx, s, &init);
 }
 
+/* An engine that loads every chunk with wsync_recv_copy into buffers of its own, as a GPU
+ * loader does. cfg->copy_faults 0 or 2: the legacy default stream is held while chunk 1 (not the
+ * last) is copied and ended, and released when chunk 2 arrives (2: with a receiver timeout
+ * shorter than that); 1: chunk 1's copy faults on the GPU. After each chunk it answers the recv_end status (0, else 0x80 | status) and the ms
+ * recv_end took (capped at 255); after the last, its completed version. */
+static int overlapping_loader_engine_main(const engine_cfg *cfg, int in, int out) {
+    alarm(30); /* whatever happens, this process does not outlive the test */
+    uint8_t *init, *req;
+    size_t len;
+    if (tu_recv_frame(in, &init, &len, 20000) || !init) return 10;
+    wsync_strategy_t *s;
+    wsync_receiver_t *r;
+    if (wsync_strategy_create(cfg->kind, cfg->options, &s) != WSYNC_OK ||
+        wsync_receiver_create(s, init, len, cfg->index, &r) != WSYNC_OK)
+        return 11;
+    free(init);
+    use_device(0);
+    CUdeviceptr mine = 0;
+    if (drv.cuMemAlloc(&mine, 1 << 20) != 0) return 12;
+    for (int chunk = 1;; ++chunk) {
+        if (tu_recv_frame(in, &req, &len, 20000)) return 13;
+        if (!req) break;
+        if (chunk == 2) drv.stream_release_held();
+        wsync_recv_t *it;
+        if (wsync_receiver_receive(r, req, len, &it) != WSYNC_OK) return 14;
+        free(req);
+        wsync_recv_info_t info = {0};
+        wsync_recv_info(it, &info);
+        if (chunk == 1 && cfg->copy_faults != 1 && drv.stream_hold(NULL) != 0) return 15;
+        if (chunk == 1 && cfg->copy_faults == 1) drv.set_fail("cuMemcpyDtoDAsync@async", 0, 0);
+        size_t at = 0;
+        for (size_t i = 0; i < info.count; ++i) {
+            wsync_tensor_t t;
+            wsync_recv_peek(it, i, &t);
+            size_t n = t.dtype.bits / 8;
+            for (int d = 0; d < t.ndim; ++d) n *= (size_t)t.shape[d];
+            if (wsync_recv_copy(it, i, 0, (void *)(uintptr_t)(mine + at), n) != WSYNC_OK)
+                fprintf(stderr, "overlapping engine: copy: %s\n", wsync_last_error());
+            at += (n + 255) / 256 * 256;
+        }
+        long t0 = tu_now_ms();
+        wsync_status_t st = wsync_recv_end(it);
+        long took = tu_now_ms() - t0;
+        if (st != WSYNC_OK) fprintf(stderr, "overlapping engine: chunk %d: %s\n", chunk, wsync_last_error());
+        uint8_t answer[2] = {st == WSYNC_OK ? 0 : (uint8_t)(0x80 | st), (uint8_t)(took > 255 ? 255 : took)};
+        if (tu_write_all(out, answer, 2)) return 17;
+        if (info.flags & WSYNC_CHUNK_LAST) {
+            uint64_t v = 0;
+            wsync_receiver_completed_version(r, &v);
+            uint8_t b = (uint8_t)v;
+            if (tu_write_all(out, &b, 1)) return 18;
+        }
+    }
+    drv.cuMemFree(mine);
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    return 0;
+}
+
+static void overlapping_engine_finish(engine_t *e) {
+    assert_int_equal(tu_send_frame(e->to, NULL, 0), 0);
+    assert_int_equal(tu_wait_child(e->pid, 20000), 0);
+    close(e->to);
+    close(e->from);
+}
+
+static int overlapping_loader_engine_entry(const void *cfg, int in, int out) {
+    return overlapping_loader_engine_main((const engine_cfg *)cfg, in, out);
+}
+
+/* The trainer of the two tests below: a version of two chunks (tensors t0 and t1, then t2) to
+ * one overlapping engine; `between` runs after the engine ended chunk 1 and before chunk 2 goes. */
+static void overlapping_sync(engine_t *e, const char *trainer_opts, wsync_strategy_t **s,
+                             wsync_blob_t *init, wsync_sender_t **tx, void *data[3],
+                             void (*between)(engine_t *, wsync_sender_t *)) {
+    ipc_trainer(trainer_opts, e, 1, s, init, tx);
+    wsync_tensor_t t[3];
+    for (int k = 0; k < 3; ++k) {
+        size_t n = (size_t)shapes[k][0] * shapes[k][1] * 4;
+        data[k] = dalloc(n);
+        tu_fill(data[k], n, 1, (uint64_t)k);
+        t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    }
+    wsync_blob_t req;
+    wsync_chunk_t ch = tu_chunk(t, 2, 0);
+    OK(wsync_sender_send_chunk(*tx, &ch, &req));
+    engine_send(e, &req);
+    wsync_blob_free(&req);
+    between(e, *tx);
+    ch = tu_chunk(t + 2, 1, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(*tx, &ch, &req));
+    engine_send(e, &req);
+    wsync_blob_free(&req);
+}
+
+static void while_chunk_1_is_still_being_copied(engine_t *e, wsync_sender_t *tx) {
+    uint8_t a[2];
+    assert_int_equal(tu_read_all(e->from, a, 2, 5000), 0);
+    assert_int_equal(a[0], 0);
+    assert_true(a[1] < 200); /* recv_end did not wait for the held stream (its timeout: 2 s) */
+    /* ...but the trainer is not told chunk 1 is done while its copies have not run. */
+    EXPECT_ERR(wsync_sender_flush(tx, 300), WSYNC_ERR_TIMEOUT, "receiver 0");
+}
+
+/* Issue 10 on hardware (docs/gpu-validation.md, runs 4-5): an engine that waited in every
+ * wsync_recv_end for its copies serialised its GPU with its CPU. A chunk that does not end its
+ * version is acknowledged when its copies complete, not when its iteration ends; the trainer
+ * still hears of it only then, and the version completes only once everything is copied. */
+static void cuda_ipc_an_earlier_chunk_is_acknowledged_when_its_copies_complete_not_when_it_ends(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0, \"timeout_ms\": 2000}", NULL, 0, 0, 0, 0, 0, 0};
+    engine_t e = tu_fork_peer(overlapping_loader_engine_entry, &c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    void *data[3];
+    overlapping_sync(&e, "{\"packed\": false}", &s, &init, &tx, data, while_chunk_1_is_still_being_copied);
+    uint8_t a[3];
+    assert_int_equal(tu_read_all(e.from, a, 3, 5000), 0);
+    assert_int_equal(a[0], 0);  /* the last chunk ended fine */
+    assert_int_equal(a[2], 1);  /* and version 1 completed */
+    OK(wsync_sender_flush(tx, 5000));
+    overlapping_engine_finish(&e);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < 3; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
+static void chunk_1_reported_failed(engine_t *e, wsync_sender_t *tx) {
+    uint8_t a[2];
+    assert_int_equal(tu_read_all(e->from, a, 2, 5000), 0);
+    assert_int_equal(a[0], 0); /* its iteration ended before the copy ran */
+    EXPECT_ERR(wsync_sender_flush(tx, 5000), WSYNC_ERR_PEER, "chunk 0 of version 1");
+}
+
+/* A copy of an earlier chunk that fails on the GPU after its iteration ended: the trainer's
+ * flush names that chunk, and the engine's wsync_recv_end of the version's last chunk fails,
+ * so the version does not complete on either side. */
+static void cuda_ipc_a_failed_copy_of_an_earlier_chunk_fails_the_version_on_both_sides(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0, \"timeout_ms\": 2000}", NULL, 0, 0, 0, 0, 1, 0};
+    engine_t e = tu_fork_peer(overlapping_loader_engine_entry, &c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    void *data[3];
+    overlapping_sync(&e, "{\"bucket_bytes\": 65536, \"buckets\": 2}", &s, &init, &tx, data,
+                     chunk_1_reported_failed);
+    uint8_t a[3];
+    assert_int_equal(tu_read_all(e.from, a, 3, 5000), 0);
+    assert_int_not_equal(a[0], 0); /* the last chunk reports the earlier failure */
+    assert_int_equal(a[2], 0);     /* and version 1 did not complete */
+    overlapping_engine_finish(&e);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < 3; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
+static void chunk_1_reported_late(engine_t *e, wsync_sender_t *tx) {
+    uint8_t a[2];
+    assert_int_equal(tu_read_all(e->from, a, 2, 5000), 0);
+    assert_int_equal(a[0], 0);
+    EXPECT_ERR(wsync_sender_flush(tx, 5000), WSYNC_ERR_PEER, "did not finish in 300 ms");
+}
+
+/* Copies of an earlier chunk that outlive the receiver's deadline (its stream held past it):
+ * the trainer hears that chunk failed with the reason, and although the stream then runs and
+ * the last chunk's own copies complete, the engine's wsync_recv_end of the last chunk reports
+ * the earlier failure and the version does not complete. */
+static void cuda_ipc_copies_of_an_earlier_chunk_past_the_deadline_fail_the_version(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0, \"timeout_ms\": 300}", NULL, 0, 0, 0, 0, 2, 0};
+    engine_t e = tu_fork_peer(overlapping_loader_engine_entry, &c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    void *data[3];
+    overlapping_sync(&e, "{\"packed\": false}", &s, &init, &tx, data, chunk_1_reported_late);
+    uint8_t a[3];
+    assert_int_equal(tu_read_all(e.from, a, 3, 5000), 0);
+    assert_int_equal(a[0], 0x80 | WSYNC_ERR_TIMEOUT); /* the earlier chunk's failure */
+    assert_int_equal(a[2], 0);                         /* version 1 did not complete */
+    overlapping_engine_finish(&e);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < 3; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
 static void nccl_too_old_or_missing_is_unavailable_naming_it(void **state) {
     (void)state;
     wsync_strategy_t *s = (wsync_strategy_t *)1;
@@ -1566,6 +1754,9 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(nccl_broadcast_reaches_two_engines_bit_for_bit),
     cmocka_unit_test(nccl_group_that_never_completes_times_out_and_aborts),
     cmocka_unit_test(nccl_failed_broadcast_times_the_receiver_out_and_fails_flush),
+    cmocka_unit_test(cuda_ipc_an_earlier_chunk_is_acknowledged_when_its_copies_complete_not_when_it_ends),
+    cmocka_unit_test(cuda_ipc_a_failed_copy_of_an_earlier_chunk_fails_the_version_on_both_sides),
+    cmocka_unit_test(cuda_ipc_copies_of_an_earlier_chunk_past_the_deadline_fail_the_version),
     cmocka_unit_test(nccl_too_old_or_missing_is_unavailable_naming_it),
     cmocka_unit_test(a_cuda_driver_older_than_12_0_is_unavailable_naming_both_versions),
     cmocka_unit_test(nccl_receiver_polls_an_in_progress_broadcast_to_completion_before_returning_views),

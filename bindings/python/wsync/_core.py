@@ -405,7 +405,13 @@ class Strategy:
                                                      byref(out))
             if status:
                 raise_for(status, self._lib)
-        return Receiver(self._lib, out.value, index)
+        r = Receiver(self._lib, out.value, index)
+        # cuda_ipc with "synchronize" on (the default) acknowledges a chunk only once the
+        # loader's work queued on its stream is done, and a version only once all of it is:
+        # a loader need not wait for its GPU copies itself (see wsync_recv_end).
+        r.orders_loader_work = (self.kind == "cuda_ipc"
+                                and self.options.get("synchronize", True) not in (False, 0))
+        return r
 
     @property
     def closed(self) -> bool:
@@ -724,6 +730,9 @@ class Receiver:
         self._open: Optional[_IterHandle] = None
         #: This receiver's index.
         self.index = index
+        #: True when the library itself waits for the loader's GPU work on the receiver's
+        #: stream before a chunk is acknowledged (``cuda_ipc`` with ``synchronize`` on).
+        self.orders_loader_work = False
 
     def _handle(self) -> int:
         if self._h is None:

@@ -350,9 +350,16 @@ class ModuleLoader:
                                            src.detach().view(-1)[span[0]:span[1]])
                             if dst.is_cuda:
                                 cuda_devices.add(dst.device)
-            # The views die when the iteration ends: make sure no copy still reads them.
+            # The views die when the iteration ends: make sure no copy still reads them. With
+            # cuda_ipc the library does it (the chunk is acknowledged once the default stream
+            # has run these copies, and the version once all of them ran), so the engine goes
+            # on to the next chunk while this one's copies run. Copies on another current
+            # stream are still waited for here.
             for device in cuda_devices:
-                torch.cuda.current_stream(device).synchronize()
+                stream = torch.cuda.current_stream(device)
+                if not (getattr(receiver, "orders_loader_work", False)
+                        and stream == torch.cuda.default_stream(device)):
+                    stream.synchronize()
             for key, part, numel in plan[1]:
                 self._covered.setdefault(key, {})[part] = numel
         return info

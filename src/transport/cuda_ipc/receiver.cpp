@@ -8,6 +8,7 @@
 #include "layout.hpp"
 #include "gpu/device.hpp"
 #include "gpu/pack.hpp"
+#include "transport/cuda_ipc/ack_queue.hpp"
 #include "transport/cuda_ipc/handle_cache.hpp"
 #include "transport/cuda_ipc/request.hpp"
 
@@ -20,10 +21,11 @@ using gpu::CUipcMemHandle;
 class IpcBacking final : public ChunkBacking {
 public:
     IpcBacking(std::shared_ptr<SharedSegment> seg, const gpu::Device &dev, gpu::Event *legacy,
-               gpu::CUstream stream, HandleCache &cache, int64_t timeout_ms, const ChunkHeader &h,
-               uint32_t index, uint32_t slot, uint64_t seq, std::vector<CUdeviceptr> ptrs)
-        : seg_(std::move(seg)), dev_(dev), legacy_(legacy), stream_(stream), cache_(cache),
-          timeout_ms_(timeout_ms),
+               AckQueue *acks, gpu::CUstream stream, HandleCache &cache, int64_t timeout_ms,
+               const ChunkHeader &h, uint32_t index, uint32_t slot, uint64_t seq,
+               std::vector<CUdeviceptr> ptrs)
+        : seg_(std::move(seg)), dev_(dev), legacy_(legacy), acks_(acks), stream_(stream),
+          cache_(cache), timeout_ms_(timeout_ms),
           header_(h), index_(index), slot_(slot), seq_(seq), ptrs_(std::move(ptrs)) {}
 
     const void *data(std::size_t i) const override {
@@ -73,41 +75,84 @@ public:
     // memory: they are queued on the legacy default stream (or ordered before it), so an event
     // recorded there and polled against the deadline covers them, without waiting for the
     // engine's other streams. Also after a failure: copies may still be reading the views.
+    //
+    // A chunk that does not end its version and loaded fine does not wait here: its
+    // acknowledgement goes to the AckQueue, published when its event completes, so the loader
+    // takes the next chunk meanwhile. The chunk that ends the version (and any failed chunk)
+    // first drains the queue: a failed earlier chunk fails it too, so the version never
+    // completes on this receiver, and the trainer has heard of that chunk already.
     wsync_status_t settle(wsync_status_t outcome, std::string *message) noexcept override {
-        if (!legacy_) return outcome;
-        const std::string chunk = "chunk " + std::to_string(header_.chunk_index) + " of version " +
-                                  std::to_string(header_.version);
-        try {
-            legacy_->record(stream_);
-            gpu::poll_until([&] { return legacy_->done(); }, sys::Deadline(timeout_ms_),
-                            std::string(kKind) + ": receiver " + std::to_string(index_) +
-                                ": the loader's work on " + gpu::stream_text(stream_) + " of " +
-                                dev_.uuid_string() + " after " + chunk);
+        if (acks_ && legacy_ && outcome == WSYNC_OK && !header_.last) {
+            deferred_ = true;
             return outcome;
-        } catch (const Error &e) {
-            if (outcome != WSYNC_OK) return outcome;
-            *message = e.status() == WSYNC_ERR_TIMEOUT
-                           ? std::string(e.what())
-                           : std::string(kKind) + ": receiver " + std::to_string(index_) +
-                                 ": the loader's work on " + gpu::stream_text(stream_) + " of " +
-                                 dev_.uuid_string() + " failed after " + chunk + ": " + e.what();
-            return e.status();
-        } catch (...) {
-            if (outcome != WSYNC_OK) return outcome;
-            *message = std::string(kKind) + ": " + chunk + ": waiting for the loader's work failed";
-            return WSYNC_ERR_SYSTEM;
         }
+        if (acks_) {
+            std::string why;
+            const wsync_status_t earlier = acks_->drain(&why);
+            if (earlier != WSYNC_OK && outcome == WSYNC_OK) {
+                outcome = earlier;
+                *message = why;
+            }
+        }
+        if (!legacy_) return outcome;
+        std::string why;
+        const wsync_status_t waited = settle_now(&why);
+        if (waited != WSYNC_OK && outcome == WSYNC_OK) {
+            *message = why;
+            return waited;
+        }
+        return outcome;
     }
 
     void acknowledge(wsync_status_t outcome) noexcept override {
+        if (deferred_) {
+            try {
+                acks_->defer(stream_, header_, slot_, seq_);
+                return;
+            } catch (...) {  // no event to defer on: wait here after all
+                deferred_ = false;
+                std::string why;
+                if (settle_now(&why) != WSYNC_OK) {
+                    std::lock_guard<std::mutex> lk(acks_->board_mutex());
+                    board::record_failure(seg_->board(), index_, WSYNC_ERR_SYSTEM, header_.version,
+                                          header_.chunk_index, why);
+                    outcome = WSYNC_ERR_SYSTEM;
+                }
+            }
+        }
         if (header_.last) release_through(seg_->board(), index_, cache_, header_.version);
         board::acknowledge(seg_->board(), index_, slot_, seq_, outcome);
     }
 
 private:
+    // Waits (deadline: the receiver's timeout) for the work queued on the loader's stream so
+    // far. WSYNC_OK, or the status and *why of a failed or late wait.
+    wsync_status_t settle_now(std::string *why) noexcept {
+        const std::string chunk = "chunk " + std::to_string(header_.chunk_index) + " of version " +
+                                  std::to_string(header_.version);
+        const std::string work = std::string(kKind) + ": receiver " + std::to_string(index_) +
+                                 ": the loader's work on " + gpu::stream_text(stream_) + " of " +
+                                 dev_.uuid_string();
+        try {
+            legacy_->record(stream_);
+            gpu::poll_until([&] { return legacy_->done(); }, sys::Deadline(timeout_ms_),
+                            work + " after " + chunk);
+            return WSYNC_OK;
+        } catch (const Error &e) {
+            *why = e.status() == WSYNC_ERR_TIMEOUT ? std::string(e.what())
+                                                   : work + " failed after " + chunk + ": " + e.what();
+            return e.status();
+        } catch (...) {
+            *why = std::string(kKind) + ": " + chunk + ": waiting for the loader's work failed";
+            return WSYNC_ERR_SYSTEM;
+        }
+    }
+
     std::shared_ptr<SharedSegment> seg_;
     const gpu::Device &dev_;
     gpu::Event *legacy_;  // null: "synchronize" is off
+    AckQueue *acks_;      // null: acknowledged when the iteration ends, as "synchronize" says
+    bool deferred_ = false;  // settle() left the acknowledgement to acks_
     gpu::CUstream stream_;  // the loader's stream, whose work releases the chunk
     HandleCache &cache_;
     int64_t timeout_ms_;
@@ -124,12 +169,18 @@ public:
         : seg_(std::move(seg)), info_(info), index_(index),
           dev_(std::make_unique<gpu::Device>(api, ordinal, kKind)), cache_(*dev_),
           timeout_ms_(timeout_ms) {
-        if (synchronize) legacy_ = std::make_unique<gpu::Event>(*dev_);
+        if (synchronize) {
+            legacy_ = std::make_unique<gpu::Event>(*dev_);
+            acks_ = std::make_unique<AckQueue>(*dev_, seg_, index_, timeout_ms_);
+        }
         board::attach(seg_->board(), seg_->fd(), index_, kKind);
     }
 
     ~IpcReceiver() override {
-        // Every mapping is closed before the sender learns that this receiver is gone.
+        // Chunks still being copied are waited for (bounded) and acknowledged before any
+        // mapping closes; every mapping is closed before the sender learns that this receiver
+        // is gone.
+        acks_.reset();
         cache_.close_all();
         board::release(seg_->board(), index_, board::kAllReleased);
         board::detach(seg_->board(), index_);
@@ -150,9 +201,12 @@ public:
                 wire::uint_field(transport, "slot", "cuda_ipc request", slots - 1));
             if (seq == 0 || (seq - 1) % slots != slot || !seg_->may_answer(index_, slot, seq))
                 return;
-            if (record)
+            if (record) {
+                std::unique_lock<std::mutex> lk;
+                if (acks_) lk = std::unique_lock<std::mutex>(acks_->board_mutex());
                 board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index,
                                       message);
+            }
             if (h.last) release_through(seg_->board(), index_, cache_, h.version);
             board::acknowledge(seg_->board(), index_, slot, seq, status);
         } catch (...) {
@@ -161,6 +215,8 @@ public:
 
     void record_failure(const ChunkHeader &h, wsync_status_t status,
                         const std::string &message) noexcept override {
+        std::unique_lock<std::mutex> lk;
+        if (acks_) lk = std::unique_lock<std::mutex>(acks_->board_mutex());
         board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);
     }
 
@@ -184,16 +240,17 @@ public:
         seg_->check_owed(index_, slot, seq, commit ? "commit request" : "request");
         if (commit) {
             last_seq_ = seq;
-            return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, order_stream_, cache_,
-                                                timeout_ms_, header, index_, slot, seq,
+            return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, acks_.get(), order_stream_,
+                                                cache_, timeout_ms_, header, index_, slot, seq,
                                                 std::vector<CUdeviceptr>{});
         }
         const json &part = part_for_this_gpu(parts, w);
         std::vector<CUdeviceptr> ptrs = info_.packed ? packed_views(part, table, header, w)
                                                      : shared_views(part, table, header, w);
         last_seq_ = seq;
-        return std::make_unique<IpcBacking>(seg_, *dev_, legacy_.get(), order_stream_, cache_,
-                                            timeout_ms_, header, index_, slot, seq, std::move(ptrs));
+        return std::make_unique<IpcBacking>(seg_, *dev_, legacy_.get(), acks_.get(), order_stream_,
+                                            cache_, timeout_ms_, header, index_, slot, seq,
+                                            std::move(ptrs));
     }
 
 private:
@@ -280,6 +337,7 @@ private:
     HandleCache cache_;
     int64_t timeout_ms_;
     std::unique_ptr<gpu::Event> legacy_;  // for settle(); null when "synchronize" is off
+    std::unique_ptr<AckQueue> acks_;      // chunks acknowledged once copied; with legacy_
     gpu::CUstream order_stream_ = gpu::CU_STREAM_LEGACY;  // set_stream(): the loader's stream
     uint64_t last_seq_ = 0;
 };

@@ -1,0 +1,125 @@
+#include "transport/cuda_ipc/ack_queue.hpp"
+
+#include <cinttypes>
+
+#include "board.hpp"
+#include "error.hpp"
+
+namespace wsync::cuda_ipc {
+
+AckQueue::AckQueue(const gpu::Device &dev, std::shared_ptr<SharedSegment> seg, uint32_t index,
+                   int64_t timeout_ms)
+    : dev_(dev), seg_(std::move(seg)), index_(index), timeout_ms_(timeout_ms),
+      thread_([this] { run(); }) {}
+
+AckQueue::~AckQueue() {
+    std::string ignored;
+    drain(&ignored);  // bounded; what is left the thread fails at each chunk's own deadline
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+}
+
+void AckQueue::defer(gpu::CUstream stream, const ChunkHeader &h, uint32_t slot, uint64_t seq) {
+    std::unique_ptr<gpu::Event> ev;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!spare_.empty()) {
+            ev = std::move(spare_.back());
+            spare_.pop_back();
+        }
+    }
+    if (!ev) ev = std::make_unique<gpu::Event>(dev_);
+    ev->record(stream);  // after every copy the loader queued for this chunk
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        pending_.push_back(Pending{std::move(ev), h, slot, seq, sys::Deadline(timeout_ms_)});
+    }
+    cv_.notify_all();
+}
+
+wsync_status_t AckQueue::drain(std::string *message) {
+    std::unique_lock<std::mutex> lk(mu_);
+    const sys::Deadline deadline(timeout_ms_);
+    while (!pending_.empty()) {
+        if (deadline.passed()) {
+            *message = strf("cuda_ipc: receiver %u: the loader's work for %zu earlier chunk(s) "
+                             "(the first: chunk %u of version %" PRIu64 ") is still running on "
+                             "%s after %" PRId64 " ms",
+                             index_, pending_.size(), pending_.front().header.chunk_index,
+                             pending_.front().header.version, dev_.uuid_string().c_str(),
+                             timeout_ms_);
+            return WSYNC_ERR_TIMEOUT;
+        }
+        cv_.wait_for(lk, std::chrono::milliseconds(std::min<int64_t>(deadline.remaining_ms() + 1, 100)));
+    }
+    const wsync_status_t failed = failed_;
+    *message = failure_;
+    failed_ = WSYNC_OK;
+    failure_.clear();
+    return failed;
+}
+
+void AckQueue::fail_front(wsync_status_t status, const std::string &why) {
+    Pending &p = pending_.front();
+    {
+        std::lock_guard<std::mutex> blk(board_mu_);
+        board::record_failure(seg_->board(), index_, status, p.header.version, p.header.chunk_index,
+                              why);
+    }
+    board::acknowledge(seg_->board(), index_, p.slot, p.seq, status);
+    if (failed_ == WSYNC_OK) failed_ = status, failure_ = why;
+    pending_.pop_front();  // its event may be in an error state: not reused
+    cv_.notify_all();
+}
+
+void AckQueue::run() {
+    std::unique_ptr<gpu::Device::Scope> scope;  // the device's context, for the thread's life
+    try {
+        scope = std::make_unique<gpu::Device::Scope>(dev_);
+    } catch (...) {
+    }
+    std::unique_lock<std::mutex> lk(mu_);
+    int round = 0;
+    for (;;) {
+        cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+        if (pending_.empty()) return;  // stop_, nothing owed
+        Pending &p = pending_.front();  // only this thread pops; push_back keeps references
+        const std::string chunk = strf("chunk %u of version %" PRIu64, p.header.chunk_index,
+                                       p.header.version);
+        bool done = false;
+        try {
+            done = p.event->done();
+        } catch (const Error &e) {
+            fail_front(e.status(), strf("cuda_ipc: receiver %u: the loader's work on %s after %s "
+                                        "failed: %s",
+                                        index_, dev_.uuid_string().c_str(), chunk.c_str(), e.what()));
+            round = 0;
+            continue;
+        }
+        if (done) {
+            board::acknowledge(seg_->board(), index_, p.slot, p.seq, WSYNC_OK);
+            spare_.push_back(std::move(p.event));
+            pending_.pop_front();
+            cv_.notify_all();
+            round = 0;
+            continue;
+        }
+        if (p.deadline.passed()) {
+            fail_front(WSYNC_ERR_TIMEOUT,
+                       strf("cuda_ipc: receiver %u: the loader's work on %s after %s did not "
+                            "finish in %" PRId64 " ms",
+                            index_, dev_.uuid_string().c_str(), chunk.c_str(), timeout_ms_));
+            round = 0;
+            continue;
+        }
+        lk.unlock();
+        gpu::poll_sleep(round++);
+        lk.lock();
+    }
+}
+
+}  // namespace wsync::cuda_ipc
