@@ -134,11 +134,10 @@ public:
     // part NULL (wsync_recv_next): a part of a split tensor fails the iteration.
     bool next(wsync_tensor_t *view, wsync_part_t *part);
     void part(std::size_t i, wsync_part_t *out) const;
-    // wsync_recv_copy: bytes [offset, offset + len) of tensor i into dst (host memory),
-    // verifying the whole tensor in the same pass the first time any of it is taken.
+    // wsync_recv_copy: bytes [offset, offset + len) of tensor i into dst, verifying the whole
+    // tensor in the same pass the first time any of it is taken (host memory), or queued on
+    // the loader's stream by the transport (device memory).
     void copy(std::size_t i, uint64_t offset, void *dst, uint64_t len);
-    // copy() of a tensor in device memory: the transport's queued device copy (cuda_ipc).
-    void copy_device(std::size_t i, uint64_t offset, void *dst, uint64_t len, const uint8_t *src);
     // wsync_recv_patch: tensor i's patch as flat indices and values, checked without the base.
     void patch(std::size_t i, wsync_patch_t *out);
     // Acknowledges; throws the iteration's failure, if any. Called once, by Receiver::end.

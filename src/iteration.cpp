@@ -135,13 +135,20 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
     if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
     const wsync_device_t dev = backing_->device();
     const uint8_t *src = static_cast<const uint8_t *>(backing_->data(i));
-    if (!device_is_host(dev)) return copy_device(i, offset, dst, len, src);
     const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+    auto label = [&] { return tensor_label(i, m.name.c_str()); };  // for messages only
     if (len != 0 && d < s + table_.wire_bytes(i) && s < d + len)
         wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
-                    "wsync_recv_copy: the destination overlaps " + tensor_label(i, m.name.c_str()) +
-                        "'s received bytes");
-    if (table_.is_patch(i)) return apply_patch(i, offset, dst, len);
+                    "wsync_recv_copy: the destination overlaps " + label() + "'s received bytes");
+    // Device memory (the GPU kinds): the transport queues a device copy on the loader's stream
+    // (cuda_ipc) or has none; no GPU kind carries checksums or patches.
+    const bool device = !device_is_host(dev);
+    if (table_.is_patch(i)) {
+        if (device)  // never hand out patch bytes as if they were the tensor
+            wsync::fail(WSYNC_ERR_UNSUPPORTED,
+                        "wsync_recv_copy: " + label() + " is a patch in " + device_name(dev) + " memory");
+        return apply_patch(i, offset, dst, len);
+    }
     if (table_.is_part(i)) {
         // dst holds byte `offset` of the whole tensor at dst[0]: write the part's share of
         // [offset, offset + len) at its place there, in the part's own coordinates.
@@ -153,42 +160,19 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
         len = hi - lo;
     }
     if (len == 0) return;
-    if (verify_ && !(state_[i] & kVerified))  // fails the iteration on a mismatch
+    if (device) {
+        if (!backing_->copy_to_device(dst, src + offset, len,
+                                      [&] { return label() + " in " + chunk_label(header_); }))
+            wsync::fail(WSYNC_ERR_UNSUPPORTED,
+                        "wsync_recv_copy: " + label() + " is in " + device_name(dev) +
+                            " memory and strategy '" + owner_->kind_.name +
+                            "' has no device copy; copy out of its wsync_recv_next view with the "
+                            "device's own copy (e.g. cudaMemcpyAsync)");
+    } else if (verify_ && !(state_[i] & kVerified)) {  // fails the iteration on a mismatch
         check_sum(i, copy::copy_hashing(dst, src, table_.payload_bytes(i), offset, len));
-    else
+    } else {
         owner_->pool_->copy(dst, src + offset, len);
-    if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
-}
-
-// wsync_recv_copy() of a tensor in device memory: the transport queues a device copy on the
-// loader's stream (cuda_ipc), or has none (UNSUPPORTED, the iteration unchanged). The GPU kinds
-// carry no checksums and no patches; parts are cut to the range as for host memory.
-void Iteration::copy_device(std::size_t i, uint64_t offset, void *dst, uint64_t len,
-                            const uint8_t *src) {
-    const TensorMeta &m = table_.metas[i];
-    const std::string label = tensor_label(i, m.name.c_str());
-    const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
-    if (len != 0 && d < s + table_.wire_bytes(i) && s < d + len)
-        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
-                    "wsync_recv_copy: the destination overlaps " + label + "'s received bytes");
-    if (table_.is_patch(i))  // no GPU kind sends patches today; never hand out patch bytes raw
-        wsync::fail(WSYNC_ERR_UNSUPPORTED, "wsync_recv_copy: " + label + " is a patch in " +
-                                               device_name(backing_->device()) + " memory");
-    if (table_.is_part(i)) {
-        const PartInfo &p = table_.parts[i];
-        const uint64_t lo = std::max(offset, p.offset), hi = std::min(offset + len, p.offset + p.bytes);
-        if (lo >= hi) return;
-        dst = static_cast<uint8_t *>(dst) + (lo - offset);
-        offset = lo - p.offset;
-        len = hi - lo;
     }
-    if (len == 0) return;
-    if (!backing_->copy_to_device(dst, src + offset, len, label + " in " + chunk_label(header_)))
-        wsync::fail(WSYNC_ERR_UNSUPPORTED,
-                    "wsync_recv_copy: " + label + " is in " + device_name(backing_->device()) +
-                        " memory and strategy '" + owner_->kind_.name +
-                        "' has no device copy; copy out of its wsync_recv_next view with the "
-                        "device's own copy (e.g. cudaMemcpyAsync)");
     if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,8 +70,9 @@ public:
     // naming `what`, nothing queued) and queues the copy of `len` bytes from `src` (inside the
     // chunk) on the loader's stream, which settle() waits for. Returns false where the transport
     // has no such copy (the iteration then refuses it as WSYNC_ERR_UNSUPPORTED).
+    // `what` makes the tensor's label, called only for a message.
     virtual bool copy_to_device(void * /*dst*/, const void * /*src*/, uint64_t /*len*/,
-                                const std::string & /*what*/) {
+                                const std::function<std::string()> & /*what*/) {
         return false;
     }
     // Called exactly once, when the iteration ends, before anything is told to the sender:

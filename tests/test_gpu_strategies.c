@@ -1602,6 +1602,30 @@ static void overlapping_sync(engine_t *e, const char *trainer_opts, wsync_strate
     wsync_blob_free(&req);
 }
 
+/* One overlapping_sync to an overlapping engine with `engine_opts` and loader mode `mode`;
+ * then the last chunk's recv_end answer must be `last_status` (0 or 0x80 | status) and the
+ * engine's completed version `version`. */
+static void run_overlapping(const char *engine_opts, int mode, const char *trainer_opts,
+                            void (*between)(engine_t *, wsync_sender_t *), uint8_t last_status,
+                            uint8_t version) {
+    engine_cfg c0 = {"cuda_ipc", engine_opts, NULL, 0, 0, 0, 0, mode, 0};
+    engine_t e = tu_fork_peer(overlapping_loader_engine_entry, &c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    void *data[3];
+    overlapping_sync(&e, trainer_opts, &s, &init, &tx, data, between);
+    uint8_t a[3];
+    assert_int_equal(tu_read_all(e.from, a, 3, 5000), 0);
+    assert_int_equal(a[0], last_status);
+    assert_int_equal(a[2], version);
+    if (version) OK(wsync_sender_flush(tx, 5000));
+    overlapping_engine_finish(&e);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < 3; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
 static void while_chunk_1_is_still_being_copied(engine_t *e, wsync_sender_t *tx) {
     uint8_t a[2];
     assert_int_equal(tu_read_all(e->from, a, 2, 5000), 0);
@@ -1617,22 +1641,8 @@ static void while_chunk_1_is_still_being_copied(engine_t *e, wsync_sender_t *tx)
  * still hears of it only then, and the version completes only once everything is copied. */
 static void cuda_ipc_an_earlier_chunk_is_acknowledged_when_its_copies_complete_not_when_it_ends(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0, \"timeout_ms\": 2000}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_t e = tu_fork_peer(overlapping_loader_engine_entry, &c0);
-    use_device(0);
-    wsync_strategy_t *s;
-    wsync_blob_t init;
-    wsync_sender_t *tx;
-    void *data[3];
-    overlapping_sync(&e, "{\"packed\": false}", &s, &init, &tx, data, while_chunk_1_is_still_being_copied);
-    uint8_t a[3];
-    assert_int_equal(tu_read_all(e.from, a, 3, 5000), 0);
-    assert_int_equal(a[0], 0);  /* the last chunk ended fine */
-    assert_int_equal(a[2], 1);  /* and version 1 completed */
-    OK(wsync_sender_flush(tx, 5000));
-    overlapping_engine_finish(&e);
-    trainer_end(tx, s, &init);
-    for (int k = 0; k < 3; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+    run_overlapping("{\"device\": 0, \"timeout_ms\": 2000}", 0, "{\"packed\": false}",
+                    while_chunk_1_is_still_being_copied, 0, 1);
 }
 
 static void chunk_1_reported_failed(engine_t *e, wsync_sender_t *tx) {
@@ -1647,22 +1657,10 @@ static void chunk_1_reported_failed(engine_t *e, wsync_sender_t *tx) {
  * so the version does not complete on either side. */
 static void cuda_ipc_a_failed_copy_of_an_earlier_chunk_fails_the_version_on_both_sides(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0, \"timeout_ms\": 2000}", NULL, 0, 0, 0, 0, 1, 0};
-    engine_t e = tu_fork_peer(overlapping_loader_engine_entry, &c0);
-    use_device(0);
-    wsync_strategy_t *s;
-    wsync_blob_t init;
-    wsync_sender_t *tx;
-    void *data[3];
-    overlapping_sync(&e, "{\"bucket_bytes\": 65536, \"buckets\": 2}", &s, &init, &tx, data,
-                     chunk_1_reported_failed);
-    uint8_t a[3];
-    assert_int_equal(tu_read_all(e.from, a, 3, 5000), 0);
-    assert_int_not_equal(a[0], 0); /* the last chunk reports the earlier failure */
-    assert_int_equal(a[2], 0);     /* and version 1 did not complete */
-    overlapping_engine_finish(&e);
-    trainer_end(tx, s, &init);
-    for (int k = 0; k < 3; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+    /* the last chunk reports the earlier failure; version 1 does not complete */
+    run_overlapping("{\"device\": 0, \"timeout_ms\": 2000}", 1,
+                    "{\"bucket_bytes\": 65536, \"buckets\": 2}", chunk_1_reported_failed,
+                    0x80 | WSYNC_ERR_SYSTEM, 0);
 }
 
 static void chunk_1_reported_late(engine_t *e, wsync_sender_t *tx) {
@@ -1678,21 +1676,8 @@ static void chunk_1_reported_late(engine_t *e, wsync_sender_t *tx) {
  * the earlier failure and the version does not complete. */
 static void cuda_ipc_copies_of_an_earlier_chunk_past_the_deadline_fail_the_version(void **state) {
     (void)state;
-    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0, \"timeout_ms\": 300}", NULL, 0, 0, 0, 0, 2, 0};
-    engine_t e = tu_fork_peer(overlapping_loader_engine_entry, &c0);
-    use_device(0);
-    wsync_strategy_t *s;
-    wsync_blob_t init;
-    wsync_sender_t *tx;
-    void *data[3];
-    overlapping_sync(&e, "{\"packed\": false}", &s, &init, &tx, data, chunk_1_reported_late);
-    uint8_t a[3];
-    assert_int_equal(tu_read_all(e.from, a, 3, 5000), 0);
-    assert_int_equal(a[0], 0x80 | WSYNC_ERR_TIMEOUT); /* the earlier chunk's failure */
-    assert_int_equal(a[2], 0);                         /* version 1 did not complete */
-    overlapping_engine_finish(&e);
-    trainer_end(tx, s, &init);
-    for (int k = 0; k < 3; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+    run_overlapping("{\"device\": 0, \"timeout_ms\": 300}", 2, "{\"packed\": false}",
+                    chunk_1_reported_late, 0x80 | WSYNC_ERR_TIMEOUT, 0);
 }
 
 static void nccl_too_old_or_missing_is_unavailable_naming_it(void **state) {
