@@ -1680,6 +1680,50 @@ static void cuda_ipc_copies_of_an_earlier_chunk_past_the_deadline_fail_the_versi
                     chunk_1_reported_late, 0x80 | WSYNC_ERR_TIMEOUT, 0);
 }
 
+/* After a version failed on a late earlier chunk, the trainer abandons it and sends the next:
+ * that version completes on the engine (the old chunk's failure, already reported, does not
+ * fail it) and bit-exact on the trainer's flush. */
+static void cuda_ipc_the_version_after_a_failed_earlier_chunk_completes(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0, \"timeout_ms\": 300}", NULL, 0, 0, 0, 0, 2, 0};
+    engine_t e = tu_fork_peer(overlapping_loader_engine_entry, &c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"packed\": false}", &e, 1, &s, &init, &tx);
+    void *data[3];
+    wsync_tensor_t t[3];
+    for (int k = 0; k < 3; ++k) {
+        size_t n = (size_t)shapes[k][0] * shapes[k][1] * 4;
+        data[k] = dalloc(n);
+        tu_fill(data[k], n, 1, (uint64_t)k);
+        t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    }
+    wsync_chunk_t ch = tu_chunk(t, 2, 0);
+    OK(wsync_sender_send_chunk(tx, &ch, &req)); /* version 1, chunk 0: held past 300 ms */
+    engine_send(&e, &req);
+    wsync_blob_free(&req);
+    chunk_1_reported_late(&e, tx);
+    OK(wsync_sender_abandon(tx));
+    for (int c = 0; c < 2; ++c) { /* version 2: chunk 0 (the engine releases its stream), 1 */
+        ch = c ? tu_chunk(t + 2, 1, WSYNC_CHUNK_LAST) : tu_chunk(t, 2, 0);
+        OK(wsync_sender_send_chunk(tx, &ch, &req));
+        engine_send(&e, &req);
+        wsync_blob_free(&req);
+        uint8_t a[2];
+        assert_int_equal(tu_read_all(e.from, a, 2, 5000), 0);
+        assert_int_equal(a[0], 0);
+    }
+    uint8_t version = 0;
+    assert_int_equal(tu_read_all(e.from, &version, 1, 5000), 0);
+    assert_int_equal(version, 2);
+    OK(wsync_sender_flush(tx, 5000));
+    overlapping_engine_finish(&e);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < 3; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
 static void nccl_too_old_or_missing_is_unavailable_naming_it(void **state) {
     (void)state;
     wsync_strategy_t *s = (wsync_strategy_t *)1;
@@ -1742,6 +1786,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_an_earlier_chunk_is_acknowledged_when_its_copies_complete_not_when_it_ends),
     cmocka_unit_test(cuda_ipc_a_failed_copy_of_an_earlier_chunk_fails_the_version_on_both_sides),
     cmocka_unit_test(cuda_ipc_copies_of_an_earlier_chunk_past_the_deadline_fail_the_version),
+    cmocka_unit_test(cuda_ipc_the_version_after_a_failed_earlier_chunk_completes),
     cmocka_unit_test(nccl_too_old_or_missing_is_unavailable_naming_it),
     cmocka_unit_test(a_cuda_driver_older_than_12_0_is_unavailable_naming_both_versions),
     cmocka_unit_test(nccl_receiver_polls_an_in_progress_broadcast_to_completion_before_returning_views),

@@ -14,7 +14,7 @@ AckQueue::AckQueue(const gpu::Device &dev, std::shared_ptr<SharedSegment> seg, u
 
 AckQueue::~AckQueue() {
     std::string ignored;
-    drain(&ignored);  // bounded; what is left the thread fails at each chunk's own deadline
+    drain(0, &ignored);  // bounded; what is left the thread fails at each chunk's own deadline
     {
         std::lock_guard<std::mutex> lk(mu_);
         stop_ = true;
@@ -41,7 +41,7 @@ void AckQueue::defer(gpu::CUstream stream, const ChunkHeader &h, uint32_t slot, 
     cv_.notify_all();
 }
 
-wsync_status_t AckQueue::drain(std::string *message) {
+wsync_status_t AckQueue::drain(uint64_t version, std::string *message) {
     std::unique_lock<std::mutex> lk(mu_);
     const sys::Deadline deadline(timeout_ms_);
     while (!pending_.empty()) {
@@ -56,9 +56,10 @@ wsync_status_t AckQueue::drain(std::string *message) {
         }
         cv_.wait_for(lk, std::chrono::milliseconds(std::min<int64_t>(deadline.remaining_ms() + 1, 100)));
     }
-    const wsync_status_t failed = failed_;
-    *message = failure_;
+    const wsync_status_t failed = failed_version_ == version ? failed_ : WSYNC_OK;
+    if (failed != WSYNC_OK) *message = failure_;
     failed_ = WSYNC_OK;
+    failed_version_ = 0;
     failure_.clear();
     return failed;
 }
@@ -71,7 +72,7 @@ void AckQueue::fail_front(wsync_status_t status, const std::string &why) {
                               why);
     }
     board::acknowledge(seg_->board(), index_, p.slot, p.seq, status);
-    if (failed_ == WSYNC_OK) failed_ = status, failure_ = why;
+    if (failed_ == WSYNC_OK) failed_ = status, failed_version_ = p.header.version, failure_ = why;
     pending_.pop_front();  // its event may be in an error state: not reused
     cv_.notify_all();
 }

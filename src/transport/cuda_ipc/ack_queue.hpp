@@ -42,10 +42,12 @@ public:
     // (nothing queued) when the event cannot be recorded; the caller then waits itself.
     void defer(gpu::CUstream stream, const ChunkHeader &h, uint32_t slot, uint64_t seq);
     // Waits until every queued acknowledgement is published (deadline: the receiver's timeout
-    // from now). Returns WSYNC_OK, or the first failure of a queued chunk since the last drain
-    // (its status; *message names the chunk and why), or WSYNC_ERR_TIMEOUT if the queue did not
-    // drain in time (the chunks left are then reported failed to the sender too).
-    wsync_status_t drain(std::string *message);
+    // from now). Returns WSYNC_OK, or the first failure of a queued chunk of `version` since
+    // the last drain (its status; *message names the chunk and why), or WSYNC_ERR_TIMEOUT if
+    // the queue did not drain in time (the chunks left are then reported failed to the sender
+    // by the thread at their own deadlines). A failed chunk of another version (one the trainer
+    // abandoned after hearing of it) does not fail `version`.
+    wsync_status_t drain(uint64_t version, std::string *message);
     std::mutex &board_mutex() { return board_mu_; }
 
 private:
@@ -68,7 +70,8 @@ private:
     std::condition_variable cv_;       // the thread waits for work; drain() for an empty queue
     std::deque<Pending> pending_;
     std::vector<std::unique_ptr<gpu::Event>> spare_;  // events of published chunks, reused
-    wsync_status_t failed_ = WSYNC_OK;
+    wsync_status_t failed_ = WSYNC_OK;  // the first failure since the last drain
+    uint64_t failed_version_ = 0;
     std::string failure_;
     bool stop_ = false;
     std::thread thread_;

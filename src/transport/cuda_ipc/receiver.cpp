@@ -91,7 +91,7 @@ public:
         }
         if (acks_) {
             std::string why;
-            const wsync_status_t earlier = acks_->drain(&why);
+            const wsync_status_t earlier = acks_->drain(header_.version, &why);
             if (earlier != WSYNC_OK && outcome == WSYNC_OK) {
                 outcome = earlier;
                 *message = why;
