@@ -97,7 +97,7 @@ extern "C" {
  *      planner's "split" option, wsync_recv_part(), wsync_recv_next_part(); request format 4
  *      (trainer and engines must both be 0.5); wsync_recv_patch(), wsync_patch_t and
  *      WSYNC_TENSOR_PATCH (delta patches as flat indices and values for the engine to apply);
- *      wsync_recv_copy() into device memory for "cuda_ipc" (was WSYNC_ERR_UNSUPPORTED); "cuda_ipc"
+ *      wsync_recv_copy() into device memory for the GPU kinds (was WSYNC_ERR_UNSUPPORTED); "cuda_ipc"
  *      receivers acknowledge a chunk that does not end its version when its copies complete
  *      rather than in wsync_recv_end(). */
 #define WSYNC_VERSION_NUMBER \
@@ -744,15 +744,17 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  * taken.
  * Borrows it and dst for the call; keeps nothing. dst must be writable host memory of len bytes
  * that does not overlap the received tensor; it needs no particular alignment.
- * Device memory ("cuda_ipc", since 0.5). dst is device memory of the receiver's GPU, len bytes
- * of one allocation (checked with the driver before anything is queued). The call queues one
- * device copy on the loader's stream (wsync_receiver_set_stream(), else the legacy default
- * stream, PyTorch's default) and returns without waiting for it: dst holds the bytes once that
- * stream has run the copy, and wsync_recv_end() waits for that stream before it acknowledges
- * (with the "synchronize" option on, the default; with it off the caller waits before ending).
- * It reads the sender's memory as a view does; the GPU kinds carry no checksums. Where a loader
+ * Device memory ("cuda_ipc", "nccl_broadcast", since 0.5). dst is device memory of the
+ * receiver's GPU, len bytes of one allocation (checked with the driver before anything is
+ * queued). The call queues one device copy on the loader's stream (wsync_receiver_set_stream(),
+ * else the legacy default stream, PyTorch's default) and returns without waiting for it: dst
+ * holds the bytes once that stream has run the copy. With the "synchronize" option on (the
+ * default) the library orders it like a loader's own copies out of the views (see
+ * wsync_recv_end(): "cuda_ipc" acknowledges the chunk only after it, "nccl_broadcast" fences it
+ * before the next broadcast); with it off the caller waits for its stream before ending. It
+ * reads the chunk's memory as a view does; the GPU kinds carry no checksums. Where a loader
  * keeps parameters in device memory this is the cheap path: one call and one driver copy per
- * tensor, no view. "nccl_broadcast" has no device copy yet (WSYNC_ERR_UNSUPPORTED).
+ * tensor, no view.
  * Returns WSYNC_OK, or:
  *   WSYNC_ERR_INVALID_ARGUMENT for it or dst NULL, i >= count, offset + len beyond the tensor
  *     (offset > size or len > size - offset), or a dst overlapping the tensor's received bytes;
@@ -760,12 +762,10 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  *   WSYNC_ERR_INTEGRITY as above (the iteration is failed);
  *   the iteration's own error once it has failed (a checksum, an abandoned version), as
  *     wsync_recv_next() returns it; nothing is copied;
- *   WSYNC_ERR_INVALID_ARGUMENT for "cuda_ipc" when dst is not device memory, is memory of
+ *   WSYNC_ERR_INVALID_ARGUMENT for the GPU kinds when dst is not device memory, is memory of
  *     another GPU, or [dst, dst + len) does not fit in its allocation (the message names the
  *     tensor and why); nothing is queued and the iteration goes on;
- *   a driver error's status if queuing the copy fails (the message names the tensor);
- *   WSYNC_ERR_UNSUPPORTED for "nccl_broadcast", whose tensors are in device memory and which has
- *     no device copy: copy out of the wsync_recv_next() view with the device's own copy.
+ *   a driver error's status if queuing the copy fails (the message names the tensor).
  * Patches (a trainer with the "delta" option; docs/delta.md). A tensor the request carries as a
  * patch is applied onto dst, which must hold that tensor as of the patch's base version (the
  * version this receiver completed last): offset must be 0 and len the tensor's size, once.

@@ -24,6 +24,7 @@ static struct {
     CUresult (*cuMemFree)(CUdeviceptr);
     CUresult (*cuStreamCreate)(void **, unsigned);
     CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, void *);
+    CUresult (*cuCtxSynchronize)(void);
     wsync_fake_stats_fn stats;
     wsync_fake_set_fail_fn set_fail;
     long long (*freed_while_imported)(void);
@@ -47,6 +48,7 @@ static void load_driver(void) {
     SYM(cuMemFree, "cuMemFree_v2");
     SYM(cuStreamCreate, "cuStreamCreate");
     SYM(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
+    SYM(cuCtxSynchronize, "cuCtxSynchronize");
     SYM(stats, "wsync_fake_stats");
     SYM(set_fail, "wsync_fake_set_fail");
     SYM(freed_while_imported, "wsync_fake_freed_while_imported");
@@ -177,9 +179,10 @@ static int engine_device_copies(wsync_recv_t *it, CUdeviceptr *whole, CUdevicept
     size_t n = (size_t)t.dtype.bits / 8;
     for (int d = 0; d < t.ndim; ++d) n *= (size_t)t.shape[d];
     *bytes = n;
-    use_device(1);
+    const int own = t.device.index; /* the engine's GPU; the other fake GPU is not its */
+    use_device(own ^ 1);
     CUdeviceptr other = (CUdeviceptr)(uintptr_t)dalloc(n);
-    use_device(0);
+    use_device(own);
     CUdeviceptr small = (CUdeviceptr)(uintptr_t)dalloc(16);
     uint8_t host[64];
     if (wsync_recv_copy(it, 0, 0, host, sizeof host) != WSYNC_ERR_INVALID_ARGUMENT ||
@@ -189,7 +192,7 @@ static int engine_device_copies(wsync_recv_t *it, CUdeviceptr *whole, CUdevicept
         !strstr(wsync_last_error(), "64 bytes do not fit in its allocation (16 bytes"))
         return 22;
     if (wsync_recv_copy(it, 0, 0, (void *)(uintptr_t)other, n) != WSYNC_ERR_INVALID_ARGUMENT ||
-        !strstr(wsync_last_error(), "is memory of GPU ordinal 1, not of this receiver's GPU"))
+        !strstr(wsync_last_error(), "not of this receiver's GPU"))
         return 23;
     drv.cuMemFree(other);
     drv.cuMemFree(small);
@@ -266,7 +269,11 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
                     verdict = (uint8_t)(0x80 | end); /* the status, for the test to compare */
                 }
             }
-            if (whole) { /* the device copies landed once recv_end returned */
+            /* cuda_ipc: the copies landed once recv_end of the version's last chunk returned;
+             * nccl_broadcast: recv_end only fences them for the next receive, so wait here. */
+            if (whole && !strcmp(cfg->kind, "nccl_broadcast") && drv.cuCtxSynchronize() != 0)
+                verdict = 29;
+            if (whole) {
                 uint8_t *want = malloc(whole_bytes);
                 tu_fill(want, whole_bytes, info.version, 0);
                 if (memcmp((const void *)(uintptr_t)whole, want, whole_bytes) ||
@@ -1724,6 +1731,42 @@ static void cuda_ipc_the_version_after_a_failed_earlier_chunk_completes(void **s
     for (int k = 0; k < 3; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
 }
 
+/* nccl_broadcast engines take tensors with wsync_recv_copy into device memory too: refused
+ * destinations named, the copy queued on the loader's stream (fenced before the next
+ * broadcast) and bit-exact, on both engines' GPUs. */
+static void nccl_recv_copy_into_device_memory_is_queued_on_the_loaders_stream_and_bit_exact(void **state) {
+    (void)state;
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
+    engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1}", NULL, 1, 0, 0, 0, 0, 0};
+    g_engines_try_copy = 1;
+    engine_t e[2] = {engine_start(&c0), engine_start(&c1)};
+    g_engines_try_copy = 0;
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("nccl_broadcast", "{\"receivers\": 2, \"bucket_bytes\": 65536, \"timeout_ms\": 10000}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    for (int i = 0; i < 2; ++i) engine_send(&e[i], &init);
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    size_t n = (size_t)shapes[0][0] * shapes[0][1] * 4;
+    void *data = dalloc(n);
+    for (uint64_t v = 1; v <= 2; ++v) {
+        tu_fill(data, n, v, 0);
+        wsync_tensor_t t = gpu_tensor(names[0], data, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+        wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+        wsync_blob_t req;
+        OK(wsync_sender_send_chunk(tx, &ch, &req));
+        for (int i = 0; i < 2; ++i) engine_send(&e[i], &req);
+        for (int i = 0; i < 2; ++i) assert_int_equal(engine_verdict(&e[i]), 0);
+        wsync_blob_free(&req);
+    }
+    OK(wsync_sender_flush(tx, 10000));
+    for (int i = 0; i < 2; ++i) engine_finish(&e[i]);
+    trainer_end(tx, s, &init);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)data);
+}
+
 static void nccl_too_old_or_missing_is_unavailable_naming_it(void **state) {
     (void)state;
     wsync_strategy_t *s = (wsync_strategy_t *)1;
@@ -1787,6 +1830,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_a_failed_copy_of_an_earlier_chunk_fails_the_version_on_both_sides),
     cmocka_unit_test(cuda_ipc_copies_of_an_earlier_chunk_past_the_deadline_fail_the_version),
     cmocka_unit_test(cuda_ipc_the_version_after_a_failed_earlier_chunk_completes),
+    cmocka_unit_test(nccl_recv_copy_into_device_memory_is_queued_on_the_loaders_stream_and_bit_exact),
     cmocka_unit_test(nccl_too_old_or_missing_is_unavailable_naming_it),
     cmocka_unit_test(a_cuda_driver_older_than_12_0_is_unavailable_naming_both_versions),
     cmocka_unit_test(nccl_receiver_polls_an_in_progress_broadcast_to_completion_before_returning_views),

@@ -1,5 +1,6 @@
 #include "gpu/device.hpp"
 
+#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -113,6 +114,39 @@ bool Event::done() const {
     if (rc == CUDA_SUCCESS) return true;
     if (rc == CUDA_ERROR_NOT_READY) return false;
     cuda_fail(dev_.api(), rc, "cuEventQuery (a kernel or copy on " + dev_.uuid_string() + " failed)");
+}
+
+void queue_copy_to_device(const Device &dev, CUstream stream, void *dst, const void *src,
+                          uint64_t len, const std::function<std::string()> &what, const char *kind) {
+    const CudaApi &api = dev.api();
+    Device::Scope scope(dev);
+    const auto d = reinterpret_cast<CUdeviceptr>(dst);
+    auto where = [&] {
+        return "wsync_recv_copy: the destination of " + what() + " (" +
+               strf("0x%llx", static_cast<unsigned long long>(d)) + ")";
+    };
+    unsigned type = 0;
+    int ordinal = -1;
+    if (api.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, d) != CUDA_SUCCESS ||
+        type != CU_MEMORYTYPE_DEVICE ||
+        api.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, d) != CUDA_SUCCESS)
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             where() + " is not device memory; strategy '" + kind +
+                 "' copies into memory of this receiver's GPU " + dev.uuid_string() +
+                 " (copy into host memory out of the wsync_recv_next view)");
+    if (ordinal != dev.ordinal())
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             where() + " is memory of GPU ordinal " + std::to_string(ordinal) +
+                 ", not of this receiver's GPU " + dev.uuid_string() + " (ordinal " +
+                 std::to_string(dev.ordinal()) + ")");
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    if (api.cuMemGetAddressRange(&base, &size, d) != CUDA_SUCCESS || len > size || d - base > size - len)
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             where() + strf(": %" PRIu64 " bytes do not fit in its allocation (%zu bytes at 0x%llx)",
+                            len, size, static_cast<unsigned long long>(base)));
+    WSYNC_CU(api, cuMemcpyDtoDAsync(d, reinterpret_cast<CUdeviceptr>(src), len, stream),
+             "queuing the copy of " + what() + " on " + stream_text(stream));
 }
 
 void poll_sleep(int round) {

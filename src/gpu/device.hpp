@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,14 @@ private:
 
 // Polls until `ready()` is true or the deadline passes (then WSYNC_ERR_TIMEOUT with `what`).
 // Sleeps grow from 20 us to 1 ms, so short waits stay short and long ones cost no CPU.
+// wsync_recv_copy() into device memory for the GPU kinds: checks that `dst` is device memory
+// of `dev`'s GPU with [dst, dst + len) inside one allocation (else WSYNC_ERR_INVALID_ARGUMENT
+// naming what() and why, nothing queued: a copy past an allocation's end would be an illegal
+// address, which poisons the engine's whole context), then queues the copy of `len` bytes from
+// `src` on `stream`. Does not wait for it.
+void queue_copy_to_device(const Device &dev, CUstream stream, void *dst, const void *src,
+                          uint64_t len, const std::function<std::string()> &what, const char *kind);
+
 void poll_sleep(int round);
 [[noreturn]] void throw_timeout(const std::string &message);
 

@@ -180,11 +180,17 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
             bool has;
             /* copy: each tensor into a buffer of the engine's own (as a loader's parameters),
              * queued on the default stream by the library; read back after recv_end. */
-            wsync_tensor_t seen[8];
+            wsync_tensor_t seen[8]; /* name and shape copied: the iteration's die at end */
+            char seen_name[8][16];
+            int64_t seen_shape[8][WSYNC_MAX_NDIM];
             CUdeviceptr mine[8] = {0};
             size_t n_copied = 0;
             for (size_t i = 0; cfg->copy && i < info.count && i < 8; ++i) {
                 wsync_recv_peek(it, i, &seen[i]);
+                snprintf(seen_name[i], sizeof seen_name[i], "%s", seen[i].name);
+                memcpy(seen_shape[i], seen[i].shape, sizeof(int64_t) * (size_t)seen[i].ndim);
+                seen[i].name = seen_name[i];
+                seen[i].shape = seen_shape[i];
                 size_t bytes = seen[i].dtype.bits / 8;
                 for (int d = 0; d < seen[i].ndim; ++d) bytes *= (size_t)seen[i].shape[d];
                 if (cu.cuMemAlloc(&mine[i], bytes) != 0 ||

@@ -1190,16 +1190,17 @@ class Iteration:
         ``dst``: a contiguous CPU torch tensor, a C-contiguous writeable numpy array, or any
         writeable buffer, at least ``nbytes`` long; its bytes are overwritten raw (no dtype
         conversion, no autograd record). The tensor counts as taken: iterating skips it.
-        For ``cuda_ipc`` (the chunk is in GPU memory) ``dst`` is a contiguous torch tensor on
-        the receiver's GPU: the copy is queued on the loader's stream (the legacy default
-        stream, PyTorch's default, unless ``Receiver.set_stream`` named another) and is done
-        when :meth:`end` returns, which waits for that stream before acknowledging (with the
-        ``synchronize`` option on, the default). One library call and one driver copy a
-        tensor, no view: the cheap way for a Python loader to take GPU tensors.
+        For the GPU kinds (``cuda_ipc``, ``nccl_broadcast``: the chunk is in GPU memory)
+        ``dst`` is a contiguous torch tensor on the receiver's GPU: the copy is queued on the
+        loader's stream (the legacy default stream, PyTorch's default, unless
+        ``Receiver.set_stream`` named another) and the library orders it like the loader's
+        own copies out of views (``wsync_recv_end``; ``synchronize`` on, the default). One
+        library call and one driver copy a tensor, no view: the cheap way for a Python loader
+        to take GPU tensors.
         Raises ``INVALID_ARGUMENT`` for a bad index, range or destination (the iteration goes
         on), ``INTEGRITY`` naming the tensor when its checksum fails (the iteration is failed
-        and ``dst`` holds unspecified bytes), ``UNSUPPORTED`` for device-memory strategies
-        without a device copy (``nccl_broadcast``).
+        and ``dst`` holds unspecified bytes), ``UNSUPPORTED`` for a device-memory kind without
+        a device copy.
         """
         if not isinstance(i, int) or isinstance(i, bool) or i < 0:
             raise invalid(f"copy_into: tensor index {i!r} is not a non-negative integer")

@@ -110,8 +110,8 @@ class ModuleLoader:
         # resolution and checks. map_name is thus called once per layout and must depend on the
         # name alone.
         self._plans: Dict[tuple, tuple] = {}
-        # Receivers (by id) whose kind has no device copy (nccl_broadcast): GPU targets take
-        # views there, after the first UNSUPPORTED.
+        # Receivers (by id) whose kind has no device copy (none of libwsync 0.5's; an older
+        # library's nccl_broadcast): GPU targets take views there, after the first UNSUPPORTED.
         self._no_device_copy: set = set()
         # Per module tensor, the parts this version loaded: {part: elements}; a part is the
         # index given by map_name (None for the whole tensor), so a part loaded twice counts once.
@@ -293,7 +293,7 @@ class ModuleLoader:
                 # copied; unknown or skipped tensors are taken unread. The other destinations
                 # of a tensor copied that way copy from that one (it holds the wire bytes).
                 # GPU targets on the chunk's own GPU take the same call where the kind has a
-                # device copy (cuda_ipc): one library call and one queued driver copy per tensor
+                # device copy (the GPU kinds): one library call and one queued driver copy per tensor
                 # instead of a view and a copy_ (measured on an H100 in docs/gpu-validation.md).
                 host_chunk = it.cuda_index is None
                 gpu = None if host_chunk or id(receiver) in self._no_device_copy else it.cuda_index

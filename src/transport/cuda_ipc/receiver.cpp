@@ -36,41 +36,9 @@ public:
 
     // The copy goes on the loader's stream (wsync_receiver_set_stream, else the legacy default
     // stream), like a loader's own cudaMemcpyAsync out of a view, so settle()'s event covers it.
-    // A destination the driver does not know, on another GPU, or too short for len is refused
-    // before anything is queued: a copy past an allocation's end would be an illegal address,
-    // which poisons the engine's whole context.
     bool copy_to_device(void *dst, const void *src, uint64_t len,
                         const std::function<std::string()> &what) override {
-        const gpu::CudaApi &api = dev_.api();
-        gpu::Device::Scope scope(dev_);
-        const auto d = reinterpret_cast<CUdeviceptr>(dst);
-        auto where = [&] {
-            return "wsync_recv_copy: the destination of " + what() + " (" +
-                   strf("0x%llx", static_cast<unsigned long long>(d)) + ")";
-        };
-        unsigned type = 0;
-        int ordinal = -1;
-        if (api.cuPointerGetAttribute(&type, gpu::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, d) != gpu::CUDA_SUCCESS ||
-            type != gpu::CU_MEMORYTYPE_DEVICE ||
-            api.cuPointerGetAttribute(&ordinal, gpu::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, d) != gpu::CUDA_SUCCESS)
-            fail(WSYNC_ERR_INVALID_ARGUMENT,
-                 where() + " is not device memory; strategy '" + std::string(kKind) +
-                     "' copies into memory of this receiver's GPU " + dev_.uuid_string() +
-                     " (copy into host memory out of the wsync_recv_next view)");
-        if (ordinal != dev_.ordinal())
-            fail(WSYNC_ERR_INVALID_ARGUMENT,
-                 where() + " is memory of GPU ordinal " + std::to_string(ordinal) +
-                     ", not of this receiver's GPU " + dev_.uuid_string() + " (ordinal " +
-                     std::to_string(dev_.ordinal()) + ")");
-        CUdeviceptr base = 0;
-        std::size_t size = 0;
-        if (api.cuMemGetAddressRange(&base, &size, d) != gpu::CUDA_SUCCESS || len > size ||
-            d - base > size - len)
-            fail(WSYNC_ERR_INVALID_ARGUMENT,
-                 where() + strf(": %" PRIu64 " bytes do not fit in its allocation (%zu bytes at 0x%llx)",
-                              len, size, static_cast<unsigned long long>(base)));
-        WSYNC_CU(api, cuMemcpyDtoDAsync(d, reinterpret_cast<CUdeviceptr>(src), len, stream_),
-                 "queuing the copy of " + what() + " on " + gpu::stream_text(stream_));
+        gpu::queue_copy_to_device(dev_, stream_, dst, src, len, what, kKind);
         return true;
     }
 

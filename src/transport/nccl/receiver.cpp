@@ -45,6 +45,15 @@ public:
     }
     wsync_device_t device() const override { return {WSYNC_DEVICE_CUDA, dev_.ordinal()}; }
     bool read_only() const override { return true; }
+    // The broadcast into the bucket completed before the views were handed out, so the copy
+    // goes straight onto the loader's stream, where the fence armed at acknowledge() covers it
+    // like a loader's own copies out of the views.
+    bool copy_to_device(void *dst, const void *src, uint64_t len,
+                        const std::function<std::string()> &what) override {
+        gpu::queue_copy_to_device(dev_, fence_ ? fence_->stream : gpu::CU_STREAM_LEGACY, dst, src,
+                                  len, what, "nccl_broadcast");
+        return true;
+    }
     // The next chunk is broadcast into the same bucket: fence the copies out of these views.
     // Does not wait; the next receive does, with its deadline.
     void acknowledge(wsync_status_t) noexcept override {
