@@ -96,8 +96,6 @@ static void mutate(model_t *m, uint64_t *seed) {
 
 /* --- the engine process ----------------------------------------------------------------- */
 typedef struct {
-    const uint8_t *init;
-    size_t init_len;
     uint32_t index;
 } engine_cfg_t;
 
@@ -109,10 +107,16 @@ enum { CMD_LOAD = 'L', CMD_FAIL = 'F', CMD_STATE = 'S', CMD_REATTACH = 'A' };
  * CMD_REATTACH (a new receiver with the same index, memory kept), answered with a status byte. */
 static int engine_main(const void *cfg_, int in, int out) {
     const engine_cfg_t *cfg = (const engine_cfg_t *)cfg_;
+    /* The init info comes as the first frame: engines are forked before the trainer makes its
+     * strategy, whose threads (the shm re-attach server) must not exist at a fork (a child can
+     * inherit a lock one of them held: seen as an engine hung in ASan's allocator). */
+    uint8_t *init;
+    size_t init_len;
+    if (tu_recv_frame(in, &init, &init_len, 20000) || !init) return 1;
     wsync_strategy_t *s;
     wsync_receiver_t *r;
     if (wsync_strategy_create("shm", NULL, &s) ||
-        wsync_receiver_create(s, cfg->init, cfg->init_len, cfg->index, &r))
+        wsync_receiver_create(s, init, init_len, cfg->index, &r))
         return 1;
     void *dst[NT] = {0};
     size_t dst_bytes[NT] = {0};
@@ -123,7 +127,7 @@ static int engine_main(const void *cfg_, int in, int out) {
         if (n == 0) break;
         if (f[0] == CMD_REATTACH) {
             wsync_receiver_destroy(r);
-            uint8_t b = (uint8_t)wsync_receiver_create(s, cfg->init, cfg->init_len, cfg->index, &r);
+            uint8_t b = (uint8_t)wsync_receiver_create(s, init, init_len, cfg->index, &r);
             tu_write_all(out, &b, 1);
             free(f);
             continue;
@@ -165,6 +169,7 @@ static int engine_main(const void *cfg_, int in, int out) {
     }
     wsync_receiver_destroy(r);
     wsync_strategy_destroy(s);
+    free(init);
     for (int i = 0; i < NT; ++i) free(dst[i]);
     return 0;
 }
@@ -178,13 +183,15 @@ typedef struct {
 } rig_t;
 
 static void rig_open(rig_t *g, const char *options) {
+    for (uint32_t k = 0; k < ENGINES; ++k) {  /* fork first, then make handles */
+        g->cfg[k] = (engine_cfg_t){k};
+        g->e[k] = tu_fork_peer(engine_main, &g->cfg[k]);
+    }
     OK(wsync_strategy_create("shm", options, &g->strategy));
     OK(wsync_strategy_create_init_info(g->strategy, &g->init));
     OK(wsync_sender_create(g->strategy, g->init.data, g->init.size, &g->sender));
-    for (uint32_t k = 0; k < ENGINES; ++k) {
-        g->cfg[k] = (engine_cfg_t){g->init.data, g->init.size, k};
-        g->e[k] = tu_fork_peer(engine_main, &g->cfg[k]);
-    }
+    for (uint32_t k = 0; k < ENGINES; ++k)
+        assert_int_equal(tu_send_frame(g->e[k].to, g->init.data, g->init.size), 0);
 }
 
 static void rig_close(rig_t *g) {
