@@ -14,6 +14,8 @@
 #
 # Options: --build-dir DIR (default build-gpu; reuse an existing build), --record FILE,
 #          --size-gb N (bench size, default 16), --layers N (baseline model, default 32 = 8B).
+# WSYNC_RECORD_COMMIT names the commit in the record where `git rev-parse HEAD` would not (a
+# copied tree on a device machine).
 # Exits non-zero if any step fails; a skipped step is recorded with its reason. PYTHON names the
 # interpreter that has torch and pytest (default: python3).
 #
@@ -41,7 +43,7 @@ while [ $# -gt 0 ]; do
       for d in .gpu-deps/debs/*.deb; do dpkg -x "$d" .gpu-deps/root; done
       grep -qx '/.gpu-deps/' .git/info/exclude 2>/dev/null || echo '/.gpu-deps/' >> .git/info/exclude
       echo "packed: $(ls .gpu-deps/debs | tr '\n' ' ')"; exit 0 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "gpu-validate: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -150,7 +152,10 @@ python3 - "$record" "$mode" "$gpu" "$cuda_rt" "$nccl_rt" "$torch_v" "$log" "${fa
 import datetime, json, os, re, subprocess, sys
 record, mode, gpu, cuda_rt, nccl_rt, torch_v, log, *failed = sys.argv[1:]
 L = []
-commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+# A device machine's copy of the tree may carry another checkout's .git (its HEAD is not what
+# runs there): WSYNC_RECORD_COMMIT, set by whoever starts the run, names the tree instead.
+commit = os.environ.get("WSYNC_RECORD_COMMIT") or subprocess.run(
+    ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 title = "hardware" if mode == "hardware" else "fake driver (tests/fake_gpu): logic only, no hardware figures"
 L.append(f"\n### {datetime.date.today().isoformat()}: {title}\n")
 L.append(f"- commit `{commit or 'unknown'}`, by `scripts/gpu-validate.sh{' --fake' if mode == 'fake' else ''}`")
