@@ -1428,20 +1428,31 @@ static void nccl_sender_destroy_is_bounded_when_a_receiver_never_posts_its_broad
     wsync_blob_free(&init);
 }
 
+/* The start of a hand-written engine process: a 30 s alarm (it never outlives its test), the
+ * init info as the first frame, its strategy and receiver. 0, or the exit code to return. */
+static int engine_attach(const engine_cfg *cfg, int in, wsync_strategy_t **s, wsync_receiver_t **r) {
+    alarm(30);
+    uint8_t *init;
+    size_t len;
+    if (tu_recv_frame(in, &init, &len, 20000) || !init) return 10;
+    int rc = wsync_strategy_create(cfg->kind, cfg->options, s) != WSYNC_OK ||
+                     wsync_receiver_create(*s, init, len, cfg->index, r) != WSYNC_OK
+                 ? 11
+                 : 0;
+    free(init);
+    return rc;
+}
+
 /* An engine whose loader copies out of the first chunk's views on the legacy default stream
  * while that stream is stuck behind other work. Answers: 0 if wsync_recv_end returned OK within
  * 1 s; then 0 if the next receive failed with WSYNC_ERR_TIMEOUT naming the default stream. */
 static int stalled_loader_engine_main(const engine_cfg *cfg, int in, int out) {
-    alarm(30); /* whatever happens, this process does not outlive the test */
-    uint8_t *init, *req;
+    uint8_t *req;
     size_t len;
-    if (tu_recv_frame(in, &init, &len, 20000) || !init) return 10;
     wsync_strategy_t *s;
     wsync_receiver_t *r;
-    if (wsync_strategy_create(cfg->kind, cfg->options, &s) != WSYNC_OK ||
-        wsync_receiver_create(s, init, len, cfg->index, &r) != WSYNC_OK)
-        return 11;
-    free(init);
+    int attached = engine_attach(cfg, in, &s, &r);
+    if (attached) return attached;
     use_device(0); /* the loader's own context, as the engine's framework makes it current */
     uint8_t verdict = 1;
     wsync_recv_t *it;
@@ -1520,16 +1531,12 @@ static void nccl_recv_end_does_not_wait_unbounded_for_the_loaders_default_stream
  * shorter than that); 1: chunk 1's copy faults on the GPU. After each chunk it answers the recv_end status (0, else 0x80 | status) and the ms
  * recv_end took (capped at 255); after the last, its completed version. */
 static int overlapping_loader_engine_main(const engine_cfg *cfg, int in, int out) {
-    alarm(30); /* whatever happens, this process does not outlive the test */
-    uint8_t *init, *req;
+    uint8_t *req;
     size_t len;
-    if (tu_recv_frame(in, &init, &len, 20000) || !init) return 10;
     wsync_strategy_t *s;
     wsync_receiver_t *r;
-    if (wsync_strategy_create(cfg->kind, cfg->options, &s) != WSYNC_OK ||
-        wsync_receiver_create(s, init, len, cfg->index, &r) != WSYNC_OK)
-        return 11;
-    free(init);
+    int attached = engine_attach(cfg, in, &s, &r);
+    if (attached) return attached;
     use_device(0);
     CUdeviceptr mine = 0;
     if (drv.cuMemAlloc(&mine, 1 << 20) != 0) return 12;
