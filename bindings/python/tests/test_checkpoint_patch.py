@@ -83,3 +83,16 @@ def test_an_empty_patch_loads_nothing_and_a_full_one_is_a_plain_dense_load():
     assert apply_checkpoint_patch(model.load_weights, "k", (4, 3),
                                   torch.arange(12, dtype=torch.int32), full) == 12
     assert torch.equal(model.param[4:6], full.view(4, 3)[2:4])
+
+
+@pytest.mark.parametrize("kind", ["sparse", "meta"])
+def test_a_staging_whose_storage_cannot_be_identified_is_refused_not_applied_blind(kind):
+    # Without the staging's storage address no use of it could be watched: the patch is
+    # refused by name (sparse tensors raise on storage access, meta ones have address 0).
+    from wsync.checkpoint_patch import _MaskedCopies, _storage_key
+    stage = (torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (2,))
+             if kind == "sparse" else torch.empty(2, device="meta"))
+    assert _storage_key(stage) is None
+    assert _storage_key(torch.zeros(2)) is not None
+    with pytest.raises(PatchRefused, match="'w'.*cannot be identified"):
+        _MaskedCopies("w", stage, torch.zeros(2, dtype=torch.bool))
