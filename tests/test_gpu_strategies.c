@@ -1591,6 +1591,16 @@ static int overlapping_loader_engine_entry(const void *cfg, int in, int out) {
     return overlapping_loader_engine_main((const engine_cfg *)cfg, in, out);
 }
 
+/* Tensors t0..t2 of version 1 in device memory of GPU 0, for the overlapping-engine tests. */
+static void overlapping_tensors(void *data[3], wsync_tensor_t t[3]) {
+    for (int k = 0; k < 3; ++k) {
+        size_t n = (size_t)shapes[k][0] * shapes[k][1] * 4;
+        data[k] = dalloc(n);
+        tu_fill(data[k], n, 1, (uint64_t)k);
+        t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    }
+}
+
 /* The trainer of the two tests below: a version of two chunks (tensors t0 and t1, then t2) to
  * one overlapping engine; `between` runs after the engine ended chunk 1 and before chunk 2 goes. */
 static void overlapping_sync(engine_t *e, const char *trainer_opts, wsync_strategy_t **s,
@@ -1598,12 +1608,7 @@ static void overlapping_sync(engine_t *e, const char *trainer_opts, wsync_strate
                              void (*between)(engine_t *, wsync_sender_t *)) {
     ipc_trainer(trainer_opts, e, 1, s, init, tx);
     wsync_tensor_t t[3];
-    for (int k = 0; k < 3; ++k) {
-        size_t n = (size_t)shapes[k][0] * shapes[k][1] * 4;
-        data[k] = dalloc(n);
-        tu_fill(data[k], n, 1, (uint64_t)k);
-        t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
-    }
+    overlapping_tensors(data, t);
     wsync_blob_t req;
     wsync_chunk_t ch = tu_chunk(t, 2, 0);
     OK(wsync_sender_send_chunk(*tx, &ch, &req));
@@ -1708,12 +1713,7 @@ static void cuda_ipc_the_version_after_a_failed_earlier_chunk_completes(void **s
     ipc_trainer("{\"packed\": false}", &e, 1, &s, &init, &tx);
     void *data[3];
     wsync_tensor_t t[3];
-    for (int k = 0; k < 3; ++k) {
-        size_t n = (size_t)shapes[k][0] * shapes[k][1] * 4;
-        data[k] = dalloc(n);
-        tu_fill(data[k], n, 1, (uint64_t)k);
-        t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
-    }
+    overlapping_tensors(data, t);
     wsync_chunk_t ch = tu_chunk(t, 2, 0);
     OK(wsync_sender_send_chunk(tx, &ch, &req)); /* version 1, chunk 0: held past 300 ms */
     engine_send(&e, &req);
