@@ -118,7 +118,16 @@ section "AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DWSYNC_SANITIZE=address,undefined >/dev/null
 cmake --build build-asan -j"$jobs" >/dev/null
 # The install test builds an uninstrumented consumer, which cannot load an instrumented library.
-(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j2 -LE install) \
+# intercept_tls_get_addr=0: up to GCC 13 / LLVM 16 the sanitizer runtime's __tls_get_addr
+# interceptor takes a dynamic TLS block that happens to start 16 bytes into a page for a
+# pre-glibc-2.25 block with a header, reads the two words before it as that block's start and
+# size, and LeakSanitizer's tracer then faults scanning that made-up range at exit ("Tracer caught
+# signal 11"). Any process that dlopens a library with thread-locals (UCX does) can hit it by
+# chance; it failed ucx_loopback.tp_shards in one CI run out of many. Debian 12 ships GCC 12.
+# Without the interceptor LSan does not scan dynamic TLS blocks, so a pointer held only there
+# would read as a leak: none does in this suite.
+export ASAN_OPTIONS=detect_leaks=1:intercept_tls_get_addr=0
+(cd build-asan && ctest --output-on-failure -j2 -LE install) \
   | tee build-asan/ctest-summary.log
 
 section "fuzzing"

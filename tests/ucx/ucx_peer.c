@@ -209,6 +209,9 @@ static int trainer(const char *dir, const char *opts, int versions, int engines,
     return failed;
 }
 
+static int pull(const char *dir, wsync_receiver_t *r, unsigned index, int from, int to, int slow_ms,
+                unsigned ranks, unsigned rank, uint64_t (*fetched)(void));
+
 static int engine(const char *dir, const char *opts, unsigned index, int from, int to, int slow_ms) {
     size_t n;
     /* A shard: "select" every tensor's rank R of N along dimension 0. */
@@ -236,11 +239,25 @@ static int engine(const char *dir, const char *opts, unsigned index, int from, i
     uint8_t *init = get_file(dir, "init.bin", &n);
     wsync_strategy_t *s = NULL;
     wsync_receiver_t *r = NULL;
+    int rc = 2;
     if (!init || wsync_strategy_create("ucx", opts, &s) || wsync_receiver_create(s, init, n, index, &r)) {
         printf("engine %u: attach %s\n", index, init ? wsync_last_error() : "no init info");
-        return 2;
+    } else {
+        rc = pull(dir, r, index, from, to, slow_ms, ranks, rank, fetched);
     }
+    /* Every way out frees what it made, so the ASan run's leak check holds on failures too. */
     free(init);
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    return rc;
+}
+
+/* The engine's versions from..to (0: the latest published), each chunk's parts checked against
+ * the trainer's pattern. 0 when all arrived; 1 on a failure the scenario expects to see; 2 when
+ * the scenario's files are missing. An open iteration is always ended (or failed) first. */
+static int pull(const char *dir, wsync_receiver_t *r, unsigned index, int from, int to, int slow_ms,
+                unsigned ranks, unsigned rank, uint64_t (*fetched)(void)) {
+    size_t n = 0;
     if (from == 0) {
         uint8_t *latest = need_file(dir, "latest", "engine");
         from = atoi((char *)latest);
@@ -285,10 +302,12 @@ static int engine(const char *dir, const char *opts, unsigned index, int from, i
                     printf("engine %u: v%d tensor %s is bytes %llu + %llu, want %zu + %zu\n", index, v,
                            view.name, (unsigned long long)part.offset, (unsigned long long)part.bytes,
                            rank * share, share);
+                    wsync_recv_fail(it, WSYNC_ERR_MISMATCH, "ucx_peer: a part other than this rank's");
                     return 1;
                 }
                 if (!check(view.data, part.bytes, (uint64_t)v, (uint64_t)(k * PER_CHUNK + j), part.offset)) {
                     printf("engine %u: v%d tensor %s differs\n", index, v, view.name);
+                    wsync_recv_fail(it, WSYNC_ERR_INTEGRITY, "ucx_peer: tensor bytes differ from the trainer's");
                     return 1;
                 }
                 took += part.bytes;
@@ -297,7 +316,9 @@ static int engine(const char *dir, const char *opts, unsigned index, int from, i
                 if (j == 0) printf("engine %u: in v%d chunk %d\n", index, v, k);
                 if (slow_ms) usleep((useconds_t)slow_ms * 1000);
             }
-            if (st == WSYNC_OK) st = wsync_recv_end(it);
+            /* Ends the iteration whatever happened (a failed one returns its status). */
+            const wsync_status_t ended = wsync_recv_end(it);
+            if (st == WSYNC_OK) st = ended;
             if (st) {
                 printf("engine %u: v%d %s: %s\n", index, v, wsync_status_string(st), wsync_last_error());
                 return 1;
@@ -311,8 +332,6 @@ static int engine(const char *dir, const char *opts, unsigned index, int from, i
         printf("\n");
         fflush(stdout);
     }
-    wsync_receiver_destroy(r);
-    wsync_strategy_destroy(s);
     return 0;
 }
 
