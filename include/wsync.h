@@ -99,7 +99,8 @@ extern "C" {
  *      WSYNC_TENSOR_PATCH (delta patches as flat indices and values for the engine to apply);
  *      wsync_recv_copy() into device memory for the GPU kinds (was WSYNC_ERR_UNSUPPORTED); "cuda_ipc"
  *      receivers acknowledge a chunk that does not end its version when its copies complete
- *      rather than in wsync_recv_end(). */
+ *      rather than in wsync_recv_end(); wsync_sender_arena() and "shm"'s "arena_bytes" (tensors
+ *      kept in the segment cross in place; such a segment has layout 4). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -498,6 +499,33 @@ WSYNC_API wsync_status_t wsync_sender_drop_receiver(wsync_sender_t *sender, uint
  * Kinds that read no GPU memory ("shm") accept and ignore it. Takes effect from the next chunk.
  * Returns WSYNC_OK, or WSYNC_ERR_INVALID_ARGUMENT for a NULL sender. Does not block. 0.3. */
 WSYNC_API wsync_status_t wsync_sender_set_stream(wsync_sender_t *sender, void *stream);
+
+/* The sender's arena: host memory inside the shared segment where a trainer may keep its own
+ * tensors (its parameters, as torch's share_memory_() would), so that they cross without being
+ * packed. "shm" has one when made with the "arena_bytes" option (rounded up to whole pages;
+ * reserved and pre-faulted with the segment, zero at first); other kinds and an "shm" sender
+ * without the option give *base = NULL and *bytes = 0 and WSYNC_OK.
+ * The library never writes the arena; the caller lays out what it keeps there. A tensor passed
+ * to wsync_sender_send_chunk() or wsync_sender_send_parts() whose bytes lie wholly in the arena
+ * starting at a multiple of 256 bytes from *base is sent in place: the request points the
+ * engines at it (with checksums on it is hashed where it lies, one read, no copy); any other
+ * tensor is packed into a bucket as usual. Each engine then reads the trainer's memory itself,
+ * once, instead of the trainer copying into a bucket and the engine copying out of it.
+ * In exchange, a tensor sent in place is borrowed until every receiver has acknowledged its
+ * chunk, not only for the call: the caller must not write it until wsync_sender_flush()
+ * returns WSYNC_OK for its version (or the version is abandoned and its receivers failed it).
+ * A write before then is what the engines read: with checksums on it fails the version on
+ * them with WSYNC_ERR_INTEGRITY (nobody loads a torn tensor), with checksums off it may be
+ * loaded torn. Receivers map the arena read-only; their views of an in-place tensor point into
+ * it and stay valid until their iteration ends, as views into a bucket do.
+ * A segment with an arena has layout 4: a receiver of a library without arenas (before 0.5)
+ * refuses it with WSYNC_ERR_MISMATCH at wsync_receiver_create().
+ * *base stays valid while the sender exists; the memory is unmapped when both the sender and
+ * the strategy that created it are destroyed, so nothing may use it after that.
+ * Returns WSYNC_OK, or WSYNC_ERR_INVALID_ARGUMENT for NULL arguments (outputs are zeroed when
+ * non-NULL). Does not block. Any thread. 0.5. */
+WSYNC_API wsync_status_t wsync_sender_arena(const wsync_sender_t *sender, void **base,
+                                            uint64_t *bytes);
 
 /* wsync_failure_t.what */
 #define WSYNC_FAILURE_FAILED 1    /* the receiver failed a chunk (its loader, checksum, order) */

@@ -52,6 +52,7 @@ public:
     void wait_released(uint64_t version, int64_t timeout_ms);
     void drop_receiver(uint32_t index);
     void set_stream(void *stream) { impl_->set_stream(stream); }
+    std::pair<void *, uint64_t> arena() const { return impl_->arena(); }
     uint64_t version() const { return version_; }
     const std::vector<Failure> &failures() const { return failures_; }
 

@@ -7,10 +7,16 @@
 
 namespace wsync::layout {
 
-uint64_t place(TensorTable &table, uint64_t capacity, const std::string &who) {
-    table.offsets.resize(table.metas.size());
+namespace {
+bool flagged(const InPlace &in_place, std::size_t i) { return !in_place.empty() && in_place[i]; }
+}  // namespace
+
+uint64_t place(TensorTable &table, uint64_t capacity, const std::string &who,
+               const InPlace &in_place) {
+    table.offsets.assign(table.metas.size(), 0);
     uint64_t end = 0;
     for (std::size_t i = 0; i < table.metas.size(); ++i) {
+        if (flagged(in_place, i)) continue;
         const TensorMeta &m = table.metas[i];
         const uint64_t off = round_up(end, kTensorAlign);
         if (m.nbytes > capacity || off > capacity - m.nbytes)
@@ -24,8 +30,10 @@ uint64_t place(TensorTable &table, uint64_t capacity, const std::string &who) {
     return end;
 }
 
-void check(const TensorTable &table, uint64_t bytes, const std::string &where, const char *what) {
+void check(const TensorTable &table, uint64_t bytes, const std::string &where, const char *what,
+           const InPlace &in_place) {
     for (std::size_t i = 0; i < table.metas.size(); ++i) {
+        if (flagged(in_place, i)) continue;
         const uint64_t off = table.offsets[i], n = table.metas[i].nbytes;
         if (off % kTensorAlign != 0 || n > bytes || off > bytes - n)
             wire::malformed(where + ": tensor '" + table.metas[i].name + "' at offset " +
@@ -35,11 +43,14 @@ void check(const TensorTable &table, uint64_t bytes, const std::string &where, c
     }
 }
 
-void pack_host(uint8_t *dst, const wsync_tensor_t *tensors, TensorTable &table, bool checksum) {
+void pack_host(uint8_t *dst, const wsync_tensor_t *tensors, TensorTable &table, bool checksum,
+               const InPlace &in_place) {
     if (checksum) table.checksums.resize(table.metas.size());
     for (std::size_t i = 0; i < table.metas.size(); ++i) {
         const uint64_t n = table.metas[i].nbytes;
-        if (checksum)
+        if (flagged(in_place, i)) {
+            if (checksum) table.checksums[i] = copy::hash_bytes(tensors[i].data, n);
+        } else if (checksum)
             table.checksums[i] = copy::copy_hashing(dst + table.offsets[i], tensors[i].data, n, 0, n);
         else
             copy::copy_bytes(dst + table.offsets[i], tensors[i].data, n);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tensor.hpp"
 
@@ -14,17 +15,27 @@ constexpr uint64_t kPageBytes = 4096;   // bucket sizes are whole pages
 
 constexpr uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
-// Lays table.metas out back to back at kTensorAlign-aligned offsets (table.offsets) and returns
-// the bytes used. WSYNC_ERR_INVALID_ARGUMENT naming `who` and the tensor when the chunk does not
-// fit in `capacity` bytes.
-uint64_t place(TensorTable &table, uint64_t capacity, const std::string &who);
+// Entries a transport does not place in its bucket (shm's tensors sent in place from the
+// arena): in_place[i] != 0. An empty mask means every entry is placed.
+using InPlace = std::vector<uint8_t>;
 
-// The receiving side: every tensor kTensorAlign-aligned and inside the `bytes` received.
+// Lays table.metas out back to back at kTensorAlign-aligned offsets (table.offsets) and returns
+// the bytes used; entries flagged in `in_place` take no room and keep offset 0 (the caller sets
+// theirs). WSYNC_ERR_INVALID_ARGUMENT naming `who` and the tensor when the chunk does not fit in
+// `capacity` bytes.
+uint64_t place(TensorTable &table, uint64_t capacity, const std::string &who,
+               const InPlace &in_place = {});
+
+// The receiving side: every tensor kTensorAlign-aligned and inside the `bytes` received (entries
+// flagged in `in_place` are not checked: the caller checks them against their own region).
 // WSYNC_ERR_MALFORMED naming the tensor ("... outside the 4096-byte <what>").
-void check(const TensorTable &table, uint64_t bytes, const std::string &where, const char *what);
+void check(const TensorTable &table, uint64_t bytes, const std::string &where, const char *what,
+           const InPlace &in_place = {});
 
 // Copies each tensor of a host chunk to its placed offset (table.offsets) at dst, and with
-// `checksum` fills table.checksums with XXH3-64 in the same pass (src/copy.hpp).
-void pack_host(uint8_t *dst, const wsync_tensor_t *tensors, TensorTable &table, bool checksum);
+// `checksum` fills table.checksums with XXH3-64 in the same pass (src/copy.hpp). An entry
+// flagged in `in_place` is not copied; with `checksum` it is hashed where it lies.
+void pack_host(uint8_t *dst, const wsync_tensor_t *tensors, TensorTable &table, bool checksum,
+               const InPlace &in_place = {});
 
 }  // namespace wsync::layout

@@ -32,9 +32,11 @@ constexpr uint64_t kDataAlign = 65536;  // the data region starts on a 64 KiB bo
 SharedSegment::SharedSegment(const SegmentGeometry &g) : g_(g) {
     data_offset_ = g.bucket_bytes ? layout::round_up(sizeof(Head), kDataAlign) : sizeof(Head);
     auto data = mul_u64(g.slots, g.bucket_bytes);
-    auto total = data ? add_u64(data_offset_, *data) : std::nullopt;
+    auto with_arena = data ? add_u64(*data, g.arena_bytes) : std::nullopt;
+    auto total = with_arena ? add_u64(data_offset_, *with_arena) : std::nullopt;
     if (!total)
-        fail(WSYNC_ERR_INVALID_ARGUMENT, std::string(g.kind) + ": buckets x bucket_bytes overflows");
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             std::string(g.kind) + ": buckets x bucket_bytes + arena_bytes overflows");
     total_ = *total;
 }
 

@@ -18,6 +18,7 @@
 // | layout       | the kind's layout version; another version is WSYNC_ERR_MISMATCH         |
 // | senders      | sender indices that must attach before the name goes (0: not counted)    |
 // | bucket_bytes | bytes per bucket of the data region (0: no data region)                  |
+// |              | (shm layout 4: the region ends with the sender's arena, after the buckets) |
 // | data_offset  | where the data region starts (64 KiB aligned; the head's size if none)   |
 // | total_bytes  | the object's size                                                        |
 // | board        | the acknowledgement board; its own table is in board.hpp                 |
@@ -43,6 +44,7 @@ struct SegmentGeometry {
     uint32_t senders;         // see the table; 0 for shm, whose creator is its only sender
     uint32_t receivers, slots;
     uint64_t bucket_bytes;    // 0: a board-only segment
+    uint64_t arena_bytes = 0; // shm: the sender's arena after the buckets (a whole number of pages)
 };
 
 class SharedSegment {
@@ -73,6 +75,10 @@ public:
     board::Board *board() const;
     // Bucket b's first byte (b < slots; data region only; read-only in attachers).
     uint8_t *bucket(uint32_t b) const { return data_ + uint64_t(b) * g_.bucket_bytes; }
+    // The arena (shm's "arena_bytes"): the data region's last arena_bytes() bytes, after the
+    // buckets; nullptr when it has none. Read-only in attachers.
+    uint8_t *arena() const { return g_.arena_bytes ? bucket(g_.slots) : nullptr; }
+    uint64_t arena_bytes() const { return g_.arena_bytes; }
     const std::string &name() const { return name_; }
     const std::string &rendezvous() const { return rendezvous_; }
     int fd() const { return fd_; }  // kept open: the liveness locks live on it

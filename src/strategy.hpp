@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -108,6 +109,9 @@ public:
     // The stream whose queued work GPU reads are ordered after (nullptr: the legacy default
     // stream). Host kinds read no GPU memory: nothing to order.
     virtual void set_stream(void * /*stream*/) {}
+    // Host memory the caller may keep its tensors in, which are then sent in place (shm's
+    // "arena_bytes"): its first byte and size, {nullptr, 0} where the kind has none.
+    virtual std::pair<void *, uint64_t> arena() const { return {nullptr, 0}; }
 };
 
 class ReceiverImpl {

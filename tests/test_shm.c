@@ -869,6 +869,191 @@ static void oversized_segment_is_no_memory_not_sigbus(void **state) {
     wsync_strategy_destroy(s);
 }
 
+
+/* --- the sender's arena: tensors kept in the segment cross in place ------------------------ */
+
+/* Whether the request's JSON (wsync_blob_describe), with its whitespace taken out, contains
+ * `needle`. */
+static int request_says(const wsync_blob_t *req, const char *needle) {
+    char *json;
+    OK(wsync_blob_describe(req->data, req->size, &json));
+    size_t w = 0;
+    for (size_t i = 0; json[i]; ++i)
+        if (!strchr(" \n\t", json[i])) json[w++] = json[i];
+    json[w] = '\0';
+    int found = strstr(json, needle) != NULL;
+    wsync_string_free(json);
+    return found;
+}
+
+static void arena_is_null_without_the_option_and_arguments_are_checked(void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr, NULL);
+    void *base = (void *)1;
+    uint64_t bytes = 1;
+    OK(wsync_sender_arena(tr.sender, &base, &bytes));
+    assert_null(base);
+    assert_int_equal(bytes, 0);
+    EXPECT_ERR(wsync_sender_arena(NULL, &base, &bytes), WSYNC_ERR_INVALID_ARGUMENT, "sender");
+    EXPECT_ERR(wsync_sender_arena(tr.sender, NULL, &bytes), WSYNC_ERR_INVALID_ARGUMENT, "base");
+    EXPECT_ERR(wsync_sender_arena(tr.sender, &base, NULL), WSYNC_ERR_INVALID_ARGUMENT, "bytes");
+    trainer_close(&tr);
+}
+
+/* Tensors 0-2 live in the arena (0 and 1 at 256-byte multiples, 2 at 64 bytes past one), the
+ * rest in the trainer's heap: 0 and 1 cross in place, 2 and the heap ones are packed. Every
+ * step is bit for bit, and the request names exactly the in-place entries. */
+static void arena_tensors_cross_in_place_and_the_rest_are_packed(void **state) {
+    (void)state;
+    model_t m;
+    model_init(&m);
+    trainer_t tr;
+    trainer_open(&tr, "{\"bucket_bytes\": 65536, \"arena_bytes\": 65000}");
+    uint8_t *arena;
+    uint64_t arena_bytes;
+    OK(wsync_sender_arena(tr.sender, (void **)&arena, &arena_bytes));
+    assert_non_null(arena);
+    assert_int_equal(arena_bytes, 65536); /* rounded up to whole pages */
+    const size_t at[3] = {0, 8192, 16384 + 64};
+    for (int i = 0; i < 3; ++i) {
+        assert_true(at[i] + m.bytes[i] <= arena_bytes);
+        m.t[i].data = arena + at[i];
+    }
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    int ids_a[3] = {0, 1, 2}, ids_b[3] = {3, 4, 5};
+    for (uint64_t step = 1; step <= 3; ++step) {
+        for (int i = 0; i < NT; ++i) tu_fill((void *)m.t[i].data, m.bytes[i], step, (uint64_t)i);
+        wsync_chunk_t a = tu_chunk(&m.t[0], 3, 0), b = tu_chunk(&m.t[3], 3, WSYNC_CHUNK_LAST);
+        wsync_blob_t ra, rb;
+        OK(wsync_sender_send_chunk(tr.sender, &a, &ra));
+        OK(wsync_sender_send_chunk(tr.sender, &b, &rb));
+        assert_true(request_says(&ra, "\"arena\":[0,1]"));
+        assert_false(request_says(&rb, "\"arena\""));
+        assert_true(receive_and_check(r, &ra, step, ids_a, 3));
+        assert_true(receive_and_check(r, &rb, step, ids_b, 3));
+        OK(wsync_sender_flush(tr.sender, 2000)); /* from here the arena may be written again */
+        wsync_blob_free(&ra);
+        wsync_blob_free(&rb);
+    }
+    wsync_receiver_destroy(r);
+    for (int i = 0; i < 3; ++i) m.t[i].data = m.data[i];
+    trainer_close(&tr);
+    model_free(&m);
+}
+
+/* An in-place tensor is the trainer's memory until the chunk is acknowledged: a write after
+ * send and before the engine reads is what the engine sees. With checksums off it is loaded
+ * (that is the borrow rule's point); with checksums on the version fails with INTEGRITY on the
+ * engine and the trainer's flush reports it, and the engine keeps its old version. */
+static void arena_tensor_written_before_the_ack_is_seen_or_refused_by_checksum(void **state) {
+    (void)state;
+    for (int checksum = 0; checksum <= 1; ++checksum) {
+        trainer_t tr;
+        trainer_open(&tr, checksum ? "{\"arena_bytes\": 4096, \"checksum\": true}"
+                                   : "{\"arena_bytes\": 4096, \"checksum\": false}");
+        uint8_t *arena;
+        uint64_t arena_bytes;
+        OK(wsync_sender_arena(tr.sender, (void **)&arena, &arena_bytes));
+        int64_t n = 512;
+        wsync_tensor_t t = tu_tensor("w", arena, &n, 1, WSYNC_DTYPE_UINT, 64);
+        tu_fill(arena, 4096, 1, 0);
+        wsync_chunk_t c = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+        wsync_blob_t req;
+        OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+        assert_true(request_says(&req, "\"arena\":[0]"));
+        arena[100] ^= 0xff; /* the breach: written before the engine acknowledged */
+        wsync_receiver_t *r = open_receiver(&tr.init, 0);
+        wsync_recv_t *it;
+        OK(wsync_receiver_receive(r, req.data, req.size, &it));
+        wsync_tensor_t v;
+        bool has;
+        uint64_t done;
+        if (!checksum) {
+            OK(wsync_recv_next(it, &v, &has));
+            assert_true(has);
+            assert_memory_equal(v.data, arena, 4096); /* read in place: the engine sees the write */
+            OK(wsync_recv_end(it));
+            OK(wsync_receiver_completed_version(r, &done));
+            assert_int_equal(done, 1);
+            OK(wsync_sender_flush(tr.sender, 1000));
+        } else {
+            EXPECT_ERR(wsync_recv_next(it, &v, &has), WSYNC_ERR_INTEGRITY, "tensor 'w'");
+            EXPECT_ERR(wsync_recv_end(it), WSYNC_ERR_INTEGRITY, "checksum");
+            OK(wsync_receiver_completed_version(r, &done));
+            assert_int_equal(done, 0);
+            EXPECT_ERR(wsync_sender_flush(tr.sender, 1000), WSYNC_ERR_PEER, "WSYNC_ERR_INTEGRITY");
+        }
+        wsync_blob_free(&req);
+        wsync_receiver_destroy(r);
+        trainer_close(&tr);
+    }
+}
+
+/* The request's "arena" list is checked before any byte is read: entries out of order, past the
+ * table, or whose offset and size do not fit in the arena are MALFORMED, and the chunk can still
+ * be taken from an intact copy of the request. */
+static void arena_list_that_lies_is_malformed(void **state) {
+    (void)state;
+    trainer_t tr;
+    trainer_open(&tr, "{\"arena_bytes\": 4096, \"checksum\": false}");
+    uint8_t *arena;
+    uint64_t arena_bytes;
+    OK(wsync_sender_arena(tr.sender, (void **)&arena, &arena_bytes));
+    /* a: 2048 bytes in the arena at 0 and 2048; b: 8 KiB packed into the bucket at offset 0,
+     * c: 8 KiB packed at 8192, which as an arena offset lies outside the 4096-byte arena. */
+    static uint64_t b[1024], c[1024];
+    int64_t na = 256, nb = 1024;
+    wsync_tensor_t t[4] = {tu_tensor("a0", arena, &na, 1, WSYNC_DTYPE_UINT, 64),
+                           tu_tensor("a1", arena + 2048, &na, 1, WSYNC_DTYPE_UINT, 64),
+                           tu_tensor("b", b, &nb, 1, WSYNC_DTYPE_UINT, 64),
+                           tu_tensor("c", c, &nb, 1, WSYNC_DTYPE_UINT, 64)};
+    tu_fill(arena, 4096, 1, 0);
+    tu_fill(b, sizeof b, 1, 2);
+    tu_fill(c, sizeof c, 1, 3);
+    wsync_chunk_t ch = tu_chunk(t, 4, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tr.sender, &ch, &req));
+    assert_true(request_says(&req, "\"arena\":[0,1]"));
+    /* CBOR: text "arena" (0x65 'a' 'r' 'e' 'n' 'a'), array of 2 (0x82), then 0x00 0x01. */
+    size_t at = 0;
+    for (size_t i = 0; i + 9 <= req.size; ++i)
+        if (memcmp(req.data + i, "\x65" "arena" "\x82\x00\x01", 9) == 0) at = i + 7;
+    assert_int_not_equal(at, 0);
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    const struct {
+        uint8_t first, second;
+        const char *why;
+    } lies[] = {{0x01, 0x00, "strictly increasing"},
+                {0x00, 0x00, "strictly increasing"},
+                {0x00, 0x04, "arena"},  /* index 4 of a 4-tensor table */
+                {0x00, 0x03, "outside the 4096-byte arena"}};
+    for (size_t k = 0; k < sizeof lies / sizeof lies[0]; ++k) {
+        wsync_blob_t bad = {malloc(req.size), req.size};
+        memcpy(bad.data, req.data, req.size);
+        bad.data[at] = lies[k].first;
+        bad.data[at + 1] = lies[k].second;
+        tu_reseal(bad.data, bad.size);
+        wsync_recv_t *it = NULL;
+        EXPECT_ERR(wsync_receiver_receive(r, bad.data, bad.size, &it), WSYNC_ERR_MALFORMED, lies[k].why);
+        assert_null(it);
+        free(bad.data);
+    }
+    wsync_recv_t *it;
+    OK(wsync_receiver_receive(r, req.data, req.size, &it));
+    for (int i = 0; i < 4; ++i) {
+        uint64_t got[1024];
+        const uint64_t len = i < 2 ? 2048 : 8192;
+        OK(wsync_recv_copy(it, (size_t)i, 0, got, len));
+        assert_memory_equal(got, i < 2 ? (const void *)(arena + 2048 * i) : (i == 2 ? (void *)b : (void *)c), len);
+    }
+    OK(wsync_recv_end(it));
+    OK(wsync_sender_flush(tr.sender, 1000));
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(r);
+    trainer_close(&tr);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sync_moves_every_tensor_bit_for_bit_over_several_steps),
     cmocka_unit_test(request_describes_version_chunk_and_tensors),
@@ -891,6 +1076,10 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(flush_with_the_largest_timeout_waits_for_the_receiver),
     cmocka_unit_test(strategy_destroyed_without_sender_removes_its_segment),
     cmocka_unit_test(oversized_segment_is_no_memory_not_sigbus),
+    cmocka_unit_test(arena_is_null_without_the_option_and_arguments_are_checked),
+    cmocka_unit_test(arena_tensors_cross_in_place_and_the_rest_are_packed),
+    cmocka_unit_test(arena_tensor_written_before_the_ack_is_seen_or_refused_by_checksum),
+    cmocka_unit_test(arena_list_that_lies_is_malformed),
 };
 
 TU_MAIN(tests)

@@ -234,6 +234,19 @@ wsync_status_t wsync_sender_version(const wsync_sender_t *sender, uint64_t *vers
     });
 }
 
+wsync_status_t wsync_sender_arena(const wsync_sender_t *sender, void **base, uint64_t *bytes) {
+    if (base) *base = nullptr;
+    if (bytes) *bytes = 0;
+    return guard([&] {
+        require(sender, "wsync_sender_arena", "sender");
+        require(base, "wsync_sender_arena", "base");
+        require(bytes, "wsync_sender_arena", "bytes");
+        const auto [p, n] = core(sender)->arena();
+        *base = p;
+        *bytes = n;
+    });
+}
+
 wsync_status_t wsync_request_merge(const wsync_blob_t *parts, size_t n, wsync_blob_t *out) {
     if (out) *out = wsync_blob_t{nullptr, 0};
     return guard([&] {

@@ -24,12 +24,18 @@ InitInfo parse_init_info(const json &body) {
         info.bucket_bytes % layout::kPageBytes != 0)
         wire::malformed(w + ": receivers, buckets or bucket_bytes out of range");
     info.checksum = wire::bool_field(body, "checksum", w);
+    if (body.contains("arena_bytes")) {
+        info.arena_bytes = wire::uint_field(body, "arena_bytes", w, kMaxArenaBytes);
+        if (info.arena_bytes == 0 || info.arena_bytes % layout::kPageBytes != 0)
+            wire::malformed(w + ": arena_bytes is not a positive whole number of pages");
+    }
     return info;
 }
 
-SegmentGeometry segment_geometry(uint32_t receivers, uint32_t buckets, uint64_t bucket_bytes) {
-    return SegmentGeometry{kKind, "wsync-", {'W', 'S', 'Y', 'N', 'C', 'S', 'H', 'M'}, 3, 0,
-                           receivers, buckets, bucket_bytes};
+SegmentGeometry segment_geometry(uint32_t receivers, uint32_t buckets, uint64_t bucket_bytes,
+                                 uint64_t arena_bytes) {
+    return SegmentGeometry{kKind, "wsync-", {'W', 'S', 'Y', 'N', 'C', 'S', 'H', 'M'},
+                           arena_bytes ? 4u : 3u, 0, receivers, buckets, bucket_bytes, arena_bytes};
 }
 
 }  // namespace wsync::shm

@@ -15,10 +15,14 @@ namespace {
 class ShmBacking final : public ChunkBacking {
 public:
     ShmBacking(std::shared_ptr<SharedSegment> seg, uint32_t index, uint32_t bucket, uint64_t seq,
-               const std::vector<uint64_t> &offsets)
-        : seg_(std::move(seg)), index_(index), bucket_(bucket), seq_(seq), offsets_(offsets) {}
+               const std::vector<uint64_t> &offsets, layout::InPlace in_arena)
+        : seg_(std::move(seg)), index_(index), bucket_(bucket), seq_(seq), offsets_(offsets),
+          in_arena_(std::move(in_arena)) {}
 
-    const void *data(std::size_t i) const override { return seg_->bucket(bucket_) + offsets_[i]; }
+    const void *data(std::size_t i) const override {
+        const bool arena = !in_arena_.empty() && in_arena_[i];
+        return (arena ? seg_->arena() : seg_->bucket(bucket_)) + offsets_[i];
+    }
     wsync_device_t device() const override { return {WSYNC_DEVICE_CPU, 0}; }
     bool read_only() const override { return true; }
 
@@ -31,6 +35,7 @@ private:
     uint32_t index_, bucket_;
     uint64_t seq_;
     std::vector<uint64_t> offsets_;
+    layout::InPlace in_arena_;  // entries the sender left in its arena (offsets_ are the arena's)
 };
 
 class ShmReceiver final : public ReceiverImpl {
@@ -57,9 +62,11 @@ public:
                   "shm: request carries chunk seq %" PRIu64 ", already received seq %" PRIu64,
                   at.seq, last_seq_);
         seg_->check_owed(index_, at.bucket, at.seq, "request");
-        layout::check(table, seg_->bucket_bytes(), w, "bucket");
+        layout::InPlace in_arena = arena_entries(transport, table);
+        layout::check(table, seg_->bucket_bytes(), w, "bucket", in_arena);
         last_seq_ = at.seq;
-        return std::make_unique<ShmBacking>(seg_, index_, at.bucket, at.seq, table.offsets);
+        return std::make_unique<ShmBacking>(seg_, index_, at.bucket, at.seq, table.offsets,
+                                            std::move(in_arena));
     }
 
     void refuse(const ChunkHeader &h, const json &transport, wsync_status_t status,
@@ -101,6 +108,35 @@ private:
             wire::malformed(strf("shm request: seq %" PRIu64 " does not belong in bucket %u",
                                  at.seq, at.bucket));
         return at;
+    }
+
+    // The request's optional "arena": strictly increasing entry indices whose offsets are in the
+    // sender's arena, each entry kTensorAlign-aligned and inside it. An empty mask when absent.
+    layout::InPlace arena_entries(const json &transport, const TensorTable &table) const {
+        const std::string w = "shm request";
+        if (!transport.contains("arena")) return {};
+        const std::size_t n = table.metas.size();
+        const json::array_t &list = wire::array_field(transport, "arena", w, n);
+        if (!seg_->arena())
+            wire::malformed(w + ": it names tensors in the sender's arena, and segment '" +
+                            seg_->name() + "' has none");
+        layout::InPlace in_arena(n, 0);
+        uint64_t next = 0;  // the smallest index the next element may take
+        for (const json &v : list) {
+            const uint64_t i = wire::as_uint(v, w + " arena", n ? n - 1 : 0);
+            if (n == 0 || i < next)
+                wire::malformed(w + ": arena entries are not strictly increasing tensor indices");
+            next = i + 1;
+            in_arena[i] = 1;
+            const uint64_t off = table.offsets[i], bytes = table.metas[i].nbytes,
+                           size = seg_->arena_bytes();
+            if (off % layout::kTensorAlign != 0 || bytes > size || off > size - bytes)
+                wire::malformed(w + ": tensor '" + table.metas[i].name + "' at arena offset " +
+                                std::to_string(off) + " (+" + std::to_string(bytes) +
+                                " bytes) is misaligned or outside the " + std::to_string(size) +
+                                "-byte arena");
+        }
+        return in_arena;
     }
 
     std::shared_ptr<SharedSegment> seg_;

@@ -1,6 +1,8 @@
 #include "transport/shm/sender.hpp"
 
 #include <algorithm>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "board.hpp"
@@ -30,7 +32,23 @@ public:
                      "shm: tensor '" + table.metas[i].name + "' is on " +
                          device_name(tensors[i].device) +
                          "; shm moves host memory (use cuda_ipc or copy it to the CPU)");
-        layout::place(table, seg_->bucket_bytes(), kKind);
+        // Tensors that lie in the arena cross in place: the engines read them where they are.
+        layout::InPlace in_place;
+        json arena_entries = json::array();
+        if (seg_->arena()) {
+            in_place.assign(table.metas.size(), 0);
+            for (std::size_t i = 0; i < table.metas.size(); ++i) {
+                if (const auto off = arena_offset(tensors[i].data, table.metas[i].nbytes)) {
+                    in_place[i] = 1;
+                    arena_entries.push_back(i);
+                }
+            }
+        }
+        layout::place(table, seg_->bucket_bytes(), kKind, in_place);
+        for (const auto &i : arena_entries) {
+            const auto k = i.get<std::size_t>();
+            table.offsets[k] = *arena_offset(tensors[k].data, table.metas[k].nbytes);
+        }
         maybe_unlink();
         const uint64_t seq = next_seq_;
         const uint32_t b = static_cast<uint32_t>((seq - 1) % seg_->slots());
@@ -39,11 +57,18 @@ public:
         // Back-pressure: the bucket's previous chunk must be done with by every receiver.
         board_.wait({b}, sys::Deadline(timeout_ms_), "no free bucket", seq - 1);
 
-        layout::pack_host(seg_->bucket(b), tensors, table, checksum_);  // pack + checksum, one pass
+        // Pack + checksum, one pass; arena tensors are only hashed.
+        layout::pack_host(seg_->bucket(b), tensors, table, checksum_, in_place);
         board_.publish(b, seq);  // the bytes are in place
         ++next_seq_;
         used_buckets_ = std::max<uint32_t>(used_buckets_, b + 1);
-        return json{{"segment", seg_->name()}, {"bucket", b}, {"seq", seq}};
+        json transport{{"segment", seg_->name()}, {"bucket", b}, {"seq", seq}};
+        if (!arena_entries.empty()) transport["arena"] = std::move(arena_entries);
+        return transport;
+    }
+
+    std::pair<void *, uint64_t> arena() const override {
+        return {seg_->arena(), seg_->arena_bytes()};
     }
 
     void flush(int64_t timeout_ms) override {
@@ -61,6 +86,18 @@ public:
     }
 
 private:
+    // The offset in the arena of a tensor of n bytes at p that lies wholly in it, starting on the
+    // bucket's tensor alignment (256 bytes; the engines' views keep the same alignment rule
+    // whichever region they point into). Anything else is packed into the bucket as usual.
+    std::optional<uint64_t> arena_offset(const void *p, uint64_t n) const {
+        const auto a = reinterpret_cast<uintptr_t>(seg_->arena());
+        const auto t = reinterpret_cast<uintptr_t>(p);
+        const uint64_t size = seg_->arena_bytes();
+        if (!a || n == 0 || t < a || n > size || t - a > size - n) return std::nullopt;
+        if ((t - a) % layout::kTensorAlign != 0) return std::nullopt;
+        return uint64_t(t - a);
+    }
+
     // Once every receiver holds its index the name is no longer needed; removing it means
     // nothing is left in /dev/shm even if this process is killed (receivers that attach later
     // get the segment from this process over its rendezvous socket).

@@ -1,11 +1,13 @@
 // shm: host memory through one POSIX shared-memory segment (the CPU twin of packed CUDA IPC).
 //
-// The trainer's strategy creates the segment when it makes the init info: a control block and
-// `buckets` data buckets of `bucket_bytes` each, reserved with posix_fallocate (so a full
-// /dev/shm is an error now, not a SIGBUS later) and pre-faulted. The sender packs chunk number
-// `seq` (1, 2, ...) into bucket (seq - 1) % buckets after every receiver has acknowledged the
-// bucket's previous chunk, then publishes seq in the bucket's slot (release) and returns the
-// request. Receivers map the segment once (data read-only), check the request against the slot
+// The trainer's strategy creates the segment when it makes the init info: a control block,
+// `buckets` data buckets of `bucket_bytes` each and, with "arena_bytes", the sender's arena (the
+// trainer keeps tensors there, which are then sent in place: docs/data-path.md), reserved with
+// posix_fallocate (so a full /dev/shm is an error now, not a SIGBUS later) and pre-faulted. The
+// sender packs chunk number `seq` (1, 2, ...) into bucket (seq - 1) % buckets after every
+// receiver has acknowledged the bucket's previous chunk (a tensor in the arena is hashed, if
+// checksums are on, not copied), then publishes seq in the bucket's slot (release) and returns
+// the request. Receivers map the segment once (data read-only), check the request against the slot
 // (acquire) and yield views straight into the bucket. Ending an iteration stores
 // (seq << 8 | status) in the receiver's ack word for that bucket and wakes the sender through a
 // futex; that protocol, with the liveness checks that tell a dead receiver from a slow one, is the
@@ -38,6 +40,10 @@ const std::vector<OptionSpec> &shm_options() {
          "buckets in the segment; 2 or more let packing overlap with receivers' loading"},
         {"bucket_bytes", T::UInt, uint64_t(256) << 20, layout::kPageBytes, uint64_t(1) << 40, "sender",
          "bytes per bucket (rounded up to 4096); the largest chunk must fit in one bucket"},
+        {"arena_bytes", T::UInt, 0, 0, kMaxArenaBytes, "sender",
+         "bytes of host memory in the segment for the trainer's own tensors (rounded up to "
+         "4096; 0: none): wsync_sender_arena() hands it out, and a tensor that lies in it is "
+         "sent in place, read by the engines straight from it, not packed into a bucket"},
         option::checksum(),
         option::verify(),
         option::copy_threads(),
@@ -52,15 +58,20 @@ public:
         : receivers_(static_cast<uint32_t>(o.uint("receivers"))),
           buckets_(static_cast<uint32_t>(o.uint("buckets"))),
           bucket_bytes_(layout::round_up(o.uint("bucket_bytes"), layout::kPageBytes)),
+          arena_bytes_(layout::round_up(o.uint("arena_bytes"), layout::kPageBytes)),
           checksum_(o.boolean("checksum")), verify_(o.boolean("verify")),
           copy_threads_(static_cast<unsigned>(o.uint("copy_threads"))),
           timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))) {}
 
     json create_init_info() override {
-        seg_ = SharedSegment::create(segment_geometry(receivers_, buckets_, bucket_bytes_));
-        return json{{"segment", seg_->name()},   {"rendezvous", seg_->rendezvous()},
-                    {"receivers", receivers_},   {"buckets", buckets_},
-                    {"bucket_bytes", bucket_bytes_}, {"checksum", checksum_}};
+        seg_ = SharedSegment::create(
+            segment_geometry(receivers_, buckets_, bucket_bytes_, arena_bytes_));
+        json body{{"segment", seg_->name()},   {"rendezvous", seg_->rendezvous()},
+                  {"receivers", receivers_},   {"buckets", buckets_},
+                  {"bucket_bytes", bucket_bytes_}, {"checksum", checksum_}};
+        // Only with an arena, so a segment without one keeps the blob (and layout 3) of 0.4.
+        if (arena_bytes_) body["arena_bytes"] = arena_bytes_;
+        return body;
     }
 
     std::unique_ptr<SenderImpl> create_sender(const json &body) override {
@@ -82,7 +93,8 @@ public:
         check_receiver_index("shm", index, info.receivers);
         auto seg = SharedSegment::attach(
             info.segment, info.rendezvous,
-            segment_geometry(info.receivers, info.buckets, info.bucket_bytes), timeout_ms_);
+            segment_geometry(info.receivers, info.buckets, info.bucket_bytes, info.arena_bytes),
+            timeout_ms_);
         board::attach(seg->board(), seg->fd(), index, "shm");
         // The last receiver to attach removes the name: a trainer killed from now on leaves
         // nothing in /dev/shm.
@@ -92,7 +104,7 @@ public:
 
 private:
     uint32_t receivers_, buckets_;
-    uint64_t bucket_bytes_;
+    uint64_t bucket_bytes_, arena_bytes_;
     bool checksum_, verify_;
     unsigned copy_threads_;
     int64_t timeout_ms_;
