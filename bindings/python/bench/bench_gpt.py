@@ -40,7 +40,7 @@ from torch import nn  # noqa: E402
 
 import wsync  # noqa: E402
 from wsync.engine import ModuleLoader  # noqa: E402
-from wsync.trainer import send_model  # noqa: E402
+from wsync.trainer import ARENA_ALIGN, place_in_arena, send_model  # noqa: E402
 
 WAIT_S = 300
 
@@ -139,7 +139,7 @@ def expect(conn, kind):
     return msg
 
 
-def run_mode(model, cfg, mode, checksum=None, aliases="join"):
+def run_mode(model, cfg, mode, checksum=None, aliases="join", arena=False):
     ctx = mp.get_context("spawn")
     pipes = [ctx.Pipe() for _ in range(2)]
     procs = [ctx.Process(target=engine_main, args=(i, pipes[i][1], dict(cfg, mode=mode)))
@@ -155,11 +155,18 @@ def run_mode(model, cfg, mode, checksum=None, aliases="join"):
             for c in conns:
                 c.send(shared)
         else:
+            extra = {}
+            if arena:  # room for every unique tensor at the arena's 256-byte alignment
+                tensors = list(model.parameters()) + list(model.buffers())
+                extra["arena_bytes"] = sum(t.numel() * t.element_size() + ARENA_ALIGN
+                                           for t in tensors)
             strategy = wsync.Strategy("shm", receivers=2, checksum=checksum,
                                       bucket_bytes=cfg["bucket_mb"] << 20, buckets=cfg["buckets"],
-                                      timeout_ms=60000)
+                                      timeout_ms=60000, **extra)
             init = strategy.create_init_info()
             sender = strategy.sender(init)
+            if arena:
+                place_in_arena(sender, model)  # from now on the trainer's weights live there
             for c in conns:
                 c.send(init)
         for c in conns:
@@ -240,12 +247,15 @@ def main():
     copy_s = one_core_copy_s(model)
     model.share_memory()  # share_memory_() on every tensor; the baseline needs it; wsync does not care where the bytes live
     results = {}
-    for name, mode, checksum, aliases in (
-            ("baseline share_memory_ + pipe", "baseline", None, None),
-            ("wsync shm, checksums on", "wsync", True, "join"),
-            ("wsync shm, checksums off", "wsync", False, "join"),
-            ("wsync, checksums on, tied sent twice", "wsync", True, "repeat")):
-        med, all_s = run_mode(model, cfg, mode, checksum, aliases)
+    # The arena modes come last: they move the model's parameters into a sender's arena.
+    for name, mode, checksum, aliases, arena in (
+            ("baseline share_memory_ + pipe", "baseline", None, None, False),
+            ("wsync shm, checksums on", "wsync", True, "join", False),
+            ("wsync shm, checksums off", "wsync", False, "join", False),
+            ("wsync, checksums on, tied sent twice", "wsync", True, "repeat", False),
+            ("wsync shm arena, checksums on", "wsync", True, "join", True),
+            ("wsync shm arena, checksums off", "wsync", False, "join", True)):
+        med, all_s = run_mode(model, cfg, mode, checksum, aliases, arena)
         results[name] = {"median_s": med, "steps_s": all_s}
     base = results["baseline share_memory_ + pipe"]["median_s"]
     out = {"params": sum(p.numel() for p in model.parameters()), "unique_bytes": unique,

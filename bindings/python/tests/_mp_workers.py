@@ -8,7 +8,7 @@ import torch
 
 import wsync
 from wsync.engine import ModuleLoader
-from wsync.trainer import send_model
+from wsync.trainer import place_in_arena, send_model
 from _models import TinyLM, train_steps
 
 WAIT_S = 60  # the longest any process waits for one message
@@ -57,10 +57,17 @@ def trainer_main(outbox, inbox, cfg):
     strategy = sender = None
     try:
         model = TinyLM(seed=0)
+        if cfg.get("tie"):
+            model.lm_head.weight = model.embed_tokens.weight
+        extra = {"arena_bytes": cfg["arena_bytes"]} if cfg.get("arena_bytes") else {}
         strategy = wsync.Strategy("shm", receivers=cfg["receivers"], buckets=cfg["buckets"],
-                                  bucket_bytes=cfg["bucket_bytes"], timeout_ms=20000)
+                                  bucket_bytes=cfg["bucket_bytes"], timeout_ms=20000, **extra)
         init = strategy.create_init_info()
         sender = strategy.sender(init)
+        if extra:
+            # The parameters live in the segment from here on; the optimizer keeps writing
+            # them between syncs (after each flush), as a trainer's would.
+            place_in_arena(sender, model)
         outbox.put(("init", init))
         _get(inbox, "go")
         for step in train_steps(model, cfg["steps"]):

@@ -26,6 +26,7 @@ class Controller:
         self.cfg = cfg
         self.deadline = time.monotonic() + DEADLINE_S
         self.segment = None
+        self.requests = []  # every request forwarded, in order
         self.stopping = False
         self.from_trainer, self.to_trainer = CTX.Queue(), CTX.Queue()
         self.from_engines = CTX.Queue()
@@ -93,6 +94,7 @@ class Controller:
                 msg = self.get(self.from_trainer)
                 if msg[0] == "request":
                     assert msg[1] == step
+                    self.requests.append(msg[2])
                     for q in self.to_engines:
                         q.put(msg)
                     continue
@@ -176,3 +178,35 @@ def test_engine_with_a_different_plan_fails_the_trainers_flush():
             "model has (48, 32)") in message1
     assert any(p.startswith("layers.0.mlp.gate_proj.weight: torch.float32(48, 32)")
                for p in problems1)
+
+
+def test_parameters_in_the_arena_cross_in_place_every_step_bit_for_bit():
+    """The trainer's parameters and buffers live in the sender's arena (place_in_arena, tied
+    embedding and head moved once), the optimizer writes them between syncs; each sync sends
+    every tensor in place (the requests list them all under "arena", no bucket bytes), and both
+    engines match the trainer bit for bit after every step, with checksums on (the default)."""
+    import wsync
+    steps = 3
+    cfg = dict(BASE, steps=steps, arena_bytes=1 << 20, tie=True,
+               modes={0: "loader", 1: "loader"})
+    with Controller(cfg) as controller:
+        initial, results = controller.run()
+    assert len(results) == steps
+    assert not os.path.exists(controller.segment)
+    in_place = total = 0
+    for request in controller.requests:
+        body = wsync.describe(request)["body"]
+        total += len(body["tensors"]["names"])
+        in_place += len(body["transport"].get("arena", []))
+    # Every wire tensor crossed in place: the tied pair is one of them.
+    assert total == steps * (PARAMETERS - 1 + BUFFERS), total
+    assert in_place == total
+    for step, (synced, reports) in enumerate(results, 1):
+        _, _, next_version, chunks, trainer_snapshot, flush_error = synced
+        assert flush_error is None
+        assert next_version == step + 1
+        assert trainer_snapshot["lm_head.weight"] == trainer_snapshot["embed_tokens.weight"]
+        for index, (_, _, _, completed, loaded, problems, errors) in reports.items():
+            assert errors == [], f"engine {index}: {errors}"
+            assert completed == step, f"engine {index}"
+            assert problems == [], f"engine {index} differs from the trainer at step {step}"

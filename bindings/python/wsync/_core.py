@@ -15,6 +15,7 @@ import math
 import struct
 import threading
 import warnings
+import weakref
 from ctypes import byref, c_bool, c_char, c_char_p, c_size_t, c_uint64, c_void_p
 from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -462,6 +463,9 @@ class Sender:
         #: The init-info bytes this sender was made from.
         self.init_info = init_info
         self._init_description: Optional[dict] = None
+        self._arena_buf = None  # weakref to the buffer arena() handed out
+        #: Bytes of the arena handed out by :func:`wsync.trainer.place_in_arena` so far.
+        self.arena_used = 0
 
     def _handle(self) -> int:
         if self._h is None:
@@ -676,13 +680,52 @@ class Sender:
         """True once :meth:`close` has run."""
         return self._h is None
 
+    @property
+    def arena(self):
+        """The sender's arena (``shm`` made with ``arena_bytes``; libwsync 0.5) as a writable
+        ctypes byte array over the shared segment, or ``None`` when it has none.
+
+        Tensors kept there (:func:`wsync.trainer.place_in_arena` moves a module's parameters
+        in) cross in place: each engine reads them straight from the trainer's memory instead
+        of the trainer packing them into a bucket first. They are then borrowed until the
+        version is acknowledged: do not write them (an optimizer step) before ``flush`` (or
+        :func:`wsync.trainer.send_model`, which flushes) returns. With checksums on, a write
+        before then fails the version on the engines (``INTEGRITY``); with them off it may be
+        loaded torn. Tensors made over the array keep it, and with it this sender's memory,
+        alive: :meth:`close` then stops the sender but keeps its memory mapped until the last
+        of them is freed."""
+        with self._lock:
+            buf = self._arena_buf() if self._arena_buf is not None else None
+            if buf is not None:
+                return buf
+            base, size = c_void_p(), c_uint64()
+            status = self._lib.wsync_sender_arena(self._handle(), byref(base), byref(size))
+            if status:
+                raise_for(status, self._lib)
+            if not base.value:
+                return None
+            # A subclass, so the array takes weak references (close() watches it).
+            buf = type("ArenaBytes", (ctypes.c_uint8 * size.value,), {}).from_address(base.value)
+            self._arena_buf = weakref.ref(buf)
+            return buf
+
+    def _destroy(self, h: int) -> None:
+        buf = self._arena_buf() if self._arena_buf is not None else None
+        if buf is None:
+            self._lib.wsync_sender_destroy(h)
+        else:
+            # Tensors still live in the arena: the native sender (which keeps the segment
+            # mapped) goes when the last of them, and so the array, is freed.
+            weakref.finalize(buf, self._lib.wsync_sender_destroy, h)
+
     def close(self) -> None:
         """Destroys the sender without waiting for receivers (idempotent). For ``shm`` the
-        segment's name is removed."""
+        segment's name is removed. While tensors made over :attr:`arena` live, the memory (and
+        the native sender holding it) stays until they are freed."""
         with self._lock:
             h, self._h = self._h, None
             if h is not None:
-                self._lib.wsync_sender_destroy(h)
+                self._destroy(h)
 
     def __enter__(self) -> "Sender":
         return self
@@ -695,7 +738,7 @@ class Sender:
         if h is not None:
             self._h = None
             try:
-                self._lib.wsync_sender_destroy(h)
+                self._destroy(h)
             except Exception:  # interpreter shutdown: nothing left to report to
                 pass
 

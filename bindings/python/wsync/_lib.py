@@ -253,6 +253,7 @@ SIGNATURES: Mapping[str, tuple] = {
     "wsync_sender_version": (_status, [_handle, POINTER(c_uint64)]),
     "wsync_sender_drop_receiver": (_status, [_handle, c_uint32]),
     "wsync_sender_set_stream": (_status, [_handle, c_void_p]),
+    "wsync_sender_arena": (_status, [_handle, POINTER(c_void_p), POINTER(c_uint64)]),
     "wsync_sender_failure_count": (_status, [_handle, POINTER(c_size_t)]),
     "wsync_sender_failure": (_status, [_handle, c_size_t, POINTER(Failure)]),
     "wsync_request_merge": (_status, [POINTER(Blob), c_size_t, POINTER(Blob)]),

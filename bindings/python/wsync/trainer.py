@@ -42,6 +42,7 @@ sync holds about one chunk of gathered tensors at a time.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import inspect
 from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
@@ -406,6 +407,72 @@ def iter_chunks(source, *, chunk_bytes: Optional[int] = None, group_depth: int =
         # The caller is done with this chunk: drop its gathered and converted tensors before
         # the next gather, so two chunks of them never coexist here.
         del tensors
+
+
+#: Where :func:`place_in_arena` starts each tensor: the offset alignment a tensor needs to be
+#: sent in place (wsync_sender_arena).
+ARENA_ALIGN = 256
+
+
+def place_in_arena(sender: Sender, source) -> int:
+    """Moves a CPU module's parameters and buffers (or a list of tensors) into the sender's
+    arena (``shm`` made with ``arena_bytes``; libwsync 0.5) and returns the arena bytes they
+    take, so that every later sync sends them in place: each engine copies straight from the
+    trainer's memory, as with ``share_memory_()``, and no bucket copy is made.
+
+    Each tensor keeps its identity: a parameter's ``.data`` is replaced by a tensor of the
+    same dtype and shape over the arena holding the same values (contiguous, at a multiple of
+    :data:`ARENA_ALIGN` bytes), so optimizers, hooks and tied parameters (one ``Parameter`` under
+    two names, moved once) are unaffected. Tensors placed by earlier calls stay; each call
+    appends after them (``sender.arena_used``). Empty tensors are left where they are.
+
+    The rule that comes with it (see :attr:`wsync.Sender.arena`): do not write the placed
+    tensors (an optimizer step) while a sync is in flight, i.e. before :func:`send_model` (or
+    ``flush``) returns; with checksums on, a write then fails the version on the engines.
+
+    Raises ``INVALID_ARGUMENT`` before moving anything when the sender has no arena, a tensor is
+    not a CPU tensor, or the tensors do not fit (the message gives the bytes needed and the
+    ``arena_bytes`` option to raise).
+    """
+    import torch
+
+    arena = sender.arena
+    if arena is None:
+        raise invalid("place_in_arena: the sender has no arena; make the shm strategy with "
+                      "arena_bytes (e.g. wsync.Strategy('shm', arena_bytes=...))")
+    if isinstance(source, torch.nn.Module):
+        tensors = list(source.parameters()) + [b for b in source.buffers() if b is not None]
+    else:
+        tensors = list(source)
+    seen, unique = set(), []
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise invalid(f"place_in_arena: {type(t).__name__} is not a torch.Tensor")
+        if t.device.type != "cpu" or t.is_sparse:
+            raise invalid(f"place_in_arena: a {t.device.type} {'sparse ' if t.is_sparse else ''}"
+                          f"tensor of shape {tuple(t.shape)} cannot live in host shared memory")
+        if id(t) not in seen and t.numel() > 0:
+            seen.add(id(t))
+            unique.append(t)
+    offsets, end = [], sender.arena_used
+    for t in unique:
+        start = -(-end // ARENA_ALIGN) * ARENA_ALIGN
+        offsets.append(start)
+        end = start + t.numel() * t.element_size()
+    size = ctypes.sizeof(arena)
+    if end > size:
+        raise invalid(f"place_in_arena: {len(unique)} tensors need {end - sender.arena_used} bytes "
+                      f"of arena from offset {sender.arena_used}, and the arena has {size} bytes; "
+                      f"make the strategy with arena_bytes >= {end}")
+    with torch.no_grad():
+        for t, off in zip(unique, offsets):
+            placed = torch.frombuffer(arena, dtype=t.dtype, count=t.numel(), offset=off)
+            placed = placed.view(t.shape)
+            placed.copy_(t.data)
+            t.data = placed
+    used = end - sender.arena_used
+    sender.arena_used = end
+    return used
 
 
 def default_chunk_bytes(sender: Sender) -> int:

@@ -1,0 +1,114 @@
+"""The sender's arena (shm "arena_bytes"): place_in_arena moves a module's tensors into it, the
+library sends them in place, and the arena's memory outlives the sender while tensors use it."""
+
+import ctypes
+
+import pytest
+import torch
+from torch import nn
+
+import wsync
+from wsync import Status
+from wsync.engine import ModuleLoader
+from wsync.trainer import ARENA_ALIGN, place_in_arena, send_model
+
+from _models import TinyLM
+
+
+def _pair(arena_bytes, **options):
+    strategy = wsync.Strategy("shm", arena_bytes=arena_bytes, **options)
+    init = strategy.create_init_info()
+    return strategy, init, strategy.sender(init)
+
+
+def _arena_range(sender):
+    arena = sender.arena
+    base = ctypes.addressof(arena)
+    return base, base + ctypes.sizeof(arena)
+
+
+def test_a_sender_without_arena_has_none_and_place_in_arena_says_what_to_set():
+    strategy = wsync.Strategy("shm")
+    sender = strategy.sender(strategy.create_init_info())
+    assert sender.arena is None
+    with pytest.raises(wsync.WsyncError) as exc:
+        place_in_arena(sender, nn.Linear(4, 4))
+    assert exc.value.status == Status.INVALID_ARGUMENT and "arena_bytes" in exc.value.message
+    sender.close()
+    strategy.close()
+
+
+def test_parameters_and_buffers_move_in_with_their_values_identity_and_ties():
+    model = TinyLM(seed=3)
+    model.lm_head.weight = model.embed_tokens.weight  # tied: one Parameter under two names
+    before = {n: t.clone() for n, t in model.state_dict().items()}
+    params = {n: p for n, p in model.named_parameters()}
+    strategy, _, sender = _pair(1 << 20)
+    used = place_in_arena(sender, model)
+    lo, hi = _arena_range(sender)
+    unique = list(model.parameters()) + list(model.buffers())
+    assert used == sender.arena_used
+    assert used >= sum(t.numel() * t.element_size() for t in unique)
+    for t in unique:  # every tensor now lives in the arena, on the alignment rule
+        assert lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= hi
+        assert (t.data_ptr() - lo) % ARENA_ALIGN == 0
+    assert model.lm_head.weight is model.embed_tokens.weight
+    for n, p in model.named_parameters():
+        assert p is params[n]  # same Parameter objects: optimizers and hooks still hold them
+    for n, t in model.state_dict().items():
+        assert torch.equal(t, before[n]), n
+    # A second call appends after the first.
+    extra = torch.arange(10, dtype=torch.float32)
+    assert place_in_arena(sender, [extra]) >= 40
+    assert extra.data_ptr() >= lo + used
+    sender.close()
+    strategy.close()
+
+
+def test_tensors_that_do_not_fit_are_refused_before_anything_moves():
+    model = nn.Linear(64, 64)  # 16.6 KB of parameters
+    pointers = [p.data_ptr() for p in model.parameters()]
+    strategy, _, sender = _pair(4096)
+    with pytest.raises(wsync.WsyncError) as exc:
+        place_in_arena(sender, model)
+    assert exc.value.status == Status.INVALID_ARGUMENT
+    assert "arena_bytes >=" in exc.value.message and "4096 bytes" in exc.value.message
+    assert [p.data_ptr() for p in model.parameters()] == pointers
+    assert sender.arena_used == 0
+    sender.close()
+    strategy.close()
+
+
+def test_a_sync_sends_arena_tensors_in_place_and_loads_bit_for_bit():
+    trainer, engine = TinyLM(seed=0), TinyLM(seed=7)
+    strategy, init, sender = _pair(1 << 20, bucket_bytes=64 << 10, buckets=2)
+    place_in_arena(sender, trainer)
+    stray = torch.ones(8)  # not in the arena: packed into a bucket as before
+    receiver = wsync.Strategy.for_init_info(init).receiver(init, 0)
+    loader = ModuleLoader(engine, ignore_unknown=True)
+    requests = []
+    send_model(sender, {**trainer.state_dict(), "stray": stray}, chunk_bytes=32 << 10,
+               on_request=lambda r: (requests.append(r), loader.load(receiver, r)),
+               flush_timeout_s=10)
+    in_place = sum(len(wsync.describe(r)["body"]["transport"].get("arena", [])) for r in requests)
+    assert in_place == len(trainer.state_dict())  # all but the stray tensor
+    for n, t in trainer.state_dict().items():
+        assert torch.equal(engine.state_dict()[n], t), n
+    receiver.close()
+    sender.close()
+    strategy.close()
+
+
+def test_arena_tensors_outlive_the_closed_sender_and_strategy():
+    model = nn.Linear(32, 32)
+    strategy, _, sender = _pair(1 << 16)
+    place_in_arena(sender, model)
+    expected = model.weight.detach().clone()
+    sender.close()
+    strategy.close()
+    del sender, strategy
+    # The memory stays mapped while the tensors use it: reading and writing are fine.
+    assert torch.equal(model.weight.detach(), expected)
+    with torch.no_grad():
+        model.weight.add_(1)
+    assert torch.equal(model.weight.detach(), expected + 1)
