@@ -607,6 +607,13 @@ extern "C" {
         sender: *mut wsync_sender_t,
         stream: *mut c_void,
     ) -> wsync_status_t;
+    /// The sender's arena (shm's `"arena_bytes"`): `*base`/`*bytes`, NULL/0 without one.
+    /// Tensors lying in it (256-byte aligned) are sent in place and borrowed until flushed.
+    pub fn wsync_sender_arena(
+        sender: *const wsync_sender_t,
+        base: *mut *mut c_void,
+        bytes: *mut u64,
+    ) -> wsync_status_t;
     /// How many receiver failures the sender's last failed call found.
     pub fn wsync_sender_failure_count(
         sender: *const wsync_sender_t,

@@ -336,6 +336,36 @@ impl Sender {
         check(unsafe { sys::wsync_sender_set_stream(self.raw.as_ptr(), stream) })
     }
 
+    /// The sender's arena: host memory in the `"shm"` segment (the strategy's `"arena_bytes"`
+    /// option; libwsync 0.5) where the trainer may keep its tensors, as its first byte and
+    /// length; `None` for other kinds and without the option.
+    ///
+    /// A tensor passed to [`Sender::send_chunk`] whose bytes lie wholly in the arena, starting a
+    /// multiple of 256 bytes from its first byte, is sent in place: the engines read it there
+    /// instead of the trainer packing it into a bucket. It is then borrowed until the version
+    /// is acknowledged: write it only after [`Sender::flush`] returns `Ok` (with checksums on,
+    /// an earlier write fails the version on the engines with [`Status::Integrity`]; with them
+    /// off it may be loaded torn). Make such tensors with [`TensorRef::from_raw_parts`], whose
+    /// safety contract is exactly that rule.
+    ///
+    /// The memory is the library's, mapped while this sender (or the strategy that created it)
+    /// lives: do not use the pointer after both are dropped.
+    ///
+    /// # Errors
+    /// Only if the library refuses the call (a library bug for a live sender).
+    ///
+    /// [`TensorRef::from_raw_parts`]: crate::TensorRef::from_raw_parts
+    pub fn arena(&self) -> Result<Option<(NonNull<u8>, usize)>> {
+        let mut base: *mut std::ffi::c_void = std::ptr::null_mut();
+        let mut bytes = 0u64;
+        // SAFETY: the sender is live; Sender is not Sync, so no other thread uses it now; both
+        // out-pointers are valid.
+        check(unsafe { sys::wsync_sender_arena(self.raw.as_ptr(), &mut base, &mut bytes) })?;
+        let len = usize::try_from(bytes)
+            .map_err(|_| Error::new(Status::Internal, "arena larger than the address space"))?;
+        Ok(NonNull::new(base.cast::<u8>()).map(|p| (p, len)))
+    }
+
     /// [`Sender::wait_released`]: every version (no receiver maps anything of the sender).
     pub const ALL_VERSIONS: u64 = sys::WSYNC_ALL_VERSIONS;
 

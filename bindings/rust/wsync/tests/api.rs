@@ -1243,3 +1243,37 @@ fn handles_survive_a_round_trip_through_their_raw_pointers() {
     sender.flush(SEC).unwrap();
     assert_eq!(receiver.completed_version().unwrap(), 1);
 }
+
+// --- the sender's arena ---------------------------------------------------------------------------
+
+#[test]
+fn arena_tensors_are_sent_in_place_and_arrive_bit_for_bit() {
+    let none = trainer(&options(1));
+    assert!(none.sender.arena().unwrap().is_none());
+    let mut t = trainer(&options(1).uint("arena_bytes", 5000));
+    let (base, len) = t.sender.arena().unwrap().expect("an arena");
+    assert_eq!(len, 8192, "rounded up to whole pages");
+    let mut r = receiver(&t.init, 0);
+    for v in 1..=2u8 {
+        // SAFETY: the arena is `len` bytes of this process's memory, mapped while the sender
+        // lives, and nothing else writes it (the last version was flushed).
+        let arena = unsafe { std::slice::from_raw_parts_mut(base.as_ptr(), len) };
+        for (i, b) in arena[..1024].iter_mut().enumerate() {
+            *b = u8::try_from(i % 251).unwrap() ^ v;
+        }
+        // SAFETY: 1024 initialised bytes in the arena, not written until the flush below.
+        let w = unsafe {
+            TensorRef::from_raw_parts("w", base.as_ptr().cast(), &[256], DType::F32, Device::CPU)
+        }
+        .unwrap();
+        let request = t.sender.send_chunk([&w], true).unwrap();
+        let text = describe(&request).unwrap();
+        assert!(text.replace([' ', '\n'], "").contains("\"arena\":[0]"), "{text}");
+        let mut recv = r.receive(&request).unwrap();
+        let view = recv.next_view().expect("one tensor").unwrap();
+        assert_eq!(view.bytes().unwrap(), &arena[..1024]);
+        recv.end().unwrap();
+        t.sender.flush(SEC).unwrap();
+    }
+    drop(none);
+}
