@@ -76,6 +76,8 @@ Args parse_args(int argc, char **argv, int first, bool bench) {
                 usage_error("--split takes on or off");
             a.split = std::strcmp(v, "on") == 0, ++i;
         } else if (f == "--no-copy-bench" && bench) a.copy_bench = false;
+        else if (f == "--arena") a.arena = true;
+        else if (f == "--no-arena-compare" && bench) a.arena_compare = false;
         else usage_error("unknown option '" + f + "' (see: wsync help)");
     }
     return a;

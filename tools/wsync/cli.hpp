@@ -50,6 +50,8 @@ struct Args {
     bool load_copy = true;   // engines load with wsync_recv_copy (else next_part + memcpy)
     bool split = true;       // tensors larger than a chunk cross in parts (else chunks grow)
     bool copy_bench = true;  // bench: the receiver copy loop against memcpy, in process
+    bool arena = false;      // the trainer keeps the model in the sender's arena (shm)
+    bool arena_compare = true;  // bench: also run with the model in the arena, off and on
 };
 
 // Flags from argv[first]; `bench` admits the bench-only flags and its defaults.
@@ -119,8 +121,9 @@ struct RunResult {
 // One run of the synthetic model through a.strategy ("shm" or "ucx") with a.receivers forked
 // engines that verify every step; `progress` prints each step.
 RunResult run_sync(const Args &a, bool checksum, bool progress);
-// The kind's options for this run: the strategy's own knobs from Args.
-std::string kind_options(const Args &a, bool checksum, uint64_t bucket_bytes);
+// The kind's options for this run: the strategy's own knobs from Args (arena_bytes: shm's
+// "arena_bytes", 0 for none).
+std::string kind_options(const Args &a, bool checksum, uint64_t bucket_bytes, uint64_t arena_bytes = 0);
 
 // Plan + request encode + decode per tensor, over 10,000 tiny tensors, in one process.
 double metadata_us_per_tensor();

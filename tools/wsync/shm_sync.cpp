@@ -103,7 +103,7 @@ double RunResult::steady_s() const {
     return s.empty() ? step_s[0] : s[s.size() / 2];
 }
 
-std::string kind_options(const Args &a, bool checksum, uint64_t bucket) {
+std::string kind_options(const Args &a, bool checksum, uint64_t bucket, uint64_t arena_bytes) {
     std::string common = "{\"receivers\": " + std::to_string(a.receivers) +
                          ", \"checksum\": " + (checksum ? "true" : "false") +
                          ", \"timeout_ms\": " + std::to_string(a.timeout_ms);
@@ -111,11 +111,13 @@ std::string kind_options(const Args &a, bool checksum, uint64_t bucket) {
         return common + ", \"keep_versions\": 1, \"transports\": \"" + a.transports +
                "\", \"net_devices\": \"" + a.net_devices + "\"}";
     return common + ", \"buckets\": " + std::to_string(a.buckets) +
-           ", \"bucket_bytes\": " + std::to_string(bucket) + "}";
+           ", \"bucket_bytes\": " + std::to_string(bucket) +
+           (arena_bytes ? ", \"arena_bytes\": " + std::to_string(arena_bytes) : std::string()) + "}";
 }
 
 // --- the trainer and controller ---------------------------------------------------------------
 RunResult run_sync(const Args &a, bool checksum, bool progress) {
+    if (a.arena && a.strategy != "shm") die("--arena is for the shm strategy (its sender's arena)");
     const auto model = make_model(a.size_mb << 20);
     const int poll_ms = int(std::min<int64_t>(a.timeout_ms + 5000, INT32_MAX));
     std::vector<pid_t> pids(a.receivers);
@@ -170,20 +172,38 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
     uint64_t bucket = a.bucket_mb ? a.bucket_mb << 20 : chunk_bytes;
     bucket = (bucket + 4095) / 4096 * 4096;
 
-    std::vector<std::vector<wsync_part_t>> parts;
-    const auto chunks = plan_chunks(desc, chunk_bytes, a.split ? &parts : nullptr);
-    r.chunks = chunks.size();
-    size_t split_tensors = 0;  // tensors that cross in parts: count their first parts
-    for (const auto &c : parts)
-        for (const wsync_part_t &pt : c) split_tensors += pt.bytes != 0 && pt.offset == 0;
-
-    const std::string opts = kind_options(a, checksum, bucket);
+    // --arena: the model lives in the sender's arena, each tensor at a 256-byte multiple, so
+    // every tensor (and every part of a split one: parts start at whole pages) crosses in place.
+    std::vector<uint64_t> arena_at(model.size());
+    uint64_t arena_bytes = 0;
+    if (a.arena)
+        for (size_t i = 0; i < model.size(); ++i) {
+            arena_at[i] = arena_bytes;
+            arena_bytes += (model[i].bytes + 255) / 256 * 256;
+        }
+    const std::string opts = kind_options(a, checksum, bucket, arena_bytes);
     wsync_strategy_t *strategy;
     wsync_blob_t init;
     wsync_sender_t *sender;
     check(wsync_strategy_create(a.strategy.c_str(), opts.c_str(), &strategy), "strategy");
     check(wsync_strategy_create_init_info(strategy, &init), "init info");
     check(wsync_sender_create(strategy, init.data, init.size, &sender), "sender");
+    if (a.arena) {
+        void *base;
+        uint64_t have;
+        check(wsync_sender_arena(sender, &base, &have), "arena");
+        if (!base || have < arena_bytes) die("the sender has no arena of the size asked for");
+        for (size_t i = 0; i < model.size(); ++i)
+            desc[i].data = static_cast<uint8_t *>(base) + arena_at[i];
+    }
+
+    // Planned once the tensors' addresses are final (the chunks hold copies of the descriptors).
+    std::vector<std::vector<wsync_part_t>> parts;
+    const auto chunks = plan_chunks(desc, chunk_bytes, a.split ? &parts : nullptr);
+    r.chunks = chunks.size();
+    size_t split_tensors = 0;  // tensors that cross in parts: count their first parts
+    for (const auto &c : parts)
+        for (const wsync_part_t &pt : c) split_tensors += pt.bytes != 0 && pt.offset == 0;
     std::vector<uint8_t> payload;
     for (uint32_t i = 0; i < a.receivers; ++i)
         if (!send_frame(to[i], kInit, init.data, init.size)) die("engine pipe closed");
@@ -191,11 +211,15 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
 
     if (progress)
         std::printf("model: %.1f MB bf16, %zu tensors, %zu chunks (<= %.0f MB, %zu tensor(s) in parts), "
-                    "%u engine(s), buckets %u x %.0f MB, checksums %s\n",
+                    "%u engine(s), buckets %u x %.0f MB, checksums %s%s\n",
                     r.bytes / 1e6, r.tensors, r.chunks, chunk_bytes / 1048576.0, split_tensors,
-                    a.receivers, a.buckets, bucket / 1048576.0, checksum ? "on" : "off");
+                    a.receivers, a.buckets, bucket / 1048576.0, checksum ? "on" : "off",
+                    a.arena ? ", model in the sender's arena (sent in place)" : "");
     for (uint64_t step = 1; step <= a.steps; ++step) {
-        for (size_t i = 0; i < model.size(); ++i) fill(weights[i].data(), model[i].bytes, step, i);
+        // The trainer's step writes its weights (after the last flush: arena tensors are the
+        // engines' to read until then).
+        for (size_t i = 0; i < model.size(); ++i)
+            fill(static_cast<uint8_t *>(const_cast<void *>(desc[i].data)), model[i].bytes, step, i);
         auto t0 = Clock::now();
         for (size_t c = 0; c < chunks.size(); ++c) {
             wsync_chunk_t ch{chunks[c].data(), chunks[c].size(),
@@ -316,6 +340,7 @@ int cmd_demo(const Args &a) {
                 r.tensors, r.chunks);
     std::printf("%-28s %u\n", "engines", a.receivers);
     std::printf("%-28s %s\n", "checksums", a.checksum ? "on (xxh3)" : "off");
+    if (a.arena) std::printf("%-28s %s\n", "trainer's tensors", "in the sender's arena (sent in place)");
     std::printf("%-28s %.3f s\n", "first sync", r.step_s[0]);
     std::printf("%-28s %.3f s\n", "steady-state sync (median)", steady);
     std::printf("%-28s %.2f GB/s\n", "steady-state throughput", r.bytes / steady / 1e9);
@@ -338,6 +363,14 @@ int cmd_bench(const Args &a) {
     Args page = a;
     page.dst_offset = 0;
     if (a.dst_offset != 0) rp = run_sync(page, a.checksum && !a.checksum_compare, false);
+    // The model in the sender's arena (in place: no pack copy), checksums off and on.
+    RunResult ra_off, ra_on;
+    if (a.arena_compare && !a.arena) {
+        Args in_arena = a;
+        in_arena.arena = true;
+        ra_off = run_sync(in_arena, false, false);
+        ra_on = run_sync(in_arena, true, false);
+    }
     std::string copy_json;
     if (a.copy_bench) {
         const auto model = make_model(a.size_mb << 20);
@@ -368,6 +401,12 @@ int cmd_bench(const Args &a) {
     if (a.dst_offset != 0)
         std::printf(", \"page_aligned\": {\"steady_sync_s\": %.6f, \"ratio_to_memcpy\": %.3f}",
                     rp.steady_s(), rp.steady_s() / r.memcpy_s);
+    if (ra_off.bytes)
+        std::printf(", \"arena\": {\"steady_sync_s\": %.6f, \"ratio_to_memcpy\": %.3f, "
+                    "\"ratio_to_packed\": %.3f, \"checksum_on_steady_sync_s\": %.6f, "
+                    "\"checksum_on_ratio_to_memcpy\": %.3f}",
+                    ra_off.steady_s(), ra_off.steady_s() / r.memcpy_s, ra_off.steady_s() / steady,
+                    ra_on.steady_s(), ra_on.steady_s() / r.memcpy_s);
     if (!copy_json.empty()) std::printf(", \"copy\": %s", copy_json.c_str());
     std::printf("}\n");
     return 0;
