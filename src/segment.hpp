@@ -9,6 +9,13 @@
 // soon as every process that must attach has (unlink_if_complete), and at the latest when the
 // creator's object goes away: from then on a killed trainer leaves nothing in /dev/shm.
 //
+// The data region: shm's buckets (the sender writes bucket b only once every receiver has
+// acknowledged its previous chunk; receivers read it between a request and their
+// acknowledgement), then, with "arena_bytes" (layout 4), the sender's arena: written by the
+// trainer's own code only, between syncs (after the flush that covers its tensors), read by
+// receivers for the chunks that list its tensors, cleared by nobody. Receivers map the whole
+// region read-only.
+//
 // The head, written once by the creator before the name exists and read once by each attacher
 // (who keeps its own copy of the geometry and never re-reads it for addressing):
 //
