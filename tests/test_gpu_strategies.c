@@ -394,9 +394,12 @@ static void cuda_ipc_moves_a_split_tensor_as_one_view_per_part_packed_or_not(voi
     (void)state;
     static const char *opts[2] = {"{\"bucket_bytes\": 65536}",
                                   "{\"bucket_bytes\": 65536, \"packed\": false}"};
+    /* One engine per mode, both forked before this process touches the driver (a child forked
+     * after cuInit cannot use it). */
+    g_engines_take_parts = 1;
+    engine_t engines[2] = {ipc_engine(0), ipc_engine(0)};
     for (int mode = 0; mode < 2; ++mode) {
-        g_engines_take_parts = 1;
-        engine_t e = ipc_engine(0);
+        engine_t e = engines[mode];
         use_device(0);
         wsync_strategy_t *s;
         wsync_blob_t init;
@@ -939,7 +942,9 @@ static void a_sender_given_the_callers_stream_orders_after_it_and_not_the_defaul
 static void cuda_ipc_engine_restarted_after_the_name_is_gone_reattaches_and_gets_the_next_version(
     void **state) {
     (void)state;
-    engine_t a = ipc_engine(0);
+    /* Both engine processes are forked before this process touches the driver (a child forked
+     * after cuInit cannot use it); B, the restarted engine, idles until it gets the init info. */
+    engine_t a = ipc_engine(0), b = ipc_engine(0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init, req;
@@ -960,7 +965,6 @@ static void cuda_ipc_engine_restarted_after_the_name_is_gone_reattaches_and_gets
     long t0 = tu_now_ms();
     EXPECT_ERR(wsync_sender_flush(tx, 5000), WSYNC_ERR_PEER, "receiver 0");
     assert_true(tu_now_ms() - t0 < 2000);
-    engine_t b = ipc_engine(0);
     engine_send(&b, &init);
     usleep(300 * 1000); /* B attaches (through the trainer's socket) before version 3 begins */
     assert_int_equal(sync_two(tx, &b, x, y, 3), 0);

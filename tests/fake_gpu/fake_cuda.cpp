@@ -64,9 +64,12 @@
 //   host emulation of src/gpu/kernels/pack.cu in stream order (see run_pack). A launch into a stream
 //   of another device's context is CUDA_ERROR_INVALID_HANDLE.
 // - fork(): the child starts with no contexts, memory, streams, modules or communicators (its
-//   parent's worker threads do not exist there) and zeroed counters, but keeps cuInit's result,
-//   the device list and pending failure injections, so a test may initialise before it forks.
-//   (A real driver cannot be used at all in a child forked after cuInit.)
+//   parent's worker threads do not exist there), zeroed counters and the pending failure
+//   injections. As with the real driver, a child forked after a successful cuInit cannot use
+//   the driver: every call there, cuInit included, is CUDA_ERROR_NOT_INITIALIZED; a child of a
+//   process that never initialised may cuInit itself (so engines are forked before the parent
+//   touches the driver, as they must be on hardware). Only the fake's self-test lifts the rule
+//   (wsync_fake_allow_driver_after_fork) to check its own cross-process mechanisms.
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -693,7 +696,9 @@ void destroy_context(Doomed &d) {
 
 // ---- fork and exit ----------------------------------------------------------------------------
 // A forked child gets fresh state (its parent's streams have no threads in it, and its parent's
-// memory is not its own) but keeps the device list, so a test may cuInit before it forks.
+// memory is not its own); after a parent's successful cuInit the driver is unusable there.
+std::atomic<bool> g_driver_after_fork{false};  // wsync_fake_allow_driver_after_fork
+
 void atfork_prepare() {
     g_inj_mu.lock();
     st().mu.lock();
@@ -708,7 +713,13 @@ void atfork_child() {
     g_inj_mu.unlock();
     auto *fresh = new State;
     fresh->init_tried = old->init_tried;
-    fresh->init_rc = old->init_rc;
+    // A child of a process whose driver was initialised cannot use the driver at all: the real
+    // one duplicates none of its state or threads into the child, and every call there,
+    // cuInit included, fails ("initialization error"). A child of a process that never
+    // initialised starts clean and may cuInit itself.
+    const bool usable = g_driver_after_fork.load() || !old->init_tried ||
+                        old->init_rc != CUDA_SUCCESS;
+    fresh->init_rc = usable ? old->init_rc : CUDA_ERROR_NOT_INITIALIZED;
     fresh->visible = old->visible;
     fresh->abandoned = old;
     state_ptr() = fresh;
@@ -1553,6 +1564,10 @@ WSYNC_FAKE_EXPORT void wsync_fake_set_fail(const char *function_name, int after_
         }
     }
     if (after_n_calls >= 0) g_injections.push_back({function_name, after_n_calls, result});
+}
+
+WSYNC_FAKE_EXPORT void wsync_fake_allow_driver_after_fork(int on) {
+    wsync_fake::g_driver_after_fork.store(on != 0);
 }
 
 WSYNC_FAKE_EXPORT void wsync_fake_set_stream_delay_ms(int ms) {

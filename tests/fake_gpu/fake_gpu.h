@@ -105,6 +105,14 @@ int wsync_fake_stream_hold(void *stream);
 /* Lets every held stream of this process go on. */
 void wsync_fake_stream_release_held(void);
 
+/* on != 0: a child forked after this process's successful cuInit may use the driver (with fresh
+ * state), which the real driver never allows. Only the fake's own self-test turns it on, to
+ * check its cross-process mechanisms from forked children; 0 (the default) is the driver's
+ * rule: every call in such a child, cuInit included, is CUDA_ERROR_NOT_INITIALIZED, so a
+ * library test that forks an engine after its process touched the driver fails here as it
+ * would on a GPU. Kept across fork(). */
+void wsync_fake_allow_driver_after_fork(int on);
+
 typedef void (*wsync_fake_stats_fn)(struct wsync_fake_stats *out);
 typedef void (*wsync_fake_reset_stats_fn)(void);
 typedef void (*wsync_fake_set_fail_fn)(const char *function_name, int after_n_calls, int result);
@@ -114,6 +122,7 @@ typedef void (*wsync_fake_set_stream_delay_ms_fn)(int ms);
 typedef int (*wsync_fake_stream_hold_fn)(void *stream);
 typedef void (*wsync_fake_stream_release_held_fn)(void);
 typedef void (*wsync_fake_nccl_set_in_progress_fn)(int polls);
+typedef void (*wsync_fake_allow_driver_after_fork_fn)(int on);
 
 #ifdef __cplusplus
 }

@@ -111,7 +111,8 @@ enum { nSuccess = 0, nSystem = 2, nArg = 4, nUsage = 5, nInProgress = 7 };
     X(reset_stats, "wsync_fake_reset_stats", void, (void))                                      \
     X(set_fail, "wsync_fake_set_fail", void, (const char *, int, int))                          \
     X(set_init_delay, "wsync_fake_nccl_set_init_delay_ms", void, (int))                         \
-    X(shm_count, "wsync_fake_shm_count", int, (const char *))
+    X(shm_count, "wsync_fake_shm_count", int, (const char *))                                   \
+    X(allow_driver_after_fork, "wsync_fake_allow_driver_after_fork", void, (int))
 
 #define FIELD(name, sym, ret, params) ret(*name) params;
 static struct {
@@ -273,6 +274,9 @@ static int setup(void **state) {
     assert_int_equal(F.cuInit(0), OK);
     assert_int_equal(F.cuCtxSetCurrent(NULL), OK);
     F.set_fail(NULL, 0, 0);
+    /* These tests check the fake's cross-process mechanisms from children forked after the
+     * setup's cuInit, which the real driver (and the fake by default) forbids. */
+    F.allow_driver_after_fork(1);
     return 0;
 }
 
@@ -1269,6 +1273,28 @@ static int child_exit_leaky(void *arg) {
     exit(0);
 }
 
+/* A child forked after its parent's cuInit, under the default rule. */
+static int child_after_parent_init(void *arg) {
+    (void)arg;
+    CUcontext ctx;
+    int n = -1;
+    CK_EQ(F.cuInit(0), 3);  /* CUDA_ERROR_NOT_INITIALIZED: "initialization error" */
+    CK_EQ(F.cuDeviceGetCount(&n), 3);
+    CK_EQ(F.cuDevicePrimaryCtxRetain(&ctx, 0), 3);
+    return 0;
+}
+
+/* As the real driver: a process that initialised the driver cannot hand it to a forked child;
+ * every call there, cuInit included, is CUDA_ERROR_NOT_INITIALIZED. (A test that forks an engine
+ * after touching the driver fails on the fake as it would on a GPU.) */
+static void test_driver_unusable_in_a_child_forked_after_cuinit(void **state) {
+    (void)state;
+    F.allow_driver_after_fork(0);
+    pid_t child = spawn(child_after_parent_init, NULL);
+    F.allow_driver_after_fork(1);
+    assert_int_equal(reap(child), 0);
+}
+
 /* Plays a process whose pid was used before by one that was killed holding device memory:
  * the leftover is named for this pid before anything here allocates. */
 static int child_after_a_dead_namesake(void *arg) {
@@ -1442,6 +1468,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_exports, setup, teardown),
         cmocka_unit_test_setup_teardown(test_init_and_devices, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_driver_unusable_in_a_child_forked_after_cuinit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_visible_devices, setup, teardown),
         cmocka_unit_test_setup_teardown(test_contexts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_memory, setup, teardown),
