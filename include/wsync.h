@@ -100,7 +100,8 @@ extern "C" {
  *      wsync_recv_copy() into device memory for the GPU kinds (was WSYNC_ERR_UNSUPPORTED); "cuda_ipc"
  *      receivers acknowledge a chunk that does not end its version when its copies complete
  *      rather than in wsync_recv_end(); wsync_sender_arena() and "shm"'s "arena_bytes" (tensors
- *      kept in the segment cross in place; such a segment has layout 4). */
+ *      kept in the segment cross in place; such a segment has layout 4);
+ *      WSYNC_RECEIVER_ORDERS_LOADER_WORK. */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -646,6 +647,12 @@ WSYNC_API wsync_status_t wsync_receiver_completed_version(const wsync_receiver_t
 /* wsync_receiver_state_t.flags */
 #define WSYNC_RECEIVER_DROPPED 1u     /* the sender dropped this receiver                      */
 #define WSYNC_RECEIVER_SENDER_GONE 2u /* the trainer's process is gone ("shm", "cuda_ipc")     */
+/* This receiver acknowledges a chunk, and completes a version, only once the loader's work
+ * queued on its stream (wsync_receiver_set_stream(), else the legacy default stream) before
+ * wsync_recv_end() has run: a loader that copies out of the views on that stream need not wait
+ * for its copies itself ("cuda_ipc" with "synchronize" on, its default). Fixed for the
+ * receiver's life. Since 0.5. */
+#define WSYNC_RECEIVER_ORDERS_LOADER_WORK 4u
 
 /* Where a receiver stands: the rollback hook (see the top of this section). */
 typedef struct wsync_receiver_state_t {

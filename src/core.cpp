@@ -489,7 +489,8 @@ wsync_receiver_state_t Receiver::poll() {
     catch_up(impl_->link());
     wsync_receiver_state_t st{};
     st.struct_size = sizeof st;
-    st.flags = (dropped_ ? WSYNC_RECEIVER_DROPPED : 0) | (sender_gone_ ? WSYNC_RECEIVER_SENDER_GONE : 0);
+    st.flags = (dropped_ ? WSYNC_RECEIVER_DROPPED : 0) | (sender_gone_ ? WSYNC_RECEIVER_SENDER_GONE : 0) |
+               (impl_->orders_loader_work() ? WSYNC_RECEIVER_ORDERS_LOADER_WORK : 0);
     st.completed_version = completed_;
     st.open_version = current_ && !current_failed_ && current_ != completed_ ? current_ : 0;
     st.failed_version = failed_version_;

@@ -135,6 +135,9 @@ public:
     virtual bool verify_checksums() const = 0;
     // Whether the init info promised tensor checksums in every request.
     virtual bool checksums_promised() const { return false; }
+    // Whether chunks are acknowledged only after the loader's work queued on its stream before
+    // wsync_recv_end() ran (WSYNC_RECEIVER_ORDERS_LOADER_WORK).
+    virtual bool orders_loader_work() const { return false; }
     // Threads a large wsync_recv_copy is split between (0: sized to the machine).
     virtual unsigned copy_threads() const { return 1; }
     // The core refuses a well-formed, authentic request (out of order, its version already

@@ -646,6 +646,45 @@ static void a_request_without_this_gpu_is_a_mismatch_naming_the_uuid(void **stat
     wsync_blob_free(&init);
 }
 
+/* A receiver says whether it acknowledges chunks only after the loader's queued work (so a
+ * loader such as Python's ModuleLoader need not wait for its own copies): cuda_ipc with
+ * "synchronize" (the default) does, with it off it does not, and shm never does. */
+static void a_receiver_says_whether_it_orders_the_loaders_work(void **state) {
+    (void)state;
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"receivers\": 2, \"bucket_bytes\": 65536}", NULL, 0, &s, &init, &tx);
+    const char *engine_opts[2] = {"{\"device\": 0}", "{\"device\": 0, \"synchronize\": false}"};
+    for (uint32_t i = 0; i < 2; ++i) {
+        wsync_strategy_t *rs;
+        wsync_receiver_t *rx;
+        OK(wsync_strategy_create("cuda_ipc", engine_opts[i], &rs));
+        OK(wsync_receiver_create(rs, init.data, init.size, i, &rx));
+        wsync_receiver_state_t st = {0};
+        OK(wsync_receiver_poll(rx, &st));
+        assert_int_equal(!!(st.flags & WSYNC_RECEIVER_ORDERS_LOADER_WORK), i == 0);
+        wsync_receiver_destroy(rx);
+        wsync_strategy_destroy(rs);
+    }
+    trainer_end(tx, s, &init);
+    wsync_strategy_t *hs, *hr;
+    wsync_blob_t hinit;
+    wsync_receiver_t *hrx;
+    OK(wsync_strategy_create("shm", NULL, &hs));
+    OK(wsync_strategy_create_init_info(hs, &hinit));
+    OK(wsync_strategy_create("shm", NULL, &hr));
+    OK(wsync_receiver_create(hr, hinit.data, hinit.size, 0, &hrx));
+    wsync_receiver_state_t hst = {0};
+    OK(wsync_receiver_poll(hrx, &hst));
+    assert_int_equal(hst.flags & WSYNC_RECEIVER_ORDERS_LOADER_WORK, 0);
+    wsync_receiver_destroy(hrx);
+    wsync_strategy_destroy(hr);
+    wsync_strategy_destroy(hs);
+    wsync_blob_free(&hinit);
+}
+
 static void a_dead_engine_fails_flush_with_peer(void **state) {
     (void)state;
     engine_t e = ipc_engine(0);
@@ -1830,6 +1869,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sender_times_out_naming_the_chunk_when_the_default_stream_does_not_drain),
     cmocka_unit_test(a_sender_given_the_callers_stream_orders_after_it_and_not_the_default_stream),
     cmocka_unit_test(cuda_ipc_engine_restarted_after_the_name_is_gone_reattaches_and_gets_the_next_version),
+    cmocka_unit_test(a_receiver_says_whether_it_orders_the_loaders_work),
     cmocka_unit_test(a_failed_engine_synchronise_fails_recv_end_and_flush_alike),
     cmocka_unit_test(every_cuda_ipc_senders_flush_reports_an_engines_failure),
     cmocka_unit_test(a_cuda_ipc_senders_flush_waits_only_for_its_own_chunks),

@@ -43,6 +43,9 @@ CHUNK_LAST = 1
 RECEIVER_DROPPED = 1
 #: wsync_receiver_state_t.flags: the trainer's process is gone.
 RECEIVER_SENDER_GONE = 2
+#: wsync_receiver_state_t.flags: chunks are acknowledged only once the loader's work queued on
+#: the receiver's stream before ending them has run (cuda_ipc with "synchronize"; 0.5).
+RECEIVER_ORDERS_LOADER_WORK = 4
 #: Longest message wsync_recv_fail passes on, in bytes (the rest is cut).
 MAX_FAIL_MESSAGE_BYTES = 255
 #: Most dimensions a tensor may have.
@@ -407,11 +410,10 @@ class Strategy:
             if status:
                 raise_for(status, self._lib)
         r = Receiver(self._lib, out.value, index)
-        # cuda_ipc with "synchronize" on (the default) acknowledges a chunk only once the
-        # loader's work queued on its stream is done, and a version only once all of it is:
-        # a loader need not wait for its GPU copies itself (see wsync_recv_end).
-        r.orders_loader_work = (self.kind == "cuda_ipc"
-                                and self.options.get("synchronize", True) not in (False, 0))
+        # The library says whether it acknowledges a chunk only once the loader's work queued
+        # on its stream is done (cuda_ipc with "synchronize"): then a loader need not wait for
+        # its GPU copies itself (see wsync_recv_end).
+        r.orders_loader_work = r.poll().orders_loader_work
         return r
 
     @property
@@ -972,7 +974,7 @@ class ReceiverState(NamedTuple):
     open_version: int  #: version begun here and neither committed nor failed, or 0
     failed_version: int  #: newest version begun here that failed or was abandoned, or 0
     failed_status: Status  #: why failed_version failed (ABANDONED, the loader's status...); OK if none
-    flags: int  #: RECEIVER_DROPPED | RECEIVER_SENDER_GONE
+    flags: int  #: RECEIVER_DROPPED | RECEIVER_SENDER_GONE | RECEIVER_ORDERS_LOADER_WORK
 
     @property
     def dropped(self) -> bool:
@@ -983,6 +985,12 @@ class ReceiverState(NamedTuple):
     def sender_gone(self) -> bool:
         """The trainer's process is gone."""
         return bool(self.flags & RECEIVER_SENDER_GONE)
+
+    @property
+    def orders_loader_work(self) -> bool:
+        """Chunks are acknowledged only once the loader's work queued on the receiver's
+        stream before ending them has run (cuda_ipc with "synchronize")."""
+        return bool(self.flags & RECEIVER_ORDERS_LOADER_WORK)
 
 
 def _stream_pointer(stream) -> Optional[int]:

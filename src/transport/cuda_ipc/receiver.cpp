@@ -158,6 +158,7 @@ public:
     }
 
     bool verify_checksums() const override { return false; }
+    bool orders_loader_work() const override { return legacy_ != nullptr; }  // "synchronize"
 
     void set_stream(void *stream) override { order_stream_ = gpu::ordering_stream(stream); }
 

@@ -432,6 +432,9 @@ impl Default for wsync_failure_t {
 pub const WSYNC_RECEIVER_DROPPED: u32 = 1;
 /// `wsync_receiver_state_t.flags`: the trainer's process is gone (`"shm"`, `"cuda_ipc"`).
 pub const WSYNC_RECEIVER_SENDER_GONE: u32 = 2;
+/// `wsync_receiver_state_t.flags`: chunks are acknowledged only after the loader's work queued
+/// on the receiver's stream before ending them (`"cuda_ipc"` with `"synchronize"`; 0.5).
+pub const WSYNC_RECEIVER_ORDERS_LOADER_WORK: u32 = 4;
 
 /// Where a receiver stands: the rollback hook (see the header's section 5).
 #[repr(C)]

@@ -135,6 +135,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         WSYNC_NO_CHUNK,
         WSYNC_RECEIVER_DROPPED,
         WSYNC_RECEIVER_SENDER_GONE,
+        WSYNC_RECEIVER_ORDERS_LOADER_WORK,
     ]
 }
 

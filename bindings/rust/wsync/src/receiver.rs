@@ -164,6 +164,7 @@ impl Receiver {
             failed_status: Status::from_code(raw.failed_status),
             dropped: raw.flags & sys::WSYNC_RECEIVER_DROPPED != 0,
             sender_gone: raw.flags & sys::WSYNC_RECEIVER_SENDER_GONE != 0,
+            orders_loader_work: raw.flags & sys::WSYNC_RECEIVER_ORDERS_LOADER_WORK != 0,
         })
     }
 
@@ -218,6 +219,10 @@ pub struct ReceiverState {
     pub dropped: bool,
     /// The trainer's process is gone.
     pub sender_gone: bool,
+    /// Chunks are acknowledged only once the loader's work queued on the receiver's stream
+    /// before ending them has run (`"cuda_ipc"` with `"synchronize"`): a loader copying on that
+    /// stream need not wait for its copies itself.
+    pub orders_loader_work: bool,
 }
 
 /// What a receive iteration carries; the chunk that commits a version (`last`) also carries
