@@ -263,6 +263,11 @@ void SenderEnd::check_alive(uint64_t mask, const std::vector<uint32_t> &slots, u
         if (!(mask & (uint64_t(1) << r))) continue;
         uint32_t state = b_->receiver[r].state.load(std::memory_order_acquire);
         uint64_t seq = oldest_pending_seq(r, slots, max_seq);
+        // `mask` was read before `state`: a receiver that has since acknowledged its last chunk
+        // and then detached or exited (an engine finishing its final version) owes nothing and
+        // is no failure. Its acknowledgements were stored before its state changed, so having
+        // read the new state (acquire) we also see them.
+        if (seq == 0) continue;
         Failure f;
         f.receiver = r;
         f.pid = pid_of(r);

@@ -171,6 +171,7 @@ private:
     void collect_failures(std::vector<Failure> &out);
     void check_alive(uint64_t mask, const std::vector<uint32_t> &slots, uint64_t max_seq);
     int32_t pid_of(uint32_t r) const;
+    friend struct SenderEndProbe;  // tests/test_board.cpp: races replayed one step at a time
 
     Board *b_;
     int fd_;
