@@ -36,8 +36,11 @@ void must(wsync_status_t st) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int *, char ***) {
-    // Two receivers, only index 0 ever attaches: the segment's name stays available.
-    must(wsync_strategy_create("shm", "{\"receivers\": 2, \"bucket_bytes\": 65536, \"buckets\": 2}",
+    // Two receivers, only index 0 ever attaches: the segment's name stays available. The
+    // segment has an arena (zero, never written), so requests that place tensors in it
+    // (seed shm_arena.cbor: both tensors at arena offsets 0 and 256) reach those checks too.
+    must(wsync_strategy_create("shm", "{\"receivers\": 2, \"bucket_bytes\": 65536, \"buckets\": 2, "
+                                      "\"arena_bytes\": 65536}",
                                &g_strategy));
     must(wsync_strategy_create_init_info(g_strategy, &g_init));
     must(wsync_sender_create(g_strategy, g_init.data, g_init.size, &g_sender));
