@@ -13,7 +13,7 @@ bool flagged(const InPlace &in_place, std::size_t i) { return !in_place.empty() 
 
 uint64_t place(TensorTable &table, uint64_t capacity, const std::string &who,
                const InPlace &in_place) {
-    table.offsets.assign(table.metas.size(), 0);
+    table.offsets.resize(table.metas.size());
     uint64_t end = 0;
     for (std::size_t i = 0; i < table.metas.size(); ++i) {
         if (flagged(in_place, i)) continue;
@@ -30,17 +30,20 @@ uint64_t place(TensorTable &table, uint64_t capacity, const std::string &who,
     return end;
 }
 
+void check_entry(const TensorTable &table, std::size_t i, uint64_t bytes, const std::string &where,
+                 const char *what) {
+    const uint64_t off = table.offsets[i], n = table.metas[i].nbytes;
+    if (off % kTensorAlign != 0 || n > bytes || off > bytes - n)
+        wire::malformed(where + ": tensor '" + table.metas[i].name + "' at offset " +
+                        std::to_string(off) + " (+" + std::to_string(n) +
+                        " bytes) is misaligned or outside the " + std::to_string(bytes) + "-byte " +
+                        what);
+}
+
 void check(const TensorTable &table, uint64_t bytes, const std::string &where, const char *what,
            const InPlace &in_place) {
-    for (std::size_t i = 0; i < table.metas.size(); ++i) {
-        if (flagged(in_place, i)) continue;
-        const uint64_t off = table.offsets[i], n = table.metas[i].nbytes;
-        if (off % kTensorAlign != 0 || n > bytes || off > bytes - n)
-            wire::malformed(where + ": tensor '" + table.metas[i].name + "' at offset " +
-                            std::to_string(off) + " (+" + std::to_string(n) +
-                            " bytes) is misaligned or outside the " + std::to_string(bytes) +
-                            "-byte " + what);
-    }
+    for (std::size_t i = 0; i < table.metas.size(); ++i)
+        if (!flagged(in_place, i)) check_entry(table, i, bytes, where, what);
 }
 
 void pack_host(uint8_t *dst, const wsync_tensor_t *tensors, TensorTable &table, bool checksum,

@@ -20,9 +20,9 @@ constexpr uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a
 using InPlace = std::vector<uint8_t>;
 
 // Lays table.metas out back to back at kTensorAlign-aligned offsets (table.offsets) and returns
-// the bytes used; entries flagged in `in_place` take no room and keep offset 0 (the caller sets
-// theirs). WSYNC_ERR_INVALID_ARGUMENT naming `who` and the tensor when the chunk does not fit in
-// `capacity` bytes.
+// the bytes used; entries flagged in `in_place` take no room and keep the offset the caller set
+// in table.offsets (sized to the table here, new entries 0). WSYNC_ERR_INVALID_ARGUMENT naming
+// `who` and the tensor when the chunk does not fit in `capacity` bytes.
 uint64_t place(TensorTable &table, uint64_t capacity, const std::string &who,
                const InPlace &in_place = {});
 
@@ -31,6 +31,9 @@ uint64_t place(TensorTable &table, uint64_t capacity, const std::string &who,
 // WSYNC_ERR_MALFORMED naming the tensor ("... outside the 4096-byte <what>").
 void check(const TensorTable &table, uint64_t bytes, const std::string &where, const char *what,
            const InPlace &in_place = {});
+// The same check of entry i alone, against a region of `bytes` called `what`.
+void check_entry(const TensorTable &table, std::size_t i, uint64_t bytes, const std::string &where,
+                 const char *what);
 
 // Copies each tensor of a host chunk to its placed offset (table.offsets) at dst, and with
 // `checksum` fills table.checksums with XXH3-64 in the same pass (src/copy.hpp). An entry

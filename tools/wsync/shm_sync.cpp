@@ -153,13 +153,14 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
     r.tensors = model.size();
     std::vector<wsync_tensor_t> desc(model.size());
     auto weights = allocate(model);
+    std::vector<uint8_t *> held(model.size());  // where the trainer keeps each tensor
     uint64_t largest = 0;
     for (size_t i = 0; i < model.size(); ++i) {
         r.bytes += model[i].bytes;
         largest = std::max(largest, model[i].bytes);
         desc[i] = wsync_tensor_t{};
         desc[i].name = model[i].name.c_str();
-        desc[i].data = weights[i].data();
+        desc[i].data = held[i] = weights[i].data();
         desc[i].shape = model[i].shape.data();
         desc[i].ndim = int32_t(model[i].shape.size());
         desc[i].dtype = {WSYNC_DTYPE_BFLOAT, 16, 1};
@@ -194,7 +195,7 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
         check(wsync_sender_arena(sender, &base, &have), "arena");
         if (!base || have < arena_bytes) die("the sender has no arena of the size asked for");
         for (size_t i = 0; i < model.size(); ++i)
-            desc[i].data = static_cast<uint8_t *>(base) + arena_at[i];
+            desc[i].data = held[i] = static_cast<uint8_t *>(base) + arena_at[i];
     }
 
     // Planned once the tensors' addresses are final (the chunks hold copies of the descriptors).
@@ -218,8 +219,7 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
     for (uint64_t step = 1; step <= a.steps; ++step) {
         // The trainer's step writes its weights (after the last flush: arena tensors are the
         // engines' to read until then).
-        for (size_t i = 0; i < model.size(); ++i)
-            fill(static_cast<uint8_t *>(const_cast<void *>(desc[i].data)), model[i].bytes, step, i);
+        for (size_t i = 0; i < model.size(); ++i) fill(held[i], model[i].bytes, step, i);
         auto t0 = Clock::now();
         for (size_t c = 0; c < chunks.size(); ++c) {
             wsync_chunk_t ch{chunks[c].data(), chunks[c].size(),

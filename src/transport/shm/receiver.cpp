@@ -128,13 +128,7 @@ private:
                 wire::malformed(w + ": arena entries are not strictly increasing tensor indices");
             next = i + 1;
             in_arena[i] = 1;
-            const uint64_t off = table.offsets[i], bytes = table.metas[i].nbytes,
-                           size = seg_->arena_bytes();
-            if (off % layout::kTensorAlign != 0 || bytes > size || off > size - bytes)
-                wire::malformed(w + ": tensor '" + table.metas[i].name + "' at arena offset " +
-                                std::to_string(off) + " (+" + std::to_string(bytes) +
-                                " bytes) is misaligned or outside the " + std::to_string(size) +
-                                "-byte arena");
+            layout::check_entry(table, i, seg_->arena_bytes(), w, "arena");
         }
         return in_arena;
     }

@@ -32,23 +32,22 @@ public:
                      "shm: tensor '" + table.metas[i].name + "' is on " +
                          device_name(tensors[i].device) +
                          "; shm moves host memory (use cuda_ipc or copy it to the CPU)");
-        // Tensors that lie in the arena cross in place: the engines read them where they are.
+        // Tensors that lie in the arena cross in place, at their offset in it: the engines read
+        // them where they are. place() lays out the rest in the bucket.
         layout::InPlace in_place;
         json arena_entries = json::array();
         if (seg_->arena()) {
             in_place.assign(table.metas.size(), 0);
+            table.offsets.assign(table.metas.size(), 0);
             for (std::size_t i = 0; i < table.metas.size(); ++i) {
                 if (const auto off = arena_offset(tensors[i].data, table.metas[i].nbytes)) {
                     in_place[i] = 1;
+                    table.offsets[i] = *off;
                     arena_entries.push_back(i);
                 }
             }
         }
         layout::place(table, seg_->bucket_bytes(), kKind, in_place);
-        for (const auto &i : arena_entries) {
-            const auto k = i.get<std::size_t>();
-            table.offsets[k] = *arena_offset(tensors[k].data, table.metas[k].nbytes);
-        }
         maybe_unlink();
         const uint64_t seq = next_seq_;
         const uint32_t b = static_cast<uint32_t>((seq - 1) % seg_->slots());
