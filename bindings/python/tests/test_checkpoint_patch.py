@@ -85,13 +85,28 @@ def test_an_empty_patch_loads_nothing_and_a_full_one_is_a_plain_dense_load():
     assert torch.equal(model.param[4:6], full.view(4, 3)[2:4])
 
 
-@pytest.mark.parametrize("kind", ["sparse", "meta"])
+class _NoStorage(torch.Tensor):
+    """A wrapper subclass with no storage of its own (as tensor-parallel wrappers make)."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(str(func))
+
+
+@pytest.mark.parametrize("kind", ["sparse", "meta", "no_storage"])
 def test_a_staging_whose_storage_cannot_be_identified_is_refused_not_applied_blind(kind):
     # Without the staging's storage address no use of it could be watched: the patch is
-    # refused by name (sparse tensors raise on storage access, meta ones have address 0).
+    # refused by name (sparse tensors raise NotImplementedError on storage access, a wrapper
+    # without storage RuntimeError on torch 2.x and NotImplementedError on 1.13, meta ones have
+    # address 0).
     from wsync.checkpoint_patch import _MaskedCopies, _storage_key
-    stage = (torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (2,))
-             if kind == "sparse" else torch.empty(2, device="meta"))
+    stage = {"sparse": lambda: torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (2,)),
+             "meta": lambda: torch.empty(2, device="meta"),
+             "no_storage": lambda: _NoStorage(torch.zeros(2))}[kind]()
     assert _storage_key(stage) is None
     assert _storage_key(torch.zeros(2)) is not None
     with pytest.raises(PatchRefused, match="'w'.*cannot be identified"):

@@ -58,7 +58,9 @@ def _storage_key(t: torch.Tensor) -> Optional[int]:
             ptr = t.untyped_storage().data_ptr()
         else:  # torch 1.x: the typed storage of a view shares its base's address
             ptr = t.storage().data_ptr()
-    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
+    # Sparse layouts raise NotImplementedError ("Cannot access storage"); a wrapper subclass
+    # without storage raises RuntimeError on torch 2.x (both tested).
+    except (NotImplementedError, RuntimeError):
         return None
     return ptr or None
 
