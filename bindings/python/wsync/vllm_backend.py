@@ -244,6 +244,11 @@ class WsyncUpdateInfo(WeightTransferUpdateInfo):
         self.requests = [decode_blob(r, f"requests[{i}]", "request") for i, r in enumerate(self.requests)]
 
 
+def _fail_chunk(it, exc: BaseException, what: str) -> None:
+    """Fails the chunk with the status the exception maps to and "<what>: <Type>: <message>"."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    it.fail(status_for_exception(exc), f"{what}: {text}")
+
 class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateInfo]):
     """vLLM worker engine over libwsync: one wsync receiver per worker."""
 
@@ -416,9 +421,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
                     if self.device.type == "cuda":
                         torch.cuda.current_stream(self.device).synchronize()
                 except BaseException as exc:
-                    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                    it.fail(status_for_exception(exc),
-                            f"vLLM worker (receiver {receiver.index}) load_weights failed: {text}")
+                    _fail_chunk(it, exc, f"vLLM worker (receiver {receiver.index}) load_weights failed")
                     raise
                 finally:
                     del batch
@@ -454,9 +457,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
                     if self.device.type == "cuda":
                         torch.cuda.current_stream(self.device).synchronize()
                 except BaseException as exc:
-                    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                    it.fail(status_for_exception(exc),
-                            f"vLLM worker (receiver {receiver.index}) delta load: {text}")
+                    _fail_chunk(it, exc, f"vLLM worker (receiver {receiver.index}) delta load")
                     raise
                 finally:
                     del dense, patches
