@@ -22,7 +22,15 @@ inline uint32_t diff_mask_words(const uint8_t *a, const uint8_t *b) {
     return m;
 }
 inline bool same128_words(const uint8_t *a, const uint8_t *b) { return std::memcmp(a, b, 128) == 0; }
+// Bit j set: element j of the 64 elements of E bytes at a and b differs.
+template <size_t E>
+inline uint64_t emask64_words(const uint8_t *a, const uint8_t *b) {
+    uint64_t m = 0;
+    for (unsigned j = 0; j < 64; ++j) m |= uint64_t(std::memcmp(a + j * E, b + j * E, E) != 0) << j;
+    return m;
+}
 }  // namespace
+#define WSYNC_DELTA_EMASK emask64_words
 #define WSYNC_DELTA_MASK diff_mask_words
 #define WSYNC_DELTA_SAME128 same128_words
 

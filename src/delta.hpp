@@ -95,7 +95,8 @@ void flat_indices(const PatchView &v, int64_t *out);
 // bitwise (a NaN payload or -0.0 vs 0.0 is a change) and hashes `now` (XXH3-64) in the same
 // pass. With `fold`, first writes that patch into base (a committed version's changes), block
 // by block just ahead of the compare. Stops and returns false once more than `limit` elements
-// differ (*hash is then not set, and base holds only part of the fold).
+// differ, within the 16 KiB block where that happens (*hash is then not set, out.count is
+// above `limit`, and base holds only part of the fold).
 bool find_changes(const void *now, void *base, uint64_t nbytes, uint64_t esize, uint64_t limit,
                   const Patch *fold, Changes &out, uint64_t *hash);
 

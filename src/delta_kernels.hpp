@@ -1,7 +1,8 @@
 // The compare and apply loops of delta.cpp, built twice: by delta.cpp for the baseline ISA and
 // by delta_avx2.cpp with -mavx2 (called only where the CPU has AVX2). Include after <xxhash.h>
-// with XXH_INLINE_ALL, and with WSYNC_DELTA_MASK defined as the file's 32-byte difference mask
-// and WSYNC_DELTA_SAME128 as its 128-byte equality test.
+// with XXH_INLINE_ALL, and with WSYNC_DELTA_MASK defined as the file's 32-byte difference mask,
+// WSYNC_DELTA_SAME128 as its 128-byte equality test and WSYNC_DELTA_EMASK as its template
+// <size_t E> 64-element difference mask (bit j: element j of E bytes differs).
 // Everything below has internal linkage and uses no template or inline function shared with
 // other files (no std::vector, no std::min), so each file keeps its own build of it and the
 // linker can never hand an AVX2 copy to a CPU without AVX2.
@@ -62,11 +63,79 @@ inline void copy_element(uint8_t *d, const uint8_t *s, uint64_t esize) {
     }
 }
 
+// Writes the next 8 changed elements of the 64-element window at element e0 (the set bits of
+// *m, lowest first) to slots at..at+7 of the sink, unconditionally: slots past the window's
+// count get a harmless copy of element 63 and are overwritten by the next window. No branch
+// depends on the data, so a window with changes costs the same as one without (at 1% of bf16
+// elements changed, about half of all windows hold a change: a branch there is a coin flip).
+constexpr unsigned kSlots = 2;
+template <size_t E>
+inline void put8(uint64_t *idx, uint8_t *vals, size_t at, uint64_t e0, const uint8_t *win,
+                 uint64_t *m) {
+    uint64_t bits = *m;
+    for (unsigned i = 0; i < kSlots; ++i) {
+        const unsigned t = unsigned(__builtin_ctzll(bits | (uint64_t(1) << 63)));
+        idx[at + i] = e0 + t;
+        memcpy(vals + (at + i) * E, win + uint64_t(t) * E, E);
+        bits &= bits - 1;
+    }
+    *m = bits;
+}
+
+// find_changes_impl for elements of E = 1, 2, 4 or 8 bytes: 64 elements per window, their
+// difference mask in one 64-bit word (WSYNC_DELTA_EMASK<E>), the changed ones written by put8
+// without branches. Capacity for a whole block (plus a window's slack) is made before the
+// block; `limit` is checked after each block, so the compare may run up to one block past it.
+template <size_t E>
+inline bool find_changes_fixed(const uint8_t *now, uint8_t *base, uint64_t nbytes, uint64_t limit,
+                               const Scatter *fold, Sink *out, uint64_t *hash) {
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    size_t f = 0;
+    constexpr uint64_t kWin = 64 * E;
+    for (uint64_t at = 0; at < nbytes; at += kBlock) {
+        const uint64_t end = min_u64(nbytes, at + kBlock);
+        for (; fold && f < fold->count && fold->idx[f] * E < end; ++f)
+            memcpy(base + fold->idx[f] * E, fold->values + f * E, E);
+        while (out->cap - out->size < kBlock / E + 64) out->grow(out);
+        uint64_t *idx = out->idx;
+        uint8_t *vals = out->vals;
+        size_t n = out->size;
+        uint64_t p = at;
+        for (; p + kWin <= end; p += kWin) {
+            uint64_t m = WSYNC_DELTA_EMASK<E>(now + p, base + p);
+            const size_t cnt = size_t(__builtin_popcountll(m));
+            const uint64_t e0 = p / E;
+            put8<E>(idx, vals, n, e0, now + p, &m);
+            for (size_t k = kSlots; k < cnt; k += kSlots) put8<E>(idx, vals, n + k, e0, now + p, &m);
+            n += cnt;
+        }
+        for (; p < end; p += E)  // the block's last elements, fewer than a window
+            if (memcmp(now + p, base + p, E) != 0) {
+                idx[n] = p / E;
+                memcpy(vals + n * E, now + p, E);
+                ++n;
+            }
+        out->size = n;
+        if (n > limit) return false;
+        XXH3_64bits_update(&st, now + at, end - at);
+    }
+    *hash = XXH3_64bits_digest(&st);
+    return true;
+}
+
 // `fold`: a committed patch not yet written into base, written block by block just before the
 // block is compared (while it is in L1). The changed elements' values are gathered from `now`
 // in the same pass, for the same reason.
 inline bool find_changes_impl(const uint8_t *now, uint8_t *base, uint64_t nbytes, uint64_t esize,
                               uint64_t limit, const Scatter *fold, Sink *out, uint64_t *hash) {
+    switch (esize) {
+    case 1: return find_changes_fixed<1>(now, base, nbytes, limit, fold, out, hash);
+    case 2: return find_changes_fixed<2>(now, base, nbytes, limit, fold, out, hash);
+    case 4: return find_changes_fixed<4>(now, base, nbytes, limit, fold, out, hash);
+    case 8: return find_changes_fixed<8>(now, base, nbytes, limit, fold, out, hash);
+    default: break;
+    }
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
     uint64_t skip = 0;  // bytes before this belong to elements already recorded
@@ -91,11 +160,10 @@ inline bool find_changes_impl(const uint8_t *now, uint8_t *base, uint64_t nbytes
             while (m) {
                 const uint64_t at_byte = p + uint64_t(__builtin_ctz(m));
                 const uint64_t e = shift >= 0 ? at_byte >> shift : at_byte / esize;
-                if (out->size == limit) return false;
                 if (out->size == out->cap) out->grow(out);
                 out->idx[out->size] = e;
                 copy_element(out->vals + out->size * esize, now + e * esize, esize);
-                ++out->size;
+                if (++out->size > limit) return false;
                 skip = (e + 1) * esize;
                 m = skip - p >= 32 ? 0 : m & (~0u << (skip - p));
             }

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <vector>
 
+#include <xxhash.h>
+
 #include "delta.hpp"  // before cmocka.h, whose fail() macro would rename wsync::fail
 #include "error.hpp"
 #include "tensor.hpp"
@@ -85,14 +87,21 @@ void nan_payloads_and_signed_zeros_are_changes(void **) {
     round_trip(ab, bb, 4);
 }
 
+// The compare gives up within the 16 KiB block where the changes pass the limit, not at the
+// end of the tensor (a tensor that changed wholesale costs one block of compare, not all of it).
 void find_changes_stops_once_past_its_limit(void **) {
-    std::vector<uint8_t> base(4096, 0), now(4096, 1);
-    delta::Changes ch;
-    uint64_t hash = 0;
-    assert_false(delta::find_changes(now.data(), base.data(), now.size(), 2, 10, nullptr, ch, &hash));
-    assert_int_equal(ch.count, 10);
-    assert_true(delta::find_changes(now.data(), base.data(), now.size(), 2, 2048, nullptr, ch, &hash));
-    assert_int_equal(ch.count, 2048);
+    for (const uint64_t esize : {1, 2, 4, 8, 3}) {
+        std::vector<uint8_t> base(1 << 20, 0), now(1 << 20, 1);
+        const uint64_t elements = now.size() / esize, per_block = (16 << 10) / esize;
+        delta::Changes ch;
+        uint64_t hash = 0;
+        assert_false(delta::find_changes(now.data(), base.data(), elements * esize, esize, 10, nullptr, ch, &hash));
+        assert_true(ch.count > 10);
+        assert_true(ch.count <= per_block);
+        assert_true(delta::find_changes(now.data(), base.data(), elements * esize, esize, elements, nullptr, ch, &hash));
+        assert_int_equal(ch.count, elements);
+        for (uint64_t k = 0; k < elements; ++k) assert_int_equal(ch.idx[k], k);
+    }
 }
 
 void index_width_switches_at_two_to_the_32_elements(void **) {
@@ -283,6 +292,60 @@ void a_fold_during_the_compare_equals_a_fold_before_it(void **) {
     assert_memory_equal(c23.values.data(), direct.values.data(), direct.count * 3);
 }
 
+// The compare at every element size against the slow way, over sizes that end inside a
+// 64-element window and inside a 16 KiB block, with changes spread thin, in clusters (windows
+// with more changed elements than the branch-free writer takes in one go: up to all 64), at the
+// first and the last element, and folded from a previous patch on the way.
+void the_compare_finds_exactly_the_changed_elements_at_every_density(void **) {
+    uint64_t seed = 12345;
+    auto rnd = [&seed] {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        return seed >> 33;
+    };
+    for (const size_t esize : {1, 2, 4, 8, 3, 16})
+        for (const size_t elements : {size_t(1), size_t(63), size_t(64), size_t(65), size_t(8191),
+                                      size_t(8193), size_t(70001)}) {
+            const std::vector<uint8_t> v1 = noise(elements * esize, unsigned(esize + elements));
+            std::vector<uint8_t> v2 = v1, v3;
+            for (const unsigned per_mille : {0u, 1u, 10u, 300u, 1000u}) {
+                v2 = v1;
+                for (size_t e = 0; e < elements; ++e)
+                    if (rnd() % 1000 < per_mille) v2[e * esize + rnd() % esize] ^= uint8_t(1 + rnd() % 255);
+                for (size_t c = 0; c < 3 && elements > 64; ++c) {  // a cluster of up to 64 in a row
+                    const size_t at = rnd() % (elements - 64), len = 1 + rnd() % 64;
+                    for (size_t e = at; e < at + len; ++e) v2[e * esize] ^= 0x80;
+                }
+                v2[0] ^= 1;
+                v2[(elements - 1) * esize + esize - 1] ^= 2;
+                const std::vector<uint64_t> want = naive_changes(v2, v1, esize);
+                std::vector<uint8_t> base = v1;
+                delta::Changes ch;
+                uint64_t h = 0;
+                assert_true(delta::find_changes(v2.data(), base.data(), base.size(), esize, elements,
+                                                nullptr, ch, &h));
+                assert_int_equal(ch.count, want.size());
+                for (size_t k = 0; k < want.size(); ++k) {
+                    assert_int_equal(ch.idx[k], want[k]);
+                    assert_memory_equal(ch.values.data() + k * esize, v2.data() + want[k] * esize, esize);
+                }
+                assert_int_equal(h, XXH3_64bits(v2.data(), v2.size()));
+                // The same compare of v3 against v1 with v1 -> v2 folded in on the way.
+                std::vector<uint8_t> patch;
+                delta::encode(ch, elements, patch);
+                const delta::Patch p = delta::parse(patch.data(), patch.size(), elements, esize, "t");
+                v3 = v2;
+                for (size_t e = 0; e < elements; e += 1 + rnd() % 97) v3[e * esize] ^= 0x04;
+                delta::Changes folded;
+                assert_true(delta::find_changes(v3.data(), base.data(), base.size(), esize, elements, &p,
+                                                folded, &h));
+                assert_true(base == v2);
+                const std::vector<uint64_t> want3 = naive_changes(v3, v2, esize);
+                assert_int_equal(folded.count, want3.size());
+                assert_memory_equal(folded.idx.data(), want3.data(), want3.size() * 8);
+            }
+        }
+}
+
 // The trainer's bases: an abandoned version's staged bytes never reach them.
 void an_abandoned_version_leaves_the_trainers_base_intact(void **) {
     delta::Config cfg;
@@ -346,6 +409,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_patch_onto_the_wrong_base_or_with_a_wrong_result_leaves_the_destination_unchanged),
         cmocka_unit_test(scalars_and_odd_sizes_round_trip),
         cmocka_unit_test(a_fold_during_the_compare_equals_a_fold_before_it),
+        cmocka_unit_test(the_compare_finds_exactly_the_changed_elements_at_every_density),
         cmocka_unit_test(an_abandoned_version_leaves_the_trainers_base_intact),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
