@@ -106,7 +106,7 @@ std::unique_ptr<Sender> Strategy::create_sender(const uint8_t *init, std::size_t
 std::unique_ptr<Receiver> Strategy::create_receiver(const uint8_t *init, std::size_t len,
                                                     uint32_t index) {
     auto env = wire::decode_expect(init, len, wire::BlobType::Init, kind_.name);
-    return std::make_unique<Receiver>(kind_, impl_->create_receiver(env.body, index));
+    return std::make_unique<Receiver>(kind_, impl_->create_receiver(env.body, index), delta_.mirror);
 }
 
 uint64_t chain_digest(uint64_t digest, const TensorTable &table) {
@@ -295,9 +295,9 @@ void SenderImpl::drop_receiver(uint32_t) {
 }
 
 // ----------------------------------------------------------------------------------------------
-Receiver::Receiver(const KindInfo &kind, std::unique_ptr<ReceiverImpl> impl)
+Receiver::Receiver(const KindInfo &kind, std::unique_ptr<ReceiverImpl> impl, bool mirror)
     : kind_(kind), impl_(std::move(impl)),
-      pool_(std::make_unique<copy::Pool>(impl_->copy_threads())) {}
+      pool_(std::make_unique<copy::Pool>(impl_->copy_threads())), mirror_on_(mirror) {}
 
 Receiver::~Receiver() {
     // An iteration left open is acknowledged as failed before the transport goes away.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -75,7 +76,8 @@ class Iteration;
 
 class Receiver {
 public:
-    Receiver(const KindInfo &kind, std::unique_ptr<ReceiverImpl> impl);
+    // mirror: the "delta_mirror" option (docs/delta.md).
+    Receiver(const KindInfo &kind, std::unique_ptr<ReceiverImpl> impl, bool mirror = false);
     ~Receiver();
     // The iteration is owned by the receiver until end() (or the receiver's destruction).
     Iteration *receive(const uint8_t *request, std::size_t len);
@@ -100,6 +102,19 @@ private:
     std::unique_ptr<copy::Pool> pool_;  // wsync_recv_copy's threads, started on first need
     delta::Patch patch_;             // a patch being applied, and the bytes it replaced: kept,
     std::vector<uint8_t> replaced_;  // so steady versions allocate nothing
+    // "delta_mirror": per tensor name, this receiver's own copy of the tensor as it last
+    // loaded it (dense bytes copied in, patches applied onto it, both verified). A patch only
+    // ever applies onto a mirror that hashes to its base, so a mirror left behind by a failed
+    // version is refused by name, never patched into a mix.
+    struct Mirror {
+        struct Free {
+            void operator()(uint8_t *p) const { std::free(p); }
+        };
+        std::unique_ptr<uint8_t, Free> bytes;
+        uint64_t nbytes = 0;
+    };
+    bool mirror_on_ = false;
+    std::unordered_map<std::string, Mirror> mirrors_;
     std::unique_ptr<Iteration> open_;
     uint64_t current_ = 0;         // version whose chunks arrive now (open or failed), 0: none
     bool current_failed_ = false;
@@ -155,6 +170,13 @@ private:
     [[noreturn]] void fail_chunk(wsync_status_t status, std::string message);
     // wsync_recv_copy of a patched tensor: applies it onto dst, which must hold its base.
     void apply_patch(std::size_t i, uint64_t offset, void *dst, uint64_t len);
+    // Checks patch i (base version, checksum, structure) and applies it onto dst (nbytes of
+    // the tensor), verified; `where` names dst in messages. Fails the iteration on any defect.
+    void apply_onto(std::size_t i, void *dst, const char *where);
+    // "delta_mirror": whether tensor i goes through the receiver's mirror, and the mirror's
+    // bytes of it once this chunk's version of it is there (copied or patched, verified).
+    bool mirrored(std::size_t i) const;
+    const uint8_t *mirror(std::size_t i);
     // Settles, records and acknowledges the chunk; returns the final outcome (the transport
     // may turn WSYNC_OK into a failure, which then becomes the iteration's failure).
     wsync_status_t finish(wsync_status_t outcome) noexcept;
@@ -169,8 +191,8 @@ private:
     // What the version's tally counts: the chunk's whole table.
     const TensorTable &tallied() const { return subset_.active ? subset_.whole : table_; }
     // Per tensor: kVerified (its checksum matched, or a selection's range has none to match),
-    // kTaken (yielded or copied).
-    enum : uint8_t { kVerified = 1, kTaken = 2 };
+    // kTaken (yielded or copied), kMirrored (in the receiver's mirror at this chunk's version).
+    enum : uint8_t { kVerified = 1, kTaken = 2, kMirrored = 4 };
     std::vector<uint8_t> state_;
     // wsync_recv_patch's answers by entry: the same pointers on every call; flat indices the
     // received bytes do not hold as such are decoded into `wide`.

@@ -117,6 +117,7 @@ struct Config {
     Mode mode = Mode::kOff;
     uint64_t anchor_every = 0;  // 0: no periodic dense versions
     uint64_t max_percent = 50;  // auto: a patch is sent when at most this % of the dense bytes
+    bool mirror = false;        // receiver: keep a copy of every tensor, apply patches to it
 };
 const std::vector<OptionSpec> &option_specs();
 // The kind's own options followed by the delta options.

@@ -28,6 +28,11 @@ const std::vector<OptionSpec> &option_specs() {
         {"delta_max_percent", T::UInt, 50, 0, 100, "sender",
          "delta auto: a tensor goes as a patch when the patch is at most this percent of its "
          "dense bytes"},
+        {"delta_mirror", T::Bool, 0, 0, 1, "receiver",
+         "the receiver keeps its own copy of every tensor it loads (host memory of the model's "
+         "size) and applies patches to it, verified: a patched tensor then has views, copies of "
+         "any byte range, and wsync_recv_patch results the library has checked, for engines "
+         "that load from views or by shards (docs/delta.md); kind shm only for now"},
     });
     return specs;
 }
@@ -51,6 +56,12 @@ Config config_from(const Options &o, const char *kind_name, bool kind_has_delta)
     c.mode = mode == "on" ? Mode::kOn : mode == "auto" ? Mode::kAuto : Mode::kOff;
     c.anchor_every = o.uint("delta_anchor_every");
     c.max_percent = o.uint("delta_max_percent");
+    c.mirror = o.boolean("delta_mirror");
+    if (c.mirror && !kind_has_delta)
+        failf(WSYNC_ERR_UNSUPPORTED,
+              "%s: option 'delta_mirror' is true, but delta sync is carried by kind 'shm' only "
+              "for now, so no patch ever reaches this kind's receivers: leave it false",
+              kind_name);
     if (c.mode != Mode::kOff && !kind_has_delta)
         failf(WSYNC_ERR_UNSUPPORTED,
               "%s: option 'delta' is \"%s\", but delta sync is carried by kind 'shm' only for "

@@ -90,17 +90,24 @@ bool Iteration::next(wsync_tensor_t *view, wsync_part_t *part) {
                         tensor_label(i, table_.metas[i].name.c_str()).c_str(),
                         chunk_label(header_).c_str(), table_.parts[i].offset,
                         table_.parts[i].bytes, table_.metas[i].nbytes));
-    if (table_.is_patch(i))
-        fail_chunk(WSYNC_ERR_UNSUPPORTED,
-                   strf("%s in %s is a patch against version %" PRIu64 ": a view would show "
-                        "the patch, not the tensor; take it with wsync_recv_copy into memory "
-                        "that holds that version (or run the trainer with delta \"off\" for "
-                        "engines that load from views)",
-                        tensor_label(i, table_.metas[i].name.c_str()).c_str(),
-                        chunk_label(header_).c_str(), table_.patches[i].base_version));
-    if (verify_ && !(state_[i] & kVerified))
-        check_sum(i, copy::hash_bytes(backing_->data(i), table_.payload_bytes(i)));
-    fill(i, view, true);
+    if (mirrored(i)) {  // "delta_mirror": the view shows the receiver's own, verified copy
+        const uint8_t *bytes = mirror(i);
+        fill(i, view, false);
+        view->data = const_cast<uint8_t *>(bytes);
+        view->flags = WSYNC_TENSOR_READ_ONLY;
+    } else {
+        if (table_.is_patch(i))
+            fail_chunk(WSYNC_ERR_UNSUPPORTED,
+                       strf("%s in %s is a patch against version %" PRIu64 ": a view would show "
+                            "the patch, not the tensor; take it with wsync_recv_copy into memory "
+                            "that holds that version, or give this receiver the \"delta_mirror\" "
+                            "option (or run the trainer with delta \"off\")",
+                            tensor_label(i, table_.metas[i].name.c_str()).c_str(),
+                            chunk_label(header_).c_str(), table_.patches[i].base_version));
+        if (verify_ && !(state_[i] & kVerified))
+            check_sum(i, copy::hash_bytes(backing_->data(i), table_.payload_bytes(i)));
+        fill(i, view, true);
+    }
     if (part) this->part(i, part);
     if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
     ++next_;
@@ -140,6 +147,21 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
     if (len != 0 && d < s + table_.wire_bytes(i) && s < d + len)
         wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
                     "wsync_recv_copy: the destination overlaps " + label() + "'s received bytes");
+    if (mirrored(i)) {  // "delta_mirror": any range, out of the receiver's own verified copy
+        if (len == 0) return;
+        auto slot = owner_->mirrors_.find(m.name);
+        if (slot != owner_->mirrors_.end() && slot->second.nbytes == m.nbytes) {
+            const auto mb = reinterpret_cast<uintptr_t>(slot->second.bytes.get());
+            if (d < mb + m.nbytes && mb < d + len)
+                wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
+                            "wsync_recv_copy: the destination overlaps this receiver's mirror of " +
+                                label() + " (delta_mirror)");
+        }
+        const uint8_t *bytes = mirror(i);
+        owner_->pool_->copy(dst, bytes + offset, len);
+        if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
+        return;
+    }
     // Device memory (the GPU kinds): the transport queues a device copy on the loader's stream
     // (cuda_ipc) or has none; no GPU kind carries checksums or patches.
     const bool device = !device_is_host(dev);
@@ -196,7 +218,15 @@ void Iteration::apply_patch(std::size_t i, uint64_t offset, void *dst, uint64_t 
         wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
                     "wsync_recv_copy: " + label + " is a patch and was taken already (applied, "
                     "or handed out by wsync_recv_patch)");
-    const std::string what = label + " in " + chunk_label(header_);
+    apply_onto(i, dst, "the destination");
+    state_[i] |= kTaken;
+    ++taken_;
+}
+
+void Iteration::apply_onto(std::size_t i, void *dst, const char *where) {
+    const TensorMeta &m = table_.metas[i];
+    const PatchInfo &p = table_.patches[i];
+    const std::string what = tensor_label(i, m.name.c_str()) + " in " + chunk_label(header_);
     const uint64_t have = owner_->completed_;
     if (have != p.base_version)
         fail_chunk(WSYNC_ERR_MISMATCH,
@@ -223,9 +253,8 @@ void Iteration::apply_patch(std::size_t i, uint64_t offset, void *dst, uint64_t 
                       static_cast<unsigned long long>(got),
                       static_cast<unsigned long long>(p.base_xxh3));
         fail_chunk(WSYNC_ERR_MISMATCH,
-                   strf("%s: the destination does not hold version %" PRIu64
-                        " of it (XXH3 %s); left unchanged",
-                        what.c_str(), p.base_version, sums));
+                   strf("%s: %s does not hold version %" PRIu64 " of it (XXH3 %s); left unchanged",
+                        what.c_str(), where, p.base_version, sums));
     case delta::Applied::kResultDiffers:
         std::snprintf(sums, sizeof sums, "%016llx, the request says %016llx",
                       static_cast<unsigned long long>(got),
@@ -234,8 +263,50 @@ void Iteration::apply_patch(std::size_t i, uint64_t offset, void *dst, uint64_t 
                    strf("%s: the patched tensor's checksum differs (XXH3 %s); left at version "
                         "%" PRIu64, what.c_str(), sums, p.base_version));
     }
-    state_[i] |= kVerified | kTaken;
-    ++taken_;
+    state_[i] |= kVerified;
+}
+
+bool Iteration::mirrored(std::size_t i) const {
+    // Parts of split tensors never carry patches (the sender refuses delta with them), and a
+    // selection's ranges are not whole tensors: both load as they would without a mirror.
+    return owner_->mirror_on_ && device_is_host(backing_->device()) && !table_.is_part(i) &&
+           !subset_.active;
+}
+
+const uint8_t *Iteration::mirror(std::size_t i) {
+    const TensorMeta &m = table_.metas[i];
+    Receiver::Mirror &slot = owner_->mirrors_[m.name];
+    if (state_[i] & kMirrored) return slot.bytes.get();
+    if (table_.is_patch(i)) {
+        if (!slot.bytes || slot.nbytes != m.nbytes)
+            fail_chunk(WSYNC_ERR_MISMATCH,
+                       strf("%s in %s is a patch against version %" PRIu64 ", but this receiver's "
+                            "mirror holds no %" PRIu64 "-byte copy of it (it never loaded the "
+                            "tensor dense at this size); the trainer sends a dense version once "
+                            "it hears of this failure",
+                            tensor_label(i, m.name.c_str()).c_str(), chunk_label(header_).c_str(),
+                            table_.patches[i].base_version, m.nbytes));
+        apply_onto(i, slot.bytes.get(), "this receiver's mirror");
+    } else {
+        if (!slot.bytes || slot.nbytes != m.nbytes) {
+            slot.bytes.reset();
+            slot.nbytes = 0;
+            void *p = std::aligned_alloc(64, (std::max<uint64_t>(m.nbytes, 1) + 63) / 64 * 64);
+            if (!p)
+                fail_chunk(WSYNC_ERR_NO_MEMORY,
+                           strf("delta_mirror: no memory for this receiver's copy of %s (%" PRIu64
+                                " bytes)", tensor_label(i, m.name.c_str()).c_str(), m.nbytes));
+            slot.bytes.reset(static_cast<uint8_t *>(p));
+            slot.nbytes = m.nbytes;
+        }
+        const auto *src = static_cast<const uint8_t *>(backing_->data(i));
+        if (verify_ && !(state_[i] & kVerified))
+            check_sum(i, copy::copy_hashing(slot.bytes.get(), src, m.nbytes, 0, m.nbytes));
+        else
+            owner_->pool_->copy(slot.bytes.get(), src, m.nbytes);
+    }
+    state_[i] |= kMirrored;
+    return slot.bytes.get();
 }
 
 void Iteration::patch(std::size_t i, wsync_patch_t *out) {
@@ -272,6 +343,7 @@ void Iteration::patch(std::size_t i, wsync_patch_t *out) {
     if (!device_is_host(dev))
         wsync::fail(WSYNC_ERR_UNSUPPORTED, "wsync_recv_patch: " + label + " is in " +
                                                device_name(dev) + " memory");
+    if (mirrored(i)) mirror(i);  // applied onto the mirror and the result verified first
     const auto *bytes = static_cast<const uint8_t *>(backing_->data(i));
     if (verify_ && !(state_[i] & kVerified)) check_sum(i, copy::hash_bytes(bytes, p.wire_bytes));
     const uint64_t elements = m.nbytes / dtype_size(m.dtype);

@@ -95,11 +95,56 @@ static void mutate(model_t *m, uint64_t *seed) {
 }
 
 /* --- the engine process ----------------------------------------------------------------- */
+/* How an engine loads. LOAD_COPY: wsync_recv_copy of every tensor whole into memory that holds
+ * the last version. The others give the receiver the "delta_mirror" option and load into memory
+ * scrubbed before every load, so nothing of the base is there: LOAD_VIEWS copies each tensor out
+ * of its wsync_recv_next view; LOAD_HALVES takes each tensor in two wsync_recv_copy ranges, as
+ * a loader of shards does; LOAD_PATCHES applies patches itself from wsync_recv_patch (its memory
+ * does hold the base) and copies dense tensors. */
+enum { LOAD_COPY, LOAD_VIEWS, LOAD_HALVES, LOAD_PATCHES };
+static int g_load[ENGINES] = {LOAD_COPY, LOAD_COPY};
+
 typedef struct {
     uint32_t index;
+    int load;
 } engine_cfg_t;
 
-enum { CMD_LOAD = 'L', CMD_FAIL = 'F', CMD_STATE = 'S', CMD_REATTACH = 'A' };
+/* CMD_SCRIBBLE: CMD_LOAD, then the engine writes into the view of tensor 7 (ignoring its
+ * WSYNC_TENSOR_READ_ONLY flag): with LOAD_VIEWS that is the receiver's mirror. */
+enum { CMD_LOAD = 'L', CMD_FAIL = 'F', CMD_STATE = 'S', CMD_REATTACH = 'A', CMD_SCRIBBLE = 'W' };
+
+/* Loads entry k (tensor i, `bytes` long) into dst the engine's way. */
+static wsync_status_t load_one(wsync_recv_t *it, size_t k, int load, void *dst, size_t bytes,
+                               size_t esize, int scribble) {
+    wsync_tensor_t v;
+    wsync_recv_peek(it, k, &v);
+    if (load == LOAD_COPY) return wsync_recv_copy(it, k, 0, dst, bytes);
+    if (load == LOAD_PATCHES) {
+        if (!(v.flags & WSYNC_TENSOR_PATCH)) return wsync_recv_copy(it, k, 0, dst, bytes);
+        wsync_patch_t p = {.struct_size = sizeof p};
+        wsync_status_t st = wsync_recv_patch(it, k, &p);
+        if (st != WSYNC_OK) return st;
+        for (uint64_t j = 0; j < p.count; ++j) {
+            int64_t e = p.index_bits == 32 ? ((const int32_t *)p.indices)[j] : ((const int64_t *)p.indices)[j];
+            memcpy((uint8_t *)dst + (size_t)e * esize, (const uint8_t *)p.values + j * esize, esize);
+        }
+        return XXH3_64bits(dst, bytes) == p.result_xxh3 ? WSYNC_OK : WSYNC_ERR_INTEGRITY;
+    }
+    memset(dst, 0xA5, bytes); /* no base here: the mirror must supply it */
+    if (load == LOAD_HALVES) {
+        size_t half = bytes / esize / 2 * esize;
+        wsync_status_t st = wsync_recv_copy(it, k, half, (uint8_t *)dst + half, bytes - half);
+        return st != WSYNC_OK ? st : wsync_recv_copy(it, k, 0, dst, half);
+    }
+    const char *name = v.name;
+    bool has;
+    wsync_status_t st = wsync_recv_next(it, &v, &has); /* entries are taken in order: this is k */
+    if (st != WSYNC_OK) return st;
+    if (!has || strcmp(v.name, name) != 0 || v.flags != WSYNC_TENSOR_READ_ONLY) return WSYNC_ERR_INTERNAL;
+    memcpy(dst, v.data, bytes);
+    if (scribble && strcmp(v.name, kNames[7]) == 0) ((uint8_t *)v.data)[5] ^= 0x40;
+    return WSYNC_OK;
+}
 
 /* Frames down: CMD_LOAD/CMD_FAIL + request (receive, copy every tensor into its own memory;
  * CMD_FAIL then fails the chunk as a loader would), answered with one status byte; CMD_STATE,
@@ -115,7 +160,7 @@ static int engine_main(const void *cfg_, int in, int out) {
     if (tu_recv_frame(in, &init, &init_len, 20000) || !init) return 1;
     wsync_strategy_t *s;
     wsync_receiver_t *r;
-    if (wsync_strategy_create("shm", NULL, &s) ||
+    if (wsync_strategy_create("shm", cfg->load == LOAD_COPY ? NULL : "{\"delta_mirror\": true}", &s) ||
         wsync_receiver_create(s, init, init_len, cfg->index, &r))
         return 1;
     void *dst[NT] = {0};
@@ -154,7 +199,8 @@ static int engine_main(const void *cfg_, int in, int out) {
                 size_t bytes = (size_t)(v.dtype.bits * v.dtype.lanes / 8);
                 for (int d = 0; d < v.ndim; ++d) bytes *= (size_t)v.shape[d];
                 if (!dst[i]) dst[i] = calloc(1, bytes), dst_bytes[i] = bytes;
-                st = wsync_recv_copy(it, k, 0, dst[i], bytes);
+                st = load_one(it, k, cfg->load, dst[i], bytes, (size_t)(v.dtype.bits * v.dtype.lanes / 8),
+                              f[0] == CMD_SCRIBBLE);
             }
             if (st == WSYNC_OK && f[0] == CMD_FAIL)
                 st = wsync_recv_fail(it, WSYNC_ERR_INTEGRITY, "engine: planned failure") ? WSYNC_ERR_INTEGRITY : WSYNC_OK;
@@ -184,7 +230,7 @@ typedef struct {
 
 static void rig_open(rig_t *g, const char *options) {
     for (uint32_t k = 0; k < ENGINES; ++k) {  /* fork first, then make handles */
-        g->cfg[k] = (engine_cfg_t){k};
+        g->cfg[k] = (engine_cfg_t){k, g_load[k]};
         g->e[k] = tu_fork_peer(engine_main, &g->cfg[k]);
     }
     OK(wsync_strategy_create("shm", options, &g->strategy));
@@ -205,12 +251,14 @@ static void rig_close(rig_t *g) {
     wsync_blob_free(&g->init);
 }
 
+static int g_scribbler = -1; /* the engine that gets CMD_SCRIBBLE instead of CMD_LOAD */
+
 /* Forwards one request to every engine (engine `failing` fails it); returns each answer. */
 static void forward(rig_t *g, const wsync_blob_t *req, int failing, uint8_t ans[ENGINES]) {
     uint8_t *frame = malloc(req->size + 1);
     memcpy(frame + 1, req->data, req->size);
     for (int k = 0; k < ENGINES; ++k) {
-        frame[0] = k == failing ? CMD_FAIL : CMD_LOAD;
+        frame[0] = k == failing ? CMD_FAIL : k == g_scribbler ? CMD_SCRIBBLE : CMD_LOAD;
         assert_int_equal(tu_send_frame(g->e[k].to, frame, req->size + 1), 0);
     }
     for (int k = 0; k < ENGINES; ++k) ans[k] = tu_peer_byte(&g->e[k], 20000);
@@ -466,6 +514,91 @@ static void anchors_make_every_nth_version_dense(void **state) {
     wsync_blob_free(&init);
 }
 
+/* "delta_mirror": engines that load from views, or by ranges into memory that never held the
+ * base, or apply wsync_recv_patch themselves, stay bit-identical through random versions; the
+ * receiver's own copy supplies the base and every result is verified. */
+static void engines_with_a_mirror_load_patched_tensors_from_views_and_ranges_bit_identical(void **state) {
+    (void)state;
+    g_load[0] = LOAD_VIEWS, g_load[1] = LOAD_HALVES;
+    property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}", 11, 40);
+    g_load[0] = LOAD_PATCHES, g_load[1] = LOAD_VIEWS;
+    property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"on\", \"checksum\": false}", 12, 30);
+    g_load[0] = g_load[1] = LOAD_COPY;
+}
+
+/* An engine that writes into a view of its mirror (ignoring WSYNC_TENSOR_READ_ONLY) is not
+ * patched into a mix: the next patch of that tensor fails there with WSYNC_ERR_MISMATCH naming
+ * the mirror and the version, the trainer's flush names the engine, the other engine completes,
+ * and the dense version that follows makes the first whole again. */
+static void a_mirror_written_through_a_view_refuses_the_next_patch_and_the_dense_version_heals_it(void **state) {
+    (void)state;
+    g_load[0] = LOAD_VIEWS, g_load[1] = LOAD_VIEWS;
+    rig_t g;
+    rig_open(&g, "{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"on\"}");
+    model_t m;
+    model_init(&m, 21);
+    int patched = 0, heard = 0, same;
+    assert_int_equal(sync_version(&g, &m, -1, -1, -1, &patched, &heard), 1);
+    OK(wsync_sender_flush(g.sender, 5000));
+    ((uint8_t *)m.data[7])[100] ^= 1;
+    g_scribbler = 0; /* engine 0 writes into its mirror of tensor 7 after loading version 2 */
+    assert_int_equal(sync_version(&g, &m, -1, -1, -1, &patched, &heard), 2);
+    g_scribbler = -1;
+    OK(wsync_sender_flush(g.sender, 5000));
+    assert_true(patched > 0);
+    ((uint8_t *)m.data[7])[200] ^= 1;
+    static const size_t cut[4] = {0, 3, 6, NT};
+    uint8_t ans[ENGINES], last[ENGINES];
+    memset(last, 0, sizeof last);
+    for (int c = 0; c < 3; ++c) {
+        wsync_chunk_t ch = tu_chunk(&m.t[cut[c]], cut[c + 1] - cut[c], c == 2 ? WSYNC_CHUNK_LAST : 0);
+        wsync_blob_t req;
+        wsync_status_t st = wsync_sender_send_chunk(g.sender, &ch, &req);
+        if (st != WSYNC_OK) {
+            assert_int_equal(st, WSYNC_ERR_PEER); /* it heard of engine 0 before the last chunk */
+            break;
+        }
+        forward(&g, &req, -1, ans);
+        wsync_blob_free(&req);
+        if (c == 2) memcpy(last, ans, sizeof ans);
+        if (c == 2) assert_int_equal(ans[0], WSYNC_ERR_MISMATCH); /* chunk 2 holds tensor 7 */
+    }
+    wsync_status_t fl = wsync_sender_flush(g.sender, 5000);
+    if (last[1] == WSYNC_OK) {
+        assert_int_equal(fl, WSYNC_ERR_PEER);
+        assert_non_null(strstr(wsync_last_error(), "receiver 0"));
+        assert_non_null(strstr(wsync_last_error(), "mirror does not hold version 2"));
+        uint64_t done = engine_state(&g, 1, &m, &same);
+        assert_int_equal(done, 3);
+        assert_true(same);
+    }
+    assert_int_equal(engine_state(&g, 0, &m, &same), 2);
+    /* The next version is dense for everyone and heals engine 0's mirror. */
+    ((uint8_t *)m.data[7])[300] ^= 1;
+    patched = 0;
+    uint64_t v = sync_version(&g, &m, -1, -1, -1, &patched, &heard);
+    assert_int_equal(v, 4);
+    assert_int_equal(patched, 0);
+    OK(wsync_sender_flush(g.sender, 5000));
+    for (int k = 0; k < ENGINES; ++k) {
+        assert_int_equal(engine_state(&g, k, &m, &same), v);
+        assert_true(same);
+    }
+    /* and patches flow again */
+    ((uint8_t *)m.data[7])[400] ^= 1;
+    patched = 0;
+    v = sync_version(&g, &m, -1, -1, -1, &patched, &heard);
+    assert_true(patched > 0);
+    OK(wsync_sender_flush(g.sender, 5000));
+    for (int k = 0; k < ENGINES; ++k) {
+        assert_int_equal(engine_state(&g, k, &m, &same), v);
+        assert_true(same);
+    }
+    model_free(&m);
+    rig_close(&g);
+    g_load[0] = g_load[1] = LOAD_COPY;
+}
+
 static void kinds_without_delta_refuse_it_by_name_and_every_kind_lists_the_options(void **state) {
     (void)state;
     static const char *kinds[] = {"cuda_ipc", "nccl_broadcast"};
@@ -473,6 +606,9 @@ static void kinds_without_delta_refuse_it_by_name_and_every_kind_lists_the_optio
         wsync_strategy_t *s = (wsync_strategy_t *)1;
         EXPECT_ERR(wsync_strategy_create(kinds[k], "{\"delta\": \"auto\"}", &s), WSYNC_ERR_UNSUPPORTED,
                    "delta sync is carried by kind 'shm' only");
+        assert_null(s);
+        EXPECT_ERR(wsync_strategy_create(kinds[k], "{\"delta_mirror\": true}", &s), WSYNC_ERR_UNSUPPORTED,
+                   "option 'delta_mirror' is true");
         assert_null(s);
     }
     /* ucx moves host memory but refuses too (engines attach at any kept version), saying why;
@@ -490,6 +626,7 @@ static void kinds_without_delta_refuse_it_by_name_and_every_kind_lists_the_optio
         OK(wsync_strategy_describe_options(k ? "cuda_ipc" : "shm", &json));
         assert_non_null(strstr(json, "\"delta_anchor_every\""));
         assert_non_null(strstr(json, "\"delta_max_percent\""));
+        assert_non_null(strstr(json, "\"delta_mirror\""));
         wsync_string_free(json);
     }
     wsync_strategy_t *s;
@@ -506,6 +643,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_destination_without_the_base_is_left_unchanged_and_refused),
         cmocka_unit_test(anchors_make_every_nth_version_dense),
         cmocka_unit_test(kinds_without_delta_refuse_it_by_name_and_every_kind_lists_the_options),
+        cmocka_unit_test(engines_with_a_mirror_load_patched_tensors_from_views_and_ranges_bit_identical),
+        cmocka_unit_test(a_mirror_written_through_a_view_refuses_the_next_patch_and_the_dense_version_heals_it),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);
