@@ -722,7 +722,12 @@ WSYNC_API wsync_status_t wsync_recv_peek(const wsync_recv_t *it, size_t i, wsync
  * "delta" option) has no view: yielding it fails with WSYNC_ERR_UNSUPPORTED naming it and fails
  * the iteration; take patches first, with wsync_recv_copy() into memory that holds the base, or
  * with wsync_recv_patch() as indices and values (wsync_recv_peek() flags them
- * WSYNC_TENSOR_PATCH). A part of a split tensor (see "Split tensors" below) fails the
+ * WSYNC_TENSOR_PATCH). With the receiver option "delta_mirror" (0.5, docs/delta.md) every
+ * tensor has a view, patched or not: the receiver keeps its own copy of each tensor it loads
+ * (dense bytes copied in and verified, patches applied onto it and the result verified, with
+ * the failures wsync_recv_copy() lists for patches, "this receiver's mirror does not hold
+ * version N"), and the view shows that copy, flagged WSYNC_TENSOR_READ_ONLY: writing through
+ * it makes the next patch of that tensor fail with WSYNC_ERR_MISMATCH. A part of a split tensor (see "Split tensors" below) fails the
  * same way, WSYNC_ERR_UNSUPPORTED naming it: take parts with wsync_recv_copy() or
  * wsync_recv_next_part(). Does not block. */
 WSYNC_API wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view, bool *has_view);
@@ -812,6 +817,11 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  * A patch is refused with WSYNC_ERR_INVALID_ARGUMENT (iteration unchanged) for another offset or
  * len, or when it was taken already (applied, or handed out by wsync_recv_patch()). The call
  * then reads dst twice (in one pass) and the patch, and writes only the changed elements.
+ * With the receiver option "delta_mirror" none of this applies to dst: the patch is applied
+ * onto the receiver's own copy of the tensor (checked the same way; the failures name "this
+ * receiver's mirror"), and any range of the result is copied out, as for a dense tensor; every
+ * tensor, dense ones too, is then copied whole into that mirror when first taken (one more
+ * copy of each dense tensor, and the model's size in host memory on the engine).
  * len = 0 copies nothing, verifies nothing and does not take the tensor (arguments are still
  * checked). Does not block on peers (it takes CPU time proportional to the bytes read). Same
  * threading as the iteration: one thread at a time; the copy threads are the library's and are
@@ -856,7 +866,10 @@ typedef struct wsync_patch_t {
  * cannot check the result without the base (it does not hold the tensor): an engine that holds
  * the whole tensor can compare its XXH3-64 with result_xxh3; one that cannot apply the patch
  * must fail the chunk (wsync_recv_fail()) so that the version does not complete here and the
- * sender sends the next version dense.
+ * sender sends the next version dense. With the receiver option "delta_mirror" the library
+ * does hold the tensor: this call first applies the patch onto the receiver's mirror and
+ * verifies the result (WSYNC_ERR_MISMATCH or WSYNC_ERR_INTEGRITY, the iteration failed, as for
+ * wsync_recv_copy()), so the indices and values it hands out are known to give result_xxh3.
  * Borrows it and out for the call. *out's pointers are into the received bytes (read-only
  * shared memory for "shm") where they already are flat indices in the native integer of
  * index_bits, else into memory the iteration owns; either way valid until the iteration ends,

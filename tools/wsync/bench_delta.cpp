@@ -124,11 +124,13 @@ uint64_t model_hash(const std::vector<Tensor> &m) {
 // --- the engine --------------------------------------------------------------------------------
 // Frames down: the init blob, then requests; an empty frame ends a version (answered with
 // apply_ms and the model hash as two doubles/u64), a second empty frame ends the engine.
-[[noreturn]] void engine(int in, int out) {
+// mirror: the receiver keeps a mirror ("delta_mirror") and the engine loads as a view loader
+// does, copying each tensor out of its view with memcpy; else it loads with wsync_recv_copy.
+[[noreturn]] void engine(int in, int out, bool mirror) {
     wsync_strategy_t *s;
     wsync_receiver_t *r;
     std::vector<uint8_t> init = recv_frame(in);
-    MUST(wsync_strategy_create("shm", nullptr, &s));
+    MUST(wsync_strategy_create("shm", mirror ? "{\"delta_mirror\": true}" : nullptr, &s));
     MUST(wsync_receiver_create(s, init.data(), init.size(), 0, &r));
     std::vector<std::pair<std::string, std::pair<uint8_t *, uint64_t>>> mem;
     double apply_ms = 0;
@@ -159,7 +161,14 @@ uint64_t model_hash(const std::vector<Tensor> &m) {
             if (i == mem.size())
                 mem.push_back({v.name, {static_cast<uint8_t *>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)), bytes}});
             auto t0 = Clock::now();
-            MUST(wsync_recv_copy(it, k, 0, mem[i].second.first, bytes));
+            if (mirror) {
+                bool has = false;
+                MUST(wsync_recv_next(it, &v, &has));
+                if (!has) std::exit(4);
+                std::memcpy(mem[i].second.first, v.data, bytes);
+            } else {
+                MUST(wsync_recv_copy(it, k, 0, mem[i].second.first, bytes));
+            }
             apply_ms += ms_since(t0);
         }
         MUST(wsync_recv_end(it));
@@ -206,14 +215,14 @@ double request_bytes(const wsync_blob_t &req) {
 }
 
 // One configuration: a fresh strategy, sender and engine; `steps` versions.
-Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int steps) {
+Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int steps, bool mirror) {
     std::string opts = "{\"bucket_bytes\": 268435456, \"delta\": \"" + delta + "\"}";
     int down[2], up[2];
     if (pipe(down) || pipe(up)) std::exit(3);
     pid_t pid = fork();
     if (pid == 0) {
         close(down[1]), close(up[0]);
-        engine(down[0], up[1]);
+        engine(down[0], up[1], mirror);
     }
     close(down[0]), close(up[1]);
     wsync_strategy_t *s;
@@ -285,7 +294,7 @@ Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int step
 int cmd_bench_delta(int argc, char **argv, int first) {
     uint64_t size_mb = 2048;
     int steps = 4;
-    bool as_json = false;
+    bool as_json = false, mirror = false;
     std::string delta = "auto";
     std::vector<double> fractions;
     for (int i = first; i < argc; ++i) {
@@ -298,6 +307,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
                 usage_error("--delta takes auto or on");
             delta = v, ++i;
         } else if (a == "--json") as_json = true;
+        else if (a == "--mirror") mirror = true;
         else if (a == "--delta-fraction") {
             if (!v) usage_error("--delta-fraction needs a value");
             const std::string list = v;
@@ -319,9 +329,9 @@ int cmd_bench_delta(int argc, char **argv, int first) {
     std::vector<Tensor> m = make_delta_model(size_mb << 20);
     uint64_t total = 0;
     for (const Tensor &t : m) total += t.bytes;
-    Figures dense = run(m, "off", 0.01, steps);
+    Figures dense = run(m, "off", 0.01, steps, false);
     json out = {{"model_bytes", total}, {"tensors", m.size()}, {"dtype", "bfloat16"},
-                {"steps", steps}, {"delta", delta},
+                {"steps", steps}, {"delta", delta}, {"mirror", mirror},
                 {"dense", {{"bytes", dense.bytes}, {"send_ms", dense.send_ms},
                            {"apply_ms", dense.apply_ms}, {"sync_ms", dense.sync_ms},
                            {"sync_mean_ms", dense.sync_mean_ms}}},
@@ -338,8 +348,16 @@ int cmd_bench_delta(int argc, char **argv, int first) {
                         r.sync_ms / dense.sync_ms, r.sync_mean_ms);
     };
     row("dense", dense);
+    if (mirror) {  // the same dense versions to engines that keep a mirror and read views
+        Figures dm = run(m, "off", 0.01, steps, true);
+        row("dense/mir", dm);
+        out["dense_mirror"] = {{"bytes", dm.bytes}, {"send_ms", dm.send_ms},
+                               {"apply_ms", dm.apply_ms}, {"sync_ms", dm.sync_ms},
+                               {"sync_mean_ms", dm.sync_mean_ms},
+                               {"sync_ratio", dm.sync_ms / dense.sync_ms}};
+    }
     for (double f : fractions) {
-        Figures r = run(m, delta, f, steps);
+        Figures r = run(m, delta, f, steps, mirror);
         char label[32];
         std::snprintf(label, sizeof label, "%g", f);
         row(label, r);

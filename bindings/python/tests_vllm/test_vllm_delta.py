@@ -17,6 +17,7 @@ from vllm.distributed.weight_transfer import (
     WeightTransferEngineFactory,
     WeightTransferTrainerFactory,
 )
+from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
 from vllm.plugins import load_general_plugins
 
 import wsync
@@ -62,7 +63,8 @@ def cleanup():
         obj.shutdown()
 
 
-def make_delta_cluster(delta, receivers=2, worker_kw=None, source_kw=None, trainer_kw=None):
+def make_delta_cluster(delta, receivers=2, worker_kw=None, source_kw=None, trainer_kw=None,
+                       worker_options=None, staged=False):
     load_general_plugins()
     workers = []
     for r in range(receivers):
@@ -73,7 +75,8 @@ def make_delta_cluster(delta, receivers=2, worker_kw=None, source_kw=None, train
         workers.append((model, engine))
     source = CheckpointLike(**(source_kw or {}))
     info = WsyncTrainerInitInfo(rank=0, receivers=receivers, chunk_bytes=8192,
-                                options={"delta": delta, **(trainer_kw or {})})
+                                options={"delta": delta, **(trainer_kw or {})},
+                                worker_options=dict(worker_options or {}), staged=staged)
     trainer = WeightTransferTrainerFactory.trainer_init(
         info, client=InProcessClient([e for _, e in workers]), source=ModuleSource(source))
     return workers, source, trainer
@@ -161,6 +164,64 @@ def test_a_loader_that_copies_the_checkpoint_tensor_is_refused_by_name_and_dense
     trainer.send_weights()  # dense after the failure: whole again
     assert engine.completed_version == 3
     assert_bit_exact(model, source)
+
+
+class RecordingClient(InProcessClient):
+    """InProcessClient that keeps every request the trainer sent."""
+
+    def __init__(self, engines):
+        super().__init__(engines)
+        self.requests = []
+
+    def update_weights(self, update_info):
+        infos = update_info if isinstance(update_info, list) else [update_info]
+        for info in infos[:1]:
+            self.requests += list(info["requests"] if isinstance(info, dict) else info.requests)
+        return super().update_weights(update_info)
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["streamed", "staged"])
+def test_workers_with_a_mirror_load_delta_versions_whole_through_any_loader(
+        tp1, cleanup, monkeypatch, staged):
+    """worker_options {"delta_mirror": True}: patches cross, the library applies them onto each
+    worker's mirror and verifies them, and load_weights gets whole tensors, so a loader that
+    copies the checkpoint tensor (refused by name without a mirror) stays bit-exact, with NaN
+    payloads and -0.0, and staged versions work."""
+    counting = CountingPatches(monkeypatch)
+    load_general_plugins()
+    workers = []
+    for r in range(2):
+        model = LlamaLike(clone_in_loader=True)
+        record_metadata_for_reloading(model)  # as vLLM's loader does: a mirror means reloads
+        engine = WeightTransferEngineFactory.create_engine(
+            WeightTransferConfig(backend="wsync"), vllm_config(rank=r, world_size=2),
+            torch.device("cpu"), model)
+        workers.append((model, engine))
+    cleanup.extend(e for _, e in workers)
+    client = RecordingClient([e for _, e in workers])
+    source = CheckpointLike()
+    info = WsyncTrainerInitInfo(rank=0, receivers=2, chunk_bytes=8192, options={"delta": "on"},
+                                worker_options={"delta_mirror": True}, staged=staged)
+    trainer = WeightTransferTrainerFactory.trainer_init(info, client=client,
+                                                        source=ModuleSource(source))
+    cleanup.append(trainer)
+    gen = torch.Generator().manual_seed(5)
+    for version in range(1, 6):
+        if version > 1:
+            step(source, version, gen)
+        before = len(client.requests)
+        trainer.send_weights()
+        patched = 0
+        for r in client.requests[before:]:
+            blob = vllm_backend.decode_blob(r, "request", "request")
+            patched += len(wsync.describe(blob)["body"]["tensors"].get("patches", {}).get("tensor", []))
+        assert (patched > 0) == (version > 1), (version, patched)
+        for model, engine in workers:
+            assert engine.completed_version == version
+            assert_bit_exact(model, source)
+    assert counting.names == []  # no worker applied a patch itself: the library did
+    for model, _ in workers:
+        assert int(bits(model.norm)[3]) == 0x7FC0 | 5
 
 
 class Fp8LinearMethod:  # stands for any quant method that transforms weights after loading

@@ -60,7 +60,11 @@ not vLLM's NaN sentinel, marks the changed elements); dense tensors of such a ve
 place. There is no layerwise reload then (patches need the live parameters at their base
 version, as in vLLM's sparse engine), so layers whose weights vLLM processes after loading are
 refused by name at init (:func:`refuse_delta_for`) and ``staged=True`` is refused by the
-trainer.
+trainer. Workers with a mirror (``worker_options={"delta_mirror": True}``, the receiver
+option of docs/delta.md) lift all three limits: their receivers keep their own copy of every
+tensor (host memory of the model's size per worker), apply each patch onto it and verify the
+result, and hand ``load_weights`` whole tensors, so a delta version loads exactly like a dense
+one (layerwise reload, any layer, ``staged=True`` allowed) while only the patches cross.
 
 This module imports vLLM; import it only where vLLM is installed.
 """
@@ -219,8 +223,9 @@ class WsyncInitInfo(WeightTransferInitInfo):
             raise ValueError(f"staged must be a bool, got {self.staged!r}")
         if not isinstance(self.delta, bool):
             raise ValueError(f"delta must be a bool, got {self.delta!r}")
-        if self.delta and self.staged:
-            raise ValueError("delta and staged cannot be combined: patches apply in place")
+        if self.delta and self.staged and not _mirrored(self.options):
+            raise ValueError("delta and staged cannot be combined: patches apply in place "
+                             "(unless the workers keep a mirror: options {'delta_mirror': True})")
 
 
 @dataclass
@@ -242,6 +247,13 @@ class WsyncUpdateInfo(WeightTransferUpdateInfo):
         if not isinstance(self.requests, (list, tuple)) or not self.requests:
             raise ValueError("requests must be a non-empty list of wsync request blobs")
         self.requests = [decode_blob(r, f"requests[{i}]", "request") for i, r in enumerate(self.requests)]
+
+
+def _mirrored(worker_options: Dict[str, Any]) -> bool:
+    """Whether the workers' receivers keep a mirror (receiver option ``delta_mirror``): the
+    library then applies each patch onto its own copy of the tensor, verifies the result, and
+    hands the worker whole tensors, so a delta sync loads exactly like a dense one."""
+    return worker_options.get("delta_mirror") is True
 
 
 def _fail_chunk(it, exc: BaseException, what: str) -> None:
@@ -283,7 +295,9 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         index = receiver_index(init_info.rank_offset, self.parallel_config)
         options = dict(init_info.options)
         kind = describe(init_info.init_info).get("kind")
-        if init_info.delta:
+        # With a mirror the library hands over whole tensors: any layer can take them.
+        patches_here = init_info.delta and not _mirrored(options)
+        if patches_here:
             refuse_delta_for(self.model)
         if kind in GPU_KINDS and "device" not in options and self.device.type == "cuda":
             # Each worker receives on its own GPU; the options are the same for all workers.
@@ -298,7 +312,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self._strategy = strategy
         self.copy = init_info.copy
         self.staged = init_info.staged
-        self.delta = init_info.delta
+        self.delta = patches_here
         self._host_copies = kind not in GPU_KINDS
 
     def start_weight_update(self) -> None:
@@ -571,11 +585,12 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
         if not engine.is_sender:
             return engine
         delta = _delta_on(init_info)
-        if delta and init_info.staged:
+        if delta and init_info.staged and not _mirrored(init_info.worker_options):
             # Staged versions load at finish from held copies; patches apply in place.
             raise ValueError(f"options['delta'] = {init_info.options['delta']!r} with "
                              "staged=True: delta patches apply in place as they arrive; use "
-                             "staged=False or delta 'off'")
+                             "staged=False, delta 'off', or workers with a mirror "
+                             "(worker_options={'delta_mirror': True})")
         strategy = Strategy(init_info.kind, receivers=init_info.receivers, **init_info.options)
         try:
             blob = strategy.create_init_info()

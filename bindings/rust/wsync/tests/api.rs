@@ -1268,7 +1268,10 @@ fn arena_tensors_are_sent_in_place_and_arrive_bit_for_bit() {
         .unwrap();
         let request = t.sender.send_chunk([&w], true).unwrap();
         let text = describe(&request).unwrap();
-        assert!(text.replace([' ', '\n'], "").contains("\"arena\":[0]"), "{text}");
+        assert!(
+            text.replace([' ', '\n'], "").contains("\"arena\":[0]"),
+            "{text}"
+        );
         let mut recv = r.receive(&request).unwrap();
         let view = recv.next_view().expect("one tensor").unwrap();
         assert_eq!(view.bytes().unwrap(), &arena[..1024]);

@@ -79,3 +79,47 @@ fn patches_carry_exactly_the_changed_elements_and_dense_entries_are_refused_by_n
         assert_eq!(engine, w, "version {version}");
     }
 }
+
+/// With the receiver option `"delta_mirror"` the engine reads every version from views, patched
+/// tensors included: the receiver applies each patch onto its own copy and verifies it.
+#[test]
+fn an_engine_with_a_mirror_reads_patched_tensors_from_views() {
+    let opts = Options::new()
+        .uint("receivers", 1)
+        .uint("bucket_bytes", 1 << 20)
+        .string("delta", "on")
+        .uint("timeout_ms", 5000);
+    let mut trainer = Strategy::with_options("shm", &opts).expect("strategy");
+    let init = trainer.create_init_info().expect("init info");
+    let mut sender = Sender::new(&mut trainer, &init).expect("sender");
+    let mut engine = Strategy::with_options("shm", &Options::new().boolean("delta_mirror", true))
+        .expect("engine");
+    let mut receiver = Receiver::new(&mut engine, &init, 0).expect("receiver");
+    let mut w: Vec<u32> = (0..4096).map(|i| (i as f32).to_bits()).collect();
+    for version in 1u64..=4 {
+        if version > 1 {
+            for k in (version as usize..4096).step_by(97) {
+                w[k] ^= 0x8000_0000; // signs flip, -0.0 included
+            }
+        }
+        let t = [TensorRef::with_dtype("w", &w, &[4096], wsync::DType::F32).unwrap()];
+        let request = sender.send_chunk(&t, true).unwrap();
+        let mut recv = receiver.receive(&request).unwrap();
+        assert_eq!(recv.is_patch(0).unwrap(), version > 1);
+        let seen: Vec<u32> = {
+            let view = recv
+                .next_view()
+                .expect("one view")
+                .expect("view of the mirror");
+            assert!(view.is_read_only());
+            view.bytes()
+                .unwrap()
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        };
+        recv.end().unwrap();
+        sender.flush(Duration::from_secs(5)).unwrap();
+        assert_eq!(seen, w, "version {version}");
+    }
+}
