@@ -176,6 +176,31 @@ void parse_into(Patch &p, const uint8_t *bytes, uint64_t n, uint64_t elements, u
     p.values = bytes + kHeaderBytes + round8(count * width);
     p.idx.resize(count);
     const uint8_t *ix = bytes + kHeaderBytes;
+    if (h.coding == kPlain && kLittleEndian && (width == 4 || width == 8)) {
+        // The common codings: fixed-width loads and one compare per index, no byte loop (the
+        // receiver's apply of a 5%-changed bf16 tensor spent a third of its time here).
+        // Defects are gathered without a branch per index and located afterwards.
+        auto load = [&](uint64_t k) {
+            if (width == 8) {
+                uint64_t v;
+                std::memcpy(&v, ix + 8 * k, 8);
+                return v;
+            }
+            uint32_t v;
+            std::memcpy(&v, ix + 4 * k, 4);
+            return uint64_t(v);
+        };
+        uint64_t prev = 0, bad = 0;
+        for (uint64_t k = 0; k < count; ++k) {
+            const uint64_t i = load(k);
+            bad |= uint64_t(i >= elements) | (uint64_t(i <= prev) & uint64_t(k > 0));
+            p.idx[k] = prev = i;
+        }
+        if (bad)
+            for (uint64_t k = 0; k < count; ++k)
+                if (p.idx[k] >= elements || (k > 0 && p.idx[k] <= p.idx[k - 1])) bad_index(what, k);
+        return;
+    }
     uint64_t at = 0;
     for (uint64_t k = 0; k < count; ++k) {
         const uint64_t v = get(ix + k * width, width);

@@ -172,6 +172,8 @@ void malformed_patches_are_refused_by_name(void **) {
     expect_refused(hand_patch(delta::kPlain, 4, 2, {5, 5}, 10), 10, 2, "out of order");
     expect_refused(hand_patch(delta::kPlain, 4, 2, {5, 1}, 10), 10, 2, "out of order");
     expect_refused(hand_patch(delta::kPlain, 4, 2, {10}, 10), 10, 2, "outside the tensor");
+    expect_refused(hand_patch(delta::kPlain, 8, 2, {7, 3}, 10), 10, 2, "out of order");
+    expect_refused(hand_patch(delta::kPlain, 8, 2, {0, 12}, 10), 10, 2, "outside the tensor");
     expect_refused(hand_patch(delta::kGaps, 4, 2, {2, 0}, 10), 10, 2, "out of order");
     expect_refused(hand_patch(delta::kGaps, 8, 2, {2, UINT64_MAX}, 10), 10, 2, "out of order");
 }
