@@ -6,6 +6,10 @@
 // segment's name (same length, so the CBOR stays valid) and the blob resealed, and the live sender has published
 // chunk seq 1 in bucket 0 with the seeds' layout, so mutations start from accepted requests.
 // A fresh receiver per input keeps each run independent of the previous one's chunk order.
+// Every input is received twice: by a plain receiver (views into the bucket) and by one with
+// the "delta_mirror" option (every accepted tensor copied whole into the receiver's mirror,
+// patches applied there, views of the mirror), so the mirror's copies and patch checks see the
+// same mutated tables.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +26,7 @@
 
 namespace {
 wsync_strategy_t *g_strategy;
+wsync_strategy_t *g_mirror;  // an engine's strategy with "delta_mirror"
 wsync_sender_t *g_sender;  // kept for the whole run; destroyed at exit, removing the segment
 wsync_blob_t g_init;
 std::string g_segment;
@@ -44,8 +49,10 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***) {
                                &g_strategy));
     must(wsync_strategy_create_init_info(g_strategy, &g_init));
     must(wsync_sender_create(g_strategy, g_init.data, g_init.size, &g_sender));
+    must(wsync_strategy_create("shm", "{\"delta_mirror\": true}", &g_mirror));
     std::atexit([] {
         wsync_sender_destroy(g_sender);
+        wsync_strategy_destroy(g_mirror);
         wsync_strategy_destroy(g_strategy);
         wsync_blob_free(&g_init);
     });
@@ -88,28 +95,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
     }
 
-    wsync_receiver_t *r = nullptr;
-    if (wsync_receiver_create(g_strategy, g_init.data, g_init.size, 0, &r) != WSYNC_OK) std::abort();
-    wsync_recv_t *it = nullptr;
-    if (wsync_receiver_receive(r, buf.data(), buf.size(), &it) == WSYNC_OK) {
-        wsync_recv_info_t info{};
-        wsync_recv_info(it, &info);
-        uint64_t sum = 0;
-        for (;;) {
-            wsync_tensor_t v;
-            bool has = false;
-            if (wsync_recv_next(it, &v, &has) != WSYNC_OK || !has) break;
-            // Touch the first and last byte of every view the checks accepted.
-            uint64_t n = 1;
-            for (int32_t d = 0; d < v.ndim; ++d) n *= static_cast<uint64_t>(v.shape[d]);
-            n = n * v.dtype.bits * v.dtype.lanes / 8;
-            const auto *b = static_cast<const uint8_t *>(v.data);
-            sum += b[0] + b[n - 1];
+    for (wsync_strategy_t *s : {g_strategy, g_mirror}) {
+        wsync_receiver_t *r = nullptr;
+        if (wsync_receiver_create(s, g_init.data, g_init.size, 0, &r) != WSYNC_OK) std::abort();
+        wsync_recv_t *it = nullptr;
+        if (wsync_receiver_receive(r, buf.data(), buf.size(), &it) == WSYNC_OK) {
+            wsync_recv_info_t info{};
+            wsync_recv_info(it, &info);
+            uint64_t sum = 0;
+            for (;;) {
+                wsync_tensor_t v;
+                bool has = false;
+                if (wsync_recv_next(it, &v, &has) != WSYNC_OK || !has) break;
+                // Touch the first and last byte of every view the checks accepted.
+                uint64_t n = 1;
+                for (int32_t d = 0; d < v.ndim; ++d) n *= static_cast<uint64_t>(v.shape[d]);
+                n = n * v.dtype.bits * v.dtype.lanes / 8;
+                const auto *b = static_cast<const uint8_t *>(v.data);
+                sum += b[0] + b[n - 1];
+            }
+            static volatile uint64_t sink;
+            sink = sum;
+            wsync_recv_end(it);
         }
-        static volatile uint64_t sink;
-        sink = sum;
-        wsync_recv_end(it);
+        wsync_receiver_destroy(r);
     }
-    wsync_receiver_destroy(r);
     return 0;
 }
