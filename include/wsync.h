@@ -101,7 +101,8 @@ extern "C" {
  *      receivers acknowledge a chunk that does not end its version when its copies complete
  *      rather than in wsync_recv_end(); wsync_sender_arena() and "shm"'s "arena_bytes" (tensors
  *      kept in the segment cross in place; such a segment has layout 4);
- *      WSYNC_RECEIVER_ORDERS_LOADER_WORK. */
+ *      WSYNC_RECEIVER_ORDERS_LOADER_WORK; the receiver option "delta_mirror" (patched tensors
+ *      as views and ranges of the receiver's own verified copy; experimental). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
