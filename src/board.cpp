@@ -98,14 +98,16 @@ uint32_t SenderEnd::attached_senders() const {
     return n;
 }
 
-void SenderEnd::admit_joiners(uint64_t seq) {
+uint32_t SenderEnd::admit_joiners(uint64_t seq) {
+    uint32_t admitted = 0;
     for (uint32_t r = 0; r < receivers_; ++r) {
         ReceiverSlot &s = b_->receiver[r];
         if (s.state.load(std::memory_order_acquire) != kJoining) continue;
         s.from_seq.store(seq, std::memory_order_release);
         uint32_t joining = kJoining;
-        s.state.compare_exchange_strong(joining, kAttached, std::memory_order_acq_rel);
+        if (s.state.compare_exchange_strong(joining, kAttached, std::memory_order_acq_rel)) ++admitted;
     }
+    return admitted;
 }
 
 void SenderEnd::publish(uint32_t slot, uint64_t seq) {

@@ -135,8 +135,8 @@ public:
     // Senders attached now: claimed indices whose claimer is this process or holds its lock.
     uint32_t attached_senders() const;
     // Before publishing the first chunk of a version as `seq`: receivers that (re)attached
-    // since the last version start owing chunks from `seq` on.
-    void admit_joiners(uint64_t seq);
+    // since the last version start owing chunks from `seq` on. Returns how many it admitted.
+    uint32_t admit_joiners(uint64_t seq);
     void publish(uint32_t slot, uint64_t seq);
     void abandon(uint64_t version);
     void drop(uint32_t r);

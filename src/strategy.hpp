@@ -98,6 +98,11 @@ public:
     virtual json send(const ChunkHeader &header, const wsync_tensor_t *tensors,
                       TensorTable &table) = 0;
     virtual void flush(int64_t timeout_ms) = 0;
+    // Called by the core before the first chunk of a version is encoded: receivers that
+    // attached or re-attached since the last version are admitted from this version on, and
+    // the answer says whether any was (a delta sender then sends the version dense, since a
+    // newcomer holds no base). Kinds without such admission answer false.
+    virtual bool begin_version() { return false; }
     // Waits until no receiver maps memory of this sender that `version` (committed) does not
     // use any more (WSYNC_ALL_VERSIONS: no memory at all), so the trainer may free it. Kinds that
     // copy the caller's tensors during send have nothing to wait for.

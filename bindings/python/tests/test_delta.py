@@ -230,6 +230,33 @@ def test_patch_views_are_read_only_and_copies_outlive_the_iteration(make_sync):
 
 
 def test_patch_against_another_version_is_refused_naming_both_versions(make_sync):
+    """The engine still holds version 2 open when the trainer sends version 3 (a patch against
+    2), then fails version 2: version 3's patch meets a receiver whose completed version is 1."""
+    sync = make_sync(bucket_bytes=1 << 20, delta="on")
+    w = torch.arange(256, dtype=torch.float32)
+    dst = torch.empty(256)
+    with sync.receiver.receive(sync.sender.send_chunk([("w", w)], last=True)) as it:
+        it.copy_into(0, dst)
+    sync.sender.flush(5.0)
+    w[2] += 1
+    held = sync.receiver.receive(sync.sender.send_chunk([("w", w)], last=True))  # version 2
+    w[3] += 1
+    request = sync.sender.send_chunk([("w", w)], last=True)  # version 3, a patch against 2
+    held.fail(Status.INTEGRITY, "engine: version 2 failed")
+    with pytest.raises(WsyncError) as info:
+        with sync.receiver.receive(request) as it:
+            assert it.is_patch(0)
+            it.patch(0)
+    assert info.value.status is Status.MISMATCH
+    assert "is a patch against version 2, but this receiver's completed version is 1" in str(info.value)
+    with pytest.raises(WsyncError) as flushed:
+        sync.sender.flush(5.0)
+    assert flushed.value.status is Status.PEER
+
+
+def test_a_restarted_engine_is_sent_the_next_version_dense(make_sync):
+    """A new receiver with the same index holds no base: the trainer, seeing it admitted at the
+    next version's first chunk, sends that version dense, and patches follow."""
     sync = make_sync(bucket_bytes=1 << 20, delta="on")
     w = torch.arange(256, dtype=torch.float32)
     dst = torch.empty(256)
@@ -242,20 +269,17 @@ def test_patch_against_another_version_is_refused_naming_both_versions(make_sync
                 p = it.patch(0)
                 dst.view(-1).index_copy_(0, p.indices.long(), p.values)
         sync.sender.flush(5.0)
-    # an engine restart: a new receiver, same index, completed version 0
-    sync.receivers[0].close()
+    sync.receivers[0].close()  # an engine restart: a new receiver, same index
     sync.receivers[0] = sync.engine_strategy.receiver(sync.init, 0)
-    w[3] += 1
-    request = sync.sender.send_chunk([("w", w)], last=True)
-    with pytest.raises(WsyncError) as info:
-        with sync.receiver.receive(request) as it:
-            assert it.is_patch(0)
-            it.patch(0)
-    assert info.value.status is Status.MISMATCH
-    assert "is a patch against version 2, but this receiver's completed version is 0" in str(info.value)
-    with pytest.raises(WsyncError) as flushed:
+    fresh = torch.empty(256)
+    for version in (3, 4):
+        w[version] += 1
+        with sync.receiver.receive(sync.sender.send_chunk([("w", w)], last=True)) as it:
+            assert it.is_patch(0) == (version == 4)
+            it.copy_into(0, fresh)
         sync.sender.flush(5.0)
-    assert flushed.value.status is Status.PEER
+        assert sync.receiver.completed_version == version
+        assert torch.equal(bits(fresh), bits(w))
 
 
 def test_patch_of_a_dense_entry_is_refused_by_name_and_the_iteration_goes_on(make_sync):

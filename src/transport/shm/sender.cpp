@@ -25,7 +25,7 @@ public:
 
     ~ShmSender() override { seg_->unlink(); }
 
-    json send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) override {
+    json send(const ChunkHeader & /*header*/, const wsync_tensor_t *tensors, TensorTable &table) override {
         for (std::size_t i = 0; i < table.metas.size(); ++i)
             if (!device_is_host(tensors[i].device))
                 fail(WSYNC_ERR_UNSUPPORTED,
@@ -51,8 +51,9 @@ public:
         maybe_unlink();
         const uint64_t seq = next_seq_;
         const uint32_t b = static_cast<uint32_t>((seq - 1) % seg_->slots());
-        // Receivers that (re)attached take part from a version's first chunk on.
-        if (h.chunk_index == 0) board_.admit_joiners(seq);
+        // Receivers that (re)attached were admitted by begin_version(), which the core calls
+        // before it encodes a version's first chunk: one that attaches after that waits for
+        // the next version (so a delta sender knows every newcomer before it encodes).
         // Back-pressure: the bucket's previous chunk must be done with by every receiver.
         board_.wait({b}, sys::Deadline(timeout_ms_), "no free bucket", seq - 1);
 
@@ -65,6 +66,9 @@ public:
         if (!arena_entries.empty()) transport["arena"] = std::move(arena_entries);
         return transport;
     }
+
+    // The version's first chunk will be published as next_seq_ (it only grows on publish).
+    bool begin_version() override { return board_.admit_joiners(next_seq_) > 0; }
 
     std::pair<void *, uint64_t> arena() const override {
         return {seg_->arena(), seg_->arena_bytes()};
