@@ -63,12 +63,29 @@ def cleanup():
         obj.shutdown()
 
 
+class RecordingClient(InProcessClient):
+    """InProcessClient that keeps every request the trainer sent."""
+
+    def __init__(self, engines):
+        super().__init__(engines)
+        self.requests = []
+
+    def update_weights(self, update_info):
+        infos = update_info if isinstance(update_info, list) else [update_info]
+        for info in infos[:1]:
+            self.requests += list(info["requests"] if isinstance(info, dict) else info.requests)
+        return super().update_weights(update_info)
+
+
 def make_delta_cluster(delta, receivers=2, worker_kw=None, source_kw=None, trainer_kw=None,
                        worker_options=None, staged=False):
+    """Workers built as vLLM's loader builds them (metadata recorded for reloads), the trainer
+    over a RecordingClient (``trainer.client.requests``: every request it sent)."""
     load_general_plugins()
     workers = []
     for r in range(receivers):
         model = LlamaLike(**(worker_kw or {}))
+        record_metadata_for_reloading(model)
         engine = WeightTransferEngineFactory.create_engine(
             WeightTransferConfig(backend="wsync"), vllm_config(rank=r, world_size=receivers),
             torch.device("cpu"), model)
@@ -78,7 +95,7 @@ def make_delta_cluster(delta, receivers=2, worker_kw=None, source_kw=None, train
                                 options={"delta": delta, **(trainer_kw or {})},
                                 worker_options=dict(worker_options or {}), staged=staged)
     trainer = WeightTransferTrainerFactory.trainer_init(
-        info, client=InProcessClient([e for _, e in workers]), source=ModuleSource(source))
+        info, client=RecordingClient([e for _, e in workers]), source=ModuleSource(source))
     return workers, source, trainer
 
 
@@ -166,20 +183,6 @@ def test_a_loader_that_copies_the_checkpoint_tensor_is_refused_by_name_and_dense
     assert_bit_exact(model, source)
 
 
-class RecordingClient(InProcessClient):
-    """InProcessClient that keeps every request the trainer sent."""
-
-    def __init__(self, engines):
-        super().__init__(engines)
-        self.requests = []
-
-    def update_weights(self, update_info):
-        infos = update_info if isinstance(update_info, list) else [update_info]
-        for info in infos[:1]:
-            self.requests += list(info["requests"] if isinstance(info, dict) else info.requests)
-        return super().update_weights(update_info)
-
-
 @pytest.mark.parametrize("staged", [False, True], ids=["streamed", "staged"])
 def test_workers_with_a_mirror_load_delta_versions_whole_through_any_loader(
         tp1, cleanup, monkeypatch, staged):
@@ -188,23 +191,11 @@ def test_workers_with_a_mirror_load_delta_versions_whole_through_any_loader(
     copies the checkpoint tensor (refused by name without a mirror) stays bit-exact, with NaN
     payloads and -0.0, and staged versions work."""
     counting = CountingPatches(monkeypatch)
-    load_general_plugins()
-    workers = []
-    for r in range(2):
-        model = LlamaLike(clone_in_loader=True)
-        record_metadata_for_reloading(model)  # as vLLM's loader does: a mirror means reloads
-        engine = WeightTransferEngineFactory.create_engine(
-            WeightTransferConfig(backend="wsync"), vllm_config(rank=r, world_size=2),
-            torch.device("cpu"), model)
-        workers.append((model, engine))
-    cleanup.extend(e for _, e in workers)
-    client = RecordingClient([e for _, e in workers])
-    source = CheckpointLike()
-    info = WsyncTrainerInitInfo(rank=0, receivers=2, chunk_bytes=8192, options={"delta": "on"},
-                                worker_options={"delta_mirror": True}, staged=staged)
-    trainer = WeightTransferTrainerFactory.trainer_init(info, client=client,
-                                                        source=ModuleSource(source))
-    cleanup.append(trainer)
+    workers, source, trainer = make_delta_cluster(
+        "on", worker_kw={"clone_in_loader": True}, worker_options={"delta_mirror": True},
+        staged=staged)
+    cleanup.extend([trainer] + [e for _, e in workers])
+    client = trainer.client
     gen = torch.Generator().manual_seed(5)
     for version in range(1, 6):
         if version > 1:

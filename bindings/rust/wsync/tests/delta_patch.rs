@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use wsync::{Options, PatchIndices, Receiver, Sender, Status, Strategy, TensorRef};
 
-fn sync() -> (Strategy, Sender, Strategy, Receiver) {
+/// A delta "on" trainer and one engine whose strategy has `engine_opts`.
+fn sync_with(engine_opts: &Options) -> (Strategy, Sender, Strategy, Receiver) {
     let opts = Options::new()
         .uint("receivers", 1)
         .uint("bucket_bytes", 1 << 20)
@@ -21,9 +22,13 @@ fn sync() -> (Strategy, Sender, Strategy, Receiver) {
     let mut trainer = Strategy::with_options("shm", &opts).expect("strategy");
     let init = trainer.create_init_info().expect("init info");
     let sender = Sender::new(&mut trainer, &init).expect("sender");
-    let mut engine = Strategy::new("shm", "").expect("engine strategy");
+    let mut engine = Strategy::with_options("shm", engine_opts).expect("engine strategy");
     let receiver = Receiver::new(&mut engine, &init, 0).expect("receiver");
     (trainer, sender, engine, receiver)
+}
+
+fn sync() -> (Strategy, Sender, Strategy, Receiver) {
+    sync_with(&Options::new())
 }
 
 #[test]
@@ -84,17 +89,8 @@ fn patches_carry_exactly_the_changed_elements_and_dense_entries_are_refused_by_n
 /// tensors included: the receiver applies each patch onto its own copy and verifies it.
 #[test]
 fn an_engine_with_a_mirror_reads_patched_tensors_from_views() {
-    let opts = Options::new()
-        .uint("receivers", 1)
-        .uint("bucket_bytes", 1 << 20)
-        .string("delta", "on")
-        .uint("timeout_ms", 5000);
-    let mut trainer = Strategy::with_options("shm", &opts).expect("strategy");
-    let init = trainer.create_init_info().expect("init info");
-    let mut sender = Sender::new(&mut trainer, &init).expect("sender");
-    let mut engine = Strategy::with_options("shm", &Options::new().boolean("delta_mirror", true))
-        .expect("engine");
-    let mut receiver = Receiver::new(&mut engine, &init, 0).expect("receiver");
+    let (_t, mut sender, _e, mut receiver) =
+        sync_with(&Options::new().boolean("delta_mirror", true));
     let mut w: Vec<u32> = (0..4096).map(|i| (i as f32).to_bits()).collect();
     for version in 1u64..=4 {
         if version > 1 {
