@@ -1,5 +1,6 @@
 #include "delta.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -11,6 +12,13 @@
 #include "wire.hpp"
 
 namespace {
+constexpr bool kLittleEndian =
+#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__)
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
+#else
+    false;
+#endif
+
 // Bit i set: byte i of the 32 bytes differs (words first: most blocks are equal).
 inline uint32_t diff_mask_words(const uint8_t *a, const uint8_t *b) {
     uint64_t x[4], y[4];
@@ -123,13 +131,6 @@ Patch parse(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
     return p;
 }
 
-namespace {
-// The header's fields, checked against the tensor and the bytes at hand.
-struct Header {
-    Coding coding;
-    unsigned width;
-    uint64_t count;
-};
 Header check_header(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
                     const std::string &what) {
     auto bad = [&](const std::string &why) { wire::malformed(what + ": patch " + why); };
@@ -154,17 +155,41 @@ Header check_header(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_
     return {Coding(coding), width, count};
 }
 
-[[noreturn]] void bad_index(const std::string &what, uint64_t k) {
+void bad_index(const std::string &what, uint64_t k) {
     wire::malformed(what + ": patch index " + std::to_string(k) +
                     " is out of order or outside the tensor");
 }
 
-constexpr bool kLittleEndian =
-#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__)
-    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
-#else
-    false;
-#endif
+uint64_t combine_piece_hashes(const uint64_t *hashes, uint64_t count) {
+    if (kLittleEndian) return XXH3_64bits(hashes, count * sizeof(uint64_t));
+    std::vector<uint8_t> le(count * 8);  // the pieces' hashes as little-endian words
+    for (uint64_t i = 0; i < count; ++i) put64(le.data() + 8 * i, hashes[i]);
+    return XXH3_64bits(le.data(), le.size());
+}
+
+uint64_t tree_hash(const void *data, uint64_t nbytes) {
+    const auto *p = static_cast<const uint8_t *>(data);
+    // Combined as they come, 512 pieces (32 MiB of tensor) at a time, so any size hashes in a
+    // fixed 4 KiB of stack.
+    XXH3_state_t state;
+    XXH3_64bits_reset(&state);
+    uint64_t h[512];
+    for (uint64_t done = 0; done < nbytes;) {
+        unsigned k = 0;
+        for (; k < 512 && done < nbytes; ++k) {
+            const uint64_t n = std::min<uint64_t>(kTreePieceBytes, nbytes - done);
+            h[k] = XXH3_64bits(p + done, n);
+            done += n;
+        }
+        if (!kLittleEndian)
+            for (unsigned i = 0; i < k; ++i) put64(reinterpret_cast<uint8_t *>(h + i), h[i]);
+        XXH3_64bits_update(&state, h, k * sizeof(uint64_t));
+    }
+    return XXH3_64bits_digest(&state);
+}
+
+namespace {
+
 }  // namespace
 
 void parse_into(Patch &p, const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,

@@ -72,6 +72,28 @@ Patch parse(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
 void parse_into(Patch &p, const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
                 const std::string &what);
 
+// The header of a patch, checked against the tensor (element count and size) and against `n`,
+// the bytes at hand (exact length): WSYNC_ERR_MALFORMED naming `what` on any defect. The indices
+// are not read.
+struct Header {
+    Coding coding;
+    unsigned width;
+    uint64_t count;
+};
+Header check_header(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_t esize,
+                    const std::string &what);
+// WSYNC_ERR_MALFORMED: "<what>: patch index k is out of order or outside the tensor".
+[[noreturn]] void bad_index(const std::string &what, uint64_t k);
+
+// The tree hash, the checksum of patches made and applied on a GPU (docs/delta.md, "On the
+// GPU"): XXH3-64 over the little-endian array of the XXH3-64 of each kTreePieceBytes piece of
+// the bytes (the last piece shorter; no bytes: XXH3-64 of nothing). Pieces hash in parallel,
+// on GPU threads (gpu/kernels/delta.cu) or host threads; this is the host's, for tests and for
+// combining the pieces' hashes a GPU computed.
+constexpr uint64_t kTreePieceBytes = 65536;
+uint64_t tree_hash(const void *data, uint64_t nbytes);
+uint64_t combine_piece_hashes(const uint64_t *hashes, uint64_t count);
+
 // A patch checked where it lies (wsync_recv_patch): header, exact length, and every index
 // strictly increasing and inside the tensor, without decoding the indices into a copy. Throws
 // WSYNC_ERR_MALFORMED naming `what` on any defect, as parse() does.

@@ -1,6 +1,7 @@
 // The delta codec (src/delta.cpp), white-box: bitwise change finding at every element size, the
 // index coding and its width switch at 2^32 elements, the patch parser's refusals, and the
 // verified apply that leaves the destination as it was whenever a checksum disagrees.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <xxhash.h>
 
 #include "delta.hpp"  // before cmocka.h, whose fail() macro would rename wsync::fail
+#include "gpu/kernels/xxh3.h"
 #include "error.hpp"
 #include "tensor.hpp"
 #include "whitebox.hpp"
@@ -399,6 +401,45 @@ void an_abandoned_version_leaves_the_trainers_base_intact(void **) {
 
 }  // namespace
 
+// The XXH3-64 the GPU kernels compile (src/gpu/kernels/xxh3.h, here built for the host) is the
+// library's XXH3_64bits at every length up to 4160 (each short-input path, both mid-size ones,
+// every stripe count of the long path's first blocks), around the 1 KiB block edges up to 64 KiB
+// + 1 and at unaligned addresses; and the tree hash is XXH3 over the pieces' hashes.
+void the_device_xxh3_equals_the_librarys_at_every_length(void **) {
+    const std::vector<uint8_t> b = noise(70000 + 16, 99);
+    std::vector<size_t> lengths;
+    for (size_t n = 0; n <= 4160; ++n) lengths.push_back(n);
+    for (size_t k = 5; k <= 64; ++k)
+        for (size_t d : {1023, 1024, 1025}) lengths.push_back(k * 1024 + d - 1024);
+    lengths.push_back(65535);
+    lengths.push_back(65536);
+    lengths.push_back(65537);
+    size_t checked = 0;
+    for (size_t off : {0, 1, 3, 8}) {
+        for (size_t n : lengths) {
+            const uint64_t want = XXH3_64bits(b.data() + off, n);
+            const uint64_t got = wsync_xxh3::hash64(b.data() + off, n);
+            if (got != want) print_message("length %zu at offset %zu differs\n", n, off);
+            assert_true(got == want);
+            ++checked;
+        }
+    }
+    assert_true(checked > 4 * 4160);
+    // The tree hash: pieces of 64 KiB, combined as little-endian words.
+    for (size_t n : {size_t(0), size_t(1), size_t(65536), size_t(65537), size_t(70000)}) {
+        std::vector<uint64_t> h;
+        for (size_t at = 0; at < n; at += 65536) h.push_back(XXH3_64bits(b.data() + at, std::min<size_t>(65536, n - at)));
+        assert_true(delta::tree_hash(b.data(), n) == XXH3_64bits(h.data(), h.size() * 8));
+        assert_true(delta::combine_piece_hashes(h.data(), h.size()) == delta::tree_hash(b.data(), n));
+    }
+    // More than the 512 pieces tree_hash combines at a time (33 MiB of zeros and a flipped byte).
+    std::vector<uint8_t> big(size_t(33) << 20, 0);
+    big[size_t(32) << 20] = 1;
+    std::vector<uint64_t> h;
+    for (size_t at = 0; at < big.size(); at += 65536) h.push_back(XXH3_64bits(big.data() + at, 65536));
+    assert_true(delta::tree_hash(big.data(), big.size()) == XXH3_64bits(h.data(), h.size() * 8));
+}
+
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(changes_at_every_element_size_match_a_bytewise_comparison),
@@ -412,6 +453,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(scalars_and_odd_sizes_round_trip),
         cmocka_unit_test(a_fold_during_the_compare_equals_a_fold_before_it),
         cmocka_unit_test(the_compare_finds_exactly_the_changed_elements_at_every_density),
+        cmocka_unit_test(the_device_xxh3_equals_the_librarys_at_every_length),
         cmocka_unit_test(an_abandoned_version_leaves_the_trainers_base_intact),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);

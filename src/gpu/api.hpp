@@ -87,6 +87,8 @@ inline const CUstream CU_STREAM_LEGACY = reinterpret_cast<CUstream>(std::uintptr
       (CUdeviceptr dst, const void *src, std::size_t bytes, CUstream stream))                     \
     X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", CUresult,                                        \
       (CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream))                     \
+    X(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", CUresult,                                        \
+      (void *dst, CUdeviceptr src, std::size_t bytes, CUstream stream))                           \
     X(cuIpcGetMemHandle, "cuIpcGetMemHandle", CUresult, (CUipcMemHandle * handle, CUdeviceptr p)) \
     X(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2", CUresult,                                      \
       (CUdeviceptr * p, CUipcMemHandle handle, unsigned int flags))                               \

@@ -60,8 +60,12 @@
 //   nobody waits for is visibly not done yet; wsync_fake_stream_hold (above) stops a stream.
 // - cuMemcpyHtoDAsync copies the host source before it returns, as the driver does for pageable
 //   host memory (libwsync has no pinned memory); the device write happens in stream order.
-// - Modules: only PTX text with ".entry wsync_pack" loads; cuLaunchKernel of wsync_pack runs a
-//   host emulation of src/gpu/kernels/pack.cu in stream order (see run_pack). A launch into a stream
+// - Modules: only PTX text that declares at least one of the library's kernels (".entry
+//   wsync_pack", the delta kernels of src/gpu/kernels/delta_abi.hpp) loads, and
+//   cuModuleGetFunction finds only the ones it declares; cuLaunchKernel runs a host emulation of
+//   the kernel in stream order (run_pack, run_piece_hash, run_delta_diff, run_patch), written
+//   from the ABI's description rather than from the .cu, and stricter: it checks every address
+//   and the launch's tile count first. A launch into a stream
 //   of another device's context is CUDA_ERROR_INVALID_HANDLE.
 // - fork(): the child starts with no contexts, memory, streams, modules or communicators (its
 //   parent's worker threads do not exist there), zeroed counters and the pending failure
@@ -98,6 +102,9 @@
 
 #include "fake_gpu.h"
 #include "fake_internal.hpp"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 using namespace wsync_fake;
 
@@ -248,9 +255,21 @@ struct Event {
     int device;
 };
 
+// The kernels the fake can run: the library's, by their names in the PTX.
+enum KernelId { kKPack, kKPieceHash, kKDeltaCount, kKDeltaCompact, kKPatchCheck, kKPatchScatter, kKernelCount };
+constexpr const char *kKernelNames[kKernelCount] = {kPackKernel,        kPieceHashKernel,
+                                                    kDeltaCountKernel,  kDeltaCompactKernel,
+                                                    kPatchCheckKernel,  kPatchScatterKernel};
+
 struct Module {
     int device;
-    char function_token = 0;  // &function_token is the CUfunction of wsync_pack
+    bool has[kKernelCount] = {};  // the entries its PTX declares
+    char tokens[kKernelCount] = {};  // &tokens[k] is the CUfunction of kernel k
+};
+// A CUfunction: the module that holds it, and which kernel.
+struct Function {
+    std::shared_ptr<Module> module;
+    KernelId kernel;
 };
 
 // An allocation, or an IPC mapping, of this process.
@@ -279,7 +298,7 @@ struct State {
     std::shared_ptr<Stream> null_stream;
     std::map<CUevent, std::shared_ptr<Event>> events;
     std::map<CUmodule, std::shared_ptr<Module>> modules;
-    std::map<CUfunction, std::shared_ptr<Module>> functions;
+    std::map<CUfunction, Function> functions;
     uint64_t next_serial = 0;
     uint64_t next_buffer_id = 0;
     State *abandoned = nullptr;  // a forked child keeps the parent's state reachable, unused
@@ -661,7 +680,7 @@ Doomed collect_context_locked(State &s, int dev) {
     for (auto it = s.modules.begin(); it != s.modules.end();)
         it = it->second->device == dev ? s.modules.erase(it) : std::next(it);
     for (auto it = s.functions.begin(); it != s.functions.end();)
-        it = it->second->device == dev ? s.functions.erase(it) : std::next(it);
+        it = it->second.module->device == dev ? s.functions.erase(it) : std::next(it);
     for (auto &kv : s.allocs)
         if (kv.second.device == dev) d.allocs.push_back(kv.first);
     return d;
@@ -826,6 +845,177 @@ CUresult run_pack(uint64_t table, unsigned count, unsigned tiles) {
             std::memcpy(&f, src + 4 * i, 4);
             uint16_t h = e.op == kPackF32ToBf16 ? f32_to_bf16(f) : f32_to_f16(f);
             std::memcpy(dst + 2 * i, &h, 2);
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+// ---- the delta kernels (src/gpu/kernels/delta_abi.hpp) ----------------------------------------
+// A launch's entry table, copied out of device memory; false when it is not all device memory.
+template <class E>
+bool read_table(uint64_t table, unsigned count, std::vector<E> *out) {
+    const uint64_t bytes = uint64_t(count) * sizeof(E);
+    if (!device_range_ok(table, bytes)) return false;
+    out->resize(count);
+    if (bytes) std::memcpy(out->data(), reinterpret_cast<const void *>(table), bytes);
+    return true;
+}
+// The entry that holds launch tile `tile`, as find_entry() in delta.cu: the last whose first
+// tile <= tile.
+template <class E>
+const E &entry_of(const std::vector<E> &entries, unsigned tile, uint32_t E::*first) {
+    size_t lo = 0, hi = entries.size();
+    while (hi - lo > 1) {
+        const size_t mid = (lo + hi) / 2;
+        (entries[mid].*first <= tile ? lo : hi) = mid;
+    }
+    return entries[lo];
+}
+bool element_size_ok(uint32_t esize) { return esize == 1 || esize == 2 || esize == 4 || esize == 8; }
+// A device load or store of `esize` bytes at an address not aligned to it faults on a GPU.
+bool aligned(uint64_t p, uint64_t a) { return p % a == 0; }
+
+// wsync_piece_hash: XXH3-64 of each 64 KiB piece of each entry.
+CUresult run_piece_hash(uint64_t table, unsigned count, unsigned pieces) {
+    std::vector<HashEntry> entries;
+    if (!read_table(table, count, &entries)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    uint64_t sum = 0;
+    for (const HashEntry &e : entries) {
+        if (e.first_piece != sum) return CUDA_ERROR_INVALID_VALUE;
+        const uint64_t n = hash_pieces(e.bytes);
+        if (!device_range_ok(e.src, e.bytes) || !device_range_ok(e.out, n * 8) ||
+            (n && !aligned(e.out, 8)))
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
+        sum += n;
+    }
+    if (sum != pieces) return CUDA_ERROR_INVALID_VALUE;  // the kernel would read past its table
+    for (unsigned p = 0; p < pieces; ++p) {
+        const HashEntry &e = entry_of(entries, p, &HashEntry::first_piece);
+        const uint64_t begin = uint64_t(p - e.first_piece) * kHashPieceBytes;
+        const uint64_t n = std::min(kHashPieceBytes, e.bytes - begin);
+        const uint64_t h = XXH3_64bits(reinterpret_cast<const unsigned char *>(e.src) + begin, n);
+        std::memcpy(reinterpret_cast<unsigned char *>(e.out) + 8 * (p - e.first_piece), &h, 8);
+    }
+    return CUDA_SUCCESS;
+}
+
+// wsync_delta_count (compact false) and wsync_delta_compact (true).
+CUresult run_delta_diff(uint64_t table, unsigned count, unsigned tiles, bool compact) {
+    std::vector<DiffEntry> entries;
+    if (!read_table(table, count, &entries)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    uint64_t sum = 0;
+    for (const DiffEntry &e : entries) {
+        if (e.first_tile != sum || !element_size_ok(e.esize)) return CUDA_ERROR_INVALID_VALUE;
+        if (e.elements > (UINT64_MAX / 8)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        const uint64_t n = diff_tiles(e.elements), bytes = e.elements * e.esize;
+        if (!device_range_ok(e.now, bytes) || !device_range_ok(e.base, bytes) ||
+            !aligned(e.now, e.esize) || !aligned(e.base, e.esize))
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
+        if (!compact && !(device_range_ok(e.counts, 4 * n) && aligned(e.counts, 4)))
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
+        if (compact) {
+            if (e.width != 4 && e.width != 8) return CUDA_ERROR_INVALID_VALUE;
+            if (e.changed > e.elements) return CUDA_ERROR_ILLEGAL_ADDRESS;
+            const uint64_t patch = 32 + ((e.changed * e.width + 7) & ~uint64_t(7)) + e.changed * e.esize;
+            if (!device_range_ok(e.offsets, 8 * n) || !aligned(e.offsets, 8) ||
+                !device_range_ok(e.patch, patch) || !aligned(e.patch, 8))
+                return CUDA_ERROR_ILLEGAL_ADDRESS;
+        }
+        sum += n;
+    }
+    if (sum != tiles) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned t = 0; t < tiles; ++t) {
+        const DiffEntry &e = entry_of(entries, t, &DiffEntry::first_tile);
+        const uint64_t begin = uint64_t(t - e.first_tile) * kDiffTileElems;
+        const uint64_t end = std::min(e.elements, begin + kDiffTileElems);
+        const auto *now = reinterpret_cast<const unsigned char *>(e.now);
+        const auto *base = reinterpret_cast<const unsigned char *>(e.base);
+        if (!compact) {
+            uint32_t c = 0;
+            for (uint64_t i = begin; i < end; ++i)
+                c += std::memcmp(now + i * e.esize, base + i * e.esize, e.esize) != 0;
+            std::memcpy(reinterpret_cast<unsigned char *>(e.counts) + 4 * (t - e.first_tile), &c, 4);
+            continue;
+        }
+        auto *patch = reinterpret_cast<unsigned char *>(e.patch);
+        const uint64_t idx_bytes = (e.changed * e.width + 7) & ~uint64_t(7);
+        if (t == e.first_tile) {
+            const uint32_t magic = 0x31504457u, esize = e.esize, zero32 = 0;
+            const uint8_t coding = 0, width = uint8_t(e.width);
+            const uint16_t zero16 = 0;
+            std::memcpy(patch, &magic, 4);
+            std::memcpy(patch + 4, &coding, 1);
+            std::memcpy(patch + 5, &width, 1);
+            std::memcpy(patch + 6, &zero16, 2);
+            std::memcpy(patch + 8, &esize, 4);
+            std::memcpy(patch + 12, &zero32, 4);
+            std::memcpy(patch + 16, &e.changed, 8);
+            std::memcpy(patch + 24, &e.elements, 8);
+            std::memset(patch + 32 + e.changed * e.width, 0, idx_bytes - e.changed * e.width);
+        }
+        uint64_t pos;
+        std::memcpy(&pos, reinterpret_cast<const unsigned char *>(e.offsets) + 8 * (t - e.first_tile), 8);
+        for (uint64_t i = begin; i < end; ++i) {
+            if (std::memcmp(now + i * e.esize, base + i * e.esize, e.esize) == 0) continue;
+            // An offset table that does not add up would write past the patch on a GPU.
+            if (pos >= e.changed) return CUDA_ERROR_ILLEGAL_ADDRESS;
+            if (e.width == 4) {
+                const uint32_t v = uint32_t(i);
+                std::memcpy(patch + 32 + 4 * pos, &v, 4);
+            } else {
+                std::memcpy(patch + 32 + 8 * pos, &i, 8);
+            }
+            std::memcpy(patch + 32 + idx_bytes + pos * e.esize, now + i * e.esize, e.esize);
+            ++pos;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+// wsync_patch_check (scatter false) and wsync_patch_scatter (true).
+CUresult run_patch(uint64_t table, unsigned count, unsigned tiles, bool scatter) {
+    std::vector<PatchEntry> entries;
+    if (!read_table(table, count, &entries)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    uint64_t sum = 0;
+    for (const PatchEntry &e : entries) {
+        if (e.first_tile != sum || !element_size_ok(e.esize) || (e.width != 4 && e.width != 8))
+            return CUDA_ERROR_INVALID_VALUE;
+        if (e.count > (UINT64_MAX / 16) || e.elements > (UINT64_MAX / 8)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        if (!device_range_ok(e.idx, e.count * e.width) || !aligned(e.idx, e.width))
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
+        if (scatter && (!device_range_ok(e.values, e.count * e.esize) || !aligned(e.values, e.esize) ||
+                        !device_range_ok(e.dst, e.elements * e.esize) || !aligned(e.dst, e.esize) ||
+                        (e.save && (!device_range_ok(e.save, e.count * e.esize) || !aligned(e.save, e.esize)))))
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
+        if (!scatter && (!device_range_ok(e.bad, 8) || !aligned(e.bad, 8))) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        sum += patch_tiles(e.count);
+    }
+    if (sum != tiles) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned t = 0; t < tiles; ++t) {
+        const PatchEntry &e = entry_of(entries, t, &PatchEntry::first_tile);
+        const uint64_t begin = uint64_t(t - e.first_tile) * kPatchTileChanges;
+        const uint64_t end = std::min(e.count, begin + kPatchTileChanges);
+        const auto *idx = reinterpret_cast<const unsigned char *>(e.idx);
+        auto index = [&](uint64_t i) {
+            uint64_t v = 0;
+            std::memcpy(&v, idx + i * e.width, e.width);  // little-endian
+            return v;
+        };
+        for (uint64_t i = begin; i < end; ++i) {
+            const uint64_t j = index(i);
+            if (!scatter) {
+                if (j >= e.elements || (i > 0 && j <= index(i - 1))) {
+                    uint64_t bad;
+                    std::memcpy(&bad, reinterpret_cast<const void *>(e.bad), 8);
+                    bad = std::min(bad, i);
+                    std::memcpy(reinterpret_cast<void *>(e.bad), &bad, 8);
+                }
+                continue;
+            }
+            if (j >= e.elements) continue;
+            auto *dst = reinterpret_cast<unsigned char *>(e.dst) + j * e.esize;
+            if (e.save) std::memcpy(reinterpret_cast<unsigned char *>(e.save) + i * e.esize, dst, e.esize);
+            std::memcpy(dst, reinterpret_cast<const unsigned char *>(e.values) + i * e.esize, e.esize);
         }
     }
     return CUDA_SUCCESS;
@@ -1423,19 +1613,24 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image) {
         (b[0] == 0x50 && b[1] == 0xed && b[2] == 0x55 && b[3] == 0xba))
         return CUDA_ERROR_INVALID_IMAGE;
     const char *text = static_cast<const char *>(image);
-    bool found = false;
-    for (const char *at = std::strstr(text, ".entry"); at && !found; at = std::strstr(at + 1, ".entry")) {
-        const char *n = at + 6;
-        while (*n == ' ' || *n == '\t') ++n;
-        const size_t len = std::strlen(kPackKernel);
-        found = n > at + 6 && std::strncmp(n, kPackKernel, len) == 0 &&
-                !(std::isalnum(static_cast<unsigned char>(n[len])) || n[len] == '_' || n[len] == '$');
-    }
-    if (!found) return CUDA_ERROR_INVALID_IMAGE;
     auto m = std::make_shared<Module>();
     m->device = dev;
+    bool found = false;
+    for (const char *at = std::strstr(text, ".entry"); at; at = std::strstr(at + 1, ".entry")) {
+        const char *n = at + 6;
+        while (*n == ' ' || *n == '\t') ++n;
+        if (n == at + 6) continue;
+        for (int k = 0; k < kKernelCount; ++k) {
+            const size_t len = std::strlen(kKernelNames[k]);
+            if (std::strncmp(n, kKernelNames[k], len) == 0 &&
+                !(std::isalnum(static_cast<unsigned char>(n[len])) || n[len] == '_' || n[len] == '$'))
+                m->has[k] = found = true;
+        }
+    }
+    if (!found) return CUDA_ERROR_INVALID_IMAGE;
     auto h = reinterpret_cast<CUmodule>(m.get());
-    s.functions[reinterpret_cast<CUfunction>(&m->function_token)] = m;
+    for (int k = 0; k < kKernelCount; ++k)
+        if (m->has[k]) s.functions[reinterpret_cast<CUfunction>(&m->tokens[k])] = Function{m, KernelId(k)};
     s.modules[h] = std::move(m);
     *module = h;
     g_count.modules_loaded.fetch_add(1);
@@ -1449,7 +1644,8 @@ CUresult cuModuleUnload(CUmodule module) {
     if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
     auto it = s.modules.find(module);
     if (it == s.modules.end()) return CUDA_ERROR_INVALID_HANDLE;
-    s.functions.erase(reinterpret_cast<CUfunction>(&it->second->function_token));
+    for (int k = 0; k < kKernelCount; ++k)
+        s.functions.erase(reinterpret_cast<CUfunction>(&it->second->tokens[k]));
     s.modules.erase(it);
     return CUDA_SUCCESS;
 }
@@ -1462,8 +1658,13 @@ CUresult cuModuleGetFunction(CUfunction *fn, CUmodule module, const char *name) 
     if (!fn || !name) return CUDA_ERROR_INVALID_VALUE;
     auto it = s.modules.find(module);
     if (it == s.modules.end()) return CUDA_ERROR_INVALID_HANDLE;
-    if (std::strcmp(name, kPackKernel) != 0) return CUDA_ERROR_NOT_FOUND;
-    *fn = reinterpret_cast<CUfunction>(&it->second->function_token);
+    for (int k = 0; k < kKernelCount; ++k) {
+        if (it->second->has[k] && std::strcmp(name, kKernelNames[k]) == 0) {
+            *fn = reinterpret_cast<CUfunction>(&it->second->tokens[k]);
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_NOT_FOUND;
     return CUDA_SUCCESS;
 }
 
@@ -1472,12 +1673,14 @@ CUresult cuLaunchKernel(CUfunction fn, unsigned int gx, unsigned int gy, unsigne
                         unsigned int shared_bytes, CUstream stream, void **params, void **extra) {
     WSYNC_FAKE_FAIL_POINT("cuLaunchKernel");
     int dev;
+    KernelId kernel;
     {
         State &s = st();
         std::lock_guard<std::mutex> lk(s.mu);
         if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
         auto it = s.functions.find(fn);
-        if (it == s.functions.end() || it->second->device != dev) return CUDA_ERROR_INVALID_HANDLE;
+        if (it == s.functions.end() || it->second.module->device != dev) return CUDA_ERROR_INVALID_HANDLE;
+        kernel = it->second.kernel;
     }
     if (!gx || !gy || !gz || !bx || !by || !bz) return CUDA_ERROR_INVALID_VALUE;
     if (uint64_t(bx) * by * bz > kMaxThreadsPerBlock || shared_bytes > kMaxStaticSharedBytes)
@@ -1493,11 +1696,44 @@ CUresult cuLaunchKernel(CUfunction fn, unsigned int gx, unsigned int gy, unsigne
     const unsigned tiles = *static_cast<const unsigned *>(params[2]);
     int fail_rc = 0;
     const bool fail = inject_async("cuLaunchKernel", &fail_rc);
-    x->push([table, count, tiles, fail]() -> CUresult {
-        return fail ? CUDA_ERROR_ILLEGAL_ADDRESS : run_pack(table, count, tiles);
+    // Every library kernel takes (const Entry *table, unsigned count, unsigned tiles).
+    x->push([kernel, table, count, tiles, fail]() -> CUresult {
+        if (fail) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        switch (kernel) {
+        case kKPack: return run_pack(table, count, tiles);
+        case kKPieceHash: return run_piece_hash(table, count, tiles);
+        case kKDeltaCount: return run_delta_diff(table, count, tiles, false);
+        case kKDeltaCompact: return run_delta_diff(table, count, tiles, true);
+        case kKPatchCheck: return run_patch(table, count, tiles, false);
+        case kKPatchScatter: return run_patch(table, count, tiles, true);
+        default: return CUDA_ERROR_INVALID_HANDLE;
+        }
     });
     g_count.kernel_launches.fetch_add(1);
     return CUDA_SUCCESS;
+}
+
+// Into pageable host memory (libwsync has no pinned memory) the driver returns only once the
+// copy is done, in stream order: so does this. libwsync first waits for the stream itself, with
+// its deadline, so the wait here is only for the copy.
+CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, std::size_t bytes, CUstream stream) {
+    WSYNC_FAKE_FAIL_POINT("cuMemcpyDtoHAsync_v2");
+    int dev;
+    if (CUresult rc = current_device(&dev)) return rc;
+    if (bytes && !dst) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_ptr<Stream> s;
+    if (CUresult rc = get_stream(stream, &s)) return rc;
+    int fail_rc = 0;
+    const bool fail = inject_async("cuMemcpyDtoHAsync_v2", &fail_rc);
+    const uint64_t seq = s->push([dst, src, bytes, fail]() -> CUresult {
+        if (fail) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        if (!device_range_ok(src, bytes)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        if (bytes) std::memcpy(dst, reinterpret_cast<const void *>(src), bytes);
+        return CUDA_SUCCESS;
+    });
+    g_count.memcpy_calls.fetch_add(1);
+    s->wait(seq);
+    return s->query_seq(seq);
 }
 
 // ---- test hooks -------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ struct wsync_fake_stats {
     long long ipc_close;       /* cuIpcCloseMemHandle */
     long long ipc_live;        /* gauge: distinct IPC mappings open now */
     long long kernel_launches; /* cuLaunchKernel */
-    long long memcpy_calls;    /* cuMemcpyHtoDAsync_v2 + cuMemcpyDtoDAsync_v2 */
+    long long memcpy_calls;    /* cuMemcpy{HtoD,DtoD,DtoH}Async_v2 */
     long long streams_live;    /* gauge: cuStreamCreate streams not destroyed (NULL stream not counted) */
     long long modules_loaded;  /* cuModuleLoadData */
     /* Extras. */

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "gpu/api.hpp"
+#include "gpu/kernels/delta_abi.hpp"
 #include "gpu/kernels/pack_abi.hpp"
 
 namespace wsync_fake {

@@ -1,0 +1,147 @@
+// Delta sync on the GPU (docs/delta.md, "On the GPU"): the launch logic of the kernels in
+// gpu/kernels/delta.cu. The trainer's compare + stream compaction (diff), the receiver's
+// verified, all-or-nothing apply (apply), the trainer's fold of a committed patch into its base
+// (fold), and tree hashes of device memory (tree_hashes). Patches are delta.hpp's format with
+// plain indices, so a patch made here is byte for byte the one the host encoder makes of the
+// same tensors when it chooses plain coding; checksums are tree hashes (delta::tree_hash),
+// which GPU threads compute in parallel.
+//
+// Every call takes one stream: work is queued on it after what the caller queued there, and a
+// call that needs results on the host (counts, hashes, flags) waits for the stream with the
+// deadline (WSYNC_ERR_TIMEOUT naming `what`), polling an event, before it copies them back; a
+// failed kernel or copy is the driver's error (WSYNC_ERR_SYSTEM naming the step). Not
+// thread-safe: one DeltaKernels per stream user.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "delta.hpp"
+#include "gpu/device.hpp"
+#include "gpu/kernels/delta_abi.hpp"
+#include "gpu/pack.hpp"
+#include "sys.hpp"
+
+namespace wsync::gpu {
+
+struct DeviceRange {
+    CUdeviceptr ptr = 0;
+    uint64_t bytes = 0;
+};
+
+class DeltaKernels {
+public:
+    explicit DeltaKernels(const Device &d);  // loads the module (WSYNC_ERR_SYSTEM if it cannot)
+    ~DeltaKernels();
+    DeltaKernels(const DeltaKernels &) = delete;
+    DeltaKernels &operator=(const DeltaKernels &) = delete;
+
+    // The tree hash of each range, in order. Blocks until computed or the deadline.
+    std::vector<uint64_t> tree_hashes(const std::vector<DeviceRange> &ranges, CUstream stream,
+                                      const sys::Deadline &deadline, const std::string &what);
+
+    // ---- the trainer ---------------------------------------------------------------------
+    // One tensor: its new bytes and its committed base on the device (elements of esize 1, 2,
+    // 4 or 8 bytes, both aligned to esize), and the most changed elements a patch may carry.
+    struct DiffJob {
+        CUdeviceptr now = 0, base = 0;
+        uint64_t elements = 0;
+        uint32_t esize = 0;
+        uint64_t limit = 0;
+    };
+    struct DiffOut {
+        uint64_t changed = 0;      // elements that differ bitwise
+        bool patch = false;        // changed <= limit: a patch was written
+        CUdeviceptr bytes = 0;     // the patch (device memory this object owns), 8-byte aligned
+        uint64_t nbytes = 0;
+        unsigned width = 0;        // its index width: 4 while elements <= 2^32, else 8
+        uint64_t result_hash = 0;  // tree hash of `now`
+    };
+    // Counts the changes of every job and hashes `now` (one wait), then queues the compaction
+    // of the jobs within their limit into patches. Returns once they are queued: the patches are
+    // written in stream order and stay valid until the next diff() (whose first wait follows
+    // whatever the caller queued after them on the same stream). Throws
+    // WSYNC_ERR_INVALID_ARGUMENT naming `what` for an element size or alignment the kernels do
+    // not take (callers send such tensors dense).
+    void diff(const std::vector<DiffJob> &jobs, CUstream stream, const sys::Deadline &deadline,
+              const std::string &what, std::vector<DiffOut> *out);
+    // Whether diff() takes a tensor of this element size at these addresses.
+    static bool diffable(uint64_t esize, CUdeviceptr now, CUdeviceptr base);
+
+    // Writes the changes of patches diff() made onto their bases, unchecked (the trainer's own
+    // committed versions). Queued only.
+    struct FoldJob {
+        CUdeviceptr base = 0;
+        uint64_t elements = 0;
+        uint32_t esize = 0;
+        CUdeviceptr patch = 0;  // as diff() made it
+        uint64_t changed = 0;
+        unsigned width = 4;
+    };
+    void fold(const std::vector<FoldJob> &jobs, CUstream stream);
+
+    // ---- the receiver ----------------------------------------------------------------------
+    // One patched tensor: the engine's device memory that holds the base version, and the
+    // patch's bytes in device memory (plain coding) with the tree hashes of base and result.
+    struct ApplyJob {
+        CUdeviceptr dst = 0;
+        uint64_t elements = 0;
+        uint32_t esize = 0;
+        CUdeviceptr patch = 0;
+        uint64_t nbytes = 0;
+        uint64_t base_hash = 0, result_hash = 0;
+        std::string name;  // for messages
+    };
+    enum class Outcome { kApplied, kMalformed, kBaseDiffers, kResultDiffers };
+    struct ApplyOut {
+        Outcome outcome = Outcome::kApplied;
+        uint64_t got = 0;     // the hash that did not match
+        std::string message;  // why, naming the tensor (kMalformed: the defect)
+    };
+    // Applies each patch only if its header and indices are sound (else kMalformed, dst
+    // untouched), dst tree-hashes to base_hash (else kBaseDiffers, untouched) and the result to
+    // result_hash (else kResultDiffers, and dst is put back as it was). Blocks (three or four
+    // waits, each bounded by the deadline) until every dst is final.
+    std::vector<ApplyOut> apply(const std::vector<ApplyJob> &jobs, CUstream stream,
+                                const sys::Deadline &deadline);
+
+private:
+    // Launches `fn`(table, count, units) on `blocks` blocks of `block` threads.
+    void launch(CUfunction fn, unsigned block, uint64_t blocks, CUdeviceptr table,
+                std::size_t count, uint64_t units, CUstream stream, const char *name);
+    CUdeviceptr upload(DeviceBuffer &buf, const void *data, uint64_t bytes, CUstream stream,
+                       const char *what);
+    void reserve(DeviceBuffer &buf, uint64_t bytes, const char *what);
+    void wait(CUstream stream, const sys::Deadline &deadline, const std::string &what);
+    void download(void *dst, CUdeviceptr src, uint64_t bytes, CUstream stream, const char *what);
+    // Queues the piece hashes of `ranges` into hashes_ (first piece of range i at piece_at[i]).
+    void queue_hashes(const std::vector<DeviceRange> &ranges, CUstream stream,
+                      std::vector<uint64_t> *piece_at);
+    // After a wait: reads back the piece hashes queue_hashes() made and combines them.
+    std::vector<uint64_t> read_hashes(const std::vector<DeviceRange> &ranges,
+                                      const std::vector<uint64_t> &piece_at, CUstream stream);
+    // Uploads patch_entries_ and launches `fn` over their changes.
+    void launch_patches(CUfunction fn, CUstream stream, const char *name);
+
+    const Device &dev_;
+    CUmodule module_ = nullptr;
+    CUfunction hash_ = nullptr, count_ = nullptr, compact_ = nullptr, check_ = nullptr,
+               scatter_ = nullptr;
+    Event done_;
+    Packer packer_;  // gathers the patches' headers for apply()
+    // Device memory, grown as needed and kept: entry tables, per-tile counts and offsets, piece
+    // hashes, check flags, the patches diff() makes, the values apply() replaces.
+    DeviceBuffer hash_table_, diff_table_, patch_table_, counts_, offsets_, hashes_, flags_,
+        patches_, saved_, headers_;
+    // Host copies of what is uploaded (kept until the stream has passed the upload) and read back.
+    std::vector<HashEntry> hash_entries_;
+    std::vector<DiffEntry> diff_entries_;
+    std::vector<PatchEntry> patch_entries_;
+    std::vector<uint64_t> host_hashes_, host_offsets_, host_flags_;
+    std::vector<uint32_t> host_counts_;
+    std::vector<PackEntry> gather_;
+    std::vector<uint8_t> host_headers_;
+};
+
+}  // namespace wsync::gpu

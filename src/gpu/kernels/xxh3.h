@@ -1,0 +1,218 @@
+// XXH3-64 (seed 0, default secret) for the device kernels, which cannot call the xxHash library.
+// It computes what XXH3_64bits() computes, for every length, with the portable (scalar) form of
+// the algorithm: xxHash 0.8's specification (doc/xxhash_spec.md, "XXH3") and the constants of
+// its reference implementation. The same text is compiled by nvcc into gpu/kernels/delta.cu and
+// by the host compiler into tests/test_delta_codec.cpp, which checks it against the library's
+// XXH3_64bits() for every length from 0 to 4160, around each 1 KiB stripe block, at 64 KiB, and
+// at unaligned addresses; that is the check of its numerics that needs no GPU.
+//
+// Loads: an 8-byte-aligned pointer is read with one 64-bit load, any other byte by byte (a
+// device load must be naturally aligned). Values are little-endian, as on every GPU and on the
+// hosts libwsync supports.
+#pragma once
+
+#if defined(__CUDACC__)
+#define WSYNC_XXH_FN __device__ __forceinline__
+#define WSYNC_XXH_SECRET __constant__
+typedef unsigned long long wsync_xxh_u64;
+typedef unsigned int wsync_xxh_u32;
+#else
+#include <cstdint>
+#include <cstring>
+#define WSYNC_XXH_FN inline
+#define WSYNC_XXH_SECRET static const
+typedef uint64_t wsync_xxh_u64;
+typedef uint32_t wsync_xxh_u32;
+#endif
+
+namespace wsync_xxh3 {
+
+typedef wsync_xxh_u64 u64;
+typedef wsync_xxh_u32 u32;
+
+// The default secret: XXH3_kSecret, 192 bytes.
+WSYNC_XXH_SECRET unsigned char kSecret[192] = {
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
+    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
+    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
+    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
+    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
+    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
+    0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
+    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e,
+    0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce,
+    0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
+};
+
+#define WSYNC_XXH_P32_1 0x9E3779B1u
+#define WSYNC_XXH_P32_2 0x85EBCA77u
+#define WSYNC_XXH_P32_3 0xC2B2AE3Du
+#define WSYNC_XXH_P64_1 0x9E3779B185EBCA87ull
+#define WSYNC_XXH_P64_2 0xC2B2AE3D27D4EB4Full
+#define WSYNC_XXH_P64_3 0x165667B19E3779F9ull
+#define WSYNC_XXH_P64_4 0x85EBCA77C2B2AE63ull
+#define WSYNC_XXH_P64_5 0x27D4EB2F165667C5ull
+
+WSYNC_XXH_FN u64 rd64(const unsigned char *p) {
+#if defined(__CUDACC__)
+    if ((reinterpret_cast<unsigned long long>(p) & 7) == 0) return *reinterpret_cast<const u64 *>(p);
+    u64 v = 0;
+    for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+    return v;
+#else
+    u64 v;
+    std::memcpy(&v, p, 8);
+    return v;
+#endif
+}
+WSYNC_XXH_FN u32 rd32(const unsigned char *p) {
+    return u32(p[0]) | (u32(p[1]) << 8) | (u32(p[2]) << 16) | (u32(p[3]) << 24);
+}
+// The secret's words: byte-assembled, so unaligned offsets (3, 7, 11, 121 ...) work everywhere.
+WSYNC_XXH_FN u64 key64(unsigned off) {
+    u64 v = 0;
+    for (int i = 7; i >= 0; --i) v = (v << 8) | kSecret[off + i];
+    return v;
+}
+WSYNC_XXH_FN u32 key32(unsigned off) { return rd32(kSecret + off); }
+
+WSYNC_XXH_FN u64 mul128_fold64(u64 a, u64 b) {
+#if defined(__CUDACC__)
+    return (a * b) ^ __umul64hi(a, b);
+#else
+    const unsigned __int128 p = static_cast<unsigned __int128>(a) * b;
+    return static_cast<u64>(p) ^ static_cast<u64>(p >> 64);
+#endif
+}
+WSYNC_XXH_FN u64 rotl64(u64 x, int r) { return (x << r) | (x >> (64 - r)); }
+WSYNC_XXH_FN u64 swap64(u64 x) {
+    x = ((x & 0x00000000FFFFFFFFull) << 32) | (x >> 32);
+    x = ((x & 0x0000FFFF0000FFFFull) << 16) | ((x >> 16) & 0x0000FFFF0000FFFFull);
+    return ((x & 0x00FF00FF00FF00FFull) << 8) | ((x >> 8) & 0x00FF00FF00FF00FFull);
+}
+WSYNC_XXH_FN u64 avalanche(u64 h) {  // XXH3_avalanche
+    h ^= h >> 37;
+    h *= 0x165667919E3779F9ull;
+    return h ^ (h >> 32);
+}
+WSYNC_XXH_FN u64 avalanche64(u64 h) {  // XXH64_avalanche
+    h ^= h >> 33;
+    h *= WSYNC_XXH_P64_2;
+    h ^= h >> 29;
+    h *= WSYNC_XXH_P64_3;
+    return h ^ (h >> 32);
+}
+WSYNC_XXH_FN u64 rrmxmx(u64 h, u64 len) {
+    h ^= rotl64(h, 49) ^ rotl64(h, 24);
+    h *= 0x9FB21C651E98DF25ull;
+    h ^= (h >> 35) + len;
+    h *= 0x9FB21C651E98DF25ull;
+    return h ^ (h >> 28);
+}
+WSYNC_XXH_FN u64 mix16(const unsigned char *in, unsigned key) {
+    return mul128_fold64(rd64(in) ^ key64(key), rd64(in + 8) ^ key64(key + 8));
+}
+
+// len 0..16
+WSYNC_XXH_FN u64 hash_0to16(const unsigned char *in, u64 len) {
+    if (len > 8) {
+        const u64 lo = rd64(in) ^ (key64(24) ^ key64(32));
+        const u64 hi = rd64(in + len - 8) ^ (key64(40) ^ key64(48));
+        return avalanche(len + swap64(lo) + hi + mul128_fold64(lo, hi));
+    }
+    if (len >= 4) {
+        const u64 in64 = u64(rd32(in + len - 4)) + (u64(rd32(in)) << 32);
+        return rrmxmx(in64 ^ (key64(8) ^ key64(16)), len);
+    }
+    if (len) {
+        const u32 combined = (u32(in[0]) << 16) | (u32(in[len >> 1]) << 24) | u32(in[len - 1]) |
+                             (u32(len) << 8);
+        return avalanche64(u64(combined) ^ u64(key32(0) ^ key32(4)));
+    }
+    return avalanche64(key64(56) ^ key64(64));
+}
+
+// len 17..128
+WSYNC_XXH_FN u64 hash_17to128(const unsigned char *in, u64 len) {
+    u64 acc = len * WSYNC_XXH_P64_1;
+    if (len > 32) {
+        if (len > 64) {
+            if (len > 96) {
+                acc += mix16(in + 48, 96);
+                acc += mix16(in + len - 64, 112);
+            }
+            acc += mix16(in + 32, 64);
+            acc += mix16(in + len - 48, 80);
+        }
+        acc += mix16(in + 16, 32);
+        acc += mix16(in + len - 32, 48);
+    }
+    acc += mix16(in, 0);
+    acc += mix16(in + len - 16, 16);
+    return avalanche(acc);
+}
+
+// len 129..240
+WSYNC_XXH_FN u64 hash_129to240(const unsigned char *in, u64 len) {
+    u64 acc = len * WSYNC_XXH_P64_1;
+    for (unsigned i = 0; i < 8; ++i) acc += mix16(in + 16 * i, 16 * i);
+    acc = avalanche(acc);
+    const unsigned rounds = unsigned(len / 16);
+    for (unsigned i = 8; i < rounds; ++i) acc += mix16(in + 16 * i, 16 * (i - 8) + 3);
+    acc += mix16(in + len - 16, 136 - 17);  // XXH3_SECRET_SIZE_MIN - XXH3_MIDSIZE_LASTOFFSET
+    return avalanche(acc);
+}
+
+// One 64-byte stripe into the eight accumulators, with the secret at `key`.
+WSYNC_XXH_FN void accumulate(u64 *acc, const unsigned char *in, unsigned key) {
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+    for (unsigned i = 0; i < 8; ++i) {
+        const u64 v = rd64(in + 8 * i);
+        const u64 k = v ^ key64(key + 8 * i);
+        acc[i ^ 1] += v;
+        acc[i] += u64(u32(k)) * u64(u32(k >> 32));
+    }
+}
+WSYNC_XXH_FN void scramble(u64 *acc) {
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+    for (unsigned i = 0; i < 8; ++i) {
+        u64 a = acc[i];
+        a ^= a >> 47;
+        a ^= key64(128 + 8 * i);  // secret size - stripe
+        acc[i] = a * WSYNC_XXH_P32_1;
+    }
+}
+
+// len > 240: stripes of 64 bytes, blocks of 16 stripes (1 KiB) with a scramble after each.
+WSYNC_XXH_FN u64 hash_long(const unsigned char *in, u64 len) {
+    u64 acc[8] = {WSYNC_XXH_P32_3, WSYNC_XXH_P64_1, WSYNC_XXH_P64_2, WSYNC_XXH_P64_3,
+                  WSYNC_XXH_P64_4, WSYNC_XXH_P32_2, WSYNC_XXH_P64_5, WSYNC_XXH_P32_1};
+    const u64 blocks = (len - 1) / 1024;
+    for (u64 b = 0; b < blocks; ++b) {
+        for (unsigned s = 0; s < 16; ++s) accumulate(acc, in + b * 1024 + 64 * s, 8 * s);
+        scramble(acc);
+    }
+    const unsigned stripes = unsigned(((len - 1) - 1024 * blocks) / 64);
+    for (unsigned s = 0; s < stripes; ++s) accumulate(acc, in + blocks * 1024 + 64 * s, 8 * s);
+    accumulate(acc, in + len - 64, 192 - 64 - 7);
+    u64 r = len * WSYNC_XXH_P64_1;
+    for (unsigned i = 0; i < 4; ++i)
+        r += mul128_fold64(acc[2 * i] ^ key64(11 + 16 * i), acc[2 * i + 1] ^ key64(11 + 16 * i + 8));
+    return avalanche(r);
+}
+
+// XXH3_64bits(in, len).
+WSYNC_XXH_FN u64 hash64(const unsigned char *in, u64 len) {
+    if (len <= 16) return hash_0to16(in, len);
+    if (len <= 128) return hash_17to128(in, len);
+    if (len <= 240) return hash_129to240(in, len);
+    return hash_long(in, len);
+}
+
+}  // namespace wsync_xxh3

@@ -1,0 +1,468 @@
+// The GPU side of delta sync (src/gpu/diff.hpp, kernels in src/gpu/kernels/delta.cu), as a
+// specification: tree hashes of device memory equal the host's; a patch the GPU makes is byte
+// for byte the patch the host encoder makes of the same tensors; a fold makes the base the new
+// version; the verified apply writes a patch only onto its base and only to its result, and
+// leaves a destination as it was otherwise; a malformed patch is refused naming the tensor and
+// the index; a failed launch or a stuck stream ends in a named error within the deadline.
+//
+// CTest runs it against the fake driver (label gpu-fake: the launch logic, with the kernels
+// emulated from their ABI) and against the machine's driver (label gpu: the kernels' numerics
+// on hardware; every test skips with the reason where there is no usable driver).
+// scripts/gpu-validate.sh runs the latter.
+#include <dlfcn.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "delta.hpp"
+#include "error.hpp"
+#include "gpu/api.hpp"
+#include "gpu/device.hpp"
+#include "gpu/diff.hpp"
+#include "sys.hpp"
+#include "whitebox.hpp"
+
+using namespace wsync;
+using gpu::CUdeviceptr;
+using gpu::DeltaKernels;
+
+namespace {
+
+struct Gpu {
+    const gpu::CudaApi *api = nullptr;
+    std::unique_ptr<gpu::Device> dev;
+    std::unique_ptr<gpu::Stream> stream;
+    std::unique_ptr<DeltaKernels> kernels;
+    std::string why;
+};
+Gpu *g = nullptr;
+
+// The fake driver's test hooks, when the driver is the fake.
+typedef void (*set_fail_fn)(const char *, int, int);
+typedef int (*hold_fn)(void *);
+typedef void (*release_fn)(void);
+set_fail_fn fake_set_fail = nullptr;
+hold_fn fake_hold = nullptr;
+release_fn fake_release = nullptr;
+
+#define NEED_GPU()                                           \
+    do {                                                     \
+        if (!g->api) {                                       \
+            print_message("skipped: %s\n", g->why.c_str());  \
+            skip();                                          \
+        }                                                    \
+    } while (0)
+
+const sys::Deadline long_deadline() { return sys::Deadline(60000); }
+
+// Device memory holding `bytes` (plus `pad` bytes in front, so a range can start unaligned).
+struct DevBytes {
+    gpu::DeviceBuffer buf;
+    CUdeviceptr ptr = 0;
+    uint64_t size = 0;
+};
+DevBytes to_device(const std::vector<uint8_t> &bytes, uint64_t pad = 0) {
+    DevBytes d;
+    d.buf = gpu::DeviceBuffer(*g->dev, bytes.size() + pad + 64, "test");
+    d.ptr = d.buf.ptr() + pad;
+    d.size = bytes.size();
+    gpu::Device::Scope s(*g->dev);
+    if (!bytes.empty())
+        assert_int_equal(g->api->cuMemcpyHtoDAsync(d.ptr, bytes.data(), bytes.size(), g->stream->get()), 0);
+    return d;
+}
+void sync_stream() {
+    gpu::Event e(*g->dev);
+    gpu::Device::Scope s(*g->dev);
+    e.record(g->stream->get());
+    gpu::poll_until([&] { return e.done(); }, sys::Deadline(60000), "test sync");
+}
+std::vector<uint8_t> from_device(CUdeviceptr p, uint64_t n) {
+    sync_stream();
+    std::vector<uint8_t> out(n);
+    gpu::Device::Scope s(*g->dev);
+    if (n) assert_int_equal(g->api->cuMemcpyDtoHAsync(out.data(), p, n, g->stream->get()), 0);
+    return out;
+}
+
+// `n` elements of esize bytes, and a copy with about `fraction` of them changed (including
+// the first and last element when fraction > 0, NaN payloads and signed zeros for floats).
+std::vector<uint8_t> changed_copy(const std::vector<uint8_t> &base, size_t esize, double fraction,
+                                  uint64_t seed) {
+    std::vector<uint8_t> now = base;
+    const size_t n = base.size() / esize;
+    if (fraction <= 0 || n == 0) return now;
+    std::vector<uint8_t> r = noise(n * 4, seed);
+    auto flip = [&](size_t e) { now[e * esize + (e % esize)] ^= uint8_t(1 + (e & 0x7f)); };
+    flip(0);
+    flip(n - 1);
+    for (size_t e = 0; e < n; ++e) {
+        uint32_t v;
+        std::memcpy(&v, r.data() + 4 * e, 4);
+        if (double(v) / 4294967296.0 < fraction) flip(e);
+    }
+    return now;
+}
+
+std::vector<uint8_t> host_patch(const std::vector<uint8_t> &base, const std::vector<uint8_t> &now,
+                                size_t esize, uint64_t *count) {
+    delta::Changes ch;
+    uint64_t hash = 0;
+    std::vector<uint8_t> scratch = base;
+    assert_true(delta::find_changes(now.data(), scratch.data(), now.size(), esize, UINT64_MAX, nullptr, ch, &hash));
+    std::vector<uint8_t> patch;
+    delta::encode(ch, now.size() / esize, patch);
+    *count = ch.count;
+    return patch;
+}
+
+template <class F>
+void expect_error(F f, wsync_status_t status, const char *needle) {
+    try {
+        f();
+    } catch (const Error &e) {
+        if (e.status() != status || !std::strstr(e.what(), needle)) {
+            print_message("got status %d: %s (wanted %d with \"%s\")\n", int(e.status()), e.what(),
+                          int(status), needle);
+            fail();
+        }
+        return;
+    }
+    print_message("no error (wanted \"%s\")\n", needle);
+    fail();
+}
+
+// ---------------------------------------------------------------------------------------------
+void tree_hashes_of_device_memory_equal_the_host_tree_hash(void **) {
+    NEED_GPU();
+    const uint64_t sizes[] = {0, 1, 100, 240, 241, 65535, 65536, 65537, 3 * 65536 + 17, (1u << 20) + 5};
+    std::vector<DevBytes> held;
+    std::vector<gpu::DeviceRange> ranges;
+    std::vector<uint64_t> want;
+    uint64_t seed = 1;
+    for (uint64_t n : sizes) {
+        for (uint64_t pad : {0, 3}) {  // 8-byte aligned and not: the kernel's two load paths
+            std::vector<uint8_t> b = noise(n, seed++);
+            held.push_back(to_device(b, pad));
+            ranges.push_back({held.back().ptr, n});
+            want.push_back(delta::tree_hash(b.data(), n));
+        }
+    }
+    const std::vector<uint64_t> got = g->kernels->tree_hashes(ranges, g->stream->get(), long_deadline(), "test");
+    assert_int_equal(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+        if (got[i] != want[i]) print_message("range %zu (%llu bytes) differs\n", i, (unsigned long long)ranges[i].bytes);
+        assert_true(got[i] == want[i]);
+    }
+    // The tree hash of one piece is the XXH3 of that piece's hash, not of the bytes.
+    std::vector<uint8_t> one = noise(1000, 7);
+    const uint64_t h = XXH3_64bits(one.data(), one.size());
+    assert_true(delta::tree_hash(one.data(), one.size()) == XXH3_64bits(&h, 8));
+}
+
+void a_gpu_patch_is_the_host_encoders_patch_byte_for_byte(void **) {
+    NEED_GPU();
+    // Several tensors in one call: every element size, densities from none to all, lengths that
+    // end inside a thread's slice, inside a tile, and on a tile's edge (8192 elements).
+    struct Case {
+        size_t esize;
+        size_t elements;
+        double fraction;
+    };
+    const Case cases[] = {{2, 8192 * 3 + 77, 0.01}, {2, 8192, 0.0}, {1, 100000, 0.3}, {4, 31, 1.0},
+                          {8, 8192 * 2, 0.001},     {2, 1, 1.0},    {4, 50000, 0.05}, {2, 3 * 8192 + 1, 1.0},
+                          {8, 4097, 0.2},           {1, 7, 0.0}};
+    std::vector<std::vector<uint8_t>> bases, nows;
+    std::vector<DevBytes> held;
+    std::vector<DeltaKernels::DiffJob> jobs;
+    uint64_t seed = 11;
+    for (const Case &c : cases) {
+        bases.push_back(noise(c.elements * c.esize, seed++));
+        nows.push_back(changed_copy(bases.back(), c.esize, c.fraction, seed++));
+        held.push_back(to_device(nows.back()));
+        const CUdeviceptr now = held.back().ptr;
+        held.push_back(to_device(bases.back()));
+        jobs.push_back({now, held.back().ptr, c.elements, uint32_t(c.esize), UINT64_MAX});
+    }
+    std::vector<DeltaKernels::DiffOut> out;
+    g->kernels->diff(jobs, g->stream->get(), long_deadline(), "test", &out);
+    assert_int_equal(out.size(), jobs.size());
+    for (size_t i = 0; i < jobs.size(); ++i) {
+        uint64_t count = 0;
+        const std::vector<uint8_t> want = host_patch(bases[i], nows[i], cases[i].esize, &count);
+        assert_true(out[i].patch);
+        assert_int_equal(out[i].changed, count);
+        assert_int_equal(out[i].width, 4);
+        assert_int_equal(out[i].nbytes, want.size());
+        assert_true(out[i].bytes % 8 == 0);
+        assert_true(out[i].result_hash == delta::tree_hash(nows[i].data(), nows[i].size()));
+        const std::vector<uint8_t> got = from_device(out[i].bytes, out[i].nbytes);
+        if (got != want) print_message("case %zu: the GPU patch differs from the host's\n", i);
+        assert_true(got == want);
+    }
+}
+
+void a_tensor_over_its_limit_gets_no_patch_and_an_empty_one_goes_dense(void **) {
+    NEED_GPU();
+    std::vector<uint8_t> base = noise(2 * 20000, 21), now = changed_copy(base, 2, 0.01, 22);
+    uint64_t count = 0;
+    host_patch(base, now, 2, &count);
+    assert_true(count > 10);
+    DevBytes n = to_device(now), b = to_device(base), e1 = to_device({}), e2 = to_device({});
+    std::vector<DeltaKernels::DiffJob> jobs = {{n.ptr, b.ptr, 20000, 2, count - 1},
+                                               {n.ptr, b.ptr, 20000, 2, count},
+                                               {e1.ptr, e2.ptr, 0, 2, UINT64_MAX}};
+    std::vector<DeltaKernels::DiffOut> out;
+    g->kernels->diff(jobs, g->stream->get(), long_deadline(), "test", &out);
+    assert_false(out[0].patch);
+    assert_int_equal(out[0].changed, count);  // counted exactly, even when over the limit
+    assert_true(out[0].result_hash == delta::tree_hash(now.data(), now.size()));
+    assert_true(out[1].patch);
+    assert_false(out[2].patch);
+    assert_true(out[2].result_hash == delta::tree_hash(nullptr, 0));
+    // Sizes and alignments the kernels do not take are refused by name, before any launch.
+    expect_error([&] {
+        std::vector<DeltaKernels::DiffJob> bad = {{n.ptr, b.ptr, 100, 3, UINT64_MAX}};
+        g->kernels->diff(bad, g->stream->get(), long_deadline(), "chunk 4", &out);
+    }, WSYNC_ERR_INVALID_ARGUMENT, "chunk 4: tensor 0 (elements of 3 bytes");
+    expect_error([&] {
+        std::vector<DeltaKernels::DiffJob> bad = {{n.ptr + 2, b.ptr, 100, 4, UINT64_MAX}};
+        g->kernels->diff(bad, g->stream->get(), long_deadline(), "chunk 5", &out);
+    }, WSYNC_ERR_INVALID_ARGUMENT, "aligned to their size");
+}
+
+void a_fold_makes_the_base_the_new_version(void **) {
+    NEED_GPU();
+    std::vector<uint8_t> base = noise(4 * 70000, 31), now = changed_copy(base, 4, 0.02, 32);
+    DevBytes n = to_device(now), b = to_device(base);
+    std::vector<DeltaKernels::DiffOut> out;
+    g->kernels->diff({{n.ptr, b.ptr, 70000, 4, UINT64_MAX}}, g->stream->get(), long_deadline(), "test", &out);
+    g->kernels->fold({{b.ptr, 70000, 4, out[0].bytes, out[0].changed, out[0].width}}, g->stream->get());
+    assert_true(from_device(b.ptr, base.size()) == now);
+}
+
+// Uploads a host-made patch (its bytes) and returns the job that applies it onto `dst`.
+DeltaKernels::ApplyJob apply_job(const DevBytes &dst, size_t elements, size_t esize,
+                                 const DevBytes &patch, uint64_t base_hash, uint64_t result_hash,
+                                 const char *name) {
+    DeltaKernels::ApplyJob j;
+    j.dst = dst.ptr;
+    j.elements = elements;
+    j.esize = uint32_t(esize);
+    j.patch = patch.ptr;
+    j.nbytes = patch.size;
+    j.base_hash = base_hash;
+    j.result_hash = result_hash;
+    j.name = name;
+    return j;
+}
+
+void the_apply_writes_a_patch_only_onto_its_base_and_only_to_its_result(void **) {
+    NEED_GPU();
+    const size_t E = 30000;
+    std::vector<uint8_t> base = noise(2 * E, 41), now = changed_copy(base, 2, 0.01, 42);
+    uint64_t count = 0;
+    const std::vector<uint8_t> patch = host_patch(base, now, 2, &count);
+    const uint64_t hb = delta::tree_hash(base.data(), base.size()), hr = delta::tree_hash(now.data(), now.size());
+    // Patches with defects the receiver must find on its own.
+    std::vector<uint8_t> swapped = patch, outside = patch, garbage = patch;
+    std::memcpy(swapped.data() + 32, patch.data() + 36, 4);  // indices 0 and 1 swapped
+    std::memcpy(swapped.data() + 36, patch.data() + 32, 4);
+    const uint32_t past = uint32_t(E);
+    std::memcpy(outside.data() + 32 + 4 * (count - 1), &past, 4);  // the last index past the end
+    garbage[0] = 'X';
+    std::vector<uint8_t> touched = base;
+    touched[2 * 123] ^= 1;  // an engine that changed its copy
+
+    DevBytes p = to_device(patch), ps = to_device(swapped), po = to_device(outside), pg = to_device(garbage);
+    DevBytes good = to_device(base), wrong_base = to_device(touched), wrong_result = to_device(base),
+             d_swapped = to_device(base), d_outside = to_device(base), d_garbage = to_device(base),
+             d_short = to_device(base);
+    DevBytes short_patch = to_device(std::vector<uint8_t>(patch.begin(), patch.end() - 2));
+    std::vector<DeltaKernels::ApplyJob> jobs = {
+        apply_job(good, E, 2, p, hb, hr, "good"),
+        apply_job(wrong_base, E, 2, p, hb, hr, "wrong_base"),
+        apply_job(wrong_result, E, 2, p, hb, hr ^ 1, "wrong_result"),
+        apply_job(d_swapped, E, 2, ps, hb, hr, "swapped"),
+        apply_job(d_outside, E, 2, po, hb, hr, "outside"),
+        apply_job(d_garbage, E, 2, pg, hb, hr, "garbage"),
+        apply_job(d_short, E, 2, short_patch, hb, hr, "short"),
+    };
+    const auto out = g->kernels->apply(jobs, g->stream->get(), long_deadline());
+    using O = DeltaKernels::Outcome;
+    assert_int_equal(int(out[0].outcome), int(O::kApplied));
+    assert_true(from_device(good.ptr, now.size()) == now);
+    assert_int_equal(int(out[1].outcome), int(O::kBaseDiffers));
+    assert_true(out[1].got == delta::tree_hash(touched.data(), touched.size()));
+    assert_non_null(std::strstr(out[1].message.c_str(), "'wrong_base'"));
+    assert_true(from_device(wrong_base.ptr, base.size()) == touched);
+    assert_int_equal(int(out[2].outcome), int(O::kResultDiffers));
+    assert_true(out[2].got == hr);
+    assert_true(from_device(wrong_result.ptr, base.size()) == base);  // put back, bit for bit
+    assert_int_equal(int(out[3].outcome), int(O::kMalformed));
+    assert_non_null(std::strstr(out[3].message.c_str(), "tensor 'swapped': patch index 1 is out of order"));
+    assert_int_equal(int(out[4].outcome), int(O::kMalformed));
+    const std::string last = "patch index " + std::to_string(count - 1) + " is out of order or outside";
+    assert_non_null(std::strstr(out[4].message.c_str(), last.c_str()));
+    assert_int_equal(int(out[5].outcome), int(O::kMalformed));
+    assert_non_null(std::strstr(out[5].message.c_str(), "magic"));
+    assert_int_equal(int(out[6].outcome), int(O::kMalformed));
+    assert_non_null(std::strstr(out[6].message.c_str(), "tensor 'short'"));
+    for (const DevBytes *d : {&d_swapped, &d_outside, &d_garbage, &d_short})
+        assert_true(from_device(d->ptr, base.size()) == base);  // untouched
+}
+
+void a_trainer_and_an_engine_stay_bit_identical_through_many_versions(void **) {
+    NEED_GPU();
+    // The GPU path end to end: the trainer diffs against its base and folds at commit, the
+    // engine applies; random densities per version, several tensors of different sizes.
+    const size_t sizes[] = {8192 * 5 + 3, 1000, 65536 + 9};
+    const size_t esize[] = {2, 4, 1};
+    std::vector<std::vector<uint8_t>> model;
+    std::vector<DevBytes> trainer_now, trainer_base, engine;
+    uint64_t seed = 51;
+    for (size_t t = 0; t < 3; ++t) {
+        model.push_back(noise(sizes[t] * esize[t], seed++));
+        trainer_now.push_back(to_device(model[t]));
+        trainer_base.push_back(to_device(model[t]));
+        engine.push_back(to_device(model[t]));
+    }
+    const double fractions[] = {0.0, 0.001, 0.01, 0.2, 1.0, 0.05};
+    for (int v = 0; v < 6; ++v) {
+        std::vector<uint64_t> base_hash;
+        std::vector<DeltaKernels::DiffJob> jobs;
+        for (size_t t = 0; t < 3; ++t) {
+            base_hash.push_back(delta::tree_hash(model[t].data(), model[t].size()));
+            model[t] = changed_copy(model[t], esize[t], fractions[(v + t) % 6], seed++);
+            gpu::Device::Scope s(*g->dev);
+            assert_int_equal(g->api->cuMemcpyHtoDAsync(trainer_now[t].ptr, model[t].data(), model[t].size(),
+                                                       g->stream->get()), 0);
+            jobs.push_back({trainer_now[t].ptr, trainer_base[t].ptr, sizes[t], uint32_t(esize[t]), UINT64_MAX});
+        }
+        std::vector<DeltaKernels::DiffOut> out;
+        g->kernels->diff(jobs, g->stream->get(), long_deadline(), "test", &out);
+        std::vector<DeltaKernels::ApplyJob> apply;
+        std::vector<DeltaKernels::FoldJob> fold;
+        for (size_t t = 0; t < 3; ++t) {
+            DeltaKernels::ApplyJob a;
+            a.dst = engine[t].ptr;
+            a.elements = sizes[t];
+            a.esize = uint32_t(esize[t]);
+            a.patch = out[t].bytes;
+            a.nbytes = out[t].nbytes;
+            a.base_hash = base_hash[t];
+            a.result_hash = out[t].result_hash;
+            a.name = "t" + std::to_string(t);
+            apply.push_back(a);
+            fold.push_back({trainer_base[t].ptr, sizes[t], uint32_t(esize[t]), out[t].bytes, out[t].changed, out[t].width});
+        }
+        const auto res = g->kernels->apply(apply, g->stream->get(), long_deadline());
+        g->kernels->fold(fold, g->stream->get());
+        for (size_t t = 0; t < 3; ++t) {
+            assert_int_equal(int(res[t].outcome), int(DeltaKernels::Outcome::kApplied));
+            assert_true(from_device(engine[t].ptr, model[t].size()) == model[t]);
+            assert_true(from_device(trainer_base[t].ptr, model[t].size()) == model[t]);
+        }
+    }
+}
+
+void a_failed_launch_is_named_and_a_stuck_stream_ends_at_the_deadline(void **) {
+    NEED_GPU();
+    if (!fake_set_fail || !fake_hold) {
+        print_message("skipped: needs the fake driver's failure injection\n");
+        skip();
+    }
+    std::vector<uint8_t> base = noise(2 * 9000, 61), now = changed_copy(base, 2, 0.01, 62);
+    DevBytes n = to_device(now), b = to_device(base);
+    std::vector<DeltaKernels::DiffOut> out;
+    // The launch itself refused.
+    fake_set_fail("cuLaunchKernel", 0, 1 /* CUDA_ERROR_INVALID_VALUE */);
+    expect_error([&] {
+        g->kernels->diff({{n.ptr, b.ptr, 9000, 2, UINT64_MAX}}, g->stream->get(), long_deadline(), "test", &out);
+    }, WSYNC_ERR_SYSTEM, "launching wsync_delta_count");
+    // A kernel that faults while it runs: the wait names the failure.
+    fake_set_fail("cuLaunchKernel@async", 0, 0);
+    expect_error([&] {
+        g->kernels->tree_hashes({{n.ptr, now.size()}}, g->stream->get(), long_deadline(), "test");
+    }, WSYNC_ERR_SYSTEM, "test: hashing on the GPU: cuEventQuery (a kernel or copy on GPU-");
+    fake_set_fail(nullptr, 0, 0);
+    // The failed stream is sticky, as on a GPU: a fresh DeltaKernels on a fresh stream works.
+    g->stream.reset(new gpu::Stream(*g->dev));
+    // A stream that never gets to the work: TIMEOUT at the deadline, naming the step.
+    assert_int_equal(fake_hold(g->stream->get()), 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    expect_error([&] {
+        g->kernels->diff({{n.ptr, b.ptr, 9000, 2, UINT64_MAX}}, g->stream->get(), sys::Deadline(300),
+                         "chunk 9", &out);
+    }, WSYNC_ERR_TIMEOUT, "chunk 9: comparing with the bases on the GPU did not finish within 300 ms");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    assert_true(s >= 0.29 && s < 5.0);
+    fake_release();
+    sync_stream();
+    // And the same object works again once the stream moves.
+    g->kernels->diff({{n.ptr, b.ptr, 9000, 2, UINT64_MAX}}, g->stream->get(), long_deadline(), "test", &out);
+    assert_true(out[0].patch);
+}
+
+int setup(void **) {
+    g = new Gpu;
+    const std::string reason = gpu::cuda_unavailable_reason();
+    if (!reason.empty()) {
+        g->why = "no usable CUDA driver: " + reason;
+        return 0;
+    }
+    try {
+        g->api = &gpu::cuda();
+        int count = 0;
+        if (g->api->cuDeviceGetCount(&count) != 0 || count < 1) {
+            g->api = nullptr;
+            g->why = "no GPU";
+            return 0;
+        }
+        g->dev.reset(new gpu::Device(*g->api, 0, "test_gpu_diff"));
+        g->stream.reset(new gpu::Stream(*g->dev));
+        g->kernels.reset(new DeltaKernels(*g->dev));
+    } catch (const Error &e) {
+        g->api = nullptr;
+        g->why = e.what();
+        return 0;
+    }
+    if (const char *path = std::getenv("WSYNC_CUDA_LIBRARY")) {
+        if (void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD)) {
+            fake_set_fail = reinterpret_cast<set_fail_fn>(dlsym(h, "wsync_fake_set_fail"));
+            fake_hold = reinterpret_cast<hold_fn>(dlsym(h, "wsync_fake_stream_hold"));
+            fake_release = reinterpret_cast<release_fn>(dlsym(h, "wsync_fake_stream_release_held"));
+        }
+    }
+    return 0;
+}
+
+int teardown(void **) {
+    if (g) {
+        g->kernels.reset();
+        g->stream.reset();
+        g->dev.reset();
+        delete g;
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(tree_hashes_of_device_memory_equal_the_host_tree_hash),
+        cmocka_unit_test(a_gpu_patch_is_the_host_encoders_patch_byte_for_byte),
+        cmocka_unit_test(a_tensor_over_its_limit_gets_no_patch_and_an_empty_one_goes_dense),
+        cmocka_unit_test(a_fold_makes_the_base_the_new_version),
+        cmocka_unit_test(the_apply_writes_a_patch_only_onto_its_base_and_only_to_its_result),
+        cmocka_unit_test(a_trainer_and_an_engine_stay_bit_identical_through_many_versions),
+        cmocka_unit_test(a_failed_launch_is_named_and_a_stuck_stream_ends_at_the_deadline),
+    };
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
