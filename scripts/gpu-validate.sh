@@ -6,6 +6,7 @@
 #                                      cuda_ipc` (per-allocation, packed, packed with a bf16 cast)
 #                                      and scripts/gpu_baseline.py (one device copy and today's
 #                                      per-tensor torch IPC practice beside libwsync, same run),
+#                                      the pack and delta kernels against one device copy,
 #                                      then appends a dated section to docs/gpu-validation.md.
 #   scripts/gpu-validate.sh --fake     the same steps against tests/fake_gpu (CUDA driver and NCCL
 #                                      as a library; small sizes); hardware-only steps skip with
@@ -138,6 +139,14 @@ else
   cat "$log/pack.json" "$log/pack.err"; failures+=("pack_bench")
 fi
 
+step "delta kernels (compare + compact, verified apply, fold, tree hash) against one device copy (tests/gpu/delta_bench.cpp)"
+delta_args=(--layers 2 --reps 10); [ $mode = fake ] && delta_args=(--layers 1 --reps 2 --hidden 512)
+if "$build_dir/tests/delta_bench" "${delta_args[@]}" > "$log/delta.jsonl" 2> "$log/delta.err"; then
+  cat "$log/delta.jsonl"
+else
+  cat "$log/delta.jsonl" "$log/delta.err"; failures+=("delta_bench")
+fi
+
 step "baseline: one device copy and per-tensor torch IPC beside libwsync"
 set +e
 WSYNC_LIBRARY=$root/$build_dir/libwsync.so PYTHONPATH=$root/bindings/python${PYTHONPATH:+:$PYTHONPATH} \
@@ -183,6 +192,12 @@ try:
     L.append(f"| pack kernel, {p['tensors']} tensors in one launch ({p['bytes'] / 1e9:.2f} GB, {p['tiles']} tiles) | {p['pack_s']:.5f} s ({p['pack_gbps']} GB/s) = {p['pack_to_copy']:.3f}x one cuMemcpyDtoDAsync of the same bytes ({p['copy_s']:.5f} s, {p['copy_gbps']} GB/s){'' if p['exact'] else ', NOT bit-exact'} |")
 except (OSError, ValueError, KeyError):
     L.append("| pack kernel | no result (see pack_bench's output) |")
+try:
+    for line in open(os.path.join(log, "delta.jsonl")):
+        d = json.loads(line)
+        L.append(f"| delta kernels, {d['fraction'] * 100:g}% changed ({d['bytes'] / 1e9:.2f} GB, {d['tensors']} tensors, patches {d['patch_bytes'] / 1e6:.1f} MB) | diff {d['diff_s']:.5f} s = {d['diff_to_copy']:.3f}x one device copy ({d['copy_s']:.5f} s); verified apply {d['apply_s']:.5f} s = {d['apply_to_copy']:.3f}x; fold {d['fold_s']:.5f} s; tree hash {d['hash_gbps']} GB/s{'' if d['exact'] else ', NOT bit-exact'} |")
+except (OSError, ValueError, KeyError):
+    L.append("| delta kernels | no result (see delta_bench's output) |")
 try:
     base = json.load(open(os.path.join(log, "baseline.json")))
 except ValueError:
