@@ -82,7 +82,7 @@ std::string manifest_text(const Manifest &m) {
 // ----------------------------------------------------------------------------------------------
 Strategy::Strategy(const KindInfo &kind, const char *options_json)
     : kind_(kind), options_(kind.name, option_specs(kind), options_json),
-      delta_(delta::config_from(options_, kind.name, kind.delta_sync)) {
+      delta_(delta::config_from(options_, kind.name, kind.delta_sync, kind.delta_on_device)) {
     std::string missing = kind.unavailable_reason(&options_);
     if (!missing.empty())
         fail(WSYNC_ERR_UNAVAILABLE, std::string(kind.name) + ": unavailable: " + missing);
@@ -128,8 +128,18 @@ uint64_t chain_digest(uint64_t digest, const TensorTable &table) {
 
 // ----------------------------------------------------------------------------------------------
 Sender::Sender(const KindInfo &kind, std::unique_ptr<SenderImpl> impl, const delta::Config &delta)
-    : kind_(kind), impl_(std::move(impl)),
-      delta_(delta.mode == delta::Mode::kOff ? nullptr : std::make_unique<delta::Encoder>(delta)) {}
+    : kind_(kind), impl_(std::move(impl)) {
+    if (delta.mode == delta::Mode::kOff) return;
+    // The transport's own coder where it has one (the GPU kinds compare on the device), else
+    // the host's.
+    delta_ = impl_->delta_coder(delta);
+    if (!delta_) delta_ = std::make_unique<delta::Encoder>(delta);
+}
+
+void Sender::set_stream(void *stream) {
+    impl_->set_stream(stream);
+    if (delta_) delta_->set_stream(stream);
+}
 
 Sender::~Sender() {
     try {

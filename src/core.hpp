@@ -21,7 +21,7 @@ namespace copy {
 class Pool;
 }
 namespace delta {
-class Encoder;
+class Coder;
 }
 
 class Strategy {
@@ -52,7 +52,7 @@ public:
     void flush(int64_t timeout_ms);
     void wait_released(uint64_t version, int64_t timeout_ms);
     void drop_receiver(uint32_t index);
-    void set_stream(void *stream) { impl_->set_stream(stream); }
+    void set_stream(void *stream);
     std::pair<void *, uint64_t> arena() const { return impl_->arena(); }
     uint64_t version() const { return version_; }
     const std::vector<Failure> &failures() const { return failures_; }
@@ -64,7 +64,7 @@ private:
 
     const KindInfo &kind_;
     std::unique_ptr<SenderImpl> impl_;
-    std::unique_ptr<delta::Encoder> delta_;  // null: delta "off"
+    std::unique_ptr<delta::Coder> delta_;  // null: delta "off"
     uint64_t version_ = 1;
     uint32_t next_index_ = 0;
     Manifest tally_;  // of the chunks of version_ published so far
@@ -173,6 +173,8 @@ private:
     // Checks patch i (base version, checksum, structure) and applies it onto dst (nbytes of
     // the tensor), verified; `where` names dst in messages. Fails the iteration on any defect.
     void apply_onto(std::size_t i, void *dst, const char *where);
+    // A tree-hashed patch (made on a GPU) onto device memory, by the transport (ChunkBacking::apply_patch).
+    void apply_on_device(std::size_t i, void *dst, const std::string &what);
     // "delta_mirror": whether tensor i goes through the receiver's mirror, and the mirror's
     // bytes of it once this chunk's version of it is there (copied or patched, verified).
     bool mirrored(std::size_t i) const;

@@ -145,34 +145,67 @@ const std::vector<OptionSpec> &option_specs();
 // The kind's own options followed by the delta options.
 const std::vector<OptionSpec> &with_delta_options(const std::vector<OptionSpec> &(*kind)());
 // Reads and checks the options for `kind_name`: throws WSYNC_ERR_UNSUPPORTED for a delta mode
-// other than "off" on a kind that does not carry delta sync (KindInfo::delta_sync).
-Config config_from(const Options &o, const char *kind_name, bool kind_has_delta);
+// other than "off" on a kind that does not carry delta sync (KindInfo::delta_sync), and for
+// "delta_mirror" where no patch reaches host memory (such kinds, and the ones that apply
+// patches on the GPU: KindInfo::delta_on_device).
+Config config_from(const Options &o, const char *kind_name, bool kind_has_delta, bool on_device);
 
-// The trainer's side: per tensor name, the bytes of the last committed version and its hash;
-// what a version being sent will change is kept apart and folded in only at its commit, so an
-// abandoned or failed version never touches a base.
-class Encoder {
+// The trainer's side of delta sync as the core drives it, chunk by chunk: the host's Encoder
+// (below) for host memory, gpu::DeviceCoder (gpu/delta_coder.hpp) for the GPU kinds, which a
+// SenderImpl provides (SenderImpl::delta_coder).
+class Coder {
 public:
-    explicit Encoder(Config config);
-    ~Encoder();
+    virtual ~Coder() = default;
     // Encodes one chunk of `version` (the first call of a version decides whether it may carry
     // patches). Fills `wire` with the descriptors to move (patches as uint8 tensors over bytes
-    // this encoder owns until the version ends) and `patches` per tensor (wire_bytes 0: dense).
+    // the coder owns until the version ends) and `patches` per tensor (wire_bytes 0: dense).
+    virtual void encode(uint64_t version, const wsync_tensor_t *tensors,
+                        const std::vector<TensorMeta> &metas, std::vector<wsync_tensor_t> &wire,
+                        std::vector<PatchInfo> &patches) = 0;
+    // The chunk just encoded was refused before it moved: forget what it staged.
+    virtual void chunk_refused() = 0;
+    // The chunk just encoded was published.
+    virtual void chunk_sent() = 0;
+    // The version committed: its staged bytes become the bases.
+    virtual void commit(uint64_t version) = 0;
+    // The version was abandoned: its staged bytes are dropped; the next version is dense.
+    virtual void abandon() = 0;
+    // A receiver failed (or may have missed) something: the next version is dense.
+    virtual void dense_next() = 0;
+    // The stream the caller's writes to its tensors are queued on (wsync_sender_set_stream);
+    // the host coder has none.
+    virtual void set_stream(void * /*stream*/) {}
+    // Bytes held for bases and staging (docs/delta.md: memory cost).
+    virtual uint64_t held_bytes() const = 0;
+};
+
+// Whether version `version` may carry patches: it directly follows the last committed one,
+// no dense version was asked for, and it is not an anchor.
+bool patches_allowed(const Config &config, uint64_t version, uint64_t committed, bool dense_next);
+// Auto mode: a tensor whose changes made its patch too large is sent dense without compare or
+// base for this many versions, then probed again (docs/delta.md: when dense is chosen).
+constexpr uint64_t kCoolDown = 8;
+// The largest number of changed elements whose patch stays within `percent` of `nbytes`
+// (estimated with 32-bit indices; the encoded size is checked again), and that budget in bytes.
+uint64_t patch_limit(uint64_t nbytes, uint64_t esize, uint64_t percent);
+uint64_t budget(uint64_t nbytes, uint64_t percent);
+
+// The host's coder: per tensor name, the bytes of the last committed version and its hash;
+// what a version being sent will change is kept apart and folded in only at its commit, so an
+// abandoned or failed version never touches a base.
+class Encoder final : public Coder {
+public:
+    explicit Encoder(Config config);
+    ~Encoder() override;
     void encode(uint64_t version, const wsync_tensor_t *tensors,
                 const std::vector<TensorMeta> &metas, std::vector<wsync_tensor_t> &wire,
-                std::vector<PatchInfo> &patches);
-    // The chunk just encoded was refused before it moved: forget what it staged.
-    void chunk_refused();
-    // The chunk just encoded was published.
-    void chunk_sent();
-    // The version committed: its staged bytes become the bases.
-    void commit(uint64_t version);
-    // The version was abandoned: its staged bytes are dropped; the next version is dense.
-    void abandon();
-    // A receiver failed (or may have missed) something: the next version is dense.
-    void dense_next() { dense_next_ = true; }
-    // Bytes held for bases and staging (docs/delta.md: memory cost).
-    uint64_t held_bytes() const;
+                std::vector<PatchInfo> &patches) override;
+    void chunk_refused() override;
+    void chunk_sent() override;
+    void commit(uint64_t version) override;
+    void abandon() override;
+    void dense_next() override { dense_next_ = true; }
+    uint64_t held_bytes() const override;
 
 private:
     struct Entry;

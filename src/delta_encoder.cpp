@@ -21,7 +21,8 @@ const std::vector<OptionSpec> &option_specs() {
         {"delta", T::String, 0, 0, 0, "sender",
          "send tensors that changed little as patches against the receivers' last committed "
          "version: off, auto (a patch when it is at most delta_max_percent of the dense bytes), "
-         "on (a patch whenever there is a base); kind shm only for now (docs/delta.md)",
+         "on (a patch whenever there is a base); kinds shm and cuda_ipc (packed, compared on "
+         "the GPU) only for now (docs/delta.md)",
          "off", "off|auto|on"},
         {"delta_anchor_every", T::UInt, 0, 0, uint64_t(1) << 32, "sender",
          "with delta: versions 1, N+1, 2N+1, ... are sent dense (0: only when needed)"},
@@ -32,7 +33,7 @@ const std::vector<OptionSpec> &option_specs() {
          "the receiver keeps its own copy of every tensor it loads (host memory of the model's "
          "size) and applies patches to it, verified: a patched tensor then has views, copies of "
          "any byte range, and wsync_recv_patch results the library has checked, for engines "
-         "that load from views or by shards (docs/delta.md); kind shm only for now"},
+         "that load from views or by shards (docs/delta.md); kind shm only"},
     });
     return specs;
 }
@@ -50,7 +51,7 @@ const std::vector<OptionSpec> &with_delta_options(const std::vector<OptionSpec> 
     return it->second;
 }
 
-Config config_from(const Options &o, const char *kind_name, bool kind_has_delta) {
+Config config_from(const Options &o, const char *kind_name, bool kind_has_delta, bool on_device) {
     Config c;
     const std::string &mode = o.text("delta");
     c.mode = mode == "on" ? Mode::kOn : mode == "auto" ? Mode::kAuto : Mode::kOff;
@@ -59,14 +60,22 @@ Config config_from(const Options &o, const char *kind_name, bool kind_has_delta)
     c.mirror = o.boolean("delta_mirror");
     if (c.mirror && !kind_has_delta)
         failf(WSYNC_ERR_UNSUPPORTED,
-              "%s: option 'delta_mirror' is true, but delta sync is carried by kind 'shm' only "
-              "for now, so no patch ever reaches this kind's receivers: leave it false",
+              "%s: option 'delta_mirror' is true, but delta sync is carried by kinds 'shm' and "
+              "'cuda_ipc' only for now, so no patch ever reaches this kind's receivers: leave "
+              "it false",
+              kind_name);
+    if (c.mirror && on_device)
+        failf(WSYNC_ERR_UNSUPPORTED,
+              "%s: option 'delta_mirror' is true, but this kind applies patches on the GPU, "
+              "into the engine's own memory, verified (a host mirror would be a second copy "
+              "of the model that no loader reads): leave it false",
               kind_name);
     if (c.mode != Mode::kOff && !kind_has_delta)
         failf(WSYNC_ERR_UNSUPPORTED,
-              "%s: option 'delta' is \"%s\", but delta sync is carried by kind 'shm' only for "
-              "now (the GPU kinds have no compare kernel yet; ucx engines may attach at any kept "
-              "version, and a patch applies to exactly one base): leave 'delta' \"off\"",
+              "%s: option 'delta' is \"%s\", but delta sync is carried by kinds 'shm' and "
+              "'cuda_ipc' only for now (nccl_broadcast has no device coder wired yet; ucx "
+              "engines may attach at any kept version, and a patch applies to exactly one "
+              "base): leave 'delta' \"off\"",
               kind_name, mode.c_str());
     return c;
 }
@@ -86,22 +95,22 @@ Bytes allocate(uint64_t n, const std::string &name) {
     return Bytes(static_cast<uint8_t *>(p));
 }
 
-// Auto mode: a tensor whose changes made the patch too large is sent dense without compare or
-// base for the next versions, then probed again (docs/delta.md: when dense is chosen).
-constexpr uint64_t kCoolDown = 8;
+}  // namespace
 
 // `percent` of `nbytes`, without overflow (nbytes <= 2^62).
 uint64_t budget(uint64_t nbytes, uint64_t percent) {
     return nbytes / 100 * percent + nbytes % 100 * percent / 100;
 }
 
-// The largest number of changed elements whose patch stays within the budget (estimated with
-// 32-bit indices; the encoded size is checked again).
 uint64_t patch_limit(uint64_t nbytes, uint64_t esize, uint64_t percent) {
     const uint64_t b = budget(nbytes, percent), fixed = kHeaderBytes + 8;
     return b <= fixed ? 0 : (b - fixed) / (4 + esize);
 }
-}  // namespace
+
+bool patches_allowed(const Config &config, uint64_t version, uint64_t committed, bool dense_next) {
+    const bool anchor = config.anchor_every && (version - 1) % config.anchor_every == 0;
+    return !dense_next && committed != 0 && committed + 1 == version && !anchor;
+}
 
 struct Encoder::Entry {
     std::string name;
@@ -137,8 +146,7 @@ void Encoder::encode(uint64_t version, const wsync_tensor_t *tensors,
     if (open_ != version) {
         open_ = version;
         version_.clear();
-        const bool anchor = config_.anchor_every && (version - 1) % config_.anchor_every == 0;
-        patches_allowed_ = !dense_next_ && committed_ != 0 && committed_ + 1 == version && !anchor;
+        patches_allowed_ = patches_allowed(config_, version, committed_, dense_next_);
         dense_next_ = false;
     }
     chunk_.clear();

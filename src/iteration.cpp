@@ -166,9 +166,13 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
     // (cuda_ipc) or has none; no GPU kind carries checksums or patches.
     const bool device = !device_is_host(dev);
     if (table_.is_patch(i)) {
-        if (device)  // never hand out patch bytes as if they were the tensor
+        // Never hand out patch bytes as if they were the tensor: a patch in device memory is
+        // applied there, one made on the GPU (tree-hashed) only there.
+        if (device != table_.patches[i].tree)
             wsync::fail(WSYNC_ERR_UNSUPPORTED,
-                        "wsync_recv_copy: " + label() + " is a patch in " + device_name(dev) + " memory");
+                        "wsync_recv_copy: " + label() + " is a patch in " + device_name(dev) +
+                            " memory with " + (table_.patches[i].tree ? "tree" : "XXH3") +
+                            " checksums, which this receiver cannot apply");
         return apply_patch(i, offset, dst, len);
     }
     if (table_.is_part(i)) {
@@ -235,8 +239,9 @@ void Iteration::apply_onto(std::size_t i, void *dst, const char *where) {
                         "trainer sends a dense version once it hears of this failure",
                         what.c_str(), p.base_version, have));
     const auto *bytes = static_cast<const uint8_t *>(backing_->data(i));
-    if (verify_ && !(state_[i] & kVerified)) check_sum(i, copy::hash_bytes(bytes, p.wire_bytes));
     const uint64_t esize = dtype_size(m.dtype);
+    if (p.tree) return apply_on_device(i, dst, what);
+    if (verify_ && !(state_[i] & kVerified)) check_sum(i, copy::hash_bytes(bytes, p.wire_bytes));
     delta::Patch &patch = owner_->patch_;
     try {
         delta::parse_into(patch, bytes, p.wire_bytes, m.nbytes / esize, esize, what);
@@ -262,6 +267,47 @@ void Iteration::apply_onto(std::size_t i, void *dst, const char *where) {
         fail_chunk(WSYNC_ERR_INTEGRITY,
                    strf("%s: the patched tensor's checksum differs (XXH3 %s); left at version "
                         "%" PRIu64, what.c_str(), sums, p.base_version));
+    }
+    state_[i] |= kVerified;
+}
+
+void Iteration::apply_on_device(std::size_t i, void *dst, const std::string &what) {
+    const TensorMeta &m = table_.metas[i];
+    const PatchInfo &p = table_.patches[i];
+    ChunkBacking::DevicePatch dp;
+    dp.patch = backing_->data(i);
+    dp.patch_bytes = p.wire_bytes;
+    dp.esize = dtype_size(m.dtype);
+    dp.elements = m.nbytes / dp.esize;
+    dp.base_hash = p.base_xxh3;
+    dp.result_hash = p.result_xxh3;
+    delta::Applied outcome = delta::Applied::kApplied;
+    uint64_t got = 0;
+    try {
+        if (!backing_->apply_patch(dst, dp, what, &outcome, &got))
+            wsync::fail(WSYNC_ERR_UNSUPPORTED, "wsync_recv_copy: " + what + " is a patch on a GPU and "
+                                               "strategy '" + owner_->kind_.name + "' cannot apply it");
+    } catch (const Error &e) {
+        // A destination that is not the GPU's memory leaves the iteration as it was; anything
+        // else (a malformed patch, a failed or late GPU) fails the chunk.
+        if (e.status() == WSYNC_ERR_INVALID_ARGUMENT || e.status() == WSYNC_ERR_UNSUPPORTED) throw;
+        fail_chunk(e.status(), e.what());
+    }
+    char sums[80];
+    switch (outcome) {
+    case delta::Applied::kApplied: break;
+    case delta::Applied::kBaseDiffers:
+        std::snprintf(sums, sizeof sums, "tree hash %016llx, the patch's base is %016llx",
+                      static_cast<unsigned long long>(got), static_cast<unsigned long long>(p.base_xxh3));
+        fail_chunk(WSYNC_ERR_MISMATCH,
+                   strf("%s: the destination does not hold version %" PRIu64 " of it (%s); left unchanged",
+                        what.c_str(), p.base_version, sums));
+    case delta::Applied::kResultDiffers:
+        std::snprintf(sums, sizeof sums, "tree hash %016llx, the request says %016llx",
+                      static_cast<unsigned long long>(got), static_cast<unsigned long long>(p.result_xxh3));
+        fail_chunk(WSYNC_ERR_INTEGRITY,
+                   strf("%s: the patched tensor's checksum differs (%s); left at version %" PRIu64,
+                        what.c_str(), sums, p.base_version));
     }
     state_[i] |= kVerified;
 }
@@ -340,9 +386,10 @@ void Iteration::patch(std::size_t i, wsync_patch_t *out) {
                         "trainer sends a dense version once it hears of this failure",
                         what.c_str(), p.base_version, have));
     const wsync_device_t dev = backing_->device();
-    if (!device_is_host(dev))
+    if (!device_is_host(dev) || p.tree)
         wsync::fail(WSYNC_ERR_UNSUPPORTED, "wsync_recv_patch: " + label + " is in " +
-                                               device_name(dev) + " memory");
+                                               device_name(dev) + " memory" +
+                                               (p.tree ? ", made on a GPU (apply it with wsync_recv_copy into device memory)" : ""));
     if (mirrored(i)) mirror(i);  // applied onto the mirror and the result verified first
     const auto *bytes = static_cast<const uint8_t *>(backing_->data(i));
     if (verify_ && !(state_[i] & kVerified)) check_sum(i, copy::hash_bytes(bytes, p.wire_bytes));

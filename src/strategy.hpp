@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "delta.hpp"
 #include "options.hpp"
 #include "tensor.hpp"
 #include "wire.hpp"
@@ -76,6 +77,23 @@ public:
                                 const std::function<std::string()> & /*what*/) {
         return false;
     }
+    // wsync_recv_copy() of a patch made on a GPU (tree-hashed, docs/delta.md "On the GPU"):
+    // applies the patch at `patch` (inside the chunk, `patch_bytes`) onto `dst`, which must be
+    // device memory of this backing's GPU holding the tensor (`elements` of `esize` bytes) as
+    // of the patch's base; verified and all or nothing. Returns false where the transport has
+    // no such apply. Otherwise *outcome says what happened (dst unchanged unless kApplied) with
+    // the hash that did not match in *got; throws WSYNC_ERR_MALFORMED naming `what` for a patch
+    // that does not parse, WSYNC_ERR_INVALID_ARGUMENT for a destination that is not such
+    // memory, or the wait's error (WSYNC_ERR_TIMEOUT, a failed kernel). Blocks until dst is
+    // final.
+    struct DevicePatch {
+        const void *patch = nullptr;
+        uint64_t patch_bytes = 0, elements = 0, esize = 0, base_hash = 0, result_hash = 0;
+    };
+    virtual bool apply_patch(void * /*dst*/, const DevicePatch & /*p*/, const std::string & /*what*/,
+                             delta::Applied * /*outcome*/, uint64_t * /*got*/) {
+        return false;
+    }
     // Called exactly once, when the iteration ends, before anything is told to the sender:
     // finishes the transport's own part of the chunk (cuda_ipc: waits, with a deadline, for the
     // loader's GPU copies out of the views) and returns the final outcome, which may turn
@@ -114,6 +132,11 @@ public:
     // The stream whose queued work GPU reads are ordered after (nullptr: the legacy default
     // stream). Host kinds read no GPU memory: nothing to order.
     virtual void set_stream(void * /*stream*/) {}
+    // The trainer's side of delta sync for this transport's memory, or nullptr for the host's
+    // (delta::Encoder). Called once, when the sender is made with a "delta" other than "off".
+    virtual std::unique_ptr<delta::Coder> delta_coder(const delta::Config & /*config*/) {
+        return nullptr;
+    }
     // Host memory the caller may keep its tensors in, which are then sent in place (shm's
     // "arena_bytes"): its first byte and size, {nullptr, 0} where the kind has none.
     virtual std::pair<void *, uint64_t> arena() const { return {nullptr, 0}; }
@@ -185,13 +208,16 @@ struct KindInfo {
     // What the kind would run on here with default options ("CUDA driver 13000 (libcuda.so.1);
     // NCCL 2.28.9 (libnccl.so.2)"), or nullptr when there is nothing to report.
     std::string (*runtime)();
-    // Whether the kind carries delta sync (docs/delta.md): "shm" only for now. The GPU kinds
-    // have no compare kernel yet; "ucx" engines may attach at any kept version, and a patch
-    // applies to exactly one base.
+    // Whether the kind carries delta sync (docs/delta.md): "shm", and "cuda_ipc" on the GPU.
+    // "nccl_broadcast" has no device coder wired yet; "ucx" engines may attach at any kept
+    // version, and a patch applies to exactly one base.
     bool delta_sync = false;
     // Whether the kind is experimental: its options and wire may change in any minor version
     // (docs/abi-policy.md, "Experimental"); wsync_strategy_kinds says so.
     bool experimental = false;
+    // Whether delta sync runs on the GPU (its SenderImpl provides the coder; receivers apply
+    // patches on the device, into the engine's memory, so "delta_mirror" does not apply).
+    bool delta_on_device = false;
 };
 
 // The kind's own options followed by those every kind takes (delta sync's).

@@ -272,7 +272,8 @@ void encode_tensor_table(const TensorTable &t, json &obj) {
         obj["xxh3"] = std::move(sums);
     }
     json tensor = json::array(), bytes = json::array(), base = json::array(),
-         base_sum = json::array(), result_sum = json::array();
+         base_sum = json::array(), result_sum = json::array(), sums = json::array();
+    bool any_tree = false;
     for (std::size_t i = 0; i < n; ++i) {
         if (!t.is_patch(i)) continue;
         const PatchInfo &p = t.patches[i];
@@ -281,11 +282,17 @@ void encode_tensor_table(const TensorTable &t, json &obj) {
         base.push_back(p.base_version);
         base_sum.push_back(p.base_xxh3);
         result_sum.push_back(p.result_xxh3);
+        sums.push_back(p.tree ? 1 : 0);
+        any_tree = any_tree || p.tree;
     }
-    if (!tensor.empty())
+    if (!tensor.empty()) {
         obj["patches"] = {{"tensor", std::move(tensor)}, {"bytes", std::move(bytes)},
                           {"base", std::move(base)}, {"base_xxh3", std::move(base_sum)},
                           {"xxh3", std::move(result_sum)}};
+        // Written only when some patch is tree-hashed, so host patches' requests stay as 0.5
+        // wrote them.
+        if (any_tree) obj["patches"]["sums"] = std::move(sums);
+    }
     parts::encode(t, obj);
 }
 
@@ -304,6 +311,18 @@ void decode_patches(const json &obj, TensorTable &t) {
         if (pi.base_version == 0) wire::malformed(at + ": base version 0 (versions start at 1)");
         pi.base_xxh3 = wire::as_uint((*c.cols[2])[k], at + " base_xxh3", UINT64_MAX);
         pi.result_xxh3 = wire::as_uint((*c.cols[3])[k], at + " xxh3", UINT64_MAX);
+    }
+    // "sums" (optional): which checksum each patch carries, 0 XXH3-64 of the tensor, 1 its
+    // tree hash. A value this reader does not know is refused rather than checked wrongly.
+    const json &p = obj.at("patches");
+    if (p.contains("sums")) {
+        const auto &sums = wire::array_field(p, "sums", "tensor table: patches", t.metas.size());
+        if (sums.size() != c.rows.size())
+            wire::malformed("tensor table: patches: \"sums\" has " + std::to_string(sums.size()) +
+                            " entries for " + std::to_string(c.rows.size()) + " patches");
+        for (std::size_t k = 0; k < c.rows.size(); ++k)
+            t.patches[c.rows[k]].tree =
+                wire::as_uint(sums[k], c.at(k) + " sums (0: XXH3-64, 1: tree hash)", 1) == 1;
     }
 }
 }  // namespace

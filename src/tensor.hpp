@@ -67,6 +67,9 @@ struct PatchInfo {
     uint64_t base_version = 0; // the committed version the patch applies to
     uint64_t base_xxh3 = 0;    // XXH3-64 of the tensor at base_version
     uint64_t result_xxh3 = 0;  // XXH3-64 of the tensor once patched
+    // The two checksums are tree hashes (delta::tree_hash), as patches made on a GPU carry,
+    // rather than XXH3-64 of the whole tensor. On the wire: "sums" 1 (docs/wire-format.md).
+    bool tree = false;
 };
 
 // A part of a split tensor (src/parts.hpp): bytes [offset, offset + bytes) of the whole tensor,

@@ -597,16 +597,17 @@ static void a_mirror_written_through_a_view_refuses_the_next_patch_and_the_dense
 
 static void kinds_without_delta_refuse_it_by_name_and_every_kind_lists_the_options(void **state) {
     (void)state;
-    static const char *kinds[] = {"cuda_ipc", "nccl_broadcast"};
-    for (int k = 0; k < 2; ++k) {
-        wsync_strategy_t *s = (wsync_strategy_t *)1;
-        EXPECT_ERR(wsync_strategy_create(kinds[k], "{\"delta\": \"auto\"}", &s), WSYNC_ERR_UNSUPPORTED,
-                   "delta sync is carried by kind 'shm' only");
-        assert_null(s);
-        EXPECT_ERR(wsync_strategy_create(kinds[k], "{\"delta_mirror\": true}", &s), WSYNC_ERR_UNSUPPORTED,
-                   "option 'delta_mirror' is true");
-        assert_null(s);
-    }
+    wsync_strategy_t *s = (wsync_strategy_t *)1;
+    EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"delta\": \"auto\"}", &s), WSYNC_ERR_UNSUPPORTED,
+               "delta sync is carried by kinds 'shm' and 'cuda_ipc' only");
+    assert_null(s);
+    EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"delta_mirror\": true}", &s), WSYNC_ERR_UNSUPPORTED,
+               "option 'delta_mirror' is true");
+    assert_null(s);
+    /* cuda_ipc carries delta on the GPU (test_gpu_strategies), where a host mirror has no use. */
+    EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"delta_mirror\": true}", &s), WSYNC_ERR_UNSUPPORTED,
+               "applies patches on the GPU");
+    assert_null(s);
     /* ucx moves host memory but refuses too (engines attach at any kept version), saying why;
        where this build or machine has no UCX the kind is unavailable instead. */
     wsync_strategy_t *u = (wsync_strategy_t *)1;
@@ -625,7 +626,6 @@ static void kinds_without_delta_refuse_it_by_name_and_every_kind_lists_the_optio
         assert_non_null(strstr(json, "\"delta_mirror\""));
         wsync_string_free(json);
     }
-    wsync_strategy_t *s;
     EXPECT_ERR(wsync_strategy_create("shm", "{\"delta\": \"sometimes\"}", &s), WSYNC_ERR_INVALID_ARGUMENT, "delta");
     EXPECT_ERR(wsync_strategy_create("shm", "{\"delta_max_percent\": 101}", &s), WSYNC_ERR_INVALID_ARGUMENT,
                "delta_max_percent");

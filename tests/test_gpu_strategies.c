@@ -724,6 +724,207 @@ static void cuda_ipc_options_are_checked_before_anything_happens(void **state) {
     wsync_string_free(json);
 }
 
+/* ---- cuda_ipc: delta sync on the GPU (docs/delta.md, "On the GPU") -------------------------
+ * The trainer's bf16 model changes about 1 element in 64 per version (delta_content); an engine
+ * holds its own copy of every tensor in device memory and loads each version with
+ * wsync_recv_copy, which applies a patch there (verified) or copies dense bytes. */
+#define DT 4
+static const int64_t delta_elems[DT] = {8192 * 3 + 5, 4000, 20, 70000};
+
+/* Tensor k of version v: tu_fill of version 1, then for each later version u, every element
+ * whose hash of (u, k, i) is 0 mod 64 gets u xor-ed in. */
+static void delta_content(uint16_t *b, size_t n, uint64_t v, int k) {
+    tu_fill(b, n * 2, 1, (uint64_t)k);
+    for (uint64_t u = 2; u <= v; ++u)
+        for (size_t i = 0; i < n; ++i) {
+            uint64_t h = (u * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)k << 40) ^ (i * 0xBF58476D1CE4E5B9ull);
+            h ^= h >> 31;
+            h *= 0x94D049BB133111EBull;
+            h ^= h >> 29;
+            if ((h & 63) == 0) b[i] ^= (uint16_t)u;
+        }
+}
+
+typedef struct {
+    uint32_t index;
+    uint64_t scribble_before; /* the engine changes its copy of t0 before this version */
+} delta_engine_cfg;
+
+/* Answers each request with two bytes: 0 when every tensor holds what the trainer sent (else
+ * the step that failed, or 0x80 | the status of a MISMATCH refusal that was expected), and
+ * how many tensors of the chunk came as patches. */
+static int delta_engine_main(const delta_engine_cfg *cfg, int in, int out) {
+    alarm(60);
+    uint8_t *init;
+    size_t len;
+    if (tu_recv_frame(in, &init, &len, 20000) || !init) return 10;
+    wsync_strategy_t *s;
+    wsync_receiver_t *r;
+    if (wsync_strategy_create("cuda_ipc", "{\"device\": 0}", &s) != WSYNC_OK ||
+        wsync_receiver_create(s, init, len, cfg->index, &r) != WSYNC_OK)
+        return 11;
+    free(init);
+    use_device(0);
+    uint16_t *mine[DT];
+    for (int k = 0; k < DT; ++k) mine[k] = dalloc((size_t)delta_elems[k] * 2);
+    for (;;) {
+        uint8_t *req;
+        if (tu_recv_frame(in, &req, &len, 20000)) return 12;
+        if (!req) break;
+        uint8_t answer[2] = {0, 0};
+        wsync_recv_t *it;
+        if (wsync_receiver_receive(r, req, len, &it) != WSYNC_OK) {
+            answer[0] = 1;
+        } else {
+            wsync_recv_info_t info = {0};
+            wsync_recv_info(it, &info);
+            if (info.version == cfg->scribble_before) mine[0][17] ^= 0x4000;
+            wsync_status_t st = WSYNC_OK;
+            for (size_t i = 0; i < info.count && st == WSYNC_OK; ++i) {
+                wsync_tensor_t t;
+                if (wsync_recv_peek(it, i, &t) != WSYNC_OK) { answer[0] = 2; break; }
+                if (t.flags & WSYNC_TENSOR_PATCH) answer[1]++;
+                const int k = t.name[1] - '0';
+                st = wsync_recv_copy(it, i, 0, mine[k], (size_t)delta_elems[k] * 2);
+                if (st != WSYNC_OK) {
+                    fprintf(stderr, "delta engine %u: %s\n", cfg->index, wsync_last_error());
+                    if (info.version == cfg->scribble_before && k == 0 && st == WSYNC_ERR_MISMATCH &&
+                        strstr(wsync_last_error(), "does not hold version") &&
+                        strstr(wsync_last_error(), "'t0'"))
+                        answer[0] = (uint8_t)(0x80 | st);
+                    else
+                        answer[0] = 3;
+                }
+            }
+            wsync_status_t end = wsync_recv_end(it);
+            if (st == WSYNC_OK && end != WSYNC_OK) answer[0] = 4;
+            if (st == WSYNC_OK && end == WSYNC_OK) {
+                for (int k = 0; k < DT; ++k) {
+                    uint16_t *want = malloc((size_t)delta_elems[k] * 2);
+                    delta_content(want, (size_t)delta_elems[k], info.version, k);
+                    if (memcmp(mine[k], want, (size_t)delta_elems[k] * 2)) answer[0] = 5;
+                    free(want);
+                }
+            }
+        }
+        free(req);
+        if (tu_write_all(out, answer, 2)) return 13;
+    }
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    return 0;
+}
+
+static int delta_engine_entry(const void *cfg, int in, int out) {
+    return delta_engine_main((const delta_engine_cfg *)cfg, in, out);
+}
+
+/* Sends version v of the model (one chunk) and returns the engines' answers. */
+static void delta_version(wsync_sender_t *tx, engine_t *e, int engines, uint16_t *data[DT],
+                          uint64_t v, uint8_t answers[][2]) {
+    wsync_tensor_t t[DT];
+    char name[DT][4];
+    for (int k = 0; k < DT; ++k) {
+        delta_content(data[k], (size_t)delta_elems[k], v, k);
+        snprintf(name[k], sizeof name[k], "t%d", k);
+        t[k] = gpu_tensor(name[k], data[k], &delta_elems[k], 1, WSYNC_DTYPE_BFLOAT, 16, 0);
+    }
+    wsync_chunk_t ch = tu_chunk(t, DT, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    for (int i = 0; i < engines; ++i) engine_send(&e[i], &req);
+    for (int i = 0; i < engines; ++i) {
+        assert_int_equal(tu_read_all(e[i].from, answers[i], 2, 20000), 0);
+    }
+    wsync_blob_free(&req);
+}
+
+static void delta_engine_finish(engine_t *e) {
+    assert_int_equal(tu_send_frame(e->to, NULL, 0), 0);
+    assert_int_equal(tu_wait_child(e->pid, 20000), 0);
+    close(e->to);
+    close(e->from);
+}
+
+static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void **state) {
+    (void)state;
+    delta_engine_cfg c0 = {0, 0}, c1 = {1, 0};
+    engine_t e[2] = {tu_fork_peer(delta_engine_entry, &c0), tu_fork_peer(delta_engine_entry, &c1)};
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}", e, 2, &s, &init, &tx);
+    uint16_t *data[DT];
+    for (int k = 0; k < DT; ++k) data[k] = dalloc((size_t)delta_elems[k] * 2);
+    for (uint64_t v = 1; v <= 6; ++v) {
+        uint8_t a[2][2];
+        delta_version(tx, e, 2, data, v, a);
+        for (int i = 0; i < 2; ++i) {
+            assert_int_equal(a[i][0], 0);
+            /* Version 1 is dense; after it, every tensor but the 20-element one (whose patch
+             * would not be smaller) crosses as a patch. */
+            assert_int_equal(a[i][1], v == 1 ? 0 : DT - 1);
+        }
+        OK(wsync_sender_flush(tx, 5000));
+    }
+    for (int i = 0; i < 2; ++i) delta_engine_finish(&e[i]);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < DT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
+static void cuda_ipc_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense(
+    void **state) {
+    (void)state;
+    delta_engine_cfg c0 = {0, 3};
+    engine_t e = tu_fork_peer(delta_engine_entry, &c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &e, 1, &s, &init, &tx);
+    uint16_t *data[DT];
+    for (int k = 0; k < DT; ++k) data[k] = dalloc((size_t)delta_elems[k] * 2);
+    uint8_t a[1][2];
+    for (uint64_t v = 1; v <= 2; ++v) {
+        delta_version(tx, &e, 1, data, v, a);
+        assert_int_equal(a[0][0], 0);
+        OK(wsync_sender_flush(tx, 5000));
+    }
+    /* Version 3: the engine's t0 is no longer version 2, so its patch is refused by name, the
+     * engine's memory untouched, and the trainer hears it. */
+    delta_version(tx, &e, 1, data, 3, a);
+    assert_int_equal(a[0][0], 0x80 | WSYNC_ERR_MISMATCH);
+    assert_int_equal(a[0][1], 1); /* refused at the first tensor, a patch */
+    EXPECT_ERR(wsync_sender_flush(tx, 5000), WSYNC_ERR_PEER, "does not hold version 2");
+    /* Version 4 is dense for everyone and makes the engine whole; patches flow again after. */
+    delta_version(tx, &e, 1, data, 4, a);
+    assert_int_equal(a[0][0], 0);
+    assert_int_equal(a[0][1], 0);
+    OK(wsync_sender_flush(tx, 5000));
+    delta_version(tx, &e, 1, data, 5, a);
+    assert_int_equal(a[0][0], 0);
+    assert_int_equal(a[0][1], DT);
+    OK(wsync_sender_flush(tx, 5000));
+    delta_engine_finish(&e);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < DT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
+static void cuda_ipc_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror(void **state) {
+    (void)state;
+    wsync_strategy_t *s = (wsync_strategy_t *)1;
+    EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"packed\": false, \"delta\": \"auto\"}", &s),
+               WSYNC_ERR_UNSUPPORTED, "which needs packed=true");
+    assert_null(s);
+    EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"dtype\": \"bfloat16\", \"delta\": \"on\"}", &s),
+               WSYNC_ERR_UNSUPPORTED, "a cast changes that");
+    EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"delta_mirror\": true}", &s),
+               WSYNC_ERR_UNSUPPORTED, "applies patches on the GPU");
+    EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"delta\": \"auto\"}", &s),
+               WSYNC_ERR_UNSUPPORTED, "carried by kinds 'shm' and 'cuda_ipc' only");
+}
+
 /* ---- cuda_ipc: lifetimes of shared memory (issue 10 A) ------------------------------------- */
 /* Sends one version of one chunk (t0 at a, t1 at b, filled for version v) to one engine and
  * returns the engine's verdict; the version is flushed when the verdict is 0. */
@@ -1860,6 +2061,9 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(a_request_without_this_gpu_is_a_mismatch_naming_the_uuid),
     cmocka_unit_test(a_dead_engine_fails_flush_with_peer),
     cmocka_unit_test(cuda_ipc_options_are_checked_before_anything_happens),
+    cmocka_unit_test(cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross),
+    cmocka_unit_test(cuda_ipc_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense),
+    cmocka_unit_test(cuda_ipc_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror),
     cmocka_unit_test(the_fake_counts_memory_freed_while_an_engine_maps_it),
     cmocka_unit_test(unpacked_memory_a_version_no_longer_uses_is_freed_after_wait_released),
     cmocka_unit_test(destroying_a_packed_sender_waits_for_engines_to_unmap_its_buckets),

@@ -116,8 +116,8 @@ bool Event::done() const {
     cuda_fail(dev_.api(), rc, "cuEventQuery (a kernel or copy on " + dev_.uuid_string() + " failed)");
 }
 
-void queue_copy_to_device(const Device &dev, CUstream stream, void *dst, const void *src,
-                          uint64_t len, const std::function<std::string()> &what, const char *kind) {
+void check_device_destination(const Device &dev, void *dst, uint64_t len,
+                              const std::function<std::string()> &what, const char *kind) {
     const CudaApi &api = dev.api();
     Device::Scope scope(dev);
     const auto d = reinterpret_cast<CUdeviceptr>(dst);
@@ -145,6 +145,14 @@ void queue_copy_to_device(const Device &dev, CUstream stream, void *dst, const v
         fail(WSYNC_ERR_INVALID_ARGUMENT,
              where() + strf(": %" PRIu64 " bytes do not fit in its allocation (%zu bytes at 0x%llx)",
                             len, size, static_cast<unsigned long long>(base)));
+}
+
+void queue_copy_to_device(const Device &dev, CUstream stream, void *dst, const void *src,
+                          uint64_t len, const std::function<std::string()> &what, const char *kind) {
+    check_device_destination(dev, dst, len, what, kind);
+    const CudaApi &api = dev.api();
+    Device::Scope scope(dev);
+    const auto d = reinterpret_cast<CUdeviceptr>(dst);
     WSYNC_CU(api, cuMemcpyDtoDAsync(d, reinterpret_cast<CUdeviceptr>(src), len, stream),
              "queuing the copy of " + what() + " on " + stream_text(stream));
 }

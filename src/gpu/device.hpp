@@ -110,6 +110,9 @@ private:
 // `src` on `stream`. Does not wait for it.
 void queue_copy_to_device(const Device &dev, CUstream stream, void *dst, const void *src,
                           uint64_t len, const std::function<std::string()> &what, const char *kind);
+// The checks of queue_copy_to_device alone (for a destination a kernel writes).
+void check_device_destination(const Device &dev, void *dst, uint64_t len,
+                              const std::function<std::string()> &what, const char *kind);
 
 void poll_sleep(int round);
 [[noreturn]] void throw_timeout(const std::string &message);

@@ -155,9 +155,9 @@ std::vector<uint64_t> DeltaKernels::tree_hashes(const std::vector<DeviceRange> &
 }
 
 // ---- the trainer -------------------------------------------------------------------------
-void DeltaKernels::diff(const std::vector<DiffJob> &jobs, CUstream stream,
-                        const sys::Deadline &deadline, const std::string &what,
-                        std::vector<DiffOut> *out) {
+void DeltaKernels::count(const std::vector<DiffJob> &jobs, CUstream stream,
+                         const sys::Deadline &deadline, const std::string &what,
+                         std::vector<DiffOut> *out) {
     Device::Scope scope(dev_);
     out->assign(jobs.size(), DiffOut{});
     diff_entries_.resize(jobs.size());
@@ -188,11 +188,6 @@ void DeltaKernels::diff(const std::vector<DiffJob> &jobs, CUstream stream,
     host_counts_.resize(tiles);
     download(host_counts_.data(), counts_.ptr(), tiles * 4, stream, "change counts");
     const std::vector<uint64_t> hashes = read_hashes(now, piece_at, stream);
-
-    // Which jobs become patches, where each goes, and where each tile's changes begin.
-    std::vector<DiffEntry> compact;
-    host_offsets_.clear();
-    uint64_t bytes = 0;
     for (std::size_t i = 0; i < jobs.size(); ++i) {
         const DiffEntry &e = diff_entries_[i];
         DiffOut &o = (*out)[i];
@@ -204,13 +199,33 @@ void DeltaKernels::diff(const std::vector<DiffJob> &jobs, CUstream stream,
         if (!o.patch) continue;
         o.width = e.elements <= (uint64_t(1) << 32) ? 4 : 8;
         o.nbytes = delta::patch_bytes(o.changed, e.esize, o.width);
-        o.bytes = bytes;  // an offset until patches_ is reserved
-        bytes += round_up(o.nbytes, 256);
+    }
+}
+
+void DeltaKernels::compact(const std::vector<DiffJob> &jobs, const std::vector<DiffOut> &out,
+                           CUstream stream) {
+    Device::Scope scope(dev_);
+    if (jobs.size() != diff_entries_.size() || out.size() != jobs.size())
+        fail(WSYNC_ERR_INVALID_ARGUMENT, "DeltaKernels::compact: not the jobs count() counted");
+    // Where each tile's changes begin within its patch.
+    std::vector<DiffEntry> compact;
+    host_offsets_.clear();
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+        const DiffEntry &e = diff_entries_[i];
+        if (e.now != jobs[i].now || e.base != jobs[i].base || e.elements != jobs[i].elements)
+            fail(WSYNC_ERR_INVALID_ARGUMENT, "DeltaKernels::compact: not the jobs count() counted");
+        const DiffOut &o = out[i];
+        if (!o.patch) continue;
+        if (!o.bytes || o.bytes % 8)
+            fail(WSYNC_ERR_INVALID_ARGUMENT, "DeltaKernels::compact: patch " + std::to_string(i) +
+                                                 " has no 8-byte aligned memory");
         DiffEntry c = e;
         c.first_tile = static_cast<uint32_t>(host_offsets_.size());
         c.changed = o.changed;
         c.width = o.width;
+        c.patch = o.bytes;
         uint64_t pos = 0;
+        const uint64_t n = diff_tiles(e.elements);
         for (uint64_t t = 0; t < n; ++t) {
             host_offsets_.push_back(pos);
             pos += host_counts_[e.first_tile + t];
@@ -218,22 +233,32 @@ void DeltaKernels::diff(const std::vector<DiffJob> &jobs, CUstream stream,
         compact.push_back(c);
     }
     if (compact.empty()) return;
-    reserve(patches_, bytes, "patches");
+    // count() waited for the stream, so its buffers are free to grow or be rewritten.
     reserve(offsets_, host_offsets_.size() * 8, "change offsets");
-    std::size_t k = 0;
+    for (DiffEntry &c : compact) c.offsets = offsets_.ptr() + 8 * uint64_t(c.first_tile);
+    upload(offsets_, host_offsets_.data(), host_offsets_.size() * 8, stream, "change offsets");
+    compact_entries_ = std::move(compact);  // kept until the stream has passed the upload
+    const CUdeviceptr table = upload(compact_table_, compact_entries_.data(),
+                                     compact_entries_.size() * sizeof(DiffEntry), stream, "compact table");
+    launch(compact_, kDiffBlock, host_offsets_.size(), table, compact_entries_.size(),
+           host_offsets_.size(), stream, kDeltaCompactKernel);
+}
+
+void DeltaKernels::diff(const std::vector<DiffJob> &jobs, CUstream stream,
+                        const sys::Deadline &deadline, const std::string &what,
+                        std::vector<DiffOut> *out) {
+    count(jobs, stream, deadline, what, out);
+    uint64_t bytes = 0;
+    for (const DiffOut &o : *out)
+        if (o.patch) bytes += round_up(o.nbytes, 256);
+    reserve(patches_, bytes, "patches");  // count() waited: the old patches are done with
+    bytes = 0;
     for (DiffOut &o : *out) {
         if (!o.patch) continue;
-        o.bytes += patches_.ptr();
-        DiffEntry &c = compact[k++];
-        c.patch = o.bytes;
-        c.offsets = offsets_.ptr() + 8 * uint64_t(c.first_tile);
+        o.bytes = patches_.ptr() + bytes;
+        bytes += round_up(o.nbytes, 256);
     }
-    upload(offsets_, host_offsets_.data(), host_offsets_.size() * 8, stream, "change offsets");
-    diff_entries_ = std::move(compact);  // kept until the stream has passed the upload
-    const CUdeviceptr ctable = upload(diff_table_, diff_entries_.data(),
-                                      diff_entries_.size() * sizeof(DiffEntry), stream, "compact table");
-    launch(compact_, kDiffBlock, host_offsets_.size(), ctable, diff_entries_.size(),
-           host_offsets_.size(), stream, kDeltaCompactKernel);
+    compact(jobs, *out, stream);
 }
 
 void DeltaKernels::launch_patches(CUfunction fn, CUstream stream, const char *name) {
@@ -298,7 +323,7 @@ std::vector<DeltaKernels::ApplyOut> DeltaKernels::apply(const std::vector<ApplyJ
     std::vector<uint64_t> counts(jobs.size(), 0);
     for (std::size_t i = 0; i < jobs.size(); ++i) {
         const ApplyJob &j = jobs[i];
-        const std::string what = "tensor '" + j.name + "'";
+        const std::string &what = j.label;
         try {
             if (j.esize != 1 && j.esize != 2 && j.esize != 4 && j.esize != 8)
                 fail(WSYNC_ERR_UNSUPPORTED, what + ": the GPU apply takes elements of 1, 2, 4 or 8 bytes, not " +
@@ -345,13 +370,13 @@ std::vector<DeltaKernels::ApplyOut> DeltaKernels::apply(const std::vector<ApplyJ
         const std::size_t i = live[k];
         if (host_flags_[k] != UINT64_MAX) {
             try {
-                delta::bad_index("tensor '" + jobs[i].name + "'", host_flags_[k]);
+                delta::bad_index(jobs[i].label, host_flags_[k]);
             } catch (const Error &e) {
                 malformed(i, e.what());
             }
         } else if (before[k] != jobs[i].base_hash) {
             out[i] = ApplyOut{Outcome::kBaseDiffers, before[k],
-                              "tensor '" + jobs[i].name + "': destination does not hold the patch's base"};
+                              jobs[i].label + ": the destination does not hold the patch's base"};
         } else {
             go.push_back(k);
             saved += round_up(counts[i] * jobs[i].esize, 8);
@@ -382,7 +407,7 @@ std::vector<DeltaKernels::ApplyOut> DeltaKernels::apply(const std::vector<ApplyJ
         const std::size_t i = live[go[n]];
         if (after[n] == jobs[i].result_hash) continue;
         out[i] = ApplyOut{Outcome::kResultDiffers, after[n],
-                          "tensor '" + jobs[i].name + "': patched result does not match its checksum"};
+                          jobs[i].label + ": the patched result does not match its checksum"};
         PatchEntry e = scatter[n];
         e.values = e.save;
         e.save = 0;

@@ -58,12 +58,19 @@ public:
         unsigned width = 0;        // its index width: 4 while elements <= 2^32, else 8
         uint64_t result_hash = 0;  // tree hash of `now`
     };
-    // Counts the changes of every job and hashes `now` (one wait), then queues the compaction
-    // of the jobs within their limit into patches. Returns once they are queued: the patches are
-    // written in stream order and stay valid until the next diff() (whose first wait follows
-    // whatever the caller queued after them on the same stream). Throws
-    // WSYNC_ERR_INVALID_ARGUMENT naming `what` for an element size or alignment the kernels do
-    // not take (callers send such tensors dense).
+    // Counts the changes of every job and hashes `now` (one wait): fills each out's changed,
+    // patch (changed <= limit, and the tensor not empty), width, nbytes and result_hash; bytes
+    // stays 0. Throws WSYNC_ERR_INVALID_ARGUMENT naming `what` for an element size or alignment
+    // the kernels do not take (callers send such tensors dense).
+    void count(const std::vector<DiffJob> &jobs, CUstream stream, const sys::Deadline &deadline,
+               const std::string &what, std::vector<DiffOut> *out);
+    // Queues the compaction of the jobs count() just counted (the same jobs, and nothing else
+    // counted since) into the patches: out[i].bytes, set by the caller for each out[i].patch,
+    // is device memory of at least out[i].nbytes bytes, 8-byte aligned. Returns once queued.
+    void compact(const std::vector<DiffJob> &jobs, const std::vector<DiffOut> &out,
+                 CUstream stream);
+    // count() then compact() into patches this object owns: valid until the next diff() (whose
+    // first wait follows whatever the caller queued after them on the same stream).
     void diff(const std::vector<DiffJob> &jobs, CUstream stream, const sys::Deadline &deadline,
               const std::string &what, std::vector<DiffOut> *out);
     // Whether diff() takes a tensor of this element size at these addresses.
@@ -91,7 +98,7 @@ public:
         CUdeviceptr patch = 0;
         uint64_t nbytes = 0;
         uint64_t base_hash = 0, result_hash = 0;
-        std::string name;  // for messages
+        std::string label;  // names the tensor in messages ("tensor 3 'w' in chunk 0 of version 2")
     };
     enum class Outcome { kApplied, kMalformed, kBaseDiffers, kResultDiffers };
     struct ApplyOut {
@@ -132,11 +139,11 @@ private:
     Packer packer_;  // gathers the patches' headers for apply()
     // Device memory, grown as needed and kept: entry tables, per-tile counts and offsets, piece
     // hashes, check flags, the patches diff() makes, the values apply() replaces.
-    DeviceBuffer hash_table_, diff_table_, patch_table_, counts_, offsets_, hashes_, flags_,
+    DeviceBuffer hash_table_, diff_table_, compact_table_, patch_table_, counts_, offsets_, hashes_, flags_,
         patches_, saved_, headers_;
     // Host copies of what is uploaded (kept until the stream has passed the upload) and read back.
     std::vector<HashEntry> hash_entries_;
-    std::vector<DiffEntry> diff_entries_;
+    std::vector<DiffEntry> diff_entries_, compact_entries_;
     std::vector<PatchEntry> patch_entries_;
     std::vector<uint64_t> host_hashes_, host_offsets_, host_flags_;
     std::vector<uint32_t> host_counts_;

@@ -127,7 +127,7 @@ int main(int argc, char **argv) {
                 a.nbytes = out[i].nbytes;
                 a.base_hash = base_hash[i];
                 a.result_hash = out[i].result_hash;
-                a.name = "t" + std::to_string(i);
+                a.label = "tensor 't" + std::to_string(i) + "'";
                 apply.push_back(a);
             }
             // The apply is timed with a wrong result checksum, so every repetition runs the

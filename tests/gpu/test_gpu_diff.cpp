@@ -257,7 +257,7 @@ DeltaKernels::ApplyJob apply_job(const DevBytes &dst, size_t elements, size_t es
     j.nbytes = patch.size;
     j.base_hash = base_hash;
     j.result_hash = result_hash;
-    j.name = name;
+    j.label = std::string("tensor '") + name + "'";
     return j;
 }
 
@@ -356,7 +356,7 @@ void a_trainer_and_an_engine_stay_bit_identical_through_many_versions(void **) {
             a.nbytes = out[t].nbytes;
             a.base_hash = base_hash[t];
             a.result_hash = out[t].result_hash;
-            a.name = "t" + std::to_string(t);
+            a.label = "tensor 't" + std::to_string(t) + "'";
             apply.push_back(a);
             fold.push_back({trainer_base[t].ptr, sizes[t], uint32_t(esize[t]), out[t].bytes, out[t].changed, out[t].width});
         }

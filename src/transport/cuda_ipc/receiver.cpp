@@ -7,6 +7,7 @@
 #include "error.hpp"
 #include "layout.hpp"
 #include "gpu/device.hpp"
+#include "gpu/diff.hpp"
 #include "gpu/pack.hpp"
 #include "transport/cuda_ipc/ack_queue.hpp"
 #include "transport/cuda_ipc/handle_cache.hpp"
@@ -23,10 +24,11 @@ public:
     IpcBacking(std::shared_ptr<SharedSegment> seg, const gpu::Device &dev, gpu::Event *legacy,
                AckQueue *acks, gpu::CUstream stream, HandleCache &cache, int64_t timeout_ms,
                const ChunkHeader &h, uint32_t index, uint32_t slot, uint64_t seq,
-               std::vector<CUdeviceptr> ptrs)
+               std::vector<CUdeviceptr> ptrs, std::function<gpu::DeltaKernels &()> kernels)
         : seg_(std::move(seg)), dev_(dev), legacy_(legacy), acks_(acks), stream_(stream),
           cache_(cache), timeout_ms_(timeout_ms),
-          header_(h), index_(index), slot_(slot), seq_(seq), ptrs_(std::move(ptrs)) {}
+          header_(h), index_(index), slot_(slot), seq_(seq), ptrs_(std::move(ptrs)),
+          kernels_(std::move(kernels)) {}
 
     const void *data(std::size_t i) const override {
         return reinterpret_cast<const void *>(ptrs_[i]);
@@ -39,6 +41,31 @@ public:
     bool copy_to_device(void *dst, const void *src, uint64_t len,
                         const std::function<std::string()> &what) override {
         gpu::queue_copy_to_device(dev_, stream_, dst, src, len, what, kKind);
+        return true;
+    }
+
+    // A patch made on the trainer's GPU, applied on this GPU into the engine's memory with the
+    // delta kernels, on the loader's stream (after its earlier work on dst), verified.
+    bool apply_patch(void *dst, const DevicePatch &p, const std::string &what,
+                     delta::Applied *outcome, uint64_t *got) override {
+        gpu::check_device_destination(dev_, dst, p.elements * p.esize, [&] { return what; }, kKind);
+        gpu::DeltaKernels::ApplyJob j;
+        j.dst = reinterpret_cast<CUdeviceptr>(dst);
+        j.elements = p.elements;
+        j.esize = static_cast<uint32_t>(p.esize);
+        j.patch = reinterpret_cast<CUdeviceptr>(p.patch);
+        j.nbytes = p.patch_bytes;
+        j.base_hash = p.base_hash;
+        j.result_hash = p.result_hash;
+        j.label = what;
+        const auto out = kernels_().apply({j}, stream_, sys::Deadline(timeout_ms_));
+        *got = out[0].got;
+        switch (out[0].outcome) {
+        case gpu::DeltaKernels::Outcome::kApplied: *outcome = delta::Applied::kApplied; break;
+        case gpu::DeltaKernels::Outcome::kBaseDiffers: *outcome = delta::Applied::kBaseDiffers; break;
+        case gpu::DeltaKernels::Outcome::kResultDiffers: *outcome = delta::Applied::kResultDiffers; break;
+        case gpu::DeltaKernels::Outcome::kMalformed: fail(WSYNC_ERR_MALFORMED, out[0].message);
+        }
         return true;
     }
 
@@ -131,6 +158,7 @@ private:
     uint32_t index_, slot_;
     uint64_t seq_;
     std::vector<CUdeviceptr> ptrs_;
+    std::function<gpu::DeltaKernels &()> kernels_;  // the receiver's, made at the first patch
 };
 
 class IpcReceiver final : public ReceiverImpl {
@@ -214,7 +242,7 @@ public:
             last_seq_ = seq;
             return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, acks_.get(), order_stream_,
                                                 cache_, timeout_ms_, header, index_, slot, seq,
-                                                std::vector<CUdeviceptr>{});
+                                                std::vector<CUdeviceptr>{}, delta_kernels());
         }
         const json &part = part_for_this_gpu(parts, w);
         std::vector<CUdeviceptr> ptrs = info_.packed ? packed_views(part, table, header, w)
@@ -222,7 +250,7 @@ public:
         last_seq_ = seq;
         return std::make_unique<IpcBacking>(seg_, *dev_, legacy_.get(), acks_.get(), order_stream_,
                                             cache_, timeout_ms_, header, index_, slot, seq,
-                                            std::move(ptrs));
+                                            std::move(ptrs), delta_kernels());
     }
 
 private:
@@ -302,10 +330,19 @@ private:
         return ptrs;
     }
 
+    // The delta kernels on this receiver's GPU, loaded at the first patch it applies.
+    std::function<gpu::DeltaKernels &()> delta_kernels() {
+        return [this]() -> gpu::DeltaKernels & {
+            if (!delta_) delta_ = std::make_unique<gpu::DeltaKernels>(*dev_);
+            return *delta_;
+        };
+    }
+
     std::shared_ptr<SharedSegment> seg_;
     InitInfo info_;
     uint32_t index_;
     std::unique_ptr<gpu::Device> dev_;
+    std::unique_ptr<gpu::DeltaKernels> delta_;  // after dev_: destroyed before it
     HandleCache cache_;
     int64_t timeout_ms_;
     std::unique_ptr<gpu::Event> legacy_;  // for settle(); null when "synchronize" is off

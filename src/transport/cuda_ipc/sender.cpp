@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "gpu/delta_coder.hpp"
 #include "gpu/device.hpp"
 #include "gpu/pack.hpp"
 #include "transport/cuda_ipc/request.hpp"
@@ -129,6 +130,10 @@ public:
     void abandon(uint64_t version) override { board_.abandon(version); }
 
     void set_stream(void *stream) override { order_stream_ = gpu::ordering_stream(stream); }
+
+    std::unique_ptr<delta::Coder> delta_coder(const delta::Config &config) override {
+        return std::make_unique<gpu::DeviceCoder>(api_, config, kKind, timeout_ms_, synchronize_);
+    }
 
     void wait_released(uint64_t version, int64_t timeout_ms) override {
         // packed=true copied the trainer's tensors into our buckets: nothing of theirs is mapped.

@@ -111,6 +111,17 @@ public:
         if (!packed_ && !dtype_.empty())
             fail(WSYNC_ERR_INVALID_ARGUMENT,
                  "cuda_ipc: option 'dtype' needs packed=true (a cast needs a buffer to cast into)");
+        const std::string &delta = o.text("delta");
+        if (delta != "off" && !packed_)
+            fail(WSYNC_ERR_UNSUPPORTED,
+                 "cuda_ipc: option 'delta' is \"" + delta + "\", which needs packed=true (patches "
+                 "are made in the sender's own device memory and travel in its buckets; with "
+                 "packed=false receivers would map memory the sender regrows and frees)");
+        if (delta != "off" && !dtype_.empty())
+            fail(WSYNC_ERR_UNSUPPORTED,
+                 "cuda_ipc: option 'delta' is \"" + delta + "\" and 'dtype' is \"" + dtype_ +
+                     "\": a patch applies to the tensor as the engine holds it, and a cast "
+                     "changes that; leave one of them off");
     }
 
     json create_init_info() override {
@@ -166,6 +177,8 @@ std::string unavailable_reason(const Options *) { return gpu::cuda_unavailable_r
 
 const KindInfo kCudaIpcKind = {cuda_ipc::kKind,          cuda_ipc::option_specs,
                                cuda_ipc::unavailable_reason, cuda_ipc::create_strategy,
-                               cuda_ipc::merge_requests, gpu::cuda_runtime_text};
+                               cuda_ipc::merge_requests, gpu::cuda_runtime_text,
+                               /*delta_sync=*/true,       /*experimental=*/false,
+                               /*delta_on_device=*/true};
 
 }  // namespace wsync
