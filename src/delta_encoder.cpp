@@ -21,8 +21,8 @@ const std::vector<OptionSpec> &option_specs() {
         {"delta", T::String, 0, 0, 0, "sender",
          "send tensors that changed little as patches against the receivers' last committed "
          "version: off, auto (a patch when it is at most delta_max_percent of the dense bytes), "
-         "on (a patch whenever there is a base); kinds shm and cuda_ipc (packed, compared on "
-         "the GPU) only for now (docs/delta.md)",
+         "on (a patch whenever there is a base); kinds shm, and cuda_ipc (packed) and "
+         "nccl_broadcast compared on the GPU; not ucx (docs/delta.md)",
          "off", "off|auto|on"},
         {"delta_anchor_every", T::UInt, 0, 0, uint64_t(1) << 32, "sender",
          "with delta: versions 1, N+1, 2N+1, ... are sent dense (0: only when needed)"},
@@ -60,9 +60,9 @@ Config config_from(const Options &o, const char *kind_name, bool kind_has_delta,
     c.mirror = o.boolean("delta_mirror");
     if (c.mirror && !kind_has_delta)
         failf(WSYNC_ERR_UNSUPPORTED,
-              "%s: option 'delta_mirror' is true, but delta sync is carried by kinds 'shm' and "
-              "'cuda_ipc' only for now, so no patch ever reaches this kind's receivers: leave "
-              "it false",
+              "%s: option 'delta_mirror' is true, but delta sync is carried by kinds 'shm', "
+              "'cuda_ipc' and 'nccl_broadcast' only for now, so no patch ever reaches this "
+              "kind's receivers: leave it false",
               kind_name);
     if (c.mirror && on_device)
         failf(WSYNC_ERR_UNSUPPORTED,
@@ -72,10 +72,9 @@ Config config_from(const Options &o, const char *kind_name, bool kind_has_delta,
               kind_name);
     if (c.mode != Mode::kOff && !kind_has_delta)
         failf(WSYNC_ERR_UNSUPPORTED,
-              "%s: option 'delta' is \"%s\", but delta sync is carried by kinds 'shm' and "
-              "'cuda_ipc' only for now (nccl_broadcast has no device coder wired yet; ucx "
-              "engines may attach at any kept version, and a patch applies to exactly one "
-              "base): leave 'delta' \"off\"",
+              "%s: option 'delta' is \"%s\", but delta sync is carried by kinds 'shm', "
+              "'cuda_ipc' and 'nccl_broadcast' only for now (ucx engines may attach at any "
+              "kept version, and a patch applies to exactly one base): leave 'delta' \"off\"",
               kind_name, mode.c_str());
     return c;
 }

@@ -748,6 +748,7 @@ static void delta_content(uint16_t *b, size_t n, uint64_t v, int k) {
 typedef struct {
     uint32_t index;
     uint64_t scribble_before; /* the engine changes its copy of t0 before this version */
+    const char *kind;         /* NULL: cuda_ipc */
 } delta_engine_cfg;
 
 /* Answers each request with two bytes: 0 when every tensor holds what the trainer sent (else
@@ -760,7 +761,7 @@ static int delta_engine_main(const delta_engine_cfg *cfg, int in, int out) {
     if (tu_recv_frame(in, &init, &len, 20000) || !init) return 10;
     wsync_strategy_t *s;
     wsync_receiver_t *r;
-    if (wsync_strategy_create("cuda_ipc", "{\"device\": 0}", &s) != WSYNC_OK ||
+    if (wsync_strategy_create(cfg->kind ? cfg->kind : "cuda_ipc", "{\"device\": 0}", &s) != WSYNC_OK ||
         wsync_receiver_create(s, init, len, cfg->index, &r) != WSYNC_OK)
         return 11;
     free(init);
@@ -798,6 +799,9 @@ static int delta_engine_main(const delta_engine_cfg *cfg, int in, int out) {
             }
             wsync_status_t end = wsync_recv_end(it);
             if (st == WSYNC_OK && end != WSYNC_OK) answer[0] = 4;
+            /* nccl_broadcast's recv_end only fences the dense copies for the next receive. */
+            if (cfg->kind && !strcmp(cfg->kind, "nccl_broadcast") && drv.cuCtxSynchronize() != 0)
+                answer[0] = 6;
             if (st == WSYNC_OK && end == WSYNC_OK) {
                 for (int k = 0; k < DT; ++k) {
                     uint16_t *want = malloc((size_t)delta_elems[k] * 2);
@@ -848,7 +852,7 @@ static void delta_engine_finish(engine_t *e) {
 
 static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void **state) {
     (void)state;
-    delta_engine_cfg c0 = {0, 0}, c1 = {1, 0};
+    delta_engine_cfg c0 = {0, 0, NULL}, c1 = {1, 0, NULL};
     engine_t e[2] = {tu_fork_peer(delta_engine_entry, &c0), tu_fork_peer(delta_engine_entry, &c1)};
     use_device(0);
     wsync_strategy_t *s;
@@ -873,16 +877,25 @@ static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void 
     for (int k = 0; k < DT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
 }
 
-static void cuda_ipc_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense(
-    void **state) {
-    (void)state;
-    delta_engine_cfg c0 = {0, 3};
+/* The same for either GPU kind: versions 1 and 2 arrive; before version 3 the engine changes
+ * its copy of t0, whose patch it then refuses by name, memory untouched; the trainer hears it
+ * (cuda_ipc) or cannot (nccl_broadcast: no channel back, so delta there needs anchors, here
+ * every 3rd version); version 4 is dense for everyone and makes the engine whole; patches flow
+ * again after. */
+static void delta_refusal_and_dense_recovery(const char *kind) {
+    const int hears = !strcmp(kind, "cuda_ipc");
+    delta_engine_cfg c0 = {0, 3, kind};
     engine_t e = tu_fork_peer(delta_engine_entry, &c0);
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init;
     wsync_sender_t *tx;
-    ipc_trainer("{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &e, 1, &s, &init, &tx);
+    OK(wsync_strategy_create(kind, hears ? "{\"bucket_bytes\": 1048576, \"delta\": \"on\"}"
+                                         : "{\"bucket_bytes\": 1048576, \"delta\": \"on\", \"delta_anchor_every\": 3}",
+                             &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    engine_send(&e, &init);
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
     uint16_t *data[DT];
     for (int k = 0; k < DT; ++k) data[k] = dalloc((size_t)delta_elems[k] * 2);
     uint8_t a[1][2];
@@ -896,7 +909,8 @@ static void cuda_ipc_delta_an_engine_that_changed_its_copy_refuses_the_patch_and
     delta_version(tx, &e, 1, data, 3, a);
     assert_int_equal(a[0][0], 0x80 | WSYNC_ERR_MISMATCH);
     assert_int_equal(a[0][1], 1); /* refused at the first tensor, a patch */
-    EXPECT_ERR(wsync_sender_flush(tx, 5000), WSYNC_ERR_PEER, "does not hold version 2");
+    if (hears) EXPECT_ERR(wsync_sender_flush(tx, 5000), WSYNC_ERR_PEER, "does not hold version 2");
+    else OK(wsync_sender_flush(tx, 5000));
     /* Version 4 is dense for everyone and makes the engine whole; patches flow again after. */
     delta_version(tx, &e, 1, data, 4, a);
     assert_int_equal(a[0][0], 0);
@@ -911,7 +925,19 @@ static void cuda_ipc_delta_an_engine_that_changed_its_copy_refuses_the_patch_and
     for (int k = 0; k < DT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
 }
 
-static void cuda_ipc_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror(void **state) {
+static void cuda_ipc_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense(
+    void **state) {
+    (void)state;
+    delta_refusal_and_dense_recovery("cuda_ipc");
+}
+
+static void nccl_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense(
+    void **state) {
+    (void)state;
+    delta_refusal_and_dense_recovery("nccl_broadcast");
+}
+
+static void gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror(void **state) {
     (void)state;
     wsync_strategy_t *s = (wsync_strategy_t *)1;
     EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"packed\": false, \"delta\": \"auto\"}", &s),
@@ -921,8 +947,12 @@ static void cuda_ipc_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror(
                WSYNC_ERR_UNSUPPORTED, "a cast changes that");
     EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"delta_mirror\": true}", &s),
                WSYNC_ERR_UNSUPPORTED, "applies patches on the GPU");
+    EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"dtype\": \"float16\", \"delta\": \"auto\", \"delta_anchor_every\": 4}", &s),
+               WSYNC_ERR_UNSUPPORTED, "a cast changes that");
     EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"delta\": \"auto\"}", &s),
-               WSYNC_ERR_UNSUPPORTED, "carried by kinds 'shm' and 'cuda_ipc' only");
+               WSYNC_ERR_UNSUPPORTED, "without 'delta_anchor_every'");
+    EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"delta_mirror\": true}", &s),
+               WSYNC_ERR_UNSUPPORTED, "applies patches on the GPU");
 }
 
 /* ---- cuda_ipc: lifetimes of shared memory (issue 10 A) ------------------------------------- */
@@ -2063,7 +2093,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_options_are_checked_before_anything_happens),
     cmocka_unit_test(cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross),
     cmocka_unit_test(cuda_ipc_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense),
-    cmocka_unit_test(cuda_ipc_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror),
+    cmocka_unit_test(nccl_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense),
+    cmocka_unit_test(gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror),
     cmocka_unit_test(the_fake_counts_memory_freed_while_an_engine_maps_it),
     cmocka_unit_test(unpacked_memory_a_version_no_longer_uses_is_freed_after_wait_released),
     cmocka_unit_test(destroying_a_packed_sender_waits_for_engines_to_unmap_its_buckets),

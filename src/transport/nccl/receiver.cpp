@@ -2,6 +2,7 @@
 
 #include "error.hpp"
 #include "layout.hpp"
+#include "gpu/diff.hpp"
 #include "gpu/pack.hpp"
 #include "transport/nccl/comm.hpp"
 
@@ -38,8 +39,9 @@ struct LoaderFence {
 class NcclBacking final : public ChunkBacking {
 public:
     NcclBacking(const gpu::Device &dev, CUdeviceptr base, const std::vector<uint64_t> &offsets,
-                LoaderFence *fence)
-        : dev_(dev), base_(base), offsets_(offsets), fence_(fence) {}
+                LoaderFence *fence, int64_t timeout_ms, std::function<gpu::DeltaKernels &()> kernels)
+        : dev_(dev), base_(base), offsets_(offsets), fence_(fence), timeout_ms_(timeout_ms),
+          kernels_(std::move(kernels)) {}
     const void *data(std::size_t i) const override {
         return reinterpret_cast<const void *>(base_ + offsets_[i]);
     }
@@ -54,6 +56,32 @@ public:
                                   len, what, "nccl_broadcast");
         return true;
     }
+    // A patch made on the trainer's GPU, applied from the bucket into the engine's memory on
+    // the loader's stream, verified; done before this returns, so the next broadcast may
+    // overwrite the bucket.
+    bool apply_patch(void *dst, const DevicePatch &p, const std::string &what,
+                     delta::Applied *outcome, uint64_t *got) override {
+        gpu::check_device_destination(dev_, dst, p.elements * p.esize, [&] { return what; }, "nccl_broadcast");
+        gpu::DeltaKernels::ApplyJob j;
+        j.dst = reinterpret_cast<CUdeviceptr>(dst);
+        j.elements = p.elements;
+        j.esize = static_cast<uint32_t>(p.esize);
+        j.patch = reinterpret_cast<CUdeviceptr>(p.patch);
+        j.nbytes = p.patch_bytes;
+        j.base_hash = p.base_hash;
+        j.result_hash = p.result_hash;
+        j.label = what;
+        const auto out = kernels_().apply({j}, fence_ ? fence_->stream : gpu::CU_STREAM_LEGACY,
+                                          sys::Deadline(timeout_ms_));
+        *got = out[0].got;
+        switch (out[0].outcome) {
+        case gpu::DeltaKernels::Outcome::kApplied: *outcome = delta::Applied::kApplied; break;
+        case gpu::DeltaKernels::Outcome::kBaseDiffers: *outcome = delta::Applied::kBaseDiffers; break;
+        case gpu::DeltaKernels::Outcome::kResultDiffers: *outcome = delta::Applied::kResultDiffers; break;
+        case gpu::DeltaKernels::Outcome::kMalformed: fail(WSYNC_ERR_MALFORMED, out[0].message);
+        }
+        return true;
+    }
     // The next chunk is broadcast into the same bucket: fence the copies out of these views.
     // Does not wait; the next receive does, with its deadline.
     void acknowledge(wsync_status_t) noexcept override {
@@ -65,6 +93,8 @@ private:
     CUdeviceptr base_;
     std::vector<uint64_t> offsets_;
     LoaderFence *fence_;  // the receiver's, which outlives every iteration; null: no fence
+    int64_t timeout_ms_;
+    std::function<gpu::DeltaKernels &()> kernels_;  // the receiver's, made at the first patch
 };
 
 class NcclReceiver final : public ReceiverImpl {
@@ -98,7 +128,8 @@ public:
         comm_->check("before receiving " + chunk);
         if (table.metas.empty()) {  // a commit without data: no broadcast was posted
             last_seq_ = seq;
-            return std::make_unique<NcclBacking>(*dev_, bucket_.ptr(), table.offsets, nullptr);
+            return std::make_unique<NcclBacking>(*dev_, bucket_.ptr(), table.offsets, nullptr,
+                                                 timeout_ms_, delta_kernels());
         }
         const sys::Deadline deadline(timeout_ms_);
         {
@@ -112,7 +143,8 @@ public:
         comm_->wait(done_, deadline,
                     "receiving " + chunk + " (" + std::to_string(bytes) + " bytes) from rank 0");
         return std::make_unique<NcclBacking>(*dev_, bucket_.ptr(), table.offsets,
-                                             synchronize_ ? &fence_ : nullptr);
+                                             synchronize_ ? &fence_ : nullptr, timeout_ms_,
+                                             delta_kernels());
     }
 
 private:
@@ -142,7 +174,16 @@ private:
         fence_.armed = false;
     }
 
+    // The delta kernels on this receiver's GPU, loaded at the first patch it applies.
+    std::function<gpu::DeltaKernels &()> delta_kernels() {
+        return [this]() -> gpu::DeltaKernels & {
+            if (!delta_) delta_ = std::make_unique<gpu::DeltaKernels>(*dev_);
+            return *delta_;
+        };
+    }
+
     std::unique_ptr<gpu::Device> dev_;
+    std::unique_ptr<gpu::DeltaKernels> delta_;  // after dev_: destroyed before it
     InitInfo info_;
     int rank_;
     bool synchronize_;

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "gpu/delta_coder.hpp"
 #include "gpu/pack.hpp"
 #include "transport/nccl/comm.hpp"
 
@@ -36,6 +37,10 @@ public:
     ~NcclSender() override { comm_.reset(); }  // bounded: Comm::close
 
     void set_stream(void *stream) override { order_stream_ = gpu::ordering_stream(stream); }
+
+    std::unique_ptr<delta::Coder> delta_coder(const delta::Config &config) override {
+        return std::make_unique<gpu::DeviceCoder>(dev_->api(), config, kKind, timeout_ms_, synchronize_);
+    }
 
     json send(const ChunkHeader &, const wsync_tensor_t *tensors, TensorTable &table) override {
         if (table.metas.empty()) {

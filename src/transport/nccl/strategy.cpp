@@ -31,6 +31,7 @@
 // kind (options, strategy, registration).
 #include <memory>
 
+#include "error.hpp"
 #include "gpu/api.hpp"
 #include "gpu/pack.hpp"
 #include "gpu/device.hpp"
@@ -78,7 +79,23 @@ public:
           receivers_(static_cast<uint32_t>(o.uint("receivers"))),
           bucket_bytes_((o.uint("bucket_bytes") + 4095) / 4096 * 4096), dtype_(o.text("dtype")),
           device_(static_cast<int>(o.uint("device"))), synchronize_(o.boolean("synchronize")),
-          timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))) {}
+          timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))) {
+        const std::string &delta = o.text("delta");
+        // No channel runs from engines back to the trainer (docs/failure-model.md), so it never
+        // hears that one failed a version and would go on sending it patches it must refuse:
+        // only periodic dense versions make such an engine whole.
+        if (delta != "off" && o.uint("delta_anchor_every") == 0)
+            fail(WSYNC_ERR_UNSUPPORTED,
+                 "nccl_broadcast: option 'delta' is \"" + delta + "\" without 'delta_anchor_every': "
+                 "the trainer cannot hear that an engine failed a version (no channel runs back "
+                 "from engines), so only periodic dense versions make such an engine whole; set "
+                 "delta_anchor_every to N (versions 1, N+1, 2N+1, ... go dense)");
+        if (delta != "off" && !dtype_.empty())
+            fail(WSYNC_ERR_UNSUPPORTED,
+                 "nccl_broadcast: option 'delta' is \"" + delta + "\" and 'dtype' is \"" + dtype_ +
+                     "\": a patch applies to the tensor as the engine holds it, and a cast "
+                     "changes that; leave one of them off");
+    }
 
     json create_init_info() override {
         gpu::ncclUniqueId id;
@@ -130,6 +147,8 @@ std::string runtime_text() {
 
 const KindInfo kNcclBroadcastKind = {nccl::kKind,            nccl::option_specs,
                                      nccl::unavailable_reason, nccl::create_strategy,
-                                     nullptr,                nccl::runtime_text};
+                                     nullptr,                nccl::runtime_text,
+                                     /*delta_sync=*/true,    /*experimental=*/false,
+                                     /*delta_on_device=*/true};
 
 }  // namespace wsync
