@@ -371,6 +371,133 @@ static void cuda_ipc_packed_recv_copy_into_device_memory_bit_for_bit(void **stat
     g_engine_copies = 0;
 }
 
+/* ---- delta sync on the GPU: the trainer compares on its GPU, the engine applies there ------- */
+/* Tensor k of version v (bf16 elements as uint16): tu_fill of version 1, then for each later
+ * version u about one element in 64 changes (u xor-ed in). */
+static void delta_content(uint16_t *b, size_t n, uint64_t v, uint64_t k) {
+    tu_fill(b, n * 2, 1, k);
+    for (uint64_t u = 2; u <= v; ++u)
+        for (size_t i = 0; i < n; ++i)
+            if ((tu_splitmix((u << 48) ^ (k << 40) ^ i) & 63) == 0) b[i] ^= (uint16_t)u;
+}
+
+/* The engine keeps its own copy of every tensor in device memory across versions and loads
+ * each with wsync_recv_copy (a patch is applied there). Answers per request: 0 and then the
+ * number of tensors that came as patches, or a failing step and 0. */
+static int delta_engine_main(const engine_cfg *cfg, int in, int out) {
+    uint8_t *init;
+    size_t len;
+    if (tu_recv_frame(in, &init, &len, 60000) || !init) return 10;
+    wsync_strategy_t *s;
+    wsync_receiver_t *r;
+    if (wsync_strategy_create(cfg->kind, cfg->options, &s) != WSYNC_OK ||
+        wsync_receiver_create(s, init, len, cfg->index, &r) != WSYNC_OK)
+        return 11;
+    free(init);
+    cu_use(cfg->device);
+    CUdeviceptr mine[NT] = {0};
+    for (;;) {
+        uint8_t *req;
+        if (tu_recv_frame(in, &req, &len, 60000)) return 13;
+        if (!req) break;
+        uint8_t answer[2] = {0, 0};
+        wsync_recv_t *it;
+        if (wsync_receiver_receive(r, req, len, &it) != WSYNC_OK) {
+            fprintf(stderr, "delta engine: %s\n", wsync_last_error());
+            answer[0] = 1;
+        } else {
+            wsync_recv_info_t info = {0};
+            wsync_recv_info(it, &info);
+            for (size_t i = 0; i < info.count && !answer[0]; ++i) {
+                wsync_tensor_t t;
+                wsync_recv_peek(it, i, &t);
+                const uint64_t k = strtoull(t.name + 1, NULL, 10);
+                const size_t bytes = (size_t)(shapes[k][0] * shapes[k][1]) * 2;
+                if (!mine[k] && cu.cuMemAlloc(&mine[k], bytes) != 0) answer[0] = 2;
+                if (t.flags & WSYNC_TENSOR_PATCH) answer[1]++;
+                if (!answer[0] && wsync_recv_copy(it, i, 0, (void *)(uintptr_t)mine[k], bytes) != WSYNC_OK) {
+                    fprintf(stderr, "delta engine: copy: %s\n", wsync_last_error());
+                    answer[0] = 3;
+                }
+            }
+            if (wsync_recv_end(it) != WSYNC_OK && !answer[0]) answer[0] = 4;
+            for (uint64_t k = 0; k < NT && !answer[0] && (info.flags & WSYNC_CHUNK_LAST); ++k) {
+                const size_t n = (size_t)(shapes[k][0] * shapes[k][1]);
+                uint16_t *want = malloc(n * 2), *got = malloc(n * 2);
+                delta_content(want, n, info.version, k);
+                if (cu.cuMemcpyDtoH(got, mine[k], n * 2) != 0 || memcmp(got, want, n * 2)) answer[0] = 5;
+                free(want);
+                free(got);
+            }
+        }
+        free(req);
+        if (tu_write_all(out, answer, 2)) return 14;
+    }
+    for (int k = 0; k < NT; ++k)
+        if (mine[k]) cu.cuMemFree(mine[k]);
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    return 0;
+}
+
+static int delta_engine_entry(const void *cfg, int in, int out) {
+    return delta_engine_main((const engine_cfg *)cfg, in, out);
+}
+
+static void cuda_ipc_delta_two_processes_one_gpu_bit_for_bit(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    engine_cfg cfg = {"cuda_ipc", "{\"device\": 0}", 0, 0, 0, 0};
+    engine_t e = tu_fork_peer(delta_engine_entry, &cfg); /* before this process touches CUDA */
+    cu_use(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("cuda_ipc", "{\"bucket_bytes\": 33554432, \"delta\": \"auto\"}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    assert_int_equal(tu_send_frame(e.to, init.data, init.size), 0);
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    CUdeviceptr dev[NT];
+    uint16_t *host[NT];
+    for (int k = 0; k < NT; ++k) {
+        const size_t n = (size_t)(shapes[k][0] * shapes[k][1]);
+        host[k] = malloc(n * 2);
+        assert_int_equal(cu.cuMemAlloc(&dev[k], n * 2), 0);
+    }
+    for (uint64_t v = 1; v <= 5; ++v) {
+        wsync_tensor_t t[NT];
+        for (int k = 0; k < NT; ++k) {
+            const size_t n = (size_t)(shapes[k][0] * shapes[k][1]);
+            delta_content(host[k], n, v, (uint64_t)k);
+            assert_int_equal(cu.cuMemcpyHtoD(dev[k], host[k], n * 2), 0);
+            t[k] = tu_tensor(names[k], (void *)(uintptr_t)dev[k], shapes[k], 2, WSYNC_DTYPE_BFLOAT, 16);
+            t[k].device.type = WSYNC_DEVICE_CUDA;
+        }
+        uint8_t patches = 0;
+        for (int c = 0; c < 2; ++c) {
+            wsync_chunk_t ch = tu_chunk(t + 2 * c, 2, c ? WSYNC_CHUNK_LAST : 0);
+            wsync_blob_t req;
+            OK(wsync_sender_send_chunk(tx, &ch, &req));
+            assert_int_equal(tu_send_frame(e.to, req.data, req.size), 0);
+            uint8_t answer[2];
+            assert_int_equal(tu_read_all(e.from, answer, 2, 60000), 0);
+            assert_int_equal(answer[0], 0);
+            patches += answer[1];
+            wsync_blob_free(&req);
+        }
+        OK(wsync_sender_flush(tx, 30000));
+        assert_int_equal(patches, v == 1 ? 0 : NT); /* after version 1, every tensor is a patch */
+    }
+    engine_finish(&e);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    for (int k = 0; k < NT; ++k) {
+        cu.cuMemFree(dev[k]);
+        free(host[k]);
+    }
+}
+
 static void nccl_group_missing_a_rank_times_out_and_aborts(void **state) {
     (void)state;
     REQUIRE_GPUS(1);
@@ -399,6 +526,7 @@ static void nccl_broadcast_between_two_gpus_bit_for_bit(void **state) {
 
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_packed_two_processes_one_gpu_bit_for_bit),
+    cmocka_unit_test(cuda_ipc_delta_two_processes_one_gpu_bit_for_bit),
     cmocka_unit_test(cuda_ipc_per_allocation_two_processes_one_gpu_bit_for_bit),
     cmocka_unit_test(cuda_ipc_packed_cast_to_bfloat16_matches_round_to_nearest_even),
     cmocka_unit_test(cuda_ipc_packed_tensors_off_16_byte_boundaries_bit_for_bit),
