@@ -102,7 +102,10 @@ extern "C" {
  *      rather than in wsync_recv_end(); wsync_sender_arena() and "shm"'s "arena_bytes" (tensors
  *      kept in the segment cross in place; such a segment has layout 4);
  *      WSYNC_RECEIVER_ORDERS_LOADER_WORK; the receiver option "delta_mirror" (patched tensors
- *      as views and ranges of the receiver's own verified copy; experimental). */
+ *      as views and ranges of the receiver's own verified copy; experimental); delta sync on
+ *      the GPU kinds ("cuda_ipc" with packed=true, "nccl_broadcast" with "delta_anchor_every"):
+ *      compared on the trainer's GPU and applied by wsync_recv_copy() into device memory,
+ *      tree-hashed (request column patches.sums; docs/delta.md, "On the GPU"). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -265,9 +268,12 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * "auto": a tensor goes as a patch against the receivers' last committed version when that is
  * at most "delta_max_percent" (0..100, default 50) of its dense bytes; "on": whenever there is a
  * base), and "delta_anchor_every" (N > 0: versions 1, N+1, 2N+1, ... go dense; default 0). The
- * sender then keeps a host copy of every tensor it sent (up to twice the tensors' bytes). Delta
- * is host-only for now: a kind that moves GPU memory ("cuda_ipc", "nccl_broadcast") given a
- * "delta" other than "off" fails with WSYNC_ERR_UNSUPPORTED saying so. A kind this build does not know fails with
+ * sender then keeps a copy of every tensor it sent (up to twice the tensors' bytes): host
+ * memory for "shm", device memory of the trainer's GPU for "cuda_ipc" and "nccl_broadcast",
+ * which compare on the GPU. WSYNC_ERR_UNSUPPORTED, saying why, for a "delta" other than "off"
+ * on "ucx", on "cuda_ipc" with packed=false, on a GPU kind with a "dtype" cast, and on
+ * "nccl_broadcast" without "delta_anchor_every" (its trainer cannot hear that an engine failed
+ * a version; anchors make such an engine whole). A kind this build does not know fails with
  * WSYNC_ERR_UNSUPPORTED; a kind whose run-time dependency is missing (e.g. no CUDA driver)
  * fails with WSYNC_ERR_UNAVAILABLE naming what is missing.
  * Borrows kind and options_json for the call. On success *out is a new strategy, freed with
@@ -818,6 +824,13 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  * A patch is refused with WSYNC_ERR_INVALID_ARGUMENT (iteration unchanged) for another offset or
  * len, or when it was taken already (applied, or handed out by wsync_recv_patch()). The call
  * then reads dst twice (in one pass) and the patch, and writes only the changed elements.
+ * For the GPU kinds ("cuda_ipc", "nccl_broadcast") the same holds with dst in device memory of
+ * the receiver's GPU (checked as for a dense copy): the library's kernels check the patch,
+ * tree-hash dst, write the changed elements and tree-hash the result on the loader's stream,
+ * after the work queued there before, and the call blocks until dst is final or the receiver's
+ * "timeout_ms" passes (WSYNC_ERR_TIMEOUT; a failed kernel is WSYNC_ERR_SYSTEM); the messages
+ * say "tree hash" where the host's say XXH3. "nccl_broadcast" cannot tell the trainer of a
+ * failure: its "delta_anchor_every" bounds how long such an engine waits for a dense version.
  * With the receiver option "delta_mirror" none of this applies to dst: the patch is applied
  * onto the receiver's own copy of the tensor (checked the same way; the failures name "this
  * receiver's mirror"), and any range of the result is copied out, as for a dense tensor; every
@@ -888,7 +901,8 @@ typedef struct wsync_patch_t {
  *     the tensor when they do not parse or an index is out of order or outside the tensor:
  *     the iteration is failed;
  *   the iteration's own error once it has failed;
- *   WSYNC_ERR_UNSUPPORTED for a patch in device memory (no kind carries one yet).
+ *   WSYNC_ERR_UNSUPPORTED for a patch in device memory (a GPU kind's: apply it with
+ *     wsync_recv_copy() into device memory).
  * A failed iteration is acknowledged as failed at wsync_recv_end(): the sender's flush reports
  * it and its next version is dense. Does not block (it reads the patch once: O(count)). Same
  * threading as the iteration. 0.5. */
