@@ -30,7 +30,7 @@ void check_tiles(uint64_t tiles, const std::string &what) {
 }
 }  // namespace
 
-DeltaKernels::DeltaKernels(const Device &d) : dev_(d), done_(d), packer_(d) {
+DeltaKernels::DeltaKernels(const Device &d) : dev_(d), done_(d), io_(d), packer_(d) {
     Device::Scope scope(d);
     WSYNC_CU(d.api(), cuModuleLoadData(&module_, kDeltaPtx),
              "loading the delta kernels (PTX for compute_80) on " + d.uuid_string());
@@ -101,12 +101,12 @@ void DeltaKernels::wait(CUstream stream, const sys::Deadline &deadline, const st
     }
 }
 
-void DeltaKernels::download(void *dst, CUdeviceptr src, uint64_t bytes, CUstream stream,
-                            const char *what) {
-    // Called after wait(): the stream is idle, so the copy (which returns only once done, into
-    // pageable memory) does not wait for other work.
+void DeltaKernels::download(void *dst, CUdeviceptr src, uint64_t bytes, const char *what) {
+    // Called after wait(), so the bytes are final. The copy into pageable memory returns only
+    // once done; on the object's own non-blocking stream it waits for nothing else, not even
+    // work another thread of the engine queued on the caller's stream meanwhile.
     if (bytes)
-        WSYNC_CU(dev_.api(), cuMemcpyDtoHAsync(dst, src, bytes, stream),
+        WSYNC_CU(dev_.api(), cuMemcpyDtoHAsync(dst, src, bytes, io_.get()),
                  std::string("reading back the ") + what);
 }
 
@@ -132,11 +132,10 @@ void DeltaKernels::queue_hashes(const std::vector<DeviceRange> &ranges, CUstream
 }
 
 std::vector<uint64_t> DeltaKernels::read_hashes(const std::vector<DeviceRange> &ranges,
-                                                const std::vector<uint64_t> &piece_at,
-                                                CUstream stream) {
+                                                const std::vector<uint64_t> &piece_at) {
     const uint64_t pieces = ranges.empty() ? 0 : piece_at.back() + hash_pieces(ranges.back().bytes);
     host_hashes_.resize(pieces);
-    download(host_hashes_.data(), hashes_.ptr(), pieces * 8, stream, "piece hashes");
+    download(host_hashes_.data(), hashes_.ptr(), pieces * 8, "piece hashes");
     std::vector<uint64_t> out(ranges.size());
     for (std::size_t i = 0; i < ranges.size(); ++i)
         out[i] = delta::combine_piece_hashes(host_hashes_.data() + piece_at[i],
@@ -151,7 +150,7 @@ std::vector<uint64_t> DeltaKernels::tree_hashes(const std::vector<DeviceRange> &
     std::vector<uint64_t> piece_at;
     queue_hashes(ranges, stream, &piece_at);
     wait(stream, deadline, what + ": hashing on the GPU");
-    return read_hashes(ranges, piece_at, stream);
+    return read_hashes(ranges, piece_at);
 }
 
 // ---- the trainer -------------------------------------------------------------------------
@@ -186,8 +185,8 @@ void DeltaKernels::count(const std::vector<DiffJob> &jobs, CUstream stream,
     queue_hashes(now, stream, &piece_at);
     wait(stream, deadline, what + ": comparing with the bases on the GPU");
     host_counts_.resize(tiles);
-    download(host_counts_.data(), counts_.ptr(), tiles * 4, stream, "change counts");
-    const std::vector<uint64_t> hashes = read_hashes(now, piece_at, stream);
+    download(host_counts_.data(), counts_.ptr(), tiles * 4, "change counts");
+    const std::vector<uint64_t> hashes = read_hashes(now, piece_at);
     for (std::size_t i = 0; i < jobs.size(); ++i) {
         const DiffEntry &e = diff_entries_[i];
         DiffOut &o = (*out)[i];
@@ -315,7 +314,7 @@ std::vector<DeltaKernels::ApplyOut> DeltaKernels::apply(const std::vector<ApplyJ
     packer_.pack(gather_, stream);
     wait(stream, deadline, "reading " + std::to_string(jobs.size()) + " patch headers on the GPU");
     host_headers_.assign(jobs.size() * delta::kHeaderBytes, 0);
-    download(host_headers_.data(), headers_.ptr(), host_headers_.size(), stream, "patch headers");
+    download(host_headers_.data(), headers_.ptr(), host_headers_.size(), "patch headers");
 
     // 2. Sound headers: check every index, and hash what each destination holds now.
     std::vector<std::size_t> live;
@@ -360,8 +359,8 @@ std::vector<DeltaKernels::ApplyOut> DeltaKernels::apply(const std::vector<ApplyJ
     std::vector<uint64_t> piece_at;
     queue_hashes(dsts, stream, &piece_at);
     wait(stream, deadline, "checking " + std::to_string(live.size()) + " patches on the GPU");
-    download(host_flags_.data(), flags_.ptr(), host_flags_.size() * 8, stream, "check flags");
-    std::vector<uint64_t> before = read_hashes(dsts, piece_at, stream);
+    download(host_flags_.data(), flags_.ptr(), host_flags_.size() * 8, "check flags");
+    std::vector<uint64_t> before = read_hashes(dsts, piece_at);
 
     // 3. Scatter where all is well, saving what is replaced; hash the results.
     std::vector<std::size_t> go;  // positions in live
@@ -399,7 +398,7 @@ std::vector<DeltaKernels::ApplyOut> DeltaKernels::apply(const std::vector<ApplyJ
     launch_patches(scatter_, stream, kPatchScatterKernel);
     queue_hashes(dsts, stream, &piece_at);
     wait(stream, deadline, "applying " + std::to_string(go.size()) + " patches on the GPU");
-    const std::vector<uint64_t> after = read_hashes(dsts, piece_at, stream);
+    const std::vector<uint64_t> after = read_hashes(dsts, piece_at);
 
     // 4. Put back every destination whose result is not what the trainer sent.
     patch_entries_.clear();

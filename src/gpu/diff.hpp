@@ -121,13 +121,13 @@ private:
                        const char *what);
     void reserve(DeviceBuffer &buf, uint64_t bytes, const char *what);
     void wait(CUstream stream, const sys::Deadline &deadline, const std::string &what);
-    void download(void *dst, CUdeviceptr src, uint64_t bytes, CUstream stream, const char *what);
+    void download(void *dst, CUdeviceptr src, uint64_t bytes, const char *what);
     // Queues the piece hashes of `ranges` into hashes_ (first piece of range i at piece_at[i]).
     void queue_hashes(const std::vector<DeviceRange> &ranges, CUstream stream,
                       std::vector<uint64_t> *piece_at);
     // After a wait: reads back the piece hashes queue_hashes() made and combines them.
     std::vector<uint64_t> read_hashes(const std::vector<DeviceRange> &ranges,
-                                      const std::vector<uint64_t> &piece_at, CUstream stream);
+                                      const std::vector<uint64_t> &piece_at);
     // Uploads patch_entries_ and launches `fn` over their changes.
     void launch_patches(CUfunction fn, CUstream stream, const char *name);
 
@@ -136,6 +136,7 @@ private:
     CUfunction hash_ = nullptr, count_ = nullptr, compact_ = nullptr, check_ = nullptr,
                scatter_ = nullptr;
     Event done_;
+    Stream io_;      // the read-backs' own stream (non-blocking: it waits for no other)
     Packer packer_;  // gathers the patches' headers for apply()
     // Device memory, grown as needed and kept: entry tables, per-tile counts and offsets, piece
     // hashes, check flags, the patches diff() makes, the values apply() replaces.
