@@ -271,7 +271,8 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * sender then keeps a copy of every tensor it sent (up to twice the tensors' bytes): host
  * memory for "shm", device memory of the trainer's GPU for "cuda_ipc" and "nccl_broadcast",
  * which compare on the GPU. WSYNC_ERR_UNSUPPORTED, saying why, for a "delta" other than "off"
- * on "ucx", on "cuda_ipc" with packed=false, on a GPU kind with a "dtype" cast, and on
+ * on "ucx", on "cuda_ipc" with packed=false or several senders, on a GPU kind with a "dtype"
+ * cast, and on
  * "nccl_broadcast" without "delta_anchor_every" (its trainer cannot hear that an engine failed
  * a version; anchors make such an engine whole). A kind this build does not know fails with
  * WSYNC_ERR_UNSUPPORTED; a kind whose run-time dependency is missing (e.g. no CUDA driver)

@@ -947,6 +947,8 @@ static void gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror(void 
                WSYNC_ERR_UNSUPPORTED, "a cast changes that");
     EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"delta_mirror\": true}", &s),
                WSYNC_ERR_UNSUPPORTED, "applies patches on the GPU");
+    EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"senders\": 2, \"delta\": \"auto\"}", &s),
+               WSYNC_ERR_UNSUPPORTED, "with 2 senders: each sender's patches differ");
     EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"dtype\": \"float16\", \"delta\": \"auto\", \"delta_anchor_every\": 4}", &s),
                WSYNC_ERR_UNSUPPORTED, "a cast changes that");
     EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"delta\": \"auto\"}", &s),

@@ -117,6 +117,12 @@ public:
                  "cuda_ipc: option 'delta' is \"" + delta + "\", which needs packed=true (patches "
                  "are made in the sender's own device memory and travel in its buckets; with "
                  "packed=false receivers would map memory the sender regrows and frees)");
+        if (delta != "off" && senders_ > 1)
+            fail(WSYNC_ERR_UNSUPPORTED,
+                 "cuda_ipc: option 'delta' is \"" + delta + "\" with " + std::to_string(senders_) +
+                     " senders: each sender's patches differ (what changed on its GPU), while a "
+                     "merged request carries one tensor table for all; use senders=1 per engine "
+                     "group, or delta \"off\"");
         if (delta != "off" && !dtype_.empty())
             fail(WSYNC_ERR_UNSUPPORTED,
                  "cuda_ipc: option 'delta' is \"" + delta + "\" and 'dtype' is \"" + dtype_ +
