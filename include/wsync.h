@@ -272,11 +272,10 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * memory for "shm", device memory of the trainer's GPU for "cuda_ipc" and "nccl_broadcast",
  * which compare on the GPU. WSYNC_ERR_UNSUPPORTED, saying why, for a "delta" other than "off"
  * on "ucx", on "cuda_ipc" with packed=false or several senders, on a GPU kind with a "dtype"
- * cast, and on
- * "nccl_broadcast" without "delta_anchor_every" (its trainer cannot hear that an engine failed
- * a version; anchors make such an engine whole). A kind this build does not know fails with
- * WSYNC_ERR_UNSUPPORTED; a kind whose run-time dependency is missing (e.g. no CUDA driver)
- * fails with WSYNC_ERR_UNAVAILABLE naming what is missing.
+ * cast, and on "nccl_broadcast" without "delta_anchor_every" (its trainer cannot hear that an
+ * engine failed a version; anchors make such an engine whole). A kind this build does not know
+ * fails with WSYNC_ERR_UNSUPPORTED; a kind whose run-time dependency is missing (e.g. no CUDA
+ * driver) fails with WSYNC_ERR_UNAVAILABLE naming what is missing.
  * Borrows kind and options_json for the call. On success *out is a new strategy, freed with
  * wsync_strategy_destroy(). Does not block. */
 WSYNC_API wsync_status_t wsync_strategy_create(const char *kind, const char *options_json,
