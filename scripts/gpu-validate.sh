@@ -139,6 +139,15 @@ else
   cat "$log/pack.json" "$log/pack.err"; failures+=("pack_bench")
 fi
 
+step "wsync bench --delta-fraction --strategy cuda_ipc (delta against dense end to end, same run)"
+dsize=(--size-mb 2048 --steps 4); [ $mode = fake ] && dsize=(--size-mb 64 --steps 3)
+if "$wsync_cli" bench --delta-fraction 0.001,0.01,0.05,1.0 --strategy cuda_ipc "${dsize[@]}" --json \
+     > "$log/delta_e2e.json" 2> "$log/delta_e2e.err"; then
+  cat "$log/delta_e2e.json"
+else
+  cat "$log/delta_e2e.json" "$log/delta_e2e.err"; failures+=("bench delta cuda_ipc")
+fi
+
 step "delta kernels (compare + compact, verified apply, fold, tree hash) against one device copy (tests/gpu/delta_bench.cpp)"
 delta_args=(--layers 2 --reps 10); [ $mode = fake ] && delta_args=(--layers 1 --reps 2 --hidden 512)
 if "$build_dir/tests/delta_bench" "${delta_args[@]}" > "$log/delta.jsonl" 2> "$log/delta.err"; then
@@ -192,6 +201,14 @@ try:
     L.append(f"| pack kernel, {p['tensors']} tensors in one launch ({p['bytes'] / 1e9:.2f} GB, {p['tiles']} tiles) | {p['pack_s']:.5f} s ({p['pack_gbps']} GB/s) = {p['pack_to_copy']:.3f}x one cuMemcpyDtoDAsync of the same bytes ({p['copy_s']:.5f} s, {p['copy_gbps']} GB/s){'' if p['exact'] else ', NOT bit-exact'} |")
 except (OSError, ValueError, KeyError):
     L.append("| pack kernel | no result (see pack_bench's output) |")
+try:
+    e = json.load(open(os.path.join(log, "delta_e2e.json")))
+    d = e["dense"]
+    L.append(f"| bench cuda_ipc delta, dense ({e['model_bytes'] / 1e9:.2f} GB, {e['tensors']} tensors) | sync {d['sync_ms']:.1f} ms (send {d['send_ms']:.1f}, engine {d['apply_ms']:.1f}) |")
+    for r in e["delta_runs"]:
+        L.append(f"| bench cuda_ipc delta, {r['fraction'] * 100:g}% changed | {r['bytes_ratio']:.4f}x the bytes; sync {r['sync_ms']:.1f} ms = {r['sync_ratio']:.3f}x dense (send {r['send_ms']:.1f}, engine {r['apply_ms']:.1f}) |")
+except (OSError, ValueError, KeyError):
+    L.append("| bench cuda_ipc delta | no result (see its output) |")
 try:
     for line in open(os.path.join(log, "delta.jsonl")):
         d = json.loads(line)

@@ -17,101 +17,11 @@
 #include <unordered_map>
 
 #include "cli.hpp"
+#include "cuda_driver.hpp"
 
 namespace wsync_cli {
 namespace {
 
-// The CUDA driver is opened at run time (WSYNC_CUDA_LIBRARY, else libcuda.so.1); the tool does
-// not link it. Only functions that the CI fake driver (tests/fake_gpu) implements are used, so
-// the bench can be smoke-tested without a GPU.
-namespace cu {
-using CUresult = int;
-using CUdevice = int;
-using CUdeviceptr = unsigned long long;
-using CUcontext = void *;
-using CUstream = void *;
-struct Api {
-    std::string path;
-    CUresult (*Init)(unsigned int);
-    CUresult (*GetErrorName)(CUresult, const char **);
-    CUresult (*DeviceGet)(CUdevice *, int);
-    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-    CUresult (*CtxSetCurrent)(CUcontext);
-    CUresult (*CtxSynchronize)();
-    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
-    CUresult (*MemFree)(CUdeviceptr);
-    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
-    CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-};
-Api api;
-
-// Opens the driver and resolves the symbols, without calling into it (so fork stays safe).
-// On failure: exit 2 with a message naming the library.
-void load() {
-    const char *env = std::getenv("WSYNC_CUDA_LIBRARY");
-    api.path = env && *env ? env : "libcuda.so.1";
-    void *h = dlopen(api.path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
-        std::fprintf(stderr, "wsync bench: cannot load the CUDA driver '%s' (%s); set "
-                     "WSYNC_CUDA_LIBRARY or run on a machine with a GPU\n",
-                     api.path.c_str(), e ? e : "unknown error");
-        std::exit(2);
-    }
-    auto sym = [&](const char *name, auto *fn) {
-        void *p = dlsym(h, name);
-        if (!p) {
-            std::fprintf(stderr, "wsync bench: the CUDA driver '%s' lacks %s\n", api.path.c_str(),
-                         name);
-            std::exit(2);
-        }
-        *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(p);
-    };
-    sym("cuInit", &api.Init);
-    sym("cuGetErrorName", &api.GetErrorName);
-    sym("cuDeviceGet", &api.DeviceGet);
-    sym("cuDevicePrimaryCtxRetain", &api.DevicePrimaryCtxRetain);
-    sym("cuCtxSetCurrent", &api.CtxSetCurrent);
-    sym("cuCtxSynchronize", &api.CtxSynchronize);
-    sym("cuMemAlloc_v2", &api.MemAlloc);
-    sym("cuMemFree_v2", &api.MemFree);
-    sym("cuMemcpyHtoDAsync_v2", &api.MemcpyHtoDAsync);
-    sym("cuMemcpyDtoDAsync_v2", &api.MemcpyDtoDAsync);
-}
-std::string error(CUresult r, const char *what) {
-    const char *name = nullptr;
-    if (api.GetErrorName(r, &name) != 0 || !name) name = "unknown CUDA error";
-    return std::string(what) + " failed: " + name + " (" + std::to_string(r) + ")";
-}
-// Throws the message: the caller decides whether that is die() or an engine failure frame.
-void ok(CUresult r, const char *what) {
-    if (r != 0) throw std::runtime_error(error(r, what));
-}
-// cuInit + the primary context of device 0, current on this thread.
-void start_device0() {
-    CUresult r = api.Init(0);
-    if (r != 0) {
-        std::fprintf(stderr, "wsync bench: %s (driver '%s')\n", error(r, "cuInit").c_str(),
-                     api.path.c_str());
-        std::exit(2);
-    }
-    CUdevice dev;
-    CUcontext ctx;
-    ok(api.DeviceGet(&dev, 0), "cuDeviceGet(0)");
-    ok(api.DevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-    ok(api.CtxSetCurrent(ctx), "cuCtxSetCurrent");
-}
-std::vector<CUdeviceptr> alloc_each(const std::vector<TensorSpec> &m) {
-    std::vector<CUdeviceptr> p(m.size(), 0);
-    for (size_t i = 0; i < m.size(); ++i) ok(api.MemAlloc(&p[i], m[i].bytes), "cuMemAlloc_v2");
-    return p;
-}
-void free_each(std::vector<CUdeviceptr> &p) {
-    for (CUdeviceptr d : p)
-        if (d) api.MemFree(d);
-    p.clear();
-}
-}  // namespace cu
 
 int gpu_engine_main(int in, int out, const std::vector<TensorSpec> &model, int timeout_ms) {
     auto fail = [&](const std::string &msg) {

@@ -13,6 +13,12 @@
 // engine time in wsync_recv_copy (dense copy, or verified apply), and sync time (first
 // send_chunk to flush), with each ratio to the dense baseline of the same run, and the mean
 // sync time over the same steps. Step 1 (no base yet) is dense everywhere and is not counted.
+//
+// --strategy cuda_ipc: the same between two processes on GPU 0 (WSYNC_CUDA_LIBRARY, else
+// libcuda.so.1): the trainer's tensors are device buffers, uploaded from the host model before
+// each step (not timed), compared on the GPU; one engine process (forked before this one
+// touches CUDA) loads every configuration into its own device buffers with wsync_recv_copy,
+// which applies patches there; its apply time runs from receive to the end of its GPU work.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,6 +34,7 @@
 #include <xxhash.h>
 
 #include "cli.hpp"
+#include "cuda_driver.hpp"
 
 namespace wsync_cli {
 namespace {
@@ -178,6 +185,81 @@ uint64_t model_hash(const std::vector<Tensor> &m) {
     std::_Exit(0);
 }
 
+// --strategy cuda_ipc: one engine for every configuration (a CUDA process cannot fork a child
+// that uses CUDA). Frames down per configuration: the init blob, then requests and version
+// ends as for the host engine, then a 2-byte frame ending the configuration; an empty frame
+// where an init is expected ends the engine.
+[[noreturn]] void gpu_engine(int in, int out) {
+    try {
+        cu::start_device0();
+        std::vector<std::pair<std::string, std::pair<cu::CUdeviceptr, uint64_t>>> mem;
+        for (;;) {
+            std::vector<uint8_t> init = recv_frame(in);
+            if (init.empty()) break;
+            wsync_strategy_t *s;
+            wsync_receiver_t *r;
+            MUST(wsync_strategy_create("cuda_ipc", "{\"device\": 0}", &s));
+            MUST(wsync_receiver_create(s, init.data(), init.size(), 0, &r));
+            double apply_ms = 0;
+            for (;;) {
+                std::vector<uint8_t> f = recv_frame(in);
+                if (f.size() == 2) break;  // the configuration ends
+                if (f.empty()) {           // a version ends: its time and the model's hash
+                    uint64_t h = 0;
+                    std::vector<uint8_t> host;
+                    for (auto &kv : mem) {
+                        host.resize(kv.second.second);
+                        cu::ok(cu::api.MemcpyDtoH(host.data(), kv.second.first, host.size()), "cuMemcpyDtoH_v2");
+                        h = XXH3_64bits_withSeed(host.data(), host.size(), h);
+                    }
+                    double ans[2];
+                    std::memcpy(&ans[0], &apply_ms, 8);
+                    std::memcpy(&ans[1], &h, 8);
+                    write_all(out, ans, sizeof ans);
+                    apply_ms = 0;
+                    continue;
+                }
+                auto t0 = Clock::now();
+                wsync_recv_t *it;
+                MUST(wsync_receiver_receive(r, f.data(), f.size(), &it));
+                wsync_recv_info_t info{};
+                info.struct_size = sizeof info;
+                wsync_recv_info(it, &info);
+                for (size_t k = 0; k < info.count; ++k) {
+                    wsync_tensor_t v;
+                    wsync_recv_peek(it, k, &v);
+                    const uint64_t bytes = uint64_t(v.shape[0]) * uint64_t(v.shape[1]) * 2;
+                    size_t i = 0;
+                    while (i < mem.size() && mem[i].first != v.name) ++i;
+                    if (i == mem.size()) {
+                        cu::CUdeviceptr d = 0;
+                        cu::ok(cu::api.MemAlloc(&d, bytes), "cuMemAlloc_v2");
+                        mem.push_back({v.name, {d, bytes}});
+                    }
+                    MUST(wsync_recv_copy(it, k, 0, reinterpret_cast<void *>(mem[i].second.first), bytes));
+                }
+                MUST(wsync_recv_end(it));
+                cu::ok(cu::api.CtxSynchronize(), "cuCtxSynchronize");  // the dense copies too
+                apply_ms += ms_since(t0);
+            }
+            wsync_receiver_destroy(r);
+            wsync_strategy_destroy(s);
+        }
+        for (auto &kv : mem) cu::api.MemFree(kv.second.first);
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "wsync-bench-delta engine: %s\n", e.what());
+        std::_Exit(1);
+    }
+    std::_Exit(0);
+}
+
+// The trainer's side of --strategy cuda_ipc: the engine's pipes and the device buffers.
+struct Gpu {
+    int down = -1, up = -1;
+    pid_t pid = -1;
+    std::vector<cu::CUdeviceptr> dev;  // one per tensor of the model
+};
+
 struct Figures {
     double bytes = 0, send_ms = 0, apply_ms = 0, sync_ms = 0, sync_mean_ms = 0;
 };
@@ -215,41 +297,51 @@ double request_bytes(const wsync_blob_t &req) {
 }
 
 // One configuration: a fresh strategy, sender and engine; `steps` versions.
-Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int steps, bool mirror) {
+Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int steps, bool mirror,
+            Gpu *gpu) {
     std::string opts = "{\"bucket_bytes\": 268435456, \"delta\": \"" + delta + "\"}";
     int down[2], up[2];
-    if (pipe(down) || pipe(up)) std::exit(3);
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(down[1]), close(up[0]);
-        engine(down[0], up[1], mirror);
+    pid_t pid = -1;
+    if (gpu) {
+        down[1] = gpu->down, up[0] = gpu->up;
+    } else {
+        if (pipe(down) || pipe(up)) std::exit(3);
+        pid = fork();
+        if (pid == 0) {
+            close(down[1]), close(up[0]);
+            engine(down[0], up[1], mirror);
+        }
+        close(down[0]), close(up[1]);
     }
-    close(down[0]), close(up[1]);
     wsync_strategy_t *s;
     wsync_blob_t init;
     wsync_sender_t *snd;
-    MUST(wsync_strategy_create("shm", opts.c_str(), &s));
+    MUST(wsync_strategy_create(gpu ? "cuda_ipc" : "shm", opts.c_str(), &s));
     MUST(wsync_strategy_create_init_info(s, &init));
     MUST(wsync_sender_create(s, init.data, init.size, &snd));
     send_frame(down[1], init.data, init.size);
     // Chunks of at most one bucket, in model order.
     std::vector<std::vector<wsync_tensor_t>> chunks(1);
     uint64_t in_chunk = 0;
-    for (Tensor &t : m) {
+    for (size_t k = 0; k < m.size(); ++k) {
+        Tensor &t = m[k];
         if (in_chunk + t.bytes + 256 > (uint64_t(256) << 20)) chunks.emplace_back(), in_chunk = 0;
         wsync_tensor_t d{};
         d.name = t.name.c_str();
-        d.data = t.data;
+        d.data = gpu ? reinterpret_cast<void *>(gpu->dev[k]) : t.data;
         d.shape = t.shape;
         d.ndim = 2;
         d.dtype = {WSYNC_DTYPE_BFLOAT, 16, 1};
-        d.device = {WSYNC_DEVICE_CPU, 0};
+        d.device = gpu ? wsync_device_t{WSYNC_DEVICE_CUDA, 0} : wsync_device_t{WSYNC_DEVICE_CPU, 0};
         chunks.back().push_back(d);
         in_chunk += (t.bytes + 255) / 256 * 256;
     }
     std::vector<double> bytes, send, apply, sync;
     for (int step = 1; step <= steps; ++step) {
         if (step > 1) mutate(m, f, uint64_t(step) + uint64_t(f * 1e6));
+        if (gpu)  // the trainer's new weights on its GPU (not timed)
+            for (size_t k = 0; k < m.size(); ++k)
+                cu::ok(cu::api.MemcpyHtoD(gpu->dev[k], m[k].data, m[k].bytes), "cuMemcpyHtoD_v2");
         double b = 0, send_ms = 0;
         auto t0 = Clock::now();
         for (size_t c = 0; c < chunks.size(); ++c) {
@@ -276,13 +368,20 @@ Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int step
             std::fprintf(stderr, "wsync-bench-delta: the engine's model differs after step %d\n", step);
             std::exit(1);
         }
-        uint8_t more = 1;
-        send_frame(down[1], &more, step < steps ? 1 : 0);
+        if (!gpu) {
+            uint8_t more = 1;
+            send_frame(down[1], &more, step < steps ? 1 : 0);
+        }
         if (step > 1) bytes.push_back(b), send.push_back(send_ms), apply.push_back(ans[0]), sync.push_back(sync_ms);
     }
-    int st;
-    waitpid(pid, &st, 0);
-    close(down[1]), close(up[0]);
+    if (gpu) {
+        const uint8_t end[2] = {0, 0};
+        send_frame(down[1], end, 2);  // the configuration ends; the engine stays for the next
+    } else {
+        int st;
+        waitpid(pid, &st, 0);
+        close(down[1]), close(up[0]);
+    }
     wsync_sender_destroy(snd);
     wsync_strategy_destroy(s);
     wsync_blob_free(&init);
@@ -295,7 +394,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
     uint64_t size_mb = 2048;
     int steps = 4;
     bool as_json = false, mirror = false;
-    std::string delta = "auto";
+    std::string delta = "auto", strategy = "shm";
     std::vector<double> fractions;
     for (int i = first; i < argc; ++i) {
         const std::string a = argv[i];
@@ -308,6 +407,11 @@ int cmd_bench_delta(int argc, char **argv, int first) {
             delta = v, ++i;
         } else if (a == "--json") as_json = true;
         else if (a == "--mirror") mirror = true;
+        else if (a == "--strategy") {
+            if (!v || (std::strcmp(v, "shm") && std::strcmp(v, "cuda_ipc")))
+                usage_error("bench --delta-fraction --strategy takes shm or cuda_ipc");
+            strategy = v, ++i;
+        }
         else if (a == "--delta-fraction") {
             if (!v) usage_error("--delta-fraction needs a value");
             const std::string list = v;
@@ -326,19 +430,48 @@ int cmd_bench_delta(int argc, char **argv, int first) {
             usage_error("unknown option '" + a + "' for bench --delta-fraction (see: wsync help)");
         }
     }
+    if (strategy == "cuda_ipc" && mirror)
+        usage_error("--mirror is an shm receiver option (cuda_ipc applies patches on the GPU)");
+    Gpu gpu_run, *gpu = nullptr;
+    if (strategy == "cuda_ipc") {
+        cu::load();  // dlopen only: the engine is forked before any CUDA call
+        int down[2], up[2];
+        if (pipe(down) || pipe(up)) std::exit(3);
+        std::fflush(stdout);
+        gpu_run.pid = fork();
+        if (gpu_run.pid == 0) {
+            close(down[1]), close(up[0]);
+            gpu_engine(down[0], up[1]);
+        }
+        close(down[0]), close(up[1]);
+        gpu_run.down = down[1], gpu_run.up = up[0];
+        gpu = &gpu_run;
+    }
     std::vector<Tensor> m = make_delta_model(size_mb << 20);
     uint64_t total = 0;
     for (const Tensor &t : m) total += t.bytes;
-    Figures dense = run(m, "off", 0.01, steps, false);
-    json out = {{"model_bytes", total}, {"tensors", m.size()}, {"dtype", "bfloat16"},
+    if (gpu) {
+        try {
+            cu::start_device0();
+            for (const Tensor &t : m) {
+                cu::CUdeviceptr d = 0;
+                cu::ok(cu::api.MemAlloc(&d, t.bytes), "cuMemAlloc_v2");
+                gpu->dev.push_back(d);
+            }
+        } catch (const std::exception &e) {
+            die(e.what());
+        }
+    }
+    Figures dense = run(m, "off", 0.01, steps, false, gpu);
+    json out = {{"strategy", strategy}, {"model_bytes", total}, {"tensors", m.size()}, {"dtype", "bfloat16"},
                 {"steps", steps}, {"delta", delta}, {"mirror", mirror},
                 {"dense", {{"bytes", dense.bytes}, {"send_ms", dense.send_ms},
                            {"apply_ms", dense.apply_ms}, {"sync_ms", dense.sync_ms},
                            {"sync_mean_ms", dense.sync_mean_ms}}},
                 {"delta_runs", json::array()}};
     if (!as_json)
-        std::printf("model %.0f MiB bf16, %zu tensors; median of steps 2..%d\n"
-                    "%-9s %12s %8s %10s %10s %10s %9s %10s\n", double(total) / (1 << 20), m.size(),
+        std::printf("%s: model %.0f MiB bf16, %zu tensors; median of steps 2..%d\n"
+                    "%-9s %12s %8s %10s %10s %10s %9s %10s\n", strategy.c_str(), double(total) / (1 << 20), m.size(),
                     steps, "changed", "bytes", "x dense", "send ms", "apply ms", "sync ms",
                     "x dense", "mean sync");
     auto row = [&](const char *label, const Figures &r) {
@@ -349,7 +482,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
     };
     row("dense", dense);
     if (mirror) {  // the same dense versions to engines that keep a mirror and read views
-        Figures dm = run(m, "off", 0.01, steps, true);
+        Figures dm = run(m, "off", 0.01, steps, true, nullptr);
         row("dense/mir", dm);
         out["dense_mirror"] = {{"bytes", dm.bytes}, {"send_ms", dm.send_ms},
                                {"apply_ms", dm.apply_ms}, {"sync_ms", dm.sync_ms},
@@ -357,7 +490,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
                                {"sync_ratio", dm.sync_ms / dense.sync_ms}};
     }
     for (double f : fractions) {
-        Figures r = run(m, delta, f, steps, mirror);
+        Figures r = run(m, delta, f, steps, mirror, gpu);
         char label[32];
         std::snprintf(label, sizeof label, "%g", f);
         row(label, r);
@@ -368,6 +501,14 @@ int cmd_bench_delta(int argc, char **argv, int first) {
                                      {"sync_ratio", r.sync_ms / dense.sync_ms}});
     }
     if (as_json) std::printf("%s\n", out.dump(2).c_str());
+    if (gpu) {
+        send_frame(gpu->down, nullptr, 0);  // the engine ends
+        int st = 0;
+        waitpid(gpu->pid, &st, 0);
+        close(gpu->down), close(gpu->up);
+        for (cu::CUdeviceptr d : gpu->dev) cu::api.MemFree(d);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) die("the GPU engine exited abnormally");
+    }
     for (Tensor &t : m) std::free(t.data);
     return 0;
 }
