@@ -418,4 +418,30 @@ std::vector<DeltaKernels::ApplyOut> DeltaKernels::apply(const std::vector<ApplyJ
     return out;
 }
 
+delta::Applied DeltaKernels::apply_one(void *dst, const void *patch, uint64_t patch_bytes,
+                                       uint64_t elements, uint64_t esize, uint64_t base_hash,
+                                       uint64_t result_hash, CUstream stream,
+                                       const sys::Deadline &deadline, const std::string &what,
+                                       const char *kind, uint64_t *got) {
+    check_device_destination(dev_, dst, elements * esize, [&] { return what; }, kind);
+    ApplyJob j;
+    j.dst = reinterpret_cast<CUdeviceptr>(dst);
+    j.elements = elements;
+    j.esize = static_cast<uint32_t>(esize);
+    j.patch = reinterpret_cast<CUdeviceptr>(patch);
+    j.nbytes = patch_bytes;
+    j.base_hash = base_hash;
+    j.result_hash = result_hash;
+    j.label = what;
+    const std::vector<ApplyOut> out = apply({j}, stream, deadline);
+    *got = out[0].got;
+    switch (out[0].outcome) {
+    case Outcome::kApplied: break;
+    case Outcome::kBaseDiffers: return delta::Applied::kBaseDiffers;
+    case Outcome::kResultDiffers: return delta::Applied::kResultDiffers;
+    case Outcome::kMalformed: fail(WSYNC_ERR_MALFORMED, out[0].message);
+    }
+    return delta::Applied::kApplied;
+}
+
 }  // namespace wsync::gpu

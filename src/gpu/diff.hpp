@@ -113,6 +113,15 @@ public:
     std::vector<ApplyOut> apply(const std::vector<ApplyJob> &jobs, CUstream stream,
                                 const sys::Deadline &deadline);
 
+    // One patch onto dst (device memory of this GPU, checked first as a dense copy's is:
+    // WSYNC_ERR_INVALID_ARGUMENT naming `what` and `kind`), as the GPU kinds' ChunkBacking::
+    // apply_patch does it: apply() of one job on `stream`, its outcome mapped to delta::Applied
+    // (*got: the hash that did not match), a malformed patch thrown as WSYNC_ERR_MALFORMED.
+    delta::Applied apply_one(void *dst, const void *patch, uint64_t patch_bytes, uint64_t elements,
+                             uint64_t esize, uint64_t base_hash, uint64_t result_hash,
+                             CUstream stream, const sys::Deadline &deadline,
+                             const std::string &what, const char *kind, uint64_t *got);
+
 private:
     // Launches `fn`(table, count, units) on `blocks` blocks of `block` threads.
     void launch(CUfunction fn, unsigned block, uint64_t blocks, CUdeviceptr table,

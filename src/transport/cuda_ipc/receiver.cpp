@@ -48,24 +48,9 @@ public:
     // delta kernels, on the loader's stream (after its earlier work on dst), verified.
     bool apply_patch(void *dst, const DevicePatch &p, const std::string &what,
                      delta::Applied *outcome, uint64_t *got) override {
-        gpu::check_device_destination(dev_, dst, p.elements * p.esize, [&] { return what; }, kKind);
-        gpu::DeltaKernels::ApplyJob j;
-        j.dst = reinterpret_cast<CUdeviceptr>(dst);
-        j.elements = p.elements;
-        j.esize = static_cast<uint32_t>(p.esize);
-        j.patch = reinterpret_cast<CUdeviceptr>(p.patch);
-        j.nbytes = p.patch_bytes;
-        j.base_hash = p.base_hash;
-        j.result_hash = p.result_hash;
-        j.label = what;
-        const auto out = kernels_().apply({j}, stream_, sys::Deadline(timeout_ms_));
-        *got = out[0].got;
-        switch (out[0].outcome) {
-        case gpu::DeltaKernels::Outcome::kApplied: *outcome = delta::Applied::kApplied; break;
-        case gpu::DeltaKernels::Outcome::kBaseDiffers: *outcome = delta::Applied::kBaseDiffers; break;
-        case gpu::DeltaKernels::Outcome::kResultDiffers: *outcome = delta::Applied::kResultDiffers; break;
-        case gpu::DeltaKernels::Outcome::kMalformed: fail(WSYNC_ERR_MALFORMED, out[0].message);
-        }
+        *outcome = kernels_().apply_one(dst, p.patch, p.patch_bytes, p.elements, p.esize, p.base_hash,
+                                        p.result_hash, stream_, sys::Deadline(timeout_ms_),
+                                        what, kKind, got);
         return true;
     }
 
