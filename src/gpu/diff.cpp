@@ -8,9 +8,14 @@
 namespace wsync::gpu {
 
 namespace {
+// The PTX is longer than the 65536 characters C++ requires compilers to take in one literal
+// (GCC and Clang take any length; Clang says so under -Wpedantic).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Woverlength-strings"
 const char kDeltaPtx[] =
 #include "gpu/kernels/delta_ptx.inc"
     ;
+#pragma GCC diagnostic pop
 
 std::string hex(uint64_t v) {
     char b[24];

@@ -46,6 +46,75 @@ WSYNC_XXH_SECRET unsigned char kSecret[192] = {
     0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
 };
 
+// kSecret as little-endian 64-bit words at every byte offset 0..184, so that each secret word
+// the algorithm reads (aligned or not: 3, 7, 11, 121 ...) is one load of a constant, whose
+// offset the unrolled loops know at compile time. Generated from kSecret (and checked against
+// it in test_delta_codec).
+WSYNC_XXH_SECRET wsync_xxh_u64 kSecretAt[185] = {
+    0xbe4ba423396cfeb8ull, 0x7cbe4ba423396cfeull, 0x017cbe4ba423396cull,
+    0x81017cbe4ba42339ull, 0x2c81017cbe4ba423ull, 0xf72c81017cbe4ba4ull,
+    0x21f72c81017cbe4bull, 0xad21f72c81017cbeull, 0x1cad21f72c81017cull,
+    0xde1cad21f72c8101ull, 0xd4de1cad21f72c81ull, 0x6dd4de1cad21f72cull,
+    0xe96dd4de1cad21f7ull, 0x83e96dd4de1cad21ull, 0x9083e96dd4de1cadull,
+    0x979083e96dd4de1cull, 0xdb979083e96dd4deull, 0x72db979083e96dd4ull,
+    0x4072db979083e96dull, 0xa44072db979083e9ull, 0xa4a44072db979083ull,
+    0xb7a4a44072db9790ull, 0xb3b7a4a44072db97ull, 0x67b3b7a4a44072dbull,
+    0x1f67b3b7a4a44072ull, 0xcb1f67b3b7a4a440ull, 0x79cb1f67b3b7a4a4ull,
+    0xe679cb1f67b3b7a4ull, 0x4ee679cb1f67b3b7ull, 0xcc4ee679cb1f67b3ull,
+    0xc0cc4ee679cb1f67ull, 0xe5c0cc4ee679cb1full, 0x78e5c0cc4ee679cbull,
+    0x8278e5c0cc4ee679ull, 0x5a8278e5c0cc4ee6ull, 0xd05a8278e5c0cc4eull,
+    0x7dd05a8278e5c0ccull, 0xcc7dd05a8278e5c0ull, 0xffcc7dd05a8278e5ull,
+    0x72ffcc7dd05a8278ull, 0x2172ffcc7dd05a82ull, 0xb82172ffcc7dd05aull,
+    0x08b82172ffcc7dd0ull, 0x4608b82172ffcc7dull, 0x744608b82172ffccull,
+    0xf7744608b82172ffull, 0x43f7744608b82172ull, 0x2443f7744608b821ull,
+    0x8e2443f7744608b8ull, 0xe08e2443f7744608ull, 0x35e08e2443f77446ull,
+    0x9035e08e2443f774ull, 0xe69035e08e2443f7ull, 0x81e69035e08e2443ull,
+    0x3a81e69035e08e24ull, 0x263a81e69035e08eull, 0x4c263a81e69035e0ull,
+    0x3c4c263a81e69035ull, 0x283c4c263a81e690ull, 0x52283c4c263a81e6ull,
+    0xbb52283c4c263a81ull, 0x91bb52283c4c263aull, 0xc391bb52283c4c26ull,
+    0x00c391bb52283c4cull, 0xcb00c391bb52283cull, 0x88cb00c391bb5228ull,
+    0xd088cb00c391bb52ull, 0x65d088cb00c391bbull, 0x8b65d088cb00c391ull,
+    0x1b8b65d088cb00c3ull, 0x531b8b65d088cb00ull, 0x2e531b8b65d088cbull,
+    0xa32e531b8b65d088ull, 0x71a32e531b8b65d0ull, 0x6471a32e531b8b65ull,
+    0x486471a32e531b8bull, 0x97486471a32e531bull, 0xa297486471a32e53ull,
+    0x0da297486471a32eull, 0xf90da297486471a3ull, 0x4ef90da297486471ull,
+    0x384ef90da2974864ull, 0x19384ef90da29748ull, 0xef19384ef90da297ull,
+    0x46ef19384ef90da2ull, 0xa946ef19384ef90dull, 0xdea946ef19384ef9ull,
+    0xacdea946ef19384eull, 0xd8acdea946ef1938ull, 0xa8d8acdea946ef19ull,
+    0xfaa8d8acdea946efull, 0x76faa8d8acdea946ull, 0x3f76faa8d8acdea9ull,
+    0xe33f76faa8d8acdeull, 0x9ce33f76faa8d8acull, 0x349ce33f76faa8d8ull,
+    0x3f349ce33f76faa8ull, 0xf93f349ce33f76faull, 0xdcf93f349ce33f76ull,
+    0xbbdcf93f349ce33full, 0xc7bbdcf93f349ce3ull, 0xc7c7bbdcf93f349cull,
+    0x0bc7c7bbdcf93f34ull, 0x4f0bc7c7bbdcf93full, 0x1d4f0bc7c7bbdcf9ull,
+    0x8a1d4f0bc7c7bbdcull, 0x518a1d4f0bc7c7bbull, 0xe0518a1d4f0bc7c7ull,
+    0x4be0518a1d4f0bc7ull, 0xcd4be0518a1d4f0bull, 0xb4cd4be0518a1d4full,
+    0x59b4cd4be0518a1dull, 0x3159b4cd4be0518aull, 0xc83159b4cd4be051ull,
+    0x9fc83159b4cd4be0ull, 0x7e9fc83159b4cd4bull, 0xc97e9fc83159b4cdull,
+    0xd9c97e9fc83159b4ull, 0x78d9c97e9fc83159ull, 0x7378d9c97e9fc831ull,
+    0x647378d9c97e9fc8ull, 0xea647378d9c97e9full, 0xc5ea647378d9c97eull,
+    0xacc5ea647378d9c9ull, 0x83acc5ea647378d9ull, 0x3483acc5ea647378ull,
+    0xd33483acc5ea6473ull, 0xebd33483acc5ea64ull, 0xc3ebd33483acc5eaull,
+    0xc5c3ebd33483acc5ull, 0x81c5c3ebd33483acull, 0xa081c5c3ebd33483ull,
+    0xffa081c5c3ebd334ull, 0xfaffa081c5c3ebd3ull, 0x13faffa081c5c3ebull,
+    0x6313faffa081c5c3ull, 0xeb6313faffa081c5ull, 0x17eb6313faffa081ull,
+    0x0d17eb6313faffa0ull, 0xdd0d17eb6313faffull, 0x51dd0d17eb6313faull,
+    0xb751dd0d17eb6313ull, 0xf0b751dd0d17eb63ull, 0xdaf0b751dd0d17ebull,
+    0x49daf0b751dd0d17ull, 0xd349daf0b751dd0dull, 0x16d349daf0b751ddull,
+    0x5516d349daf0b751ull, 0x265516d349daf0b7ull, 0x29265516d349daf0ull,
+    0xd429265516d349daull, 0x68d429265516d349ull, 0x9e68d429265516d3ull,
+    0x2b9e68d429265516ull, 0x162b9e68d4292655ull, 0xbe162b9e68d42926ull,
+    0x58be162b9e68d429ull, 0x7d58be162b9e68d4ull, 0x477d58be162b9e68ull,
+    0xa1477d58be162b9eull, 0xfca1477d58be162bull, 0x8ffca1477d58be16ull,
+    0xf88ffca1477d58beull, 0xb8f88ffca1477d58ull, 0xd1b8f88ffca1477dull,
+    0x7ad1b8f88ffca147ull, 0xd07ad1b8f88ffca1ull, 0x31d07ad1b8f88ffcull,
+    0xce31d07ad1b8f88full, 0x45ce31d07ad1b8f8ull, 0xcb45ce31d07ad1b8ull,
+    0x3acb45ce31d07ad1ull, 0x8f3acb45ce31d07aull, 0x958f3acb45ce31d0ull,
+    0x16958f3acb45ce31ull, 0x0416958f3acb45ceull, 0x280416958f3acb45ull,
+    0xaf280416958f3acbull, 0xd7af280416958f3aull, 0xfbd7af280416958full,
+    0xcafbd7af28041695ull, 0xbbcafbd7af280416ull, 0x4bbbcafbd7af2804ull,
+    0x404bbbcafbd7af28ull, 0x7e404bbbcafbd7afull,
+};
+
 #define WSYNC_XXH_P32_1 0x9E3779B1u
 #define WSYNC_XXH_P32_2 0x85EBCA77u
 #define WSYNC_XXH_P32_3 0xC2B2AE3Du
@@ -70,12 +139,8 @@ WSYNC_XXH_FN u64 rd64(const unsigned char *p) {
 WSYNC_XXH_FN u32 rd32(const unsigned char *p) {
     return u32(p[0]) | (u32(p[1]) << 8) | (u32(p[2]) << 16) | (u32(p[3]) << 24);
 }
-// The secret's words: byte-assembled, so unaligned offsets (3, 7, 11, 121 ...) work everywhere.
-WSYNC_XXH_FN u64 key64(unsigned off) {
-    u64 v = 0;
-    for (int i = 7; i >= 0; --i) v = (v << 8) | kSecret[off + i];
-    return v;
-}
+// The secret's 64-bit word at byte `off` (0..184).
+WSYNC_XXH_FN u64 key64(unsigned off) { return kSecretAt[off]; }
 WSYNC_XXH_FN u32 key32(unsigned off) { return rd32(kSecret + off); }
 
 WSYNC_XXH_FN u64 mul128_fold64(u64 a, u64 b) {
