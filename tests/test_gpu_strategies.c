@@ -749,6 +749,7 @@ typedef struct {
     uint32_t index;
     uint64_t scribble_before; /* the engine changes its copy of t0 before this version */
     const char *kind;         /* NULL: cuda_ipc */
+    int probe;                /* first try each patch into a misaligned or host destination */
 } delta_engine_cfg;
 
 /* Answers each request with two bytes: 0 when every tensor holds what the trainer sent (else
@@ -786,6 +787,20 @@ static int delta_engine_main(const delta_engine_cfg *cfg, int in, int out) {
                 if (wsync_recv_peek(it, i, &t) != WSYNC_OK) { answer[0] = 2; break; }
                 if (t.flags & WSYNC_TENSOR_PATCH) answer[1]++;
                 const int k = t.name[1] - '0';
+                if (cfg->probe && (t.flags & WSYNC_TENSOR_PATCH)) {
+                    /* Bad destinations are refused by name and leave the iteration usable. */
+                    const size_t n = (size_t)delta_elems[k] * 2;
+                    uint8_t *odd = dalloc(n + 8);
+                    if (wsync_recv_copy(it, i, 0, odd + 1, n) != WSYNC_ERR_INVALID_ARGUMENT ||
+                        !strstr(wsync_last_error(), "not aligned to its 2-byte elements"))
+                        answer[0] = 7;
+                    uint8_t *host = malloc(n);
+                    if (wsync_recv_copy(it, i, 0, host, n) != WSYNC_ERR_INVALID_ARGUMENT ||
+                        !strstr(wsync_last_error(), "is not device memory"))
+                        answer[0] = 8;
+                    free(host);
+                    drv.cuMemFree((CUdeviceptr)(uintptr_t)odd);
+                }
                 st = wsync_recv_copy(it, i, 0, mine[k], (size_t)delta_elems[k] * 2);
                 if (st != WSYNC_OK) {
                     fprintf(stderr, "delta engine %u: %s\n", cfg->index, wsync_last_error());
@@ -852,7 +867,7 @@ static void delta_engine_finish(engine_t *e) {
 
 static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void **state) {
     (void)state;
-    delta_engine_cfg c0 = {0, 0, NULL}, c1 = {1, 0, NULL};
+    delta_engine_cfg c0 = {0, 0, NULL, 1}, c1 = {1, 0, NULL, 0};
     engine_t e[2] = {tu_fork_peer(delta_engine_entry, &c0), tu_fork_peer(delta_engine_entry, &c1)};
     use_device(0);
     wsync_strategy_t *s;
@@ -884,7 +899,7 @@ static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void 
  * again after. */
 static void delta_refusal_and_dense_recovery(const char *kind) {
     const int hears = !strcmp(kind, "cuda_ipc");
-    delta_engine_cfg c0 = {0, 3, kind};
+    delta_engine_cfg c0 = {0, 3, kind, 0};
     engine_t e = tu_fork_peer(delta_engine_entry, &c0);
     use_device(0);
     wsync_strategy_t *s;

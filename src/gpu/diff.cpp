@@ -338,8 +338,10 @@ std::vector<DeltaKernels::ApplyOut> DeltaKernels::apply(const std::vector<ApplyJ
             const delta::Header h = delta::check_header(header.data(), j.nbytes, j.elements, j.esize, what);
             if (h.coding != delta::kPlain)
                 fail(WSYNC_ERR_MALFORMED, what + ": patch is gap-coded; the GPU apply takes plain indices");
-            if (j.dst % j.esize || j.patch % 8)
-                fail(WSYNC_ERR_INVALID_ARGUMENT, what + ": destination or patch is not aligned for the GPU apply");
+            if (j.dst % j.esize)
+                fail(WSYNC_ERR_INVALID_ARGUMENT, what + ": the destination is not aligned to its elements");
+            if (j.patch % 8)
+                fail(WSYNC_ERR_MALFORMED, what + ": patch does not start on an 8-byte boundary");
             widths[i] = h.width;
             counts[i] = h.count;
             live.push_back(i);
@@ -429,6 +431,10 @@ delta::Applied DeltaKernels::apply_one(void *dst, const void *patch, uint64_t pa
                                        const sys::Deadline &deadline, const std::string &what,
                                        const char *kind, uint64_t *got) {
     check_device_destination(dev_, dst, elements * esize, [&] { return what; }, kind);
+    if (esize && reinterpret_cast<uintptr_t>(dst) % esize)
+        fail(WSYNC_ERR_INVALID_ARGUMENT, "wsync_recv_copy: the destination of " + what +
+                                             " is not aligned to its " + std::to_string(esize) +
+                                             "-byte elements");
     ApplyJob j;
     j.dst = reinterpret_cast<CUdeviceptr>(dst);
     j.elements = elements;
