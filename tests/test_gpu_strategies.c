@@ -750,6 +750,7 @@ typedef struct {
     uint64_t scribble_before; /* the engine changes its copy of t0 before this version */
     const char *kind;         /* NULL: cuda_ipc */
     int probe;                /* first try each patch into a misaligned or host destination */
+    int announce;             /* writes one byte once its receiver is attached */
 } delta_engine_cfg;
 
 /* Answers each request with two bytes: 0 when every tensor holds what the trainer sent (else
@@ -766,6 +767,8 @@ static int delta_engine_main(const delta_engine_cfg *cfg, int in, int out) {
         wsync_receiver_create(s, init, len, cfg->index, &r) != WSYNC_OK)
         return 11;
     free(init);
+    uint8_t attached = 1;
+    if (cfg->announce && tu_write_all(out, &attached, 1)) return 15;
     use_device(0);
     uint16_t *mine[DT];
     for (int k = 0; k < DT; ++k) mine[k] = dalloc((size_t)delta_elems[k] * 2);
@@ -867,7 +870,7 @@ static void delta_engine_finish(engine_t *e) {
 
 static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void **state) {
     (void)state;
-    delta_engine_cfg c0 = {0, 0, NULL, 1}, c1 = {1, 0, NULL, 0};
+    delta_engine_cfg c0 = {0, 0, NULL, 1, 0}, c1 = {1, 0, NULL, 0, 0};
     engine_t e[2] = {tu_fork_peer(delta_engine_entry, &c0), tu_fork_peer(delta_engine_entry, &c1)};
     use_device(0);
     wsync_strategy_t *s;
@@ -899,7 +902,7 @@ static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void 
  * again after. */
 static void delta_refusal_and_dense_recovery(const char *kind) {
     const int hears = !strcmp(kind, "cuda_ipc");
-    delta_engine_cfg c0 = {0, 3, kind, 0};
+    delta_engine_cfg c0 = {0, 3, kind, 0, 0};
     engine_t e = tu_fork_peer(delta_engine_entry, &c0);
     use_device(0);
     wsync_strategy_t *s;
@@ -950,6 +953,44 @@ static void nccl_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the
     void **state) {
     (void)state;
     delta_refusal_and_dense_recovery("nccl_broadcast");
+}
+
+/* An engine that restarts (a new process attaching as the same receiver) holds no base: the
+ * version after it attached is dense, so its first version completes, and patches follow. */
+static void cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense(void **state) {
+    (void)state;
+    delta_engine_cfg first = {0, 0, NULL, 0, 0}, again = {0, 0, NULL, 0, 1};
+    engine_t e1 = tu_fork_peer(delta_engine_entry, &first);
+    engine_t e2 = tu_fork_peer(delta_engine_entry, &again); /* forked before this process uses CUDA */
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &e1, 1, &s, &init, &tx);
+    uint16_t *data[DT];
+    for (int k = 0; k < DT; ++k) data[k] = dalloc((size_t)delta_elems[k] * 2);
+    uint8_t a[1][2];
+    for (uint64_t v = 1; v <= 2; ++v) {
+        delta_version(tx, &e1, 1, data, v, a);
+        assert_int_equal(a[0][0], 0);
+        assert_int_equal(a[0][1], v == 1 ? 0 : DT);
+        OK(wsync_sender_flush(tx, 5000));
+    }
+    delta_engine_finish(&e1); /* receiver 0 leaves */
+    engine_send(&e2, &init);  /* and a new process attaches as receiver 0 */
+    uint8_t attached = 0;
+    assert_int_equal(tu_read_all(e2.from, &attached, 1, 20000), 0);
+    delta_version(tx, &e2, 1, data, 3, a);
+    assert_int_equal(a[0][0], 0);
+    assert_int_equal(a[0][1], 0); /* dense: the newcomer holds no base */
+    OK(wsync_sender_flush(tx, 5000));
+    delta_version(tx, &e2, 1, data, 4, a);
+    assert_int_equal(a[0][0], 0);
+    assert_int_equal(a[0][1], DT);
+    OK(wsync_sender_flush(tx, 5000));
+    delta_engine_finish(&e2);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < DT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
 }
 
 static void gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror(void **state) {
@@ -2111,6 +2152,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross),
     cmocka_unit_test(cuda_ipc_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense),
     cmocka_unit_test(nccl_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense),
+    cmocka_unit_test(cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense),
     cmocka_unit_test(gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror),
     cmocka_unit_test(the_fake_counts_memory_freed_while_an_engine_maps_it),
     cmocka_unit_test(unpacked_memory_a_version_no_longer_uses_is_freed_after_wait_released),

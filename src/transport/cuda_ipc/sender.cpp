@@ -88,7 +88,10 @@ public:
 
     json send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) override {
         const uint64_t first = next_seq_;
-        if (h.chunk_index == 0) board_.admit_joiners(first);
+        // Receivers that (re)attached were admitted by begin_version(), which the core calls
+        // before it encodes a version's first chunk: a delta sender then knows every newcomer
+        // before it encodes (and sends that version dense); one that attaches later waits for
+        // the next version.
         if (table.metas.empty()) {
             // A commit without data: a slot and a seq like any chunk, nothing to pack or share.
             const uint32_t slot = static_cast<uint32_t>((first - 1) % info_.slots());
@@ -128,6 +131,9 @@ public:
     }
 
     void abandon(uint64_t version) override { board_.abandon(version); }
+
+    // The version's first chunk will be published as next_seq_ (it only grows on publish).
+    bool begin_version() override { return board_.admit_joiners(next_seq_) > 0; }
 
     void set_stream(void *stream) override { order_stream_ = gpu::ordering_stream(stream); }
 
