@@ -820,7 +820,7 @@ static int delta_engine_main(const delta_engine_cfg *cfg, int in, int out) {
             /* nccl_broadcast's recv_end only fences the dense copies for the next receive. */
             if (cfg->kind && !strcmp(cfg->kind, "nccl_broadcast") && drv.cuCtxSynchronize() != 0)
                 answer[0] = 6;
-            if (st == WSYNC_OK && end == WSYNC_OK) {
+            if (st == WSYNC_OK && end == WSYNC_OK && (info.flags & WSYNC_CHUNK_LAST)) {
                 for (int k = 0; k < DT; ++k) {
                     uint16_t *want = malloc((size_t)delta_elems[k] * 2);
                     delta_content(want, (size_t)delta_elems[k], info.version, k);
@@ -989,6 +989,56 @@ static void cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense(voi
     assert_int_equal(a[0][1], DT);
     OK(wsync_sender_flush(tx, 5000));
     delta_engine_finish(&e2);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < DT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
+/* A version the trainer abandons after its first chunk (whose patches the engine applied) never
+ * touches the trainer's bases, and the version after it is dense for everyone: the engine is
+ * whole again, and patches follow. */
+static void cuda_ipc_delta_the_version_after_an_abandoned_one_is_dense(void **state) {
+    (void)state;
+    delta_engine_cfg c0 = {0, 0, NULL, 0, 0};
+    engine_t e = tu_fork_peer(delta_engine_entry, &c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &e, 1, &s, &init, &tx);
+    uint16_t *data[DT];
+    for (int k = 0; k < DT; ++k) data[k] = dalloc((size_t)delta_elems[k] * 2);
+    uint8_t a[1][2];
+    for (uint64_t v = 1; v <= 2; ++v) {
+        delta_version(tx, &e, 1, data, v, a);
+        assert_int_equal(a[0][0], 0);
+        OK(wsync_sender_flush(tx, 5000));
+    }
+    /* Version 3: its first chunk (t0, t1) goes out as patches and is applied; then it is
+     * abandoned. */
+    wsync_tensor_t t[2];
+    for (int k = 0; k < 2; ++k) {
+        delta_content(data[k], (size_t)delta_elems[k], 3, k);
+        t[k] = gpu_tensor(k ? "t1" : "t0", data[k], &delta_elems[k], 1, WSYNC_DTYPE_BFLOAT, 16, 0);
+    }
+    wsync_chunk_t ch = tu_chunk(t, 2, 0);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    engine_send(&e, &req);
+    assert_int_equal(tu_read_all(e.from, a[0], 2, 20000), 0);
+    assert_int_equal(a[0][0], 0);
+    assert_int_equal(a[0][1], 2);
+    wsync_blob_free(&req);
+    OK(wsync_sender_abandon(tx));
+    /* Version 4 is dense, whatever the engine holds; then patches again. */
+    delta_version(tx, &e, 1, data, 4, a);
+    assert_int_equal(a[0][0], 0);
+    assert_int_equal(a[0][1], 0);
+    OK(wsync_sender_flush(tx, 5000));
+    delta_version(tx, &e, 1, data, 5, a);
+    assert_int_equal(a[0][0], 0);
+    assert_int_equal(a[0][1], DT);
+    OK(wsync_sender_flush(tx, 5000));
+    delta_engine_finish(&e);
     trainer_end(tx, s, &init);
     for (int k = 0; k < DT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
 }
@@ -2153,6 +2203,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense),
     cmocka_unit_test(nccl_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense),
     cmocka_unit_test(cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense),
+    cmocka_unit_test(cuda_ipc_delta_the_version_after_an_abandoned_one_is_dense),
     cmocka_unit_test(gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror),
     cmocka_unit_test(the_fake_counts_memory_freed_while_an_engine_maps_it),
     cmocka_unit_test(unpacked_memory_a_version_no_longer_uses_is_freed_after_wait_released),
