@@ -829,7 +829,10 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  * tree-hash dst, write the changed elements and tree-hash the result on the loader's stream,
  * after the work queued there before, and the call blocks until dst is final or the receiver's
  * "timeout_ms" passes (WSYNC_ERR_TIMEOUT; a failed kernel is WSYNC_ERR_SYSTEM); the messages
- * say "tree hash" where the host's say XXH3. "nccl_broadcast" cannot tell the trainer of a
+ * say "tree hash" where the host's say XXH3. A patch whose header or indices do not parse is
+ * WSYNC_ERR_MALFORMED naming the tensor and the first bad index (dst untouched, iteration
+ * failed); a dst not aligned to the tensor's elements is WSYNC_ERR_INVALID_ARGUMENT (iteration
+ * unchanged). "nccl_broadcast" cannot tell the trainer of a
  * failure: its "delta_anchor_every" bounds how long such an engine waits for a dense version.
  * With the receiver option "delta_mirror" none of this applies to dst: the patch is applied
  * onto the receiver's own copy of the tensor (checked the same way; the failures name "this
