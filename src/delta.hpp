@@ -190,6 +190,61 @@ constexpr uint64_t kCoolDown = 8;
 uint64_t patch_limit(uint64_t nbytes, uint64_t esize, uint64_t percent);
 uint64_t budget(uint64_t nbytes, uint64_t percent);
 
+// The version bookkeeping every coder shares: whether the version being sent may carry
+// patches, which entries the last chunk and the open version staged, and what a refused chunk,
+// a published one, a commit and an abandon do to them. E is a coder's per-tensor entry, with
+// unstage() (forget what was staged for it).
+template <class E>
+class Staging {
+public:
+    // At each chunk of `version`; the first one decides whether the version may carry patches.
+    void begin_chunk(const Config &config, uint64_t version) {
+        if (open_ != version) {
+            open_ = version;
+            version_.clear();
+            allowed_ = delta::patches_allowed(config, version, committed_, dense_next_);
+            dense_next_ = false;
+        }
+        chunk_.clear();
+    }
+    void stage(E *e) { chunk_.push_back(e); }
+    bool patches_allowed() const { return allowed_; }
+    uint64_t committed() const { return committed_; }  // last committed version (0: none)
+    // The chunk just encoded was refused before it moved: forget what it staged.
+    void chunk_refused() {
+        for (E *e : chunk_) e->unstage();
+        chunk_.clear();
+    }
+    // The chunk just encoded was published: its entries belong to the open version.
+    void chunk_sent() {
+        version_.insert(version_.end(), chunk_.begin(), chunk_.end());
+        chunk_.clear();
+    }
+    // The open version's entries, for the coder's commit; then committed(version).
+    const std::vector<E *> &staged() const { return version_; }
+    void committed(uint64_t version) {
+        version_.clear();
+        committed_ = version;
+        open_ = 0;
+    }
+    // The version was abandoned: nothing it staged stays, and the next version is dense.
+    void abandon() {
+        for (E *e : version_) e->unstage();
+        chunk_refused();
+        version_.clear();
+        open_ = 0;
+        dense_next_ = true;
+    }
+    void dense_next() { dense_next_ = true; }
+
+private:
+    std::vector<E *> chunk_, version_;  // staged by the last chunk / by the open version
+    uint64_t committed_ = 0;            // last committed version (0: none)
+    uint64_t open_ = 0;                 // version being encoded (0: none)
+    bool allowed_ = false;
+    bool dense_next_ = false;
+};
+
 // The host's coder: per tensor name, the bytes of the last committed version and its hash;
 // what a version being sent will change is kept apart and folded in only at its commit, so an
 // abandoned or failed version never touches a base.
@@ -204,19 +259,15 @@ public:
     void chunk_sent() override;
     void commit(uint64_t version) override;
     void abandon() override;
-    void dense_next() override { dense_next_ = true; }
+    void dense_next() override;
     uint64_t held_bytes() const override;
 
 private:
     struct Entry;
     Config config_;
     std::unordered_map<std::string, std::unique_ptr<Entry>> entries_;
-    std::vector<Entry *> chunk_, version_;  // staged by the last chunk / by the open version
-    Changes scratch_;                       // what find_changes found; capacity kept
-    uint64_t committed_ = 0;                // last committed version (0: none)
-    uint64_t open_ = 0;                     // version being encoded (0: none)
-    bool patches_allowed_ = false;
-    bool dense_next_ = false;
+    Staging<Entry> staging_;
+    Changes scratch_;  // what find_changes found; capacity kept
 };
 
 }  // namespace delta

@@ -142,13 +142,7 @@ Encoder::~Encoder() = default;
 void Encoder::encode(uint64_t version, const wsync_tensor_t *tensors,
                      const std::vector<TensorMeta> &metas, std::vector<wsync_tensor_t> &wire,
                      std::vector<PatchInfo> &patches) {
-    if (open_ != version) {
-        open_ = version;
-        version_.clear();
-        patches_allowed_ = patches_allowed(config_, version, committed_, dense_next_);
-        dense_next_ = false;
-    }
-    chunk_.clear();
+    staging_.begin_chunk(config_, version);
     wire.assign(tensors, tensors + metas.size());
     patches.assign(metas.size(), PatchInfo{});
     for (std::size_t i = 0; i < metas.size(); ++i) {
@@ -172,14 +166,14 @@ void Encoder::encode(uint64_t version, const wsync_tensor_t *tensors,
             e.stale = true;
             continue;
         }
-        chunk_.push_back(&e);
+        staging_.stage(&e);
         const bool same = e.base && !e.stale && e.nbytes == m.nbytes &&
                           std::memcmp(&e.dtype, &m.dtype, sizeof e.dtype) == 0;
         // A committed patch not yet folded into the base is folded by the compare, block by
         // block; anything that skips or cuts the compare folds it here.
         const Patch *fold = e.fold ? &e.parsed : nullptr;
         e.fold = false;
-        if (patches_allowed_ && same) {
+        if (staging_.patches_allowed() && same) {
             const uint64_t limit = config_.mode == Mode::kOn
                                        ? UINT64_MAX
                                        : patch_limit(m.nbytes, esize, config_.max_percent);
@@ -205,7 +199,7 @@ void Encoder::encode(uint64_t version, const wsync_tensor_t *tensors,
                     w.ndim = 1;
                     w.shape = &e.wire_shape;
                     w.strides = nullptr;
-                    patches[i] = {e.patch.size(), committed_, e.base_hash, hash};
+                    patches[i] = {e.patch.size(), staging_.committed(), e.base_hash, hash};
                     continue;
                 }
             }
@@ -219,18 +213,13 @@ void Encoder::encode(uint64_t version, const wsync_tensor_t *tensors,
     }
 }
 
-void Encoder::chunk_refused() {
-    for (Entry *e : chunk_) e->unstage();
-    chunk_.clear();
-}
-
-void Encoder::chunk_sent() {
-    version_.insert(version_.end(), chunk_.begin(), chunk_.end());
-    chunk_.clear();
-}
+void Encoder::chunk_refused() { staging_.chunk_refused(); }
+void Encoder::chunk_sent() { staging_.chunk_sent(); }
+void Encoder::abandon() { staging_.abandon(); }
+void Encoder::dense_next() { staging_.dense_next(); }
 
 void Encoder::commit(uint64_t version) {
-    for (Entry *e : version_) {
+    for (Entry *e : staging_.staged()) {
         e->base_hash = e->staged_hash;
         if (e->staged == Entry::Staged::kPatch) {
             e->fold = true;  // written into the base by the next compare (or by a dense send)
@@ -243,17 +232,7 @@ void Encoder::commit(uint64_t version) {
         e->stale = false;
         e->unstage();
     }
-    version_.clear();
-    committed_ = version;
-    open_ = 0;
-}
-
-void Encoder::abandon() {
-    for (Entry *e : version_) e->unstage();
-    chunk_refused();
-    version_.clear();
-    open_ = 0;
-    dense_next_ = true;
+    staging_.committed(version);
 }
 
 uint64_t Encoder::held_bytes() const {

@@ -69,13 +69,7 @@ void DeviceCoder::start(int ordinal) {
 void DeviceCoder::encode(uint64_t version, const wsync_tensor_t *tensors,
                          const std::vector<TensorMeta> &metas, std::vector<wsync_tensor_t> &wire,
                          std::vector<PatchInfo> &patches) {
-    if (open_ != version) {
-        open_ = version;
-        version_.clear();
-        patches_allowed_ = delta::patches_allowed(config_, version, committed_, dense_next_);
-        dense_next_ = false;
-    }
-    chunk_.clear();
+    staging_.begin_chunk(config_, version);
     wire.assign(tensors, tensors + metas.size());
     patches.assign(metas.size(), PatchInfo{});
     if (metas.empty()) return;
@@ -99,11 +93,13 @@ void DeviceCoder::encode(uint64_t version, const wsync_tensor_t *tensors,
     // Which tensors are compared and which go dense.
     std::vector<DeltaKernels::DiffJob> jobs;
     std::vector<std::size_t> compared, dense;
+    std::vector<Entry *> of(metas.size());  // each tensor's entry, looked up once
     for (std::size_t i = 0; i < metas.size(); ++i) {
         const TensorMeta &m = metas[i];
         auto &slot = entries_[m.name];
         if (!slot) slot = std::make_unique<Entry>(), slot->name = m.name;
         Entry &e = *slot;
+        of[i] = &e;
         if (e.staged != Entry::Staged::kNone)
             fail(WSYNC_ERR_INVALID_ARGUMENT, std::string(kind_) + ": delta: " +
                                                  tensor_label(i, m.name.c_str()) +
@@ -112,12 +108,12 @@ void DeviceCoder::encode(uint64_t version, const wsync_tensor_t *tensors,
             e.stale = true;  // auto, changed too much lately: dense, no compare, no base kept
             continue;
         }
-        chunk_.push_back(&e);
+        staging_.stage(&e);
         const uint64_t esize = dtype_size(m.dtype);
         const auto now = reinterpret_cast<CUdeviceptr>(tensors[i].data);
         const bool same = e.base.size() && !e.stale && e.nbytes == m.nbytes &&
                           std::memcmp(&e.dtype, &m.dtype, sizeof e.dtype) == 0;
-        if (patches_allowed_ && same && DeltaKernels::diffable(esize, now, e.base.ptr())) {
+        if (staging_.patches_allowed() && same && DeltaKernels::diffable(esize, now, e.base.ptr())) {
             const uint64_t limit = config_.mode == delta::Mode::kOn
                                        ? UINT64_MAX
                                        : delta::patch_limit(m.nbytes, esize, config_.max_percent);
@@ -133,7 +129,7 @@ void DeviceCoder::encode(uint64_t version, const wsync_tensor_t *tensors,
     std::vector<bool> hashed(metas.size(), false);
     for (std::size_t k = 0; k < jobs.size(); ++k) {
         const std::size_t i = compared[k];
-        Entry &e = *entries_[metas[i].name];
+        Entry &e = *of[i];
         DeltaKernels::DiffOut &o = out[k];
         known[i] = o.result_hash;
         hashed[i] = true;
@@ -162,7 +158,7 @@ void DeviceCoder::encode(uint64_t version, const wsync_tensor_t *tensors,
     std::vector<std::size_t> hash_of;
     uint64_t tile = 0;
     for (std::size_t i : dense) {
-        Entry &e = *entries_[metas[i].name];
+        Entry &e = *of[i];
         if (e.spare.size() < metas[i].nbytes || !e.spare.size())
             e.spare = DeviceBuffer(*dev_, std::max<uint64_t>(metas[i].nbytes, 1), "delta base of '" + e.name + "'");
         PackEntry c{reinterpret_cast<uint64_t>(tensors[i].data), e.spare.ptr(), metas[i].nbytes,
@@ -184,12 +180,12 @@ void DeviceCoder::encode(uint64_t version, const wsync_tensor_t *tensors,
     // before the transport moves them on its own stream.
     const std::vector<uint64_t> sums =
         kernels_->tree_hashes(to_hash, stream_->get(), deadline, what + ": staging dense tensors");
-    for (std::size_t k = 0; k < hash_of.size(); ++k) entries_[metas[hash_of[k]].name]->staged_hash = sums[k];
+    for (std::size_t k = 0; k < hash_of.size(); ++k) of[hash_of[k]]->staged_hash = sums[k];
 
     for (std::size_t i = 0; i < metas.size(); ++i) {
-        auto it = entries_.find(metas[i].name);
-        if (it == entries_.end() || it->second->staged != Entry::Staged::kPatch) continue;
-        Entry &e = *it->second;
+        // A cooling tensor (of[i] set, nothing staged) and dense ones keep the caller's tensor.
+        if (of[i]->staged != Entry::Staged::kPatch) continue;
+        Entry &e = *of[i];
         e.wire_shape = int64_t(e.patch_bytes);
         wsync_tensor_t &w = wire[i];
         w.data = reinterpret_cast<void *>(e.patch.ptr());
@@ -199,7 +195,7 @@ void DeviceCoder::encode(uint64_t version, const wsync_tensor_t *tensors,
         w.strides = nullptr;
         PatchInfo p;
         p.wire_bytes = e.patch_bytes;
-        p.base_version = committed_;
+        p.base_version = staging_.committed();
         p.base_xxh3 = e.base_hash;
         p.result_xxh3 = e.staged_hash;
         p.tree = true;
@@ -207,19 +203,14 @@ void DeviceCoder::encode(uint64_t version, const wsync_tensor_t *tensors,
     }
 }
 
-void DeviceCoder::chunk_refused() {
-    for (Entry *e : chunk_) e->unstage();
-    chunk_.clear();
-}
-
-void DeviceCoder::chunk_sent() {
-    version_.insert(version_.end(), chunk_.begin(), chunk_.end());
-    chunk_.clear();
-}
+void DeviceCoder::chunk_refused() { staging_.chunk_refused(); }
+void DeviceCoder::chunk_sent() { staging_.chunk_sent(); }
+void DeviceCoder::abandon() { staging_.abandon(); }
+void DeviceCoder::dense_next() { staging_.dense_next(); }
 
 void DeviceCoder::commit(uint64_t version) {
     std::vector<DeltaKernels::FoldJob> folds;
-    for (Entry *e : version_) {
+    for (Entry *e : staging_.staged()) {
         e->base_hash = e->staged_hash;
         if (e->staged == Entry::Staged::kPatch) {
             folds.push_back({e->base.ptr(), e->nbytes / dtype_size(e->dtype),
@@ -235,17 +226,7 @@ void DeviceCoder::commit(uint64_t version) {
     }
     // Queued on the coder's stream, so the next compare (which waits for it) sees the new bases.
     if (!folds.empty()) kernels_->fold(folds, stream_->get());
-    version_.clear();
-    committed_ = version;
-    open_ = 0;
-}
-
-void DeviceCoder::abandon() {
-    for (Entry *e : version_) e->unstage();
-    chunk_refused();
-    version_.clear();
-    open_ = 0;
-    dense_next_ = true;
+    staging_.committed(version);
 }
 
 uint64_t DeviceCoder::held_bytes() const {

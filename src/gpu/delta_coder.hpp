@@ -35,7 +35,7 @@ public:
     void chunk_sent() override;
     void commit(uint64_t version) override;
     void abandon() override;
-    void dense_next() override { dense_next_ = true; }
+    void dense_next() override;
     void set_stream(void *stream) override { order_stream_ = ordering_stream(stream); }
     uint64_t held_bytes() const override;
 
@@ -55,10 +55,8 @@ private:
     std::unique_ptr<DeltaKernels> kernels_;
     std::unique_ptr<Packer> packer_;  // copies dense tensors into their staged bases
     std::unordered_map<std::string, std::unique_ptr<Entry>> entries_;
-    std::vector<Entry *> chunk_, version_;
+    delta::Staging<Entry> staging_;
     std::vector<PackEntry> copies_;
-    uint64_t committed_ = 0, open_ = 0;
-    bool patches_allowed_ = false, dense_next_ = false;
 };
 
 }  // namespace wsync::gpu
