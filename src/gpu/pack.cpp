@@ -33,6 +33,15 @@ OptionSpec bucket_bytes_option(const char *doc) {
             "sender", doc};
 }
 
+void refuse_cast_with_delta(const char *kind, const Options &options) {
+    const std::string &delta = options.text("delta"), &dtype = options.text("dtype");
+    if (delta != "off" && !dtype.empty())
+        fail(WSYNC_ERR_UNSUPPORTED,
+             std::string(kind) + ": option 'delta' is \"" + delta + "\" and 'dtype' is \"" + dtype +
+                 "\": a patch applies to the tensor as the engine holds it, and a cast changes "
+                 "that; leave one of them off");
+}
+
 wsync_dtype_t cast_dtype(Cast cast, wsync_dtype_t in, PackOp *op) {
     *op = kPackCopy;
     bool f32 = in.code == WSYNC_DTYPE_FLOAT && in.bits == 32 && in.lanes == 1;

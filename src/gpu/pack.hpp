@@ -20,6 +20,10 @@ bool is_cast_name(const std::string &text);  // one parse_cast accepts
 // The "dtype" and "bucket_bytes" options of a kind that packs, with the kind's own doc text.
 OptionSpec cast_option(const char *doc);
 OptionSpec bucket_bytes_option(const char *doc);
+// A kind's options with both a "dtype" cast and a "delta" other than "off": refused,
+// WSYNC_ERR_UNSUPPORTED naming `kind` (a patch applies to the tensor as the engine holds it,
+// and a cast changes that).
+void refuse_cast_with_delta(const char *kind, const Options &options);
 // The dtype a tensor travels as, and the pack op that makes it.
 wsync_dtype_t cast_dtype(Cast cast, wsync_dtype_t in, PackOp *op);
 

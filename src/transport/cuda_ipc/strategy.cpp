@@ -123,11 +123,7 @@ public:
                      " senders: each sender's patches differ (what changed on its GPU), while a "
                      "merged request carries one tensor table for all; use senders=1 per engine "
                      "group, or delta \"off\"");
-        if (delta != "off" && !dtype_.empty())
-            fail(WSYNC_ERR_UNSUPPORTED,
-                 "cuda_ipc: option 'delta' is \"" + delta + "\" and 'dtype' is \"" + dtype_ +
-                     "\": a patch applies to the tensor as the engine holds it, and a cast "
-                     "changes that; leave one of them off");
+        gpu::refuse_cast_with_delta(kKind, o);
     }
 
     json create_init_info() override {

@@ -90,11 +90,7 @@ public:
                  "the trainer cannot hear that an engine failed a version (no channel runs back "
                  "from engines), so only periodic dense versions make such an engine whole; set "
                  "delta_anchor_every to N (versions 1, N+1, 2N+1, ... go dense)");
-        if (delta != "off" && !dtype_.empty())
-            fail(WSYNC_ERR_UNSUPPORTED,
-                 "nccl_broadcast: option 'delta' is \"" + delta + "\" and 'dtype' is \"" + dtype_ +
-                     "\": a patch applies to the tensor as the engine holds it, and a cast "
-                     "changes that; leave one of them off");
+        gpu::refuse_cast_with_delta(kKind, o);
     }
 
     json create_init_info() override {
