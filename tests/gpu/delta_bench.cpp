@@ -21,20 +21,13 @@
 #include "error.hpp"
 #include "gpu/device.hpp"
 #include "gpu/diff.hpp"
+#include "bench_util.hpp"
 
 using namespace wsync;
 using namespace wsync::gpu;
 
-namespace {
-double now() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-void drain(const Device &d, CUstream s) {
-    Event e(d);
-    e.record(s);
-    poll_until([&] { return e.done(); }, sys::Deadline(600000), "delta_bench");
-}
-}  // namespace
+using bench::drain;
+using bench::now;
 
 int main(int argc, char **argv) {
     int layers = 1, reps = 10;

@@ -19,23 +19,13 @@
 #include "error.hpp"
 #include "gpu/device.hpp"
 #include "gpu/pack.hpp"
+#include "bench_util.hpp"
 
 using namespace wsync;
 using namespace wsync::gpu;
 
-namespace {
-double now() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Waits for everything queued on `s` so far (spinning: the kernel takes well under a second).
-void drain(const Device &d, CUstream s) {
-    Event e(d);
-    e.record(s);
-    while (!e.done()) {
-    }
-}
-}  // namespace
+using bench::drain;
+using bench::now;
 
 int main(int argc, char **argv) {
     int layers = 1, reps = 20;
