@@ -868,31 +868,53 @@ static void delta_engine_finish(engine_t *e) {
     close(e->from);
 }
 
+/* A delta trainer on GPU 0: its strategy (`kind` with `options`), init info (sent to the
+ * first `engines` engines), sender, and the model's device buffers. */
+typedef struct {
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    uint16_t *data[DT];
+} delta_trainer_t;
+
+static void delta_trainer_start(delta_trainer_t *t, const char *kind, const char *options,
+                                engine_t *e, int engines) {
+    use_device(0);
+    OK(wsync_strategy_create(kind, options, &t->s));
+    OK(wsync_strategy_create_init_info(t->s, &t->init));
+    for (int i = 0; i < engines; ++i) engine_send(&e[i], &t->init);
+    OK(wsync_sender_create(t->s, t->init.data, t->init.size, &t->tx));
+    for (int k = 0; k < DT; ++k) t->data[k] = dalloc((size_t)delta_elems[k] * 2);
+}
+
+static void delta_trainer_end(delta_trainer_t *t) {
+    trainer_end(t->tx, t->s, &t->init);
+    for (int k = 0; k < DT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)t->data[k]);
+}
+
+/* Version v to the engines: each must load it bit-identical with `patches` tensors as patches
+ * (-1: any number); then the trainer's flush succeeds. */
+static void delta_step(delta_trainer_t *t, engine_t *e, int engines, uint64_t v, int patches) {
+    uint8_t a[2][2];
+    delta_version(t->tx, e, engines, t->data, v, a);
+    for (int i = 0; i < engines; ++i) {
+        assert_int_equal(a[i][0], 0);
+        if (patches >= 0) assert_int_equal(a[i][1], patches);
+    }
+    OK(wsync_sender_flush(t->tx, 5000));
+}
+
 static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void **state) {
     (void)state;
     delta_engine_cfg c0 = {0, 0, NULL, 1, 0}, c1 = {1, 0, NULL, 0, 0};
     engine_t e[2] = {tu_fork_peer(delta_engine_entry, &c0), tu_fork_peer(delta_engine_entry, &c1)};
-    use_device(0);
-    wsync_strategy_t *s;
-    wsync_blob_t init;
-    wsync_sender_t *tx;
-    ipc_trainer("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}", e, 2, &s, &init, &tx);
-    uint16_t *data[DT];
-    for (int k = 0; k < DT; ++k) data[k] = dalloc((size_t)delta_elems[k] * 2);
-    for (uint64_t v = 1; v <= 6; ++v) {
-        uint8_t a[2][2];
-        delta_version(tx, e, 2, data, v, a);
-        for (int i = 0; i < 2; ++i) {
-            assert_int_equal(a[i][0], 0);
-            /* Version 1 is dense; after it, every tensor but the 20-element one (whose patch
-             * would not be smaller) crosses as a patch. */
-            assert_int_equal(a[i][1], v == 1 ? 0 : DT - 1);
-        }
-        OK(wsync_sender_flush(tx, 5000));
-    }
+    delta_trainer_t t;
+    delta_trainer_start(&t, "cuda_ipc", "{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}", e, 2);
+    /* Version 1 is dense; after it, every tensor but the 20-element one (whose patch would not
+     * be smaller) crosses as a patch. */
+    for (uint64_t v = 1; v <= 6; ++v) delta_step(&t, e, 2, v, v == 1 ? 0 : DT - 1);
     for (int i = 0; i < 2; ++i) delta_engine_finish(&e[i]);
-    trainer_end(tx, s, &init);
-    for (int k = 0; k < DT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+    delta_trainer_end(&t);
 }
 
 /* The same for either GPU kind: versions 1 and 2 arrive; before version 3 the engine changes
@@ -904,43 +926,25 @@ static void delta_refusal_and_dense_recovery(const char *kind) {
     const int hears = !strcmp(kind, "cuda_ipc");
     delta_engine_cfg c0 = {0, 3, kind, 0, 0};
     engine_t e = tu_fork_peer(delta_engine_entry, &c0);
-    use_device(0);
-    wsync_strategy_t *s;
-    wsync_blob_t init;
-    wsync_sender_t *tx;
-    OK(wsync_strategy_create(kind, hears ? "{\"bucket_bytes\": 1048576, \"delta\": \"on\"}"
-                                         : "{\"bucket_bytes\": 1048576, \"delta\": \"on\", \"delta_anchor_every\": 3}",
-                             &s));
-    OK(wsync_strategy_create_init_info(s, &init));
-    engine_send(&e, &init);
-    OK(wsync_sender_create(s, init.data, init.size, &tx));
-    uint16_t *data[DT];
-    for (int k = 0; k < DT; ++k) data[k] = dalloc((size_t)delta_elems[k] * 2);
-    uint8_t a[1][2];
-    for (uint64_t v = 1; v <= 2; ++v) {
-        delta_version(tx, &e, 1, data, v, a);
-        assert_int_equal(a[0][0], 0);
-        OK(wsync_sender_flush(tx, 5000));
-    }
+    delta_trainer_t t;
+    delta_trainer_start(&t, kind,
+                        hears ? "{\"bucket_bytes\": 1048576, \"delta\": \"on\"}"
+                              : "{\"bucket_bytes\": 1048576, \"delta\": \"on\", \"delta_anchor_every\": 3}",
+                        &e, 1);
+    for (uint64_t v = 1; v <= 2; ++v) delta_step(&t, &e, 1, v, -1);
     /* Version 3: the engine's t0 is no longer version 2, so its patch is refused by name, the
      * engine's memory untouched, and the trainer hears it. */
-    delta_version(tx, &e, 1, data, 3, a);
+    uint8_t a[1][2];
+    delta_version(t.tx, &e, 1, t.data, 3, a);
     assert_int_equal(a[0][0], 0x80 | WSYNC_ERR_MISMATCH);
     assert_int_equal(a[0][1], 1); /* refused at the first tensor, a patch */
-    if (hears) EXPECT_ERR(wsync_sender_flush(tx, 5000), WSYNC_ERR_PEER, "does not hold version 2");
-    else OK(wsync_sender_flush(tx, 5000));
+    if (hears) EXPECT_ERR(wsync_sender_flush(t.tx, 5000), WSYNC_ERR_PEER, "does not hold version 2");
+    else OK(wsync_sender_flush(t.tx, 5000));
     /* Version 4 is dense for everyone and makes the engine whole; patches flow again after. */
-    delta_version(tx, &e, 1, data, 4, a);
-    assert_int_equal(a[0][0], 0);
-    assert_int_equal(a[0][1], 0);
-    OK(wsync_sender_flush(tx, 5000));
-    delta_version(tx, &e, 1, data, 5, a);
-    assert_int_equal(a[0][0], 0);
-    assert_int_equal(a[0][1], DT);
-    OK(wsync_sender_flush(tx, 5000));
+    delta_step(&t, &e, 1, 4, 0);
+    delta_step(&t, &e, 1, 5, DT);
     delta_engine_finish(&e);
-    trainer_end(tx, s, &init);
-    for (int k = 0; k < DT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+    delta_trainer_end(&t);
 }
 
 static void cuda_ipc_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense(
@@ -962,35 +966,17 @@ static void cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense(voi
     delta_engine_cfg first = {0, 0, NULL, 0, 0}, again = {0, 0, NULL, 0, 1};
     engine_t e1 = tu_fork_peer(delta_engine_entry, &first);
     engine_t e2 = tu_fork_peer(delta_engine_entry, &again); /* forked before this process uses CUDA */
-    use_device(0);
-    wsync_strategy_t *s;
-    wsync_blob_t init;
-    wsync_sender_t *tx;
-    ipc_trainer("{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &e1, 1, &s, &init, &tx);
-    uint16_t *data[DT];
-    for (int k = 0; k < DT; ++k) data[k] = dalloc((size_t)delta_elems[k] * 2);
-    uint8_t a[1][2];
-    for (uint64_t v = 1; v <= 2; ++v) {
-        delta_version(tx, &e1, 1, data, v, a);
-        assert_int_equal(a[0][0], 0);
-        assert_int_equal(a[0][1], v == 1 ? 0 : DT);
-        OK(wsync_sender_flush(tx, 5000));
-    }
-    delta_engine_finish(&e1); /* receiver 0 leaves */
-    engine_send(&e2, &init);  /* and a new process attaches as receiver 0 */
+    delta_trainer_t t;
+    delta_trainer_start(&t, "cuda_ipc", "{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &e1, 1);
+    for (uint64_t v = 1; v <= 2; ++v) delta_step(&t, &e1, 1, v, v == 1 ? 0 : DT);
+    delta_engine_finish(&e1);  /* receiver 0 leaves */
+    engine_send(&e2, &t.init); /* and a new process attaches as receiver 0 */
     uint8_t attached = 0;
     assert_int_equal(tu_read_all(e2.from, &attached, 1, 20000), 0);
-    delta_version(tx, &e2, 1, data, 3, a);
-    assert_int_equal(a[0][0], 0);
-    assert_int_equal(a[0][1], 0); /* dense: the newcomer holds no base */
-    OK(wsync_sender_flush(tx, 5000));
-    delta_version(tx, &e2, 1, data, 4, a);
-    assert_int_equal(a[0][0], 0);
-    assert_int_equal(a[0][1], DT);
-    OK(wsync_sender_flush(tx, 5000));
+    delta_step(&t, &e2, 1, 3, 0); /* dense: the newcomer holds no base */
+    delta_step(&t, &e2, 1, 4, DT);
     delta_engine_finish(&e2);
-    trainer_end(tx, s, &init);
-    for (int k = 0; k < DT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+    delta_trainer_end(&t);
 }
 
 /* A version the trainer abandons after its first chunk (whose patches the engine applied) never
@@ -1000,47 +986,31 @@ static void cuda_ipc_delta_the_version_after_an_abandoned_one_is_dense(void **st
     (void)state;
     delta_engine_cfg c0 = {0, 0, NULL, 0, 0};
     engine_t e = tu_fork_peer(delta_engine_entry, &c0);
-    use_device(0);
-    wsync_strategy_t *s;
-    wsync_blob_t init;
-    wsync_sender_t *tx;
-    ipc_trainer("{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &e, 1, &s, &init, &tx);
-    uint16_t *data[DT];
-    for (int k = 0; k < DT; ++k) data[k] = dalloc((size_t)delta_elems[k] * 2);
-    uint8_t a[1][2];
-    for (uint64_t v = 1; v <= 2; ++v) {
-        delta_version(tx, &e, 1, data, v, a);
-        assert_int_equal(a[0][0], 0);
-        OK(wsync_sender_flush(tx, 5000));
-    }
+    delta_trainer_t t;
+    delta_trainer_start(&t, "cuda_ipc", "{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &e, 1);
+    for (uint64_t v = 1; v <= 2; ++v) delta_step(&t, &e, 1, v, -1);
     /* Version 3: its first chunk (t0, t1) goes out as patches and is applied; then it is
      * abandoned. */
-    wsync_tensor_t t[2];
+    wsync_tensor_t ts[2];
     for (int k = 0; k < 2; ++k) {
-        delta_content(data[k], (size_t)delta_elems[k], 3, k);
-        t[k] = gpu_tensor(k ? "t1" : "t0", data[k], &delta_elems[k], 1, WSYNC_DTYPE_BFLOAT, 16, 0);
+        delta_content(t.data[k], (size_t)delta_elems[k], 3, k);
+        ts[k] = gpu_tensor(k ? "t1" : "t0", t.data[k], &delta_elems[k], 1, WSYNC_DTYPE_BFLOAT, 16, 0);
     }
-    wsync_chunk_t ch = tu_chunk(t, 2, 0);
+    wsync_chunk_t ch = tu_chunk(ts, 2, 0);
     wsync_blob_t req;
-    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    OK(wsync_sender_send_chunk(t.tx, &ch, &req));
     engine_send(&e, &req);
-    assert_int_equal(tu_read_all(e.from, a[0], 2, 20000), 0);
-    assert_int_equal(a[0][0], 0);
-    assert_int_equal(a[0][1], 2);
+    uint8_t a[2];
+    assert_int_equal(tu_read_all(e.from, a, 2, 20000), 0);
+    assert_int_equal(a[0], 0);
+    assert_int_equal(a[1], 2);
     wsync_blob_free(&req);
-    OK(wsync_sender_abandon(tx));
+    OK(wsync_sender_abandon(t.tx));
     /* Version 4 is dense, whatever the engine holds; then patches again. */
-    delta_version(tx, &e, 1, data, 4, a);
-    assert_int_equal(a[0][0], 0);
-    assert_int_equal(a[0][1], 0);
-    OK(wsync_sender_flush(tx, 5000));
-    delta_version(tx, &e, 1, data, 5, a);
-    assert_int_equal(a[0][0], 0);
-    assert_int_equal(a[0][1], DT);
-    OK(wsync_sender_flush(tx, 5000));
+    delta_step(&t, &e, 1, 4, 0);
+    delta_step(&t, &e, 1, 5, DT);
     delta_engine_finish(&e);
-    trainer_end(tx, s, &init);
-    for (int k = 0; k < DT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+    delta_trainer_end(&t);
 }
 
 static void gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror(void **state) {
