@@ -128,7 +128,26 @@ uint64_t model_hash(const std::vector<Tensor> &m) {
     return h;
 }
 
-// --- the engine --------------------------------------------------------------------------------
+// --- the engines ------------------------------------------------------------------------------
+// What both engines answer at a version's end: their apply time and the hash of what they hold.
+void answer_version(int out, double apply_ms, uint64_t hash) {
+    double ans[2];
+    std::memcpy(&ans[0], &apply_ms, 8);
+    std::memcpy(&ans[1], &hash, 8);
+    write_all(out, ans, sizeof ans);
+}
+
+// The engine's memory for tensor `name`: its index in `mem` (name -> (memory, bytes)), made by
+// `make(bytes)` the first time the tensor arrives.
+template <class Ptr, class Make>
+size_t slot_for(std::vector<std::pair<std::string, std::pair<Ptr, uint64_t>>> &mem,
+                const char *name, uint64_t bytes, Make make) {
+    size_t i = 0;
+    while (i < mem.size() && mem[i].first != name) ++i;
+    if (i == mem.size()) mem.push_back({name, {make(bytes), bytes}});
+    return i;
+}
+
 // Frames down: the init blob, then requests; an empty frame ends a version (answered with
 // apply_ms and the model hash as two doubles/u64), a second empty frame ends the engine.
 // mirror: the receiver keeps a mirror ("delta_mirror") and the engine loads as a view loader
@@ -146,10 +165,7 @@ uint64_t model_hash(const std::vector<Tensor> &m) {
         if (f.empty()) {
             uint64_t h = 0;
             for (auto &kv : mem) h = XXH3_64bits_withSeed(kv.second.first, kv.second.second, h);
-            double ans[2];
-            std::memcpy(&ans[0], &apply_ms, 8);
-            std::memcpy(&ans[1], &h, 8);
-            write_all(out, ans, sizeof ans);
+            answer_version(out, apply_ms, h);
             apply_ms = 0;
             if (recv_frame(in).size() == 1) continue;  // another version follows
             break;
@@ -162,11 +178,10 @@ uint64_t model_hash(const std::vector<Tensor> &m) {
         for (size_t k = 0; k < info.count; ++k) {
             wsync_tensor_t v;
             wsync_recv_peek(it, k, &v);
-            uint64_t bytes = uint64_t(v.shape[0]) * uint64_t(v.shape[1]) * 2;
-            size_t i = 0;
-            while (i < mem.size() && mem[i].first != v.name) ++i;
-            if (i == mem.size())
-                mem.push_back({v.name, {static_cast<uint8_t *>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)), bytes}});
+            const uint64_t bytes = uint64_t(v.shape[0]) * uint64_t(v.shape[1]) * 2;
+            const size_t i = slot_for(mem, v.name, bytes, [](uint64_t n) {
+                return static_cast<uint8_t *>(std::aligned_alloc(64, (n + 63) / 64 * 64));
+            });
             auto t0 = Clock::now();
             if (mirror) {
                 bool has = false;
@@ -212,10 +227,7 @@ uint64_t model_hash(const std::vector<Tensor> &m) {
                         cu::ok(cu::api.MemcpyDtoH(host.data(), kv.second.first, host.size()), "cuMemcpyDtoH_v2");
                         h = XXH3_64bits_withSeed(host.data(), host.size(), h);
                     }
-                    double ans[2];
-                    std::memcpy(&ans[0], &apply_ms, 8);
-                    std::memcpy(&ans[1], &h, 8);
-                    write_all(out, ans, sizeof ans);
+                    answer_version(out, apply_ms, h);
                     apply_ms = 0;
                     continue;
                 }
@@ -229,13 +241,11 @@ uint64_t model_hash(const std::vector<Tensor> &m) {
                     wsync_tensor_t v;
                     wsync_recv_peek(it, k, &v);
                     const uint64_t bytes = uint64_t(v.shape[0]) * uint64_t(v.shape[1]) * 2;
-                    size_t i = 0;
-                    while (i < mem.size() && mem[i].first != v.name) ++i;
-                    if (i == mem.size()) {
+                    const size_t i = slot_for(mem, v.name, bytes, [](uint64_t n) {
                         cu::CUdeviceptr d = 0;
-                        cu::ok(cu::api.MemAlloc(&d, bytes), "cuMemAlloc_v2");
-                        mem.push_back({v.name, {d, bytes}});
-                    }
+                        cu::ok(cu::api.MemAlloc(&d, n), "cuMemAlloc_v2");
+                        return d;
+                    });
                     MUST(wsync_recv_copy(it, k, 0, reinterpret_cast<void *>(mem[i].second.first), bytes));
                 }
                 MUST(wsync_recv_end(it));
