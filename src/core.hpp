@@ -175,6 +175,10 @@ private:
     void apply_onto(std::size_t i, void *dst, const char *where);
     // A tree-hashed patch (made on a GPU) onto device memory, by the transport (ChunkBacking::apply_patch).
     void apply_on_device(std::size_t i, void *dst, const std::string &what);
+    // Fails the chunk for a patch that did not apply onto `where` (MISMATCH for a base that
+    // differs, INTEGRITY for a result that does), naming the hash kind, both sums and versions.
+    [[noreturn]] void fail_apply(std::size_t i, delta::Applied outcome, uint64_t got,
+                                 const std::string &what, const char *where);
     // "delta_mirror": whether tensor i goes through the receiver's mirror, and the mirror's
     // bytes of it once this chunk's version of it is there (copied or patched, verified).
     bool mirrored(std::size_t i) const;

@@ -238,9 +238,9 @@ void Iteration::apply_onto(std::size_t i, void *dst, const char *where) {
                         "completed version is %" PRIu64 " (it missed or failed a version); the "
                         "trainer sends a dense version once it hears of this failure",
                         what.c_str(), p.base_version, have));
+    if (p.tree) return apply_on_device(i, dst, what);
     const auto *bytes = static_cast<const uint8_t *>(backing_->data(i));
     const uint64_t esize = dtype_size(m.dtype);
-    if (p.tree) return apply_on_device(i, dst, what);
     if (verify_ && !(state_[i] & kVerified)) check_sum(i, copy::hash_bytes(bytes, p.wire_bytes));
     delta::Patch &patch = owner_->patch_;
     try {
@@ -249,26 +249,31 @@ void Iteration::apply_onto(std::size_t i, void *dst, const char *where) {
         fail_chunk(e.status(), e.what());
     }
     uint64_t got = 0;
-    char sums[64];
-    switch (delta::apply_verified(dst, m.nbytes, patch, p.base_xxh3, p.result_xxh3, &got,
-                                  owner_->replaced_)) {
-    case delta::Applied::kApplied: break;
-    case delta::Applied::kBaseDiffers:
-        std::snprintf(sums, sizeof sums, "%016llx, the patch's base is %016llx",
+    const delta::Applied outcome = delta::apply_verified(dst, m.nbytes, patch, p.base_xxh3,
+                                                         p.result_xxh3, &got, owner_->replaced_);
+    if (outcome != delta::Applied::kApplied) fail_apply(i, outcome, got, what, where);
+    state_[i] |= kVerified;
+}
+
+void Iteration::fail_apply(std::size_t i, delta::Applied outcome, uint64_t got,
+                           const std::string &what, const char *where) {
+    const PatchInfo &p = table_.patches[i];
+    const char *hash = p.tree ? "tree hash" : "XXH3";
+    char sums[80];
+    if (outcome == delta::Applied::kBaseDiffers) {
+        std::snprintf(sums, sizeof sums, "%s %016llx, the patch's base is %016llx", hash,
                       static_cast<unsigned long long>(got),
                       static_cast<unsigned long long>(p.base_xxh3));
         fail_chunk(WSYNC_ERR_MISMATCH,
-                   strf("%s: %s does not hold version %" PRIu64 " of it (XXH3 %s); left unchanged",
+                   strf("%s: %s does not hold version %" PRIu64 " of it (%s); left unchanged",
                         what.c_str(), where, p.base_version, sums));
-    case delta::Applied::kResultDiffers:
-        std::snprintf(sums, sizeof sums, "%016llx, the request says %016llx",
-                      static_cast<unsigned long long>(got),
-                      static_cast<unsigned long long>(p.result_xxh3));
-        fail_chunk(WSYNC_ERR_INTEGRITY,
-                   strf("%s: the patched tensor's checksum differs (XXH3 %s); left at version "
-                        "%" PRIu64, what.c_str(), sums, p.base_version));
     }
-    state_[i] |= kVerified;
+    std::snprintf(sums, sizeof sums, "%s %016llx, the request says %016llx", hash,
+                  static_cast<unsigned long long>(got),
+                  static_cast<unsigned long long>(p.result_xxh3));
+    fail_chunk(WSYNC_ERR_INTEGRITY,
+               strf("%s: the patched tensor's checksum differs (%s); left at version %" PRIu64,
+                    what.c_str(), sums, p.base_version));
 }
 
 void Iteration::apply_on_device(std::size_t i, void *dst, const std::string &what) {
@@ -293,22 +298,7 @@ void Iteration::apply_on_device(std::size_t i, void *dst, const std::string &wha
         if (e.status() == WSYNC_ERR_INVALID_ARGUMENT || e.status() == WSYNC_ERR_UNSUPPORTED) throw;
         fail_chunk(e.status(), e.what());
     }
-    char sums[80];
-    switch (outcome) {
-    case delta::Applied::kApplied: break;
-    case delta::Applied::kBaseDiffers:
-        std::snprintf(sums, sizeof sums, "tree hash %016llx, the patch's base is %016llx",
-                      static_cast<unsigned long long>(got), static_cast<unsigned long long>(p.base_xxh3));
-        fail_chunk(WSYNC_ERR_MISMATCH,
-                   strf("%s: the destination does not hold version %" PRIu64 " of it (%s); left unchanged",
-                        what.c_str(), p.base_version, sums));
-    case delta::Applied::kResultDiffers:
-        std::snprintf(sums, sizeof sums, "tree hash %016llx, the request says %016llx",
-                      static_cast<unsigned long long>(got), static_cast<unsigned long long>(p.result_xxh3));
-        fail_chunk(WSYNC_ERR_INTEGRITY,
-                   strf("%s: the patched tensor's checksum differs (%s); left at version %" PRIu64,
-                        what.c_str(), sums, p.base_version));
-    }
+    if (outcome != delta::Applied::kApplied) fail_apply(i, outcome, got, what, "the destination");
     state_[i] |= kVerified;
 }
 
