@@ -104,8 +104,9 @@ extern "C" {
  *      WSYNC_RECEIVER_ORDERS_LOADER_WORK; the receiver option "delta_mirror" (patched tensors
  *      as views and ranges of the receiver's own verified copy; experimental); delta sync on
  *      the GPU kinds ("cuda_ipc" with packed=true, "nccl_broadcast" with "delta_anchor_every"):
- *      compared on the trainer's GPU and applied by wsync_recv_copy() into device memory,
- *      tree-hashed (request column patches.sums; docs/delta.md, "On the GPU"). */
+ *      compared on the trainer's GPU and applied by wsync_recv_copy() into device memory
+ *      (queued on the loader's stream; the verdicts at wsync_recv_end()), tree-hashed
+ *      (request column patches.sums; docs/delta.md, "On the GPU"). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -825,15 +826,21 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  * len, or when it was taken already (applied, or handed out by wsync_recv_patch()). The call
  * then reads dst twice (in one pass) and the patch, and writes only the changed elements.
  * For the GPU kinds ("cuda_ipc", "nccl_broadcast") the same holds with dst in device memory of
- * the receiver's GPU (checked as for a dense copy): the library's kernels check the patch,
- * tree-hash dst, write the changed elements and tree-hash the result on the loader's stream,
- * after the work queued there before, and the call blocks until dst is final or the receiver's
- * "timeout_ms" passes (WSYNC_ERR_TIMEOUT; a failed kernel is WSYNC_ERR_SYSTEM); the messages
- * say "tree hash" where the host's say XXH3. A patch whose header or indices do not parse is
- * WSYNC_ERR_MALFORMED naming the tensor and the first bad index (dst untouched, iteration
- * failed); a dst not aligned to the tensor's elements is WSYNC_ERR_INVALID_ARGUMENT (iteration
- * unchanged). "nccl_broadcast" cannot tell the trainer of a
- * failure: its "delta_anchor_every" bounds how long such an engine waits for a dense version.
+ * the receiver's GPU (checked as for a dense copy), with one difference in when failures are
+ * told: the call queues the library's kernels on the loader's stream, after the work queued
+ * there before (check the patch, tree-hash dst, write the changed elements, tree-hash the
+ * result, put dst back if it differs), and returns without waiting for them, as a dense device
+ * copy does; the loader's later work on that stream sees dst final. wsync_recv_end() waits
+ * once for all of the chunk's patches (bounded by the receiver's "timeout_ms":
+ * WSYNC_ERR_TIMEOUT; a failed kernel is WSYNC_ERR_SYSTEM) and returns the first one's failure:
+ * WSYNC_ERR_MISMATCH (dst does not hold the base; untouched), WSYNC_ERR_INTEGRITY (put back),
+ * WSYNC_ERR_MALFORMED naming the tensor and the first bad index (untouched); the other patches
+ * of the chunk are applied, and the failed iteration means the version is not complete on
+ * this engine. The messages say "tree hash" where the host's say XXH3. At the call itself: a
+ * patch whose length no patch of the tensor has is WSYNC_ERR_MALFORMED (iteration failed,
+ * nothing queued), a dst not aligned to the tensor's elements WSYNC_ERR_INVALID_ARGUMENT
+ * (iteration unchanged). dst must stay allocated until wsync_recv_end(). "nccl_broadcast"
+ * cannot tell the trainer of a failure: its "delta_anchor_every" bounds how long such an engine waits for a dense version.
  * With the receiver option "delta_mirror" none of this applies to dst: the patch is applied
  * onto the receiver's own copy of the tensor (checked the same way; the failures name "this
  * receiver's mirror"), and any range of the result is copied out, as for a dense tensor; every
@@ -932,6 +939,11 @@ WSYNC_API wsync_status_t wsync_recv_patch(wsync_recv_t *it, size_t i, wsync_patc
  *     its memory, only after the copies, while the engine already takes the next chunk;
  *   "nccl_broadcast" does not wait here but records an event on that stream, which the next
  *     wsync_receiver_receive() waits for with its deadline.
+ * Patches wsync_recv_copy() queued into device memory (the GPU kinds with "delta") are waited
+ * for here first, once, up to the receiver's "timeout_ms", whatever "synchronize" says and
+ * also after a failure (their kernels read the chunk's memory); a patch that did not apply
+ * fails the chunk with its status (see wsync_recv_copy()), which the call returns and the
+ * sender's flush reports ("cuda_ipc").
  * NULL is a no-op returning WSYNC_OK. Does not block otherwise. */
 WSYNC_API wsync_status_t wsync_recv_end(wsync_recv_t *it);
 
@@ -942,7 +954,8 @@ WSYNC_API wsync_status_t wsync_recv_end(wsync_recv_t *it);
  * wsync_failure_t fields; the version is not completed here. Frees the iteration (always; `it`
  * is invalid afterwards) and returns WSYNC_OK, or WSYNC_ERR_INVALID_ARGUMENT for WSYNC_OK as
  * status (the iteration is then still failed, with WSYNC_ERR_INVALID_ARGUMENT). NULL is a no-op
- * returning WSYNC_OK. Does not block. */
+ * returning WSYNC_OK. Does not block, except to wait (up to the receiver's "timeout_ms") for
+ * patches wsync_recv_copy() queued into device memory, whose kernels read the chunk's memory. */
 WSYNC_API wsync_status_t wsync_recv_fail(wsync_recv_t *it, wsync_status_t status,
                                          const char *message);
 

@@ -173,8 +173,16 @@ private:
     // Checks patch i (base version, checksum, structure) and applies it onto dst (nbytes of
     // the tensor), verified; `where` names dst in messages. Fails the iteration on any defect.
     void apply_onto(std::size_t i, void *dst, const char *where);
-    // A tree-hashed patch (made on a GPU) onto device memory, by the transport (ChunkBacking::apply_patch).
+    // A tree-hashed patch (made on a GPU) onto device memory: queued by the transport
+    // (ChunkBacking::queue_patch), its outcome read when the iteration ends.
     void apply_on_device(std::size_t i, void *dst, const std::string &what);
+    // Waits for the patches queued on the GPU (once) and fails the chunk, with the first
+    // failure's status and message, unless every one applied.
+    void settle_device_patches() noexcept;
+    // The status and message of a patch that did not apply onto `where`.
+    std::pair<wsync_status_t, std::string> apply_failure(std::size_t i, delta::Applied outcome,
+                                                         uint64_t got, const std::string &what,
+                                                         const char *where) const;
     // Fails the chunk for a patch that did not apply onto `where` (MISMATCH for a base that
     // differs, INTEGRITY for a result that does), naming the hash kind, both sums and versions.
     [[noreturn]] void fail_apply(std::size_t i, delta::Applied outcome, uint64_t got,
@@ -207,6 +215,8 @@ private:
         std::vector<int64_t> wide;
     };
     std::unordered_map<std::size_t, HandedPatch> handed_;
+    std::vector<std::size_t> device_patches_;  // tensors whose patches are queued on the GPU
+    bool device_queued_ = false;               // the transport may hold queued patch work
     std::size_t taken_ = 0;
     wsync_status_t failed_ = WSYNC_OK;
     std::string failure_;

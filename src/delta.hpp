@@ -129,6 +129,14 @@ enum class Applied { kApplied, kBaseDiffers, kResultDiffers };
 // `old` is scratch for the changed elements' previous bytes (resized as needed, kept).
 Applied apply_verified(void *dst, uint64_t nbytes, const Patch &p, uint64_t base_hash,
                        uint64_t result_hash, uint64_t *got, std::vector<uint8_t> &old);
+// How a patch applied on a GPU went (gpu::DeltaKernels reports it; the transport hands it to the
+// core, which fails the chunk for anything but kApplied).
+struct PatchOutcome {
+    enum class Kind { kApplied, kMalformed, kBaseDiffers, kResultDiffers };
+    Kind outcome = Kind::kApplied;
+    uint64_t got = 0;     // the hash that did not match
+    std::string message;  // why, naming the tensor (kMalformed: the defect)
+};
 // Writes the patch's values into dst without any check (the trainer's own bases).
 void scatter(void *dst, const Patch &p);
 

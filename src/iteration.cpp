@@ -255,8 +255,9 @@ void Iteration::apply_onto(std::size_t i, void *dst, const char *where) {
     state_[i] |= kVerified;
 }
 
-void Iteration::fail_apply(std::size_t i, delta::Applied outcome, uint64_t got,
-                           const std::string &what, const char *where) {
+std::pair<wsync_status_t, std::string> Iteration::apply_failure(std::size_t i, delta::Applied outcome,
+                                                                 uint64_t got, const std::string &what,
+                                                                 const char *where) const {
     const PatchInfo &p = table_.patches[i];
     const char *hash = p.tree ? "tree hash" : "XXH3";
     char sums[80];
@@ -264,16 +265,22 @@ void Iteration::fail_apply(std::size_t i, delta::Applied outcome, uint64_t got,
         std::snprintf(sums, sizeof sums, "%s %016llx, the patch's base is %016llx", hash,
                       static_cast<unsigned long long>(got),
                       static_cast<unsigned long long>(p.base_xxh3));
-        fail_chunk(WSYNC_ERR_MISMATCH,
-                   strf("%s: %s does not hold version %" PRIu64 " of it (%s); left unchanged",
-                        what.c_str(), where, p.base_version, sums));
+        return {WSYNC_ERR_MISMATCH,
+                strf("%s: %s does not hold version %" PRIu64 " of it (%s); left unchanged",
+                     what.c_str(), where, p.base_version, sums)};
     }
     std::snprintf(sums, sizeof sums, "%s %016llx, the request says %016llx", hash,
                   static_cast<unsigned long long>(got),
                   static_cast<unsigned long long>(p.result_xxh3));
-    fail_chunk(WSYNC_ERR_INTEGRITY,
-               strf("%s: the patched tensor's checksum differs (%s); left at version %" PRIu64,
-                    what.c_str(), sums, p.base_version));
+    return {WSYNC_ERR_INTEGRITY,
+            strf("%s: the patched tensor's checksum differs (%s); left at version %" PRIu64,
+                 what.c_str(), sums, p.base_version)};
+}
+
+void Iteration::fail_apply(std::size_t i, delta::Applied outcome, uint64_t got,
+                           const std::string &what, const char *where) {
+    auto [status, message] = apply_failure(i, outcome, got, what, where);
+    fail_chunk(status, std::move(message));
 }
 
 void Iteration::apply_on_device(std::size_t i, void *dst, const std::string &what) {
@@ -286,20 +293,67 @@ void Iteration::apply_on_device(std::size_t i, void *dst, const std::string &wha
     dp.elements = m.nbytes / dp.esize;
     dp.base_hash = p.base_xxh3;
     dp.result_hash = p.result_xxh3;
-    delta::Applied outcome = delta::Applied::kApplied;
-    uint64_t got = 0;
+    // Queued on the loader's stream; its outcome is read once for the chunk, when the
+    // iteration ends (settle_device_patches).
     try {
-        if (!backing_->apply_patch(dst, dp, what, &outcome, &got))
+        device_queued_ = true;  // from here on the transport may hold queued work to wait for
+        if (!backing_->queue_patch(dst, dp, what))
             wsync::fail(WSYNC_ERR_UNSUPPORTED, "wsync_recv_copy: " + what + " is a patch on a GPU and "
                                                "strategy '" + owner_->kind_.name + "' cannot apply it");
+        device_patches_.push_back(i);
     } catch (const Error &e) {
-        // A destination that is not the GPU's memory leaves the iteration as it was; anything
-        // else (a malformed patch, a failed or late GPU) fails the chunk.
+        // A destination that is not the GPU's memory leaves the iteration as it was (nothing
+        // was queued); anything else (a malformed patch, a failed launch) fails the chunk.
         if (e.status() == WSYNC_ERR_INVALID_ARGUMENT || e.status() == WSYNC_ERR_UNSUPPORTED) throw;
         fail_chunk(e.status(), e.what());
     }
-    if (outcome != delta::Applied::kApplied) fail_apply(i, outcome, got, what, "the destination");
-    state_[i] |= kVerified;
+}
+
+void Iteration::settle_device_patches() noexcept {
+    if (!device_queued_) return;
+    device_queued_ = false;
+    std::vector<std::size_t> queued;
+    queued.swap(device_patches_);
+    auto fail_first = [&](wsync_status_t status, std::string message) {
+        if (failed_ != WSYNC_OK) return;
+        failed_ = status;
+        failure_ = std::move(message);
+    };
+    try {
+        const std::vector<delta::PatchOutcome> outs =
+            backing_->patch_outcomes("applying the " + std::to_string(queued.size()) +
+                                     " patches of " + chunk_label(header_) + " on the GPU");
+        using Kind = delta::PatchOutcome::Kind;
+        // A patch whose queuing failed part-way has an outcome but no place in `queued`; the
+        // chunk failed then already, and the outcomes are only waited for.
+        if (outs.size() != queued.size()) queued.clear();
+        for (std::size_t k = 0; k < queued.size(); ++k) {
+            const std::size_t i = queued[k];
+            const delta::PatchOutcome &o = outs[k];
+            if (o.outcome == Kind::kApplied) {
+                state_[i] |= kVerified;
+                continue;
+            }
+            if (o.outcome == Kind::kMalformed) {
+                fail_first(WSYNC_ERR_MALFORMED, o.message);
+                continue;
+            }
+            const std::string what =
+                tensor_label(i, table_.metas[i].name.c_str()) + " in " + chunk_label(header_);
+            auto [status, message] = apply_failure(
+                i, o.outcome == Kind::kBaseDiffers ? delta::Applied::kBaseDiffers : delta::Applied::kResultDiffers,
+                o.got, what, "the destination");
+            fail_first(status, std::move(message));
+        }
+        if (queued.empty() && !outs.empty())
+            fail_first(WSYNC_ERR_SYSTEM, chunk_label(header_) + ": the transport reported " +
+                                             std::to_string(outs.size()) + " patch outcomes for " +
+                                             "patches it did not queue");
+    } catch (const Error &e) {
+        fail_first(e.status(), e.what());
+    } catch (...) {
+        fail_first(WSYNC_ERR_SYSTEM, "waiting for the patches of " + chunk_label(header_) + " on the GPU failed");
+    }
 }
 
 bool Iteration::mirrored(std::size_t i) const {
@@ -424,6 +478,10 @@ void Iteration::patch(std::size_t i, wsync_patch_t *out) {
 wsync_status_t Iteration::finish(wsync_status_t outcome) noexcept {
     if (finished_) return failed_;
     finished_ = true;
+    // Patches queued on the GPU are waited for first, also after a failure (their kernels read
+    // the chunk's memory); a patch that did not apply fails a chunk that was going well.
+    settle_device_patches();
+    if (outcome == WSYNC_OK) outcome = failed_;
     // The transport's own completion decides the final outcome before anyone is told: the
     // engine's caller and the sender's failure record then carry the same status and message.
     std::string why;
@@ -453,6 +511,7 @@ void Iteration::fail(wsync_status_t status, std::string message) {
 }
 
 void Iteration::end() {
+    settle_device_patches();  // a patch that did not apply is the chunk's failure
     if (failed_ != WSYNC_OK) {
         finish(failed_);
         wsync::fail(failed_, failure_);

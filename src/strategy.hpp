@@ -78,22 +78,27 @@ public:
         return false;
     }
     // wsync_recv_copy() of a patch made on a GPU (tree-hashed, docs/delta.md "On the GPU"):
-    // applies the patch at `patch` (inside the chunk, `patch_bytes`) onto `dst`, which must be
-    // device memory of this backing's GPU holding the tensor (`elements` of `esize` bytes) as
-    // of the patch's base; verified and all or nothing. Returns false where the transport has
-    // no such apply. Otherwise *outcome says what happened (dst unchanged unless kApplied) with
-    // the hash that did not match in *got; throws WSYNC_ERR_MALFORMED naming `what` for a patch
-    // that does not parse, WSYNC_ERR_INVALID_ARGUMENT for a destination that is not such
-    // memory, or the wait's error (WSYNC_ERR_TIMEOUT, a failed kernel). Blocks until dst is
-    // final.
+    // queues the verified, all-or-nothing apply of the patch at `patch` (inside the chunk,
+    // `patch_bytes`) onto `dst`, which must be device memory of this backing's GPU holding the
+    // tensor (`elements` of `esize` bytes) as of the patch's base, on the loader's stream, and
+    // returns without waiting for the GPU: the loader's later work on that stream sees dst
+    // final. Returns false where the transport has no such apply. Throws
+    // WSYNC_ERR_INVALID_ARGUMENT for a destination that is not such memory, or
+    // WSYNC_ERR_MALFORMED naming `what` for a patch whose size already shows a defect (nothing
+    // queued either way), or a driver error's status. The patch's memory stays valid until
+    // patch_outcomes() returns.
     struct DevicePatch {
         const void *patch = nullptr;
         uint64_t patch_bytes = 0, elements = 0, esize = 0, base_hash = 0, result_hash = 0;
     };
-    virtual bool apply_patch(void * /*dst*/, const DevicePatch & /*p*/, const std::string & /*what*/,
-                             delta::Applied * /*outcome*/, uint64_t * /*got*/) {
+    virtual bool queue_patch(void * /*dst*/, const DevicePatch & /*p*/, const std::string & /*what*/) {
         return false;
     }
+    // How the patches queue_patch() queued went, in queue order: waits once, bounded by the
+    // receiver's timeout, for the loader's stream to run them (WSYNC_ERR_TIMEOUT, or a failed
+    // kernel's status, naming the step; `what` says which chunk's patches). Called once, when
+    // an iteration that queued any ends, before settle().
+    virtual std::vector<delta::PatchOutcome> patch_outcomes(const std::string & /*what*/) { return {}; }
     // Called exactly once, when the iteration ends, before anything is told to the sender:
     // finishes the transport's own part of the chunk (cuda_ipc: waits, with a deadline, for the
     // loader's GPU copies out of the views) and returns the final outcome, which may turn

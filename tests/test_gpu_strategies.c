@@ -751,11 +751,24 @@ typedef struct {
     const char *kind;         /* NULL: cuda_ipc */
     int probe;                /* first try each patch into a misaligned or host destination */
     int announce;             /* writes one byte once its receiver is attached */
+    uint64_t hold_at;         /* holds the loader's stream while it copies this version's tensors */
 } delta_engine_cfg;
+
+/* Whether `got` is tensor k of version v (with the engine's scribble when `scribbled`). */
+static int delta_holds(const uint16_t *got, int k, uint64_t v, int scribbled) {
+    uint16_t *want = malloc((size_t)delta_elems[k] * 2);
+    delta_content(want, (size_t)delta_elems[k], v, k);
+    if (scribbled) want[17] ^= 0x4000;
+    const int same = memcmp(got, want, (size_t)delta_elems[k] * 2) == 0;
+    free(want);
+    return same;
+}
 
 /* Answers each request with two bytes: 0 when every tensor holds what the trainer sent (else
  * the step that failed, or 0x80 | the status of a MISMATCH refusal that was expected), and
- * how many tensors of the chunk came as patches. */
+ * how many tensors of the chunk came as patches. Patches into device memory are queued on the
+ * loader's stream by wsync_recv_copy and verified when the iteration ends, so a refusal is
+ * wsync_recv_end's status. */
 static int delta_engine_main(const delta_engine_cfg *cfg, int in, int out) {
     alarm(60);
     uint8_t *init;
@@ -783,7 +796,10 @@ static int delta_engine_main(const delta_engine_cfg *cfg, int in, int out) {
         } else {
             wsync_recv_info_t info = {0};
             wsync_recv_info(it, &info);
-            if (info.version == cfg->scribble_before) mine[0][17] ^= 0x4000;
+            const int scribbled = info.version == cfg->scribble_before;
+            if (scribbled) mine[0][17] ^= 0x4000;
+            const int held = info.version == cfg->hold_at;
+            if (held && drv.stream_hold(NULL) != 0) answer[0] = 9;
             wsync_status_t st = WSYNC_OK;
             for (size_t i = 0; i < info.count && st == WSYNC_OK; ++i) {
                 wsync_tensor_t t;
@@ -807,26 +823,34 @@ static int delta_engine_main(const delta_engine_cfg *cfg, int in, int out) {
                 st = wsync_recv_copy(it, i, 0, mine[k], (size_t)delta_elems[k] * 2);
                 if (st != WSYNC_OK) {
                     fprintf(stderr, "delta engine %u: %s\n", cfg->index, wsync_last_error());
-                    if (info.version == cfg->scribble_before && k == 0 && st == WSYNC_ERR_MISMATCH &&
-                        strstr(wsync_last_error(), "does not hold version") &&
-                        strstr(wsync_last_error(), "'t0'"))
-                        answer[0] = (uint8_t)(0x80 | st);
-                    else
-                        answer[0] = 3;
+                    answer[0] = 3;
                 }
             }
+            if (held) {
+                /* Every copy returned with the stream parked: queued, none applied yet. */
+                for (int k = 0; k < DT; ++k)
+                    if (!delta_holds(mine[k], k, info.version - 1, 0)) answer[0] = 10;
+                drv.stream_release_held();
+            }
             wsync_status_t end = wsync_recv_end(it);
-            if (st == WSYNC_OK && end != WSYNC_OK) answer[0] = 4;
+            if (end != WSYNC_OK) fprintf(stderr, "delta engine %u: end: %s\n", cfg->index, wsync_last_error());
+            if (scribbled && st == WSYNC_OK) {
+                /* t0 no longer holds the base: refused by name when the chunk ends, t0 left as
+                 * the engine made it. */
+                if (end == WSYNC_ERR_MISMATCH && strstr(wsync_last_error(), "does not hold version") &&
+                    strstr(wsync_last_error(), "'t0'") && delta_holds(mine[0], 0, info.version - 1, 1))
+                    answer[0] = (uint8_t)(0x80 | end);
+                else
+                    answer[0] = 11;
+            } else if (st == WSYNC_OK && end != WSYNC_OK) {
+                answer[0] = 4;
+            }
             /* nccl_broadcast's recv_end only fences the dense copies for the next receive. */
             if (cfg->kind && !strcmp(cfg->kind, "nccl_broadcast") && drv.cuCtxSynchronize() != 0)
                 answer[0] = 6;
             if (st == WSYNC_OK && end == WSYNC_OK && (info.flags & WSYNC_CHUNK_LAST)) {
-                for (int k = 0; k < DT; ++k) {
-                    uint16_t *want = malloc((size_t)delta_elems[k] * 2);
-                    delta_content(want, (size_t)delta_elems[k], info.version, k);
-                    if (memcmp(mine[k], want, (size_t)delta_elems[k] * 2)) answer[0] = 5;
-                    free(want);
-                }
+                for (int k = 0; k < DT; ++k)
+                    if (!delta_holds(mine[k], k, info.version, 0)) answer[0] = 5;
             }
         }
         free(req);
@@ -906,7 +930,7 @@ static void delta_step(delta_trainer_t *t, engine_t *e, int engines, uint64_t v,
 
 static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void **state) {
     (void)state;
-    delta_engine_cfg c0 = {0, 0, NULL, 1, 0}, c1 = {1, 0, NULL, 0, 0};
+    delta_engine_cfg c0 = {0, 0, NULL, 1, 0, 0}, c1 = {1, 0, NULL, 0, 0, 4};
     engine_t e[2] = {tu_fork_peer(delta_engine_entry, &c0), tu_fork_peer(delta_engine_entry, &c1)};
     delta_trainer_t t;
     delta_trainer_start(&t, "cuda_ipc", "{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}", e, 2);
@@ -918,13 +942,14 @@ static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void 
 }
 
 /* The same for either GPU kind: versions 1 and 2 arrive; before version 3 the engine changes
- * its copy of t0, whose patch it then refuses by name, memory untouched; the trainer hears it
+ * its copy of t0, whose patch it then refuses by name (wsync_recv_end), memory untouched; the
+ * trainer hears it
  * (cuda_ipc) or cannot (nccl_broadcast: no channel back, so delta there needs anchors, here
  * every 3rd version); version 4 is dense for everyone and makes the engine whole; patches flow
  * again after. */
 static void delta_refusal_and_dense_recovery(const char *kind) {
     const int hears = !strcmp(kind, "cuda_ipc");
-    delta_engine_cfg c0 = {0, 3, kind, 0, 0};
+    delta_engine_cfg c0 = {0, 3, kind, 0, 0, 5};
     engine_t e = tu_fork_peer(delta_engine_entry, &c0);
     delta_trainer_t t;
     delta_trainer_start(&t, kind,
@@ -937,7 +962,7 @@ static void delta_refusal_and_dense_recovery(const char *kind) {
     uint8_t a[1][2];
     delta_version(t.tx, &e, 1, t.data, 3, a);
     assert_int_equal(a[0][0], 0x80 | WSYNC_ERR_MISMATCH);
-    assert_int_equal(a[0][1], 1); /* refused at the first tensor, a patch */
+    assert_int_equal(a[0][1], DT); /* every tensor a patch, all queued; t0's refused at the end */
     if (hears) EXPECT_ERR(wsync_sender_flush(t.tx, 5000), WSYNC_ERR_PEER, "does not hold version 2");
     else OK(wsync_sender_flush(t.tx, 5000));
     /* Version 4 is dense for everyone and makes the engine whole; patches flow again after. */
@@ -963,7 +988,7 @@ static void nccl_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the
  * version after it attached is dense, so its first version completes, and patches follow. */
 static void cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense(void **state) {
     (void)state;
-    delta_engine_cfg first = {0, 0, NULL, 0, 0}, again = {0, 0, NULL, 0, 1};
+    delta_engine_cfg first = {0, 0, NULL, 0, 0, 0}, again = {0, 0, NULL, 0, 1, 0};
     engine_t e1 = tu_fork_peer(delta_engine_entry, &first);
     engine_t e2 = tu_fork_peer(delta_engine_entry, &again); /* forked before this process uses CUDA */
     delta_trainer_t t;
@@ -984,7 +1009,7 @@ static void cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense(voi
  * whole again, and patches follow. */
 static void cuda_ipc_delta_the_version_after_an_abandoned_one_is_dense(void **state) {
     (void)state;
-    delta_engine_cfg c0 = {0, 0, NULL, 0, 0};
+    delta_engine_cfg c0 = {0, 0, NULL, 0, 0, 0};
     engine_t e = tu_fork_peer(delta_engine_entry, &c0);
     delta_trainer_t t;
     delta_trainer_start(&t, "cuda_ipc", "{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &e, 1);

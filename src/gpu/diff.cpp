@@ -1,7 +1,9 @@
 #include "gpu/diff.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
+#include <cstring>
 
 #include "error.hpp"
 
@@ -35,7 +37,7 @@ void check_tiles(uint64_t tiles, const std::string &what) {
 }
 }  // namespace
 
-DeltaKernels::DeltaKernels(const Device &d) : dev_(d), done_(d), io_(d), packer_(d) {
+DeltaKernels::DeltaKernels(const Device &d) : dev_(d), done_(d), io_(d) {
     Device::Scope scope(d);
     WSYNC_CU(d.api(), cuModuleLoadData(&module_, kDeltaPtx),
              "loading the delta kernels (PTX for compute_80) on " + d.uuid_string());
@@ -46,7 +48,8 @@ DeltaKernels::DeltaKernels(const Device &d) : dev_(d), done_(d), io_(d), packer_
                      {&count_, kDeltaCountKernel},
                      {&compact_, kDeltaCompactKernel},
                      {&check_, kPatchCheckKernel},
-                     {&scatter_, kPatchScatterKernel}};
+                     {&scatter_, kPatchScatterKernel},
+                     {&verdict_, kPatchVerdictKernel}};
     for (const auto &f : fns) {
         const CUresult rc = d.api().cuModuleGetFunction(f.fn, module_, f.name);
         if (rc != CUDA_SUCCESS) {
@@ -128,7 +131,7 @@ void DeltaKernels::queue_hashes(const std::vector<DeviceRange> &ranges, CUstream
     reserve(hashes_, pieces * 8, "piece hashes");
     for (std::size_t i = 0; i < ranges.size(); ++i)
         hash_entries_[i] = HashEntry{ranges[i].ptr, ranges[i].bytes, hashes_.ptr() + 8 * (*piece_at)[i],
-                                     static_cast<uint32_t>((*piece_at)[i]), 0};
+                                     /*state=*/0, static_cast<uint32_t>((*piece_at)[i]), 0};
     if (pieces == 0) return;
     const CUdeviceptr table = upload(hash_table_, hash_entries_.data(),
                                      hash_entries_.size() * sizeof(HashEntry), stream, "hash table");
@@ -296,140 +299,180 @@ void DeltaKernels::fold(const std::vector<FoldJob> &jobs, CUstream stream) {
 }
 
 // ---- the receiver ------------------------------------------------------------------------
-std::vector<DeltaKernels::ApplyOut> DeltaKernels::apply(const std::vector<ApplyJob> &jobs,
-                                                        CUstream stream,
-                                                        const sys::Deadline &deadline) {
+void DeltaKernels::drain(const sys::Deadline &deadline, const std::string &what) {
+    std::vector<CUstream> streams;
+    for (const Pending &p : pending_)
+        if (std::find(streams.begin(), streams.end(), p.stream) == streams.end()) streams.push_back(p.stream);
+    for (CUstream s : streams) wait(s, deadline, what);
+}
+
+void DeltaKernels::reserve_queued(DeviceBuffer &buf, uint64_t bytes, const sys::Deadline &deadline,
+                                  const char *what) {
+    if (buf.size() >= bytes) return;
+    // Queued applies still read and write the old buffer: let them finish first (rare: the
+    // capacity is kept).
+    drain(deadline, std::string("growing the ") + what + " of the queued patches on the GPU");
+    reserve(buf, bytes, what);
+}
+
+bool DeltaKernels::queue_apply(const ApplyJob &j, CUstream stream, const sys::Deadline &deadline,
+                               ApplyOut *refused) {
     Device::Scope scope(dev_);
-    std::vector<ApplyOut> out(jobs.size());
-    auto malformed = [&](std::size_t i, const std::string &message) {
-        out[i].outcome = Outcome::kMalformed;
-        out[i].message = message;
+    // What the host can tell from the request alone: a patch made on a GPU has plain indices of
+    // 4 bytes while the tensor has at most 2^32 elements, else 8 (DeltaKernels::count), so its
+    // size gives its count; the kernels then check that its header says the same.
+    const unsigned width = j.elements <= (uint64_t(1) << 32) ? 4 : 8;
+    uint64_t count = UINT64_MAX;
+    std::string defect;
+    if (j.esize != 1 && j.esize != 2 && j.esize != 4 && j.esize != 8) {
+        defect = ": the GPU apply takes elements of 1, 2, 4 or 8 bytes, not " + std::to_string(j.esize);
+    } else if (j.patch % 8) {
+        defect = ": patch does not start on an 8-byte boundary";
+    } else if (j.nbytes >= delta::kHeaderBytes && j.elements <= UINT64_MAX / 16) {
+        const uint64_t body = j.nbytes - delta::kHeaderBytes;
+        for (uint64_t pad : {uint64_t(0), uint64_t(4)}) {  // the indices' padding to 8 bytes
+            if (body < pad) continue;
+            const uint64_t c = (body - pad) / (width + j.esize);
+            if (c <= j.elements && delta::patch_bytes(c, j.esize, width) == j.nbytes) count = c;
+        }
+    }
+    if (defect.empty() && count == UINT64_MAX)
+        defect = ": patch of " + std::to_string(j.nbytes) + " bytes is not the size of any patch of " +
+                 std::to_string(j.elements) + " elements of " + std::to_string(j.esize) + " bytes with " +
+                 std::to_string(width) + "-byte indices";
+    if (!defect.empty()) {
+        *refused = ApplyOut{Outcome::kMalformed, 0, j.label + defect};
+        return false;
+    }
+    const uint64_t bytes = j.elements * j.esize, pieces = hash_pieces(bytes);
+    check_tiles(std::max(pieces, check_pass_tiles(count)), j.label);
+    // The piece hashes and saved values are reused patch after patch, which only stream order
+    // makes safe: a loader that moved to another stream waits for the first one's applies.
+    if (!pending_.empty() && pending_.back().stream != stream)
+        drain(deadline, j.label + ": the patches queued on the loader's previous stream");
+    reserve_queued(apply_hashes_, pieces * 8, deadline, "piece hashes");
+    reserve_queued(saved_, count * j.esize, deadline, "replaced values");
+    // The slot: a fresh slab when the ones there are full (kept for later chunks).
+    const std::size_t k = pending_.size();
+    if (k / kSlabSlots >= slabs_.size())
+        slabs_.emplace_back(dev_, kSlotBytes * kSlabSlots, "patch states");
+    const CUdeviceptr slot = slabs_[k / kSlabSlots].ptr() + kSlotBytes * (k % kSlabSlots);
+    const CUdeviceptr state = slot + offsetof(SlotBlock, state);
+    const CUdeviceptr idx = j.patch + delta::kHeaderBytes, values = values_of(j.patch, count, width);
+    SlotBlock b{};
+    b.state = ApplyState{UINT64_MAX, kGo, 0, j.base_hash, j.result_hash, apply_hashes_.ptr(), pieces, 0};
+    b.apply = PatchEntry{j.dst, idx, values, saved_.ptr(), count, j.elements, state, j.esize, width, 0, kGo};
+    b.restore = PatchEntry{j.dst, idx, saved_.ptr(), 0, count, j.elements, state, j.esize, width, 0,
+                           kResultDiffers};
+    b.hash = HashEntry{j.dst, bytes, apply_hashes_.ptr(), state, 0, 0};
+    // Once it is in pending_, collect() waits for whatever part of it was queued, and reports
+    // it as failed unless all of it was.
+    pending_.push_back(Pending{stream, slot, j, false});
+    // Pageable memory: the driver stages it before returning (CUDA driver API, "API
+    // synchronization behavior"), so `b` may go.
+    WSYNC_CU(dev_.api(), cuMemcpyHtoDAsync(slot, &b, sizeof(SlotBlock), stream),
+             j.label + ": uploading the patch's state");
+    const CUdeviceptr apply = slot + offsetof(SlotBlock, apply), restore = slot + offsetof(SlotBlock, restore),
+                      hash = slot + offsetof(SlotBlock, hash);
+    const uint64_t tiles = patch_tiles(count), checks = check_pass_tiles(count);
+    auto verdict = [&](unsigned stage) {
+        launch(verdict_, kVerdictBlock, 1, state, 1, stage, stream, kPatchVerdictKernel);
     };
-    // 1. The headers, gathered into one buffer by the pack kernel and read back in one copy.
-    gather_.clear();
-    reserve(headers_, jobs.size() * delta::kHeaderBytes, "patch headers");
-    uint64_t tile = 0;
-    for (std::size_t i = 0; i < jobs.size(); ++i) {
-        if (jobs[i].nbytes < delta::kHeaderBytes) continue;  // check_header says why, below
-        PackEntry e{jobs[i].patch, headers_.ptr() + delta::kHeaderBytes * i, delta::kHeaderBytes,
-                    kPackCopy, static_cast<uint32_t>(tile)};
-        tile += pack_tiles(e);
-        gather_.push_back(e);
-    }
-    packer_.pack(gather_, stream);
-    wait(stream, deadline, "reading " + std::to_string(jobs.size()) + " patch headers on the GPU");
-    host_headers_.assign(jobs.size() * delta::kHeaderBytes, 0);
-    download(host_headers_.data(), headers_.ptr(), host_headers_.size(), "patch headers");
+    launch(check_, kPatchBlock, checks, apply, 1, checks, stream, kPatchCheckKernel);
+    launch(hash_, kHashBlock, (pieces + kHashBlock - 1) / kHashBlock, hash, 1, pieces, stream, kPieceHashKernel);
+    verdict(0);
+    launch(scatter_, kPatchBlock, tiles, apply, 1, tiles, stream, kPatchScatterKernel);
+    launch(hash_, kHashBlock, (pieces + kHashBlock - 1) / kHashBlock, hash, 1, pieces, stream, kPieceHashKernel);
+    verdict(1);
+    launch(scatter_, kPatchBlock, tiles, restore, 1, tiles, stream, kPatchScatterKernel);
+    pending_.back().whole = true;
+    return true;
+}
 
-    // 2. Sound headers: check every index, and hash what each destination holds now.
-    std::vector<std::size_t> live;
-    std::vector<unsigned> widths(jobs.size(), 4);
-    std::vector<uint64_t> counts(jobs.size(), 0);
-    for (std::size_t i = 0; i < jobs.size(); ++i) {
-        const ApplyJob &j = jobs[i];
-        const std::string &what = j.label;
-        try {
-            if (j.esize != 1 && j.esize != 2 && j.esize != 4 && j.esize != 8)
-                fail(WSYNC_ERR_UNSUPPORTED, what + ": the GPU apply takes elements of 1, 2, 4 or 8 bytes, not " +
-                                                std::to_string(j.esize));
-            std::vector<uint8_t> header(host_headers_.begin() + delta::kHeaderBytes * i,
-                                        host_headers_.begin() + delta::kHeaderBytes * (i + 1));
-            if (j.nbytes < delta::kHeaderBytes) header.resize(j.nbytes);
-            const delta::Header h = delta::check_header(header.data(), j.nbytes, j.elements, j.esize, what);
-            if (h.coding != delta::kPlain)
-                fail(WSYNC_ERR_MALFORMED, what + ": patch is gap-coded; the GPU apply takes plain indices");
-            if (j.dst % j.esize)
-                fail(WSYNC_ERR_INVALID_ARGUMENT, what + ": the destination is not aligned to its elements");
-            if (j.patch % 8)
-                fail(WSYNC_ERR_MALFORMED, what + ": patch does not start on an 8-byte boundary");
-            widths[i] = h.width;
-            counts[i] = h.count;
-            live.push_back(i);
-        } catch (const Error &e) {
-            malformed(i, e.what());
+std::vector<DeltaKernels::ApplyOut> DeltaKernels::collect(const sys::Deadline &deadline,
+                                                          const std::string &what) {
+    Device::Scope scope(dev_);
+    struct Clear {  // the queue is empty afterwards, whatever happens
+        std::vector<Pending> &p;
+        ~Clear() { p.clear(); }
+    } clear{pending_};
+    std::vector<ApplyOut> out(pending_.size());
+    if (pending_.empty()) return out;
+    drain(deadline, what);
+    const std::vector<Pending> &pending = pending_;
+    // Every slot, one read-back per slab.
+    std::vector<SlotBlock> got(pending.size());
+    std::vector<uint8_t> raw;
+    for (std::size_t at = 0; at < pending.size(); at += kSlabSlots) {
+        const std::size_t n = std::min<std::size_t>(kSlabSlots, pending.size() - at);
+        raw.resize(n * kSlotBytes);
+        download(raw.data(), slabs_[at / kSlabSlots].ptr(), raw.size(), "patch states");
+        for (std::size_t k = 0; k < n; ++k)
+            std::memcpy(&got[at + k], raw.data() + k * kSlotBytes, sizeof(SlotBlock));
+    }
+    for (std::size_t k = 0; k < pending.size(); ++k) {
+        const ApplyJob &j = pending[k].job;
+        const ApplyState &st = got[k].state;
+        ApplyOut &o = out[k];
+        if (!pending[k].whole) {
+            o = ApplyOut{Outcome::kMalformed, 0,
+                         j.label + ": its apply could not be queued whole on the GPU, so what the "
+                                   "destination holds is unspecified"};
+            continue;
         }
-    }
-    if (live.empty()) return out;
-    host_flags_.assign(live.size(), UINT64_MAX);
-    upload(flags_, host_flags_.data(), host_flags_.size() * 8, stream, "check flags");
-    patch_entries_.clear();
-    std::vector<DeviceRange> dsts;
-    for (std::size_t k = 0; k < live.size(); ++k) {
-        const ApplyJob &j = jobs[live[k]];
-        patch_entries_.push_back(PatchEntry{j.dst, j.patch + delta::kHeaderBytes,
-                                            values_of(j.patch, counts[live[k]], widths[live[k]]), 0,
-                                            counts[live[k]], j.elements, flags_.ptr() + 8 * k, j.esize,
-                                            widths[live[k]], 0, 0});
-        dsts.push_back(DeviceRange{j.dst, j.elements * j.esize});
-    }
-    launch_patches(check_, stream, kPatchCheckKernel);
-    std::vector<uint64_t> piece_at;
-    queue_hashes(dsts, stream, &piece_at);
-    wait(stream, deadline, "checking " + std::to_string(live.size()) + " patches on the GPU");
-    download(host_flags_.data(), flags_.ptr(), host_flags_.size() * 8, "check flags");
-    std::vector<uint64_t> before = read_hashes(dsts, piece_at);
-
-    // 3. Scatter where all is well, saving what is replaced; hash the results.
-    std::vector<std::size_t> go;  // positions in live
-    uint64_t saved = 0;
-    for (std::size_t k = 0; k < live.size(); ++k) {
-        const std::size_t i = live[k];
-        if (host_flags_[k] != UINT64_MAX) {
+        switch (st.verdict) {
+        case kGo: break;
+        case kBaseDiffers:
+            o = ApplyOut{Outcome::kBaseDiffers, st.got, j.label + ": the destination does not hold the patch's base"};
+            break;
+        case kResultDiffers:
+            o = ApplyOut{Outcome::kResultDiffers, st.got,
+                         j.label + ": the patched result does not match its checksum"};
+            break;
+        case kMalformed:
+            o.outcome = Outcome::kMalformed;
             try {
-                delta::bad_index(jobs[i].label, host_flags_[k]);
+                if (st.bad != UINT64_MAX) delta::bad_index(j.label, st.bad);
+                // The header: read back now (the patch is there until the chunk is acknowledged)
+                // so the host's own check names the defect.
+                uint8_t header[delta::kHeaderBytes];
+                download(header, j.patch, sizeof header, "patch header");
+                const delta::Header h = delta::check_header(header, j.nbytes, j.elements, j.esize, j.label);
+                if (h.coding != delta::kPlain)
+                    fail(WSYNC_ERR_MALFORMED, j.label + ": patch is gap-coded; the GPU apply takes plain indices");
+                fail(WSYNC_ERR_MALFORMED, j.label + ": patch has " + std::to_string(h.width) +
+                                              "-byte indices, where a patch made on a GPU for a tensor of " +
+                                              std::to_string(j.elements) + " elements has " +
+                                              std::to_string(got[k].apply.width));
             } catch (const Error &e) {
-                malformed(i, e.what());
+                o.message = e.what();
             }
-        } else if (before[k] != jobs[i].base_hash) {
-            out[i] = ApplyOut{Outcome::kBaseDiffers, before[k],
-                              jobs[i].label + ": the destination does not hold the patch's base"};
-        } else {
-            go.push_back(k);
-            saved += round_up(counts[i] * jobs[i].esize, 8);
+            break;
+        default:
+            o = ApplyOut{Outcome::kMalformed, 0,
+                         j.label + ": the GPU apply left an unknown verdict " + std::to_string(st.verdict)};
         }
     }
-    if (go.empty()) return out;
-    reserve(saved_, saved, "replaced values");
-    std::vector<PatchEntry> scatter;
-    dsts.clear();
-    saved = 0;
-    for (std::size_t k : go) {
-        PatchEntry e = patch_entries_[k];
-        e.save = saved_.ptr() + saved;
-        e.bad = 0;
-        saved += round_up(e.count * e.esize, 8);
-        scatter.push_back(e);
-        dsts.push_back(DeviceRange{e.dst, e.elements * e.esize});
-    }
-    patch_entries_ = scatter;
-    launch_patches(scatter_, stream, kPatchScatterKernel);
-    queue_hashes(dsts, stream, &piece_at);
-    wait(stream, deadline, "applying " + std::to_string(go.size()) + " patches on the GPU");
-    const std::vector<uint64_t> after = read_hashes(dsts, piece_at);
-
-    // 4. Put back every destination whose result is not what the trainer sent.
-    patch_entries_.clear();
-    for (std::size_t n = 0; n < go.size(); ++n) {
-        const std::size_t i = live[go[n]];
-        if (after[n] == jobs[i].result_hash) continue;
-        out[i] = ApplyOut{Outcome::kResultDiffers, after[n],
-                          jobs[i].label + ": the patched result does not match its checksum"};
-        PatchEntry e = scatter[n];
-        e.values = e.save;
-        e.save = 0;
-        patch_entries_.push_back(e);
-    }
-    if (patch_entries_.empty()) return out;
-    launch_patches(scatter_, stream, kPatchScatterKernel);
-    wait(stream, deadline, "putting back " + std::to_string(patch_entries_.size()) + " destinations on the GPU");
     return out;
 }
 
-delta::Applied DeltaKernels::apply_one(void *dst, const void *patch, uint64_t patch_bytes,
-                                       uint64_t elements, uint64_t esize, uint64_t base_hash,
-                                       uint64_t result_hash, CUstream stream,
-                                       const sys::Deadline &deadline, const std::string &what,
-                                       const char *kind, uint64_t *got) {
+std::vector<DeltaKernels::ApplyOut> DeltaKernels::apply(const std::vector<ApplyJob> &jobs,
+                                                        CUstream stream,
+                                                        const sys::Deadline &deadline) {
+    std::vector<ApplyOut> out(jobs.size());
+    std::vector<std::size_t> queued_at;
+    for (std::size_t i = 0; i < jobs.size(); ++i)
+        if (queue_apply(jobs[i], stream, deadline, &out[i])) queued_at.push_back(i);
+    const std::vector<ApplyOut> got =
+        collect(deadline, "applying " + std::to_string(queued_at.size()) + " patches on the GPU");
+    for (std::size_t k = 0; k < queued_at.size(); ++k) out[queued_at[k]] = got[k];
+    return out;
+}
+
+void DeltaKernels::queue_one(void *dst, const void *patch, uint64_t patch_bytes, uint64_t elements,
+                             uint64_t esize, uint64_t base_hash, uint64_t result_hash,
+                             CUstream stream, const sys::Deadline &deadline,
+                             const std::string &what, const char *kind) {
     check_device_destination(dev_, dst, elements * esize, [&] { return what; }, kind);
     if (esize && reinterpret_cast<uintptr_t>(dst) % esize)
         fail(WSYNC_ERR_INVALID_ARGUMENT, "wsync_recv_copy: the destination of " + what +
@@ -444,15 +487,8 @@ delta::Applied DeltaKernels::apply_one(void *dst, const void *patch, uint64_t pa
     j.base_hash = base_hash;
     j.result_hash = result_hash;
     j.label = what;
-    const std::vector<ApplyOut> out = apply({j}, stream, deadline);
-    *got = out[0].got;
-    switch (out[0].outcome) {
-    case Outcome::kApplied: break;
-    case Outcome::kBaseDiffers: return delta::Applied::kBaseDiffers;
-    case Outcome::kResultDiffers: return delta::Applied::kResultDiffers;
-    case Outcome::kMalformed: fail(WSYNC_ERR_MALFORMED, out[0].message);
-    }
-    return delta::Applied::kApplied;
+    ApplyOut refused;
+    if (!queue_apply(j, stream, deadline, &refused)) fail(WSYNC_ERR_MALFORMED, refused.message);
 }
 
 }  // namespace wsync::gpu

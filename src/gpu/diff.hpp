@@ -20,7 +20,6 @@
 #include "delta.hpp"
 #include "gpu/device.hpp"
 #include "gpu/kernels/delta_abi.hpp"
-#include "gpu/pack.hpp"
 #include "sys.hpp"
 
 namespace wsync::gpu {
@@ -100,27 +99,38 @@ public:
         uint64_t base_hash = 0, result_hash = 0;
         std::string label;  // names the tensor in messages ("tensor 3 'w' in chunk 0 of version 2")
     };
-    enum class Outcome { kApplied, kMalformed, kBaseDiffers, kResultDiffers };
-    struct ApplyOut {
-        Outcome outcome = Outcome::kApplied;
-        uint64_t got = 0;     // the hash that did not match
-        std::string message;  // why, naming the tensor (kMalformed: the defect)
-    };
-    // Applies each patch only if its header and indices are sound (else kMalformed, dst
-    // untouched), dst tree-hashes to base_hash (else kBaseDiffers, untouched) and the result to
-    // result_hash (else kResultDiffers, and dst is put back as it was). Blocks (three or four
-    // waits, each bounded by the deadline) until every dst is final.
+    using Outcome = delta::PatchOutcome::Kind;
+    using ApplyOut = delta::PatchOutcome;
+    // Queues the verified, all-or-nothing apply of one patch on `stream`, after the work queued
+    // there before, and returns without waiting for the GPU (docs/delta.md, "On the GPU"): the
+    // kernels check the header and indices (else kMalformed, dst untouched), tree-hash dst and
+    // compare with base_hash (else kBaseDiffers, untouched), scatter saving the replaced values,
+    // tree-hash the result and compare with result_hash (else kResultDiffers, and the saved
+    // values are scattered back), each step gated on the device-side verdict of the one
+    // before. Work the caller queues on `stream` afterwards sees dst final. Returns false with
+    // *refused (kMalformed) when the patch's size, alignment or element size shows a defect
+    // before anything runs; nothing is queued then. Needs the patch's and dst's memory until
+    // collect(). Grows its buffers only after waiting (deadline) for the work queued before;
+    // a failed launch or upload is the driver's error naming the step.
+    bool queue_apply(const ApplyJob &job, CUstream stream, const sys::Deadline &deadline,
+                     ApplyOut *refused);
+    // Patches queued and not yet collected.
+    std::size_t queued() const { return pending_.size(); }
+    // Waits once (bounded by the deadline; WSYNC_ERR_TIMEOUT naming `what`, or a failed
+    // kernel's WSYNC_ERR_SYSTEM naming it) for every patch queued since the last collect() and
+    // returns their outcomes in queue order. The queue is empty afterwards, whatever happens.
+    std::vector<ApplyOut> collect(const sys::Deadline &deadline, const std::string &what);
+    // queue_apply() of each job, then collect(): one wait for all.
     std::vector<ApplyOut> apply(const std::vector<ApplyJob> &jobs, CUstream stream,
                                 const sys::Deadline &deadline);
 
     // One patch onto dst (device memory of this GPU, checked first as a dense copy's is:
-    // WSYNC_ERR_INVALID_ARGUMENT naming `what` and `kind`), as the GPU kinds' ChunkBacking::
-    // apply_patch does it: apply() of one job on `stream`, its outcome mapped to delta::Applied
-    // (*got: the hash that did not match), a malformed patch thrown as WSYNC_ERR_MALFORMED.
-    delta::Applied apply_one(void *dst, const void *patch, uint64_t patch_bytes, uint64_t elements,
-                             uint64_t esize, uint64_t base_hash, uint64_t result_hash,
-                             CUstream stream, const sys::Deadline &deadline,
-                             const std::string &what, const char *kind, uint64_t *got);
+    // WSYNC_ERR_INVALID_ARGUMENT naming `what` and `kind`, and for a dst not aligned to its
+    // elements), queued as queue_apply() queues it, as the GPU kinds' ChunkBacking::queue_patch
+    // does it; a patch refused before anything runs is thrown as WSYNC_ERR_MALFORMED.
+    void queue_one(void *dst, const void *patch, uint64_t patch_bytes, uint64_t elements,
+                   uint64_t esize, uint64_t base_hash, uint64_t result_hash, CUstream stream,
+                   const sys::Deadline &deadline, const std::string &what, const char *kind);
 
 private:
     // Launches `fn`(table, count, units) on `blocks` blocks of `block` threads.
@@ -139,26 +149,46 @@ private:
                                       const std::vector<uint64_t> &piece_at);
     // Uploads patch_entries_ and launches `fn` over their changes.
     void launch_patches(CUfunction fn, CUstream stream, const char *name);
+    // Waits (deadline) for every stream with queued applies: their buffers may then change.
+    void drain(const sys::Deadline &deadline, const std::string &what);
+    // For queued applies: grows `buf` to `bytes`, draining first when it is in use.
+    void reserve_queued(DeviceBuffer &buf, uint64_t bytes, const sys::Deadline &deadline,
+                        const char *what);
 
     const Device &dev_;
     CUmodule module_ = nullptr;
     CUfunction hash_ = nullptr, count_ = nullptr, compact_ = nullptr, check_ = nullptr,
-               scatter_ = nullptr;
+               scatter_ = nullptr, verdict_ = nullptr;
     Event done_;
-    Stream io_;      // the read-backs' own stream (non-blocking: it waits for no other)
-    Packer packer_;  // gathers the patches' headers for apply()
+    Stream io_;  // the read-backs' own stream (non-blocking: it waits for no other)
     // Device memory, grown as needed and kept: entry tables, per-tile counts and offsets, piece
-    // hashes, check flags, the patches diff() makes, the values apply() replaces.
-    DeviceBuffer hash_table_, diff_table_, compact_table_, patch_table_, counts_, offsets_, hashes_, flags_,
-        patches_, saved_, headers_;
+    // hashes, the patches diff() makes; for queued applies, the destination's piece hashes and
+    // the values replaced (reused patch after patch in stream order).
+    DeviceBuffer hash_table_, diff_table_, compact_table_, patch_table_, counts_, offsets_, hashes_,
+        patches_, apply_hashes_, saved_;
+    // A queued apply's device slot (kSlotBytes in a slab of kSlabSlots, kept until collect()):
+    // its ApplyState, its scatter and restore entries and its hash entry, uploaded at once.
+    static constexpr uint64_t kSlotBytes = 256, kSlabSlots = 64;
+    struct SlotBlock {
+        ApplyState state;
+        PatchEntry apply, restore;
+        HashEntry hash;
+    };
+    static_assert(sizeof(SlotBlock) <= kSlotBytes, "a slot holds its block");
+    std::vector<DeviceBuffer> slabs_;
+    struct Pending {
+        CUstream stream;
+        CUdeviceptr slot;
+        ApplyJob job;
+        bool whole;  // every step was queued
+    };
+    std::vector<Pending> pending_;
     // Host copies of what is uploaded (kept until the stream has passed the upload) and read back.
     std::vector<HashEntry> hash_entries_;
     std::vector<DiffEntry> diff_entries_, compact_entries_;
     std::vector<PatchEntry> patch_entries_;
-    std::vector<uint64_t> host_hashes_, host_offsets_, host_flags_;
+    std::vector<uint64_t> host_hashes_, host_offsets_;
     std::vector<uint32_t> host_counts_;
-    std::vector<PackEntry> gather_;
-    std::vector<uint8_t> host_headers_;
 };
 
 }  // namespace wsync::gpu

@@ -256,10 +256,14 @@ struct Event {
 };
 
 // The kernels the fake can run: the library's, by their names in the PTX.
-enum KernelId { kKPack, kKPieceHash, kKDeltaCount, kKDeltaCompact, kKPatchCheck, kKPatchScatter, kKernelCount };
-constexpr const char *kKernelNames[kKernelCount] = {kPackKernel,        kPieceHashKernel,
-                                                    kDeltaCountKernel,  kDeltaCompactKernel,
-                                                    kPatchCheckKernel,  kPatchScatterKernel};
+enum KernelId {
+    kKPack, kKPieceHash, kKDeltaCount, kKDeltaCompact, kKPatchCheck, kKPatchScatter, kKPatchVerdict,
+    kKernelCount
+};
+constexpr const char *kKernelNames[kKernelCount] = {kPackKernel,       kPieceHashKernel,
+                                                    kDeltaCountKernel, kDeltaCompactKernel,
+                                                    kPatchCheckKernel, kPatchScatterKernel,
+                                                    kPatchVerdictKernel};
 
 struct Module {
     int device;
@@ -875,7 +879,11 @@ bool element_size_ok(uint32_t esize) { return esize == 1 || esize == 2 || esize 
 // A device load or store of `esize` bytes at an address not aligned to it faults on a GPU.
 bool aligned(uint64_t p, uint64_t a) { return p % a == 0; }
 
-// wsync_piece_hash: XXH3-64 of each 64 KiB piece of each entry.
+// An apply's state in (fake) device memory; the launch checked that it is.
+ApplyState *state_at(uint64_t p) { return reinterpret_cast<ApplyState *>(p); }
+
+// wsync_piece_hash: XXH3-64 of each 64 KiB piece of each entry (an entry with a state only
+// while its verdict is kGo).
 CUresult run_piece_hash(uint64_t table, unsigned count, unsigned pieces) {
     std::vector<HashEntry> entries;
     if (!read_table(table, count, &entries)) return CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -884,13 +892,15 @@ CUresult run_piece_hash(uint64_t table, unsigned count, unsigned pieces) {
         if (e.first_piece != sum) return CUDA_ERROR_INVALID_VALUE;
         const uint64_t n = hash_pieces(e.bytes);
         if (!device_range_ok(e.src, e.bytes) || !device_range_ok(e.out, n * 8) ||
-            (n && !aligned(e.out, 8)))
+            (n && !aligned(e.out, 8)) ||
+            (e.state && (!device_range_ok(e.state, sizeof(ApplyState)) || !aligned(e.state, 8))))
             return CUDA_ERROR_ILLEGAL_ADDRESS;
         sum += n;
     }
     if (sum != pieces) return CUDA_ERROR_INVALID_VALUE;  // the kernel would read past its table
     for (unsigned p = 0; p < pieces; ++p) {
         const HashEntry &e = entry_of(entries, p, &HashEntry::first_piece);
+        if (e.state && state_at(e.state)->verdict != kGo) continue;
         const uint64_t begin = uint64_t(p - e.first_piece) * kHashPieceBytes;
         const uint64_t n = std::min(kHashPieceBytes, e.bytes - begin);
         const uint64_t h = XXH3_64bits(reinterpret_cast<const unsigned char *>(e.src) + begin, n);
@@ -987,12 +997,25 @@ CUresult run_patch(uint64_t table, unsigned count, unsigned tiles, bool scatter)
                         !device_range_ok(e.dst, e.elements * e.esize) || !aligned(e.dst, e.esize) ||
                         (e.save && (!device_range_ok(e.save, e.count * e.esize) || !aligned(e.save, e.esize)))))
             return CUDA_ERROR_ILLEGAL_ADDRESS;
-        if (!scatter && (!device_range_ok(e.bad, 8) || !aligned(e.bad, 8))) return CUDA_ERROR_ILLEGAL_ADDRESS;
-        sum += patch_tiles(e.count);
+        // The check reads the header before the indices and writes the state.
+        if (!scatter && (e.idx < 32 || !device_range_ok(e.idx - 32, 32) || !aligned(e.idx - 32, 8)))
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
+        if ((!scatter || e.state) && (!device_range_ok(e.state, sizeof(ApplyState)) || !aligned(e.state, 8)))
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
+        sum += scatter ? patch_tiles(e.count) : check_pass_tiles(e.count);
     }
     if (sum != tiles) return CUDA_ERROR_INVALID_VALUE;
     for (unsigned t = 0; t < tiles; ++t) {
         const PatchEntry &e = entry_of(entries, t, &PatchEntry::first_tile);
+        ApplyState *st = e.state ? state_at(e.state) : nullptr;
+        if (scatter && st && st->verdict != e.when) continue;
+        if (!scatter && t == e.first_tile) {
+            uint64_t h[4];
+            std::memcpy(h, reinterpret_cast<const void *>(e.idx - 32), 32);
+            if (h[0] != (0x31504457ull | (uint64_t(e.width) << 40)) || h[1] != e.esize ||
+                h[2] != e.count || h[3] != e.elements)
+                st->verdict = kMalformed;
+        }
         const uint64_t begin = uint64_t(t - e.first_tile) * kPatchTileChanges;
         const uint64_t end = std::min(e.count, begin + kPatchTileChanges);
         const auto *idx = reinterpret_cast<const unsigned char *>(e.idx);
@@ -1005,10 +1028,8 @@ CUresult run_patch(uint64_t table, unsigned count, unsigned tiles, bool scatter)
             const uint64_t j = index(i);
             if (!scatter) {
                 if (j >= e.elements || (i > 0 && j <= index(i - 1))) {
-                    uint64_t bad;
-                    std::memcpy(&bad, reinterpret_cast<const void *>(e.bad), 8);
-                    bad = std::min(bad, i);
-                    std::memcpy(reinterpret_cast<void *>(e.bad), &bad, 8);
+                    st->bad = std::min(st->bad, i);
+                    st->verdict = kMalformed;
                 }
                 continue;
             }
@@ -1016,6 +1037,27 @@ CUresult run_patch(uint64_t table, unsigned count, unsigned tiles, bool scatter)
             auto *dst = reinterpret_cast<unsigned char *>(e.dst) + j * e.esize;
             if (e.save) std::memcpy(reinterpret_cast<unsigned char *>(e.save) + i * e.esize, dst, e.esize);
             std::memcpy(dst, reinterpret_cast<const unsigned char *>(e.values) + i * e.esize, e.esize);
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+// wsync_patch_verdict: for each state still kGo, the tree hash of its pieces against the base
+// (stage 0) or the result (stage 1).
+CUresult run_patch_verdict(uint64_t table, unsigned count, unsigned stage) {
+    if (stage > 1) return CUDA_ERROR_INVALID_VALUE;
+    if (!device_range_ok(table, uint64_t(count) * sizeof(ApplyState)) || !aligned(table, 8))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (unsigned k = 0; k < count; ++k) {
+        ApplyState &s = state_at(table)[k];
+        if (s.verdict != kGo) continue;
+        if (s.n_pieces > (UINT64_MAX / 8) || !device_range_ok(s.pieces, s.n_pieces * 8) ||
+            (s.n_pieces && !aligned(s.pieces, 8)))
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
+        const uint64_t h = XXH3_64bits(reinterpret_cast<const void *>(s.pieces), s.n_pieces * 8);
+        if (h != (stage == 0 ? s.base_hash : s.result_hash)) {
+            s.got = h;
+            s.verdict = stage == 0 ? kBaseDiffers : kResultDiffers;
         }
     }
     return CUDA_SUCCESS;
@@ -1706,6 +1748,7 @@ CUresult cuLaunchKernel(CUfunction fn, unsigned int gx, unsigned int gy, unsigne
         case kKDeltaCompact: return run_delta_diff(table, count, tiles, true);
         case kKPatchCheck: return run_patch(table, count, tiles, false);
         case kKPatchScatter: return run_patch(table, count, tiles, true);
+        case kKPatchVerdict: return run_patch_verdict(table, count, tiles);
         default: return CUDA_ERROR_INVALID_HANDLE;
         }
     });

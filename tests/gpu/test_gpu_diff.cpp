@@ -408,6 +408,75 @@ void a_failed_launch_is_named_and_a_stuck_stream_ends_at_the_deadline(void **) {
     assert_true(out[0].patch);
 }
 
+// The engine's apply is queued with no host wait: every step is gated on the device-side
+// verdict of the one before, and one collect() reads every verdict (docs/delta.md).
+void queued_applies_wait_for_nothing_and_one_collect_reads_every_verdict(void **) {
+    NEED_GPU();
+    if (!fake_set_fail || !fake_hold) {
+        print_message("skipped: needs the fake driver's stream hold\n");
+        skip();
+    }
+    const size_t E = 20000;
+    std::vector<uint8_t> base = noise(2 * E, 71), now = changed_copy(base, 2, 0.01, 72);
+    uint64_t count = 0;
+    const DevBytes p = to_device(host_patch(base, now, 2, &count));
+    const uint64_t hb = delta::tree_hash(base.data(), base.size()), hr = delta::tree_hash(now.data(), now.size());
+    std::vector<uint8_t> touched = base;
+    touched[2 * 77] ^= 1;
+    using O = DeltaKernels::Outcome;
+    for (int round = 0; round < 2; ++round) {
+        DevBytes d0 = to_device(base), d1 = to_device(touched), d2 = to_device(base);
+        const std::vector<DeltaKernels::ApplyJob> jobs = {apply_job(d0, E, 2, p, hb, hr, "a"),
+                                                          apply_job(d1, E, 2, p, hb, hr, "b"),
+                                                          apply_job(d2, E, 2, p, hb, hr, "c")};
+        // Round 0: the stream is parked, and queuing returns anyway, with nothing applied yet.
+        if (round == 0) {
+            sync_stream();  // the uploads above have run
+            assert_int_equal(fake_hold(g->stream->get()), 0);
+        }
+        for (const auto &j : jobs) {
+            DeltaKernels::ApplyOut refused;
+            assert_true(g->kernels->queue_apply(j, g->stream->get(), long_deadline(), &refused));
+        }
+        assert_int_equal(g->kernels->queued(), 3);
+        if (round == 0) {
+            // The fake's device memory is this process's memory: read it without a stream.
+            const auto *raw = reinterpret_cast<const uint8_t *>(d0.ptr);
+            assert_true(std::vector<uint8_t>(raw, raw + base.size()) == base);
+            // The one wait is bounded, names the step, and empties the queue.
+            expect_error([&] { g->kernels->collect(sys::Deadline(300), "chunk 4"); }, WSYNC_ERR_TIMEOUT,
+                         "chunk 4 did not finish within 300 ms");
+            assert_int_equal(g->kernels->queued(), 0);
+            fake_release();
+            sync_stream();
+            continue;
+        }
+        const auto out = g->kernels->collect(long_deadline(), "chunk 5");
+        assert_int_equal(out.size(), 3);
+        assert_int_equal(int(out[0].outcome), int(O::kApplied));
+        assert_int_equal(int(out[1].outcome), int(O::kBaseDiffers));
+        assert_non_null(std::strstr(out[1].message.c_str(), "tensor 'b'"));
+        assert_int_equal(int(out[2].outcome), int(O::kApplied));
+        assert_true(from_device(d0.ptr, now.size()) == now);
+        assert_true(from_device(d1.ptr, touched.size()) == touched);
+        assert_true(from_device(d2.ptr, now.size()) == now);
+    }
+    // A launch refused part-way through a patch's steps: the call names it, and collect()
+    // waits for what was queued and reports that patch as not applied.
+    DevBytes d = to_device(base);
+    fake_set_fail("cuLaunchKernel", 2, 1 /* CUDA_ERROR_INVALID_VALUE */);
+    DeltaKernels::ApplyOut refused;
+    expect_error([&] { g->kernels->queue_apply(apply_job(d, E, 2, p, hb, hr, "d"), g->stream->get(),
+                                               long_deadline(), &refused); },
+                 WSYNC_ERR_SYSTEM, "launching wsync_patch_verdict");
+    fake_set_fail(nullptr, 0, 0);
+    const auto out = g->kernels->collect(long_deadline(), "chunk 6");
+    assert_int_equal(out.size(), 1);
+    assert_int_equal(int(out[0].outcome), int(O::kMalformed));
+    assert_non_null(std::strstr(out[0].message.c_str(), "tensor 'd': its apply could not be queued whole"));
+    assert_int_equal(g->kernels->queued(), 0);
+}
+
 int setup(void **) {
     g = new Gpu;
     const std::string reason = gpu::cuda_unavailable_reason();
@@ -462,6 +531,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(the_apply_writes_a_patch_only_onto_its_base_and_only_to_its_result),
         cmocka_unit_test(a_trainer_and_an_engine_stay_bit_identical_through_many_versions),
         cmocka_unit_test(a_failed_launch_is_named_and_a_stuck_stream_ends_at_the_deadline),
+        cmocka_unit_test(queued_applies_wait_for_nothing_and_one_collect_reads_every_verdict),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);

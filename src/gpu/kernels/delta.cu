@@ -7,7 +7,7 @@
 #include "xxh3.h"
 
 struct HashEntry {
-    unsigned long long src, bytes, out;
+    unsigned long long src, bytes, out, state;
     unsigned int first_piece, reserved;
 };
 struct DiffEntry {
@@ -15,9 +15,17 @@ struct DiffEntry {
     unsigned int esize, width, first_tile, reserved;
 };
 struct PatchEntry {
-    unsigned long long dst, idx, values, save, count, elements, bad;
-    unsigned int esize, width, first_tile, reserved;
+    unsigned long long dst, idx, values, save, count, elements, state;
+    unsigned int esize, width, first_tile, when;
 };
+struct ApplyState {
+    unsigned long long bad, verdict, got, base_hash, result_hash, pieces, n_pieces, reserved;
+};
+#define GO 0ull              // Verdict kGo
+#define MALFORMED 1ull       // kMalformed
+#define BASE_DIFFERS 2ull    // kBaseDiffers
+#define RESULT_DIFFERS 3ull  // kResultDiffers
+#define VERDICT_BLOCK 128u   // kVerdictBlock
 
 #define PIECE_BYTES 65536ull   // kHashPieceBytes
 #define DIFF_TILE 8192ull      // kDiffTileElems
@@ -43,6 +51,7 @@ __device__ __forceinline__ const E &find_entry(const E *entries, unsigned count,
 extern "C" __global__ void wsync_piece_hash(const HashEntry *entries, unsigned count, unsigned pieces) {
     for (unsigned p = blockIdx.x * blockDim.x + threadIdx.x; p < pieces; p += gridDim.x * blockDim.x) {
         const HashEntry &e = find_entry(entries, count, p, &HashEntry::first_piece);
+        if (e.state && reinterpret_cast<const volatile ApplyState *>(e.state)->verdict != GO) continue;
         const unsigned long long begin = (unsigned long long)(p - e.first_piece) * PIECE_BYTES;
         const unsigned long long n = e.bytes - begin < PIECE_BYTES ? e.bytes - begin : PIECE_BYTES;
         const unsigned char *src = reinterpret_cast<const unsigned char *>(e.src) + begin;
@@ -167,12 +176,22 @@ __device__ __forceinline__ unsigned long long index_at(const PatchEntry &e, unsi
 extern "C" __global__ void wsync_patch_check(const PatchEntry *entries, unsigned count, unsigned tiles) {
     for (unsigned tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const PatchEntry &e = find_entry(entries, count, tile, &PatchEntry::first_tile);
+        ApplyState *st = reinterpret_cast<ApplyState *>(e.state);
+        if (tile == e.first_tile && threadIdx.x == 0) {
+            // The header (delta.hpp): magic "WDP1", plain coding, width; esize; count; elements.
+            const unsigned long long *h = reinterpret_cast<const unsigned long long *>(e.idx - 32);
+            if (h[0] != (0x31504457ull | ((unsigned long long)e.width << 40)) || h[1] != e.esize ||
+                h[2] != e.count || h[3] != e.elements)
+                st->verdict = MALFORMED;
+        }
         const unsigned long long begin = (unsigned long long)(tile - e.first_tile) * PATCH_TILE;
         const unsigned long long end = e.count - begin < PATCH_TILE ? e.count : begin + PATCH_TILE;
         for (unsigned long long i = begin + threadIdx.x; i < end; i += PATCH_BLOCK) {
             const unsigned long long j = index_at(e, i);
-            if (j >= e.elements || (i > 0 && j <= index_at(e, i - 1)))
-                atomicMin(reinterpret_cast<unsigned long long *>(e.bad), i);
+            if (j >= e.elements || (i > 0 && j <= index_at(e, i - 1))) {
+                atomicMin(&st->bad, i);
+                st->verdict = MALFORMED;
+            }
         }
     }
 }
@@ -193,6 +212,7 @@ __device__ __forceinline__ void scatter_t(const PatchEntry &e, unsigned long lon
 extern "C" __global__ void wsync_patch_scatter(const PatchEntry *entries, unsigned count, unsigned tiles) {
     for (unsigned tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const PatchEntry &e = find_entry(entries, count, tile, &PatchEntry::first_tile);
+        if (e.state && reinterpret_cast<const volatile ApplyState *>(e.state)->verdict != e.when) continue;
         const unsigned long long begin = (unsigned long long)(tile - e.first_tile) * PATCH_TILE;
         const unsigned long long end = e.count - begin < PATCH_TILE ? e.count : begin + PATCH_TILE;
         switch (e.esize) {
@@ -201,5 +221,23 @@ extern "C" __global__ void wsync_patch_scatter(const PatchEntry *entries, unsign
         case 4: scatter_t<unsigned int>(e, begin, end); break;
         default: scatter_t<unsigned long long>(e, begin, end); break;
         }
+    }
+}
+
+// ---- the verdicts: one thread a state ------------------------------------------------------
+// Stage 0 compares the tree hash of the destination's pieces with the patch's base, stage 1
+// with its result; a state whose verdict is no longer kGo is left as it is.
+extern "C" __global__ void wsync_patch_verdict(ApplyState *states, unsigned count, unsigned stage) {
+    const unsigned k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= count) return;
+    ApplyState &s = states[k];
+    if (s.verdict != GO) return;
+    // The pieces' hashes are little-endian words in device memory: the bytes tree_hash combines.
+    const unsigned long long h =
+        wsync_xxh3::hash64(reinterpret_cast<const unsigned char *>(s.pieces), s.n_pieces * 8);
+    const unsigned long long want = stage == 0 ? s.base_hash : s.result_hash;
+    if (h != want) {
+        s.got = h;
+        s.verdict = stage == 0 ? BASE_DIFFERS : RESULT_DIFFERS;
     }
 }

@@ -19,10 +19,11 @@ struct HashEntry {
     uint64_t src;          // device bytes to hash
     uint64_t bytes;
     uint64_t out;          // device uint64_t[pieces]: XXH3-64 of each piece, in order
+    uint64_t state;        // 0, or a device ApplyState: hash only while its verdict is kGo
     uint32_t first_piece;  // the sum of hash_pieces() over the entries before this one
     uint32_t reserved;
 };
-static_assert(sizeof(HashEntry) == 32, "HashEntry is part of the kernel ABI");
+static_assert(sizeof(HashEntry) == 40, "HashEntry is part of the kernel ABI");
 inline uint64_t hash_pieces(uint64_t bytes) { return (bytes + kHashPieceBytes - 1) / kHashPieceBytes; }
 // A tile of wsync_piece_hash is one piece; kHashBlock threads a block.
 constexpr unsigned kHashBlock = 128;
@@ -52,13 +53,44 @@ struct DiffEntry {
 static_assert(sizeof(DiffEntry) == 72, "DiffEntry is part of the kernel ABI");
 inline uint64_t diff_tiles(uint64_t elements) { return (elements + kDiffTileElems - 1) / kDiffTileElems; }
 
+// ---- the receiver's verified apply, queued with no host wait -------------------------------
+// Each patch applied on an engine has an ApplyState in device memory, which the kernels below
+// read and write in stream order, so the whole apply is queued on the loader's stream and the
+// host reads every state once, when the chunk ends (src/gpu/diff.cpp, DeltaKernels::collect):
+//   wsync_patch_check   header and indices sound, else verdict kMalformed (and `bad`)
+//   wsync_piece_hash    the destination's pieces (HashEntry::state: only while kGo)
+//   wsync_patch_verdict stage 0: their tree hash is base_hash, else kBaseDiffers (`got`)
+//   wsync_patch_scatter saving the replaced values (PatchEntry::when kGo)
+//   wsync_piece_hash    the result's pieces (only while kGo)
+//   wsync_patch_verdict stage 1: their tree hash is result_hash, else kResultDiffers (`got`)
+//   wsync_patch_scatter the saved values back (PatchEntry::when kResultDiffers)
+// Who writes each word: the host writes the whole state before the first kernel (one upload)
+// and reads it after the last; `bad` and `verdict` kMalformed are written by the check kernel
+// (atomicMin / plain stores of the same value), `verdict` and `got` otherwise by the verdict
+// kernel's one thread per state. A verdict only ever moves away from kGo.
+enum Verdict : uint64_t { kGo = 0, kMalformed = 1, kBaseDiffers = 2, kResultDiffers = 3 };
+struct ApplyState {
+    uint64_t bad;          // the first index position out of order or outside (UINT64_MAX: none)
+    uint64_t verdict;      // Verdict
+    uint64_t got;          // the tree hash that did not match
+    uint64_t base_hash;    // the patch's, from the request
+    uint64_t result_hash;  // the same
+    uint64_t pieces;       // device uint64_t[n_pieces]: the destination's piece hashes
+    uint64_t n_pieces;
+    uint64_t reserved;
+};
+static_assert(sizeof(ApplyState) == 64, "ApplyState is part of the kernel ABI");
+
 // ---- check and scatter (the receiver; the trainer's fold) ----------------------------------
-// wsync_patch_check: every index must be below `elements` and above the one before it; the
-// first position (in patch order) that is not lowers *bad (atomicMin; the host sets it to
-// UINT64_MAX first). wsync_patch_scatter: for each change i, when `save` is set, save[i] =
-// dst[idx[i]] first, then dst[idx[i]] = values[i]; an index at or past `elements` is skipped
-// (the check pass refuses such a patch before any scatter; this keeps a bad one from writing
-// outside the tensor). A restore is a scatter of `save` back with save = 0.
+// wsync_patch_check: the header (at idx - 32) must be delta.hpp's for plain coding, `width`,
+// `esize`, `count` and `elements`, and every index below `elements` and above the one before
+// it; else state->verdict = kMalformed, and the first index position (in patch order) that is
+// not sound lowers state->bad (atomicMin). Every entry has at least one tile (the header's).
+// wsync_patch_scatter: for each change i, when `save` is set, save[i] = dst[idx[i]] first, then
+// dst[idx[i]] = values[i]; an index at or past `elements` is skipped (the check refuses such a
+// patch first; this keeps a bad one from writing outside the tensor). With `state` set the
+// entry runs only when state->verdict == `when` (the apply); with state 0 always (the fold). A
+// restore is a scatter of `save` back with save = 0.
 constexpr uint64_t kPatchTileChanges = 4096;
 constexpr unsigned kPatchBlock = 256;
 struct PatchEntry {
@@ -68,19 +100,24 @@ struct PatchEntry {
     uint64_t save;      // 0, or device bytes for the replaced values
     uint64_t count;
     uint64_t elements;
-    uint64_t bad;       // device uint64_t (check pass)
+    uint64_t state;     // 0, or the patch's device ApplyState
     uint32_t esize;     // 1, 2, 4 or 8
     uint32_t width;     // 4 or 8
     uint32_t first_tile;
-    uint32_t reserved;
+    uint32_t when;      // scatter with a state: the verdict it runs at
 };
 static_assert(sizeof(PatchEntry) == 72, "PatchEntry is part of the kernel ABI");
 inline uint64_t patch_tiles(uint64_t count) { return (count + kPatchTileChanges - 1) / kPatchTileChanges; }
+inline uint64_t check_pass_tiles(uint64_t count) { return count ? patch_tiles(count) : 1; }
+// wsync_patch_verdict takes (ApplyState *states, unsigned count, unsigned stage): one thread a
+// state, kVerdictBlock threads a block.
+constexpr unsigned kVerdictBlock = 128;
 
 constexpr const char *kPieceHashKernel = "wsync_piece_hash";
 constexpr const char *kDeltaCountKernel = "wsync_delta_count";
 constexpr const char *kDeltaCompactKernel = "wsync_delta_compact";
 constexpr const char *kPatchCheckKernel = "wsync_patch_check";
 constexpr const char *kPatchScatterKernel = "wsync_patch_scatter";
+constexpr const char *kPatchVerdictKernel = "wsync_patch_verdict";
 
 }  // namespace wsync::gpu

@@ -45,13 +45,15 @@ public:
     }
 
     // A patch made on the trainer's GPU, applied on this GPU into the engine's memory with the
-    // delta kernels, on the loader's stream (after its earlier work on dst), verified.
-    bool apply_patch(void *dst, const DevicePatch &p, const std::string &what,
-                     delta::Applied *outcome, uint64_t *got) override {
-        *outcome = kernels_().apply_one(dst, p.patch, p.patch_bytes, p.elements, p.esize, p.base_hash,
-                                        p.result_hash, stream_, sys::Deadline(timeout_ms_),
-                                        what, kKind, got);
+    // delta kernels, on the loader's stream (after its earlier work on dst), verified, with no
+    // host wait; patch_outcomes() waits once for all of a chunk's when the iteration ends.
+    bool queue_patch(void *dst, const DevicePatch &p, const std::string &what) override {
+        kernels_().queue_one(dst, p.patch, p.patch_bytes, p.elements, p.esize, p.base_hash,
+                             p.result_hash, stream_, sys::Deadline(timeout_ms_), what, kKind);
         return true;
+    }
+    std::vector<delta::PatchOutcome> patch_outcomes(const std::string &what) override {
+        return kernels_().collect(sys::Deadline(timeout_ms_), std::string(kKind) + ": " + what);
     }
 
     // The loader's copies out of the views must be complete before the sender reuses the

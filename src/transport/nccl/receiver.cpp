@@ -57,14 +57,16 @@ public:
         return true;
     }
     // A patch made on the trainer's GPU, applied from the bucket into the engine's memory on
-    // the loader's stream, verified; done before this returns, so the next broadcast may
-    // overwrite the bucket.
-    bool apply_patch(void *dst, const DevicePatch &p, const std::string &what,
-                     delta::Applied *outcome, uint64_t *got) override {
-        *outcome = kernels_().apply_one(dst, p.patch, p.patch_bytes, p.elements, p.esize, p.base_hash,
-                                        p.result_hash, fence_ ? fence_->stream : gpu::CU_STREAM_LEGACY, sys::Deadline(timeout_ms_),
-                                        what, "nccl_broadcast", got);
+    // the loader's stream, verified, with no host wait; patch_outcomes() waits for it when the
+    // iteration ends, so the next broadcast never overwrites a bucket a patch is read from.
+    bool queue_patch(void *dst, const DevicePatch &p, const std::string &what) override {
+        kernels_().queue_one(dst, p.patch, p.patch_bytes, p.elements, p.esize, p.base_hash,
+                             p.result_hash, fence_ ? fence_->stream : gpu::CU_STREAM_LEGACY,
+                             sys::Deadline(timeout_ms_), what, "nccl_broadcast");
         return true;
+    }
+    std::vector<delta::PatchOutcome> patch_outcomes(const std::string &what) override {
+        return kernels_().collect(sys::Deadline(timeout_ms_), std::string("nccl_broadcast") + ": " + what);
     }
     // The next chunk is broadcast into the same bucket: fence the copies out of these views.
     // Does not wait; the next receive does, with its deadline.
