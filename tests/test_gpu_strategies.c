@@ -752,6 +752,7 @@ typedef struct {
     int probe;                /* first try each patch into a misaligned or host destination */
     int announce;             /* writes one byte once its receiver is attached */
     uint64_t hold_at;         /* holds the loader's stream while it copies this version's tensors */
+    uint64_t freeze_at;       /* holds it until after wsync_recv_end (receiver timeout 500 ms) */
 } delta_engine_cfg;
 
 /* Whether `got` is tensor k of version v (with the engine's scribble when `scribbled`). */
@@ -776,7 +777,8 @@ static int delta_engine_main(const delta_engine_cfg *cfg, int in, int out) {
     if (tu_recv_frame(in, &init, &len, 20000) || !init) return 10;
     wsync_strategy_t *s;
     wsync_receiver_t *r;
-    if (wsync_strategy_create(cfg->kind ? cfg->kind : "cuda_ipc", "{\"device\": 0}", &s) != WSYNC_OK ||
+    const char *opts = cfg->freeze_at ? "{\"device\": 0, \"timeout_ms\": 500}" : "{\"device\": 0}";
+    if (wsync_strategy_create(cfg->kind ? cfg->kind : "cuda_ipc", opts, &s) != WSYNC_OK ||
         wsync_receiver_create(s, init, len, cfg->index, &r) != WSYNC_OK)
         return 11;
     free(init);
@@ -798,8 +800,8 @@ static int delta_engine_main(const delta_engine_cfg *cfg, int in, int out) {
             wsync_recv_info(it, &info);
             const int scribbled = info.version == cfg->scribble_before;
             if (scribbled) mine[0][17] ^= 0x4000;
-            const int held = info.version == cfg->hold_at;
-            if (held && drv.stream_hold(NULL) != 0) answer[0] = 9;
+            const int held = info.version == cfg->hold_at, frozen = info.version == cfg->freeze_at;
+            if ((held || frozen) && drv.stream_hold(NULL) != 0) answer[0] = 9;
             wsync_status_t st = WSYNC_OK;
             for (size_t i = 0; i < info.count && st == WSYNC_OK; ++i) {
                 wsync_tensor_t t;
@@ -832,9 +834,23 @@ static int delta_engine_main(const delta_engine_cfg *cfg, int in, int out) {
                     if (!delta_holds(mine[k], k, info.version - 1, 0)) answer[0] = 10;
                 drv.stream_release_held();
             }
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
             wsync_status_t end = wsync_recv_end(it);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
             if (end != WSYNC_OK) fprintf(stderr, "delta engine %u: end: %s\n", cfg->index, wsync_last_error());
-            if (scribbled && st == WSYNC_OK) {
+            if (frozen) {
+                /* The GPU never runs the queued apply: the one wait ends at the receiver's
+                 * deadline (and the acknowledgement's own wait at another), naming the step. */
+                const double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+                if (st == WSYNC_OK && end == WSYNC_ERR_TIMEOUT && s >= 0.45 && s < 5.0 &&
+                    strstr(wsync_last_error(), "patches of chunk 0 of version") &&
+                    strstr(wsync_last_error(), "on the GPU"))
+                    answer[0] = (uint8_t)(0x80 | end);
+                else
+                    answer[0] = 12;
+                drv.stream_release_held();
+            } else if (scribbled && st == WSYNC_OK) {
                 /* t0 no longer holds the base: refused by name when the chunk ends, t0 left as
                  * the engine made it. */
                 if (end == WSYNC_ERR_MISMATCH && strstr(wsync_last_error(), "does not hold version") &&
@@ -930,7 +946,7 @@ static void delta_step(delta_trainer_t *t, engine_t *e, int engines, uint64_t v,
 
 static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void **state) {
     (void)state;
-    delta_engine_cfg c0 = {0, 0, NULL, 1, 0, 0}, c1 = {1, 0, NULL, 0, 0, 4};
+    delta_engine_cfg c0 = {0, 0, NULL, 1, 0, 0, 0}, c1 = {1, 0, NULL, 0, 0, 4, 0};
     engine_t e[2] = {tu_fork_peer(delta_engine_entry, &c0), tu_fork_peer(delta_engine_entry, &c1)};
     delta_trainer_t t;
     delta_trainer_start(&t, "cuda_ipc", "{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}", e, 2);
@@ -949,7 +965,7 @@ static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void 
  * again after. */
 static void delta_refusal_and_dense_recovery(const char *kind) {
     const int hears = !strcmp(kind, "cuda_ipc");
-    delta_engine_cfg c0 = {0, 3, kind, 0, 0, 5};
+    delta_engine_cfg c0 = {0, 3, kind, 0, 0, 5, 0};
     engine_t e = tu_fork_peer(delta_engine_entry, &c0);
     delta_trainer_t t;
     delta_trainer_start(&t, kind,
@@ -984,11 +1000,33 @@ static void nccl_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the
     delta_refusal_and_dense_recovery("nccl_broadcast");
 }
 
+/* An engine whose GPU never runs the queued apply (its loader's stream frozen): every
+ * wsync_recv_copy of a patch returned at once, and wsync_recv_end fails with TIMEOUT naming the
+ * patches within the receiver's deadline; the trainer's flush reports it, and the next version,
+ * dense, makes the engine whole once its stream moves again. */
+static void cuda_ipc_delta_a_frozen_apply_fails_recv_end_within_the_deadline_on_both_sides(void **state) {
+    (void)state;
+    delta_engine_cfg c0 = {0, 0, NULL, 0, 0, 0, 3};
+    engine_t e = tu_fork_peer(delta_engine_entry, &c0);
+    delta_trainer_t t;
+    delta_trainer_start(&t, "cuda_ipc", "{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &e, 1);
+    for (uint64_t v = 1; v <= 2; ++v) delta_step(&t, &e, 1, v, -1);
+    uint8_t a[1][2];
+    delta_version(t.tx, &e, 1, t.data, 3, a);
+    assert_int_equal(a[0][0], 0x80 | WSYNC_ERR_TIMEOUT);
+    assert_int_equal(a[0][1], DT);
+    EXPECT_ERR(wsync_sender_flush(t.tx, 5000), WSYNC_ERR_PEER, "patches of chunk 0 of version 3");
+    delta_step(&t, &e, 1, 4, 0);
+    delta_step(&t, &e, 1, 5, DT);
+    delta_engine_finish(&e);
+    delta_trainer_end(&t);
+}
+
 /* An engine that restarts (a new process attaching as the same receiver) holds no base: the
  * version after it attached is dense, so its first version completes, and patches follow. */
 static void cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense(void **state) {
     (void)state;
-    delta_engine_cfg first = {0, 0, NULL, 0, 0, 0}, again = {0, 0, NULL, 0, 1, 0};
+    delta_engine_cfg first = {0, 0, NULL, 0, 0, 0, 0}, again = {0, 0, NULL, 0, 1, 0, 0};
     engine_t e1 = tu_fork_peer(delta_engine_entry, &first);
     engine_t e2 = tu_fork_peer(delta_engine_entry, &again); /* forked before this process uses CUDA */
     delta_trainer_t t;
@@ -1009,7 +1047,7 @@ static void cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense(voi
  * whole again, and patches follow. */
 static void cuda_ipc_delta_the_version_after_an_abandoned_one_is_dense(void **state) {
     (void)state;
-    delta_engine_cfg c0 = {0, 0, NULL, 0, 0, 0};
+    delta_engine_cfg c0 = {0, 0, NULL, 0, 0, 0, 0};
     engine_t e = tu_fork_peer(delta_engine_entry, &c0);
     delta_trainer_t t;
     delta_trainer_start(&t, "cuda_ipc", "{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &e, 1);
@@ -2197,6 +2235,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross),
     cmocka_unit_test(cuda_ipc_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense),
     cmocka_unit_test(nccl_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense),
+    cmocka_unit_test(cuda_ipc_delta_a_frozen_apply_fails_recv_end_within_the_deadline_on_both_sides),
     cmocka_unit_test(cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense),
     cmocka_unit_test(cuda_ipc_delta_the_version_after_an_abandoned_one_is_dense),
     cmocka_unit_test(gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror),

@@ -53,7 +53,12 @@ public:
         return true;
     }
     std::vector<delta::PatchOutcome> patch_outcomes(const std::string &what) override {
-        return kernels_().collect(sys::Deadline(timeout_ms_), std::string(kKind) + ": " + what);
+        try {
+            return kernels_().collect(sys::Deadline(timeout_ms_), std::string(kKind) + ": " + what);
+        } catch (const Error &e) {
+            if (e.status() == WSYNC_ERR_TIMEOUT) unfinished_ = true;
+            throw;
+        }
     }
 
     // The loader's copies out of the views must be complete before the sender reuses the
@@ -105,7 +110,10 @@ public:
                 }
             }
         }
-        if (header_.last) release_through(seg_->board(), index_, cache_, header_.version);
+        // Work the loader's stream has not run by the deadline may still read memory mapped
+        // from the sender: its handles stay open (closing them would wait for that work, or
+        // pull the memory from under it), to be closed by a later version's release.
+        if (header_.last && !unfinished_) release_through(seg_->board(), index_, cache_, header_.version);
         board::acknowledge(seg_->board(), index_, slot_, seq_, outcome);
     }
 
@@ -124,6 +132,7 @@ private:
                             work + " after " + chunk);
             return WSYNC_OK;
         } catch (const Error &e) {
+            if (e.status() == WSYNC_ERR_TIMEOUT) unfinished_ = true;
             *why = e.status() == WSYNC_ERR_TIMEOUT ? std::string(e.what())
                                                    : work + " failed after " + chunk + ": " + e.what();
             return e.status();
@@ -138,6 +147,7 @@ private:
     gpu::Event *legacy_;  // null: "synchronize" is off
     AckQueue *acks_;      // null: acknowledged when the iteration ends, as "synchronize" says
     bool deferred_ = false;  // settle() left the acknowledgement to acks_
+    bool unfinished_ = false;  // a wait for the loader's stream ended at its deadline
     gpu::CUstream stream_;  // the loader's stream, whose work releases the chunk
     HandleCache &cache_;
     int64_t timeout_ms_;
