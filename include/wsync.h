@@ -271,7 +271,9 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * base), and "delta_anchor_every" (N > 0: versions 1, N+1, 2N+1, ... go dense; default 0). The
  * sender then keeps a copy of every tensor it sent (up to twice the tensors' bytes): host
  * memory for "shm", device memory of the trainer's GPU for "cuda_ipc" and "nccl_broadcast",
- * which compare on the GPU. WSYNC_ERR_UNSUPPORTED, saying why, for a "delta" other than "off"
+ * which compare on the GPU, or with "delta_base_memory" "pinned_host" (default "device"; GPU
+ * kinds only, WSYNC_ERR_UNSUPPORTED on "shm") pinned host memory the kernels read across the
+ * bus. WSYNC_ERR_UNSUPPORTED, saying why, for a "delta" other than "off"
  * on "ucx", on "cuda_ipc" with packed=false or several senders, on a GPU kind with a "dtype"
  * cast, and on "nccl_broadcast" without "delta_anchor_every" (its trainer cannot hear that an
  * engine failed a version; anchors make such an engine whole). A kind this build does not know

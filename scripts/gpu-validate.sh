@@ -212,7 +212,7 @@ except (OSError, ValueError, KeyError):
 try:
     for line in open(os.path.join(log, "delta.jsonl")):
         d = json.loads(line)
-        L.append(f"| delta kernels, {d['fraction'] * 100:g}% changed ({d['bytes'] / 1e9:.2f} GB, {d['tensors']} tensors, patches {d['patch_bytes'] / 1e6:.1f} MB) | diff {d['diff_s']:.5f} s = {d['diff_to_copy']:.3f}x one device copy ({d['copy_s']:.5f} s); verified apply {d['apply_s']:.5f} s = {d['apply_to_copy']:.3f}x; fold {d['fold_s']:.5f} s; tree hash {d['hash_gbps']} GB/s{'' if d['exact'] else ', NOT bit-exact'} |")
+        L.append(f"| delta kernels, {d['fraction'] * 100:g}% changed ({d['bytes'] / 1e9:.2f} GB, {d['tensors']} tensors, patches {d['patch_bytes'] / 1e6:.1f} MB) | diff {d['diff_s']:.5f} s = {d['diff_to_copy']:.3f}x one device copy ({d['copy_s']:.5f} s); verified apply {d['apply_s']:.5f} s = {d['apply_to_copy']:.3f}x; fold {d['fold_s']:.5f} s; tree hash {d['hash_gbps']} GB/s; bases in pinned host memory: diff {d.get('diff_pinned_s', float('nan')):.5f} s = {d.get('diff_pinned_to_h2d', float('nan')):.3f}x one pinned-to-device copy ({d.get('h2d_s', float('nan')):.5f} s){'' if d['exact'] else ', NOT bit-exact'} |")
 except (OSError, ValueError, KeyError):
     L.append("| delta kernels | no result (see delta_bench's output) |")
 try:

@@ -148,6 +148,7 @@ struct Config {
     uint64_t anchor_every = 0;  // 0: no periodic dense versions
     uint64_t max_percent = 50;  // auto: a patch is sent when at most this % of the dense bytes
     bool mirror = false;        // receiver: keep a copy of every tensor, apply patches to it
+    bool pinned_bases = false;  // GPU kinds: bases in pinned host memory ("delta_base_memory")
 };
 const std::vector<OptionSpec> &option_specs();
 // The kind's own options followed by the delta options.

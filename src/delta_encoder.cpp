@@ -29,6 +29,14 @@ const std::vector<OptionSpec> &option_specs() {
         {"delta_max_percent", T::UInt, 50, 0, 100, "sender",
          "delta auto: a tensor goes as a patch when the patch is at most this percent of its "
          "dense bytes"},
+        {"delta_base_memory", T::String, 0, 0, 0, "sender",
+         "with delta on a GPU kind: where the trainer keeps its bases (the last committed bytes "
+         "of every compared tensor, the model's size) and the staged copies of tensors sent "
+         "dense: device (the trainer's GPU memory; the compare reads them at memory speed) or "
+         "pinned_host (host memory the compare kernels read across PCIe or NVLink-C2C: no GPU "
+         "memory, a slower compare); shm keeps them in host memory and takes only device "
+         "(docs/delta.md, memory cost)",
+         "device", "device|pinned_host"},
         {"delta_mirror", T::Bool, 0, 0, 1, "receiver",
          "the receiver keeps its own copy of every tensor it loads (host memory of the model's "
          "size) and applies patches to it, verified: a patched tensor then has views, copies of "
@@ -58,6 +66,13 @@ Config config_from(const Options &o, const char *kind_name, bool kind_has_delta,
     c.anchor_every = o.uint("delta_anchor_every");
     c.max_percent = o.uint("delta_max_percent");
     c.mirror = o.boolean("delta_mirror");
+    c.pinned_bases = o.text("delta_base_memory") == "pinned_host";
+    if (c.pinned_bases && !on_device)
+        failf(WSYNC_ERR_UNSUPPORTED,
+              "%s: option 'delta_base_memory' is \"pinned_host\", but this kind compares host "
+              "memory and keeps its bases there already: leave it \"device\" (it applies to "
+              "the GPU kinds)",
+              kind_name);
     if (c.mirror && !kind_has_delta)
         failf(WSYNC_ERR_UNSUPPORTED,
               "%s: option 'delta_mirror' is true, but delta sync is carried by kinds 'shm', "

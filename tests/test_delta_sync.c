@@ -605,6 +605,13 @@ static void kinds_without_delta_refuse_it_by_name_and_every_kind_lists_the_optio
     EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"delta_mirror\": true}", &s), WSYNC_ERR_UNSUPPORTED,
                "applies patches on the GPU");
     assert_null(s);
+    /* shm's bases are host memory already: pinned host bases are a GPU kinds' choice. */
+    EXPECT_ERR(wsync_strategy_create("shm", "{\"delta\": \"auto\", \"delta_base_memory\": \"pinned_host\"}", &s),
+               WSYNC_ERR_UNSUPPORTED, "option 'delta_base_memory' is \"pinned_host\", but this kind compares host");
+    assert_null(s);
+    EXPECT_ERR(wsync_strategy_create("shm", "{\"delta_base_memory\": \"gpu\"}", &s), WSYNC_ERR_INVALID_ARGUMENT,
+               "delta_base_memory");
+    assert_null(s);
     /* ucx moves host memory but refuses too (engines attach at any kept version), saying why;
        where this build or machine has no UCX the kind is unavailable instead. */
     wsync_strategy_t *u = (wsync_strategy_t *)1;

@@ -1000,6 +1000,31 @@ static void nccl_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the
     delta_refusal_and_dense_recovery("nccl_broadcast");
 }
 
+/* "delta_base_memory": "pinned_host": the trainer's bases (and dense tensors' staged copies)
+ * live in pinned host memory the compare and fold kernels reach through its device mapping, so
+ * they cost no GPU memory; engines stay bit-identical while patches cross, as with bases on
+ * the GPU. */
+static void cuda_ipc_delta_bases_in_pinned_host_memory_cost_no_gpu_memory(void **state) {
+    (void)state;
+    delta_engine_cfg c0 = {0, 0, NULL, 0, 0, 0, 0};
+    engine_t e = tu_fork_peer(delta_engine_entry, &c0);
+    delta_trainer_t t;
+    delta_trainer_start(&t, "cuda_ipc",
+                        "{\"bucket_bytes\": 1048576, \"delta\": \"auto\", \"delta_base_memory\": \"pinned_host\"}",
+                        &e, 1);
+    struct wsync_fake_stats before, after;
+    drv.stats(&before);
+    for (uint64_t v = 1; v <= 5; ++v) delta_step(&t, &e, 1, v, v == 1 ? 0 : DT - 1);
+    drv.stats(&after);
+    /* Every tensor's base and staged copy is pinned host memory; none is device memory. */
+    assert_true(after.pinned_live - before.pinned_live >= DT);
+    assert_true(after.host_allocs - before.host_allocs >= DT);
+    delta_engine_finish(&e);
+    delta_trainer_end(&t);
+    drv.stats(&after);
+    assert_int_equal(after.pinned_live, before.pinned_live); /* freed with the sender */
+}
+
 /* An engine whose GPU never runs the queued apply (its loader's stream frozen): every
  * wsync_recv_copy of a patch returned at once, and wsync_recv_end fails with TIMEOUT naming the
  * patches within the receiver's deadline; the trainer's flush reports it, and the next version,
@@ -1094,6 +1119,8 @@ static void gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror(void 
                WSYNC_ERR_UNSUPPORTED, "without 'delta_anchor_every'");
     EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"delta_mirror\": true}", &s),
                WSYNC_ERR_UNSUPPORTED, "applies patches on the GPU");
+    EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"delta_base_memory\": \"host\"}", &s),
+               WSYNC_ERR_INVALID_ARGUMENT, "delta_base_memory");
 }
 
 /* ---- cuda_ipc: lifetimes of shared memory (issue 10 A) ------------------------------------- */
@@ -2236,6 +2263,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense),
     cmocka_unit_test(nccl_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense),
     cmocka_unit_test(cuda_ipc_delta_a_frozen_apply_fails_recv_end_within_the_deadline_on_both_sides),
+    cmocka_unit_test(cuda_ipc_delta_bases_in_pinned_host_memory_cost_no_gpu_memory),
     cmocka_unit_test(cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense),
     cmocka_unit_test(cuda_ipc_delta_the_version_after_an_abandoned_one_is_dense),
     cmocka_unit_test(gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror),

@@ -48,6 +48,10 @@ constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
 constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 constexpr unsigned CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1;
+// cuMemHostAlloc: pinned host memory kernels may read and write through a device pointer
+// (cuMemHostGetDevicePointer), from every context (cuda.h).
+constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x01;
+constexpr unsigned CU_MEMHOSTALLOC_DEVICEMAP = 0x02;
 constexpr int CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2;     // unsigned int, a CU_MEMORYTYPE_*
 constexpr unsigned CU_MEMORYTYPE_DEVICE = 2;
 constexpr int CU_POINTER_ATTRIBUTE_BUFFER_ID = 7;       // unsigned long long, never reused
@@ -89,6 +93,10 @@ inline const CUstream CU_STREAM_LEGACY = reinterpret_cast<CUstream>(std::uintptr
       (CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream))                     \
     X(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", CUresult,                                        \
       (void *dst, CUdeviceptr src, std::size_t bytes, CUstream stream))                           \
+    X(cuMemHostAlloc, "cuMemHostAlloc", CUresult, (void **pp, std::size_t bytes, unsigned int flags)) \
+    X(cuMemFreeHost, "cuMemFreeHost", CUresult, (void *p))                                        \
+    X(cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2", CUresult,                        \
+      (CUdeviceptr * dptr, void *p, unsigned int flags))                                          \
     X(cuIpcGetMemHandle, "cuIpcGetMemHandle", CUresult, (CUipcMemHandle * handle, CUdeviceptr p)) \
     X(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2", CUresult,                                      \
       (CUdeviceptr * p, CUipcMemHandle handle, unsigned int flags))                               \

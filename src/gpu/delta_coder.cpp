@@ -160,7 +160,9 @@ void DeviceCoder::encode(uint64_t version, const wsync_tensor_t *tensors,
     for (std::size_t i : dense) {
         Entry &e = *of[i];
         if (e.spare.size() < metas[i].nbytes || !e.spare.size())
-            e.spare = DeviceBuffer(*dev_, std::max<uint64_t>(metas[i].nbytes, 1), "delta base of '" + e.name + "'");
+            e.spare = DeviceBuffer(*dev_, std::max<uint64_t>(metas[i].nbytes, 1), "delta base of '" + e.name + "'",
+                                   config_.pinned_bases ? DeviceBuffer::Where::kPinnedHost
+                                                        : DeviceBuffer::Where::kDevice);
         PackEntry c{reinterpret_cast<uint64_t>(tensors[i].data), e.spare.ptr(), metas[i].nbytes,
                     kPackCopy, static_cast<uint32_t>(tile)};
         tile += pack_tiles(c);

@@ -1,5 +1,7 @@
 // The trainer's side of delta sync for tensors in GPU memory (docs/delta.md, "On the GPU"): the
-// bases live in device memory of the trainer's GPU, the compare and compaction run as kernels
+// bases live in device memory of the trainer's GPU (or, with "delta_base_memory" "pinned_host",
+// in pinned host memory the kernels reach through its device mapping), the compare and
+// compaction run as kernels
 // (gpu/diff.hpp), and patches carry tree hashes. Same bookkeeping as the host's delta::Encoder:
 // what a version stages becomes the base only when it commits (a patch is folded into the base
 // by a scatter kernel, a dense tensor's copy is swapped in), an abandoned or failed version

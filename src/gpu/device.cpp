@@ -46,36 +46,53 @@ int ordinal_of(const CudaApi &api, const CUuuid &uuid) {
 }
 
 // ---------------------------------------------------------------------------------------------
-DeviceBuffer::DeviceBuffer(const Device &d, uint64_t bytes, const std::string &what)
-    : dev_(&d), size_(bytes) {
+DeviceBuffer::DeviceBuffer(const Device &d, uint64_t bytes, const std::string &what, Where where)
+    : dev_(&d), size_(bytes), where_(where) {
     Device::Scope scope(d);
-    WSYNC_CU(d.api(), cuMemAlloc(&ptr_, bytes),
-             what + ": cuMemAlloc of " + std::to_string(bytes) + " bytes on " + d.uuid_string());
+    if (where == Where::kDevice) {
+        WSYNC_CU(d.api(), cuMemAlloc(&ptr_, bytes),
+                 what + ": cuMemAlloc of " + std::to_string(bytes) + " bytes on " + d.uuid_string());
+        return;
+    }
+    WSYNC_CU(d.api(), cuMemHostAlloc(&host_, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP),
+             what + ": cuMemHostAlloc of " + std::to_string(bytes) + " bytes of pinned host memory");
+    const CUresult rc = d.api().cuMemHostGetDevicePointer(&ptr_, host_, 0);
+    if (rc != CUDA_SUCCESS) {
+        d.api().cuMemFreeHost(host_);
+        host_ = nullptr;
+        ptr_ = 0;
+        cuda_fail(d.api(), rc, what + ": cuMemHostGetDevicePointer for pinned host memory on " + d.uuid_string());
+    }
 }
 
 DeviceBuffer::~DeviceBuffer() { release(); }
 
-DeviceBuffer::DeviceBuffer(DeviceBuffer &&o) noexcept : dev_(o.dev_), ptr_(o.ptr_), size_(o.size_) {
+DeviceBuffer::DeviceBuffer(DeviceBuffer &&o) noexcept
+    : dev_(o.dev_), ptr_(o.ptr_), size_(o.size_), where_(o.where_), host_(o.host_) {
     o.ptr_ = 0;
+    o.host_ = nullptr;
 }
 
 DeviceBuffer &DeviceBuffer::operator=(DeviceBuffer &&o) noexcept {
     if (this != &o) {
         release();
-        dev_ = o.dev_, ptr_ = o.ptr_, size_ = o.size_;
+        dev_ = o.dev_, ptr_ = o.ptr_, size_ = o.size_, where_ = o.where_, host_ = o.host_;
         o.ptr_ = 0;
+        o.host_ = nullptr;
     }
     return *this;
 }
 
 void DeviceBuffer::release() noexcept {
-    if (!ptr_) return;
+    if (!ptr_ && !host_) return;
     try {
         Device::Scope scope(*dev_);
-        dev_->api().cuMemFree(ptr_);
+        if (where_ == Where::kPinnedHost) dev_->api().cuMemFreeHost(host_);
+        else dev_->api().cuMemFree(ptr_);
     } catch (...) {
     }
     ptr_ = 0;
+    host_ = nullptr;
 }
 
 Stream::Stream(const Device &d) : dev_(d) {

@@ -53,24 +53,31 @@ private:
 int ordinal_of(const CudaApi &api, const CUuuid &uuid);
 
 // Device memory owned by this object (cuMemAlloc / cuMemFree in the device's context).
+// Memory kernels reach through a device pointer: device memory of one GPU (cuMemAlloc), or
+// pinned host memory mapped into the device's address space (cuMemHostAlloc with DEVICEMAP:
+// kernels read and write it across PCIe or NVLink-C2C, and it costs no GPU memory).
 class DeviceBuffer {
 public:
+    enum class Where { kDevice, kPinnedHost };
     DeviceBuffer() = default;
-    DeviceBuffer(const Device &d, uint64_t bytes, const std::string &what);
+    DeviceBuffer(const Device &d, uint64_t bytes, const std::string &what, Where where = Where::kDevice);
     ~DeviceBuffer();
     DeviceBuffer(DeviceBuffer &&o) noexcept;
     DeviceBuffer &operator=(DeviceBuffer &&o) noexcept;
     CUdeviceptr ptr() const { return ptr_; }
     uint64_t size() const { return size_; }
+    Where where() const { return where_; }
     // Gives the memory up without freeing it: the driver frees it when the process ends. For
     // memory other processes may still map (freeing it then is undefined behaviour).
-    void leak() noexcept { ptr_ = 0; }
+    void leak() noexcept { ptr_ = 0, host_ = nullptr; }
 
 private:
     void release() noexcept;
     const Device *dev_ = nullptr;
     CUdeviceptr ptr_ = 0;
     uint64_t size_ = 0;
+    Where where_ = Where::kDevice;
+    void *host_ = nullptr;  // kPinnedHost: the host address cuMemFreeHost takes
 };
 
 class Stream {

@@ -287,6 +287,8 @@ struct Alloc {
     bool ipc = false;      // opened from a handle
     int refs = 0;          // IPC opens not yet closed
     bool unexportable = false;  // wsync_fake_mem_alloc_unexportable
+    bool pinned_host = false;   // cuMemHostAlloc: host memory kernels reach (DEVICEMAP)
+    bool device_mapped = false; // pinned_host allocated with CU_MEMHOSTALLOC_DEVICEMAP
 };
 
 // ---- per-process state ------------------------------------------------------------------------
@@ -327,10 +329,11 @@ int dev_of(CUcontext c) {
 
 struct Counters {
     std::atomic<long long> allocs{0}, frees{0}, ipc_get_handle{0}, ipc_open{0}, ipc_close{0},
-        kernel_launches{0}, memcpy_calls{0}, modules_loaded{0}, reclaimed{0};
+        kernel_launches{0}, memcpy_calls{0}, modules_loaded{0}, reclaimed{0}, host_allocs{0},
+        host_frees{0};
     void reset() {
         for (auto *c : {&allocs, &frees, &ipc_get_handle, &ipc_open, &ipc_close, &kernel_launches,
-                        &memcpy_calls, &modules_loaded, &reclaimed})
+                        &memcpy_calls, &modules_loaded, &reclaimed, &host_allocs, &host_frees})
             c->store(0);
     }
 };
@@ -686,7 +689,7 @@ Doomed collect_context_locked(State &s, int dev) {
     for (auto it = s.functions.begin(); it != s.functions.end();)
         it = it->second.module->device == dev ? s.functions.erase(it) : std::next(it);
     for (auto &kv : s.allocs)
-        if (kv.second.device == dev) d.allocs.push_back(kv.first);
+        if (kv.second.device == dev && !kv.second.pinned_host) d.allocs.push_back(kv.first);
     return d;
 }
 
@@ -1280,7 +1283,7 @@ CUresult cuMemFree(CUdeviceptr dptr) {
         int dev;
         if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
         auto it = s.allocs.find(dptr);
-        if (it == s.allocs.end() || it->second.ipc) return CUDA_ERROR_INVALID_VALUE;
+        if (it == s.allocs.end() || it->second.ipc || it->second.pinned_host) return CUDA_ERROR_INVALID_VALUE;
     }
     sync_all_streams();  // like cudaFree: work in flight finishes before the memory goes
     Alloc a;
@@ -1295,6 +1298,75 @@ CUresult cuMemFree(CUdeviceptr dptr) {
     munmap(reinterpret_cast<void *>(dptr), a.map_len);
     shm_unlink(a.name.c_str());
     g_count.frees.fetch_add(1);
+    return CUDA_SUCCESS;
+}
+
+// Pinned host memory (cuMemHostAlloc): in the fake, anonymous memory of this process that
+// kernels may reach once mapped (DEVICEMAP; the device pointer is the host address, as under
+// unified addressing). Not exportable, not device memory to cuPointerGetAttribute.
+CUresult cuMemHostAlloc(void **pp, std::size_t bytes, unsigned int flags) {
+    WSYNC_FAKE_FAIL_POINT("cuMemHostAlloc");
+    State &s = st();
+    int dev;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
+    }
+    if (!pp || bytes == 0 || (flags & ~0x7u)) return CUDA_ERROR_INVALID_VALUE;
+    const uint64_t len = page_round(bytes);
+    void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        Alloc a;
+        a.size = bytes;
+        a.map_len = len;
+        a.device = dev;  // the context it was made in; freed only by cuMemFreeHost here
+        a.buffer_id = ++s.next_buffer_id;
+        a.pinned_host = true;
+        a.device_mapped = (flags & 0x2u) != 0;
+        s.allocs[reinterpret_cast<uint64_t>(p)] = std::move(a);
+    }
+    g_count.host_allocs.fetch_add(1);
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostGetDevicePointer(CUdeviceptr *dptr, void *p, unsigned int flags) {
+    WSYNC_FAKE_FAIL_POINT("cuMemHostGetDevicePointer_v2");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    int dev;
+    if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
+    if (!dptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    auto it = containing_locked(s, reinterpret_cast<uint64_t>(p));
+    if (it == s.allocs.end() || !it->second.pinned_host || !it->second.device_mapped)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dptr = reinterpret_cast<CUdeviceptr>(p);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemFreeHost(void *p) {
+    WSYNC_FAKE_FAIL_POINT("cuMemFreeHost");
+    State &s = st();
+    const auto key = reinterpret_cast<uint64_t>(p);
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+        auto it = s.allocs.find(key);
+        if (it == s.allocs.end() || !it->second.pinned_host) return CUDA_ERROR_INVALID_VALUE;
+    }
+    sync_all_streams();  // as cuMemFree: work in flight finishes before the memory goes
+    Alloc a;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        auto it = s.allocs.find(key);
+        if (it == s.allocs.end() || !it->second.pinned_host) return CUDA_ERROR_INVALID_VALUE;  // raced
+        a = std::move(it->second);
+        s.allocs.erase(it);
+    }
+    munmap(p, a.map_len);
+    g_count.host_frees.fetch_add(1);
     return CUDA_SUCCESS;
 }
 
@@ -1323,8 +1395,8 @@ CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
     case 1:  // CU_POINTER_ATTRIBUTE_CONTEXT
         *static_cast<CUcontext *>(data) = ctx_of(a.device);
         return CUDA_SUCCESS;
-    case 2:  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CU_MEMORYTYPE_DEVICE
-        *static_cast<unsigned int *>(data) = 2;
+    case 2:  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CU_MEMORYTYPE_DEVICE (pinned: _HOST)
+        *static_cast<unsigned int *>(data) = a.pinned_host ? 1 : 2;
         return CUDA_SUCCESS;
     case 3:  // CU_POINTER_ATTRIBUTE_DEVICE_POINTER
         *static_cast<CUdeviceptr *>(data) = ptr;
@@ -1336,7 +1408,7 @@ CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
         *static_cast<int *>(data) = a.device;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:  // a boolean; written as one int
-        *static_cast<int *>(data) = a.unexportable || a.ipc ? 0 : 1;
+        *static_cast<int *>(data) = a.unexportable || a.ipc || a.pinned_host ? 0 : 1;
         return CUDA_SUCCESS;
     case 11:  // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
         *static_cast<CUdeviceptr *>(data) = it->first;
@@ -1403,7 +1475,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p) {
     if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
     if (!handle) return CUDA_ERROR_INVALID_VALUE;
     auto it = s.allocs.find(p);  // the base of an allocation of this process, as the driver wants
-    if (it == s.allocs.end() || it->second.ipc || it->second.unexportable)
+    if (it == s.allocs.end() || it->second.ipc || it->second.unexportable || it->second.pinned_host)
         return CUDA_ERROR_INVALID_VALUE;
     HandleData h{};
     h.magic = kHandleMagic;
@@ -1818,7 +1890,10 @@ WSYNC_FAKE_EXPORT void wsync_fake_stats(struct wsync_fake_stats *out) {
     out->comms_live = nccl_live_comms();
     State &s = st();
     std::lock_guard<std::mutex> lk(s.mu);
-    for (auto &kv : s.allocs) (kv.second.ipc ? out->ipc_live : out->live_allocs) += 1;
+    for (auto &kv : s.allocs)
+        (kv.second.pinned_host ? out->pinned_live : kv.second.ipc ? out->ipc_live : out->live_allocs) += 1;
+    out->host_allocs = g_count.host_allocs.load();
+    out->host_frees = g_count.host_frees.load();
     out->streams_live = static_cast<long long>(s.streams.size());
     out->modules_live = static_cast<long long>(s.modules.size());
     out->events_live = static_cast<long long>(s.events.size());

@@ -42,6 +42,9 @@ struct wsync_fake_stats {
     long long stream_failures; /* enqueued operations that failed (their stream is then failed) */
     long long reclaimed;       /* allocations + IPC mappings released by the last
                                   cuDevicePrimaryCtxRelease of their device (leaks, in effect) */
+    long long host_allocs;     /* cuMemHostAlloc (pinned host memory; not in allocs) */
+    long long host_frees;      /* cuMemFreeHost */
+    long long pinned_live;     /* gauge: cuMemHostAlloc allocations not freed yet (not in live_allocs) */
 };
 
 /* Copies this process's counters. */

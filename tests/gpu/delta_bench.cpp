@@ -2,8 +2,11 @@
 // the tensors of N Llama-8B decoder layers (bf16, 0.4 GiB a layer), with a fraction F of their
 // elements changed, go through the trainer's compare + compaction (DeltaKernels::diff: count,
 // hash, compact, with its waits), the engine's verified apply (DeltaKernels::apply: header
-// gather, index check, base hash, scatter, result hash) and the trainer's fold; the baseline is
-// one cuMemcpyDtoDAsync of all the bytes, which is what a dense version costs on the device.
+// check, base hash, scatter, result hash, each step gated on the device-side verdict, one
+// wait) and the trainer's fold; the baseline is one cuMemcpyDtoDAsync of all the bytes, which
+// is what a dense version costs on the device. The compare runs again with the bases in pinned
+// host memory ("delta_base_memory": "pinned_host"), against one cuMemcpyHtoDAsync of all the
+// bytes from pinned memory (the bus it reads them across), and must give the same patches.
 // Prints one JSON line per F (median seconds of --reps after a warm-up, and ratios to the copy),
 // then checks that the engine's tensors equal the trainer's (tree hashes on the device) and
 // exits 1 if not.
@@ -65,9 +68,11 @@ int main(int argc, char **argv) {
         for (uint64_t n : elems) total += n * 2;
         std::vector<DeviceBuffer> base, next, engine;
         DeviceBuffer copy_src(dev, total, "copy source"), copy_dst(dev, total, "copy destination");
+        DeviceBuffer pinned_src(dev, total, "pinned copy source", DeviceBuffer::Where::kPinnedHost);
+        std::vector<DeviceBuffer> pinned_base;
         bool exact = true;
         for (double f : fractions) {
-            base.clear(), next.clear(), engine.clear();
+            base.clear(), next.clear(), engine.clear(), pinned_base.clear();
             std::vector<DeltaKernels::DiffJob> jobs;
             std::vector<uint64_t> base_hash;
             uint64_t seed = 1;
@@ -75,6 +80,8 @@ int main(int argc, char **argv) {
                 std::vector<uint16_t> b(n);
                 for (uint64_t i = 0; i < n; ++i) b[i] = uint16_t((i * 2654435761u) >> 9) ^ uint16_t(seed);
                 base.emplace_back(dev, n * 2, "base");
+                pinned_base.emplace_back(dev, n * 2, "pinned base", DeviceBuffer::Where::kPinnedHost);
+                WSYNC_CU(api, cuMemcpyHtoDAsync(pinned_base.back().ptr(), b.data(), n * 2, stream.get()), "fill");
                 engine.emplace_back(dev, n * 2, "engine");
                 WSYNC_CU(api, cuMemcpyHtoDAsync(base.back().ptr(), b.data(), n * 2, stream.get()), "fill");
                 WSYNC_CU(api, cuMemcpyHtoDAsync(engine.back().ptr(), b.data(), n * 2, stream.get()), "fill");
@@ -106,7 +113,27 @@ int main(int argc, char **argv) {
             const double copy_s = median([&] {
                 WSYNC_CU(api, cuMemcpyDtoDAsync(copy_dst.ptr(), copy_src.ptr(), total, stream.get()), "copy");
             });
+            const double h2d_s = median([&] {
+                WSYNC_CU(api, cuMemcpyHtoDAsync(copy_dst.ptr(), reinterpret_cast<const void *>(pinned_src.ptr()),
+                                                total, stream.get()), "copy from pinned memory");
+            });
+            // Bases in pinned host memory first (their patches are compared with the GPU's below).
+            std::vector<DeltaKernels::DiffJob> pinned_jobs = jobs;
+            for (std::size_t i = 0; i < jobs.size(); ++i) pinned_jobs[i].base = pinned_base[i].ptr();
+            const double diff_pinned_s =
+                median([&] { k.diff(pinned_jobs, stream.get(), sys::Deadline(600000), "bench", &out); });
+            std::vector<std::vector<uint8_t>> pinned_patches(out.size());
+            for (std::size_t i = 0; i < out.size(); ++i) {
+                pinned_patches[i].resize(out[i].nbytes);
+                WSYNC_CU(api, cuMemcpyDtoHAsync(pinned_patches[i].data(), out[i].bytes, out[i].nbytes, stream.get()),
+                         "read back");
+            }
             const double diff_s = median([&] { k.diff(jobs, stream.get(), sys::Deadline(600000), "bench", &out); });
+            for (std::size_t i = 0; i < out.size(); ++i) {
+                std::vector<uint8_t> p(out[i].nbytes);
+                WSYNC_CU(api, cuMemcpyDtoHAsync(p.data(), out[i].bytes, out[i].nbytes, stream.get()), "read back");
+                exact = exact && p == pinned_patches[i];
+            }
             uint64_t changed = 0, patch_bytes = 0;
             std::vector<DeltaKernels::ApplyJob> apply;
             for (std::size_t i = 0; i < jobs.size(); ++i) {
@@ -124,7 +151,7 @@ int main(int argc, char **argv) {
                 apply.push_back(a);
             }
             // The apply is timed with a wrong result checksum, so every repetition runs the
-            // whole apply (headers, check, base hash, scatter, result hash) and then puts the
+            // whole apply (check, base hash, scatter, result hash) and then puts the
             // engine back (one scatter more than a real apply) onto the same base; then it runs
             // once for real.
             std::vector<DeltaKernels::ApplyJob> probe = apply;
@@ -152,10 +179,12 @@ int main(int argc, char **argv) {
                         "\"patch_bytes\": %llu, \"copy_s\": %.6f, \"diff_s\": %.6f, "
                         "\"apply_s\": %.6f, \"fold_s\": %.6f, \"hash_s\": %.6f, "
                         "\"diff_to_copy\": %.3f, \"apply_to_copy\": %.3f, \"hash_gbps\": %.1f, "
+                        "\"h2d_s\": %.6f, \"diff_pinned_s\": %.6f, \"diff_pinned_to_h2d\": %.3f, "
                         "\"exact\": %s}\n",
                         f, (unsigned long long)total, jobs.size(), (unsigned long long)changed,
                         (unsigned long long)patch_bytes, copy_s, diff_s, apply_s, fold_s, hash_s,
-                        diff_s / copy_s, apply_s / copy_s, total / hash_s / 1e9, exact ? "true" : "false");
+                        diff_s / copy_s, apply_s / copy_s, total / hash_s / 1e9, h2d_s, diff_pinned_s,
+                        diff_pinned_s / h2d_s, exact ? "true" : "false");
             std::fflush(stdout);
         }
         return exact ? 0 : 1;

@@ -245,6 +245,29 @@ void a_fold_makes_the_base_the_new_version(void **) {
     assert_true(from_device(b.ptr, base.size()) == now);
 }
 
+// "delta_base_memory": "pinned_host": a base in pinned host memory, which the kernels reach
+// through its device mapping, gives the same patch as one on the GPU, and folds the same.
+void a_base_in_pinned_host_memory_diffs_and_folds_as_one_on_the_gpu(void **) {
+    NEED_GPU();
+    const size_t E = 50000;
+    std::vector<uint8_t> base = noise(2 * E, 81), now = changed_copy(base, 2, 0.01, 82);
+    DevBytes n = to_device(now), on_gpu = to_device(base);
+    gpu::DeviceBuffer pinned(*g->dev, base.size(), "test base", gpu::DeviceBuffer::Where::kPinnedHost);
+    {
+        gpu::Device::Scope sc(*g->dev);
+        assert_int_equal(g->api->cuMemcpyHtoDAsync(pinned.ptr(), base.data(), base.size(), g->stream->get()), 0);
+    }
+    std::vector<DeltaKernels::DiffOut> a, b;
+    g->kernels->diff({{n.ptr, on_gpu.ptr, E, 2, UINT64_MAX}}, g->stream->get(), long_deadline(), "gpu", &a);
+    const std::vector<uint8_t> pa = from_device(a[0].bytes, a[0].nbytes);
+    g->kernels->diff({{n.ptr, pinned.ptr(), E, 2, UINT64_MAX}}, g->stream->get(), long_deadline(), "pinned", &b);
+    const std::vector<uint8_t> pb = from_device(b[0].bytes, b[0].nbytes);
+    assert_true(pa == pb);
+    assert_true(a[0].changed > 0 && a[0].result_hash == b[0].result_hash);
+    g->kernels->fold({{pinned.ptr(), E, 2, b[0].bytes, b[0].changed, b[0].width}}, g->stream->get());
+    assert_true(from_device(pinned.ptr(), now.size()) == now);
+}
+
 // Uploads a host-made patch (its bytes) and returns the job that applies it onto `dst`.
 DeltaKernels::ApplyJob apply_job(const DevBytes &dst, size_t elements, size_t esize,
                                  const DevBytes &patch, uint64_t base_hash, uint64_t result_hash,
@@ -532,6 +555,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_trainer_and_an_engine_stay_bit_identical_through_many_versions),
         cmocka_unit_test(a_failed_launch_is_named_and_a_stuck_stream_ends_at_the_deadline),
         cmocka_unit_test(queued_applies_wait_for_nothing_and_one_collect_reads_every_verdict),
+        cmocka_unit_test(a_base_in_pinned_host_memory_diffs_and_folds_as_one_on_the_gpu),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);
