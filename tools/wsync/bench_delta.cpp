@@ -4,7 +4,8 @@
 // own 64-byte aligned memory with wsync_recv_copy (the copy-into path, which applies patches).
 //
 //   wsync bench --delta-fraction F[,F...] (e.g. 0.001,0.01,0.05,0.2,1.0) [--size-mb N=2048]
-//               [--steps N=4] [--delta auto|on] [--json]
+//               [--steps N=4] [--delta auto|on] [--strategy shm|cuda_ipc]
+//               [--delta-base-memory device|pinned_host] [--mirror] [--json]
 //
 // The model is bf16 with Llama-like shapes, in torch-like buffers. Before every step after the
 // first, a fraction F of each tensor's elements changes (one ulp, spread at random). Per
@@ -308,8 +309,10 @@ double request_bytes(const wsync_blob_t &req) {
 
 // One configuration: a fresh strategy, sender and engine; `steps` versions.
 Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int steps, bool mirror,
-            Gpu *gpu) {
-    std::string opts = "{\"bucket_bytes\": 268435456, \"delta\": \"" + delta + "\"}";
+            Gpu *gpu, const std::string &base_memory) {
+    std::string opts = "{\"bucket_bytes\": 268435456, \"delta\": \"" + delta + "\"";
+    if (gpu) opts += ", \"delta_base_memory\": \"" + base_memory + "\"";
+    opts += "}";
     int down[2], up[2];
     pid_t pid = -1;
     if (gpu) {
@@ -404,7 +407,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
     uint64_t size_mb = 2048;
     int steps = 4;
     bool as_json = false, mirror = false;
-    std::string delta = "auto", strategy = "shm";
+    std::string delta = "auto", strategy = "shm", base_memory = "device";
     std::vector<double> fractions;
     for (int i = first; i < argc; ++i) {
         const std::string a = argv[i];
@@ -417,6 +420,11 @@ int cmd_bench_delta(int argc, char **argv, int first) {
             delta = v, ++i;
         } else if (a == "--json") as_json = true;
         else if (a == "--mirror") mirror = true;
+        else if (a == "--delta-base-memory") {
+            if (!v || (std::strcmp(v, "device") && std::strcmp(v, "pinned_host")))
+                usage_error("--delta-base-memory takes device or pinned_host");
+            base_memory = v, ++i;
+        }
         else if (a == "--strategy") {
             if (!v || (std::strcmp(v, "shm") && std::strcmp(v, "cuda_ipc")))
                 usage_error("bench --delta-fraction --strategy takes shm or cuda_ipc");
@@ -442,6 +450,8 @@ int cmd_bench_delta(int argc, char **argv, int first) {
     }
     if (strategy == "cuda_ipc" && mirror)
         usage_error("--mirror is an shm receiver option (cuda_ipc applies patches on the GPU)");
+    if (strategy != "cuda_ipc" && base_memory != "device")
+        usage_error("--delta-base-memory pinned_host is for --strategy cuda_ipc (shm's bases are host memory)");
     Gpu gpu_run, *gpu = nullptr;
     if (strategy == "cuda_ipc") {
         cu::load();  // dlopen only: the engine is forked before any CUDA call
@@ -472,16 +482,19 @@ int cmd_bench_delta(int argc, char **argv, int first) {
             die(e.what());
         }
     }
-    Figures dense = run(m, "off", 0.01, steps, false, gpu);
+    Figures dense = run(m, "off", 0.01, steps, false, gpu, base_memory);
     json out = {{"strategy", strategy}, {"model_bytes", total}, {"tensors", m.size()}, {"dtype", "bfloat16"},
                 {"steps", steps}, {"delta", delta}, {"mirror", mirror},
+                {"delta_base_memory", gpu ? base_memory : "host"},
                 {"dense", {{"bytes", dense.bytes}, {"send_ms", dense.send_ms},
                            {"apply_ms", dense.apply_ms}, {"sync_ms", dense.sync_ms},
                            {"sync_mean_ms", dense.sync_mean_ms}}},
                 {"delta_runs", json::array()}};
     if (!as_json)
-        std::printf("%s: model %.0f MiB bf16, %zu tensors; median of steps 2..%d\n"
-                    "%-9s %12s %8s %10s %10s %10s %9s %10s\n", strategy.c_str(), double(total) / (1 << 20), m.size(),
+        std::printf("%s%s: model %.0f MiB bf16, %zu tensors; median of steps 2..%d\n"
+                    "%-9s %12s %8s %10s %10s %10s %9s %10s\n", strategy.c_str(),
+                    gpu && base_memory != "device" ? " (bases in pinned host memory)" : "",
+                    double(total) / (1 << 20), m.size(),
                     steps, "changed", "bytes", "x dense", "send ms", "apply ms", "sync ms",
                     "x dense", "mean sync");
     auto row = [&](const char *label, const Figures &r) {
@@ -492,7 +505,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
     };
     row("dense", dense);
     if (mirror) {  // the same dense versions to engines that keep a mirror and read views
-        Figures dm = run(m, "off", 0.01, steps, true, nullptr);
+        Figures dm = run(m, "off", 0.01, steps, true, nullptr, base_memory);
         row("dense/mir", dm);
         out["dense_mirror"] = {{"bytes", dm.bytes}, {"send_ms", dm.send_ms},
                                {"apply_ms", dm.apply_ms}, {"sync_ms", dm.sync_ms},
@@ -500,7 +513,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
                                {"sync_ratio", dm.sync_ms / dense.sync_ms}};
     }
     for (double f : fractions) {
-        Figures r = run(m, delta, f, steps, mirror, gpu);
+        Figures r = run(m, delta, f, steps, mirror, gpu, base_memory);
         char label[32];
         std::snprintf(label, sizeof label, "%g", f);
         row(label, r);
