@@ -839,10 +839,14 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  * WSYNC_ERR_MALFORMED naming the tensor and the first bad index (untouched); the other patches
  * of the chunk are applied, and the failed iteration means the version is not complete on
  * this engine. The messages say "tree hash" where the host's say XXH3. At the call itself: a
- * patch whose length no patch of the tensor has is WSYNC_ERR_MALFORMED (iteration failed,
- * nothing queued), a dst not aligned to the tensor's elements WSYNC_ERR_INVALID_ARGUMENT
- * (iteration unchanged). dst must stay allocated until wsync_recv_end(). "nccl_broadcast"
- * cannot tell the trainer of a failure: its "delta_anchor_every" bounds how long such an engine waits for a dense version.
+ * patch whose length no patch of the tensor has, or of elements other than 1, 2, 4 or 8 bytes,
+ * is WSYNC_ERR_MALFORMED (iteration failed, nothing queued); a dst not aligned to the tensor's
+ * elements is WSYNC_ERR_INVALID_ARGUMENT (iteration unchanged). dst must stay allocated until
+ * wsync_recv_end(), and after a WSYNC_ERR_TIMEOUT there until the loader's stream has run the
+ * queued work (it still writes dst, or puts it back, whenever the stream moves; the receiver
+ * keeps the chunk's memory for it: "cuda_ipc" closes no mapping, "nccl_broadcast" receives no
+ * chunk, until then, each bounded by "timeout_ms"). "nccl_broadcast" cannot tell the trainer
+ * of a failure: its "delta_anchor_every" bounds how long such an engine waits for a dense version.
  * With the receiver option "delta_mirror" none of this applies to dst: the patch is applied
  * onto the receiver's own copy of the tensor (checked the same way; the failures name "this
  * receiver's mirror"), and any range of the result is copied out, as for a dense tensor; every
@@ -956,8 +960,10 @@ WSYNC_API wsync_status_t wsync_recv_end(wsync_recv_t *it);
  * wsync_failure_t fields; the version is not completed here. Frees the iteration (always; `it`
  * is invalid afterwards) and returns WSYNC_OK, or WSYNC_ERR_INVALID_ARGUMENT for WSYNC_OK as
  * status (the iteration is then still failed, with WSYNC_ERR_INVALID_ARGUMENT). NULL is a no-op
- * returning WSYNC_OK. Does not block, except to wait (up to the receiver's "timeout_ms") for
- * patches wsync_recv_copy() queued into device memory, whose kernels read the chunk's memory. */
+ * returning WSYNC_OK. Does not block, except for the waits wsync_recv_end() makes for a failed
+ * chunk, each bounded by the receiver's "timeout_ms" (patches wsync_recv_copy() queued into
+ * device memory, whose kernels read the chunk's memory; "cuda_ipc" with "synchronize": the
+ * loader's copies out of the views). */
 WSYNC_API wsync_status_t wsync_recv_fail(wsync_recv_t *it, wsync_status_t status,
                                          const char *message);
 

@@ -67,6 +67,7 @@ public:
     CUdeviceptr ptr() const { return ptr_; }
     uint64_t size() const { return size_; }
     Where where() const { return where_; }
+    void *host() const { return host_; }  // kPinnedHost: the host address; else null
     // Gives the memory up without freeing it: the driver frees it when the process ends. For
     // memory other processes may still map (freeing it then is undefined behaviour).
     void leak() noexcept { ptr_ = 0, host_ = nullptr; }

@@ -398,7 +398,23 @@ std::vector<DeltaKernels::ApplyOut> DeltaKernels::collect(const sys::Deadline &d
     } clear{pending_};
     std::vector<ApplyOut> out(pending_.size());
     if (pending_.empty()) return out;
-    drain(deadline, what);
+    try {
+        drain(deadline, what);
+    } catch (const Error &e) {
+        if (e.status() == WSYNC_ERR_TIMEOUT) {
+            // The queued steps may still run whenever the stream moves, reading and writing
+            // the slots, the piece hashes and the saved values: those buffers are given up to
+            // them (never freed: freeing would wait for the stuck work, without a bound) and
+            // later applies get fresh ones. One model's worth of scratch per timeout at most.
+            for (DeviceBuffer &b : slabs_) b.leak();
+            slabs_.clear();
+            apply_hashes_.leak();
+            saved_.leak();
+            apply_hashes_ = DeviceBuffer();
+            saved_ = DeviceBuffer();
+        }
+        throw;
+    }
     const std::vector<Pending> &pending = pending_;
     // Every slot, one read-back per slab.
     std::vector<SlotBlock> got(pending.size());

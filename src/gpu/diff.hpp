@@ -118,7 +118,10 @@ public:
     std::size_t queued() const { return pending_.size(); }
     // Waits once (bounded by the deadline; WSYNC_ERR_TIMEOUT naming `what`, or a failed
     // kernel's WSYNC_ERR_SYSTEM naming it) for every patch queued since the last collect() and
-    // returns their outcomes in queue order. The queue is empty afterwards, whatever happens.
+    // returns their outcomes in queue order. The queue is empty afterwards, whatever happens;
+    // after a timeout the queued work may still run once its stream moves, so its buffers are
+    // given up to it (not freed) and the caller must keep dst and the patch memory until that
+    // stream has drained (the transports fence it).
     std::vector<ApplyOut> collect(const sys::Deadline &deadline, const std::string &what);
     // queue_apply() of each job, then collect(): one wait for all.
     std::vector<ApplyOut> apply(const std::vector<ApplyJob> &jobs, CUstream stream,

@@ -378,6 +378,15 @@ bool find_region(uint64_t p, uint64_t n, Region *out) {
     return true;
 }
 
+// Whether [p, p + n) lies in pinned host memory (cuMemHostAlloc) of this process.
+bool pinned_host_range(uint64_t p, uint64_t n) {
+    if (p == 0) return false;
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    auto it = containing_locked(s, p);
+    return it != s.allocs.end() && it->second.pinned_host && n <= it->second.size - (p - it->first);
+}
+
 // Device access check made when an operation runs: the fake's "page fault".
 bool device_range_ok(uint64_t p, uint64_t n) { return n == 0 || find_region(p, n, nullptr); }
 
@@ -1430,6 +1439,19 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, std::size_t bytes, 
     if (CUresult rc = get_stream(stream, &s)) return rc;
     int fail_rc = 0;
     const bool fail = inject_async("cuMemcpyHtoDAsync_v2", &fail_rc);
+    // Pinned host memory (cuMemHostAlloc) is read by the copy engine when the copy runs, so the
+    // caller must keep it unchanged until then; pageable memory is staged before returning.
+    const auto src_at = reinterpret_cast<uint64_t>(src);
+    if (bytes && pinned_host_range(src_at, bytes)) {
+        s->push([dst, src_at, bytes, fail]() -> CUresult {
+            if (fail) return CUDA_ERROR_ILLEGAL_ADDRESS;
+            if (!device_range_ok(dst, bytes) || !device_range_ok(src_at, bytes)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+            std::memcpy(reinterpret_cast<void *>(dst), reinterpret_cast<const void *>(src_at), bytes);
+            return CUDA_SUCCESS;
+        });
+        g_count.memcpy_calls.fetch_add(1);
+        return CUDA_SUCCESS;
+    }
     auto staged = std::make_shared<std::vector<unsigned char>>();
     try {
         // Pageable host memory: the driver stages it before returning, so the caller's buffer

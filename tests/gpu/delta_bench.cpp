@@ -114,8 +114,8 @@ int main(int argc, char **argv) {
                 WSYNC_CU(api, cuMemcpyDtoDAsync(copy_dst.ptr(), copy_src.ptr(), total, stream.get()), "copy");
             });
             const double h2d_s = median([&] {
-                WSYNC_CU(api, cuMemcpyHtoDAsync(copy_dst.ptr(), reinterpret_cast<const void *>(pinned_src.ptr()),
-                                                total, stream.get()), "copy from pinned memory");
+                WSYNC_CU(api, cuMemcpyHtoDAsync(copy_dst.ptr(), pinned_src.host(), total, stream.get()),
+                         "copy from pinned memory");
             });
             // Bases in pinned host memory first (their patches are compared with the GPU's below).
             std::vector<DeltaKernels::DiffJob> pinned_jobs = jobs;

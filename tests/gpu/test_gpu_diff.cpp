@@ -293,6 +293,13 @@ void the_apply_writes_a_patch_only_onto_its_base_and_only_to_its_result(void **)
     const uint64_t hb = delta::tree_hash(base.data(), base.size()), hr = delta::tree_hash(now.data(), now.size());
     // Patches with defects the receiver must find on its own.
     std::vector<uint8_t> swapped = patch, outside = patch, garbage = patch;
+    // Headers of the right length that lie about one field each: element size, element
+    // count, change count (swapped with the padding rule, the length still fits), coding.
+    std::vector<uint8_t> bad_esize = patch, bad_elements = patch, bad_count = patch, gaps = patch;
+    bad_esize[8] = 4;
+    bad_elements[24] ^= 1;
+    bad_count[16] ^= 1;
+    gaps[4] = 1;
     std::memcpy(swapped.data() + 32, patch.data() + 36, 4);  // indices 0 and 1 swapped
     std::memcpy(swapped.data() + 36, patch.data() + 32, 4);
     const uint32_t past = uint32_t(E);
@@ -306,6 +313,10 @@ void the_apply_writes_a_patch_only_onto_its_base_and_only_to_its_result(void **)
              d_swapped = to_device(base), d_outside = to_device(base), d_garbage = to_device(base),
              d_short = to_device(base);
     DevBytes short_patch = to_device(std::vector<uint8_t>(patch.begin(), patch.end() - 2));
+    DevBytes pe = to_device(bad_esize), pn = to_device(bad_elements), pc = to_device(bad_count),
+             pgap = to_device(gaps);
+    DevBytes d_esize = to_device(base), d_elements = to_device(base), d_count = to_device(base),
+             d_gaps = to_device(base);
     std::vector<DeltaKernels::ApplyJob> jobs = {
         apply_job(good, E, 2, p, hb, hr, "good"),
         apply_job(wrong_base, E, 2, p, hb, hr, "wrong_base"),
@@ -314,6 +325,10 @@ void the_apply_writes_a_patch_only_onto_its_base_and_only_to_its_result(void **)
         apply_job(d_outside, E, 2, po, hb, hr, "outside"),
         apply_job(d_garbage, E, 2, pg, hb, hr, "garbage"),
         apply_job(d_short, E, 2, short_patch, hb, hr, "short"),
+        apply_job(d_esize, E, 2, pe, hb, hr, "esize"),
+        apply_job(d_elements, E, 2, pn, hb, hr, "elements"),
+        apply_job(d_count, E, 2, pc, hb, hr, "count"),
+        apply_job(d_gaps, E, 2, pgap, hb, hr, "gaps"),
     };
     const auto out = g->kernels->apply(jobs, g->stream->get(), long_deadline());
     using O = DeltaKernels::Outcome;
@@ -335,7 +350,12 @@ void the_apply_writes_a_patch_only_onto_its_base_and_only_to_its_result(void **)
     assert_non_null(std::strstr(out[5].message.c_str(), "magic"));
     assert_int_equal(int(out[6].outcome), int(O::kMalformed));
     assert_non_null(std::strstr(out[6].message.c_str(), "tensor 'short'"));
-    for (const DevBytes *d : {&d_swapped, &d_outside, &d_garbage, &d_short})
+    assert_non_null(std::strstr(out[7].message.c_str(), "tensor 'esize': patch is for elements of 4 bytes"));
+    assert_non_null(std::strstr(out[8].message.c_str(), "tensor 'elements': patch is for a tensor of"));
+    assert_non_null(std::strstr(out[9].message.c_str(), "tensor 'count': patch of"));
+    assert_non_null(std::strstr(out[10].message.c_str(), "tensor 'gaps': patch is gap-coded"));
+    for (int k = 7; k <= 10; ++k) assert_int_equal(int(out[k].outcome), int(O::kMalformed));
+    for (const DevBytes *d : {&d_swapped, &d_outside, &d_garbage, &d_short, &d_esize, &d_elements, &d_count, &d_gaps})
         assert_true(from_device(d->ptr, base.size()) == base);  // untouched
 }
 

@@ -19,16 +19,47 @@ namespace {
 using gpu::CUdeviceptr;
 using gpu::CUipcMemHandle;
 
+// Work on a loader's stream that a wait gave up on (its deadline passed): it may still read
+// memory mapped from the sender once the stream moves, so no mapping closes until an event
+// recorded after it completes. One per receiver; marked by its iterations' acknowledgements.
+struct StaleWork {
+    explicit StaleWork(const gpu::Device &d) : dev(d), event(d) {}
+    void mark(gpu::CUstream stream) noexcept {
+        try {
+            gpu::Device::Scope scope(dev);
+            event.record(stream);
+            armed = true;
+        } catch (...) {  // no event: the stream is unusable, its work will not run
+        }
+    }
+    // True when nothing is pending: nothing marked, or the marked work completed (or its
+    // stream failed, so it never will run). Does not block.
+    bool settled() noexcept {
+        if (!armed) return true;
+        try {
+            gpu::Device::Scope scope(dev);
+            if (!event.done()) return false;
+        } catch (...) {
+        }
+        armed = false;
+        return true;
+    }
+    const gpu::Device &dev;
+    gpu::Event event;
+    bool armed = false;
+};
+
 class IpcBacking final : public ChunkBacking {
 public:
     IpcBacking(std::shared_ptr<SharedSegment> seg, const gpu::Device &dev, gpu::Event *legacy,
                AckQueue *acks, gpu::CUstream stream, HandleCache &cache, int64_t timeout_ms,
                const ChunkHeader &h, uint32_t index, uint32_t slot, uint64_t seq,
-               std::vector<CUdeviceptr> ptrs, std::function<gpu::DeltaKernels &()> kernels)
+               std::vector<CUdeviceptr> ptrs, std::function<gpu::DeltaKernels &()> kernels,
+               StaleWork *stale)
         : seg_(std::move(seg)), dev_(dev), legacy_(legacy), acks_(acks), stream_(stream),
           cache_(cache), timeout_ms_(timeout_ms),
           header_(h), index_(index), slot_(slot), seq_(seq), ptrs_(std::move(ptrs)),
-          kernels_(std::move(kernels)) {}
+          kernels_(std::move(kernels)), stale_(stale) {}
 
     const void *data(std::size_t i) const override {
         return reinterpret_cast<const void *>(ptrs_[i]);
@@ -84,7 +115,9 @@ public:
                 *message = why;
             }
         }
-        if (!legacy_) return outcome;
+        // A wait for this stream already ended at its deadline (the chunk's patches): waiting
+        // again would only double the time the engine waits for the same stuck work.
+        if (!legacy_ || unfinished_) return outcome;
         std::string why;
         const wsync_status_t waited = settle_now(&why);
         if (waited != WSYNC_OK && outcome == WSYNC_OK) {
@@ -111,9 +144,11 @@ public:
             }
         }
         // Work the loader's stream has not run by the deadline may still read memory mapped
-        // from the sender: its handles stay open (closing them would wait for that work, or
-        // pull the memory from under it), to be closed by a later version's release.
-        if (header_.last && !unfinished_) release_through(seg_->board(), index_, cache_, header_.version);
+        // from the sender: no mapping closes, and no version is released, until it completed
+        // (closing would wait for that work without a bound, or pull memory from under it);
+        // a later version's release then closes what is unused.
+        if (unfinished_) stale_->mark(stream_);
+        if (header_.last && stale_->settled()) release_through(seg_->board(), index_, cache_, header_.version);
         board::acknowledge(seg_->board(), index_, slot_, seq_, outcome);
     }
 
@@ -156,6 +191,7 @@ private:
     uint64_t seq_;
     std::vector<CUdeviceptr> ptrs_;
     std::function<gpu::DeltaKernels &()> kernels_;  // the receiver's, made at the first patch
+    StaleWork *stale_;                               // the receiver's
 };
 
 class IpcReceiver final : public ReceiverImpl {
@@ -164,7 +200,7 @@ public:
                 uint32_t index, int ordinal, bool synchronize, int64_t timeout_ms)
         : seg_(std::move(seg)), info_(info), index_(index),
           dev_(std::make_unique<gpu::Device>(api, ordinal, kKind)), cache_(*dev_),
-          timeout_ms_(timeout_ms) {
+          timeout_ms_(timeout_ms), stale_(*dev_) {
         if (synchronize) {
             legacy_ = std::make_unique<gpu::Event>(*dev_);
             acks_ = std::make_unique<AckQueue>(*dev_, seg_, index_, timeout_ms_);
@@ -177,7 +213,13 @@ public:
         // mapping closes; every mapping is closed before the sender learns that this receiver
         // is gone.
         acks_.reset();
-        cache_.close_all();
+        // Work a wait gave up on may still read the mappings: wait for it (bounded), else
+        // leave them to the driver rather than close them under it.
+        try {
+            gpu::poll_until([&] { return stale_.settled(); }, sys::Deadline(timeout_ms_), "stale work");
+        } catch (...) {
+        }
+        if (stale_.settled()) cache_.close_all();
         board::release(seg_->board(), index_, board::kAllReleased);
         board::detach(seg_->board(), index_);
     }
@@ -204,7 +246,7 @@ public:
                 board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index,
                                       message);
             }
-            if (h.last) release_through(seg_->board(), index_, cache_, h.version);
+            if (h.last && stale_.settled()) release_through(seg_->board(), index_, cache_, h.version);
             board::acknowledge(seg_->board(), index_, slot, seq, status);
         } catch (...) {
         }
@@ -239,7 +281,7 @@ public:
             last_seq_ = seq;
             return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, acks_.get(), order_stream_,
                                                 cache_, timeout_ms_, header, index_, slot, seq,
-                                                std::vector<CUdeviceptr>{}, delta_kernels());
+                                                std::vector<CUdeviceptr>{}, delta_kernels(), &stale_);
         }
         const json &part = part_for_this_gpu(parts, w);
         std::vector<CUdeviceptr> ptrs = info_.packed ? packed_views(part, table, header, w)
@@ -247,7 +289,7 @@ public:
         last_seq_ = seq;
         return std::make_unique<IpcBacking>(seg_, *dev_, legacy_.get(), acks_.get(), order_stream_,
                                             cache_, timeout_ms_, header, index_, slot, seq,
-                                            std::move(ptrs), delta_kernels());
+                                            std::move(ptrs), delta_kernels(), &stale_);
     }
 
 private:
@@ -342,6 +384,7 @@ private:
     std::unique_ptr<gpu::DeltaKernels> delta_;  // after dev_: destroyed before it
     HandleCache cache_;
     int64_t timeout_ms_;
+    StaleWork stale_;                     // work a wait gave up on (see StaleWork)
     std::unique_ptr<gpu::Event> legacy_;  // for settle(); null when "synchronize" is off
     std::unique_ptr<AckQueue> acks_;      // chunks acknowledged once copied; with legacy_
     gpu::CUstream order_stream_ = gpu::CU_STREAM_LEGACY;  // set_stream(): the loader's stream

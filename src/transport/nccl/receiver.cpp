@@ -38,10 +38,14 @@ struct LoaderFence {
 
 class NcclBacking final : public ChunkBacking {
 public:
+    // `fence`: armed at acknowledge ("synchronize"), else null; `patch_fence`: the same
+    // object, armed only when this chunk's patches outlived their wait (whatever "synchronize"
+    // says), so the next broadcast cannot overwrite a bucket they may still read.
     NcclBacking(const gpu::Device &dev, CUdeviceptr base, const std::vector<uint64_t> &offsets,
-                LoaderFence *fence, int64_t timeout_ms, std::function<gpu::DeltaKernels &()> kernels)
-        : dev_(dev), base_(base), offsets_(offsets), fence_(fence), timeout_ms_(timeout_ms),
-          kernels_(std::move(kernels)) {}
+                LoaderFence *fence, LoaderFence *patch_fence, int64_t timeout_ms,
+                std::function<gpu::DeltaKernels &()> kernels)
+        : dev_(dev), base_(base), offsets_(offsets), fence_(fence), patch_fence_(patch_fence),
+          timeout_ms_(timeout_ms), kernels_(std::move(kernels)) {}
     const void *data(std::size_t i) const override {
         return reinterpret_cast<const void *>(base_ + offsets_[i]);
     }
@@ -66,12 +70,18 @@ public:
         return true;
     }
     std::vector<delta::PatchOutcome> patch_outcomes(const std::string &what) override {
-        return kernels_().collect(sys::Deadline(timeout_ms_), std::string("nccl_broadcast") + ": " + what);
+        try {
+            return kernels_().collect(sys::Deadline(timeout_ms_), std::string("nccl_broadcast") + ": " + what);
+        } catch (const Error &e) {
+            if (e.status() == WSYNC_ERR_TIMEOUT) stale_patches_ = true;
+            throw;
+        }
     }
     // The next chunk is broadcast into the same bucket: fence the copies out of these views.
     // Does not wait; the next receive does, with its deadline.
     void acknowledge(wsync_status_t) noexcept override {
         if (fence_) fence_->arm();
+        else if (stale_patches_ && patch_fence_) patch_fence_->arm();
     }
 
 private:
@@ -79,6 +89,8 @@ private:
     CUdeviceptr base_;
     std::vector<uint64_t> offsets_;
     LoaderFence *fence_;  // the receiver's, which outlives every iteration; null: no fence
+    LoaderFence *patch_fence_;  // the same, for patches that outlived their wait
+    bool stale_patches_ = false;
     int64_t timeout_ms_;
     std::function<gpu::DeltaKernels &()> kernels_;  // the receiver's, made at the first patch
 };
@@ -114,7 +126,7 @@ public:
         comm_->check("before receiving " + chunk);
         if (table.metas.empty()) {  // a commit without data: no broadcast was posted
             last_seq_ = seq;
-            return std::make_unique<NcclBacking>(*dev_, bucket_.ptr(), table.offsets, nullptr,
+            return std::make_unique<NcclBacking>(*dev_, bucket_.ptr(), table.offsets, nullptr, nullptr,
                                                  timeout_ms_, delta_kernels());
         }
         const sys::Deadline deadline(timeout_ms_);
@@ -129,7 +141,7 @@ public:
         comm_->wait(done_, deadline,
                     "receiving " + chunk + " (" + std::to_string(bytes) + " bytes) from rank 0");
         return std::make_unique<NcclBacking>(*dev_, bucket_.ptr(), table.offsets,
-                                             synchronize_ ? &fence_ : nullptr, timeout_ms_,
+                                             synchronize_ ? &fence_ : nullptr, &fence_, timeout_ms_,
                                              delta_kernels());
     }
 
