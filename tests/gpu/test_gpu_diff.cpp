@@ -520,6 +520,45 @@ void queued_applies_wait_for_nothing_and_one_collect_reads_every_verdict(void **
     assert_int_equal(g->kernels->queued(), 0);
 }
 
+// After a collect() that timed out, the stuck apply keeps its own buffers: when its stream
+// finally moves it applies its patch where it was meant to, and an apply queued meanwhile on
+// another stream is not disturbed by it (nor it by that one).
+void a_timed_out_apply_keeps_its_buffers_and_later_applies_get_their_own(void **) {
+    NEED_GPU();
+    if (!fake_hold) {
+        print_message("skipped: needs the fake driver's stream hold\n");
+        skip();
+    }
+    const size_t E = 20000;
+    // The later patch is larger, so the saved values' buffer must grow: freeing the old one
+    // would wait for the stuck work, without a bound.
+    std::vector<uint8_t> base = noise(2 * E, 91), now = changed_copy(base, 2, 0.02, 92),
+                         now2 = changed_copy(base, 2, 0.3, 93);
+    uint64_t count = 0, count2 = 0;
+    const DevBytes p = to_device(host_patch(base, now, 2, &count)), p2 = to_device(host_patch(base, now2, 2, &count2));
+    assert_true(count2 * 2 > 4096);  // past the first patch's buffer (at least 4096 bytes)
+    const uint64_t hb = delta::tree_hash(base.data(), base.size()), hr = delta::tree_hash(now.data(), now.size()),
+                   hr2 = delta::tree_hash(now2.data(), now2.size());
+    DevBytes d1 = to_device(base), d2 = to_device(base);
+    sync_stream();
+    gpu::Stream other(*g->dev);
+    assert_int_equal(fake_hold(g->stream->get()), 0);
+    DeltaKernels::ApplyOut refused;
+    assert_true(g->kernels->queue_apply(apply_job(d1, E, 2, p, hb, hr, "stuck"), g->stream->get(),
+                                        long_deadline(), &refused));
+    expect_error([&] { g->kernels->collect(sys::Deadline(200), "chunk 7"); }, WSYNC_ERR_TIMEOUT, "chunk 7");
+    // Another stream, meanwhile: its own slot, piece hashes and saved values.
+    assert_true(g->kernels->queue_apply(apply_job(d2, E, 2, p2, hb, hr2, "later"), other.get(),
+                                        sys::Deadline(2000), &refused));
+    const auto out = g->kernels->collect(long_deadline(), "chunk 8");
+    assert_int_equal(int(out[0].outcome), int(DeltaKernels::Outcome::kApplied));
+    fake_release();
+    sync_stream();
+    const auto *r1 = reinterpret_cast<const uint8_t *>(d1.ptr), *r2 = reinterpret_cast<const uint8_t *>(d2.ptr);
+    assert_true(std::vector<uint8_t>(r1, r1 + now.size()) == now);  // the stuck one ran, whole
+    assert_true(std::vector<uint8_t>(r2, r2 + now2.size()) == now2);
+}
+
 int setup(void **) {
     g = new Gpu;
     const std::string reason = gpu::cuda_unavailable_reason();
@@ -576,6 +615,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_failed_launch_is_named_and_a_stuck_stream_ends_at_the_deadline),
         cmocka_unit_test(queued_applies_wait_for_nothing_and_one_collect_reads_every_verdict),
         cmocka_unit_test(a_base_in_pinned_host_memory_diffs_and_folds_as_one_on_the_gpu),
+        cmocka_unit_test(a_timed_out_apply_keeps_its_buffers_and_later_applies_get_their_own),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);
