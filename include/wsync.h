@@ -273,7 +273,8 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * memory for "shm", device memory of the trainer's GPU for "cuda_ipc" and "nccl_broadcast",
  * which compare on the GPU, or with "delta_base_memory" "pinned_host" (default "device"; GPU
  * kinds only, WSYNC_ERR_UNSUPPORTED on "shm") pinned host memory the kernels read across the
- * bus. WSYNC_ERR_UNSUPPORTED, saying why, for a "delta" other than "off"
+ * bus. "delta_threads" (shm; default 0: one per CPU, at most 8) compares several tensors of a
+ * chunk at once, on threads the sender keeps. WSYNC_ERR_UNSUPPORTED, saying why, for a "delta" other than "off"
  * on "ucx", on "cuda_ipc" with packed=false or several senders, on a GPU kind with a "dtype"
  * cast, and on "nccl_broadcast" without "delta_anchor_every" (its trainer cannot hear that an
  * engine failed a version; anchors make such an engine whole). A kind this build does not know

@@ -121,15 +121,20 @@ void Pool::work(unsigned self) noexcept {
         uint8_t *d;
         const uint8_t *s;
         std::size_t n;
+        const std::function<void(std::size_t, unsigned)> *fn;
         {
             std::unique_lock<std::mutex> lock(mu_);
             wake_.wait(lock, [&] { return stop_ || job_ != seen; });
             if (stop_) return;
             seen = job_;
-            d = dst_, s = src_, n = n_;
+            d = dst_, s = src_, n = n_, fn = fn_;
         }
-        auto [lo, hi] = part(d, n, self, threads_);
-        if (hi > lo) copy_bytes(d + lo, s + lo, hi - lo);
+        if (fn) {
+            for (std::size_t k; (k = next_.fetch_add(1)) < items_;) (*fn)(k, self);
+        } else {
+            auto [lo, hi] = part(d, n, self, threads_);
+            if (hi > lo) copy_bytes(d + lo, s + lo, hi - lo);
+        }
         std::lock_guard<std::mutex> lock(mu_);
         if (--pending_ == 0) done_.notify_one();
     }
@@ -145,6 +150,7 @@ void Pool::copy(void *dst, const void *src, std::size_t n) noexcept {
     uint8_t *d = static_cast<uint8_t *>(dst);
     {
         std::lock_guard<std::mutex> lock(mu_);
+        fn_ = nullptr;
         dst_ = d, src_ = static_cast<const uint8_t *>(src), n_ = n;
         pending_ = threads_ - 1;
         ++job_;
@@ -154,6 +160,27 @@ void Pool::copy(void *dst, const void *src, std::size_t n) noexcept {
     if (hi > lo) copy_bytes(d + lo, static_cast<const uint8_t *>(src) + lo, hi - lo);
     std::unique_lock<std::mutex> lock(mu_);
     done_.wait(lock, [&] { return pending_ == 0; });
+}
+
+void Pool::parallel(std::size_t items, const std::function<void(std::size_t, unsigned)> &fn) noexcept {
+    if (threads_ > 1 && items > 1 && workers_.empty()) start();
+    if (workers_.empty() || items < 2) {
+        for (std::size_t k = 0; k < items; ++k) fn(k, 0);
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        fn_ = &fn;
+        items_ = items;
+        next_.store(0);
+        pending_ = threads_ - 1;
+        ++job_;
+    }
+    wake_.notify_all();
+    for (std::size_t k; (k = next_.fetch_add(1)) < items;) fn(k, 0);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    fn_ = nullptr;
 }
 
 }  // namespace copy

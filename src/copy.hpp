@@ -4,7 +4,9 @@
 // measures: docs/data-path.md.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -37,8 +39,9 @@ bool have_avx2() noexcept;
 // 256 KiB; 1 MiB when the system does not say).
 std::size_t nt_threshold() noexcept;
 
-// Threads for one receiver's large plain copies, made once (lazily, on the first copy large
-// enough) and kept until the receiver is destroyed: no thread is created per call.
+// Threads for one receiver's large plain copies (and a delta trainer's compares: parallel()),
+// made once (lazily, on the first job large enough) and kept until the owner is destroyed: no
+// thread is created per call. One caller at a time.
 class Pool {
 public:
     // threads: how many threads share one copy, the caller's included; 0 means one per CPU
@@ -50,6 +53,10 @@ public:
     unsigned threads() const { return threads_; }
     // Copies like copy_bytes, split between the threads when n is large (>= 8 MiB).
     void copy(void *dst, const void *src, std::size_t n) noexcept;
+    // Runs fn(item, worker) for every item in [0, items), the items shared out between the
+    // threads as they come free (worker 0 is the caller; workers are < threads()); returns
+    // when all have run. fn must not throw (callers keep each item's error themselves).
+    void parallel(std::size_t items, const std::function<void(std::size_t, unsigned)> &fn) noexcept;
 
 private:
     void start() noexcept;
@@ -65,6 +72,10 @@ private:
     uint8_t *dst_ = nullptr;
     const uint8_t *src_ = nullptr;
     std::size_t n_ = 0;
+    // parallel(): the function (null for a copy job), and the next item to take.
+    const std::function<void(std::size_t, unsigned)> *fn_ = nullptr;
+    std::size_t items_ = 0;
+    std::atomic<std::size_t> next_{0};
 };
 
 }  // namespace copy

@@ -13,6 +13,9 @@
 #include "wsync.h"
 
 namespace wsync {
+namespace copy {
+class Pool;
+}
 
 class Options;
 struct OptionSpec;
@@ -149,6 +152,7 @@ struct Config {
     uint64_t max_percent = 50;  // auto: a patch is sent when at most this % of the dense bytes
     bool mirror = false;        // receiver: keep a copy of every tensor, apply patches to it
     bool pinned_bases = false;  // GPU kinds: bases in pinned host memory ("delta_base_memory")
+    unsigned threads = 0;       // host compare: threads ("delta_threads"; 0: one per CPU, <= 8)
 };
 const std::vector<OptionSpec> &option_specs();
 // The kind's own options followed by the delta options.
@@ -273,10 +277,14 @@ public:
 
 private:
     struct Entry;
+    // One tensor of a chunk, as encode() plans it and its workers carry it out.
+    struct Job;
+    void run(Job &j, const wsync_tensor_t &t, unsigned worker);
     Config config_;
     std::unordered_map<std::string, std::unique_ptr<Entry>> entries_;
     Staging<Entry> staging_;
-    Changes scratch_;  // what find_changes found; capacity kept
+    std::unique_ptr<copy::Pool> pool_;  // the compare's threads, made at the first chunk
+    std::vector<Changes> scratch_;      // per worker: what find_changes found; capacity kept
 };
 
 }  // namespace delta

@@ -1,6 +1,8 @@
 // The trainer's side of delta sync: the options, the committed bases and the per-chunk choice
 // between a patch and the dense bytes (docs/delta.md).
+#include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -37,6 +39,11 @@ const std::vector<OptionSpec> &option_specs() {
          "memory, a slower compare); shm keeps them in host memory and takes only device "
          "(docs/delta.md, memory cost)",
          "device", "device|pinned_host"},
+        {"delta_threads", T::UInt, 0, 0, 64, "sender",
+         "with delta on shm: how many threads compare a chunk's tensors with their bases and "
+         "copy aside the dense ones, several tensors at once (each tensor on one thread, its "
+         "XXH3 being sequential); 0: one per CPU this process may run on, at most 8; 1: the "
+         "sending thread only (docs/delta.md)"},
         {"delta_mirror", T::Bool, 0, 0, 1, "receiver",
          "the receiver keeps its own copy of every tensor it loads (host memory of the model's "
          "size) and applies patches to it, verified: a patched tensor then has views, copies of "
@@ -67,6 +74,7 @@ Config config_from(const Options &o, const char *kind_name, bool kind_has_delta,
     c.max_percent = o.uint("delta_max_percent");
     c.mirror = o.boolean("delta_mirror");
     c.pinned_bases = o.text("delta_base_memory") == "pinned_host";
+    c.threads = static_cast<unsigned>(o.uint("delta_threads"));
     if (c.pinned_bases && !on_device)
         failf(WSYNC_ERR_UNSUPPORTED,
               "%s: option 'delta_base_memory' is \"pinned_host\", but this kind compares host "
@@ -154,12 +162,30 @@ struct Encoder::Entry {
 Encoder::Encoder(Config config) : config_(config) {}
 Encoder::~Encoder() = default;
 
+struct Encoder::Job {
+    std::size_t i = 0;           // the tensor's position in the chunk
+    uint64_t version = 0;
+    Entry *e = nullptr;
+    const Patch *fold = nullptr;  // a committed patch not yet in e->base
+    bool compare = false;        // else dense
+    uint64_t esize = 0, elements = 0, nbytes = 0;
+    wsync_dtype_t dtype{};
+    bool patch = false;             // the outcome: a patch was staged
+    uint64_t hash = 0;              // its result's XXH3
+    std::exception_ptr error;       // what run() threw
+};
+
 void Encoder::encode(uint64_t version, const wsync_tensor_t *tensors,
                      const std::vector<TensorMeta> &metas, std::vector<wsync_tensor_t> &wire,
                      std::vector<PatchInfo> &patches) {
     staging_.begin_chunk(config_, version);
     wire.assign(tensors, tensors + metas.size());
     patches.assign(metas.size(), PatchInfo{});
+    // 1. The plan, in the chunk's order: which entry each tensor has, whether it is compared
+    //    (against a base of the same size and dtype, in a version that may carry patches) or
+    //    sent dense, and the committed patch still to fold into its base.
+    std::vector<Job> jobs;
+    jobs.reserve(metas.size());
     for (std::size_t i = 0; i < metas.size(); ++i) {
         const TensorMeta &m = metas[i];
         if (!device_is_host(tensors[i].device))
@@ -173,7 +199,6 @@ void Encoder::encode(uint64_t version, const wsync_tensor_t *tensors,
             fail(WSYNC_ERR_INVALID_ARGUMENT, "delta: " + tensor_label(i, m.name.c_str()) +
                                                  " is sent twice in version " +
                                                  std::to_string(version));
-        const uint64_t esize = dtype_size(m.dtype), elements = m.nbytes / esize;
         if (version + 1 < e.cool_until) {
             // Auto mode, a tensor that changed too much lately: sent dense with no compare and
             // no base kept, until the version before the next probe rebuilds the base.
@@ -182,50 +207,91 @@ void Encoder::encode(uint64_t version, const wsync_tensor_t *tensors,
             continue;
         }
         staging_.stage(&e);
-        const bool same = e.base && !e.stale && e.nbytes == m.nbytes &&
-                          std::memcmp(&e.dtype, &m.dtype, sizeof e.dtype) == 0;
+        Job j;
+        j.i = i;
+        j.version = version;
+        j.e = &e;
+        j.esize = dtype_size(m.dtype);
+        j.elements = m.nbytes / j.esize;
+        j.nbytes = m.nbytes;
+        j.dtype = m.dtype;
+        j.compare = staging_.patches_allowed() && e.base && !e.stale && e.nbytes == m.nbytes &&
+                    std::memcmp(&e.dtype, &m.dtype, sizeof e.dtype) == 0;
         // A committed patch not yet folded into the base is folded by the compare, block by
-        // block; anything that skips or cuts the compare folds it here.
-        const Patch *fold = e.fold ? &e.parsed : nullptr;
+        // block; anything that skips or cuts the compare folds it (run()).
+        j.fold = e.fold ? &e.parsed : nullptr;
         e.fold = false;
-        if (staging_.patches_allowed() && same) {
-            const uint64_t limit = config_.mode == Mode::kOn
-                                       ? UINT64_MAX
-                                       : patch_limit(m.nbytes, esize, config_.max_percent);
-            uint64_t hash = 0;
-            const bool found = find_changes(tensors[i].data, e.base.get(), m.nbytes, esize, limit,
-                                            fold, scratch_, &hash);
-            if (!found && fold) scatter(e.base.get(), *fold);
-            fold = nullptr;
-            if (!found && config_.mode == Mode::kAuto) e.cool_until = version + kCoolDown;
-            if (found) {
-                delta::encode(scratch_, elements, e.patch);
-                if (config_.mode == Mode::kOn ||
-                    e.patch.size() <= budget(m.nbytes, config_.max_percent)) {
-                    e.parsed.values = patch_values(e.patch.data());
-                    e.parsed.esize = esize;
-                    e.parsed.idx.assign(scratch_.idx.begin(), scratch_.idx.begin() + scratch_.count);
-                    e.staged = Entry::Staged::kPatch;
-                    e.staged_hash = hash;
-                    e.wire_shape = int64_t(e.patch.size());
-                    wsync_tensor_t &w = wire[i];
-                    w.data = e.patch.data();
-                    w.dtype = {WSYNC_DTYPE_UINT, 8, 1};
-                    w.ndim = 1;
-                    w.shape = &e.wire_shape;
-                    w.strides = nullptr;
-                    patches[i] = {e.patch.size(), staging_.committed(), e.base_hash, hash};
-                    continue;
-                }
+        jobs.push_back(j);
+    }
+    // 2. The compares and dense copies, each tensor on one thread, several tensors at once
+    //    ("delta_threads"): the largest first, so no thread is left with a big one at the end.
+    if (!pool_) pool_ = std::make_unique<copy::Pool>(config_.threads);
+    if (scratch_.size() < pool_->threads()) scratch_.resize(pool_->threads());
+    std::vector<std::size_t> order(jobs.size());
+    for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return jobs[a].nbytes > jobs[b].nbytes; });
+    pool_->parallel(order.size(), [&](std::size_t k, unsigned worker) {
+        Job &j = jobs[order[k]];
+        try {
+            run(j, tensors[j.i], worker);
+        } catch (...) {
+            j.error = std::current_exception();
+        }
+    });
+    // 3. The wire, in the chunk's order; the first tensor that failed fails the chunk (the
+    //    core then calls chunk_refused(), which unstages every entry).
+    for (Job &j : jobs)
+        if (j.error) std::rethrow_exception(j.error);
+    for (const Job &j : jobs) {
+        if (!j.patch) continue;
+        Entry &e = *j.e;
+        wsync_tensor_t &w = wire[j.i];
+        w.data = e.patch.data();
+        w.dtype = {WSYNC_DTYPE_UINT, 8, 1};
+        w.ndim = 1;
+        w.shape = &e.wire_shape;
+        w.strides = nullptr;
+        patches[j.i] = {e.patch.size(), staging_.committed(), e.base_hash, j.hash};
+    }
+}
+
+// One tensor: compare and encode, or copy aside dense. Touches only its own entry and the
+// worker's scratch, so tensors run on several threads at once.
+void Encoder::run(Job &j, const wsync_tensor_t &t, unsigned worker) {
+    Entry &e = *j.e;
+    const Patch *fold = j.fold;
+    if (j.compare) {
+        Changes &scratch = scratch_[worker];
+        const uint64_t limit = config_.mode == Mode::kOn
+                                   ? UINT64_MAX
+                                   : patch_limit(j.nbytes, j.esize, config_.max_percent);
+        uint64_t hash = 0;
+        const bool found = find_changes(t.data, e.base.get(), j.nbytes, j.esize, limit, fold, scratch, &hash);
+        if (!found && fold) scatter(e.base.get(), *fold);
+        fold = nullptr;
+        if (!found && config_.mode == Mode::kAuto) e.cool_until = j.version + kCoolDown;
+        if (found) {
+            delta::encode(scratch, j.elements, e.patch);
+            if (config_.mode == Mode::kOn || e.patch.size() <= budget(j.nbytes, config_.max_percent)) {
+                e.parsed.values = patch_values(e.patch.data());
+                e.parsed.esize = j.esize;
+                e.parsed.idx.assign(scratch.idx.begin(), scratch.idx.begin() + scratch.count);
+                e.staged = Entry::Staged::kPatch;
+                e.staged_hash = hash;
+                e.wire_shape = int64_t(e.patch.size());
+                j.patch = true;
+                j.hash = hash;
+                return;
             }
         }
-        if (fold) scatter(e.base.get(), *fold);
-        // Dense: kept aside until the version commits.
-        if (!e.spare || e.spare_bytes != m.nbytes) e.spare = allocate(m.nbytes, m.name), e.spare_bytes = m.nbytes;
-        e.staged_hash = copy::copy_hashing(e.spare.get(), tensors[i].data, m.nbytes, 0, m.nbytes);
-        e.staged = Entry::Staged::kDense;
-        e.staged_dtype = m.dtype;
     }
+    if (fold) scatter(e.base.get(), *fold);
+    // Dense: kept aside until the version commits.
+    if (!e.spare || e.spare_bytes != j.nbytes) e.spare = allocate(j.nbytes, e.name), e.spare_bytes = j.nbytes;
+    e.staged_hash = copy::copy_hashing(e.spare.get(), t.data, j.nbytes, 0, j.nbytes);
+    e.staged = Entry::Staged::kDense;
+    e.staged_dtype = j.dtype;
 }
 
 void Encoder::chunk_refused() { staging_.chunk_refused(); }

@@ -366,6 +366,14 @@ static void random_versions_leave_every_engine_bit_identical_with_delta_auto(voi
         property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}", seed, 40);
 }
 
+/* The trainer compares a chunk's tensors on several threads at once ("delta_threads"); one
+ * thread, and more threads than this machine has cores, give the same bit-identical engines. */
+static void random_versions_leave_every_engine_bit_identical_with_1_or_4_compare_threads(void **state) {
+    (void)state;
+    property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\", \"delta_threads\": 1}", 11, 30);
+    property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\", \"delta_threads\": 4}", 12, 30);
+}
+
 static void random_versions_leave_every_engine_bit_identical_with_delta_on(void **state) {
     (void)state;
     property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"on\", \"checksum\": false}", 7, 40);
@@ -639,6 +647,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(random_versions_leave_every_engine_bit_identical_with_delta_auto),
         cmocka_unit_test(random_versions_leave_every_engine_bit_identical_with_delta_on),
+        cmocka_unit_test(random_versions_leave_every_engine_bit_identical_with_1_or_4_compare_threads),
         cmocka_unit_test(a_reattached_receiver_is_sent_the_next_version_dense_and_patches_follow),
         cmocka_unit_test(a_destination_without_the_base_is_left_unchanged_and_refused),
         cmocka_unit_test(anchors_make_every_nth_version_dense),

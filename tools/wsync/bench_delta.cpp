@@ -5,7 +5,7 @@
 //
 //   wsync bench --delta-fraction F[,F...] (e.g. 0.001,0.01,0.05,0.2,1.0) [--size-mb N=2048]
 //               [--steps N=4] [--delta auto|on] [--strategy shm|cuda_ipc]
-//               [--delta-base-memory device|pinned_host] [--mirror] [--json]
+//               [--delta-base-memory device|pinned_host] [--delta-threads N] [--mirror] [--json]
 //
 // The model is bf16 with Llama-like shapes, in torch-like buffers. Before every step after the
 // first, a fraction F of each tensor's elements changes (one ulp, spread at random). Per
@@ -309,9 +309,10 @@ double request_bytes(const wsync_blob_t &req) {
 
 // One configuration: a fresh strategy, sender and engine; `steps` versions.
 Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int steps, bool mirror,
-            Gpu *gpu, const std::string &base_memory) {
+            Gpu *gpu, const std::string &base_memory, int threads) {
     std::string opts = "{\"bucket_bytes\": 268435456, \"delta\": \"" + delta + "\"";
     if (gpu) opts += ", \"delta_base_memory\": \"" + base_memory + "\"";
+    else if (threads >= 0) opts += ", \"delta_threads\": " + std::to_string(threads);
     opts += "}";
     int down[2], up[2];
     pid_t pid = -1;
@@ -408,6 +409,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
     int steps = 4;
     bool as_json = false, mirror = false;
     std::string delta = "auto", strategy = "shm", base_memory = "device";
+    int threads = -1;  // the option's default
     std::vector<double> fractions;
     for (int i = first; i < argc; ++i) {
         const std::string a = argv[i];
@@ -420,6 +422,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
             delta = v, ++i;
         } else if (a == "--json") as_json = true;
         else if (a == "--mirror") mirror = true;
+        else if (a == "--delta-threads") threads = int(parse_uint(a, v, 0, 64)), ++i;
         else if (a == "--delta-base-memory") {
             if (!v || (std::strcmp(v, "device") && std::strcmp(v, "pinned_host")))
                 usage_error("--delta-base-memory takes device or pinned_host");
@@ -450,6 +453,8 @@ int cmd_bench_delta(int argc, char **argv, int first) {
     }
     if (strategy == "cuda_ipc" && mirror)
         usage_error("--mirror is an shm receiver option (cuda_ipc applies patches on the GPU)");
+    if (strategy == "cuda_ipc" && threads >= 0)
+        usage_error("--delta-threads is for shm (cuda_ipc compares on the GPU)");
     if (strategy != "cuda_ipc" && base_memory != "device")
         usage_error("--delta-base-memory pinned_host is for --strategy cuda_ipc (shm's bases are host memory)");
     Gpu gpu_run, *gpu = nullptr;
@@ -482,10 +487,11 @@ int cmd_bench_delta(int argc, char **argv, int first) {
             die(e.what());
         }
     }
-    Figures dense = run(m, "off", 0.01, steps, false, gpu, base_memory);
+    Figures dense = run(m, "off", 0.01, steps, false, gpu, base_memory, threads);
     json out = {{"strategy", strategy}, {"model_bytes", total}, {"tensors", m.size()}, {"dtype", "bfloat16"},
                 {"steps", steps}, {"delta", delta}, {"mirror", mirror},
                 {"delta_base_memory", gpu ? base_memory : "host"},
+                {"delta_threads", threads < 0 ? json("default") : json(threads)},
                 {"dense", {{"bytes", dense.bytes}, {"send_ms", dense.send_ms},
                            {"apply_ms", dense.apply_ms}, {"sync_ms", dense.sync_ms},
                            {"sync_mean_ms", dense.sync_mean_ms}}},
@@ -505,7 +511,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
     };
     row("dense", dense);
     if (mirror) {  // the same dense versions to engines that keep a mirror and read views
-        Figures dm = run(m, "off", 0.01, steps, true, nullptr, base_memory);
+        Figures dm = run(m, "off", 0.01, steps, true, nullptr, base_memory, threads);
         row("dense/mir", dm);
         out["dense_mirror"] = {{"bytes", dm.bytes}, {"send_ms", dm.send_ms},
                                {"apply_ms", dm.apply_ms}, {"sync_ms", dm.sync_ms},
@@ -513,7 +519,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
                                {"sync_ratio", dm.sync_ms / dense.sync_ms}};
     }
     for (double f : fractions) {
-        Figures r = run(m, delta, f, steps, mirror, gpu, base_memory);
+        Figures r = run(m, delta, f, steps, mirror, gpu, base_memory, threads);
         char label[32];
         std::snprintf(label, sizeof label, "%g", f);
         row(label, r);
