@@ -283,8 +283,11 @@ static int setup(void **state) {
 static int teardown(void **state) {
     (void)state;
     F.set_fail(NULL, 0, 0);
-    /* Every test frees what it made: nothing of this process is left in /dev/shm. */
-    assert_int_equal(shm_of_pid(getpid()), shm_before);
+    /* Every test frees what it made: nothing of this process is left in /dev/shm. Fewer than
+     * before is fine: the fake sweeps a dead namesake's leftovers (a killed process that had
+     * this pid; pids wrap at 32768 and scenario tests kill processes) at its first allocation,
+     * or another process's sweep may. */
+    assert_true(shm_of_pid(getpid()) <= shm_before);
     alarm(0);
     return 0;
 }
