@@ -3,6 +3,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "error.hpp"
@@ -172,6 +173,13 @@ void queue_copy_to_device(const Device &dev, CUstream stream, void *dst, const v
     const auto d = reinterpret_cast<CUdeviceptr>(dst);
     WSYNC_CU(api, cuMemcpyDtoDAsync(d, reinterpret_cast<CUdeviceptr>(src), len, stream),
              "queuing the copy of " + what() + " on " + stream_text(stream));
+}
+
+void keep_until_exit(std::unique_ptr<Device> dev) {
+    static std::mutex mu;
+    static auto *kept = new std::vector<std::unique_ptr<Device>>();  // never destroyed
+    std::lock_guard<std::mutex> lock(mu);
+    kept->push_back(std::move(dev));
 }
 
 void poll_sleep(int round) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,12 @@ private:
     CUuuid uuid_{};
     CUcontext ctx_ = nullptr;
 };
+
+// Keeps a device (its primary-context reference) until the process exits, when the driver frees
+// its memory: for memory other processes may still map, or that work a wait gave up on may still
+// write (releasing the last reference to a primary context frees its memory). Held in a list
+// rather than released so leak checkers see it is kept on purpose.
+void keep_until_exit(std::unique_ptr<Device> dev);
 
 // The ordinal in this process of the GPU with `uuid` (after CUDA_VISIBLE_DEVICES remapping),
 // or -1 when this process does not see it.

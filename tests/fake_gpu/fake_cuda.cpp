@@ -57,7 +57,9 @@
 //   Two test controls (fake_gpu.h) make the GPU late, as a busy one is: with
 //   wsync_fake_set_stream_delay_ms an operation starts only after that delay, or once something
 //   waits for it (cuEventQuery/cuStreamQuery/cuStreamWaitEvent/synchronisation), so work that
-//   nobody waits for is visibly not done yet; wsync_fake_stream_hold (above) stops a stream.
+//   nobody waits for is visibly not done yet; wsync_fake_stream_hold (above) stops a stream, and
+//   wsync_fake_stream_hold_next makes the next streams created start held (a library's own
+//   stream, whose handle a test never sees).
 // - cuMemcpyHtoDAsync copies the host source before it returns, as the driver does for pageable
 //   host memory (libwsync has no pinned memory); the device write happens in stream order.
 // - Modules: only PTX text that declares at least one of the library's kernels (".entry
@@ -481,6 +483,21 @@ void check_not_imported(const std::string &alloc_name) {
 std::mutex g_hold_mu;
 std::condition_variable g_hold_cv;
 uint64_t g_hold_generation = 0;
+std::atomic<int> g_hold_next{0};  // wsync_fake_stream_hold_next: streams still to create held
+
+// Parks stream x until the next wsync_fake_stream_release_held().
+void hold_stream(Stream &x) {
+    uint64_t gen;
+    {
+        std::lock_guard<std::mutex> lk(g_hold_mu);
+        gen = g_hold_generation;
+    }
+    x.push([gen]() -> CUresult {
+        std::unique_lock<std::mutex> lk(g_hold_mu);
+        g_hold_cv.wait(lk, [&] { return g_hold_generation > gen; });
+        return CUDA_SUCCESS;
+    });
+}
 
 // ---- failure injection ------------------------------------------------------------------------
 struct Injection {
@@ -1619,6 +1636,11 @@ CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     auto h = reinterpret_cast<CUstream>(x.get());
+    for (int n = g_hold_next.load(); n > 0;)
+        if (g_hold_next.compare_exchange_weak(n, n - 1)) {
+            hold_stream(*x);
+            break;
+        }
     s.streams[h] = std::move(x);
     *stream = h;
     return CUDA_SUCCESS;
@@ -1977,18 +1999,11 @@ WSYNC_FAKE_EXPORT int wsync_fake_mem_alloc_unexportable(unsigned long long *dptr
 WSYNC_FAKE_EXPORT int wsync_fake_stream_hold(void *stream) {
     std::shared_ptr<Stream> x;
     if (CUresult rc = get_stream(static_cast<CUstream>(stream), &x)) return rc;
-    uint64_t gen;
-    {
-        std::lock_guard<std::mutex> lk(g_hold_mu);
-        gen = g_hold_generation;
-    }
-    x->push([gen]() -> CUresult {
-        std::unique_lock<std::mutex> lk(g_hold_mu);
-        g_hold_cv.wait(lk, [&] { return g_hold_generation > gen; });
-        return CUDA_SUCCESS;
-    });
+    hold_stream(*x);
     return CUDA_SUCCESS;
 }
+
+WSYNC_FAKE_EXPORT void wsync_fake_stream_hold_next(int n) { g_hold_next.store(n > 0 ? n : 0); }
 
 WSYNC_FAKE_EXPORT void wsync_fake_stream_release_held(void) {
     std::lock_guard<std::mutex> lk(g_hold_mu);

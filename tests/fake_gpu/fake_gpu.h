@@ -105,6 +105,10 @@ int wsync_fake_mem_alloc_unexportable(unsigned long long *dptr, size_t bytes);
  * stream a kernel, that does not finish); anything waiting for them waits. Returns 0 or the
  * driver's error for an unknown stream. A forked child starts with no stream held. */
 int wsync_fake_stream_hold(void *stream);
+/* The next `n` streams this process creates (cuStreamCreate) start held, as if
+ * wsync_fake_stream_hold() were called on each at once: a library's own stream, whose handle
+ * the test never sees, stalls until wsync_fake_stream_release_held(). 0 cancels. */
+void wsync_fake_stream_hold_next(int n);
 /* Lets every held stream of this process go on. */
 void wsync_fake_stream_release_held(void);
 
@@ -124,6 +128,7 @@ typedef int (*wsync_fake_shm_count_fn)(const char *prefix);
 typedef void (*wsync_fake_set_stream_delay_ms_fn)(int ms);
 typedef int (*wsync_fake_stream_hold_fn)(void *stream);
 typedef void (*wsync_fake_stream_release_held_fn)(void);
+typedef void (*wsync_fake_stream_hold_next_fn)(int n);
 typedef void (*wsync_fake_nccl_set_in_progress_fn)(int polls);
 typedef void (*wsync_fake_allow_driver_after_fork_fn)(int on);
 

@@ -114,6 +114,7 @@ typedef struct {
     int cast;   /* 1: tensors arrive as bfloat16 of tu_value() */
     int device; /* the engine's GPU, as in its options */
     int copy;   /* 1: take every tensor with wsync_recv_copy into device buffers, check after end */
+    int host;   /* 1: the kind hands the engine host memory ("ucx"): views are read directly */
 } engine_cfg;
 
 static float tu_value(uint64_t v, uint64_t k, size_t i) {
@@ -130,12 +131,13 @@ static uint16_t bf16_rne(float f) {
 }
 
 static int view_ok(const engine_cfg *cfg, const wsync_tensor_t *v, uint64_t version) {
-    if (v->device.type != WSYNC_DEVICE_CUDA) return 0;
+    if (v->device.type != (cfg->host ? WSYNC_DEVICE_CPU : WSYNC_DEVICE_CUDA)) return 0;
     size_t elems = 1;
     for (int d = 0; d < v->ndim; ++d) elems *= (size_t)v->shape[d];
     size_t bytes = elems * v->dtype.bits / 8;
     unsigned char *host = (unsigned char *)malloc(bytes);
-    if (!host || cu.cuMemcpyDtoH(host, (CUdeviceptr)(uintptr_t)v->data, bytes) != 0) {
+    if (host && cfg->host) memcpy(host, v->data, bytes);
+    else if (!host || cu.cuMemcpyDtoH(host, (CUdeviceptr)(uintptr_t)v->data, bytes) != 0) {
         free(host);
         return 0;
     }
@@ -249,7 +251,7 @@ static int g_engine_copies;
 
 static void run_sync(const char *kind, const char *trainer_opts, const char *engine_opts,
                      int engine_device, int cast, int versions) {
-    engine_cfg cfg = {kind, engine_opts, 0, cast, engine_device, g_engine_copies};
+    engine_cfg cfg = {kind, engine_opts, 0, cast, engine_device, g_engine_copies, !strcmp(kind, "ucx")};
     engine_t e = engine_start(&cfg); /* before this process touches CUDA */
     cu_use(0);
     wsync_strategy_t *s;
@@ -371,6 +373,36 @@ static void cuda_ipc_packed_recv_copy_into_device_memory_bit_for_bit(void **stat
     g_engine_copies = 0;
 }
 
+/* ---- ucx: a GPU trainer's tensors packed by the GPU into pinned staging memory -------------- */
+/* Skips unless this build has the ucx kind and the machine's UCX loads (the device machine may
+ * have none); probed without touching CUDA. */
+#define UCX_OPTS "\"transports\": \"tcp\", \"net_devices\": \"lo\", \"timeout_ms\": 20000"
+#define REQUIRE_UCX()                                                                       \
+    do {                                                                                    \
+        wsync_strategy_t *s_ = NULL;                                                        \
+        if (wsync_strategy_create("ucx", "{" UCX_OPTS "}", &s_) != WSYNC_OK) {              \
+            print_message("skipped: no ucx kind here: %s\n", wsync_last_error());           \
+            skip();                                                                         \
+        }                                                                                   \
+        wsync_strategy_destroy(s_);                                                         \
+    } while (0)
+
+static void ucx_device_tensors_staged_through_pinned_memory_two_processes_bit_for_bit(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    REQUIRE_UCX();
+    run_sync("ucx", "{" UCX_OPTS "}", "{" UCX_OPTS "}", 0, 0, 4);
+}
+
+static void ucx_device_tensors_off_16_byte_boundaries_bit_for_bit(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    REQUIRE_UCX();
+    g_offsets = unaligned_offsets;
+    run_sync("ucx", "{" UCX_OPTS ", \"checksum\": false}", "{" UCX_OPTS "}", 0, 0, 3);
+    g_offsets = NULL;
+}
+
 /* ---- delta sync on the GPU: the trainer compares on its GPU, the engine applies there ------- */
 /* Tensor k of version v (bf16 elements as uint16): tu_fill of version 1, then for each later
  * version u about one element in 64 changes (u xor-ed in). */
@@ -447,7 +479,7 @@ static int delta_engine_entry(const void *cfg, int in, int out) {
 static void cuda_ipc_delta_two_processes_one_gpu_bit_for_bit(void **state) {
     (void)state;
     REQUIRE_GPUS(1);
-    engine_cfg cfg = {"cuda_ipc", "{\"device\": 0}", 0, 0, 0, 0};
+    engine_cfg cfg = {"cuda_ipc", "{\"device\": 0}", 0, 0, 0, 0, 0};
     engine_t e = tu_fork_peer(delta_engine_entry, &cfg); /* before this process touches CUDA */
     cu_use(0);
     wsync_strategy_t *s;
@@ -534,6 +566,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_per_allocation_views_inside_one_allocation_bit_for_bit),
     cmocka_unit_test(cuda_ipc_recv_copy_into_device_memory_bit_for_bit),
     cmocka_unit_test(cuda_ipc_packed_recv_copy_into_device_memory_bit_for_bit),
+    cmocka_unit_test(ucx_device_tensors_staged_through_pinned_memory_two_processes_bit_for_bit),
+    cmocka_unit_test(ucx_device_tensors_off_16_byte_boundaries_bit_for_bit),
     cmocka_unit_test(nccl_group_missing_a_rank_times_out_and_aborts),
     cmocka_unit_test(nccl_broadcast_between_two_gpus_bit_for_bit),
 };

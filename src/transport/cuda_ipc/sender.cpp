@@ -36,17 +36,6 @@ int chunk_device(const wsync_tensor_t *tensors, const TensorTable &table) {
     return d0.index;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Devices (primary-context references) whose buckets were left allocated for receivers that
-// still map them: kept, reachable, until the process exits, when the driver frees the memory.
-// A list rather than a bare release() so leak checkers see it is held on purpose.
-void keep_until_exit(std::unique_ptr<gpu::Device> dev) {
-    static std::mutex mu;
-    static auto *kept = new std::vector<std::unique_ptr<gpu::Device>>();  // never destroyed
-    std::lock_guard<std::mutex> lock(mu);
-    kept->push_back(std::move(dev));
-}
-
 class IpcSender final : public SenderImpl {
 public:
     IpcSender(const gpu::CudaApi &api, std::shared_ptr<SharedSegment> seg, const InitInfo &info,
@@ -82,7 +71,7 @@ public:
         // Leaked buckets keep their context too: the last release of a primary context frees
         // its memory.
         if (released) dev_.reset();
-        else keep_until_exit(std::move(dev_));
+        else gpu::keep_until_exit(std::move(dev_));
         board_.unregister_sender();
     }
 

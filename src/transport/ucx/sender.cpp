@@ -10,19 +10,23 @@
 #include <thread>
 #include <unistd.h>
 
+#include "copy.hpp"
 #include "error.hpp"
 #include "layout.hpp"
+#include "transport/ucx/gpu_stage.hpp"
 
 namespace wsync::ucx {
 namespace {
 
 using layout::round_up;
 
-// Page-backed staging memory, registered with UCX once and reused across chunks.
+// Staging memory, registered with UCX once and reused across chunks: anonymous pages, or for
+// chunks with device tensors pinned host memory the GPU writes (gpu_stage.hpp).
 struct Buffer {
     void *base = nullptr;
     std::size_t cap = 0;
     Region region;
+    std::shared_ptr<gpu::DeviceBuffer> pinned;  // set: base is pinned->host()
 };
 
 struct Chunk {
@@ -67,18 +71,25 @@ public:
         for (auto &ep : refused_) w_->close(std::move(ep), d);
         for (auto &kv : chunks_) free_buffer(kv.second.buf);
         for (Buffer &b : pool_) free_buffer(b);
+        gpu_.reset();  // after its buffers
     }
 
     json send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) override {
-        for (std::size_t i = 0; i < table.metas.size(); ++i)
-            if (!device_is_host(tensors[i].device))
-                fail(WSYNC_ERR_UNSUPPORTED,
-                     std::string(kKind) + ": tensor '" + table.metas[i].name + "' is on " +
-                         device_name(tensors[i].device) + "; this UCX moves host memory only (" +
-                         memory_types_ + ")");
+        const std::vector<std::size_t> on_gpu = device_tensors(tensors, table);
         const uint64_t end = layout::place(table, uint64_t(1) << 62, kKind);
-        Buffer buf = take_buffer(std::max<uint64_t>(end, 1));
-        layout::pack_host(static_cast<uint8_t *>(buf.base), tensors, table, info_.checksum);  // one pass
+        const std::string chunk = "chunk " + std::to_string(h.chunk_index) + " of version " + std::to_string(h.version);
+        Buffer buf = take_buffer(std::max<uint64_t>(end, 1), !on_gpu.empty());
+        if (!on_gpu.empty()) {
+            try {
+                gpu_->pack(tensors, table, on_gpu, *buf.pinned, sys::Deadline(timeout_ms_), chunk);
+            } catch (...) {
+                std::unique_lock<std::mutex> lock = caller_lock();
+                if (gpu_->stuck()) free_buffer(buf);  // leaks it: the stuck pack may still write
+                else put_buffer(buf);
+                throw;
+            }
+        }
+        stage_host(static_cast<uint8_t *>(buf.base), tensors, table, on_gpu);
         std::vector<uint64_t> blocks;
         if (block_bytes_) {  // a second pass, for engines that pull byte ranges (docs/architecture.md)
             const auto *base = static_cast<const uint8_t *>(buf.base);
@@ -129,6 +140,11 @@ public:
         w_->signal();
     }
 
+    void set_stream(void *stream) override {
+        order_stream_ = stream;
+        if (gpu_) gpu_->set_stream(stream);
+    }
+
     void drop_receiver(uint32_t index) override {
         check_receiver_index(kKind, index, info_.receivers);
         std::unique_lock<std::mutex> lock = caller_lock();
@@ -145,6 +161,56 @@ public:
     }
 
 private:
+    // ---- staging ----------------------------------------------------------------------------
+    // The indices of the chunk's tensors in CUDA device memory (all of one GPU: the sender's,
+    // set by the first such chunk); every other tensor must be host memory.
+    std::vector<std::size_t> device_tensors(const wsync_tensor_t *tensors, const TensorTable &table) {
+        std::vector<std::size_t> out;
+        for (std::size_t i = 0; i < table.metas.size(); ++i) {
+            const wsync_device_t d = tensors[i].device;
+            if (device_is_host(d)) continue;
+            if (d.type != WSYNC_DEVICE_CUDA)
+                fail(WSYNC_ERR_UNSUPPORTED, std::string(kKind) + ": tensor '" + table.metas[i].name + "' is on " +
+                                                device_name(d) + "; ucx stages host memory and CUDA device memory");
+            if (gpu_ && d.index != gpu_->ordinal())
+                fail(WSYNC_ERR_INVALID_ARGUMENT,
+                     std::string(kKind) + ": tensor '" + table.metas[i].name + "' is on cuda:" +
+                         std::to_string(d.index) + " but this sender serves cuda:" + std::to_string(gpu_->ordinal()) +
+                         " (" + gpu_->uuid() + "); one sender serves one GPU");
+            if (!gpu_) {
+                gpu_ = std::make_unique<GpuStage>(d.index, kKind);
+                gpu_->set_stream(order_stream_);
+            }
+            out.push_back(i);
+        }
+        return out;
+    }
+
+    // Copies the chunk's host tensors into the staging buffer and, with checksums on, hashes
+    // every tensor: a host one in the same pass as its copy, a device one where the GPU put it.
+    void stage_host(uint8_t *base, const wsync_tensor_t *tensors, TensorTable &table,
+                    const std::vector<std::size_t> &on_gpu) {
+        if (on_gpu.empty()) {
+            layout::pack_host(base, tensors, table, info_.checksum);  // one pass
+            return;
+        }
+        if (info_.checksum) table.checksums.resize(table.metas.size());
+        std::size_t g = 0;
+        for (std::size_t i = 0; i < table.metas.size(); ++i) {
+            uint8_t *at = base + table.offsets[i];
+            const uint64_t n = table.metas[i].nbytes;
+            const bool device = g < on_gpu.size() && on_gpu[g] == i;
+            g += device;
+            if (device) {
+                if (info_.checksum) table.checksums[i] = copy::hash_bytes(at, n);
+            } else if (info_.checksum) {
+                table.checksums[i] = copy::copy_hashing(at, tensors[i].data, n, 0, n);
+            } else {
+                copy::copy_bytes(at, tensors[i].data, n);
+            }
+        }
+    }
+
     // ---- the progress thread ------------------------------------------------------------
     // UCX serves a one-sided GET over tcp by software emulation on the target, which needs the
     // target's worker to progress (UCX's "sw RMA"); so does every control message. This thread
@@ -353,28 +419,36 @@ private:
         }
     }
 
-    Buffer take_buffer(uint64_t bytes) {
+    // A staging buffer of at least `bytes` (rounded up to 2 MiB): from the pool when one of the
+    // right kind is at most twice that size, else new. `pinned`: for a chunk with device tensors.
+    Buffer take_buffer(uint64_t bytes, bool pinned) {
+        const uint64_t want = round_up(bytes, 2 << 20);
         {
             std::unique_lock<std::mutex> lock = caller_lock();
             for (auto it = pool_.begin(); it != pool_.end(); ++it)
-                if (it->cap >= bytes && it->cap / 2 <= bytes) {
+                if (bool(it->pinned) == pinned && it->cap >= want && it->cap / 2 <= want) {
                     Buffer b = *it;
                     pool_.erase(it);
                     return b;
                 }
         }
         Buffer b;
-        b.cap = round_up(bytes, 2 << 20);
-        b.base = mmap(nullptr, b.cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (b.base == MAP_FAILED)
-            fail(WSYNC_ERR_NO_MEMORY, std::string(kKind) + ": cannot map " + std::to_string(b.cap) +
-                                          " bytes to stage a chunk");
-        madvise(b.base, b.cap, MADV_HUGEPAGE);
+        b.cap = want;
+        if (pinned) {
+            b.pinned = gpu_->alloc(b.cap, std::string(kKind) + ": a chunk's staging buffer");
+            b.base = b.pinned->host();
+        } else {
+            b.base = mmap(nullptr, b.cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (b.base == MAP_FAILED)
+                fail(WSYNC_ERR_NO_MEMORY, std::string(kKind) + ": cannot map " + std::to_string(b.cap) +
+                                              " bytes to stage a chunk");
+            madvise(b.base, b.cap, MADV_HUGEPAGE);
+        }
         try {
             std::unique_lock<std::mutex> lock = caller_lock();
             b.region = w_->map(b.base, b.cap, true, "a chunk's staging buffer");
         } catch (...) {
-            munmap(b.base, b.cap);
+            if (!pinned) munmap(b.base, b.cap);
             throw;
         }
         return b;
@@ -386,9 +460,15 @@ private:
         b = Buffer{};
     }
 
+    // Unregisters and frees a buffer; pinned memory of a stage whose pack was given up on is
+    // leaked instead (the stuck pack may still write it; the driver frees it at exit).
     void free_buffer(Buffer &b) noexcept {
         w_->unmap(b.region);
-        if (b.base) munmap(b.base, b.cap);
+        if (b.pinned) {
+            if (gpu_ && gpu_->stuck()) b.pinned->leak();
+        } else if (b.base) {
+            munmap(b.base, b.cap);
+        }
         b = Buffer{};
     }
 
@@ -435,7 +515,8 @@ private:
     InitInfo info_;
     int64_t timeout_ms_;
     uint64_t block_bytes_;  // 0: no block checksums
-    std::string memory_types_ = w_->memory_types();
+    std::unique_ptr<GpuStage> gpu_;  // made by the first chunk with device tensors
+    void *order_stream_ = nullptr;   // set_stream(), for the stage
     std::mutex mu_;
     std::atomic<int> callers_{0};
     std::condition_variable cv_;
