@@ -106,7 +106,8 @@ extern "C" {
  *      the GPU kinds ("cuda_ipc" with packed=true, "nccl_broadcast" with "delta_anchor_every"):
  *      compared on the trainer's GPU and applied by wsync_recv_copy() into device memory
  *      (queued on the loader's stream; the verdicts at wsync_recv_end()), tree-hashed
- *      (request column patches.sums; docs/delta.md, "On the GPU"). */
+ *      (request column patches.sums; docs/delta.md, "On the GPU"); "ucx" takes CUDA device
+ *      tensors (packed by the GPU into pinned staging memory; was WSYNC_ERR_UNSUPPORTED). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -389,6 +390,12 @@ WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
  * closing chunk); another count fails with WSYNC_ERR_INVALID_ARGUMENT before any descriptor is
  * read.
  * A chunk flagged WSYNC_CHUNK_LAST commits the version and the next chunk begins version + 1.
+ * "ucx" takes host tensors and WSYNC_DEVICE_CUDA tensors of one GPU per sender, mixed in a chunk
+ * if need be (another GPU: WSYNC_ERR_INVALID_ARGUMENT naming the tensor; other device types:
+ * WSYNC_ERR_UNSUPPORTED). The device tensors are packed by one kernel launch straight into the
+ * chunk's staging buffer, pinned host memory that engines pull from; the call orders itself after
+ * the caller's stream (wsync_sender_set_stream()) and waits for the pack, both up to "timeout_ms"
+ * (then WSYNC_ERR_TIMEOUT naming the stream or the pack, and the chunk). Engines get host memory.
  * "cuda_ipc" returns once its pack is complete on the GPU (one kernel launch per chunk);
  * "nccl_broadcast" returns once its pack has read the tensors on the GPU and the broadcast is
  * queued, so the broadcast moves while the caller prepares the next chunk; a pack not done by
@@ -508,6 +515,7 @@ WSYNC_API wsync_status_t wsync_sender_drop_receiver(wsync_sender_t *sender, uint
  * stream; work on other streams stays the caller's to order. NULL (the initial setting)
  * restores the legacy default stream. The stream is borrowed: it must stay valid until the next
  * call of this function or the sender's destruction, and belong to the sender's GPU and context.
+ * "ucx" orders the packs of its device tensors the same way, always (it has no "synchronize").
  * Kinds that read no GPU memory ("shm") accept and ignore it. Takes effect from the next chunk.
  * Returns WSYNC_OK, or WSYNC_ERR_INVALID_ARGUMENT for a NULL sender. Does not block. 0.3. */
 WSYNC_API wsync_status_t wsync_sender_set_stream(wsync_sender_t *sender, void *stream);

@@ -99,8 +99,10 @@ BACKEND = "wsync"
 #: Strategies that move GPU memory: a worker receives on its own device (``device`` option,
 #: filled from the worker's device unless ``worker_options`` sets it).
 GPU_KINDS = ("cuda_ipc", "nccl_broadcast")
-#: Kinds that move host memory (ucx registers host buckets only for now): a GPU trainer's
-#: tensors are copied to the CPU one chunk at a time before they are sent.
+#: Kinds that move host memory: a GPU trainer's tensors are copied to the CPU one chunk at a
+#: time before they are sent. (The ucx kind can take CUDA tensors itself, packed by the GPU into
+#: pinned staging memory; this backend keeps the copy until that path has run on a GPU with
+#: vLLM, docs/gpu-validation.md.)
 HOST_KINDS = ("shm", "ucx")
 
 
