@@ -194,6 +194,12 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
                             " memory and strategy '" + owner_->kind_.name +
                             "' has no device copy; copy out of its wsync_recv_next view with the "
                             "device's own copy (e.g. cudaMemcpyAsync)");
+    } else if (backing_->device_destination(dst)) {
+        // A host chunk into GPU memory (ucx with "device"): verified here, then one
+        // asynchronous copy from the chunk's pinned buffer on the loader's stream, which the
+        // backing waits for before the chunk is acknowledged.
+        if (verify_ && !(state_[i] & kVerified)) check_sum(i, copy::hash_bytes(src, table_.payload_bytes(i)));
+        backing_->copy_to_device(dst, src + offset, len, [&] { return label() + " in " + chunk_label(header_); });
     } else if (verify_ && !(state_[i] & kVerified)) {  // fails the iteration on a mismatch
         check_sum(i, copy::copy_hashing(dst, src, table_.payload_bytes(i), offset, len));
     } else {

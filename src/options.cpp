@@ -42,7 +42,7 @@ Options::Options(std::string owner, const std::vector<OptionSpec> &specs, const 
     for (const auto &s : specs) {
         if (s.type == OptionSpec::Type::Bool) values_[s.key] = s.default_value != 0;
         else if (s.type == OptionSpec::Type::String) values_[s.key] = s.default_text ? s.default_text : "";
-        else if (s.type == OptionSpec::Type::Json) values_[s.key] = nullptr;
+        else if (s.type == OptionSpec::Type::Json || s.unset_by_default) values_[s.key] = nullptr;
         else values_[s.key] = s.default_value;
     }
     if (!text || !*text) return;
@@ -109,6 +109,11 @@ Options::Options(std::string owner, const std::vector<OptionSpec> &specs, const 
                      std::to_string(spec->max) + "]");
         values_[spec->key] = x;
     }
+}
+
+bool Options::given(const char *key) const {
+    auto it = values_.find(key);
+    return it != values_.end() && !it->is_null();
 }
 
 uint64_t Options::uint(const char *key) const {
@@ -194,7 +199,7 @@ json describe_options(const std::vector<OptionSpec> &specs) {
         } else if (s.type == OptionSpec::Type::Json) {
             d["default"] = nullptr;
         } else {
-            d["default"] = s.default_value;
+            d["default"] = s.unset_by_default ? json(nullptr) : json(s.default_value);
             d["min"] = s.min;
             d["max"] = s.max;
         }

@@ -31,6 +31,8 @@ struct OptionSpec {
     // Experimental options may change or go in any minor version (docs/abi-policy.md);
     // wsync_strategy_describe_options says "stability": "experimental".
     bool experimental = false;
+    // UInt options only: no default; the value is null until given (Options::given()).
+    bool unset_by_default = false;
 };
 
 // The specs, each marked experimental.
@@ -45,6 +47,8 @@ public:
     // A Json option's value: null when not given.
     const json &value(const char *key) const;
     const json &values() const { return values_; }
+    // Whether an option declared unset_by_default was given.
+    bool given(const char *key) const;
 
 private:
     std::string owner_;

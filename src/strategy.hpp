@@ -77,6 +77,10 @@ public:
                                 const std::function<std::string()> & /*what*/) {
         return false;
     }
+    // wsync_recv_copy() from a backing in host memory whose receiver has a GPU (ucx with
+    // "device"): true when `dst` is device memory, which the iteration then verifies on the host
+    // and fills through copy_to_device() (`src` is then host memory). False: host memory.
+    virtual bool device_destination(const void * /*dst*/) const { return false; }
     // wsync_recv_copy() of a patch made on a GPU (tree-hashed, docs/delta.md "On the GPU"):
     // queues the verified, all-or-nothing apply of the patch at `patch` (inside the chunk,
     // `patch_bytes`) onto `dst`, which must be device memory of this backing's GPU holding the

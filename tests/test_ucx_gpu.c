@@ -1,7 +1,9 @@
-/* Specification of a GPU trainer on the ucx kind, against the fake driver (CTest points
- * WSYNC_CUDA_LIBRARY at tests/fake_gpu): tensors in CUDA device memory are packed by the GPU
- * into the chunk's staging buffer, pinned host memory that UCX serves as host memory, and hashed
- * there by the trainer's CPU; engines pull host bytes as from any ucx trainer. Trainer and engine
+/* Specification of GPU trainers and GPU engines on the ucx kind, against the fake driver (CTest
+ * points WSYNC_CUDA_LIBRARY at tests/fake_gpu): tensors in CUDA device memory are packed by the
+ * GPU into the chunk's staging buffer, pinned host memory that UCX serves as host memory, and
+ * hashed there by the trainer's CPU; engines pull host bytes as from any ucx trainer, and an
+ * engine with a GPU ("device") pulls into pinned memory and has wsync_recv_copy() verify on the
+ * host and queue one asynchronous copy into its device memory. Trainer and engine
  * share this process over loopback tcp (the sender's progress thread serves the GETs), so the
  * fake's "device memory" (host shared memory) is filled and checked directly.
  * tests/gpu/test_gpu_hw.c runs the same path between two processes on a real GPU. */
@@ -20,7 +22,9 @@ static struct {
     CUresult (*cuCtxSetCurrent)(void *);
     CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
     CUresult (*cuMemFree)(CUdeviceptr);
+    CUresult (*cuStreamCreate)(void **, unsigned);
     wsync_fake_stats_fn stats;
+    wsync_fake_set_stream_delay_ms_fn set_delay;
     wsync_fake_stream_hold_fn hold;
     wsync_fake_stream_hold_next_fn hold_next;
     wsync_fake_stream_release_held_fn release;
@@ -41,7 +45,9 @@ static int setup(void **state) {
     SYM(cuCtxSetCurrent, "cuCtxSetCurrent");
     SYM(cuMemAlloc, "cuMemAlloc_v2");
     SYM(cuMemFree, "cuMemFree_v2");
+    SYM(cuStreamCreate, "cuStreamCreate");
     SYM(stats, "wsync_fake_stats");
+    SYM(set_delay, "wsync_fake_set_stream_delay_ms");
     SYM(hold, "wsync_fake_stream_hold");
     SYM(hold_next, "wsync_fake_stream_hold_next");
     SYM(release, "wsync_fake_stream_release_held");
@@ -91,7 +97,7 @@ typedef struct {
     void *host;
 } rig;
 
-static void rig_start(rig *r, const char *trainer_extra) {
+static void rig_start_with(rig *r, const char *trainer_extra, const char *engine_extra) {
     need_ucx();
     use_device(0);
     char o[256];
@@ -99,11 +105,16 @@ static void rig_start(rig *r, const char *trainer_extra) {
     OK(wsync_strategy_create("ucx", o, &r->s));
     OK(wsync_strategy_create_init_info(r->s, &r->init));
     OK(wsync_sender_create(r->s, r->init.data, r->init.size, &r->tx));
-    OK(wsync_strategy_create("ucx", "{" OPTS ",\"timeout_ms\":5000}", &r->rs));
+    snprintf(o, sizeof o, "{" OPTS "%s}", engine_extra);
+    OK(wsync_strategy_create("ucx", o, &r->rs));
     OK(wsync_receiver_create(r->rs, r->init.data, r->init.size, 0, &r->rx));
     assert_int_equal(drv.cuMemAlloc(&r->dev[0], bytes[0]), 0);
     assert_int_equal(drv.cuMemAlloc(&r->dev[1], bytes[2] + 4), 0);
     r->host = malloc(bytes[1]);
+}
+
+static void rig_start(rig *r, const char *trainer_extra) {
+    rig_start_with(r, trainer_extra, ",\"timeout_ms\":5000");
 }
 
 static void rig_stop(rig *r) {
@@ -318,6 +329,218 @@ static void a_refused_launch_names_the_chunk_and_the_next_send_works(void **stat
     assert_int_equal(stats_now().pinned_live, pinned_at_start);
 }
 
+/* ---- an engine with a GPU ("device": 0) ------------------------------------------------- */
+/* The engine's own parameters, as a loader holds them: t0 and t2 on its GPU, t1 on the host. */
+typedef struct {
+    CUdeviceptr dev[NT];
+    void *host;
+} params;
+
+static void params_make(params *p) {
+    memset(p, 0, sizeof *p);
+    assert_int_equal(drv.cuMemAlloc(&p->dev[0], bytes[0]), 0);
+    assert_int_equal(drv.cuMemAlloc(&p->dev[2], bytes[2]), 0);
+    p->host = calloc(1, bytes[1]);
+}
+
+static void params_free(params *p) {
+    drv.cuMemFree(p->dev[0]);
+    drv.cuMemFree(p->dev[2]);
+    free(p->host);
+}
+
+static void *param(params *p, uint64_t k) { return k == 1 ? p->host : (void *)(uintptr_t)p->dev[k]; }
+
+/* Loads one request by wsync_recv_copy into the parameters; returns recv_end's status. With
+ * `late` (a version), the fake GPU runs each queued operation only after 300 ms unless waited
+ * for, and the test checks that the device parameters do not hold that version yet when the
+ * copies return. */
+static wsync_status_t load_into(rig *r, params *p, const wsync_blob_t *req, uint64_t late) {
+    wsync_recv_t *it;
+    OK(wsync_receiver_receive(r->rx, req->data, req->size, &it));
+    wsync_recv_info_t info = {0};
+    wsync_recv_info(it, &info);
+    if (late) drv.set_delay(300);
+    for (size_t i = 0; i < info.count; ++i) {
+        wsync_tensor_t t;
+        OK(wsync_recv_peek(it, i, &t));
+        const uint64_t k = strtoull(t.name + 1, NULL, 10);
+        memset(param(p, k), 0, bytes[k]);
+        const wsync_status_t st = wsync_recv_copy(it, i, 0, param(p, k), bytes[k]);
+        if (st != WSYNC_OK) {
+            drv.set_delay(0);
+            wsync_recv_end(it);
+            return st;
+        }
+        if (late && k != 1) assert_false(tu_check(param(p, k), bytes[k], late, k));
+    }
+    const wsync_status_t end = wsync_recv_end(it);
+    drv.set_delay(0);
+    return end;
+}
+
+static void check_params(params *p, uint64_t v, int c) {
+    if (c) {
+        assert_true(tu_check(param(p, 2), bytes[2], v, 2));
+    } else {
+        assert_true(tu_check(param(p, 0), bytes[0], v, 0));
+        assert_true(tu_check(param(p, 1), bytes[1], v, 1));
+    }
+}
+
+static void a_gpu_engine_copies_verified_chunks_into_device_memory_asynchronously(void **state) {
+    (void)state;
+    rig r = {0};
+    rig_start_with(&r, "", ",\"timeout_ms\":5000,\"device\":0");
+    wsync_receiver_state_t rs = {sizeof rs, 0, 0, 0, 0, WSYNC_OK, 0};
+    OK(wsync_receiver_poll(r.rx, &rs));
+    assert_true(rs.flags & WSYNC_RECEIVER_ORDERS_LOADER_WORK);
+    params p;
+    params_make(&p);
+    const struct wsync_fake_stats before = stats_now();
+    for (uint64_t v = 1; v <= 3; ++v) {
+        fill(&r, v, 0);
+        for (int c = 0; c < 2; ++c) {
+            wsync_blob_t req;
+            OK(send(&r, c, &req));
+            /* The copies return before the GPU ran them; recv_end waits for them. */
+            OK(load_into(&r, &p, &req, v == 2 ? v : 0));
+            check_params(&p, v, c);
+            wsync_blob_free(&req);
+        }
+        OK(wsync_sender_flush(r.tx, 5000));
+    }
+    const struct wsync_fake_stats after = stats_now();
+    /* Two device tensors a version (one copy each, from pinned memory) plus the trainer's
+     * pack tables; the engine's host parameter took the host copy loop. */
+    assert_int_equal(after.memcpy_calls - before.memcpy_calls, 3 * 2 + 3 * 2);
+    rig_stop(&r);
+    params_free(&p);
+    assert_int_equal(stats_now().pinned_live, 0);
+}
+
+/* The request's staging address in this process (trainer and engine share it here). */
+static uint8_t *staged_at(const wsync_blob_t *req) {
+    char *json = NULL;
+    OK(wsync_blob_describe(req->data, req->size, &json));
+    const char *a = strstr(json, "\"addr\":");
+    assert_non_null(a);
+    uint8_t *at = (uint8_t *)(uintptr_t)strtoull(a + 7, NULL, 10);
+    wsync_string_free(json);
+    return at;
+}
+
+static void a_corrupted_chunk_is_refused_before_any_device_copy_and_both_sides_hear_of_it(void **state) {
+    (void)state;
+    rig r = {0};
+    rig_start_with(&r, "", ",\"timeout_ms\":5000,\"device\":0");
+    params p;
+    params_make(&p);
+    fill(&r, 1, 0);
+    wsync_blob_t req;
+    OK(send(&r, 0, &req));
+    staged_at(&req)[100] ^= 0x40; /* t0's bytes, after the trainer hashed them */
+    const struct wsync_fake_stats before = stats_now();
+    assert_int_equal(load_into(&r, &p, &req, 0), WSYNC_ERR_INTEGRITY);
+    assert_non_null(strstr(wsync_last_error(), "'t0'"));
+    assert_int_equal(stats_now().memcpy_calls, before.memcpy_calls); /* nothing queued */
+    assert_int_equal(((uint8_t *)param(&p, 0))[100], 0);
+    wsync_blob_free(&req);
+    assert_int_equal(wsync_sender_flush(r.tx, 5000), WSYNC_ERR_PEER);
+    assert_non_null(strstr(wsync_last_error(), "WSYNC_ERR_INTEGRITY"));
+    rig_stop(&r);
+    params_free(&p);
+}
+
+static void a_destination_on_another_gpu_is_refused_and_the_copy_can_be_retried(void **state) {
+    (void)state;
+    rig r = {0};
+    rig_start_with(&r, "", ",\"timeout_ms\":5000,\"device\":0");
+    params p;
+    params_make(&p);
+    fill(&r, 1, 0);
+    wsync_blob_t req;
+    OK(send(&r, 0, &req));
+    wsync_recv_t *it;
+    OK(wsync_receiver_receive(r.rx, req.data, req.size, &it));
+    /* cuda:1's memory: allocated in its own context. */
+    use_device(1);
+    CUdeviceptr other = 0;
+    assert_int_equal(drv.cuMemAlloc(&other, bytes[0]), 0);
+    use_device(0);
+    assert_int_equal(wsync_recv_copy(it, 0, 0, (void *)(uintptr_t)other, bytes[0]), WSYNC_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(wsync_last_error(), "not of this receiver's GPU"));
+    /* A range past the allocation's end is refused too, nothing queued. */
+    assert_int_equal(wsync_recv_copy(it, 0, 0, (void *)(uintptr_t)(p.dev[2]), bytes[0]), WSYNC_ERR_INVALID_ARGUMENT);
+    OK(wsync_recv_copy(it, 0, 0, param(&p, 0), bytes[0]));
+    OK(wsync_recv_copy(it, 1, 0, param(&p, 1), bytes[1]));
+    OK(wsync_recv_end(it));
+    check_params(&p, 1, 0);
+    wsync_blob_free(&req);
+    use_device(1);
+    drv.cuMemFree(other);
+    use_device(0);
+    rig_stop(&r);
+    params_free(&p);
+    /* An ordinal this process does not have: the engine is not made, and says why. */
+    wsync_strategy_t *s;
+    OK(wsync_strategy_create("ucx", "{" OPTS ",\"device\":7}", &s));
+    rig r2 = {0};
+    rig_start(&r2, "");
+    wsync_receiver_t *rx = NULL;
+    assert_int_equal(wsync_receiver_create(s, r2.init.data, r2.init.size, 0, &rx) == WSYNC_OK, 0);
+    assert_null(rx);
+    wsync_strategy_destroy(s);
+    rig_stop(&r2);
+}
+
+/* The loader's stream does not move (a stuck kernel of the engine's): recv_end fails with
+ * TIMEOUT within the deadline naming the stream and the chunk, the trainer's flush names the
+ * engine; the buffer those copies may still read takes no other chunk, and once the stream
+ * moves the next version lands bit-exact. */
+static void a_stalled_loader_stream_fails_recv_end_in_time_and_its_buffer_is_not_reused(void **state) {
+    (void)state;
+    rig r = {0};
+    rig_start_with(&r, "", ",\"timeout_ms\":400,\"device\":0");
+    params p;
+    params_make(&p);
+    void *loader = NULL;
+    assert_int_equal(drv.cuStreamCreate(&loader, 1), 0);
+    OK(wsync_receiver_set_stream(r.rx, loader));
+    sync_version(&r, 1, 0); /* views only: settles on the loader's stream too */
+    const struct wsync_fake_stats before = stats_now();
+    assert_int_equal(drv.hold(loader), 0);
+    fill(&r, 2, 0);
+    wsync_blob_t req;
+    OK(send(&r, 0, &req));
+    const long t0 = tu_now_ms();
+    assert_int_equal(load_into(&r, &p, &req, 0), WSYNC_ERR_TIMEOUT);
+    const long took = tu_now_ms() - t0;
+    assert_true(took >= 350 && took < 2000);
+    assert_non_null(strstr(wsync_last_error(), "the loader's work on the caller's stream"));
+    assert_non_null(strstr(wsync_last_error(), "chunk 0 of version 2"));
+    wsync_blob_free(&req);
+    assert_int_equal(wsync_sender_flush(r.tx, 5000), WSYNC_ERR_PEER);
+    assert_non_null(strstr(wsync_last_error(), "WSYNC_ERR_TIMEOUT"));
+    OK(wsync_sender_abandon(r.tx)); /* the trainer gives version 2 up */
+    drv.release(); /* the late copies land, from the buffer left to them */
+    fill(&r, 3, 0);
+    for (int c = 0; c < 2; ++c) {
+        OK(send(&r, c, &req));
+        OK(load_into(&r, &p, &req, 0));
+        check_params(&p, 3, c);
+        wsync_blob_free(&req);
+    }
+    OK(wsync_sender_flush(r.tx, 5000));
+    const struct wsync_fake_stats after = stats_now();
+    assert_int_equal(after.host_allocs - before.host_allocs, 1 + 2); /* engine: a new buffer; trainer: version 3's */
+    const long long pinned = after.pinned_live;
+    rig_stop(&r);
+    assert_int_equal(stats_now().pinned_live, 1); /* the stuck buffer, left to the driver */
+    (void)pinned;
+    params_free(&p);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* CTest runs each test as its own process */
     const struct CMUnitTest tests[] = {
@@ -328,6 +551,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_stalled_trainer_stream_times_out_the_send_naming_it_and_leaks_nothing),
         cmocka_unit_test(a_stuck_pack_times_out_and_its_buffer_is_never_reused),
         cmocka_unit_test(a_refused_launch_names_the_chunk_and_the_next_send_works),
+        cmocka_unit_test(a_gpu_engine_copies_verified_chunks_into_device_memory_asynchronously),
+        cmocka_unit_test(a_corrupted_chunk_is_refused_before_any_device_copy_and_both_sides_hear_of_it),
+        cmocka_unit_test(a_destination_on_another_gpu_is_refused_and_the_copy_can_be_retried),
+        cmocka_unit_test(a_stalled_loader_stream_fails_recv_end_in_time_and_its_buffer_is_not_reused),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -165,6 +165,23 @@ void check_device_destination(const Device &dev, void *dst, uint64_t len,
                             len, size, static_cast<unsigned long long>(base)));
 }
 
+void queue_copy_host_to_device(const Device &dev, CUstream stream, void *dst, const void *src,
+                               uint64_t len, const std::function<std::string()> &what, const char *kind) {
+    check_device_destination(dev, dst, len, what, kind);
+    const CudaApi &api = dev.api();
+    Device::Scope scope(dev);
+    WSYNC_CU(api, cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(dst), src, len, stream),
+             "queuing the copy of " + what() + " on " + stream_text(stream));
+}
+
+bool is_device_memory(const Device &dev, const void *p) {
+    Device::Scope scope(dev);
+    unsigned type = 0;
+    return dev.api().cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                           reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
+           type == CU_MEMORYTYPE_DEVICE;
+}
+
 void queue_copy_to_device(const Device &dev, CUstream stream, void *dst, const void *src,
                           uint64_t len, const std::function<std::string()> &what, const char *kind) {
     check_device_destination(dev, dst, len, what, kind);

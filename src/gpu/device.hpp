@@ -125,6 +125,12 @@ private:
 // `src` on `stream`. Does not wait for it.
 void queue_copy_to_device(const Device &dev, CUstream stream, void *dst, const void *src,
                           uint64_t len, const std::function<std::string()> &what, const char *kind);
+// The same from host memory `src` (cuMemcpyHtoDAsync: asynchronous when src is pinned, so src
+// must stay unchanged until the stream has run the copy).
+void queue_copy_host_to_device(const Device &dev, CUstream stream, void *dst, const void *src,
+                               uint64_t len, const std::function<std::string()> &what, const char *kind);
+// Whether `p` is device memory (of any GPU) to the driver: CU_POINTER_ATTRIBUTE_MEMORY_TYPE.
+bool is_device_memory(const Device &dev, const void *p);
 // The checks of queue_copy_to_device alone (for a destination a kernel writes).
 void check_device_destination(const Device &dev, void *dst, uint64_t len,
                               const std::function<std::string()> &what, const char *kind);

@@ -205,10 +205,13 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
             while (wsync_recv_next(it, &v, &has) == WSYNC_OK && has)
                 if (!view_ok(cfg, &v, info.version)) verdict = 2;
             if (wsync_recv_end(it) != WSYNC_OK) verdict = 3;
+            engine_cfg in_device = *cfg; /* the copies are in device memory, whatever the kind */
+            in_device.host = 0;
             for (size_t i = 0; i < n_copied; ++i) {
                 wsync_tensor_t t = seen[i];
                 t.data = (void *)(uintptr_t)mine[i];
-                if (verdict == 0 && !view_ok(cfg, &t, info.version)) verdict = 5;
+                t.device.type = WSYNC_DEVICE_CUDA;
+                if (verdict == 0 && !view_ok(&in_device, &t, info.version)) verdict = 5;
                 cu.cuMemFree(mine[i]);
             }
         }
@@ -394,6 +397,17 @@ static void ucx_device_tensors_staged_through_pinned_memory_two_processes_bit_fo
     run_sync("ucx", "{" UCX_OPTS "}", "{" UCX_OPTS "}", 0, 0, 4);
 }
 
+/* A GPU engine ("device": 0) copies every tensor into its own device memory with
+ * wsync_recv_copy: verified on the host, then one asynchronous copy from pinned memory each. */
+static void ucx_gpu_trainer_to_gpu_engine_recv_copy_into_device_memory_bit_for_bit(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    REQUIRE_UCX();
+    g_engine_copies = 1;
+    run_sync("ucx", "{" UCX_OPTS "}", "{" UCX_OPTS ", \"device\": 0}", 0, 0, 4);
+    g_engine_copies = 0;
+}
+
 static void ucx_device_tensors_off_16_byte_boundaries_bit_for_bit(void **state) {
     (void)state;
     REQUIRE_GPUS(1);
@@ -568,6 +582,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_packed_recv_copy_into_device_memory_bit_for_bit),
     cmocka_unit_test(ucx_device_tensors_staged_through_pinned_memory_two_processes_bit_for_bit),
     cmocka_unit_test(ucx_device_tensors_off_16_byte_boundaries_bit_for_bit),
+    cmocka_unit_test(ucx_gpu_trainer_to_gpu_engine_recv_copy_into_device_memory_bit_for_bit),
     cmocka_unit_test(nccl_group_missing_a_rank_times_out_and_aborts),
     cmocka_unit_test(nccl_broadcast_between_two_gpus_bit_for_bit),
 };

@@ -8,6 +8,7 @@
 
 #include "core.hpp"
 #include "error.hpp"
+#include "gpu/device.hpp"
 #include "layout.hpp"
 
 namespace wsync::ucx {
@@ -22,6 +23,10 @@ public:
     const void *data(std::size_t i) const override { return base_ + offsets_[i]; }
     wsync_device_t device() const override { return {WSYNC_DEVICE_CPU, 0}; }
     bool read_only() const override { return false; }
+    bool device_destination(const void *dst) const override;
+    bool copy_to_device(void *dst, const void *src, uint64_t len,
+                        const std::function<std::string()> &what) override;
+    wsync_status_t settle(wsync_status_t outcome, std::string *message) noexcept override;
     void acknowledge(wsync_status_t outcome) noexcept override;
     void set_header(const ChunkHeader &h) { header_ = h; }
 
@@ -39,6 +44,10 @@ public:
         : info_(info), index_(index), o_(o),
           w_(std::make_unique<Worker>(o.config, std::string(kKind) + " receiver " + std::to_string(index))),
           trainer_("the trainer (" + info.trainer + ")") {
+        if (o.device >= 0) {  // before the trainer hears of us: a bad ordinal attaches nothing
+            dev_ = std::make_unique<gpu::Device>(gpu::cuda(), o.device, kKind);
+            loaded_ = std::make_unique<gpu::Event>(*dev_);
+        }
         sys::random_bytes(&token_, sizeof token_);
         ep_ = w_->connect(info.address, trainer_);
         Msg hello;
@@ -70,9 +79,47 @@ public:
             w_->wait([] { return false; }, sys::Deadline(20));  // let the goodbye go out
         }
         teardown();
-        if (buf_) {
-            w_->unmap(region_);
-            munmap(buf_, cap_);
+        drop_buffer();
+        loaded_.reset();
+        // After a wait that gave up, copies may still read the pinned buffers left to the
+        // driver: the device's context stays until the process ends.
+        if (stuck_ && dev_) gpu::keep_until_exit(std::move(dev_));
+    }
+
+    // ---- an engine with a GPU ("device") --------------------------------------------------
+    // Its receive buffer is pinned host memory, so copies into device memory are asynchronous
+    // DMA on the loader's stream; every chunk's end waits for that stream (the loader's own
+    // copies out of the views included) before the buffer may take the next chunk.
+    bool orders_loader_work() const override { return dev_ != nullptr; }
+    void set_stream(void *stream) override { loader_ = gpu::ordering_stream(stream); }
+
+    bool device_destination(const void *dst) const { return dev_ && gpu::is_device_memory(*dev_, dst); }
+
+    void queue_copy(void *dst, const void *src, uint64_t len, const std::function<std::string()> &what) {
+        gpu::queue_copy_host_to_device(*dev_, loader_, dst, src, len, what, kKind);
+    }
+
+    // Waits, up to timeout_ms, for the work queued on the loader's stream. On a timeout the
+    // copies still to run may read the buffer later: it takes no other chunk (the next one gets
+    // a new buffer; this one is left to the driver).
+    wsync_status_t settle(const ChunkHeader &h, wsync_status_t outcome, std::string *message) noexcept {
+        if (!dev_) return outcome;
+        try {
+            gpu::Device::Scope scope(*dev_);
+            loaded_->record(loader_);
+            gpu::poll_until([&] { return loaded_->done(); }, sys::Deadline(o_.timeout_ms),
+                            who() + ": the loader's work on " + gpu::stream_text(loader_) + " of " +
+                                dev_->uuid_string() + " for " + chunk_label(h));
+            return outcome;
+        } catch (const Error &e) {
+            if (e.status() == WSYNC_ERR_TIMEOUT) stuck_ = buffer_stuck_ = true;
+            if (outcome != WSYNC_OK) return outcome;
+            *message = e.what();
+            return e.status();
+        } catch (const std::exception &e) {
+            if (outcome != WSYNC_OK) return outcome;
+            *message = e.what();
+            return WSYNC_ERR_SYSTEM;
         }
     }
 
@@ -359,27 +406,48 @@ private:
             fail(static_cast<wsync_status_t>(reply_.status), who() + ": " + chunk + ": " + reply_.text);
     }
 
+    // The receive buffer: anonymous pages, or pinned host memory for an engine with a GPU.
     void ensure_buffer(uint64_t bytes) {
-        if (bytes <= cap_) return;
-        if (buf_) {
-            w_->unmap(region_);
-            munmap(buf_, cap_);
-            buf_ = nullptr;
-            cap_ = 0;
-        }
+        if (bytes <= cap_ && !buffer_stuck_) return;
+        drop_buffer();
         const uint64_t cap = (bytes + (2 << 20) - 1) / (2 << 20) * (2 << 20);
-        void *p = mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED)
-            fail(WSYNC_ERR_NO_MEMORY, who() + ": cannot map " + std::to_string(cap) + " bytes for a chunk");
-        madvise(p, cap, MADV_HUGEPAGE);
+        void *p = nullptr;
+        std::unique_ptr<gpu::DeviceBuffer> pinned;
+        if (dev_) {
+            pinned = std::make_unique<gpu::DeviceBuffer>(*dev_, cap, who() + ": its receive buffer",
+                                                         gpu::DeviceBuffer::Where::kPinnedHost);
+            p = pinned->host();
+        } else {
+            p = mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (p == MAP_FAILED)
+                fail(WSYNC_ERR_NO_MEMORY, who() + ": cannot map " + std::to_string(cap) + " bytes for a chunk");
+            madvise(p, cap, MADV_HUGEPAGE);
+        }
         try {
             region_ = w_->map(p, cap, false, "its receive buffer");
         } catch (...) {
-            munmap(p, cap);
+            if (!pinned) munmap(p, cap);
             throw;
         }
         buf_ = p;
         cap_ = cap;
+        pinned_ = std::move(pinned);
+    }
+
+    // Unregisters and frees the receive buffer; a pinned one that copies a wait gave up on may
+    // still read is left to the driver (freeing pinned memory may wait for them).
+    void drop_buffer() noexcept {
+        if (!buf_) return;
+        w_->unmap(region_);
+        if (pinned_) {
+            if (buffer_stuck_) pinned_->leak();
+            pinned_.reset();
+        } else {
+            munmap(buf_, cap_);
+        }
+        buf_ = nullptr;
+        cap_ = 0;
+        buffer_stuck_ = false;
     }
 
     void teardown() noexcept {
@@ -402,7 +470,25 @@ private:
     void *buf_ = nullptr;
     uint64_t cap_ = 0;
     Region region_;
+    std::unique_ptr<gpu::Device> dev_;           // "device": the engine's GPU, else null
+    std::unique_ptr<gpu::DeviceBuffer> pinned_;  // buf_'s memory when dev_
+    std::unique_ptr<gpu::Event> loaded_;         // marks the loader's stream at a chunk's end
+    gpu::CUstream loader_ = gpu::CU_STREAM_LEGACY;
+    bool stuck_ = false;         // some wait for the loader's stream gave up
+    bool buffer_stuck_ = false;  // buf_ may still be read by such work
 };
+
+bool UcxBacking::device_destination(const void *dst) const { return owner_.device_destination(dst); }
+
+bool UcxBacking::copy_to_device(void *dst, const void *src, uint64_t len,
+                                const std::function<std::string()> &what) {
+    owner_.queue_copy(dst, src, len, what);
+    return true;
+}
+
+wsync_status_t UcxBacking::settle(wsync_status_t outcome, std::string *message) noexcept {
+    return owner_.settle(header_, outcome, message);
+}
 
 void UcxBacking::acknowledge(wsync_status_t outcome) noexcept {
     owner_.answer(seq_, header_, outcome, "");

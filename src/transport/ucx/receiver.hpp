@@ -18,6 +18,7 @@ struct ReceiverOptions {
     unsigned copy_threads = 0;
     int64_t timeout_ms = 60000;
     std::shared_ptr<const select::Spec> selection;  // null: every tensor
+    int device = -1;  // "device": the engine's GPU (wsync_recv_copy into its memory); -1: none
 };
 
 std::unique_ptr<ReceiverImpl> make_receiver(const InitInfo &info, uint32_t index,

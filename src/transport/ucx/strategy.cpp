@@ -71,6 +71,12 @@ const std::vector<OptionSpec> &option_specs() {
          "with \"select\": what happens to tensors it does not name: \"skip\" them, or pull them "
          "\"whole\"",
          "skip", "skip|whole", /*experimental=*/true},
+        {"device", T::UInt, 0, 0, 4095, "receiver",
+         "the engine's GPU, an ordinal in its process (after CUDA_VISIBLE_DEVICES): chunks land in "
+         "pinned host memory, and wsync_recv_copy() into device memory of that GPU is verified on "
+         "the host and queued as one asynchronous copy on the loader's stream, which each "
+         "wsync_recv_end() waits for; unset: a host engine, no CUDA",
+         nullptr, nullptr, /*experimental=*/false, /*unset_by_default=*/true},
         {"ucx_library", T::String, 0, 0, 0, "both",
          "path of libucp.so.0 to use; else $WSYNC_UCX_LIBRARY, else the system's libucp.so.0", ""},
     };
@@ -92,6 +98,7 @@ public:
         receiver_.verify = o.boolean("verify");
         receiver_.copy_threads = static_cast<unsigned>(o.uint("copy_threads"));
         receiver_.timeout_ms = timeout_ms_;
+        if (o.given("device")) receiver_.device = static_cast<int>(o.uint("device"));
         if (!o.value("select").is_null())
             receiver_.selection = select::parse(o.value("select"), o.text("select_rest"), kKind);
         else if (o.values().count("select_rest") && o.text("select_rest") != "skip")
