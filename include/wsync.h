@@ -107,7 +107,8 @@ extern "C" {
  *      compared on the trainer's GPU and applied by wsync_recv_copy() into device memory
  *      (queued on the loader's stream; the verdicts at wsync_recv_end()), tree-hashed
  *      (request column patches.sums; docs/delta.md, "On the GPU"); "ucx" takes CUDA device
- *      tensors (packed by the GPU into pinned staging memory; was WSYNC_ERR_UNSUPPORTED). */
+ *      tensors (packed by the GPU into pinned staging memory; was WSYNC_ERR_UNSUPPORTED), and
+ *      its receiver option "device" lets wsync_recv_copy() fill device memory. */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -814,6 +815,14 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  * reads the chunk's memory as a view does; the GPU kinds carry no checksums. Where a loader
  * keeps parameters in device memory this is the cheap path: one call and one driver copy per
  * tensor, no view.
+ * "ucx" with the receiver option "device" (an engine with a GPU): dst may be host memory (as
+ * above) or device memory of that GPU (checked as for the GPU kinds). Into device memory, the
+ * tensor is first verified on the host (its checksum, once: WSYNC_ERR_INTEGRITY fails the
+ * iteration with nothing queued), then one copy from the chunk's pinned buffer is queued on the
+ * loader's stream; wsync_recv_end() waits for that stream (bounded by "timeout_ms": past it
+ * WSYNC_ERR_TIMEOUT naming the stream and the chunk) before acknowledging the chunk, so the
+ * copies, and the loader's own copies out of the views on that stream, are complete when it
+ * returns (WSYNC_RECEIVER_ORDERS_LOADER_WORK). Without "device", "ucx" takes host memory only.
  * Returns WSYNC_OK, or:
  *   WSYNC_ERR_INVALID_ARGUMENT for it or dst NULL, i >= count, offset + len beyond the tensor
  *     (offset > size or len > size - offset), or a dst overlapping the tensor's received bytes;
