@@ -157,6 +157,18 @@ else
   cat "$log/delta.jsonl" "$log/delta.err"; failures+=("delta_bench")
 fi
 
+step "wsync bench --strategy ucx --gpu (GPU trainer to GPU engine through pinned staging, over loopback tcp)"
+usize=(--size-mb 2048 --steps 5); [ $mode = fake ] && usize=(--size-mb 32 --steps 3 --chunk-mb 8)
+if "$wsync_cli" kinds | grep -q '"kind":"ucx"[^}]*"available":true\|"available":true,"kind":"ucx"'; then
+  if "$wsync_cli" bench --strategy ucx --gpu "${usize[@]}" --json > "$log/ucx_gpu.json" 2> "$log/ucx_gpu.err"; then
+    tail -1 "$log/ucx_gpu.json"
+  else
+    cat "$log/ucx_gpu.json" "$log/ucx_gpu.err"; failures+=("bench ucx --gpu")
+  fi
+else
+  echo "skipped: this build or machine has no usable ucx kind (carry UCX with --pack-deps)" | tee "$log/ucx_gpu.err"
+fi
+
 step "baseline: one device copy and per-tensor torch IPC beside libwsync"
 set +e
 WSYNC_LIBRARY=$root/$build_dir/libwsync.so PYTHONPATH=$root/bindings/python${PYTHONPATH:+:$PYTHONPATH} \
@@ -216,6 +228,12 @@ try:
         L.append(f"| delta kernels, {d['fraction'] * 100:g}% changed ({d['bytes'] / 1e9:.2f} GB, {d['tensors']} tensors, patches {d['patch_bytes'] / 1e6:.1f} MB) | diff {d['diff_s']:.5f} s = {d['diff_to_copy']:.3f}x one device copy ({d['copy_s']:.5f} s); verified apply {d['apply_s']:.5f} s = {d['apply_to_copy']:.3f}x; fold {d['fold_s']:.5f} s; tree hash {d['hash_gbps']} GB/s; bases in pinned host memory: diff {d.get('diff_pinned_s', float('nan')):.5f} s = {d.get('diff_pinned_to_h2d', float('nan')):.3f}x one pinned-to-device copy ({d.get('h2d_s', float('nan')):.5f} s){'' if d['exact'] else ', NOT bit-exact'} |")
 except (OSError, ValueError, KeyError):
     L.append("| delta kernels | no result (see delta_bench's output) |")
+try:
+    u = json.loads(open(os.path.join(log, "ucx_gpu.json")).read().strip().splitlines()[-1])
+    L.append(f"| bench ucx --gpu ({u['bytes'] / 1e9:.2f} GB, {u['tensors']} tensors, {u['transports']} over {u['net_devices']}) | steady {u['steady_sync_s']:.4f} s ({u['steady_gbps']} GB/s) = {u['ratio_to_raw_get']:.3f}x UCX's raw GET of host memory ({u['raw_get_gbps']} GB/s); first sync {u['first_sync_s']:.3f} s |")
+except (OSError, ValueError, KeyError, IndexError):
+    why = open(os.path.join(log, "ucx_gpu.err")).read().strip().splitlines() if os.path.exists(os.path.join(log, "ucx_gpu.err")) else []
+    L.append(f"| bench ucx --gpu | no result ({why[-1] if why else 'see its output'}) |")
 try:
     base = json.load(open(os.path.join(log, "baseline.json")))
 except ValueError:

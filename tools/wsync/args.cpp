@@ -77,6 +77,7 @@ Args parse_args(int argc, char **argv, int first, bool bench) {
             a.split = std::strcmp(v, "on") == 0, ++i;
         } else if (f == "--no-copy-bench" && bench) a.copy_bench = false;
         else if (f == "--arena") a.arena = true;
+        else if (f == "--gpu") a.gpu = true;
         else if (f == "--no-arena-compare" && bench) a.arena_compare = false;
         else usage_error("unknown option '" + f + "' (see: wsync help)");
     }

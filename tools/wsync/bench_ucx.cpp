@@ -98,12 +98,12 @@ int cmd_bench_ucx(const Args &a) {
     const double sync_bps = r.bytes / steady;
     std::string steps;
     for (double s : r.step_s) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
-    std::printf("{\"strategy\": \"ucx\", \"engine_netns\": \"%s\", \"transports\": \"%s\", \"net_devices\": \"%s\", "
+    std::printf("{\"strategy\": \"ucx\", \"gpu\": %s, \"engine_netns\": \"%s\", \"transports\": \"%s\", \"net_devices\": \"%s\", "
                 "\"bytes\": %" PRIu64 ", \"tensors\": %zu, \"chunks\": %zu, \"receivers\": %u, "
                 "\"checksum\": %s, \"first_sync_s\": %.6f, \"steady_sync_s\": %.6f, "
                 "\"steady_gbps\": %.3f, \"raw_get_gbps\": %.3f, \"raw_get_message_bytes\": %" PRIu64
                 ", \"ratio_to_raw_get\": %.3f, \"steps_s\": [%s]%s%s%s}\n",
-                a.engine_netns.c_str(), a.transports.c_str(), a.net_devices.c_str(), r.bytes, r.tensors, r.chunks, a.receivers,
+                a.gpu ? "true" : "false", a.engine_netns.c_str(), a.transports.c_str(), a.net_devices.c_str(), r.bytes, r.tensors, r.chunks, a.receivers,
                 a.checksum ? "true" : "false", r.step_s[0], steady, sync_bps / 1e9, raw / 1e9, chunk,
                 raw > 0 ? sync_bps / raw : 0.0, steps.c_str(), why.empty() ? "" : ", \"raw_get_error\": \"",
                 why.c_str(), why.empty() ? "" : "\"");

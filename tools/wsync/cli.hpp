@@ -44,6 +44,9 @@ struct Args {
     // bench --strategy ucx: UCX_TLS and UCX_NET_DEVICES for both sides and the raw baseline
     std::string transports = "tcp", net_devices = "lo";
     std::string engine_netns;  // engines (and the raw GET client) join this network namespace
+    // ucx: the trainer keeps the model on GPU 0 and each engine loads into GPU 0 memory
+    // ("device": 0, wsync_recv_copy into device memory); WSYNC_CUDA_LIBRARY, else libcuda.so.1.
+    bool gpu = false;
     // Where engines' parameters start past a page boundary: 64 is how PyTorch's CPU allocator
     // (posix_memalign(64)) places large tensors; 0 is page-aligned, the flattering case.
     uint64_t dst_offset = 64;

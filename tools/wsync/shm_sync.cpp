@@ -17,6 +17,7 @@
 
 #include "bench_copy.hpp"
 #include "cli.hpp"
+#include "cuda_driver.hpp"
 
 namespace wsync_cli {
 namespace {
@@ -36,10 +37,23 @@ int engine_main(uint32_t index, int in, int out, const std::vector<TensorSpec> &
     if (!recv_frame(in, &type, &frame, timeout_ms) || type != kInit) return fail("no init info");
     wsync_strategy_t *strategy;
     wsync_receiver_t *receiver;
-    const std::string opts = a.strategy == "ucx" ? kind_options(a, true, 0) : "{}";
+    std::string opts = a.strategy == "ucx" ? kind_options(a, true, 0) : "{}";
+    if (a.gpu) opts.insert(opts.size() - 1, ", \"device\": 0");  // --gpu: a GPU engine
     if (wsync_strategy_create(a.strategy.c_str(), opts.c_str(), &strategy) != WSYNC_OK ||
         wsync_receiver_create(strategy, frame.data(), frame.size(), index, &receiver) != WSYNC_OK)
         return fail(wsync_last_error());
+    // --gpu: the engine's parameters are GPU 0 memory, loaded with wsync_recv_copy and read back
+    // for the check after each step.
+    std::vector<cu::CUdeviceptr> on_gpu;
+    if (a.gpu) {
+        try {
+            cu::load();
+            cu::start_device0();
+            on_gpu = cu::alloc_each(model);
+        } catch (const std::exception &e) {
+            return fail(e.what());
+        }
+    }
     send_frame(out, kReady, nullptr, 0);
     double load_s = 0;
     for (;;) {
@@ -67,7 +81,11 @@ int engine_main(uint32_t index, int in, int out, const std::vector<TensorSpec> &
                 // The load an engine does anyway: the tensor into its own parameter. A part of a
                 // split tensor lands at its place: wsync_recv_copy of the whole range writes only
                 // the part's bytes; a view is the part's bytes, at part.offset of the tensor.
-                if (a.load_copy) {
+                if (a.gpu) {
+                    if (wsync_recv_copy(it, i, 0, reinterpret_cast<void *>(on_gpu[p->second]),
+                                        model[p->second].bytes))
+                        break;
+                } else if (a.load_copy) {
                     if (wsync_recv_copy(it, i, 0, params.at[p->second], model[p->second].bytes))
                         break;
                 } else {
@@ -81,6 +99,9 @@ int engine_main(uint32_t index, int in, int out, const std::vector<TensorSpec> &
             uint64_t step;
             std::memcpy(&step, frame.data(), 8);
             for (size_t i = 0; i < model.size(); ++i)
+                if (a.gpu && cu::api.MemcpyDtoH(params.at[i], on_gpu[i], model[i].bytes) != 0)
+                    return fail("engine " + std::to_string(index) + ": reading '" + model[i].name + "' back from the GPU failed");
+            for (size_t i = 0; i < model.size(); ++i)
                 if (!verify(params.at[i], model[i].bytes, step, i))
                     return fail("engine " + std::to_string(index) + ": tensor '" + model[i].name +
                                 "' differs from the trainer's at step " + std::to_string(step));
@@ -92,6 +113,7 @@ int engine_main(uint32_t index, int in, int out, const std::vector<TensorSpec> &
     }
     wsync_receiver_destroy(receiver);
     wsync_strategy_destroy(strategy);
+    cu::free_each(on_gpu);
     return 0;
 }
 
@@ -118,6 +140,7 @@ std::string kind_options(const Args &a, bool checksum, uint64_t bucket, uint64_t
 // --- the trainer and controller ---------------------------------------------------------------
 RunResult run_sync(const Args &a, bool checksum, bool progress) {
     if (a.arena && a.strategy != "shm") die("--arena is for the shm strategy (its sender's arena)");
+    if (a.gpu && a.strategy != "ucx") die("--gpu is for the ucx strategy (cuda_ipc benches GPU memory itself)");
     const auto model = make_model(a.size_mb << 20);
     const int poll_ms = int(std::min<int64_t>(a.timeout_ms + 5000, INT32_MAX));
     std::vector<pid_t> pids(a.receivers);
@@ -137,6 +160,18 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
         close(p2[1]);
         to[i] = p1[1];
         from[i] = p2[0];
+    }
+    // --gpu, after the engines are forked (a process that touched CUDA cannot fork a CUDA child):
+    // the trainer's model lives on GPU 0; each step's values are uploaded before the sync.
+    std::vector<cu::CUdeviceptr> on_gpu;
+    if (a.gpu) {
+        cu::load();
+        cu::start_device0();
+        try {
+            on_gpu = cu::alloc_each(model);
+        } catch (const std::exception &e) {
+            die(e.what());
+        }
     }
     signal(SIGPIPE, SIG_IGN);  // a dead engine shows up as a failed write and a named error
     auto expect = [&](uint32_t i, uint32_t want, std::vector<uint8_t> *payload) {
@@ -165,6 +200,10 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
         desc[i].ndim = int32_t(model[i].shape.size());
         desc[i].dtype = {WSYNC_DTYPE_BFLOAT, 16, 1};
         desc[i].device = {WSYNC_DEVICE_CPU, 0};
+        if (a.gpu) {
+            desc[i].data = reinterpret_cast<void *>(on_gpu[i]);
+            desc[i].device = {WSYNC_DEVICE_CUDA, 0};
+        }
     }
     // With --split on (default) a tensor larger than a chunk crosses in parts, so chunks and
     // buckets stay at --chunk-mb whatever the largest tensor; with --split off a chunk must hold
@@ -212,14 +251,17 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
 
     if (progress)
         std::printf("model: %.1f MB bf16, %zu tensors, %zu chunks (<= %.0f MB, %zu tensor(s) in parts), "
-                    "%u engine(s), buckets %u x %.0f MB, checksums %s%s\n",
+                    "%u engine(s), buckets %u x %.0f MB, checksums %s%s%s\n",
                     r.bytes / 1e6, r.tensors, r.chunks, chunk_bytes / 1048576.0, split_tensors,
                     a.receivers, a.buckets, bucket / 1048576.0, checksum ? "on" : "off",
-                    a.arena ? ", model in the sender's arena (sent in place)" : "");
+                    a.arena ? ", model in the sender's arena (sent in place)" : "",
+                    a.gpu ? ", model on GPU 0 on both sides" : "");
     for (uint64_t step = 1; step <= a.steps; ++step) {
         // The trainer's step writes its weights (after the last flush: arena tensors are the
         // engines' to read until then).
         for (size_t i = 0; i < model.size(); ++i) fill(held[i], model[i].bytes, step, i);
+        for (size_t i = 0; i < on_gpu.size(); ++i)
+            if (cu::api.MemcpyHtoD(on_gpu[i], held[i], model[i].bytes) != 0) die("uploading the model to GPU 0 failed");
         auto t0 = Clock::now();
         for (size_t c = 0; c < chunks.size(); ++c) {
             wsync_chunk_t ch{chunks[c].data(), chunks[c].size(),
@@ -263,6 +305,7 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
     wsync_sender_destroy(sender);
     wsync_strategy_destroy(strategy);
     wsync_blob_free(&init);
+    cu::free_each(on_gpu);
 
     // The baseline, same bytes, same run: one core copying the model into warm buffers, with
     // glibc memcpy, page-aligned and at the engines' offset.
