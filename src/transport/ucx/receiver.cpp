@@ -79,11 +79,12 @@ public:
             w_->wait([] { return false; }, sys::Deadline(20));  // let the goodbye go out
         }
         teardown();
-        drop_buffer();
-        loaded_.reset();
-        // After a wait that gave up, copies may still read the pinned buffers left to the
-        // driver: the device's context stays until the process ends.
-        if (stuck_ && dev_) gpu::keep_until_exit(std::move(dev_));
+        loader_caught_up();
+        const bool stuck = buffer_stuck_;
+        drop_buffer();  // left to the driver while copies may still read it
+        loaded_.reset();  // cuEventDestroy returns at once, even for an event not yet reached
+        // Those copies may also need the device's context: it stays until the process ends.
+        if (stuck && dev_) gpu::keep_until_exit(std::move(dev_));
     }
 
     // ---- an engine with a GPU ("device") --------------------------------------------------
@@ -99,9 +100,9 @@ public:
         gpu::queue_copy_host_to_device(*dev_, loader_, dst, src, len, what, kKind);
     }
 
-    // Waits, up to timeout_ms, for the work queued on the loader's stream. On a timeout the
-    // copies still to run may read the buffer later: it takes no other chunk (the next one gets
-    // a new buffer; this one is left to the driver).
+    // Waits, up to timeout_ms, for the work queued on the loader's stream. When the wait fails
+    // (a timeout, or a failed stream) copies still to run may read the buffer later: it takes
+    // no other chunk until the loader's stream is seen past this point (loader_caught_up()).
     wsync_status_t settle(const ChunkHeader &h, wsync_status_t outcome, std::string *message) noexcept {
         if (!dev_) return outcome;
         try {
@@ -111,16 +112,26 @@ public:
                             who() + ": the loader's work on " + gpu::stream_text(loader_) + " of " +
                                 dev_->uuid_string() + " for " + chunk_label(h));
             return outcome;
-        } catch (const Error &e) {
-            if (e.status() == WSYNC_ERR_TIMEOUT) stuck_ = buffer_stuck_ = true;
-            if (outcome != WSYNC_OK) return outcome;
-            *message = e.what();
-            return e.status();
         } catch (const std::exception &e) {
+            buffer_stuck_ = true;
+            stuck_chunk_ = chunk_label(h);
             if (outcome != WSYNC_OK) return outcome;
             *message = e.what();
-            return WSYNC_ERR_SYSTEM;
+            const auto *err = dynamic_cast<const Error *>(&e);
+            return err ? err->status() : WSYNC_ERR_SYSTEM;
         }
+    }
+
+    // Whether the loader's stream has passed the point a failed settle gave up on (then the
+    // buffer is free again). False while it has not, or cannot say (a failed stream).
+    bool loader_caught_up() noexcept {
+        if (!buffer_stuck_) return true;
+        try {
+            gpu::Device::Scope scope(*dev_);
+            if (loaded_->done()) buffer_stuck_ = false;
+        } catch (...) {
+        }
+        return !buffer_stuck_;
     }
 
     bool verify_checksums() const override { return o_.verify; }
@@ -326,6 +337,14 @@ private:
         check_link("before reading " + chunk);
         if (dropped_)
             fail(WSYNC_ERR_PEER, who() + ": dropped by " + trainer_);
+        // Nothing lands in a buffer that copies given up on may still read: a loader's stream
+        // that is still stuck fails the chunk at once (the trainer hears of it).
+        if (!loader_caught_up()) {
+            const std::string why = who() + ": the loader's work on " + gpu::stream_text(loader_) + " for " +
+                                    stuck_chunk_ + " has still not finished; " + chunk + " is not read";
+            answer(at.seq, h, WSYNC_ERR_TIMEOUT, why);
+            fail(WSYNC_ERR_TIMEOUT, why);
+        }
         const sys::Deadline deadline(o_.timeout_ms);
         lease(at.seq, chunk, deadline);
         // From here the trainer holds the chunk for us until we answer seq.
@@ -474,8 +493,8 @@ private:
     std::unique_ptr<gpu::DeviceBuffer> pinned_;  // buf_'s memory when dev_
     std::unique_ptr<gpu::Event> loaded_;         // marks the loader's stream at a chunk's end
     gpu::CUstream loader_ = gpu::CU_STREAM_LEGACY;
-    bool stuck_ = false;         // some wait for the loader's stream gave up
-    bool buffer_stuck_ = false;  // buf_ may still be read by such work
+    bool buffer_stuck_ = false;  // a wait for the loader's stream failed: buf_ may still be read
+    std::string stuck_chunk_;    // the chunk of that wait, for messages
 };
 
 bool UcxBacking::device_destination(const void *dst) const { return owner_.device_destination(dst); }

@@ -71,20 +71,28 @@ public:
         for (auto &ep : refused_) w_->close(std::move(ep), d);
         for (auto &kv : chunks_) free_buffer(kv.second.buf);
         for (Buffer &b : pool_) free_buffer(b);
+        // Pinned memory is freed only if nothing the stage gave up on may still run (freeing may
+        // wait for it, and a stuck pack may still write its buffer); else the driver frees it
+        // when the process ends, and the stage keeps its machinery (GpuStage's destructor).
+        if (gpu_ && !gpu_->idle())
+            for (auto &p : retired_) p->leak();
+        retired_.clear();
         gpu_.reset();  // after its buffers
     }
 
     json send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) override {
         const std::vector<std::size_t> on_gpu = device_tensors(tensors, table);
+        if (gpu_) free_retired();
         const uint64_t end = layout::place(table, uint64_t(1) << 62, kKind);
         const std::string chunk = "chunk " + std::to_string(h.chunk_index) + " of version " + std::to_string(h.version);
+        if (!on_gpu.empty()) gpu_->require_not_stuck(chunk);
         Buffer buf = take_buffer(std::max<uint64_t>(end, 1), !on_gpu.empty());
         if (!on_gpu.empty()) {
             try {
                 gpu_->pack(tensors, table, on_gpu, *buf.pinned, sys::Deadline(timeout_ms_), chunk);
             } catch (...) {
                 std::unique_lock<std::mutex> lock = caller_lock();
-                if (gpu_->stuck()) free_buffer(buf);  // leaks it: the stuck pack may still write
+                if (gpu_->stuck()) free_buffer(buf);  // retired: the stuck pack may still write it
                 else put_buffer(buf);
                 throw;
             }
@@ -164,26 +172,45 @@ private:
     // ---- staging ----------------------------------------------------------------------------
     // The indices of the chunk's tensors in CUDA device memory (all of one GPU: the sender's,
     // set by the first such chunk); every other tensor must be host memory.
+    // The stage is made only once the whole chunk is known to be acceptable, so a refused
+    // chunk binds the sender to no GPU.
     std::vector<std::size_t> device_tensors(const wsync_tensor_t *tensors, const TensorTable &table) {
         std::vector<std::size_t> out;
+        int ordinal = gpu_ ? gpu_->ordinal() : -1;
+        std::size_t first = 0;  // the tensor that set `ordinal` in this chunk
         for (std::size_t i = 0; i < table.metas.size(); ++i) {
             const wsync_device_t d = tensors[i].device;
             if (device_is_host(d)) continue;
             if (d.type != WSYNC_DEVICE_CUDA)
                 fail(WSYNC_ERR_UNSUPPORTED, std::string(kKind) + ": tensor '" + table.metas[i].name + "' is on " +
                                                 device_name(d) + "; ucx stages host memory and CUDA device memory");
-            if (gpu_ && d.index != gpu_->ordinal())
+            if (ordinal < 0) ordinal = d.index, first = i;
+            if (d.index != ordinal)
                 fail(WSYNC_ERR_INVALID_ARGUMENT,
-                     std::string(kKind) + ": tensor '" + table.metas[i].name + "' is on cuda:" +
-                         std::to_string(d.index) + " but this sender serves cuda:" + std::to_string(gpu_->ordinal()) +
-                         " (" + gpu_->uuid() + "); one sender serves one GPU");
-            if (!gpu_) {
-                gpu_ = std::make_unique<GpuStage>(d.index, kKind);
-                gpu_->set_stream(order_stream_);
-            }
+                     std::string(kKind) + ": tensor '" + table.metas[i].name + "' is on cuda:" + std::to_string(d.index) +
+                         " but " + (gpu_ ? "this sender serves cuda:" + std::to_string(ordinal) + " (" + gpu_->uuid() + ")"
+                                         : "'" + table.metas[first].name + "' on cuda:" + std::to_string(ordinal)) +
+                         "; one sender serves one GPU");
             out.push_back(i);
         }
+        if (!out.empty() && !gpu_) {
+            gpu_ = std::make_unique<GpuStage>(ordinal, kKind);
+            gpu_->set_stream(order_stream_);
+        }
         return out;
+    }
+
+    // Frees the pinned buffers free_buffer() retired, on the caller's thread and outside the
+    // mutex (freeing pinned memory may wait for the GPU), once the stage is idle.
+    void free_retired() {
+        std::vector<std::shared_ptr<gpu::DeviceBuffer>> done;
+        {
+            std::unique_lock<std::mutex> lock = caller_lock();
+            if (retired_.empty()) return;
+            if (!gpu_->idle()) return;
+            done.swap(retired_);
+        }
+        done.clear();
     }
 
     // Copies the chunk's host tensors into the staging buffer and, with checksums on, hashes
@@ -460,12 +487,17 @@ private:
         b = Buffer{};
     }
 
-    // Unregisters and frees a buffer; pinned memory of a stage whose pack was given up on is
-    // leaked instead (the stuck pack may still write it; the driver frees it at exit).
+    // Unregisters and frees a buffer. Pinned memory is only retired here (free_retired() frees
+    // it): this runs under the mutex, on the progress thread too, and freeing pinned memory may
+    // wait for the GPU.
     void free_buffer(Buffer &b) noexcept {
         w_->unmap(b.region);
         if (b.pinned) {
-            if (gpu_ && gpu_->stuck()) b.pinned->leak();
+            try {
+                retired_.push_back(std::move(b.pinned));
+            } catch (...) {
+                b.pinned->leak();  // no memory for the list: the driver frees it at exit
+            }
         } else if (b.base) {
             munmap(b.base, b.cap);
         }
@@ -516,6 +548,7 @@ private:
     int64_t timeout_ms_;
     uint64_t block_bytes_;  // 0: no block checksums
     std::unique_ptr<GpuStage> gpu_;  // made by the first chunk with device tensors
+    std::vector<std::shared_ptr<gpu::DeviceBuffer>> retired_;  // pinned, to free (free_retired)
     void *order_stream_ = nullptr;   // set_stream(), for the stage
     std::mutex mu_;
     std::atomic<int> callers_{0};
