@@ -306,8 +306,10 @@ WSYNC_API wsync_status_t wsync_strategy_kind(const wsync_strategy_t *strategy,
 WSYNC_API wsync_status_t wsync_strategy_kinds(char **json_out);
 
 /* Describes a kind's options as a JSON object: {"key": {"type": "uint", "default": 2,
- * "min": 1, "max": 64, "side": "sender", "doc": "...", "stability": "stable"}, ...}; an
- * "experimental" option (0.5: the delta options) may change in any minor version (since 0.5).
+ * "min": 1, "max": 64, "side": "sender", "doc": "...", "stability": "stable"}, ...}; a uint
+ * option without a default has "default": null (unset unless given: "ucx"'s receiver option
+ * "device"); an "experimental" option (0.5: the delta options) may change in any minor version
+ * (since 0.5).
  * *json_out is freed with wsync_string_free(). Fails with WSYNC_ERR_UNSUPPORTED for an unknown
  * kind. */
 WSYNC_API wsync_status_t wsync_strategy_describe_options(const char *kind, char **json_out);
@@ -396,7 +398,12 @@ WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
  * WSYNC_ERR_UNSUPPORTED). The device tensors are packed by one kernel launch straight into the
  * chunk's staging buffer, pinned host memory that engines pull from; the call orders itself after
  * the caller's stream (wsync_sender_set_stream()) and waits for the pack, both up to "timeout_ms"
- * (then WSYNC_ERR_TIMEOUT naming the stream or the pack, and the chunk). Engines get host memory.
+ * (then WSYNC_ERR_TIMEOUT naming the stream or the pack, and the chunk; the version is
+ * abandoned). While a pack that timed out has still not finished, later chunks with device
+ * tensors fail at once with WSYNC_ERR_TIMEOUT saying so (nothing queues behind it). Without a
+ * usable CUDA driver a chunk with device tensors fails with WSYNC_ERR_UNAVAILABLE naming why
+ * (the version is abandoned). Engines get host memory. The staging buffers of such chunks are
+ * page-locked: up to "keep_versions" + 1 versions' worth of the model's bytes, plus pooled ones.
  * "cuda_ipc" returns once its pack is complete on the GPU (one kernel launch per chunk);
  * "nccl_broadcast" returns once its pack has read the tensors on the GPU and the broadcast is
  * queued, so the broadcast moves while the caller prepares the next chunk; a pack not done by
@@ -670,8 +677,8 @@ WSYNC_API wsync_status_t wsync_receiver_completed_version(const wsync_receiver_t
 /* This receiver acknowledges a chunk, and completes a version, only once the loader's work
  * queued on its stream (wsync_receiver_set_stream(), else the legacy default stream) before
  * wsync_recv_end() has run: a loader that copies out of the views on that stream need not wait
- * for its copies itself ("cuda_ipc" with "synchronize" on, its default). Fixed for the
- * receiver's life. Since 0.5. */
+ * for its copies itself ("cuda_ipc" with "synchronize" on, its default; "ucx" with the receiver
+ * option "device"). Fixed for the receiver's life. Since 0.5. */
 #define WSYNC_RECEIVER_ORDERS_LOADER_WORK 4u
 
 /* Where a receiver stands: the rollback hook (see the top of this section). */
@@ -702,7 +709,10 @@ WSYNC_API wsync_status_t wsync_receiver_poll(wsync_receiver_t *receiver,
  * receive does), instead of after the legacy default stream. NULL (the initial setting)
  * restores the legacy default stream. The stream is borrowed: it must stay valid until the next
  * call of this function or the receiver's destruction, and belong to the receiver's GPU and
- * context. Kinds whose views are host memory ("shm") accept and ignore it. Returns WSYNC_OK, or
+ * context. "ucx" with the receiver option "device" (it has no "synchronize") always uses it:
+ * its wsync_recv_copy() into device memory queues there, and wsync_recv_end() waits for it.
+ * Other kinds whose views are host memory ("shm", "ucx" without "device") accept and ignore
+ * it. Returns WSYNC_OK, or
  * WSYNC_ERR_INVALID_ARGUMENT for a NULL receiver, WSYNC_ERR_WRONG_STATE while an iteration is
  * open. Does not block. 0.3. */
 WSYNC_API wsync_status_t wsync_receiver_set_stream(wsync_receiver_t *receiver, void *stream);
@@ -961,14 +971,21 @@ WSYNC_API wsync_status_t wsync_recv_patch(wsync_recv_t *it, size_t i, wsync_patc
  *     the receiver's acknowledges the chunk once it completes (or reports it failed if the
  *     work fails or outlives "timeout_ms"), so the sender hears of the chunk, and may reuse
  *     its memory, only after the copies, while the engine already takes the next chunk;
- *   "nccl_broadcast" does not wait here but records an event on that stream, which the next
- *     wsync_receiver_receive() waits for with its deadline.
+  *   "nccl_broadcast" does not wait here but records an event on that stream, which the next
+ *     wsync_receiver_receive() waits for with its deadline;
+ *   "ucx" with the receiver option "device" waits here for every chunk, up to "timeout_ms",
+ *     for the work queued on the receiver's stream (its wsync_recv_copy() into device memory
+ *     and the loader's copies out of the views): past it the call returns WSYNC_ERR_TIMEOUT
+ *     naming the stream and the chunk, the sender's flush reports it, and while that work has
+ *     still not run the next chunk's wsync_receiver_receive() fails at once with
+ *     WSYNC_ERR_TIMEOUT (the buffer it would land in may still be read).
  * Patches wsync_recv_copy() queued into device memory (the GPU kinds with "delta") are waited
  * for here first, once, up to the receiver's "timeout_ms", whatever "synchronize" says and
  * also after a failure (their kernels read the chunk's memory); a patch that did not apply
  * fails the chunk with its status (see wsync_recv_copy()), which the call returns and the
  * sender's flush reports ("cuda_ipc").
- * NULL is a no-op returning WSYNC_OK. Does not block otherwise. */
+ * NULL is a no-op returning WSYNC_OK. Does not block otherwise ("ucx" without "device", "shm",
+ * and the cases above that return without waiting). */
 WSYNC_API wsync_status_t wsync_recv_end(wsync_recv_t *it);
 
 /* Fails an iteration at any point, also after its last view (a loader that found a tensor it

@@ -612,6 +612,28 @@ static void destroying_an_engine_whose_loader_stream_is_stuck_is_bounded(void **
     params_free(&p);
 }
 
+/* "device" has no default: unset, an engine has no GPU (and loads no CUDA driver); described
+ * as such; out-of-range or negative values are refused by name. */
+static void the_engine_device_option_is_unset_by_default_and_checked(void **state) {
+    (void)state;
+    need_ucx();
+    char *json = NULL;
+    OK(wsync_strategy_describe_options("ucx", &json));
+    const char *d = strstr(json, "\"device\":");
+    assert_non_null(d);
+    const char *end = strchr(d, '}');
+    const char *dflt = strstr(d, "\"default\": null");
+    assert_true(dflt && dflt < end);
+    wsync_string_free(json);
+    wsync_strategy_t *s = NULL;
+    assert_int_equal(wsync_strategy_create("ucx", "{\"device\": 4096}", &s), WSYNC_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(wsync_last_error(), "'device'"));
+    assert_int_equal(wsync_strategy_create("ucx", "{\"device\": -1}", &s), WSYNC_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(wsync_last_error(), "'device'"));
+    OK(wsync_strategy_create("ucx", "{\"device\": 0}", &s));
+    wsync_strategy_destroy(s);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* CTest runs each test as its own process */
     const struct CMUnitTest tests[] = {
@@ -628,6 +650,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_destination_on_another_gpu_is_refused_and_the_copy_can_be_retried),
         cmocka_unit_test(a_stalled_loader_stream_fails_recv_end_in_time_and_its_buffer_is_not_reused),
         cmocka_unit_test(destroying_an_engine_whose_loader_stream_is_stuck_is_bounded),
+        cmocka_unit_test(the_engine_device_option_is_unset_by_default_and_checked),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
