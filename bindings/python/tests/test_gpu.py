@@ -79,3 +79,30 @@ def test_send_waits_for_torchs_stream_before_the_library_reads_cuda_memory(sync,
     assert synced == [{index}]
     sync.sender.send_chunk({"c": torch.ones(2)})
     assert synced == [{index}]  # host-only chunks never touch CUDA
+
+
+def _ucx_available():
+    return any(k["kind"] == "ucx" and k["available"] for k in wsync.kinds())
+
+
+@cuda
+@pytest.mark.skipif(not _ucx_available(), reason="ucx kind not built or libucp.so.0 missing")
+def test_ucx_syncs_a_cuda_model_packed_on_the_trainers_gpu_to_a_gpu_engine():
+    # The trainer passes its CUDA parameters as they are (the library's GPU packs each chunk into
+    # pinned staging memory); the engine ("device": 0) loads from host views into its CUDA model.
+    opts = dict(transports="tcp", net_devices="lo", timeout_ms=20000)
+    with wsync.Strategy("ucx", receivers=1, **opts) as t, wsync.Strategy("ucx", device=0, **opts) as e:
+        init = t.create_init_info()
+        with t.sender(init) as sender, e.receiver(init, 0) as receiver:
+            trainer = TinyLM(seed=0).cuda()
+            engine = TinyLM(seed=4).cuda()
+            loader = ModuleLoader(engine)
+            for step in (1, 2, 3):
+                with torch.no_grad():
+                    for p in trainer.parameters():
+                        p.mul_(1.5).add_(step)
+                for request in send_model(sender, trainer):
+                    loader.load(receiver, request)
+                sender.flush(20)
+                assert receiver.completed_version == step
+                assert model_digests(engine) == model_digests(trainer)
