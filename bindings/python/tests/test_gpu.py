@@ -1,8 +1,9 @@
 """CUDA paths: CUDA tensors described as DLPack device 2 with their index, views of CUDA
 memory through __cuda_array_interface__, and loading from shm into a model on the GPU.
 
-These need a CUDA device and skip without one. The cuda_ipc strategy (GPU memory end to end)
-does not exist yet; when it does, its round trip belongs here too."""
+These need a CUDA device and skip without one (scripts/gpu-validate.sh runs them on a GPU), as
+does the round trip of a CUDA model over ucx (the trainer's GPU packs into pinned staging memory).
+The GPU kinds' own round trips are C tests (tests/gpu/test_gpu_hw.c, label gpu)."""
 
 import pytest
 import torch
