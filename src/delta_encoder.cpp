@@ -84,7 +84,7 @@ Config config_from(const Options &o, const char *kind_name, bool kind_has_delta,
     if (c.mirror && !kind_has_delta)
         failf(WSYNC_ERR_UNSUPPORTED,
               "%s: option 'delta_mirror' is true, but delta sync is carried by kinds 'shm', "
-              "'cuda_ipc' and 'nccl_broadcast' only for now, so no patch ever reaches this "
+              "'ucx', 'cuda_ipc' and 'nccl_broadcast' only, so no patch ever reaches this "
               "kind's receivers: leave it false",
               kind_name);
     if (c.mirror && on_device)
@@ -96,8 +96,7 @@ Config config_from(const Options &o, const char *kind_name, bool kind_has_delta,
     if (c.mode != Mode::kOff && !kind_has_delta)
         failf(WSYNC_ERR_UNSUPPORTED,
               "%s: option 'delta' is \"%s\", but delta sync is carried by kinds 'shm', "
-              "'cuda_ipc' and 'nccl_broadcast' only for now (ucx engines may attach at any "
-              "kept version, and a patch applies to exactly one base): leave 'delta' \"off\"",
+              "'ucx', 'cuda_ipc' and 'nccl_broadcast' only: leave 'delta' \"off\"",
               kind_name, mode.c_str());
     return c;
 }

@@ -217,9 +217,8 @@ struct KindInfo {
     // What the kind would run on here with default options ("CUDA driver 13000 (libcuda.so.1);
     // NCCL 2.28.9 (libnccl.so.2)"), or nullptr when there is nothing to report.
     std::string (*runtime)();
-    // Whether the kind carries delta sync (docs/delta.md): "shm", and the GPU kinds on the
-    // device; not "ucx", whose engines may attach at any kept version while a patch applies to
-    // exactly one base.
+    // Whether the kind carries delta sync (docs/delta.md): "shm" and "ucx" on the host, the GPU
+    // kinds on the device.
     bool delta_sync = false;
     // Whether the kind is experimental: its options and wire may change in any minor version
     // (docs/abi-policy.md, "Experimental"); wsync_strategy_kinds says so.

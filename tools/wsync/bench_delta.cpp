@@ -15,6 +15,10 @@
 // send_chunk to flush), with each ratio to the dense baseline of the same run, and the mean
 // sync time over the same steps. Step 1 (no base yet) is dense everywhere and is not counted.
 //
+// --strategy ucx: the same with the engine pulling over UCX (tcp over loopback by default:
+// --transports, --net-devices), where the link, not memory, is the bottleneck, as between
+// machines; the trainer keeps one version ("keep_versions": 1).
+//
 // --strategy cuda_ipc: the same between two processes on GPU 0 (WSYNC_CUDA_LIBRARY, else
 // libcuda.so.1): the trainer's tensors are device buffers, uploaded from the host model before
 // each step (not timed), compared on the GPU; one engine process (forked before this one
@@ -41,6 +45,10 @@ namespace wsync_cli {
 namespace {
 
 using json = nlohmann::json;
+
+// --strategy ucx: both sides' UCX options (set once, before any fork).
+bool g_ucx = false;
+std::string g_ucx_side;  // "\"transports\": ..., \"net_devices\": ..., \"timeout_ms\": ..."
 double ms_since(Clock::time_point t) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
@@ -157,8 +165,11 @@ size_t slot_for(std::vector<std::pair<std::string, std::pair<Ptr, uint64_t>>> &m
     wsync_strategy_t *s;
     wsync_receiver_t *r;
     std::vector<uint8_t> init = recv_frame(in);
-    MUST(wsync_strategy_create("shm", mirror ? "{\"delta_mirror\": true}" : nullptr, &s));
+    const std::string ropts = g_ucx ? "{" + g_ucx_side + (mirror ? ", \"delta_mirror\": true}" : "}")
+                                    : (mirror ? "{\"delta_mirror\": true}" : "");
+    MUST(wsync_strategy_create(g_ucx ? "ucx" : "shm", ropts.empty() ? nullptr : ropts.c_str(), &s));
     MUST(wsync_receiver_create(s, init.data(), init.size(), 0, &r));
+    answer_version(out, 0, 0);  // attached (a ucx engine attaches on its own time)
     std::vector<std::pair<std::string, std::pair<uint8_t *, uint64_t>>> mem;
     double apply_ms = 0;
     for (;;) {
@@ -310,7 +321,8 @@ double request_bytes(const wsync_blob_t &req) {
 // One configuration: a fresh strategy, sender and engine; `steps` versions.
 Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int steps, bool mirror,
             Gpu *gpu, const std::string &base_memory, int threads) {
-    std::string opts = "{\"bucket_bytes\": 268435456, \"delta\": \"" + delta + "\"";
+    std::string opts = (g_ucx ? "{" + g_ucx_side + ", \"keep_versions\": 1" : std::string("{\"bucket_bytes\": 268435456")) +
+                       ", \"delta\": \"" + delta + "\"";
     if (gpu) opts += ", \"delta_base_memory\": \"" + base_memory + "\"";
     else if (threads >= 0) opts += ", \"delta_threads\": " + std::to_string(threads);
     opts += "}";
@@ -330,10 +342,14 @@ Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int step
     wsync_strategy_t *s;
     wsync_blob_t init;
     wsync_sender_t *snd;
-    MUST(wsync_strategy_create(gpu ? "cuda_ipc" : "shm", opts.c_str(), &s));
+    MUST(wsync_strategy_create(gpu ? "cuda_ipc" : g_ucx ? "ucx" : "shm", opts.c_str(), &s));
     MUST(wsync_strategy_create_init_info(s, &init));
     MUST(wsync_sender_create(s, init.data, init.size, &snd));
     send_frame(down[1], init.data, init.size);
+    if (!gpu) {  // the host engine says when it has attached: version 1 is then its first
+        double attached[2];
+        read_all(up[0], attached, sizeof attached);
+    }
     // Chunks of at most one bucket, in model order.
     std::vector<std::vector<wsync_tensor_t>> chunks(1);
     uint64_t in_chunk = 0;
@@ -408,7 +424,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
     uint64_t size_mb = 2048;
     int steps = 4;
     bool as_json = false, mirror = false;
-    std::string delta = "auto", strategy = "shm", base_memory = "device";
+    std::string delta = "auto", strategy = "shm", base_memory = "device", transports = "tcp", net_devices = "lo";
     int threads = -1;  // the option's default
     std::vector<double> fractions;
     for (int i = first; i < argc; ++i) {
@@ -429,10 +445,12 @@ int cmd_bench_delta(int argc, char **argv, int first) {
             base_memory = v, ++i;
         }
         else if (a == "--strategy") {
-            if (!v || (std::strcmp(v, "shm") && std::strcmp(v, "cuda_ipc")))
-                usage_error("bench --delta-fraction --strategy takes shm or cuda_ipc");
+            if (!v || (std::strcmp(v, "shm") && std::strcmp(v, "cuda_ipc") && std::strcmp(v, "ucx")))
+                usage_error("bench --delta-fraction --strategy takes shm, ucx or cuda_ipc");
             strategy = v, ++i;
         }
+        else if (a == "--transports" && v) transports = v, ++i;
+        else if (a == "--net-devices" && v) net_devices = v, ++i;
         else if (a == "--delta-fraction") {
             if (!v) usage_error("--delta-fraction needs a value");
             const std::string list = v;
@@ -457,6 +475,11 @@ int cmd_bench_delta(int argc, char **argv, int first) {
         usage_error("--delta-threads is for shm (cuda_ipc compares on the GPU)");
     if (strategy != "cuda_ipc" && base_memory != "device")
         usage_error("--delta-base-memory pinned_host is for --strategy cuda_ipc (shm's bases are host memory)");
+    if (strategy == "ucx") {
+        g_ucx = true;
+        g_ucx_side = "\"transports\": \"" + transports + "\", \"net_devices\": \"" + net_devices +
+                     "\", \"timeout_ms\": 120000";
+    }
     Gpu gpu_run, *gpu = nullptr;
     if (strategy == "cuda_ipc") {
         cu::load();  // dlopen only: the engine is forked before any CUDA call

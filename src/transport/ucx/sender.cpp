@@ -148,6 +148,17 @@ public:
         w_->signal();
     }
 
+    // Delta sync: a receiver that attached (or re-attached) since the last version began holds
+    // no base, so the version about to begin goes dense. One that attaches later and pulls a
+    // kept version of patches fails it with MISMATCH (not reported: it did not owe it) and gets
+    // its first owed version dense.
+    bool begin_version() override {
+        std::unique_lock<std::mutex> lock = caller_lock();
+        const bool joined = joined_;
+        joined_ = false;
+        return joined;
+    }
+
     void set_stream(void *stream) override {
         order_stream_ = stream;
         if (gpu_) gpu_->set_stream(stream);
@@ -339,6 +350,7 @@ private:
         // It owes versions that begin after it attached; it may still pull any kept one.
         mem.from_version = open_version_ ? open_version_ + 1 : last_committed_ + 1;
         mem.acked_through = last_seq_;
+        joined_ = true;  // it holds no base: the next version goes dense (begin_version)
     }
 
     void lease(uint32_t index, Member &mem, uint64_t seq) {
@@ -562,6 +574,7 @@ private:
     std::vector<uint64_t> committed_;
     std::vector<Failure> failures_;
     uint64_t next_seq_ = 1, last_seq_ = 0, last_committed_ = 0, open_version_ = 0;
+    bool joined_ = false;  // a receiver attached since the last begin_version()
 };
 
 }  // namespace

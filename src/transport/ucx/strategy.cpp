@@ -165,6 +165,6 @@ std::string runtime_text() {
 
 const KindInfo kUcxKind = {ucx::kKind,          ucx::option_specs, ucx::unavailable,
                            ucx::create_strategy, nullptr,           ucx::runtime_text,
-                           /*delta_sync=*/false,  /*experimental=*/true};
+                           /*delta_sync=*/true,   /*experimental=*/true};
 
 }  // namespace wsync
