@@ -108,7 +108,8 @@ extern "C" {
  *      (queued on the loader's stream; the verdicts at wsync_recv_end()), tree-hashed
  *      (request column patches.sums; docs/delta.md, "On the GPU"); "ucx" takes CUDA device
  *      tensors (packed by the GPU into pinned staging memory; was WSYNC_ERR_UNSUPPORTED), and
- *      its receiver option "device" lets wsync_recv_copy() fill device memory. */
+ *      its receiver option "device" lets wsync_recv_copy() fill device memory; "ucx" carries
+ *      delta sync (was WSYNC_ERR_UNSUPPORTED). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -272,12 +273,14 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * at most "delta_max_percent" (0..100, default 50) of its dense bytes; "on": whenever there is a
  * base), and "delta_anchor_every" (N > 0: versions 1, N+1, 2N+1, ... go dense; default 0). The
  * sender then keeps a copy of every tensor it sent (up to twice the tensors' bytes): host
- * memory for "shm", device memory of the trainer's GPU for "cuda_ipc" and "nccl_broadcast",
+ * memory for "shm" and "ucx" (which compare host tensors only: a CUDA tensor in a delta
+ * version is WSYNC_ERR_UNSUPPORTED naming it, the version stays open), device memory of the
+ * trainer's GPU for "cuda_ipc" and "nccl_broadcast",
  * which compare on the GPU, or with "delta_base_memory" "pinned_host" (default "device"; GPU
  * kinds only, WSYNC_ERR_UNSUPPORTED on "shm") pinned host memory the kernels read across the
- * bus. "delta_threads" (shm; default 0: one per CPU, at most 8) compares several tensors of a
- * chunk at once, on threads the sender keeps. WSYNC_ERR_UNSUPPORTED, saying why, for a "delta" other than "off"
- * on "ucx", on "cuda_ipc" with packed=false or several senders, on a GPU kind with a "dtype"
+ * bus. "delta_threads" (shm, ucx; default 0: one per CPU, at most 8) compares several tensors of
+ * a chunk at once, on threads the sender keeps. WSYNC_ERR_UNSUPPORTED, saying why, for a "delta"
+ * other than "off" on "cuda_ipc" with packed=false or several senders, on a GPU kind with a "dtype"
  * cast, and on "nccl_broadcast" without "delta_anchor_every" (its trainer cannot hear that an
  * engine failed a version; anchors make such an engine whole). A kind this build does not know
  * fails with WSYNC_ERR_UNSUPPORTED; a kind whose run-time dependency is missing (e.g. no CUDA

@@ -36,11 +36,11 @@ const std::vector<OptionSpec> &option_specs() {
          "of every compared tensor, the model's size) and the staged copies of tensors sent "
          "dense: device (the trainer's GPU memory; the compare reads them at memory speed) or "
          "pinned_host (host memory the compare kernels read across PCIe or NVLink-C2C: no GPU "
-         "memory, a slower compare); shm keeps them in host memory and takes only device "
+         "memory, a slower compare); shm and ucx keep them in host memory and take only device "
          "(docs/delta.md, memory cost)",
          "device", "device|pinned_host"},
         {"delta_threads", T::UInt, 0, 0, 64, "sender",
-         "with delta on shm: how many threads compare a chunk's tensors with their bases and "
+         "with delta on shm or ucx: how many threads compare a chunk's tensors with their bases and "
          "copy aside the dense ones, several tensors at once (each tensor on one thread, its "
          "XXH3 being sequential); 0: one per CPU this process may run on, at most 8; 1: the "
          "sending thread only (docs/delta.md)"},
