@@ -277,7 +277,7 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * version is WSYNC_ERR_UNSUPPORTED naming it, the version stays open), device memory of the
  * trainer's GPU for "cuda_ipc" and "nccl_broadcast",
  * which compare on the GPU, or with "delta_base_memory" "pinned_host" (default "device"; GPU
- * kinds only, WSYNC_ERR_UNSUPPORTED on "shm") pinned host memory the kernels read across the
+ * kinds only, WSYNC_ERR_UNSUPPORTED on "shm" and "ucx") pinned host memory the kernels read across the
  * bus. "delta_threads" (shm, ucx; default 0: one per CPU, at most 8) compares several tensors of
  * a chunk at once, on threads the sender keeps. WSYNC_ERR_UNSUPPORTED, saying why, for a "delta"
  * other than "off" on "cuda_ipc" with packed=false or several senders, on a GPU kind with a "dtype"
@@ -835,7 +835,10 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  * loader's stream; wsync_recv_end() waits for that stream (bounded by "timeout_ms": past it
  * WSYNC_ERR_TIMEOUT naming the stream and the chunk) before acknowledging the chunk, so the
  * copies, and the loader's own copies out of the views on that stream, are complete when it
- * returns (WSYNC_RECEIVER_ORDERS_LOADER_WORK). Without "device", "ucx" takes host memory only.
+ * returns (WSYNC_RECEIVER_ORDERS_LOADER_WORK). A patch (delta sync) into device memory is
+ * WSYNC_ERR_UNSUPPORTED naming "delta_mirror" (the CPU applies patches; the iteration goes on):
+ * with "delta_mirror" the verified tensor is copied from the receiver's mirror into device
+ * memory instead. Without "device", "ucx" takes host memory only.
  * Returns WSYNC_OK, or:
  *   WSYNC_ERR_INVALID_ARGUMENT for it or dst NULL, i >= count, offset + len beyond the tensor
  *     (offset > size or len > size - offset), or a dst overlapping the tensor's received bytes;

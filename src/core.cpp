@@ -222,7 +222,7 @@ std::vector<uint8_t> Sender::send(const wsync_tensor_t *tensors, std::size_t cou
     try {
         // Receivers that (re)attached since the last version hold no base: admitted now, they
         // make this version dense (a newcomer's first version then completes).
-        if (h.chunk_index == 0 && impl_->begin_version() && delta_) delta_->dense_next();
+        if (h.chunk_index == 0 && impl_->begin_version(h.version) && delta_) delta_->dense_next();
         if (delta_ && count) {
             delta_->encode(version_, tensors, table.metas, wire, table.patches);
             tensors = wire.data();

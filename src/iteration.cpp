@@ -157,8 +157,13 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
                             "wsync_recv_copy: the destination overlaps this receiver's mirror of " +
                                 label() + " (delta_mirror)");
         }
+        const bool to_device = backing_->device_destination(dst);  // ucx with "device"
         const uint8_t *bytes = mirror(i);
-        owner_->pool_->copy(dst, bytes + offset, len);
+        if (to_device)  // from the verified mirror (pageable: the driver stages it at once)
+            backing_->copy_to_device(dst, bytes + offset, len,
+                                     [&] { return label() + " in " + chunk_label(header_); });
+        else
+            owner_->pool_->copy(dst, bytes + offset, len);
         if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
         return;
     }
@@ -173,6 +178,14 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
                         "wsync_recv_copy: " + label() + " is a patch in " + device_name(dev) +
                             " memory with " + (table_.patches[i].tree ? "tree" : "XXH3") +
                             " checksums, which this receiver cannot apply");
+        // A host patch is applied by the CPU onto dst: never onto device memory (ucx with
+        // "device"), which the CPU cannot read.
+        if (!device && backing_->device_destination(dst))
+            wsync::fail(WSYNC_ERR_UNSUPPORTED,
+                        "wsync_recv_copy: " + label() + " is a patch (delta sync) and the destination is "
+                        "device memory, onto which this receiver cannot apply it: give the receiver "
+                        "\"delta_mirror\" (it applies patches to its own host copy and copies the "
+                        "result into device memory) or take the patch with wsync_recv_patch");
         return apply_patch(i, offset, dst, len);
     }
     if (table_.is_part(i)) {
@@ -241,8 +254,9 @@ void Iteration::apply_onto(std::size_t i, void *dst, const char *where) {
     if (have != p.base_version)
         fail_chunk(WSYNC_ERR_MISMATCH,
                    strf("%s is a patch against version %" PRIu64 ", but this receiver's "
-                        "completed version is %" PRIu64 " (it missed or failed a version); the "
-                        "trainer sends a dense version once it hears of this failure",
+                        "completed version is %" PRIu64 " (it missed or failed a version, or "
+                        "attached since); the trainer sends a dense version once it hears of this "
+                        "failure, or as the first version an attached receiver owes",
                         what.c_str(), p.base_version, have));
     if (p.tree) return apply_on_device(i, dst, what);
     const auto *bytes = static_cast<const uint8_t *>(backing_->data(i));
@@ -432,8 +446,9 @@ void Iteration::patch(std::size_t i, wsync_patch_t *out) {
     if (have != p.base_version)  // the same rule and words as wsync_recv_copy
         fail_chunk(WSYNC_ERR_MISMATCH,
                    strf("%s is a patch against version %" PRIu64 ", but this receiver's "
-                        "completed version is %" PRIu64 " (it missed or failed a version); the "
-                        "trainer sends a dense version once it hears of this failure",
+                        "completed version is %" PRIu64 " (it missed or failed a version, or "
+                        "attached since); the trainer sends a dense version once it hears of this "
+                        "failure, or as the first version an attached receiver owes",
                         what.c_str(), p.base_version, have));
     const wsync_device_t dev = backing_->device();
     if (!device_is_host(dev) || p.tree)

@@ -129,7 +129,9 @@ public:
     // attached or re-attached since the last version are admitted from this version on, and
     // the answer says whether any was (a delta sender then sends the version dense, since a
     // newcomer holds no base). Kinds without such admission answer false.
-    virtual bool begin_version() { return false; }
+    // `version` is the version about to begin; the call may repeat for it (a first chunk
+    // refused and sent again) and must then answer alike.
+    virtual bool begin_version(uint64_t /*version*/) { return false; }
     // Waits until no receiver maps memory of this sender that `version` (committed) does not
     // use any more (WSYNC_ALL_VERSIONS: no memory at all), so the trainer may free it. Kinds that
     // copy the caller's tensors during send have nothing to wait for.

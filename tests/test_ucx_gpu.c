@@ -612,6 +612,77 @@ static void destroying_an_engine_whose_loader_stream_is_stuck_is_bounded(void **
     params_free(&p);
 }
 
+/* Delta sync to a GPU engine: the CPU cannot apply a patch onto device memory, so without a
+ * mirror a patch into device memory is refused by name (the iteration goes on: the loader may
+ * take the patch with wsync_recv_patch instead); with "delta_mirror" the receiver applies it to
+ * its own host copy and copies the verified result into device memory, bit-exact. */
+static void patches_reach_a_gpu_engine_only_through_its_mirror(void **state) {
+    (void)state;
+    for (int mirror = 0; mirror <= 1; ++mirror) {
+        rig r = {0};
+        rig_start_with(&r, ",\"delta\":\"on\"",
+                       mirror ? ",\"timeout_ms\":5000,\"device\":0,\"delta_mirror\":true"
+                              : ",\"timeout_ms\":5000,\"device\":0");
+        params p;
+        params_make(&p);
+        uint8_t *host = malloc(bytes[1]);
+        for (uint64_t v = 1; v <= 3; ++v) {
+            /* The trainer's model in host memory (delta compares host tensors). */
+            for (int k = 0; k < NT; ++k)
+                if (v == 1) tu_fill(k == 1 ? r.host : data_of(&r, k), bytes[k], 1, (uint64_t)k);
+            wsync_tensor_t t[NT];
+            void *src[NT] = {malloc(bytes[0]), r.host, malloc(bytes[2])};
+            for (int k = 0; k < NT; ++k) {
+                if (k != 1) memcpy(src[k], data_of(&r, k), bytes[k]);
+                if (v > 1) ((uint8_t *)src[k])[4 * v] ^= 1; /* one element changes */
+                t[k] = tensor(&r, k);
+                t[k].data = src[k];
+                t[k].device.type = WSYNC_DEVICE_CPU;
+            }
+            wsync_chunk_t ch = tu_chunk(t, NT, WSYNC_CHUNK_LAST);
+            wsync_blob_t req;
+            OK(wsync_sender_send_chunk(r.tx, &ch, &req));
+            wsync_recv_t *it;
+            const long long copies = stats_now().memcpy_calls;
+            OK(wsync_receiver_receive(r.rx, req.data, req.size, &it));
+            wsync_status_t st = WSYNC_OK;
+            for (size_t i = 0; i < NT && st == WSYNC_OK; ++i) {
+                wsync_tensor_t view;
+                OK(wsync_recv_peek(it, i, &view));
+                const uint64_t k = strtoull(view.name + 1, NULL, 10);
+                st = wsync_recv_copy(it, i, 0, param(&p, k), bytes[k]);
+                if (st != WSYNC_OK) {
+                    assert_int_equal(v, 2); /* the first patch version */
+                    assert_int_equal(mirror, 0);
+                    assert_true(view.flags & WSYNC_TENSOR_PATCH);
+                    assert_int_equal(st, WSYNC_ERR_UNSUPPORTED);
+                    assert_non_null(strstr(wsync_last_error(), "delta_mirror"));
+                }
+            }
+            if (!mirror && v == 2) assert_int_equal(st, WSYNC_ERR_UNSUPPORTED);
+            if (st == WSYNC_OK) {
+                OK(wsync_recv_end(it));
+                /* t0 and t2 went to device memory by the driver's copy, patched or not */
+                assert_int_equal(stats_now().memcpy_calls - copies, 2);
+                for (int k = 0; k < NT; ++k)
+                    assert_memory_equal(param(&p, (uint64_t)k), src[k], bytes[k]);
+            } else {
+                OK(wsync_recv_fail(it, st, "the loader cannot apply it"));
+            }
+            wsync_blob_free(&req);
+            const wsync_status_t fl = wsync_sender_flush(r.tx, 5000);
+            assert_int_equal(fl, st == WSYNC_OK ? WSYNC_OK : WSYNC_ERR_PEER);
+            for (int k = 0; k < NT; ++k) {
+                if (k != 1) memcpy(data_of(&r, k), src[k], bytes[k]), free(src[k]);
+            }
+            if (!mirror && v == 2) break;
+        }
+        free(host);
+        rig_stop(&r);
+        params_free(&p);
+    }
+}
+
 /* "device" has no default: unset, an engine has no GPU (and loads no CUDA driver); described
  * as such; out-of-range or negative values are refused by name. */
 static void the_engine_device_option_is_unset_by_default_and_checked(void **state) {
@@ -651,6 +722,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_stalled_loader_stream_fails_recv_end_in_time_and_its_buffer_is_not_reused),
         cmocka_unit_test(destroying_an_engine_whose_loader_stream_is_stuck_is_bounded),
         cmocka_unit_test(the_engine_device_option_is_unset_by_default_and_checked),
+        cmocka_unit_test(patches_reach_a_gpu_engine_only_through_its_mirror),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

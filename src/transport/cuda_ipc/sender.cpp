@@ -122,7 +122,7 @@ public:
     void abandon(uint64_t version) override { board_.abandon(version); }
 
     // The version's first chunk will be published as next_seq_ (it only grows on publish).
-    bool begin_version() override { return board_.admit_joiners(next_seq_) > 0; }
+    bool begin_version(uint64_t) override { return board_.admit_joiners(next_seq_) > 0; }
 
     void set_stream(void *stream) override { order_stream_ = gpu::ordering_stream(stream); }
 

@@ -68,7 +68,7 @@ public:
     }
 
     // The version's first chunk will be published as next_seq_ (it only grows on publish).
-    bool begin_version() override { return board_.admit_joiners(next_seq_) > 0; }
+    bool begin_version(uint64_t) override { return board_.admit_joiners(next_seq_) > 0; }
 
     std::pair<void *, uint64_t> arena() const override {
         return {seg_->arena(), seg_->arena_bytes()};

@@ -148,15 +148,19 @@ public:
         w_->signal();
     }
 
-    // Delta sync: a receiver that attached (or re-attached) since the last version began holds
-    // no base, so the version about to begin goes dense. One that attaches later and pulls a
-    // kept version of patches fails it with MISMATCH (not reported: it did not owe it) and gets
-    // its first owed version dense.
-    bool begin_version() override {
+    // Delta sync: a receiver that owes this version as its first (it attached or re-attached
+    // after the previous version began) holds no base, so the version goes dense. From here on
+    // an attach owes only later versions (hello() reads began_), even before this version's
+    // first chunk is published: this one may already be encoded as patches. One that attaches
+    // later and pulls a kept version of patches fails it with MISMATCH, unreported (it did not
+    // owe it), and gets its first owed version dense. Stateless: a repeated call for the same
+    // version answers alike.
+    bool begin_version(uint64_t version) override {
         std::unique_lock<std::mutex> lock = caller_lock();
-        const bool joined = joined_;
-        joined_ = false;
-        return joined;
+        began_ = std::max(began_, version);
+        for (const Member &m : members_)
+            if (m.ep && !m.dropped && m.from_version >= version) return true;
+        return false;
     }
 
     void set_stream(void *stream) override {
@@ -347,10 +351,11 @@ private:
         mem.name = name;
         mem.pid = m.pid;
         mem.ep = std::move(ep);
-        // It owes versions that begin after it attached; it may still pull any kept one.
-        mem.from_version = open_version_ ? open_version_ + 1 : last_committed_ + 1;
+        // It owes versions that begin after it attached (a version the core has begun,
+        // began_, counts as begun even before its first chunk is published); it may still pull
+        // any kept one. It holds no base: its first owed version goes dense (begin_version).
+        mem.from_version = std::max({open_version_, began_, last_committed_}) + 1;
         mem.acked_through = last_seq_;
-        joined_ = true;  // it holds no base: the next version goes dense (begin_version)
     }
 
     void lease(uint32_t index, Member &mem, uint64_t seq) {
@@ -574,7 +579,7 @@ private:
     std::vector<uint64_t> committed_;
     std::vector<Failure> failures_;
     uint64_t next_seq_ = 1, last_seq_ = 0, last_committed_ = 0, open_version_ = 0;
-    bool joined_ = false;  // a receiver attached since the last begin_version()
+    uint64_t began_ = 0;  // the newest version begin_version() was called for
 };
 
 }  // namespace
