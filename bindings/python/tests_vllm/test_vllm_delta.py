@@ -78,7 +78,7 @@ class RecordingClient(InProcessClient):
 
 
 def make_delta_cluster(delta, receivers=2, worker_kw=None, source_kw=None, trainer_kw=None,
-                       worker_options=None, staged=False):
+                       worker_options=None, staged=False, kind="shm"):
     """Workers built as vLLM's loader builds them (metadata recorded for reloads), the trainer
     over a RecordingClient (``trainer.client.requests``: every request it sent)."""
     load_general_plugins()
@@ -91,7 +91,7 @@ def make_delta_cluster(delta, receivers=2, worker_kw=None, source_kw=None, train
             torch.device("cpu"), model)
         workers.append((model, engine))
     source = CheckpointLike(**(source_kw or {}))
-    info = WsyncTrainerInitInfo(rank=0, receivers=receivers, chunk_bytes=8192,
+    info = WsyncTrainerInitInfo(rank=0, kind=kind, receivers=receivers, chunk_bytes=8192,
                                 options={"delta": delta, **(trainer_kw or {})},
                                 worker_options=dict(worker_options or {}), staged=staged)
     trainer = WeightTransferTrainerFactory.trainer_init(
@@ -159,6 +159,38 @@ def test_patches_reach_vllm_layers_bit_exact_with_nan_payloads_and_signed_zeros(
     # the NaN payload is the trainer's own, not torch's default NaN
     for model, _ in workers:
         assert int(bits(model.norm)[3]) == 0x7FC0 | 5
+
+
+UCX_OPTIONS = dict(transports="tcp", net_devices="lo", timeout_ms=10000)
+
+
+@pytest.mark.skipif(not any(k["kind"] == "ucx" and k["available"] for k in wsync.kinds()),
+                    reason="ucx kind not built or libucp.so.0 missing")
+def test_patches_pulled_over_ucx_reach_vllm_layers_bit_exact(tp1, cleanup, monkeypatch):
+    """kind="ucx" (workers pull over TCP on lo, in this process): the same patches, the same
+    bit-exact layers. Workers attach on their own time, so the first version or two are dense
+    (a worker that attached after a version began is sent the next one dense); later versions
+    carry every checkpoint tensor as a patch to both workers."""
+    counting = CountingPatches(monkeypatch)
+    workers, source, trainer = make_delta_cluster("on", kind="ucx", trainer_kw=UCX_OPTIONS,
+                                                  worker_options=UCX_OPTIONS)
+    cleanup.extend([trainer] + [e for _, e in workers])
+    gen = torch.Generator().manual_seed(13)
+    for version in range(1, 7):
+        if version > 1:
+            step(source, version, gen)
+        before = len(counting.names)
+        trainer.send_weights()
+        for model, engine in workers:
+            assert engine.completed_version == version
+            assert_bit_exact(model, source)
+        patched = counting.names[before:]
+        if version == 1:
+            assert patched == []
+        elif version >= 3:
+            assert len(patched) == 2 * len(list(source.parameters()))
+    for model, _ in workers:
+        assert int(bits(model.norm)[3]) == 0x7FC0 | 6
 
 
 def test_a_loader_that_copies_the_checkpoint_tensor_is_refused_by_name_and_dense_recovers(
