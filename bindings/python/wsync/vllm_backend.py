@@ -53,8 +53,8 @@ abandoned version) then changes no worker's model at all. A ``load_weights`` err
 still leaves that worker's completed layers written, and workers that finished before it on
 the new version; the trainer's abort closes the sessions as above.
 
-Delta sync (trainer ``options={"delta": "auto"}``, kind ``shm`` or ``ucx``): the worker takes each patch
-with :meth:`wsync.Iteration.patch` (``wsync_recv_patch``) and applies it in place through
+Delta sync (trainer ``options={"delta": "auto"}``, kind ``shm`` or ``ucx``): the worker takes
+each patch with :meth:`wsync.Iteration.patch` (``wsync_recv_patch``) and applies it in place through
 ``load_weights`` with :func:`wsync.checkpoint_patch.apply_checkpoint_patch` (bit-exact: a mask,
 not vLLM's NaN sentinel, marks the changed elements); dense tensors of such a version load in
 place. There is no layerwise reload then (patches need the live parameters at their base
