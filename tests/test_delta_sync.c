@@ -397,12 +397,11 @@ static void random_versions_leave_every_engine_bit_identical_with_delta_on(void 
 /* An engine that re-attaches (a new receiver, same index: it holds no base) is admitted at the
  * next version's first chunk, and the trainer, seeing it admitted, sends that version dense:
  * both engines complete it bit-identical, no version is lost, and patches follow. */
-static void a_reattached_receiver_is_sent_the_next_version_dense_and_patches_follow(void **state) {
-    (void)state;
+static void reattach_spec(const char *options, uint64_t seed) {
     rig_t g;
-    rig_open(&g, "{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}");
+    rig_open(&g, options);
     model_t m;
-    model_init(&m, 11);
+    model_init(&m, seed);
     uint8_t ans[ENGINES];
     for (int step = 1; step <= 4; ++step) {
         if (step > 1) ((uint8_t *)m.data[3])[8 * step] ^= 1;
@@ -433,6 +432,11 @@ static void a_reattached_receiver_is_sent_the_next_version_dense_and_patches_fol
     }
     model_free(&m);
     rig_close(&g);
+}
+
+static void a_reattached_receiver_is_sent_the_next_version_dense_and_patches_follow(void **state) {
+    (void)state;
+    reattach_spec("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}", 11);
 }
 
 /* An engine whose memory no longer holds the base (it changed a weight itself) refuses the
@@ -692,35 +696,7 @@ static void ucx_engines_with_a_mirror_stay_bit_identical(void **state) {
 static void ucx_a_reattached_receiver_is_sent_the_next_version_dense_and_patches_follow(void **state) {
     (void)state;
     use_ucx();
-    rig_t g;
-    rig_open(&g, "{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\"}");
-    model_t m;
-    model_init(&m, 31);
-    uint8_t ans[ENGINES];
-    for (int step = 1; step <= 4; ++step) {
-        if (step > 1) ((uint8_t *)m.data[3])[8 * step] ^= 1;
-        if (step == 3) {
-            uint8_t c = CMD_REATTACH;
-            assert_int_equal(tu_send_frame(g.e[1].to, &c, 1), 0);
-            assert_int_equal(tu_peer_byte(&g.e[1], 20000), WSYNC_OK);
-        }
-        wsync_chunk_t ch = tu_chunk(m.t, NT, WSYNC_CHUNK_LAST);
-        wsync_blob_t req;
-        OK(wsync_sender_send_chunk(g.sender, &ch, &req));
-        assert_int_equal(has_patches(&req), step == 2 || step == 4); /* 3: dense for the newcomer */
-        forward(&g, &req, -1, ans);
-        wsync_blob_free(&req);
-        assert_int_equal(ans[0], WSYNC_OK);
-        assert_int_equal(ans[1], WSYNC_OK);
-        OK(wsync_sender_flush(g.sender, 5000));
-        for (int k = 0; k < ENGINES; ++k) {
-            int same;
-            assert_int_equal(engine_state(&g, k, &m, &same), (uint64_t)step);
-            assert_true(same);
-        }
-    }
-    model_free(&m);
-    rig_close(&g);
+    reattach_spec("{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\"}", 31);
     g_kind = "shm";
 }
 

@@ -523,6 +523,17 @@ static void a_destination_on_another_gpu_is_refused_and_the_copy_can_be_retried(
     rig_stop(&r2);
 }
 
+/* A trainer and a GPU engine ("device": 0, timeout 400 ms) whose loader works on a stream of its
+ * own (returned), with the engine's parameters. */
+static void *gpu_engine_on_its_own_stream(rig *r, params *p) {
+    rig_start_with(r, "", ",\"timeout_ms\":400,\"device\":0");
+    params_make(p);
+    void *loader = NULL;
+    assert_int_equal(drv.cuStreamCreate(&loader, 1), 0);
+    OK(wsync_receiver_set_stream(r->rx, loader));
+    return loader;
+}
+
 /* The loader's stream does not move (a stuck kernel of the engine's): recv_end fails with
  * TIMEOUT within the deadline naming the stream and the chunk, and the trainer's flush names the
  * engine. While that stream is still stuck, the next chunk fails at once, before anything is
@@ -531,12 +542,8 @@ static void a_destination_on_another_gpu_is_refused_and_the_copy_can_be_retried(
 static void a_stalled_loader_stream_fails_recv_end_in_time_and_its_buffer_is_not_reused(void **state) {
     (void)state;
     rig r = {0};
-    rig_start_with(&r, "", ",\"timeout_ms\":400,\"device\":0");
     params p;
-    params_make(&p);
-    void *loader = NULL;
-    assert_int_equal(drv.cuStreamCreate(&loader, 1), 0);
-    OK(wsync_receiver_set_stream(r.rx, loader));
+    void *loader = gpu_engine_on_its_own_stream(&r, &p);
     sync_version(&r, 1, 0); /* views only: settles on the loader's stream too */
     const struct wsync_fake_stats before = stats_now();
     assert_int_equal(drv.hold(loader), 0);
@@ -589,12 +596,8 @@ static void a_stalled_loader_stream_fails_recv_end_in_time_and_its_buffer_is_not
 static void destroying_an_engine_whose_loader_stream_is_stuck_is_bounded(void **state) {
     (void)state;
     rig r = {0};
-    rig_start_with(&r, "", ",\"timeout_ms\":400,\"device\":0");
     params p;
-    params_make(&p);
-    void *loader = NULL;
-    assert_int_equal(drv.cuStreamCreate(&loader, 1), 0);
-    OK(wsync_receiver_set_stream(r.rx, loader));
+    void *loader = gpu_engine_on_its_own_stream(&r, &p);
     assert_int_equal(drv.hold(loader), 0);
     fill(&r, 1, 0);
     wsync_blob_t req;
