@@ -798,14 +798,16 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  * and wsync_recv_next() use) into dst, the caller's own host memory, with the library's copy
  * loop: stores aligned to the destination whatever the relative alignment of dst and the
  * received bytes, non-temporal stores for copies larger than the cache, and, for copies of at
- * least 8 MiB without verification, the receiver's copy threads ("copy_threads" option; made
- * once per receiver, never per call). offset = 0 and len = the tensor's byte size (element size
+ * least 8 MiB, the receiver's copy threads ("copy_threads" option; made once per receiver, never
+ * per call). offset = 0 and len = the tensor's byte size (element size
  * times the product of its shape, as peek reports) copies the whole tensor; a smaller range
  * suits a loader that keeps a shard of it.
  * Verification. With checksums on (the "checksum" and "verify" options), the first copy taken
  * from a tensor (and a wsync_recv_next() that yields it first) reads all of the tensor's bytes
- * once: it streams them through XXH3-64 in the same pass that copies the range, so the bytes
- * cross the memory bus once for both. A mismatch fails with WSYNC_ERR_INTEGRITY naming the
+ * once: it hashes them in the same pass that copies the range, so the bytes cross the memory bus
+ * once for both. The hash is the one the request names: the tree hash ("shm" and "ucx" senders
+ * since 0.5: independent 64 KiB pieces, so a tensor of 8 MiB or more is verified and copied by
+ * the copy threads together) or one XXH3-64 stream (docs/wire-format.md). A mismatch fails with WSYNC_ERR_INTEGRITY naming the
  * tensor and fails the iteration (as wsync_recv_next() does); what dst then holds is
  * unspecified. Later copies and views of a verified tensor are not hashed again.
  * Composition. The call takes any tensor in any order, as often as wanted (ranges of one tensor

@@ -49,14 +49,17 @@ uint64_t hash_bytes(const void *data, uint64_t n) noexcept {
     return XXH3_64bits(data, n);
 }
 
-uint64_t copy_hashing(void *dst, const void *src, uint64_t total, uint64_t off,
-                      uint64_t len) noexcept {
+namespace {
+uint64_t copy_hashing_nt(void *dst, const void *src, uint64_t total, uint64_t off, uint64_t len,
+                         bool nt, bool fence = true) noexcept {
 #if defined(__x86_64__)
     if (have_avx2())
         return kernels::avx2_copy_hashing(static_cast<uint8_t *>(dst),
-                                          static_cast<const uint8_t *>(src), total, off, len,
-                                          len >= nt_threshold());
+                                          static_cast<const uint8_t *>(src), total, off, len, nt,
+                                          fence);
 #endif
+    (void)fence;
+    (void)nt;
     const uint8_t *s = static_cast<const uint8_t *>(src);
     uint8_t *d = static_cast<uint8_t *>(dst) - off;
     XXH3_state_t state;
@@ -68,6 +71,82 @@ uint64_t copy_hashing(void *dst, const void *src, uint64_t total, uint64_t off,
         XXH3_64bits_update(&state, s + at, n);
     }
     return XXH3_64bits_digest(&state);
+}
+
+constexpr bool kLittleEndian =
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    false;
+#else
+    true;
+#endif
+
+// The pieces' hashes as the tree hash reads them: little-endian words.
+void to_little_endian(uint64_t *h, uint64_t count) noexcept {
+    if (kLittleEndian) return;
+    for (uint64_t i = 0; i < count; ++i) {
+        uint8_t b[8];
+        for (int k = 0; k < 8; ++k) b[k] = uint8_t(h[i] >> (8 * k));
+        std::memcpy(h + i, b, 8);
+    }
+}
+
+// Piece p of the `total` bytes at s: its XXH3-64, copying its share of [off, off + len) to
+// d + x for each source byte x of it (d = dst - off) from the same loads.
+uint64_t piece_hash(uint8_t *d, const uint8_t *s, uint64_t total, uint64_t p, uint64_t off,
+                    uint64_t len, bool copy, bool nt) noexcept {
+    const uint64_t at = p * kTreePieceBytes, n = std::min(kTreePieceBytes, total - at);
+    const uint64_t lo = std::max(at, off), hi = std::min(at + n, off + len);
+    if (!copy || lo >= hi) return hash_bytes(s + at, n);
+    return copy_hashing_nt(d + lo, s + at, n, lo - at, hi - lo, nt, /*fence=*/false);
+}
+
+// Makes a thread's non-temporal stores (piece_hash leaves them unfenced) globally visible
+// before what it does next, as every other copy here does at its end.
+void store_fence(bool nt) noexcept {
+#if defined(__x86_64__)
+    if (nt) __builtin_ia32_sfence();
+#else
+    (void)nt;
+#endif
+}
+
+// The tree hash of the `total` bytes at s on the calling thread, copying [off, off + len) to
+// dst when `copy`: 512 pieces (32 MiB) at a time, combined as they come.
+uint64_t tree_sequential(void *dst, const void *src, uint64_t total, uint64_t off, uint64_t len,
+                         bool copy, bool nt) noexcept {
+    uint8_t *d = static_cast<uint8_t *>(dst) - off;
+    const auto *s = static_cast<const uint8_t *>(src);
+    const uint64_t pieces = (total + kTreePieceBytes - 1) / kTreePieceBytes;
+    XXH3_state_t state;
+    XXH3_64bits_reset(&state);
+    uint64_t h[512];
+    for (uint64_t p = 0; p < pieces;) {
+        unsigned k = 0;
+        for (; k < 512 && p < pieces; ++k, ++p) h[k] = piece_hash(d, s, total, p, off, len, copy, nt);
+        to_little_endian(h, k);
+        XXH3_64bits_update(&state, h, k * sizeof(uint64_t));
+    }
+    store_fence(nt);
+    return XXH3_64bits_digest(&state);
+}
+
+constexpr uint64_t kParallelFrom = uint64_t(8) << 20;  // bytes; below, one thread is as fast
+}  // namespace
+
+uint64_t copy_hashing(void *dst, const void *src, uint64_t total, uint64_t off,
+                      uint64_t len) noexcept {
+    return copy_hashing_nt(dst, src, total, off, len, len >= nt_threshold());
+}
+
+uint64_t combine_piece_hashes(const uint64_t *hashes, uint64_t count) {
+    if (kLittleEndian) return hash_bytes(hashes, count * sizeof(uint64_t));
+    std::vector<uint64_t> le(hashes, hashes + count);
+    to_little_endian(le.data(), count);
+    return hash_bytes(le.data(), count * sizeof(uint64_t));
+}
+
+uint64_t tree_hash(const void *data, uint64_t n) noexcept {
+    return tree_sequential(nullptr, data, n, 0, 0, false, false);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -160,6 +239,30 @@ void Pool::copy(void *dst, const void *src, std::size_t n) noexcept {
     if (hi > lo) copy_bytes(d + lo, static_cast<const uint8_t *>(src) + lo, hi - lo);
     std::unique_lock<std::mutex> lock(mu_);
     done_.wait(lock, [&] { return pending_ == 0; });
+}
+
+uint64_t Pool::tree_hash(const void *src, uint64_t n) {
+    return copy_tree_hashing(nullptr, src, n, 0, 0);
+}
+
+uint64_t Pool::copy_tree_hashing(void *dst, const void *src, uint64_t total, uint64_t off,
+                                 uint64_t len) {
+    const bool copy = dst != nullptr && len > 0, nt = copy && len >= nt_threshold();
+    if (threads_ < 2 || total < kParallelFrom) return tree_sequential(dst, src, total, off, len, copy, nt);
+    // Whole pieces per item, at least 2 MiB each (a thread streams through its item), about
+    // four items per thread so that a thread slowed by the other work on its core is made up for.
+    const uint64_t pieces = (total + kTreePieceBytes - 1) / kTreePieceBytes;
+    const uint64_t per = std::max<uint64_t>(32, (pieces + 4 * threads_ - 1) / (4 * threads_));
+    pieces_.resize(pieces);
+    uint8_t *d = static_cast<uint8_t *>(dst) - off;
+    const auto *s = static_cast<const uint8_t *>(src);
+    parallel((pieces + per - 1) / per, [&](std::size_t item, unsigned) {
+        const uint64_t end = std::min(pieces, (item + 1) * per);
+        for (uint64_t p = item * per; p < end; ++p)
+            pieces_[p] = piece_hash(d, s, total, p, off, len, copy, nt);
+        store_fence(nt);
+    });
+    return combine_piece_hashes(pieces_.data(), pieces);
 }
 
 void Pool::parallel(std::size_t items, const std::function<void(std::size_t, unsigned)> &fn) noexcept {

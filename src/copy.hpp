@@ -32,6 +32,17 @@ uint64_t copy_hashing(void *dst, const void *src, uint64_t total, uint64_t off,
 // XXH3-64 of n bytes, on AVX2 where the CPU has it (the value is the same either way).
 uint64_t hash_bytes(const void *data, uint64_t n) noexcept;
 
+// The tree hash: XXH3-64 over the little-endian array of the XXH3-64 of each kTreePieceBytes
+// piece of the bytes (the last piece shorter; no bytes: XXH3-64 of nothing). Unlike one XXH3-64
+// stream its pieces hash independently, so one tensor's checksum can be computed, and verified
+// while it is copied, by several threads (Pool::tree_hash, Pool::copy_tree_hashing) and by GPU
+// threads (gpu/kernels/delta.cu). Dense tensors of shm and ucx requests and patches made on a GPU
+// carry it (docs/wire-format.md "tree"; docs/data-path.md).
+constexpr uint64_t kTreePieceBytes = 65536;
+uint64_t combine_piece_hashes(const uint64_t *hashes, uint64_t count);
+// On the calling thread alone, in a fixed 4 KiB of stack.
+uint64_t tree_hash(const void *data, uint64_t n) noexcept;
+
 // Whether this CPU runs the AVX2 kernels (copy_avx2.cpp, delta_avx2.cpp).
 bool have_avx2() noexcept;
 
@@ -53,6 +64,14 @@ public:
     unsigned threads() const { return threads_; }
     // Copies like copy_bytes, split between the threads when n is large (>= 8 MiB).
     void copy(void *dst, const void *src, std::size_t n) noexcept;
+    // The tree hash of n bytes at src, its pieces shared out between the threads from 8 MiB.
+    uint64_t tree_hash(const void *src, uint64_t n);
+    // Copies bytes [off, off + len) of the `total` bytes at src to dst (dst receives byte `off`)
+    // and returns the tree hash of all `total` bytes, in one pass: each piece is hashed from the
+    // same loads that copy its share of the range (copy_hashing), split between the threads by
+    // whole pieces from 8 MiB; non-temporal stores when len >= nt_threshold().
+    uint64_t copy_tree_hashing(void *dst, const void *src, uint64_t total, uint64_t off,
+                               uint64_t len);
     // Runs fn(item, worker) for every item in [0, items), the items shared out between the
     // threads as they come free (worker 0 is the caller; workers are < threads()); returns
     // when all have run. fn must not throw (callers keep each item's error themselves).
@@ -76,6 +95,7 @@ private:
     const std::function<void(std::size_t, unsigned)> *fn_ = nullptr;
     std::size_t items_ = 0;
     std::atomic<std::size_t> next_{0};
+    std::vector<uint64_t> pieces_;  // the pieces' hashes of the current tree hash
 };
 
 }  // namespace copy

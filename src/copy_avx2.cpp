@@ -175,7 +175,7 @@ inline void scramble(Acc &a, const uint8_t *secret) {
 // (XXH3_hashLong_64b_internal), while copying them to d: every 64-byte stripe the hash reads is
 // followed by the copy of the next 64 destination-aligned bytes, which the stripe's load has
 // just brought into L1. One pass, the hash's arithmetic overlapping the copy's wait for memory.
-uint64_t copy_hash_whole(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
+uint64_t copy_hash_whole(uint8_t *d, const uint8_t *s, size_t n, bool nt, bool fence) {
     const uint8_t *const secret = XXH3_kSecret;
     const size_t secret_size = sizeof XXH3_kSecret;
     const size_t stripes_per_block = (secret_size - XXH_STRIPE_LEN) / XXH_SECRET_CONSUME_RATE;
@@ -209,7 +209,7 @@ uint64_t copy_hash_whole(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
         else
             _mm256_store_si256(reinterpret_cast<__m256i *>(d + c), v);
     }
-    if (nt) _mm_sfence();
+    if (nt && fence) _mm_sfence();
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(d), first);
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + n - 32), last);
     _mm256_store_si256(reinterpret_cast<__m256i *>(acc), a.lo);
@@ -221,9 +221,9 @@ uint64_t copy_hash_whole(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
 }  // namespace
 
 uint64_t avx2_copy_hashing(uint8_t *dst, const uint8_t *s, uint64_t total, uint64_t off,
-                           uint64_t len, bool nt) {
+                           uint64_t len, bool nt, bool fence) {
     if (off == 0 && len == total && total > 240)
-        return copy_hash_whole(dst, s, size_t(total), nt);
+        return copy_hash_whole(dst, s, size_t(total), nt, fence);
     // A range, or a tensor too small for XXH3's long loop: copy the range block by block and
     // hash each block while it is in L1.
     uint8_t *d = dst - off;  // d + x is where source byte x goes
@@ -235,7 +235,7 @@ uint64_t avx2_copy_hashing(uint8_t *dst, const uint8_t *s, uint64_t total, uint6
         if (lo < hi) copy_unfenced(d + lo, s + lo, size_t(hi - lo), nt);
         XXH3_64bits_update(&state, s + at, size_t(n));
     }
-    if (nt) _mm_sfence();
+    if (nt && fence) _mm_sfence();
     return XXH3_64bits_digest(&state);
 }
 

@@ -16,8 +16,10 @@ constexpr uint64_t kHashBlock = 16 << 10;
 
 void avx2_copy(uint8_t *d, const uint8_t *s, std::size_t n, bool nt);
 uint64_t avx2_hash(const void *p, std::size_t n);
+// fence false: non-temporal stores are left unfenced, for a caller that copies many pieces
+// and fences once after the last (copy.cpp's tree hashing).
 uint64_t avx2_copy_hashing(uint8_t *dst, const uint8_t *src, uint64_t total, uint64_t off,
-                           uint64_t len, bool nt);
+                           uint64_t len, bool nt, bool fence = true);
 
 }  // namespace kernels
 }  // namespace copy

@@ -166,6 +166,13 @@ private:
     // Fails the iteration with WSYNC_ERR_INTEGRITY naming tensor i unless `got` is its checksum;
     // else marks it verified.
     void check_sum(std::size_t i, uint64_t got);
+    // The checksum of the table's kind (XXH3-64, or the tree hash on the receiver's copy
+    // threads) of n bytes at p.
+    uint64_t sum_of(const void *p, uint64_t n);
+    // Copies bytes [off, off + len) of the `total` bytes at src to dst and returns the checksum
+    // of the table's kind of all of them, in one pass (copy::copy_hashing, or
+    // Pool::copy_tree_hashing on the copy threads).
+    uint64_t copy_summing(void *dst, const void *src, uint64_t total, uint64_t off, uint64_t len);
     // Fails the iteration with this status and message (throws).
     [[noreturn]] void fail_chunk(wsync_status_t status, std::string message);
     // wsync_recv_copy of a patched tensor: applies it onto dst, which must hold its base.

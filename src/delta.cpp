@@ -161,32 +161,9 @@ void bad_index(const std::string &what, uint64_t k) {
 }
 
 uint64_t combine_piece_hashes(const uint64_t *hashes, uint64_t count) {
-    if (kLittleEndian) return XXH3_64bits(hashes, count * sizeof(uint64_t));
-    std::vector<uint8_t> le(count * 8);  // the pieces' hashes as little-endian words
-    for (uint64_t i = 0; i < count; ++i) put64(le.data() + 8 * i, hashes[i]);
-    return XXH3_64bits(le.data(), le.size());
+    return copy::combine_piece_hashes(hashes, count);
 }
-
-uint64_t tree_hash(const void *data, uint64_t nbytes) {
-    const auto *p = static_cast<const uint8_t *>(data);
-    // Combined as they come, 512 pieces (32 MiB of tensor) at a time, so any size hashes in a
-    // fixed 4 KiB of stack.
-    XXH3_state_t state;
-    XXH3_64bits_reset(&state);
-    uint64_t h[512];
-    for (uint64_t done = 0; done < nbytes;) {
-        unsigned k = 0;
-        for (; k < 512 && done < nbytes; ++k) {
-            const uint64_t n = std::min<uint64_t>(kTreePieceBytes, nbytes - done);
-            h[k] = XXH3_64bits(p + done, n);
-            done += n;
-        }
-        if (!kLittleEndian)
-            for (unsigned i = 0; i < k; ++i) put64(reinterpret_cast<uint8_t *>(h + i), h[i]);
-        XXH3_64bits_update(&state, h, k * sizeof(uint64_t));
-    }
-    return XXH3_64bits_digest(&state);
-}
+uint64_t tree_hash(const void *data, uint64_t nbytes) { return copy::tree_hash(data, nbytes); }
 
 namespace {
 

@@ -105,13 +105,22 @@ bool Iteration::next(wsync_tensor_t *view, wsync_part_t *part) {
                             tensor_label(i, table_.metas[i].name.c_str()).c_str(),
                             chunk_label(header_).c_str(), table_.patches[i].base_version));
         if (verify_ && !(state_[i] & kVerified))
-            check_sum(i, copy::hash_bytes(backing_->data(i), table_.payload_bytes(i)));
+            check_sum(i, sum_of(backing_->data(i), table_.payload_bytes(i)));
         fill(i, view, true);
     }
     if (part) this->part(i, part);
     if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
     ++next_;
     return true;
+}
+
+uint64_t Iteration::sum_of(const void *p, uint64_t n) {
+    return table_.tree_sums ? owner_->pool_->tree_hash(p, n) : copy::hash_bytes(p, n);
+}
+
+uint64_t Iteration::copy_summing(void *dst, const void *src, uint64_t total, uint64_t off, uint64_t len) {
+    return table_.tree_sums ? owner_->pool_->copy_tree_hashing(dst, src, total, off, len)
+                            : copy::copy_hashing(dst, src, total, off, len);
 }
 
 void Iteration::check_sum(std::size_t i, uint64_t got) {
@@ -211,10 +220,10 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
         // A host chunk into GPU memory (ucx with "device"): verified here, then one
         // asynchronous copy from the chunk's pinned buffer on the loader's stream, which the
         // backing waits for before the chunk is acknowledged.
-        if (verify_ && !(state_[i] & kVerified)) check_sum(i, copy::hash_bytes(src, table_.payload_bytes(i)));
+        if (verify_ && !(state_[i] & kVerified)) check_sum(i, sum_of(src, table_.payload_bytes(i)));
         backing_->copy_to_device(dst, src + offset, len, [&] { return label() + " in " + chunk_label(header_); });
     } else if (verify_ && !(state_[i] & kVerified)) {  // fails the iteration on a mismatch
-        check_sum(i, copy::copy_hashing(dst, src, table_.payload_bytes(i), offset, len));
+        check_sum(i, copy_summing(dst, src, table_.payload_bytes(i), offset, len));
     } else {
         owner_->pool_->copy(dst, src + offset, len);
     }
@@ -261,7 +270,7 @@ void Iteration::apply_onto(std::size_t i, void *dst, const char *where) {
     if (p.tree) return apply_on_device(i, dst, what);
     const auto *bytes = static_cast<const uint8_t *>(backing_->data(i));
     const uint64_t esize = dtype_size(m.dtype);
-    if (verify_ && !(state_[i] & kVerified)) check_sum(i, copy::hash_bytes(bytes, p.wire_bytes));
+    if (verify_ && !(state_[i] & kVerified)) check_sum(i, sum_of(bytes, p.wire_bytes));
     delta::Patch &patch = owner_->patch_;
     try {
         delta::parse_into(patch, bytes, p.wire_bytes, m.nbytes / esize, esize, what);
@@ -411,7 +420,7 @@ const uint8_t *Iteration::mirror(std::size_t i) {
         }
         const auto *src = static_cast<const uint8_t *>(backing_->data(i));
         if (verify_ && !(state_[i] & kVerified))
-            check_sum(i, copy::copy_hashing(slot.bytes.get(), src, m.nbytes, 0, m.nbytes));
+            check_sum(i, copy_summing(slot.bytes.get(), src, m.nbytes, 0, m.nbytes));
         else
             owner_->pool_->copy(slot.bytes.get(), src, m.nbytes);
     }
@@ -457,7 +466,7 @@ void Iteration::patch(std::size_t i, wsync_patch_t *out) {
                                                (p.tree ? ", made on a GPU (apply it with wsync_recv_copy into device memory)" : ""));
     if (mirrored(i)) mirror(i);  // applied onto the mirror and the result verified first
     const auto *bytes = static_cast<const uint8_t *>(backing_->data(i));
-    if (verify_ && !(state_[i] & kVerified)) check_sum(i, copy::hash_bytes(bytes, p.wire_bytes));
+    if (verify_ && !(state_[i] & kVerified)) check_sum(i, sum_of(bytes, p.wire_bytes));
     const uint64_t elements = m.nbytes / dtype_size(m.dtype);
     delta::PatchView v;
     try {

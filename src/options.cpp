@@ -178,10 +178,11 @@ OptionSpec verify() {
 }
 
 OptionSpec copy_threads() {
-    return {"copy_threads", OptionSpec::Type::UInt, 0, 0, 64, "receiver",
-            "threads one wsync_recv_copy of 8 MiB or more is split between (the caller's "
-            "included; made once per receiver, on first use); 0: one per CPU this process may "
-            "use, at most 8"};
+    return {"copy_threads", OptionSpec::Type::UInt, 0, 0, 64, "both",
+            "threads one copy of 8 MiB or more is split between, the caller's included (made "
+            "once, on first use): the trainer's packing and checksumming of a large tensor, an "
+            "engine's wsync_recv_copy and its checksum verification; 0: one per CPU this "
+            "process may use, at most 8"};
 }
 
 }  // namespace option

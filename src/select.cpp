@@ -196,6 +196,7 @@ Plan Version::plan(const Spec &spec, const ChunkHeader &h, const TensorTable &fu
     std::unordered_set<std::string> seen = seen_;
     Plan p;
     const bool sums = !full.checksums.empty();
+    p.view.tree_sums = full.tree_sums;
     bool any_part = false;
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
     for (std::size_t i = 0; i < full.metas.size(); ++i) {

@@ -269,7 +269,7 @@ void encode_tensor_table(const TensorTable &t, json &obj) {
         auto &ca = sums.get_ref<json::array_t &>();
         ca.reserve(n);
         for (uint64_t c : t.checksums) ca.emplace_back(c);
-        obj["xxh3"] = std::move(sums);
+        obj[t.tree_sums ? "tree" : "xxh3"] = std::move(sums);
     }
     json tensor = json::array(), bytes = json::array(), base = json::array(),
          base_sum = json::array(), result_sum = json::array(), sums = json::array();
@@ -384,16 +384,23 @@ TensorTable decode_tensor_table(const json &obj) {
                         std::to_string(n) + ", dtypes/3 " + std::to_string(dtypes.size() / 3) +
                         ", ndims " + std::to_string(ndims.size()) + ", offsets " +
                         std::to_string(offsets.size()) + ")");
+    // "xxh3" or "tree" (never both): each entry's checksum, of one kind for the whole table.
     const json::array_t *sums = nullptr;
-    if (obj.contains("xxh3")) {
-        sums = &wire::array_field(obj, "xxh3", "tensor table", n);
-        if (sums->size() != n) wire::malformed("tensor table: 'xxh3' has the wrong length");
+    const bool tree = obj.contains("tree");
+    if (tree && obj.contains("xxh3"))
+        wire::malformed("tensor table: both 'xxh3' and 'tree' checksums (a table carries one kind)");
+    const char *sums_key = tree ? "tree" : "xxh3";
+    if (obj.contains(sums_key)) {
+        sums = &wire::array_field(obj, sums_key, "tensor table", n);
+        if (sums->size() != n)
+            wire::malformed(std::string("tensor table: '") + sums_key + "' has the wrong length");
     }
 
     TensorTable t;
     t.metas.resize(n);
     t.offsets.resize(n);
     if (sums) t.checksums.resize(n);
+    t.tree_sums = tree;
     std::unordered_set<std::string_view> seen;
     seen.reserve(n * 2);
     std::size_t si = 0;
@@ -442,7 +449,7 @@ TensorTable decode_tensor_table(const json &obj) {
             wire::malformed(where("shape") + ": total chunk size overflows");
         total = *sum;
         t.offsets[i] = wire::as_uint(offsets[i], where("offset"), UINT64_MAX);
-        if (sums) t.checksums[i] = wire::as_uint((*sums)[i], where("xxh3"), UINT64_MAX);
+        if (sums) t.checksums[i] = wire::as_uint((*sums)[i], where(sums_key), UINT64_MAX);
     }
     if (si != shapes.size())
         wire::malformed("tensor table: 'shapes' has " + std::to_string(shapes.size()) +

@@ -85,6 +85,10 @@ struct TensorTable {
     std::vector<TensorMeta> metas;
     std::vector<uint64_t> offsets;
     std::vector<uint64_t> checksums;  // empty: no checksums carried
+    // Which checksum `checksums` holds for each entry's bytes in the buffer (a patch's bytes
+    // included): false XXH3-64 ("xxh3" on the wire), true the tree hash (copy::tree_hash;
+    // "tree"), which a receiver verifies on several threads while it copies.
+    bool tree_sums = false;
     std::vector<PatchInfo> patches;   // empty: every tensor dense
     std::vector<PartInfo> parts;      // empty: every entry a whole tensor
     // Payload bytes: each entry's size, or its part's.

@@ -1,5 +1,6 @@
 // The copy loop itself (src/copy.cpp), white-box: every small size at every relative alignment
 // in both directions, the hashing copy against XXH3 of the whole source, and the pool.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -90,6 +91,67 @@ void pool_copy_is_exact_when_split_between_threads(void **) {
     assert_int_equal(pool.threads(), 3);
 }
 
+// The tree hash from its definition (docs/wire-format.md "tree"), independent of src/copy.cpp.
+uint64_t tree_by_definition(const uint8_t *p, size_t n) {
+    std::vector<uint8_t> le;
+    for (size_t at = 0; at < n; at += 65536) {
+        const uint64_t h = XXH3_64bits(p + at, std::min<size_t>(65536, n - at));
+        for (int i = 0; i < 8; ++i) le.push_back(uint8_t(h >> (8 * i)));
+    }
+    return XXH3_64bits(le.data(), le.size());
+}
+
+// Around the piece size, the 512-piece batches of the one-thread loop, and the 8 MiB from which
+// the pool splits; whole copies and ranges that start and end inside, on and across pieces; one
+// thread, and three (the caller's and two workers), which must give the same value.
+void tree_hashing_copy_equals_the_definition_on_one_thread_and_on_three(void **) {
+    wsync::copy::Pool one(1), three(3);
+    const size_t sizes[] = {0,      1,      241,    65535,          65536,
+                            65537,  131072, 200001, (size_t(32) << 20) + 65536 * 3 + 17,
+                            (size_t(8) << 20) - 1,  (size_t(8) << 20) + 1, (size_t(12) << 20) + 4099};
+    for (size_t n : sizes) {
+        std::vector<uint8_t> src = noise(n + 64, n + 1);
+        const uint8_t *s = src.data() + 64;  // torch's alignment
+        const uint64_t want = tree_by_definition(s, n);
+        assert_true(wsync::copy::tree_hash(s, n) == want);
+        assert_true(one.tree_hash(s, n) == want);
+        assert_true(three.tree_hash(s, n) == want);
+        const size_t ranges[][2] = {{0, n}, {0, n / 2}, {n / 3, n - n / 3}, {n ? n - 1 : 0, n ? size_t(1) : size_t(0)},
+                                    {std::min<size_t>(n, 65535), n > 65535 ? std::min<size_t>(n - 65535, 2) : 0}};
+        for (auto &r : ranges)
+            for (wsync::copy::Pool *pool : {&one, &three})
+                for (size_t dof : {size_t(0), size_t(16), size_t(64)}) {
+                    std::vector<uint8_t> dst(r[1] + dof + 64, 0xEE);
+                    const uint64_t got = pool->copy_tree_hashing(dst.data() + dof, s, n, r[0], r[1]);
+                    if (got != want)
+                        fail_msg("n %zu range [%zu, +%zu) %u threads: tree hash differs", n, r[0], r[1],
+                                 pool->threads());
+                    if (r[1] && std::memcmp(dst.data() + dof, s + r[0], r[1]) != 0)
+                        fail_msg("n %zu range [%zu, +%zu) %u threads: bytes differ", n, r[0], r[1],
+                                 pool->threads());
+                    for (size_t i = 0; i < dof; ++i) assert_int_equal(dst[i], 0xEE);
+                    for (size_t i = dof + r[1]; i < dst.size(); ++i) assert_int_equal(dst[i], 0xEE);
+                }
+    }
+    assert_int_equal(three.threads(), 3);  // the workers did start (a 12 MiB job)
+}
+
+// One flipped byte anywhere changes the tree hash, whichever thread hashes its piece.
+void a_flipped_byte_in_any_piece_changes_the_tree_hash(void **) {
+    wsync::copy::Pool three(3);
+    const size_t n = (size_t(16) << 20) + 333;
+    std::vector<uint8_t> src = noise(n, 9), dst(n);
+    const uint64_t clean = three.copy_tree_hashing(dst.data(), src.data(), n, 0, n);
+    for (size_t at : {size_t(0), size_t(65535), size_t(65536), n / 2, n - 1}) {
+        src[at] ^= 0x10;
+        if (three.copy_tree_hashing(dst.data(), src.data(), n, 0, n) == clean)
+            fail_msg("a flip at byte %zu left the tree hash unchanged", at);
+        if (three.tree_hash(src.data(), n) == clean) fail_msg("tree_hash missed byte %zu", at);
+        src[at] ^= 0x10;
+    }
+    assert_true(three.tree_hash(src.data(), n) == clean);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -99,6 +161,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(hashing_copy_returns_the_hash_of_the_whole_source_and_copies_the_range),
         cmocka_unit_test(hashing_copy_of_whole_tensors_equals_xxh3_at_every_size_and_alignment),
         cmocka_unit_test(pool_copy_is_exact_when_split_between_threads),
+        cmocka_unit_test(tree_hashing_copy_equals_the_definition_on_one_thread_and_on_three),
+        cmocka_unit_test(a_flipped_byte_in_any_piece_changes_the_tree_hash),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, nullptr, nullptr);

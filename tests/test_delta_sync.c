@@ -108,6 +108,9 @@ static int g_load[ENGINES] = {LOAD_COPY, LOAD_COPY};
  * progress thread serves them), whose options both sides also need. */
 static const char *g_kind = "shm";
 #define UCX_SIDE "\"transports\": \"tcp\", \"net_devices\": \"lo\", \"timeout_ms\": 20000"
+/* ucx only: engine k's "select" (a partial pull that still takes every tensor whole:
+ * "select_rest": "whole"), or NULL. */
+static const char *g_select[ENGINES] = {NULL, NULL};
 
 typedef struct {
     uint32_t index;
@@ -166,8 +169,11 @@ static int engine_main(const void *cfg_, int in, int out) {
     wsync_strategy_t *s;
     wsync_receiver_t *r;
     const int ucx = strcmp(g_kind, "ucx") == 0;
-    const char *opts = cfg->load == LOAD_COPY ? (ucx ? "{" UCX_SIDE "}" : NULL)
-                                              : (ucx ? "{" UCX_SIDE ", \"delta_mirror\": true}" : "{\"delta_mirror\": true}");
+    char opts[512];
+    snprintf(opts, sizeof opts, "{%s%s%s%s%s}", ucx ? UCX_SIDE : "",
+             cfg->load == LOAD_COPY ? "" : ucx ? ", \"delta_mirror\": true" : "\"delta_mirror\": true",
+             ucx && g_select[cfg->index] ? ", \"select_rest\": \"whole\", \"select\": " : "",
+             ucx && g_select[cfg->index] ? g_select[cfg->index] : "", "");
     if (wsync_strategy_create(g_kind, opts, &s) || wsync_receiver_create(s, init, init_len, cfg->index, &r))
         return 1;
     void *dst[NT] = {0};
@@ -278,6 +284,16 @@ static void forward(rig_t *g, const wsync_blob_t *req, int failing, uint8_t ans[
     }
     for (int k = 0; k < ENGINES; ++k) ans[k] = tu_peer_byte(&g->e[k], 20000);
     free(frame);
+}
+
+/* Forwards one request to engine k alone; returns its answer. */
+static uint8_t forward_one(rig_t *g, int k, const wsync_blob_t *req) {
+    uint8_t *frame = malloc(req->size + 1);
+    frame[0] = CMD_LOAD;
+    memcpy(frame + 1, req->data, req->size);
+    assert_int_equal(tu_send_frame(g->e[k].to, frame, req->size + 1), 0);
+    free(frame);
+    return (uint8_t)tu_peer_byte(&g->e[k], 20000);
 }
 
 static int has_patches(const wsync_blob_t *req) {
@@ -752,6 +768,130 @@ static void ucx_an_engine_attaching_after_a_version_began_does_not_owe_it(void *
     g_kind = "shm";
 }
 
+/* An engine that takes patches itself (wsync_recv_patch: indices and values, applied onto the
+ * memory that holds the base) beside one that loads from its mirror's views, over ucx. */
+static void ucx_engines_applying_patches_themselves_stay_bit_identical(void **state) {
+    (void)state;
+    use_ucx();
+    g_load[0] = LOAD_PATCHES, g_load[1] = LOAD_VIEWS;
+    property("{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\"}", 25, 25);
+    g_load[0] = g_load[1] = LOAD_COPY;
+    g_kind = "shm";
+}
+
+/* The trainer keeps two versions pullable ("keep_versions": 2, the default). Engine 1 falls
+ * behind: it is handed version N-1 only after the trainer committed N, then N, each a patch on the
+ * version before, and ends bit-identical with the trainer (it applies N-1 first, which is N's
+ * base). Then it skips a version: handed N+2 while it holds N, it fails it with MISMATCH (its
+ * completed version is not the patch's base); the trainer's flush hears of it (PEER), the next
+ * version is dense, and both engines hold it bit-identical; patches follow. */
+static void ucx_an_engine_behind_pulls_kept_versions_in_order_and_one_that_skips_is_healed_dense(void **state) {
+    (void)state;
+    use_ucx();
+    rig_t g;
+    rig_open(&g, "{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\", \"keep_versions\": 2}");
+    model_t m;
+    model_init(&m, 61);
+    wsync_blob_t req[8];
+    uint8_t ans[ENGINES];
+    for (int v = 1; v <= 7; ++v) {
+        if (v > 1) ((uint8_t *)m.data[3])[8 * v] ^= 1;
+        wsync_chunk_t ch = tu_chunk(m.t, NT, WSYNC_CHUNK_LAST);
+        OK(wsync_sender_send_chunk(g.sender, &ch, &req[v]));
+        switch (v) {
+        case 1: /* both load it */
+        case 7:
+            assert_int_equal(has_patches(&req[v]), v == 7);
+            forward(&g, &req[v], -1, ans);
+            assert_int_equal(ans[0], WSYNC_OK);
+            assert_int_equal(ans[1], WSYNC_OK);
+            OK(wsync_sender_flush(g.sender, 5000));
+            break;
+        case 2: /* engine 0 only, for now */
+            assert_true(has_patches(&req[v]));
+            assert_int_equal(forward_one(&g, 0, &req[v]), WSYNC_OK);
+            break;
+        case 3: /* engine 0; then engine 1 catches up: 2, then 3 */
+            assert_true(has_patches(&req[v]));
+            assert_int_equal(forward_one(&g, 0, &req[v]), WSYNC_OK);
+            assert_int_equal(forward_one(&g, 1, &req[2]), WSYNC_OK);
+            assert_int_equal(forward_one(&g, 1, &req[3]), WSYNC_OK);
+            OK(wsync_sender_flush(g.sender, 5000));
+            break;
+        case 4: /* engine 0 only: engine 1 misses it */
+            assert_true(has_patches(&req[v]));
+            assert_int_equal(forward_one(&g, 0, &req[v]), WSYNC_OK);
+            break;
+        case 5: { /* engine 1 is handed 5 while it holds 3 */
+            assert_true(has_patches(&req[v]));
+            forward(&g, &req[v], -1, ans);
+            assert_int_equal(ans[0], WSYNC_OK);
+            assert_int_equal(ans[1], WSYNC_ERR_MISMATCH);
+            assert_int_equal(wsync_sender_flush(g.sender, 5000), WSYNC_ERR_PEER);
+            break;
+        }
+        case 6: /* dense, for both */
+            assert_false(has_patches(&req[v]));
+            forward(&g, &req[v], -1, ans);
+            assert_int_equal(ans[0], WSYNC_OK);
+            assert_int_equal(ans[1], WSYNC_OK);
+            OK(wsync_sender_flush(g.sender, 5000));
+            break;
+        }
+        for (int k = 0; k < ENGINES; ++k) {
+            int same;
+            const uint64_t done = engine_state(&g, k, &m, &same);
+            const uint64_t want = k == 1 && v == 2 ? 1 : k == 1 && (v == 4 || v == 5) ? 3 : (uint64_t)v;
+            if (done != want) fail_msg("after version %d engine %d holds %llu, not %llu", v, k,
+                                       (unsigned long long)done, (unsigned long long)want);
+            assert_int_equal(same, done == (uint64_t)v);
+        }
+    }
+    for (int v = 1; v <= 7; ++v) wsync_blob_free(&req[v]);
+    model_free(&m);
+    rig_close(&g);
+    g_kind = "shm";
+}
+
+/* An engine with a selection ("select", a partial pull) cannot take a patch: each version the
+ * trainer sends as patches fails on it with UNSUPPORTED (the other engine loads it), the
+ * trainer's flush hears of it (PEER), and the next version is dense for both, which heals it:
+ * patches come every other version, as docs/delta.md says, and no version leaves either engine
+ * holding a mix. */
+static void ucx_an_engine_with_a_selection_fails_patch_versions_and_dense_ones_heal_it(void **state) {
+    (void)state;
+    use_ucx();
+    g_select[0] = "[{\"tensor\": \"f32.1000\"}]";
+    rig_t g;
+    rig_open(&g, "{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\"}");
+    model_t m;
+    model_init(&m, 71);
+    uint8_t ans[ENGINES];
+    for (int v = 1; v <= 6; ++v) {
+        if (v > 1) ((uint8_t *)m.data[3])[8 * v] ^= 1;
+        wsync_chunk_t ch = tu_chunk(m.t, NT, WSYNC_CHUNK_LAST);
+        wsync_blob_t req;
+        OK(wsync_sender_send_chunk(g.sender, &ch, &req));
+        const int patched = has_patches(&req);
+        assert_int_equal(patched, v % 2 == 0); /* 1 first, 3 and 5 after a failure: dense */
+        forward(&g, &req, -1, ans);
+        wsync_blob_free(&req);
+        assert_int_equal(ans[0], patched ? WSYNC_ERR_UNSUPPORTED : WSYNC_OK);
+        assert_int_equal(ans[1], WSYNC_OK);
+        assert_int_equal(wsync_sender_flush(g.sender, 5000), patched ? WSYNC_ERR_PEER : WSYNC_OK);
+        for (int k = 0; k < ENGINES; ++k) {
+            int same;
+            const uint64_t done = engine_state(&g, k, &m, &same);
+            assert_int_equal(done, k == 0 && patched ? (uint64_t)v - 1 : (uint64_t)v);
+            assert_int_equal(same, !(k == 0 && patched));
+        }
+    }
+    model_free(&m);
+    rig_close(&g);
+    g_select[0] = NULL;
+    g_kind = "shm";
+}
+
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(random_versions_leave_every_engine_bit_identical_with_delta_auto),
@@ -767,6 +907,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(ucx_engines_with_a_mirror_stay_bit_identical),
         cmocka_unit_test(ucx_a_reattached_receiver_is_sent_the_next_version_dense_and_patches_follow),
         cmocka_unit_test(ucx_an_engine_attaching_after_a_version_began_does_not_owe_it),
+        cmocka_unit_test(ucx_engines_applying_patches_themselves_stay_bit_identical),
+        cmocka_unit_test(ucx_an_engine_behind_pulls_kept_versions_in_order_and_one_that_skips_is_healed_dense),
+        cmocka_unit_test(ucx_an_engine_with_a_selection_fails_patch_versions_and_dense_ones_heal_it),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);

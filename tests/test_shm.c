@@ -421,7 +421,7 @@ static void send_blocks_for_a_free_bucket_then_times_out(void **state) {
 static void corrupt_checksum(wsync_blob_t *req) {
     char *json;
     OK(wsync_blob_describe(req->data, req->size, &json));
-    const char *p = strstr(json, "\"xxh3\"");
+    const char *p = strstr(json, "\"tree\"");
     assert_non_null(p);
     p = strchr(p, '[');
     unsigned long long sum = strtoull(p + 1, NULL, 10);

@@ -166,13 +166,18 @@ static void hostile_requests_are_refused_by_name_and_the_receiver_still_works(vo
         {"extent over int64", [](json &r) { r[4]["tensors"]["shapes"][0] = UINT64_MAX; }, WSYNC_ERR_MALFORMED, "exceeds"},
         {"shapes short", [](json &r) { r[4]["tensors"]["shapes"] = json::array({2}); }, WSYNC_ERR_MALFORMED, "'shapes' is too short"},
         {"shapes long", [](json &r) { r[4]["tensors"]["shapes"].push_back(3); }, WSYNC_ERR_MALFORMED, "ndims add up to 2"},
-        {"xxh3 length", [](json &r) { r[4]["tensors"]["xxh3"].push_back(1); }, WSYNC_ERR_MALFORMED, "xxh3 has 2 entries, more than 1"},
+        {"tree length", [](json &r) { r[4]["tensors"]["tree"].push_back(1); }, WSYNC_ERR_MALFORMED, "tree has 2 entries, more than 1"},
+        {"xxh3 length", [](json &r) {
+             auto &t = r[4]["tensors"];
+             t["xxh3"] = t["tree"]; t.erase("tree"); t["xxh3"].push_back(1);
+         }, WSYNC_ERR_MALFORMED, "xxh3 has 2 entries, more than 1"},
+        {"both checksum kinds", [](json &r) { auto &t = r[4]["tensors"]; t["xxh3"] = t["tree"]; }, WSYNC_ERR_MALFORMED, "both 'xxh3' and 'tree' checksums"},
         {"duplicate names", [](json &r) {
              auto &t = r[4]["tensors"];
              t["names"].push_back(t["names"][0]);
              for (int i = 0; i < 3; ++i) t["dtypes"].push_back(t["dtypes"][i]);
              t["ndims"].push_back(2); t["shapes"].push_back(2); t["shapes"].push_back(4);
-             t["offsets"].push_back(256); t["xxh3"].push_back(t["xxh3"][0]);
+             t["offsets"].push_back(256); t["tree"].push_back(t["tree"][0]);
          }, WSYNC_ERR_MALFORMED, "duplicate tensor name 'layer.weight'"},
         {"offset past bucket", [](json &r) { r[4]["tensors"]["offsets"][0] = 8192; }, WSYNC_ERR_MALFORMED, "outside the 8192-byte bucket"},
         {"offset wraps", [](json &r) { r[4]["tensors"]["offsets"][0] = UINT64_MAX - 255; }, WSYNC_ERR_MALFORMED, "outside"},
@@ -220,6 +225,50 @@ static void hostile_requests_are_refused_by_name_and_the_receiver_still_works(vo
 // A well-formed, sealed request whose parts do not follow each other from byte 0, or whose
 // committing chunk leaves a split tensor incomplete, is refused before any byte is read; the
 // version does not complete and the trainer's flush hears why.
+// The table says which checksum it carries: "tree" (what shm and ucx senders write: the tree
+// hash, which engines verify on several threads) or "xxh3" (one XXH3-64 stream, as senders up to
+// 0.5 wrote). A receiver verifies by the kind the table names: a value of the other kind fails
+// the tensor with INTEGRITY, so a table can never be read under the wrong rule.
+static void the_table_names_its_checksum_kind_and_is_verified_by_it(void **state) {
+    (void)state;
+    Live live;
+    json r = decode(live.request);
+    auto &t = r[4]["tensors"];
+    assert_true(t.contains("tree"));
+    assert_false(t.contains("xxh3"));
+    const uint64_t piece = XXH3_64bits(live.data, sizeof live.data);  // one piece
+    const uint64_t tree = XXH3_64bits(&piece, 8);                    // x86: little-endian already
+    assert_true(t["tree"][0].get<uint64_t>() == tree);
+    OK(live.receive(encode(r)));
+
+    // The next versions of the same tensor, their tables rewritten as a sender could write them.
+    auto next_request = [&] {
+        wsync_tensor_t tensor = tu_tensor("layer.weight", live.data, live.shape, 2, WSYNC_DTYPE_FLOAT, 32);
+        wsync_chunk_t c = tu_chunk(&tensor, 1, WSYNC_CHUNK_LAST);
+        wsync_blob_t req;
+        OK(wsync_sender_send_chunk(live.sender, &c, &req));
+        json j = decode(bytes(req.data, req.data + req.size));
+        wsync_blob_free(&req);
+        j[4]["tensors"].erase("tree");
+        return j;
+    };
+    json as_xxh3 = next_request();  // the same tensor under the one-stream rule
+    as_xxh3[4]["tensors"]["xxh3"] = json::array({XXH3_64bits(live.data, sizeof live.data)});
+    OK(live.receive(encode(as_xxh3)));
+
+    json mislabelled = next_request();  // a tree hash labelled as XXH3-64
+    mislabelled[4]["tensors"]["xxh3"] = json::array({tree});
+    bytes blob = encode(mislabelled);
+    wsync_recv_t *it = nullptr;
+    OK(wsync_receiver_receive(live.receiver, blob.data(), blob.size(), &it));
+    wsync_tensor_t v;
+    bool has = false;
+    assert_int_equal(wsync_recv_next(it, &v, &has), WSYNC_ERR_INTEGRITY);
+    assert_non_null(strstr(wsync_last_error(), "layer.weight"));
+    assert_non_null(strstr(wsync_last_error(), "checksum mismatch"));
+    wsync_recv_end(it);
+}
+
 static void receiver_refuses_parts_out_of_order_or_incomplete_at_commit(void **state) {
     (void)state;
     struct Case {
@@ -456,6 +505,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(blobs_are_a_cbor_array_with_magic_version_type_and_kind),
     cmocka_unit_test(blobs_round_trip_through_the_codec_and_describe),
     cmocka_unit_test(hostile_requests_are_refused_by_name_and_the_receiver_still_works),
+    cmocka_unit_test(the_table_names_its_checksum_kind_and_is_verified_by_it),
     cmocka_unit_test(receiver_refuses_parts_out_of_order_or_incomplete_at_commit),
     cmocka_unit_test(garbage_truncated_and_oversized_bytes_are_malformed),
     cmocka_unit_test(hostile_init_info_is_refused_by_name),

@@ -51,6 +51,23 @@ static inline void tu_reseal(uint8_t *blob, size_t size) {
     for (int i = 0; i < 8; ++i) blob[size - 8 + i] = (uint8_t)(h >> (56 - 8 * i));
 }
 
+/* The tree hash that shm and ucx requests carry for each tensor ("tree", docs/wire-format.md),
+ * written here from its definition rather than taken from the library: XXH3-64 over the
+ * little-endian array of the XXH3-64 of each 65536-byte piece (the last one shorter). */
+static inline uint64_t tu_tree_hash(const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    size_t pieces = (n + 65535) / 65536;
+    unsigned char *le = (unsigned char *)malloc(pieces * 8 + 1);
+    for (size_t k = 0; k < pieces; ++k) {
+        size_t at = k * 65536;
+        uint64_t h = XXH3_64bits(p + at, n - at < 65536 ? n - at : 65536);
+        for (int i = 0; i < 8; ++i) le[8 * k + (size_t)i] = (unsigned char)(h >> (8 * i));
+    }
+    uint64_t out = XXH3_64bits(le, pieces * 8);
+    free(le);
+    return out;
+}
+
 static inline uint64_t tu_splitmix(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;

@@ -62,6 +62,7 @@ Args parse_args(int argc, char **argv, int first, bool bench) {
         else if (f == "--chunk-mb") a.chunk_mb = parse_uint(f, v, 1, 1 << 16), ++i;
         else if (f == "--bucket-mb") a.bucket_mb = parse_uint(f, v, 1, 1 << 16), ++i;
         else if (f == "--buckets") a.buckets = parse_uint(f, v, 1, 64), a.buckets_set = true, ++i;
+        else if (f == "--copy-threads") a.copy_threads = int(parse_uint(f, v, 0, 64)), ++i;
         else if (f == "--timeout-ms") a.timeout_ms = parse_uint(f, v, 1, 1ull << 40), ++i;
         else if (f == "--no-checksum") a.checksum = false, a.checksum_compare = false;
         else if (f == "--json" && bench) a.json = true;

@@ -69,9 +69,12 @@ struct Sync {
     }
 };
 
-enum Mode { kMemcpy, kCopy, kCopyThreads, kCopyVerified, kNextVerifiedMemcpy, kModes };
+// copy_verified: wsync_recv_copy with checksums on, on the copy threads (a tree hash's pieces
+// are verified by all of them); copy_verified_one_thread: the same with "copy_threads": 1 on
+// both sides, as every verified copy ran while checksums were one XXH3-64 stream per tensor.
+enum Mode { kMemcpy, kCopy, kCopyThreads, kCopyVerified, kCopyVerifiedOne, kNextVerifiedMemcpy, kModes };
 const char *const kModeNames[kModes] = {"memcpy", "copy", "copy_threads", "copy_verified",
-                                        "next_verified_memcpy"};
+                                        "copy_verified_one_thread", "next_verified_memcpy"};
 
 }  // namespace
 
@@ -105,6 +108,7 @@ std::string bench_copy_json(const std::vector<uint64_t> &sizes, uint64_t chunk_b
     Sync plain(bucket, false, "{\"verify\": false, \"copy_threads\": 1}");
     Sync threads(bucket, false, "{\"verify\": false}");
     Sync verified(bucket, true, "{\"verify\": true}");
+    Sync verified_one(bucket, true, "{\"verify\": true, \"copy_threads\": 1}");
     Arena at_offset(sizes, dst_offset), at_page(sizes, 0);
 
     // One pass: the whole model through `s`, timing only the loader's copies.
@@ -145,7 +149,10 @@ std::string bench_copy_json(const std::vector<uint64_t> &sizes, uint64_t chunk_b
     for (int rep = 0; rep < kReps; ++rep)
         for (int o = 0; o < 2; ++o)
             for (int m = 0; m < kModes; ++m) {
-                Sync &s = m == kCopyThreads ? threads : m >= kCopyVerified ? verified : plain;
+                Sync &s = m == kCopyThreads       ? threads
+                          : m == kCopyVerifiedOne ? verified_one
+                          : m >= kCopyVerified    ? verified
+                                                  : plain;
                 gbps[o][m].push_back(pass(s, Mode(m), o == 0 ? at_offset : at_page));
             }
     double med[2][kModes];
@@ -171,10 +178,12 @@ std::string bench_copy_json(const std::vector<uint64_t> &sizes, uint64_t chunk_b
                   "\"copy_at_offset_over_memcpy_at_offset\": %.3f, "
                   "\"memcpy_at_offset_over_memcpy_page\": %.3f, "
                   "\"copy_verified_over_copy\": %.3f, "
-                  "\"copy_verified_over_next_verified_memcpy\": %.3f}",
+                  "\"copy_verified_over_next_verified_memcpy\": %.3f, "
+                  "\"copy_verified_over_one_thread\": %.3f}",
                   med[0][kCopy] / med[1][kMemcpy], med[0][kCopy] / med[0][kMemcpy],
                   med[0][kMemcpy] / med[1][kMemcpy], med[0][kCopyVerified] / med[0][kCopy],
-                  med[0][kCopyVerified] / med[0][kNextVerifiedMemcpy]);
+                  med[0][kCopyVerified] / med[0][kNextVerifiedMemcpy],
+                  med[0][kCopyVerified] / med[0][kCopyVerifiedOne]);
     if (progress) {
         std::printf("\nreceiver copy, GB/s (median of %d; model %.1f MB)\n", kReps, total / 1e6);
         std::printf("%-24s %14s %14s\n", "", ("dst page+" + std::to_string(dst_offset)).c_str(),

@@ -55,6 +55,7 @@ struct Args {
     bool copy_bench = true;  // bench: the receiver copy loop against memcpy, in process
     bool arena = false;      // the trainer keeps the model in the sender's arena (shm)
     bool arena_compare = true;  // bench: also run with the model in the arena, off and on
+    int copy_threads = -1;      // shm, ucx: the "copy_threads" option of both sides; -1: default
 };
 
 // Flags from argv[first]; `bench` admits the bench-only flags and its defaults.

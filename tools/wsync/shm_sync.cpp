@@ -129,6 +129,7 @@ std::string kind_options(const Args &a, bool checksum, uint64_t bucket, uint64_t
     std::string common = "{\"receivers\": " + std::to_string(a.receivers) +
                          ", \"checksum\": " + (checksum ? "true" : "false") +
                          ", \"timeout_ms\": " + std::to_string(a.timeout_ms);
+    if (a.copy_threads >= 0) common += ", \"copy_threads\": " + std::to_string(a.copy_threads);
     if (a.strategy == "ucx")
         return common + ", \"keep_versions\": 1, \"transports\": \"" + a.transports +
                "\", \"net_devices\": \"" + a.net_devices + "\"}";
@@ -427,13 +428,13 @@ int cmd_bench(const Args &a) {
     for (double s : r.step_s) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
     std::printf("{\"strategy\": \"shm\", \"bytes\": %" PRIu64 ", \"tensors\": %zu, \"chunks\": %zu, "
                 "\"receivers\": %u, \"checksum\": %s, \"load\": \"%s\", \"split\": %s, \"dst_offset\": %" PRIu64
-                ", \"first_sync_s\": %.6f, "
+                ", \"copy_threads\": %d, \"first_sync_s\": %.6f, "
                 "\"steady_sync_s\": %.6f, \"steady_gbps\": %.3f, \"memcpy_s\": %.6f, "
                 "\"memcpy_at_dst_offset_s\": %.6f, "
                 "\"ratio_to_memcpy\": %.3f, \"steps_s\": [%s], \"metadata_us_per_tensor\": %.3f",
                 r.bytes, r.tensors, r.chunks, a.receivers,
                 a.checksum && !a.checksum_compare ? "true" : "false",
-                a.load_copy ? "copy" : "memcpy", a.split ? "true" : "false", a.dst_offset, r.step_s[0], steady,
+                a.load_copy ? "copy" : "memcpy", a.split ? "true" : "false", a.dst_offset, a.copy_threads, r.step_s[0], steady,
                 r.bytes / steady / 1e9, r.memcpy_s, r.memcpy_offset_s, steady / r.memcpy_s,
                 steps.c_str(), meta);
     if (a.checksum_compare)

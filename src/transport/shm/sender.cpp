@@ -16,10 +16,11 @@ namespace {
 
 class ShmSender final : public SenderImpl {
 public:
-    ShmSender(std::shared_ptr<SharedSegment> seg, bool checksum, int64_t timeout_ms)
+    ShmSender(std::shared_ptr<SharedSegment> seg, bool checksum, int64_t timeout_ms,
+              unsigned copy_threads)
         : seg_(std::move(seg)),
           board_(seg_->board(), seg_->fd(), seg_->receivers(), seg_->slots(), kKind),
-          checksum_(checksum), timeout_ms_(timeout_ms) {
+          checksum_(checksum), timeout_ms_(timeout_ms), pool_(copy_threads) {
         board_.register_sender();
     }
 
@@ -57,8 +58,9 @@ public:
         // Back-pressure: the bucket's previous chunk must be done with by every receiver.
         board_.wait({b}, sys::Deadline(timeout_ms_), "no free bucket", seq - 1);
 
-        // Pack + checksum, one pass; arena tensors are only hashed.
-        layout::pack_host(seg_->bucket(b), tensors, table, checksum_, in_place);
+        // Pack + checksum, one pass, large tensors on the copy threads (tree hashes, which the
+        // engines verify on theirs); arena tensors are only hashed.
+        layout::pack_host(seg_->bucket(b), tensors, table, checksum_, in_place, &pool_);
         board_.publish(b, seq);  // the bytes are in place
         ++next_seq_;
         used_buckets_ = std::max<uint32_t>(used_buckets_, b + 1);
@@ -112,6 +114,7 @@ private:
     board::SenderEnd board_;
     bool checksum_;
     int64_t timeout_ms_;
+    copy::Pool pool_;  // "copy_threads": started on the first large tensor
     uint64_t next_seq_ = 1;
     uint32_t used_buckets_ = 0;
 };
@@ -119,8 +122,8 @@ private:
 }  // namespace
 
 std::unique_ptr<SenderImpl> make_sender(std::shared_ptr<SharedSegment> seg, bool checksum,
-                                        int64_t timeout_ms) {
-    return std::make_unique<ShmSender>(std::move(seg), checksum, timeout_ms);
+                                        int64_t timeout_ms, unsigned copy_threads) {
+    return std::make_unique<ShmSender>(std::move(seg), checksum, timeout_ms, copy_threads);
 }
 
 }  // namespace wsync::shm

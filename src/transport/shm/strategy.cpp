@@ -85,7 +85,7 @@ public:
         if (seg_->sender_made)
             fail(WSYNC_ERR_WRONG_STATE, "shm: segment '" + seg_->name() + "' already has a sender");
         seg_->sender_made = true;
-        return make_sender(seg_, info.checksum, timeout_ms_);
+        return make_sender(seg_, info.checksum, timeout_ms_, copy_threads_);
     }
 
     std::unique_ptr<ReceiverImpl> create_receiver(const json &body, uint32_t index) override {

@@ -51,9 +51,10 @@ struct Member {
 
 class UcxSender final : public SenderImpl {
 public:
-    UcxSender(std::unique_ptr<Worker> w, const InitInfo &info, int64_t timeout_ms, uint64_t block_bytes)
+    UcxSender(std::unique_ptr<Worker> w, const InitInfo &info, int64_t timeout_ms, uint64_t block_bytes,
+              unsigned copy_threads)
         : w_(std::move(w)), info_(info), timeout_ms_(timeout_ms), block_bytes_(block_bytes),
-          members_(info.receivers) {
+          copiers_(copy_threads), members_(info.receivers) {
         stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (stop_fd_ < 0) fail_errno("ucx sender: eventfd", errno);
         thread_ = std::thread([this] { serve(); });
@@ -229,28 +230,21 @@ private:
     }
 
     // Copies the chunk's host tensors into the staging buffer and, with checksums on, hashes
-    // every tensor: a host one in the same pass as its copy, a device one where the GPU put it.
+    // every tensor (tree hashes, large tensors on the copy threads): a host one in the same pass
+    // as its copy, a device one where the GPU put it.
     void stage_host(uint8_t *base, const wsync_tensor_t *tensors, TensorTable &table,
                     const std::vector<std::size_t> &on_gpu) {
         if (on_gpu.empty()) {
-            layout::pack_host(base, tensors, table, info_.checksum);  // one pass
+            layout::pack_host(base, tensors, table, info_.checksum, {}, &copiers_);  // one pass
             return;
         }
-        if (info_.checksum) table.checksums.resize(table.metas.size());
-        std::size_t g = 0;
-        for (std::size_t i = 0; i < table.metas.size(); ++i) {
-            uint8_t *at = base + table.offsets[i];
-            const uint64_t n = table.metas[i].nbytes;
-            const bool device = g < on_gpu.size() && on_gpu[g] == i;
-            g += device;
-            if (device) {
-                if (info_.checksum) table.checksums[i] = copy::hash_bytes(at, n);
-            } else if (info_.checksum) {
-                table.checksums[i] = copy::copy_hashing(at, tensors[i].data, n, 0, n);
-            } else {
-                copy::copy_bytes(at, tensors[i].data, n);
-            }
+        std::vector<wsync_tensor_t> staged(tensors, tensors + table.metas.size());
+        layout::InPlace in_place(table.metas.size(), 0);
+        for (std::size_t i : on_gpu) {
+            in_place[i] = 1;
+            staged[i].data = base + table.offsets[i];
         }
+        layout::pack_host(base, staged.data(), table, info_.checksum, in_place, &copiers_);
     }
 
     // ---- the progress thread ------------------------------------------------------------
@@ -564,6 +558,7 @@ private:
     InitInfo info_;
     int64_t timeout_ms_;
     uint64_t block_bytes_;  // 0: no block checksums
+    copy::Pool copiers_;    // "copy_threads": pack and hash large tensors (the caller's thread only)
     std::unique_ptr<GpuStage> gpu_;  // made by the first chunk with device tensors
     std::vector<std::shared_ptr<gpu::DeviceBuffer>> retired_;  // pinned, to free (free_retired)
     void *order_stream_ = nullptr;   // set_stream(), for the stage
@@ -585,8 +580,9 @@ private:
 }  // namespace
 
 std::unique_ptr<SenderImpl> make_sender(std::unique_ptr<Worker> worker, const InitInfo &info,
-                                        int64_t timeout_ms, uint64_t block_bytes) {
-    return std::make_unique<UcxSender>(std::move(worker), info, timeout_ms, block_bytes);
+                                        int64_t timeout_ms, uint64_t block_bytes,
+                                        unsigned copy_threads) {
+    return std::make_unique<UcxSender>(std::move(worker), info, timeout_ms, block_bytes, copy_threads);
 }
 
 }  // namespace wsync::ucx

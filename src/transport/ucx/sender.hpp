@@ -12,7 +12,9 @@
 
 namespace wsync::ucx {
 
+// copy_threads: the option, threads that pack and hash one large tensor (copy::Pool).
 std::unique_ptr<SenderImpl> make_sender(std::unique_ptr<Worker> worker, const InitInfo &info,
-                                        int64_t timeout_ms, uint64_t block_bytes);
+                                        int64_t timeout_ms, uint64_t block_bytes,
+                                        unsigned copy_threads);
 
 }  // namespace wsync::ucx

@@ -123,7 +123,7 @@ public:
                                         "info (this one has not created one, or already made its sender)");
         if (info.session != info_.session)
             fail(WSYNC_ERR_MISMATCH, "ucx: the init info is not the one this strategy created");
-        return make_sender(std::move(worker_), info, timeout_ms_, block_bytes_);
+        return make_sender(std::move(worker_), info, timeout_ms_, block_bytes_, receiver_.copy_threads);
     }
 
     std::unique_ptr<ReceiverImpl> create_receiver(const json &body, uint32_t index) override {
