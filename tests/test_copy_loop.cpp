@@ -105,7 +105,9 @@ uint64_t tree_by_definition(const uint8_t *p, size_t n) {
 // the pool splits; whole copies and ranges that start and end inside, on and across pieces; one
 // thread, and three (the caller's and two workers), which must give the same value.
 void tree_hashing_copy_equals_the_definition_on_one_thread_and_on_three(void **) {
-    wsync::copy::Pool one(1), three(3);
+    // Static: a failed assertion leaves the test by longjmp, and a pool on the stack would keep
+    // its threads on memory the next test reuses.
+    static wsync::copy::Pool one(1), three(3);
     const size_t sizes[] = {0,      1,      241,    65535,          65536,
                             65537,  131072, 200001, (size_t(32) << 20) + 65536 * 3 + 17,
                             (size_t(8) << 20) - 1,  (size_t(8) << 20) + 1, (size_t(12) << 20) + 4099};
@@ -138,7 +140,7 @@ void tree_hashing_copy_equals_the_definition_on_one_thread_and_on_three(void **)
 
 // One flipped byte anywhere changes the tree hash, whichever thread hashes its piece.
 void a_flipped_byte_in_any_piece_changes_the_tree_hash(void **) {
-    wsync::copy::Pool three(3);
+    static wsync::copy::Pool three(3);  // static: see above
     const size_t n = (size_t(16) << 20) + 333;
     std::vector<uint8_t> src = noise(n, 9), dst(n);
     const uint64_t clean = three.copy_tree_hashing(dst.data(), src.data(), n, 0, n);

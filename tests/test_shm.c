@@ -990,6 +990,62 @@ static void arena_tensor_written_before_the_ack_is_seen_or_refused_by_checksum(v
     }
 }
 
+/* A large tensor's checksum is a tree hash whose 64 KiB pieces the engine's copy threads verify
+ * while they copy (docs/data-path.md). One byte written into a 12 MiB in-place tensor after the
+ * trainer hashed it (the borrow breach above) fails the copy with INTEGRITY naming the tensor,
+ * wherever it lands: first byte, either side of a piece boundary, the middle, the last byte; the
+ * trainer's flush reports each; a clean version after them is copied bit-exact. Trainer and
+ * engine each run 3 copy threads, so pieces are hashed by threads other than the caller. */
+static void a_byte_changed_anywhere_in_a_large_tensor_fails_the_threaded_verification(void **state) {
+    (void)state;
+    enum { N = 12 << 20 };
+    trainer_t tr;
+    trainer_open(&tr, "{\"arena_bytes\": 12582912, \"checksum\": true, \"copy_threads\": 3}");
+    uint8_t *arena;
+    uint64_t arena_bytes;
+    OK(wsync_sender_arena(tr.sender, (void **)&arena, &arena_bytes));
+    tu_fill(arena, N, 7, 0);
+    wsync_strategy_t *rs;
+    wsync_receiver_t *r;
+    OK(wsync_strategy_create("shm", "{\"copy_threads\": 3}", &rs));
+    OK(wsync_receiver_create(rs, tr.init.data, tr.init.size, 0, &r));
+    uint8_t *dst = malloc(N + 64);
+    int64_t n = N;
+    wsync_tensor_t t = tu_tensor("w", arena, &n, 1, WSYNC_DTYPE_UINT, 8);
+    const size_t at[] = {0, 65535, 65536, N / 2 + 12345, N - 1};
+    for (size_t k = 0; k <= sizeof at / sizeof at[0]; ++k) {
+        const int breach = k < sizeof at / sizeof at[0];
+        wsync_chunk_t c = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+        wsync_blob_t req;
+        OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+        assert_true(request_says(&req, "\"tree\""));
+        if (breach) arena[at[k]] ^= 0x20;
+        wsync_recv_t *it;
+        OK(wsync_receiver_receive(r, req.data, req.size, &it));
+        uint64_t done;
+        if (breach) {
+            EXPECT_ERR(wsync_recv_copy(it, 0, 0, dst + 64, N), WSYNC_ERR_INTEGRITY, "tensor 'w'");
+            wsync_recv_end(it);
+            EXPECT_ERR(wsync_sender_flush(tr.sender, 5000), WSYNC_ERR_PEER, "WSYNC_ERR_INTEGRITY");
+            arena[at[k]] ^= 0x20;
+            OK(wsync_receiver_completed_version(r, &done));
+            assert_int_equal(done, 0);
+        } else {
+            OK(wsync_recv_copy(it, 0, 0, dst + 64, N));
+            OK(wsync_recv_end(it));
+            OK(wsync_sender_flush(tr.sender, 5000));
+            assert_memory_equal(dst + 64, arena, N);
+            OK(wsync_receiver_completed_version(r, &done));
+            assert_int_equal(done, k + 1);
+        }
+        wsync_blob_free(&req);
+    }
+    free(dst);
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(rs);
+    trainer_close(&tr);
+}
+
 /* The request's "arena" list is checked before any byte is read: entries out of order, past the
  * table, or whose offset and size do not fit in the arena are MALFORMED, and the chunk can still
  * be taken from an intact copy of the request. */
@@ -1079,6 +1135,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(arena_is_null_without_the_option_and_arguments_are_checked),
     cmocka_unit_test(arena_tensors_cross_in_place_and_the_rest_are_packed),
     cmocka_unit_test(arena_tensor_written_before_the_ack_is_seen_or_refused_by_checksum),
+    cmocka_unit_test(a_byte_changed_anywhere_in_a_large_tensor_fails_the_threaded_verification),
     cmocka_unit_test(arena_list_that_lies_is_malformed),
 };
 
