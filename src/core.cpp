@@ -258,7 +258,7 @@ std::vector<uint8_t> Sender::send(const wsync_tensor_t *tensors, std::size_t cou
     encode_tensor_table(table, table_obj);
     body["tensors"] = std::move(table_obj);
     body["transport"] = std::move(transport);
-    auto blob = wire::encode(wire::BlobType::Request, kind_.name, body);
+    auto blob = wire::encode(wire::BlobType::Request, kind_.name, std::move(body));
     if (h.last) {
         ++version_;
         next_index_ = 0;
@@ -353,8 +353,12 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
              "an iteration is still open on this receiver; end it with wsync_recv_end first");
     // Nothing below trusts the bytes before the seal and every field have been checked.
     auto env = wire::decode_expect(request, len, wire::BlobType::Request, kind_.name);
+    struct Dispose {  // the DOM goes by wire::dispose, not nlohmann's walk, however this returns
+        json &dom;
+        ~Dispose() { wire::dispose(dom); }
+    } dispose_dom{env.body};
     ChunkHeader h = decode_header(env.body);
-    TensorTable table = decode_tensor_table(wire::object_field(env.body, "tensors", kReq));
+    TensorTable table = decode_tensor_table(wire::object_field(env.body, "tensors", kReq));  // takes the names
     const json &transport = wire::object_field(env.body, "transport", kReq);
     const std::string what = std::string(kind_.name) + ": " + chunk_label(h);
 

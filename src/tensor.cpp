@@ -370,8 +370,8 @@ TensorTable TensorTable::as_wire() const {
     return w;
 }
 
-TensorTable decode_tensor_table(const json &obj) {
-    const auto &names = wire::array_field(obj, "names", "tensor table", WSYNC_MAX_CHUNK_TENSORS);
+TensorTable decode_tensor_table(json &obj) {
+    auto &names = wire::array_field(obj, "names", "tensor table", WSYNC_MAX_CHUNK_TENSORS);
     std::size_t n = names.size();
     // n == 0 is a commit without data (wsync_sender_commit): a manifest and no tensors.
     const auto &dtypes = wire::array_field(obj, "dtypes", "tensor table", 3 * n);
@@ -411,7 +411,7 @@ TensorTable decode_tensor_table(const json &obj) {
         };
         TensorMeta &m = t.metas[i];
         if (!names[i].is_string()) wire::malformed(where("name") + " is not a string");
-        const auto &name = names[i].get_ref<const std::string &>();
+        auto &name = names[i].get_ref<std::string &>();
         if (name.empty()) wire::malformed(where("name") + " is empty");
         if (name.size() > WSYNC_MAX_NAME_BYTES)
             wire::malformed(where("name") + " is too long (" + std::to_string(name.size()) +
@@ -420,7 +420,7 @@ TensorTable decode_tensor_table(const json &obj) {
             wire::malformed(where("name") + " contains NUL: '" + wire::printable(name) + "'");
         if (!wire::is_utf8(name))
             wire::malformed(where("name") + " is not valid UTF-8: '" + wire::printable(name) + "'");
-        m.name = name;
+        m.name = std::move(name);  // the DOM is ours and read once: no copy of every name
         if (!seen.insert(m.name).second)
             wire::malformed("tensor table: duplicate tensor name '" + m.name + "'");
         m.dtype.code = static_cast<uint8_t>(wire::as_uint(dtypes[3 * i], where("dtype"), 255));

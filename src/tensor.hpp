@@ -125,8 +125,9 @@ SparseColumn read_sparse_column(const json &obj, const char *key, std::size_t n,
 void encode_tensor_table(const TensorTable &table, json &obj);
 // Reads and validates the columns of obj. Throws WSYNC_ERR_MALFORMED naming the column and the
 // tensor index on any defect (types, counts, lengths, names with NUL or not UTF-8, dtypes,
-// shape overflow, dups).
-TensorTable decode_tensor_table(const json &obj);
+// shape overflow, dups). Moves the names out of obj (a decoded request read once), leaving its
+// other columns as they were.
+TensorTable decode_tensor_table(json &obj);
 
 // XXH3-64 of a tensor's bytes (the checksum requests carry).
 uint64_t checksum_bytes(const void *data, uint64_t n);

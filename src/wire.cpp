@@ -14,13 +14,14 @@ const char *blob_type_name(BlobType t) { return t == BlobType::Init ? "init" : "
 // before it (the array head included), as a CBOR uint64 (0x1b + 8 bytes big-endian). A flipped
 // bit anywhere is WSYNC_ERR_INTEGRITY before a single field is read. XXH3 finds corruption,
 // not forgery: a blob is authenticated by the channel it came over, as before.
-std::vector<uint8_t> encode(BlobType type, const std::string &kind, const json &body) {
-    json env = json::array({"wsync", kFormatVersion, blob_type_name(type), kind, body});
+std::vector<uint8_t> encode(BlobType type, const std::string &kind, json body) {
+    json env = json::array({"wsync", kFormatVersion, blob_type_name(type), kind, std::move(body)});
     std::vector<uint8_t> out = json::to_cbor(env);
     out[0] = kSealedHead;  // a 6-element array: the seal follows the body
     uint64_t seal = checksum_bytes(out.data(), out.size());
     out.push_back(0x1b);
     for (int i = 7; i >= 0; --i) out.push_back(static_cast<uint8_t>(seal >> (8 * i)));
+    dispose(env);
     return out;
 }
 
@@ -264,6 +265,21 @@ const json &object_field(const json &obj, const char *key, const std::string &wh
     const json &v = field(obj, key, where);
     if (!v.is_object()) malformed(where + "." + key + " is not a map");
     return v;
+}
+
+void dispose(json &j) noexcept {
+    if (j.is_array()) {
+        auto &a = j.get_ref<json::array_t &>();
+        for (auto &e : a)
+            if (e.is_structured()) dispose(e);
+        json::array_t().swap(a);  // scalars and nulls only: each element's destructor is trivial or one free
+    } else if (j.is_object()) {
+        auto &o = j.get_ref<json::object_t &>();
+        for (auto &kv : o)
+            if (kv.second.is_structured()) dispose(kv.second);
+        json::object_t().swap(o);
+    }
+    j = nullptr;
 }
 
 }  // namespace wsync::wire
