@@ -109,7 +109,9 @@ extern "C" {
  *      (request column patches.sums; docs/delta.md, "On the GPU"); "ucx" takes CUDA device
  *      tensors (packed by the GPU into pinned staging memory; was WSYNC_ERR_UNSUPPORTED), and
  *      its receiver option "device" lets wsync_recv_copy() fill device memory; "ucx" carries
- *      delta sync (was WSYNC_ERR_UNSUPPORTED). */
+ *      delta sync (was WSYNC_ERR_UNSUPPORTED); request format 5 (builds from 2026-11-27): "shm"
+ *      and "ucx" carry tree-hash checksums (column "tree"), verified and packed by the copy
+ *      threads, and their "copy_threads" option applies to senders too. */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -797,17 +799,18 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
 /* Copies bytes [offset, offset + len) of tensor i (0 .. count-1, the order wsync_recv_peek()
  * and wsync_recv_next() use) into dst, the caller's own host memory, with the library's copy
  * loop: stores aligned to the destination whatever the relative alignment of dst and the
- * received bytes, non-temporal stores for copies larger than the cache, and, for copies of at
- * least 8 MiB, the receiver's copy threads ("copy_threads" option; made once per receiver, never
- * per call). offset = 0 and len = the tensor's byte size (element size
+ * received bytes, non-temporal stores for copies larger than the cache, and, for unverified
+ * copies of at least 8 MiB (and verification, below), the receiver's copy threads
+ * ("copy_threads" option; made once per receiver, never per call). offset = 0 and len = the tensor's byte size (element size
  * times the product of its shape, as peek reports) copies the whole tensor; a smaller range
  * suits a loader that keeps a shard of it.
  * Verification. With checksums on (the "checksum" and "verify" options), the first copy taken
  * from a tensor (and a wsync_recv_next() that yields it first) reads all of the tensor's bytes
  * once: it hashes them in the same pass that copies the range, so the bytes cross the memory bus
- * once for both. The hash is the one the request names: the tree hash ("shm" and "ucx" senders
- * since 0.5: independent 64 KiB pieces, so a tensor of 8 MiB or more is verified and copied by
- * the copy threads together) or one XXH3-64 stream (docs/wire-format.md). A mismatch fails with WSYNC_ERR_INTEGRITY naming the
+ * once for both. The hash is the one the request names: the tree hash ("shm" and "ucx" senders,
+ * format 5: independent 64 KiB pieces, so the whole of a tensor of 8 MiB or more is verified, and
+ * the range copied, by the copy threads together, however small the range) or one XXH3-64 stream
+ * (docs/wire-format.md), verified by the calling thread. A mismatch fails with WSYNC_ERR_INTEGRITY naming the
  * tensor and fails the iteration (as wsync_recv_next() does); what dst then holds is
  * unspecified. Later copies and views of a verified tensor are not hashed again.
  * Composition. The call takes any tensor in any order, as often as wanted (ranges of one tensor

@@ -169,7 +169,8 @@ OptionSpec synchronize(const char *doc) {
 
 OptionSpec checksum() {
     return {"checksum", OptionSpec::Type::Bool, 1, 0, 1, "sender",
-            "carry an XXH3-64 checksum of every tensor"};
+            "carry a checksum of every tensor (shm, ucx: its tree hash, verified by the engines' "
+            "copy threads)"};
 }
 
 OptionSpec verify() {

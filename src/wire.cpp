@@ -184,6 +184,8 @@ Envelope decode(const uint8_t *data, std::size_t size) {
                   "libwsync minor versions" +
                   (version == 2   ? ": format 3 (libwsync 0.4) added delta patches)"
                    : version == 3 ? ": format 4 (libwsync 0.5) added split tensors' parts)"
+                   : version == 4 ? ": format 5 (libwsync 0.5 from 2026-11-27) carries tree-hash "
+                                    "tensor checksums, which engines verify on several threads)"
                                   : ")"));
     Envelope env;
     if (root[2] == "init") env.type = BlobType::Init;

@@ -19,7 +19,7 @@ using json = nlohmann::json;
 // 3: requests may carry patches (the tensor table's "patches" column, docs/delta.md), which a
 // format 2 reader would take for dense bytes. 4: requests may carry parts of split tensors (the
 // "parts" column, src/parts.hpp), which a format 3 reader would take for whole tensors.
-constexpr uint64_t kFormatVersion = 4;
+constexpr uint64_t kFormatVersion = 5;
 constexpr uint8_t kSealedHead = 0x86;  // CBOR array of 6: magic, format, type, kind, body, seal
 constexpr std::size_t kMaxBlobBytes = std::size_t(256) << 20;  // 256 MiB
 constexpr std::size_t kMaxDepth = 16;                          // nesting of arrays and maps

@@ -995,7 +995,7 @@ static void arena_tensor_written_before_the_ack_is_seen_or_refused_by_checksum(v
  * trainer hashed it (the borrow breach above) fails the copy with INTEGRITY naming the tensor,
  * wherever it lands: first byte, either side of a piece boundary, the middle, the last byte; the
  * trainer's flush reports each; a clean version after them is copied bit-exact. Trainer and
- * engine each run 3 copy threads, so pieces are hashed by threads other than the caller. */
+ * engine each run 3 copy threads, between which the tensor's 192 pieces are shared out. */
 static void a_byte_changed_anywhere_in_a_large_tensor_fails_the_threaded_verification(void **state) {
     (void)state;
     enum { N = 12 << 20 };

@@ -70,8 +70,9 @@ struct Sync {
 };
 
 // copy_verified: wsync_recv_copy with checksums on, on the copy threads (a tree hash's pieces
-// are verified by all of them); copy_verified_one_thread: the same with "copy_threads": 1 on
-// both sides, as every verified copy ran while checksums were one XXH3-64 stream per tensor.
+// are verified by all of them); copy_verified_one_thread: the same tree-hashed copy on an engine
+// with "copy_threads": 1, the way every verified copy ran (though over one XXH3-64 stream) before
+// format 5. Only the engine's options matter: only its copies are timed.
 enum Mode { kMemcpy, kCopy, kCopyThreads, kCopyVerified, kCopyVerifiedOne, kNextVerifiedMemcpy, kModes };
 const char *const kModeNames[kModes] = {"memcpy", "copy", "copy_threads", "copy_verified",
                                         "copy_verified_one_thread", "next_verified_memcpy"};

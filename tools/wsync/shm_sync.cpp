@@ -383,7 +383,7 @@ int cmd_demo(const Args &a) {
     std::printf("%-28s %.1f MB (%zu tensors, %zu chunks)\n", "model bytes", r.bytes / 1e6,
                 r.tensors, r.chunks);
     std::printf("%-28s %u\n", "engines", a.receivers);
-    std::printf("%-28s %s\n", "checksums", a.checksum ? "on (xxh3)" : "off");
+    std::printf("%-28s %s\n", "checksums", a.checksum ? "on (tree hash)" : "off");
     if (a.arena) std::printf("%-28s %s\n", "trainer's tensors", "in the sender's arena (sent in place)");
     std::printf("%-28s %.3f s\n", "first sync", r.step_s[0]);
     std::printf("%-28s %.3f s\n", "steady-state sync (median)", steady);

@@ -1,8 +1,8 @@
 // Trainer tensors in CUDA device memory on the ucx kind.
 //
 // UCX registers and serves host memory with any build (Debian's included); device memory only
-// with a CUDA-enabled UCX, and a GPU-side hash would be needed to keep the wire's XXH3
-// checksums. So a chunk with device tensors is staged in host memory, as every other chunk is:
+// with a CUDA-enabled UCX, and a GPU-side hash would be needed to keep the wire's checksums
+// (tree hashes, which the GPU kinds' delta kernels already compute for patches). So a chunk with device tensors is staged in host memory, as every other chunk is:
 // its staging buffer is pinned host memory mapped into the GPU's address space
 // (cuMemHostAlloc PORTABLE|DEVICEMAP), the pack kernel (gpu/pack.hpp, one launch per chunk)
 // writes the device tensors straight into it across the bus, and the trainer's CPU then hashes

@@ -683,8 +683,10 @@ fn corrupt_segment(init: &[u8], w: &[u64]) {
 /// Flips one bit of the first checksum a request carries (found through `describe`).
 fn corrupt_first_checksum(req: &mut [u8]) {
     let text = describe(req).unwrap();
+    // shm requests carry tree hashes ("tree"); a table of XXH3-64s says "xxh3".
     let at = text
-        .find("\"xxh3\"")
+        .find("\"tree\"")
+        .or_else(|| text.find("\"xxh3\""))
         .expect("the request carries checksums");
     let list = &text[at + text[at..].find('[').expect("a list of checksums") + 1..];
     let digits: String = list
