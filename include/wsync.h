@@ -95,7 +95,7 @@ extern "C" {
  *      (host kinds; docs/delta.md); request format 3 (trainer and engines must both be 0.4).
  * 0.5: split tensors: wsync_part_t, wsync_sender_send_parts(), wsync_plan_chunk_parts() and the
  *      planner's "split" option, wsync_recv_part(), wsync_recv_next_part(); request format 4
- *      (trainer and engines must both be 0.5); wsync_recv_patch(), wsync_patch_t and
+ *      (trainer and engines must both be 0.5; format 5 from the builds of 2026-11-27, below); wsync_recv_patch(), wsync_patch_t and
  *      WSYNC_TENSOR_PATCH (delta patches as flat indices and values for the engine to apply);
  *      wsync_recv_copy() into device memory for the GPU kinds (was WSYNC_ERR_UNSUPPORTED); "cuda_ipc"
  *      receivers acknowledge a chunk that does not end its version when its copies complete

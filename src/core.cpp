@@ -95,7 +95,7 @@ std::vector<uint8_t> Strategy::create_init_info() {
                                         ": init info was already created by this strategy");
     json body = impl_->create_init_info();
     init_made_ = true;
-    return wire::encode(wire::BlobType::Init, kind_.name, body);
+    return wire::encode(wire::BlobType::Init, kind_.name, std::move(body));
 }
 
 std::unique_ptr<Sender> Strategy::create_sender(const uint8_t *init, std::size_t len) {

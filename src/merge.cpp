@@ -49,7 +49,7 @@ std::vector<uint8_t> merge_requests(
     }
     json body = envs[0].body;
     body["transport"] = kind.merge_transports(transports);
-    return wire::encode(wire::BlobType::Request, kind.name, body);
+    return wire::encode(wire::BlobType::Request, kind.name, std::move(body));
 }
 
 std::string describe_blob(const uint8_t *data, std::size_t size) {

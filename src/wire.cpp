@@ -180,13 +180,14 @@ Envelope decode(const uint8_t *data, std::size_t size) {
     if (version != kFormatVersion)
         malformed("wsync blob format version " + std::to_string(version) +
                   " is not supported (this library reads version " +
-                  std::to_string(kFormatVersion) + "; trainer and engines run different "
-                  "libwsync minor versions" +
-                  (version == 2   ? ": format 3 (libwsync 0.4) added delta patches)"
-                   : version == 3 ? ": format 4 (libwsync 0.5) added split tensors' parts)"
-                   : version == 4 ? ": format 5 (libwsync 0.5 from 2026-11-27) carries tree-hash "
-                                    "tensor checksums, which engines verify on several threads)"
-                                  : ")"));
+                  std::to_string(kFormatVersion) + "; trainer and engines run " +
+                  (version == 4 ? "libwsync 0.5 builds of different request formats: format 5 "
+                                  "(0.5 builds from 2026-11-27) carries tree-hash tensor checksums, "
+                                  "which engines verify on several threads)"
+                                : std::string("different libwsync minor versions") +
+                                      (version == 2   ? ": format 3 (libwsync 0.4) added delta patches)"
+                                       : version == 3 ? ": format 4 (libwsync 0.5) added split tensors' parts)"
+                                                      : ")")));
     Envelope env;
     if (root[2] == "init") env.type = BlobType::Init;
     else if (root[2] == "request") env.type = BlobType::Request;

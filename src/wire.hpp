@@ -19,6 +19,8 @@ using json = nlohmann::json;
 // 3: requests may carry patches (the tensor table's "patches" column, docs/delta.md), which a
 // format 2 reader would take for dense bytes. 4: requests may carry parts of split tensors (the
 // "parts" column, src/parts.hpp), which a format 3 reader would take for whole tensors.
+// 5: shm and ucx requests carry tree-hash checksums (the "tree" column), in which a format 4
+// reader would find no checksums and fail every chunk with INTEGRITY (docs/wire-format.md).
 constexpr uint64_t kFormatVersion = 5;
 constexpr uint8_t kSealedHead = 0x86;  // CBOR array of 6: magic, format, type, kind, body, seal
 constexpr std::size_t kMaxBlobBytes = std::size_t(256) << 20;  // 256 MiB

@@ -192,7 +192,7 @@ static void hostile_requests_are_refused_by_name_and_the_receiver_still_works(vo
         {"init type", [](json &r) { r[2] = "init"; }, WSYNC_ERR_MISMATCH, "expected a request blob"},
         {"unknown type", [](json &r) { r[2] = "reply"; }, WSYNC_ERR_MALFORMED, "unknown blob type"},
         {"format 6", [](json &r) { r[1] = 6; }, WSYNC_ERR_MALFORMED, "format version 6 is not supported (this library reads version 5"},
-        {"format 4 (0.5 before tree hashes)", [](json &r) { r[1] = 4; }, WSYNC_ERR_MALFORMED, "format version 4 is not supported (this library reads version 5; trainer and engines run different libwsync minor versions: format 5 (libwsync 0.5 from 2026-11-27) carries tree-hash tensor checksums"},
+        {"format 4 (0.5 before tree hashes)", [](json &r) { r[1] = 4; }, WSYNC_ERR_MALFORMED, "format version 4 is not supported (this library reads version 5; trainer and engines run libwsync 0.5 builds of different request formats: format 5 (0.5 builds from 2026-11-27) carries tree-hash tensor checksums"},
         {"format 3 (0.4)", [](json &r) { r[1] = 3; }, WSYNC_ERR_MALFORMED, "format version 3 is not supported (this library reads version 5; trainer and engines run different libwsync minor versions: format 4 (libwsync 0.5) added split tensors' parts)"},
         {"format 2 (0.3)", [](json &r) { r[1] = 2; }, WSYNC_ERR_MALFORMED, "format version 2 is not supported (this library reads version 5; trainer and engines run different libwsync minor versions: format 3 (libwsync 0.4) added delta patches)"},
         {"patches not a map", [](json &r) { r[4]["tensors"]["patches"] = 1; }, WSYNC_ERR_MALFORMED, "patches"},
