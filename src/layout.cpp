@@ -47,25 +47,19 @@ void check(const TensorTable &table, uint64_t bytes, const std::string &where, c
 }
 
 void pack_host(uint8_t *dst, const wsync_tensor_t *tensors, TensorTable &table, bool checksum,
-               const InPlace &in_place, copy::Pool *pool) {
+               const InPlace &in_place, copy::Pool &pool) {
     if (checksum) {
         table.checksums.resize(table.metas.size());
-        table.tree_sums = pool != nullptr;
+        table.tree_sums = true;
     }
     for (std::size_t i = 0; i < table.metas.size(); ++i) {
         const uint64_t n = table.metas[i].nbytes;
         const bool here = flagged(in_place, i);
-        if (!checksum) {
-            if (here) continue;
-            if (pool) pool->copy(dst + table.offsets[i], tensors[i].data, n);
-            else copy::copy_bytes(dst + table.offsets[i], tensors[i].data, n);
-        } else if (pool) {
-            table.checksums[i] = here ? pool->tree_hash(tensors[i].data, n)
-                                      : pool->copy_tree_hashing(dst + table.offsets[i], tensors[i].data, n, 0, n);
-        } else {
-            table.checksums[i] = here ? copy::hash_bytes(tensors[i].data, n)
-                                      : copy::copy_hashing(dst + table.offsets[i], tensors[i].data, n, 0, n);
-        }
+        if (checksum)
+            table.checksums[i] = here ? pool.tree_hash(tensors[i].data, n)
+                                      : pool.copy_tree_hashing(dst + table.offsets[i], tensors[i].data, n, 0, n);
+        else if (!here)
+            pool.copy(dst + table.offsets[i], tensors[i].data, n);
     }
 }
 

@@ -41,10 +41,10 @@ void check_entry(const TensorTable &table, std::size_t i, uint64_t bytes, const 
 
 // Copies each tensor of a host chunk to its placed offset (table.offsets) at dst, and with
 // `checksum` fills table.checksums in the same pass (src/copy.hpp). An entry flagged in
-// `in_place` is not copied; with `checksum` it is hashed where it lies (tensors[i].data). With a
-// `pool` each large tensor is copied and hashed by its threads and the checksums are tree hashes
-// (table.tree_sums); without one, on the calling thread, XXH3-64.
+// `in_place` is not copied; with `checksum` it is hashed where it lies (tensors[i].data). Each
+// large tensor is copied and hashed by the pool's threads; the checksums are tree hashes
+// (table.tree_sums).
 void pack_host(uint8_t *dst, const wsync_tensor_t *tensors, TensorTable &table, bool checksum,
-               const InPlace &in_place = {}, copy::Pool *pool = nullptr);
+               const InPlace &in_place, copy::Pool &pool);
 
 }  // namespace wsync::layout

@@ -60,7 +60,7 @@ public:
 
         // Pack + checksum, one pass, large tensors on the copy threads (tree hashes, which the
         // engines verify on theirs); arena tensors are only hashed.
-        layout::pack_host(seg_->bucket(b), tensors, table, checksum_, in_place, &pool_);
+        layout::pack_host(seg_->bucket(b), tensors, table, checksum_, in_place, pool_);
         board_.publish(b, seq);  // the bytes are in place
         ++next_seq_;
         used_buckets_ = std::max<uint32_t>(used_buckets_, b + 1);

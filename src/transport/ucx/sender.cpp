@@ -235,7 +235,7 @@ private:
     void stage_host(uint8_t *base, const wsync_tensor_t *tensors, TensorTable &table,
                     const std::vector<std::size_t> &on_gpu) {
         if (on_gpu.empty()) {
-            layout::pack_host(base, tensors, table, info_.checksum, {}, &copiers_);  // one pass
+            layout::pack_host(base, tensors, table, info_.checksum, {}, copiers_);  // one pass
             return;
         }
         std::vector<wsync_tensor_t> staged(tensors, tensors + table.metas.size());
@@ -244,7 +244,7 @@ private:
             in_place[i] = 1;
             staged[i].data = base + table.offsets[i];
         }
-        layout::pack_host(base, staged.data(), table, info_.checksum, in_place, &copiers_);
+        layout::pack_host(base, staged.data(), table, info_.checksum, in_place, copiers_);
     }
 
     // ---- the progress thread ------------------------------------------------------------
