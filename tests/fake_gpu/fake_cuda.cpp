@@ -22,7 +22,8 @@
 //   write device memory directly. cuMemFree synchronizes the process's streams first (like
 //   cudaFree; a copy in flight never touches unmapped memory), unmaps and unlinks. Allocations
 //   still alive at exit() are unlinked then (the driver frees device memory when a process
-//   ends); a process that ends in _exit() or a signal leaves them in /dev/shm.
+//   ends); a process that ends in _exit() or a signal leaves them in /dev/shm until the next
+//   process's first allocation sweeps every dead pid's leftovers (sweep_dead_namesakes).
 // - CUDA IPC: the 64-byte handle holds a magic, the owner's pid, the allocation's serial number
 //   (pid and serial give the shm name), its size and the owner device's UUID; it is the same
 //   bytes every time for one allocation. Opening maps the shm object in another process; the
@@ -657,21 +658,35 @@ std::string alloc_name(uint64_t pid, uint64_t serial) {
     return "/wsync-fakecuda-" + std::to_string(pid) + "-" + std::to_string(serial);
 }
 
-// Device memory named for this pid that this process did not make belongs to an earlier
-// process with the same pid that was killed (a killed process frees nothing; pids are reused
-// on a busy machine). The real driver frees a dead process's memory, so the fake removes such
-// leftovers once per process, before its first allocation: then counting "/dev/shm" entries of a
-// pid counts what that live process holds.
+// The real driver frees a process's device memory when the process ends, however it ends. The
+// fake's memory is a file in /dev/shm, which a process ending in _exit() or a signal leaves
+// behind. So once per process, before its first allocation, the fake removes the allocations of
+// every process that no longer exists:
+// - those named for this very pid: an earlier process with the same pid that was killed (pids are
+//   reused on a busy machine). Then counting "/dev/shm" entries of a pid counts what that live
+//   process holds;
+// - those of any other dead pid (kill(pid, 0) fails with ESRCH), so test runs whose children end
+//   in _exit() or are killed do not pile up files on the machine.
+// An object removed while another process still maps it stays readable there until that
+// process unmaps it, as imported device memory of a dead owner does; opening its handle afresh
+// fails (CUDA_ERROR_INVALID_HANDLE), as the driver's open of a dead owner's handle does.
 void sweep_dead_namesakes() {
     static std::atomic<pid_t> swept{0};
     const pid_t me = getpid();
     if (swept.exchange(me) == me) return;
-    const std::string prefix = "wsync-fakecuda-" + std::to_string(me) + "-";
+    const char *prefix = kAllocPrefix + 1;  // "wsync-fakecuda-"
+    const size_t plen = std::strlen(prefix);
     DIR *d = opendir("/dev/shm");
     if (!d) return;
     std::vector<std::string> dead;
-    while (struct dirent *e = readdir(d))
-        if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) dead.push_back(e->d_name);
+    while (struct dirent *e = readdir(d)) {
+        if (std::strncmp(e->d_name, prefix, plen) != 0) continue;
+        char *end = nullptr;
+        const long pid = std::strtol(e->d_name + plen, &end, 10);
+        if (pid <= 0 || end == e->d_name + plen || *end != '-') continue;
+        if (pid == me || (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH))
+            dead.push_back(e->d_name);
+    }
     closedir(d);
     for (const std::string &name : dead) shm_unlink(("/" + name).c_str());
 }

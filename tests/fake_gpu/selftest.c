@@ -1320,6 +1320,45 @@ static void test_memory_of_a_killed_namesake_is_freed(void **state) {
     assert_int_equal(shm_of_pid(child), 0);
 }
 
+/* Allocates and ends in _exit() (spawn's end), as a forked test child or a killed process does:
+ * nothing of it is freed on the way out. */
+static int child_leaves_memory_behind(void *arg) {
+    (void)arg;
+    CUcontext ctx;
+    CUdeviceptr a = 0, b = 0;
+    CK_EQ(F.cuDevicePrimaryCtxRetain(&ctx, 0), OK);
+    CK_EQ(F.cuCtxSetCurrent(ctx), OK);
+    CK_EQ(F.cuMemAlloc(&a, 100), OK);
+    CK_EQ(F.cuMemAlloc(&b, 100), OK);
+    return 0;
+}
+
+/* A later process's first driver call (here cuInit in a fresh child). */
+static int child_first_call(void *arg) {
+    (void)arg;
+    CK_EQ(F.cuInit(0), OK);
+    return 0;
+}
+
+/* The driver frees a process's memory however it ends; the fake's files of a process that ended
+ * in _exit() are removed by the next process's first call, and a live process's are not. */
+static void test_memory_of_any_dead_process_is_swept_by_the_next(void **state) {
+    (void)state;
+    CUdeviceptr mine = 0;
+    use_device(0);
+    assert_int_equal(F.cuMemAlloc(&mine, 4096), OK);
+    const int held = shm_of_pid(getpid());
+    pid_t leaky = spawn(child_leaves_memory_behind, NULL);
+    assert_int_equal(reap(leaky), 0);
+    assert_int_equal(shm_of_pid(leaky), 2); /* dead, and its files are still there */
+    pid_t next = spawn(child_first_call, NULL);
+    assert_int_equal(reap(next), 0);
+    assert_int_equal(shm_of_pid(leaky), 0);
+    assert_int_equal(shm_of_pid(getpid()), held); /* this live process's memory is untouched */
+    assert_int_equal(F.cuMemFree(mine), OK);
+    drop_device(0);
+}
+
 static void test_exit_cleanup(void **state) {
     (void)state;
     ncclUniqueId id;
@@ -1485,6 +1524,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_nccl_two_process_broadcast, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exit_cleanup, setup, teardown),
         cmocka_unit_test_setup_teardown(test_memory_of_a_killed_namesake_is_freed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_memory_of_any_dead_process_is_swept_by_the_next, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
