@@ -117,9 +117,15 @@ uint64_t tree_sequential(void *dst, const void *src, uint64_t total, uint64_t of
     uint8_t *d = static_cast<uint8_t *>(dst) - off;
     const auto *s = static_cast<const uint8_t *>(src);
     const uint64_t pieces = (total + kTreePieceBytes - 1) / kTreePieceBytes;
+    uint64_t h[512];
+    if (pieces <= 512) {  // up to 32 MiB, nearly every tensor: one XXH3 call, no streaming state
+        for (uint64_t p = 0; p < pieces; ++p) h[p] = piece_hash(d, s, total, p, off, len, copy, nt);
+        to_little_endian(h, pieces);
+        store_fence(nt);
+        return hash_bytes(h, pieces * sizeof(uint64_t));
+    }
     XXH3_state_t state;
     XXH3_64bits_reset(&state);
-    uint64_t h[512];
     for (uint64_t p = 0; p < pieces;) {
         unsigned k = 0;
         for (; k < 512 && p < pieces; ++k, ++p) h[k] = piece_hash(d, s, total, p, off, len, copy, nt);
