@@ -135,9 +135,14 @@ CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDe
   -DWSYNC_BUILD_FUZZERS=ON -DWSYNC_SANITIZE=address,undefined -DWSYNC_BUILD_TESTS=OFF \
   -DWSYNC_BUILD_TOOLS=OFF >/dev/null
 cmake --build build-fuzz -j"$jobs" >/dev/null
-# fuzz_request keeps one live segment for its whole run and libFuzzer's time limit ends the
-# process without exit handlers, so its segment is removed here afterwards.
+# fuzz_request makes a segment per input; libFuzzer's time limit ends the process without
+# exit handlers, so a segment of the input it cut short is removed here afterwards.
 shm_before=$(ls /dev/shm)
+# Its seeds must pass every check for both of its receivers (plain and mirror), or the fuzzer
+# would only ever mutate a refusal.
+WSYNC_FUZZ_SEEDS_MUST_PASS=1 build-fuzz/tests/fuzz/fuzz_request -runs=0 tests/fuzz/corpus/request \
+  >/dev/null 2>build-fuzz/request-seeds.log \
+  || { cat build-fuzz/request-seeds.log; echo "fuzz_request: a seed is refused"; exit 1; }
 for t in describe init request request_oracle options ucx_wire; do
   seeds=tests/fuzz/corpus/$t; [ "$t" = describe ] && seeds=tests/fuzz/corpus/blob
   corpus=$(mktemp -d); cp "$seeds"/* "$corpus"/
