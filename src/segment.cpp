@@ -81,8 +81,11 @@ std::shared_ptr<SharedSegment> SharedSegment::attach(const std::string &name,
         seg->fd_ = sys::shm_open_existing(name, seg->total_, kind, gone);
     } catch (const Error &e) {
         if (e.status() != WSYNC_ERR_UNAVAILABLE) throw;
-        seg->fd_ = sys::fetch_fd(rendezvous, sys::Deadline(timeout_ms),
-                                 kind + ": segment '" + name + "'", gone);
+        // The handed-over descriptor shares the sender's open file description; this
+        // process's liveness lock must be its own (sys::reopen_own).
+        seg->fd_ = sys::reopen_own(sys::fetch_fd(rendezvous, sys::Deadline(timeout_ms),
+                                                 kind + ": segment '" + name + "'", gone),
+                                   kind + ": segment '" + name + "'");
         struct stat st;
         if (fstat(seg->fd_, &st) != 0 || uint64_t(st.st_size) != seg->total_)
             fail(WSYNC_ERR_MISMATCH, kind + ": the segment handed over for '" + name +

@@ -246,6 +246,22 @@ void FdServer::run() {
     }
 }
 
+int reopen_own(int fd, const std::string &who) {
+    const std::string path = "/proc/self/fd/" + std::to_string(fd);
+    int own;
+    do {
+        own = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    } while (own < 0 && errno == EINTR);
+    const int err = errno;
+    close(fd);
+    if (own < 0)
+        fail(WSYNC_ERR_UNAVAILABLE,
+             who + ": cannot open the handed-over segment as this process's own file (" + path +
+                 ": " + std::strerror(err) +
+                 "); re-attaching after the segment's name is gone needs /proc mounted");
+    return own;
+}
+
 int fetch_fd(const std::string &name, const Deadline &deadline, const std::string &who,
              const std::string &gone) {
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);

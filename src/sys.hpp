@@ -93,4 +93,12 @@ private:
 int fetch_fd(const std::string &name, const Deadline &deadline, const std::string &who,
              const std::string &gone);
 
+// A descriptor of the same file as `fd` with an open file description of this process's own
+// (through /proc/self/fd), read-write; `fd` is closed either way. A descriptor received over a
+// socket shares the sender's open file description, and OFD locks belong to the description:
+// a liveness lock taken through it would look to the sender like its own (so the receiver
+// would seem dead to it, and the sender gone to the receiver), and two processes holding such
+// descriptors could both claim one index. WSYNC_ERR_UNAVAILABLE without /proc.
+int reopen_own(int fd, const std::string &who);
+
 }  // namespace wsync::sys

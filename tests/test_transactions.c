@@ -178,6 +178,53 @@ static void engine_killed_mid_version_restarts_and_receives_the_next_version(voi
     trainer_free(tr);
 }
 
+/* A restarted engine re-attaches through the trainer's socket once the segment's name is gone,
+ * and gets the segment's descriptor from the trainer. It must still hold its index as its own
+ * (issue 12 user trial: the passed descriptor shared the trainer's open file description, so
+ * the engine's liveness lock looked like the trainer's own and every later version reported the
+ * live engine as died). Trainer: a second process claiming the same index is refused; when the
+ * re-attached engine is frozen, the flush times out naming it (TIMEOUT, not DIED) at its 300 ms
+ * deadline; resumed, it completes the version bit-exact and the flush succeeds. */
+static void an_engine_reattached_through_the_trainer_is_alive_to_it_and_holds_its_index(void **state) {
+    (void)state;
+    trainer_t *tr = trainer_new("{\"receivers\": 2, \"bucket_bytes\": 65536}");
+    engines_t es;
+    start_engines(&es, tr, 2, MODE_LOAD);
+    tu_peer_t *e = es.e, **both = es.all;
+    send_version_to(tr, 1, both, 2); /* both hold their index: the trainer removed the name */
+    OK(wsync_sender_flush(tr->sender, 5000));
+    stop_engine(&e[1]);
+    e[1] = start_engine(&es.cfg[1], tr, 1, MODE_LOAD); /* through the socket */
+    engine_cfg_t twin;
+    twin.init = tr->init.data;
+    twin.init_len = tr->init.size;
+    twin.index = 1;
+    twin.mode = MODE_LOAD;
+    tu_peer_t dup = tu_fork_peer(engine_main, &twin);
+    assert_int_equal(tu_wait_child(dup.pid, 5000), 11); /* its receiver was not created */
+    close(dup.to);
+    close(dup.from);
+    send_version_to(tr, 2, both, 2);
+    OK(wsync_sender_flush(tr->sender, 5000));
+    kill(e[1].pid, SIGSTOP);
+    OK(send_chunk_to(tr, 3, 0, both, 2));
+    OK(send_chunk_to(tr, 3, 1, both, 2));
+    assert_int_equal(tu_peer_byte(&e[0], 5000), 0);
+    assert_int_equal(tu_peer_byte(&e[0], 5000), 0);
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_flush(tr->sender, 300), WSYNC_ERR_TIMEOUT, "receivers [1]");
+    long took = tu_now_ms() - t0;
+    assert_true(took >= 290 && took < 1300);
+    assert_int_equal(failure(tr, 0).what, WSYNC_FAILURE_TIMEOUT);
+    kill(e[1].pid, SIGCONT);
+    assert_int_equal(tu_peer_byte(&e[1], 5000), 0);
+    assert_int_equal(tu_peer_byte(&e[1], 5000), 0); /* version 3 complete, bit-exact */
+    OK(wsync_sender_flush(tr->sender, 5000));
+    stop_engine(&e[0]);
+    stop_engine(&e[1]);
+    trainer_free(tr);
+}
+
 /* A frozen engine (SIGSTOP): the trainer's flush ends in TIMEOUT at its deadline naming it
  * (as a field too); dropping it lets the trainer go on; the engine, resumed, learns it was
  * dropped. */
@@ -359,6 +406,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(loader_failing_after_its_last_view_reaches_the_trainer_as_its_own_status),
     cmocka_unit_test(three_engines_one_killed_dropped_and_two_complete_five_more_versions),
     cmocka_unit_test(engine_killed_mid_version_restarts_and_receives_the_next_version),
+    cmocka_unit_test(an_engine_reattached_through_the_trainer_is_alive_to_it_and_holds_its_index),
     cmocka_unit_test(frozen_engine_times_out_by_name_and_can_be_dropped),
     cmocka_unit_test(trainer_killed_mid_version_engines_learn_it_and_nothing_is_left),
     cmocka_unit_test(two_processes_racing_for_one_index_never_both_get_it),
