@@ -14,6 +14,9 @@
 // |                              |                                    | copy afterwards)   |         |
 // | slot[s].seq                  | sender, release, after packing     | receiver, acquire  | never   |
 // | slot[s].ack[r]               | receiver r, release: seq<<8|status | senders, acquire   | never   |
+// |                              | (also MISMATCH for a chunk it was  |                    |         |
+// |                              | never given, once given a later    |                    |         |
+// |                              | one: acknowledge_missed)           |                    |         |
 // | ack_futex                    | receivers (bump + wake)            | senders (futex)    | never   |
 // | receiver[r].state            | receiver r: claim (JOINING/ATTACHED| senders, receiver | never   |
 // |                              | via CAS), DETACHED at destroy;     |                    |         |

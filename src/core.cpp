@@ -327,7 +327,9 @@ void Receiver::set_stream(void *stream) {
 }
 
 void Receiver::fail_open_version(wsync_status_t status) {
-    if (current_ && !current_failed_) {
+    // Only a version still open here fails: one this receiver completed stays completed (a
+    // sender that goes away, or abandons a later version, after it completed does not undo it).
+    if (current_ && !current_failed_ && current_ != completed_) {
         current_failed_ = true;
         current_status_ = status;
         failed_version_ = current_;
@@ -380,12 +382,27 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
         fail(WSYNC_ERR_MISMATCH, "received " + chunk_label(h) +
                                      " again: a stale or replayed request");
     } else if (h.version != current_ || h.chunk_index != expect_index_) {
-        std::string why = "received " + chunk_label(h) + " but expected " +
-                          (current_ ? "chunk " + std::to_string(expect_index_) + " of version " +
-                                          std::to_string(current_)
-                                    : std::string("chunk 0 of a version")) +
+        const bool open = current_ && !current_failed_ && current_ != completed_;
+        std::string expected =
+            open ? "chunk " + std::to_string(expect_index_) + " of version " + std::to_string(current_)
+            : current_ ? "chunk 0 of a version after " + std::to_string(current_)
+                       : std::string("chunk 0 of a version");
+        std::string why = "received " + chunk_label(h) + " but expected " + expected +
                           " (a request was lost or reordered)";
+        if (h.version != current_) {
+            // A newer version whose first chunks did not arrive. An open older one is over
+            // (the sender moved on without committing it), and this one fails here: none of
+            // its later chunks, nor a late chunk 0, can complete it, so this receiver and the
+            // trainer (which gets the record) agree that it failed.
+            fail_open_version(WSYNC_ERR_ABANDONED);
+            current_ = h.version;
+            current_failed_ = false;
+            current_why_.clear();
+            tally_ = Manifest{};
+            expect_index_ = h.chunk_index + 1;  // its later chunks: refused as a failed version's
+        }
         fail_open_version(WSYNC_ERR_MISMATCH);
+        if (current_why_.empty()) current_why_ = why;
         impl_->refuse(h, transport, WSYNC_ERR_MISMATCH, why, true);
         fail(WSYNC_ERR_MISMATCH, std::string(kind_.name) + ": " + why);
     } else if (current_failed_) {

@@ -1,5 +1,7 @@
 #include "segment.hpp"
 
+#include <algorithm>
+
 #include <cinttypes>
 #include <cstring>
 #include <new>
@@ -159,6 +161,16 @@ bool SharedSegment::may_answer(uint32_t index, uint32_t slot, uint64_t seq) cons
                seq >= st.from_seq;
     } catch (...) {
         return false;
+    }
+}
+
+void SharedSegment::acknowledge_missed(uint32_t index, uint64_t last, uint64_t seq) const noexcept {
+    // Only the last `slots` seqs before `seq` can still be in their slots.
+    const uint64_t slots = g_.slots;
+    uint64_t from = std::max<uint64_t>(last + 1, seq > slots ? seq - slots : 1);
+    for (uint64_t s = from; s < seq; ++s) {
+        const uint32_t slot = static_cast<uint32_t>((s - 1) % slots);
+        if (may_answer(index, slot, s)) board::acknowledge(board(), index, slot, s, WSYNC_ERR_MISMATCH);
     }
 }
 

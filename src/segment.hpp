@@ -106,6 +106,13 @@ public:
     // Whether receiver `index` may answer chunk `seq` in `slot` (acknowledge or refuse it): the
     // slot holds that chunk and the receiver, attached, owes it. Never throws.
     bool may_answer(uint32_t index, uint32_t slot, uint64_t seq) const noexcept;
+    // Receiver `index`, answering chunk `seq` (which it may answer), has not been given the
+    // chunks between `last` (the newest it was given; 0: none) and `seq`: a request lost on the
+    // way, or one of a version the sender abandoned before its requests were delivered. Each
+    // such chunk still in its slot and owed is acknowledged as missed (WSYNC_ERR_MISMATCH), so
+    // the sender's bucket reuse and flush do not wait for requests that will never come; a
+    // late one is then refused as stale (its slot may hold another chunk by then). Never throws.
+    void acknowledge_missed(uint32_t index, uint64_t last, uint64_t seq) const noexcept;
 
     bool sender_made = false;  // shm: the strategy that created it makes one sender only
 

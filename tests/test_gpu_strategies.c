@@ -388,6 +388,53 @@ static void packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chun
     for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
 }
 
+/* A version the trainer abandons after publishing a chunk it never delivered (its controller's
+ * RPC failed): the engine, given the next version's chunks, acknowledges the undelivered one as
+ * missed. Trainer: the next version's sends do not wait for it, and the flush succeeds at once.
+ * Engine: version 2 complete and bit-exact (until 2026-11-27 it refused every later request:
+ * "expected seq 3", for good). */
+static void cuda_ipc_an_abandoned_chunk_nobody_was_given_does_not_wedge_the_trainer(void **state) {
+    (void)state;
+    engine_t e = ipc_engine(0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"bucket_bytes\": 65536, \"buckets\": 2, \"timeout_ms\": 3000}", &e, 1, &s,
+                &init, &tx);
+    void *data[NT];
+    wsync_tensor_t t[NT];
+    for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    long t0 = 0;
+    for (uint64_t v = 1; v <= 2; ++v) {
+        for (int k = 0; k < NT; ++k) {
+            tu_fill(data[k], (size_t)shapes[k][0] * shapes[k][1] * 4, v, (uint64_t)k);
+            t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+        }
+        if (v == 2) t0 = tu_now_ms();
+        for (int c = 0; c < 2; ++c) {
+            wsync_chunk_t ch = tu_chunk(t + 3 * c, 3, c == 1 ? WSYNC_CHUNK_LAST : 0);
+            OK(wsync_sender_send_chunk(tx, &ch, &req));
+            if (v == 1 && c == 1) { /* published, delivered to nobody */
+                wsync_blob_free(&req);
+                OK(wsync_sender_abandon(tx));
+                continue;
+            }
+            engine_send(&e, &req);
+            assert_int_equal(engine_verdict(&e), 0);
+            wsync_blob_free(&req);
+        }
+    }
+    OK(wsync_sender_flush(tx, 3000));
+    assert_true(tu_now_ms() - t0 < 1500);
+    uint64_t next = 0;
+    OK(wsync_sender_version(tx, &next));
+    assert_int_equal(next, 3);
+    engine_finish(&e);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
 /* A split tensor goes through the core like any other: each part is a tensor of its own to the
  * transport, packed or shared per allocation, and arrives as one view per part. */
 static void cuda_ipc_moves_a_split_tensor_as_one_view_per_part_packed_or_not(void **state) {
@@ -2284,6 +2331,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_delta_bases_in_pinned_host_memory_cost_no_gpu_memory),
     cmocka_unit_test(cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense),
     cmocka_unit_test(cuda_ipc_delta_the_version_after_an_abandoned_one_is_dense),
+    cmocka_unit_test(cuda_ipc_an_abandoned_chunk_nobody_was_given_does_not_wedge_the_trainer),
     cmocka_unit_test(gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror),
     cmocka_unit_test(the_fake_counts_memory_freed_while_an_engine_maps_it),
     cmocka_unit_test(unpacked_memory_a_version_no_longer_uses_is_freed_after_wait_released),

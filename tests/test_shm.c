@@ -600,6 +600,105 @@ static void chunks_out_of_order_or_replayed_are_mismatch(void **state) {
     trainer_close(&tr);
 }
 
+static wsync_receiver_state_t polled(wsync_receiver_t *r) {
+    wsync_receiver_state_t st = {.struct_size = sizeof st};
+    OK(wsync_receiver_poll(r, &st));
+    return st;
+}
+
+static void load_chunk(wsync_receiver_t *r, const wsync_blob_t *q) {
+    wsync_recv_t *it;
+    wsync_tensor_t v;
+    bool has = true;
+    OK(wsync_receiver_receive(r, q->data, q->size, &it));
+    while (has) OK(wsync_recv_next(it, &v, &has));
+    OK(wsync_recv_end(it));
+}
+
+/* A receiver between versions (version 1 completed) is handed chunk 1 of version 2 before its
+ * chunk 0 (issue 12 user trial: the message showed chunk 4294967295, completed version 1 was
+ * reported failed, and version 2 then completed here while the trainer was told it failed).
+ * Engine: version 2 fails here with MISMATCH and none of its chunks can complete it (the late
+ * chunk 0, the last chunk); version 1 stays completed and unfailed until then, version 3
+ * completes. Trainer: the flush names chunk 1 of version 2. */
+static void a_chunk_of_the_next_version_before_its_chunk_0_fails_that_version_only(void **state) {
+    (void)state;
+    float x[2] = {1, 2};
+    int64_t s = 2;
+    wsync_tensor_t t = tu_tensor("x", x, &s, 1, WSYNC_DTYPE_FLOAT, 32);
+    trainer_t tr;
+    trainer_open(&tr, "{\"buckets\": 4}");
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    wsync_chunk_t one = tu_chunk(&t, 1, WSYNC_CHUNK_LAST), first = tu_chunk(&t, 1, 0);
+    wsync_blob_t v1, c0, c1, c2, v3;
+    OK(wsync_sender_send_chunk(tr.sender, &one, &v1));
+    load_chunk(r, &v1);
+    OK(wsync_sender_flush(tr.sender, 1000));
+    OK(wsync_sender_send_chunk(tr.sender, &first, &c0));
+    OK(wsync_sender_send_chunk(tr.sender, &first, &c1));
+    OK(wsync_sender_send_chunk(tr.sender, &one, &c2));
+    wsync_recv_t *it = NULL;
+    EXPECT_ERR(wsync_receiver_receive(r, c1.data, c1.size, &it), WSYNC_ERR_MISMATCH,
+               "received chunk 1 of version 2 but expected chunk 0 of a version after 1");
+    assert_null(strstr(wsync_last_error(), "4294967295"));
+    wsync_receiver_state_t st = polled(r);
+    assert_int_equal(st.completed_version, 1);
+    assert_int_equal(st.failed_version, 2);
+    assert_int_equal(st.failed_status, WSYNC_ERR_MISMATCH);
+    assert_int_equal(st.open_version, 0);
+    EXPECT_ERR(wsync_receiver_receive(r, c0.data, c0.size, &it), WSYNC_ERR_MISMATCH, "version 2");
+    EXPECT_ERR(wsync_receiver_receive(r, c2.data, c2.size, &it), WSYNC_ERR_MISMATCH,
+               "version 2 already failed here");
+    st = polled(r);
+    assert_int_equal(st.completed_version, 1);
+    assert_int_equal(st.failed_version, 2);
+    EXPECT_ERR(wsync_sender_flush(tr.sender, 1000), WSYNC_ERR_PEER, "failed chunk 1 of version 2");
+    OK(wsync_sender_send_chunk(tr.sender, &one, &v3));
+    load_chunk(r, &v3);
+    st = polled(r);
+    assert_int_equal(st.completed_version, 3);
+    assert_int_equal(st.failed_version, 2);
+    OK(wsync_sender_flush(tr.sender, 1000));
+    wsync_blob_t *all[] = {&v1, &c0, &c1, &c2, &v3};
+    for (size_t k = 0; k < 5; ++k) wsync_blob_free(all[k]);
+    wsync_receiver_destroy(r);
+    trainer_close(&tr);
+}
+
+/* What happens after a version completed here never unmakes it (issue 12 user trial: poll
+ * reported the completed version as failed with PEER once the trainer closed its sender, and
+ * the trainer's abandoning a later version this receiver never saw did the same with
+ * ABANDONED). Engine: after version 1 completed, the trainer abandons version 2 (its only
+ * chunk delivered to nobody) and then closes: poll says completed 1, nothing failed, the
+ * trainer gone. */
+static void a_completed_version_stays_completed_whatever_the_trainer_does_next(void **state) {
+    (void)state;
+    float x[2] = {1, 2};
+    int64_t s = 2;
+    wsync_tensor_t t = tu_tensor("x", x, &s, 1, WSYNC_DTYPE_FLOAT, 32);
+    trainer_t tr;
+    trainer_open(&tr, "{\"buckets\": 4}");
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    wsync_chunk_t one = tu_chunk(&t, 1, WSYNC_CHUNK_LAST), first = tu_chunk(&t, 1, 0);
+    wsync_blob_t v1, v2;
+    OK(wsync_sender_send_chunk(tr.sender, &one, &v1));
+    load_chunk(r, &v1);
+    OK(wsync_sender_send_chunk(tr.sender, &first, &v2));
+    OK(wsync_sender_abandon(tr.sender));
+    wsync_receiver_state_t st = polled(r);
+    assert_int_equal(st.completed_version, 1);
+    assert_int_equal(st.failed_version, 0);
+    assert_int_equal(st.failed_status, WSYNC_OK);
+    trainer_close(&tr); /* the sender and its strategy: the trainer's lock goes */
+    st = polled(r);
+    assert_int_equal(st.completed_version, 1);
+    assert_int_equal(st.failed_version, 0);
+    assert_true(st.flags & WSYNC_RECEIVER_SENDER_GONE);
+    wsync_blob_free(&v1);
+    wsync_blob_free(&v2);
+    wsync_receiver_destroy(r);
+}
+
 static void replayed_request_is_mismatch_and_a_held_index_cannot_be_taken(void **state) {
     (void)state;
     float x[2] = {1, 2};
@@ -1124,6 +1223,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(receive_while_iterating_is_wrong_state),
     cmocka_unit_test(shm_accepts_and_ignores_a_callers_stream),
     cmocka_unit_test(chunks_out_of_order_or_replayed_are_mismatch),
+    cmocka_unit_test(a_chunk_of_the_next_version_before_its_chunk_0_fails_that_version_only),
+    cmocka_unit_test(a_completed_version_stays_completed_whatever_the_trainer_does_next),
     cmocka_unit_test(replayed_request_is_mismatch_and_a_held_index_cannot_be_taken),
     cmocka_unit_test(bad_tensors_are_rejected_by_name_and_nothing_is_published),
     cmocka_unit_test(receiver_index_out_of_range_or_taken_is_refused),

@@ -225,6 +225,59 @@ static void an_engine_reattached_through_the_trainer_is_alive_to_it_and_holds_it
     trainer_free(tr);
 }
 
+/* Requests that never reach an engine (issue 12 user trial: a controller's RPC failed, the
+ * trainer abandoned the version, and every later send waited for an acknowledgement of a chunk
+ * nobody would deliver, for good). Two buckets, two engines.
+ * 1. Version 1's chunk 0 reaches both engines; chunk 1 is published but delivered to nobody, and
+ *    the trainer abandons the version. Version 2 then reaches both: its sends do not wait for the
+ *    undelivered chunk (each engine, given a newer chunk, acknowledges the ones it was never
+ *    given as missed), the flush succeeds, and both engines complete version 2 bit-exact.
+ * 2. Version 3's chunk 1 is lost on the way to engine 1 only. The trainer's flush names it
+ *    (TIMEOUT at the 300 ms deadline: it acknowledged nothing of that chunk). Version 4 reaches
+ *    both; engine 1 fails the rest of version 3 (ABANDONED), completes version 4 bit-exact, and
+ *    the flush succeeds. The lost request, delivered late, is refused as stale. */
+static void requests_never_delivered_do_not_wedge_the_trainer(void **state) {
+    (void)state;
+    trainer_t *tr = trainer_new("{\"receivers\": 2, \"bucket_bytes\": 65536, \"buckets\": 2}");
+    engines_t es;
+    start_engines(&es, tr, 2, MODE_LOAD);
+    tu_peer_t *e = es.e, **both = es.all;
+    OK(send_chunk_to(tr, 1, 0, both, 2));
+    assert_int_equal(tu_peer_byte(&e[0], 5000), 0);
+    assert_int_equal(tu_peer_byte(&e[1], 5000), 0);
+    OK(send_chunk_to(tr, 1, 1, NULL, 0)); /* published, delivered to nobody */
+    OK(wsync_sender_abandon(tr->sender));
+    long t0 = tu_now_ms();
+    send_version_to(tr, 2, both, 2); /* each send returns at once, not at timeout_ms */
+    OK(wsync_sender_flush(tr->sender, 5000));
+    assert_true(tu_now_ms() - t0 < 1000);
+
+    OK(send_chunk_to(tr, 3, 0, both, 2));
+    assert_int_equal(tu_peer_byte(&e[0], 5000), 0);
+    assert_int_equal(tu_peer_byte(&e[1], 5000), 0);
+    for (int k = 2; k < 4; ++k) tu_fill(tr->data[k], TBYTES, 3, (uint64_t)k);
+    wsync_chunk_t ch = tu_chunk(&tr->t[2], 2, WSYNC_CHUNK_LAST);
+    wsync_blob_t lost;
+    OK(wsync_sender_send_chunk(tr->sender, &ch, &lost));
+    assert_int_equal(tu_send_frame(e[0].to, lost.data, lost.size), 0);
+    assert_int_equal(tu_peer_byte(&e[0], 5000), 0); /* engine 0 completes version 3 */
+    t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_flush(tr->sender, 300), WSYNC_ERR_TIMEOUT, "receivers [1]");
+    long took = tu_now_ms() - t0;
+    assert_true(took >= 290 && took < 1300);
+    t0 = tu_now_ms();
+    send_version_to(tr, 4, both, 2);
+    OK(wsync_sender_flush(tr->sender, 5000));
+    assert_true(tu_now_ms() - t0 < 1000);
+    assert_int_equal(tu_send_frame(e[1].to, lost.data, lost.size), 0);
+    assert_int_equal(tu_peer_byte(&e[1], 5000), WSYNC_ERR_MISMATCH); /* stale */
+    wsync_blob_free(&lost);
+    OK(wsync_sender_flush(tr->sender, 5000));
+    stop_engine(&e[0]);
+    stop_engine(&e[1]);
+    trainer_free(tr);
+}
+
 /* A frozen engine (SIGSTOP): the trainer's flush ends in TIMEOUT at its deadline naming it
  * (as a field too); dropping it lets the trainer go on; the engine, resumed, learns it was
  * dropped. */
@@ -407,6 +460,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(three_engines_one_killed_dropped_and_two_complete_five_more_versions),
     cmocka_unit_test(engine_killed_mid_version_restarts_and_receives_the_next_version),
     cmocka_unit_test(an_engine_reattached_through_the_trainer_is_alive_to_it_and_holds_its_index),
+    cmocka_unit_test(requests_never_delivered_do_not_wedge_the_trainer),
     cmocka_unit_test(frozen_engine_times_out_by_name_and_can_be_dropped),
     cmocka_unit_test(trainer_killed_mid_version_engines_learn_it_and_nothing_is_left),
     cmocka_unit_test(two_processes_racing_for_one_index_never_both_get_it),

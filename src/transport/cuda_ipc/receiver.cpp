@@ -272,11 +272,16 @@ public:
             fail(WSYNC_ERR_MISMATCH, w + ": packed mode differs from the init info's");
         const auto &parts = wire::array_field(transport, "parts", w, board::kMaxReceivers);
         const bool commit = table.metas.empty();  // a commit without data
-        if (!commit && last_seq_ && seq != last_seq_ + 1)
+        if (!commit && last_seq_ && seq <= last_seq_)
             failf(WSYNC_ERR_MISMATCH,
-                  "cuda_ipc: request carries chunk seq %" PRIu64 ", expected seq %" PRIu64, seq,
-                  last_seq_ + 1);
+                  "cuda_ipc: request carries chunk seq %" PRIu64 ", already received seq %" PRIu64
+                  " (stale or replayed)",
+                  seq, last_seq_);
         seg_->check_owed(index_, slot, seq, commit ? "commit request" : "request");
+        // Chunks between the last one given here and this one were never given (lost, or of a
+        // version the sender abandoned before delivering them): acknowledged as missed, so the
+        // sender does not wait for them (SharedSegment::acknowledge_missed).
+        if (!commit && seq > last_seq_ + 1) seg_->acknowledge_missed(index_, last_seq_, seq);
         if (commit) {
             last_seq_ = seq;
             return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, acks_.get(), order_stream_,

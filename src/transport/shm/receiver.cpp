@@ -62,6 +62,7 @@ public:
                   "shm: request carries chunk seq %" PRIu64 ", already received seq %" PRIu64,
                   at.seq, last_seq_);
         seg_->check_owed(index_, at.bucket, at.seq, "request");
+        seg_->acknowledge_missed(index_, last_seq_, at.seq);
         layout::InPlace in_arena = arena_entries(transport, table);
         layout::check(table, seg_->bucket_bytes(), w, "bucket", in_arena);
         last_seq_ = at.seq;
@@ -75,6 +76,10 @@ public:
             Where at = where(transport);
             // Only the chunk now in its bucket, and only one this receiver owes, is answered.
             if (!seg_->may_answer(index_, at.bucket, at.seq)) return;
+            if (at.seq > last_seq_) {
+                seg_->acknowledge_missed(index_, last_seq_, at.seq);
+                last_seq_ = at.seq;
+            }
             if (record)
                 board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index,
                                       message);
