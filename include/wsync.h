@@ -648,7 +648,12 @@ WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
  * that version's status. Such refusals are reported to the sender (its flush fails with
  * WSYNC_ERR_PEER carrying this status and message), except stale and replayed requests, which
  * are not this receiver's to answer. The first chunk of a newer version while a version is
- * open fails the open one with WSYNC_ERR_ABANDONED and begins the new one. A dropped receiver
+ * open fails the open one with WSYNC_ERR_ABANDONED and begins the new one; a later chunk of a
+ * newer version whose chunk 0 did not come first fails that newer version here (and the open
+ * one with WSYNC_ERR_ABANDONED), so none of its chunks can complete it. A chunk given after
+ * chunks this receiver was never given (lost, or of a version the sender abandoned before
+ * they were delivered) answers those as missed, so the sender does not wait for them; they are
+ * stale if they come later. A dropped receiver
  * fails with WSYNC_ERR_PEER. When the init info says checksums are on, a request without
  * tensor checksums fails with WSYNC_ERR_INTEGRITY.
  * Only one iteration per receiver may be open (WSYNC_ERR_WRONG_STATE otherwise). For

@@ -261,6 +261,8 @@ def test_flush_needs_a_finite_timeout(sync):
         sync.sender.flush(float("inf"))
     with expect_error(Status.INVALID_ARGUMENT, "timeout_ms must be >= 0"):
         sync.sender.flush(-1)
+    with expect_error(Status.INVALID_ARGUMENT, "timeout_ms must be >= 0"):
+        sync.sender.flush(-0.0001)  # not rounded to 0 (a poll)
     sync.sender.flush(0)  # nothing sent: polls and returns
 
 
@@ -341,10 +343,20 @@ def test_replayed_or_reordered_request_is_a_mismatch(sync):
     r2 = sync.sender.send_chunk({"b": torch.ones(1)}, last=True)
     with expect_error(Status.MISMATCH, "chunk 1 of version 1", "expected chunk 0"):
         sync.receiver.receive(r2)
-    with sync.receiver.receive(r1) as it:
-        list(it)
-    with expect_error(Status.MISMATCH, "chunk 0 of version 1", "replayed"):
+    # Version 1 failed here at its first out-of-order chunk (and the trainer is told so): its
+    # chunk 0, arriving late, cannot complete it.
+    with expect_error(Status.MISMATCH, "chunk 0 of version 1"):
         sync.receiver.receive(r1)
+    state = sync.receiver.poll()
+    assert (state.completed_version, state.failed_version) == (0, 1)
+    with expect_error(Status.PEER, "failed chunk 1 of version 1", "expected chunk 0"):
+        sync.sender.send_chunk({"a": torch.ones(1)}, last=True)  # the trainer hears of it
+    r3 = sync.sender.send_chunk({"a": torch.ones(1)}, last=True)
+    with sync.receiver.receive(r3) as it:
+        list(it)
+    assert sync.receiver.completed_version == 2
+    with expect_error(Status.MISMATCH, "chunk 0 of version 2", "replayed"):
+        sync.receiver.receive(r3)
 
 
 def test_request_of_another_sync_is_a_mismatch(sync, make_sync):

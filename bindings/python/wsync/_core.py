@@ -595,7 +595,8 @@ class Sender:
         """
         if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s):
             raise invalid(f"flush: timeout_s must be a finite number of seconds, got {timeout_s!r}")
-        ms = math.ceil(timeout_s * 1000) if timeout_s > 0 else int(timeout_s * 1000)
+        # A negative timeout stays negative (refused by name), however small.
+        ms = math.ceil(timeout_s * 1000) if timeout_s >= 0 else math.floor(timeout_s * 1000)
         ms = min(ms, _MAX_FLUSH_MS)
         with self._lock:
             h = self._handle()
@@ -640,7 +641,8 @@ class Sender:
             raise invalid(f"wait_released: timeout_s must be a finite number of seconds, got {timeout_s!r}")
         if not isinstance(version, int) or not 0 <= version <= self.ALL_VERSIONS:
             raise invalid(f"wait_released: version must be an int in 0..2**64-1, got {version!r}")
-        ms = math.ceil(timeout_s * 1000) if timeout_s > 0 else int(timeout_s * 1000)
+        # A negative timeout stays negative (refused by name), however small.
+        ms = math.ceil(timeout_s * 1000) if timeout_s >= 0 else math.floor(timeout_s * 1000)
         ms = min(ms, _MAX_FLUSH_MS)
         with self._lock:
             h = self._handle()
