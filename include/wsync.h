@@ -575,7 +575,9 @@ typedef struct wsync_failure_t {
     wsync_status_t status;  /* the receiver's own status (e.g. WSYNC_ERR_MISMATCH from its
                                loader); WSYNC_ERR_PEER for a death, WSYNC_ERR_TIMEOUT */
     uint32_t receiver;      /* receiver index */
-    uint64_t version;       /* version of the chunk, 0 if unknown */
+    uint64_t version;       /* version of the chunk, 0 if unknown (a death, detach or
+                               timeout names the chunk owed, on "shm" and "cuda_ipc" since
+                               0.5, when this sender published it) */
     uint32_t chunk_index;   /* chunk within that version, or WSYNC_NO_CHUNK */
     int32_t pid;            /* the receiver's pid as it saw itself, 0 if unknown; for messages
                                only (pids mean nothing across PID namespaces) */

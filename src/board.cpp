@@ -110,8 +110,19 @@ uint32_t SenderEnd::admit_joiners(uint64_t seq) {
     return admitted;
 }
 
-void SenderEnd::publish(uint32_t slot, uint64_t seq) {
+void SenderEnd::publish(uint32_t slot, uint64_t seq, uint64_t version, uint32_t chunk) {
+    if (slot < kMaxSlots) published_[slot] = {seq, version, chunk};
     b_->slot[slot].seq.store(seq, std::memory_order_release);
+}
+
+std::string SenderEnd::label(uint64_t seq, Failure &f) const {
+    const uint32_t slot = slots_ ? static_cast<uint32_t>((seq - 1) % slots_) : 0;
+    if (seq == 0 || slot >= kMaxSlots || published_[slot].seq != seq)
+        return "chunk seq " + std::to_string(seq);
+    f.version = published_[slot].version;
+    f.chunk_index = published_[slot].chunk;
+    return strf("chunk %" PRIu32 " of version %" PRIu64 " (seq %" PRIu64 ")", f.chunk_index,
+                f.version, seq);
 }
 
 void SenderEnd::abandon(uint64_t version) {
@@ -276,14 +287,14 @@ void SenderEnd::check_alive(uint64_t mask, const std::vector<uint32_t> &slots, u
         f.status = WSYNC_ERR_PEER;
         if (state == kDetached) {
             f.what = WSYNC_FAILURE_DETACHED;
-            f.message = "detached without acknowledging chunk seq " + std::to_string(seq);
+            f.message = "detached without acknowledging " + label(seq, f);
         } else if (state == kJoining) {
             f.what = WSYNC_FAILURE_DIED;
-            f.message = "went away without acknowledging chunk seq " + std::to_string(seq) +
+            f.message = "went away without acknowledging " + label(seq, f) +
                         " and has re-attached since (it takes part again from the next version)";
         } else if (state == kAttached && !sys::lock_held_elsewhere(fd_, receiver_lock(r))) {
             f.what = WSYNC_FAILURE_DIED;
-            f.message = "died without acknowledging chunk seq " + std::to_string(seq);
+            f.message = "died without acknowledging " + label(seq, f);
         } else {
             continue;
         }
@@ -322,8 +333,9 @@ void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &de
                 f.status = WSYNC_ERR_TIMEOUT;
                 f.receiver = r;
                 f.pid = pid_of(r);
-                f.message = strf("did not acknowledge chunk seq %" PRIu64 " within %" PRId64 " ms",
-                                 oldest_pending_seq(r, slots, max_seq), deadline.budget_ms());
+                const std::string chunk = label(oldest_pending_seq(r, slots, max_seq), f);
+                f.message = strf("did not acknowledge %s within %" PRId64 " ms", chunk.c_str(),
+                                 deadline.budget_ms());
                 fs.push_back(std::move(f));
                 if (b_->receiver[r].state.load() == kFree)
                     never += (never.empty() ? "" : ", ") + std::to_string(r);

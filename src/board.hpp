@@ -140,7 +140,9 @@ public:
     // Before publishing the first chunk of a version as `seq`: receivers that (re)attached
     // since the last version start owing chunks from `seq` on. Returns how many it admitted.
     uint32_t admit_joiners(uint64_t seq);
-    void publish(uint32_t slot, uint64_t seq);
+    // Publishes chunk `seq` in `slot`; `version` and `chunk` (this process's own record, never
+    // shared) name it in failures that know only the seq (died, detached, timed out).
+    void publish(uint32_t slot, uint64_t seq, uint64_t version, uint32_t chunk);
     void abandon(uint64_t version);
     void drop(uint32_t r);
     // True once every receiver that is not dropped holds its index (attached or joining).
@@ -180,8 +182,16 @@ private:
     int fd_;
     uint32_t receivers_, slots_;
     std::string kind_;
+    // Names `f` (version, chunk index) by the chunk `seq` this sender published, when it did
+    // and the slot still holds it; the message then says "chunk c of version v (seq s)".
+    std::string label(uint64_t seq, Failure &f) const;
     uint64_t reported_[kMaxReceivers] = {};
     uint32_t sender_index_ = UINT32_MAX;  // claimed by register_sender
+    struct Published {
+        uint64_t seq = 0, version = 0;
+        uint32_t chunk = 0;
+    };
+    Published published_[kMaxSlots];  // per slot: the last chunk this sender published there
 };
 
 // ---- receiver side ------------------------------------------------------------------------

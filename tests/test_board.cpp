@@ -42,7 +42,7 @@ struct Fixture {
         end = std::make_unique<SenderEnd>(b, fd, 2, 2, "shm");
         b->receiver[0].state.store(kAttached);
         b->receiver[1].state.store(kAttached);
-        end->publish(0, 1);  // chunk seq 1 in slot 0
+        end->publish(0, 1, 1, 0);  // chunk seq 1 in slot 0 (chunk 0 of version 1)
     }
     ~Fixture() {
         end.reset();
@@ -51,11 +51,14 @@ struct Fixture {
     }
 };
 
-// Whether check_alive(mask of receiver 1, slot 0, seq 1) throws; its message if it does.
-std::string check_receiver_1(Fixture &f) {
+// Whether check_alive(mask of receiver 1, slot 0, seq 1) throws; its message if it does, and
+// its one failure in *failure.
+std::string check_receiver_1(Fixture &f, Failure *failure = nullptr) {
     try {
         SenderEndProbe::check_alive(*f.end, uint64_t(1) << 1, {0}, 1);
     } catch (const Error &e) {
+        assert_int_equal(e.failures().size(), 1);
+        if (failure) *failure = e.failures()[0];
         return e.what();
     }
     return "";
@@ -74,16 +77,32 @@ void a_receiver_gone_after_its_last_ack_is_no_failure(void **) {
     assert_string_equal(check_receiver_1(f).c_str(), "");
 }
 
-// One that left without acknowledging is named, with the chunk it owes.
+// One that left without acknowledging is named, with the chunk it owes: its index and version
+// as the sender published it (in the text and as the failure's fields), and its seq.
 void a_receiver_gone_before_its_ack_is_named_with_the_chunk(void **) {
     Fixture f;
     f.b->receiver[1].state.store(kDetached);
-    std::string msg = check_receiver_1(f);
+    Failure got;
+    std::string msg = check_receiver_1(f, &got);
     assert_non_null(std::strstr(msg.c_str(), "receiver 1"));
-    assert_non_null(std::strstr(msg.c_str(), "detached without acknowledging chunk seq 1"));
+    assert_non_null(
+        std::strstr(msg.c_str(), "detached without acknowledging chunk 0 of version 1 (seq 1)"));
+    assert_int_equal(got.what, WSYNC_FAILURE_DETACHED);
+    assert_int_equal(got.version, 1);
+    assert_int_equal(got.chunk_index, 0);
     f.b->receiver[1].state.store(kAttached);  // its process gone: no lock held
-    msg = check_receiver_1(f);
+    msg = check_receiver_1(f, &got);
+    assert_non_null(
+        std::strstr(msg.c_str(), "died without acknowledging chunk 0 of version 1 (seq 1)"));
+    assert_int_equal(got.what, WSYNC_FAILURE_DIED);
+    assert_int_equal(got.version, 1);
+    // A seq this sender did not publish (another sender's) is named by its seq alone.
+    Failure other;
+    f.end = std::make_unique<SenderEnd>(f.b, f.fd, 2, 2, "shm");  // has published nothing
+    msg = check_receiver_1(f, &other);
     assert_non_null(std::strstr(msg.c_str(), "died without acknowledging chunk seq 1"));
+    assert_int_equal(other.version, 0);
+    assert_int_equal(other.chunk_index, WSYNC_NO_CHUNK);
 }
 
 }  // namespace

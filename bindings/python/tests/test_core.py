@@ -607,8 +607,11 @@ def test_receiver_that_detaches_is_reported_by_flush(make_sync):
     s = make_sync()
     s.sender.send_chunk({"a": torch.ones(1)}, last=True)
     s.receiver.close()
-    with expect_error(Status.PEER, "receiver 0", "detached without acknowledging chunk seq 1"):
+    with expect_error(Status.PEER, "receiver 0",
+                      "detached without acknowledging chunk 0 of version 1 (seq 1)"):
         s.sender.flush(5)
+    (f,) = s.sender.failures
+    assert (f.what, f.receiver, f.version, f.chunk_index) == (wsync.FailureKind.DETACHED, 0, 1, 0)
 
 
 def test_closing_the_trainer_side_removes_the_segment():

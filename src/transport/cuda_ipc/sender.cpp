@@ -85,7 +85,7 @@ public:
             // A commit without data: a slot and a seq like any chunk, nothing to pack or share.
             const uint32_t slot = static_cast<uint32_t>((first - 1) % info_.slots());
             board_.wait({slot}, sys::Deadline(timeout_ms_), "no free slot", first - 1);
-            board_.publish(slot, first);
+            board_.publish(slot, first, h.version, h.chunk_index);
             note_version(h.version, first);
             ++next_seq_;
             used_slots_ = std::max<uint32_t>(used_slots_, slot + 1);
@@ -102,7 +102,7 @@ public:
         json part = info_.packed ? pack(tensors, table, slot, deadline, chunk)
                                  : share(tensors, table, slot, deadline, chunk);
         part["uuid"] = dev_->uuid_string();
-        board_.publish(slot, seq);
+        board_.publish(slot, seq, h.version, h.chunk_index);
         note_version(h.version, seq);
         ++next_seq_;
         used_slots_ = std::max<uint32_t>(used_slots_, slot + 1);

@@ -26,7 +26,7 @@ public:
 
     ~ShmSender() override { seg_->unlink(); }
 
-    json send(const ChunkHeader & /*header*/, const wsync_tensor_t *tensors, TensorTable &table) override {
+    json send(const ChunkHeader &header, const wsync_tensor_t *tensors, TensorTable &table) override {
         for (std::size_t i = 0; i < table.metas.size(); ++i)
             if (!device_is_host(tensors[i].device))
                 fail(WSYNC_ERR_UNSUPPORTED,
@@ -61,7 +61,7 @@ public:
         // Pack + checksum, one pass, large tensors on the copy threads (tree hashes, which the
         // engines verify on theirs); arena tensors are only hashed.
         layout::pack_host(seg_->bucket(b), tensors, table, checksum_, in_place, pool_);
-        board_.publish(b, seq);  // the bytes are in place
+        board_.publish(b, seq, header.version, header.chunk_index);  // the bytes are in place
         ++next_seq_;
         used_buckets_ = std::max<uint32_t>(used_buckets_, b + 1);
         json transport{{"segment", seg_->name()}, {"bucket", b}, {"seq", seq}};
