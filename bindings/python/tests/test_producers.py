@@ -495,6 +495,17 @@ def test_lazy_numpy_tensors_are_cast_as_planned(sync):
     assert torch.equal(engine["a.steps"], torch.arange(3))
 
 
+def test_dtype_may_be_named_as_everywhere_else_in_the_binding(sync):
+    model = {"w": torch.linspace(-1, 1, 6), "steps": torch.arange(2)}
+    for name in ("bfloat16", wsync.DType.of("bfloat16")):
+        [chunk] = list(iter_chunks(model, dtype=name))
+        sent = dict(chunk.tensors)
+        assert sent["w"].dtype == torch.bfloat16 and sent["steps"].dtype == torch.int64
+    with pytest.raises(wsync.InvalidArgumentError, match="dtype 'bf17'"):
+        send_model(sync.sender, model, dtype="bf17")
+    assert sync.sender.version == 1  # nothing was published
+
+
 def test_send_model_async_sends_a_lazy_tied_source(make_sync):
     import asyncio
 

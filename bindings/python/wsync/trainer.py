@@ -227,6 +227,18 @@ def alias_groups(items: List[Tuple[str, Any]]) -> List[List[int]]:
     return groups
 
 
+def _as_torch_dtype(dtype):
+    """``dtype`` as a torch dtype: a torch dtype as it is, a name (``"bfloat16"``), a
+    :class:`DType` or a (code, bits, lanes) tuple converted; None stays None."""
+    torch = _dtypes.torch_module()
+    if dtype is None or (torch is not None and isinstance(dtype, torch.dtype)):
+        return dtype
+    try:
+        return DType.of(dtype).to_torch()
+    except (TypeError, ValueError, KeyError) as exc:
+        raise invalid(f"dtype {dtype!r}: {exc}") from None
+
+
 def _target_dtype(t, dtype):
     """The dtype ``t`` is sent as: ``dtype`` for floating-point torch tensors when given."""
     torch = _dtypes.torch_module()
@@ -345,8 +357,9 @@ def iter_chunks(source, *, chunk_bytes: Optional[int] = None, group_depth: int =
     - ``split`` (default ``True``): a tensor larger than ``chunk_bytes`` is split into
       byte-range parts, one per chunk (see "Split tensors" in the module documentation);
       with ``split=False`` it gets a chunk of its own, which ``shm`` refuses naming it.
-    - ``dtype``: cast floating-point tensors to this torch dtype (integer and bool tensors are
-      sent as they are). The plan counts the bytes after the cast.
+    - ``dtype``: cast floating-point tensors to this dtype (a torch dtype, or a name such as
+      ``"bfloat16"`` or a :class:`DType`, as elsewhere in the binding; integer and bool tensors
+      are sent as they are). The plan counts the bytes after the cast.
     - ``device``: move tensors there (e.g. ``"cpu"`` for ``shm`` from a GPU model).
     - Casts, moves and a lazy source's gathers happen one chunk at a time, when that chunk is
       yielded, and are dropped when the next one is asked for, so at most one chunk of
@@ -359,6 +372,7 @@ def iter_chunks(source, *, chunk_bytes: Optional[int] = None, group_depth: int =
       weight) once, under its names joined with ``=``; ``"repeat"`` sends it under each name,
       its bytes each time (see the module documentation).
     """
+    dtype = _as_torch_dtype(dtype)
     entries, lazy = _entries(source, aliases, dtype)
     if not entries:
         raise invalid("nothing to send: the source has no tensors")
