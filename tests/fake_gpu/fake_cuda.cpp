@@ -666,7 +666,8 @@ std::string alloc_name(uint64_t pid, uint64_t serial) {
 //   reused on a busy machine). Then counting "/dev/shm" entries of a pid counts what that live
 //   process holds;
 // - those of any other dead pid (kill(pid, 0) fails with ESRCH), so test runs whose children end
-//   in _exit() or are killed do not pile up files on the machine.
+//   in _exit() or are killed do not pile up files on the machine; and the import markers
+//   ("wsyncfk-imp-...") whose owner or opener is such a dead process.
 // An object removed while another process still maps it stays readable there until that
 // process unmaps it, as imported device memory of a dead owner does; opening its handle afresh
 // fails (CUDA_ERROR_INVALID_HANDLE), as the driver's open of a dead owner's handle does.
@@ -675,17 +676,29 @@ void sweep_dead_namesakes() {
     const pid_t me = getpid();
     if (swept.exchange(me) == me) return;
     const char *prefix = kAllocPrefix + 1;  // "wsync-fakecuda-"
-    const size_t plen = std::strlen(prefix);
+    const size_t plen = std::strlen(prefix), mlen = std::strlen(kImportPrefix);
+    const auto gone = [me](long pid) {
+        return pid == me || (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
+    };
     DIR *d = opendir("/dev/shm");
     if (!d) return;
     std::vector<std::string> dead;
     while (struct dirent *e = readdir(d)) {
-        if (std::strncmp(e->d_name, prefix, plen) != 0) continue;
         char *end = nullptr;
-        const long pid = std::strtol(e->d_name + plen, &end, 10);
-        if (pid <= 0 || end == e->d_name + plen || *end != '-') continue;
-        if (pid == me || (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH))
-            dead.push_back(e->d_name);
+        if (std::strncmp(e->d_name, prefix, plen) == 0) {
+            const long pid = std::strtol(e->d_name + plen, &end, 10);
+            if (pid <= 0 || end == e->d_name + plen || *end != '-') continue;
+            if (gone(pid)) dead.push_back(e->d_name);
+        } else if (std::strncmp(e->d_name, kImportPrefix, mlen) == 0) {
+            // "wsyncfk-imp-<owner>-<serial>-<opener>": an import marker of a process that died
+            // holding the mapping, or of memory whose owner died.
+            const long owner = std::strtol(e->d_name + mlen, &end, 10);
+            const char *last = std::strrchr(e->d_name, '-');
+            const long opener = last ? std::atol(last + 1) : 0;
+            if (owner <= 0 || opener <= 0) continue;
+            if ((owner != me && gone(owner)) || (opener != me && gone(opener)))
+                dead.push_back(e->d_name);
+        }
     }
     closedir(d);
     for (const std::string &name : dead) shm_unlink(("/" + name).c_str());

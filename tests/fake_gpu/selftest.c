@@ -1351,9 +1351,18 @@ static void test_memory_of_any_dead_process_is_swept_by_the_next(void **state) {
     pid_t leaky = spawn(child_leaves_memory_behind, NULL);
     assert_int_equal(reap(leaky), 0);
     assert_int_equal(shm_of_pid(leaky), 2); /* dead, and its files are still there */
+    /* and an import marker of its memory, as a dead opener leaves one */
+    char marker[96], prefix[64];
+    snprintf(marker, sizeof marker, "/wsyncfk-imp-%d-1-%d", (int)leaky, (int)getpid());
+    int fd = shm_open(marker, O_CREAT | O_EXCL | O_RDWR, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    snprintf(prefix, sizeof prefix, "wsyncfk-imp-%d-", (int)leaky);
+    assert_int_equal(F.shm_count(prefix), 1);
     pid_t next = spawn(child_first_call, NULL);
     assert_int_equal(reap(next), 0);
     assert_int_equal(shm_of_pid(leaky), 0);
+    assert_int_equal(F.shm_count(prefix), 0);
     assert_int_equal(shm_of_pid(getpid()), held); /* this live process's memory is untouched */
     assert_int_equal(F.cuMemFree(mine), OK);
     drop_device(0);
