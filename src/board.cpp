@@ -318,7 +318,17 @@ void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &de
         }
         uint32_t word = b_->ack_futex.load(std::memory_order_acquire);
         uint64_t mask = pending(slots, max_seq);
-        if (!mask) return;
+        if (!mask) {
+            // A receiver writes its failure record before the acknowledgement it concerns: one
+            // written after the check above but before those acknowledgements is reported now,
+            // not by the next call.
+            collect_failures(fs);
+            if (!fs.empty()) {
+                std::string msg = describe(kind_, fs);
+                throw Error(WSYNC_ERR_PEER, msg, std::move(fs));
+            }
+            return;
+        }
         int64_t left = deadline.remaining_ms();
         if (last_liveness < 0 || last_liveness - left >= kLivenessPollMs) {
             check_alive(mask, slots, max_seq);

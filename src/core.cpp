@@ -337,6 +337,25 @@ void Receiver::fail_open_version(wsync_status_t status) {
     }
 }
 
+void Receiver::lose_open_version(const ChunkHeader &next) {
+    // A chunk of a newer version while one is open here, not failed and not abandoned (catch_up
+    // has failed an abandoned one): the sender committed it and its chunks from expect_index_ on
+    // never reached this receiver. It fails here, and the trainer hears of it from this record,
+    // written before the transport acknowledges those chunks as missed (so a flush that the
+    // acknowledgements release finds the record).
+    if (!current_ || current_failed_ || current_ == completed_) return;
+    const std::string why = "chunks from " + std::to_string(expect_index_) + " of version " +
+                            std::to_string(current_) +
+                            " never reached this receiver (lost or reordered): " +
+                            chunk_label(next) + " came next";
+    ChunkHeader lost;
+    lost.version = current_;
+    lost.chunk_index = expect_index_;
+    impl_->record_failure(lost, WSYNC_ERR_MISMATCH, why);
+    fail_open_version(WSYNC_ERR_MISMATCH);
+    current_why_ = why;
+}
+
 void Receiver::catch_up(const Link &link) {
     dropped_ = link.dropped;
     sender_gone_ = link.sender_gone;
@@ -370,6 +389,7 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
                                  ": this receiver was dropped by the sender; destroy it and create "
                                  "a new one with the same index to re-attach");
     if (current_ && link.abandoned_version >= current_) catch_up(link);
+    if (h.version > current_) lose_open_version(h);
 
     // Order: chunk 0 of a version newer than any seen begins it (and abandons an open older
     // one); any other chunk must be the next of the current version. Older chunks are replays.

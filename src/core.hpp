@@ -94,6 +94,9 @@ private:
     friend class Iteration;
     void catch_up(const Link &link);
     void fail_open_version(wsync_status_t status);
+    // Chunk `next` of a newer version arrived while a committed version is still open here:
+    // that version's remaining chunks were lost; fails it with a record for the sender.
+    void lose_open_version(const ChunkHeader &next);
     void before_ack(const ChunkHeader &h, wsync_status_t outcome, const std::string &message);
     void finished(const ChunkHeader &h, const TensorTable &table, wsync_status_t outcome);
 

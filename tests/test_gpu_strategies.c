@@ -388,12 +388,16 @@ static void packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chun
     for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
 }
 
-/* A version the trainer abandons after publishing a chunk it never delivered (its controller's
- * RPC failed): the engine, given the next version's chunks, acknowledges the undelivered one as
- * missed. Trainer: the next version's sends do not wait for it, and the flush succeeds at once.
- * Engine: version 2 complete and bit-exact (until 2026-11-27 it refused every later request:
- * "expected seq 3", for good). */
-static void cuda_ipc_an_abandoned_chunk_nobody_was_given_does_not_wedge_the_trainer(void **state) {
+/* Chunks that never reach the engine must not wedge the trainer (until 2026-11-27 the engine
+ * refused every request after a gap, "expected seq 3", for good):
+ * 1. Version 1's chunk 0 is published but delivered to nobody (the controller's RPC failed) and
+ *    the trainer abandons it. Version 2 reaches the engine: it acknowledges the undelivered chunk
+ *    as missed, the trainer's sends do not wait for it, and version 2 completes bit-exact.
+ * 2. Version 3's chunk 0 is lost; its chunk 1 reaches the engine, which refuses it (MISMATCH,
+ *    "expected chunk 0") and, refusing it, acknowledges the lost chunk 0 as missed. The
+ *    trainer's next send reports the refusal (PEER naming version 3); the one after goes through
+ *    at once, and version 4 completes bit-exact. */
+static void cuda_ipc_chunks_nobody_was_given_do_not_wedge_the_trainer(void **state) {
     (void)state;
     engine_t e = ipc_engine(0);
     use_device(0);
@@ -405,31 +409,36 @@ static void cuda_ipc_an_abandoned_chunk_nobody_was_given_does_not_wedge_the_trai
     void *data[NT];
     wsync_tensor_t t[NT];
     for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
-    long t0 = 0;
-    for (uint64_t v = 1; v <= 2; ++v) {
+    long t0 = tu_now_ms();
+    for (uint64_t v = 1; v <= 4; ++v) {
         for (int k = 0; k < NT; ++k) {
             tu_fill(data[k], (size_t)shapes[k][0] * shapes[k][1] * 4, v, (uint64_t)k);
             t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
         }
-        if (v == 2) t0 = tu_now_ms();
         for (int c = 0; c < 2; ++c) {
             wsync_chunk_t ch = tu_chunk(t + 3 * c, 3, c == 1 ? WSYNC_CHUNK_LAST : 0);
+            if (v == 4 && c == 0) /* the refusal of version 3's chunk 1, reported once */
+                EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_PEER,
+                           "failed chunk 1 of version 3");
             OK(wsync_sender_send_chunk(tx, &ch, &req));
-            if (v == 1 && c == 1) { /* published, delivered to nobody */
+            if ((v == 1 || v == 3) && c == 0) { /* published, delivered to nobody */
                 wsync_blob_free(&req);
-                OK(wsync_sender_abandon(tx));
+                if (v == 1) {
+                    OK(wsync_sender_abandon(tx));
+                    break;
+                }
                 continue;
             }
             engine_send(&e, &req);
-            assert_int_equal(engine_verdict(&e), 0);
+            assert_int_equal(engine_verdict(&e), v == 3 ? 1 : 0); /* 1: refused */
             wsync_blob_free(&req);
         }
     }
     OK(wsync_sender_flush(tx, 3000));
-    assert_true(tu_now_ms() - t0 < 1500);
+    assert_true(tu_now_ms() - t0 < 2000);
     uint64_t next = 0;
     OK(wsync_sender_version(tx, &next));
-    assert_int_equal(next, 3);
+    assert_int_equal(next, 5);
     engine_finish(&e);
     trainer_end(tx, s, &init);
     for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
@@ -2331,7 +2340,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_delta_bases_in_pinned_host_memory_cost_no_gpu_memory),
     cmocka_unit_test(cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense),
     cmocka_unit_test(cuda_ipc_delta_the_version_after_an_abandoned_one_is_dense),
-    cmocka_unit_test(cuda_ipc_an_abandoned_chunk_nobody_was_given_does_not_wedge_the_trainer),
+    cmocka_unit_test(cuda_ipc_chunks_nobody_was_given_do_not_wedge_the_trainer),
     cmocka_unit_test(gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror),
     cmocka_unit_test(the_fake_counts_memory_freed_while_an_engine_maps_it),
     cmocka_unit_test(unpacked_memory_a_version_no_longer_uses_is_freed_after_wait_released),

@@ -240,6 +240,10 @@ public:
                 wire::uint_field(transport, "slot", "cuda_ipc request", slots - 1));
             if (seq == 0 || (seq - 1) % slots != slot || !seg_->may_answer(index_, slot, seq))
                 return;
+            if (seq > last_seq_) {  // chunks before it never given here: answered as missed
+                seg_->acknowledge_missed(index_, last_seq_, seq);
+                last_seq_ = seq;
+            }
             if (record) {
                 std::unique_lock<std::mutex> lk;
                 if (acks_) lk = std::unique_lock<std::mutex>(acks_->board_mutex());

@@ -245,8 +245,10 @@ public:
         }
     }
 
-    void record_failure(const ChunkHeader &, wsync_status_t, const std::string &message) noexcept override {
-        failure_text_ = message;
+    void record_failure(const ChunkHeader &h, wsync_status_t, const std::string &message) noexcept override {
+        failure_text_ = message;  // said with the acknowledgement of that chunk only
+        failure_version_ = h.version;
+        failure_chunk_ = h.chunk_index;
     }
 
     // Tells the trainer we are done with chunk seq (and why it failed, if it did).
@@ -258,7 +260,9 @@ public:
             ack.version = h.version;
             ack.chunk = h.chunk_index;
             ack.status = status;
-            ack.text = status == WSYNC_OK ? std::string() : (failure_text_.empty() ? message : failure_text_);
+            const bool recorded = !failure_text_.empty() && failure_version_ == h.version &&
+                                  failure_chunk_ == h.chunk_index;
+            ack.text = status == WSYNC_OK ? std::string() : (recorded ? failure_text_ : message);
             failure_text_.clear();
             if (ep_) {
                 send(ack);
@@ -485,7 +489,9 @@ private:
     Msg reply_;
     uint64_t last_seq_ = 0, abandoned_ = 0;
     bool dropped_ = false;
-    std::string failure_text_;
+    std::string failure_text_;  // record_failure's, for the chunk it names
+    uint64_t failure_version_ = 0;
+    uint32_t failure_chunk_ = 0;
     void *buf_ = nullptr;
     uint64_t cap_ = 0;
     Region region_;
