@@ -226,7 +226,6 @@ void Pool::work(unsigned self) noexcept {
 }
 
 void Pool::copy(void *dst, const void *src, std::size_t n) noexcept {
-    constexpr std::size_t kParallelFrom = std::size_t(8) << 20;
     if (threads_ > 1 && n >= kParallelFrom && workers_.empty()) start();
     if (workers_.empty() || n < kParallelFrom) {
         copy_bytes(dst, src, n);
