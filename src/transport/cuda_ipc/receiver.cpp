@@ -240,15 +240,17 @@ public:
                 wire::uint_field(transport, "slot", "cuda_ipc request", slots - 1));
             if (seq == 0 || (seq - 1) % slots != slot || !seg_->may_answer(index_, slot, seq))
                 return;
-            if (seq > last_seq_) {  // chunks before it never given here: answered as missed
-                seg_->acknowledge_missed(index_, last_seq_, seq);
-                last_seq_ = seq;
-            }
             if (record) {
                 std::unique_lock<std::mutex> lk;
                 if (acks_) lk = std::unique_lock<std::mutex>(acks_->board_mutex());
                 board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index,
                                       message);
+            }
+            // Chunks before it never given here: answered as missed, after the record, so a
+            // sender those acknowledgements release finds it.
+            if (seq > last_seq_) {
+                seg_->acknowledge_missed(index_, last_seq_, seq);
+                last_seq_ = seq;
             }
             if (h.last && stale_.settled()) release_through(seg_->board(), index_, cache_, h.version);
             board::acknowledge(seg_->board(), index_, slot, seq, status);

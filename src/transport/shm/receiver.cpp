@@ -76,13 +76,14 @@ public:
             Where at = where(transport);
             // Only the chunk now in its bucket, and only one this receiver owes, is answered.
             if (!seg_->may_answer(index_, at.bucket, at.seq)) return;
+            if (record)
+                board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index,
+                                      message);
+            // After the record, so a sender those acknowledgements release finds it.
             if (at.seq > last_seq_) {
                 seg_->acknowledge_missed(index_, last_seq_, at.seq);
                 last_seq_ = at.seq;
             }
-            if (record)
-                board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index,
-                                      message);
             board::acknowledge(seg_->board(), index_, at.bucket, at.seq, status);
         } catch (...) {
         }
