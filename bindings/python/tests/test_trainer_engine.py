@@ -58,8 +58,10 @@ def test_planning_counts_bytes_after_the_cast():
 
 def test_non_contiguous_tensors_are_refused_unless_asked_to_copy(sync):
     source = {"t": torch.arange(6.0).view(2, 3).t()}
-    with pytest.raises(WsyncError, match="not contiguous"):
+    with pytest.raises(wsync.InvalidArgumentError,
+                       match=r"'t'.*not contiguous.*make_contiguous=True sends a contiguous copy"):
         send_model(sync.sender, source)
+    assert sync.sender.version == 1  # nothing was published
     requests = send_model(sync.sender, source, make_contiguous=True)
     with sync.receiver.receive(requests[0]) as it:
         assert torch.equal(dict(it.items())["t"], source["t"])

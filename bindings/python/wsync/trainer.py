@@ -51,7 +51,7 @@ import numpy as np
 from . import _dtypes
 from ._core import Sender, TensorMeta, plan
 from ._dtypes import DType
-from ._errors import invalid
+from ._errors import WsyncError, Status, error, invalid
 
 #: The planner's default chunk size (256 MiB), used when neither the caller nor the sender's
 #: init info says otherwise.
@@ -534,7 +534,8 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
         for chunk in iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,
                                  dtype=dtype, device=device, make_contiguous=make_contiguous,
                                  aliases=aliases, split=split):
-            request = sender.send_chunk(chunk.tensors, last=chunk.last, parts=chunk.parts)
+            with _contiguity_hint(make_contiguous):
+                request = sender.send_chunk(chunk.tensors, last=chunk.last, parts=chunk.parts)
             del chunk  # drop converted copies before the next chunk is prepared
             requests.append(request)
             if on_request is not None:
@@ -573,8 +574,9 @@ async def send_model_async(sender: Sender, source, *, chunk_bytes: Optional[int]
             chunk = await asyncio.to_thread(next, chunks, None)
             if chunk is None:
                 break
-            request = await sender.send_chunk_async(chunk.tensors, last=chunk.last,
-                                                    parts=chunk.parts)
+            with _contiguity_hint(make_contiguous):
+                request = await sender.send_chunk_async(chunk.tensors, last=chunk.last,
+                                                        parts=chunk.parts)
             del chunk
             requests.append(request)
             if on_request is not None:
@@ -587,6 +589,23 @@ async def send_model_async(sender: Sender, source, *, chunk_bytes: Optional[int]
     if flush_timeout_s is not None:
         await sender.flush_async(flush_timeout_s)
     return requests
+
+
+class _contiguity_hint:
+    """Adds to the library's refusal of a non-contiguous tensor how send_model sends one."""
+
+    def __init__(self, make_contiguous: bool):
+        self.make_contiguous = make_contiguous
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if (not self.make_contiguous and isinstance(exc, WsyncError)
+                and exc.status == Status.INVALID_ARGUMENT and "not contiguous" in exc.message):
+            raise error(exc.status, exc.message + " (make_contiguous=True sends a contiguous copy)",
+                        exc.failures) from None
+        return False
 
 
 def _check_lazy_allowed(sender: Sender, source) -> None:
