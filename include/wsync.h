@@ -649,10 +649,11 @@ WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
  * for fails with WSYNC_ERR_MISMATCH; a chunk of a version that already failed here fails with
  * that version's status. Such refusals are reported to the sender (its flush fails with
  * WSYNC_ERR_PEER carrying this status and message), except stale and replayed requests, which
- * are not this receiver's to answer. The first chunk of a newer version while a version is
- * open fails the open one with WSYNC_ERR_ABANDONED and begins the new one; a later chunk of a
- * newer version whose chunk 0 did not come first fails that newer version here (and the open
- * one with WSYNC_ERR_ABANDONED), so none of its chunks can complete it. A chunk given after
+ * are not this receiver's to answer. A chunk of a newer version while a version is open
+ * fails the open one: WSYNC_ERR_ABANDONED if the sender abandoned it, else WSYNC_ERR_MISMATCH,
+ * reported to the sender (its remaining chunks never reached this receiver). Chunk 0 then
+ * begins the new version; a later chunk of a newer version whose chunk 0 did not come first
+ * fails that newer version here, so none of its chunks can complete it. A chunk given after
  * chunks this receiver was never given (lost, or of a version the sender abandoned before
  * they were delivered) answers those as missed, so the sender does not wait for them; they are
  * stale if they come later. A dropped receiver

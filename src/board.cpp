@@ -306,27 +306,27 @@ void SenderEnd::check_alive(uint64_t mask, const std::vector<uint32_t> &slots, u
     }
 }
 
+void SenderEnd::throw_new_failures() {
+    std::vector<Failure> fs;
+    collect_failures(fs);
+    if (!fs.empty()) {
+        std::string msg = describe(kind_, fs);
+        throw Error(WSYNC_ERR_PEER, msg, std::move(fs));
+    }
+}
+
 void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadline,
                   const char *what, uint64_t max_seq) {
     int64_t last_liveness = -1;
     for (;;) {
-        std::vector<Failure> fs;
-        collect_failures(fs);
-        if (!fs.empty()) {
-            std::string msg = describe(kind_, fs);
-            throw Error(WSYNC_ERR_PEER, msg, std::move(fs));
-        }
+        throw_new_failures();
         uint32_t word = b_->ack_futex.load(std::memory_order_acquire);
         uint64_t mask = pending(slots, max_seq);
         if (!mask) {
             // A receiver writes its failure record before the acknowledgement it concerns: one
             // written after the check above but before those acknowledgements is reported now,
             // not by the next call.
-            collect_failures(fs);
-            if (!fs.empty()) {
-                std::string msg = describe(kind_, fs);
-                throw Error(WSYNC_ERR_PEER, msg, std::move(fs));
-            }
+            throw_new_failures();
             return;
         }
         int64_t left = deadline.remaining_ms();
@@ -335,6 +335,7 @@ void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &de
             last_liveness = left;
         }
         if (deadline.passed()) {
+            std::vector<Failure> fs;
             std::string never;
             for (uint32_t r = 0; r < receivers_; ++r) {
                 if (!(mask >> r & 1)) continue;

@@ -174,6 +174,8 @@ private:
     uint64_t oldest_pending_seq(uint32_t r, const std::vector<uint32_t> &slots,
                                 uint64_t max_seq) const;
     void collect_failures(std::vector<Failure> &out);
+    // WSYNC_ERR_PEER with every failure record not reported yet, if there is one.
+    void throw_new_failures();
     void check_alive(uint64_t mask, const std::vector<uint32_t> &slots, uint64_t max_seq);
     int32_t pid_of(uint32_t r) const;
     friend struct SenderEndProbe;  // tests/test_board.cpp: races replayed one step at a time

@@ -391,8 +391,9 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
     if (current_ && link.abandoned_version >= current_) catch_up(link);
     if (h.version > current_) lose_open_version(h);
 
-    // Order: chunk 0 of a version newer than any seen begins it (and abandons an open older
-    // one); any other chunk must be the next of the current version. Older chunks are replays.
+    // Order: chunk 0 of a version newer than any seen begins it (an open older one has failed
+    // just above); any other chunk must be the next of the current version. Older chunks are
+    // replays.
     if (h.chunk_index == 0) {
         if (h.version <= current_ && current_ != 0)
             fail(WSYNC_ERR_MISMATCH, "received " + chunk_label(h) + " again or out of order: " +
@@ -410,11 +411,10 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
         std::string why = "received " + chunk_label(h) + " but expected " + expected +
                           " (a request was lost or reordered)";
         if (h.version != current_) {
-            // A newer version whose first chunks did not arrive. An open older one is over
-            // (the sender moved on without committing it), and this one fails here: none of
-            // its later chunks, nor a late chunk 0, can complete it, so this receiver and the
-            // trainer (which gets the record) agree that it failed.
-            fail_open_version(WSYNC_ERR_ABANDONED);
+            // A newer version whose first chunks did not arrive (an open older one has failed
+            // already: lose_open_version or catch_up). This one fails here: none of its later
+            // chunks, nor a late chunk 0, can complete it, so this receiver and the trainer
+            // (which gets the record) agree that it failed.
             current_ = h.version;
             current_failed_ = false;
             current_why_.clear();
@@ -479,10 +479,7 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
         subset.whole = std::move(table);
         table = std::move(view);
     }
-    if (h.chunk_index == 0) {
-        if (current_ && !current_failed_) {
-            fail_open_version(WSYNC_ERR_ABANDONED);  // the sender moved on without committing
-        }
+    if (h.chunk_index == 0) {  // an open older version failed above (lose_open_version, catch_up)
         current_ = h.version;
         current_failed_ = false;
         current_status_ = WSYNC_OK;

@@ -42,6 +42,7 @@ sync holds about one chunk of gathered tensors at a time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import inspect
 from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
@@ -591,21 +592,17 @@ async def send_model_async(sender: Sender, source, *, chunk_bytes: Optional[int]
     return requests
 
 
-class _contiguity_hint:
+@contextlib.contextmanager
+def _contiguity_hint(make_contiguous: bool):
     """Adds to the library's refusal of a non-contiguous tensor how send_model sends one."""
-
-    def __init__(self, make_contiguous: bool):
-        self.make_contiguous = make_contiguous
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if (not self.make_contiguous and isinstance(exc, WsyncError)
-                and exc.status == Status.INVALID_ARGUMENT and "not contiguous" in exc.message):
-            raise error(exc.status, exc.message + " (make_contiguous=True sends a contiguous copy)",
-                        exc.failures) from None
-        return False
+    try:
+        yield
+    except WsyncError as exc:
+        if (make_contiguous or exc.status != Status.INVALID_ARGUMENT
+                or "not contiguous" not in exc.message):
+            raise
+        raise error(exc.status, exc.message + " (make_contiguous=True sends a contiguous copy)",
+                    exc.failures) from None
 
 
 def _check_lazy_allowed(sender: Sender, source) -> None:
