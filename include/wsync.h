@@ -111,7 +111,9 @@ extern "C" {
  *      its receiver option "device" lets wsync_recv_copy() fill device memory; "ucx" carries
  *      delta sync (was WSYNC_ERR_UNSUPPORTED); request format 5 (builds from 2026-11-27): "shm"
  *      and "ucx" carry tree-hash checksums (column "tree"), verified and packed by the copy
- *      threads, and their "copy_threads" option applies to senders too. */
+ *      threads, and their "copy_threads" option applies to senders too; board layout 4 (builds from
+ *      the evening of 2026-11-27): a sole sender withdraws chunks of an abandoned version that a receiver had
+ *      not begun (see wsync_sender_flush()); peers of layout 3 are refused (WSYNC_ERR_MISMATCH). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -459,7 +461,11 @@ WSYNC_API wsync_status_t wsync_sender_commit(wsync_sender_t *sender, wsync_blob_
 WSYNC_API wsync_status_t wsync_sender_abandon(wsync_sender_t *sender);
 
 /* Waits until every receiver (but dropped ones) has acknowledged every chunk this sender has
- * sent so far (with several "cuda_ipc" senders, each sender's own chunks only). Returns
+ * sent so far (with several "cuda_ipc" senders, each sender's own chunks only). A chunk of an
+ * abandoned version that a receiver had not begun is withdrawn instead and not waited for (a
+ * receiver given its request later refuses it with WSYNC_ERR_ABANDONED and reads nothing of
+ * it); send_chunk's wait for a free bucket does the same. With several "cuda_ipc" senders such
+ * a chunk is waited for until the receiver is given a later one. Returns
  * WSYNC_OK, or:
  *   WSYNC_ERR_PEER as soon as a receiver failed a chunk, died or detached owing one; the
  *     message carries that receiver's own status, message, version and chunk ("shm: receiver
@@ -514,7 +520,14 @@ WSYNC_API wsync_status_t wsync_sender_version(const wsync_sender_t *sender,
 
 /* Stops waiting for receiver `index` (a dead, frozen or failing engine), so the others keep
  * syncing. The receiver, if still alive, fails its next call with WSYNC_ERR_PEER saying it was
- * dropped. A receiver process made afterwards with the same index (a restarted engine)
+ * dropped. A receiver dropped while an iteration is open (a slow or frozen loader) is not
+ * waited for either: the sender may pack later chunks into the bucket it reads ("shm", also
+ * arena tensors the trainer changes; "cuda_ipc" buckets), so its views may show other bytes.
+ * Its iteration therefore fails: wsync_recv_next(), wsync_recv_copy(), wsync_recv_patch() and
+ * wsync_recv_end() return WSYNC_ERR_PEER saying it was dropped while it read the chunk (also
+ * when the overwrite made a checksum fail), and the version is never completed there; its
+ * caller must not serve what it loaded ("cuda_ipc" checks once the loader's copies are
+ * complete, with "synchronize" on). A receiver process made afterwards with the same index (a restarted engine)
  * re-attaches and takes part from the next version that begins after it attached. Fails with
  * WSYNC_ERR_INVALID_ARGUMENT for an index out of range, WSYNC_ERR_UNSUPPORTED for kinds without
  * membership ("nccl_broadcast": its group is fixed). Does not block. */

@@ -11,7 +11,7 @@ namespace wsync::board {
 
 namespace {
 constexpr char kMagic[8] = {'W', 'S', 'Y', 'N', 'C', 'B', 'R', 'D'};
-constexpr uint32_t kLayoutVersion = 3;  // 3: released words, sender claims
+constexpr uint32_t kLayoutVersion = 4;  // 3: released words, sender claims; 4: taken words
 constexpr int64_t kLivenessPollMs = 100;  // how often a waiting sender checks receivers' locks
 constexpr int kSeqlockTries = 4;  // a record changed while copied is re-read this often at most
 uint64_t ack_seq(uint64_t word) { return word >> 8; }
@@ -111,7 +111,7 @@ uint32_t SenderEnd::admit_joiners(uint64_t seq) {
 }
 
 void SenderEnd::publish(uint32_t slot, uint64_t seq, uint64_t version, uint32_t chunk) {
-    if (slot < kMaxSlots) published_[slot] = {seq, version, chunk};
+    if (slot < kMaxSlots) published_[slot] = Published{seq, version, chunk};
     b_->slot[slot].seq.store(seq, std::memory_order_release);
 }
 
@@ -126,6 +126,8 @@ std::string SenderEnd::label(uint64_t seq, Failure &f) const {
 }
 
 void SenderEnd::abandon(uint64_t version) {
+    for (Published &p : published_)
+        if (p.seq != 0 && p.version == version) p.abandoned = true;
     uint64_t cur = b_->abandoned_version.load();
     while (cur < version && !b_->abandoned_version.compare_exchange_weak(cur, version)) {
     }
@@ -136,6 +138,9 @@ void SenderEnd::drop(uint32_t r) {
     ReceiverSlot &s = b_->receiver[r];
     s.from_seq.store(UINT64_MAX, std::memory_order_release);
     s.state.store(kDropped, std::memory_order_release);
+    // Bytes this sender writes into buckets from now on are ordered after the drop: a dropped
+    // receiver that read any of them sees that it was dropped (board::dropped).
+    std::atomic_thread_fence(std::memory_order_release);
     wake(b_);
 }
 
@@ -163,14 +168,19 @@ bool SenderEnd::owes(uint32_t r, uint64_t seq) const {
     return seq >= b_->receiver[r].from_seq.load(std::memory_order_acquire);
 }
 
+bool SenderEnd::awaits(uint32_t r, uint32_t slot, uint64_t want) const {
+    if (ack_seq(b_->slot[slot].ack[r].load(std::memory_order_acquire)) >= want) return false;
+    const Published &p = published_[slot];
+    return !(p.withdrawn && p.seq == want && (p.excused >> r & 1));
+}
+
 uint64_t SenderEnd::pending(const std::vector<uint32_t> &slots, uint64_t max_seq) const {
     uint64_t mask = 0;
     for (uint32_t s : slots) {
         uint64_t want = this->want(s, max_seq);
         if (want == 0) continue;
         for (uint32_t r = 0; r < receivers_; ++r)
-            if (owes(r, want) && ack_seq(b_->slot[s].ack[r].load(std::memory_order_acquire)) < want)
-                mask |= uint64_t(1) << r;
+            if (owes(r, want) && awaits(r, s, want)) mask |= uint64_t(1) << r;
     }
     return mask;
 }
@@ -180,10 +190,25 @@ uint64_t SenderEnd::oldest_pending_seq(uint32_t r, const std::vector<uint32_t> &
     uint64_t oldest = 0;
     for (uint32_t s : slots) {
         uint64_t want = this->want(s, max_seq);
-        if (want && ack_seq(b_->slot[s].ack[r].load(std::memory_order_acquire)) < want)
-            oldest = oldest ? std::min(oldest, want) : want;
+        if (want && awaits(r, s, want)) oldest = oldest ? std::min(oldest, want) : want;
     }
     return oldest;
+}
+
+void SenderEnd::withdraw_abandoned(const std::vector<uint32_t> &slots, uint64_t max_seq) {
+    if (!sole_) return;
+    for (uint32_t s : slots) {
+        if (s >= slots_) continue;
+        Published &p = published_[s];
+        const uint64_t want = this->want(s, max_seq);
+        if (want == 0 || p.seq != want || !p.abandoned || p.withdrawn) continue;
+        // The handshake of the table's notes: our store, then their words (both seq_cst).
+        b_->slot[s].seq.store(kWithdrawn, std::memory_order_seq_cst);
+        p.withdrawn = true;
+        for (uint32_t r = 0; r < receivers_; ++r)
+            if (b_->slot[s].taken[r].load(std::memory_order_seq_cst) != want)
+                p.excused |= uint64_t(1) << r;
+    }
 }
 
 int32_t SenderEnd::pid_of(uint32_t r) const { return b_->receiver[r].pid.load(std::memory_order_relaxed); }
@@ -317,6 +342,7 @@ void SenderEnd::throw_new_failures() {
 
 void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadline,
                   const char *what, uint64_t max_seq) {
+    withdraw_abandoned(slots, max_seq);
     int64_t last_liveness = -1;
     for (;;) {
         throw_new_failures();
@@ -482,6 +508,16 @@ void acknowledge(Board *b, uint32_t index, uint32_t slot, uint64_t seq,
     b->slot[slot].ack[index].store(seq << 8 | (static_cast<uint64_t>(outcome) & 0xff),
                                    std::memory_order_release);
     wake(b);
+}
+
+bool dropped(const Board *b, uint32_t index) noexcept {
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return b->receiver[index].state.load(std::memory_order_relaxed) == kDropped;
+}
+
+bool take(Board *b, uint32_t index, uint32_t slot, uint64_t seq) noexcept {
+    b->slot[slot].taken[index].store(seq, std::memory_order_seq_cst);
+    return b->slot[slot].seq.load(std::memory_order_seq_cst) == seq;
 }
 
 Standing standing(const Board *b, int fd, uint32_t index) {

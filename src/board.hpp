@@ -12,7 +12,13 @@
 // | magic, layout, geometry      | creator, before the name exists    | attach (once; each | never   |
 // |                              |                                    | side keeps its own |         |
 // |                              |                                    | copy afterwards)   |         |
-// | slot[s].seq                  | sender, release, after packing     | receiver, acquire  | never   |
+// | slot[s].seq                  | sender, release, after packing;    | receivers, acquire;| never   |
+// |                              | kWithdrawn (seq_cst) when it takes | check again after  |         |
+// |                              | back a chunk of an abandoned       | writing taken[r]   |         |
+// |                              | version (withdraw)                 | (seq_cst)          |         |
+// | slot[s].taken[r]             | receiver r, seq_cst: the seq it    | the sender, seq_cst| never   |
+// |                              | begins reading, before it checks   | after writing      |         |
+// |                              | slot[s].seq again                  | kWithdrawn         |         |
 // | slot[s].ack[r]               | receiver r, release: seq<<8|status | senders, acquire   | never   |
 // |                              | (also MISMATCH for a chunk it was  |                    |         |
 // |                              | never given, once given a later    |                    |         |
@@ -36,6 +42,18 @@
 // | sender_pid[k]                | sender k: its pid by CAS when it   | senders (count of  | sender k|
 // |                              | claims index k (0 -> pid, or a dead| attached senders)  | at      |
 // |                              | claimer's pid -> pid)              |                    | destroy |
+//
+// Withdrawing a chunk of an abandoned version. A receiver that was never given such a chunk
+// (its request was lost, or the trainer gave up before forwarding it) would never acknowledge
+// it, and the sender could not reuse its slot or finish a flush. So before waiting on a slot
+// whose chunk belongs to a version it abandoned, the sole sender of a board writes kWithdrawn
+// to slot[s].seq and then reads each owing receiver's taken[r]; a receiver writes taken[r]
+// before it reads a chunk and then checks slot[s].seq again. With sequentially consistent
+// stores and loads on both sides, at least one of the two sees the other's write: either the
+// sender sees taken[r] == seq and waits for that receiver's acknowledgement as usual, or the
+// receiver sees kWithdrawn and refuses the chunk (WSYNC_ERR_ABANDONED) without reading a byte of
+// it. Receivers that had not begun it owe it no more. Only a board's one sender may withdraw
+// (with several cuda_ipc senders, another may still publish the same seq).
 //
 // Liveness is a kernel-held lock, not a pid: receiver r holds an OFD write lock on byte
 // kLockBase + r of the segment's file, sender k on kLockBase + kMaxReceivers + k. A lock that is
@@ -65,6 +83,8 @@ constexpr std::size_t kMessageBytes = 240;  // of each record, NUL included
 constexpr uint64_t kLockBase = uint64_t(1) << 40;  // lock bytes lie past any segment's end
 // ReceiverSlot::released once a receiver has closed every mapping (it is detaching).
 constexpr uint64_t kAllReleased = UINT64_MAX;
+// slot[s].seq of a chunk its sender withdrew (never a chunk's seq: those fit in 56 bits).
+constexpr uint64_t kWithdrawn = UINT64_MAX;
 
 enum ReceiverState : uint32_t {
     kFree = 0,      // never attached
@@ -95,6 +115,7 @@ struct alignas(64) ReceiverSlot {
 struct alignas(64) ChunkSlot {
     std::atomic<uint64_t> seq;                 // chunk now held (0: never used)
     std::atomic<uint64_t> ack[kMaxReceivers];  // per receiver: seq << 8 | status
+    std::atomic<uint64_t> taken[kMaxReceivers];  // per receiver: the seq it began reading
 };
 
 // The shared layout. Zeroed memory plus init() is an empty board.
@@ -143,7 +164,12 @@ public:
     // Publishes chunk `seq` in `slot`; `version` and `chunk` (this process's own record, never
     // shared) name it in failures that know only the seq (died, detached, timed out).
     void publish(uint32_t slot, uint64_t seq, uint64_t version, uint32_t chunk);
+    // Marks the chunks of `version` this SenderEnd published as abandoned (so wait() may
+    // withdraw them) and tells receivers.
     void abandon(uint64_t version);
+    // This SenderEnd is its board's only sender: wait() may withdraw chunks of abandoned
+    // versions that a receiver has not begun (see the table's notes). Off by default.
+    void set_sole_sender(bool sole) { sole_ = sole; }
     void drop(uint32_t r);
     // True once every receiver that is not dropped holds its index (attached or joining).
     // `self`: the index the calling process holds itself (its own lock is invisible to it).
@@ -154,7 +180,8 @@ public:
     // failure record this SenderEnd has not reported yet (each once, oldest first, every receiver
     // in one error), or when a receiver owing a chunk died, detached or was replaced; with
     // WSYNC_ERR_TIMEOUT at the deadline naming the receivers that did not answer. The thrown
-    // Error carries the failures as data.
+    // Error carries the failures as data. A sole sender first withdraws those chunks that
+    // belong to a version it abandoned: receivers that had not begun one are not waited for.
     void wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadline, const char *what,
               uint64_t max_seq);
 
@@ -170,6 +197,10 @@ private:
     uint64_t releases_pending(uint64_t version, uint64_t last_seq) const;
     uint64_t want(uint32_t slot, uint64_t max_seq) const;
     bool owes(uint32_t r, uint64_t seq) const;
+    // Whether receiver r still has to acknowledge chunk `want` in `slot` (it owes it, has not
+    // acknowledged it, and was not excused when the chunk was withdrawn).
+    bool awaits(uint32_t r, uint32_t slot, uint64_t want) const;
+    void withdraw_abandoned(const std::vector<uint32_t> &slots, uint64_t max_seq);
     uint64_t pending(const std::vector<uint32_t> &slots, uint64_t max_seq) const;
     uint64_t oldest_pending_seq(uint32_t r, const std::vector<uint32_t> &slots,
                                 uint64_t max_seq) const;
@@ -192,7 +223,11 @@ private:
     struct Published {
         uint64_t seq = 0, version = 0;
         uint32_t chunk = 0;
+        bool abandoned = false;  // its version was abandoned
+        bool withdrawn = false;  // slot word set to kWithdrawn
+        uint64_t excused = 0;    // receivers that had not begun it when it was withdrawn
     };
+    bool sole_ = false;
     Published published_[kMaxSlots];  // per slot: the last chunk this sender published there
 };
 
@@ -215,6 +250,15 @@ void record_failure(Board *b, uint32_t index, wsync_status_t status, uint64_t ve
                     uint32_t chunk, const std::string &message) noexcept;
 void acknowledge(Board *b, uint32_t index, uint32_t slot, uint64_t seq,
                  wsync_status_t outcome) noexcept;
+// Before reading chunk `seq` in `slot`: records that receiver `index` begins it (taken), then
+// checks that the slot still holds it. False if the sender withdrew it (or replaced it) in the
+// meantime: the receiver must not read it.
+bool take(Board *b, uint32_t index, uint32_t slot, uint64_t seq) noexcept;
+// Whether receiver `index` has been dropped by a sender, which may then reuse the buckets it
+// was reading. Reads of shared chunk memory made before the call are covered: if one of them
+// saw bytes the sender wrote after dropping, this answers true (an acquire fence here pairs
+// with the release fence in SenderEnd::drop).
+bool dropped(const Board *b, uint32_t index) noexcept;
 // What the receiver's own slot says now.
 struct Standing {
     uint32_t state;

@@ -178,6 +178,11 @@ private:
     uint64_t copy_summing(void *dst, const void *src, uint64_t total, uint64_t off, uint64_t len);
     // Fails the iteration with this status and message (throws).
     [[noreturn]] void fail_chunk(wsync_status_t status, std::string message);
+    // Why the chunk cannot load any more because the sender dropped this receiver while it was
+    // open (ChunkBacking::revoked), naming the chunk; empty if it was not dropped.
+    std::string revoked_reason() const;
+    // Fails the chunk with WSYNC_ERR_PEER and revoked_reason() if there is one.
+    void check_revoked();
     // wsync_recv_copy of a patched tensor: applies it onto dst, which must hold its base.
     void apply_patch(std::size_t i, uint64_t offset, void *dst, uint64_t len);
     // Checks patch i (base version, checksum, structure) and applies it onto dst (nbytes of

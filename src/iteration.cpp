@@ -78,6 +78,7 @@ void Iteration::part(std::size_t i, wsync_part_t *out) const {
 
 bool Iteration::next(wsync_tensor_t *view, wsync_part_t *part) {
     if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
+    check_revoked();
     // Tensors a wsync_recv_copy already took are not yielded again: each is loaded once.
     while (next_ < table_.metas.size() && (state_[next_] & kTaken)) ++next_;
     if (next_ >= table_.metas.size()) return false;
@@ -125,14 +126,13 @@ uint64_t Iteration::copy_summing(void *dst, const void *src, uint64_t total, uin
 
 void Iteration::check_sum(std::size_t i, uint64_t got) {
     if (got != table_.checksums[i]) {
-        failed_ = WSYNC_ERR_INTEGRITY;
         char buf[64];
         std::snprintf(buf, sizeof buf, "%016llx, computed %016llx",
                       static_cast<unsigned long long>(table_.checksums[i]),
                       static_cast<unsigned long long>(got));
-        failure_ = "tensor '" + table_.metas[i].name + "' in " + chunk_label(header_) +
-                   ": checksum mismatch (request says " + buf + ")";
-        wsync::fail(failed_, failure_);
+        fail_chunk(WSYNC_ERR_INTEGRITY, "tensor '" + table_.metas[i].name + "' in " +
+                                            chunk_label(header_) +
+                                            ": checksum mismatch (request says " + buf + ")");
     }
     state_[i] |= kVerified;
 }
@@ -149,6 +149,7 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
               "which has %" PRIu64 " bytes",
               offset, offset, len, tensor_label(i, m.name.c_str()).c_str(), m.nbytes);
     if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
+    check_revoked();
     const wsync_device_t dev = backing_->device();
     const uint8_t *src = static_cast<const uint8_t *>(backing_->data(i));
     const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
@@ -231,8 +232,33 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
 }
 
 void Iteration::fail_chunk(wsync_status_t status, std::string message) {
+    // A chunk whose bytes the sender may have reused (it dropped this receiver) fails for that
+    // reason, whatever else went wrong: a checksum mismatch is then its symptom.
+    std::string revoked = revoked_reason();
+    if (!revoked.empty()) {
+        status = WSYNC_ERR_PEER;
+        message = revoked + " (then: " + message + ")";
+    }
     failed_ = status;
     failure_ = std::move(message);
+    wsync::fail(failed_, failure_);
+}
+
+std::string Iteration::revoked_reason() const {
+    const std::string why = backing_->revoked();
+    if (why.empty()) return why;
+    return why + " while it read " + chunk_label(header_) +
+           ": the sender may have reused the chunk's memory, so the chunk is not loaded and "
+           "version " + std::to_string(header_.version) +
+           " is not completed here; destroy this receiver and create a new one with the same "
+           "index to re-attach";
+}
+
+void Iteration::check_revoked() {
+    std::string why = revoked_reason();
+    if (why.empty()) return;
+    failed_ = WSYNC_ERR_PEER;
+    failure_ = std::move(why);
     wsync::fail(failed_, failure_);
 }
 
@@ -435,6 +461,7 @@ void Iteration::patch(std::size_t i, wsync_patch_t *out) {
               "wsync_recv_patch: index %zu is out of range (%s has %zu tensors)", i,
               chunk_label(header_).c_str(), table_.metas.size());
     if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
+    check_revoked();
     const TensorMeta &m = table_.metas[i];
     const std::string label = tensor_label(i, m.name.c_str());
     if (!table_.is_patch(i))
@@ -523,6 +550,15 @@ wsync_status_t Iteration::finish(wsync_status_t outcome) noexcept {
         } catch (...) {
         }
     }
+    // Once the transport's own reads are complete too (cuda_ipc: the loader's copies), a chunk
+    // that went well fails if the sender dropped this receiver meanwhile.
+    if (final == WSYNC_OK) {
+        try {
+            std::string revoked = revoked_reason();
+            if (!revoked.empty()) final = failed_ = WSYNC_ERR_PEER, failure_ = std::move(revoked);
+        } catch (...) {
+        }
+    }
     try {
         owner_->before_ack(header_, final, failure_);
     } catch (...) {
@@ -542,6 +578,10 @@ void Iteration::fail(wsync_status_t status, std::string message) {
 
 void Iteration::end() {
     settle_device_patches();  // a patch that did not apply is the chunk's failure
+    if (failed_ == WSYNC_OK) {  // after every read the loader made of the chunk's memory
+        std::string why = revoked_reason();
+        if (!why.empty()) failed_ = WSYNC_ERR_PEER, failure_ = std::move(why);
+    }
     if (failed_ != WSYNC_OK) {
         finish(failed_);
         wsync::fail(failed_, failure_);

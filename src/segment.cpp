@@ -147,11 +147,17 @@ void SharedSegment::check_owed(uint32_t index, uint32_t slot, uint64_t seq,
               "'s version was in flight; it takes part from the next version on",
               g_.kind, seq);
     const uint64_t held = board::published_seq(board(), slot);
-    if (held != seq)
-        failf(WSYNC_ERR_MISMATCH,
-              "%s: stale or replayed %s: slot %u holds chunk seq %" PRIu64
-              ", the %s is for seq %" PRIu64,
-              g_.kind, what, slot, held, what, seq);
+    // Taken before it is read, so the sender either waits for this receiver or sees that it
+    // had not begun a chunk it withdraws (board.hpp).
+    if (held == seq && board::take(board(), index, slot, seq)) return;
+    if (held == board::kWithdrawn || board::published_seq(board(), slot) == board::kWithdrawn)
+        failf(WSYNC_ERR_ABANDONED,
+              "%s: chunk seq %" PRIu64 " was withdrawn: the sender abandoned its version before "
+              "this receiver began it",
+              g_.kind, seq);
+    failf(WSYNC_ERR_MISMATCH,
+          "%s: stale or replayed %s: slot %u holds chunk seq %" PRIu64 ", the %s is for seq %" PRIu64,
+          g_.kind, what, slot, board::published_seq(board(), slot), what, seq);
 }
 
 bool SharedSegment::may_answer(uint32_t index, uint32_t slot, uint64_t seq) const noexcept {

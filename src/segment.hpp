@@ -101,7 +101,9 @@ public:
     // A request for chunk `seq` in `slot` to receiver `index`, checked against the board:
     // WSYNC_ERR_MISMATCH when the receiver (re)attached while the chunk's version was in flight
     // (it takes part from the next version), or when the slot holds another chunk (a stale or
-    // replayed request). `what` names the request in the message ("request", "commit request").
+    // replayed request), WSYNC_ERR_ABANDONED when the sender withdrew it (board.hpp). On
+    // success the receiver has taken the chunk: the sender waits for its acknowledgement.
+    // `what` names the request in the message ("request", "commit request").
     void check_owed(uint32_t index, uint32_t slot, uint64_t seq, const char *what) const;
     // Whether receiver `index` may answer chunk `seq` in `slot` (acknowledge or refuse it): the
     // slot holds that chunk and the receiver, attached, owes it. Never throws.

@@ -111,6 +111,13 @@ public:
     virtual wsync_status_t settle(wsync_status_t outcome, std::string * /*message*/) noexcept {
         return outcome;
     }
+    // Non-empty when the sender may have reused this chunk's memory while the receiver still
+    // reads it, because it dropped this receiver (wsync_sender_drop_receiver) meanwhile: says
+    // why ("shm: this receiver was dropped by the sender"; the iteration names the chunk). The
+    // chunk then fails with WSYNC_ERR_PEER and its version is never
+    // completed here, however its bytes looked. Reads of the chunk's memory made before the
+    // call are covered by its answer (board::revoked).
+    virtual std::string revoked() const noexcept { return {}; }
     // Called exactly once, after settle() and after a failure was recorded: publishes the final
     // outcome (WSYNC_OK or the status the chunk failed with) to the sender.
     virtual void acknowledge(wsync_status_t outcome) noexcept = 0;

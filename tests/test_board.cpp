@@ -18,6 +18,13 @@ struct SenderEndProbe {
                             uint64_t max_seq) {
         e.check_alive(mask, slots, max_seq);
     }
+    static void withdraw(SenderEnd &e, const std::vector<uint32_t> &slots, uint64_t max_seq) {
+        e.withdraw_abandoned(slots, max_seq);
+    }
+    static uint64_t pending(const SenderEnd &e, const std::vector<uint32_t> &slots,
+                            uint64_t max_seq) {
+        return e.pending(slots, max_seq);
+    }
 };
 }  // namespace wsync::board
 
@@ -105,12 +112,65 @@ void a_receiver_gone_before_its_ack_is_named_with_the_chunk(void **) {
     assert_int_equal(other.chunk_index, WSYNC_NO_CHUNK);
 }
 
+// Withdrawing chunks of an abandoned version (board.hpp): both sides of the handshake, one
+// step at a time. The sole sender published chunk 0 of version 1 as seq 1 in slot 0.
+struct Withdrawal : Fixture {
+    Withdrawal() { end->set_sole_sender(true); }
+    void withdraw() { SenderEndProbe::withdraw(*end, {0}, 1); }
+    uint64_t pending() const { return SenderEndProbe::pending(*end, {0}, 1); }
+};
+
+// Nobody had begun it: once withdrawn, nobody owes it, and a receiver that gets its request
+// late may not read it (take fails: the slot says kWithdrawn).
+void a_chunk_nobody_began_is_withdrawn_and_owed_by_nobody(void **) {
+    Withdrawal f;
+    assert_int_equal(f.pending(), 0b11);
+    f.end->abandon(1);
+    f.withdraw();
+    assert_true(published_seq(f.b, 0) == kWithdrawn);
+    assert_int_equal(f.pending(), 0);
+    assert_false(take(f.b, 1, 0, 1));
+    f.withdraw();  // once only: a receiver's late take does not make it owed again
+    assert_int_equal(f.pending(), 0);
+}
+
+// Receiver 1 took it before the sender withdrew it (it may be reading): the sender still waits
+// for its acknowledgement, and for no one else's.
+void a_receiver_that_began_the_chunk_is_still_awaited(void **) {
+    Withdrawal f;
+    assert_true(take(f.b, 1, 0, 1));
+    f.end->abandon(1);
+    f.withdraw();
+    assert_int_equal(f.pending(), 0b10);
+    acknowledge(f.b, 1, 0, 1, WSYNC_ERR_ABANDONED);
+    assert_int_equal(f.pending(), 0);
+}
+
+// Chunks of other versions are never withdrawn: a committed version's (a later version was
+// abandoned), and nothing at all when the SenderEnd is not its board's only sender.
+void only_a_sole_sender_withdraws_and_only_abandoned_chunks(void **) {
+    Withdrawal f;
+    f.end->abandon(2);
+    f.withdraw();
+    assert_true(published_seq(f.b, 0) == 1);
+    assert_int_equal(f.pending(), 0b11);
+    f.end->set_sole_sender(false);
+    f.end->abandon(1);
+    f.withdraw();
+    assert_true(published_seq(f.b, 0) == 1);
+    assert_int_equal(f.pending(), 0b11);
+    assert_true(take(f.b, 0, 0, 1));
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_receiver_gone_after_its_last_ack_is_no_failure),
         cmocka_unit_test(a_receiver_gone_before_its_ack_is_named_with_the_chunk),
+        cmocka_unit_test(a_chunk_nobody_began_is_withdrawn_and_owed_by_nobody),
+        cmocka_unit_test(a_receiver_that_began_the_chunk_is_still_awaited),
+        cmocka_unit_test(only_a_sole_sender_withdraws_and_only_abandoned_chunks),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, nullptr, nullptr);

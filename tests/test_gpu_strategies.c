@@ -444,6 +444,48 @@ static void cuda_ipc_chunks_nobody_was_given_do_not_wedge_the_trainer(void **sta
     for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
 }
 
+/* With one bucket, a chunk of an abandoned version that nobody was given is withdrawn
+ * (board.hpp): the flush after the abandon and the next version go through at once (before, both
+ * ended in TIMEOUT naming the engine, for every later version). Version 2 completes bit-exact. */
+static void cuda_ipc_an_abandoned_chunk_nobody_began_does_not_hold_the_only_slot(void **state) {
+    (void)state;
+    engine_t e = ipc_engine(0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"bucket_bytes\": 65536, \"buckets\": 1, \"timeout_ms\": 3000}", &e, 1, &s,
+                &init, &tx);
+    void *data[NT];
+    wsync_tensor_t t[NT];
+    for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    long t0 = tu_now_ms();
+    for (uint64_t v = 1; v <= 2; ++v) {
+        for (int k = 0; k < NT; ++k) {
+            tu_fill(data[k], (size_t)shapes[k][0] * shapes[k][1] * 4, v, (uint64_t)k);
+            t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+        }
+        for (int c = 0; c < 2; ++c) {
+            wsync_chunk_t ch = tu_chunk(t + 3 * c, 3, c == 1 ? WSYNC_CHUNK_LAST : 0);
+            OK(wsync_sender_send_chunk(tx, &ch, &req));
+            if (v == 1) { /* published, delivered to nobody, abandoned */
+                wsync_blob_free(&req);
+                OK(wsync_sender_abandon(tx));
+                OK(wsync_sender_flush(tx, 3000));
+                break;
+            }
+            engine_send(&e, &req);
+            assert_int_equal(engine_verdict(&e), 0);
+            wsync_blob_free(&req);
+        }
+    }
+    OK(wsync_sender_flush(tx, 3000));
+    assert_true(tu_now_ms() - t0 < 2000);
+    engine_finish(&e);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
 /* A split tensor goes through the core like any other: each part is a tensor of its own to the
  * transport, packed or shared per allocation, and arrives as one view per part. */
 static void cuda_ipc_moves_a_split_tensor_as_one_view_per_part_packed_or_not(void **state) {
@@ -2341,6 +2383,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense),
     cmocka_unit_test(cuda_ipc_delta_the_version_after_an_abandoned_one_is_dense),
     cmocka_unit_test(cuda_ipc_chunks_nobody_was_given_do_not_wedge_the_trainer),
+    cmocka_unit_test(cuda_ipc_an_abandoned_chunk_nobody_began_does_not_hold_the_only_slot),
     cmocka_unit_test(gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror),
     cmocka_unit_test(the_fake_counts_memory_freed_while_an_engine_maps_it),
     cmocka_unit_test(unpacked_memory_a_version_no_longer_uses_is_freed_after_wait_released),

@@ -699,6 +699,66 @@ static void a_completed_version_stays_completed_whatever_the_trainer_does_next(v
     wsync_receiver_destroy(r);
 }
 
+/* A receiver dropped while it still reads a chunk (Rust user trial: a slow loader held its views
+ * past the trainer's flush deadline; the trainer dropped it, as the README shows, and packed the
+ * next version into the same bucket; the engine's wsync_recv_end returned OK and reported the
+ * version complete with bytes of the next one). One bucket, three engines.
+ * Trainer: flush names engines 0 and 2 (TIMEOUT); it drops them and version 2 reaches engine 1.
+ * Engine 0, holding a view of version 1 that now shows version 2's bytes: wsync_recv_end fails
+ * with PEER saying it was dropped while it read chunk 0 of version 1; nothing is completed.
+ * Engine 2, which had taken nothing yet: its copy fails with PEER (not INTEGRITY, the symptom),
+ * and nothing is completed. */
+static void a_receiver_dropped_while_it_reads_never_completes_the_version(void **state) {
+    (void)state;
+    float x[1024];
+    for (int k = 0; k < 1024; ++k) x[k] = (float)k;
+    int64_t s = 1024;
+    wsync_tensor_t t = tu_tensor("x", x, &s, 1, WSYNC_DTYPE_FLOAT, 32);
+    trainer_t tr;
+    trainer_open(&tr, "{\"receivers\": 3, \"buckets\": 1, \"bucket_bytes\": 65536}");
+    wsync_receiver_t *r[3];
+    for (uint32_t i = 0; i < 3; ++i) r[i] = open_receiver(&tr.init, i);
+    wsync_chunk_t c = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    wsync_blob_t q1, q2;
+    OK(wsync_sender_send_chunk(tr.sender, &c, &q1));
+    wsync_recv_t *slow, *idle;
+    wsync_tensor_t view;
+    bool has;
+    OK(wsync_receiver_receive(r[0], q1.data, q1.size, &slow));
+    OK(wsync_recv_next(slow, &view, &has));
+    assert_true(has);
+    assert_memory_equal(view.data, x, sizeof x);
+    OK(wsync_receiver_receive(r[2], q1.data, q1.size, &idle));
+    load_chunk(r[1], &q1);
+    EXPECT_ERR(wsync_sender_flush(tr.sender, 100), WSYNC_ERR_TIMEOUT, "receivers [0, 2]");
+    OK(wsync_sender_drop_receiver(tr.sender, 0));
+    OK(wsync_sender_drop_receiver(tr.sender, 2));
+    OK(wsync_sender_flush(tr.sender, 1000));
+    for (int k = 0; k < 1024; ++k) x[k] = -1.0f - (float)k;
+    OK(wsync_sender_send_chunk(tr.sender, &c, &q2)); /* into the bucket engines 0 and 2 read */
+    load_chunk(r[1], &q2);
+    OK(wsync_sender_flush(tr.sender, 1000));
+    assert_memory_equal(view.data, x, sizeof x); /* the hazard: the view shows version 2 */
+    EXPECT_ERR(wsync_recv_end(slow), WSYNC_ERR_PEER,
+               "dropped by the sender while it read chunk 0 of version 1");
+    float got[1024];
+    EXPECT_ERR(wsync_recv_copy(idle, 0, 0, got, sizeof got), WSYNC_ERR_PEER,
+               "dropped by the sender while it read chunk 0 of version 1");
+    EXPECT_ERR(wsync_recv_end(idle), WSYNC_ERR_PEER, "dropped by the sender");
+    for (int i = 0; i < 3; i += 2) {
+        wsync_receiver_state_t st = polled(r[i]);
+        assert_int_equal(st.completed_version, 0);
+        assert_int_equal(st.failed_version, 1);
+        assert_int_equal(st.failed_status, WSYNC_ERR_PEER);
+        assert_true(st.flags & WSYNC_RECEIVER_DROPPED);
+    }
+    assert_int_equal(polled(r[1]).completed_version, 2);
+    wsync_blob_free(&q1);
+    wsync_blob_free(&q2);
+    for (int i = 0; i < 3; ++i) wsync_receiver_destroy(r[i]);
+    trainer_close(&tr);
+}
+
 static void replayed_request_is_mismatch_and_a_held_index_cannot_be_taken(void **state) {
     (void)state;
     float x[2] = {1, 2};
@@ -1225,6 +1285,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(chunks_out_of_order_or_replayed_are_mismatch),
     cmocka_unit_test(a_chunk_of_the_next_version_before_its_chunk_0_fails_that_version_only),
     cmocka_unit_test(a_completed_version_stays_completed_whatever_the_trainer_does_next),
+    cmocka_unit_test(a_receiver_dropped_while_it_reads_never_completes_the_version),
     cmocka_unit_test(replayed_request_is_mismatch_and_a_held_index_cannot_be_taken),
     cmocka_unit_test(bad_tensors_are_rejected_by_name_and_nothing_is_published),
     cmocka_unit_test(receiver_index_out_of_range_or_taken_is_refused),

@@ -313,6 +313,51 @@ static void requests_never_delivered_do_not_wedge_the_trainer(void **state) {
     trainer_free(tr);
 }
 
+/* Chunks of an abandoned version that an engine never began are withdrawn (board.hpp): with
+ * one bucket, a single undelivered chunk used to hold the bucket, so the flush after the abandon
+ * and every later send ended in TIMEOUT naming an engine that had done nothing wrong, until the
+ * trainer dropped it. One bucket, two engines; each version has two chunks.
+ * 1. Version 1's chunk 0 is published, delivered to nobody, and abandoned. Trainer: the flush
+ *    succeeds at once. The request, delivered late to engine 1, is refused as ABANDONED (the
+ *    engine reads nothing of it). Version 2 then completes bit-exact on both.
+ * 2. Version 3's chunk 0 reaches engine 0 only, which loads it, and the trainer abandons.
+ *    Trainer: flush and version 4 go through at once, engine 1 excused, engine 0 having
+ *    acknowledged. Both complete version 4. */
+static void chunks_of_an_abandoned_version_nobody_began_do_not_hold_a_bucket(void **state) {
+    (void)state;
+    trainer_t *tr = trainer_new("{\"receivers\": 2, \"bucket_bytes\": 65536, \"buckets\": 1}");
+    engines_t es;
+    start_engines(&es, tr, 2, MODE_LOAD);
+    tu_peer_t *e = es.e, **both = es.all;
+    wsync_chunk_t ch = tu_chunk(&tr->t[0], 2, 0);
+    wsync_blob_t late;
+    OK(wsync_sender_send_chunk(tr->sender, &ch, &late)); /* version 1, chunk 0: to nobody */
+    OK(wsync_sender_abandon(tr->sender));
+    long t0 = tu_now_ms();
+    OK(wsync_sender_flush(tr->sender, 5000));
+    assert_true(tu_now_ms() - t0 < 1000);
+    assert_int_equal(tu_send_frame(e[1].to, late.data, late.size), 0);
+    assert_int_equal(tu_peer_byte(&e[1], 5000), WSYNC_ERR_ABANDONED);
+    wsync_blob_free(&late);
+    t0 = tu_now_ms();
+    send_version_to(tr, 2, both, 2);
+    OK(wsync_sender_flush(tr->sender, 5000));
+    assert_true(tu_now_ms() - t0 < 1000);
+
+    /* 2 */
+    OK(send_chunk_to(tr, 3, 0, both, 1)); /* engine 0 only */
+    assert_int_equal(tu_peer_byte(&e[0], 5000), 0);
+    OK(wsync_sender_abandon(tr->sender));
+    t0 = tu_now_ms();
+    OK(wsync_sender_flush(tr->sender, 5000));
+    send_version_to(tr, 4, both, 2);
+    OK(wsync_sender_flush(tr->sender, 5000));
+    assert_true(tu_now_ms() - t0 < 1000);
+    stop_engine(&e[0]);
+    stop_engine(&e[1]);
+    trainer_free(tr);
+}
+
 /* A frozen engine (SIGSTOP): the trainer's flush ends in TIMEOUT at its deadline naming it
  * (as a field too); dropping it lets the trainer go on; the engine, resumed, learns it was
  * dropped. */
@@ -496,6 +541,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(engine_killed_mid_version_restarts_and_receives_the_next_version),
     cmocka_unit_test(an_engine_reattached_through_the_trainer_is_alive_to_it_and_holds_its_index),
     cmocka_unit_test(requests_never_delivered_do_not_wedge_the_trainer),
+    cmocka_unit_test(chunks_of_an_abandoned_version_nobody_began_do_not_hold_a_bucket),
     cmocka_unit_test(frozen_engine_times_out_by_name_and_can_be_dropped),
     cmocka_unit_test(trainer_killed_mid_version_engines_learn_it_and_nothing_is_left),
     cmocka_unit_test(two_processes_racing_for_one_index_never_both_get_it),

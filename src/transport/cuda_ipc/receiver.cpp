@@ -124,7 +124,16 @@ public:
             *message = why;
             return waited;
         }
+        // The copies of the whole version are complete (drained above): the iteration asks
+        // revoked() now, and if this receiver was not dropped by then, the sender reused none
+        // of its buckets under them.
         return outcome;
+    }
+
+    std::string revoked() const noexcept override {
+        return board::dropped(seg_->board(), index_)
+                   ? "cuda_ipc: this receiver was dropped by the sender"
+                   : std::string();
     }
 
     void acknowledge(wsync_status_t outcome) noexcept override {

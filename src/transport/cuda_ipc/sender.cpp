@@ -44,6 +44,8 @@ public:
           cast_(gpu::parse_cast(info.dtype)), synchronize_(synchronize), timeout_ms_(timeout_ms),
           release_timeout_ms_(release_timeout_ms) {
         board_.register_sender();
+        // With several senders another may still publish a seq this one withdrew (board.hpp).
+        board_.set_sole_sender(info.senders == 1);
     }
 
     ~IpcSender() override {

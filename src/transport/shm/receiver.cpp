@@ -30,6 +30,13 @@ public:
         board::acknowledge(seg_->board(), index_, bucket_, seq_, outcome);
     }
 
+    // A dropped receiver is not waited for: the sender may pack later chunks into this bucket
+    // (and change arena tensors) under it.
+    std::string revoked() const noexcept override {
+        return board::dropped(seg_->board(), index_) ? "shm: this receiver was dropped by the sender"
+                                                     : std::string();
+    }
+
 private:
     std::shared_ptr<SharedSegment> seg_;
     uint32_t index_, bucket_;

@@ -22,6 +22,7 @@ public:
           board_(seg_->board(), seg_->fd(), seg_->receivers(), seg_->slots(), kKind),
           checksum_(checksum), timeout_ms_(timeout_ms), pool_(copy_threads) {
         board_.register_sender();
+        board_.set_sole_sender(true);  // a segment has one sender (ShmStrategy refuses a second)
     }
 
     ~ShmSender() override { seg_->unlink(); }
