@@ -22,6 +22,10 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
 #include "cli.hpp"
 
 namespace wsync_cli {
@@ -42,24 +46,145 @@ void check(wsync_status_t st, const char *what) {
 
 namespace {
 
+// The most bytes a blob may have: the library refuses larger ones (docs/wire-format.md), so
+// inspect stops reading one byte past it instead of reading all of its input first (/dev/zero,
+// a pipe that never ends, a stray model file).
+constexpr size_t kMaxBlobBytes = size_t(256) << 20;
+
+// A subcommand's bad command line or input: "wsync CMD: what", exit 2 like the other usage
+// errors (inspect: no blob to describe, like a malformed one).
+[[noreturn]] void usage_error_of(const char *cmd, const std::string &what) {
+    std::fprintf(stderr, "wsync %s: %s\n", cmd, what.c_str());
+    std::exit(2);
+}
+
+// DLPack code/bits/lanes as the library names them in its messages: "bfloat16", "float32",
+// "uint8", "float8_e4m3fn", "int64x4" (lanes); "dtype(code=99,bits=8,lanes=1)" for a triple
+// the library does not move. wsync.h has the codes but no name function, hence this table.
+std::string dtype_name(uint64_t code, uint64_t bits, uint64_t lanes) {
+    struct Code {
+        uint64_t code;
+        const char *name;
+        unsigned bits;  // bits a lane must have; 0: 8, 16, 32 or 64 (float, complex: see below)
+    };
+    static const Code kCodes[] = {
+        {WSYNC_DTYPE_INT, "int", 0},
+        {WSYNC_DTYPE_UINT, "uint", 0},
+        {WSYNC_DTYPE_FLOAT, "float", 0},
+        {WSYNC_DTYPE_BFLOAT, "bfloat", 16},
+        {WSYNC_DTYPE_COMPLEX, "complex", 0},
+        {WSYNC_DTYPE_BOOL, "bool", 8},
+        {WSYNC_DTYPE_FLOAT8_E3M4, "float8_e3m4", 8},
+        {WSYNC_DTYPE_FLOAT8_E4M3, "float8_e4m3", 8},
+        {WSYNC_DTYPE_FLOAT8_E4M3B11FNUZ, "float8_e4m3b11fnuz", 8},
+        {WSYNC_DTYPE_FLOAT8_E4M3FN, "float8_e4m3fn", 8},
+        {WSYNC_DTYPE_FLOAT8_E4M3FNUZ, "float8_e4m3fnuz", 8},
+        {WSYNC_DTYPE_FLOAT8_E5M2, "float8_e5m2", 8},
+        {WSYNC_DTYPE_FLOAT8_E5M2FNUZ, "float8_e5m2fnuz", 8},
+        {WSYNC_DTYPE_FLOAT8_E8M0FNU, "float8_e8m0fnu", 8},
+        {WSYNC_DTYPE_FLOAT6_E2M3FN, "float6_e2m3fn", 6},
+        {WSYNC_DTYPE_FLOAT6_E3M2FN, "float6_e3m2fn", 6},
+        {WSYNC_DTYPE_FLOAT4_E2M1FN, "float4_e2m1fn", 4},
+    };
+    const Code *c = nullptr;
+    for (const Code &k : kCodes)
+        if (k.code == code) c = &k;
+    bool ok = c && lanes >= 1 && lanes <= 0xffff && (bits * lanes) % 8 == 0;
+    if (ok && c->bits) ok = bits == c->bits;
+    else if (ok && code == WSYNC_DTYPE_FLOAT) ok = bits == 16 || bits == 32 || bits == 64;
+    else if (ok && code == WSYNC_DTYPE_COMPLEX) ok = bits == 32 || bits == 64 || bits == 128;
+    else if (ok) ok = bits == 8 || bits == 16 || bits == 32 || bits == 64;
+    if (!ok)
+        return "dtype(code=" + std::to_string(code) + ",bits=" + std::to_string(bits) +
+               ",lanes=" + std::to_string(lanes) + ")";
+    std::string s = c->name;
+    if (c->bits == 0 || code == WSYNC_DTYPE_BFLOAT) s += std::to_string(bits);
+    if (lanes != 1) s += "x" + std::to_string(lanes);
+    return s;
+}
+
+// A request's tensor table carries dtypes as flattened DLPack triples ([2, 32, 1, ...]); add
+// "dtype_names" beside them, one per tensor, so a reader need not decode the codes. Nothing
+// else changes: the library's JSON keeps its keys, order and layout.
+std::string with_dtype_names(const char *described) {
+    nlohmann::json doc = nlohmann::json::parse(described, nullptr, false);
+    if (doc.is_discarded() || !doc.is_object()) return described;
+    auto body = doc.find("body");
+    if (body == doc.end() || !body->is_object()) return described;
+    auto tensors = body->find("tensors");
+    if (tensors == body->end() || !tensors->is_object()) return described;
+    auto dtypes = tensors->find("dtypes");
+    if (dtypes == tensors->end() || !dtypes->is_array() || dtypes->size() % 3 != 0)
+        return described;
+    nlohmann::json names = nlohmann::json::array();
+    for (size_t i = 0; i < dtypes->size(); i += 3) {
+        const auto &c = (*dtypes)[i], &b = (*dtypes)[i + 1], &l = (*dtypes)[i + 2];
+        if (!c.is_number_unsigned() || !b.is_number_unsigned() || !l.is_number_unsigned())
+            return described;
+        names.push_back(dtype_name(c.get<uint64_t>(), b.get<uint64_t>(), l.get<uint64_t>()));
+    }
+    (*tensors)["dtype_names"] = std::move(names);
+    // The library's own layout (wsync_blob_describe): two-space indent, bad UTF-8 replaced.
+    return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 int cmd_inspect(int argc, char **argv) {
     if (argc != 3) usage_error("usage: wsync inspect FILE   (FILE may be - for standard input)");
-    FILE *f = std::strcmp(argv[2], "-") == 0 ? stdin : std::fopen(argv[2], "rb");
-    if (!f) usage_error(std::string("cannot open '") + argv[2] + "': " + std::strerror(errno));
+    const bool from_stdin = std::strcmp(argv[2], "-") == 0;
+    const std::string what =
+        from_stdin ? std::string("standard input") : "'" + std::string(argv[2]) + "'";
+    FILE *f = from_stdin ? stdin : std::fopen(argv[2], "rb");
+    if (!f) usage_error_of("inspect", "cannot open " + what + ": " + std::strerror(errno));
+    // fopen() opens a directory for reading on Linux; only the first read fails (EISDIR).
+    struct stat sb;
+    const bool known = fstat(fileno(f), &sb) == 0;
+    if (known && S_ISDIR(sb.st_mode))
+        usage_error_of("inspect", what + " is a directory, not a blob file");
+    // A regular file's size is known up front: refuse a big one without reading it.
+    const std::string limit =
+        "over the limit of " + std::to_string(kMaxBlobBytes) + " bytes (256 MiB) of a blob";
+    if (known && S_ISREG(sb.st_mode) && uint64_t(sb.st_size) > kMaxBlobBytes)
+        usage_error_of("inspect", what + ": " + std::to_string(sb.st_size) + " bytes, " + limit);
+    // Other inputs (pipes, devices such as /dev/zero): read up to the limit, then one byte more
+    // to learn whether the input goes past it.
     std::vector<uint8_t> buf;
     uint8_t tmp[65536];
     size_t got;
-    while ((got = std::fread(tmp, 1, sizeof tmp, f)) > 0) buf.insert(buf.end(), tmp, tmp + got);
+    while (buf.size() < kMaxBlobBytes &&
+           (got = std::fread(tmp, 1, std::min(sizeof tmp, kMaxBlobBytes - buf.size()), f)) > 0)
+        buf.insert(buf.end(), tmp, tmp + got);
+    const bool over = buf.size() == kMaxBlobBytes && std::fgetc(f) != EOF;
+    if (std::ferror(f))
+        usage_error_of("inspect", "cannot read " + what + ": " + std::strerror(errno));
     if (f != stdin) std::fclose(f);
+    if (over)
+        usage_error_of("inspect", what + ": " + limit + " (stopped reading at " +
+                                      std::to_string(kMaxBlobBytes + 1) + " bytes)");
+    if (buf.empty()) usage_error_of("inspect", what + " is empty, not a blob");
     char *json = nullptr;
     wsync_status_t st = wsync_blob_describe(buf.data(), buf.size(), &json);
     if (st != WSYNC_OK) {
         std::fprintf(stderr, "wsync inspect: %s: %s\n", wsync_status_string(st), wsync_last_error());
         return 2;
     }
-    std::printf("%s\n", json);
+    std::printf("%s\n", with_dtype_names(json).c_str());
     wsync_string_free(json);
     return 0;
+}
+
+// The kinds `wsync kinds` lists (wsync_strategy_kinds), as "shm, cuda_ipc, ...": what
+// `options` takes, this build's own list rather than a copy that could go stale.
+std::string kind_names() {
+    char *json = nullptr;
+    check(wsync_strategy_kinds(&json), "kinds");
+    nlohmann::json kinds = nlohmann::json::parse(json, nullptr, false);
+    wsync_string_free(json);
+    std::string out;
+    if (kinds.is_array())
+        for (const auto &k : kinds)
+            if (k.is_object() && k.contains("kind") && k["kind"].is_string())
+                out += (out.empty() ? "" : ", ") + k["kind"].get<std::string>();
+    return out.empty() ? "see: wsync kinds" : out;
 }
 
 void usage(FILE *out) {
@@ -108,7 +233,9 @@ void usage(FILE *out) {
         "      memory; --delta-threads N (shm): the trainer's compare threads (\"delta_threads\").\n"
         "      --mirror (shm): engines keep a mirror (\"delta_mirror\") and load from\n"
         "      views; adds the dense row of such engines.\n"
-        "  wsync inspect FILE|-     print an init-info or request blob as JSON (exit 2 if malformed)\n"
+        "  wsync inspect FILE|-     print an init-info or request blob as JSON (exit 2 if malformed,\n"
+        "                           empty or over 256 MiB); a request's tensor table gains\n"
+        "                           \"dtype_names\" beside its DLPack \"dtypes\"\n"
         "  wsync kinds              the strategies this build knows\n"
         "  wsync options KIND       a strategy's options\n"
         "  wsync --version | help\n",
@@ -139,7 +266,11 @@ int main(int argc, char **argv) {
     if (cmd == "inspect") return cmd_inspect(argc, argv);
     if (cmd == "kinds") {
         check(wsync_strategy_kinds(&json), "kinds");
-    } else if (cmd == "options" && argc == 3) {
+    } else if (cmd == "options") {
+        if (argc != 3)
+            usage_error_of("options", (argc < 3 ? std::string("missing KIND")
+                                                : "takes one KIND, got " + std::to_string(argc - 2)) +
+                                          " (one of: " + kind_names() + ")");
         wsync_status_t st = wsync_strategy_describe_options(argv[2], &json);
         if (st != WSYNC_OK) {
             std::fprintf(stderr, "wsync: %s\n", wsync_last_error());

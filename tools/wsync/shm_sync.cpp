@@ -426,15 +426,22 @@ int cmd_bench(const Args &a) {
     double steady = r.steady_s();
     std::string steps;
     for (double s : r.step_s) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
+    // Without --copy-threads the option is not passed and the library picks the count itself
+    // (one per CPU the process may use, capped: "wsync options shm"); no call reports what it
+    // picked, so the figure is null and "copy_threads_source" says the default applied.
+    std::string copy_threads =
+        a.copy_threads >= 0
+            ? std::to_string(a.copy_threads) + ", \"copy_threads_source\": \"flag\""
+            : std::string("null, \"copy_threads_source\": \"default\"");
     std::printf("{\"strategy\": \"shm\", \"bytes\": %" PRIu64 ", \"tensors\": %zu, \"chunks\": %zu, "
                 "\"receivers\": %u, \"checksum\": %s, \"load\": \"%s\", \"split\": %s, \"dst_offset\": %" PRIu64
-                ", \"copy_threads\": %d, \"first_sync_s\": %.6f, "
+                ", \"copy_threads\": %s, \"first_sync_s\": %.6f, "
                 "\"steady_sync_s\": %.6f, \"steady_gbps\": %.3f, \"memcpy_s\": %.6f, "
                 "\"memcpy_at_dst_offset_s\": %.6f, "
                 "\"ratio_to_memcpy\": %.3f, \"steps_s\": [%s], \"metadata_us_per_tensor\": %.3f",
                 r.bytes, r.tensors, r.chunks, a.receivers,
                 a.checksum && !a.checksum_compare ? "true" : "false",
-                a.load_copy ? "copy" : "memcpy", a.split ? "true" : "false", a.dst_offset, a.copy_threads, r.step_s[0], steady,
+                a.load_copy ? "copy" : "memcpy", a.split ? "true" : "false", a.dst_offset, copy_threads.c_str(), r.step_s[0], steady,
                 r.bytes / steady / 1e9, r.memcpy_s, r.memcpy_offset_s, steady / r.memcpy_s,
                 steps.c_str(), meta);
     if (a.checksum_compare)
