@@ -295,3 +295,23 @@ def test_patch_of_a_dense_entry_is_refused_by_name_and_the_iteration_goes_on(mak
         assert name == "layers.0.w" and torch.equal(view, w)
     sync.sender.flush(5.0)
     assert sync.receiver.completed_version == 1
+
+
+def test_send_model_refuses_a_split_tensor_before_sending_anything_when_delta_is_on(make_sync):
+    # Delta user trial: the library refused the split tensor's first part at chunk 1, after
+    # chunk 0 was published, and without on_request the published request never reached the
+    # engines. send_model now refuses the plan first: nothing of the version is sent.
+    s = make_sync(bucket_bytes=1 << 16, delta="auto")
+    assert s.sender.delta
+    model = {"small": torch.ones(16), "big": torch.ones(3 * (1 << 14))}  # 192 KiB > 64 KiB
+    sent = []
+    with pytest.raises(WsyncError) as info:
+        send_model(s.sender, model, chunk_bytes=1 << 16, on_request=sent.append)
+    assert info.value.status is Status.UNSUPPORTED
+    assert "tensor 'big' (196608 bytes) is larger than chunk_bytes (65536)" in info.value.message
+    assert "nothing of this version was sent" in info.value.message
+    assert sent == [] and s.sender.version == 1
+    # Within the buckets, or with delta off, the same model goes out.
+    off = make_sync(buckets=8, bucket_bytes=1 << 16)
+    assert not off.sender.delta
+    assert len(send_model(off.sender, model, chunk_bytes=1 << 16)) >= 3

@@ -396,7 +396,8 @@ class Strategy:
             status = self._lib.wsync_sender_create(self._handle(), init, len(init), byref(out))
             if status:
                 raise_for(status, self._lib)
-        return Sender(self._lib, out.value, init)
+        return Sender(self._lib, out.value, init,
+                      delta=str(self.options.get("delta", "off")) != "off")
 
     def receiver(self, init_info: bytes, index: int) -> "Receiver":
         """An engine's :class:`Receiver` number ``index`` (0 .. receivers-1)."""
@@ -458,9 +459,12 @@ class Sender:
     does not wait for receivers (call :meth:`flush` first to know they are done).
     """
 
-    def __init__(self, lib, handle: int, init_info: bytes):
+    def __init__(self, lib, handle: int, init_info: bytes, delta: bool = False):
         self._lib = lib
         self._h: Optional[int] = handle
+        #: Whether the strategy's ``delta`` option is on (``"auto"``/``"on"``): such a sender
+        #: refuses split tensors, which :func:`wsync.trainer.send_model` checks before it sends.
+        self.delta = delta
         self._lock = threading.RLock()
         #: The init-info bytes this sender was made from.
         self.init_info = init_info

@@ -373,6 +373,16 @@ def iter_chunks(source, *, chunk_bytes: Optional[int] = None, group_depth: int =
       weight) once, under its names joined with ``=``; ``"repeat"`` sends it under each name,
       its bytes each time (see the module documentation).
     """
+    return _iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth, dtype=dtype,
+                        device=device, make_contiguous=make_contiguous, aliases=aliases,
+                        split=split)
+
+
+def _iter_chunks(source, *, chunk_bytes, group_depth, dtype, device, make_contiguous, aliases,
+                 split, parts_refused: bool = False) -> Iterator[ChunkToSend]:
+    """:func:`iter_chunks`; with ``parts_refused`` (a sender with delta on), a plan that splits a
+    tensor is refused with ``UNSUPPORTED`` naming it before the first chunk is yielded, so
+    nothing of the version is sent."""
     dtype = _as_torch_dtype(dtype)
     entries, lazy = _entries(source, aliases, dtype)
     if not entries:
@@ -380,6 +390,16 @@ def iter_chunks(source, *, chunk_bytes: Optional[int] = None, group_depth: int =
     metas = [e.meta for e in entries]
     chunks = plan(metas, chunk_bytes=chunk_bytes, group_depth=group_depth, split=split)
     del metas
+    if parts_refused:
+        for planned in chunks:
+            if planned.parts:
+                k = next(j for j, (_, size) in enumerate(planned.parts) if size)
+                e = entries[planned.indices[k]]
+                raise error(Status.UNSUPPORTED,
+                            f"delta sync does not take split tensors: tensor '{e.wire_name}' "
+                            f"({e.meta.nbytes} bytes) is larger than chunk_bytes ({chunk_bytes}); "
+                            "raise bucket_bytes and chunk_bytes, or run the sender with delta "
+                            "\"off\" (nothing of this version was sent)")
     # Split tensors whose last part is still to come: ident -> the prepared tensor, reused for
     # every part (gathered, cast or moved once).
     pending: Dict[Any, Any] = {}
@@ -532,9 +552,10 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
         chunk_bytes = default_chunk_bytes(sender)
     requests: List[bytes] = []
     try:
-        for chunk in iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,
-                                 dtype=dtype, device=device, make_contiguous=make_contiguous,
-                                 aliases=aliases, split=split):
+        for chunk in _iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,
+                                  dtype=dtype, device=device, make_contiguous=make_contiguous,
+                                  aliases=aliases, split=split,
+                                  parts_refused=getattr(sender, "delta", False)):
             with _contiguity_hint(make_contiguous):
                 request = sender.send_chunk(chunk.tensors, last=chunk.last, parts=chunk.parts)
             del chunk  # drop converted copies before the next chunk is prepared
@@ -566,18 +587,23 @@ async def send_model_async(sender: Sender, source, *, chunk_bytes: Optional[int]
     _check_lazy_allowed(sender, source)
     if chunk_bytes is None:
         chunk_bytes = default_chunk_bytes(sender)
-    chunks = iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,
-                         dtype=dtype, device=device, make_contiguous=make_contiguous,
-                         aliases=aliases, split=split)
+    chunks = _iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,
+                          dtype=dtype, device=device, make_contiguous=make_contiguous,
+                          aliases=aliases, split=split,
+                          parts_refused=getattr(sender, "delta", False))
     requests: List[bytes] = []
     try:
         while True:
-            chunk = await asyncio.to_thread(next, chunks, None)
-            if chunk is None:
+            # Through a box the worker empties: a worker thread's finished work item (and its
+            # future's result) can outlive the call for a moment, and must not keep a chunk's
+            # gathered tensors alive while the next chunk is gathered.
+            box = await asyncio.to_thread(_next_boxed, chunks)
+            if not box:
                 break
+            chunk = box.pop()
             with _contiguity_hint(make_contiguous):
-                request = await sender.send_chunk_async(chunk.tensors, last=chunk.last,
-                                                        parts=chunk.parts)
+                request = await asyncio.to_thread(
+                    _send_boxed, sender, [chunk.tensors, chunk.last, chunk.parts])
             del chunk
             requests.append(request)
             if on_request is not None:
@@ -590,6 +616,21 @@ async def send_model_async(sender: Sender, source, *, chunk_bytes: Optional[int]
     if flush_timeout_s is not None:
         await sender.flush_async(flush_timeout_s)
     return requests
+
+
+def _next_boxed(chunks) -> list:
+    """The next chunk in a one-element list ([] at the end), for :func:`send_model_async`."""
+    chunk = next(chunks, None)
+    return [] if chunk is None else [chunk]
+
+
+def _send_boxed(sender: Sender, box: list) -> bytes:
+    """Sends ``box`` = [tensors, last, parts] and empties it first, for
+    :func:`send_model_async`: the worker's work item then refers to no tensor once the send
+    returns."""
+    tensors, last, parts = box
+    box.clear()
+    return sender.send_chunk(tensors, last=last, parts=parts)
 
 
 @contextlib.contextmanager
