@@ -178,6 +178,8 @@ private:
     uint64_t copy_summing(void *dst, const void *src, uint64_t total, uint64_t off, uint64_t len);
     // Fails the iteration with this status and message (throws).
     [[noreturn]] void fail_chunk(wsync_status_t status, std::string message);
+    // A view, copy or patch asked of an iteration that failed: its status, saying so.
+    [[noreturn]] void already_failed() const;
     // Why the chunk cannot load any more because the sender dropped this receiver while it was
     // open (ChunkBacking::revoked), naming the chunk; empty if it was not dropped.
     std::string revoked_reason() const;

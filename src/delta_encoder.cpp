@@ -23,8 +23,9 @@ const std::vector<OptionSpec> &option_specs() {
         {"delta", T::String, 0, 0, 0, "sender",
          "send tensors that changed little as patches against the receivers' last committed "
          "version: off, auto (a patch when it is at most delta_max_percent of the dense bytes), "
-         "on (a patch whenever there is a base); kinds shm, and cuda_ipc (packed) and "
-         "nccl_broadcast compared on the GPU; not ucx (docs/delta.md)",
+         "on (a patch whenever there is a base, even one larger than the tensor: for "
+         "tests and measurements); kinds shm and ucx (compared on the host), cuda_ipc "
+         "(packed) and nccl_broadcast (compared on the GPU) (docs/delta.md)",
          "off", "off|auto|on"},
         {"delta_anchor_every", T::UInt, 0, 0, uint64_t(1) << 32, "sender",
          "with delta: versions 1, N+1, 2N+1, ... are sent dense (0: only when needed)"},
@@ -48,7 +49,7 @@ const std::vector<OptionSpec> &option_specs() {
          "the receiver keeps its own copy of every tensor it loads (host memory of the model's "
          "size) and applies patches to it, verified: a patched tensor then has views, copies of "
          "any byte range, and wsync_recv_patch results the library has checked, for engines "
-         "that load from views or by shards (docs/delta.md); kind shm only"},
+         "that load from views or by shards (docs/delta.md); kinds shm and ucx"},
     });
     return specs;
 }

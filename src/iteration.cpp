@@ -77,7 +77,7 @@ void Iteration::part(std::size_t i, wsync_part_t *out) const {
 }
 
 bool Iteration::next(wsync_tensor_t *view, wsync_part_t *part) {
-    if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
+    if (failed_ != WSYNC_OK) already_failed();
     check_revoked();
     // Tensors a wsync_recv_copy already took are not yielded again: each is loaded once.
     while (next_ < table_.metas.size() && (state_[next_] & kTaken)) ++next_;
@@ -148,7 +148,7 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
               "wsync_recv_copy: bytes [%" PRIu64 ", %" PRIu64 " + %" PRIu64 ") are outside %s, "
               "which has %" PRIu64 " bytes",
               offset, offset, len, tensor_label(i, m.name.c_str()).c_str(), m.nbytes);
-    if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
+    if (failed_ != WSYNC_OK) already_failed();
     check_revoked();
     const wsync_device_t dev = backing_->device();
     const uint8_t *src = static_cast<const uint8_t *>(backing_->data(i));
@@ -242,6 +242,12 @@ void Iteration::fail_chunk(wsync_status_t status, std::string message) {
     failed_ = status;
     failure_ = std::move(message);
     wsync::fail(failed_, failure_);
+}
+
+void Iteration::already_failed() const {
+    // The earlier failure's text alone would describe this call's arguments (a destination
+    // that was not the culprit): say it is the iteration's standing verdict.
+    wsync::fail(failed_, "this iteration already failed (" + chunk_label(header_) + "): " + failure_);
 }
 
 std::string Iteration::revoked_reason() const {
@@ -460,7 +466,7 @@ void Iteration::patch(std::size_t i, wsync_patch_t *out) {
         failf(WSYNC_ERR_INVALID_ARGUMENT,
               "wsync_recv_patch: index %zu is out of range (%s has %zu tensors)", i,
               chunk_label(header_).c_str(), table_.metas.size());
-    if (failed_ != WSYNC_OK) wsync::fail(failed_, failure_);
+    if (failed_ != WSYNC_OK) already_failed();
     check_revoked();
     const TensorMeta &m = table_.metas[i];
     const std::string label = tensor_label(i, m.name.c_str());

@@ -19,11 +19,22 @@ uint64_t place(TensorTable &table, uint64_t capacity, const std::string &who,
         if (flagged(in_place, i)) continue;
         const TensorMeta &m = table.metas[i];
         const uint64_t off = round_up(end, kTensorAlign);
-        if (m.nbytes > capacity || off > capacity - m.nbytes)
+        if (m.nbytes > capacity || off > capacity - m.nbytes) {
+            // A delta patch crosses as the chunk's bytes: say so, or its size (indices and
+            // values, up to twice the tensor's with delta "on") reads like the tensor's.
+            const std::string entry =
+                table.is_patch(i) ? "the delta patch of tensor '" + m.name + "' (" +
+                                        std::to_string(m.nbytes) + " bytes: indices and values)"
+                                  : "tensor '" + m.name + "' of " + std::to_string(m.nbytes) +
+                                        " bytes";
             fail(WSYNC_ERR_INVALID_ARGUMENT,
                  who + ": chunk does not fit in one bucket of " + std::to_string(capacity) +
-                     " bytes (tensor '" + m.name + "' of " + std::to_string(m.nbytes) +
-                     " bytes would end past it); raise bucket_bytes or plan smaller chunks");
+                     " bytes (" + entry + " would end past it); raise bucket_bytes or plan "
+                     "smaller chunks" +
+                     (table.is_patch(i) ? std::string(", or use delta \"auto\", whose patches "
+                                                      "are never larger than the tensor")
+                                        : std::string()));
+        }
         table.offsets[i] = off;
         end = off + m.nbytes;
     }

@@ -455,6 +455,58 @@ static void a_reattached_receiver_is_sent_the_next_version_dense_and_patches_fol
     reattach_spec("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}", 11);
 }
 
+/* With delta "on" a patch of a tensor that changed everywhere (indices and values, twice the
+ * tensor's bytes) may not fit the bucket the tensor fits. The refusal says it is the patch
+ * (delta user trial: the message named "tensor 'w' of 80032 bytes" for a 40000-byte tensor) and
+ * that "auto" never makes such patches; "auto" sends the same change (dense) and it lands. */
+static void a_patch_too_large_for_the_bucket_is_named_as_a_patch(void **state) {
+    (void)state;
+    static float w[10000];
+    int64_t shape[1] = {10000};
+    for (int i = 0; i < 10000; ++i) w[i] = (float)i;
+    wsync_tensor_t t = tu_tensor("w", w, shape, 1, WSYNC_DTYPE_FLOAT, 32);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    const char *modes[2] = {"{\"bucket_bytes\": 65536, \"delta\": \"on\"}",
+                            "{\"bucket_bytes\": 65536, \"delta\": \"auto\"}"};
+    for (int m = 0; m < 2; ++m) {
+        wsync_strategy_t *s, *rs;
+        wsync_blob_t init, req;
+        wsync_sender_t *snd;
+        wsync_receiver_t *r;
+        wsync_recv_t *it;
+        static float dst[10000];
+        OK(wsync_strategy_create("shm", modes[m], &s));
+        OK(wsync_strategy_create_init_info(s, &init));
+        OK(wsync_sender_create(s, init.data, init.size, &snd));
+        OK(wsync_strategy_create("shm", NULL, &rs));
+        OK(wsync_receiver_create(rs, init.data, init.size, 0, &r));
+        for (int v = 1; v <= 2; ++v) {
+            if (v == 2)
+                for (int i = 0; i < 10000; ++i) w[i] += 1.0f; /* every element changed */
+            if (v == 2 && m == 0) {
+                EXPECT_ERR(wsync_sender_send_chunk(snd, &ch, &req), WSYNC_ERR_INVALID_ARGUMENT,
+                           "the delta patch of tensor 'w' (");
+                assert_non_null(strstr(wsync_last_error(), "bytes: indices and values) would end "
+                                                           "past it"));
+                assert_non_null(strstr(wsync_last_error(), "use delta \"auto\""));
+                break;
+            }
+            OK(wsync_sender_send_chunk(snd, &ch, &req));
+            OK(wsync_receiver_receive(r, req.data, req.size, &it));
+            wsync_blob_free(&req);
+            OK(wsync_recv_copy(it, 0, 0, dst, sizeof dst));
+            OK(wsync_recv_end(it));
+            assert_memory_equal(dst, w, sizeof w);
+        }
+        for (int i = 0; i < 10000; ++i) w[i] = (float)i;
+        wsync_receiver_destroy(r);
+        wsync_sender_destroy(snd);
+        wsync_blob_free(&init);
+        wsync_strategy_destroy(rs);
+        wsync_strategy_destroy(s);
+    }
+}
+
 /* An engine whose memory no longer holds the base (it changed a weight itself) refuses the
  * patch and keeps what it had; the next version is dense and makes it whole. */
 static void a_destination_without_the_base_is_left_unchanged_and_refused(void **state) {
@@ -899,6 +951,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(random_versions_leave_every_engine_bit_identical_with_1_or_4_compare_threads),
         cmocka_unit_test(a_reattached_receiver_is_sent_the_next_version_dense_and_patches_follow),
         cmocka_unit_test(a_destination_without_the_base_is_left_unchanged_and_refused),
+    cmocka_unit_test(a_patch_too_large_for_the_bucket_is_named_as_a_patch),
         cmocka_unit_test(anchors_make_every_nth_version_dense),
         cmocka_unit_test(kinds_without_delta_refuse_it_by_name_and_every_kind_lists_the_options),
         cmocka_unit_test(engines_with_a_mirror_load_patched_tensors_from_views_and_ranges_bit_identical),

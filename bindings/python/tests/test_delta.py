@@ -315,3 +315,13 @@ def test_send_model_refuses_a_split_tensor_before_sending_anything_when_delta_is
     off = make_sync(buckets=8, bucket_bytes=1 << 16)
     assert not off.sender.delta
     assert len(send_model(off.sender, model, chunk_bytes=1 << 16)) >= 3
+
+
+@pytest.mark.parametrize("kind", ["shm", "ucx"])
+def test_the_option_descriptions_name_the_kinds_that_carry_delta(kind):
+    # Delta user trial: ucx carried delta and mirrors, while the descriptions said "not ucx"
+    # and "kind shm only".
+    options = wsync.describe_options(kind)
+    for name in ("delta", "delta_mirror"):
+        doc = options[name]["doc"]
+        assert kind in doc and "not ucx" not in doc and "shm only" not in doc
