@@ -325,3 +325,56 @@ def test_the_option_descriptions_name_the_kinds_that_carry_delta(kind):
     for name in ("delta", "delta_mirror"):
         doc = options[name]["doc"]
         assert kind in doc and "not ucx" not in doc and "shm only" not in doc
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, 1 << 13])
+def test_a_tied_engine_takes_patches_sent_under_each_name(make_sync, chunk_bytes):
+    # Delta user trial: with aliases="repeat" the tied embedding crossed as two patches against
+    # one base; the engine's ModuleLoader applied the first to the shared storage and refused
+    # the second ("does not hold version 1"), so every patch version failed. The second name's
+    # patch is now applied to a copy of the base and checked equal. In one chunk and across
+    # chunks (1 << 13: each tensor in a chunk of its own).
+    sync = make_sync(buckets=2, bucket_bytes=1 << 20, delta="auto")
+    gen = torch.Generator().manual_seed(3)
+    torch.manual_seed(0)
+    trainer, engine = Model(), Model()
+    loader = ModuleLoader(engine)
+    patched = []
+    for version in range(1, 5):
+        if version > 1:
+            with torch.no_grad():
+                flat = trainer.embed.weight.view(-1)
+                flat[torch.randperm(flat.numel(), generator=gen)[:5]] += 1.0
+        requests = send_model(sync.sender, trainer, chunk_bytes=chunk_bytes, aliases="repeat",
+                              on_request=lambda r: loader.load(sync.receiver, r))
+        sync.sender.flush(5.0)
+        assert sync.receiver.completed_version == version
+        for (name, a), (_, b) in zip(trainer.state_dict().items(), engine.state_dict().items()):
+            assert torch.equal(bits(a), bits(b)), f"version {version}: {name} differs"
+        patched.append(patched_tensors(requests))
+    assert all({"embed.weight", "head.weight"} <= set(p) for p in patched[1:]), patched
+    assert loader._patch_bases == {}  # no copy of a base outlives its version
+
+
+def test_patches_that_disagree_for_one_tied_tensor_are_refused_by_name(make_sync):
+    # The trainer's embed and head are two tensors (equal at first), the engine's are tied:
+    # when they change differently, the second name's patch gives other bytes than the
+    # storage holds, a MISMATCH naming both; the version does not complete.
+    sync = make_sync(buckets=2, bucket_bytes=1 << 20, delta="auto")
+    torch.manual_seed(0)
+    trainer, engine = Model(), Model()
+    trainer.head.weight = torch.nn.Parameter(trainer.embed.weight.detach().clone())  # untied
+    loader = ModuleLoader(engine)
+    send_model(sync.sender, trainer, aliases="repeat",
+               on_request=lambda r: loader.load(sync.receiver, r))
+    sync.sender.flush(5.0)
+    with torch.no_grad():
+        trainer.embed.weight[0, 0] += 1.0
+        trainer.head.weight[1, 1] += 1.0
+    with pytest.raises(WsyncError) as info:
+        send_model(sync.sender, trainer, aliases="repeat",
+                   on_request=lambda r: loader.load(sync.receiver, r))
+    assert info.value.status is Status.MISMATCH
+    assert ("tensor 'head.weight' is the same tensor as 'embed.weight' in this model (tied), "
+            "but its patch in version 2 gives other bytes") in info.value.message
+    assert sync.receiver.completed_version == 1

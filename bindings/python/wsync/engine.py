@@ -38,6 +38,14 @@ MAX_LISTED_PROBLEMS = 10
 MAX_CACHED_LAYOUTS = 4096
 
 
+def _bits_equal(a, b) -> bool:
+    """Whether two contiguous tensors of one dtype and shape hold the same bytes (NaN payloads
+    and -0.0 included)."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(
+        (a.reshape(-1).view(_dtypes.require_torch().uint8)
+         == b.reshape(-1).view(_dtypes.require_torch().uint8)).all())
+
+
 def _shape_text(shape) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
@@ -116,6 +124,11 @@ class ModuleLoader:
         # Per module tensor, the parts this version loaded: {part: elements}; a part is the
         # index given by map_name (None for the whole tensor), so a part loaded twice counts once.
         self._covered: Dict[int, Dict[str, int]] = {}
+        # Tied tensors the trainer sends under each name (aliases="repeat") with delta: every
+        # name's patch is against the same base, and the storage takes only the first. Per
+        # module tensor patched this version whose other names may still come: (the name that
+        # patched it, a copy of its base), against which a later name's patch is checked.
+        self._patch_bases: Dict[int, Tuple[str, Any]] = {}
 
     @staticmethod
     def _key(t) -> int:
@@ -212,6 +225,33 @@ class ModuleLoader:
                 out.append("=".join(names))
         return out
 
+    def _repeated_patch(self, it, i: int, m: TensorMeta, wire_name: str, target_name: str,
+                        dst) -> bool:
+        """For a tied module tensor (several names, one storage) and a patch entry: True if
+        another name already patched it this version, after checking that this name's patch,
+        applied by the library to a copy of the same base, gives the same bytes (``MISMATCH``
+        otherwise); before the first name's patch, keeps a copy of the base if the wire entry
+        does not carry every name of the tensor (the trainer's ``aliases="repeat"``)."""
+        key = self._key(self.targets[target_name])
+        names = self._names_of.get(key, ())
+        if len(names) < 2 or not it.is_patch(i):
+            return False
+        if key in self._patch_bases:
+            first, base = self._patch_bases[key]
+            result = base.clone()
+            it.copy_into(i, result, nbytes=m.nbytes)  # checks this patch's base and result
+            if not _bits_equal(result, dst):
+                raise WsyncError(
+                    Status.MISMATCH,
+                    f"tensor '{wire_name}' is the same tensor as '{first}' in this model (tied), "
+                    f"but its patch in version {it.info.version} gives other bytes: the trainer's "
+                    "tensors are not tied; load them into separate tensors")
+            return True
+        carried = {resolved[0] for _, resolved in self._resolve_all(wire_name)}
+        if not set(names) <= carried:
+            self._patch_bases[key] = (wire_name, dst.detach().clone())
+        return False
+
     def load(self, receiver: Receiver, request: bytes) -> RecvInfo:
         """Receives one request into the module; returns the chunk's :class:`wsync.RecvInfo`.
 
@@ -226,7 +266,7 @@ class ModuleLoader:
         with receiver.receive(request, framework="torch") as it:
             info = it.info
             if info.version != self._version or info.chunk_index == 0:
-                self._version, self._covered = info.version, {}
+                self._version, self._covered, self._patch_bases = info.version, {}, {}
             metas = it.metas()
             layout = tuple(metas)
             plan = self._plans.get(layout)
@@ -302,6 +342,10 @@ class ModuleLoader:
                         if not (isinstance(dst, torch.Tensor) and dst.is_contiguous()
                                 and m.dtype == self._dtypes[resolved[0]]):
                             continue
+                        if (resolved[1] is None and (host_chunk or gpu is not None)
+                                and self._repeated_patch(it, i, m, name, resolved[0], dst)):
+                            copied[name] = dst  # checked equal to what its storage holds
+                            break
                         if dst.device.type == "cpu" and host_chunk:
                             it.copy_into(i, dst.detach(), nbytes=m.nbytes)
                         elif dst.is_cuda and gpu is not None and dst.device.index == gpu:
@@ -362,6 +406,8 @@ class ModuleLoader:
                     stream.synchronize()
             for key, part, numel in plan[1]:
                 self._covered.setdefault(key, {})[part] = numel
+            if info.last:
+                self._patch_bases = {}  # the copies of bases: not kept between versions
         return info
 
     def _plan(self, metas: List[TensorMeta]) -> tuple:
