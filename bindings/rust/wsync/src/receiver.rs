@@ -334,6 +334,74 @@ impl<'r> Recv<'r> {
         unsafe { self.next_raw() }
     }
 
+    /// The next view, parts of split tensors included (`wsync_recv_next_part`), with the
+    /// range of the whole tensor it carries: `None` at the end (or after an error was returned
+    /// once). A part's view keeps the whole tensor's name, dtype and shape, but its bytes
+    /// ([`View::byte_len`], [`View::bytes`], [`View::as_slice`]) are only the part's: byte
+    /// `part.offset` of the whole tensor onwards, `part.bytes` of them (a multiple of the
+    /// element size), so `as_slice::<T>()` gives elements `part.offset / size_of::<T>()`
+    /// onwards. A whole tensor comes with `Part { offset: 0, bytes: <its size> }`. A Python
+    /// trainer's `send_model` splits tensors larger than its `chunk_bytes` by default: an
+    /// engine that loads from views takes them here ([`Recv::next_view`] and [`Recv::views`]
+    /// refuse parts); [`Recv::copy_into`] takes them either way.
+    ///
+    /// # Errors
+    /// As [`Recv::next_view`] (a checksum mismatch names the tensor; a patch is refused).
+    pub fn next_part_view(&mut self) -> Option<Result<(View<'_>, Part)>> {
+        if self.exhausted {
+            return None;
+        }
+        let mut t = sys::wsync_tensor_t::default();
+        let mut p = sys::wsync_part_t::default();
+        let mut has = false;
+        // SAFETY: the iteration is live (not ended) and used by this thread only (`&mut self`);
+        // `t`, `p` and `has` are valid out-pointers.
+        let status =
+            unsafe { sys::wsync_recv_next_part(self.raw.as_ptr(), &mut t, &mut p, &mut has) };
+        if let Err(e) = check(status) {
+            self.exhausted = true;
+            return Some(Err(e));
+        }
+        if !has {
+            self.exhausted = true;
+            return None;
+        }
+        self.yielded += 1;
+        // SAFETY: the library filled `t` with a view whose name and shape stay valid until
+        // wsync_recv_end and whose data holds `p.bytes` readable bytes as long; the returned
+        // View borrows `&mut self`, which keeps the iteration open.
+        let view = unsafe { View::from_raw(&t) }.and_then(|mut v| {
+            let fits = p
+                .offset
+                .checked_add(p.bytes)
+                .is_some_and(|end| end <= v.len as u64);
+            let len = usize::try_from(p.bytes)
+                .ok()
+                .filter(|_| fits)
+                .ok_or_else(|| {
+                    Error::new(
+                        Status::Internal,
+                        format!(
+                            "tensor '{}': part {} + {} is outside its {} bytes",
+                            v.name, p.offset, p.bytes, v.len
+                        ),
+                    )
+                })?;
+            v.len = len;
+            Ok((
+                v,
+                Part {
+                    offset: p.offset,
+                    bytes: p.bytes,
+                },
+            ))
+        });
+        if view.is_err() {
+            self.exhausted = true;
+        }
+        Some(view)
+    }
+
     /// Yields the next view with a caller-chosen lifetime.
     ///
     /// # Safety

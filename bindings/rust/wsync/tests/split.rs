@@ -144,3 +144,68 @@ fn views_refuse_a_part_by_name_and_send_parts_checks_its_ranges() {
     let e = recv.end().unwrap_err();
     assert_eq!(e.status(), Status::Unsupported, "{e}");
 }
+
+/// Rust user trial: a Python trainer's `send_model` splits large tensors by default, and an
+/// engine that loads from views (the README's way) failed every version with `Unsupported`.
+/// `Recv::next_part_view` yields each part as a view of just its bytes, with its range; the
+/// engine places them and gets the tensor bit-exact, the whole tensor coming with its full range.
+#[test]
+fn next_part_view_yields_each_part_as_a_view_of_its_bytes() {
+    let (_t, mut sender, _e, mut receiver) = sync();
+    let big_len = 2 * CHUNK as usize + 4 * 1000; // 3 parts of f32, the last one short
+    let big = bytes(11, big_len);
+    let small = bytes(12, 4096);
+    let tensors = [
+        TensorRef::with_dtype(
+            "embed.weight",
+            &big,
+            &[(big_len / 4) as i64],
+            wsync::DType::F32,
+        )
+        .unwrap(),
+        TensorRef::new("norm.weight", &small, &[4096]).unwrap(),
+    ];
+    let plan = Plan::with_options(
+        &tensors,
+        &Options::new()
+            .uint("chunk_bytes", CHUNK)
+            .boolean("split", true),
+    )
+    .unwrap();
+    let mut got_big = vec![0u8; big_len];
+    let mut got_small = Vec::new();
+    let mut parts = Vec::new();
+    sender
+        .send_plan(&tensors, &plan, |req| -> wsync::Result<()> {
+            let mut recv = receiver.receive(req)?;
+            while let Some(item) = recv.next_part_view() {
+                let (view, part) = item?;
+                assert_eq!(view.byte_len() as u64, part.bytes);
+                if view.name() == "embed.weight" {
+                    assert_eq!(view.shape(), &[(big_len / 4) as i64]); // the whole tensor's
+                    let floats = view.as_slice::<f32>()?; // the part's elements
+                    assert_eq!(floats.len() * 4, part.bytes as usize);
+                    let at = part.offset as usize;
+                    got_big[at..at + view.byte_len()].copy_from_slice(view.bytes()?);
+                    parts.push(part);
+                } else {
+                    assert_eq!(
+                        part,
+                        Part {
+                            offset: 0,
+                            bytes: 4096
+                        }
+                    );
+                    got_small.extend_from_slice(view.bytes()?);
+                }
+            }
+            recv.end()
+        })
+        .unwrap();
+    sender.flush(Duration::from_secs(5)).unwrap();
+    assert_eq!(receiver.completed_version().unwrap(), 1);
+    assert_eq!(got_big, big, "the split tensor differs");
+    assert_eq!(got_small, small);
+    assert_eq!(parts.len(), 3, "{parts:?}");
+    assert_eq!(parts.iter().map(|p| p.bytes).sum::<u64>(), big_len as u64);
+}
