@@ -270,8 +270,12 @@ typedef struct wsync_strategy_t wsync_strategy_t;
 
 /* Creates a strategy of the given kind ("shm"; see wsync_strategy_kinds()) with options, a JSON
  * object as text ("{\"receivers\": 2}"); NULL or "" means all defaults. Options are strictly
- * validated: an unknown key, a value of the wrong type or out of range fails with
- * WSYNC_ERR_INVALID_ARGUMENT naming the key.
+ * validated: an unknown key, a key given twice, a value of the wrong type or out of range fails
+ * with WSYNC_ERR_INVALID_ARGUMENT naming the key. Each option belongs to one side
+ * (wsync_strategy_describe_options() says which): a strategy that only makes receivers accepts
+ * the trainer's options and ignores them (what the trainer chose reaches every receiver in the
+ * init info), so one configuration may serve both sides; the receiver options ("verify",
+ * "copy_threads", "delta_mirror", ...) act only on receivers that strategy makes.
  * Every kind also takes the delta-sync options (docs/delta.md): "delta" ("off" (default),
  * "auto": a tensor goes as a patch against the receivers' last committed version when that is
  * at most "delta_max_percent" (0..100, default 50) of its dense bytes; "on": whenever there is a

@@ -1,5 +1,8 @@
 #include "wire.hpp"
+
 #include <cstdio>
+#include <set>
+#include <vector>
 
 #include "error.hpp"
 #include "tensor.hpp"
@@ -42,12 +45,26 @@ public:
     bool number_float(json::number_float_t v, const std::string &s) { return dom_.number_float(v, s); }
     bool string(std::string &v) { return dom_.string(v); }
     bool binary(json::binary_t &v) { return dom_.binary(v); }
-    bool start_object(std::size_t n) { return enter() && dom_.start_object(n == std::size_t(-1) ? n : 0); }
+    bool start_object(std::size_t n) {
+        if (!enter()) return false;
+        keys_.emplace_back();
+        return dom_.start_object(n == std::size_t(-1) ? n : 0);
+    }
+    // A key given twice in one object is refused: JSON leaves it undefined, and keeping the last
+    // one (the DOM's way) would let `{"receivers": 1, "receivers": 3}` pass as 3 unnoticed.
     bool key(std::string &k) {
         if (depth_ == 1) top_key_ = k;
+        if (!keys_.empty() && !keys_.back().insert(k).second) {
+            error_ = "key '" + printable(k, 64) + "' is given twice";
+            return false;
+        }
         return dom_.key(k);
     }
-    bool end_object() { --depth_; return dom_.end_object(); }
+    bool end_object() {
+        --depth_;
+        if (!keys_.empty()) keys_.pop_back();
+        return dom_.end_object();
+    }
     bool start_array(std::size_t n) { return enter() && dom_.start_array(n == std::size_t(-1) ? n : 0); }
     bool end_array() { --depth_; return dom_.end_array(); }
     bool parse_error(std::size_t pos, const std::string &, const nlohmann::detail::exception &ex) {
@@ -76,6 +93,7 @@ private:
     std::size_t depth_ = 0;
     std::string top_key_;
     std::string error_;
+    std::vector<std::set<std::string>> keys_;  // per open object: the keys seen so far
 };
 
 }  // namespace

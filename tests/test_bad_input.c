@@ -107,6 +107,22 @@ typedef struct {
     wsync_sender_t *sender;
 } trainer_t;
 
+/* A key given twice (Rust user trial: {"receivers": 1, "receivers": 3} made an init info for 3
+ * receivers, the last value silently winning) is refused naming it, at any depth of the text
+ * (the planner's options go through the same parser). Distinct keys pass. */
+static void an_option_key_given_twice_is_invalid_argument_naming_it(void **state) {
+    (void)state;
+    wsync_strategy_t *s = NULL;
+    EXPECT_ERR(wsync_strategy_create("shm", "{\"receivers\": 1, \"receivers\": 3}", &s),
+               WSYNC_ERR_INVALID_ARGUMENT, "key 'receivers' is given twice");
+    assert_null(s);
+    /* Inside a nested object too (refused while parsing, before the keys are looked up). */
+    EXPECT_ERR(wsync_strategy_create("shm", "{\"receivers\": 1, \"x\": {\"a\": 1, \"a\": 2}}", &s),
+               WSYNC_ERR_INVALID_ARGUMENT, "key 'a' is given twice");
+    OK(wsync_strategy_create("shm", "{\"receivers\": 1, \"buckets\": 2}", &s));
+    wsync_strategy_destroy(s);
+}
+
 static void trainer_open(trainer_t *tr) {
     OK(wsync_strategy_create("shm", "{\"bucket_bytes\": 65536}", &tr->strategy));
     OK(wsync_strategy_create_init_info(tr->strategy, &tr->init));
@@ -356,6 +372,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(options_nested_60000_deep_at_the_top_are_invalid_argument_not_a_crash),
     cmocka_unit_test(planner_options_nested_60000_deep_are_invalid_argument_not_a_crash),
     cmocka_unit_test(option_values_and_keys_quoted_in_messages_are_truncated),
+    cmocka_unit_test(an_option_key_given_twice_is_invalid_argument_naming_it),
     cmocka_unit_test(tensor_names_that_are_not_utf8_are_invalid_argument_naming_the_tensor),
     cmocka_unit_test(sender_refuses_a_non_utf8_name_and_publishes_nothing),
     cmocka_unit_test(unknown_device_type_is_invalid_argument_naming_the_tensor_and_the_code),
