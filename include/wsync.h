@@ -467,8 +467,10 @@ WSYNC_API wsync_status_t wsync_sender_abandon(wsync_sender_t *sender);
 /* Waits until every receiver (but dropped ones) has acknowledged every chunk this sender has
  * sent so far (with several "cuda_ipc" senders, each sender's own chunks only). A chunk of an
  * abandoned version that a receiver had not begun is withdrawn instead and not waited for (a
- * receiver given its request later refuses it with WSYNC_ERR_ABANDONED and reads nothing of
- * it); send_chunk's wait for a free bucket does the same. With several "cuda_ipc" senders such
+ * receiver given its request later refuses it and reads nothing of it: WSYNC_ERR_ABANDONED, or
+ * WSYNC_ERR_MISMATCH as stale once a later chunk holds the bucket); send_chunk's wait for a
+ * free bucket does the same. Receivers' failures of a version this sender abandoned are not
+ * reported (the version failed everywhere already), nor are a dropped receiver's. With several "cuda_ipc" senders such
  * a chunk is waited for until the receiver is given a later one. Returns
  * WSYNC_OK, or:
  *   WSYNC_ERR_PEER as soon as a receiver failed a chunk, died or detached owing one; the
@@ -531,7 +533,8 @@ WSYNC_API wsync_status_t wsync_sender_version(const wsync_sender_t *sender,
  * wsync_recv_end() return WSYNC_ERR_PEER saying it was dropped while it read the chunk (also
  * when the overwrite made a checksum fail), and the version is never completed there; its
  * caller must not serve what it loaded ("cuda_ipc" checks once the loader's copies are
- * complete, with "synchronize" on). A receiver process made afterwards with the same index (a restarted engine)
+ * complete, with "synchronize" on). The sender no longer reports a dropped receiver's
+ * failures (that one included), so the others' syncs go on undisturbed. A receiver process made afterwards with the same index (a restarted engine)
  * re-attaches and takes part from the next version that begins after it attached. Fails with
  * WSYNC_ERR_INVALID_ARGUMENT for an index out of range, WSYNC_ERR_UNSUPPORTED for kinds without
  * membership ("nccl_broadcast": its group is fixed). Does not block. */

@@ -125,9 +125,15 @@ std::string SenderEnd::label(uint64_t seq, Failure &f) const {
                 f.version, seq);
 }
 
+bool SenderEnd::abandoned_here(uint64_t version) const {
+    return version != 0 && std::find(abandoned_.begin(), abandoned_.end(), version) != abandoned_.end();
+}
+
 void SenderEnd::abandon(uint64_t version) {
     for (Published &p : published_)
         if (p.seq != 0 && p.version == version) p.abandoned = true;
+    if (abandoned_.size() == kAbandonedKept) abandoned_.erase(abandoned_.begin());
+    abandoned_.push_back(version);
     uint64_t cur = b_->abandoned_version.load();
     while (cur < version && !b_->abandoned_version.compare_exchange_weak(cur, version)) {
     }
@@ -197,6 +203,16 @@ uint64_t SenderEnd::oldest_pending_seq(uint32_t r, const std::vector<uint32_t> &
 
 void SenderEnd::withdraw_abandoned(const std::vector<uint32_t> &slots, uint64_t max_seq) {
     if (!sole_) return;
+    bool any = false;
+    for (uint32_t s : slots) {
+        if (s >= slots_) continue;
+        const Published &p = published_[s];
+        const uint64_t want = this->want(s, max_seq);
+        any = any || (want != 0 && p.seq == want && p.abandoned && !p.withdrawn);
+    }
+    // The init info's one sender is also the only one on the board (a second one made from the
+    // same blob could publish a seq this one withdraws; withdrawing would then hide its chunk).
+    if (!any || attached_senders() > 1) return;
     for (uint32_t s : slots) {
         if (s >= slots_) continue;
         Published &p = published_[s];
@@ -218,6 +234,10 @@ void SenderEnd::collect_failures(std::vector<Failure> &out) {
         ReceiverSlot &s = b_->receiver[r];
         uint64_t n = s.failures.load(std::memory_order_acquire);
         if (n <= reported_[r]) continue;
+        if (s.state.load(std::memory_order_acquire) == kDropped) {
+            reported_[r] = n;  // the trainer stopped listening to it (a dropped engine ending
+            continue;          // the chunk it was reading fails it: not the others' concern)
+        }
         uint64_t first = reported_[r];
         if (n - first > kFailureRing) {
             Failure lost;
@@ -267,6 +287,7 @@ void SenderEnd::collect_failures(std::vector<Failure> &out) {
                 f.message = strf("failure record %" PRIu64
                                  " was unreadable (overwritten, torn or corrupt)", k);
             }
+            if (ok && abandoned_here(f.version)) continue;  // that version failed everywhere
             out.push_back(std::move(f));
         }
         reported_[r] = n;
@@ -513,6 +534,16 @@ void acknowledge(Board *b, uint32_t index, uint32_t slot, uint64_t seq,
 bool dropped(const Board *b, uint32_t index) noexcept {
     std::atomic_thread_fence(std::memory_order_acquire);
     return b->receiver[index].state.load(std::memory_order_relaxed) == kDropped;
+}
+
+uint64_t taken_seq(const Board *b, uint32_t index, uint32_t slot) noexcept {
+    return b->slot[slot].taken[index].load(std::memory_order_seq_cst);
+}
+
+void acknowledge_taken(Board *b, uint32_t index, uint32_t slot, uint64_t seq,
+                       wsync_status_t outcome) noexcept {
+    if (ack_seq(b->slot[slot].ack[index].load(std::memory_order_acquire)) < seq)
+        acknowledge(b, index, slot, seq, outcome);
 }
 
 bool take(Board *b, uint32_t index, uint32_t slot, uint64_t seq) noexcept {

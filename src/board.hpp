@@ -228,6 +228,12 @@ private:
         uint64_t excused = 0;    // receivers that had not begun it when it was withdrawn
     };
     bool sole_ = false;
+    // Versions this SenderEnd abandoned (the newest kAbandonedKept): a receiver's failure record
+    // of one of them tells the trainer nothing it does not know (a late request of an abandoned
+    // version refused) and is not reported; nor are records of a receiver the sender dropped.
+    static constexpr std::size_t kAbandonedKept = 256;
+    std::vector<uint64_t> abandoned_;
+    bool abandoned_here(uint64_t version) const;
     Published published_[kMaxSlots];  // per slot: the last chunk this sender published there
 };
 
@@ -250,6 +256,12 @@ void record_failure(Board *b, uint32_t index, wsync_status_t status, uint64_t ve
                     uint32_t chunk, const std::string &message) noexcept;
 void acknowledge(Board *b, uint32_t index, uint32_t slot, uint64_t seq,
                  wsync_status_t outcome) noexcept;
+// The seq receiver `index` last took in `slot`.
+uint64_t taken_seq(const Board *b, uint32_t index, uint32_t slot) noexcept;
+// Acknowledges chunk `seq` with `outcome` unless this receiver's acknowledgement of `slot` is
+// already at `seq` or later (never moves it back).
+void acknowledge_taken(Board *b, uint32_t index, uint32_t slot, uint64_t seq,
+                       wsync_status_t outcome) noexcept;
 // Before reading chunk `seq` in `slot`: records that receiver `index` begins it (taken), then
 // checks that the slot still holds it. False if the sender withdrew it (or replaced it) in the
 // meantime: the receiver must not read it.

@@ -377,6 +377,16 @@ void Iteration::settle_device_patches() noexcept {
     queued.swap(device_patches_);
     auto fail_first = [&](wsync_status_t status, std::string message) {
         if (failed_ != WSYNC_OK) return;
+        // As fail_chunk: bytes the sender may have reused under a dropped receiver are why.
+        std::string revoked;
+        try {
+            revoked = revoked_reason();
+        } catch (...) {
+        }
+        if (!revoked.empty()) {
+            status = WSYNC_ERR_PEER;
+            message = revoked + " (then: " + message + ")";
+        }
         failed_ = status;
         failure_ = std::move(message);
     };

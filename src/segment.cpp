@@ -150,6 +150,11 @@ void SharedSegment::check_owed(uint32_t index, uint32_t slot, uint64_t seq,
     // Taken before it is read, so the sender either waits for this receiver or sees that it
     // had not begun a chunk it withdraws (board.hpp).
     if (held == seq && board::take(board(), index, slot, seq)) return;
+    if (held == seq) {
+        // Taken, then found withdrawn: the sender may have seen our take too (both sides can
+        // see each other), and then it waits for this receiver's answer. Nothing was read.
+        board::acknowledge_taken(board(), index, slot, seq, WSYNC_ERR_ABANDONED);
+    }
     if (held == board::kWithdrawn || board::published_seq(board(), slot) == board::kWithdrawn)
         failf(WSYNC_ERR_ABANDONED,
               "%s: chunk seq %" PRIu64 " was withdrawn: the sender abandoned its version before "
@@ -163,8 +168,11 @@ void SharedSegment::check_owed(uint32_t index, uint32_t slot, uint64_t seq,
 bool SharedSegment::may_answer(uint32_t index, uint32_t slot, uint64_t seq) const noexcept {
     try {
         const board::Standing st = board::standing(board(), fd_, index);
-        return board::published_seq(board(), slot) == seq && st.state == board::kAttached &&
-               seq >= st.from_seq;
+        // A chunk this receiver took before the sender withdrew it is still awaited from it.
+        const uint64_t held = board::published_seq(board(), slot);
+        const bool ours = held == seq || (held == board::kWithdrawn &&
+                                          board::taken_seq(board(), index, slot) == seq);
+        return ours && st.state == board::kAttached && seq >= st.from_seq;
     } catch (...) {
         return false;
     }

@@ -146,6 +146,24 @@ void a_receiver_that_began_the_chunk_is_still_awaited(void **) {
     assert_int_equal(f.pending(), 0);
 }
 
+// Both sides see each other (review: the receiver wrote taken, the sender wrote kWithdrawn and
+// read that taken, the receiver then read kWithdrawn and refused the chunk without answering,
+// and the sender waited for it for good): the receiver's failed take answers the chunk
+// (acknowledge_taken, what SharedSegment::check_owed does), never moving its answer back.
+void a_receiver_and_sender_that_see_each_other_do_not_wedge(void **) {
+    Withdrawal f;
+    f.b->slot[0].taken[1].store(1);  // the receiver's first step of take()
+    f.end->abandon(1);
+    f.withdraw();  // sees it: receiver 1 stays awaited
+    assert_int_equal(f.pending(), 0b10);
+    assert_false(take(f.b, 1, 0, 1));  // its second step reads kWithdrawn
+    acknowledge_taken(f.b, 1, 0, 1, WSYNC_ERR_ABANDONED);
+    assert_int_equal(f.pending(), 0);
+    acknowledge(f.b, 1, 0, 5, WSYNC_OK);  // a later chunk's answer in that slot stays
+    acknowledge_taken(f.b, 1, 0, 1, WSYNC_ERR_ABANDONED);
+    assert_true(f.b->slot[0].ack[1].load() >> 8 == 5);
+}
+
 // Chunks of other versions are never withdrawn: a committed version's (a later version was
 // abandoned), and nothing at all when the SenderEnd is not its board's only sender.
 void only_a_sole_sender_withdraws_and_only_abandoned_chunks(void **) {
@@ -170,6 +188,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_receiver_gone_before_its_ack_is_named_with_the_chunk),
         cmocka_unit_test(a_chunk_nobody_began_is_withdrawn_and_owed_by_nobody),
         cmocka_unit_test(a_receiver_that_began_the_chunk_is_still_awaited),
+        cmocka_unit_test(a_receiver_and_sender_that_see_each_other_do_not_wedge),
         cmocka_unit_test(only_a_sole_sender_withdraws_and_only_abandoned_chunks),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
