@@ -783,6 +783,99 @@ static void a_receiver_says_whether_it_orders_the_loaders_work(void **state) {
     wsync_blob_free(&hinit);
 }
 
+/* An engine that takes every view of its first chunk and holds them until the parent says go
+ * (an empty frame), as a loader slower than the trainer's flush deadline does; then answers 0 if
+ * wsync_recv_end failed with PEER saying it was dropped while it read chunk 0 of version 1 and
+ * nothing completed. */
+static int engine_attach(const engine_cfg *cfg, int in, wsync_strategy_t **s, wsync_receiver_t **r);
+
+static int held_views_engine_main(const engine_cfg *cfg, int in, int out) {
+    wsync_strategy_t *s;
+    wsync_receiver_t *r;
+    int attached = engine_attach(cfg, in, &s, &r);
+    if (attached) return attached;
+    use_device(0);
+    uint8_t *req;
+    size_t len;
+    if (tu_recv_frame(in, &req, &len, 20000) || !req) return 13;
+    wsync_recv_t *it;
+    if (wsync_receiver_receive(r, req, len, &it) != WSYNC_OK) return 14;
+    free(req);
+    wsync_tensor_t v;
+    bool has = true;
+    while (has)
+        if (wsync_recv_next(it, &v, &has) != WSYNC_OK) return 15;
+    uint8_t verdict = 0;
+    if (tu_write_all(out, &verdict, 1)) return 16; /* holding the views */
+    if (tu_recv_frame(in, &req, &len, 20000) || req) return 17;
+    wsync_status_t st = wsync_recv_end(it);
+    fprintf(stderr, "held engine: end: %s\n", wsync_last_error());
+    if (st != WSYNC_ERR_PEER ||
+        !strstr(wsync_last_error(), "dropped by the sender while it read chunk 0 of version 1"))
+        verdict = 1;
+    wsync_receiver_state_t ps = {.struct_size = sizeof ps};
+    if (wsync_receiver_poll(r, &ps) != WSYNC_OK || ps.completed_version != 0 ||
+        !(ps.flags & WSYNC_RECEIVER_DROPPED))
+        verdict = 2;
+    if (tu_write_all(out, &verdict, 1)) return 18;
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    return 0;
+}
+
+static int held_views_engine_entry(const void *cfg, int in, int out) {
+    return held_views_engine_main((const engine_cfg *)cfg, in, out);
+}
+
+/* cuda_ipc, one device bucket: engine 0 holds its views of version 1 past the flush deadline;
+ * the trainer drops it and packs version 2 into that bucket for engine 1. Engine 0's
+ * wsync_recv_end fails with PEER (dropped while it read the chunk), nothing completes there, and
+ * the trainer, no longer listening to it, completes version 3 on engine 1 undisturbed. */
+static void cuda_ipc_a_receiver_dropped_while_it_reads_never_completes_the_version(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
+    engine_t e[2] = {tu_fork_peer(held_views_engine_entry, &c0), ipc_engine(1)};
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"receivers\": 2, \"bucket_bytes\": 65536, \"buckets\": 1, \"timeout_ms\": 3000}",
+                e, 2, &s, &init, &tx);
+    void *data[NT];
+    wsync_tensor_t t[NT];
+    for (int k = 0; k < 3; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    for (uint64_t v = 1; v <= 3; ++v) {
+        for (int k = 0; k < 3; ++k) {
+            tu_fill(data[k], (size_t)shapes[k][0] * shapes[k][1] * 4, v, (uint64_t)k);
+            t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+        }
+        wsync_chunk_t ch = tu_chunk(t, 3, WSYNC_CHUNK_LAST);
+        OK(wsync_sender_send_chunk(tx, &ch, &req));
+        if (v == 1) {
+            engine_send(&e[0], &req);
+            assert_int_equal(engine_verdict(&e[0]), 0); /* holding its views */
+        }
+        engine_send(&e[1], &req);
+        assert_int_equal(engine_verdict(&e[1]), 0);
+        wsync_blob_free(&req);
+        if (v == 1) {
+            EXPECT_ERR(wsync_sender_flush(tx, 200), WSYNC_ERR_TIMEOUT, "receivers [0]");
+            OK(wsync_sender_drop_receiver(tx, 0));
+        }
+        if (v == 2) { /* version 2 is in the bucket engine 0 reads: let it end */
+            assert_int_equal(tu_send_frame(e[0].to, NULL, 0), 0);
+            assert_int_equal(engine_verdict(&e[0]), 0);
+            assert_int_equal(tu_wait_child(e[0].pid, 20000), 0);
+            close(e[0].to);
+            close(e[0].from);
+        }
+        OK(wsync_sender_flush(tx, 3000));
+    }
+    engine_finish(&e[1]);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < 3; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
 static void a_dead_engine_fails_flush_with_peer(void **state) {
     (void)state;
     engine_t e = ipc_engine(0);
@@ -2374,6 +2467,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(each_engine_takes_the_part_of_its_own_gpu_even_when_remapped),
     cmocka_unit_test(a_request_without_this_gpu_is_a_mismatch_naming_the_uuid),
     cmocka_unit_test(a_dead_engine_fails_flush_with_peer),
+    cmocka_unit_test(cuda_ipc_a_receiver_dropped_while_it_reads_never_completes_the_version),
     cmocka_unit_test(cuda_ipc_options_are_checked_before_anything_happens),
     cmocka_unit_test(cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross),
     cmocka_unit_test(cuda_ipc_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense),
