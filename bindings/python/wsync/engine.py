@@ -240,6 +240,8 @@ class ModuleLoader:
             first, base = self._patch_bases[key]
             result = base.clone()
             it.copy_into(i, result, nbytes=m.nbytes)  # checks this patch's base and result
+            if result.is_cuda:  # the patch runs on the receiver's stream: wait before reading
+                _dtypes.require_torch().cuda.synchronize(result.device)
             if not _bits_equal(result, dst):
                 raise WsyncError(
                     Status.MISMATCH,
@@ -262,6 +264,13 @@ class ModuleLoader:
         status and message, which the trainer's flush reports. Raises the library's error
         when receiving or verifying fails.
         """
+        try:
+            return self._load(receiver, request)
+        except BaseException:
+            self._patch_bases = {}  # a version that failed here keeps no copy of a base
+            raise
+
+    def _load(self, receiver: Receiver, request: bytes) -> RecvInfo:
         torch = _dtypes.require_torch()
         with receiver.receive(request, framework="torch") as it:
             info = it.info
@@ -342,7 +351,12 @@ class ModuleLoader:
                         if not (isinstance(dst, torch.Tensor) and dst.is_contiguous()
                                 and m.dtype == self._dtypes[resolved[0]]):
                             continue
-                        if (resolved[1] is None and (host_chunk or gpu is not None)
+                        # Only where copy_into takes dst (the branches below): elsewhere the
+                        # tensor loads through views, as before (review: a GPU target on a host
+                        # kind with a mirror was sent into copy_into and refused).
+                        takes = ((dst.device.type == "cpu" and host_chunk)
+                                 or (dst.is_cuda and gpu is not None and dst.device.index == gpu))
+                        if (resolved[1] is None and takes
                                 and self._repeated_patch(it, i, m, name, resolved[0], dst)):
                             copied[name] = dst  # checked equal to what its storage holds
                             break

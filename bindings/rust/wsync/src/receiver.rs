@@ -1000,7 +1000,8 @@ impl<'it> View<'it> {
         self.len
     }
 
-    /// Number of elements (1 for a scalar).
+    /// Number of elements of the whole tensor, from its shape (1 for a scalar). For a part
+    /// ([`Recv::next_part_view`]) the view's bytes hold fewer: `byte_len() / element size`.
     #[must_use]
     pub fn elements(&self) -> usize {
         // byte_len succeeded, so every extent fits in usize and the product cannot overflow.
