@@ -358,15 +358,9 @@ impl<'r> Recv<'r> {
         // `t`, `p` and `has` are valid out-pointers.
         let status =
             unsafe { sys::wsync_recv_next_part(self.raw.as_ptr(), &mut t, &mut p, &mut has) };
-        if let Err(e) = check(status) {
-            self.exhausted = true;
+        if let Err(e) = self.advance(status, has)? {
             return Some(Err(e));
         }
-        if !has {
-            self.exhausted = true;
-            return None;
-        }
-        self.yielded += 1;
         // SAFETY: the library filled `t` with a view whose name and shape stay valid until
         // wsync_recv_end and whose data holds `p.bytes` readable bytes as long; the returned
         // View borrows `&mut self`, which keeps the iteration open.
@@ -402,6 +396,21 @@ impl<'r> Recv<'r> {
         Some(view)
     }
 
+    /// The bookkeeping after `wsync_recv_next` or `wsync_recv_next_part`: `None` at the end,
+    /// `Some(Err)` for a failed call (both end the iteration's views), `Some(Ok)` for a view.
+    fn advance(&mut self, status: sys::wsync_status_t, has: bool) -> Option<Result<()>> {
+        if let Err(e) = check(status) {
+            self.exhausted = true;
+            return Some(Err(e));
+        }
+        if !has {
+            self.exhausted = true;
+            return None;
+        }
+        self.yielded += 1;
+        Some(Ok(()))
+    }
+
     /// Yields the next view with a caller-chosen lifetime.
     ///
     /// # Safety
@@ -416,15 +425,9 @@ impl<'r> Recv<'r> {
         // SAFETY: the iteration is live (not ended) and used by this thread only (`&mut self`);
         // `t` and `has` are valid out-pointers.
         let status = unsafe { sys::wsync_recv_next(self.raw.as_ptr(), &mut t, &mut has) };
-        if let Err(e) = check(status) {
-            self.exhausted = true;
+        if let Err(e) = self.advance(status, has)? {
             return Some(Err(e));
         }
-        if !has {
-            self.exhausted = true;
-            return None;
-        }
-        self.yielded += 1;
         // SAFETY: the library filled `t` with a view whose data, name and shape stay valid
         // until wsync_recv_end; the caller guarantees `'v` ends before that.
         let view = unsafe { View::from_raw(&t) };
