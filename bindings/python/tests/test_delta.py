@@ -356,6 +356,36 @@ def test_a_tied_engine_takes_patches_sent_under_each_name(make_sync, chunk_bytes
     assert loader._patch_bases == {}  # no copy of a base outlives its version
 
 
+def test_names_over_one_storage_are_tied_for_patches_as_one_object_is(make_sync):
+    # Noticed in the last stop: the engine's tied-tensor check knew only one Parameter object
+    # under two names. Two Parameter objects over one storage (or a mapping of two views of
+    # the same memory) are the same tensor too: the first name's patch changes both, and the
+    # second name's patch (against the same base) is checked against a copy, not applied to
+    # the storage again (which its base check refused: "does not hold version 1").
+    sync = make_sync(buckets=2, bucket_bytes=1 << 20, delta="auto")
+    gen = torch.Generator().manual_seed(5)
+    torch.manual_seed(0)
+    trainer, engine = Model(), Model()
+    engine.head.weight = torch.nn.Parameter(engine.embed.weight.data)  # another object, one storage
+    assert engine.head.weight is not engine.embed.weight
+    loaders = [ModuleLoader(engine), ModuleLoader(dict(engine.state_dict()))]
+    for version in range(1, 5):
+        loader = loaders[version % 2]
+        if version > 1:
+            with torch.no_grad():
+                flat = trainer.embed.weight.view(-1)
+                flat[torch.randperm(flat.numel(), generator=gen)[:5]] += 1.0
+        requests = send_model(sync.sender, trainer, aliases="repeat",
+                              on_request=lambda r: loader.load(sync.receiver, r))
+        sync.sender.flush(5.0)
+        assert sync.receiver.completed_version == version
+        for (name, a), (_, b) in zip(trainer.state_dict().items(), engine.state_dict().items()):
+            assert torch.equal(bits(a), bits(b)), f"version {version}: {name} differs"
+        if version > 1:
+            assert {"embed.weight", "head.weight"} <= set(patched_tensors(requests))
+        assert loader._patch_bases == {}
+
+
 def test_patches_that_disagree_for_one_tied_tensor_are_refused_by_name(make_sync):
     # The trainer's embed and head are two tensors (equal at first), the engine's are tied:
     # when they change differently, the second name's patch gives other bytes than the

@@ -553,8 +553,8 @@ def test_a_cast_copy_replaces_its_gathered_original_before_the_send(sync):
     assert live_at_send[-1] == sum(nbytes(t) for t in trainer.state_dict().values())
 
 
-def test_alias_keys_join_only_tensors_with_plain_memory_seen_the_same_way():
-    from wsync.trainer import _alias_key
+def testalias_keys_join_only_tensors_with_plain_memory_seen_the_same_way():
+    from wsync.trainer import alias_key
 
     class NoStorage(torch.Tensor):
         """A tensor subclass without plain memory (as wrapper subclasses are): data_ptr raises."""
@@ -563,9 +563,9 @@ def test_alias_keys_join_only_tensors_with_plain_memory_seen_the_same_way():
             raise RuntimeError("this tensor has no storage")
 
     w = torch.ones(4, 4)
-    assert _alias_key(w) == _alias_key(w.detach()) is not None  # same memory, same view
-    assert _alias_key(w) != _alias_key(w.t())  # same memory, other strides
-    assert _alias_key(w[:2]) != _alias_key(w)  # part of it
-    assert _alias_key(torch.ones(0)) is None
-    assert _alias_key(torch.ones(4, device="meta")) is None
-    assert _alias_key(w.as_subclass(NoStorage)) is None  # never joined, never raises
+    assert alias_key(w) == alias_key(w.detach()) is not None  # same memory, same view
+    assert alias_key(w) != alias_key(w.t())  # same memory, other strides
+    assert alias_key(w[:2]) != alias_key(w)  # part of it
+    assert alias_key(torch.ones(0)) is None
+    assert alias_key(torch.ones(4, device="meta")) is None
+    assert alias_key(w.as_subclass(NoStorage)) is None  # never joined, never raises

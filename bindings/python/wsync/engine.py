@@ -30,7 +30,7 @@ from . import _dtypes
 from ._core import Receiver, RecvInfo, TensorMeta
 from ._dtypes import DType
 from ._errors import Status, WsyncError, invalid
-from .trainer import split_alias_name
+from .trainer import alias_key, split_alias_name
 
 #: How many differences a mismatch error lists before summarising the rest.
 MAX_LISTED_PROBLEMS = 10
@@ -108,10 +108,17 @@ class ModuleLoader:
         self.allow_cast = allow_cast
         self.ignore_unknown = ignore_unknown
         self._dtypes = {name: DType.from_torch(t.dtype) for name, t in self.targets.items()}
-        # Tied tensors: one storage, several names; coverage is counted per tensor.
-        self._names_of: Dict[int, List[str]] = {}
+        # Tied tensors: one memory, several names; coverage is counted per tensor. Two names
+        # are one tensor when they are the same object or see the same memory the same way
+        # (address, dtype, shape, strides: the trainer's alias rule), so parameters made over
+        # one storage (``Parameter(other.data)``, a mapping of views) count as tied too. Keys
+        # are taken now, by name: moving the module later does not regroup its names.
+        self._key_of: Dict[str, Any] = {}
+        self._names_of: Dict[Any, List[str]] = {}
         for name, t in self.targets.items():
-            self._names_of.setdefault(self._key(t), []).append(name)
+            key = alias_key(t)
+            self._key_of[name] = ("object", id(t)) if key is None else key
+            self._names_of.setdefault(self._key_of[name], []).append(name)
         self._version = None
         # Per chunk layout (the tuple of its TensorMetas, the same every version while the
         # trainer's plan stays): destinations and coverage, so a repeated chunk skips name
@@ -123,16 +130,12 @@ class ModuleLoader:
         self._no_device_copy: set = set()
         # Per module tensor, the parts this version loaded: {part: elements}; a part is the
         # index given by map_name (None for the whole tensor), so a part loaded twice counts once.
-        self._covered: Dict[int, Dict[str, int]] = {}
+        self._covered: Dict[Any, Dict[str, int]] = {}
         # Tied tensors the trainer sends under each name (aliases="repeat") with delta: every
         # name's patch is against the same base, and the storage takes only the first. Per
         # module tensor patched this version whose other names may still come: (the name that
         # patched it, a copy of its base), against which a later name's patch is checked.
-        self._patch_bases: Dict[int, Tuple[str, Any]] = {}
-
-    @staticmethod
-    def _key(t) -> int:
-        return id(t)
+        self._patch_bases: Dict[Any, Tuple[str, Any]] = {}
 
     def _resolve(self, name: str):
         """(module tensor name, index or None) for a trainer tensor, or None to skip it."""
@@ -209,7 +212,7 @@ class ModuleLoader:
         for m in metas:
             for _, resolved in self._resolve_all(m.name):
                 if resolved[0] in self.targets:
-                    increments.append((self._key(self.targets[resolved[0]]), repr(resolved[1]),
+                    increments.append((self._key_of[resolved[0]], repr(resolved[1]),
                                        _numel(m.shape)))
         return self._missing(increments)
 
@@ -232,7 +235,7 @@ class ModuleLoader:
         applied by the library to a copy of the same base, gives the same bytes (``MISMATCH``
         otherwise); before the first name's patch, keeps a copy of the base if the wire entry
         does not carry every name of the tensor (the trainer's ``aliases="repeat"``)."""
-        key = self._key(self.targets[target_name])
+        key = self._key_of[target_name]
         names = self._names_of.get(key, ())
         if len(names) < 2 or not it.is_patch(i):
             return False
@@ -436,7 +439,7 @@ class ModuleLoader:
                 if resolved[0] not in self.targets:
                     continue
                 target = self.targets.get(resolved[0])  # as _destination reads it
-                key = (self._key(self.targets[resolved[0]]), repr(resolved[1]))
+                key = (self._key_of[resolved[0]], repr(resolved[1]))
                 if key not in seen:
                     seen.add(key)
                     dsts.append((resolved, target))
@@ -444,7 +447,7 @@ class ModuleLoader:
                 plan[m.name] = (i, m, dsts)
                 for _, resolved in names:
                     if resolved[0] in self.targets:
-                        increments.append((self._key(self.targets[resolved[0]]),
+                        increments.append((self._key_of[resolved[0]],
                                            repr(resolved[1]), _numel(m.shape)))
         return plan, increments
 

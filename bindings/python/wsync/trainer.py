@@ -192,7 +192,7 @@ def named_tensors(source) -> List[Tuple[str, Any]]:
     return items
 
 
-def _alias_key(t):
+def alias_key(t):
     """What makes two tensors one (same memory seen the same way), or None when ``t`` cannot
     be an alias of anything (no elements, no memory, not a tensor)."""
     torch = _dtypes.torch_module()
@@ -218,7 +218,7 @@ def alias_groups(items: List[Tuple[str, Any]]) -> List[List[int]]:
     groups: List[List[int]] = []
     where: Dict[Any, int] = {}
     for i, (_, t) in enumerate(items):
-        key = _alias_key(t)
+        key = alias_key(t)
         if key is not None and key in where:
             groups[where[key]].append(i)
             continue
