@@ -73,13 +73,6 @@ uint64_t copy_hashing_nt(void *dst, const void *src, uint64_t total, uint64_t of
     return XXH3_64bits_digest(&state);
 }
 
-constexpr bool kLittleEndian =
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    false;
-#else
-    true;
-#endif
-
 // The pieces' hashes as the tree hash reads them: little-endian words.
 void to_little_endian(uint64_t *h, uint64_t count) noexcept {
     if (kLittleEndian) return;

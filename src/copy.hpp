@@ -14,6 +14,16 @@
 #include <vector>
 
 namespace wsync {
+
+// Whether this host stores integers little-endian, as the wire's hashes and indices are (an
+// unknown byte order counts as big: the portable paths are taken).
+inline constexpr bool kLittleEndian =
+#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__)
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
+#else
+    false;
+#endif
+
 namespace copy {
 
 // Copies n bytes; the ranges must not overlap. Stores are aligned to 32 bytes; the direction is

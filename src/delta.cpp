@@ -12,12 +12,6 @@
 #include "wire.hpp"
 
 namespace {
-constexpr bool kLittleEndian =
-#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__)
-    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
-#else
-    false;
-#endif
 
 // Bit i set: byte i of the 32 bytes differs (words first: most blocks are equal).
 inline uint32_t diff_mask_words(const uint8_t *a, const uint8_t *b) {

@@ -247,7 +247,11 @@ void Iteration::fail_chunk(wsync_status_t status, std::string message) {
 void Iteration::already_failed() const {
     // The earlier failure's text alone would describe this call's arguments (a destination
     // that was not the culprit): say it is the iteration's standing verdict.
-    wsync::fail(failed_, "this iteration already failed (" + chunk_label(header_) + "): " + failure_);
+    // The chunk is named once: most failures' texts name it already.
+    const std::string label = chunk_label(header_);
+    const bool named = failure_.find(label) != std::string::npos;
+    wsync::fail(failed_, "this iteration already failed" + (named ? "" : " (" + label + ")") +
+                             ": " + failure_);
 }
 
 std::string Iteration::revoked_reason() const {

@@ -459,10 +459,10 @@ static void corrupted_checksum_fails_the_iteration_and_the_version(void **state)
     /* Later calls say the iteration failed before (delta user trial: a copy into a good
      * destination repeated the earlier failure's text, which then described this call). */
     EXPECT_ERR(wsync_recv_next(it, &v, &has), WSYNC_ERR_INTEGRITY,
-               "this iteration already failed (chunk 0 of version 1): tensor 'w'");
+               "this iteration already failed: tensor 'w' in chunk 0 of version 1: checksum");
     uint64_t into[64];
     EXPECT_ERR(wsync_recv_copy(it, 0, 0, into, sizeof into), WSYNC_ERR_INTEGRITY,
-               "already failed (chunk 0 of version 1): tensor 'w' in chunk 0 of version 1: "
+               "this iteration already failed: tensor 'w' in chunk 0 of version 1: "
                "checksum mismatch");
     EXPECT_ERR(wsync_recv_end(it), WSYNC_ERR_INTEGRITY, "checksum");
     uint64_t done;
