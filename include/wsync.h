@@ -415,6 +415,12 @@ WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
  * usable CUDA driver a chunk with device tensors fails with WSYNC_ERR_UNAVAILABLE naming why
  * (the version is abandoned). Engines get host memory. The staging buffers of such chunks are
  * page-locked: up to "keep_versions" + 1 versions' worth of the model's bytes, plus pooled ones.
+ * Before a kernel reads them, the GPU kinds ("cuda_ipc", "nccl_broadcast", "ucx", and the delta
+ * compare) check that each device tensor's first and last byte lie in memory the CUDA driver knows
+ * (one driver call per tensor whose allocation holds it whole, no system call): host memory from
+ * malloc labelled WSYNC_DEVICE_CUDA, freed memory, or a shape larger than the allocation fail
+ * with WSYNC_ERR_INVALID_ARGUMENT naming the tensor and address, before anything is launched or
+ * published (a kernel that faults would end the calling process's CUDA context).
  * "cuda_ipc" returns once its pack is complete on the GPU (one kernel launch per chunk);
  * "nccl_broadcast" returns once its pack has read the tensors on the GPU and the broadcast is
  * queued, so the broadcast moves while the caller prepares the next chunk; a pack not done by

@@ -1485,6 +1485,61 @@ static void unpacked_refuses_unexportable_memory_naming_the_tensor_and_packed_tr
     drv.cuMemFree(pool);
 }
 
+/* A tensor the pack kernel cannot read (host memory labelled CUDA by a buggy binding, a shape
+ * larger than its allocation) is refused by name before anything is launched: a kernel that
+ * faults ends the trainer's CUDA context (the fake fails the stream for good, as a sticky
+ * error). Until 2026-11-27 the pack ran and the send failed with CUDA_ERROR_ILLEGAL_ADDRESS, and
+ * every later send of the sender failed the same way. Now the sender keeps working: the next
+ * chunk reaches the engine bit for bit. */
+static void packed_sources_the_driver_does_not_know_are_refused_and_the_sender_keeps_working(
+    void **state) {
+    (void)state;
+    engine_t e[1] = {ipc_engine(0)};
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"receivers\": 1, \"bucket_bytes\": 65536}", e, 1, &s, &init, &tx);
+    const size_t n = (size_t)shapes[0][0] * shapes[0][1] * 4;
+    void *host = malloc(n);
+    assert_non_null(host);
+    tu_fill(host, n, 1, 0);
+    wsync_tensor_t t = gpu_tensor("layers.0.w", host, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_INVALID_ARGUMENT,
+               "cuda_ipc: tensor 'layers.0.w' (8192 bytes at 0x");
+    assert_non_null(strstr(wsync_last_error(), "is not memory the CUDA driver knows"));
+    /* Device memory, but half the tensor's size: its last byte is outside every allocation. */
+    void *small = dalloc(n / 2);
+    t.data = small;
+    EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_INVALID_ARGUMENT,
+               "runs past the memory the CUDA driver knows (its allocation holds 4096 bytes");
+    uint64_t v = 0;
+    OK(wsync_sender_version(tx, &v));
+    assert_int_equal(v, 1); /* refused input: nothing published, the version untouched */
+    struct wsync_fake_stats before = stats_now();
+    void *good[NT];
+    wsync_tensor_t ts[NT];
+    for (int k = 0; k < NT; ++k) {
+        const size_t bytes = (size_t)shapes[k][0] * shapes[k][1] * 4;
+        good[k] = dalloc(bytes);
+        tu_fill(good[k], bytes, 1, (uint64_t)k);
+        ts[k] = gpu_tensor(names[k], good[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    }
+    ch = tu_chunk(ts, NT, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    engine_send(&e[0], &req);
+    assert_int_equal(engine_verdict(&e[0]), 0);
+    wsync_blob_free(&req);
+    OK(wsync_sender_flush(tx, 5000));
+    assert_int_equal(stats_now().kernel_launches - before.kernel_launches, 1);
+    engine_finish(&e[0]);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)good[k]);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)small);
+    free(host);
+}
+
 /* ---- cuda_ipc: waits with deadlines on the library's own events (issue 10 B) --------------- */
 static void *release_held_after(void *ms) {
     usleep((useconds_t)(uintptr_t)ms * 1000);
@@ -2493,6 +2548,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(every_cuda_ipc_senders_flush_reports_an_engines_failure),
     cmocka_unit_test(a_cuda_ipc_senders_flush_waits_only_for_its_own_chunks),
     cmocka_unit_test(a_destroyed_cuda_ipc_sender_is_not_counted_as_attached),
+    cmocka_unit_test(packed_sources_the_driver_does_not_know_are_refused_and_the_sender_keeps_working),
     cmocka_unit_test(nccl_broadcast_reaches_two_engines_bit_for_bit),
     cmocka_unit_test(nccl_group_that_never_completes_times_out_and_aborts),
     cmocka_unit_test(nccl_failed_broadcast_times_the_receiver_out_and_fails_flush),

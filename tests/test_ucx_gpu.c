@@ -232,6 +232,40 @@ static void a_tensor_on_another_gpu_is_refused_by_name_and_the_version_goes_on(v
     rig_stop(&r);
 }
 
+/* A device tensor the pack kernel could not read (host memory labelled CUDA; t2's shape one
+ * element larger than its allocation) is refused by name before the launch, which would fault
+ * and end the trainer's CUDA context; the version goes on with the right tensors. */
+static void a_device_tensor_outside_device_memory_is_refused_by_name_and_the_version_goes_on(void **state) {
+    (void)state;
+    rig r = {0};
+    rig_start(&r, "");
+    fill(&r, 1, 0);
+    wsync_tensor_t t = tensor(&r, 1);
+    t.device.type = WSYNC_DEVICE_CUDA; /* r.host, from malloc */
+    wsync_chunk_t ch = tu_chunk(&t, 1, 0);
+    wsync_blob_t req;
+    assert_int_equal(wsync_sender_send_chunk(r.tx, &ch, &req), WSYNC_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(wsync_last_error(), "ucx: tensor 't1' (4000 bytes at 0x"));
+    assert_non_null(strstr(wsync_last_error(), "is not memory the CUDA driver knows"));
+    const int64_t longer[1] = {shapes[2][0] + 1};
+    t = tensor(&r, 2);
+    t.shape = longer;
+    assert_int_equal(wsync_sender_send_chunk(r.tx, &ch, &req), WSYNC_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(wsync_last_error(), "'t2' (311112 bytes at 0x"));
+    assert_non_null(strstr(wsync_last_error(), "runs past the memory the CUDA driver knows"));
+    struct wsync_fake_stats before = stats_now();
+    OK(send(&r, 0, &req));
+    load(&r, &req, 1, 0, 2);
+    wsync_blob_free(&req);
+    OK(send(&r, 1, &req));
+    load(&r, &req, 1, 0, 1);
+    wsync_blob_free(&req);
+    OK(wsync_sender_flush(r.tx, 5000));
+    assert_int_equal(stats_now().kernel_launches - before.kernel_launches, 2);
+    sync_version(&r, 2, 0);
+    rig_stop(&r);
+}
+
 static void managed_memory_is_refused_by_name(void **state) {
     (void)state;
     rig r = {0};
@@ -714,7 +748,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(device_and_host_tensors_in_one_chunk_arrive_bit_for_bit_with_one_launch_per_chunk),
         cmocka_unit_test(device_tensors_without_checksums_arrive_bit_for_bit),
         cmocka_unit_test(a_tensor_on_another_gpu_is_refused_by_name_and_the_version_goes_on),
-        cmocka_unit_test(managed_memory_is_refused_by_name),
+        cmocka_unit_test(a_device_tensor_outside_device_memory_is_refused_by_name_and_the_version_goes_on),
+    cmocka_unit_test(managed_memory_is_refused_by_name),
         cmocka_unit_test(a_stalled_trainer_stream_times_out_the_send_naming_it_and_leaks_nothing),
         cmocka_unit_test(a_stuck_pack_times_out_and_its_buffer_is_never_reused),
         cmocka_unit_test(destroying_the_sender_while_its_pack_is_stuck_is_bounded),

@@ -80,6 +80,7 @@ void DeviceCoder::encode(uint64_t version, const wsync_tensor_t *tensors,
                                             device_name(tensors[i].device) +
                                             " memory; this sender compares on one GPU");
     start(tensors[0].device.index);
+    check_sources(*dev_, tensors, metas, kind_);  // the compare kernels read them
     Device::Scope scope(*dev_);
     const sys::Deadline deadline(timeout_ms_);
     const std::string what = std::string(kind_) + ": delta: version " + std::to_string(version);

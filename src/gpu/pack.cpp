@@ -1,6 +1,7 @@
 #include "gpu/pack.hpp"
 
 #include <algorithm>
+#include <cinttypes>
 
 #include "error.hpp"
 #include "layout.hpp"
@@ -50,6 +51,54 @@ wsync_dtype_t cast_dtype(Cast cast, wsync_dtype_t in, PackOp *op) {
     return wsync_dtype_t{static_cast<uint8_t>(cast == Cast::BFloat16 ? WSYNC_DTYPE_BFLOAT
                                                                      : WSYNC_DTYPE_FLOAT),
                          16, 1};
+}
+
+void check_source(const Device &dev, const void *data, uint64_t len, const std::string &name,
+                  const char *kind) {
+    if (len == 0) return;
+    const CudaApi &api = dev.api();
+    Device::Scope scope(dev);
+    // Whether the driver knows address p; `base`/`size` give the allocation holding it when the
+    // driver says (cuMemGetAddressRange answers for device allocations; pinned host memory may
+    // be known only to cuPointerGetAttribute).
+    auto known = [&](CUdeviceptr p, CUdeviceptr *base, std::size_t *size) {
+        *base = 0;
+        *size = 0;
+        if (api.cuMemGetAddressRange(base, size, p) == CUDA_SUCCESS) return true;
+        *base = 0;
+        *size = 0;
+        unsigned type = 0;
+        return api.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) == CUDA_SUCCESS;
+    };
+    const auto p = reinterpret_cast<CUdeviceptr>(data);
+    auto who = [&] {
+        return std::string(kind) + ": tensor '" + name + "' (" +
+               strf("%" PRIu64 " bytes at 0x%llx", len, static_cast<unsigned long long>(p)) + ")";
+    };
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    if (!known(p, &base, &size))
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             who() + " is not memory the CUDA driver knows on " + dev.uuid_string() +
+                 " (host memory from malloc, or memory already freed?); the pack kernel would "
+                 "fault reading it, which ends this process's CUDA context. Nothing was sent");
+    if (size != 0 && p - base <= size && len <= size - (p - base)) return;  // one allocation
+    CUdeviceptr last_base = 0;
+    std::size_t last_size = 0;
+    if (p > UINT64_MAX - (len - 1) || !known(p + len - 1, &last_base, &last_size))
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             who() + " runs past the memory the CUDA driver knows" +
+                 (size != 0 ? strf(" (its allocation holds %zu bytes from 0x%llx)", size,
+                                   static_cast<unsigned long long>(base))
+                            : std::string()) +
+                 ": its last byte is outside every allocation; the pack kernel would fault "
+                 "reading it, which ends this process's CUDA context. Nothing was sent");
+}
+
+void check_sources(const Device &dev, const wsync_tensor_t *tensors,
+                   const std::vector<TensorMeta> &metas, const char *kind) {
+    for (std::size_t i = 0; i < metas.size(); ++i)
+        check_source(dev, tensors[i].data, metas[i].nbytes, metas[i].name, kind);
 }
 
 uint64_t layout_bucket(TensorTable &table, Cast cast, uint64_t capacity, std::vector<PackOp> *ops,

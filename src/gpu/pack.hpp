@@ -55,6 +55,20 @@ private:
 uint64_t layout_bucket(TensorTable &table, Cast cast, uint64_t capacity, std::vector<PackOp> *ops,
                        const std::string &who);
 
+// Refuses (WSYNC_ERR_INVALID_ARGUMENT, naming the tensor and address) a chunk whose tensors a
+// kernel of `dev` could not read: each tensor's first and last byte (metas[i].nbytes of them,
+// before any cast) must lie in memory the driver knows: an allocation (cuMemAlloc, a caching
+// allocator's block, a virtual-memory mapping) or pinned or mapped host memory. A kernel that
+// reads anything else faults, and a fault is sticky: it ends the CUDA context of the whole
+// calling process, the trainer's own work included. One driver call per tensor whose allocation
+// holds it whole (cuMemGetAddressRange), up to four otherwise; no system call. Call before
+// layout_bucket (which halves nbytes of cast tensors).
+void check_sources(const Device &dev, const wsync_tensor_t *tensors,
+                   const std::vector<TensorMeta> &metas, const char *kind);
+// The same for one tensor: `len` bytes at `data`.
+void check_source(const Device &dev, const void *data, uint64_t len, const std::string &name,
+                  const char *kind);
+
 // The pack kernel's entries for a chunk that layout_bucket laid out, into the bucket at
 // `bucket`: tensor i's bytes go to bucket + table.offsets[i].
 void fill_pack_entries(const wsync_tensor_t *tensors, const TensorTable &table,

@@ -194,6 +194,7 @@ private:
 
     json pack(const wsync_tensor_t *tensors, TensorTable &table, uint32_t b,
               const sys::Deadline &deadline, const std::string &chunk) {
+        gpu::check_sources(*dev_, tensors, table.metas, kKind);
         std::vector<gpu::PackOp> ops;
         gpu::layout_bucket(table, cast_, info_.bucket_bytes, &ops, kKind);
         // Back-pressure: the bucket's previous chunk must be done with by every receiver.

@@ -49,6 +49,7 @@ public:
             return json{{"seq", next_seq_++}, {"bytes", 0}};
         }
         check_device(tensors, table, dev_->ordinal());
+        gpu::check_sources(*dev_, tensors, table.metas, kKind);
         std::vector<gpu::PackOp> ops;
         const uint64_t bytes = gpu::layout_bucket(table, cast_, info_.bucket_bytes, &ops, kKind);
         comm_->check("before sending");

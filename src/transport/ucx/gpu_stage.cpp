@@ -4,6 +4,7 @@
 
 #include "error.hpp"
 #include "gpu/kernels/pack_abi.hpp"
+#include "gpu/pack.hpp"
 
 namespace wsync::ucx {
 
@@ -81,6 +82,8 @@ void GpuStage::pack(const wsync_tensor_t *tensors, const TensorTable &table,
                     const sys::Deadline &deadline, const std::string &chunk) {
     const std::string gpu_name = g_->dev->uuid_string();
     require_not_stuck(chunk);
+    for (std::size_t i : which)  // a kernel that faults ends this process's CUDA context
+        gpu::check_source(*g_->dev, tensors[i].data, table.metas[i].nbytes, table.metas[i].name, kind_);
     entries_.clear();
     uint64_t tile = 0;
     for (std::size_t i : which) {
