@@ -103,6 +103,9 @@ uint32_t SenderEnd::admit_joiners(uint64_t seq) {
     for (uint32_t r = 0; r < receivers_; ++r) {
         ReceiverSlot &s = b_->receiver[r];
         if (s.state.load(std::memory_order_acquire) != kJoining) continue;
+        // Its records so far are of versions before it joined (an iteration it ended after a
+        // drop, a request of the version in flight): not this sender's concern any more.
+        skip_records(r);
         s.from_seq.store(seq, std::memory_order_release);
         uint32_t joining = kJoining;
         if (s.state.compare_exchange_strong(joining, kAttached, std::memory_order_acq_rel)) ++admitted;
@@ -233,10 +236,32 @@ void SenderEnd::collect_failures(std::vector<Failure> &out) {
     for (uint32_t r = 0; r < receivers_; ++r) {
         ReceiverSlot &s = b_->receiver[r];
         uint64_t n = s.failures.load(std::memory_order_acquire);
-        if (n <= reported_[r]) continue;
-        if (s.state.load(std::memory_order_acquire) == kDropped) {
-            reported_[r] = n;  // the trainer stopped listening to it (a dropped engine ending
-            continue;          // the chunk it was reading fails it: not the others' concern)
+        if (n < reported_[r]) {
+            // The count only grows (the receiver's own word): another process wrote it. Say
+            // so, and read its records from there on, so that later failures still arrive.
+            Failure f;
+            f.what = WSYNC_FAILURE_FAILED;
+            f.status = WSYNC_ERR_PEER;
+            f.receiver = r;
+            f.pid = pid_of(r);
+            f.message = strf("this receiver's count of failure records went back from %" PRIu64
+                             " to %" PRIu64 ": its words on the board were written by another "
+                             "process",
+                             reported_[r], n);
+            reported_[r] = n;
+            out.push_back(std::move(f));
+            continue;
+        }
+        if (n == reported_[r]) continue;
+        const uint32_t state = s.state.load(std::memory_order_acquire);
+        if (state == kDropped || state == kJoining) {
+            // Dropped: the trainer stopped listening to it (a dropped engine ending the chunk
+            // it was reading fails it: not the others' concern). Joining: it owes nothing yet,
+            // and its records are of versions before it joined (a re-attached engine's failure
+            // from before its drop reached the trainer's next send and abandoned that version
+            // for every engine: C++ user trial).
+            reported_[r] = n;
+            continue;
         }
         uint64_t first = reported_[r];
         if (n - first > kFailureRing) {
@@ -350,6 +375,11 @@ void SenderEnd::check_alive(uint64_t mask, const std::vector<uint32_t> &slots, u
         std::string msg = describe(kind_, fs);
         throw Error(WSYNC_ERR_PEER, msg, std::move(fs));
     }
+}
+
+void SenderEnd::skip_records(uint32_t r) {
+    const uint64_t n = b_->receiver[r].failures.load(std::memory_order_acquire);
+    if (n > reported_[r]) reported_[r] = n;
 }
 
 void SenderEnd::throw_new_failures() {

@@ -207,6 +207,8 @@ private:
     void collect_failures(std::vector<Failure> &out);
     // WSYNC_ERR_PEER with every failure record not reported yet, if there is one.
     void throw_new_failures();
+    // Marks receiver r's failure records so far as read (not reported).
+    void skip_records(uint32_t r);
     void check_alive(uint64_t mask, const std::vector<uint32_t> &slots, uint64_t max_seq);
     int32_t pid_of(uint32_t r) const;
     friend struct SenderEndProbe;  // tests/test_board.cpp: races replayed one step at a time

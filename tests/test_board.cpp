@@ -25,6 +25,11 @@ struct SenderEndProbe {
                             uint64_t max_seq) {
         return e.pending(slots, max_seq);
     }
+    static std::vector<Failure> failures(SenderEnd &e) {
+        std::vector<Failure> out;
+        e.collect_failures(out);
+        return out;
+    }
 };
 }  // namespace wsync::board
 
@@ -180,6 +185,44 @@ void only_a_sole_sender_withdraws_and_only_abandoned_chunks(void **) {
     assert_true(take(f.b, 0, 0, 1));
 }
 
+// A receiver's records from before it (re)joined are not reported: an engine dropped while it
+// read a chunk fails that chunk, re-attaches at once and is admitted at the next version (C++
+// user trial: its old failure reached the trainer's next send as PEER and abandoned that
+// version for every engine). Records written after it joined are.
+void records_from_before_a_receiver_joined_are_not_reported(void **) {
+    Fixture f;
+    record_failure(f.b, 1, WSYNC_ERR_PEER, 1, 0, "dropped while it read chunk 0 of version 1");
+    f.b->receiver[1].state.store(kJoining);  // re-attached before the sender looked
+    assert_true(SenderEndProbe::failures(*f.end).empty());
+    record_failure(f.b, 1, WSYNC_ERR_MISMATCH, 1, 0, "joined while version 1 was in flight");
+    assert_int_equal(f.end->admit_joiners(5), 1);  // version 2 begins: it owes from seq 5
+    assert_true(SenderEndProbe::failures(*f.end).empty());
+    record_failure(f.b, 1, WSYNC_ERR_INTEGRITY, 2, 0, "checksum");
+    std::vector<Failure> fs = SenderEndProbe::failures(*f.end);
+    assert_int_equal(fs.size(), 1);
+    assert_int_equal(fs[0].status, WSYNC_ERR_INTEGRITY);
+    assert_true(fs[0].version == 2);
+}
+
+// A receiver's count of failure records only grows; a count that went back (another process
+// wrote it) is reported by name, and the records written after it still arrive (hostile-peer
+// trial: a rewound count hid the receiver's next failures from the trainer for good).
+void a_failure_count_that_went_back_is_reported_and_later_records_still_arrive(void **) {
+    Fixture f;
+    record_failure(f.b, 0, WSYNC_ERR_INTEGRITY, 1, 0, "checksum");
+    assert_int_equal(SenderEndProbe::failures(*f.end).size(), 1);
+    f.b->receiver[0].failures.store(0);  // a stray write
+    std::vector<Failure> fs = SenderEndProbe::failures(*f.end);
+    assert_int_equal(fs.size(), 1);
+    assert_int_equal(fs[0].receiver, 0);
+    assert_non_null(strstr(fs[0].message.c_str(), "count of failure records went back from 1 to 0"));
+    record_failure(f.b, 0, WSYNC_ERR_MISMATCH, 2, 0, "does not hold version 1");
+    fs = SenderEndProbe::failures(*f.end);
+    assert_int_equal(fs.size(), 1);
+    assert_int_equal(fs[0].status, WSYNC_ERR_MISMATCH);
+    assert_true(fs[0].version == 2);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -190,6 +233,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_receiver_that_began_the_chunk_is_still_awaited),
         cmocka_unit_test(a_receiver_and_sender_that_see_each_other_do_not_wedge),
         cmocka_unit_test(only_a_sole_sender_withdraws_and_only_abandoned_chunks),
+        cmocka_unit_test(records_from_before_a_receiver_joined_are_not_reported),
+        cmocka_unit_test(a_failure_count_that_went_back_is_reported_and_later_records_still_arrive),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, nullptr, nullptr);

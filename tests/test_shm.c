@@ -760,14 +760,22 @@ static void a_receiver_dropped_while_it_reads_never_completes_the_version(void *
         assert_true(st.flags & WSYNC_RECEIVER_DROPPED);
     }
     assert_int_equal(polled(r[1]).completed_version, 2);
+    /* Engine 0 re-attaches at once, as its error says, before the trainer looks again (C++
+     * user trial: its failure of version 1 then reached the trainer's next send as PEER and
+     * abandoned version 3 for engine 1 too). */
+    wsync_receiver_destroy(r[0]);
+    r[0] = open_receiver(&tr.init, 0);
     /* The trainer no longer hears of the engines it dropped (review: their failures reached
-     * its next flush as PEER and abandoned its next version): engine 1 goes on. */
+     * its next flush as PEER and abandoned its next version): engine 1 goes on, and the
+     * re-attached engine 0 takes part from version 3. */
     OK(wsync_sender_flush(tr.sender, 1000));
     wsync_blob_t q3;
     OK(wsync_sender_send_chunk(tr.sender, &c, &q3));
     load_chunk(r[1], &q3);
+    load_chunk(r[0], &q3);
     OK(wsync_sender_flush(tr.sender, 1000));
     assert_int_equal(polled(r[1]).completed_version, 3);
+    assert_int_equal(polled(r[0]).completed_version, 3);
     wsync_blob_free(&q1);
     wsync_blob_free(&q2);
     wsync_blob_free(&q3);
