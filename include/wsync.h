@@ -357,7 +357,8 @@ typedef struct wsync_sender_t wsync_sender_t;
 
 /* Creates a sender from init info (len bytes at init, borrowed for the call). For "shm" the
  * strategy must be the one whose wsync_strategy_create_init_info() made this blob; a blob of
- * another strategy or kind fails with WSYNC_ERR_MISMATCH, a corrupt one with
+ * another strategy or kind fails with WSYNC_ERR_MISMATCH (WSYNC_ERR_WRONG_STATE when this
+ * strategy made no init info at all, e.g. one created for an engine), a corrupt one with
  * WSYNC_ERR_MALFORMED (WSYNC_ERR_INTEGRITY if its checksum fails). For "cuda_ipc" any process
  * of the host may create a sender from the blob (one per trainer GPU, "senders" in all).
  * On success *out is freed with wsync_sender_destroy().
@@ -661,7 +662,9 @@ WSYNC_API wsync_status_t wsync_receiver_create(wsync_strategy_t *strategy, const
                                                size_t len, uint32_t index,
                                                wsync_receiver_t **out);
 
-/* Destroys a receiver; an open iteration must be ended first (else it is ended as failed).
+/* Destroys a receiver. End its open iteration first: if one is open it is ended as failed
+ * and freed with the receiver, so its handle must not be used again (not even for
+ * wsync_recv_end()); a wrapper that owns both must end the iteration before the receiver.
  * The sender learns that this receiver detached. NULL is a no-op. Does not block, except for
  * "nccl_broadcast", which finalizes its communicator for up to "timeout_ms" like
  * wsync_sender_destroy() and aborts it then. */
@@ -1098,7 +1101,7 @@ WSYNC_API wsync_status_t wsync_plan_chunk_parts(const wsync_plan_t *plan, size_t
  * ===========================================================================================*/
 
 /* Renders any blob (init info or request, any kind) as JSON for logs and tools: {"magic":
- * "wsync", "format": 2, "type": "request", "kind": "shm", "body": {...}}. The blob is parsed
+ * "wsync", "format": 5, "type": "request", "kind": "shm", "body": {...}}. The blob is parsed
  * with the same bounded parser receivers use; malformed input fails with WSYNC_ERR_MALFORMED
  * saying where. *json_out is freed with wsync_string_free(). Does not block. */
 WSYNC_API wsync_status_t wsync_blob_describe(const uint8_t *blob, size_t len, char **json_out);

@@ -157,6 +157,11 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
     if (len != 0 && d < s + table_.wire_bytes(i) && s < d + len)
         wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
                     "wsync_recv_copy: the destination overlaps " + label() + "'s received bytes");
+    if (backing_->maps_read_only(dst, len))
+        wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
+                    "wsync_recv_copy: the destination of " + label() +
+                        " lies in the sender's shared memory, which this receiver maps read-only "
+                        "(a view of another received tensor?): copy into memory of your own");
     if (mirrored(i)) {  // "delta_mirror": any range, out of the receiver's own verified copy
         if (len == 0) return;
         auto slot = owner_->mirrors_.find(m.name);

@@ -86,6 +86,11 @@ public:
     // buckets; nullptr when it has none. Read-only in attachers.
     uint8_t *arena() const { return g_.arena_bytes ? bucket(g_.slots) : nullptr; }
     uint64_t arena_bytes() const { return g_.arena_bytes; }
+    // Whether [p, p + len) overlaps the data region (buckets and arena), read-only in attachers.
+    bool data_overlaps(const void *p, uint64_t len) const noexcept {
+        const auto a = reinterpret_cast<uintptr_t>(p), d = reinterpret_cast<uintptr_t>(data_);
+        return len != 0 && a < d + (total_ - data_offset_) && d < a + len;
+    }
     const std::string &name() const { return name_; }
     const std::string &rendezvous() const { return rendezvous_; }
     int fd() const { return fd_; }  // kept open: the liveness locks live on it

@@ -118,6 +118,10 @@ public:
     // completed here, however its bytes looked. Reads of the chunk's memory made before the
     // call are covered by its answer (board::revoked).
     virtual std::string revoked() const noexcept { return {}; }
+    // Whether [dst, dst + len) overlaps memory this process maps from the sender read-only
+    // (shm: the segment's data region, every bucket and the arena): a caller passing another
+    // tensor's view as a destination would crash there, so wsync_recv_copy refuses it.
+    virtual bool maps_read_only(const void * /*dst*/, uint64_t /*len*/) const noexcept { return false; }
     // Called exactly once, after settle() and after a failure was recorded: publishes the final
     // outcome (WSYNC_OK or the status the chunk failed with) to the sender.
     virtual void acknowledge(wsync_status_t outcome) noexcept = 0;

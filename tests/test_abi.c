@@ -202,6 +202,9 @@ static void abi_layout_reports_the_compiled_structs(void **state) {
     assert_non_null(strstr(json, want));
     snprintf(want, sizeof want, "\"count\":%zu", offsetof(wsync_recv_info_t, count));
     assert_non_null(strstr(json, want));
+    /* Every struct of the header is listed, wsync_part_t (0.5) included (C++ user trial). */
+    snprintf(want, sizeof want, "\"wsync_part_t\":{\"align\":%zu,", _Alignof(wsync_part_t));
+    assert_non_null(strstr(json, want));
     wsync_string_free(json);
 }
 

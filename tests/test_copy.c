@@ -344,6 +344,32 @@ static void destination_overlapping_the_received_bytes_is_refused(void **state) 
     sync_close(&s);
 }
 
+/* A destination inside the memory the receiver maps read-only (a view of another received
+ * tensor, passed by mistake) is refused by name; it used to crash the engine with SIGSEGV (C++
+ * user trial). The iteration is unchanged: the right copy then succeeds. */
+static void destination_in_the_read_only_shared_memory_is_refused(void **state) {
+    (void)state;
+    const size_t n[2] = {4096, 4096};
+    sync_t s;
+    sync_open(&s, kSmall, 0);
+    wsync_recv_t *it = send_bytes(&s, n, 2, 1);
+    wsync_tensor_t other;
+    bool has;
+    OK(wsync_recv_next(it, &other, &has)); /* t0's view */
+    assert_true(has);
+    EXPECT_ERR(wsync_recv_copy(it, 1, 0, other.data, 64), WSYNC_ERR_INVALID_ARGUMENT,
+               "wsync_recv_copy: the destination of tensor 1 ('t1') lies in the sender's shared "
+               "memory, which this receiver maps read-only");
+    uint8_t *mine = malloc(4096);
+    OK(wsync_recv_copy(it, 1, 0, mine, 4096));
+    uint8_t *want = pattern(4096, 1, 1);
+    assert_memory_equal(mine, want, 4096);
+    free(want);
+    free(mine);
+    OK(wsync_recv_end(it));
+    sync_close(&s);
+}
+
 static void copy_threads_option_out_of_range_is_named(void **state) {
     (void)state;
     wsync_strategy_t *st;
@@ -355,6 +381,7 @@ static void copy_threads_option_out_of_range_is_named(void **state) {
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(copy_is_bit_exact_at_every_page_offset_and_size_with_checksums),
+        cmocka_unit_test(destination_in_the_read_only_shared_memory_is_refused),
         cmocka_unit_test(copy_is_bit_exact_at_every_page_offset_and_size_without_checksums),
         cmocka_unit_test(large_copy_split_between_copy_threads_is_bit_exact),
         cmocka_unit_test(copy_of_a_byte_range_delivers_exactly_those_bytes),

@@ -240,6 +240,8 @@ wsync_status_t wsync_abi_layout(char **json_out) {
             WSYNC_STRUCT(wsync_chunk_t, WSYNC_FIELD(wsync_chunk_t, tensors),
                          WSYNC_FIELD(wsync_chunk_t, count), WSYNC_FIELD(wsync_chunk_t, flags),
                          WSYNC_FIELD(wsync_chunk_t, struct_size)),
+            WSYNC_STRUCT(wsync_part_t, WSYNC_FIELD(wsync_part_t, offset),
+                         WSYNC_FIELD(wsync_part_t, bytes)),
             WSYNC_STRUCT(wsync_blob_t, WSYNC_FIELD(wsync_blob_t, data),
                          WSYNC_FIELD(wsync_blob_t, size)),
             WSYNC_STRUCT(wsync_recv_info_t, WSYNC_FIELD(wsync_recv_info_t, struct_size),

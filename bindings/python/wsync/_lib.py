@@ -200,6 +200,7 @@ STRUCTS = {
     "wsync_device_t": Device,
     "wsync_tensor_t": Tensor,
     "wsync_chunk_t": Chunk,
+    "wsync_part_t": Part,
     "wsync_blob_t": Blob,
     "wsync_recv_info_t": RecvInfo,
     "wsync_failure_t": Failure,

@@ -37,6 +37,10 @@ public:
                                                      : std::string();
     }
 
+    bool maps_read_only(const void *dst, uint64_t len) const noexcept override {
+        return seg_->data_overlaps(dst, len);
+    }
+
 private:
     std::shared_ptr<SharedSegment> seg_;
     uint32_t index_, bucket_;

@@ -230,6 +230,7 @@ fn declarations() -> Vec<Decl> {
             "tensors" => tensors, "count" => count, "flags" => flags,
             "struct_size" => struct_size,
         }),
+        decl!(wsync_part_t { "offset" => offset, "bytes" => bytes }),
         decl!(wsync_blob_t { "data" => data, "size" => size }),
         decl!(wsync_recv_info_t {
             "struct_size" => struct_size, "flags" => flags, "version" => version,
@@ -294,7 +295,7 @@ fn every_declared_struct_is_reported_by_the_library() {
             d.name
         );
     }
-    assert_eq!(declarations().len(), 9);
+    assert_eq!(declarations().len(), 10);
 }
 
 #[test]
