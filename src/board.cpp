@@ -566,6 +566,11 @@ bool dropped(const Board *b, uint32_t index) noexcept {
     return b->receiver[index].state.load(std::memory_order_relaxed) == kDropped;
 }
 
+bool acknowledged(const Board *b, uint32_t index, uint32_t slot, uint64_t seq) noexcept {
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return ack_seq(b->slot[slot].ack[index].load(std::memory_order_relaxed)) >= seq;
+}
+
 uint64_t taken_seq(const Board *b, uint32_t index, uint32_t slot) noexcept {
     return b->slot[slot].taken[index].load(std::memory_order_seq_cst);
 }

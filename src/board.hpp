@@ -273,6 +273,11 @@ bool take(Board *b, uint32_t index, uint32_t slot, uint64_t seq) noexcept;
 // saw bytes the sender wrote after dropping, this answers true (an acquire fence here pairs
 // with the release fence in SenderEnd::drop).
 bool dropped(const Board *b, uint32_t index) noexcept;
+// Whether receiver `index`'s acknowledgement word of `slot` says chunk `seq` (or a later one)
+// is answered. A receiver still reading that chunk has not answered it: if the word says so,
+// another process wrote it, and the sender may be reusing the bucket under the reader. Ordered
+// like dropped() after the reader's reads of the chunk.
+bool acknowledged(const Board *b, uint32_t index, uint32_t slot, uint64_t seq) noexcept;
 // What the receiver's own slot says now.
 struct Standing {
     uint32_t state;

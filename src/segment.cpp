@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <cinttypes>
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <sys/mman.h>
@@ -189,5 +190,7 @@ void SharedSegment::acknowledge_missed(uint32_t index, uint64_t last, uint64_t s
 }
 
 board::Board *SharedSegment::board() const { return &reinterpret_cast<Head *>(head_)->board; }
+
+std::size_t board_offset() noexcept { return offsetof(Head, board); }
 
 }  // namespace wsync

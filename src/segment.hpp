@@ -54,6 +54,9 @@ struct SegmentGeometry {
     uint64_t arena_bytes = 0; // shm: the sender's arena after the buckets (a whole number of pages)
 };
 
+// Where the board lies in a segment (bytes from its start); for white-box tests.
+std::size_t board_offset() noexcept;
+
 class SharedSegment {
 public:
     // Creates, sizes (reserving the data region with posix_fallocate, so a full /dev/shm is an

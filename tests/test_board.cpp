@@ -1,6 +1,8 @@
 // The acknowledgement board's sender side, white-box: the liveness check's decisions replayed
 // one step at a time, where across processes they are races a test cannot time.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -9,6 +11,8 @@
 
 #include "board.hpp"
 #include "error.hpp"
+#include "segment.hpp"
+#include "wsync.h"
 
 #include "whitebox.hpp"
 
@@ -223,6 +227,101 @@ void a_failure_count_that_went_back_is_reported_and_later_records_still_arrive(v
     assert_true(fs[0].version == 2);
 }
 
+// The board of a real shm segment, mapped read-write as any attached process can map it.
+struct MappedBoard {
+    void *mem = MAP_FAILED;
+    std::size_t len = 0;
+    Board *b = nullptr;
+    explicit MappedBoard(const wsync_blob_t &init) {
+        char *json = nullptr;
+        assert_int_equal(wsync_blob_describe(init.data, init.size, &json), WSYNC_OK);
+        const std::string text(json);
+        wsync_string_free(json);
+        const std::size_t at = text.find("\"/wsync-");
+        assert_true(at != std::string::npos);
+        const std::string name = text.substr(at + 1, text.find('"', at + 1) - at - 1);
+        const int fd = shm_open(name.c_str(), O_RDWR, 0);
+        assert_true(fd >= 0);
+        struct stat st;
+        assert_int_equal(fstat(fd, &st), 0);
+        len = static_cast<std::size_t>(st.st_size);
+        mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        assert_true(mem != MAP_FAILED);
+        b = reinterpret_cast<Board *>(static_cast<char *>(mem) + board_offset());
+    }
+    ~MappedBoard() { munmap(mem, len); }
+};
+
+// Another process writes a healthy engine's acknowledgement while the engine still reads the
+// chunk through views (hostile-peer trial: one 8-byte write; the trainer then packed the next
+// version into the bucket, and the engine's wsync_recv_end said OK with every byte of the next
+// version). Engine 0: its end fails with PEER naming the forged acknowledgement, and nothing is
+// completed there. Engine 1, untouched, completes both versions.
+void a_forged_acknowledgement_never_completes_the_reader_s_version(void **) {
+    wsync_strategy_t *st = nullptr, *rs = nullptr;
+    assert_int_equal(wsync_strategy_create("shm", "{\"receivers\": 2, \"buckets\": 1, "
+                                           "\"bucket_bytes\": 65536, \"timeout_ms\": 1000}", &st),
+                     WSYNC_OK);
+    wsync_blob_t init{};
+    assert_int_equal(wsync_strategy_create_init_info(st, &init), WSYNC_OK);
+    MappedBoard board(init);
+    wsync_sender_t *tx = nullptr;
+    assert_int_equal(wsync_sender_create(st, init.data, init.size, &tx), WSYNC_OK);
+    assert_int_equal(wsync_strategy_create("shm", nullptr, &rs), WSYNC_OK);
+    wsync_receiver_t *r[2] = {};
+    for (uint32_t i = 0; i < 2; ++i)
+        assert_int_equal(wsync_receiver_create(rs, init.data, init.size, i, &r[i]), WSYNC_OK);
+    float x[256];
+    int64_t shape = 256;
+    wsync_tensor_t t{};
+    t.name = "w";
+    t.data = x;
+    t.shape = &shape;
+    t.ndim = 1;
+    t.dtype = {WSYNC_DTYPE_FLOAT, 32, 1};
+    t.device = {WSYNC_DEVICE_CPU, 0};
+    wsync_chunk_t c{&t, 1, WSYNC_CHUNK_LAST, 0};
+    auto load = [&](wsync_receiver_t *rx, const wsync_blob_t &q) {
+        wsync_recv_t *it = nullptr;
+        float got[256];
+        assert_int_equal(wsync_receiver_receive(rx, q.data, q.size, &it), WSYNC_OK);
+        assert_int_equal(wsync_recv_copy(it, 0, 0, got, sizeof got), WSYNC_OK);
+        assert_int_equal(wsync_recv_end(it), WSYNC_OK);
+        assert_memory_equal(got, x, sizeof x);
+    };
+    for (int k = 0; k < 256; ++k) x[k] = static_cast<float>(k);
+    wsync_blob_t q1{}, q2{};
+    assert_int_equal(wsync_sender_send_chunk(tx, &c, &q1), WSYNC_OK);  // seq 1, bucket 0
+    wsync_recv_t *slow = nullptr;
+    wsync_tensor_t view{};
+    bool has = false;
+    assert_int_equal(wsync_receiver_receive(r[0], q1.data, q1.size, &slow), WSYNC_OK);
+    assert_int_equal(wsync_recv_next(slow, &view, &has), WSYNC_OK);
+    assert_true(has);
+    load(r[1], q1);
+    board.b->slot[0].ack[0].store(uint64_t(1) << 8 | WSYNC_OK);  // the forged answer
+    for (int k = 0; k < 256; ++k) x[k] = -1.0f - static_cast<float>(k);
+    assert_int_equal(wsync_sender_send_chunk(tx, &c, &q2), WSYNC_OK);  // into bucket 0
+    load(r[1], q2);
+    assert_int_equal(wsync_recv_end(slow), WSYNC_ERR_PEER);
+    assert_non_null(strstr(wsync_last_error(),
+                           "another process wrote this receiver's acknowledgement of chunk seq 1"));
+    assert_non_null(strstr(wsync_last_error(), "version 1 is not completed here"));
+    uint64_t done = 99;
+    assert_int_equal(wsync_receiver_completed_version(r[0], &done), WSYNC_OK);
+    assert_true(done == 0);
+    assert_int_equal(wsync_receiver_completed_version(r[1], &done), WSYNC_OK);
+    assert_true(done == 2);
+    wsync_blob_free(&q1);
+    wsync_blob_free(&q2);
+    for (auto *rx : r) wsync_receiver_destroy(rx);
+    wsync_strategy_destroy(rs);
+    wsync_sender_destroy(tx);
+    wsync_strategy_destroy(st);
+    wsync_blob_free(&init);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -235,6 +334,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(only_a_sole_sender_withdraws_and_only_abandoned_chunks),
         cmocka_unit_test(records_from_before_a_receiver_joined_are_not_reported),
         cmocka_unit_test(a_failure_count_that_went_back_is_reported_and_later_records_still_arrive),
+        cmocka_unit_test(a_forged_acknowledgement_never_completes_the_reader_s_version),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, nullptr, nullptr);

@@ -27,14 +27,20 @@ public:
     bool read_only() const override { return true; }
 
     void acknowledge(wsync_status_t outcome) noexcept override {
+        answered_ = true;
         board::acknowledge(seg_->board(), index_, bucket_, seq_, outcome);
     }
 
     // A dropped receiver is not waited for: the sender may pack later chunks into this bucket
-    // (and change arena tensors) under it.
+    // (and change arena tensors) under it. Nor is one whose acknowledgement another process
+    // wrote before it answered (a stray or forged write to its word on the board: hostile-peer
+    // trial, where a healthy engine's views then showed the next version and its end said OK).
     std::string revoked() const noexcept override {
-        return board::dropped(seg_->board(), index_) ? "shm: this receiver was dropped by the sender"
-                                                     : std::string();
+        if (board::dropped(seg_->board(), index_)) return "shm: this receiver was dropped by the sender";
+        if (!answered_ && board::acknowledged(seg_->board(), index_, bucket_, seq_))
+            return "shm: another process wrote this receiver's acknowledgement of chunk seq " +
+                   std::to_string(seq_) + " on the board (not this receiver)";
+        return {};
     }
 
     bool maps_read_only(const void *dst, uint64_t len) const noexcept override {
@@ -47,6 +53,7 @@ private:
     uint64_t seq_;
     std::vector<uint64_t> offsets_;
     layout::InPlace in_arena_;  // entries the sender left in its arena (offsets_ are the arena's)
+    bool answered_ = false;     // acknowledge() ran: the word is this receiver's own answer
 };
 
 class ShmReceiver final : public ReceiverImpl {
