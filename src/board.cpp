@@ -57,7 +57,13 @@ std::string list_indices(uint64_t mask) {
 // ---------------------------------------------------------------------------------------------
 SenderEnd::SenderEnd(Board *b, int fd, uint32_t receivers, uint32_t slots, std::string kind)
     : b_(b), fd_(fd), receivers_(std::min(receivers, kMaxReceivers)),
-      slots_(std::min(slots, kMaxSlots)), kind_(std::move(kind)) {}
+      slots_(std::min(slots, kMaxSlots)), kind_(std::move(kind)) {
+    abandoned_floor_ = b_->abandoned_version.load(std::memory_order_acquire);
+    for (uint32_t r = 0; r < receivers_; ++r) {
+        from_seq_[r] = b_->receiver[r].from_seq.load(std::memory_order_acquire);
+        if (b_->receiver[r].state.load(std::memory_order_acquire) == kDropped) dropped_ |= uint64_t(1) << r;
+    }
+}
 
 void SenderEnd::register_sender() {
     // An index is claimed by its pid word (so two senders of one process, which share the
@@ -107,8 +113,12 @@ uint32_t SenderEnd::admit_joiners(uint64_t seq) {
         // drop, a request of the version in flight): not this sender's concern any more.
         skip_records(r);
         s.from_seq.store(seq, std::memory_order_release);
+        from_seq_[r] = seq;
         uint32_t joining = kJoining;
-        if (s.state.compare_exchange_strong(joining, kAttached, std::memory_order_acq_rel)) ++admitted;
+        if (s.state.compare_exchange_strong(joining, kAttached, std::memory_order_acq_rel)) {
+            ++admitted;
+            dropped_ &= ~(uint64_t(1) << r);
+        }
     }
     return admitted;
 }
@@ -140,12 +150,15 @@ void SenderEnd::abandon(uint64_t version) {
     uint64_t cur = b_->abandoned_version.load();
     while (cur < version && !b_->abandoned_version.compare_exchange_weak(cur, version)) {
     }
+    abandoned_floor_ = std::max(abandoned_floor_, version);
     wake(b_);
 }
 
 void SenderEnd::drop(uint32_t r) {
     ReceiverSlot &s = b_->receiver[r];
     s.from_seq.store(UINT64_MAX, std::memory_order_release);
+    from_seq_[r] = UINT64_MAX;
+    dropped_ |= uint64_t(1) << r;
     s.state.store(kDropped, std::memory_order_release);
     // Bytes this sender writes into buckets from now on are ordered after the drop: a dropped
     // receiver that read any of them sees that it was dropped (board::dropped).
@@ -391,8 +404,73 @@ void SenderEnd::throw_new_failures() {
     }
 }
 
+void SenderEnd::audit() {
+    if (!sole_) return;
+    // First only look (cheap: a few loads per slot and receiver); act only on a difference.
+    auto slot_word = [&](uint32_t s) {
+        const Published &p = published_[s];
+        return p.withdrawn ? kWithdrawn : p.seq;
+    };
+    bool differs = b_->abandoned_version.load(std::memory_order_acquire) != abandoned_floor_;
+    for (uint32_t s = 0; s < slots_ && !differs; ++s)
+        differs = published_[s].seq != 0 && b_->slot[s].seq.load(std::memory_order_acquire) != slot_word(s);
+    for (uint32_t r = 0; r < receivers_ && !differs; ++r) {
+        const ReceiverSlot &rs = b_->receiver[r];
+        differs = rs.from_seq.load(std::memory_order_acquire) != from_seq_[r] ||
+                  (rs.state.load(std::memory_order_acquire) == kDropped && !(dropped_ >> r & 1));
+    }
+    if (!differs || attached_senders() > 1) return;
+    std::vector<std::string> words;
+    std::vector<Failure> fs;
+    const uint64_t av = b_->abandoned_version.load(std::memory_order_acquire);
+    if (av != abandoned_floor_) {
+        words.push_back(strf("abandoned_version said %" PRIu64 ", this sender's is %" PRIu64, av,
+                             abandoned_floor_));
+        b_->abandoned_version.store(abandoned_floor_, std::memory_order_release);
+    }
+    for (uint32_t s = 0; s < slots_; ++s) {
+        const uint64_t want = slot_word(s), got = b_->slot[s].seq.load(std::memory_order_acquire);
+        if (published_[s].seq == 0 || got == want) continue;
+        words.push_back(strf("slot %" PRIu32 " said chunk seq %" PRIu64 ", this sender %s %" PRIu64,
+                             s, got, published_[s].withdrawn ? "withdrew" : "published",
+                             published_[s].seq));
+        b_->slot[s].seq.store(want, std::memory_order_seq_cst);
+    }
+    for (uint32_t r = 0; r < receivers_; ++r) {
+        ReceiverSlot &rs = b_->receiver[r];
+        std::string what;
+        const uint64_t from = rs.from_seq.load(std::memory_order_acquire);
+        if (from != from_seq_[r]) {
+            what = strf("its from_seq said %" PRIu64 ", this sender wrote %" PRIu64, from, from_seq_[r]);
+            rs.from_seq.store(from_seq_[r], std::memory_order_release);
+        }
+        uint32_t st = kDropped;
+        if (!(dropped_ >> r & 1) && rs.state.compare_exchange_strong(st, kAttached, std::memory_order_acq_rel))
+            what += std::string(what.empty() ? "" : "; ") + "its state said dropped, which this sender did not do";
+        if (what.empty()) continue;
+        Failure f;
+        f.what = WSYNC_FAILURE_FAILED;
+        f.status = WSYNC_ERR_PEER;
+        f.receiver = r;
+        f.pid = pid_of(r);
+        f.message = "another process wrote this receiver's words on the board (" + what + "; put back)";
+        words.push_back(strf("receiver %" PRIu32 ": ", r) + what);
+        fs.push_back(std::move(f));
+    }
+    if (words.empty()) return;  // it changed back meanwhile
+    wake(b_);
+    std::string msg;
+    for (const std::string &w : words) msg += (msg.empty() ? "" : "; ") + w;
+    throw Error(WSYNC_ERR_PEER, kind_ + ": words on the board that only this sender writes were "
+                                        "written by another process (" + msg + "; each put back): "
+                                        "receivers may have acted on them, so the version in "
+                                        "flight is not trusted",
+                std::move(fs));
+}
+
 void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadline,
                   const char *what, uint64_t max_seq) {
+    audit();
     withdraw_abandoned(slots, max_seq);
     int64_t last_liveness = -1;
     for (;;) {

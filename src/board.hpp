@@ -169,6 +169,7 @@ public:
     void abandon(uint64_t version);
     // This SenderEnd is its board's only sender: wait() may withdraw chunks of abandoned
     // versions that a receiver has not begun (see the table's notes). Off by default.
+    // It also audits, at every wait(), the words only it writes (below).
     void set_sole_sender(bool sole) { sole_ = sole; }
     void drop(uint32_t r);
     // True once every receiver that is not dropped holds its index (attached or joining).
@@ -205,6 +206,16 @@ private:
     uint64_t oldest_pending_seq(uint32_t r, const std::vector<uint32_t> &slots,
                                 uint64_t max_seq) const;
     void collect_failures(std::vector<Failure> &out);
+    // A sole sender's check of the words only it writes: each slot's seq (what it published or
+    // withdrew there), abandoned_version (the newest version it abandoned, or the board's value
+    // when it was made), each receiver's from_seq and a DROPPED state it did not set. A word
+    // that differs was written by another process (a stray or forged write: hostile-peer
+    // trial, where one such write made every later flush time out, or made the trainer's
+    // flush return OK while engines refused every version): each is put back, and wait()
+    // fails with WSYNC_ERR_PEER naming them (the version in flight is abandoned: the words
+    // receivers acted on were not the sender's). Nothing happens while another sender is
+    // attached (its writes are legitimate).
+    void audit();
     // WSYNC_ERR_PEER with every failure record not reported yet, if there is one.
     void throw_new_failures();
     // Marks receiver r's failure records so far as read (not reported).
@@ -230,6 +241,11 @@ private:
         uint64_t excused = 0;    // receivers that had not begun it when it was withdrawn
     };
     bool sole_ = false;
+    // What this SenderEnd last wrote (or found when it was made) in words only senders write,
+    // for audit().
+    uint64_t abandoned_floor_ = 0;
+    uint64_t from_seq_[kMaxReceivers] = {};
+    uint64_t dropped_ = 0;  // receivers this SenderEnd dropped (and has not re-admitted)
     // Versions this SenderEnd abandoned (the newest kAbandonedKept): a receiver's failure record
     // of one of them tells the trainer nothing it does not know (a late request of an abandoned
     // version refused) and is not reported; nor are records of a receiver the sender dropped.

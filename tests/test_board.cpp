@@ -29,6 +29,7 @@ struct SenderEndProbe {
                             uint64_t max_seq) {
         return e.pending(slots, max_seq);
     }
+    static void audit(SenderEnd &e) { e.audit(); }
     static std::vector<Failure> failures(SenderEnd &e) {
         std::vector<Failure> out;
         e.collect_failures(out);
@@ -227,6 +228,63 @@ void a_failure_count_that_went_back_is_reported_and_later_records_still_arrive(v
     assert_true(fs[0].version == 2);
 }
 
+// The message of the audit's error, or "" when it finds nothing.
+std::string audited(Fixture &f, std::vector<Failure> *failures = nullptr) {
+    try {
+        SenderEndProbe::audit(*f.end);
+    } catch (const Error &e) {
+        assert_int_equal(e.status(), WSYNC_ERR_PEER);
+        if (failures) *failures = e.failures();
+        return e.what();
+    }
+    return "";
+}
+
+// Words only the sender writes, written by another process (hostile-peer trial: a slot's seq
+// changed once made every later flush time out for good; an abandoned version of UINT64_MAX,
+// a receiver's from_seq of UINT64_MAX or a forged DROPPED state made engines refuse every
+// version while the trainer's flush said OK). The sole sender finds each, puts it back and
+// says so (PEER, naming the word; the receiver's part as a failure). Its own writes (a drop,
+// an abandon, an admission) are no finding, and with several senders it does not judge.
+void words_only_the_sender_writes_are_audited_and_put_back(void **) {
+    Fixture f;
+    f.end->set_sole_sender(true);
+    assert_string_equal(audited(f).c_str(), "");
+    f.b->slot[0].seq.store(77);
+    std::string msg = audited(f);
+    assert_non_null(strstr(msg.c_str(), "shm: words on the board that only this sender writes were "
+                                        "written by another process (slot 0 said chunk seq 77, "
+                                        "this sender published 1; each put back)"));
+    assert_true(f.b->slot[0].seq.load() == 1);
+    assert_string_equal(audited(f).c_str(), "");  // once put back, nothing more to say
+    f.b->abandoned_version.store(UINT64_MAX);
+    msg = audited(f);
+    assert_non_null(strstr(msg.c_str(), "abandoned_version said 18446744073709551615, this sender's is 0"));
+    assert_true(f.b->abandoned_version.load() == 0);
+    f.b->receiver[1].from_seq.store(UINT64_MAX);
+    f.b->receiver[0].state.store(kDropped);
+    std::vector<Failure> fs;
+    msg = audited(f, &fs);
+    assert_non_null(strstr(msg.c_str(), "receiver 0: its state said dropped, which this sender did not do"));
+    assert_non_null(strstr(msg.c_str(), "receiver 1: its from_seq said 18446744073709551615, this sender wrote 0"));
+    assert_int_equal(fs.size(), 2);
+    assert_int_equal(fs[0].receiver, 0);
+    assert_int_equal(fs[1].receiver, 1);
+    assert_true(f.b->receiver[1].from_seq.load() == 0);
+    assert_int_equal(f.b->receiver[0].state.load(), kAttached);
+    // The sender's own writes are not findings.
+    f.end->abandon(1);
+    f.end->drop(1);
+    assert_string_equal(audited(f).c_str(), "");
+    f.b->receiver[1].state.store(kJoining);  // it re-attached
+    assert_int_equal(f.end->admit_joiners(9), 1);
+    assert_string_equal(audited(f).c_str(), "");
+    // Not its board's only sender: another's writes are legitimate.
+    f.end->set_sole_sender(false);
+    f.b->slot[0].seq.store(99);
+    assert_string_equal(audited(f).c_str(), "");
+}
+
 // The board of a real shm segment, mapped read-write as any attached process can map it.
 struct MappedBoard {
     void *mem = MAP_FAILED;
@@ -335,6 +393,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(records_from_before_a_receiver_joined_are_not_reported),
         cmocka_unit_test(a_failure_count_that_went_back_is_reported_and_later_records_still_arrive),
         cmocka_unit_test(a_forged_acknowledgement_never_completes_the_reader_s_version),
+        cmocka_unit_test(words_only_the_sender_writes_are_audited_and_put_back),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, nullptr, nullptr);
