@@ -55,6 +55,11 @@
  *           struct_size is the stride and every element must carry the same value.
  * Errors never cross as exceptions, signals or aborts: every failure is a status.
  * fork():   handles do not survive fork() in the child; create them after forking.
+ * Trust.    Every word a peer process can write is validated before use: a stray write by a
+ *           peer never crashes this process nor makes it wait past a deadline. Processes that
+ *           share one trainer's memory are one trust domain, though: an engine that writes
+ *           chosen words can pin its failures on another engine, and one that truncates the
+ *           shared file makes the others die of SIGBUS (docs/failure-model.md, "Trust").
  *
  * ---------------------------------------------------------------------------------------------
  * Sections: 1 versions and statuses, 2 tensors, chunks and blobs, 3 strategies, 4 sender,

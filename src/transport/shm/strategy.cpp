@@ -47,7 +47,10 @@ const std::vector<OptionSpec> &shm_options() {
         option::checksum(),
         option::verify(),
         option::copy_threads(),
-        option::timeout_ms(0, "sender", "how long send_chunk waits for a free bucket before failing"),
+        option::timeout_ms(0, "both",
+                           "sender: how long send_chunk waits for a free bucket before failing; receiver: how long "
+                           "wsync_receiver_create waits for the trainer's rendezvous socket when "
+                           "the segment's name is gone (a restarted engine)"),
     };
     return specs;
 }
