@@ -28,8 +28,17 @@ if pkg-config --atleast-version="$next_major" wsync; then
 fi
 flags=$(pkg-config --cflags --libs wsync)
 echo "pkg-config --cflags --libs wsync: $flags"
+# The paths are the prefix installed into, as written (C++ user trial: ${pcfiledir}/../../..
+# paths were printed verbatim, and a system prefix's were not recognised as the system's).
+[ "$(pkg-config --variable=prefix wsync)" = "$prefix" ] || { echo "wsync.pc: prefix is not $prefix"; exit 1; }
+case "$flags" in *..*) echo "pkg-config flags with '..': $flags"; exit 1 ;; esac
+case "$flags" in *"-I$prefix/include"*"-L$libdir"*) ;; *) echo "pkg-config flags do not name $prefix"; exit 1 ;; esac
 cc -std=c99 -Wall -Werror "$src/tests/install/consumer/consumer.c" $flags -o "$work/consumer-pc"
 LD_LIBRARY_PATH="$libdir" "$work/consumer-pc"
+if [ -x "$prefix/bin/wsync" ]; then
+  echo "--- the installed tool finds the library of its prefix (no LD_LIBRARY_PATH)"
+  env -u LD_LIBRARY_PATH "$prefix/bin/wsync" --version
+fi
 echo "--- pkg-config --static (libwsync.a)"
 static_libs=$(pkg-config --static --libs-only-l wsync | sed 's/-lwsync/-l:libwsync.a/')
 cc -std=c99 -Wall -Werror "$src/tests/install/consumer/consumer.c" $(pkg-config --cflags wsync) \
