@@ -58,4 +58,9 @@ if cmake -S "$src/tests/install/consumer" -B "$work/build-next" -DCMAKE_PREFIX_P
 fi
 cmake --build "$work/build" >/dev/null
 LD_LIBRARY_PATH="$libdir" "$work/build/consumer"
+echo "--- find_package: wsync::wsync_static"
+if readelf -d "$work/build/consumer-static" | grep -q libwsync; then
+  echo "the wsync::wsync_static consumer needs libwsync.so"; exit 1
+fi
+"$work/build/consumer-static"
 echo "install_and_consume: OK"
