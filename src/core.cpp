@@ -388,6 +388,15 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
         fail(WSYNC_ERR_PEER, std::string(kind_.name) +
                                  ": this receiver was dropped by the sender; destroy it and create "
                                  "a new one with the same index to re-attach");
+    // (Re)attached and no version has begun since: every request now is of a version begun
+    // before this receiver was there. Refused as such, leaving this receiver's state alone (a
+    // restarted engine fed the requests in flight was told "a request was lost or reordered"
+    // and showed that version failed: C++ user trial); it takes part from the next version.
+    if (link.joining && current_ == 0)
+        fail(WSYNC_ERR_MISMATCH, what + ": this receiver (re)attached while version " +
+                                     std::to_string(h.version) +
+                                     " was in flight; it takes part from the next version the "
+                                     "sender begins (skip the requests of this one)");
     if (current_ && link.abandoned_version >= current_) catch_up(link);
     if (h.version > current_) lose_open_version(h);
 

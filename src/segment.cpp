@@ -134,6 +134,7 @@ Link SharedSegment::link(uint32_t index) const {
     board::Standing s = board::standing(board(), fd_, index);
     Link l;
     l.dropped = s.state == board::kDropped;
+    l.joining = s.state == board::kJoining;
     l.sender_gone = s.sender_gone;
     l.abandoned_version = s.abandoned_version;
     return l;

@@ -56,6 +56,7 @@ struct Spec;
 struct Link {
     bool dropped = false;
     bool sender_gone = false;
+    bool joining = false;            // (re)attached; no version has begun for it yet
     uint64_t abandoned_version = 0;  // newest version a sender abandoned
 };
 

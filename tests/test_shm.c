@@ -706,6 +706,61 @@ static void a_completed_version_stays_completed_whatever_the_trainer_does_next(v
     wsync_receiver_destroy(r);
 }
 
+/* An engine restarted while a version is in flight (C++ user trial: its controller fed it the
+ * requests of that version; it said "a request was lost or reordered" and its poll showed the
+ * version failed). It is refused as joined too late and nothing changes in its state; the
+ * trainer hears once that the engine left that version unfinished (not of the refusals); from
+ * the next version on it takes part. */
+static void a_restarted_engine_given_the_version_in_flight_is_refused_as_joined_late(void **state) {
+    (void)state;
+    float x[64] = {1, 2, 3};
+    int64_t s = 64;
+    wsync_tensor_t t[2] = {tu_tensor("a", x, &s, 1, WSYNC_DTYPE_FLOAT, 32),
+                           tu_tensor("b", x, &s, 1, WSYNC_DTYPE_FLOAT, 32)};
+    trainer_t tr;
+    trainer_open(&tr, "{\"receivers\": 2, \"bucket_bytes\": 65536}");
+    wsync_receiver_t *r[2] = {open_receiver(&tr.init, 0), open_receiver(&tr.init, 1)};
+    wsync_chunk_t c0 = tu_chunk(&t[0], 1, 0), c1 = tu_chunk(&t[1], 1, WSYNC_CHUNK_LAST);
+    wsync_blob_t a, b;
+    OK(wsync_sender_send_chunk(tr.sender, &c0, &a));
+    load_chunk(r[0], &a);
+    load_chunk(r[1], &a);
+    wsync_receiver_destroy(r[1]); /* engine 1 restarts */
+    r[1] = open_receiver(&tr.init, 1);
+    OK(wsync_sender_send_chunk(tr.sender, &c1, &b));
+    load_chunk(r[0], &b);
+    wsync_recv_t *it;
+    EXPECT_ERR(wsync_receiver_receive(r[1], b.data, b.size, &it), WSYNC_ERR_MISMATCH,
+               "shm: chunk 1 of version 1: this receiver (re)attached while version 1 was in "
+               "flight; it takes part from the next version the sender begins");
+    EXPECT_ERR(wsync_receiver_receive(r[1], a.data, a.size, &it), WSYNC_ERR_MISMATCH,
+               "(re)attached while version 1 was in flight");
+    wsync_receiver_state_t st = polled(r[1]);
+    assert_int_equal(st.failed_version, 0);
+    assert_int_equal(st.completed_version, 0);
+    /* The trainer hears once that engine 1 left version 1 unfinished (its own refusal above is
+     * not reported: a restarted engine's requests of that version are not its concern). */
+    EXPECT_ERR(wsync_sender_flush(tr.sender, 1000), WSYNC_ERR_PEER,
+               "receiver 1 (pid");
+    assert_non_null(strstr(wsync_last_error(), "went away without acknowledging chunk 1 of "
+                                               "version 1 (seq 2) and has re-attached since"));
+    assert_null(strstr(wsync_last_error(), "(re)attached while"));
+    wsync_blob_free(&a);
+    wsync_blob_free(&b);
+    OK(wsync_sender_send_chunk(tr.sender, &c0, &a));
+    OK(wsync_sender_send_chunk(tr.sender, &c1, &b));
+    for (int i = 0; i < 2; ++i) {
+        load_chunk(r[i], &a);
+        load_chunk(r[i], &b);
+    }
+    OK(wsync_sender_flush(tr.sender, 1000));
+    for (int i = 0; i < 2; ++i) assert_int_equal(polled(r[i]).completed_version, 2);
+    wsync_blob_free(&a);
+    wsync_blob_free(&b);
+    for (int i = 0; i < 2; ++i) wsync_receiver_destroy(r[i]);
+    trainer_close(&tr);
+}
+
 /* A receiver dropped while it still reads a chunk (Rust user trial: a slow loader held its views
  * past the trainer's flush deadline; the trainer dropped it, as the README shows, and packed the
  * next version into the same bucket; the engine's wsync_recv_end returned OK and reported the
@@ -1348,6 +1403,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(a_chunk_of_the_next_version_before_its_chunk_0_fails_that_version_only),
     cmocka_unit_test(a_completed_version_stays_completed_whatever_the_trainer_does_next),
     cmocka_unit_test(a_receiver_dropped_while_it_reads_never_completes_the_version),
+    cmocka_unit_test(a_restarted_engine_given_the_version_in_flight_is_refused_as_joined_late),
     cmocka_unit_test(late_requests_of_an_abandoned_version_do_not_fail_the_next_one),
     cmocka_unit_test(replayed_request_is_mismatch_and_a_held_index_cannot_be_taken),
     cmocka_unit_test(bad_tensors_are_rejected_by_name_and_nothing_is_published),
