@@ -161,3 +161,45 @@ def test_send_model_async_abandons_the_version_when_the_forwarder_fails(make_syn
     state = s.receiver.poll()
     assert (state.completed_version, state.failed_version) == (0, 1)
     assert state.failed_status is wsync.Status.ABANDONED
+
+
+def test_send_model_async_keeps_no_earlier_chunk_alive_while_it_gathers_the_next(make_sync):
+    # Noticed in the last stop: the boxes that hand chunks to and from the worker threads (a
+    # finished work item, or its future's result, may outlive the call for a moment) had no
+    # test of their own. Each gathered tensor is watched by a weak reference; when a chunk is
+    # gathered, every tensor gathered for an earlier chunk must be gone, so a lazy source holds
+    # about one chunk of gathered tensors at a time, as with send_model.
+    import gc
+    import weakref
+
+    from wsync.trainer import LazySource
+
+    s = make_sync(buckets=2)
+    names = [f"layers.{i}.weight" for i in range(6)]
+    metas = [(n, torch.float32, (256, 256)) for n in names]  # 256 KiB each
+    alive = {}
+    still_alive_at_gather = []
+
+    def gather(asked):
+        gc.collect()  # only references, not cycles waiting for the collector, may keep them
+        still_alive_at_gather.append(sorted(n for n, ref in alive.items() if ref() is not None))
+        out = {n: torch.full((256, 256), float(names.index(n))) for n in asked}
+        for n, t in out.items():
+            alive[n] = weakref.ref(t)
+        return out
+
+    loader_model = {n: torch.zeros(256, 256) for n in names}
+    loader = ModuleLoader(loader_model)
+
+    async def main():
+        return await send_model_async(s.sender, LazySource(metas, gather),
+                                      chunk_bytes=256 * 256 * 4,
+                                      on_request=lambda r: loader.load(s.receiver, r),
+                                      flush_timeout_s=10)
+
+    requests = asyncio.run(main())
+    assert len(requests) == len(names)  # one tensor per chunk
+    assert still_alive_at_gather == [[]] * len(names), still_alive_at_gather
+    for i, n in enumerate(names):
+        assert torch.equal(loader_model[n], torch.full((256, 256), float(i))), n
+    assert s.receiver.completed_version == 1
