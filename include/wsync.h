@@ -208,6 +208,8 @@ typedef struct wsync_device_t {
 #define WSYNC_MAX_NAME_BYTES 1024 /* longest tensor name in bytes, without the NUL */
 #define WSYNC_MAX_CHUNK_TENSORS 4194304 /* most tensors in one chunk (2^22): the most a receiver
                                            accepts, so a sender refuses more */
+#define WSYNC_MAX_BLOB_BYTES 268435456u /* largest blob (init info or request) any call reads,
+                                          256 MiB; a larger one is WSYNC_ERR_MALFORMED. 0.5. */
 
 /* wsync_tensor_t.flags */
 #define WSYNC_TENSOR_READ_ONLY 1u /* set on views whose memory must not be written */

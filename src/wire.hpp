@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "wsync.h"
+
 namespace wsync::wire {
 
 using json = nlohmann::json;
@@ -23,7 +25,7 @@ using json = nlohmann::json;
 // reader would find no checksums and fail every chunk with INTEGRITY (docs/wire-format.md).
 constexpr uint64_t kFormatVersion = 5;
 constexpr uint8_t kSealedHead = 0x86;  // CBOR array of 6: magic, format, type, kind, body, seal
-constexpr std::size_t kMaxBlobBytes = std::size_t(256) << 20;  // 256 MiB
+constexpr std::size_t kMaxBlobBytes = WSYNC_MAX_BLOB_BYTES;  // 256 MiB
 constexpr std::size_t kMaxDepth = 16;                          // nesting of arrays and maps
 
 enum class BlobType { Init, Request };

@@ -49,7 +49,7 @@ namespace {
 // The most bytes a blob may have: the library refuses larger ones (docs/wire-format.md), so
 // inspect stops reading one byte past it instead of reading all of its input first (/dev/zero,
 // a pipe that never ends, a stray model file).
-constexpr size_t kMaxBlobBytes = size_t(256) << 20;
+constexpr size_t kMaxBlobBytes = WSYNC_MAX_BLOB_BYTES;  // the library's limit
 
 // A subcommand's bad command line or input: "wsync CMD: what", exit 2 like the other usage
 // errors (inspect: no blob to describe, like a malformed one).

@@ -213,7 +213,7 @@ def test_status_and_type_codes_mirror_the_header():
     for name, value in re.findall(r"#define WSYNC_((?:DTYPE|DEVICE)_\w+) (\d+)", text):
         assert getattr(wsync, name) == int(value), name
     for name in ("TENSOR_READ_ONLY", "CHUNK_LAST", "MAX_NDIM", "MAX_NAME_BYTES",
-                 "RECEIVER_DROPPED", "RECEIVER_SENDER_GONE"):
+                 "MAX_BLOB_BYTES", "RECEIVER_DROPPED", "RECEIVER_SENDER_GONE"):
         value = re.search(rf"#define WSYNC_{name} (\d+)", text).group(1)
         assert getattr(wsync, name) == int(value), name
     for name, value in re.findall(r"#define WSYNC_FAILURE_(\w+) (\d+)", text):

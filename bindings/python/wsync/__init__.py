@@ -24,6 +24,7 @@ Engine::
 from . import _lib
 from ._core import (
     CHUNK_LAST,
+    MAX_BLOB_BYTES,
     MAX_FAIL_MESSAGE_BYTES,
     MAX_NAME_BYTES,
     MAX_NDIM,
@@ -109,7 +110,7 @@ def load_library() -> "_lib.Library":
 
 
 __all__ = [
-    "ABI_MAJOR", "ABI_MINOR", "CHUNK_LAST", "MAX_FAIL_MESSAGE_BYTES", "MAX_NAME_BYTES", "MAX_NDIM",
+    "ABI_MAJOR", "ABI_MINOR", "CHUNK_LAST", "MAX_BLOB_BYTES", "MAX_FAIL_MESSAGE_BYTES", "MAX_NAME_BYTES", "MAX_NDIM",
     "NO_CHUNK", "RECEIVER_DROPPED", "RECEIVER_SENDER_GONE", "TENSOR_PATCH", "TENSOR_READ_ONLY",
     "AbandonedError", "Failure", "FailureKind", "ReceiverState", "status_for_exception",
     "DEVICE_CPU", "DEVICE_CUDA", "DEVICE_CUDA_HOST", "DEVICE_CUDA_MANAGED", "DEVICE_ROCM",

@@ -52,6 +52,8 @@ MAX_FAIL_MESSAGE_BYTES = 255
 MAX_NDIM = 16
 #: Longest tensor name in bytes (UTF-8, without the NUL).
 MAX_NAME_BYTES = 1024
+#: Largest blob (init info or request) the library reads: 256 MiB.
+MAX_BLOB_BYTES = 268435456
 
 # One wsync_tensor_t as raw fields (native byte order, explicit padding): name, data, shape,
 # strides, ndim, dtype.code, dtype.bits, dtype.lanes, device.type, device.index, flags,

@@ -158,6 +158,8 @@ pub const WSYNC_MAX_NDIM: i32 = 16;
 pub const WSYNC_MAX_CHUNK_TENSORS: usize = 4_194_304;
 /// Longest tensor name in bytes, without the NUL.
 pub const WSYNC_MAX_NAME_BYTES: usize = 1024;
+/// Largest blob (init info or request) any call reads: 256 MiB (0.5).
+pub const WSYNC_MAX_BLOB_BYTES: usize = 268_435_456;
 
 /// `wsync_tensor_t.flags`: set on views whose memory must not be written.
 pub const WSYNC_TENSOR_READ_ONLY: u32 = 1;

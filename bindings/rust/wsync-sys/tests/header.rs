@@ -124,6 +124,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         WSYNC_MAX_NDIM,
         WSYNC_MAX_CHUNK_TENSORS,
         WSYNC_MAX_NAME_BYTES,
+        WSYNC_MAX_BLOB_BYTES,
         WSYNC_TENSOR_READ_ONLY,
         WSYNC_TENSOR_PATCH,
         WSYNC_CHUNK_LAST,
