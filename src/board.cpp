@@ -58,11 +58,22 @@ std::string list_indices(uint64_t mask) {
 SenderEnd::SenderEnd(Board *b, int fd, uint32_t receivers, uint32_t slots, std::string kind)
     : b_(b), fd_(fd), receivers_(std::min(receivers, kMaxReceivers)),
       slots_(std::min(slots, kMaxSlots)), kind_(std::move(kind)) {
+    snapshot();
+    // A board another sender used (a cuda_ipc sender made again, or beside one still going):
+    // what it writes until this one is alone is legitimate, so the audit begins from a fresh
+    // look at the board, not from this one.
+    stale_ = b_->senders_seen.load(std::memory_order_acquire) > 0;
+}
+
+void SenderEnd::snapshot() {
     abandoned_floor_ = b_->abandoned_version.load(std::memory_order_acquire);
+    dropped_ = 0;
     for (uint32_t r = 0; r < receivers_; ++r) {
         from_seq_[r] = b_->receiver[r].from_seq.load(std::memory_order_acquire);
         if (b_->receiver[r].state.load(std::memory_order_acquire) == kDropped) dropped_ |= uint64_t(1) << r;
     }
+    for (uint32_t s = 0; s < slots_; ++s)
+        if (b_->slot[s].seq.load(std::memory_order_acquire) != expect_slot_[s]) expect_slot_[s] = 0;
 }
 
 void SenderEnd::register_sender() {
@@ -109,9 +120,11 @@ uint32_t SenderEnd::admit_joiners(uint64_t seq) {
     for (uint32_t r = 0; r < receivers_; ++r) {
         ReceiverSlot &s = b_->receiver[r];
         if (s.state.load(std::memory_order_acquire) != kJoining) continue;
-        // Its records so far are of versions before it joined (an iteration it ended after a
-        // drop, a request of the version in flight): not this sender's concern any more.
-        skip_records(r);
+        // One this sender dropped: its records so far are of versions before it joined (an
+        // iteration it ended after the drop), which the trainer stopped listening to. Any
+        // other's records stand (review: a receiver that failed a chunk and restarted before
+        // the trainer looked had its failure skipped, and the flush said OK).
+        if (dropped_ >> r & 1) skip_records(r);
         s.from_seq.store(seq, std::memory_order_release);
         from_seq_[r] = seq;
         uint32_t joining = kJoining;
@@ -124,7 +137,7 @@ uint32_t SenderEnd::admit_joiners(uint64_t seq) {
 }
 
 void SenderEnd::publish(uint32_t slot, uint64_t seq, uint64_t version, uint32_t chunk) {
-    if (slot < kMaxSlots) published_[slot] = Published{seq, version, chunk};
+    if (slot < kMaxSlots) published_[slot] = Published{seq, version, chunk}, expect_slot_[slot] = seq;
     b_->slot[slot].seq.store(seq, std::memory_order_release);
 }
 
@@ -237,6 +250,7 @@ void SenderEnd::withdraw_abandoned(const std::vector<uint32_t> &slots, uint64_t 
         // The handshake of the table's notes: our store, then their words (both seq_cst).
         b_->slot[s].seq.store(kWithdrawn, std::memory_order_seq_cst);
         p.withdrawn = true;
+        expect_slot_[s] = kWithdrawn;
         for (uint32_t r = 0; r < receivers_; ++r)
             if (b_->slot[s].taken[r].load(std::memory_order_seq_cst) != want)
                 p.excused |= uint64_t(1) << r;
@@ -267,10 +281,10 @@ void SenderEnd::collect_failures(std::vector<Failure> &out) {
         }
         if (n == reported_[r]) continue;
         const uint32_t state = s.state.load(std::memory_order_acquire);
-        if (state == kDropped || state == kJoining) {
+        if (state == kDropped || (state == kJoining && (dropped_ >> r & 1))) {
             // Dropped: the trainer stopped listening to it (a dropped engine ending the chunk
-            // it was reading fails it: not the others' concern). Joining: it owes nothing yet,
-            // and its records are of versions before it joined (a re-attached engine's failure
+            // it was reading fails it: not the others' concern). Joining after this sender
+            // dropped it: the same records, read late (a re-attached engine's failure
             // from before its drop reached the trainer's next send and abandoned that version
             // for every engine: C++ user trial).
             reported_[r] = n;
@@ -406,20 +420,29 @@ void SenderEnd::throw_new_failures() {
 
 void SenderEnd::audit() {
     if (!sole_) return;
+    // Judged only while this sender is alone on the board, and not right after another one was
+    // (its writes were legitimate: review, a cuda_ipc sender made beside one that then dropped
+    // a receiver and went away). No system call for shm (its sender is this process).
+    if (attached_senders() > 1) {
+        stale_ = true;
+        return;
+    }
+    if (stale_) {
+        snapshot();
+        stale_ = false;
+        return;
+    }
     // First only look (cheap: a few loads per slot and receiver); act only on a difference.
-    auto slot_word = [&](uint32_t s) {
-        const Published &p = published_[s];
-        return p.withdrawn ? kWithdrawn : p.seq;
-    };
+    auto slot_word = [&](uint32_t s) { return expect_slot_[s]; };  // 0: not known
     bool differs = b_->abandoned_version.load(std::memory_order_acquire) != abandoned_floor_;
     for (uint32_t s = 0; s < slots_ && !differs; ++s)
-        differs = published_[s].seq != 0 && b_->slot[s].seq.load(std::memory_order_acquire) != slot_word(s);
+        differs = slot_word(s) != 0 && b_->slot[s].seq.load(std::memory_order_acquire) != slot_word(s);
     for (uint32_t r = 0; r < receivers_ && !differs; ++r) {
         const ReceiverSlot &rs = b_->receiver[r];
         differs = rs.from_seq.load(std::memory_order_acquire) != from_seq_[r] ||
                   (rs.state.load(std::memory_order_acquire) == kDropped && !(dropped_ >> r & 1));
     }
-    if (!differs || attached_senders() > 1) return;
+    if (!differs) return;
     std::vector<std::string> words;
     std::vector<Failure> fs;
     const uint64_t av = b_->abandoned_version.load(std::memory_order_acquire);
@@ -430,7 +453,7 @@ void SenderEnd::audit() {
     }
     for (uint32_t s = 0; s < slots_; ++s) {
         const uint64_t want = slot_word(s), got = b_->slot[s].seq.load(std::memory_order_acquire);
-        if (published_[s].seq == 0 || got == want) continue;
+        if (want == 0 || got == want) continue;
         words.push_back(strf("slot %" PRIu32 " said chunk seq %" PRIu64 ", this sender %s %" PRIu64,
                              s, got, published_[s].withdrawn ? "withdrew" : "published",
                              published_[s].seq));

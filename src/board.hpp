@@ -246,6 +246,10 @@ private:
     uint64_t abandoned_floor_ = 0;
     uint64_t from_seq_[kMaxReceivers] = {};
     uint64_t dropped_ = 0;  // receivers this SenderEnd dropped (and has not re-admitted)
+    uint64_t expect_slot_[kMaxSlots] = {};  // each slot's seq word as last written here (0: not known)
+    bool stale_ = false;  // another sender may have written since the last look: look again
+    // Takes what the board says now as what this SenderEnd expects (see stale_).
+    void snapshot();
     // Versions this SenderEnd abandoned (the newest kAbandonedKept): a receiver's failure record
     // of one of them tells the trainer nothing it does not know (a late request of an abandoned
     // version refused) and is not reported; nor are records of a receiver the sender dropped.

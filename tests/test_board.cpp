@@ -190,12 +190,14 @@ void only_a_sole_sender_withdraws_and_only_abandoned_chunks(void **) {
     assert_true(take(f.b, 0, 0, 1));
 }
 
-// A receiver's records from before it (re)joined are not reported: an engine dropped while it
-// read a chunk fails that chunk, re-attaches at once and is admitted at the next version (C++
-// user trial: its old failure reached the trainer's next send as PEER and abandoned that
-// version for every engine). Records written after it joined are.
+// A dropped receiver's records from before it (re)joined are not reported: an engine dropped
+// while it read a chunk fails that chunk, re-attaches at once and is admitted at the next
+// version (C++ user trial: its old failure reached the trainer's next send as PEER and
+// abandoned that version for every engine). Records written after it joined are, and so are
+// those of a receiver the sender never dropped.
 void records_from_before_a_receiver_joined_are_not_reported(void **) {
     Fixture f;
+    f.end->drop(1);
     record_failure(f.b, 1, WSYNC_ERR_PEER, 1, 0, "dropped while it read chunk 0 of version 1");
     f.b->receiver[1].state.store(kJoining);  // re-attached before the sender looked
     assert_true(SenderEndProbe::failures(*f.end).empty());
@@ -207,6 +209,19 @@ void records_from_before_a_receiver_joined_are_not_reported(void **) {
     assert_int_equal(fs.size(), 1);
     assert_int_equal(fs[0].status, WSYNC_ERR_INTEGRITY);
     assert_true(fs[0].version == 2);
+    // A receiver the sender did not drop keeps its voice: it failed a chunk and restarted
+    // before the sender looked (review: its failure was skipped, and the flush said OK).
+    record_failure(f.b, 0, WSYNC_ERR_MISMATCH, 2, 1, "tensor 'x' does not match the model");
+    f.b->receiver[0].state.store(kJoining);
+    fs = SenderEndProbe::failures(*f.end);
+    assert_int_equal(fs.size(), 1);
+    assert_int_equal(fs[0].receiver, 0);
+    assert_int_equal(fs[0].status, WSYNC_ERR_MISMATCH);
+    record_failure(f.b, 0, WSYNC_ERR_INTEGRITY, 2, 1, "checksum");  // before the sender looked
+    f.end->admit_joiners(11);
+    fs = SenderEndProbe::failures(*f.end);
+    assert_int_equal(fs.size(), 1);
+    assert_int_equal(fs[0].status, WSYNC_ERR_INTEGRITY);
 }
 
 // A receiver's count of failure records only grows; a count that went back (another process
@@ -283,6 +298,37 @@ void words_only_the_sender_writes_are_audited_and_put_back(void **) {
     f.end->set_sole_sender(false);
     f.b->slot[0].seq.store(99);
     assert_string_equal(audited(f).c_str(), "");
+}
+
+// Review of the audit: a second sender made from the same blob beside one still going (a
+// Python rebinding makes the new object before the old one goes), which then drops a receiver,
+// abandons a version and goes away. Its writes are legitimate: the new sender neither reports
+// them nor puts its old view back (it used to throw PEER and un-drop the receiver). Once alone
+// and looked again, it audits as before.
+void another_senders_writes_are_not_findings_and_not_undone(void **) {
+    Fixture f;
+    f.end->set_sole_sender(true);
+    f.end->register_sender();
+    auto second = std::make_unique<SenderEnd>(f.b, f.fd, 2, 2, "cuda_ipc");
+    second->set_sole_sender(true);
+    second->register_sender();
+    SenderEndProbe::audit(*second);  // two senders: it stands aside
+    f.end->drop(1);
+    f.end->abandon(1);
+    f.end->unregister_sender();  // the first goes away
+    SenderEndProbe::audit(*second);  // alone now: looks again, judges nothing
+    SenderEndProbe::audit(*second);
+    assert_int_equal(f.b->receiver[1].state.load(), kDropped);
+    assert_true(f.b->abandoned_version.load() == 1);
+    f.b->abandoned_version.store(7);  // a stray write, now that it is alone
+    try {
+        SenderEndProbe::audit(*second);
+        fail_msg("the audit did not see the stray write");
+    } catch (const Error &e) {
+        assert_non_null(strstr(e.what(), "abandoned_version said 7, this sender's is 1"));
+    }
+    assert_true(f.b->abandoned_version.load() == 1);
+    second->unregister_sender();
 }
 
 // The board of a real shm segment, mapped read-write as any attached process can map it.
@@ -394,6 +440,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_failure_count_that_went_back_is_reported_and_later_records_still_arrive),
         cmocka_unit_test(a_forged_acknowledgement_never_completes_the_reader_s_version),
         cmocka_unit_test(words_only_the_sender_writes_are_audited_and_put_back),
+        cmocka_unit_test(another_senders_writes_are_not_findings_and_not_undone),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, nullptr, nullptr);

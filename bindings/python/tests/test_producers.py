@@ -553,7 +553,7 @@ def test_a_cast_copy_replaces_its_gathered_original_before_the_send(sync):
     assert live_at_send[-1] == sum(nbytes(t) for t in trainer.state_dict().values())
 
 
-def testalias_keys_join_only_tensors_with_plain_memory_seen_the_same_way():
+def test_alias_keys_join_only_tensors_with_plain_memory_seen_the_same_way():
     from wsync.trainer import alias_key
 
     class NoStorage(torch.Tensor):
