@@ -295,8 +295,10 @@ bool take(Board *b, uint32_t index, uint32_t slot, uint64_t seq) noexcept;
 bool dropped(const Board *b, uint32_t index) noexcept;
 // Whether receiver `index`'s acknowledgement word of `slot` says chunk `seq` (or a later one)
 // is answered. A receiver still reading that chunk has not answered it: if the word says so,
-// another process wrote it, and the sender may be reusing the bucket under the reader. Ordered
-// like dropped() after the reader's reads of the chunk.
+// another process wrote it, and the sender may be reusing the bucket under the reader. An
+// acquire fence orders the read after the reader's reads of the chunk; nothing on the sender's
+// side pairs with it (the forger's write is not the sender's to order), so this is certain on
+// x86 and ARMv8 as they order stores, and a best effort against a stray write elsewhere.
 bool acknowledged(const Board *b, uint32_t index, uint32_t slot, uint64_t seq) noexcept;
 // What the receiver's own slot says now.
 struct Standing {

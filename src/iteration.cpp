@@ -254,7 +254,12 @@ void Iteration::already_failed() const {
     // that was not the culprit): say it is the iteration's standing verdict.
     // The chunk is named once: most failures' texts name it already.
     const std::string label = chunk_label(header_);
-    const bool named = failure_.find(label) != std::string::npos;
+    bool named = false;  // as a whole label: "chunk 1 of version 1" is not in "... version 10"
+    for (std::size_t at = failure_.find(label); at != std::string::npos && !named;
+         at = failure_.find(label, at + 1)) {
+        const std::size_t end = at + label.size();
+        named = end == failure_.size() || !std::isdigit(static_cast<unsigned char>(failure_[end]));
+    }
     wsync::fail(failed_, "this iteration already failed" + (named ? "" : " (" + label + ")") +
                              ": " + failure_);
 }

@@ -62,7 +62,12 @@ uint64_t layout_bucket(TensorTable &table, Cast cast, uint64_t capacity, std::ve
 // reads anything else faults, and a fault is sticky: it ends the CUDA context of the whole
 // calling process, the trainer's own work included. One driver call per tensor whose allocation
 // holds it whole (cuMemGetAddressRange), up to four otherwise; no system call. Call before
-// layout_bucket (which halves nbytes of cast tensors).
+// layout_bucket (which halves nbytes of cast tensors). An "allocation" is what the driver
+// calls one: a caching allocator's whole segment (so a shape past its block but inside its
+// segment passes), one mapped chunk of a virtual-memory range (a tensor spanning chunks passes
+// by its last byte); the bytes between first and last are not looked up; on HMM/ATS systems,
+// plain host memory a kernel could read is refused all the same (it is not labelled CUDA).
+// The spanning case is not modelled by the fake driver.
 void check_sources(const Device &dev, const wsync_tensor_t *tensors,
                    const std::vector<TensorMeta> &metas, const char *kind);
 // The same for one tensor: `len` bytes at `data`.
