@@ -300,6 +300,10 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * engine failed a version; anchors make such an engine whole). A kind this build does not know
  * fails with WSYNC_ERR_UNSUPPORTED; a kind whose run-time dependency is missing (e.g. no CUDA
  * driver) fails with WSYNC_ERR_UNAVAILABLE naming what is missing.
+ * "ucx" sets UCX_TCP_CONN_NB=y in the process environment (once, before its first UCX context,
+ * never over a value already set): UCX's default, a blocking connect(), held an engine's attach
+ * for the kernel's SYN retries (over 2 minutes) when a firewall dropped the trainer's port,
+ * past any "timeout_ms". Set the variable yourself before the first call to keep UCX's default.
  * Borrows kind and options_json for the call. On success *out is a new strategy, freed with
  * wsync_strategy_destroy(). Does not block. */
 WSYNC_API wsync_status_t wsync_strategy_create(const char *kind, const char *options_json,

@@ -227,6 +227,31 @@ link_down)  # the engines' link goes down mid-pull: both sides end in named erro
   exits trainer "$trainer_pid" 1; exits "engine 0" "$engine0_pid" 1; exits "engine 1" "$engine1_pid" 1
   limit=40
   ;;
+firewalled)  # a firewall on the engine's host drops its packets to the trainer: attaching ends
+            # at the engine's timeout_ms, named (UCX's blocking connect() held it for the
+            # kernel's SYN retries, 134 s against 5 s: ucx user trial)
+  [ "$mode" = netns ] || skip "a firewall between hosts needs the netns variant"
+  command -v nft >/dev/null || skip "nft (nftables) is not installed"
+  ip netns exec "$nse" nft add table ip wsf &&
+    ip netns exec "$nse" nft add chain ip wsf out '{ type filter hook output priority 0; }' &&
+    ip netns exec "$nse" nft add rule ip wsf out ip daddr 10.231.7.1 meta l4proto tcp drop ||
+    skip "cannot add an nftables rule in a network namespace"
+  E_TIMEOUT=3000
+  start_trainer 1 1
+  for _ in $(seq 1 400); do [ -e "$dir/init.bin" ] && break; sleep 0.05; done
+  [ -e "$dir/init.bin" ] || bad "the trainer wrote no init info"
+  began=$(date +%s%N)
+  start_engine 0 1 1
+  for _ in $(seq 1 300); do kill -0 "$engine0_pid" 2>/dev/null || break; sleep 0.1; done
+  ended=$(date +%s%N)
+  kill -KILL "$trainer_pid"
+  finish 10
+  expect "$dir/engine0.log" "engine 0: attach "
+  expect "$dir/engine0.log" "the trainer (.*) did not answer the attach within 3000 ms"
+  within "the engine's attach behind the firewall" "$(( (ended - began) / 1000000 ))" 2900 6000
+  exits "engine 0" "$engine0_pid" 2; exits trainer "$trainer_pid" 137
+  limit=30
+  ;;
 tp_shards)  # partial pulls across the link: engine 0 takes rank 0 of 2 along dimension 0 of
             # every tensor, engine 1 rank 1; each gets its half bit for bit, UCX is asked for
             # exactly those bytes (the engines load UCX through the counting stand-in), every

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <poll.h>
 
 #include "error.hpp"
@@ -22,9 +23,22 @@ void check(const Api &a, ucs_status_t st, const std::string &what) {
     if (st != UCS_OK) ucs_fail(a, st, what, WSYNC_ERR_PEER);
 }
 
+// TCP connections made without blocking, so attaching is bounded by our deadline: with UCX's
+// default (a blocking connect() inside ucp_ep_create) an engine whose packets to the trainer's
+// port a firewall drops was held in wsync_receiver_create for the kernel's SYN retries, 134 s
+// against a timeout_ms of 5000 (ucx user trial; with UCX_TCP_CONN_NB=y: TIMEOUT at 5.0 s).
+// UCX 1.13 takes the transport's settings from the environment only (ucp_config_modify
+// accepts "TCP_CONN_NB" and does not apply it), so it is set there, once per process, before
+// the first UCX context, and never over the caller's own value (wsync.h says so).
+void nonblocking_tcp_connect() {
+    static std::once_flag once;
+    std::call_once(once, [] { (void)setenv("UCX_TCP_CONN_NB", "y", 0); });
+}
+
 }  // namespace
 
 Worker::Worker(const Config &config, std::string who) : api_(ucx::api(config.library)), who_(std::move(who)) {
+    nonblocking_tcp_connect();
     ucp_config_t *cfg = nullptr;
     check(api_, api_.ucp_config_read(nullptr, nullptr, &cfg), who_ + ": ucp_config_read");
     try {
