@@ -356,6 +356,40 @@ void Receiver::lose_open_version(const ChunkHeader &next) {
     current_why_ = why;
 }
 
+void Receiver::lose_chunk(const ChunkHeader &h, const json &transport, wsync_status_t status,
+                          const std::string &why) {
+    // The transport could not deliver a chunk that was in order (ucx: the trainer did not grant
+    // the pull in time, no longer keeps the chunk, or went away; cuda_ipc: a handle would not
+    // open). The chunk is spent and its version fails here with that status, and the trainer is
+    // told with the chunk's answer (ucx user trial: the version stayed open, and the next chunk
+    // failed it as "a request was lost or reordered", MISMATCH, on both sides). A request this
+    // receiver must not take (stale, replayed, for another receiver or GPU, malformed) leaves
+    // everything as it was.
+    switch (status) {
+    case WSYNC_ERR_MISMATCH:
+    case WSYNC_ERR_MALFORMED:
+    case WSYNC_ERR_INVALID_ARGUMENT:
+    case WSYNC_ERR_WRONG_STATE:
+    case WSYNC_ERR_UNSUPPORTED:
+        return;
+    default:
+        break;
+    }
+    if (h.chunk_index == 0) {
+        current_ = h.version;
+        current_failed_ = false;
+        current_status_ = WSYNC_OK;
+        current_why_.clear();
+        tally_ = Manifest{};
+        parts_ = parts::Tracker();
+    }
+    if (h.version != current_) return;
+    expect_index_ = h.chunk_index + 1;
+    impl_->refuse(h, transport, status, why, true);
+    fail_open_version(status);
+    if (current_why_.empty()) current_why_ = why;
+}
+
 void Receiver::catch_up(const Link &link) {
     dropped_ = link.dropped;
     sender_gone_ = link.sender_gone;
@@ -480,8 +514,14 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
     }
     // The transport checks the bytes it moved: a patch's or a part's, not the tensor's.
     const bool whole = table.patches.empty() && table.parts.empty();
-    auto backing = selection ? impl_->open_ranges(h, whole ? table : table.as_wire(), fetch, transport)
-                             : impl_->open(h, whole ? table : table.as_wire(), transport);
+    std::unique_ptr<ChunkBacking> backing;
+    try {
+        backing = selection ? impl_->open_ranges(h, whole ? table : table.as_wire(), fetch, transport)
+                            : impl_->open(h, whole ? table : table.as_wire(), transport);
+    } catch (const Error &e) {
+        lose_chunk(h, transport, e.status(), e.what());
+        throw;
+    }
     parts_ = std::move(split);
     if (selection) {
         chosen_ = std::move(chosen);

@@ -92,6 +92,8 @@ public:
 
 private:
     friend class Iteration;
+    void lose_chunk(const ChunkHeader &h, const json &transport, wsync_status_t status,
+                    const std::string &why);
     void catch_up(const Link &link);
     void fail_open_version(wsync_status_t status);
     // Chunk `next` of a newer version arrived while a committed version is still open here:

@@ -400,6 +400,44 @@ static void a_selection_spans_the_parts_of_a_split_tensor(void **state) {
 
 /* Flips the first copy of `sum`'s 8 little-endian bytes in a request and re-seals it, as a
  * sender that carried a wrong block checksum would. */
+/* An engine too slow for keep_versions (ucx user trial): the trainer no longer keeps version
+ * 1's chunks when the engine asks. The first refused pull fails version 1 here with ABANDONED
+ * (poll says so, and says why); its next chunk is refused as part of that failed version, not
+ * as "a request was lost or reordered" (MISMATCH, which the poll and the trainer used to show);
+ * the engine then completes the newest version bit for bit. */
+static void a_chunk_no_longer_kept_fails_its_version_with_abandoned_and_the_next_version_loads(void **state) {
+    (void)state;
+    need_ucx();
+    struct trainer t;
+    trainer_start_with(&t, 1, ",\"keep_versions\":1");
+    wsync_receiver_t *r = engine(&t, 0, NULL, NULL);
+    wsync_blob_t v1[2], v2[2], v3[2];
+    send_version(&t, 1, 0, v1);
+    send_version(&t, 2, 0, v2);
+    send_version(&t, 3, 0, v3);
+    wsync_recv_t *it = NULL;
+    EXPECT_ERR(wsync_receiver_receive(r, v1[0].data, v1[0].size, &it), WSYNC_ERR_ABANDONED,
+               "is no longer kept");
+    EXPECT_ERR(wsync_receiver_receive(r, v1[1].data, v1[1].size, &it), WSYNC_ERR_ABANDONED,
+               "version 1 already failed here with WSYNC_ERR_ABANDONED");
+    wsync_receiver_state_t st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    OK(wsync_receiver_poll(r, &st));
+    assert_int_equal(st.failed_version, 1);
+    assert_int_equal(st.failed_status, WSYNC_ERR_ABANDONED);
+    const struct want all[2] = {{0, 0, nbytes[0]}, {1, 0, nbytes[1]}};
+    const struct want rest[2] = {{2, 0, nbytes[2]}, {3, 0, nbytes[3]}};
+    take(r, &v3[0], 3, all, 2);
+    take(r, &v3[1], 3, rest, 2);
+    uint64_t done = 0;
+    OK(wsync_receiver_completed_version(r, &done));
+    assert_int_equal(done, 3);
+    for (int c = 0; c < 2; ++c) wsync_blob_free(&v1[c]), wsync_blob_free(&v2[c]), wsync_blob_free(&v3[c]);
+    wsync_receiver_destroy(r);
+    trainer_stop(&t);
+}
+
 static void corrupt_sum(wsync_blob_t *req, uint64_t sum) {
     uint8_t le[8];
     for (int i = 0; i < 8; ++i) le[i] = (uint8_t)(sum >> (8 * i));
@@ -500,6 +538,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_range_past_the_end_or_a_conflicting_dtype_or_shape_fails_by_name_before_any_byte_moves),
         cmocka_unit_test(byte_ranges_with_the_rest_whole_copy_into_place),
         cmocka_unit_test(a_selection_spans_the_parts_of_a_split_tensor),
+        cmocka_unit_test(a_chunk_no_longer_kept_fails_its_version_with_abandoned_and_the_next_version_loads),
         cmocka_unit_test(block_checksums_verify_whole_blocks_of_a_range_and_name_a_corrupt_one),
         cmocka_unit_test(a_bad_selection_is_refused_at_creation_naming_the_entry),
     };
