@@ -438,6 +438,31 @@ static void a_chunk_no_longer_kept_fails_its_version_with_abandoned_and_the_next
     trainer_stop(&t);
 }
 
+/* Options that name a device or transport this host lacks are refused by name (ucx user trial:
+ * "eth9", "foo" came back as SYSTEM "ucp_init: No such device", naming neither option). */
+static void a_device_or_transport_the_host_lacks_is_unavailable_naming_the_options(void **state) {
+    (void)state;
+    need_ucx();
+    const char *cases[][2] = {{"\"transports\":\"tcp\",\"net_devices\":\"eth9\"", "'net_devices' = \"eth9\""},
+                              {"\"transports\":\"foo\"", "'transports' = \"foo\""}};
+    for (size_t i = 0; i < 2; ++i) {
+        char o[256];
+        snprintf(o, sizeof o, "{\"timeout_ms\":2000,%s}", cases[i][0]);
+        wsync_strategy_t *s = NULL;
+        OK(wsync_strategy_create("ucx", o, &s));
+        wsync_blob_t init = {0};
+        wsync_sender_t *snd = NULL;
+        wsync_status_t st = wsync_strategy_create_init_info(s, &init);
+        if (st == WSYNC_OK) st = wsync_sender_create(s, init.data, init.size, &snd);
+        assert_int_equal(st, WSYNC_ERR_UNAVAILABLE);
+        assert_non_null(strstr(wsync_last_error(), "UCX has no device for option"));
+        assert_non_null(strstr(wsync_last_error(), cases[i][1]));
+        assert_null(snd);
+        wsync_blob_free(&init);
+        wsync_strategy_destroy(s);
+    }
+}
+
 static void corrupt_sum(wsync_blob_t *req, uint64_t sum) {
     uint8_t le[8];
     for (int i = 0; i < 8; ++i) le[i] = (uint8_t)(sum >> (8 * i));
@@ -538,6 +563,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_range_past_the_end_or_a_conflicting_dtype_or_shape_fails_by_name_before_any_byte_moves),
         cmocka_unit_test(byte_ranges_with_the_rest_whole_copy_into_place),
         cmocka_unit_test(a_selection_spans_the_parts_of_a_split_tensor),
+        cmocka_unit_test(a_device_or_transport_the_host_lacks_is_unavailable_naming_the_options),
         cmocka_unit_test(a_chunk_no_longer_kept_fails_its_version_with_abandoned_and_the_next_version_loads),
         cmocka_unit_test(block_checksums_verify_whole_blocks_of_a_range_and_name_a_corrupt_one),
         cmocka_unit_test(a_bad_selection_is_refused_at_creation_naming_the_entry),

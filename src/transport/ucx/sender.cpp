@@ -315,8 +315,9 @@ private:
             why = "receiver index " + std::to_string(m.index) + " is out of range (0.." +
                   std::to_string(members_.size() - 1) + ")";
         } else if (members_[m.index].ep && members_[m.index].ep->error == UCS_OK && !members_[m.index].dropped) {
-            st = WSYNC_ERR_MISMATCH;
-            why = "receiver index " + std::to_string(m.index) + " is held by " + members_[m.index].name;
+            st = WSYNC_ERR_WRONG_STATE;  // as every kind says of an index in use (wsync.h)
+            why = "receiver index " + std::to_string(m.index) + " is already attached: held by " +
+                  members_[m.index].name;
         }
         std::unique_ptr<Endpoint> ep;
         const std::string name = "receiver " + std::to_string(m.index) + " (" + m.text + ")";

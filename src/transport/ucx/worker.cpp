@@ -57,6 +57,15 @@ Worker::Worker(const Config &config, std::string who) : api_(ucx::api(config.lib
     params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     ucs_status_t st = api_.ucp_init_version(UCP_API_MAJOR, 13, &params, cfg, &context_);
     api_.ucp_config_release(cfg);
+    if (st == UCS_ERR_NO_DEVICE && !(config.transports.empty() && config.net_devices.empty())) {
+        // The options named what UCX cannot find here (ucx user trial: "eth9", "foo" or "rc"
+        // on a host without them came back as SYSTEM "ucp_init: No such device").
+        const char *s = api_.ucs_status_string ? api_.ucs_status_string(st) : "No such device";
+        fail(WSYNC_ERR_UNAVAILABLE,
+             who_ + ": UCX has no device for option 'transports' = \"" + config.transports +
+                 "\" and 'net_devices' = \"" + config.net_devices + "\" on this host (ucp_init: " + s +
+                 "; `ucx_info -d` lists what it has; \"\" lets UCX choose)");
+    }
     check(api_, st, who_ + ": ucp_init");
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
