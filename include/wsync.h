@@ -551,10 +551,10 @@ WSYNC_API wsync_status_t wsync_sender_version(const wsync_sender_t *sender,
  * wsync_recv_end() return WSYNC_ERR_PEER saying it was dropped while it read the chunk (also
  * when the overwrite made a checksum fail), and the version is never completed there; its
  * caller must not serve what it loaded ("cuda_ipc" checks once the loader's copies are
- * complete, with "synchronize" on). "ucx" views are the engine's own pulled copy, which the
- * trainer cannot change: its open iteration ends as it would have (wsync_recv_end() may return
- * WSYNC_OK for that chunk), and the engine's next call fails with WSYNC_ERR_PEER, so a version
- * is still never completed there after the drop. The sender no longer reports a dropped receiver's
+ * complete, with "synchronize" on). "ucx" views are the engine's own pulled and verified
+ * copy, which the trainer cannot change: its open iteration ends as it would have
+ * (wsync_recv_end() may return WSYNC_OK, and a version it completes is bit-exact), and its next
+ * call fails with WSYNC_ERR_PEER. The sender no longer reports a dropped receiver's
  * failures (that one included), so the others' syncs go on undisturbed. A receiver process made afterwards with the same index (a restarted engine)
  * re-attaches and takes part from the next version that begins after it attached. Fails with
  * WSYNC_ERR_INVALID_ARGUMENT for an index out of range, WSYNC_ERR_UNSUPPORTED for kinds without
