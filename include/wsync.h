@@ -300,10 +300,14 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * engine failed a version; anchors make such an engine whole). A kind this build does not know
  * fails with WSYNC_ERR_UNSUPPORTED; a kind whose run-time dependency is missing (e.g. no CUDA
  * driver) fails with WSYNC_ERR_UNAVAILABLE naming what is missing.
- * "ucx" sets UCX_TCP_CONN_NB=y in the process environment (once, before its first UCX context,
- * never over a value already set): UCX's default, a blocking connect(), held an engine's attach
- * for the kernel's SYN retries (over 2 minutes) when a firewall dropped the trainer's port,
- * past any "timeout_ms". Set the variable yourself before the first call to keep UCX's default.
+ * "ucx" sets UCX_TCP_CONN_NB=y in the process environment (setenv, once, before its first UCX
+ * context, never over a value already set): UCX's default, a blocking connect(), held an
+ * engine's attach for the kernel's SYN retries (over 2 minutes) when a firewall dropped the
+ * trainer's port, and a trainer's reply to an unreachable engine stalled its sends as long,
+ * past any "timeout_ms". The variable then applies to every UCX context the process makes, and
+ * setenv() is not safe while other threads read the environment: a process that starts threads
+ * before its first "ucx" call (torch, OpenMP) sets UCX_TCP_CONN_NB itself first, to "y" (or
+ * to "n" to keep UCX's blocking connect and its unbounded waits).
  * Borrows kind and options_json for the call. On success *out is a new strategy, freed with
  * wsync_strategy_destroy(). Does not block. */
 WSYNC_API wsync_status_t wsync_strategy_create(const char *kind, const char *options_json,

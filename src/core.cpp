@@ -385,7 +385,12 @@ void Receiver::lose_chunk(const ChunkHeader &h, const json &transport, wsync_sta
     }
     if (h.version != current_) return;
     expect_index_ = h.chunk_index + 1;
-    impl_->refuse(h, transport, status, why, true);
+    // ABANDONED is not answered: the trainer abandoned the version, or no longer keeps it
+    // (ucx keep_versions: this engine lags, and catches up with the newest kept version), and
+    // the transport has answered already where it must (shm's withdrawn chunk). Review: it
+    // answered twice on shm, and on ucx the trainer's flush failed with PEER for a version it
+    // had abandoned or retired itself.
+    if (status != WSYNC_ERR_ABANDONED) impl_->refuse(h, transport, status, why, true);
     fail_open_version(status);
     if (current_why_.empty()) current_why_ = why;
 }

@@ -72,13 +72,8 @@ def test_ucx_a_version_no_longer_kept_is_refused_naming_the_latest_and_the_lates
             with receiver.receive(new) as it:
                 got = {name: t.clone() for name, t in it}
             assert torch.equal(got["w"], torch.full((8,), 2.0)) and receiver.completed_version == 2
-            # The trainer hears, once, that the engine was too slow for version 1 (the refused
-            # pull is answered with its status: ucx user trial, where it never learnt it).
-            with pytest.raises(WsyncError) as info:
-                sender.flush(10.0)
-            assert info.value.status is Status.PEER
-            assert ("receiver 0" in info.value.message and "version 1" in info.value.message
-                    and "no longer kept" in info.value.message)
+            # The engine lagged past keep_versions: the trainer retired version 1 itself and is
+            # not told of it as a failure (the engine caught up with version 2).
             sender.flush(10.0)
 
 

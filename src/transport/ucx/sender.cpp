@@ -138,6 +138,8 @@ public:
     void abandon(uint64_t version) override {
         std::unique_lock<std::mutex> lock = caller_lock();
         open_version_ = 0;
+        if (abandoned_.size() == kAbandonedKept) abandoned_.erase(abandoned_.begin());
+        abandoned_.push_back(version);
         for (auto &kv : chunks_)
             if (kv.second.version == version) kv.second.retired = true;
         Msg m;
@@ -375,6 +377,10 @@ private:
         w_->send(*mem.ep, reply);
     }
 
+    bool abandoned_here(uint64_t version) const {
+        return std::find(abandoned_.begin(), abandoned_.end(), version) != abandoned_.end();
+    }
+
     void ack(uint32_t index, Member &mem, const Msg &m) {
         auto l = mem.leases.find(m.seq);
         if (l != mem.leases.end()) {
@@ -384,8 +390,14 @@ private:
         }
         mem.acked_through = std::max(mem.acked_through, m.seq);
         // Named once per version: the later chunks of a version that failed here are refused
-        // by the receiver's core with the same status.
-        if (m.status == WSYNC_OK || m.version < mem.from_version || m.version == mem.failed_version) return;
+        // by the receiver's core with the same status. Not named: a receiver this sender
+        // dropped (it stopped listening to it), and a version this sender abandoned (a late
+        // request of it refused tells the trainer nothing it does not know; review: both
+        // failed the trainer's next flush with PEER, and a controller following wsync.h would
+        // then drop a healthy engine).
+        if (m.status == WSYNC_OK || mem.dropped || m.version < mem.from_version ||
+            m.version == mem.failed_version || abandoned_here(m.version))
+            return;
         mem.failed_version = m.version;
         const auto st = static_cast<wsync_status_t>(m.status);
         failures_.push_back(Failure{WSYNC_FAILURE_FAILED, st, index, m.version, m.chunk, mem.pid,
@@ -569,6 +581,10 @@ private:
     std::thread thread_;
     int stop_fd_ = -1;
     std::vector<Member> members_;
+    // Versions this sender abandoned (the newest kAbandonedKept): receivers' failures of them
+    // are not reported (ack()).
+    static constexpr std::size_t kAbandonedKept = 256;
+    std::vector<uint64_t> abandoned_;
     std::vector<std::unique_ptr<Endpoint>> refused_;
     std::map<uint64_t, Chunk> chunks_;
     std::vector<Buffer> pool_;
