@@ -1509,9 +1509,12 @@ static void packed_sources_the_driver_does_not_know_are_refused_and_the_sender_k
     EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_INVALID_ARGUMENT,
                "cuda_ipc: tensor 'layers.0.w' (8192 bytes at 0x");
     assert_non_null(strstr(wsync_last_error(), "is not memory the CUDA driver knows"));
-    /* Device memory, but half the tensor's size: its last byte is outside every allocation. */
+    /* Device memory, but a shape of 1 TiB: its last byte is outside every allocation. (A shape
+     * just past the allocation could end in a neighbouring mapping, which the check accepts as
+     * a real GPU would read it: seen once under ASan's address layout.) */
     void *small = dalloc(n / 2);
-    t.data = small;
+    const int64_t huge[2] = {(int64_t)1 << 20, (int64_t)1 << 18};
+    t = gpu_tensor("layers.0.w", small, huge, 2, WSYNC_DTYPE_FLOAT, 32, 0);
     EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_INVALID_ARGUMENT,
                "runs past the memory the CUDA driver knows (its allocation holds 4096 bytes");
     uint64_t v = 0;
