@@ -433,10 +433,10 @@ void SenderEnd::audit() {
         return;
     }
     // First only look (cheap: a few loads per slot and receiver); act only on a difference.
-    auto slot_word = [&](uint32_t s) { return expect_slot_[s]; };  // 0: not known
+    // expect_slot_[s] == 0: not known (not published here since the last look).
     bool differs = b_->abandoned_version.load(std::memory_order_acquire) != abandoned_floor_;
     for (uint32_t s = 0; s < slots_ && !differs; ++s)
-        differs = slot_word(s) != 0 && b_->slot[s].seq.load(std::memory_order_acquire) != slot_word(s);
+        differs = expect_slot_[s] != 0 && b_->slot[s].seq.load(std::memory_order_acquire) != expect_slot_[s];
     for (uint32_t r = 0; r < receivers_ && !differs; ++r) {
         const ReceiverSlot &rs = b_->receiver[r];
         differs = rs.from_seq.load(std::memory_order_acquire) != from_seq_[r] ||
@@ -452,7 +452,7 @@ void SenderEnd::audit() {
         b_->abandoned_version.store(abandoned_floor_, std::memory_order_release);
     }
     for (uint32_t s = 0; s < slots_; ++s) {
-        const uint64_t want = slot_word(s), got = b_->slot[s].seq.load(std::memory_order_acquire);
+        const uint64_t want = expect_slot_[s], got = b_->slot[s].seq.load(std::memory_order_acquire);
         if (want == 0 || got == want) continue;
         words.push_back(strf("slot %" PRIu32 " said chunk seq %" PRIu64 ", this sender %s %" PRIu64,
                              s, got, published_[s].withdrawn ? "withdrew" : "published",

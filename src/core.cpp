@@ -356,6 +356,14 @@ void Receiver::lose_open_version(const ChunkHeader &next) {
     current_why_ = why;
 }
 
+void Receiver::start_version(uint64_t version) {
+    current_ = version;
+    current_failed_ = false;
+    current_status_ = WSYNC_OK;
+    current_why_.clear();
+    tally_ = Manifest{};
+}
+
 void Receiver::lose_chunk(const ChunkHeader &h, const json &transport, wsync_status_t status,
                           const std::string &why) {
     // The transport could not deliver a chunk that was in order (ucx: the trainer did not grant
@@ -376,11 +384,7 @@ void Receiver::lose_chunk(const ChunkHeader &h, const json &transport, wsync_sta
         break;
     }
     if (h.chunk_index == 0) {
-        current_ = h.version;
-        current_failed_ = false;
-        current_status_ = WSYNC_OK;
-        current_why_.clear();
-        tally_ = Manifest{};
+        start_version(h.version);
         parts_ = parts::Tracker();
     }
     if (h.version != current_) return;
@@ -463,10 +467,7 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
             // already: lose_open_version or catch_up). This one fails here: none of its later
             // chunks, nor a late chunk 0, can complete it, so this receiver and the trainer
             // (which gets the record) agree that it failed.
-            current_ = h.version;
-            current_failed_ = false;
-            current_why_.clear();
-            tally_ = Manifest{};
+            start_version(h.version);
             expect_index_ = h.chunk_index + 1;  // its later chunks: refused as a failed version's
         }
         fail_open_version(WSYNC_ERR_MISMATCH);
@@ -533,14 +534,8 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
         subset.whole = std::move(table);
         table = std::move(view);
     }
-    if (h.chunk_index == 0) {  // an open older version failed above (lose_open_version, catch_up)
-        current_ = h.version;
-        current_failed_ = false;
-        current_status_ = WSYNC_OK;
-        current_why_.clear();
-        tally_ = Manifest{};
-        expect_index_ = 0;
-    }
+    if (h.chunk_index == 0)  // an open older version failed above (lose_open_version, catch_up)
+        start_version(h.version);
     expect_index_ = h.chunk_index + 1;
     open_ = std::make_unique<Iteration>(*this, h, std::move(table), std::move(backing),
                                         impl_->verify_checksums(), std::move(subset));

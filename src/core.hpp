@@ -92,6 +92,8 @@ public:
 
 private:
     friend class Iteration;
+    // This receiver's version is now `version`, not failed, nothing of it tallied yet.
+    void start_version(uint64_t version);
     void lose_chunk(const ChunkHeader &h, const json &transport, wsync_status_t status,
                     const std::string &why);
     void catch_up(const Link &link);
