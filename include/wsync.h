@@ -914,13 +914,16 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  * patch is applied onto dst, which must hold that tensor as of the patch's base version (the
  * version this receiver completed last): offset must be 0 and len the tensor's size, once.
  * The patch applies only if this receiver's completed version is its base version (else
- * WSYNC_ERR_MISMATCH naming both versions) and dst hashes to the base's XXH3-64 (else
- * WSYNC_ERR_MISMATCH, "does not hold version N"); after applying, the result must hash to the
- * request's checksum (else WSYNC_ERR_INTEGRITY). On either failure dst is put back exactly as it
- * was and the iteration is failed; the sender's flush reports it and its next version is dense.
+ * WSYNC_ERR_MISMATCH naming both versions), and is kept only if the patched dst hashes to the
+ * request's XXH3-64 of the tensor: dst then holds the trainer's tensor, bit for bit (also when
+ * dst differed from the base only in elements the patch writes). Otherwise dst is put
+ * back exactly as it was, the iteration is failed, and the call returns WSYNC_ERR_MISMATCH,
+ * "does not hold version N", when dst does not hash to the base's XXH3-64, else
+ * WSYNC_ERR_INTEGRITY; the sender's flush reports it and its next version is dense.
  * A patch is refused with WSYNC_ERR_INVALID_ARGUMENT (iteration unchanged) for another offset or
  * len, or when it was taken already (applied, or handed out by wsync_recv_patch()). The call
- * then reads dst twice (in one pass) and the patch, and writes only the changed elements.
+ * then reads dst once and the patch, writes only the changed elements, and on a failure reads
+ * dst once more (to name the cause).
  * For the GPU kinds ("cuda_ipc", "nccl_broadcast") the same holds with dst in device memory of
  * the receiver's GPU (checked as for a dense copy), with one difference in when failures are
  * told: the call queues the library's kernels on the loader's stream, after the work queued

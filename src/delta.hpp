@@ -126,9 +126,10 @@ void flat_indices(const PatchView &v, int64_t *out);
 bool find_changes(const void *now, void *base, uint64_t nbytes, uint64_t esize, uint64_t limit,
                   const Patch *fold, Changes &out, uint64_t *hash);
 
-// Applies `p` to dst (nbytes) only if dst hashes to base_hash before and to result_hash after,
-// in one pass over dst; otherwise dst is put back as it was. Returns kApplied, kBaseDiffers or
-// kResultDiffers, with the hash that did not match in *got.
+// Applies `p` to dst (nbytes) in one pass that patches and hashes it; keeps the result only if
+// it hashes to result_hash (then dst holds the trainer's tensor, bit for bit), else puts dst
+// back as it was and hashes it again to say why: kBaseDiffers (dst did not hash to base_hash)
+// or kResultDiffers, with the hash that did not match in *got. Returns kApplied otherwise.
 enum class Applied { kApplied, kBaseDiffers, kResultDiffers };
 // `old` is scratch for the changed elements' previous bytes (resized as needed, kept).
 Applied apply_verified(void *dst, uint64_t nbytes, const Patch &p, uint64_t base_hash,

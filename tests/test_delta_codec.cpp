@@ -262,6 +262,43 @@ void a_patch_onto_the_wrong_base_or_with_a_wrong_result_leaves_the_destination_u
     assert_true(dst == base);
 }
 
+// The apply judges by the result: a destination that differs from the base only in elements
+// the patch overwrites ends as the trainer's tensor, bit for bit, and is kept; one that differs
+// anywhere else is refused and put back, as is a result that is wrong although the base was
+// right (each named by the hash that did not match).
+void the_apply_keeps_a_result_equal_to_the_trainers_and_nothing_else(void **) {
+    std::vector<uint8_t> base = noise(5000 * 2, 11), now = base;
+    for (size_t e = 0; e < 5000; e += 37) now[e * 2] ^= 0x40;
+    delta::Changes ch;
+    uint64_t hash = 0;
+    std::vector<uint8_t> scratch = base;
+    assert_true(delta::find_changes(now.data(), scratch.data(), now.size(), 2, UINT64_MAX, nullptr, ch, &hash));
+    std::vector<uint8_t> patch, old;
+    delta::encode(ch, 5000, patch);
+    delta::Patch p = delta::parse(patch.data(), patch.size(), 5000, 2, "t");
+    const uint64_t base_hash = XXH3_64bits(base.data(), base.size());
+    uint64_t got = 0;
+
+    std::vector<uint8_t> dst = base;  // element 37 * 20 is one the patch writes
+    dst[37 * 20 * 2 + 1] ^= 0x11;
+    assert_int_equal(int(delta::apply_verified(dst.data(), dst.size(), p, base_hash, hash, &got, old)),
+                     int(delta::Applied::kApplied));
+    assert_true(dst == now);
+
+    dst = base;  // element 37 * 20 + 1 is not
+    dst[(37 * 20 + 1) * 2] ^= 0x11;
+    const std::vector<uint8_t> before = dst;
+    assert_int_equal(int(delta::apply_verified(dst.data(), dst.size(), p, base_hash, hash, &got, old)),
+                     int(delta::Applied::kBaseDiffers));
+    assert_true(got == XXH3_64bits(before.data(), before.size()));
+    assert_true(dst == before);
+
+    // A wrong result and a wrong base at once: the base is named (the engine is the one to fix).
+    assert_int_equal(int(delta::apply_verified(dst.data(), dst.size(), p, base_hash, hash ^ 1, &got, old)),
+                     int(delta::Applied::kBaseDiffers));
+    assert_true(dst == before);
+}
+
 void scalars_and_odd_sizes_round_trip(void **) {
     for (size_t n : {1, 2, 5, 31, 32, 33, 63, 65, 16383, 16385}) {
         std::vector<uint8_t> base = noise(n, n), now = base;
@@ -456,6 +493,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(malformed_patches_are_refused_by_name),
         cmocka_unit_test(the_in_place_check_refuses_like_the_parser_and_decodes_every_coding),
         cmocka_unit_test(a_patch_onto_the_wrong_base_or_with_a_wrong_result_leaves_the_destination_unchanged),
+        cmocka_unit_test(the_apply_keeps_a_result_equal_to_the_trainers_and_nothing_else),
         cmocka_unit_test(scalars_and_odd_sizes_round_trip),
         cmocka_unit_test(a_fold_during_the_compare_equals_a_fold_before_it),
         cmocka_unit_test(the_compare_finds_exactly_the_changed_elements_at_every_density),

@@ -25,12 +25,15 @@
 // touches CUDA) loads every configuration into its own device buffers with wsync_recv_copy,
 // which applies patches there; its apply time runs from receive to the end of its GPU work.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <sched.h>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -418,6 +421,73 @@ Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int step
     return {median(bytes), median(send), median(apply), median(sync), mean(sync)};
 }
 
+// --- the floor: what any delta trainer must read, with nothing else running --------------------
+// A host delta trainer finds what changed by reading every byte of the new weights and of its
+// copy of the last committed ones (docs/delta.md). These two rows time exactly those reads (an
+// OR of the words, or of the XOR of two streams: no hash, no encode, no engine), so the sync
+// ratios above can be read against what this host's memory allows: where reading the model
+// alone costs more than a quarter of a dense sync, no delta over shared memory can sync in less.
+uint64_t or_words(const uint8_t *a, const uint8_t *b, uint64_t n) {
+    uint64_t acc[4] = {0, 0, 0, 0};
+    uint64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; ++k) {
+            uint64_t x, y = 0;
+            std::memcpy(&x, a + i + 8 * k, 8);
+            if (b) std::memcpy(&y, b + i + 8 * k, 8);
+            acc[k] |= x ^ y;
+        }
+    for (; i < n; ++i) acc[0] |= uint64_t(a[i] ^ (b ? b[i] : 0));
+    return acc[0] | acc[1] | acc[2] | acc[3];
+}
+
+// Milliseconds (median of `reps`) to read every tensor of m (and of `base`, when given) on
+// `threads` threads taking 16 MiB pieces in turn.
+double read_floor_ms(const std::vector<Tensor> &m, const std::vector<Tensor> *base, unsigned threads,
+                     int reps) {
+    constexpr uint64_t kPiece = 16 << 20;
+    struct Piece {
+        const uint8_t *a, *b;
+        uint64_t n;
+    };
+    std::vector<Piece> pieces;
+    for (size_t i = 0; i < m.size(); ++i)
+        for (uint64_t at = 0; at < m[i].bytes; at += kPiece)
+            pieces.push_back({reinterpret_cast<const uint8_t *>(m[i].data) + at,
+                              base ? reinterpret_cast<const uint8_t *>((*base)[i].data) + at : nullptr,
+                              std::min(kPiece, m[i].bytes - at)});
+    std::vector<double> times;
+    volatile uint64_t sink = 0;
+    for (int r = 0; r < reps; ++r) {
+        std::atomic<size_t> next{0};
+        std::atomic<uint64_t> seen{0};
+        auto work = [&] {
+            uint64_t acc = 0;
+            for (size_t k; (k = next.fetch_add(1)) < pieces.size();)
+                acc |= or_words(pieces[k].a, pieces[k].b, pieces[k].n);
+            seen.fetch_or(acc);
+        };
+        const auto t0 = Clock::now();
+        std::vector<std::thread> pool;
+        for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+        work();
+        for (std::thread &t : pool) t.join();
+        times.push_back(ms_since(t0));
+        sink = sink | seen.load();
+    }
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+}
+
+// The threads a host compare uses by default ("delta_threads" 0: one per CPU the process may
+// run on, at most 8).
+unsigned default_compare_threads() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const unsigned cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? unsigned(CPU_COUNT(&set)) : 1;
+    return std::max(1u, std::min(cpus, 8u));
+}
+
 }  // namespace
 
 int cmd_bench_delta(int argc, char **argv, int first) {
@@ -551,6 +621,32 @@ int cmd_bench_delta(int argc, char **argv, int first) {
                                      {"send_ms", r.send_ms}, {"apply_ms", r.apply_ms},
                                      {"sync_ms", r.sync_ms}, {"sync_mean_ms", r.sync_mean_ms},
                                      {"sync_ratio", r.sync_ms / dense.sync_ms}});
+    }
+    if (!gpu) {
+        // The floor rows (host kinds): the same model, a second copy standing for the sender's
+        // bases, read with nothing else running; "x dense" is to the dense sync above.
+        std::vector<Tensor> base = m;
+        for (Tensor &t : base) {
+            const uint16_t *src = t.data;
+            t.data = static_cast<uint16_t *>(std::aligned_alloc(64, (t.bytes + 63) / 64 * 64));
+            std::memcpy(t.data, src, t.bytes);
+        }
+        const unsigned cthreads = threads > 0 ? unsigned(threads) : default_compare_threads();
+        const int reps = std::max(steps, 3);
+        const double read1 = read_floor_ms(m, nullptr, 1, reps);
+        const double read2 = read_floor_ms(m, &base, cthreads, reps);
+        for (Tensor &t : base) std::free(t.data);
+        if (!as_json) {
+            std::printf("floor, with nothing else running (time to read, in the sync ms column):\n");
+            std::printf("%-9s %12.0f %8s %10s %10s %10.1f %9.3f   read the new bytes once, 1 thread\n",
+                        "read new", double(total), "", "", "", read1, read1 / dense.sync_ms);
+            std::printf("%-9s %12.0f %8s %10s %10s %10.1f %9.3f   new and base, %u thread%s\n",
+                        "read n+b", double(2 * total), "", "", "", read2, read2 / dense.sync_ms,
+                        cthreads, cthreads == 1 ? "" : "s");
+        }
+        out["floor"] = {{"read_new_ms", read1}, {"read_new_ratio", read1 / dense.sync_ms},
+                        {"read_new_and_base_ms", read2}, {"read_new_and_base_ratio", read2 / dense.sync_ms},
+                        {"threads", cthreads}};
     }
     if (as_json) std::printf("%s\n", out.dump(2).c_str());
     if (gpu) {
