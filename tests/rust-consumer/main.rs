@@ -24,10 +24,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     for request in &requests {
         let mut recv = receiver.receive(request)?;
-        for view in recv.views() {
-            let view = view?;
-            assert_eq!(view.as_slice::<f32>()?, &weights[..]);
-        }
+        let mut got = vec![0f32; weights.len()];
+        recv.copy_tensor_into(0, &mut got)?;
+        assert_eq!(got, weights);
         recv.end()?;
     }
     sender.flush(Duration::from_secs(10))?;

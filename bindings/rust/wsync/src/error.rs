@@ -208,9 +208,24 @@ impl Failure {
     }
 }
 
+impl fmt::Display for FailureKind {
+    /// What the receiver did, as a verb phrase: "failed", "died", "detached", "timed out",
+    /// "was dropped", or "failed (kind N)" for a kind this binding does not know.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailureKind::Failed => f.write_str("failed"),
+            FailureKind::Died => f.write_str("died"),
+            FailureKind::Detached => f.write_str("detached"),
+            FailureKind::Timeout => f.write_str("timed out"),
+            FailureKind::Dropped => f.write_str("was dropped"),
+            FailureKind::Unknown(code) => write!(f, "failed (kind {code})"),
+        }
+    }
+}
+
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "receiver {} {:?}", self.receiver, self.what)?;
+        write!(f, "receiver {} {}", self.receiver, self.what)?;
         match self.chunk_index {
             Some(c) => write!(f, " (chunk {c} of version {})", self.version)?,
             None if self.version != 0 => write!(f, " (version {})", self.version)?,
@@ -228,7 +243,11 @@ impl fmt::Display for Failure {
 /// call, so it always belongs to that call. Errors the binding detects itself before calling C
 /// (a slice shorter than its shape, a name with a NUL byte) carry
 /// [`Status::InvalidArgument`] and a message written here.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// `Debug` prints what `Display` does, then each failure on its own line, so that
+/// `fn main() -> Result<(), Box<dyn std::error::Error>>` reports a readable reason; `{:#?}`
+/// prints the fields.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Error {
     status: Status,
     message: String,
@@ -333,6 +352,24 @@ impl fmt::Display for Error {
         } else {
             write!(f, "{}: {}", self.status, self.message)
         }
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if f.alternate() {
+            return f
+                .debug_struct("Error")
+                .field("status", &self.status)
+                .field("message", &self.message)
+                .field("failures", &self.failures)
+                .finish();
+        }
+        fmt::Display::fmt(self, f)?;
+        for failure in &self.failures {
+            write!(f, "\n  {failure}")?;
+        }
+        Ok(())
     }
 }
 
@@ -500,8 +537,17 @@ mod tests {
         assert_eq!(f.message, "shape differs");
         assert_eq!(
             f.to_string(),
-            "receiver 2 Failed (chunk 3 of version 7): WSYNC_ERR_MISMATCH: shape differs"
+            "receiver 2 failed (chunk 3 of version 7): WSYNC_ERR_MISMATCH: shape differs"
         );
+        for (kind, text) in [
+            (FailureKind::Died, "died"),
+            (FailureKind::Detached, "detached"),
+            (FailureKind::Timeout, "timed out"),
+            (FailureKind::Dropped, "was dropped"),
+            (FailureKind::Unknown(9), "failed (kind 9)"),
+        ] {
+            assert_eq!(kind.to_string(), text);
+        }
         raw.chunk_index = sys::WSYNC_NO_CHUNK;
         raw.what = 99;
         let f = Failure::from_raw(&raw);
@@ -527,6 +573,17 @@ mod tests {
         assert_eq!(e.failures(), &[failure]);
         let bare = Error::new(Status::Timeout, "").context("flush");
         assert_eq!(bare.to_string(), "WSYNC_ERR_TIMEOUT: flush");
+    }
+
+    #[test]
+    fn debug_reads_like_display_with_one_line_per_failure() {
+        let failure = Failure::new(FailureKind::Died, Status::Peer, 1, "pid 42 died");
+        let e = Error::new(Status::Peer, "receiver 1 died").with_failures(vec![failure]);
+        assert_eq!(
+            format!("{e:?}"),
+            "WSYNC_ERR_PEER: receiver 1 died\n  receiver 1 died: WSYNC_ERR_PEER: pid 42 died"
+        );
+        assert!(format!("{e:#?}").starts_with("Error {\n    status: Peer,"));
     }
 
     #[test]

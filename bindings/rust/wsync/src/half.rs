@@ -3,7 +3,7 @@
 //!
 //! Both are `#[repr(transparent)]` over their bits and implement [`Element`], so weights held
 //! as them are sent with [`crate::TensorRef::new`] (dtype [`DType::BF16`] / [`DType::F16`]) and
-//! read back with [`crate::View::as_slice`]. They are storage types, not arithmetic types:
+//! read back with [`crate::View::to_vec`]. They are storage types, not arithmetic types:
 //! convert to `f32` to compute. `from_f32` rounds to nearest, ties to even (overflow becomes
 //! infinity, a NaN stays a quiet NaN of the same sign); `to_f32` is exact.
 //!

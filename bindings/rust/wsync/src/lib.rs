@@ -28,7 +28,7 @@
 //! let mut recv = receiver.receive(&request)?;          // forwarded request bytes
 //! for view in recv.views() {
 //!     let view = view?;
-//!     let values: &[f32] = view.as_slice()?;          // zero-copy, read-only
+//!     let values: Vec<f32> = view.to_vec()?;           // copied out; dtype checked
 //!     assert_eq!(values.len(), 1024);
 //! }
 //! recv.end()?;                                         // acknowledges the chunk
@@ -94,6 +94,22 @@
 //! ```compile_fail,E0277
 //! fn shared<T: Sync>() {}
 //! shared::<wsync::Plan>();
+//! ```
+//!
+//! Borrowing a view's bytes in place is `unsafe` (for `"shm"` they are shared memory that a
+//! trainer which drops this receiver writes again, and that another process of the same user
+//! could write); copying them out is safe:
+//!
+//! ```compile_fail,E0133
+//! # fn demo(view: &wsync::View<'_>) -> wsync::Result<()> {
+//! let values: &[f32] = view.as_slice()?; // error[E0133]: call to unsafe function
+//! # drop(values); Ok(()) }
+//! ```
+//!
+//! ```
+//! # fn demo(view: &wsync::View<'_>, mine: &mut [f32]) -> wsync::Result<()> {
+//! view.copy_to(mine)?; // dtype and length checked; no reference into the shared bytes
+//! # Ok(()) }
 //! ```
 //!
 //! # Lifetimes of views

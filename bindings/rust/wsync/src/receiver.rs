@@ -258,13 +258,13 @@ pub struct RecvInfo {
 /// also after the last view: the sender's flush then reports them as a [`crate::Failure`] and
 /// the version is not completed here.
 ///
-/// Dropping a `Recv` without `end` or `fail` ends it: if any tensor was not yet yielded, or the
-/// iteration failed, the chunk is acknowledged as failed (the sender's flush reports
-/// [`Status::Peer`], the version is not completed); dropped during a panic it is failed with
-/// [`Status::WrongState`]. But a `Recv` dropped after its last view (say, because loading that
-/// view failed and `?` returned) is acknowledged as *good*: do not rely on the drop to report
-/// a load failure, call [`Recv::fail`].
-#[must_use = "a receive iteration must be ended with end() or fail(); dropping it acknowledges the chunk"]
+/// Only [`Recv::end`] can complete a chunk. Dropping a `Recv` without `end` or `fail` (an early
+/// return with `?`, a `break`, a panic) fails it: the chunk is acknowledged as failed with
+/// [`Status::WrongState`] ("the receive iteration was dropped without `end()`", or "the loader
+/// panicked" during a panic), the sender's flush reports it as a [`crate::Failure`], and the
+/// version is not completed here, even when every view had been taken: the loader that
+/// returned early may not have loaded the last one.
+#[must_use = "a receive iteration must be ended with end() (or fail()); dropping it fails the chunk"]
 pub struct Recv<'r> {
     raw: NonNull<sys::wsync_recv_t>,
     info: RecvInfo,
@@ -339,7 +339,7 @@ impl<'r> Recv<'r> {
     /// once). A part's view keeps the whole tensor's name, dtype and shape, but its bytes
     /// ([`View::byte_len`], [`View::bytes`], [`View::as_slice`]) are only the part's: byte
     /// `part.offset` of the whole tensor onwards, `part.bytes` of them (a multiple of the
-    /// element size), so `as_slice::<T>()` gives elements `part.offset / size_of::<T>()`
+    /// element size), so `as_slice::<T>()` gives elements `part.offset / std::mem::size_of::<T>()`
     /// onwards. A whole tensor comes with `Part { offset: 0, bytes: <its size> }`. A Python
     /// trainer's `send_model` splits tensors larger than its `chunk_bytes` by default: an
     /// engine that loads from views takes them here ([`Recv::next_view`] and [`Recv::views`]
@@ -461,6 +461,47 @@ impl<'r> Recv<'r> {
                 dst.len() as u64,
             )
         })
+    }
+
+    /// Copies tensor `i` whole into `dst` (`wsync_recv_copy` at offset 0), typed: the tensor's
+    /// dtype must be exactly `T::DTYPE` and `dst` must hold exactly its elements (the product
+    /// of its shape). The checked form of [`Recv::copy_into`] for loaders that own whole
+    /// tensors (a shard loader copies byte ranges with `copy_into`). A split tensor's entries
+    /// ([`Recv::part`]) each fill their range of the same `dst`, chunk by chunk.
+    ///
+    /// # Errors
+    /// [`Status::Mismatch`] naming the tensor and both dtypes; [`Status::InvalidArgument`]
+    /// naming it and both element counts (the iteration goes on, nothing is taken); otherwise as
+    /// [`Recv::copy_into`].
+    pub fn copy_tensor_into<T: Element>(&mut self, i: usize, dst: &mut [T]) -> Result<()> {
+        let meta = self.peek(i)?;
+        if meta.dtype() != T::DTYPE {
+            return Err(Error::new(
+                Status::Mismatch,
+                format!(
+                    "tensor '{}' is {}, not {}",
+                    meta.name(),
+                    meta.dtype(),
+                    T::DTYPE
+                ),
+            ));
+        }
+        let bytes = meta.byte_len()?;
+        if std::mem::size_of_val(dst) != bytes {
+            return Err(Error::new(
+                Status::InvalidArgument,
+                format!(
+                    "tensor '{}' has {} elements; the destination holds {}",
+                    meta.name(),
+                    bytes / std::mem::size_of::<T>(),
+                    dst.len()
+                ),
+            ));
+        }
+        // SAFETY: T is Element (plain old data), so its bytes may be overwritten with any
+        // values; the byte slice covers exactly `dst` for this call.
+        let raw = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), bytes) };
+        self.copy_into(i, 0, raw)
     }
 
     /// The range of the whole tensor that entry `i` carries (`wsync_recv_part`): a part of a
@@ -602,23 +643,19 @@ fn fail_message(message: &str) -> std::ffi::CString {
 
 impl Drop for Recv<'_> {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            // A loader that panicked mid-chunk did not load it, even if it had every view.
-            // SAFETY: not ended yet (`end`/`fail` skip Drop); freed exactly once; nothing
-            // borrows it; the message is a NUL-terminated literal.
-            let _ = unsafe {
-                sys::wsync_recv_fail(
-                    self.raw.as_ptr(),
-                    sys::WSYNC_ERR_WRONG_STATE,
-                    c"the loader panicked".as_ptr(),
-                )
-            };
-            return;
-        }
-        // SAFETY: not ended yet (`end`/`fail` skip Drop); ended exactly once; nothing borrows
-        // it. The status is dropped: an unfinished iteration is acknowledged as failed, which
-        // the sender's flush reports; the caller chose not to ask by not calling `end`.
-        let _ = unsafe { sys::wsync_recv_end(self.raw.as_ptr()) };
+        // A loader that returned early (`?`), broke out of its loop or panicked did not say it
+        // loaded the chunk, even if it had every view: only `end` completes one.
+        let why = if std::thread::panicking() {
+            c"the loader panicked"
+        } else {
+            c"the receive iteration was dropped without end() (an early return or break in the loader?)"
+        };
+        // SAFETY: not ended yet (`end`/`fail` skip Drop); failed and freed exactly once, here;
+        // nothing borrows it; the message is a NUL-terminated literal. The status is dropped:
+        // the chunk is acknowledged as failed either way, which the sender's flush reports.
+        let _ = unsafe {
+            sys::wsync_recv_fail(self.raw.as_ptr(), sys::WSYNC_ERR_WRONG_STATE, why.as_ptr())
+        };
     }
 }
 
@@ -914,11 +951,15 @@ impl<'a> Meta<'a> {
 /// A received tensor, borrowing the iteration it came from (`'it`).
 ///
 /// Zero-copy where the strategy allows: for `"shm"` the bytes are read-only shared memory that
-/// the sender does not touch until the iteration is ended. Copy them into your parameters.
-///
-/// Rust treats the bytes behind [`View::bytes`] as immutable while the view lives. libwsync
-/// guarantees that for its own sender; a foreign process with write access to the segment (same
-/// user, the segment is mode 0600) could break that, as with any shared mapping.
+/// the sender does not write until the iteration is ended, unless it drops this receiver
+/// meanwhile (`Sender::drop_receiver`, e.g. after this engine outlasted the trainer's flush
+/// deadline): it then packs later versions into the same bucket, under the view, and the
+/// iteration fails with [`Status::Peer`] at its next call. A process with write access to the
+/// segment (same user: it is mode 0600) can write it too. So the bytes may change while a view
+/// lives, which a Rust reference must never see: the safe way to load a view is to copy it out
+/// ([`View::copy_to`], [`View::to_vec`], [`View::copy_bytes_to`]), then call [`Recv::end`],
+/// which fails if the bytes could have changed. Borrowing them in place ([`View::bytes`],
+/// [`View::as_slice`]) is `unsafe`, with that contract.
 #[derive(Clone, Copy)]
 pub struct View<'it> {
     name: &'it str,
@@ -1021,61 +1062,56 @@ impl<'it> View<'it> {
         self.data.cast()
     }
 
-    /// The bytes, for tensors in host memory; [`Status::Unsupported`] for device memory (use
-    /// [`View::data_ptr`] there).
+    /// The bytes in place, for tensors in host memory; [`Status::Unsupported`] for device memory
+    /// (use [`View::data_ptr`] there). Prefer the copies ([`View::copy_bytes_to`],
+    /// [`View::copy_to`]), which are safe.
+    ///
+    /// # Safety
+    /// Nothing may write the bytes while the returned slice (or anything derived from it) is
+    /// used. The library's own sender does not, unless it drops this receiver while the view
+    /// lives (a trainer that stops waiting for this engine: keep the time between `receive` and
+    /// `end` well under the trainer's flush deadline, and do not serve anything loaded if `end`
+    /// fails); no other process may write the segment (for `"shm"`, any process of the same
+    /// user could).
     ///
     /// # Errors
     /// [`Status::Unsupported`] when the tensor is not in host memory.
-    pub fn bytes(&self) -> Result<&'it [u8]> {
-        if !self.device.is_host() {
-            return Err(Error::new(
-                Status::Unsupported,
-                format!(
-                    "tensor '{}' is in {} memory; use data_ptr()",
-                    self.name, self.device
-                ),
-            ));
-        }
-        // SAFETY: host memory the library guarantees to hold `len` bytes (shape x element size,
-        // computed with overflow checks) until the iteration ends, which 'it outlives; nothing
-        // writes it while the iteration is open (see the type's docs).
+    pub unsafe fn bytes(&self) -> Result<&'it [u8]> {
+        self.host("use data_ptr()")?;
+        // SAFETY: host memory the library keeps mapped with `len` bytes (shape x element size,
+        // computed with overflow checks) until the iteration ends, which 'it outlives; that
+        // nothing writes it while the slice is used is the caller's contract.
         Ok(unsafe { std::slice::from_raw_parts(self.data, self.len) })
     }
 
-    /// The elements as `&[T]`, when the dtype is exactly `T::DTYPE` (e.g. `f32` for
-    /// `float32`); [`Status::Mismatch`] otherwise.
+    /// The elements in place as `&[T]`, when the dtype is exactly `T::DTYPE` (e.g. `f32` for
+    /// `float32`); [`Status::Mismatch`] otherwise. Prefer [`View::copy_to`], which is safe.
+    ///
+    /// # Safety
+    /// As for [`View::bytes`].
     ///
     /// # Errors
     /// [`Status::Mismatch`] when the dtype is not `T::DTYPE`; otherwise as
     /// [`View::as_raw_elements`].
-    pub fn as_slice<T: Element>(&self) -> Result<&'it [T]> {
-        if self.dtype != T::DTYPE {
-            return Err(Error::new(
-                Status::Mismatch,
-                format!("tensor '{}' is {}, not {}", self.name, self.dtype, T::DTYPE),
-            ));
-        }
-        self.as_raw_elements()
+    pub unsafe fn as_slice<T: Element>(&self) -> Result<&'it [T]> {
+        self.exact_dtype::<T>()?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.as_raw_elements() }
     }
 
-    /// The elements as `&[T]` for any dtype of the same element size, e.g. `bfloat16` as `u16`
-    /// bits; [`Status::Mismatch`] when the sizes differ.
+    /// The elements in place as `&[T]` for any dtype of the same element size, e.g. `bfloat16`
+    /// as `u16` bits; [`Status::Mismatch`] when the sizes differ.
+    ///
+    /// # Safety
+    /// As for [`View::bytes`].
     ///
     /// # Errors
     /// [`Status::Mismatch`] when the element sizes differ; [`Status::Unsupported`] for device
     /// memory or bytes not aligned for `T`.
-    pub fn as_raw_elements<T: Element>(&self) -> Result<&'it [T]> {
-        let size = std::mem::size_of::<T>();
-        if self.dtype.size() != Some(size) {
-            return Err(Error::new(
-                Status::Mismatch,
-                format!(
-                    "tensor '{}' is {}, whose elements are not {size} bytes",
-                    self.name, self.dtype
-                ),
-            ));
-        }
-        let bytes = self.bytes()?;
+    pub unsafe fn as_raw_elements<T: Element>(&self) -> Result<&'it [T]> {
+        self.same_size::<T>()?;
+        // SAFETY: forwarded from the caller.
+        let bytes = unsafe { self.bytes() }?;
         if (bytes.as_ptr() as usize) % std::mem::align_of::<T>() != 0 {
             return Err(Error::new(
                 Status::Unsupported,
@@ -1087,9 +1123,143 @@ impl<'it> View<'it> {
             ));
         }
         // SAFETY: `bytes` is valid for 'it, aligned for T (checked), and its length is a
-        // multiple of size_of::<T>() (len = elements x dtype size = elements x size_of T);
+        // multiple of std::mem::size_of::<T>() (len = elements x dtype size = elements x size_of T);
         // Element guarantees every bit pattern is a valid T.
-        Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
+        Ok(unsafe {
+            std::slice::from_raw_parts(
+                bytes.as_ptr().cast::<T>(),
+                bytes.len() / std::mem::size_of::<T>(),
+            )
+        })
+    }
+
+    /// Copies the view's bytes into `dst`, which must be exactly [`View::byte_len`] long (any
+    /// alignment). Safe whatever happens to the bytes meanwhile: no reference to them is made;
+    /// if the trainer dropped this receiver while it copied, the copy may hold another
+    /// version's bytes, and [`Recv::end`] then fails with [`Status::Peer`] (do not serve it).
+    /// For large tensors [`Recv::copy_into`] / [`Recv::copy_tensor_into`] are faster (the
+    /// library's copy loop, checksum fused) and need no view.
+    ///
+    /// # Errors
+    /// [`Status::InvalidArgument`] naming the tensor and both sizes when `dst` is not
+    /// `byte_len()` long; [`Status::Unsupported`] for device memory.
+    pub fn copy_bytes_to(&self, dst: &mut [u8]) -> Result<()> {
+        self.host("copy it with the device's functions from data_ptr()")?;
+        if dst.len() != self.len {
+            return Err(Error::new(
+                Status::InvalidArgument,
+                format!(
+                    "tensor '{}' has {} bytes here; the destination has {}",
+                    self.name,
+                    self.len,
+                    dst.len()
+                ),
+            ));
+        }
+        // SAFETY: the source is host memory mapped with `len` bytes while the view lives; the
+        // destination is a distinct `&mut [u8]` of the same length (it cannot overlap the
+        // view: the mapping is read-only for "shm", library-owned otherwise). A raw copy makes
+        // no reference to the source, so a write to it meanwhile tears the copy (which the
+        // iteration then reports) but is not undefined behaviour in this process.
+        unsafe { std::ptr::copy_nonoverlapping(self.data, dst.as_mut_ptr(), self.len) };
+        Ok(())
+    }
+
+    /// Copies the elements into `dst` when the dtype is exactly `T::DTYPE`; `dst.len()` must be
+    /// the number of elements here (`byte_len() / std::mem::size_of::<T>()`). Safe, as
+    /// [`View::copy_bytes_to`].
+    ///
+    /// # Errors
+    /// [`Status::Mismatch`] naming both dtypes; [`Status::InvalidArgument`] for another length;
+    /// [`Status::Unsupported`] for device memory.
+    pub fn copy_to<T: Element>(&self, dst: &mut [T]) -> Result<()> {
+        self.exact_dtype::<T>()?;
+        self.copy_raw_to(dst)
+    }
+
+    /// As [`View::copy_to`] for any dtype of `T`'s element size (e.g. `bfloat16` as `u16`).
+    ///
+    /// # Errors
+    /// [`Status::Mismatch`] when the element sizes differ; otherwise as [`View::copy_to`].
+    pub fn copy_raw_to<T: Element>(&self, dst: &mut [T]) -> Result<()> {
+        self.same_size::<T>()?;
+        // SAFETY: T is Element (plain old data, no padding), so its bytes may be written with
+        // any values; the byte slice covers exactly `dst` and lives as long as this borrow.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(
+                dst.as_mut_ptr().cast::<u8>(),
+                std::mem::size_of_val(dst),
+            )
+        };
+        self.copy_bytes_to(bytes)
+    }
+
+    /// The bytes, copied into a new `Vec<u8>` (any dtype), as [`View::copy_bytes_to`].
+    ///
+    /// # Errors
+    /// [`Status::Unsupported`] for device memory.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.len];
+        self.copy_bytes_to(&mut out)?;
+        Ok(out)
+    }
+
+    /// The elements, copied into a new `Vec<T>` (dtype exactly `T::DTYPE`).
+    ///
+    /// # Errors
+    /// As [`View::copy_to`].
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        self.exact_dtype::<T>()?;
+        self.same_size::<T>()?;
+        let n = self.len / std::mem::size_of::<T>();
+        let mut out: Vec<T> = Vec::with_capacity(n);
+        // SAFETY: the capacity is n elements, n x size_of T == len bytes (same_size: len is a
+        // multiple of T's size); copy_bytes_to writes every one of them before set_len makes
+        // them readable, and every bit pattern is a valid T (Element).
+        unsafe {
+            let spare = std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), self.len);
+            self.copy_bytes_to(spare)?;
+            out.set_len(n);
+        }
+        Ok(out)
+    }
+
+    fn host(&self, hint: &str) -> Result<()> {
+        if self.device.is_host() {
+            return Ok(());
+        }
+        Err(Error::new(
+            Status::Unsupported,
+            format!(
+                "tensor '{}' is in {} memory; {hint}",
+                self.name, self.device
+            ),
+        ))
+    }
+
+    fn exact_dtype<T: Element>(&self) -> Result<()> {
+        if self.dtype == T::DTYPE {
+            return Ok(());
+        }
+        Err(Error::new(
+            Status::Mismatch,
+            format!("tensor '{}' is {}, not {}", self.name, self.dtype, T::DTYPE),
+        ))
+    }
+
+    fn same_size<T: Element>(&self) -> Result<()> {
+        if self.dtype.size() == Some(std::mem::size_of::<T>()) {
+            return Ok(());
+        }
+        Err(Error::new(
+            Status::Mismatch,
+            format!(
+                "tensor '{}' is {}, whose elements are not {} bytes",
+                self.name,
+                self.dtype,
+                std::mem::size_of::<T>()
+            ),
+        ))
     }
 }
 

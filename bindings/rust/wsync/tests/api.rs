@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use support::{options, receive_all, receiver, receiver_with, send, trainer, SEC};
 use wsync::{
-    describe, describe_options, kinds, merge_requests, plan, DType, Device, Options, Plan,
+    describe, describe_options, kinds, merge_requests, plan, DType, Device, Error, Options, Plan,
     Receiver, Sender, Status, Strategy, TensorRef, TensorSpec,
 };
 
@@ -82,10 +82,12 @@ fn sync_moves_every_tensor_bit_for_bit_over_several_versions() {
         assert_eq!(views[0].shape(), &[20, 30]);
         assert_eq!(views[0].device(), Device::CPU);
         assert!(views[0].is_read_only());
-        let got: &[f32] = views[0].as_slice().unwrap();
+        let got: Vec<f32> = views[0].to_vec().unwrap();
         assert!(got.iter().zip(&a).all(|(x, y)| x.to_bits() == y.to_bits()));
         assert_eq!(views[1].dtype(), DType::BF16);
-        assert_eq!(views[1].as_raw_elements::<u16>().unwrap(), b.as_slice());
+        let mut bits = vec![0u16; b.len()];
+        views[1].copy_raw_to(&mut bits).unwrap();
+        assert_eq!(bits, b);
         assert_eq!(views[1].byte_len(), 512);
         drop(views);
         recv.end().unwrap();
@@ -101,11 +103,11 @@ fn sync_moves_every_tensor_bit_for_bit_over_several_versions() {
         while let Some(view) = recv.next_view() {
             let view = view.unwrap();
             match view.name() {
-                "layers.0.norm.quant" => assert_eq!(view.bytes().unwrap(), c.as_slice()),
+                "layers.0.norm.quant" => assert_eq!(view.to_bytes().unwrap(), c),
                 "step" => {
                     assert!(view.shape().is_empty());
                     assert_eq!(view.elements(), 1);
-                    assert_eq!(view.as_slice::<i64>().unwrap(), &step);
+                    assert_eq!(view.to_vec::<i64>().unwrap(), &step);
                 }
                 other => panic!("unexpected tensor {other}"),
             }
@@ -148,7 +150,7 @@ fn views_may_be_held_together_and_come_in_chunk_order() {
     // All three are still valid: fuse them.
     let fused: Vec<f32> = [vq, vk, vv]
         .iter()
-        .flat_map(|x| x.as_slice::<f32>().unwrap().to_vec())
+        .flat_map(|x| x.to_vec::<f32>().unwrap())
         .collect();
     assert_eq!(fused, [q, k, v].concat());
     recv.end().unwrap();
@@ -206,18 +208,42 @@ fn typed_access_checks_dtype_and_element_size() {
         .unwrap();
     let mut recv = r.receive(&req).unwrap();
     let view = recv.views().next().unwrap().unwrap();
+    // SAFETY: this process is the trainer, which neither drops the receiver nor sends again
+    // while the view lives, and no other process has the segment.
+    let (wrong_dtype, wrong_size, bits16, raw) = unsafe {
+        (
+            view.as_slice::<u16>(),
+            view.as_raw_elements::<u32>(),
+            view.as_raw_elements::<u16>(),
+            view.bytes(),
+        )
+    };
+    expect_err(wrong_dtype, Status::Mismatch, "bfloat16, not uint16");
+    expect_err(wrong_size, Status::Mismatch, "not 4 bytes");
+    assert_eq!(bits16.unwrap(), &bits);
+    assert_eq!(raw.unwrap().len(), 8);
+    // The safe copies check the same, and the length.
     expect_err(
-        view.as_slice::<u16>(),
+        view.to_vec::<u16>(),
         Status::Mismatch,
         "bfloat16, not uint16",
     );
     expect_err(
-        view.as_raw_elements::<u32>(),
+        view.copy_raw_to(&mut [0u32; 2]),
         Status::Mismatch,
         "not 4 bytes",
     );
-    assert_eq!(view.as_raw_elements::<u16>().unwrap(), &bits);
-    assert_eq!(view.bytes().unwrap().len(), 8);
+    expect_err(
+        view.copy_raw_to(&mut [0u16; 3]),
+        Status::InvalidArgument,
+        "tensor 'w' has 8 bytes here; the destination has 6",
+    );
+    let mut got = [0u16; 4];
+    view.copy_raw_to(&mut got).unwrap();
+    assert_eq!(got, bits);
+    let mut raw = [0u8; 9];
+    view.copy_bytes_to(&mut raw[1..]).unwrap(); // any alignment
+    assert_eq!(raw[1..], [1, 0, 2, 0, 3, 0, 4, 0]);
     assert!(!view.data_ptr().is_null());
     assert_eq!(
         view.data_ptr() as usize % 256,
@@ -251,7 +277,7 @@ fn handles_move_to_other_threads() {
             let req = rx.recv_timeout(SEC).expect("a request");
             let mut recv = r.receive(&req).unwrap();
             for view in &mut recv {
-                let got: Vec<f32> = view.unwrap().as_slice::<f32>().unwrap().to_vec();
+                let got: Vec<f32> = view.unwrap().to_vec::<f32>().unwrap();
                 assert_eq!(got, f32s(v, 32));
             }
             recv.end().unwrap();
@@ -577,18 +603,77 @@ fn dropping_an_unfinished_iteration_acknowledges_failure() {
 }
 
 #[test]
-fn dropping_after_every_view_was_taken_acknowledges_success() {
-    // Drop ends the iteration: with every view taken that is a success. A loader that failed
-    // after its last view must say so with Recv::fail (tests/transactions.rs).
+fn copy_tensor_into_checks_dtype_and_length_and_takes_nothing_when_it_refuses() {
+    let mut t = trainer(&options(1));
+    let mut r = receiver(&t.init, 0);
+    let w = f32s(7, 1024);
+    let req = send(&mut t.sender, "w", &w, true);
+    let mut recv = r.receive(&req).unwrap();
+    // A bf16 buffer of the same byte size, and a buffer short by one element: refused by
+    // name, nothing copied, nothing taken.
+    let mut as_u32 = vec![0u32; 1024];
+    expect_err(
+        recv.copy_tensor_into(0, &mut as_u32),
+        Status::Mismatch,
+        "tensor 'w' is float32, not uint32",
+    );
+    let mut short = vec![0f32; 1023];
+    expect_err(
+        recv.copy_tensor_into(0, &mut short),
+        Status::InvalidArgument,
+        "tensor 'w' has 1024 elements; the destination holds 1023",
+    );
+    assert!(short.iter().all(|&x| x == 0.0));
+    let mut got = vec![0f32; 1024];
+    recv.copy_tensor_into(0, &mut got).unwrap();
+    assert!(got.iter().zip(&w).all(|(x, y)| x.to_bits() == y.to_bits()));
+    recv.end().unwrap();
+    t.sender.flush(SEC).unwrap();
+    assert_eq!(r.completed_version().unwrap(), 1);
+}
+
+#[test]
+fn returning_early_after_every_view_was_taken_fails_the_chunk() {
+    // Only end() completes a chunk: a loader that took every view and then returned with `?`
+    // (it may not have loaded the last one) leaves the version incomplete, and the trainer
+    // hears why. (A drop used to end the iteration, which completed the version with whatever
+    // the loader had managed to load: an engine serving a mix.)
+    fn load(r: &mut Receiver, req: &[u8], sink: &mut Vec<u8>) -> wsync::Result<()> {
+        let mut recv = r.receive(req)?;
+        for view in recv.views() {
+            let view = view?;
+            sink.extend_from_slice(&[0; 4][..view.byte_len()]);
+            Err(Error::new(Status::NoMemory, "the engine's buffer is full"))?;
+        }
+        recv.end()
+    }
     let mut t = trainer(&options(1));
     let mut r = receiver(&t.init, 0);
     let w = [5u8; 4];
     let req = send(&mut t.sender, "w", &w, true);
-    {
-        let mut recv = r.receive(&req).unwrap();
-        assert_eq!(recv.views().count(), 1);
-    }
-    assert_eq!(r.completed_version().unwrap(), 1);
+    let mut sink = Vec::new();
+    expect_err(
+        load(&mut r, &req, &mut sink),
+        Status::NoMemory,
+        "buffer is full",
+    );
+    assert_eq!(r.completed_version().unwrap(), 0);
+    let flushed = t.sender.flush(SEC).expect_err("the chunk was failed");
+    let [failure] = flushed.failures() else {
+        panic!("one failure expected: {:?}", flushed.failures())
+    };
+    assert_eq!(failure.status, Status::WrongState);
+    assert!(
+        failure.message.contains("dropped without end()"),
+        "{}",
+        failure.message
+    );
+    // The next version completes as usual.
+    let req = send(&mut t.sender, "w", &w, true);
+    let mut recv = r.receive(&req).unwrap();
+    assert_eq!(recv.views().count(), 1);
+    recv.end().unwrap();
+    assert_eq!(r.completed_version().unwrap(), 2);
     t.sender.flush(SEC).unwrap();
 }
 
@@ -644,7 +729,7 @@ fn verify_false_skips_checksums() {
     corrupt_segment(&t.init, &w);
     let mut recv = r.receive(&req).unwrap();
     let got = recv.views().next().unwrap().unwrap();
-    let got = got.as_slice::<u64>().unwrap();
+    let got = got.to_vec::<u64>().unwrap();
     assert_eq!(
         got[0],
         w[0] ^ 0xff,
@@ -1028,7 +1113,7 @@ fn send_plan_sends_a_whole_version_and_forwards_each_request() {
                     .iter()
                     .position(|t| t.name() == view.name())
                     .unwrap();
-                assert_eq!(view.as_slice::<f32>()?, data[i].as_slice());
+                assert_eq!(view.to_vec::<f32>()?, data[i]);
                 received += 1;
             }
             recv.end()
@@ -1177,12 +1262,15 @@ fn half_floats_travel_as_their_dtypes_and_read_back_typed() {
     let views: Vec<_> = recv.views().collect::<wsync::Result<_>>().unwrap();
     assert_eq!(views[0].dtype(), DType::BF16);
     assert_eq!(views[1].dtype(), DType::F16);
-    assert_eq!(views[0].as_slice::<Bf16>().unwrap(), b.as_slice());
-    assert_eq!(views[1].as_slice::<F16>().unwrap(), h.as_slice());
+    assert_eq!(views[0].to_vec::<Bf16>().unwrap(), b);
+    // SAFETY: this process is the trainer, which neither drops the receiver nor sends again
+    // while the views live, and no other process has the segment.
+    assert_eq!(unsafe { views[1].as_slice::<F16>() }.unwrap(), h.as_slice());
     // The dtype is checked: bfloat16 is not float16.
-    expect_err(views[0].as_slice::<F16>(), Status::Mismatch, "bfloat16");
+    expect_err(views[0].to_vec::<F16>(), Status::Mismatch, "bfloat16");
     // The bits are the documented encodings.
-    let bits: &[u16] = views[1].as_raw_elements().unwrap();
+    let mut bits = vec![0u16; h.len()];
+    views[1].copy_raw_to(&mut bits).unwrap();
     assert_eq!(&bits[..4], &[0x3800, 0xbd00, 0x4200, 0x7bff]);
     drop(views);
     recv.end().unwrap();
@@ -1277,7 +1365,9 @@ fn arena_tensors_are_sent_in_place_and_arrive_bit_for_bit() {
         );
         let mut recv = r.receive(&request).unwrap();
         let view = recv.next_view().expect("one tensor").unwrap();
-        assert_eq!(view.bytes().unwrap(), &arena[..1024]);
+        let mut got = vec![0u8; 1024];
+        view.copy_bytes_to(&mut got).unwrap();
+        assert_eq!(got, &arena[..1024]);
         recv.end().unwrap();
         t.sender.flush(SEC).unwrap();
     }

@@ -108,7 +108,7 @@ fn an_engine_with_a_mirror_reads_patched_tensors_from_views() {
                 .expect("one view")
                 .expect("view of the mirror");
             assert!(view.is_read_only());
-            view.bytes()
+            view.to_bytes()
                 .unwrap()
                 .chunks_exact(4)
                 .map(|c| u32::from_le_bytes(c.try_into().unwrap()))

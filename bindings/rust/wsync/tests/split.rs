@@ -183,10 +183,10 @@ fn next_part_view_yields_each_part_as_a_view_of_its_bytes() {
                 assert_eq!(view.byte_len() as u64, part.bytes);
                 if view.name() == "embed.weight" {
                     assert_eq!(view.shape(), &[(big_len / 4) as i64]); // the whole tensor's
-                    let floats = view.as_slice::<f32>()?; // the part's elements
+                    let floats = view.to_vec::<f32>()?; // the part's elements
                     assert_eq!(floats.len() * 4, part.bytes as usize);
                     let at = part.offset as usize;
-                    got_big[at..at + view.byte_len()].copy_from_slice(view.bytes()?);
+                    view.copy_bytes_to(&mut got_big[at..at + view.byte_len()])?;
                     parts.push(part);
                 } else {
                     assert_eq!(
@@ -196,7 +196,7 @@ fn next_part_view_yields_each_part_as_a_view_of_its_bytes() {
                             bytes: 4096
                         }
                     );
-                    got_small.extend_from_slice(view.bytes()?);
+                    got_small.extend_from_slice(&view.to_bytes()?);
                 }
             }
             recv.end()
