@@ -425,6 +425,7 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
     TensorTable table = decode_tensor_table(wire::object_field(env.body, "tensors", kReq));  // takes the names
     const json &transport = wire::object_field(env.body, "transport", kReq);
     const std::string what = std::string(kind_.name) + ": " + chunk_label(h);
+    impl_->check_addressed(transport);  // another sync's request: refused, nothing changes
 
     Link link = impl_->link();
     if (link.dropped)

@@ -182,6 +182,14 @@ public:
                                                       const TensorTable &table,
                                                       const std::vector<ByteRange> &fetch,
                                                       const json &transport);
+    // Throws WSYNC_ERR_MISMATCH, naming both, when the request belongs to another sync than
+    // this receiver's (another shm segment, another ucx trainer session). Called before the
+    // core looks at the request's version and chunk, so such a request (a controller that
+    // routed it to the wrong engine, a restarted trainer's request given to a receiver of the
+    // old one) changes nothing here (delta user trial: it failed a version and wedged the
+    // engine). Kinds whose requests carry no sync identity ("cuda_ipc", "nccl_broadcast")
+    // accept every request here.
+    virtual void check_addressed(const json & /*transport*/) const {}
     // Whether carried checksums are verified before tensors are yielded.
     virtual bool verify_checksums() const = 0;
     // Whether the init info promised tensor checksums in every request.

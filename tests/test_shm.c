@@ -672,6 +672,70 @@ static void a_chunk_of_the_next_version_before_its_chunk_0_fails_that_version_on
     trainer_close(&tr);
 }
 
+/* Delta user trial: a request of another sync (trainer B's, or a restarted trainer's) handed to
+ * trainer A's engine was judged by its version before its segment: "expected chunk 0 of a
+ * version after 3", version 5 marked failed, and A's own versions 4 and 5 then refused as
+ * stale, which wedged A's trainer (no free bucket) until it dropped the engine. Engine: the
+ * foreign request is MISMATCH naming both segments and changes nothing (poll as before);
+ * A's next versions complete. Trainer A: its flush is OK. */
+static void a_request_of_another_sync_is_refused_and_changes_nothing(void **state) {
+    (void)state;
+    float x[2] = {1, 2};
+    int64_t s = 2;
+    wsync_tensor_t t = tu_tensor("x", x, &s, 1, WSYNC_DTYPE_FLOAT, 32);
+    trainer_t a, b;
+    trainer_open(&a, "{\"buckets\": 4}");
+    trainer_open(&b, "{\"buckets\": 4}");
+    wsync_receiver_t *ra = open_receiver(&a.init, 0), *rb = open_receiver(&b.init, 0);
+    wsync_chunk_t one = tu_chunk(&t, 1, WSYNC_CHUNK_LAST), first = tu_chunk(&t, 1, 0);
+    wsync_blob_t q;
+    for (int v = 0; v < 3; ++v) { /* A at version 3 */
+        OK(wsync_sender_send_chunk(a.sender, &one, &q));
+        load_chunk(ra, &q);
+        wsync_blob_free(&q);
+    }
+    OK(wsync_sender_flush(a.sender, 1000));
+    wsync_blob_t b0, b1;
+    for (int v = 0; v < 4; ++v) { /* B at version 5: chunk 0, then chunk 1 */
+        OK(wsync_sender_send_chunk(b.sender, &one, &q));
+        load_chunk(rb, &q);
+        wsync_blob_free(&q);
+    }
+    OK(wsync_sender_send_chunk(b.sender, &first, &b0));
+    OK(wsync_sender_send_chunk(b.sender, &one, &b1));
+    char seg_a[128], seg_b[128];
+    segment_name(&a.init, seg_a, sizeof seg_a);
+    segment_name(&b.init, seg_b, sizeof seg_b);
+    wsync_recv_t *it = NULL;
+    const wsync_blob_t *foreign[] = {&b1, &b0};
+    for (size_t k = 0; k < 2; ++k) {
+        EXPECT_ERR(wsync_receiver_receive(ra, foreign[k]->data, foreign[k]->size, &it),
+                   WSYNC_ERR_MISMATCH, seg_b);
+        assert_non_null(strstr(wsync_last_error(), seg_a));
+        assert_null(it);
+        wsync_receiver_state_t st = polled(ra);
+        assert_int_equal(st.completed_version, 3);
+        assert_int_equal(st.failed_version, 0);
+        assert_int_equal(st.open_version, 0);
+    }
+    for (int v = 0; v < 2; ++v) { /* A's versions 4 and 5 complete there */
+        OK(wsync_sender_send_chunk(a.sender, &one, &q));
+        load_chunk(ra, &q);
+        wsync_blob_free(&q);
+    }
+    OK(wsync_sender_flush(a.sender, 1000));
+    assert_int_equal(polled(ra).completed_version, 5);
+    load_chunk(rb, &b0); /* and B's engine takes B's requests as usual */
+    load_chunk(rb, &b1);
+    OK(wsync_sender_flush(b.sender, 1000));
+    wsync_blob_free(&b0);
+    wsync_blob_free(&b1);
+    wsync_receiver_destroy(ra);
+    wsync_receiver_destroy(rb);
+    trainer_close(&a);
+    trainer_close(&b);
+}
+
 /* What happens after a version completed here never unmakes it (issue 12 user trial: poll
  * reported the completed version as failed with PEER once the trainer closed its sender, and
  * the trainer's abandoning a later version this receiver never saw did the same with
@@ -1439,6 +1503,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(shm_accepts_and_ignores_a_callers_stream),
     cmocka_unit_test(chunks_out_of_order_or_replayed_are_mismatch),
     cmocka_unit_test(a_chunk_of_the_next_version_before_its_chunk_0_fails_that_version_only),
+    cmocka_unit_test(a_request_of_another_sync_is_refused_and_changes_nothing),
     cmocka_unit_test(a_completed_version_stays_completed_whatever_the_trainer_does_next),
     cmocka_unit_test(a_receiver_dropped_while_it_reads_never_completes_the_version),
     cmocka_unit_test(a_restarted_engine_given_the_version_in_flight_is_refused_as_joined_late),

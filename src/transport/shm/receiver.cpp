@@ -112,6 +112,15 @@ public:
         board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);
     }
 
+    void check_addressed(const json &transport) const override {
+        const std::string &segment = wire::string_field(transport, "segment", "shm request", 255);
+        if (segment != seg_->name())
+            failf(WSYNC_ERR_MISMATCH, "shm: request is for segment '%s', this receiver is "
+                                      "attached to '%s' (another trainer's, or a restarted "
+                                      "one's: left unchanged)",
+                  segment.c_str(), seg_->name().c_str());
+    }
+
 private:
     struct Where {
         uint32_t bucket;
@@ -119,11 +128,7 @@ private:
     };
     Where where(const json &transport) const {
         const std::string w = "shm request";
-        const std::string &segment = wire::string_field(transport, "segment", w, 255);
-        if (segment != seg_->name())
-            failf(WSYNC_ERR_MISMATCH, "shm: request is for segment '%s', this receiver is "
-                                      "attached to '%s'",
-                  segment.c_str(), seg_->name().c_str());
+        check_addressed(transport);
         Where at;
         at.bucket =
             static_cast<uint32_t>(wire::uint_field(transport, "bucket", w, seg_->slots() - 1));

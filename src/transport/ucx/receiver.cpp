@@ -318,6 +318,15 @@ private:
         }
     }
 
+    void check_addressed(const json &transport) const override {
+        const uint64_t session = wire::uint_field(transport, "session", "ucx request", UINT64_MAX);
+        if (session != info_.session)
+            fail(WSYNC_ERR_MISMATCH, who() + ": request is from trainer session " + std::to_string(session) +
+                                         ", this receiver's init info is of session " +
+                                         std::to_string(info_.session) +
+                                         " (another trainer's, or a restarted one's: left unchanged)");
+    }
+
     // Checks a request's transport map and table before anything moves.
     Where admit(const ChunkHeader &, const TensorTable &table, const json &transport) {
         Where at = parse_where(transport);
