@@ -219,9 +219,20 @@ public:
             version_.clear();
             allowed_ = delta::patches_allowed(config, version, committed_, dense_next_);
             dense_next_ = false;
+            if (!allowed_) ++epoch_;  // every base now predates what some receiver holds
         }
         chunk_.clear();
     }
+    // Which dense versions a tensor's base has followed: an entry committed dense records
+    // epoch() at its commit, and may be compared (sent as a patch) only while that is still
+    // epoch(). A version that may not carry patches (a receiver failed, missed or re-attached;
+    // an abandon; an anchor) begins a new epoch, so *every* tensor's next send is dense, also
+    // one that version does not carry (delta user trial: after engines re-attached, a version
+    // carrying one chunk went dense, and the next sent patches of the other tensors against
+    // bases those engines never had; an engine that applies patches itself served them).
+    uint64_t epoch() const { return epoch_; }
+    bool current(uint64_t entry_epoch) const { return entry_epoch == epoch_; }
+
     void stage(E *e) { chunk_.push_back(e); }
     bool patches_allowed() const { return allowed_; }
     uint64_t committed() const { return committed_; }  // last committed version (0: none)
@@ -256,6 +267,7 @@ private:
     std::vector<E *> chunk_, version_;  // staged by the last chunk / by the open version
     uint64_t committed_ = 0;            // last committed version (0: none)
     uint64_t open_ = 0;                 // version being encoded (0: none)
+    uint64_t epoch_ = 0;                // see epoch()
     bool allowed_ = false;
     bool dense_next_ = false;
 };

@@ -145,6 +145,7 @@ struct Encoder::Entry {
     Patch parsed;                // kPatch: its indices and values, for the fold
     bool fold = false;           // parsed is committed but not yet written into base
     bool stale = false;          // base is not the committed bytes (sent bare while cooling)
+    uint64_t epoch = 0;          // Staging::epoch() when base was committed dense
     uint64_t cool_until = 0;     // auto: the next version that compares again
     Bytes spare;                 // kDense: the bytes sent; becomes the base at commit
     uint64_t spare_bytes = 0;
@@ -215,8 +216,8 @@ void Encoder::encode(uint64_t version, const wsync_tensor_t *tensors,
         j.elements = m.nbytes / j.esize;
         j.nbytes = m.nbytes;
         j.dtype = m.dtype;
-        j.compare = staging_.patches_allowed() && e.base && !e.stale && e.nbytes == m.nbytes &&
-                    std::memcmp(&e.dtype, &m.dtype, sizeof e.dtype) == 0;
+        j.compare = staging_.patches_allowed() && e.base && !e.stale && staging_.current(e.epoch) &&
+                    e.nbytes == m.nbytes && std::memcmp(&e.dtype, &m.dtype, sizeof e.dtype) == 0;
         // A committed patch not yet folded into the base is folded by the compare, block by
         // block; anything that skips or cuts the compare folds it (run()).
         j.fold = e.fold ? &e.parsed : nullptr;
@@ -311,6 +312,7 @@ void Encoder::commit(uint64_t version) {
         std::swap(e->nbytes, e->spare_bytes);
         e->dtype = e->staged_dtype;
         e->stale = false;
+        e->epoch = staging_.epoch();
         e->unstage();
     }
     staging_.committed(version);

@@ -421,19 +421,72 @@ void an_abandoned_version_leaves_the_trainers_base_intact(void **) {
     b[3] ^= 1;
     auto v3 = send(3, {tensor("b", b)}, true);
     assert_int_equal(v3.second[0].wire_bytes, 0);  // dense after the abandon
+    // a, absent from the dense version 3, is dense at its next send too: an engine may hold
+    // the abandoned version's patch of it (in-place loaders), so no base of it is trusted
+    // (delta user trial: patches against such bases reached engines that apply them unchecked).
     a[20] ^= 1;
     auto v4 = send(4, {tensor("a", a)}, true);
-    const PatchInfo &p = v4.second[0];
-    assert_int_equal(p.base_version, 3);
-    assert_true(p.base_xxh3 == XXH3_64bits(a1.data(), a1.size()));  // a as committed in v1
-    delta::Patch parsed = delta::parse(static_cast<const uint8_t *>(v4.first[0].data), p.wire_bytes,
+    assert_int_equal(v4.second[0].wire_bytes, 0);
+    const std::vector<uint8_t> a4 = a;
+    a[30] ^= 1;
+    auto v5 = send(5, {tensor("a", a), tensor("b", b)}, true);
+    const PatchInfo &p = v5.second[0];
+    assert_true(p.wire_bytes > 0);
+    assert_int_equal(p.base_version, 4);
+    assert_true(p.base_xxh3 == XXH3_64bits(a4.data(), a4.size()));  // a as committed in v4
+    assert_true(v5.second[1].wire_bytes > 0);  // b, dense in v3, unchanged since: a patch
+    delta::Patch parsed = delta::parse(static_cast<const uint8_t *>(v5.first[0].data), p.wire_bytes,
                                        2048, 2, "a");
-    std::vector<uint8_t> dst = a1, old;
+    std::vector<uint8_t> dst = a4, old;
     uint64_t got;
     assert_int_equal(int(delta::apply_verified(dst.data(), dst.size(), parsed, p.base_xxh3,
                                                p.result_xxh3, &got, old)),
                      int(delta::Applied::kApplied));
     assert_true(dst == a);
+    assert_true(a1 != a4);
+}
+
+// After a dense version (here: the first one after a receiver failed) every tensor's next send
+// is dense, also those the dense version did not carry; a tensor sent dense since is patched
+// again. Versions of subsets of the model, as trainers that send only what changed do.
+void after_a_dense_version_every_tensor_goes_dense_once_even_those_it_did_not_carry(void **) {
+    delta::Config cfg;
+    cfg.mode = delta::Mode::kOn;
+    delta::Encoder enc(cfg);
+    std::vector<uint8_t> a = noise(4096, 3), b = noise(4096, 4);
+    int64_t shape[1] = {2048};
+    auto tensor = [&](const char *name, std::vector<uint8_t> &d) {
+        wsync_tensor_t t{};
+        t.name = name;
+        t.data = d.data();
+        t.dtype = {WSYNC_DTYPE_BFLOAT, 16, 1};
+        t.ndim = 1;
+        t.shape = shape;
+        t.device = {WSYNC_DEVICE_CPU, 0};
+        return t;
+    };
+    auto patched = [&](uint64_t v, std::vector<wsync_tensor_t> ts) {
+        std::vector<wsync_tensor_t> wire;
+        std::vector<PatchInfo> patches;
+        enc.encode(v, ts.data(), metas_from_chunk(ts.data(), ts.size(), true), wire, patches);
+        enc.chunk_sent();
+        enc.commit(v);
+        std::vector<bool> out;
+        for (const PatchInfo &p : patches) out.push_back(p.wire_bytes > 0);
+        return out;
+    };
+    assert_true(patched(1, {tensor("a", a), tensor("b", b)}) == std::vector<bool>({false, false}));
+    a[1] ^= 1, b[1] ^= 1;
+    assert_true(patched(2, {tensor("a", a), tensor("b", b)}) == std::vector<bool>({true, true}));
+    enc.dense_next();  // a receiver failed version 2, or re-attached
+    a[2] ^= 1;
+    assert_true(patched(3, {tensor("a", a)}) == std::vector<bool>({false}));
+    b[2] ^= 1;
+    a[3] ^= 1;
+    // b was not in version 3: dense now; a was dense in version 3: a patch.
+    assert_true(patched(4, {tensor("a", a), tensor("b", b)}) == std::vector<bool>({true, false}));
+    a[4] ^= 1, b[4] ^= 1;
+    assert_true(patched(5, {tensor("a", a), tensor("b", b)}) == std::vector<bool>({true, true}));
 }
 
 }  // namespace
@@ -499,6 +552,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(the_compare_finds_exactly_the_changed_elements_at_every_density),
         cmocka_unit_test(the_device_xxh3_equals_the_librarys_at_every_length),
         cmocka_unit_test(an_abandoned_version_leaves_the_trainers_base_intact),
+        cmocka_unit_test(after_a_dense_version_every_tensor_goes_dense_once_even_those_it_did_not_carry),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, nullptr, nullptr);

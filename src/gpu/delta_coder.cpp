@@ -13,6 +13,7 @@ struct DeviceCoder::Entry {
     DeviceBuffer base;  // the tensor in the last committed version that had it
     uint64_t base_hash = 0;  // its tree hash
     bool stale = false;      // base is not the committed bytes (sent bare while cooling)
+    uint64_t epoch = 0;      // Staging::epoch() when base was committed dense
     uint64_t cool_until = 0; // auto: the next version that compares again
     enum class Staged { kNone, kPatch, kDense } staged = Staged::kNone;
     DeviceBuffer patch;      // kPatch: the patch sent (capacity kept across versions)
@@ -112,7 +113,7 @@ void DeviceCoder::encode(uint64_t version, const wsync_tensor_t *tensors,
         staging_.stage(&e);
         const uint64_t esize = dtype_size(m.dtype);
         const auto now = reinterpret_cast<CUdeviceptr>(tensors[i].data);
-        const bool same = e.base.size() && !e.stale && e.nbytes == m.nbytes &&
+        const bool same = e.base.size() && !e.stale && staging_.current(e.epoch) && e.nbytes == m.nbytes &&
                           std::memcmp(&e.dtype, &m.dtype, sizeof e.dtype) == 0;
         if (staging_.patches_allowed() && same && DeltaKernels::diffable(esize, now, e.base.ptr())) {
             const uint64_t limit = config_.mode == delta::Mode::kOn
@@ -224,6 +225,7 @@ void DeviceCoder::commit(uint64_t version) {
             e->nbytes = e->staged_nbytes;
             e->dtype = e->staged_dtype;
             e->stale = false;
+            e->epoch = staging_.epoch();
         }
         e->unstage();
     }
