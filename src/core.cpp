@@ -402,7 +402,13 @@ void Receiver::lose_chunk(const ChunkHeader &h, const json &transport, wsync_sta
 void Receiver::catch_up(const Link &link) {
     dropped_ = link.dropped;
     sender_gone_ = link.sender_gone;
-    if (current_ && link.abandoned_version >= current_) {
+    // The board keeps only the newest abandoned version: the open version is known abandoned
+    // only when it is that one. An older open version may have committed (this engine lags:
+    // delta user trial, where "abandoned_version >= current" failed a committed version 2 as
+    // abandoned once the trainer abandoned version 3, and the trainer was never told); if it
+    // was abandoned too, its withdrawn chunks fail it (ABANDONED), or the next version's first
+    // request does.
+    if (current_ && link.abandoned_version == current_) {
         fail_open_version(WSYNC_ERR_ABANDONED);
         current_why_ = "the sender abandoned version " + std::to_string(current_);
     } else if (current_ && link.sender_gone) {
@@ -441,7 +447,7 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
                                      std::to_string(h.version) +
                                      " was in flight; it takes part from the next version the "
                                      "sender begins (skip the requests of this one)");
-    if (current_ && link.abandoned_version >= current_) catch_up(link);
+    if (current_ && link.abandoned_version == current_) catch_up(link);
     if (h.version > current_) lose_open_version(h);
 
     // Order: chunk 0 of a version newer than any seen begins it (an open older one has failed

@@ -736,6 +736,43 @@ static void a_request_of_another_sync_is_refused_and_changes_nothing(void **stat
     trainer_close(&b);
 }
 
+/* Delta user trial: an engine that lags (it has not read version 2, which the trainer
+ * committed) while the trainer abandons version 3 failed version 2 as "the sender abandoned
+ * version 2" once it read chunk 0, and the trainer's flush said OK: the engine never held
+ * version 2 and nobody was told. Engine: version 2 completes (poll shows it open, not failed,
+ * between its chunks). Trainer: the flush is OK, and the engine is on version 2 indeed. */
+static void a_lagging_engine_completes_a_committed_version_after_a_later_one_is_abandoned(
+    void **state) {
+    (void)state;
+    float x[2] = {1, 2};
+    int64_t s = 2;
+    wsync_tensor_t t = tu_tensor("x", x, &s, 1, WSYNC_DTYPE_FLOAT, 32);
+    trainer_t tr;
+    trainer_open(&tr, "{\"buckets\": 4}");
+    wsync_receiver_t *r = open_receiver(&tr.init, 0);
+    wsync_chunk_t one = tu_chunk(&t, 1, WSYNC_CHUNK_LAST), first = tu_chunk(&t, 1, 0);
+    wsync_blob_t v1, c0, c1, v3;
+    OK(wsync_sender_send_chunk(tr.sender, &one, &v1));
+    load_chunk(r, &v1);
+    OK(wsync_sender_send_chunk(tr.sender, &first, &c0));
+    OK(wsync_sender_send_chunk(tr.sender, &one, &c1));
+    OK(wsync_sender_send_chunk(tr.sender, &first, &v3));
+    OK(wsync_sender_abandon(tr.sender));
+    load_chunk(r, &c0);
+    wsync_receiver_state_t st = polled(r);
+    assert_int_equal(st.open_version, 2);
+    assert_int_equal(st.failed_version, 0);
+    load_chunk(r, &c1);
+    st = polled(r);
+    assert_int_equal(st.completed_version, 2);
+    assert_int_equal(st.failed_version, 0);
+    OK(wsync_sender_flush(tr.sender, 1000));
+    wsync_blob_t *all[] = {&v1, &c0, &c1, &v3};
+    for (size_t k = 0; k < 4; ++k) wsync_blob_free(all[k]);
+    wsync_receiver_destroy(r);
+    trainer_close(&tr);
+}
+
 /* What happens after a version completed here never unmakes it (issue 12 user trial: poll
  * reported the completed version as failed with PEER once the trainer closed its sender, and
  * the trainer's abandoning a later version this receiver never saw did the same with
@@ -1504,6 +1541,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(chunks_out_of_order_or_replayed_are_mismatch),
     cmocka_unit_test(a_chunk_of_the_next_version_before_its_chunk_0_fails_that_version_only),
     cmocka_unit_test(a_request_of_another_sync_is_refused_and_changes_nothing),
+    cmocka_unit_test(a_lagging_engine_completes_a_committed_version_after_a_later_one_is_abandoned),
     cmocka_unit_test(a_completed_version_stays_completed_whatever_the_trainer_does_next),
     cmocka_unit_test(a_receiver_dropped_while_it_reads_never_completes_the_version),
     cmocka_unit_test(a_restarted_engine_given_the_version_in_flight_is_refused_as_joined_late),

@@ -162,3 +162,36 @@ def test_dtype_without_dlpack_code_is_refused_naming_the_tensor(sync):
     assert "tensor 1 ('q')" in info.value.message and "torch.quint8" in info.value.message
     with pytest.raises(WsyncError, match="numpy dtype >f4 has no DLPack type code"):
         sync.sender.send_chunk({"be": np.ones(2, dtype=">f4")})
+
+
+def test_a_numpy_only_process_never_imports_torch():
+    """A trainer and an engine of numpy arrays never pay torch's import (0.75-0.9 s on the
+    first send, delta user trial): the binding asks "is this a torch tensor?" only of a torch
+    the process has loaded itself."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys
+        import numpy as np
+        import wsync
+        s = wsync.Strategy("shm", buckets=2, bucket_bytes=1 << 20)
+        init = s.create_init_info()
+        sender = s.sender(init)
+        receiver = wsync.Strategy("shm").receiver(init, 0)
+        w = np.arange(1024, dtype=np.float32)
+        request = sender.send_chunk([("w", w)], last=True)
+        with receiver.receive(request, framework="numpy") as it:
+            got = dict(it)
+        assert (got["w"] == w).all()
+        sender.flush(10)
+        print("torch" in sys.modules)
+    """)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

@@ -221,7 +221,7 @@ def describe_tensors(items: list, need_data: bool = True) -> _Descriptors:
     a placeholder data pointer so the library's own check reports them as zero-size (torch gives
     them a NULL pointer, which the library would otherwise report first).
     """
-    torch = _dtypes.torch_module()
+    torch = _dtypes.loaded_torch()
     torch_tensor = torch.Tensor if torch is not None else None
     torch_dl = _dtypes.torch_tables()[0] if torch is not None else None
     has_is_cpu = torch is not None and hasattr(torch_tensor, "is_cpu")
@@ -286,7 +286,7 @@ def _synchronize_cuda(devices) -> None:
 
 def _tensor_type(i: int, name: str, t) -> Tuple[tuple, tuple]:
     """(DLPack type triple, shape) of a torch tensor or numpy array."""
-    torch = _dtypes.torch_module()
+    torch = _dtypes.loaded_torch()
     if torch is not None and isinstance(t, torch.Tensor):
         dl = _dtypes.torch_tables()[0].get(t.dtype)
         what = f"torch dtype {t.dtype}"
@@ -1027,7 +1027,7 @@ class _CudaArray:
 def _writable_address(dst, cuda_index: Optional[int] = None) -> Tuple[int, int, Any]:
     """(address, byte capacity, object to keep alive) of a writeable destination: host memory,
     or (``cuda_index`` given: the chunk is in that GPU's memory) a tensor on that GPU."""
-    torch = _dtypes.torch_module()
+    torch = _dtypes.loaded_torch()
     if torch is not None and isinstance(dst, torch.Tensor):
         if dst.device.type == "cuda" and cuda_index is not None:
             if dst.device.index != cuda_index:

@@ -179,7 +179,7 @@ def named_tensors(source) -> List[Tuple[str, Any]]:
     detached, tied weights under each of their names), a mapping ``{name: tensor}``, or an
     iterable of (name, tensor) pairs such as ``module.named_parameters()``.
     """
-    torch = _dtypes.torch_module()
+    torch = _dtypes.loaded_torch()
     if torch is not None and isinstance(source, torch.nn.Module):
         return list(source.state_dict().items())
     if isinstance(source, Mapping):
@@ -195,7 +195,7 @@ def named_tensors(source) -> List[Tuple[str, Any]]:
 def alias_key(t):
     """What makes two tensors one (same memory seen the same way), or None when ``t`` cannot
     be an alias of anything (no elements, no memory, not a tensor)."""
-    torch = _dtypes.torch_module()
+    torch = _dtypes.loaded_torch()
     if torch is not None and isinstance(t, torch.Tensor):
         try:
             if t.numel() == 0 or t.device.type == "meta" or t.is_sparse or t.is_quantized:
@@ -231,8 +231,10 @@ def alias_groups(items: List[Tuple[str, Any]]) -> List[List[int]]:
 def _as_torch_dtype(dtype):
     """``dtype`` as a torch dtype: a torch dtype as it is, a name (``"bfloat16"``), a
     :class:`DType` or a (code, bits, lanes) tuple converted; None stays None."""
-    torch = _dtypes.torch_module()
-    if dtype is None or (torch is not None and isinstance(dtype, torch.dtype)):
+    if dtype is None:
+        return None
+    torch = _dtypes.loaded_torch()
+    if torch is not None and isinstance(dtype, torch.dtype):
         return dtype
     try:
         return DType.of(dtype).to_torch()
@@ -242,14 +244,14 @@ def _as_torch_dtype(dtype):
 
 def _target_dtype(t, dtype):
     """The dtype ``t`` is sent as: ``dtype`` for floating-point torch tensors when given."""
-    torch = _dtypes.torch_module()
+    torch = _dtypes.loaded_torch()
     if dtype is not None and torch is not None and isinstance(t, torch.Tensor) and t.is_floating_point():
         return dtype
     return t.dtype
 
 
 def _meta(name: str, t, dtype) -> TensorMeta:
-    torch = _dtypes.torch_module()
+    torch = _dtypes.loaded_torch()
     try:
         if torch is not None and isinstance(t, torch.Tensor):
             return TensorMeta(name, DType.from_torch(_target_dtype(t, dtype)), tuple(t.shape))
@@ -273,7 +275,7 @@ def _lazy_meta(m: TensorMeta, dtype) -> TensorMeta:
 
 
 def _prepare(t, dtype, device, make_contiguous: bool):
-    torch = _dtypes.torch_module()
+    torch = _dtypes.loaded_torch()
     if torch is None or not isinstance(t, torch.Tensor):
         return t
     if t.requires_grad:
