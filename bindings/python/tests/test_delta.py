@@ -210,6 +210,54 @@ def test_patch_gives_exactly_the_changed_indices_and_values(make_sync, framework
     assert seen > 50
 
 
+def test_an_engine_that_applies_patches_itself_checks_the_result_as_the_readme_says(make_sync):
+    """The result check the README gives engines that apply patches themselves
+    (``xxhash.xxh3_64_intdigest`` of the parameter's bytes == ``result_xxh3``) passes on the
+    right base and catches a parameter the engine changed between versions, before it is
+    served: the loader raises, the chunk fails, the trainer hears of it, and the next version is
+    dense and heals the parameter (delta user trial: without the check such an engine served
+    wrong weights while the trainer's flush said OK)."""
+    xxhash = pytest.importorskip("xxhash")  # Debian's python3-xxhash (scripts/install-deps.sh)
+
+    def result_ok(param, p):
+        raw = param.detach().contiguous().view(-1).view(torch.uint8).numpy()
+        return xxhash.xxh3_64_intdigest(memoryview(raw)) == p.result_xxh3
+
+    sync = make_sync(bucket_bytes=1 << 20, delta="on")
+    gen = torch.Generator().manual_seed(5)
+    trainer = torch.randn(4096, generator=gen)
+    engine = torch.zeros_like(trainer)
+    for version in range(1, 6):
+        if version > 1:
+            trainer[torch.randperm(4096, generator=gen)[:40]] += 1.0
+        if version == 3:
+            engine[7] += 1.0  # the engine's own write, where no patch will go
+        request = sync.sender.send_chunk([("w", trainer)], last=True)
+        failed = None
+        try:
+            with sync.receiver.receive(request) as it:
+                if not it.is_patch(0):
+                    it.copy_into(0, engine)
+                    continue
+                p = it.patch(0)
+                engine.view(-1).index_copy_(0, p.indices.long(), p.values)
+                if not result_ok(engine, p):
+                    raise RuntimeError(f"tensor '{p.name}': the patched parameter does not hash "
+                                       f"to result_xxh3 of version {version}")
+        except RuntimeError as exc:
+            failed = exc
+        if version == 3:
+            assert failed is not None and "does not hash to result_xxh3" in str(failed)
+            with pytest.raises(WsyncError) as info:
+                sync.sender.flush(5.0)
+            assert info.value.status == Status.PEER
+        else:
+            assert failed is None, failed
+            sync.sender.flush(5.0)
+            assert torch.equal(as_int(engine), as_int(trainer)), f"version {version}"
+    assert sync.receiver.completed_version == 5
+
+
 def test_patch_views_are_read_only_and_copies_outlive_the_iteration(make_sync):
     sync = make_sync(bucket_bytes=1 << 20, delta="on")
     w = torch.arange(100, dtype=torch.float32)
