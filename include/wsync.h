@@ -500,7 +500,10 @@ WSYNC_API wsync_status_t wsync_sender_abandon(wsync_sender_t *sender);
  *     1 (pid 42) failed chunk 3 of version 2: WSYNC_ERR_MISMATCH: tensor 'x' ...");
  *   WSYNC_ERR_TIMEOUT after timeout_ms (>= 0; 0 polls) naming the receivers that did not
  *     answer (a frozen engine is one).
- * Each receiver failure is reported once by each sender, oldest first. After a failure,
+ * Each failure a receiver recorded (a chunk it failed) is reported once by each sender, oldest
+ * first. A receiver that died or detached owing a chunk is a state, not an event: it is
+ * reported at every flush and send_chunk that would wait for it, until it re-attaches (then
+ * once more, naming the new process) or is dropped. After a failure,
  * wsync_sender_failure_count()/wsync_sender_failure() list every receiver's failure as fields;
  * the trainer may then drop the failed receivers (wsync_sender_drop_receiver()) and flush
  * again, or resend the version. A failed flush does not abandon a committed version: receivers

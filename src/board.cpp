@@ -387,9 +387,15 @@ void SenderEnd::check_alive(uint64_t mask, const std::vector<uint32_t> &slots, u
             f.what = WSYNC_FAILURE_DETACHED;
             f.message = "detached without acknowledging " + label(seq, f);
         } else if (state == kJoining) {
+            // The pid word is the new process's now: name it as such, not as the one that went
+            // away (delta user trial: "receiver 0 (pid NEW) went away" named the restarted
+            // engine). f.pid is 0: the dead process's pid is not known here.
             f.what = WSYNC_FAILURE_DIED;
             f.message = "went away without acknowledging " + label(seq, f) +
-                        " and has re-attached since (it takes part again from the next version)";
+                        strf(" and a new process (pid %" PRId32 ") has re-attached with its index "
+                             "since (it takes part again from the next version)",
+                             f.pid);
+            f.pid = 0;
         } else if (state == kAttached && !sys::lock_held_elsewhere(fd_, receiver_lock(r))) {
             f.what = WSYNC_FAILURE_DIED;
             f.message = "died without acknowledging " + label(seq, f);

@@ -469,6 +469,18 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
                        : std::string("chunk 0 of a version");
         std::string why = "received " + chunk_label(h) + " but expected " + expected +
                           " (a request was lost or reordered)";
+        if (h.version == link.abandoned_version) {
+            // Out of order, of the version the sender abandoned (its earlier chunks were
+            // withdrawn or lost): that is the reason to give, as for a withdrawn chunk. Not
+            // answered: the sender waits for no chunk of an abandoned version (delta user
+            // trial: "lost or reordered" where the docs say ABANDONED).
+            if (h.version != current_) start_version(h.version), expect_index_ = h.chunk_index + 1;
+            why = "version " + std::to_string(h.version) + " was abandoned by the sender; " +
+                  chunk_label(h) + " arrived without the chunks before it";
+            fail_open_version(WSYNC_ERR_ABANDONED);
+            if (current_why_.empty()) current_why_ = why;
+            fail(WSYNC_ERR_ABANDONED, std::string(kind_.name) + ": " + why);
+        }
         if (h.version != current_) {
             // A newer version whose first chunks did not arrive (an open older one has failed
             // already: lose_open_version or catch_up). This one fails here: none of its later
