@@ -479,6 +479,10 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
                   chunk_label(h) + " arrived without the chunks before it";
             fail_open_version(WSYNC_ERR_ABANDONED);
             if (current_why_.empty()) current_why_ = why;
+            // Answers the chunks before it as missed (review: without it the sender waited on
+            // a committed version's chunks this engine was never given and timed out naming
+            // it); no record: failures of an abandoned version are not reported.
+            impl_->refuse(h, transport, WSYNC_ERR_ABANDONED, why, false);
             fail(WSYNC_ERR_ABANDONED, std::string(kind_.name) + ": " + why);
         }
         if (h.version != current_) {
