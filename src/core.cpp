@@ -469,22 +469,17 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
                        : std::string("chunk 0 of a version");
         std::string why = "received " + chunk_label(h) + " but expected " + expected +
                           " (a request was lost or reordered)";
-        if (h.version == link.abandoned_version) {
-            // Out of order, of the version the sender abandoned (its earlier chunks were
-            // withdrawn or lost): that is the reason to give, as for a withdrawn chunk. Not
-            // answered: the sender waits for no chunk of an abandoned version (delta user
-            // trial: "lost or reordered" where the docs say ABANDONED).
-            if (h.version != current_) start_version(h.version), expect_index_ = h.chunk_index + 1;
+        // Of the version the sender abandoned (its earlier chunks withdrawn or lost): that is
+        // the reason to give, as for a withdrawn chunk (delta user trial: "lost or reordered"
+        // where the docs say ABANDONED). Still answered, so the chunks before it count as
+        // missed (review: else the sender timed out on a committed version's chunks this
+        // engine was never given), but not recorded: failures of an abandoned version are not
+        // reported.
+        const bool abandoned = h.version == link.abandoned_version;
+        const wsync_status_t status = abandoned ? WSYNC_ERR_ABANDONED : WSYNC_ERR_MISMATCH;
+        if (abandoned)
             why = "version " + std::to_string(h.version) + " was abandoned by the sender; " +
                   chunk_label(h) + " arrived without the chunks before it";
-            fail_open_version(WSYNC_ERR_ABANDONED);
-            if (current_why_.empty()) current_why_ = why;
-            // Answers the chunks before it as missed (review: without it the sender waited on
-            // a committed version's chunks this engine was never given and timed out naming
-            // it); no record: failures of an abandoned version are not reported.
-            impl_->refuse(h, transport, WSYNC_ERR_ABANDONED, why, false);
-            fail(WSYNC_ERR_ABANDONED, std::string(kind_.name) + ": " + why);
-        }
         if (h.version != current_) {
             // A newer version whose first chunks did not arrive (an open older one has failed
             // already: lose_open_version or catch_up). This one fails here: none of its later
@@ -493,10 +488,10 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
             start_version(h.version);
             expect_index_ = h.chunk_index + 1;  // its later chunks: refused as a failed version's
         }
-        fail_open_version(WSYNC_ERR_MISMATCH);
+        fail_open_version(status);
         if (current_why_.empty()) current_why_ = why;
-        impl_->refuse(h, transport, WSYNC_ERR_MISMATCH, why, true);
-        fail(WSYNC_ERR_MISMATCH, std::string(kind_.name) + ": " + why);
+        impl_->refuse(h, transport, status, why, !abandoned);
+        fail(status, std::string(kind_.name) + ": " + why);
     } else if (current_failed_) {
         std::string why = "version " + std::to_string(current_) + " already failed here with " +
                           status_name(current_status_) +

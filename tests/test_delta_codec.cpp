@@ -388,6 +388,18 @@ void the_compare_finds_exactly_the_changed_elements_at_every_density(void **) {
 }
 
 // The trainer's bases: an abandoned version's staged bytes never reach them.
+// A 1-D bfloat16 host tensor over d's bytes (shape borrowed).
+wsync_tensor_t host_bf16(const char *name, std::vector<uint8_t> &d, int64_t *shape) {
+    wsync_tensor_t t{};
+    t.name = name;
+    t.data = d.data();
+    t.dtype = {WSYNC_DTYPE_BFLOAT, 16, 1};
+    t.ndim = 1;
+    t.shape = shape;
+    t.device = {WSYNC_DEVICE_CPU, 0};
+    return t;
+}
+
 void an_abandoned_version_leaves_the_trainers_base_intact(void **) {
     delta::Config cfg;
     cfg.mode = delta::Mode::kAuto;
@@ -395,16 +407,7 @@ void an_abandoned_version_leaves_the_trainers_base_intact(void **) {
     std::vector<uint8_t> a = noise(4096, 1), b = noise(4096, 2);
     const std::vector<uint8_t> a1 = a;
     int64_t shape[1] = {2048};
-    auto tensor = [&](const char *name, std::vector<uint8_t> &d) {
-        wsync_tensor_t t{};
-        t.name = name;
-        t.data = d.data();
-        t.dtype = {WSYNC_DTYPE_BFLOAT, 16, 1};
-        t.ndim = 1;
-        t.shape = shape;
-        t.device = {WSYNC_DEVICE_CPU, 0};
-        return t;
-    };
+    auto tensor = [&](const char *name, std::vector<uint8_t> &d) { return host_bf16(name, d, shape); };
     auto send = [&](uint64_t v, std::vector<wsync_tensor_t> ts, bool commit) {
         std::vector<wsync_tensor_t> wire;
         std::vector<PatchInfo> patches;
@@ -455,16 +458,7 @@ void after_a_dense_version_every_tensor_goes_dense_once_even_those_it_did_not_ca
     delta::Encoder enc(cfg);
     std::vector<uint8_t> a = noise(4096, 3), b = noise(4096, 4);
     int64_t shape[1] = {2048};
-    auto tensor = [&](const char *name, std::vector<uint8_t> &d) {
-        wsync_tensor_t t{};
-        t.name = name;
-        t.data = d.data();
-        t.dtype = {WSYNC_DTYPE_BFLOAT, 16, 1};
-        t.ndim = 1;
-        t.shape = shape;
-        t.device = {WSYNC_DEVICE_CPU, 0};
-        return t;
-    };
+    auto tensor = [&](const char *name, std::vector<uint8_t> &d) { return host_bf16(name, d, shape); };
     auto patched = [&](uint64_t v, std::vector<wsync_tensor_t> ts) {
         std::vector<wsync_tensor_t> wire;
         std::vector<PatchInfo> patches;

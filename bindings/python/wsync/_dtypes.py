@@ -125,7 +125,7 @@ def loaded_torch():
     on a trainer's first send: delta user trial).
     """
     torch = sys.modules.get("torch")
-    if torch is None or not hasattr(torch, "Tensor") or not hasattr(torch, "dtype"):
+    if torch is None or not all(hasattr(torch, a) for a in ("Tensor", "dtype", "nn")):
         return None  # not imported, or still being imported
     return torch
 

@@ -1159,8 +1159,8 @@ impl<'it> View<'it> {
         // SAFETY: the source is host memory mapped with `len` bytes while the view lives; the
         // destination is a distinct `&mut [u8]` of the same length (it cannot overlap the
         // view: the mapping is read-only for "shm", library-owned otherwise). A raw copy makes
-        // no reference to the source, so a write to it meanwhile tears the copy (which the
-        // iteration then reports) but is not undefined behaviour in this process.
+        // no reference to the source: a write to it meanwhile (another process) tears the copy,
+        // which the iteration then reports; no `&[u8]` in this process ever sees it change.
         unsafe { std::ptr::copy_nonoverlapping(self.data, dst.as_mut_ptr(), self.len) };
         Ok(())
     }
@@ -1212,13 +1212,15 @@ impl<'it> View<'it> {
         self.exact_dtype::<T>()?;
         self.same_size::<T>()?;
         let n = self.len / std::mem::size_of::<T>();
+        self.host("copy it with the device's functions from data_ptr()")?;
         let mut out: Vec<T> = Vec::with_capacity(n);
-        // SAFETY: the capacity is n elements, n x size_of T == len bytes (same_size: len is a
-        // multiple of T's size); copy_bytes_to writes every one of them before set_len makes
-        // them readable, and every bit pattern is a valid T (Element).
+        // SAFETY: the source is host memory mapped with `len` bytes while the view lives (as in
+        // copy_bytes_to); the destination is the new Vec's capacity of n elements, n x size_of
+        // T == len bytes (same_size), written through a raw pointer (no reference to the
+        // uninitialised bytes) before set_len makes them readable; every bit pattern is a
+        // valid T (Element).
         unsafe {
-            let spare = std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), self.len);
-            self.copy_bytes_to(spare)?;
+            std::ptr::copy_nonoverlapping(self.data, out.as_mut_ptr().cast::<u8>(), self.len);
             out.set_len(n);
         }
         Ok(out)
