@@ -538,13 +538,18 @@ impl<'r> Recv<'r> {
     }
 
     /// Entry `i`, which crossed as a delta patch, as flat indices and values
-    /// (`wsync_recv_patch`, libwsync 0.5), borrowed from the iteration. The library first checks
+    /// (`wsync_recv_patch`, libwsync 0.5), copied out of the iteration at this call (a patch
+    /// is the changed elements only, so the copy is small; the bytes lie in memory another
+    /// process can write, which a safe `&[T]` must never see change). The library first checks
     /// the base version against this receiver's completed one, the patch bytes' checksum and
     /// the indices' order and range; the entry is then taken ([`Recv::next_view`] skips it) and
     /// applying it is the caller's: writing `values[k]` at flat element `indices[k]` of the
     /// tensor as of [`PatchRef::base_version`] gives this chunk's version. The library cannot
     /// check the result without the tensor ([`PatchRef::result_xxh3`] is for the caller); if the
     /// caller cannot apply it, [`Recv::fail`] the chunk so the version does not complete here.
+    /// A write to the bucket between the library's check and the copy (a trainer that stopped
+    /// waiting for this engine, or another process) tears the copy: check the applied tensor
+    /// against [`PatchRef::result_xxh3`] before serving it.
     ///
     /// # Errors
     /// [`Status::InvalidArgument`] naming a dense entry or an index out of range (the iteration
@@ -560,23 +565,21 @@ impl<'r> Recv<'r> {
         let count = usize::try_from(out.count)
             .map_err(|_| Error::new(Status::Malformed, "patch count exceeds usize"))?;
         let esize = meta.byte_len()? / usize::try_from(out.elements.max(1)).unwrap_or(usize::MAX);
-        // SAFETY: the library wrote `count` indices of `index_bits` and `count` elements of
-        // `esize` bytes at these addresses, aligned as the header says, valid until the
-        // iteration ends, which cannot happen while the result borrows `self`.
+        let values_len = count.checked_mul(esize).ok_or_else(|| {
+            Error::new(Status::Malformed, "patch values exceed the address space")
+        })?;
+        // SAFETY: the library checked `count` indices of `index_bits` and `count` elements of
+        // `esize` bytes at these addresses, aligned as the header says and mapped until the
+        // iteration ends, which cannot happen during this call (`&mut self`). Raw copies into
+        // the new Vecs' capacity make no reference to the shared bytes (as View::to_vec), and
+        // every bit pattern is a valid i32, i64 or u8.
         let (indices, values) = unsafe {
-            let indices = if count == 0 {
-                PatchIndices::I32(&[])
-            } else if out.index_bits == 32 {
-                PatchIndices::I32(std::slice::from_raw_parts(out.indices.cast::<i32>(), count))
+            let indices = if out.index_bits == 32 {
+                PatchIndexBuf::I32(copy_out(out.indices.cast::<i32>(), count))
             } else {
-                PatchIndices::I64(std::slice::from_raw_parts(out.indices.cast::<i64>(), count))
+                PatchIndexBuf::I64(copy_out(out.indices.cast::<i64>(), count))
             };
-            let values: &[u8] = if count == 0 {
-                &[]
-            } else {
-                std::slice::from_raw_parts(out.values.cast::<u8>(), count * esize)
-            };
-            (indices, values)
+            (indices, copy_out(out.values.cast::<u8>(), values_len))
         };
         Ok(PatchRef {
             name: meta.name(),
@@ -790,6 +793,31 @@ fn byte_len(name: &str, shape: &[i64], dtype: DType) -> Result<usize> {
         })
 }
 
+// A patch's indices as copied out (PatchRef owns them; PatchIndices borrows them).
+#[derive(Debug, Clone)]
+enum PatchIndexBuf {
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+}
+
+/// `n` elements copied from `src` into a new Vec.
+///
+/// # Safety
+/// `src` must be valid for reads of `n` elements of `T` (aligned; any bytes, which another
+/// process may write meanwhile) and every bit pattern must be a valid `T`.
+unsafe fn copy_out<T: Copy>(src: *const T, n: usize) -> Vec<T> {
+    let mut out: Vec<T> = Vec::with_capacity(n);
+    if n > 0 {
+        // SAFETY: forwarded from the caller; the destination is the Vec's capacity of n
+        // elements, written through a raw pointer before set_len makes it readable.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), n);
+            out.set_len(n);
+        }
+    }
+    out
+}
+
 /// A patch's flat element indices: `i32` for tensors of at most 2^31 elements, else `i64`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchIndices<'it> {
@@ -826,15 +854,16 @@ impl PatchIndices<'_> {
     }
 }
 
-/// A delta patch borrowed from its iteration ([`Recv::patch`]): the changed elements' flat
-/// row-major indices (strictly increasing) and their new bytes in the tensor's dtype.
-#[derive(Debug, Clone, Copy)]
+/// A delta patch of an iteration ([`Recv::patch`]): the changed elements' flat row-major
+/// indices (strictly increasing) and their new bytes in the tensor's dtype, copied out of the
+/// shared bucket; the name and shape are borrowed from the iteration.
+#[derive(Debug, Clone)]
 pub struct PatchRef<'it> {
     name: &'it str,
     shape: &'it [i64],
     dtype: DType,
-    indices: PatchIndices<'it>,
-    values: &'it [u8],
+    indices: PatchIndexBuf,
+    values: Vec<u8>,
     base_version: u64,
     elements: u64,
     base_xxh3: u64,
@@ -859,13 +888,16 @@ impl<'it> PatchRef<'it> {
     }
     /// The changed elements' flat indices.
     #[must_use]
-    pub fn indices(&self) -> PatchIndices<'it> {
-        self.indices
+    pub fn indices(&self) -> PatchIndices<'_> {
+        match &self.indices {
+            PatchIndexBuf::I32(v) => PatchIndices::I32(v),
+            PatchIndexBuf::I64(v) => PatchIndices::I64(v),
+        }
     }
     /// The changed elements' new bytes, one element after another, in index order.
     #[must_use]
-    pub fn values(&self) -> &'it [u8] {
-        self.values
+    pub fn values(&self) -> &[u8] {
+        &self.values
     }
     /// The version the patch applies to (this receiver's completed version).
     #[must_use]
