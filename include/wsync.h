@@ -644,7 +644,8 @@ WSYNC_API wsync_status_t wsync_sender_failure(const wsync_sender_t *sender, size
 
 /* Merges the partial requests of several senders of one chunk (one per trainer GPU, for kinds
  * with several senders) into one request. n >= 1; parts are borrowed for the call. Every part
- * must be of one kind, version and chunk; kinds with a single sender ("shm", "nccl_broadcast")
+ * must be of one kind, sync (for "cuda_ipc", one board: WSYNC_ERR_MISMATCH naming both
+ * otherwise), version and chunk; kinds with a single sender ("shm", "nccl_broadcast")
  * accept only n == 1 and return a copy. For "cuda_ipc" the parts' per-GPU entries are
  * concatenated and a GPU UUID in two parts fails with WSYNC_ERR_MISMATCH naming it. *out is
  * freed with wsync_blob_free(). Does not block. */

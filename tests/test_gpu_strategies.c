@@ -229,9 +229,12 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
         if (!req) break;
         uint8_t verdict = 0;
         wsync_recv_t *it;
-        if (wsync_receiver_receive(r, req, len, &it) != WSYNC_OK) {
+        wsync_status_t got = wsync_receiver_receive(r, req, len, &it);
+        if (got != WSYNC_OK) {
             fprintf(stderr, "engine %u: receive: %s\n", cfg->index, wsync_last_error());
-            verdict = 1;
+            /* 6: refused as another sync's request, the receiver left as it was */
+            verdict = got == WSYNC_ERR_MISMATCH && strstr(wsync_last_error(), "(another trainer's")
+                          ? 6 : 1;
         } else {
             wsync_recv_info_t info = {0};
             wsync_recv_info(it, &info);
@@ -742,6 +745,54 @@ static void a_request_without_this_gpu_is_a_mismatch_naming_the_uuid(void **stat
     wsync_strategy_destroy(rs);
     wsync_strategy_destroy(s);
     wsync_blob_free(&init);
+}
+
+/* Review finding: a cuda_ipc request carried nothing of its sync, so an engine handed another
+ * trainer's request of the version it expects next (a controller serving two models that routes
+ * a request to the wrong engines) opened that trainer's memory, loaded it as its own version,
+ * and then refused its own trainer's request of that version as a replay. Engine: the foreign
+ * request is refused with MISMATCH as another trainer's (verdict 6) before any handle is
+ * opened, and its own trainer's request then completes the version bit for bit. The other
+ * trainer's engine takes the same request as usual; both flushes are OK; the two requests do
+ * not merge into one. */
+static void cuda_ipc_a_request_of_another_sync_is_refused_and_changes_nothing(void **state) {
+    (void)state;
+    engine_t ea = ipc_engine(0), eb = ipc_engine(0);
+    use_device(0);
+    wsync_strategy_t *sa, *sb;
+    wsync_blob_t ia, ib, qa, qb;
+    wsync_sender_t *ta, *tb;
+    ipc_trainer("{\"bucket_bytes\": 65536}", &ea, 1, &sa, &ia, &ta);
+    ipc_trainer("{\"bucket_bytes\": 65536}", &eb, 1, &sb, &ib, &tb);
+    const size_t n = 64 * 32 * 4;
+    void *da = dalloc(n), *db = dalloc(n);
+    wsync_tensor_t ta0 = gpu_tensor("t0", da, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_tensor_t tb0 = gpu_tensor("t0", db, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t cha = tu_chunk(&ta0, 1, WSYNC_CHUNK_LAST), chb = tu_chunk(&tb0, 1, WSYNC_CHUNK_LAST);
+    for (uint64_t v = 1; v <= 2; ++v) {
+        tu_fill(da, n, v, 0); /* both trainers hold what an engine expects of version v */
+        tu_fill(db, n, v, 0);
+        OK(wsync_sender_send_chunk(ta, &cha, &qa));
+        OK(wsync_sender_send_chunk(tb, &chb, &qb));
+        engine_send(&ea, &qb);
+        assert_int_equal(engine_verdict(&ea), 6);
+        engine_send(&ea, &qa);
+        assert_int_equal(engine_verdict(&ea), 0);
+        engine_send(&eb, &qb);
+        assert_int_equal(engine_verdict(&eb), 0);
+        /* Nor do the two syncs' parts merge into one request. */
+        wsync_blob_t both[2] = {qa, qb}, merged;
+        EXPECT_ERR(wsync_request_merge(both, 2, &merged), WSYNC_ERR_MISMATCH,
+                   "part 1 is of the sync of board '/wsync-ipc-");
+        wsync_blob_free(&qa);
+        wsync_blob_free(&qb);
+        OK(wsync_sender_flush(ta, 5000));
+        OK(wsync_sender_flush(tb, 5000));
+    }
+    engine_finish(&ea);
+    engine_finish(&eb);
+    trainer_end(ta, sa, &ia);
+    trainer_end(tb, sb, &ib);
 }
 
 /* A receiver says whether it acknowledges chunks only after the loader's queued work (so a
@@ -1971,16 +2022,27 @@ typedef struct {
     wsync_sender_t *tx;
 } nccl_group_t;
 
-static void nccl_group_start(nccl_group_t *g) {
+/* Forks the group's engines: before this process first uses a device (a child forked after
+ * that could not use CUDA, as the fake models). */
+static void nccl_group_fork(nccl_group_t *g) {
     static engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 10000}", NULL, 0, 0, 0, 0, 0, 0};
     static engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1, \"timeout_ms\": 10000}", NULL, 1, 0, 0, 0, 0, 0};
     g->e[0] = engine_start(&c0);
     g->e[1] = engine_start(&c1);
+}
+
+/* The group's trainer: its init info goes to the engines nccl_group_fork started. */
+static void nccl_group_open(nccl_group_t *g) {
     use_device(0);
     OK(wsync_strategy_create("nccl_broadcast", "{\"receivers\": 2, \"bucket_bytes\": 65536, \"timeout_ms\": 10000}", &g->s));
     OK(wsync_strategy_create_init_info(g->s, &g->init));
     for (int i = 0; i < 2; ++i) engine_send(&g->e[i], &g->init);
     OK(wsync_sender_create(g->s, g->init.data, g->init.size, &g->tx));
+}
+
+static void nccl_group_start(nccl_group_t *g) {
+    nccl_group_fork(g);
+    nccl_group_open(g);
 }
 
 static void nccl_group_forward(nccl_group_t *g, wsync_blob_t *req) {
@@ -2018,6 +2080,43 @@ static void nccl_receiver_polls_an_in_progress_broadcast_to_completion_before_re
         }
     }
     nccl_group_finish(&g);
+}
+
+/* As cuda_ipc's: an nccl_broadcast request carried only its seq, so an engine handed another
+ * group's request of the seq it expects posted a broadcast on its own communicator with the
+ * other trainer's table, and then refused its own trainer's request as out of order. Engine:
+ * the foreign request is refused as another trainer's (verdict 6) and no broadcast is posted;
+ * its own requests then complete both versions bit for bit, as on the other group. */
+static void nccl_a_request_of_another_group_is_refused_and_changes_nothing(void **state) {
+    (void)state;
+    nccl_group_t a, b;
+    nccl_group_fork(&a);
+    nccl_group_fork(&b);
+    nccl_group_open(&a);
+    nccl_group_open(&b);
+    void *da[NT], *db[NT];
+    for (int k = 0; k < NT; ++k) {
+        da[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+        db[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    }
+    for (uint64_t v = 1; v <= 2; ++v) {
+        wsync_tensor_t ta[NT], tb[NT];
+        nccl_fill_version(da, ta, v);
+        nccl_fill_version(db, tb, v);
+        for (int c = 0; c < 2; ++c) {
+            wsync_chunk_t cha = tu_chunk(ta + 3 * c, 3, c == 1 ? WSYNC_CHUNK_LAST : 0);
+            wsync_chunk_t chb = tu_chunk(tb + 3 * c, 3, c == 1 ? WSYNC_CHUNK_LAST : 0);
+            wsync_blob_t qa, qb;
+            OK(wsync_sender_send_chunk(a.tx, &cha, &qa));
+            OK(wsync_sender_send_chunk(b.tx, &chb, &qb));
+            engine_send(&a.e[0], &qb);
+            assert_int_equal(engine_verdict(&a.e[0]), 6);
+            nccl_group_forward(&a, &qa);
+            nccl_group_forward(&b, &qb);
+        }
+    }
+    nccl_group_finish(&a);
+    nccl_group_finish(&b);
 }
 
 typedef struct {
@@ -2526,6 +2625,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(a_request_without_this_gpu_is_a_mismatch_naming_the_uuid),
     cmocka_unit_test(a_dead_engine_fails_flush_with_peer),
     cmocka_unit_test(cuda_ipc_a_receiver_dropped_while_it_reads_never_completes_the_version),
+    cmocka_unit_test(cuda_ipc_a_request_of_another_sync_is_refused_and_changes_nothing),
+    cmocka_unit_test(nccl_a_request_of_another_group_is_refused_and_changes_nothing),
     cmocka_unit_test(cuda_ipc_options_are_checked_before_anything_happens),
     cmocka_unit_test(cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross),
     cmocka_unit_test(cuda_ipc_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the_next_version_is_dense),

@@ -240,6 +240,18 @@ public:
 
     Link link() const override { return seg_->link(index_); }
 
+    // A request of another sync (another trainer's board, or a restarted trainer's) is refused
+    // before its seq is looked at, leaving this receiver as it was. A request without
+    // "segment" (a sender from before the field) is judged by its seq alone, as it was then.
+    void check_addressed(const json &transport) const override {
+        const std::string segment = segment_of(transport);
+        if (!segment.empty() && segment != info_.segment)
+            failf(WSYNC_ERR_MISMATCH,
+                  "cuda_ipc: request is of the sync of board '%s', this receiver is attached to "
+                  "'%s' (another trainer's, or a restarted one's: left unchanged)",
+                  wire::printable(segment).c_str(), info_.segment.c_str());
+    }
+
     void refuse(const ChunkHeader &h, const json &transport, wsync_status_t status,
                 const std::string &message, bool record) noexcept override {
         try {

@@ -23,6 +23,11 @@ CUipcMemHandle decode_handle(const json &v, const std::string &where) {
     return h;
 }
 
+std::string segment_of(const json &transport) {
+    if (!transport.is_object() || !transport.contains("segment")) return std::string();
+    return wire::string_field(transport, "segment", "cuda_ipc request", 255);
+}
+
 json merge_requests(const std::vector<const json *> &transports) {
     const std::string w = "cuda_ipc merge";
     const json &first = *transports[0];
@@ -35,6 +40,10 @@ json merge_requests(const std::vector<const json *> &transports) {
             wire::uint_field(t, "slot", where, UINT32_MAX) != wire::uint_field(first, "slot", w, UINT32_MAX) ||
             wire::bool_field(t, "packed", where) != wire::bool_field(first, "packed", w))
             fail(WSYNC_ERR_MISMATCH, where + " is for another chunk seq, slot or mode than part 0");
+        if (segment_of(t) != segment_of(first))
+            fail(WSYNC_ERR_MISMATCH, where + " is of the sync of board '" +
+                                         wire::printable(segment_of(t)) + "', part 0 of '" +
+                                         wire::printable(segment_of(first)) + "'");
         for (const json &p : wire::array_field(t, "parts", where, board::kMaxReceivers)) {
             const std::string &text = wire::string_field(p, "uuid", where, 64);
             gpu::CUuuid u;

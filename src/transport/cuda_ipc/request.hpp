@@ -17,7 +17,12 @@ using json = nlohmann::json;
 json encode_handle(const gpu::CUipcMemHandle &h);
 gpu::CUipcMemHandle decode_handle(const json &v, const std::string &where);
 
-// Concatenates the senders' parts of one chunk's request; each GPU may appear once.
+// The request's "segment" (its sync's board name), or "" for a request from before the field
+// existed; WSYNC_ERR_MALFORMED when it is there but not a string of at most 255 bytes.
+std::string segment_of(const json &transport);
+
+// Concatenates the senders' parts of one chunk's request (all of one sync, by "segment"); each
+// GPU may appear once.
 json merge_requests(const std::vector<const json *> &transports);
 
 }  // namespace wsync::cuda_ipc

@@ -91,8 +91,8 @@ public:
             note_version(h.version, first);
             ++next_seq_;
             used_slots_ = std::max<uint32_t>(used_slots_, slot + 1);
-            return json{{"seq", first}, {"slot", slot}, {"packed", info_.packed},
-                        {"parts", json::array()}};
+            return json{{"segment", info_.segment}, {"seq", first}, {"slot", slot},
+                        {"packed", info_.packed}, {"parts", json::array()}};
         }
         const int ordinal = chunk_device(tensors, table);
         start(ordinal);
@@ -109,8 +109,10 @@ public:
         ++next_seq_;
         used_slots_ = std::max<uint32_t>(used_slots_, slot + 1);
         seg_->unlink_if_complete();
-        return json{{"seq", seq}, {"slot", slot}, {"packed", info_.packed},
-                    {"parts", json::array({std::move(part)})}};
+        // "segment" names the sync (its board): a receiver of another sync refuses the request
+        // before it looks at the seq (IpcReceiver::check_addressed).
+        return json{{"segment", info_.segment}, {"seq", seq}, {"slot", slot},
+                    {"packed", info_.packed}, {"parts", json::array({std::move(part)})}};
     }
 
     void flush(int64_t timeout_ms) override {

@@ -2,6 +2,9 @@
 
 #include <cstring>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "gpu/pack.hpp"
 #include "wire.hpp"
 
@@ -23,6 +26,10 @@ InitInfo parse_init_info(const json &body) {
         wire::malformed(w + ": dtype '" + info.dtype + "' is not one libwsync casts to");
     info.nccl_version = static_cast<int>(wire::uint_field(body, "nccl_version", w, INT32_MAX));
     return info;
+}
+
+uint64_t group_tag(const InitInfo &info) {
+    return XXH3_64bits(info.id.internal, sizeof info.id.internal);
 }
 
 }  // namespace wsync::nccl

@@ -1,5 +1,7 @@
 #include "transport/nccl/receiver.hpp"
 
+#include <cinttypes>
+
 #include "error.hpp"
 #include "layout.hpp"
 #include "gpu/diff.hpp"
@@ -110,6 +112,19 @@ public:
     bool verify_checksums() const override { return false; }
 
     void set_stream(void *stream) override { fence_.stream = gpu::ordering_stream(stream); }
+
+    // A request of another model-update group is refused before its seq is looked at (no
+    // broadcast is posted, nothing changes here). One without "group" (a sender from before
+    // the field) is judged by its seq alone, as it was then.
+    void check_addressed(const json &transport) const override {
+        if (!transport.is_object() || !transport.contains("group")) return;
+        const uint64_t group = wire::uint_field(transport, "group", "nccl_broadcast request", UINT64_MAX);
+        if (group != group_tag(info_))
+            failf(WSYNC_ERR_MISMATCH,
+                  "%s: request is of model-update group %016" PRIx64 ", this receiver's is %016" PRIx64
+                  " (another trainer's, or a restarted one's: left unchanged; no broadcast was posted)",
+                  kKind, group, group_tag(info_));
+    }
 
     std::unique_ptr<ChunkBacking> open(const ChunkHeader &, const TensorTable &table,
                                        const json &transport) override {
