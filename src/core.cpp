@@ -443,10 +443,11 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
     // restarted engine fed the requests in flight was told "a request was lost or reordered"
     // and showed that version failed: C++ user trial); it takes part from the next version.
     if (link.joining && current_ == 0)
-        fail(WSYNC_ERR_MISMATCH, what + ": this receiver (re)attached while version " +
+        fail(WSYNC_ERR_MISMATCH, what + ": this receiver (re)attached after version " +
                                      std::to_string(h.version) +
-                                     " was in flight; it takes part from the next version the "
-                                     "sender begins (skip the requests of this one)");
+                                     " began (in flight then, or long done); it takes part from "
+                                     "the next version the sender begins (skip the requests of "
+                                     "this one)");
     if (current_ && link.abandoned_version == current_) catch_up(link);
     if (h.version > current_) lose_open_version(h);
 

@@ -145,8 +145,8 @@ void SharedSegment::check_owed(uint32_t index, uint32_t slot, uint64_t seq,
     const board::Standing st = board::standing(board(), fd_, index);
     if (st.state == board::kJoining || seq < st.from_seq)
         failf(WSYNC_ERR_MISMATCH,
-              "%s: this receiver (re)attached while chunk seq %" PRIu64
-              "'s version was in flight; it takes part from the next version on",
+              "%s: this receiver (re)attached after chunk seq %" PRIu64
+              "'s version began; it takes part from the next version on",
               g_.kind, seq);
     const uint64_t held = board::published_seq(board(), slot);
     // Taken before it is read, so the sender either waits for this receiver or sees that it
