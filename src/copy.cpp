@@ -60,15 +60,23 @@ uint64_t copy_hashing_nt(void *dst, const void *src, uint64_t total, uint64_t of
 #endif
     (void)fence;
     (void)nt;
+    // Each block read once from the source, into a private buffer that the hash and the copy
+    // both read: what reaches dst is what was hashed, whatever writes the source meanwhile.
+    alignas(64) uint8_t buf[kernels::kHashBlock];
     const uint8_t *s = static_cast<const uint8_t *>(src);
     uint8_t *d = static_cast<uint8_t *>(dst) - off;
     XXH3_state_t state;
     XXH3_64bits_reset(&state);
     for (uint64_t at = 0; at < total; at += kernels::kHashBlock) {
-        uint64_t n = std::min(kernels::kHashBlock, total - at);
-        uint64_t lo = std::max(at, off), hi = std::min(at + n, off + len);
-        if (lo < hi) std::memcpy(d + lo, s + lo, hi - lo);
-        XXH3_64bits_update(&state, s + at, n);
+        const uint64_t n = std::min(kernels::kHashBlock, total - at);
+        const uint64_t lo = std::max(at, off), hi = std::min(at + n, off + len);
+        if (lo >= hi) {
+            XXH3_64bits_update(&state, s + at, n);
+            continue;
+        }
+        std::memcpy(buf, s + at, n);
+        XXH3_64bits_update(&state, buf, n);
+        std::memcpy(d + lo, buf + (lo - at), hi - lo);
     }
     return XXH3_64bits_digest(&state);
 }

@@ -33,9 +33,12 @@ namespace copy {
 void copy_bytes(void *dst, const void *src, std::size_t n) noexcept;
 
 // Streams XXH3-64 over all `total` bytes at src while copying bytes [off, off + len) of them to
-// dst, in one pass over the source: a whole tensor has each 64-byte stripe hashed and copied from
-// one load into L1; a range is copied and hashed block by block while each block is in L1.
-// Returns the hash of the whole source, equal to XXH3_64bits(src, total).
+// dst, in one pass over the source. Every byte stored to dst is one the hash read, from the same
+// load: a source that another process writes meanwhile gives a hash that differs from the
+// sender's, never a verified copy that differs from what was hashed. A whole tensor has each
+// 64-byte stripe hashed and stored from the same registers (streamed into a 32-byte aligned dst
+// of at least nt_threshold bytes' copy, through the cache otherwise); a range or a small tensor
+// goes block by block through a private L1 buffer that the hash and the copy both read. Returns the hash of the whole source, equal to XXH3_64bits(src, total).
 uint64_t copy_hashing(void *dst, const void *src, uint64_t total, uint64_t off,
                       uint64_t len) noexcept;
 

@@ -124,31 +124,41 @@ uint64_t avx2_hash(const void *p, size_t n) { return XXH3_64bits(p, n); }
 
 namespace {
 
-// Stores the 64 bytes at s + c to d + c (d + c 32-byte aligned) and advances c, when they lie
-// within n.
-inline void copy64_at(uint8_t *d, const uint8_t *s, size_t &c, size_t n, bool nt) {
-    if (c + 64 > n) return;
-    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + c));
-    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + c + 32));
-    if (nt) {
-        _mm256_stream_si256(reinterpret_cast<__m256i *>(d + c), a);
-        _mm256_stream_si256(reinterpret_cast<__m256i *>(d + c + 32), b);
-    } else {
-        _mm256_store_si256(reinterpret_cast<__m256i *>(d + c), a);
-        _mm256_store_si256(reinterpret_cast<__m256i *>(d + c + 32), b);
-    }
-    c += 64;
-}
-
 // XXH3's 64-byte stripe accumulation (XXH3_accumulate_512_avx2) and its scramble, on
 // accumulators held in registers rather than in the memory array the reference keeps.
 struct Acc {
     __m256i lo, hi;
 };
 
-inline void accumulate(Acc &a, const uint8_t *in, const uint8_t *secret) {
-    const __m256i d0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in));
-    const __m256i d1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in + 32));
+// One 64-byte stripe of the source, loaded once: the hash reads these registers and the copy
+// stores these registers, so no byte can reach the destination that the hash did not see (a
+// source another process writes meanwhile could otherwise hand the hash one value and the
+// destination another: adversarial trial, where a toggled piece end was committed as verified).
+struct Stripe {
+    __m256i lo, hi;
+};
+
+inline Stripe load_stripe(const uint8_t *p) {
+    return {_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 32))};
+}
+
+// Streamed stores need d 32-byte aligned; `unaligned` stores through the cache instead.
+inline void store_stripe(uint8_t *d, const Stripe &v, bool nt, bool unaligned) {
+    if (unaligned) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(d), v.lo);
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + 32), v.hi);
+    } else if (nt) {
+        _mm256_stream_si256(reinterpret_cast<__m256i *>(d), v.lo);
+        _mm256_stream_si256(reinterpret_cast<__m256i *>(d + 32), v.hi);
+    } else {
+        _mm256_store_si256(reinterpret_cast<__m256i *>(d), v.lo);
+        _mm256_store_si256(reinterpret_cast<__m256i *>(d + 32), v.hi);
+    }
+}
+
+inline void accumulate(Acc &a, const Stripe &in, const uint8_t *secret) {
+    const __m256i d0 = in.lo, d1 = in.hi;
     const __m256i k0 = _mm256_xor_si256(d0, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(secret)));
     const __m256i k1 = _mm256_xor_si256(d1, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(secret + 32)));
     const __m256i p0 = _mm256_mul_epu32(k0, _mm256_shuffle_epi32(k0, _MM_SHUFFLE(0, 3, 0, 1)));
@@ -172,10 +182,15 @@ inline void scramble(Acc &a, const uint8_t *secret) {
 }
 
 // XXH3-64 (default secret, seed 0) of n > 240 bytes at s, exactly as XXH3_64bits computes it
-// (XXH3_hashLong_64b_internal), while copying them to d: every 64-byte stripe the hash reads is
-// followed by the copy of the next 64 destination-aligned bytes, which the stripe's load has
-// just brought into L1. One pass, the hash's arithmetic overlapping the copy's wait for memory.
+// (XXH3_hashLong_64b_internal), while copying them to d (streamed only when d is 32-byte
+// aligned): each 64-byte stripe the hash reads is stored from the same registers, to the same
+// offset. XXH3's stripes cover
+// [0, 64 * floor((n - 1) / 64)); its last accumulation reads [n - 64, n), and the bytes of that
+// load past the stripes are the ones stored for the tail. One pass, the hash's arithmetic
+// overlapping the copy's wait for memory.
 uint64_t copy_hash_whole(uint8_t *d, const uint8_t *s, size_t n, bool nt, bool fence) {
+    const bool unaligned = (reinterpret_cast<uintptr_t>(d) & 31) != 0;
+    if (unaligned) nt = false;
     const uint8_t *const secret = XXH3_kSecret;
     const size_t secret_size = sizeof XXH3_kSecret;
     const size_t stripes_per_block = (secret_size - XXH_STRIPE_LEN) / XXH_SECRET_CONSUME_RATE;
@@ -184,34 +199,30 @@ uint64_t copy_hash_whole(uint8_t *d, const uint8_t *s, size_t n, bool nt, bool f
     XXH_ALIGN(XXH_ACC_ALIGN) xxh_u64 acc[XXH_ACC_NB] = XXH3_INIT_ACC;
     Acc a{_mm256_load_si256(reinterpret_cast<const __m256i *>(acc)),
           _mm256_load_si256(reinterpret_cast<const __m256i *>(acc + 4))};
-    // The copy: 32 unaligned bytes at each end, aligned 64-byte steps in between from c on.
-    const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s));
-    const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + n - 32));
-    size_t c = (32 - (reinterpret_cast<uintptr_t>(d) & 31)) & 31;
+    size_t x = 0;  // the next stripe's offset
     for (size_t b = 0; b < blocks; ++b) {
-        for (size_t k = 0; k < stripes_per_block; ++k) {
-            accumulate(a, s + b * block_len + k * XXH_STRIPE_LEN, secret + k * XXH_SECRET_CONSUME_RATE);
-            copy64_at(d, s, c, n, nt);
+        for (size_t k = 0; k < stripes_per_block; ++k, x += XXH_STRIPE_LEN) {
+            const Stripe v = load_stripe(s + x);
+            accumulate(a, v, secret + k * XXH_SECRET_CONSUME_RATE);
+            store_stripe(d + x, v, nt, unaligned);
         }
         scramble(a, secret + secret_size - XXH_STRIPE_LEN);
     }
     const size_t stripes = ((n - 1) - block_len * blocks) / XXH_STRIPE_LEN;
-    for (size_t k = 0; k < stripes; ++k) {
-        accumulate(a, s + blocks * block_len + k * XXH_STRIPE_LEN, secret + k * XXH_SECRET_CONSUME_RATE);
-        copy64_at(d, s, c, n, nt);
+    for (size_t k = 0; k < stripes; ++k, x += XXH_STRIPE_LEN) {
+        const Stripe v = load_stripe(s + x);
+        accumulate(a, v, secret + k * XXH_SECRET_CONSUME_RATE);
+        store_stripe(d + x, v, nt, unaligned);
     }
-    accumulate(a, s + n - XXH_STRIPE_LEN,
-               secret + secret_size - XXH_STRIPE_LEN - 7 /* XXH_SECRET_LASTACC_START */);
-    for (; c + 32 <= n; c += 32) {
-        __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + c));
-        if (nt)
-            _mm256_stream_si256(reinterpret_cast<__m256i *>(d + c), v);
-        else
-            _mm256_store_si256(reinterpret_cast<__m256i *>(d + c), v);
-    }
-    if (nt && fence) _mm_sfence();
-    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d), first);
-    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + n - 32), last);
+    const Stripe last = load_stripe(s + n - XXH_STRIPE_LEN);
+    accumulate(a, last, secret + secret_size - XXH_STRIPE_LEN - 7 /* XXH_SECRET_LASTACC_START */);
+    // x == 64 * floor((n - 1) / 64), so n - 64 <= x < n: bytes [x, n) come from `last`.
+    alignas(32) uint8_t tail[XXH_STRIPE_LEN];
+    _mm256_store_si256(reinterpret_cast<__m256i *>(tail), last.lo);
+    _mm256_store_si256(reinterpret_cast<__m256i *>(tail + 32), last.hi);
+    if (nt) _mm_sfence();  // the streamed stripe before it may share the tail's cache line
+    memcpy(d + x, tail + (x - (n - XXH_STRIPE_LEN)), n - x);
+    (void)fence;  // the tail's fence above already made the streamed stores visible
     _mm256_store_si256(reinterpret_cast<__m256i *>(acc), a.lo);
     _mm256_store_si256(reinterpret_cast<__m256i *>(acc + 4), a.hi);
     return XXH3_mergeAccs(acc, secret + 11 /* XXH_SECRET_MERGEACCS_START */,
@@ -224,16 +235,23 @@ uint64_t avx2_copy_hashing(uint8_t *dst, const uint8_t *s, uint64_t total, uint6
                            uint64_t len, bool nt, bool fence) {
     if (off == 0 && len == total && total > 240)
         return copy_hash_whole(dst, s, size_t(total), nt, fence);
-    // A range, or a tensor too small for XXH3's long loop: copy the range block by block and
-    // hash each block while it is in L1.
+    // A range, or a tensor too small for XXH3's long loop:
+    // block by block, the source block is copied once into a private buffer in L1, which the
+    // hash and the copy to dst then both read (never the shared source twice).
+    alignas(64) uint8_t buf[kHashBlock];
     uint8_t *d = dst - off;  // d + x is where source byte x goes
     XXH3_state_t state;
     XXH3_64bits_reset(&state);
     for (uint64_t at = 0; at < total; at += kHashBlock) {
-        uint64_t n = lo_of(kHashBlock, total - at);
-        uint64_t lo = hi_of(at, off), hi = lo_of(at + n, off + len);
-        if (lo < hi) copy_unfenced(d + lo, s + lo, size_t(hi - lo), nt);
-        XXH3_64bits_update(&state, s + at, size_t(n));
+        const uint64_t n = lo_of(kHashBlock, total - at);
+        const uint64_t lo = hi_of(at, off), hi = lo_of(at + n, off + len);
+        if (lo >= hi) {  // nothing of this block is copied: hash it where it is
+            XXH3_64bits_update(&state, s + at, size_t(n));
+            continue;
+        }
+        copy_unfenced(buf, s + at, size_t(n), false);
+        XXH3_64bits_update(&state, buf, size_t(n));
+        copy_unfenced(d + lo, buf + (lo - at), size_t(hi - lo), nt);
     }
     if (nt && fence) _mm_sfence();
     return XXH3_64bits_digest(&state);

@@ -1,9 +1,12 @@
 // The copy loop itself (src/copy.cpp), white-box: every small size at every relative alignment
 // in both directions, the hashing copy against XXH3 of the whole source, and the pool.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "copy.hpp"
@@ -155,6 +158,78 @@ void a_flipped_byte_in_any_piece_changes_the_tree_hash(void **) {
 
 }  // namespace
 
+// Another process writing the source while an engine copies it out with verification
+// (adversarial trial: a piece's last 32 bytes toggled between garbage and the original were
+// committed as garbage under a matching hash, because the copy stored them from an earlier load
+// than the one the hash read). A writer thread flips chosen bytes back and forth; whatever it
+// does, a copy whose hash equals the true source's hash holds exactly the true bytes, and the
+// race is seen to happen (some copies are refused by their hash). `run` copies and returns the
+// hash; `want` is the hash of the true source.
+template <class Run>
+void under_a_racing_writer(const char *what, uint8_t *src, size_t n, std::vector<size_t> at,
+                           uint64_t want, const uint8_t *dst, size_t off, size_t len, Run run) {
+    const std::vector<uint8_t> truth(src, src + n);
+    std::atomic<bool> stop{false};
+    std::thread writer([&] {
+        while (!stop.load(std::memory_order_relaxed))
+            for (size_t x : at) __atomic_fetch_xor(src + x, uint8_t(0x5a), __ATOMIC_RELAXED);
+    });
+    size_t refused = 0, verified = 0, wrong = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (std::chrono::steady_clock::now() < until && (refused < 200 || verified < 200)) {
+        if (run() != want) {
+            ++refused;
+            continue;
+        }
+        ++verified;
+        if (std::memcmp(dst, truth.data() + off, len) != 0) ++wrong;
+    }
+    stop.store(true);
+    writer.join();
+    std::memcpy(src, truth.data(), n);
+    if (wrong) fail_msg("%s: %zu of %zu verified copies differ from the source", what, wrong, verified);
+    if (refused == 0) fail_msg("%s: the writer never raced a copy (%zu copies)", what, verified);
+}
+
+void a_verified_copy_holds_what_was_hashed_while_another_process_writes_the_source(void **) {
+    const size_t n = 65536;  // one tree piece
+    auto *src = static_cast<uint8_t *>(aligned_alloc(4096, n + 4096));
+    auto *dst = static_cast<uint8_t *>(aligned_alloc(4096, n + 4096));
+    std::vector<uint8_t> data = noise(n, 99);
+    std::memcpy(src, data.data(), n);
+    std::vector<size_t> at;  // the first and last stripe's ends, a block's edge, a middle stripe
+    for (size_t x : {size_t(0), size_t(16352), size_t(16384), size_t(33000), n - 32})
+        for (size_t k = 0; k < 32; ++k) at.push_back(x + k);
+    const uint64_t whole = XXH3_64bits(data.data(), n);
+    for (size_t dof : {size_t(0), size_t(64), size_t(16), size_t(3)})  // aligned (one load), and not
+        under_a_racing_writer(dof < 32 && dof ? "whole, dst unaligned" : "whole, dst aligned", src, n,
+                              at, whole, dst + dof, 0, n, [&] {
+                                  return wsync::copy::copy_hashing(dst + dof, src, n, 0, n);
+                              });
+    under_a_racing_writer("a range", src, n, at, whole, dst, 16000, 20000, [&] {
+        return wsync::copy::copy_hashing(dst, src, n, 16000, 20000);
+    });
+    const std::vector<size_t> small_at = {0, 100, 199};
+    under_a_racing_writer("200 bytes", src, 200, small_at, XXH3_64bits(data.data(), 200), dst, 0,
+                          200, [&] { return wsync::copy::copy_hashing(dst, src, 200, 0, 200); });
+    std::free(src);
+    std::free(dst);
+    // The tree hash's pieces, split between two threads as a receiver's large verified copies are.
+    const size_t big = size_t(9) << 20;
+    auto *bsrc = static_cast<uint8_t *>(aligned_alloc(4096, big));
+    auto *bdst = static_cast<uint8_t *>(aligned_alloc(4096, big));
+    std::vector<uint8_t> bdata = noise(big, 7);
+    std::memcpy(bsrc, bdata.data(), big);
+    std::vector<size_t> bat;
+    for (size_t p : {size_t(0), size_t(70), size_t(143)})  // pieces' last 32 bytes
+        for (size_t k = 0; k < 32; ++k) bat.push_back((p + 1) * 65536 - 32 + k);
+    wsync::copy::Pool pool(2);
+    under_a_racing_writer("tree, two threads", bsrc, big, bat, wsync::copy::tree_hash(bdata.data(), big),
+                          bdst, 0, big, [&] { return pool.copy_tree_hashing(bdst, bsrc, big, 0, big); });
+    std::free(bsrc);
+    std::free(bdst);
+}
+
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(copy_is_exact_for_small_sizes_at_every_relative_alignment),
@@ -164,6 +239,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(pool_copy_is_exact_when_split_between_threads),
         cmocka_unit_test(tree_hashing_copy_equals_the_definition_on_one_thread_and_on_three),
         cmocka_unit_test(a_flipped_byte_in_any_piece_changes_the_tree_hash),
+        cmocka_unit_test(a_verified_copy_holds_what_was_hashed_while_another_process_writes_the_source),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, nullptr, nullptr);
