@@ -424,12 +424,29 @@ void SenderEnd::throw_new_failures() {
     }
 }
 
+void SenderEnd::audit_claims(std::vector<std::string> &words) {
+    const int32_t self = static_cast<int32_t>(getpid());
+    for (uint32_t k = 0; k < kMaxSenders; ++k) {
+        const int32_t want = k == sender_index_ ? self : 0;
+        int32_t got = b_->sender_pid[k].load(std::memory_order_acquire);
+        if (got == want) continue;
+        words.push_back(strf("sender index %" PRIu32 " said pid %" PRId32 ", %s", k, got,
+                             k == sender_index_ ? "this sender's is its own"
+                                                : "this board has one sender"));
+        b_->sender_pid[k].compare_exchange_strong(got, want, std::memory_order_acq_rel);
+    }
+}
+
 void SenderEnd::audit() {
     if (!sole_) return;
-    // Judged only while this sender is alone on the board, and not right after another one was
-    // (its writes were legitimate: review, a cuda_ipc sender made beside one that then dropped
-    // a receiver and went away). No system call for shm (its sender is this process).
-    if (attached_senders() > 1) {
+    std::vector<std::string> words;
+    if (exclusive_) {
+        // No other sender exists by design: a claim is a finding, never a reason to stand aside.
+        audit_claims(words);
+    } else if (attached_senders() > 1) {
+        // Judged only while this sender is alone on the board, and not right after another one
+        // was (its writes were legitimate: review, a cuda_ipc sender made beside one that then
+        // dropped a receiver and went away).
         stale_ = true;
         return;
     }
@@ -448,8 +465,7 @@ void SenderEnd::audit() {
         differs = rs.from_seq.load(std::memory_order_acquire) != from_seq_[r] ||
                   (rs.state.load(std::memory_order_acquire) == kDropped && !(dropped_ >> r & 1));
     }
-    if (!differs) return;
-    std::vector<std::string> words;
+    if (!differs && words.empty()) return;
     std::vector<Failure> fs;
     const uint64_t av = b_->abandoned_version.load(std::memory_order_acquire);
     if (av != abandoned_floor_) {
@@ -497,6 +513,41 @@ void SenderEnd::audit() {
                 std::move(fs));
 }
 
+void SenderEnd::check_abandoned_acks(const std::vector<uint32_t> &slots, uint64_t max_seq) {
+    if (!sole_) return;  // with several senders, another one may have abandoned the version
+    std::vector<Failure> fs;
+    for (uint32_t s : slots) {
+        const uint64_t want = this->want(s, max_seq);
+        if (want == 0 || s >= kMaxSlots) continue;
+        Published &p = published_[s];
+        if (p.seq != want || p.abandoned) continue;
+        for (uint32_t r = 0; r < receivers_; ++r) {
+            const uint64_t a = b_->slot[s].ack[r].load(std::memory_order_acquire);
+            if (ack_seq(a) != want || (a & 0xff) != uint64_t(WSYNC_ERR_ABANDONED) ||
+                (p.odd_acks >> r & 1) || !owes(r, want))
+                continue;
+            p.odd_acks |= uint64_t(1) << r;
+            Failure f;
+            f.what = WSYNC_FAILURE_FAILED;
+            f.status = WSYNC_ERR_PEER;
+            f.receiver = r;
+            f.pid = pid_of(r);
+            f.version = p.version;
+            f.chunk_index = p.chunk;
+            f.message = strf("refused chunk %" PRIu32 " of version %" PRIu64 " as abandoned, "
+                             "which this sender never abandoned: another process wrote the "
+                             "board's abandoned_version word, and that version is not complete "
+                             "on this receiver",
+                             p.chunk, p.version);
+            fs.push_back(std::move(f));
+        }
+    }
+    if (!fs.empty()) {
+        std::string msg = describe(kind_, fs);
+        throw Error(WSYNC_ERR_PEER, msg, std::move(fs));
+    }
+}
+
 void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadline,
                   const char *what, uint64_t max_seq) {
     audit();
@@ -504,6 +555,7 @@ void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &de
     int64_t last_liveness = -1;
     for (;;) {
         throw_new_failures();
+        check_abandoned_acks(slots, max_seq);
         uint32_t word = b_->ack_futex.load(std::memory_order_acquire);
         uint64_t mask = pending(slots, max_seq);
         if (!mask) {
@@ -511,6 +563,7 @@ void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &de
             // written after the check above but before those acknowledgements is reported now,
             // not by the next call.
             throw_new_failures();
+            check_abandoned_acks(slots, max_seq);
             return;
         }
         int64_t left = deadline.remaining_ms();

@@ -40,8 +40,9 @@
 // | abandoned_version            | sender (max), when it abandons     | receivers          | never   |
 // | senders_seen                 | each sender once (fetch_add)       | receivers          | never   |
 // | sender_pid[k]                | sender k: its pid by CAS when it   | senders (count of  | sender k|
-// |                              | claims index k (0 -> pid, or a dead| attached senders)  | at      |
-// |                              | claimer's pid -> pid)              |                    | destroy |
+// |                              | claims index k (0 -> pid, or a dead| attached senders;  | at      |
+// |                              | claimer's pid -> pid)              | shm's audits every | destroy |
+// |                              |                                    | word: one sender)  |         |
 //
 // Withdrawing a chunk of an abandoned version. A receiver that was never given such a chunk
 // (its request was lost, or the trainer gave up before forwarding it) would never acknowledge
@@ -170,7 +171,14 @@ public:
     // This SenderEnd is its board's only sender: wait() may withdraw chunks of abandoned
     // versions that a receiver has not begun (see the table's notes). Off by default.
     // It also audits, at every wait(), the words only it writes (below).
-    void set_sole_sender(bool sole) { sole_ = sole; }
+    // `exclusive`: by design no other sender ever uses this board (shm: one segment, one
+    // sender), so another index claimed in sender_pid is another process's write, reported
+    // and put back by the audit, rather than a sender it must stand aside for (adversarial
+    // trial: one forged 4-byte claim turned the audit and withdrawal off for good).
+    void set_sole_sender(bool sole, bool exclusive = false) {
+        sole_ = sole;
+        exclusive_ = sole && exclusive;
+    }
     void drop(uint32_t r);
     // True once every receiver that is not dropped holds its index (attached or joining).
     // `self`: the index the calling process holds itself (its own lock is invisible to it).
@@ -216,6 +224,15 @@ private:
     // receivers acted on were not the sender's). Nothing happens while another sender is
     // attached (its writes are legitimate).
     void audit();
+    // An exclusive sender's part of the audit: sender_pid words other than its own claim.
+    void audit_claims(std::vector<std::string> &words);
+    // A sole sender: WSYNC_ERR_PEER, once per chunk and receiver, for an acknowledgement with
+    // status ABANDONED of a chunk of a version this sender did not abandon. A receiver answers
+    // so only when the board's abandoned_version names its version, so another process wrote
+    // that word (even if it put it back before the audit looked): the receiver failed the
+    // version while its acknowledgement alone would count it done (adversarial trial: the
+    // trainer's flush said OK, the engine held a mix of two versions).
+    void check_abandoned_acks(const std::vector<uint32_t> &slots, uint64_t max_seq);
     // WSYNC_ERR_PEER with every failure record not reported yet, if there is one.
     void throw_new_failures();
     // Marks receiver r's failure records so far as read (not reported).
@@ -239,8 +256,10 @@ private:
         bool abandoned = false;  // its version was abandoned
         bool withdrawn = false;  // slot word set to kWithdrawn
         uint64_t excused = 0;    // receivers that had not begun it when it was withdrawn
+        uint64_t odd_acks = 0;   // receivers whose ABANDONED answer to it was reported
     };
     bool sole_ = false;
+    bool exclusive_ = false;
     // What this SenderEnd last wrote (or found when it was made) in words only senders write,
     // for audit().
     uint64_t abandoned_floor_ = 0;

@@ -331,6 +331,72 @@ void another_senders_writes_are_not_findings_and_not_undone(void **) {
     second->unregister_sender();
 }
 
+// Adversarial trial: a process that wrote one sender_pid word (the trainer's own pid, or its
+// own pid while holding that index's lock) made a shm sender stand aside as if a second sender
+// were attached: the audit and the withdrawal of abandoned chunks stopped for good, and words
+// it forged afterwards (a receiver's from_seq) were adopted as the sender's own. A shm sender is
+// its board's only one by design: each such claim is reported (PEER, naming the index and pid)
+// and put back, and the audit goes on judging every other word.
+void a_forged_sender_claim_is_reported_and_put_back_and_the_audit_goes_on(void **) {
+    Fixture f;
+    f.end->set_sole_sender(true, /*exclusive=*/true);
+    f.end->register_sender();  // index 0
+    assert_string_equal(audited(f).c_str(), "");
+    const int32_t self = static_cast<int32_t>(getpid());
+    f.b->sender_pid[1].store(self);  // claims to be a second sender of this very process
+    std::string msg = audited(f);
+    const std::string said = "sender index 1 said pid " + std::to_string(self) + ", this board has one sender";
+    assert_non_null(strstr(msg.c_str(), said.c_str()));
+    assert_int_equal(f.b->sender_pid[1].load(), 0);
+    // A live process holding index 2's lock, as a real second sender would.
+    const int other = sys::reopen_own(f.fd, "test");
+    assert_true(other >= 0);
+    assert_true(sys::lock_try(other, kLockBase + kMaxReceivers + 2));  // sender 2's lock byte
+    f.b->sender_pid[2].store(424242);
+    f.b->receiver[1].from_seq.store(uint64_t(1) << 50);
+    msg = audited(f);
+    assert_non_null(strstr(msg.c_str(), "sender index 2 said pid 424242, this board has one sender"));
+    assert_non_null(strstr(msg.c_str(), "receiver 1: its from_seq said 1125899906842624, this sender wrote 0"));
+    assert_true(f.b->receiver[1].from_seq.load() == 0);
+    close(other);  // the impostor exits: nothing was adopted from it
+    f.b->abandoned_version.store(5);
+    assert_non_null(strstr(audited(f).c_str(), "abandoned_version said 5, this sender's is 0"));
+    assert_string_equal(audited(f).c_str(), "");
+    f.end->unregister_sender();
+}
+
+// Adversarial trial: another process set abandoned_version to the version in flight and put it
+// back before the trainer's audit looked. The engine refused the version's later chunk as
+// abandoned (an acknowledgement with status ABANDONED, which completes nobody's wait) and held
+// a mix of two versions; the trainer's flush said OK. Now the sender, which never abandoned
+// that version, fails the wait with PEER naming the receiver, the chunk and the forged word,
+// once; an ABANDONED answer to a version it did abandon is as before no failure.
+void an_abandoned_answer_to_a_version_the_sender_kept_fails_the_flush(void **) {
+    Fixture f;
+    f.end->set_sole_sender(true, /*exclusive=*/true);
+    acknowledge(f.b, 0, 0, 1, WSYNC_OK);
+    acknowledge(f.b, 1, 0, 1, WSYNC_ERR_ABANDONED);
+    try {
+        f.end->wait({0}, sys::Deadline(1000), "flush timed out", 1);
+        fail_msg("the flush said OK though receiver 1 refused version 1 as abandoned");
+    } catch (const Error &e) {
+        assert_int_equal(e.status(), WSYNC_ERR_PEER);
+        assert_non_null(strstr(e.what(), "shm: receiver 1 failed chunk 0 of version 1: WSYNC_ERR_PEER: "
+                                         "refused chunk 0 of version 1 as abandoned, which this "
+                                         "sender never abandoned"));
+        assert_int_equal(e.failures().size(), 1);
+        assert_int_equal(e.failures()[0].receiver, 1);
+        assert_true(e.failures()[0].version == 1);
+    }
+    f.end->wait({0}, sys::Deadline(1000), "flush timed out", 1);  // reported once
+    Fixture g;
+    g.end->set_sole_sender(true, /*exclusive=*/true);
+    g.end->abandon(1);
+    acknowledge(g.b, 0, 0, 1, WSYNC_ERR_ABANDONED);
+    acknowledge(g.b, 1, 0, 1, WSYNC_ERR_ABANDONED);
+    g.end->wait({0}, sys::Deadline(1000), "flush timed out", 1);
+}
+
 // The board of a real shm segment, mapped read-write as any attached process can map it.
 struct MappedBoard {
     void *mem = MAP_FAILED;
@@ -441,6 +507,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_forged_acknowledgement_never_completes_the_reader_s_version),
         cmocka_unit_test(words_only_the_sender_writes_are_audited_and_put_back),
         cmocka_unit_test(another_senders_writes_are_not_findings_and_not_undone),
+        cmocka_unit_test(a_forged_sender_claim_is_reported_and_put_back_and_the_audit_goes_on),
+        cmocka_unit_test(an_abandoned_answer_to_a_version_the_sender_kept_fails_the_flush),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, nullptr, nullptr);

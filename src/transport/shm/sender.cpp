@@ -22,7 +22,9 @@ public:
           board_(seg_->board(), seg_->fd(), seg_->receivers(), seg_->slots(), kKind),
           checksum_(checksum), timeout_ms_(timeout_ms), pool_(copy_threads) {
         board_.register_sender();
-        board_.set_sole_sender(true);  // a segment has one sender (ShmStrategy refuses a second)
+        // A segment has one sender, ever (ShmStrategy refuses a second, and a segment is never
+        // handed to another trainer): any other sender claim on its board is a stray write.
+        board_.set_sole_sender(true, /*exclusive=*/true);
     }
 
     ~ShmSender() override { seg_->unlink(); }
