@@ -59,6 +59,12 @@ MappedName = Union[None, str, Tuple[str, Any]]
 class ModuleLoader:
     """Loads chunks into a module's parameters and buffers (by ``state_dict`` name) in place.
 
+    In place means a version that fails part-way (a checksum, an abandon, a dead trainer)
+    leaves the module holding that version's chunks that arrived over the previous version's
+    rest: a mix. Serve from it only while ``receiver.poll().failed_version`` is not the version
+    being loaded, or load into a staging copy and swap it in once ``completed_version``
+    reaches the new version (README, "Rolling back").
+
     Contiguous CPU targets of the chunk's own dtype receive the bytes straight into their
     storage through :meth:`wsync.Iteration.copy_into` (the library's copy loop, checksum
     verified in the same pass); other targets (CUDA, casts, non-contiguous parts) copy from the
