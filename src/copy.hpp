@@ -36,9 +36,10 @@ void copy_bytes(void *dst, const void *src, std::size_t n) noexcept;
 // dst, in one pass over the source. Every byte stored to dst is one the hash read, from the same
 // load: a source that another process writes meanwhile gives a hash that differs from the
 // sender's, never a verified copy that differs from what was hashed. A whole tensor has each
-// 64-byte stripe hashed and stored from the same registers (streamed into a 32-byte aligned dst
-// of at least nt_threshold bytes' copy, through the cache otherwise); a range or a small tensor
-// goes block by block through a private L1 buffer that the hash and the copy both read. Returns the hash of the whole source, equal to XXH3_64bits(src, total).
+// 64-byte stripe hashed and stored from the same registers (streamed when dst is 32-byte
+// aligned and the copy is at least nt_threshold() bytes, through the cache otherwise); a range
+// or a small tensor goes block by block through a private L1 buffer that the hash and the copy
+// both read. Returns the hash of the whole source, equal to XXH3_64bits(src, total).
 uint64_t copy_hashing(void *dst, const void *src, uint64_t total, uint64_t off,
                       uint64_t len) noexcept;
 

@@ -184,11 +184,11 @@ inline void scramble(Acc &a, const uint8_t *secret) {
 // XXH3-64 (default secret, seed 0) of n > 240 bytes at s, exactly as XXH3_64bits computes it
 // (XXH3_hashLong_64b_internal), while copying them to d (streamed only when d is 32-byte
 // aligned): each 64-byte stripe the hash reads is stored from the same registers, to the same
-// offset. XXH3's stripes cover
-// [0, 64 * floor((n - 1) / 64)); its last accumulation reads [n - 64, n), and the bytes of that
-// load past the stripes are the ones stored for the tail. One pass, the hash's arithmetic
-// overlapping the copy's wait for memory.
-uint64_t copy_hash_whole(uint8_t *d, const uint8_t *s, size_t n, bool nt, bool fence) {
+// offset. XXH3's stripes cover [0, 64 * floor((n - 1) / 64)); its last accumulation reads
+// [n - 64, n), and the bytes of that load past the stripes are the ones stored for the tail.
+// One pass, the hash's arithmetic overlapping the copy's wait for memory. Streamed stores are
+// fenced before the tail is stored, so they are visible when it returns.
+uint64_t copy_hash_whole(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
     const bool unaligned = (reinterpret_cast<uintptr_t>(d) & 31) != 0;
     if (unaligned) nt = false;
     const uint8_t *const secret = XXH3_kSecret;
@@ -222,7 +222,6 @@ uint64_t copy_hash_whole(uint8_t *d, const uint8_t *s, size_t n, bool nt, bool f
     _mm256_store_si256(reinterpret_cast<__m256i *>(tail + 32), last.hi);
     if (nt) _mm_sfence();  // the streamed stripe before it may share the tail's cache line
     memcpy(d + x, tail + (x - (n - XXH_STRIPE_LEN)), n - x);
-    (void)fence;  // the tail's fence above already made the streamed stores visible
     _mm256_store_si256(reinterpret_cast<__m256i *>(acc), a.lo);
     _mm256_store_si256(reinterpret_cast<__m256i *>(acc + 4), a.hi);
     return XXH3_mergeAccs(acc, secret + 11 /* XXH_SECRET_MERGEACCS_START */,
@@ -234,10 +233,10 @@ uint64_t copy_hash_whole(uint8_t *d, const uint8_t *s, size_t n, bool nt, bool f
 uint64_t avx2_copy_hashing(uint8_t *dst, const uint8_t *s, uint64_t total, uint64_t off,
                            uint64_t len, bool nt, bool fence) {
     if (off == 0 && len == total && total > 240)
-        return copy_hash_whole(dst, s, size_t(total), nt, fence);
-    // A range, or a tensor too small for XXH3's long loop:
-    // block by block, the source block is copied once into a private buffer in L1, which the
-    // hash and the copy to dst then both read (never the shared source twice).
+        return copy_hash_whole(dst, s, size_t(total), nt);
+    // A range, or a tensor too small for XXH3's long loop: block by block, the source block is
+    // copied once into a private buffer in L1, which the hash and the copy to dst then both
+    // read (never the shared source twice).
     alignas(64) uint8_t buf[kHashBlock];
     uint8_t *d = dst - off;  // d + x is where source byte x goes
     XXH3_state_t state;

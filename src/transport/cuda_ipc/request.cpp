@@ -33,6 +33,7 @@ json merge_requests(const std::vector<const json *> &transports) {
     const json &first = *transports[0];
     json parts = json::array();
     std::vector<std::string> seen;
+    const std::string board = segment_of(first);
     for (std::size_t i = 0; i < transports.size(); ++i) {
         const json &t = *transports[i];
         const std::string where = w + ": part " + std::to_string(i);
@@ -40,10 +41,9 @@ json merge_requests(const std::vector<const json *> &transports) {
             wire::uint_field(t, "slot", where, UINT32_MAX) != wire::uint_field(first, "slot", w, UINT32_MAX) ||
             wire::bool_field(t, "packed", where) != wire::bool_field(first, "packed", w))
             fail(WSYNC_ERR_MISMATCH, where + " is for another chunk seq, slot or mode than part 0");
-        if (segment_of(t) != segment_of(first))
-            fail(WSYNC_ERR_MISMATCH, where + " is of the sync of board '" +
-                                         wire::printable(segment_of(t)) + "', part 0 of '" +
-                                         wire::printable(segment_of(first)) + "'");
+        if (const std::string of = segment_of(t); of != board)
+            fail(WSYNC_ERR_MISMATCH, where + " is of the sync of board '" + wire::printable(of) +
+                                         "', part 0 of '" + wire::printable(board) + "'");
         for (const json &p : wire::array_field(t, "parts", where, board::kMaxReceivers)) {
             const std::string &text = wire::string_field(p, "uuid", where, 64);
             gpu::CUuuid u;

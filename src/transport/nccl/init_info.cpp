@@ -25,11 +25,8 @@ InitInfo parse_init_info(const json &body) {
     if (!gpu::is_cast_name(info.dtype))
         wire::malformed(w + ": dtype '" + info.dtype + "' is not one libwsync casts to");
     info.nccl_version = static_cast<int>(wire::uint_field(body, "nccl_version", w, INT32_MAX));
+    info.group = XXH3_64bits(info.id.internal, sizeof info.id.internal);
     return info;
-}
-
-uint64_t group_tag(const InitInfo &info) {
-    return XXH3_64bits(info.id.internal, sizeof info.id.internal);
 }
 
 }  // namespace wsync::nccl

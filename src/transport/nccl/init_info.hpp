@@ -22,14 +22,14 @@ struct InitInfo {
     uint64_t bucket_bytes;
     std::string dtype;
     int nccl_version;
+    // The model-update group's tag: XXH3-64 of its unique id, derived once by
+    // parse_init_info. Every request carries it as "group", so a receiver of another group
+    // (another trainer's, or a restarted one's) refuses the request before its seq is looked
+    // at (the unique id itself stays out of requests).
+    uint64_t group = 0;
 };
 
 // Validates an init-info body; WSYNC_ERR_MALFORMED names the bad field.
 InitInfo parse_init_info(const json &body);
-
-// The model-update group's tag: XXH3-64 of its unique id. Every request carries it as "group",
-// so a receiver of another group (another trainer's, or a restarted one's) refuses the request
-// before its seq is looked at (the unique id itself stays out of requests).
-uint64_t group_tag(const InitInfo &info);
 
 }  // namespace wsync::nccl

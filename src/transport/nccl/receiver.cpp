@@ -119,11 +119,11 @@ public:
     void check_addressed(const json &transport) const override {
         if (!transport.is_object() || !transport.contains("group")) return;
         const uint64_t group = wire::uint_field(transport, "group", "nccl_broadcast request", UINT64_MAX);
-        if (group != group_tag(info_))
+        if (group != info_.group)
             failf(WSYNC_ERR_MISMATCH,
                   "%s: request is of model-update group %016" PRIx64 ", this receiver's is %016" PRIx64
                   " (another trainer's, or a restarted one's: left unchanged; no broadcast was posted)",
-                  kKind, group, group_tag(info_));
+                  kKind, group, info_.group);
     }
 
     std::unique_ptr<ChunkBacking> open(const ChunkHeader &, const TensorTable &table,

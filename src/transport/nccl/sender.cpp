@@ -46,7 +46,7 @@ public:
         if (table.metas.empty()) {
             // A commit without data moves nothing: both sides skip the broadcast.
             comm_->check("before committing");
-            return json{{"group", group_tag(info_)}, {"seq", next_seq_++}, {"bytes", 0}};
+            return json{{"group", info_.group}, {"seq", next_seq_++}, {"bytes", 0}};
         }
         check_device(tensors, table, dev_->ordinal());
         gpu::check_sources(*dev_, tensors, table.metas, kKind);
@@ -68,7 +68,7 @@ public:
                          deadline, "sending " + chunk + " (" + std::to_string(bytes) + " bytes)");
         sent_[b]->record(comm_stream_.get());  // after the broadcast: Comm::broadcast enqueued it
         ++next_seq_;
-        return json{{"group", group_tag(info_)}, {"seq", seq}, {"bytes", bytes}};
+        return json{{"group", info_.group}, {"seq", seq}, {"bytes", bytes}};
     }
 
     void flush(int64_t timeout_ms) override {
