@@ -112,3 +112,56 @@ def test_arena_tensors_outlive_the_closed_sender_and_strategy():
     with torch.no_grad():
         model.weight.add_(1)
     assert torch.equal(model.weight.detach(), expected + 1)
+
+
+def test_send_model_over_arena_tensors_returns_only_once_every_engine_has_acknowledged():
+    # Engines read placed tensors in the trainer's memory: were send_model to return before
+    # they acknowledged, the trainer's next optimizer step would write under their copy
+    # (wrong weights, silent with checksums off). It flushes without being asked.
+    import queue
+    import threading
+    import time
+
+    trainer, engine = TinyLM(seed=0), TinyLM(seed=7)
+    strategy, init, sender = _pair(1 << 20, bucket_bytes=64 << 10, buckets=4, checksum=False)
+    place_in_arena(sender, trainer)
+    receiver = wsync.Strategy.for_init_info(init).receiver(init, 0)
+    loader = ModuleLoader(engine)
+    inbox = queue.Queue()
+    loaded = []
+
+    def slow_engine():
+        while (request := inbox.get()) is not None:
+            time.sleep(0.2)  # an engine busy serving: it takes a while to read each chunk
+            loader.load(receiver, request)
+            loaded.append(time.monotonic())
+
+    thread = threading.Thread(target=slow_engine)
+    thread.start()
+    try:
+        requests = send_model(sender, trainer, chunk_bytes=32 << 10, on_request=inbox.put)
+        returned = time.monotonic()
+        assert len(requests) >= 2
+        assert len(loaded) == len(requests) and loaded[-1] <= returned
+        sender.flush(0)  # nothing owed: a poll succeeds
+        for n, t in trainer.state_dict().items():
+            assert torch.equal(engine.state_dict()[n], t), n
+    finally:
+        inbox.put(None)
+        thread.join()
+    receiver.close()
+    sender.close()
+    strategy.close()
+
+
+def test_send_model_over_arena_tensors_raises_when_an_engine_does_not_acknowledge():
+    trainer = TinyLM(seed=0)
+    strategy, init, sender = _pair(1 << 20, bucket_bytes=64 << 10, buckets=8)
+    place_in_arena(sender, trainer)
+    receiver = wsync.Strategy.for_init_info(init).receiver(init, 0)  # attached, never reads
+    with pytest.raises(wsync.WsyncError) as exc:
+        send_model(sender, trainer, chunk_bytes=32 << 10, flush_timeout_s=0.3)
+    assert exc.value.status == Status.TIMEOUT and "receiver 0" in exc.value.message
+    receiver.close()
+    sender.close()
+    strategy.close()

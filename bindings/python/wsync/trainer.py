@@ -536,7 +536,12 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
     receivers that have not been told about earlier chunks yet.
 
     ``chunk_bytes`` defaults to :func:`default_chunk_bytes`. ``flush_timeout_s``, when given,
-    makes the call wait for every receiver's acknowledgement (see :meth:`Sender.flush`).
+    makes the call wait for every receiver's acknowledgement (see :meth:`Sender.flush`). A
+    sender with tensors placed in its arena (:func:`place_in_arena`) always flushes before
+    returning (``flush_timeout_s`` or, when ``None``, :data:`ARENA_FLUSH_TIMEOUT_S`): engines
+    read those tensors in place, so the trainer may write them again only once every receiver
+    has acknowledged; a flush that fails raises, and the trainer must not step before the
+    engines are dropped or the version resent.
 
     ``split`` (default ``True``): a tensor larger than ``chunk_bytes`` (a bucket) is sent as
     parts in consecutive chunks (see "Split tensors" in the module documentation). Delta sync
@@ -569,9 +574,26 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
         # no-op when nothing was published, or when the failed send already abandoned it).
         _abandon_quietly(sender)
         raise
+    flush_timeout_s = _flush_timeout(sender, flush_timeout_s)
     if flush_timeout_s is not None:
         sender.flush(flush_timeout_s)
     return requests
+
+
+#: How long :func:`send_model` waits for the engines' acknowledgements when the sender has
+#: tensors in its arena and the caller gave no ``flush_timeout_s`` (seconds; the default of
+#: :meth:`Sender.flush`).
+ARENA_FLUSH_TIMEOUT_S = 60.0
+
+
+def _flush_timeout(sender: Sender, flush_timeout_s: Optional[float]) -> Optional[float]:
+    """The flush :func:`send_model` owes before it returns: the caller's, or for a sender
+    whose arena holds placed tensors (engines read the trainer's own memory) a flush even
+    when none was asked for, since returning earlier invites the next optimizer step to
+    write bytes the engines are still copying (wrong weights, silent with checksums off)."""
+    if flush_timeout_s is None and getattr(sender, "arena_used", 0):
+        return ARENA_FLUSH_TIMEOUT_S
+    return flush_timeout_s
 
 
 async def send_model_async(sender: Sender, source, *, chunk_bytes: Optional[int] = None,
@@ -583,8 +605,8 @@ async def send_model_async(sender: Sender, source, *, chunk_bytes: Optional[int]
     """:func:`send_model` for asyncio trainers. Preparing each chunk (casts, moves), sending
     it and flushing run on worker threads, so the event loop keeps serving while weights go
     out; ``on_request`` may be a plain function or a coroutine function (awaited on the loop,
-    e.g. an HTTP call to the inference engines). Failures abandon the version, as in
-    :func:`send_model`. A :class:`LazySource`'s ``gather`` runs on those worker threads too,
+    e.g. an HTTP call to the inference engines). Failures abandon the version, and a sender
+    with placed tensors flushes before returning, as in :func:`send_model`. A :class:`LazySource`'s ``gather`` runs on those worker threads too,
     one call at a time."""
     _check_lazy_allowed(sender, source)
     if chunk_bytes is None:
@@ -615,6 +637,7 @@ async def send_model_async(sender: Sender, source, *, chunk_bytes: Optional[int]
     except BaseException:
         await asyncio.to_thread(_abandon_quietly, sender)
         raise
+    flush_timeout_s = _flush_timeout(sender, flush_timeout_s)
     if flush_timeout_s is not None:
         await sender.flush_async(flush_timeout_s)
     return requests
