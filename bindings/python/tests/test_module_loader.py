@@ -228,3 +228,61 @@ def test_a_repeated_chunk_layout_is_resolved_once_and_a_new_layout_is_checked_ag
         loader.load(s.receiver, request)
     assert info.value.status is Status.MISMATCH and "'q.weight'" in info.value.message
     assert torch.equal(engine.qkv.weight, before)
+
+
+class WithNorm(torch.nn.Module):
+    """A linear layer and a batch norm: parameters and persistent buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(H, H)
+        self.norm = torch.nn.BatchNorm1d(H)
+
+
+def test_a_module_converted_after_the_loader_was_made_is_loaded_as_it_is_now(make_sync):
+    # An engine makes its loader, then picks its serving dtype (module.float()): the
+    # parameters change dtype in place and every buffer becomes a new tensor. The next version
+    # is checked against the module as it is then: without allow_cast the bf16 wire is refused
+    # naming float32 (before, its raw bytes were copied into the fp32 storage), with it the
+    # values arrive cast, in the buffers the module now holds.
+    trainer = WithNorm()
+    with torch.no_grad():
+        for t in trainer.state_dict().values():
+            if t.is_floating_point():
+                t.copy_(torch.randn_like(t))
+    s = make_sync(buckets=4)
+    strict_engine, casting_engine = WithNorm().bfloat16(), WithNorm().bfloat16()
+    strict = ModuleLoader(strict_engine)
+    casting = ModuleLoader(casting_engine, allow_cast=True)
+    strict_engine.float()
+    casting_engine.float()
+    before = {n: t.clone() for n, t in strict_engine.state_dict().items()}
+    request, = send_model(s.sender, trainer, dtype=torch.bfloat16)
+    with pytest.raises(WsyncError) as info:
+        strict.load(s.receiver, request)
+    assert info.value.status is Status.MISMATCH
+    assert "tensor 'proj.weight': dtype differs: request has bfloat16, model has float32" in info.value.message
+    assert all(torch.equal(strict_engine.state_dict()[n], t) for n, t in before.items())
+
+    s2 = make_sync(buckets=4)
+    request, = send_model(s2.sender, trainer, dtype=torch.bfloat16)
+    casting.load(s2.receiver, request)
+    s2.sender.flush(5)
+    for name, t in trainer.state_dict().items():
+        want = t.to(torch.bfloat16).float() if t.is_floating_point() else t
+        assert torch.equal(casting_engine.state_dict()[name], want), name
+
+
+def test_a_buffer_replaced_between_versions_is_loaded_where_the_module_holds_it(make_sync):
+    trainer, engine = WithNorm(), WithNorm()
+    s = make_sync(buckets=4)
+    loader = ModuleLoader(engine)
+    send_model(s.sender, trainer, on_request=lambda r: loader.load(s.receiver, r))
+    engine.norm.running_mean = torch.zeros(H)  # a new buffer object, as module.to() makes
+    with torch.no_grad():
+        trainer.norm.running_mean.add_(3)
+        trainer.proj.weight.add_(1)
+    send_model(s.sender, trainer, on_request=lambda r: loader.load(s.receiver, r))
+    assert s.receiver.completed_version == 2
+    assert torch.equal(engine.norm.running_mean, trainer.norm.running_mean)
+    assert torch.equal(engine.proj.weight, trainer.proj.weight)

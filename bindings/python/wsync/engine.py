@@ -94,43 +94,34 @@ class ModuleLoader:
     - ``allow_cast``: accept a dtype different from the module's (the copy converts); by
       default a dtype difference is a mismatch.
     - ``ignore_unknown``: skip tensors the module does not have instead of failing.
+
+    The module's tensors are read again at the start of each version (about 1-2 us per
+    tensor): an engine may convert or move its module between versions (``module.float()``,
+    ``.to(device)``, a replaced buffer) and the version is checked and loaded against the
+    module as it is then. Do not convert it while a version is loading.
     """
 
     def __init__(self, module, *, strict: bool = True,
                  map_name: Optional[Callable[[str], MappedName]] = None,
                  allow_cast: bool = False, ignore_unknown: bool = False):
         torch = _dtypes.require_torch()
-        if isinstance(module, torch.nn.Module):
-            self.targets: Dict[str, object] = dict(module.state_dict(keep_vars=True))
-        elif isinstance(module, Mapping):
-            self.targets = dict(module)
-        else:
+        if not isinstance(module, (torch.nn.Module, Mapping)):
             raise invalid(f"module must be an nn.Module or a mapping of tensors, not "
                           f"{type(module).__name__}")
         if map_name is not None and not callable(map_name):
             raise invalid(f"map_name must be callable, not {type(map_name).__name__}")
+        self._module = module
         self.strict = strict
         self.map_name = map_name
         self.allow_cast = allow_cast
         self.ignore_unknown = ignore_unknown
-        self._dtypes = {name: DType.from_torch(t.dtype) for name, t in self.targets.items()}
-        # Tied tensors: one memory, several names; coverage is counted per tensor. Two names
-        # are one tensor when they are the same object or see the same memory the same way
-        # (address, dtype, shape, strides: the trainer's alias rule), so parameters made over
-        # one storage (``Parameter(other.data)``, a mapping of views) count as tied too. Keys
-        # are taken now, by name: moving the module later does not regroup its names.
-        self._key_of: Dict[str, Any] = {}
-        self._names_of: Dict[Any, List[str]] = {}
-        for name, t in self.targets.items():
-            key = alias_key(t)
-            self._key_of[name] = ("object", id(t)) if key is None else key
-            self._names_of.setdefault(self._key_of[name], []).append(name)
         self._version = None
         # Per chunk layout (the tuple of its TensorMetas, the same every version while the
         # trainer's plan stays): destinations and coverage, so a repeated chunk skips name
         # resolution and checks. map_name is thus called once per layout and must depend on the
         # name alone.
         self._plans: Dict[tuple, tuple] = {}
+        self._take_targets(self._read_targets())
         # Receivers (by id) whose kind has no device copy (none of libwsync 0.5's; an older
         # library's nccl_broadcast): GPU targets take views there, after the first UNSUPPORTED.
         self._no_device_copy: set = set()
@@ -142,6 +133,45 @@ class ModuleLoader:
         # module tensor patched this version whose other names may still come: (the name that
         # patched it, a copy of its base), against which a later name's patch is checked.
         self._patch_bases: Dict[Any, Tuple[str, Any]] = {}
+
+    def _read_targets(self) -> Dict[str, object]:
+        if isinstance(self._module, Mapping):
+            return dict(self._module)
+        return dict(self._module.state_dict(keep_vars=True))
+
+    @staticmethod
+    def _signature(targets: Dict[str, object]) -> tuple:
+        """What the checks and plans depend on, per target: the object, its dtype and shape."""
+        return tuple((name, id(t), getattr(t, "dtype", None), tuple(getattr(t, "shape", ())))
+                     for name, t in targets.items())
+
+    def _take_targets(self, targets: Dict[str, object]) -> None:
+        """Takes the module's tensors as they are now and forgets what was derived from the
+        earlier ones (dtypes, ties, cached plans)."""
+        self.targets: Dict[str, object] = targets
+        self._signature_now = self._signature(targets)
+        self._dtypes = {name: DType.from_torch(t.dtype) for name, t in targets.items()}
+        # Tied tensors: one memory, several names; coverage is counted per tensor. Two names
+        # are one tensor when they are the same object or see the same memory the same way
+        # (address, dtype, shape, strides: the trainer's alias rule), so parameters made over
+        # one storage (``Parameter(other.data)``, a mapping of views) count as tied too.
+        self._key_of: Dict[str, Any] = {}
+        self._names_of: Dict[Any, List[str]] = {}
+        for name, t in targets.items():
+            key = alias_key(t)
+            self._key_of[name] = ("object", id(t)) if key is None else key
+            self._names_of.setdefault(self._key_of[name], []).append(name)
+        self._plans.clear()
+
+    def _refresh_targets(self) -> None:
+        """At each version's start: an engine may convert or move its module between versions
+        (``module.float()``, ``.to(device)``, ``.half()``); that changes a parameter's dtype in
+        place and replaces every buffer with a new tensor. Loading by what was taken earlier
+        would copy raw bytes of the old dtype into the new storage, or into buffers the module
+        no longer holds. About 1-2 us per tensor, once per version."""
+        targets = self._read_targets()
+        if self._signature(targets) != self._signature_now:
+            self._take_targets(targets)
 
     def _resolve(self, name: str):
         """(module tensor name, index or None) for a trainer tensor, or None to skip it."""
@@ -285,6 +315,7 @@ class ModuleLoader:
             info = it.info
             if info.version != self._version or info.chunk_index == 0:
                 self._version, self._covered, self._patch_bases = info.version, {}, {}
+                self._refresh_targets()
             metas = it.metas()
             layout = tuple(metas)
             plan = self._plans.get(layout)
