@@ -118,7 +118,10 @@ extern "C" {
  *      and "ucx" carry tree-hash checksums (column "tree"), verified and packed by the copy
  *      threads, and their "copy_threads" option applies to senders too; board layout 4 (builds from
  *      the evening of 2026-11-27): a sole sender withdraws chunks of an abandoned version that a receiver had
- *      not begun (see wsync_sender_flush()); peers of layout 3 are refused (WSYNC_ERR_MISMATCH). */
+ *      not begun (see wsync_sender_flush()); peers of layout 3 are refused (WSYNC_ERR_MISMATCH);
+ *      board layout 5 (builds from 2026-11-28): a "cuda_ipc" sender made again on init info
+ *      an earlier sole sender used goes on after its versions (see wsync_sender_version());
+ *      peers of layout 4 are refused (WSYNC_ERR_MISMATCH). */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
@@ -545,7 +548,13 @@ WSYNC_API wsync_status_t wsync_sender_flush(wsync_sender_t *sender, int64_t time
 WSYNC_API wsync_status_t wsync_sender_wait_released(wsync_sender_t *sender, uint64_t version,
                                                     int64_t timeout_ms);
 
-/* The sync version the next chunk will belong to (1 before any chunk is sent). */
+/* The sync version the next chunk will belong to: before any chunk is sent, 1, or for a
+ * "cuda_ipc" sender of a strategy with one sender ("senders": 1, the default) made on init info
+ * that an earlier sender used (a restarted trainer process keeping its engines), the version
+ * after the newest that sender began or abandoned, so engines still attached take the new
+ * sender's versions as newer ones. Several "cuda_ipc" senders number versions in lockstep from
+ * 1: they are made once per init info (a rank made again mid-run starts at 1, and its
+ * engines refuse its versions as stale until it passes theirs: make a new init info). */
 WSYNC_API wsync_status_t wsync_sender_version(const wsync_sender_t *sender,
                                               uint64_t *version_out);
 

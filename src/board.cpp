@@ -11,7 +11,8 @@ namespace wsync::board {
 
 namespace {
 constexpr char kMagic[8] = {'W', 'S', 'Y', 'N', 'C', 'B', 'R', 'D'};
-constexpr uint32_t kLayoutVersion = 4;  // 3: released words, sender claims; 4: taken words
+// 3: released words, sender claims; 4: taken words; 5: newest_version and newest_seq
+constexpr uint32_t kLayoutVersion = 5;
 constexpr int64_t kLivenessPollMs = 100;  // how often a waiting sender checks receivers' locks
 constexpr int kSeqlockTries = 4;  // a record changed while copied is re-read this often at most
 uint64_t ack_seq(uint64_t word) { return word >> 8; }
@@ -136,8 +137,31 @@ uint32_t SenderEnd::admit_joiners(uint64_t seq) {
     return admitted;
 }
 
+namespace {
+void raise_to(std::atomic<uint64_t> &word, uint64_t value) {
+    uint64_t cur = word.load(std::memory_order_relaxed);
+    while (cur < value && !word.compare_exchange_weak(cur, value, std::memory_order_relaxed)) {
+    }
+}
+}  // namespace
+
+std::pair<uint64_t, uint64_t> SenderEnd::resume_point() const {
+    const uint64_t v = std::max(b_->newest_version.load(std::memory_order_acquire),
+                                b_->abandoned_version.load(std::memory_order_acquire));
+    const uint64_t seq = b_->newest_seq.load(std::memory_order_acquire);
+    if (v >= (uint64_t(1) << 62) || seq >= (uint64_t(1) << 56))
+        throw Error(WSYNC_ERR_PEER,
+                    strf("%s: the board says an earlier sender reached version %" PRIu64
+                         " and chunk seq %" PRIu64 ", beyond what a sender writes: another "
+                         "process wrote those words; make a new init info",
+                         kind_.c_str(), v, seq));
+    return {v, seq};
+}
+
 void SenderEnd::publish(uint32_t slot, uint64_t seq, uint64_t version, uint32_t chunk) {
     if (slot < kMaxSlots) published_[slot] = Published{seq, version, chunk}, expect_slot_[slot] = seq;
+    raise_to(b_->newest_version, version);
+    raise_to(b_->newest_seq, seq);
     b_->slot[slot].seq.store(seq, std::memory_order_release);
 }
 

@@ -38,6 +38,9 @@
 // |                              | kAllReleased after closing all,    |                    |         |
 // |                              | before DETACHED                    |                    |         |
 // | abandoned_version            | sender (max), when it abandons     | receivers          | never   |
+// | newest_version, newest_seq   | sender (max), at each publish      | a sole sender made | never   |
+// |                              |                                    | again on the board |         |
+// |                              |                                    | (resume_point)     |         |
 // | senders_seen                 | each sender once (fetch_add)       | receivers          | never   |
 // | sender_pid[k]                | sender k: its pid by CAS when it   | senders (count of  | sender k|
 // |                              | claims index k (0 -> pid, or a dead| attached senders;  | at      |
@@ -129,6 +132,8 @@ struct Board {
     std::atomic<uint32_t> ack_futex;  // bumped on every acknowledgement, failure and detach
     std::atomic<uint32_t> senders_seen;
     std::atomic<uint64_t> abandoned_version;
+    std::atomic<uint64_t> newest_version;  // the newest version a sender published a chunk of
+    std::atomic<uint64_t> newest_seq;      // the newest chunk seq a sender published
     std::atomic<int32_t> sender_pid[kMaxSenders];  // 0: index free
     ReceiverSlot receiver[kMaxReceivers];
     ChunkSlot slot[kMaxSlots];
@@ -180,6 +185,14 @@ public:
         exclusive_ = sole && exclusive;
     }
     void drop(uint32_t r);
+    // Where a sender made on a board an earlier sole sender used goes on from: the newest
+    // version (that one's, or an abandoned one's) and chunk seq published here, so its first
+    // version and seq come after them. Receivers that stayed attached then take its versions
+    // as newer ones, and no acknowledgement of an earlier chunk can answer one of its own (a
+    // seq restarting at 1 would find the old sender's answer to seq 1 in the slot). {0, 0} on a
+    // fresh board. Throws WSYNC_ERR_PEER if the words are beyond what a sender writes (seqs
+    // fit 56 bits, versions 62).
+    std::pair<uint64_t, uint64_t> resume_point() const;
     // True once every receiver that is not dropped holds its index (attached or joining).
     // `self`: the index the calling process holds itself (its own lock is invisible to it).
     bool all_present(uint32_t self = UINT32_MAX) const;

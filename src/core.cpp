@@ -129,6 +129,7 @@ uint64_t chain_digest(uint64_t digest, const TensorTable &table) {
 // ----------------------------------------------------------------------------------------------
 Sender::Sender(const KindInfo &kind, std::unique_ptr<SenderImpl> impl, const delta::Config &delta)
     : kind_(kind), impl_(std::move(impl)) {
+    version_ = first_version_ = impl_->first_version();
     if (delta.mode == delta::Mode::kOff) return;
     // The transport's own coder where it has one (the GPU kinds compare on the device), else
     // the host's.
@@ -293,11 +294,15 @@ void Sender::wait_released(uint64_t version, int64_t timeout_ms) {
     if (timeout_ms < 0)
         fail(WSYNC_ERR_INVALID_ARGUMENT,
              "wait_released: timeout_ms must be >= 0 (there is no infinite wait)");
-    if (version != WSYNC_ALL_VERSIONS && (version == 0 || version >= version_))
+    if (version != WSYNC_ALL_VERSIONS && (version < first_version_ || version >= version_))
         fail(WSYNC_ERR_INVALID_ARGUMENT,
              std::string(kind_.name) + ": wait_released: version " + std::to_string(version) +
-                 " is not one this sender has finished (versions 1.." +
-                 std::to_string(version_ - 1) + " are; WSYNC_ALL_VERSIONS waits for every mapping)");
+                 " is not one this sender has finished (" +
+                 (version_ == first_version_
+                      ? std::string("none yet")
+                      : "versions " + std::to_string(first_version_) + ".." +
+                            std::to_string(version_ - 1)) +
+                 " are; WSYNC_ALL_VERSIONS waits for every mapping)");
     noting_failures([&] { impl_->wait_released(version, timeout_ms); });
 }
 

@@ -66,6 +66,7 @@ private:
     std::unique_ptr<SenderImpl> impl_;
     std::unique_ptr<delta::Coder> delta_;  // null: delta "off"
     uint64_t version_ = 1;
+    uint64_t first_version_ = 1;  // impl_->first_version()
     uint32_t next_index_ = 0;
     Manifest tally_;  // of the chunks of version_ published so far
     parts::Tracker parts_;  // split tensors of version_ still sending

@@ -144,6 +144,10 @@ public:
     // `version` is the version about to begin; the call may repeat for it (a first chunk
     // refused and sent again) and must then answer alike.
     virtual bool begin_version(uint64_t /*version*/) { return false; }
+    // The version this sender's first chunk belongs to: 1, or for a sender made again where
+    // an earlier one left receivers attached (cuda_ipc, one sender) the version after the
+    // newest that one began, so those receivers take it as newer. Asked once, at creation.
+    virtual uint64_t first_version() const { return 1; }
     // Waits until no receiver maps memory of this sender that `version` (committed) does not
     // use any more (WSYNC_ALL_VERSIONS: no memory at all), so the trainer may free it. Kinds that
     // copy the caller's tensors during send have nothing to wait for.

@@ -365,6 +365,30 @@ void a_forged_sender_claim_is_reported_and_put_back_and_the_audit_goes_on(void *
     f.end->unregister_sender();
 }
 
+// A sender made on a board an earlier one used goes on after the newest version (published or
+// abandoned) and seq found there; words past what a sender writes are another process's.
+void a_sender_made_again_resumes_after_the_newest_version_and_seq_and_refuses_forged_words(void **) {
+    Fixture f;  // published chunk seq 1 of version 1
+    f.end->publish(1, 2, 2, 0);
+    f.end->publish(0, 3, 2, 1);
+    f.end->abandon(3);  // a version abandoned before any chunk of it was published
+    SenderEnd again(f.b, f.fd, 2, 2, "cuda_ipc");
+    auto [version, seq] = again.resume_point();
+    assert_int_equal(version, 3);
+    assert_int_equal(seq, 3);
+    f.end->publish(1, 4, 4, 0);  // the words only grow: an older sender's publish lowers nothing
+    f.end->publish(0, 1, 1, 0);
+    assert_true(again.resume_point() == std::make_pair(uint64_t(4), uint64_t(4)));
+    f.b->newest_seq.store(uint64_t(1) << 56);
+    try {
+        again.resume_point();
+        fail_msg("a forged seq word was taken");
+    } catch (const Error &e) {
+        assert_int_equal(e.status(), WSYNC_ERR_PEER);
+        assert_non_null(strstr(e.what(), "chunk seq 72057594037927936, beyond what a sender writes"));
+    }
+}
+
 // Adversarial trial: another process set abandoned_version to the version in flight and put it
 // back before the trainer's audit looked. The engine refused the version's later chunk as
 // abandoned (an acknowledgement with status ABANDONED, which completes nobody's wait) and held
@@ -509,6 +533,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(another_senders_writes_are_not_findings_and_not_undone),
         cmocka_unit_test(a_forged_sender_claim_is_reported_and_put_back_and_the_audit_goes_on),
         cmocka_unit_test(an_abandoned_answer_to_a_version_the_sender_kept_fails_the_flush),
+        cmocka_unit_test(a_sender_made_again_resumes_after_the_newest_version_and_seq_and_refuses_forged_words),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, nullptr, nullptr);

@@ -489,6 +489,91 @@ static void cuda_ipc_an_abandoned_chunk_nobody_began_does_not_hold_the_only_slot
     for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
 }
 
+/* Sends version `v` of the six tensors as two chunks to `n` engines; each must verify it. */
+static void ipc_send_version(wsync_sender_t *tx, void **data, uint64_t v, engine_t *e, int n) {
+    wsync_tensor_t t[NT];
+    for (int k = 0; k < NT; ++k) {
+        tu_fill(data[k], (size_t)shapes[k][0] * shapes[k][1] * 4, v, (uint64_t)k);
+        t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    }
+    for (int c = 0; c < 2; ++c) {
+        wsync_chunk_t ch = tu_chunk(t + 3 * c, 3, c == 1 ? WSYNC_CHUNK_LAST : 0);
+        wsync_blob_t req;
+        OK(wsync_sender_send_chunk(tx, &ch, &req));
+        for (int i = 0; i < n; ++i) engine_send(&e[i], &req);
+        for (int i = 0; i < n; ++i) assert_int_equal(engine_verdict(&e[i]), 0);
+        wsync_blob_free(&req);
+    }
+}
+
+/* One sender by design, made again on the same init info (a restarted trainer process): it
+ * goes on after the versions and chunk seqs its predecessor published, abandoned one included.
+ * An engine that stayed attached takes them as newer versions, a restarted one joins, and no
+ * answer to the old sender's chunks counts for the new one's (review: versions and seqs
+ * restarted at 1, so the engine that stayed refused versions 1 and 2 as stale, version 2 was
+ * refused as abandoned by the board's word of the old sender, and the new sender blamed a
+ * forger; the old sender's acknowledgement of seq 1 answered the new seq 1). */
+static void cuda_ipc_a_sole_sender_made_again_goes_on_after_its_predecessors_versions(void **state) {
+    (void)state;
+    engine_t e[2] = {ipc_engine(0), ipc_engine(1)};
+    engine_t restarted = ipc_engine(1); /* forked now: later this process uses the driver */
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *a, *b;
+    ipc_trainer("{\"receivers\": 2, \"senders\": 1, \"bucket_bytes\": 65536, \"timeout_ms\": 3000, \"release_timeout_ms\": 300}",
+                e, 2, &s, &init, &a);
+    void *data[NT];
+    for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    ipc_send_version(a, data, 1, e, 2);
+    OK(wsync_sender_flush(a, 3000));
+    /* Version 2: its first chunk reaches both engines, then the trainer gives up on it. */
+    wsync_tensor_t t = gpu_tensor(names[0], data[0], shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    tu_fill(data[0], (size_t)shapes[0][0] * shapes[0][1] * 4, 2, 0);
+    wsync_chunk_t first = tu_chunk(&t, 1, 0);
+    OK(wsync_sender_send_chunk(a, &first, &req));
+    for (int i = 0; i < 2; ++i) engine_send(&e[i], &req);
+    for (int i = 0; i < 2; ++i) assert_int_equal(engine_verdict(&e[i]), 0);
+    wsync_blob_free(&req);
+    OK(wsync_sender_abandon(a));
+    OK(wsync_sender_flush(a, 3000));
+    wsync_sender_destroy(a);
+    /* Engine 1 restarts; engine 0 stays attached. The trainer makes its sender again. */
+    engine_finish(&e[1]);
+    e[1] = restarted;
+    engine_send(&e[1], &init);
+    usleep(200 * 1000); /* it attaches (joining) before the new sender begins a version */
+    OK(wsync_sender_create(s, init.data, init.size, &b));
+    uint64_t v = 0;
+    OK(wsync_sender_version(b, &v));
+    assert_int_equal(v, 3);
+    /* Its first chunk, given to nobody yet: no earlier answer counts for it. */
+    for (int k = 0; k < NT; ++k)
+        tu_fill(data[k], (size_t)shapes[k][0] * shapes[k][1] * 4, 3, (uint64_t)k);
+    wsync_tensor_t t3[NT];
+    for (int k = 0; k < NT; ++k)
+        t3[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t c0 = tu_chunk(t3, 3, 0), c1 = tu_chunk(t3 + 3, 3, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(b, &c0, &req));
+    assert_int_equal(wsync_sender_flush(b, 200), WSYNC_ERR_TIMEOUT);
+    for (int i = 0; i < 2; ++i) engine_send(&e[i], &req);
+    for (int i = 0; i < 2; ++i) assert_int_equal(engine_verdict(&e[i]), 0);
+    wsync_blob_free(&req);
+    OK(wsync_sender_send_chunk(b, &c1, &req));
+    for (int i = 0; i < 2; ++i) engine_send(&e[i], &req);
+    for (int i = 0; i < 2; ++i) assert_int_equal(engine_verdict(&e[i]), 0);
+    wsync_blob_free(&req);
+    OK(wsync_sender_flush(b, 3000));
+    ipc_send_version(b, data, 4, e, 2);
+    OK(wsync_sender_flush(b, 3000));
+    OK(wsync_sender_wait_released(b, 3, 3000));
+    assert_int_equal(wsync_sender_wait_released(b, 2, 0), WSYNC_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(wsync_last_error(), "versions 3..4"));
+    for (int i = 0; i < 2; ++i) engine_finish(&e[i]);
+    trainer_end(b, s, &init);
+    for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
 /* A split tensor goes through the core like any other: each part is a tensor of its own to the
  * transport, packed or shared per allocation, and arrives as one view per part. */
 static void cuda_ipc_moves_a_split_tensor_as_one_view_per_part_packed_or_not(void **state) {
@@ -2637,6 +2722,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_delta_the_version_after_an_abandoned_one_is_dense),
     cmocka_unit_test(cuda_ipc_chunks_nobody_was_given_do_not_wedge_the_trainer),
     cmocka_unit_test(cuda_ipc_an_abandoned_chunk_nobody_began_does_not_hold_the_only_slot),
+    cmocka_unit_test(cuda_ipc_a_sole_sender_made_again_goes_on_after_its_predecessors_versions),
     cmocka_unit_test(gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror),
     cmocka_unit_test(the_fake_counts_memory_freed_while_an_engine_maps_it),
     cmocka_unit_test(unpacked_memory_a_version_no_longer_uses_is_freed_after_wait_released),

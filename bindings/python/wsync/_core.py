@@ -669,7 +669,9 @@ class Sender:
 
     @property
     def version(self) -> int:
-        """The sync version the next chunk will belong to (1 before any chunk is sent)."""
+        """The sync version the next chunk will belong to (1 before any chunk is sent, or, for a
+        ``cuda_ipc`` sender made again on init info an earlier sole sender used, the version
+        after the newest that one began: see ``wsync_sender_version`` in wsync.h)."""
         out = c_uint64()
         with self._lock:
             status = self._lib.wsync_sender_version(self._handle(), byref(out))

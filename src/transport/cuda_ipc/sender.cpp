@@ -46,7 +46,18 @@ public:
         board_.register_sender();
         // With several senders another may still publish a seq this one withdrew (board.hpp).
         board_.set_sole_sender(info.senders == 1);
+        // One sender by design: one made again on this init info (a restarted trainer process,
+        // a sender destroyed and re-created) goes on after its predecessor's versions and seqs
+        // (board.hpp, resume_point). Several senders number chunks in lockstep from 1, so they
+        // are made together, once per init info.
+        if (info.senders == 1) {
+            const auto [version, seq] = board_.resume_point();
+            first_version_ = version + 1;
+            next_seq_ = seq + 1;
+        }
     }
+
+    uint64_t first_version() const override { return first_version_; }
 
     ~IpcSender() override {
         // Receivers map the buckets until they are destroyed: freeing them first is undefined
@@ -297,6 +308,7 @@ private:
     std::map<uint64_t, uint64_t> last_seq_;  // version -> seq of its last chunk sent here
     std::unique_ptr<gpu::Event> legacy_;     // marks the legacy default stream's queued work
     uint64_t next_seq_ = 1;
+    uint64_t first_version_ = 1;
     uint32_t used_slots_ = 0;
     std::unique_ptr<gpu::Device> dev_;
     std::unique_ptr<gpu::Stream> stream_;

@@ -369,7 +369,9 @@ impl Sender {
     /// [`Sender::wait_released`]: every version (no receiver maps anything of the sender).
     pub const ALL_VERSIONS: u64 = sys::WSYNC_ALL_VERSIONS;
 
-    /// The sync version the next chunk will belong to (1 before any chunk is sent).
+    /// The sync version the next chunk will belong to (1 before any chunk is sent, or, for a
+    /// `cuda_ipc` sender made again on init info an earlier sole sender used, the version after
+    /// the newest that one began: see `wsync_sender_version` in wsync.h).
     ///
     /// # Errors
     /// Only if the library refuses the call (a library bug for a live sender).
