@@ -498,11 +498,17 @@ WSYNC_API wsync_status_t wsync_sender_abandon(wsync_sender_t *sender);
  * reported (the version failed everywhere already), nor are a dropped receiver's. With several "cuda_ipc" senders such
  * a chunk is waited for until the receiver is given a later one. Returns
  * WSYNC_OK, or:
- *   WSYNC_ERR_PEER as soon as a receiver failed a chunk, died or detached owing one; the
- *     message carries that receiver's own status, message, version and chunk ("shm: receiver
- *     1 (pid 42) failed chunk 3 of version 2: WSYNC_ERR_MISMATCH: tensor 'x' ...");
+ *   WSYNC_ERR_PEER when a receiver failed a chunk, died or detached owing one; the message
+ *     carries that receiver's own status, message, version and chunk ("shm: receiver 1 (pid
+ *     42) failed chunk 3 of version 2: WSYNC_ERR_MISMATCH: tensor 'x' ..."). On "shm" and
+ *     "cuda_ipc" (since the builds of 2026-11-28) the flush does not return at the first
+ *     failure: a receiver that failed is no longer waited for, the others are until each has
+ *     answered or failed, so one error names every receiver that failed what was flushed (a
+ *     slower engine's failure of the same version no longer fails the next version's first
+ *     send); at the deadline it also names, as WSYNC_FAILURE_TIMEOUT entries, the receivers
+ *     that did not answer;
  *   WSYNC_ERR_TIMEOUT after timeout_ms (>= 0; 0 polls) naming the receivers that did not
- *     answer (a frozen engine is one).
+ *     answer (a frozen engine is one), when none failed.
  * Each failure a receiver recorded (a chunk it failed) is reported once by each sender, oldest
  * first. A receiver that died or detached owing a chunk is a state, not an event: it is
  * reported at every flush and send_chunk that would wait for it, until it re-attaches (then

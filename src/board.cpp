@@ -573,27 +573,52 @@ void SenderEnd::check_abandoned_acks(const std::vector<uint32_t> &slots, uint64_
 }
 
 void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadline,
-                  const char *what, uint64_t max_seq) {
+                  const char *what, uint64_t max_seq, bool gather) {
     audit();
     withdraw_abandoned(slots, max_seq);
     int64_t last_liveness = -1;
+    // gather: the failures found so far and the receivers they name (not waited for further).
+    std::vector<Failure> held;
+    uint64_t failed = 0;
+    // Runs a check; with gather, holds the failures it throws instead of letting them end the
+    // wait (a receiver's failures are each reported once: the next look finds new ones only).
+    auto checked = [&](auto &&check) {
+        if (!gather) return check();
+        try {
+            check();
+        } catch (Error &e) {
+            if (e.status() != WSYNC_ERR_PEER || e.failures().empty()) throw;
+            for (const Failure &f : e.failures()) {
+                if (f.receiver < kMaxReceivers) failed |= uint64_t(1) << f.receiver;
+                held.push_back(f);
+            }
+        }
+    };
+    auto throw_held = [&](std::vector<Failure> more, const std::string &tail) {
+        std::string msg = describe(kind_, held) + tail;
+        for (Failure &f : more) held.push_back(std::move(f));
+        throw Error(WSYNC_ERR_PEER, msg, std::move(held));
+    };
     for (;;) {
-        throw_new_failures();
-        check_abandoned_acks(slots, max_seq);
+        checked([&] { throw_new_failures(); });
+        checked([&] { check_abandoned_acks(slots, max_seq); });
         uint32_t word = b_->ack_futex.load(std::memory_order_acquire);
-        uint64_t mask = pending(slots, max_seq);
+        uint64_t mask = pending(slots, max_seq) & ~failed;
         if (!mask) {
             // A receiver writes its failure record before the acknowledgement it concerns: one
             // written after the check above but before those acknowledgements is reported now,
             // not by the next call.
-            throw_new_failures();
-            check_abandoned_acks(slots, max_seq);
+            checked([&] { throw_new_failures(); });
+            checked([&] { check_abandoned_acks(slots, max_seq); });
+            if (!held.empty()) throw_held({}, "");
             return;
         }
         int64_t left = deadline.remaining_ms();
         if (last_liveness < 0 || last_liveness - left >= kLivenessPollMs) {
-            check_alive(mask, slots, max_seq);
+            checked([&] { check_alive(mask, slots, max_seq); });
             last_liveness = left;
+            mask &= ~failed;
+            if (!mask) continue;  // every receiver still owing has failed: look once more
         }
         if (deadline.passed()) {
             std::vector<Failure> fs;
@@ -613,6 +638,10 @@ void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &de
                     never += (never.empty() ? "" : ", ") + std::to_string(r);
             }
             uint32_t first = static_cast<uint32_t>(__builtin_ctzll(mask));
+            if (!held.empty())
+                throw_held(std::move(fs),
+                           strf("; and receivers %s did not acknowledge within %" PRId64 " ms",
+                                list_indices(mask).c_str(), deadline.budget_ms()));
             throw Error(WSYNC_ERR_TIMEOUT,
                         strf("%s: %s after %" PRId64 " ms: receivers %s did not acknowledge "
                              "(receiver %" PRIu32 " is behind on chunk seq %" PRIu64 ")%s%s%s",

@@ -204,8 +204,14 @@ public:
     // WSYNC_ERR_TIMEOUT at the deadline naming the receivers that did not answer. The thrown
     // Error carries the failures as data. A sole sender first withdraws those chunks that
     // belong to a version it abandoned: receivers that had not begun one are not waited for.
+    // `gather` (a flush): a failure does not end the wait at once. The receivers that failed
+    // (or died, or detached owing a chunk) are no longer waited for, the others are, until each
+    // has answered or failed or the deadline passes; then one WSYNC_ERR_PEER names every
+    // failure (and, at the deadline, the receivers that did not answer). So a version that
+    // fails on several engines is reported whole by its flush, not one engine per call, with
+    // the slower engines' failures failing the next version's sends (Python trainer trial).
     void wait(const std::vector<uint32_t> &slots, const sys::Deadline &deadline, const char *what,
-              uint64_t max_seq);
+              uint64_t max_seq, bool gather = false);
 
     // Waits until every receiver that may still map memory of `version` has closed every IPC
     // mapping that versions <= `version` used and `version` did not (kAllReleased: every

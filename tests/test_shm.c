@@ -1236,6 +1236,95 @@ static void *end_after_200ms(void *it) {
     return NULL;
 }
 
+static void *fail_after_200ms(void *it) {
+    usleep(200000);
+    wsync_recv_fail((wsync_recv_t *)it, WSYNC_ERR_MISMATCH, "the slower loader refused t1");
+    return NULL;
+}
+
+static wsync_failure_t failure_at(wsync_sender_t *tx, size_t i) {
+    wsync_failure_t f;
+    memset(&f, 0, sizeof f);
+    f.struct_size = sizeof f;
+    OK(wsync_sender_failure(tx, i, &f));
+    return f;
+}
+
+/* A version that fails on two engines is reported whole by its flush: the receiver that
+ * failed first is not waited for further, the others are until each answers, and one PEER
+ * names both failures. Before, the flush raised with the faster engine's failure alone and
+ * the slower one's failed the next version's first send, which abandoned that version
+ * (Python trainer trial). With an engine that never answers, the flush ends at its deadline
+ * with PEER naming the failure and the silent receiver. */
+static void a_version_failed_by_two_engines_is_reported_whole_by_one_flush(void **state) {
+    (void)state;
+    model_t m;
+    model_init(&m);
+    trainer_t tr;
+    trainer_open(&tr, "{\"receivers\": 3}");
+    wsync_receiver_t *r[3];
+    for (uint32_t i = 0; i < 3; ++i) r[i] = open_receiver(&tr.init, i);
+    wsync_chunk_t c = tu_chunk(m.t, NT, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    wsync_recv_t *it[3];
+    pthread_t th[2];
+
+    model_fill(&m, 1);
+    OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+    for (int i = 0; i < 3; ++i) OK(wsync_receiver_receive(r[i], req.data, req.size, &it[i]));
+    OK(wsync_recv_fail(it[0], WSYNC_ERR_MISMATCH, "the loader refused t0"));
+    assert_int_equal(pthread_create(&th[0], NULL, fail_after_200ms, it[1]), 0);
+    assert_int_equal(pthread_create(&th[1], NULL, end_after_200ms, it[2]), 0);
+    long t0 = tu_now_ms();
+    assert_int_equal(wsync_sender_flush(tr.sender, 5000), WSYNC_ERR_PEER);
+    assert_true(tu_now_ms() - t0 >= 150);
+    assert_non_null(strstr(wsync_last_error(), "receiver 0"));
+    assert_non_null(strstr(wsync_last_error(), "the loader refused t0"));
+    assert_non_null(strstr(wsync_last_error(), "the slower loader refused t1"));
+    size_t n = 0;
+    OK(wsync_sender_failure_count(tr.sender, &n));
+    assert_int_equal(n, 2);
+    for (size_t i = 0; i < 2; ++i) {
+        wsync_failure_t f = failure_at(tr.sender, i);
+        assert_int_equal(f.receiver, i);
+        assert_int_equal(f.what, WSYNC_FAILURE_FAILED);
+        assert_int_equal(f.status, WSYNC_ERR_MISMATCH);
+        assert_int_equal(f.version, 1);
+    }
+    for (int i = 0; i < 2; ++i) pthread_join(th[i], NULL);
+    wsync_blob_free(&req);
+
+    /* The next version owes nothing to the last one's failures: it sends and completes. */
+    model_fill(&m, 2);
+    OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+    for (int i = 0; i < 3; ++i) load_chunk(r[i], &req);
+    OK(wsync_sender_flush(tr.sender, 5000));
+    wsync_blob_free(&req);
+
+    /* A failure beside a receiver that never answers: PEER at the deadline, naming both. */
+    model_fill(&m, 3);
+    OK(wsync_sender_send_chunk(tr.sender, &c, &req));
+    OK(wsync_receiver_receive(r[0], req.data, req.size, &it[0]));
+    OK(wsync_recv_fail(it[0], WSYNC_ERR_MISMATCH, "the loader refused t0"));
+    load_chunk(r[1], &req);
+    t0 = tu_now_ms();
+    assert_int_equal(wsync_sender_flush(tr.sender, 300), WSYNC_ERR_PEER);
+    assert_true(tu_now_ms() - t0 >= 250);
+    assert_non_null(strstr(wsync_last_error(), "and receivers [2] did not acknowledge within 300 ms"));
+    OK(wsync_sender_failure_count(tr.sender, &n));
+    assert_int_equal(n, 2);
+    wsync_failure_t f0 = failure_at(tr.sender, 0), f1 = failure_at(tr.sender, 1);
+    assert_int_equal(f0.receiver, 0);
+    assert_int_equal(f0.status, WSYNC_ERR_MISMATCH);
+    assert_int_equal(f1.receiver, 2);
+    assert_int_equal(f1.what, WSYNC_FAILURE_TIMEOUT);
+    assert_int_equal(f1.version, 3);
+    wsync_blob_free(&req);
+    for (int i = 0; i < 3; ++i) wsync_receiver_destroy(r[i]);
+    trainer_close(&tr);
+    model_free(&m);
+}
+
 static void flush_with_the_largest_timeout_waits_for_the_receiver(void **state) {
     (void)state;
     trainer_t tr;
@@ -1590,6 +1679,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(receiver_index_out_of_range_or_taken_is_refused),
     cmocka_unit_test(blobs_of_another_role_or_strategy_are_mismatch),
     cmocka_unit_test(segment_is_private_unguessable_and_removed),
+    cmocka_unit_test(a_version_failed_by_two_engines_is_reported_whole_by_one_flush),
     cmocka_unit_test(flush_with_the_largest_timeout_waits_for_the_receiver),
     cmocka_unit_test(strategy_destroyed_without_sender_removes_its_segment),
     cmocka_unit_test(oversized_segment_is_no_memory_not_sigbus),

@@ -558,9 +558,12 @@ def test_corrupted_bytes_fail_verification_naming_the_tensor(make_sync):
     with expect_error(Status.INTEGRITY, "tensor 'marked'", "checksum mismatch"):
         with s.receivers[0].receive(request) as it:
             list(it)
-    with expect_error(Status.PEER, "failed chunk 0 of version 1: WSYNC_ERR_INTEGRITY") as flush:
+    # Receiver 1 never attached: the flush waits for it to its deadline, then names both.
+    with expect_error(Status.PEER, "failed chunk 0 of version 1: WSYNC_ERR_INTEGRITY",
+                      "and receivers [1] did not acknowledge within 200 ms") as flush:
         s.sender.flush(0.2)
-    assert [(f.receiver, f.status) for f in flush.value.failures] == [(0, Status.INTEGRITY)]
+    assert [(f.receiver, f.status) for f in flush.value.failures] == [
+        (0, Status.INTEGRITY), (1, Status.TIMEOUT)]
 
 
 def test_segment_name_is_gone_once_every_receiver_attached(sync):

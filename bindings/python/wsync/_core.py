@@ -593,11 +593,14 @@ class Sender:
         """Waits until every receiver (but dropped ones) has acknowledged every chunk sent so
         far.
 
-        Raises ``PEER`` as soon as a receiver failed a chunk, died or detached owing one, or
-        ``TIMEOUT`` after ``timeout_s`` seconds naming the receivers that did not answer. The
-        error's ``failures`` lists each receiver's failure as data (its own status and message,
-        version, chunk); the trainer may then :meth:`drop_receiver` the failed ones and flush
-        again, or resend the version. ``0`` polls. There is no infinite wait.
+        Raises ``PEER`` when a receiver failed a chunk, died or detached owing one, or
+        ``TIMEOUT`` after ``timeout_s`` seconds naming the receivers that did not answer. On
+        ``shm`` and ``cuda_ipc`` a failure does not end the wait at once: the other receivers
+        are waited for until each has answered or failed (or the deadline), so one error names
+        every engine that failed the version. The error's ``failures`` lists each receiver's
+        failure as data (its own status and message, version, chunk); the trainer may then
+        :meth:`drop_receiver` the failed ones and flush again, or resend the version. ``0``
+        polls. There is no infinite wait.
         """
         if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s):
             raise invalid(f"flush: timeout_s must be a finite number of seconds, got {timeout_s!r}")

@@ -131,7 +131,8 @@ public:
         std::vector<uint32_t> all;
         for (uint32_t s = 0; s < used_slots_; ++s) all.push_back(s);
         // This sender's own chunks only: with several senders, others may have published more.
-        board_.wait(all, sys::Deadline(timeout_ms), "flush timed out", next_seq_ - 1);
+        board_.wait(all, sys::Deadline(timeout_ms), "flush timed out", next_seq_ - 1,
+                    /*gather=*/true);
     }
 
     void abandon(uint64_t version) override { board_.abandon(version); }

@@ -83,7 +83,8 @@ public:
         maybe_unlink();
         std::vector<uint32_t> all;
         for (uint32_t b = 0; b < used_buckets_; ++b) all.push_back(b);
-        board_.wait(all, sys::Deadline(timeout_ms), "flush timed out", next_seq_ - 1);
+        board_.wait(all, sys::Deadline(timeout_ms), "flush timed out", next_seq_ - 1,
+                    /*gather=*/true);
     }
 
     void abandon(uint64_t version) override { board_.abandon(version); }

@@ -277,9 +277,11 @@ impl Sender {
     }
 
     /// Waits until every receiver (but dropped ones) has acknowledged every chunk sent so far.
-    /// Fails with [`Status::Peer`] as soon as a receiver failed a chunk, died or detached owing
-    /// one, or with [`Status::Timeout`] after `timeout` naming the receivers that did not
-    /// answer; [`Error::failures`] gives each receiver's part as data (its own status and
+    /// Fails with [`Status::Peer`] when a receiver failed a chunk, died or detached owing one
+    /// (on `shm` and `cuda_ipc` after every other receiver has answered or failed, or at the
+    /// deadline, so one error names every engine that failed), or with [`Status::Timeout`]
+    /// after `timeout` naming the receivers that did not answer when none failed;
+    /// [`Error::failures`] gives each receiver's part as data (its own status and
     /// message, version, chunk). Each failure is reported once. The trainer may then
     /// [`Sender::drop_receiver`] the failed ones and flush again, or resend the version. A zero
     /// timeout polls; timeouts are rounded up to whole milliseconds.
