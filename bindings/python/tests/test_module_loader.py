@@ -286,3 +286,58 @@ def test_a_buffer_replaced_between_versions_is_loaded_where_the_module_holds_it(
     assert s.receiver.completed_version == 2
     assert torch.equal(engine.norm.running_mean, trainer.norm.running_mean)
     assert torch.equal(engine.proj.weight, trainer.proj.weight)
+
+
+class _Attn(torch.nn.Module):
+    def __init__(self, fused):
+        super().__init__()
+        if fused:
+            self.qkv = torch.nn.Linear(H, 3 * H)
+        else:
+            self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(H, H) for _ in range(3))
+
+
+class _LM(torch.nn.Module):
+    """Names as real checkpoints have them: layers.0.attn.{q,k,v}_proj or qkv, and lm_head."""
+
+    def __init__(self, fused):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.ModuleDict({"attn": _Attn(fused)})])
+        self.lm_head = torch.nn.Linear(H, 8, bias=False)
+
+
+def test_the_readme_to_fused_hook_loads_a_model_with_an_lm_head(sync):
+    # The package README's map_name example, run as written (it once crashed on
+    # lm_head.weight, whose name has two dotted parts).
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"```python\n(H = model\.config\.hidden_size.*?)```", readme, re.S)
+    assert block, "the README's to_fused example moved"
+    trainer, engine = _LM(fused=False), _LM(fused=True)
+    engine.config = type("Config", (), {"hidden_size": H})()
+    scope = {"model": engine, "ModuleLoader": ModuleLoader}
+    exec(block.group(1), scope)
+    loader = scope["loader"]
+    send_model(sync.sender, trainer, on_request=lambda r: loader.load(sync.receiver, r))
+    assert sync.receiver.completed_version == 1
+    attn = trainer.layers[0]["attn"]
+    assert torch.equal(engine.layers[0]["attn"].qkv.weight,
+                       torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+    assert torch.equal(engine.lm_head.weight, trainer.lm_head.weight)
+
+
+def test_an_exception_in_map_name_fails_the_chunk_naming_the_tensor(sync):
+    trainer, engine = _LM(fused=False), _LM(fused=True)
+    before = {n: t.clone() for n, t in engine.state_dict().items()}
+    loader = ModuleLoader(engine, map_name=lambda name: name.split(".")[4])  # IndexError on lm_head
+    request, = send(sync, trainer.state_dict())
+    with pytest.raises(WsyncError) as info:
+        loader.load(sync.receiver, request)
+    assert info.value.status is Status.MISMATCH
+    assert "map_name('lm_head.weight') raised IndexError: list index out of range" in info.value.message
+    assert all(torch.equal(engine.state_dict()[n], t) for n, t in before.items())
+    with pytest.raises(WsyncError) as flush:
+        sync.sender.flush(5)
+    assert "map_name('lm_head.weight') raised IndexError" in flush.value.failures[0].message

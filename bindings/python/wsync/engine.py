@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from . import _dtypes
-from ._core import Receiver, RecvInfo, TensorMeta
+from ._core import Receiver, RecvInfo, TensorMeta, status_for_exception
 from ._dtypes import DType
 from ._errors import Status, WsyncError, invalid
 from .trainer import alias_key, split_alias_name
@@ -177,7 +177,13 @@ class ModuleLoader:
         """(module tensor name, index or None) for a trainer tensor, or None to skip it."""
         if self.map_name is None:
             return name, None
-        mapped = self.map_name(name)
+        try:
+            mapped = self.map_name(name)
+        except Exception as exc:
+            # The hook's own error, with the tensor it was called for: the chunk fails with
+            # the status the exception maps to, and the trainer's flush names the tensor.
+            raise WsyncError(status_for_exception(exc),
+                             f"map_name('{name}') raised {type(exc).__name__}: {exc}") from exc
         if mapped is None or isinstance(mapped, str):
             return None if mapped is None else (mapped, None)
         if isinstance(mapped, tuple) and len(mapped) == 2 and isinstance(mapped[0], str):
