@@ -642,11 +642,13 @@ void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &de
                 throw_held(std::move(fs),
                            strf("; and receivers %s did not acknowledge within %" PRId64 " ms",
                                 list_indices(mask).c_str(), deadline.budget_ms()));
+            Failure scratch;
+            const std::string behind = label(oldest_pending_seq(first, slots, max_seq), scratch);
             throw Error(WSYNC_ERR_TIMEOUT,
                         strf("%s: %s after %" PRId64 " ms: receivers %s did not acknowledge "
-                             "(receiver %" PRIu32 " is behind on chunk seq %" PRIu64 ")%s%s%s",
+                             "(receiver %" PRIu32 " is behind on %s)%s%s%s",
                              kind_.c_str(), what, deadline.budget_ms(), list_indices(mask).c_str(),
-                             first, oldest_pending_seq(first, slots, max_seq),
+                             first, behind.c_str(),
                              never.empty() ? "" : "; never attached: [", never.c_str(),
                              never.empty() ? "" : "]"),
                         std::move(fs));

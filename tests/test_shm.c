@@ -360,6 +360,8 @@ static void flush_times_out_naming_receivers_that_never_answered(void **state) {
     long took = tu_now_ms() - t0;
     assert_true(took >= 290 && took < 2000);
     assert_non_null(strstr(wsync_last_error(), "never attached: [1]"));
+    /* The chunk as the trainer knows it, not only the board's internal seq. */
+    assert_non_null(strstr(wsync_last_error(), "receiver 1 is behind on chunk 0 of version 1 (seq 1)"));
     EXPECT_ERR(wsync_sender_flush(tr.sender, -1), WSYNC_ERR_INVALID_ARGUMENT, "timeout_ms");
     wsync_blob_free(&req);
     wsync_receiver_destroy(r0);
