@@ -560,8 +560,8 @@ void SenderEnd::check_abandoned_acks(const std::vector<uint32_t> &slots, uint64_
             f.chunk_index = p.chunk;
             f.message = strf("refused chunk %" PRIu32 " of version %" PRIu64 " as abandoned, "
                              "which this sender never abandoned: another process wrote the "
-                             "board's abandoned_version word, and that version is not complete "
-                             "on this receiver",
+                             "board's abandoned_version word or this chunk's slot word (as "
+                             "withdrawn), and that version is not complete on this receiver",
                              p.chunk, p.version);
             fs.push_back(std::move(f));
         }

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <chrono>
+#include <thread>
 
 #include "board.hpp"
 #include "error.hpp"
@@ -413,6 +415,33 @@ void an_abandoned_answer_to_a_version_the_sender_kept_fails_the_flush(void **) {
         assert_true(e.failures()[0].version == 1);
     }
     f.end->wait({0}, sys::Deadline(1000), "flush timed out", 1);  // reported once
+    // A flush (gather) reports it the same way once every other receiver has answered, and
+    // says which words may have been forged.
+    Fixture h;
+    h.end->set_sole_sender(true, /*exclusive=*/true);
+    acknowledge(h.b, 1, 0, 1, WSYNC_ERR_ABANDONED);
+    // Receiver 0's process: its own open file description of the board, holding its lock.
+    const int alive = open(("/proc/self/fd/" + std::to_string(h.fd)).c_str(), O_RDWR | O_CLOEXEC);
+    assert_true(alive >= 0);
+    assert_true(sys::lock_try(alive, kLockBase + 0));
+    std::thread late([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        acknowledge(h.b, 0, 0, 1, WSYNC_OK);
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+        h.end->wait({0}, sys::Deadline(2000), "flush timed out", 1, /*gather=*/true);
+        fail_msg("the flush said OK though receiver 1 refused version 1 as abandoned");
+    } catch (const Error &e) {
+        assert_int_equal(e.status(), WSYNC_ERR_PEER);
+        assert_non_null(strstr(e.what(), "the board's abandoned_version word or this chunk's slot word"));
+        assert_int_equal(e.failures().size(), 1);
+        // It waited for receiver 0's answer (100 ms), not for the deadline.
+        const auto waited = std::chrono::steady_clock::now() - t0;
+        assert_true(waited >= std::chrono::milliseconds(90) && waited < std::chrono::milliseconds(1500));
+    }
+    late.join();
+    close(alive);
     Fixture g;
     g.end->set_sole_sender(true, /*exclusive=*/true);
     g.end->abandon(1);
