@@ -475,9 +475,10 @@ void SenderEnd::audit() {
         return;
     }
     if (stale_) {
+        // The board as it is now is what this sender expects from here on; a claim found
+        // above (exclusive) is still reported below.
         snapshot();
         stale_ = false;
-        return;
     }
     // First only look (cheap: a few loads per slot and receiver); act only on a difference.
     // expect_slot_[s] == 0: not known (not published here since the last look).
