@@ -145,16 +145,28 @@ void raise_to(std::atomic<uint64_t> &word, uint64_t value) {
 }
 }  // namespace
 
-std::pair<uint64_t, uint64_t> SenderEnd::resume_point() const {
+std::pair<uint64_t, uint64_t> SenderEnd::resume() {
     const uint64_t v = std::max(b_->newest_version.load(std::memory_order_acquire),
                                 b_->abandoned_version.load(std::memory_order_acquire));
-    const uint64_t seq = b_->newest_seq.load(std::memory_order_acquire);
-    if (v >= (uint64_t(1) << 62) || seq >= (uint64_t(1) << 56))
+    uint64_t seq = b_->newest_seq.load(std::memory_order_acquire);
+    for (uint32_t s = 0; s < slots_; ++s) {
+        const ChunkSlot &cs = b_->slot[s];
+        const uint64_t held = cs.seq.load(std::memory_order_acquire);
+        if (held != kWithdrawn) seq = std::max(seq, held);
+        for (uint32_t r = 0; r < receivers_; ++r) {
+            seq = std::max(seq, ack_seq(cs.ack[r].load(std::memory_order_acquire)));
+            const uint64_t taken = cs.taken[r].load(std::memory_order_acquire);
+            if (taken != kWithdrawn) seq = std::max(seq, taken);
+        }
+    }
+    if (v >= (uint64_t(1) << 62) - 1 || seq >= (uint64_t(1) << 56) - 1)
         throw Error(WSYNC_ERR_PEER,
                     strf("%s: the board says an earlier sender reached version %" PRIu64
                          " and chunk seq %" PRIu64 ", beyond what a sender writes: another "
                          "process wrote those words; make a new init info",
                          kind_.c_str(), v, seq));
+    floor_seq_ = seq + 1;
+    for (uint32_t r = 0; r < receivers_; ++r) skip_records(r);
     return {v, seq};
 }
 
@@ -218,7 +230,8 @@ bool SenderEnd::all_present(uint32_t self) const {
 // stray write can change what this sender waits for.
 uint64_t SenderEnd::want(uint32_t slot, uint64_t max_seq) const {
     if (slot >= slots_ || max_seq < uint64_t(slot) + 1) return 0;
-    return slot + 1 + (max_seq - (slot + 1)) / slots_ * slots_;
+    const uint64_t seq = slot + 1 + (max_seq - (slot + 1)) / slots_ * slots_;
+    return seq < floor_seq_ ? 0 : seq;  // an earlier sender's chunk: not this one's to wait for
 }
 
 bool SenderEnd::owes(uint32_t r, uint64_t seq) const {
@@ -589,8 +602,15 @@ void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &de
             check();
         } catch (Error &e) {
             if (e.status() != WSYNC_ERR_PEER || e.failures().empty()) throw;
+            // A receiver is reported by the look that first finds it failed; what later looks
+            // find of it is not added (review: another process flipping a receiver's failure
+            // count made every pass add records, 284550 in 2 s), nor anything past a bound.
+            const uint64_t before = failed;
             for (const Failure &f : e.failures()) {
-                if (f.receiver < kMaxReceivers) failed |= uint64_t(1) << f.receiver;
+                const bool indexed = f.receiver < kMaxReceivers;
+                if ((indexed && (before >> f.receiver & 1)) || held.size() >= kMaxHeldFailures)
+                    continue;
+                if (indexed) failed |= uint64_t(1) << f.receiver;
                 held.push_back(f);
             }
         }
@@ -641,8 +661,10 @@ void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &de
             uint32_t first = static_cast<uint32_t>(__builtin_ctzll(mask));
             if (!held.empty())
                 throw_held(std::move(fs),
-                           strf("; and receivers %s did not acknowledge within %" PRId64 " ms",
-                                list_indices(mask).c_str(), deadline.budget_ms()));
+                           strf("; and receivers %s did not acknowledge within %" PRId64 " ms%s%s%s",
+                                list_indices(mask).c_str(), deadline.budget_ms(),
+                                never.empty() ? "" : " (never attached: [", never.c_str(),
+                                never.empty() ? "" : "])"));
             Failure scratch;
             const std::string behind = label(oldest_pending_seq(first, slots, max_seq), scratch);
             throw Error(WSYNC_ERR_TIMEOUT,

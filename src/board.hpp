@@ -40,7 +40,7 @@
 // | abandoned_version            | sender (max), when it abandons     | receivers          | never   |
 // | newest_version, newest_seq   | sender (max), at each publish      | a sole sender made | never   |
 // |                              |                                    | again on the board |         |
-// |                              |                                    | (resume_point)     |         |
+// |                              |                                    | (resume)           |         |
 // | senders_seen                 | each sender once (fetch_add)       | receivers          | never   |
 // | sender_pid[k]                | sender k: its pid by CAS when it   | senders (count of  | sender k|
 // |                              | claims index k (0 -> pid, or a dead| attached senders;  | at      |
@@ -89,6 +89,9 @@ constexpr uint64_t kLockBase = uint64_t(1) << 40;  // lock bytes lie past any se
 constexpr uint64_t kAllReleased = UINT64_MAX;
 // slot[s].seq of a chunk its sender withdrew (never a chunk's seq: those fit in 56 bits).
 constexpr uint64_t kWithdrawn = UINT64_MAX;
+// The most failures one gathering wait (a flush) holds before it reports them: every record
+// each receiver's ring can hold.
+constexpr std::size_t kMaxHeldFailures = std::size_t(kMaxReceivers) * kFailureRing;
 
 enum ReceiverState : uint32_t {
     kFree = 0,      // never attached
@@ -185,14 +188,19 @@ public:
         exclusive_ = sole && exclusive;
     }
     void drop(uint32_t r);
-    // Where a sender made on a board an earlier sole sender used goes on from: the newest
-    // version (that one's, or an abandoned one's) and chunk seq published here, so its first
-    // version and seq come after them. Receivers that stayed attached then take its versions
-    // as newer ones, and no acknowledgement of an earlier chunk can answer one of its own (a
-    // seq restarting at 1 would find the old sender's answer to seq 1 in the slot). {0, 0} on a
-    // fresh board. Throws WSYNC_ERR_PEER if the words are beyond what a sender writes (seqs
-    // fit 56 bits, versions 62).
-    std::pair<uint64_t, uint64_t> resume_point() const;
+    // Makes this SenderEnd go on after an earlier sole sender of the board, and returns where
+    // it goes on from: the newest version (that one's, or an abandoned one's) and chunk seq
+    // published here, so its first version and seq come after them. Receivers that stayed
+    // attached then take its versions as newer ones, and no acknowledgement of an earlier chunk
+    // can answer one of its own (a seq restarting at 1 would find the old sender's answer to
+    // seq 1 in the slot). The seq is the newest the board shows anywhere (the newest_seq word,
+    // slot, acknowledgement and taken words), so a word lowered by another process cannot
+    // bring that back. From here on this SenderEnd waits only for its own chunks (the earlier
+    // sender's were in its own buckets: undelivered or withdrawn ones no longer hold a slot)
+    // and reports only failures recorded from now on (the earlier sender reported or abandoned
+    // the rest). {0, 0} on a fresh board. Throws WSYNC_ERR_PEER if the words are beyond what a
+    // sender writes (seqs fit 56 bits, versions 62), so the next would not fit.
+    std::pair<uint64_t, uint64_t> resume();
     // True once every receiver that is not dropped holds its index (attached or joining).
     // `self`: the index the calling process holds itself (its own lock is invisible to it).
     bool all_present(uint32_t self = UINT32_MAX) const;
@@ -268,6 +276,7 @@ private:
     // and the slot still holds it; the message then says "chunk c of version v (seq s)".
     std::string label(uint64_t seq, Failure &f) const;
     uint64_t reported_[kMaxReceivers] = {};
+    uint64_t floor_seq_ = 0;  // resume(): chunks before this seq are an earlier sender's
     uint32_t sender_index_ = UINT32_MAX;  // claimed by register_sender
     struct Published {
         uint64_t seq = 0, version = 0;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -379,27 +380,80 @@ void a_forged_sender_claim_is_reported_and_put_back_and_the_audit_goes_on(void *
 }
 
 // A sender made on a board an earlier one used goes on after the newest version (published or
-// abandoned) and seq found there; words past what a sender writes are another process's.
+// abandoned) and seq found there, waits only for its own chunks and reports only failures
+// recorded from then on; words past what a sender writes are another process's, and lowered
+// words cannot make its seqs restart (review).
 void a_sender_made_again_resumes_after_the_newest_version_and_seq_and_refuses_forged_words(void **) {
     Fixture f;  // published chunk seq 1 of version 1
     f.end->publish(1, 2, 2, 0);
     f.end->publish(0, 3, 2, 1);
     f.end->abandon(3);  // a version abandoned before any chunk of it was published
+    record_failure(f.b, 0, WSYNC_ERR_MISMATCH, 2, 0, "the loader refused t0");  // reported by f
     SenderEnd again(f.b, f.fd, 2, 2, "cuda_ipc");
-    auto [version, seq] = again.resume_point();
+    auto [version, seq] = again.resume();
     assert_int_equal(version, 3);
     assert_int_equal(seq, 3);
+    // Seqs 2 and 3 (slots 1 and 0) were the earlier sender's: nobody acknowledged them, and
+    // they hold no slot of this one; nor is the earlier failure reported again.
+    again.wait({0, 1}, sys::Deadline(200), "no free bucket", 3);
     f.end->publish(1, 4, 4, 0);  // the words only grow: an older sender's publish lowers nothing
     f.end->publish(0, 1, 1, 0);
-    assert_true(again.resume_point() == std::make_pair(uint64_t(4), uint64_t(4)));
-    f.b->newest_seq.store(uint64_t(1) << 56);
+    assert_true(again.resume() == std::make_pair(uint64_t(4), uint64_t(4)));
+    // Lowered words: the slots still say seq 4 was published, so no seq restarts at 1.
+    f.b->newest_seq.store(0);
+    f.b->newest_version.store(0);
+    assert_int_equal(again.resume().second, 4);
+    acknowledge(f.b, 1, 1, 9, WSYNC_OK);  // an acknowledgement word counts too
+    assert_int_equal(again.resume().second, 9);
+    f.b->newest_seq.store((uint64_t(1) << 56) - 1);  // the next seq would not fit
     try {
-        again.resume_point();
+        again.resume();
         fail_msg("a forged seq word was taken");
     } catch (const Error &e) {
         assert_int_equal(e.status(), WSYNC_ERR_PEER);
-        assert_non_null(strstr(e.what(), "chunk seq 72057594037927936, beyond what a sender writes"));
+        assert_non_null(strstr(e.what(), "chunk seq 72057594037927935, beyond what a sender writes"));
     }
+}
+
+// A flush against a process that keeps rewriting receiver 0's failure count (any engine maps
+// the board) while receiver 1, alive, never answers: receiver 0 is reported by the look that
+// first finds it, and what later looks find of it is not added; the flush ends at its deadline
+// with that and receiver 1's TIMEOUT (review: every pass added records, 284550 of them and a
+// 33 MB message in 2 s).
+void a_flush_against_a_flipping_failure_count_holds_each_receiver_once(void **) {
+    Fixture f;  // seq 1 in slot 0
+    const int other = open(("/proc/self/fd/" + std::to_string(f.fd)).c_str(), O_RDWR | O_CLOEXEC);
+    assert_true(other >= 0);
+    assert_true(sys::lock_try(other, kLockBase + 0) && sys::lock_try(other, kLockBase + 1));
+    acknowledge(f.b, 0, 0, 1, WSYNC_OK);
+    std::atomic<bool> stop{false};
+    std::thread forger([&] {
+        while (!stop.load()) {
+            for (uint64_t n : {uint64_t(5), uint64_t(0)}) {
+                f.b->receiver[0].failures.store(n);
+                f.b->ack_futex.fetch_add(1);
+                sys::futex_wake_all(&f.b->ack_futex);
+            }
+        }
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+        f.end->wait({0}, sys::Deadline(500), "flush timed out", 1, /*gather=*/true);
+        fail_msg("the flush said OK");
+    } catch (const Error &e) {
+        const auto took = std::chrono::steady_clock::now() - t0;
+        assert_int_equal(e.status(), WSYNC_ERR_PEER);
+        assert_true(took >= std::chrono::milliseconds(450) && took < std::chrono::milliseconds(3000));
+        std::size_t of0 = 0, of1 = 0;
+        for (const Failure &x : e.failures()) (x.receiver == 0 ? of0 : of1) += 1;
+        assert_true(of0 >= 1 && of0 <= kFailureRing + 1);
+        assert_int_equal(of1, 1);
+        assert_true(std::strlen(e.what()) < 8192);
+        assert_non_null(strstr(e.what(), "and receivers [1] did not acknowledge within 500 ms"));
+    }
+    stop = true;
+    forger.join();
+    close(other);
 }
 
 // Adversarial trial: another process set abandoned_version to the version in flight and put it
@@ -574,6 +628,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_forged_sender_claim_is_reported_and_put_back_and_the_audit_goes_on),
         cmocka_unit_test(an_abandoned_answer_to_a_version_the_sender_kept_fails_the_flush),
         cmocka_unit_test(a_sender_made_again_resumes_after_the_newest_version_and_seq_and_refuses_forged_words),
+        cmocka_unit_test(a_flush_against_a_flipping_failure_count_holds_each_receiver_once),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, nullptr, nullptr);

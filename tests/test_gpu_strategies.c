@@ -574,6 +574,51 @@ static void cuda_ipc_a_sole_sender_made_again_goes_on_after_its_predecessors_ver
     for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
 }
 
+/* The same with one bucket, an engine that failed the old sender's last delivered version
+ * (reported by that sender) and a chunk of the old sender nobody was given: the new sender
+ * waits for neither (its buckets are its own; that failure was reported) and its first version
+ * completes (review: its first send timed out for good on the old sender's undelivered chunk,
+ * and its first send failed with the old sender's reported failure). */
+static void cuda_ipc_a_sole_sender_made_again_waits_only_for_its_own_chunks(void **state) {
+    (void)state;
+    engine_cfg cfg = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 0, 2 /* fails version 2 */, 0, 0};
+    engine_t e[1] = {engine_start(&cfg)};
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *a, *b;
+    ipc_trainer("{\"senders\": 1, \"buckets\": 1, \"bucket_bytes\": 65536, \"timeout_ms\": 1000, "
+                "\"release_timeout_ms\": 300}", e, 1, &s, &init, &a);
+    void *data[NT];
+    for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    ipc_send_version(a, data, 1, e, 1);
+    OK(wsync_sender_flush(a, 3000));
+    wsync_tensor_t t[NT];
+    for (int k = 0; k < NT; ++k)
+        t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t c0 = tu_chunk(t, 3, 0);
+    OK(wsync_sender_send_chunk(a, &c0, &req)); /* version 2: the engine's loader refuses it */
+    engine_send(&e[0], &req);
+    assert_int_equal(engine_verdict(&e[0]), 4);
+    wsync_blob_free(&req);
+    EXPECT_ERR(wsync_sender_flush(a, 3000), WSYNC_ERR_PEER, "the loader refused tensor t0");
+    OK(wsync_sender_abandon(a));
+    OK(wsync_sender_send_chunk(a, &c0, &req)); /* version 3: never forwarded */
+    wsync_blob_free(&req);
+    wsync_sender_destroy(a); /* abandons version 3 */
+    OK(wsync_sender_create(s, init.data, init.size, &b));
+    uint64_t v = 0;
+    OK(wsync_sender_version(b, &v));
+    assert_int_equal(v, 4);
+    long t0 = tu_now_ms();
+    ipc_send_version(b, data, 4, e, 1);
+    OK(wsync_sender_flush(b, 3000));
+    assert_true(tu_now_ms() - t0 < 900); /* no send waited out its 1000 ms */
+    engine_finish(&e[0]);
+    trainer_end(b, s, &init);
+    for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
 /* A split tensor goes through the core like any other: each part is a tensor of its own to the
  * transport, packed or shared per allocation, and arrives as one view per part. */
 static void cuda_ipc_moves_a_split_tensor_as_one_view_per_part_packed_or_not(void **state) {
@@ -2723,6 +2768,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_chunks_nobody_was_given_do_not_wedge_the_trainer),
     cmocka_unit_test(cuda_ipc_an_abandoned_chunk_nobody_began_does_not_hold_the_only_slot),
     cmocka_unit_test(cuda_ipc_a_sole_sender_made_again_goes_on_after_its_predecessors_versions),
+    cmocka_unit_test(cuda_ipc_a_sole_sender_made_again_waits_only_for_its_own_chunks),
     cmocka_unit_test(gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror),
     cmocka_unit_test(the_fake_counts_memory_freed_while_an_engine_maps_it),
     cmocka_unit_test(unpacked_memory_a_version_no_longer_uses_is_freed_after_wait_released),

@@ -160,8 +160,23 @@ def test_send_model_over_arena_tensors_raises_when_an_engine_does_not_acknowledg
     place_in_arena(sender, trainer)
     receiver = wsync.Strategy.for_init_info(init).receiver(init, 0)  # attached, never reads
     with pytest.raises(wsync.WsyncError) as exc:
-        send_model(sender, trainer, chunk_bytes=32 << 10, flush_timeout_s=0.3)
+        send_model(sender, trainer, chunk_bytes=32 << 10, on_request=lambda r: None,
+                   flush_timeout_s=0.3)  # forwarded, but the engine never reads
     assert exc.value.status == Status.TIMEOUT and "receiver 0" in exc.value.message
     receiver.close()
+    sender.close()
+    strategy.close()
+
+
+def test_send_model_over_arena_tensors_without_on_request_is_refused_before_sending():
+    # Its requests would come back only after a flush no engine could answer (review: every
+    # call timed out and committed a version nobody was told of).
+    trainer = TinyLM(seed=0)
+    strategy, init, sender = _pair(1 << 20, bucket_bytes=64 << 10, buckets=8)
+    place_in_arena(sender, trainer)
+    with pytest.raises(wsync.WsyncError) as exc:
+        send_model(sender, trainer, chunk_bytes=32 << 10)
+    assert exc.value.status == Status.INVALID_ARGUMENT and "pass on_request" in exc.value.message
+    assert sender.version == 1  # nothing was sent
     sender.close()
     strategy.close()

@@ -341,3 +341,31 @@ def test_an_exception_in_map_name_fails_the_chunk_naming_the_tensor(sync):
     with pytest.raises(WsyncError) as flush:
         sync.sender.flush(5)
     assert "map_name('lm_head.weight') raised IndexError" in flush.value.failures[0].message
+
+
+class _TwoOverOne(torch.nn.Module):
+    """Two parameters made over one storage: tied by memory, not by object."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4, bias=False)
+        self.b = torch.nn.Linear(4, 4, bias=False)
+        self.b.weight = torch.nn.Parameter(self.a.weight.data)
+
+
+def test_parameters_untied_by_a_conversion_after_the_loader_was_made_each_load_the_tied_wire_tensor(sync):
+    # A conversion there and back (or a move to a GPU) gives each parameter a storage of its
+    # own while keeping objects, dtypes and shapes: the trainer's one tied wire tensor must
+    # then reach both (review: only one was loaded and the version committed with a mix).
+    trainer, engine = _TwoOverOne(), _TwoOverOne()
+    loader = ModuleLoader(engine)
+    engine.double()
+    engine.float()
+    assert engine.a.weight.data_ptr() != engine.b.weight.data_ptr()
+    with torch.no_grad():
+        trainer.a.weight.fill_(7.0)
+    send_model(sync.sender, trainer, on_request=lambda r: loader.load(sync.receiver, r))
+    sync.sender.flush(5)
+    assert sync.receiver.completed_version == 1
+    assert torch.equal(engine.a.weight, trainer.a.weight)
+    assert torch.equal(engine.b.weight, trainer.b.weight)

@@ -141,9 +141,12 @@ class ModuleLoader:
 
     @staticmethod
     def _signature(targets: Dict[str, object]) -> tuple:
-        """What the checks and plans depend on, per target: the object, its dtype and shape."""
-        return tuple((name, id(t), getattr(t, "dtype", None), tuple(getattr(t, "shape", ())))
-                     for name, t in targets.items())
+        """What the checks, ties and plans depend on, per target: the object, its dtype and
+        shape, and the memory it sees (``alias_key``: a move to another device or a
+        conversion and back gives parameters made over one storage storages of their own,
+        so they are no longer tied)."""
+        return tuple((name, id(t), getattr(t, "dtype", None), tuple(getattr(t, "shape", ())),
+                      alias_key(t)) for name, t in targets.items())
 
     def _take_targets(self, targets: Dict[str, object]) -> None:
         """Takes the module's tensors as they are now and forgets what was derived from the

@@ -541,7 +541,8 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
     returning (``flush_timeout_s`` or, when ``None``, :data:`ARENA_FLUSH_TIMEOUT_S`): engines
     read those tensors in place, so the trainer may write them again only once every receiver
     has acknowledged; a flush that fails raises, and the trainer must not step before the
-    engines are dropped or the version resent.
+    engines are dropped or the version resent. Such a sender needs ``on_request`` (refused
+    with ``INVALID_ARGUMENT`` before anything is sent without it).
 
     ``split`` (default ``True``): a tensor larger than ``chunk_bytes`` (a bucket) is sent as
     parts in consecutive chunks (see "Split tensors" in the module documentation). Delta sync
@@ -555,6 +556,7 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
     failed send's error carries the receivers' failures (``WsyncError.failures``).
     """
     _check_lazy_allowed(sender, source)
+    _check_arena_forwarding(sender, on_request)
     if chunk_bytes is None:
         chunk_bytes = default_chunk_bytes(sender)
     requests: List[bytes] = []
@@ -586,6 +588,17 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
 ARENA_FLUSH_TIMEOUT_S = 60.0
 
 
+def _check_arena_forwarding(sender: Sender, on_request) -> None:
+    """A sender with placed tensors flushes before send_model returns, so the engines must
+    have the requests by then: refuse, before anything is sent, a call without
+    ``on_request`` (its requests would only be handed back after a flush no engine can
+    answer, and the version would be committed with nobody told)."""
+    if on_request is None and getattr(sender, "arena_used", 0):
+        raise invalid("send_model: the sender has tensors placed in its arena, which engines "
+                      "read in place, so send_model flushes before it returns; pass on_request "
+                      "to forward each request to the engines as its chunk is sent")
+
+
 def _flush_timeout(sender: Sender, flush_timeout_s: Optional[float]) -> Optional[float]:
     """The flush :func:`send_model` owes before it returns: the caller's, or for a sender
     whose arena holds placed tensors (engines read the trainer's own memory) a flush even
@@ -609,6 +622,7 @@ async def send_model_async(sender: Sender, source, *, chunk_bytes: Optional[int]
     with placed tensors flushes before returning, as in :func:`send_model`. A :class:`LazySource`'s ``gather`` runs on those worker threads too,
     one call at a time."""
     _check_lazy_allowed(sender, source)
+    _check_arena_forwarding(sender, on_request)
     if chunk_bytes is None:
         chunk_bytes = default_chunk_bytes(sender)
     chunks = _iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,

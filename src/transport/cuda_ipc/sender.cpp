@@ -48,10 +48,10 @@ public:
         board_.set_sole_sender(info.senders == 1);
         // One sender by design: one made again on this init info (a restarted trainer process,
         // a sender destroyed and re-created) goes on after its predecessor's versions and seqs
-        // (board.hpp, resume_point). Several senders number chunks in lockstep from 1, so they
+        // (board.hpp, resume). Several senders number chunks in lockstep from 1, so they
         // are made together, once per init info.
         if (info.senders == 1) {
-            const auto [version, seq] = board_.resume_point();
+            const auto [version, seq] = board_.resume();
             first_version_ = version + 1;
             next_seq_ = seq + 1;
         }
