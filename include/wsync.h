@@ -577,8 +577,11 @@ WSYNC_API wsync_status_t wsync_sender_version(const wsync_sender_t *sender,
  * copy, which the trainer cannot change: its open iteration ends as it would have
  * (wsync_recv_end() may return WSYNC_OK, and a version it completes is bit-exact), and its next
  * call fails with WSYNC_ERR_PEER. The sender no longer reports a dropped receiver's
- * failures (that one included), so the others' syncs go on undisturbed. A receiver process made afterwards with the same index (a restarted engine)
- * re-attaches and takes part from the next version that begins after it attached. Fails with
+ * failures (that one included), so the others' syncs go on undisturbed. A receiver process made
+ * afterwards with the same index (a restarted engine) re-attaches and takes part from the next
+ * version that begins after it attached, once the dropped receiver is destroyed or its process
+ * has ended ("shm", "cuda_ipc": until then the index stays held, and wsync_receiver_create()
+ * fails with WSYNC_ERR_WRONG_STATE saying it was dropped and naming the pid). Fails with
  * WSYNC_ERR_INVALID_ARGUMENT for an index out of range, WSYNC_ERR_UNSUPPORTED for kinds without
  * membership ("nccl_broadcast": its group is fixed). Does not block. */
 WSYNC_API wsync_status_t wsync_sender_drop_receiver(wsync_sender_t *sender, uint32_t index);

@@ -740,9 +740,19 @@ void SenderEnd::wait_released(uint64_t version, uint64_t last_seq, const sys::De
 // ---------------------------------------------------------------------------------------------
 void attach(Board *b, int fd, uint32_t index, const std::string &kind) {
     ReceiverSlot &slot = b->receiver[index];
-    if (!sys::lock_try(fd, receiver_lock(index)))
+    if (!sys::lock_try(fd, receiver_lock(index))) {
+        // A dropped receiver whose process lives on still holds its index (its lock): it must
+        // end first (Rust user trial: a replacement for a frozen, dropped engine was refused
+        // with no word of the drop).
+        if (slot.state.load(std::memory_order_acquire) == kDropped)
+            failf(WSYNC_ERR_WRONG_STATE,
+                  "%s: receiver index %" PRIu32 " was dropped by the sender, but its process "
+                  "(pid %" PRId32 ") is still alive and holds the index: end that process (or "
+                  "destroy its receiver), then attach again",
+                  kind.c_str(), index, slot.pid.load());
         failf(WSYNC_ERR_WRONG_STATE, "%s: receiver index %" PRIu32 " is already attached (pid %" PRId32 ")",
               kind.c_str(), index, slot.pid.load());
+    }
     // The index is ours now: nobody else can run this code for it until we close fd.
     slot.pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
     slot.released.store(0, std::memory_order_release);  // a new process maps nothing yet

@@ -1085,6 +1085,11 @@ static void replayed_request_is_mismatch_and_a_held_index_cannot_be_taken(void *
     OK(wsync_strategy_create("shm", NULL, &s2));
     EXPECT_ERR(wsync_receiver_create(s2, tr.init.data, tr.init.size, 0, &late),
                WSYNC_ERR_WRONG_STATE, "already attached");
+    /* Dropped, its process alive: the refusal says so, and what to do. */
+    OK(wsync_sender_drop_receiver(tr.sender, 0));
+    EXPECT_ERR(wsync_receiver_create(s2, tr.init.data, tr.init.size, 0, &late),
+               WSYNC_ERR_WRONG_STATE, "was dropped by the sender, but its process");
+    assert_non_null(strstr(wsync_last_error(), "end that process (or destroy its receiver)"));
     wsync_strategy_destroy(s2);
     wsync_blob_free(&q1);
     wsync_blob_free(&q2);

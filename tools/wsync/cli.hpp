@@ -138,6 +138,7 @@ int cmd_bench(const Args &a);           // shm_sync.cpp; --strategy cuda_ipc goe
 int cmd_bench_cuda_ipc(Args a);         // bench_cuda_ipc.cpp
 int cmd_bench_delta(int argc, char **argv, int first);  // bench_delta.cpp (--delta-fraction)
 int cmd_bench_ucx(const Args &a);       // bench_ucx.cpp
+int cmd_clean(int argc, char **argv);   // clean.cpp
 // Moves this process into network namespace `name` (/run/netns/NAME); die() if it cannot.
 void enter_netns(const std::string &name);  // bench_ucx.cpp
 

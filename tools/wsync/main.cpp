@@ -4,6 +4,7 @@
 //   wsync bench    the same figures as JSON, plus metadata and checksum costs; with
 //                  --strategy cuda_ipc, GPU to GPU through CUDA IPC against a device copy
 //   wsync inspect  a blob as JSON
+//   wsync clean    segments in /dev/shm that no process uses any more
 //   wsync kinds | options KIND | --version | help
 //
 // Process layout of demo/bench: the parent is the controller and the trainer; it forks the
@@ -12,7 +13,7 @@
 //
 // Files: cli.hpp (what the subcommands share), args.cpp, model.cpp (the synthetic model and the
 // frames), shm_sync.cpp (demo, bench), bench_cuda_ipc.cpp, bench_copy.cpp (the receiver copy
-// loop against memcpy), main.cpp (dispatch, inspect, kinds, options, help).
+// loop against memcpy), clean.cpp, main.cpp (dispatch, inspect, kinds, options, help).
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
@@ -236,6 +237,9 @@ void usage(FILE *out) {
         "  wsync inspect FILE|-     print an init-info or request blob as JSON (exit 2 if malformed,\n"
         "                           empty or over 256 MiB); a request's tensor table gains\n"
         "                           \"dtype_names\" beside its DLPack \"dtypes\"\n"
+        "  wsync clean [--dry-run]  remove this user's segments in /dev/shm (wsync-<hex>,\n"
+        "                           wsync-ipc-<hex>) that no process has open or mapped: what a\n"
+        "                           trainer killed before its engines attached leaves behind\n"
         "  wsync kinds              the strategies this build knows\n"
         "  wsync options KIND       a strategy's options\n"
         "  wsync --version | help\n",
@@ -264,6 +268,7 @@ int main(int argc, char **argv) {
         return cmd_bench(parse_args(argc, argv, 2, true));
     }
     if (cmd == "inspect") return cmd_inspect(argc, argv);
+    if (cmd == "clean") return cmd_clean(argc, argv);
     if (cmd == "kinds") {
         check(wsync_strategy_kinds(&json), "kinds");
     } else if (cmd == "options") {
