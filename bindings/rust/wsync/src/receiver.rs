@@ -486,6 +486,35 @@ impl<'r> Recv<'r> {
                 ),
             ));
         }
+        self.copy_tensor_bits_into(i, dst)
+    }
+
+    /// As [`Recv::copy_tensor_into`] for any dtype whose elements are `T`'s size: the raw bits
+    /// (a `bfloat16` tensor into `&mut [u16]` without the `half` feature, a `float8` one into
+    /// `&mut [u8]`).
+    ///
+    /// # Errors
+    /// [`Status::Mismatch`] naming the tensor and its dtype when its elements are not
+    /// `size_of::<T>()` bytes; otherwise as [`Recv::copy_tensor_into`].
+    pub fn copy_tensor_raw_into<T: Element>(&mut self, i: usize, dst: &mut [T]) -> Result<()> {
+        let meta = self.peek(i)?;
+        if meta.dtype().size() != Some(std::mem::size_of::<T>()) {
+            return Err(Error::new(
+                Status::Mismatch,
+                format!(
+                    "tensor '{}' is {}, whose elements are not {} bytes",
+                    meta.name(),
+                    meta.dtype(),
+                    std::mem::size_of::<T>()
+                ),
+            ));
+        }
+        self.copy_tensor_bits_into(i, dst)
+    }
+
+    // The length check and copy of copy_tensor_into / copy_tensor_raw_into (dtype checked).
+    fn copy_tensor_bits_into<T: Element>(&mut self, i: usize, dst: &mut [T]) -> Result<()> {
+        let meta = self.peek(i)?;
         let bytes = meta.byte_len()?;
         if std::mem::size_of_val(dst) != bytes {
             return Err(Error::new(

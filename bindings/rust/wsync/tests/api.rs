@@ -633,6 +633,41 @@ fn copy_tensor_into_checks_dtype_and_length_and_takes_nothing_when_it_refuses() 
 }
 
 #[test]
+fn copy_tensor_raw_into_takes_bfloat16_bits_into_u16_without_the_half_feature() {
+    // Rust user trial: a bf16 tensor could only reach a `&mut [u16]` through an unsafe cast
+    // to bytes; `copy_tensor_raw_into` checks the element size instead of the dtype.
+    let mut t = trainer(&options(1));
+    let mut r = receiver(&t.init, 0);
+    let bits: Vec<u16> = (0..512u16).map(|i| i.wrapping_mul(40503)).collect();
+    let req = t
+        .sender
+        .send_chunk(
+            &[TensorRef::with_dtype("w", &bits, &[512], DType::BF16).unwrap()],
+            true,
+        )
+        .unwrap();
+    let mut recv = r.receive(&req).unwrap();
+    let mut wide = vec![0u32; 256];
+    expect_err(
+        recv.copy_tensor_raw_into(0, &mut wide),
+        Status::Mismatch,
+        "tensor 'w' is bfloat16, whose elements are not 4 bytes",
+    );
+    let mut short = vec![0u16; 511];
+    expect_err(
+        recv.copy_tensor_raw_into(0, &mut short),
+        Status::InvalidArgument,
+        "tensor 'w' has 512 elements; the destination holds 511",
+    );
+    let mut got = vec![0u16; 512];
+    recv.copy_tensor_raw_into(0, &mut got).unwrap();
+    assert_eq!(got, bits);
+    recv.end().unwrap();
+    t.sender.flush(SEC).unwrap();
+    assert_eq!(r.completed_version().unwrap(), 1);
+}
+
+#[test]
 fn returning_early_after_every_view_was_taken_fails_the_chunk() {
     // Only end() completes a chunk: a loader that took every view and then returned with `?`
     // (it may not have loaded the last one) leaves the version incomplete, and the trainer
