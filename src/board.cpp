@@ -166,6 +166,7 @@ std::pair<uint64_t, uint64_t> SenderEnd::resume() {
                          "process wrote those words; make a new init info",
                          kind_.c_str(), v, seq));
     floor_seq_ = seq + 1;
+    floor_version_ = v;
     for (uint32_t r = 0; r < receivers_; ++r) skip_records(r);
     return {v, seq};
 }
@@ -376,7 +377,12 @@ void SenderEnd::collect_failures(std::vector<Failure> &out) {
                 f.message = strf("failure record %" PRIu64
                                  " was unreadable (overwritten, torn or corrupt)", k);
             }
-            if (ok && abandoned_here(f.version)) continue;  // that version failed everywhere
+            // A version this sender abandoned failed everywhere already; one up to
+            // floor_version_ is an earlier sender's (resume(): a trainer killed mid-version
+            // never abandoned it, and an engine that stayed records it lost only when this
+            // sender's first chunk reaches it: review).
+            if (ok && (abandoned_here(f.version) || (f.version != 0 && f.version <= floor_version_)))
+                continue;
             out.push_back(std::move(f));
         }
         reported_[r] = n;

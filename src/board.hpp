@@ -198,8 +198,10 @@ public:
     // bring that back. From here on this SenderEnd waits only for its own chunks (the earlier
     // sender's were in its own buckets: undelivered or withdrawn ones no longer hold a slot)
     // and reports only failures recorded from now on (the earlier sender reported or abandoned
-    // the rest). {0, 0} on a fresh board. Throws WSYNC_ERR_PEER if the words are beyond what a
-    // sender writes (seqs fit 56 bits, versions 62), so the next would not fit.
+    // the rest) of its own versions (an engine records the earlier sender's open version lost
+    // only when this one's first chunk reaches it). {0, 0} on a fresh board. Throws
+    // WSYNC_ERR_PEER if the words are beyond what a sender writes (seqs fit 56 bits, versions
+    // 62), so the next would not fit.
     std::pair<uint64_t, uint64_t> resume();
     // True once every receiver that is not dropped holds its index (attached or joining).
     // `self`: the index the calling process holds itself (its own lock is invisible to it).
@@ -277,6 +279,7 @@ private:
     std::string label(uint64_t seq, Failure &f) const;
     uint64_t reported_[kMaxReceivers] = {};
     uint64_t floor_seq_ = 0;  // resume(): chunks before this seq are an earlier sender's
+    uint64_t floor_version_ = 0;  // resume(): versions up to this are an earlier sender's
     uint32_t sender_index_ = UINT32_MAX;  // claimed by register_sender
     struct Published {
         uint64_t seq = 0, version = 0;

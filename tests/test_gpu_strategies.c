@@ -4,6 +4,7 @@
  * The fake proves the strategies' logic (UUID selection, merge, offsets, handle caching and
  * open/close balance, ordering, deadlines and aborts); docs/gpu-validation.md records runs on
  * real GPUs. Engines are forked before they touch CUDA, as a real CUDA process must be. */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
@@ -614,6 +615,98 @@ static void cuda_ipc_a_sole_sender_made_again_waits_only_for_its_own_chunks(void
     ipc_send_version(b, data, 4, e, 1);
     OK(wsync_sender_flush(b, 3000));
     assert_true(tu_now_ms() - t0 < 900); /* no send waited out its 1000 ms */
+    engine_finish(&e[0]);
+    trainer_end(b, s, &init);
+    for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
+/* A trainer process that sends version 1 and chunk 0 of version 2, each forwarded by the test,
+ * then waits to be SIGKILLed (version 2 stays open: it never abandons it). */
+static int killed_trainer_main(const void *cfg, int in, int out) {
+    (void)cfg;
+    uint8_t *init; size_t len;
+    if (tu_recv_frame(in, &init, &len, 20000)) return 1;
+    use_device(0);
+    wsync_strategy_t *s; wsync_sender_t *a;
+    if (wsync_strategy_create("cuda_ipc", "{\"senders\": 1, \"bucket_bytes\": 65536, \"timeout_ms\": 3000}", &s)) return 2;
+    if (wsync_sender_create(s, init, len, &a)) { fprintf(stderr, "child: %s\n", wsync_last_error()); return 3; }
+    void *data[NT];
+    wsync_tensor_t t[NT];
+    for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    for (uint64_t v = 1; v <= 2; ++v) {
+        for (int k = 0; k < NT; ++k) {
+            tu_fill(data[k], (size_t)shapes[k][0] * shapes[k][1] * 4, v, (uint64_t)k);
+            t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+        }
+        for (int c = 0; c < (v == 1 ? 2 : 1); ++c) { /* version 2: chunk 0 only */
+            wsync_chunk_t ch = tu_chunk(t + 3 * c, 3, c == 1 ? WSYNC_CHUNK_LAST : 0);
+            wsync_blob_t req;
+            if (wsync_sender_send_chunk(a, &ch, &req)) { fprintf(stderr, "child: %s\n", wsync_last_error()); return 4; }
+            tu_send_frame(out, req.data, req.size);
+            wsync_blob_free(&req);
+            uint8_t *ok; size_t n; /* the parent says the engine took it */
+            if (tu_recv_frame(in, &ok, &n, 20000)) return 5;
+            free(ok);
+        }
+        if (v == 1 && wsync_sender_flush(a, 3000)) return 6;
+    }
+    for (;;) pause(); /* killed here, version 2 open */
+}
+
+/* A trainer process SIGKILLed mid-version and a sender made again on its init info in another
+ * process (a restarted trainer): the engine that stayed attached still has the killed version
+ * open and records it lost when the new sender's first chunk arrives. That record is of the
+ * predecessor's version: the new sender does not report it, and its first version completes
+ * (review: its second send failed with PEER naming version 2 and abandoned version 3). */
+static void cuda_ipc_a_sender_made_again_after_its_trainer_was_killed_mid_version_completes_its_first(
+    void **state) {
+    (void)state;
+    engine_t e[1] = {ipc_engine(0)};
+    tu_peer_t old = tu_fork_peer(killed_trainer_main, NULL);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *b;
+    OK(wsync_strategy_create("cuda_ipc", "{\"senders\": 1, \"bucket_bytes\": 65536, \"timeout_ms\": 3000}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    engine_send(&e[0], &init);
+    assert_int_equal(tu_send_frame(old.to, init.data, init.size), 0);
+    for (int i = 0; i < 3; ++i) { /* version 1 chunks 0 and 1, version 2 chunk 0 */
+        uint8_t *r;
+        size_t n;
+        assert_int_equal(tu_recv_frame(old.from, &r, &n, 20000), 0);
+        assert_int_equal(tu_send_frame(e[0].to, r, n), 0);
+        assert_int_equal(engine_verdict(&e[0]), 0);
+        free(r);
+        uint8_t one = 1;
+        assert_int_equal(tu_send_frame(old.to, &one, 1), 0);
+    }
+    usleep(100 * 1000);
+    kill(old.pid, SIGKILL);
+    assert_int_equal(waitpid(old.pid, NULL, 0), old.pid);
+    /* A real driver frees a dead process's memory; the fake's lies in named files, which the
+     * killed process never unlinked (the engine keeps what it opened). */
+    char pattern[64];
+    snprintf(pattern, sizeof pattern, "wsync-fakecuda-%d-", (int)old.pid);
+    DIR *shm = opendir("/dev/shm");
+    assert_non_null(shm);
+    for (struct dirent *d; (d = readdir(shm)) != NULL;)
+        if (strncmp(d->d_name, pattern, strlen(pattern)) == 0) {
+            char path[320];
+            snprintf(path, sizeof path, "/dev/shm/%s", d->d_name);
+            unlink(path);
+        }
+    closedir(shm);
+    OK(wsync_sender_create(s, init.data, init.size, &b));
+    uint64_t v = 0;
+    OK(wsync_sender_version(b, &v));
+    assert_int_equal(v, 3);
+    void *data[NT];
+    for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    ipc_send_version(b, data, 3, e, 1); /* each send returns OK, each chunk verified */
+    OK(wsync_sender_flush(b, 3000));
+    ipc_send_version(b, data, 4, e, 1);
+    OK(wsync_sender_flush(b, 3000));
     engine_finish(&e[0]);
     trainer_end(b, s, &init);
     for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
@@ -2769,6 +2862,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_an_abandoned_chunk_nobody_began_does_not_hold_the_only_slot),
     cmocka_unit_test(cuda_ipc_a_sole_sender_made_again_goes_on_after_its_predecessors_versions),
     cmocka_unit_test(cuda_ipc_a_sole_sender_made_again_waits_only_for_its_own_chunks),
+    cmocka_unit_test(cuda_ipc_a_sender_made_again_after_its_trainer_was_killed_mid_version_completes_its_first),
     cmocka_unit_test(gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror),
     cmocka_unit_test(the_fake_counts_memory_freed_while_an_engine_maps_it),
     cmocka_unit_test(unpacked_memory_a_version_no_longer_uses_is_freed_after_wait_released),

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -57,6 +58,77 @@ static int run_clean(const char *cli, const char *args, char *out, size_t cap) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* Runs `wsync clean ARGS` as user `uid`; output in out, exit status returned. */
+static int run_clean_as(uid_t uid, const char *cli, const char *args, char *out, size_t cap) {
+    int p[2];
+    CHECK(pipe(p) == 0, "pipe");
+    pid_t c = fork();
+    CHECK(c >= 0, "fork");
+    if (c == 0) {
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        close(p[0]);
+        if (setgid(uid) != 0 || setuid(uid) != 0) _exit(90);
+        if (*args) execl(cli, "wsync", "clean", args, (char *)NULL);
+        else execl(cli, "wsync", "clean", (char *)NULL);
+        _exit(91);
+    }
+    close(p[1]);
+    size_t n = 0;
+    ssize_t r;
+    while (n < cap - 1 && (r = read(p[0], out + n, cap - 1 - n)) > 0) n += (size_t)r;
+    out[n] = '\0';
+    close(p[0]);
+    int st;
+    CHECK(waitpid(c, &st, 0) == c, "waitpid");
+    printf("$ (uid %d) wsync clean %s\n%s", (int)uid, args, out);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* A trainer of another user (nobody) that made itself not dumpable: that user's `wsync clean`
+ * cannot read its descriptors or mappings, so it removes nothing (review: the live segment was
+ * removed as "used by no process"); once the trainer is gone, the segment is removed. */
+static void blind_to_a_process_it_cannot_inspect(const char *cli) {
+    const uid_t nobody = 65534;
+    int p[2];
+    CHECK(pipe(p) == 0, "pipe");
+    pid_t trainer = fork();
+    CHECK(trainer >= 0, "fork");
+    if (trainer == 0) {
+        close(p[0]);
+        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);  /* never outlives a failed check */
+        if (setgid(nobody) != 0 || setuid(nobody) != 0) _exit(80);
+        wsync_strategy_t *s;
+        wsync_blob_t init;
+        if (wsync_strategy_create("shm", "{\"bucket_bytes\": 65536}", &s) != WSYNC_OK ||
+            wsync_strategy_create_init_info(s, &init) != WSYNC_OK)
+            _exit(81);
+        char name[128];
+        segment_of(init.data, init.size, name, sizeof name);
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+        if (write(p[1], name, sizeof name) != (ssize_t)sizeof name) _exit(82);
+        pause();
+        _exit(0);
+    }
+    close(p[1]);
+    char name[128];
+    CHECK(read(p[0], name, sizeof name) == (ssize_t)sizeof name, "the other user's trainer is up");
+    close(p[0]);
+    char out[8192], want[512];
+    CHECK(run_clean_as(nobody, cli, "--dry-run", out, sizeof out) == 0, "exit status (nobody)");
+    snprintf(want, sizeof want, "kept %s: pid ", name);
+    CHECK(strstr(out, want) != NULL && strstr(out, "of this user cannot be inspected"),
+          "a process it cannot inspect keeps %s", name);
+    CHECK(run_clean_as(nobody, cli, "", out, sizeof out) == 0, "exit status (nobody)");
+    CHECK(exists(name), "the non-dumpable trainer's live segment is kept");
+    CHECK(kill(trainer, SIGKILL) == 0, "kill");
+    int status;
+    CHECK(waitpid(trainer, &status, 0) == trainer, "waitpid");
+    CHECK(run_clean_as(nobody, cli, "", out, sizeof out) == 0, "exit status (nobody)");
+    snprintf(want, sizeof want, "removed %s (", name);
+    CHECK(strstr(out, want) != NULL && !exists(name), "its segment is removed once it is gone");
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2, "usage: clean_scenario PATH_TO_WSYNC");
     const char *cli = argv[1];
@@ -68,6 +140,7 @@ int main(int argc, char **argv) {
     CHECK(child >= 0, "fork");
     if (child == 0) {
         close(p[0]);
+        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);  /* never outlives a failed check */
         wsync_strategy_t *s;
         wsync_blob_t init;
         if (wsync_strategy_create("shm", "{\"bucket_bytes\": 65536}", &s) != WSYNC_OK ||
@@ -124,6 +197,8 @@ int main(int argc, char **argv) {
     wsync_blob_free(&linit);
     wsync_strategy_destroy(s);
     CHECK(!exists(live), "the live trainer's segment goes with its strategy");
+    if (getuid() == 0) blind_to_a_process_it_cannot_inspect(cli);
+    else printf("(not root: the non-dumpable trainer case needs another uid, skipped)\n");
     printf("clean scenario: OK\n");
     return 0;
 }

@@ -11,8 +11,13 @@
 //
 // Order: the candidates are listed first and the processes scanned after, so a segment made
 // meanwhile is not a candidate. Only the caller's own segments are looked at (they are 0600).
-// Processes whose /proc entries this user cannot read (another user's, without root) are not
-// seen; they cannot open a 0600 segment of this user either, unless they run as root.
+// A process of this user whose descriptors cannot be read (not dumpable: setcap or setgid
+// programs, prctl(PR_SET_DUMPABLE, 0), some sandboxes) could hold any of them, so then
+// nothing is removed (review: such a trainer's live segment was removed as "used by no
+// process"); --force removes anyway. Processes of other users cannot open a 0600 segment of
+// this user unless they run as root; processes in another PID namespace sharing /dev/shm are
+// not in this /proc at all, so run it where trainers and engines are visible (the host's PID
+// namespace, or theirs).
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -62,11 +67,27 @@ std::vector<std::string> numeric_entries(const std::string &dir) {
     return out;
 }
 
-// Every segment some process has open (a descriptor) or mapped, with one such pid.
-std::map<std::string, std::string> segments_in_use() {
+// Every segment some process has open (a descriptor) or mapped, with one such pid; in
+// `unseen`, this user's processes whose descriptors could not be read.
+std::map<std::string, std::string> segments_in_use(std::vector<std::string> &unseen) {
     std::map<std::string, std::string> used;
+    const uid_t self = getuid();
     for (const std::string &pid : numeric_entries("/proc")) {
         const std::string base = "/proc/" + pid;
+        struct stat st;
+        if (stat(base.c_str(), &st) != 0) continue;  // gone meanwhile
+        const bool mine = self == 0 || st.st_uid == self;
+        // Every process that uses a segment through libwsync holds a descriptor of it (its
+        // liveness lock lives on it), so the descriptors are what must be readable; mappings
+        // are looked at where they can be (a container's init may hide them even from root).
+        DIR *fds = opendir((base + "/fd").c_str());
+        if (!fds) {
+            const bool gone = errno == ENOENT || stat(base.c_str(), &st) != 0;
+            if (mine && !gone) unseen.push_back(pid);
+            continue;
+        }
+        closedir(fds);
+        std::ifstream maps(base + "/maps");
         for (const std::string &fd : numeric_entries(base + "/fd")) {
             char target[4096];
             const ssize_t n = readlink((base + "/fd/" + fd).c_str(), target, sizeof target - 1);
@@ -75,7 +96,6 @@ std::map<std::string, std::string> segments_in_use() {
             const std::string name = segment_in(target);
             if (!name.empty()) used.emplace(name, pid);
         }
-        std::ifstream maps(base + "/maps");
         std::string line;
         while (std::getline(maps, line)) {
             const std::size_t at = line.find(std::string(kShmDir) + "/");
@@ -90,9 +110,10 @@ std::map<std::string, std::string> segments_in_use() {
 }  // namespace
 
 int cmd_clean(int argc, char **argv) {
-    bool dry_run = false;
+    bool dry_run = false, force = false;
     for (int i = 2; i < argc; ++i) {
         if (std::strcmp(argv[i], "--dry-run") == 0) dry_run = true;
+        else if (std::strcmp(argv[i], "--force") == 0) force = true;
         else usage_error(std::string("clean: unknown option '") + argv[i] + "' (see: wsync help)");
     }
     // Candidates first, users after (see the top of this file).
@@ -109,12 +130,22 @@ int cmd_clean(int argc, char **argv) {
         candidates.emplace_back(name, static_cast<long long>(st.st_size));
     }
     closedir(d);
-    const std::map<std::string, std::string> used = segments_in_use();
+    std::vector<std::string> unseen;
+    const std::map<std::string, std::string> used = segments_in_use(unseen);
+    std::string blind;  // why nothing unused can be told apart from in use, or empty
+    if (!unseen.empty() && !force) {
+        blind = "pid " + unseen.front();
+        if (unseen.size() > 1) blind += " and " + std::to_string(unseen.size() - 1) + " more";
+        blind += " of this user cannot be inspected (not dumpable?) and may use it";
+    }
     int removed = 0, kept = 0;
     for (const auto &[name, bytes] : candidates) {
         const auto user = used.find(name);
-        if (user != used.end()) {
-            std::printf("kept %s: in use (pid %s)\n", name.c_str(), user->second.c_str());
+        if (user != used.end() || !blind.empty()) {
+            if (user != used.end())
+                std::printf("kept %s: in use (pid %s)\n", name.c_str(), user->second.c_str());
+            else
+                std::printf("kept %s: %s (--force removes it)\n", name.c_str(), blind.c_str());
             ++kept;
             continue;
         }
@@ -131,7 +162,7 @@ int cmd_clean(int argc, char **argv) {
         std::printf("removed %s (%lld bytes, used by no process)\n", name.c_str(), bytes);
         ++removed;
     }
-    std::printf("%d segment(s) %s, %d in use\n", removed, dry_run ? "to remove" : "removed", kept);
+    std::printf("%d segment(s) %s, %d kept\n", removed, dry_run ? "to remove" : "removed", kept);
     return 0;
 }
 
