@@ -69,8 +69,12 @@ static int run_clean_as(uid_t uid, const char *cli, const char *args, char *out,
         dup2(p[1], 2);
         close(p[0]);
         if (setgid(uid) != 0 || setuid(uid) != 0) _exit(90);
-        if (*args) execl(cli, "wsync", "clean", args, (char *)NULL);
-        else execl(cli, "wsync", "clean", (char *)NULL);
+        char copy[256], *argv[8] = {(char *)"wsync", (char *)"clean"};
+        int n = 2;
+        snprintf(copy, sizeof copy, "%s", args);
+        for (char *tok = strtok(copy, " "); tok && n < 7; tok = strtok(NULL, " ")) argv[n++] = tok;
+        argv[n] = NULL;
+        execv(cli, argv);
         _exit(91);
     }
     close(p[1]);
@@ -121,6 +125,9 @@ static void blind_to_a_process_it_cannot_inspect(const char *cli) {
           "a process it cannot inspect keeps %s", name);
     CHECK(run_clean_as(nobody, cli, "", out, sizeof out) == 0, "exit status (nobody)");
     CHECK(exists(name), "the non-dumpable trainer's live segment is kept");
+    CHECK(run_clean_as(nobody, cli, "--dry-run --force", out, sizeof out) == 0, "exit status");
+    snprintf(want, sizeof want, "would remove %s (", name);
+    CHECK(strstr(out, want) != NULL && exists(name), "--force would remove it (a dry run does not)");
     CHECK(kill(trainer, SIGKILL) == 0, "kill");
     int status;
     CHECK(waitpid(trainer, &status, 0) == trainer, "waitpid");
