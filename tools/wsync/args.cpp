@@ -80,6 +80,7 @@ Args parse_args(int argc, char **argv, int first, bool bench) {
         else if (f == "--arena") a.arena = true;
         else if (f == "--gpu") a.gpu = true;
         else if (f == "--no-arena-compare" && bench) a.arena_compare = false;
+        else if (f == "--rounds" && bench) a.rounds = uint32_t(parse_uint(f, v, 1, 100)), ++i;
         else usage_error("unknown option '" + f + "' (see: wsync help)");
     }
     return a;

@@ -56,6 +56,9 @@ struct Args {
     bool arena = false;      // the trainer keeps the model in the sender's arena (shm)
     bool arena_compare = true;  // bench: also run with the model in the arena, off and on
     int copy_threads = -1;      // shm, ucx: the "copy_threads" option of both sides; -1: default
+    // bench (shm): every mode runs once per round, in turn, and each ratio is taken within a
+    // round, so a slow minute of a shared host falls on every mode alike.
+    uint32_t rounds = 3;
 };
 
 // Flags from argv[first]; `bench` admits the bench-only flags and its defaults.
@@ -119,6 +122,10 @@ struct RunResult {
     std::vector<double> step_s;
     double memcpy_s = 0;         // one core, page-aligned destination
     double memcpy_offset_s = 0;  // one core, destination at the engines' --dst-offset
+    // Two threads each copying half the bytes with glibc memcpy at once (page-aligned
+    // destination): how much of the host's memory bandwidth a second core adds. Not a floor
+    // for the sync: the library's copy loop moves more bytes per second than glibc's memcpy.
+    double memcpy_two_threads_s = 0;
     double steady_s() const;  // median of the steps after the first
 };
 
