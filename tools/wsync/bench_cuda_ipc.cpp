@@ -239,18 +239,16 @@ int cmd_bench_cuda_ipc(Args a) {
     }
     const double meta = metadata_us_per_tensor();
     const double steady = r.steady_s(), ratio = steady / d2d;
-    std::string steps;
-    for (double s : r.step_s) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
     if (a.json) {
         std::printf("{\"strategy\": \"cuda_ipc\", \"packed\": %s, \"dtype\": \"%s\", \"bytes\": %" PRIu64
                     ", \"tensors\": %zu, \"chunks\": %zu, \"bucket_bytes\": %" PRIu64
                     ", \"buckets\": %u, \"first_sync_s\": %.6f, \"steady_sync_s\": %.6f, "
                     "\"steady_gbps\": %.3f, \"baseline_d2d_s\": %.6f, \"ratio_to_d2d\": %.3f, "
-                    "\"steps_s\": [%s], \"plan_us_per_tensor\": %.3f, "
+                    "\"steps_s\": %s, \"plan_us_per_tensor\": %.3f, "
                     "\"metadata_us_per_tensor\": %.3f}\n",
                     a.packed ? "true" : "false", a.dtype.c_str(), r.bytes, r.tensors, r.chunks,
                     bucket, buckets, r.step_s[0], steady, r.bytes / steady / 1e9, d2d, ratio,
-                    steps.c_str(), plan_s / r.tensors * 1e6, meta);
+                    json_list(r.step_s).c_str(), plan_s / r.tensors * 1e6, meta);
     } else {
         std::printf("\n%-30s cuda_ipc packed=%s\n", "", a.packed ? "true" : "false");
         std::printf("%-30s %.2f GB (%zu tensors, %zu chunks)\n", "model bytes", r.bytes / 1e9,

@@ -295,11 +295,6 @@ double mean(const std::vector<double> &v) {
     return v.empty() ? 0 : t / double(v.size());
 }
 
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : v[v.size() / 2];
-}
-
 // Bytes a request moves: each tensor's dense size, or its patch's.
 double request_bytes(const wsync_blob_t &req) {
     char *text;

@@ -90,22 +90,20 @@ double raw_get_bandwidth(const Args &a, uint64_t msg_bytes, uint64_t total, std:
 }  // namespace
 
 int cmd_bench_ucx(const Args &a) {
-    RunResult r = run_sync(a, a.checksum, !a.json);
+    RunResult r = run_sync(a, a.checksum, !a.json, Baselines::None);
     const uint64_t chunk = a.chunk_mb << 20;
     std::string why;
     const double raw = raw_get_bandwidth(a, chunk, r.bytes, &why);
     const double steady = r.steady_s();
     const double sync_bps = r.bytes / steady;
-    std::string steps;
-    for (double s : r.step_s) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
     std::printf("{\"strategy\": \"ucx\", \"gpu\": %s, \"engine_netns\": \"%s\", \"transports\": \"%s\", \"net_devices\": \"%s\", "
                 "\"bytes\": %" PRIu64 ", \"tensors\": %zu, \"chunks\": %zu, \"receivers\": %u, "
                 "\"checksum\": %s, \"first_sync_s\": %.6f, \"steady_sync_s\": %.6f, "
                 "\"steady_gbps\": %.3f, \"raw_get_gbps\": %.3f, \"raw_get_message_bytes\": %" PRIu64
-                ", \"ratio_to_raw_get\": %.3f, \"steps_s\": [%s]%s%s%s}\n",
+                ", \"ratio_to_raw_get\": %.3f, \"steps_s\": %s%s%s%s}\n",
                 a.gpu ? "true" : "false", a.engine_netns.c_str(), a.transports.c_str(), a.net_devices.c_str(), r.bytes, r.tensors, r.chunks, a.receivers,
                 a.checksum ? "true" : "false", r.step_s[0], steady, sync_bps / 1e9, raw / 1e9, chunk,
-                raw > 0 ? sync_bps / raw : 0.0, steps.c_str(), why.empty() ? "" : ", \"raw_get_error\": \"",
+                raw > 0 ? sync_bps / raw : 0.0, json_list(r.step_s).c_str(), why.empty() ? "" : ", \"raw_get_error\": \"",
                 why.c_str(), why.empty() ? "" : "\"");
     return 0;
 }

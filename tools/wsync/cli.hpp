@@ -129,9 +129,18 @@ struct RunResult {
     double steady_s() const;  // median of the steps after the first
 };
 
+// The in-process memcpy baselines run_sync measures after the run (each copies the model
+// again, three times, into freshly allocated buffers): none, one core (memcpy_s and
+// memcpy_offset_s), or those and two threads at once (memcpy_two_threads_s).
+enum class Baselines { None, OneCore, AndTwoThreads };
 // One run of the synthetic model through a.strategy ("shm" or "ucx") with a.receivers forked
 // engines that verify every step; `progress` prints each step.
-RunResult run_sync(const Args &a, bool checksum, bool progress);
+RunResult run_sync(const Args &a, bool checksum, bool progress,
+                   Baselines baselines = Baselines::OneCore);
+// The median of v (the upper one of an even count), 0 when v is empty.
+double median(std::vector<double> v);
+// v as a JSON array, each value printed with fmt.
+std::string json_list(const std::vector<double> &v, const char *fmt = "%.6f");
 // The kind's options for this run: the strategy's own knobs from Args (arena_bytes: shm's
 // "arena_bytes", 0 for none).
 std::string kind_options(const Args &a, bool checksum, uint64_t bucket_bytes, uint64_t arena_bytes = 0);

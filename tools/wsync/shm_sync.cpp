@@ -120,10 +120,23 @@ int engine_main(uint32_t index, int in, int out, const std::vector<TensorSpec> &
 
 }  // namespace
 
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : v[v.size() / 2];
+}
+
+std::string json_list(const std::vector<double> &v, const char *fmt) {
+    std::string out = "[";
+    char buf[32];
+    for (size_t i = 0; i < v.size(); ++i) {
+        std::snprintf(buf, sizeof buf, fmt, v[i]);
+        out += (i ? ", " : "") + std::string(buf);
+    }
+    return out + "]";
+}
+
 double RunResult::steady_s() const {
-    std::vector<double> s(step_s.begin() + 1, step_s.end());
-    std::sort(s.begin(), s.end());
-    return s.empty() ? step_s[0] : s[s.size() / 2];
+    return step_s.size() < 2 ? step_s[0] : median({step_s.begin() + 1, step_s.end()});
 }
 
 std::string kind_options(const Args &a, bool checksum, uint64_t bucket, uint64_t arena_bytes) {
@@ -140,7 +153,7 @@ std::string kind_options(const Args &a, bool checksum, uint64_t bucket, uint64_t
 }
 
 // --- the trainer and controller ---------------------------------------------------------------
-RunResult run_sync(const Args &a, bool checksum, bool progress) {
+RunResult run_sync(const Args &a, bool checksum, bool progress, Baselines baselines) {
     if (a.arena && a.strategy != "shm") die("--arena is for the shm strategy (its sender's arena)");
     if (a.gpu && a.strategy != "ucx") die("--gpu is for the ucx strategy (cuda_ipc benches GPU memory itself)");
     const auto model = make_model(a.size_mb << 20);
@@ -309,6 +322,7 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
     wsync_blob_free(&init);
     cu::free_each(on_gpu);
 
+    if (baselines == Baselines::None) return r;
     // The baseline, same bytes, same run: one core copying the model into warm buffers, with
     // glibc memcpy, page-aligned and at the engines' offset.
     for (uint64_t offset : {uint64_t(0), a.dst_offset}) {
@@ -325,7 +339,7 @@ RunResult run_sync(const Args &a, bool checksum, bool progress) {
     if (a.dst_offset == 0) r.memcpy_offset_s = r.memcpy_s;
     // Two threads, each copying a contiguous half of the model's bytes (one tensor may be cut
     // in two), at the same time.
-    {
+    if (baselines == Baselines::AndTwoThreads) {
         Params dst(model, 0);
         uint64_t total = 0;
         for (const auto &t : model) total += t.bytes;
@@ -420,19 +434,6 @@ int cmd_demo(const Args &a) {
 }
 
 namespace {
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-std::string json_list(const std::vector<double> &v, const char *fmt = "%.6f") {
-    std::string out = "[";
-    char buf[32];
-    for (size_t i = 0; i < v.size(); ++i) {
-        std::snprintf(buf, sizeof buf, fmt, v[i]);
-        out += (i ? ", " : "") + std::string(buf);
-    }
-    return out + "]";
-}
 // One mode's figures over the rounds: steady sync per round and its ratio to a reference of the
 // same round (memcpy, or another mode).
 struct Series {
@@ -467,7 +468,7 @@ int cmd_bench(const Args &a) {
     std::vector<double> memcpy_s, memcpy_offset_s, memcpy_two_s, two_over_one;
     Series packed, on, extra, paged, ar_off, ar_on, ar_over_packed;
     for (uint32_t round = 0; round < a.rounds; ++round) {
-        RunResult r = run_sync(a, base_checksum, !a.json && round == 0);
+        RunResult r = run_sync(a, base_checksum, !a.json && round == 0, Baselines::AndTwoThreads);
         if (round == 0) first = r;
         const double m = r.memcpy_s, steady = r.steady_s();
         memcpy_s.push_back(m);
@@ -477,20 +478,20 @@ int cmd_bench(const Args &a) {
         packed.steady.push_back(steady);
         packed.ratio.push_back(steady / m);
         if (a.checksum_compare) {
-            const double s = run_sync(a, true, false).steady_s();
+            const double s = run_sync(a, true, false, Baselines::None).steady_s();
             on.steady.push_back(s);
             on.ratio.push_back(s / m);
             extra.steady.push_back(s - steady);
             extra.ratio.push_back(s / steady - 1);
         }
         if (a.dst_offset != 0) {
-            const double s = run_sync(page, base_checksum, false).steady_s();
+            const double s = run_sync(page, base_checksum, false, Baselines::None).steady_s();
             paged.steady.push_back(s);
             paged.ratio.push_back(s / m);
         }
         if (arena) {
-            const double off = run_sync(in_arena, false, false).steady_s();
-            const double with = run_sync(in_arena, true, false).steady_s();
+            const double off = run_sync(in_arena, false, false, Baselines::None).steady_s();
+            const double with = run_sync(in_arena, true, false, Baselines::None).steady_s();
             ar_off.steady.push_back(off);
             ar_off.ratio.push_back(off / m);
             ar_over_packed.ratio.push_back(off / steady);
@@ -509,8 +510,6 @@ int cmd_bench(const Args &a) {
         copy_json = bench_copy_json(sizes, a.chunk_mb << 20, a.dst_offset, !a.json);
     }
     double meta = metadata_us_per_tensor();
-    std::string steps;
-    for (double s : first.step_s) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
     // Without --copy-threads the option is not passed and the library picks the count itself
     // (one per CPU the process may use, capped: "wsync options shm"); no call reports what it
     // picked, so the figure is null and "copy_threads_source" says the default applied.
@@ -526,13 +525,13 @@ int cmd_bench(const Args &a) {
                 "\"memcpy_at_dst_offset_s\": %.6f, \"memcpy_two_threads_s\": %.6f, "
                 "\"two_threads_over_one\": %.3f, "
                 "\"ratio_to_memcpy\": %.3f, \"ratio_to_memcpy_range\": %s, "
-                "\"steady_sync_s_per_round\": %s, \"steps_s\": [%s], \"metadata_us_per_tensor\": %.3f",
+                "\"steady_sync_s_per_round\": %s, \"steps_s\": %s, \"metadata_us_per_tensor\": %.3f",
                 first.bytes, first.tensors, first.chunks, a.receivers, base_checksum ? "true" : "false",
                 a.load_copy ? "copy" : "memcpy", a.split ? "true" : "false", a.dst_offset,
                 copy_threads.c_str(), a.rounds, first.step_s[0], steady, first.bytes / steady / 1e9,
                 median(memcpy_s), median(memcpy_offset_s), median(memcpy_two_s), median(two_over_one),
                 packed.med_ratio(), packed.range().c_str(), json_list(packed.steady).c_str(),
-                steps.c_str(), meta);
+                json_list(first.step_s).c_str(), meta);
     if (a.checksum_compare)
         std::printf(", \"checksum_on\": {\"steady_sync_s\": %.6f, \"ratio_to_memcpy\": %.3f, "
                     "\"extra_s\": %.6f, \"extra_fraction\": %.3f, \"extra_fraction_per_round\": %s}",
