@@ -1043,6 +1043,104 @@ typedef struct wsync_patch_t {
  * threading as the iteration. 0.5. */
 WSYNC_API wsync_status_t wsync_recv_patch(wsync_recv_t *it, size_t i, wsync_patch_t *out);
 
+/* Destination tables: a whole chunk loaded by one call (0.6).
+ *
+ * An engine that keeps its weights in fixed memory declares, once, where each wire tensor goes
+ * (wsync_dest_table_create()), and then loads each chunk with one wsync_recv_apply() instead of
+ * one wsync_recv_copy() per tensor. For the GPU kinds the call queues ONE kernel launch per chunk
+ * on the loader's stream (a scatter of every tensor of the chunk from the sender's memory into
+ * the declared destinations); for host memory it runs the copy loop of wsync_recv_copy() over
+ * the chunk, with its fused verification. Either way it is wsync_recv_copy() of every matched
+ * tensor, with the same rules (verification, acknowledgement, split tensors, patches), done in C.
+ *
+ * A destination says which wire tensor it takes (name, dtype, shape: checked against the
+ * request before any byte moves), where its bytes land, and which bytes of it it takes
+ * (src_offset, bytes: as wsync_recv_copy()'s offset and len, so a loader that keeps a shard of a
+ * tensor, or a wire tensor that lands inside a fused parameter such as q, k and v in one qkv
+ * weight, point data at the right place). Several destinations may name one wire tensor (a
+ * tied weight the engine keeps twice); every destination of a name is written. */
+
+/* One destination; an input of wsync_dest_table_create(), borrowed for that call. */
+typedef struct wsync_dest_t {
+    const char *name;      /* the wire tensor's name as the request carries it (1..
+                              WSYNC_MAX_NAME_BYTES bytes, NUL-terminated) */
+    void *data;            /* where byte src_offset of the wire tensor lands: host memory the
+                              caller owns, or device memory of the receiver's GPU */
+    const int64_t *shape;  /* ndim extents the wire tensor must have */
+    int32_t ndim;          /* 0..WSYNC_MAX_NDIM */
+    wsync_dtype_t dtype;   /* the dtype the wire tensor must have (no cast is made) */
+    uint64_t src_offset;   /* first byte of the wire tensor taken; a multiple of the element size */
+    uint64_t bytes;        /* bytes taken from src_offset; 0: the rest of the tensor */
+    uint32_t flags;        /* must be 0 */
+    uint32_t struct_size;  /* 0 or sizeof(wsync_dest_t); see "Structs" above */
+} wsync_dest_t;
+
+typedef struct wsync_dest_table_t wsync_dest_table_t;
+
+/* Makes a destination table for `receiver` from n >= 1 destinations (borrowed for the call; the
+ * table keeps copies of names and shapes, not of the memory). Checks each destination now:
+ * name, dtype, shape (as for a sent tensor), src_offset + bytes within the tensor and aligned to
+ * its elements, data not NULL. For a receiver with a GPU ("cuda_ipc", "nccl_broadcast", "ucx"
+ * with "device"), memory the driver knows as device memory must be of the receiver's GPU and
+ * hold [data, data + bytes) in one allocation or in a contiguous run of mapped allocations
+ * (PyTorch's expandable segments and other virtual-memory mappings map a tensor over several
+ * physical handles); the driver's identity of each is kept, so memory freed or remapped later
+ * is refused by wsync_recv_apply() instead of written. Other memory is host memory and must stay
+ * writable by the CPU. Two destinations of one name that overlap are refused.
+ * Returns WSYNC_OK and *out (free it with wsync_dest_table_destroy(), before or after the
+ * receiver), or WSYNC_ERR_INVALID_ARGUMENT naming the destination (index and name) and why,
+ * WSYNC_ERR_NO_MEMORY. Does not block; one or two driver calls per destination (more for a
+ * destination that spans allocations). Not while another thread uses the receiver. */
+WSYNC_API wsync_status_t wsync_dest_table_create(wsync_receiver_t *receiver,
+                                                 const wsync_dest_t *dests, size_t n,
+                                                 wsync_dest_table_t **out);
+
+/* Frees a table. NULL is a no-op. Work a wsync_recv_apply() queued keeps no reference to it. */
+WSYNC_API void wsync_dest_table_destroy(wsync_dest_table_t *table);
+
+/* wsync_recv_apply() flags */
+#define WSYNC_APPLY_PARTIAL 1u  /* tensors of the chunk without a destination are left for the
+                                   caller (views, wsync_recv_copy()) instead of refused */
+#define WSYNC_APPLY_COMPLETE 2u /* on the chunk that commits a version (WSYNC_CHUNK_LAST):
+                                   refuse unless every destination of the table was written by
+                                   this version's applies (this chunk's included), so a version
+                                   that misses a tensor the engine holds never commits here */
+
+/* What wsync_recv_apply() did. */
+typedef struct wsync_apply_result_t {
+    uint32_t struct_size;  /* set by the caller: 0 or sizeof(wsync_apply_result_t) */
+    uint32_t launches;     /* device kernel launches queued (0 or 1 for the GPU kinds) */
+    uint64_t tensors;      /* entries of the chunk taken */
+    uint64_t writes;       /* destinations written (several per tied tensor) */
+    uint64_t unmatched;    /* entries without a destination (left, WSYNC_APPLY_PARTIAL) */
+    uint64_t bytes;        /* bytes written into destinations */
+} wsync_apply_result_t;
+
+/* Loads the chunk of `it` into the destinations of `table` (made for the iteration's
+ * receiver): every entry of the chunk whose name has destinations is copied into each of them,
+ * as wsync_recv_copy(it, i, dest.src_offset, dest.data, dest.bytes) would (a part of a split
+ * tensor writes its share of the range; a patch is applied onto its destination). Before any
+ * byte moves, every entry is checked: a name without a destination (unless
+ * WSYNC_APPLY_PARTIAL), a dtype or shape other than its destination's, and with
+ * WSYNC_APPLY_COMPLETE on a committing chunk a destination this version never wrote, are
+ * WSYNC_ERR_MISMATCH naming the tensor (or up to 8 destinations) and the version; device memory
+ * of a destination that was freed or remapped since the table was made is
+ * WSYNC_ERR_INVALID_ARGUMENT naming it; the iteration is then unchanged (the caller may fall
+ * back to other calls, or wsync_recv_fail() it). After the checks it behaves as that sequence
+ * of wsync_recv_copy() calls: a checksum mismatch fails the iteration (WSYNC_ERR_INTEGRITY) and
+ * leaves the destinations of the tensors before it written. GPU kinds: the dense entries are
+ * queued as one kernel launch on the loader's stream (wsync_receiver_set_stream(), else the
+ * legacy default stream), and the call returns without waiting: the destinations hold the bytes
+ * once that stream ran it; the chunk is acknowledged (with "synchronize") once it did, as for
+ * wsync_recv_copy(). Entries a wsync_recv_copy() or a view took already are not taken again.
+ * flags: WSYNC_APPLY_*; other bits are WSYNC_ERR_INVALID_ARGUMENT. out may be NULL.
+ * Returns WSYNC_OK or the statuses above, WSYNC_ERR_INVALID_ARGUMENT for NULL it or table or a
+ * table of another receiver, the iteration's own error once it failed, or a driver error's
+ * status if queuing fails (naming the chunk). Does not block on peers; host copies take CPU
+ * time proportional to the bytes. Same threading as the iteration. 0.6. */
+WSYNC_API wsync_status_t wsync_recv_apply(wsync_recv_t *it, const wsync_dest_table_t *table,
+                                          uint32_t flags, wsync_apply_result_t *out);
+
 /* Ends an iteration, acknowledges the chunk to the sender and frees the iteration (always, even
  * on failure; `it` is invalid afterwards). Returns WSYNC_OK only if every tensor was taken (yielded by
  * wsync_recv_next(), copied by wsync_recv_copy() or handed out by wsync_recv_patch()) and verified and, for the chunk that commits a version, the version's manifest matched what this

@@ -74,6 +74,7 @@ private:
 };
 
 class Iteration;
+class DestTable;
 
 class Receiver {
 public:
@@ -90,6 +91,8 @@ public:
     wsync_receiver_state_t poll();
     // Not while an iteration is open: its chunk is released after the stream it began with.
     void set_stream(void *stream);
+    // The transport, for what a destination table asks of it (apply.cpp).
+    ReceiverImpl &transport() const { return *impl_; }
 
 private:
     friend class Iteration;
@@ -162,6 +165,8 @@ public:
     // tensor in the same pass the first time any of it is taken (host memory), or queued on
     // the loader's stream by the transport (device memory).
     void copy(std::size_t i, uint64_t offset, void *dst, uint64_t len);
+    // wsync_recv_apply: the chunk into the table's destinations (apply.cpp); *out zeroed first.
+    void apply(DestTable &table, uint32_t flags, wsync_apply_result_t *out);
     // wsync_recv_patch: tensor i's patch as flat indices and values, checked without the base.
     void patch(std::size_t i, wsync_patch_t *out);
     // Acknowledges; throws the iteration's failure, if any. Called once, by Receiver::end.

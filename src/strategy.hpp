@@ -78,6 +78,21 @@ public:
                                 const std::function<std::string()> & /*what*/) {
         return false;
     }
+    // wsync_recv_apply() for a backing in device memory: the dense copies of a chunk (each
+    // `src` inside the chunk, each `dst` checked by the receiver's describe_destination() when
+    // its table was made and rechecked since) queued as one kernel launch on the loader's
+    // stream, which settle() waits for as for copy_to_device(). Returns false where the
+    // transport has no such launch (the iteration then copies one by one). `what` names the
+    // chunk, for messages only.
+    struct DeviceCopy {
+        const void *src;
+        void *dst;
+        uint64_t len;
+    };
+    virtual bool copy_batch_to_device(const std::vector<DeviceCopy> & /*copies*/,
+                                      const std::function<std::string()> & /*what*/) {
+        return false;
+    }
     // wsync_recv_copy() from a backing in host memory whose receiver has a GPU (ucx with
     // "device"): true when `dst` is device memory, which the iteration then verifies on the host
     // and fills through copy_to_device() (`src` is then host memory). False: host memory.
@@ -217,6 +232,22 @@ public:
     // The stream the loader queues its copies out of views on (nullptr: the legacy default
     // stream); chunks are released after that work. Host kinds: nothing to order.
     virtual void set_stream(void * /*stream*/) {}
+    // wsync_dest_table_create(): where `len` bytes at `data` are for this receiver. Host
+    // memory: an empty list (nothing to check; the CPU writes it). Device memory of this
+    // receiver's GPU: the allocations that hold it (checked with the driver, a span of mapped
+    // allocations accepted), which recheck_destination() compares again before each apply.
+    // Throws WSYNC_ERR_INVALID_ARGUMENT naming what() for memory this receiver cannot fill.
+    struct DestMemory {
+        bool device = false;
+        std::vector<std::pair<uint64_t, uint64_t>> pieces;  // (base, size) per allocation
+        std::vector<unsigned long long> ids;                // each one's driver buffer id
+    };
+    virtual DestMemory describe_destination(void * /*data*/, uint64_t /*len*/,
+                                            const std::function<std::string()> & /*what*/) const {
+        return {};
+    }
+    virtual void recheck_destination(const DestMemory & /*mem*/,
+                                     const std::function<std::string()> & /*what*/) const {}
 };
 
 class StrategyImpl {

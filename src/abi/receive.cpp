@@ -1,6 +1,7 @@
 // The C ABI, engine side: receivers, receive iterations, the planner, introspection. See
 // abi/translate.hpp for what every entry point does and does not do.
 #include "abi/translate.hpp"
+#include "apply.hpp"
 
 using wsync::fail;
 using namespace wsync::abi;
@@ -129,6 +130,35 @@ wsync_status_t wsync_recv_patch(wsync_recv_t *it, size_t i, wsync_patch_t *out) 
         wsync_patch_t v{};
         core(it)->patch(i, &v);
         write_sized(out, v, "wsync_patch_t");
+    });
+}
+
+wsync_status_t wsync_dest_table_create(wsync_receiver_t *receiver, const wsync_dest_t *dests,
+                                       size_t n, wsync_dest_table_t **out) {
+    if (out) *out = nullptr;
+    return guard([&] {
+        require(receiver, "wsync_dest_table_create", "receiver");
+        require(out, "wsync_dest_table_create", "out");
+        if (n) require(dests, "wsync_dest_table_create", "dests");
+        *out = reinterpret_cast<wsync_dest_table_t *>(new wsync::DestTable(*core(receiver), dests, n));
+    });
+}
+
+void wsync_dest_table_destroy(wsync_dest_table_t *table) {
+    delete reinterpret_cast<wsync::DestTable *>(table);
+}
+
+wsync_status_t wsync_recv_apply(wsync_recv_t *it, const wsync_dest_table_t *table, uint32_t flags,
+                                wsync_apply_result_t *out) {
+    return guard([&] {
+        require(it, "wsync_recv_apply", "it");
+        require(table, "wsync_recv_apply", "table");
+        if (out) write_sized(out, wsync_apply_result_t{}, "wsync_apply_result_t");
+        wsync_apply_result_t r{};
+        // The table's written-version marks change; the destinations it names are the caller's.
+        core(it)->apply(*const_cast<wsync::DestTable *>(reinterpret_cast<const wsync::DestTable *>(table)),
+                        flags, &r);
+        if (out) write_sized(out, r, "wsync_apply_result_t");
     });
 }
 

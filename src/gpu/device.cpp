@@ -134,13 +134,14 @@ bool Event::done() const {
     cuda_fail(dev_.api(), rc, "cuEventQuery (a kernel or copy on " + dev_.uuid_string() + " failed)");
 }
 
-void check_device_destination(const Device &dev, void *dst, uint64_t len,
-                              const std::function<std::string()> &what, const char *kind) {
+std::vector<MemPiece> check_device_destination(const Device &dev, void *dst, uint64_t len,
+                                               const std::function<std::string()> &what,
+                                               const char *kind, const char *fn) {
     const CudaApi &api = dev.api();
     Device::Scope scope(dev);
     const auto d = reinterpret_cast<CUdeviceptr>(dst);
     auto where = [&] {
-        return "wsync_recv_copy: the destination of " + what() + " (" +
+        return std::string(fn) + ": the destination of " + what() + " (" +
                strf("0x%llx", static_cast<unsigned long long>(d)) + ")";
     };
     unsigned type = 0;
@@ -157,12 +158,66 @@ void check_device_destination(const Device &dev, void *dst, uint64_t len,
              where() + " is memory of GPU ordinal " + std::to_string(ordinal) +
                  ", not of this receiver's GPU " + dev.uuid_string() + " (ordinal " +
                  std::to_string(dev.ordinal()) + ")");
+    // [dst, dst + len) in one allocation, or in a run of mapped allocations that follow each
+    // other without a gap: the driver answers cuMemGetAddressRange for one physical handle of a
+    // virtual-memory mapping (PyTorch's expandable segments map 20 MiB handles), so a tensor
+    // there spans several (the 2026-12-04 H200 run refused every destination over 20 MiB).
+    std::vector<MemPiece> pieces;
     CUdeviceptr base = 0;
     std::size_t size = 0;
-    if (api.cuMemGetAddressRange(&base, &size, d) != CUDA_SUCCESS || len > size || d - base > size - len)
-        fail(WSYNC_ERR_INVALID_ARGUMENT,
-             where() + strf(": %" PRIu64 " bytes do not fit in its allocation (%zu bytes at 0x%llx)",
-                            len, size, static_cast<unsigned long long>(base)));
+    if (api.cuMemGetAddressRange(&base, &size, d) != CUDA_SUCCESS || d - base >= size)
+        fail(WSYNC_ERR_INVALID_ARGUMENT, where() + " is not inside an allocation the driver knows");
+    const CUdeviceptr end = d + len;  // len fits: the caller's range of its own memory
+    if (end < d) fail(WSYNC_ERR_INVALID_ARGUMENT, where() + strf(": %" PRIu64 " bytes wrap the address space", len));
+    const CUdeviceptr first = base;
+    const std::size_t first_size = size;
+    for (;;) {
+        unsigned long long id = 0;
+        if (api.cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, base) != CUDA_SUCCESS) id = 0;
+        pieces.push_back({base, size, id});
+        if (end <= base + size) break;
+        const CUdeviceptr next = base + size;
+        int next_ordinal = -1;
+        CUdeviceptr next_base = 0;
+        std::size_t next_size = 0;
+        if (api.cuMemGetAddressRange(&next_base, &next_size, next) != CUDA_SUCCESS || next_base != next ||
+            api.cuPointerGetAttribute(&next_ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, next) != CUDA_SUCCESS ||
+            next_ordinal != dev.ordinal())
+            fail(WSYNC_ERR_INVALID_ARGUMENT,
+                 where() + strf(": %" PRIu64 " bytes do not fit in its allocation (%zu bytes at 0x%llx)",
+                                len, first_size, static_cast<unsigned long long>(first)) +
+                     (pieces.size() > 1
+                          ? strf(" and the %zu mapped after it, which end at 0x%llx", pieces.size() - 1,
+                                 static_cast<unsigned long long>(next))
+                          : std::string()));
+        base = next_base;
+        size = next_size;
+    }
+    return pieces;
+}
+
+void recheck_device_destination(const Device &dev, const std::vector<MemPiece> &pieces,
+                                const std::function<std::string()> &what, const char *fn) {
+    const CudaApi &api = dev.api();
+    Device::Scope scope(dev);
+    for (const MemPiece &p : pieces) {
+        CUdeviceptr base = 0;
+        std::size_t size = 0;
+        unsigned long long id = 0;
+        const bool same =
+            api.cuMemGetAddressRange(&base, &size, p.base) == CUDA_SUCCESS && base == p.base &&
+            size == p.size &&
+            (p.buffer_id == 0 ||
+             (api.cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p.base) == CUDA_SUCCESS &&
+              id == p.buffer_id));
+        if (!same)
+            fail(WSYNC_ERR_INVALID_ARGUMENT,
+                 std::string(fn) + ": the destination of " + what() +
+                     strf(" lies in memory that was freed or mapped anew since the table was made "
+                          "(the allocation of %zu bytes at 0x%llx is gone or another); make the "
+                          "destination table again from the tensors as they are now",
+                          p.size, static_cast<unsigned long long>(p.base)));
+    }
 }
 
 void queue_copy_host_to_device(const Device &dev, CUstream stream, void *dst, const void *src,

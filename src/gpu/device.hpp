@@ -131,9 +131,24 @@ void queue_copy_host_to_device(const Device &dev, CUstream stream, void *dst, co
                                uint64_t len, const std::function<std::string()> &what, const char *kind);
 // Whether `p` is device memory (of any GPU) to the driver: CU_POINTER_ATTRIBUTE_MEMORY_TYPE.
 bool is_device_memory(const Device &dev, const void *p);
-// The checks of queue_copy_to_device alone (for a destination a kernel writes).
-void check_device_destination(const Device &dev, void *dst, uint64_t len,
-                              const std::function<std::string()> &what, const char *kind);
+// One allocation as the driver knows it: a cuMemAlloc, or one physical handle of a
+// virtual-memory mapping; buffer_id is CU_POINTER_ATTRIBUTE_BUFFER_ID (0: the driver gave none).
+struct MemPiece {
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    unsigned long long buffer_id = 0;
+};
+// The checks of queue_copy_to_device alone (for a destination a kernel writes): device memory
+// of `dev`'s GPU, [dst, dst + len) inside one allocation or a run of allocations mapped one after
+// the other (a virtual-memory span). Returns those allocations. Messages begin with `fn`.
+std::vector<MemPiece> check_device_destination(const Device &dev, void *dst, uint64_t len,
+                                               const std::function<std::string()> &what,
+                                               const char *kind, const char *fn = "wsync_recv_copy");
+// Whether the allocations check_device_destination returned are still the same ones (same
+// base, size and buffer id): WSYNC_ERR_INVALID_ARGUMENT naming what() when one was freed or
+// mapped anew. One or two driver calls a piece; no system call.
+void recheck_device_destination(const Device &dev, const std::vector<MemPiece> &pieces,
+                                const std::function<std::string()> &what, const char *fn);
 
 void poll_sleep(int round);
 [[noreturn]] void throw_timeout(const std::string &message);

@@ -159,13 +159,18 @@ Packer::~Packer() {
 void Packer::pack(const std::vector<PackEntry> &entries, CUstream stream) {
     if (entries.empty()) return;
     const uint64_t bytes = entries.size() * sizeof(PackEntry);
-    if (table_.size() < bytes)
+    if (table_.size() < bytes) {
+        if (table_.size()) retired_.push_back(std::move(table_));
         table_ = DeviceBuffer(dev_, std::max<uint64_t>(bytes * 2, 64 * sizeof(PackEntry)),
                               "pack table");
-    // The host copy must outlive the asynchronous upload; callers wait for the stream before
-    // the next pack, so one staging vector suffices.
+    }
     staged_ = entries;
     Device::Scope scope(dev_);
+    if (!launched_) launched_ = std::make_unique<Event>(dev_);
+    // The previous launch may still read the table on another stream: this one's upload waits.
+    if (launched_once_ && stream != last_stream_)
+        WSYNC_CU(dev_.api(), cuStreamWaitEvent(stream, launched_->get(), 0),
+                 "ordering the pack table's upload after the previous launch");
     WSYNC_CU(dev_.api(), cuMemcpyHtoDAsync(table_.ptr(), staged_.data(), bytes, stream),
              "uploading the pack table");
     // fill_pack_entries numbered the tiles; the last entry's end is the launch's tile count.
@@ -181,6 +186,9 @@ void Packer::pack(const std::vector<PackEntry> &entries, CUstream stream) {
     WSYNC_CU(dev_.api(),
              cuLaunchKernel(fn_, gx, 1, 1, kPackBlock, 1, 1, 0, stream, params, nullptr),
              "launching the pack kernel");
+    launched_->record(stream);
+    last_stream_ = stream;
+    launched_once_ = true;
 }
 
 }  // namespace wsync::gpu

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,9 +37,13 @@ public:
     ~Packer();
     Packer(const Packer &) = delete;
     Packer &operator=(const Packer &) = delete;
-    // Enqueues the pack of `entries` on `stream`. Returns at once; the entries' memory (host
-    // side) may be reused when the stream has passed this point, so the Packer keeps its own
-    // copy until the next call after the stream is idle.
+    // Enqueues the pack of `entries` on `stream`. Returns at once, without waiting for the
+    // stream: the table is uploaded from pageable memory (the driver stages it before the call
+    // returns) into the Packer's device table, which a later launch overwrites only in stream
+    // order: on the same stream it follows this launch; on another, that stream first waits
+    // (on the GPU) for an event recorded after this launch. A table too small is replaced by a
+    // larger one and the old kept until the Packer goes (freeing device memory would wait for
+    // the whole device, possibly for work that never ends).
     void pack(const std::vector<PackEntry> &entries, CUstream stream);
 
 private:
@@ -46,7 +51,11 @@ private:
     CUmodule module_ = nullptr;
     CUfunction fn_ = nullptr;
     DeviceBuffer table_;
+    std::vector<DeviceBuffer> retired_;
     std::vector<PackEntry> staged_;
+    std::unique_ptr<Event> launched_;  // recorded after each launch, on its stream
+    CUstream last_stream_ = nullptr;
+    bool launched_once_ = false;
 };
 
 // Lays a chunk's tensors out in a bucket (layout::place, after the cast). Fills

@@ -39,6 +39,12 @@
 //   ("/wsyncfk-imp-<owner pid>-<serial>-<opener pid>", removed by the last close, the context's
 //   end or the opener's exit); a cuMemFree (or context destruction) of an allocation whose marker
 //   names a live opener is counted (wsync_fake_freed_while_imported) and printed to stderr.
+// - Virtual-memory spans: wsync_fake_mem_alloc_span() maps one contiguous range as several
+//   pieces (PyTorch's expandable segments map 20 MiB physical handles): each piece is an
+//   allocation of its own to cuMemGetAddressRange and cuPointerGetAttribute (its own buffer id,
+//   its own range, as the driver answers for one handle), not exportable, and a kernel or copy
+//   may read and write across pieces of one span (not across plain allocations that happen to
+//   be adjacent). cuMemFree of a piece's base frees that piece (as cuMemUnmap + cuMemRelease).
 // - Non-exportable memory: wsync_fake_mem_alloc_unexportable() makes device memory as a
 //   stream-ordered pool (cudaMallocAsync) or PyTorch's expandable segments do:
 //   cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE) says 0 and
@@ -292,6 +298,7 @@ struct Alloc {
     bool unexportable = false;  // wsync_fake_mem_alloc_unexportable
     bool pinned_host = false;   // cuMemHostAlloc: host memory kernels reach (DEVICEMAP)
     bool device_mapped = false; // pinned_host allocated with CU_MEMHOSTALLOC_DEVICEMAP
+    uint64_t span = 0;          // wsync_fake_mem_alloc_span: the span's number (0: none)
 };
 
 // ---- per-process state ------------------------------------------------------------------------
@@ -310,6 +317,7 @@ struct State {
     std::map<CUfunction, Function> functions;
     uint64_t next_serial = 0;
     uint64_t next_buffer_id = 0;
+    uint64_t next_span = 0;
     State *abandoned = nullptr;  // a forked child keeps the parent's state reachable, unused
 };
 
@@ -372,7 +380,20 @@ bool find_region(uint64_t p, uint64_t n, Region *out) {
     std::lock_guard<std::mutex> lk(s.mu);
     auto it = containing_locked(s, p);
     if (it == s.allocs.end()) return false;
-    if (n > it->second.size - (p - it->first)) return false;
+    if (n > it->second.size - (p - it->first)) {
+        // A virtual-memory span (wsync_fake_mem_alloc_span): the next piece of the same span
+        // follows at once, as mapped physical handles of one reserved range do; a kernel or
+        // copy reads across them. Plain allocations that happen to be adjacent are not a span.
+        if (!it->second.span || out) return false;
+        uint64_t end = p + n, at = it->first + it->second.size;
+        const uint64_t span = it->second.span;
+        while (at < end) {
+            auto next = s.allocs.find(at);
+            if (next == s.allocs.end() || next->second.span != span) return false;
+            at += next->second.size;
+        }
+        return true;
+    }
     if (out) {
         out->name = it->second.name;
         out->base = it->first;
@@ -1281,38 +1302,52 @@ CUresult cuCtxSynchronize(void) {
 }
 
 // ---- memory -----------------------------------------------------------------------------------
+// A new shm object of `len` bytes (page-rounded) for an allocation of this process, mapped
+// read-write at `fixed` (MAP_FIXED, inside a range the caller reserved) or anywhere (NULL).
+CUresult new_shm_mapping(uint64_t len, void *fixed, std::string *name, uint64_t *serial, void **out) {
+    State &s = st();
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        *serial = ++s.next_serial;
+    }
+    const uint64_t pid = static_cast<uint64_t>(getpid());
+    sweep_dead_namesakes();
+    int fd = -1;
+    for (int tries = 0; fd < 0; ++tries) {
+        *name = alloc_name(pid, *serial);
+        fd = shm_open(name->c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+        if (fd >= 0) break;
+        if (errno != EEXIST || tries > 1000) return CUDA_ERROR_OUT_OF_MEMORY;
+        std::lock_guard<std::mutex> lk(s.mu);  // a leftover of an earlier process with our pid
+        *serial = ++s.next_serial;
+    }
+    int err = posix_fallocate(fd, 0, static_cast<off_t>(len));
+    if (err == EOPNOTSUPP || err == EINVAL) err = ftruncate(fd, static_cast<off_t>(len)) ? errno : 0;
+    void *p = err ? MAP_FAILED
+                  : mmap(fixed, len, PROT_READ | PROT_WRITE, MAP_SHARED | (fixed ? MAP_FIXED : 0), fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        shm_unlink(name->c_str());
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = p;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuMemAlloc(CUdeviceptr *dptr, std::size_t bytes) {
     WSYNC_FAKE_FAIL_POINT("cuMemAlloc_v2");
     State &s = st();
     int dev;
-    uint64_t serial;
     {
         std::lock_guard<std::mutex> lk(s.mu);
         if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
         if (!dptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-        serial = ++s.next_serial;
     }
     const uint64_t len = page_round(bytes);
-    const uint64_t pid = static_cast<uint64_t>(getpid());
-    sweep_dead_namesakes();
     std::string name;
-    int fd = -1;
-    for (int tries = 0; fd < 0; ++tries) {
-        name = alloc_name(pid, serial);
-        fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-        if (fd >= 0) break;
-        if (errno != EEXIST || tries > 1000) return CUDA_ERROR_OUT_OF_MEMORY;
-        std::lock_guard<std::mutex> lk(s.mu);  // a leftover of an earlier process with our pid
-        serial = ++s.next_serial;
-    }
-    int err = posix_fallocate(fd, 0, static_cast<off_t>(len));
-    if (err == EOPNOTSUPP || err == EINVAL) err = ftruncate(fd, static_cast<off_t>(len)) ? errno : 0;
-    void *p = err ? MAP_FAILED : mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) {
-        shm_unlink(name.c_str());
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
+    uint64_t serial = 0;
+    void *p = nullptr;
+    if (CUresult rc = new_shm_mapping(len, nullptr, &name, &serial, &p)) return rc;
     {
         std::lock_guard<std::mutex> lk(s.mu);
         Alloc a;
@@ -2021,6 +2056,52 @@ WSYNC_FAKE_EXPORT int wsync_fake_mem_alloc_unexportable(unsigned long long *dptr
     State &s = st();
     std::lock_guard<std::mutex> lk(s.mu);
     s.allocs[*dptr].unexportable = true;
+    return CUDA_SUCCESS;
+}
+
+WSYNC_FAKE_EXPORT int wsync_fake_mem_alloc_span(unsigned long long *dptr, std::size_t bytes,
+                                                std::size_t piece_bytes) {
+    State &s = st();
+    int dev;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
+    }
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    if (!dptr || bytes == 0 || piece_bytes == 0 || piece_bytes % page) return CUDA_ERROR_INVALID_VALUE;
+    const uint64_t len = page_round(bytes);
+    // The reserved range (cuMemAddressReserve), then one mapped handle a piece (cuMemMap).
+    void *range = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (range == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t span;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        span = ++s.next_span;
+    }
+    for (uint64_t at = 0; at < len; at += piece_bytes) {
+        const uint64_t piece = std::min<uint64_t>(piece_bytes, len - at);
+        std::string name;
+        uint64_t serial = 0;
+        void *p = nullptr;
+        if (CUresult rc = new_shm_mapping(piece, static_cast<char *>(range) + at, &name, &serial, &p)) {
+            for (uint64_t back = 0; back < at; back += piece_bytes) cuMemFree(reinterpret_cast<CUdeviceptr>(range) + back);
+            munmap(static_cast<char *>(range) + at, len - at);
+            return rc;
+        }
+        std::lock_guard<std::mutex> lk(s.mu);
+        Alloc a;
+        a.size = piece;
+        a.map_len = piece;
+        a.name = name;
+        a.device = dev;
+        a.buffer_id = ++s.next_buffer_id;
+        a.serial = serial;
+        a.unexportable = true;  // as expandable segments: no legacy IPC handle
+        a.span = span;
+        s.allocs[reinterpret_cast<uint64_t>(p)] = std::move(a);
+        g_count.allocs.fetch_add(1);
+    }
+    *dptr = reinterpret_cast<unsigned long long>(range);
     return CUDA_SUCCESS;
 }
 

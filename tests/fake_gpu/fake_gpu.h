@@ -100,6 +100,16 @@ long long wsync_fake_freed_while_imported(void);
  * CUDA_ERROR_INVALID_VALUE. Freed with cuMemFree_v2. The arguments are (CUdeviceptr *, size_t). */
 int wsync_fake_mem_alloc_unexportable(unsigned long long *dptr, size_t bytes);
 
+/* Allocates `bytes` of device memory (current context) as one contiguous virtual range mapped
+ * in pieces of `piece_bytes` (a multiple of the page size; the last piece may be smaller), as
+ * PyTorch's expandable segments and other cuMemMap users make it: cuMemGetAddressRange and
+ * cuPointerGetAttribute answer for the piece holding an address (its own base, size and buffer
+ * id), no piece is exportable with cuIpcGetMemHandle, and kernels and copies may cross pieces.
+ * Free each piece with cuMemFree_v2 at its base (dptr + k * piece_bytes). Returns 0 or the
+ * driver's error. The arguments are (CUdeviceptr *, size_t, size_t). */
+int wsync_fake_mem_alloc_span(unsigned long long *dptr, size_t bytes, size_t piece_bytes);
+typedef int (*wsync_fake_mem_alloc_span_fn)(unsigned long long *dptr, size_t bytes, size_t piece_bytes);
+
 /* Parks `stream` (a CUstream; 0 or 1 name the NULL/legacy stream): operations enqueued on it
  * after this call wait until wsync_fake_stream_release_held() (a collective, or on the NULL
  * stream a kernel, that does not finish); anything waiting for them waits. Returns 0 or the

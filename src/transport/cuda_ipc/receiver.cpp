@@ -6,6 +6,7 @@
 
 #include "error.hpp"
 #include "layout.hpp"
+#include "gpu/destination.hpp"
 #include "gpu/device.hpp"
 #include "gpu/diff.hpp"
 #include "gpu/pack.hpp"
@@ -55,11 +56,11 @@ public:
                AckQueue *acks, gpu::CUstream stream, HandleCache &cache, int64_t timeout_ms,
                const ChunkHeader &h, uint32_t index, uint32_t slot, uint64_t seq,
                std::vector<CUdeviceptr> ptrs, std::function<gpu::DeltaKernels &()> kernels,
-               StaleWork *stale)
+               std::function<gpu::Packer &()> packer, StaleWork *stale)
         : seg_(std::move(seg)), dev_(dev), legacy_(legacy), acks_(acks), stream_(stream),
           cache_(cache), timeout_ms_(timeout_ms),
           header_(h), index_(index), slot_(slot), seq_(seq), ptrs_(std::move(ptrs)),
-          kernels_(std::move(kernels)), stale_(stale) {}
+          kernels_(std::move(kernels)), packer_(std::move(packer)), stale_(stale) {}
 
     const void *data(std::size_t i) const override {
         return reinterpret_cast<const void *>(ptrs_[i]);
@@ -72,6 +73,28 @@ public:
     bool copy_to_device(void *dst, const void *src, uint64_t len,
                         const std::function<std::string()> &what) override {
         gpu::queue_copy_to_device(dev_, stream_, dst, src, len, what, kKind);
+        return true;
+    }
+
+    // wsync_recv_apply: the chunk's dense copies as one launch of the pack kernel on the
+    // loader's stream (its entries read this chunk's mapped memory and write the engine's
+    // destinations), so settle()'s event covers it like a copy_to_device().
+    bool copy_batch_to_device(const std::vector<DeviceCopy> &copies,
+                              const std::function<std::string()> &what) override {
+        std::vector<gpu::PackEntry> entries(copies.size());
+        uint64_t tile = 0;
+        for (std::size_t k = 0; k < copies.size(); ++k) {
+            entries[k] = gpu::PackEntry{reinterpret_cast<uint64_t>(copies[k].src),
+                                        reinterpret_cast<uint64_t>(copies[k].dst), copies[k].len,
+                                        gpu::kPackCopy, static_cast<uint32_t>(tile)};
+            tile += gpu::pack_tiles(entries[k]);
+            if (tile > UINT32_MAX) return false;  // beyond one launch's tile index: copy one by one
+        }
+        try {
+            packer_().pack(entries, stream_);
+        } catch (const Error &e) {
+            fail(e.status(), std::string(kKind) + ": queuing the copies of " + what() + ": " + e.what());
+        }
         return true;
     }
 
@@ -200,6 +223,7 @@ private:
     uint64_t seq_;
     std::vector<CUdeviceptr> ptrs_;
     std::function<gpu::DeltaKernels &()> kernels_;  // the receiver's, made at the first patch
+    std::function<gpu::Packer &()> packer_;          // the receiver's, made at the first apply
     StaleWork *stale_;                               // the receiver's
 };
 
@@ -237,6 +261,14 @@ public:
     bool orders_loader_work() const override { return legacy_ != nullptr; }  // "synchronize"
 
     void set_stream(void *stream) override { order_stream_ = gpu::ordering_stream(stream); }
+
+    DestMemory describe_destination(void *data, uint64_t len,
+                                    const std::function<std::string()> &what) const override {
+        return gpu::describe_device_destination(*dev_, data, len, what, kKind);
+    }
+    void recheck_destination(const DestMemory &mem, const std::function<std::string()> &what) const override {
+        gpu::recheck_device_destination(*dev_, mem, what);
+    }
 
     Link link() const override { return seg_->link(index_); }
 
@@ -313,7 +345,7 @@ public:
             last_seq_ = seq;
             return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, acks_.get(), order_stream_,
                                                 cache_, timeout_ms_, header, index_, slot, seq,
-                                                std::vector<CUdeviceptr>{}, delta_kernels(), &stale_);
+                                                std::vector<CUdeviceptr>{}, delta_kernels(), packer(), &stale_);
         }
         const json &part = part_for_this_gpu(parts, w);
         std::vector<CUdeviceptr> ptrs = info_.packed ? packed_views(part, table, header, w)
@@ -321,7 +353,7 @@ public:
         last_seq_ = seq;
         return std::make_unique<IpcBacking>(seg_, *dev_, legacy_.get(), acks_.get(), order_stream_,
                                             cache_, timeout_ms_, header, index_, slot, seq,
-                                            std::move(ptrs), delta_kernels(), &stale_);
+                                            std::move(ptrs), delta_kernels(), packer(), &stale_);
     }
 
 private:
@@ -401,6 +433,15 @@ private:
         return ptrs;
     }
 
+    // The pack kernel on this receiver's GPU (wsync_recv_apply's launches), loaded at the
+    // first apply.
+    std::function<gpu::Packer &()> packer() {
+        return [this]() -> gpu::Packer & {
+            if (!packer_) packer_ = std::make_unique<gpu::Packer>(*dev_);
+            return *packer_;
+        };
+    }
+
     // The delta kernels on this receiver's GPU, loaded at the first patch it applies.
     std::function<gpu::DeltaKernels &()> delta_kernels() {
         return [this]() -> gpu::DeltaKernels & {
@@ -414,6 +455,7 @@ private:
     uint32_t index_;
     std::unique_ptr<gpu::Device> dev_;
     std::unique_ptr<gpu::DeltaKernels> delta_;  // after dev_: destroyed before it
+    std::unique_ptr<gpu::Packer> packer_;       // likewise
     HandleCache cache_;
     int64_t timeout_ms_;
     StaleWork stale_;                     // work a wait gave up on (see StaleWork)

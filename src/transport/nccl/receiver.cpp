@@ -4,6 +4,7 @@
 
 #include "error.hpp"
 #include "layout.hpp"
+#include "gpu/destination.hpp"
 #include "gpu/diff.hpp"
 #include "gpu/pack.hpp"
 #include "transport/nccl/comm.hpp"
@@ -112,6 +113,14 @@ public:
     bool verify_checksums() const override { return false; }
 
     void set_stream(void *stream) override { fence_.stream = gpu::ordering_stream(stream); }
+
+    DestMemory describe_destination(void *data, uint64_t len,
+                                    const std::function<std::string()> &what) const override {
+        return gpu::describe_device_destination(*dev_, data, len, what, kKind);
+    }
+    void recheck_destination(const DestMemory &mem, const std::function<std::string()> &what) const override {
+        gpu::recheck_device_destination(*dev_, mem, what);
+    }
 
     // A request of another model-update group is refused before its seq is looked at (no
     // broadcast is posted, nothing changes here). One without "group" (a sender from before

@@ -8,6 +8,7 @@
 
 #include "core.hpp"
 #include "error.hpp"
+#include "gpu/destination.hpp"
 #include "gpu/device.hpp"
 #include "layout.hpp"
 
@@ -95,6 +96,17 @@ public:
     void set_stream(void *stream) override { loader_ = gpu::ordering_stream(stream); }
 
     bool device_destination(const void *dst) const { return dev_ && gpu::is_device_memory(*dev_, dst); }
+
+    // With "device", a destination the driver knows as device memory is checked as the GPU
+    // kinds check theirs; anything else is host memory, as for wsync_recv_copy.
+    DestMemory describe_destination(void *data, uint64_t len,
+                                    const std::function<std::string()> &what) const override {
+        if (!device_destination(data)) return {};
+        return gpu::describe_device_destination(*dev_, data, len, what, kKind);
+    }
+    void recheck_destination(const DestMemory &mem, const std::function<std::string()> &what) const override {
+        if (dev_) gpu::recheck_device_destination(*dev_, mem, what);
+    }
 
     void queue_copy(void *dst, const void *src, uint64_t len, const std::function<std::string()> &what) {
         gpu::queue_copy_host_to_device(*dev_, loader_, dst, src, len, what, kKind);
