@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 #include <math.h>
 
+#include "fake_gpu/fake_gpu.h"
 #include "testutil.h"
 
 typedef int CUresult;
@@ -115,6 +116,7 @@ typedef struct {
     int device; /* the engine's GPU, as in its options */
     int copy;   /* 1: take every tensor with wsync_recv_copy into device buffers, check after end */
     int host;   /* 1: the kind hands the engine host memory ("ucx"): views are read directly */
+    int apply;  /* 1: load every chunk with wsync_recv_apply into a destination table (below) */
 } engine_cfg;
 
 static float tu_value(uint64_t v, uint64_t k, size_t i) {
@@ -154,6 +156,141 @@ static int view_ok(const engine_cfg *cfg, const wsync_tensor_t *v, uint64_t vers
     return ok;
 }
 
+/* ---- the apply engine: a destination table over the engine's own device memory ----------- */
+#define APPLY_NT 4
+static const int64_t apply_shapes[APPLY_NT][2] = {{4096, 1024}, {1024, 1}, {333, 77}, {2048, 512}};
+static size_t apply_bytes(int k) { return (size_t)(apply_shapes[k][0] * apply_shapes[k][1]) * 4; }
+
+typedef struct {
+    wsync_dest_table_t *table;
+    CUdeviceptr t0;          /* t0 alone: a virtual-memory span of 4 MiB pieces on the fake */
+    size_t t0_pieces;        /* pieces to free (0: one cuMemAlloc) */
+    CUdeviceptr fused;       /* t1, t2, t3 one after the other, as fused parameters */
+    CUdeviceptr tied;        /* a second copy of t1 (an untied head) */
+    CUdeviceptr where[APPLY_NT + 1];
+    int of[APPLY_NT + 1];    /* which tensor each destination takes */
+} apply_dests;
+
+static void *fake_sym(const char *name) { return cu.h ? dlsym(cu.h, name) : NULL; }
+
+static int apply_setup(wsync_receiver_t *r, apply_dests *a) {
+    memset(a, 0, sizeof *a);
+    int (*span)(unsigned long long *, size_t, size_t) =
+        (int (*)(unsigned long long *, size_t, size_t))fake_sym("wsync_fake_mem_alloc_span");
+    if (span) { /* as PyTorch's expandable segments map it: the driver sees four allocations */
+        if (span(&a->t0, apply_bytes(0), 4u << 20) != 0) return 30;
+        a->t0_pieces = (apply_bytes(0) + (4u << 20) - 1) / (4u << 20);
+    } else if (cu.cuMemAlloc(&a->t0, apply_bytes(0)) != 0) {
+        return 30;
+    }
+    size_t fused = 0;
+    for (int k = 1; k < APPLY_NT; ++k) fused += (apply_bytes(k) + 255) / 256 * 256;
+    if (cu.cuMemAlloc(&a->fused, fused) != 0 || cu.cuMemAlloc(&a->tied, apply_bytes(1)) != 0) return 31;
+    static const char *const names[APPLY_NT] = {"t0", "t1", "t2", "t3"};
+    wsync_dest_t d[APPLY_NT + 1];
+    memset(d, 0, sizeof d);
+    CUdeviceptr at = a->fused;
+    for (int j = 0; j <= APPLY_NT; ++j) {
+        const int k = j < APPLY_NT ? j : 1;
+        a->of[j] = k;
+        a->where[j] = j == 0 ? a->t0 : j == APPLY_NT ? a->tied : at;
+        if (j > 0 && j < APPLY_NT) at += (apply_bytes(k) + 255) / 256 * 256;
+        d[j].name = names[k];
+        d[j].data = (void *)(uintptr_t)a->where[j];
+        d[j].shape = apply_shapes[k];
+        d[j].ndim = 2;
+        d[j].dtype.code = WSYNC_DTYPE_FLOAT;
+        d[j].dtype.bits = 32;
+        d[j].dtype.lanes = 1;
+    }
+    if (wsync_dest_table_create(r, d, APPLY_NT + 1, &a->table) != WSYNC_OK) {
+        fprintf(stderr, "engine: table: %s\n", wsync_last_error());
+        return 32;
+    }
+    return 0;
+}
+
+static void apply_teardown(apply_dests *a) {
+    wsync_dest_table_destroy(a->table);
+    for (size_t p = 0; p < a->t0_pieces; ++p) cu.cuMemFree(a->t0 + p * (4u << 20));
+    if (!a->t0_pieces) cu.cuMemFree(a->t0);
+    cu.cuMemFree(a->fused);
+    cu.cuMemFree(a->tied);
+}
+
+/* A table over memory freed since it was made: refused by name, nothing queued. */
+static int apply_refuses_freed_memory(wsync_receiver_t *r, wsync_recv_t *it) {
+    CUdeviceptr gone = 0;
+    if (cu.cuMemAlloc(&gone, apply_bytes(0)) != 0) return 33;
+    wsync_dest_t d;
+    memset(&d, 0, sizeof d);
+    d.name = "t0";
+    d.data = (void *)(uintptr_t)gone;
+    d.shape = apply_shapes[0];
+    d.ndim = 2;
+    d.dtype.code = WSYNC_DTYPE_FLOAT;
+    d.dtype.bits = 32;
+    d.dtype.lanes = 1;
+    wsync_dest_table_t *stale;
+    if (wsync_dest_table_create(r, &d, 1, &stale) != WSYNC_OK) return 34;
+    cu.cuMemFree(gone);
+    const wsync_status_t st = wsync_recv_apply(it, stale, WSYNC_APPLY_PARTIAL, NULL);
+    const int named = strstr(wsync_last_error(), "'t0'") && strstr(wsync_last_error(), "freed or mapped anew");
+    wsync_dest_table_destroy(stale);
+    if (st != WSYNC_ERR_INVALID_ARGUMENT || !named) {
+        fprintf(stderr, "engine: stale table: %s: %s\n", wsync_status_string(st), wsync_last_error());
+        return 35;
+    }
+    return 0;
+}
+
+/* Loads the chunk with one call: one launch on the fake's count, every destination checked. */
+static int apply_chunk(wsync_receiver_t *r, wsync_recv_t *it, const wsync_recv_info_t *info,
+                       apply_dests *a) {
+    if (info->version == 2 && info->chunk_index == 0) {
+        int v = apply_refuses_freed_memory(r, it);
+        if (v) return v;
+    }
+    /* On the fake driver, its counters: one launch, and at most one copy (the entry table's). */
+    wsync_fake_stats_fn stats = NULL;
+    struct wsync_fake_stats before, after;
+    *(void **)&stats = fake_sym("wsync_fake_stats");
+    if (stats) stats(&before);
+    wsync_apply_result_t res;
+    memset(&res, 0, sizeof res);
+    if (wsync_recv_apply(it, a->table, WSYNC_APPLY_COMPLETE, &res) != WSYNC_OK) {
+        fprintf(stderr, "engine: apply: %s\n", wsync_last_error());
+        return 36;
+    }
+    if (res.launches != 1 || res.tensors != info->count) return 37;
+    if (stats) {
+        stats(&after);
+        if (after.kernel_launches - before.kernel_launches != 1 || after.memcpy_calls - before.memcpy_calls > 1) {
+            fprintf(stderr, "engine: apply made %lld launches and %lld copies\n",
+                    after.kernel_launches - before.kernel_launches, after.memcpy_calls - before.memcpy_calls);
+            return 38;
+        }
+    }
+    return 0;
+}
+
+static int apply_check(const apply_dests *a, uint64_t version, const int *in_chunk) {
+    for (int j = 0; j <= APPLY_NT; ++j) {
+        const int k = a->of[j];
+        if (!in_chunk[k]) continue;
+        unsigned char *host = (unsigned char *)malloc(apply_bytes(k));
+        if (!host || cu.cuMemcpyDtoH(host, a->where[j], apply_bytes(k)) != 0 ||
+            !tu_check(host, apply_bytes(k), version, (uint64_t)k)) {
+            free(host);
+            fprintf(stderr, "engine: destination %d (t%d) of version %llu differs\n", j, k,
+                    (unsigned long long)version);
+            return 39;
+        }
+        free(host);
+    }
+    return 0;
+}
+
 static int engine_main(const engine_cfg *cfg, int in, int out) {
     uint8_t *init;
     size_t len;
@@ -166,6 +303,11 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
         return 11;
     }
     cu_use(cfg->device); /* for the test's own copies out of the views */
+    apply_dests dests;
+    if (cfg->apply) {
+        int v = apply_setup(r, &dests);
+        if (v) return v;
+    }
     for (;;) {
         uint8_t *req;
         if (tu_recv_frame(in, &req, &len, 60000)) return 13;
@@ -202,9 +344,19 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
                 }
                 n_copied = i + 1;
             }
+            int in_chunk[APPLY_NT] = {0};
+            if (cfg->apply) {
+                for (size_t i = 0; i < info.count; ++i) {
+                    wsync_tensor_t t;
+                    wsync_recv_peek(it, i, &t);
+                    in_chunk[strtoul(t.name + 1, NULL, 10) % APPLY_NT] = 1;
+                }
+                verdict = (uint8_t)apply_chunk(r, it, &info, &dests);
+            }
             while (wsync_recv_next(it, &v, &has) == WSYNC_OK && has)
                 if (!view_ok(cfg, &v, info.version)) verdict = 2;
             if (wsync_recv_end(it) != WSYNC_OK) verdict = 3;
+            if (cfg->apply && verdict == 0) verdict = (uint8_t)apply_check(&dests, info.version, in_chunk);
             engine_cfg in_device = *cfg; /* the copies are in device memory, whatever the kind */
             in_device.host = 0;
             for (size_t i = 0; i < n_copied; ++i) {
@@ -219,6 +371,7 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
         if (tu_write_all(out, &verdict, 1)) return 14;
     }
     wsync_receiver_destroy(r);
+    if (cfg->apply) apply_teardown(&dests);
     wsync_strategy_destroy(s);
     return 0;
 }
@@ -251,10 +404,13 @@ static const char *names[NT] = {"t0", "t1", "t2", "t3"};
 static const size_t *g_offsets;
 /* Set by a test: the engine takes every tensor with wsync_recv_copy into device memory. */
 static int g_engine_copies;
+/* Set by a test: the engine loads every chunk with wsync_recv_apply (see apply_chunk). */
+static int g_engine_applies;
 
 static void run_sync(const char *kind, const char *trainer_opts, const char *engine_opts,
                      int engine_device, int cast, int versions) {
-    engine_cfg cfg = {kind, engine_opts, 0, cast, engine_device, g_engine_copies, !strcmp(kind, "ucx")};
+    engine_cfg cfg = {kind, engine_opts, 0, cast, engine_device, g_engine_copies, !strcmp(kind, "ucx"),
+                      g_engine_applies};
     engine_t e = engine_start(&cfg); /* before this process touches CUDA */
     cu_use(0);
     wsync_strategy_t *s;
@@ -376,6 +532,27 @@ static void cuda_ipc_packed_recv_copy_into_device_memory_bit_for_bit(void **stat
     g_engine_copies = 0;
 }
 
+/* wsync_recv_apply: each chunk into the engine's declared destinations (t0 in a span of mapped
+ * pieces on the fake, t1..t3 fused in one allocation, t1 again in a second one) by one kernel
+ * launch, bit for bit; a table over memory freed since is refused by name. */
+static void cuda_ipc_packed_apply_loads_each_chunk_by_one_launch_bit_for_bit(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    g_engine_applies = 1;
+    run_sync("cuda_ipc", "{\"bucket_bytes\": 33554432}", "{\"device\": 0}", 0, 0, 3);
+    g_engine_applies = 0;
+}
+
+static void cuda_ipc_per_allocation_apply_loads_each_chunk_by_one_launch_bit_for_bit(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    g_engine_applies = 1;
+    g_offsets = unaligned_offsets; /* sources off 16-byte boundaries too */
+    run_sync("cuda_ipc", "{\"packed\": false}", "{\"device\": 0}", 0, 0, 3);
+    g_offsets = NULL;
+    g_engine_applies = 0;
+}
+
 /* ---- ucx: a GPU trainer's tensors packed by the GPU into pinned staging memory -------------- */
 /* Skips unless this build has the ucx kind and the machine's UCX loads (the device machine may
  * have none); probed without touching CUDA. */
@@ -493,7 +670,7 @@ static int delta_engine_entry(const void *cfg, int in, int out) {
 static void cuda_ipc_delta_two_processes_one_gpu_bit_for_bit(void **state) {
     (void)state;
     REQUIRE_GPUS(1);
-    engine_cfg cfg = {"cuda_ipc", "{\"device\": 0}", 0, 0, 0, 0, 0};
+    engine_cfg cfg = {"cuda_ipc", "{\"device\": 0}", 0, 0, 0, 0, 0, 0};
     engine_t e = tu_fork_peer(delta_engine_entry, &cfg); /* before this process touches CUDA */
     cu_use(0);
     wsync_strategy_t *s;
@@ -580,6 +757,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_per_allocation_views_inside_one_allocation_bit_for_bit),
     cmocka_unit_test(cuda_ipc_recv_copy_into_device_memory_bit_for_bit),
     cmocka_unit_test(cuda_ipc_packed_recv_copy_into_device_memory_bit_for_bit),
+    cmocka_unit_test(cuda_ipc_packed_apply_loads_each_chunk_by_one_launch_bit_for_bit),
+    cmocka_unit_test(cuda_ipc_per_allocation_apply_loads_each_chunk_by_one_launch_bit_for_bit),
     cmocka_unit_test(ucx_device_tensors_staged_through_pinned_memory_two_processes_bit_for_bit),
     cmocka_unit_test(ucx_device_tensors_off_16_byte_boundaries_bit_for_bit),
     cmocka_unit_test(ucx_gpu_trainer_to_gpu_engine_recv_copy_into_device_memory_bit_for_bit),
