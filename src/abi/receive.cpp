@@ -303,6 +303,17 @@ wsync_status_t wsync_abi_layout(char **json_out) {
                          WSYNC_FIELD(wsync_receiver_state_t, failed_version),
                          WSYNC_FIELD(wsync_receiver_state_t, failed_status),
                          WSYNC_FIELD(wsync_receiver_state_t, reserved_)),
+            WSYNC_STRUCT(wsync_dest_t, WSYNC_FIELD(wsync_dest_t, name), WSYNC_FIELD(wsync_dest_t, data),
+                         WSYNC_FIELD(wsync_dest_t, shape), WSYNC_FIELD(wsync_dest_t, ndim),
+                         WSYNC_FIELD(wsync_dest_t, dtype), WSYNC_FIELD(wsync_dest_t, src_offset),
+                         WSYNC_FIELD(wsync_dest_t, bytes), WSYNC_FIELD(wsync_dest_t, flags),
+                         WSYNC_FIELD(wsync_dest_t, struct_size)),
+            WSYNC_STRUCT(wsync_apply_result_t, WSYNC_FIELD(wsync_apply_result_t, struct_size),
+                         WSYNC_FIELD(wsync_apply_result_t, launches),
+                         WSYNC_FIELD(wsync_apply_result_t, tensors),
+                         WSYNC_FIELD(wsync_apply_result_t, writes),
+                         WSYNC_FIELD(wsync_apply_result_t, unmatched),
+                         WSYNC_FIELD(wsync_apply_result_t, bytes)),
             {"wsync_status_t", json{{"size", sizeof(wsync_status_t)}, {"align", alignof(wsync_status_t)}}},
         };
 #undef WSYNC_STRUCT
