@@ -11,6 +11,14 @@ the step is timed from the trainer's first send to the engine's last acknowledge
                torch.multiprocessing.reductions.reduce_tensor handle per tensor, sent to the
                engine process, which rebuilds each tensor (cudaIpcOpenMemHandle through torch's
                cache) and copies it into its own parameter;
+  torch_ipc_cached
+               the best a user writes in ~30 lines of torch: the same handles sent and opened
+               once, then each step the engine copies every tensor (copy_ per tensor) out of
+               the trainer's memory it keeps mapped, and synchronizes;
+  torch_packed bucketed flatten (SkyRL/verl practice), at its best: persistent 1 GiB buckets
+               whose handles the engine opens once; each step the trainer copies its tensors
+               into the buckets (one torch.cat(out=) per bucket), the engine copies each
+               tensor's slice out into its parameter;
   wsync_packed / wsync_unpacked
                libwsync's cuda_ipc strategy through the Python binding (wsync.trainer.send_model,
                wsync.engine.ModuleLoader): packed device buckets, or the trainer's own
@@ -20,7 +28,9 @@ After the last step of each method the engine's weights are compared bit for bit
 trainer's (a position-weighted sum of every tensor's raw 16-bit words, computed on the GPU on
 both sides; any difference fails the run). Prints one JSON object with every figure and the
 ratios (steady state = median of the steps after the first; the first is reported apart) and
-exits non-zero if any method fails or is not bit-exact. Needs torch with CUDA and a GPU;
+exits non-zero if any method fails or is not bit-exact. The allocator configuration
+(PYTORCH_CUDA_ALLOC_CONF, e.g. expandable_segments:True, which many RL stacks set) applies to
+both processes and is recorded as "alloc_conf". Needs torch with CUDA and a GPU;
 scripts/gpu-validate.sh runs it and records the result in docs/gpu-validation.md.
 """
 
@@ -102,6 +112,7 @@ def engine_main(shapes, inbox, outbox):
         params = dict(model.state_dict())
         outbox.put(("ready",))
         receiver = loader = None
+        cached = buckets = None
         load_s = []  # wall time of each ModuleLoader.load since the last "stats"
         # Where load() spends it: receive (parse, open handles), end (wait for the copies,
         # acknowledge), and the rest (the loader's own work and queuing copies).
@@ -164,6 +175,33 @@ def engine_main(shapes, inbox, outbox):
                         params[name].copy_(rebuild(*args))
                 torch.cuda.current_stream().synchronize()
                 outbox.put(("done",))
+            elif kind == "torch_cache":
+                # Handles opened once (torch caches the mapping); kept for every step.
+                cached = [(params[name], rebuild(*args)) for name, (rebuild, args) in msg[1]]
+                torch.cuda.current_stream().synchronize()
+                outbox.put(("done",))
+            elif kind == "torch_cached_step":
+                with torch.no_grad():
+                    for dst, src in cached:
+                        dst.copy_(src)
+                torch.cuda.current_stream().synchronize()
+                outbox.put(("done",))
+            elif kind == "torch_buckets":
+                # One handle per bucket, opened once; each bucket's layout: (name, start, numel).
+                buckets = [(rebuild(*args), layout) for (rebuild, args), layout in msg[1]]
+                torch.cuda.current_stream().synchronize()
+                outbox.put(("done",))
+            elif kind == "torch_bucket_step":
+                with torch.no_grad():
+                    for flat, layout in buckets:
+                        for name, start, numel in layout:
+                            params[name].view(-1).copy_(flat[start:start + numel])
+                torch.cuda.current_stream().synchronize()
+                outbox.put(("done",))
+            elif kind == "torch_release":
+                cached = buckets = None
+                torch.cuda.ipc_collect()
+                outbox.put(("done",))
             elif kind == "fingerprint":
                 outbox.put(("fingerprint", fingerprint(torch, model)))
     except Exception:
@@ -215,7 +253,8 @@ def main():
     ap.add_argument("--layers", type=int, default=32, help="decoder layers (32: 8B parameters)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--bucket-mb", type=int, default=1024)
-    ap.add_argument("--methods", default="d2d,torch_ipc,wsync_packed,wsync_unpacked")
+    ap.add_argument("--methods",
+                    default="d2d,torch_ipc,torch_ipc_cached,torch_packed,wsync_packed,wsync_unpacked")
     args = ap.parse_args()
 
     import torch
@@ -232,6 +271,7 @@ def main():
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "cuda_runtime": torch.version.cuda, "libwsync": wsync.version(),
+              "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
               "tensors": len(named), "bytes": nbytes, "steps": args.steps, "methods": {}}
     methods = args.methods.split(",")
     failed = []
@@ -265,6 +305,76 @@ def main():
             result["methods"]["torch_ipc"]["bit_exact"] = got == want
             if got != want:
                 failed.append("torch_ipc not bit-exact")
+
+        def check_exact(name):
+            want = fingerprint(torch, model)
+            engine.inbox.put(("fingerprint",))
+            got = engine.expect("fingerprint")[1]
+            result["methods"][name]["bit_exact"] = got == want
+            if got != want:
+                failed.append(f"{name} not bit-exact")
+
+        def ping(kind):
+            def step():
+                engine.inbox.put((kind,))
+                engine.expect("done")
+            return step
+
+        if "torch_ipc_cached" in methods:
+            from torch.multiprocessing.reductions import reduce_tensor
+            try:
+                engine.inbox.put(("torch_cache", [(n, reduce_tensor(t)) for n, t in named]))
+                engine.expect("done")
+                result["methods"]["torch_ipc_cached"] = summary(
+                    time_steps(torch, model, args.steps, ping("torch_cached_step")), nbytes)
+                check_exact("torch_ipc_cached")
+            except Exception as exc:
+                result["methods"]["torch_ipc_cached"] = {"error": f"{type(exc).__name__}: {exc}"}
+                failed.append(f"torch_ipc_cached: {exc}")
+            engine.inbox.put(("torch_release",))
+            engine.expect("done")
+
+        if "torch_packed" in methods:
+            from torch.multiprocessing.reductions import reduce_tensor
+            try:
+                cap = args.bucket_mb << 20
+                groups, cur, size = [], [], 0
+                for n, t in named:
+                    b = t.numel() * t.element_size()
+                    if cur and size + b > cap:
+                        groups.append(cur)
+                        cur, size = [], 0
+                    cur.append((n, t))
+                    size += b
+                if cur:
+                    groups.append(cur)
+                flats, layouts = [], []
+                for g in groups:
+                    total = sum(t.numel() for _, t in g)
+                    flats.append(torch.empty(total, dtype=torch.bfloat16, device="cuda:0"))
+                    start, layout = 0, []
+                    for n, t in g:
+                        layout.append((n, start, t.numel()))
+                        start += t.numel()
+                    layouts.append(layout)
+                engine.inbox.put(("torch_buckets", [(reduce_tensor(f), l) for f, l in zip(flats, layouts)]))
+                engine.expect("done")
+
+                def torch_packed():
+                    for flat, g in zip(flats, groups):
+                        torch.cat([t.reshape(-1) for _, t in g], out=flat)
+                    torch.cuda.synchronize()
+                    engine.inbox.put(("torch_bucket_step",))
+                    engine.expect("done")
+                result["methods"]["torch_packed"] = summary(time_steps(torch, model, args.steps, torch_packed), nbytes)
+                check_exact("torch_packed")
+            except Exception as exc:
+                result["methods"]["torch_packed"] = {"error": f"{type(exc).__name__}: {exc}"}
+                failed.append(f"torch_packed: {exc}")
+            engine.inbox.put(("torch_release",))
+            engine.expect("done")
+            flats = None
+            torch.cuda.empty_cache()
 
         for packed in (True, False):
             name = "wsync_packed" if packed else "wsync_unpacked"
@@ -310,13 +420,15 @@ def main():
     m = result["methods"]
     ratios = {}
     if "d2d" in m:
-        for k in ("torch_ipc", "wsync_packed", "wsync_unpacked"):
+        for k in ("torch_ipc", "torch_ipc_cached", "torch_packed", "wsync_packed", "wsync_unpacked"):
             if "steady_s" in m.get(k, {}):
                 ratios[f"{k}_to_d2d"] = round(m[k]["steady_s"] / m["d2d"]["steady_s"], 3)
-    if "steady_s" in m.get("torch_ipc", {}):
-        for k in ("wsync_packed", "wsync_unpacked"):
-            if "steady_s" in m.get(k, {}):
-                ratios[f"{k}_speedup_over_torch_ipc"] = round(m["torch_ipc"]["steady_s"] / m[k]["steady_s"], 3)
+    # Against each peer, the libwsync mode that does the same job: per-allocation against the
+    # best per-tensor practice (cached handles), packed against bucketed flatten; > 1 is faster.
+    for ours, peer in (("wsync_unpacked", "torch_ipc_cached"), ("wsync_packed", "torch_packed"),
+                       ("wsync_unpacked", "torch_ipc"), ("wsync_packed", "torch_ipc")):
+        if "steady_s" in m.get(ours, {}) and "steady_s" in m.get(peer, {}):
+            ratios[f"{ours}_speedup_over_{peer}"] = round(m[peer]["steady_s"] / m[ours]["steady_s"], 3)
     result["ratios"] = ratios
     result["failed"] = failed
     print(json.dumps(result, indent=2))

@@ -72,7 +72,7 @@ SIZED = sorted(name for name, cls in _lib.STRUCTS.items()
 
 def test_every_growable_struct_is_sized():
     # The 0.2 rule: every public struct that may grow has a struct_size field.
-    assert SIZED == ["wsync_chunk_t", "wsync_failure_t", "wsync_patch_t",
+    assert SIZED == ["wsync_apply_result_t", "wsync_chunk_t", "wsync_dest_t", "wsync_failure_t", "wsync_patch_t",
                      "wsync_receiver_state_t", "wsync_recv_info_t", "wsync_tensor_t"]
 
 

@@ -23,7 +23,10 @@ Engine::
 
 from . import _lib
 from ._core import (
+    ApplyResult,
     CHUNK_LAST,
+    Dest,
+    DestTable,
     MAX_BLOB_BYTES,
     MAX_FAIL_MESSAGE_BYTES,
     MAX_NAME_BYTES,
@@ -121,7 +124,7 @@ __all__ = [
     "DTYPE_FLOAT8_E5M2", "DTYPE_FLOAT8_E5M2FNUZ", "DTYPE_FLOAT8_E8M0FNU", "DTYPE_INT",
     "DTYPE_UINT",
     "DType", "InvalidArgumentError", "Iteration", "LibraryError", "LibraryNotFoundError", "LibraryVersionError",
-    "PartView", "PatchData", "PlannedChunk", "Receiver", "RecvInfo", "Sender", "Status", "Strategy", "TensorMeta", "TensorPart",
+    "ApplyResult", "Dest", "DestTable", "PartView", "PatchData", "PlannedChunk", "Receiver", "RecvInfo", "Sender", "Status", "Strategy", "TensorMeta", "TensorPart",
     "WrongStateError", "WsyncError", "WsyncWarning",
     "abi_layout", "describe", "describe_options", "kinds", "last_error", "load_library",
     "merge_requests", "plan", "status_string", "version", "version_number",

@@ -858,6 +858,45 @@ class Receiver:
             if status:
                 raise_for(status, self._lib)
 
+    def dest_table(self, dests: Sequence["Dest"]) -> "DestTable":
+        """A destination table for this receiver (``wsync_dest_table_create``, libwsync 0.6):
+        where each wire tensor lands, declared once, so :meth:`Iteration.apply` loads a whole
+        chunk with one call (for the GPU kinds: one kernel launch per chunk).
+
+        ``dests``: :class:`Dest` entries (or ``(name, tensor)`` pairs). Each destination is a
+        contiguous torch tensor (on the receiver's GPU for the GPU kinds, on the CPU for host
+        kinds) or a C-contiguous writeable numpy array; the wire tensor's dtype and shape are
+        the destination's unless the entry gives them. The table keeps a reference to every
+        destination, so their memory stays allocated while the table lives. Raises
+        ``INVALID_ARGUMENT`` naming the destination the library refuses (memory of another
+        GPU, a range outside the tensor, two overlapping destinations of one name)."""
+        records, keep = [], []
+        for k, entry in enumerate(dests):
+            d = entry if isinstance(entry, Dest) else Dest(*entry)
+            address, capacity, hold = _writable_address(d.dst, _any_cuda_index(d.dst))
+            dtype = d.dtype if d.dtype is not None else _dtype_of(d.dst)
+            shape = tuple(int(x) for x in (d.shape if d.shape is not None else d.dst.shape))
+            nbytes = d.nbytes if d.nbytes is not None else 0
+            if (nbytes or _numel(shape) * dtype.itemsize - d.offset) > capacity:
+                raise invalid(f"dest_table: destination {k} ('{d.name}') holds {capacity} bytes, "
+                              f"fewer than it would take")
+            name = _encode_name(k, d.name)
+            shape_arr = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+            raw = _lib.Dest(name, address, shape_arr, len(shape), _lib.Dtype(*dtype), d.offset,
+                            nbytes, 0, ctypes.sizeof(_lib.Dest))
+            records.append(raw)
+            keep += [hold, name, shape_arr, d.dst]
+        if not records:
+            raise invalid("dest_table: no destinations")
+        array = (_lib.Dest * len(records))(*records)
+        out = c_void_p()
+        with self._lock:
+            status = self._lib.wsync_dest_table_create(self._handle(), array, len(records),
+                                                       byref(out))
+            if status:
+                raise_for(status, self._lib)
+        return DestTable(self, out.value, keep, len(records))
+
     @property
     def closed(self) -> bool:
         """True once :meth:`close` has run."""
@@ -900,6 +939,96 @@ class Receiver:
 
     def __repr__(self) -> str:
         return f"<wsync.Receiver {self.index} {'closed' if self._h is None else 'open'}>"
+
+
+class Dest(NamedTuple):
+    """One destination of :meth:`Receiver.dest_table`: the wire tensor ``name`` lands in
+    ``dst`` (a contiguous torch tensor or numpy array: a parameter, or a view of the part of a
+    fused parameter it fills). ``dtype`` and ``shape`` (of the wire tensor; default: ``dst``'s)
+    are checked against each chunk before any byte moves; ``offset`` and ``nbytes`` (default:
+    the rest) select the wire tensor's bytes ``dst`` takes, e.g. a shard."""
+
+    name: str
+    dst: Any
+    dtype: Optional[DType] = None
+    shape: Optional[Sequence[int]] = None
+    offset: int = 0
+    nbytes: Optional[int] = None
+
+
+class ApplyResult(NamedTuple):
+    """What :meth:`Iteration.apply` did: kernel ``launches`` queued (GPU kinds: 1 a chunk),
+    entries of the chunk taken (``tensors``), destinations written (``writes``), entries left
+    without a destination (``unmatched``, with ``partial``) and ``bytes`` written."""
+
+    launches: int
+    tensors: int
+    writes: int
+    unmatched: int
+    bytes: int
+
+
+class DestTable:
+    """A receiver's destination table (``wsync_dest_table_t``); see
+    :meth:`Receiver.dest_table`. Holds its destinations alive; :meth:`close` (or garbage
+    collection) frees it."""
+
+    def __init__(self, receiver: "Receiver", handle: int, keep: list, count: int):
+        self._lib = receiver._lib
+        self._h: Optional[int] = handle
+        self._keep = keep
+        self.receiver = receiver
+        #: Number of destinations.
+        self.count = count
+
+    def _handle(self) -> int:
+        if self._h is None:
+            raise _closed_error("destination table")
+        return self._h
+
+    def close(self) -> None:
+        h, self._h = self._h, None
+        if h is not None:
+            self._lib.wsync_dest_table_destroy(h)
+        self._keep = []
+
+    def __enter__(self) -> "DestTable":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            try:
+                self.close()
+            except Exception:
+                pass
+
+    def __repr__(self) -> str:
+        return f"<wsync.DestTable of {self.count} destinations{' (closed)' if self._h is None else ''}>"
+
+
+def _any_cuda_index(dst) -> Optional[int]:
+    """The GPU a torch destination lives on (its own: the library checks it is the receiver's)."""
+    device = getattr(dst, "device", None)
+    return device.index if getattr(device, "type", None) == "cuda" else None
+
+
+def _dtype_of(dst) -> DType:
+    torch = _dtypes.loaded_torch()
+    if torch is not None and isinstance(dst, torch.Tensor):
+        return DType.from_torch(dst.dtype)
+    if isinstance(dst, np.ndarray):
+        return DType.from_numpy(dst.dtype)
+    raise invalid(f"dest_table: give the dtype of a {type(dst).__name__} destination")
+
+
+def _numel(shape) -> int:
+    n = 1
+    for extent in shape:
+        n *= int(extent)
+    return n
 
 
 class RecvInfo(NamedTuple):
@@ -1291,6 +1420,32 @@ class Iteration:
                 raise_for(status, self._lib)
         del keep
         return nbytes
+
+    def apply(self, table: DestTable, *, partial: bool = False, complete: bool = False) -> ApplyResult:
+        """Loads this chunk into ``table``'s destinations with one library call
+        (``wsync_recv_apply``, libwsync 0.6): the GPU kinds queue one kernel launch for the whole
+        chunk on the loader's stream (ordered like :meth:`copy_into`); host kinds copy with the
+        library's verified copy loop.
+
+        Every entry is checked against the table first, and a refusal changes nothing (the
+        iteration goes on): ``MISMATCH`` naming the tensor for one without a destination
+        (unless ``partial``: then it is left for :meth:`copy_into` or the views, and counted in
+        ``unmatched``) or of another dtype or shape, and, with ``complete`` on the chunk that
+        commits the version, for destinations this version never wrote; ``INVALID_ARGUMENT``
+        for device memory freed or remapped since the table was made, or a table of another
+        receiver. ``INTEGRITY`` (host kinds) fails the iteration as :meth:`copy_into` does."""
+        if not isinstance(table, DestTable):
+            raise invalid(f"apply: table must be a DestTable, not {type(table).__name__}")
+        flags = (1 if partial else 0) | (2 if complete else 0)
+        out = _lib.ApplyResult()
+        out.struct_size = ctypes.sizeof(_lib.ApplyResult)
+        with self._lock:
+            status = self._lib.wsync_recv_apply(self._h(), table._handle(), flags, byref(out))
+            if status:
+                if status not in (Status.INVALID_ARGUMENT, Status.UNSUPPORTED, Status.MISMATCH):
+                    self._library_failed = True
+                raise_for(status, self._lib)
+        return ApplyResult(out.launches, out.tensors, out.writes, out.unmatched, out.bytes)
 
     def _maker(self, dl: tuple):
         """(numpy dtype the view is built with, itemsize, torch dtype to reinterpret as or

@@ -194,6 +194,36 @@ class Patch(Structure):
     ]
 
 
+class Dest(Structure):
+    """``wsync_dest_t``: one destination of a destination table (0.6): where a wire tensor's
+    bytes land, and which wire tensor (name, dtype, shape) and byte range it takes."""
+
+    _fields_ = [
+        ("name", c_char_p),
+        ("data", c_void_p),
+        ("shape", POINTER(c_int64)),
+        ("ndim", c_int32),
+        ("dtype", Dtype),
+        ("src_offset", c_uint64),
+        ("bytes", c_uint64),
+        ("flags", c_uint32),
+        ("struct_size", c_uint32),
+    ]
+
+
+class ApplyResult(Structure):
+    """``wsync_apply_result_t``: what one ``wsync_recv_apply`` did (0.6)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("launches", c_uint32),
+        ("tensors", c_uint64),
+        ("writes", c_uint64),
+        ("unmatched", c_uint64),
+        ("bytes", c_uint64),
+    ]
+
+
 #: The ctypes declaration of each struct, keyed by its C name (used by the layout test).
 STRUCTS = {
     "wsync_dtype_t": Dtype,
@@ -206,6 +236,8 @@ STRUCTS = {
     "wsync_failure_t": Failure,
     "wsync_receiver_state_t": ReceiverState,
     "wsync_patch_t": Patch,
+    "wsync_dest_t": Dest,
+    "wsync_apply_result_t": ApplyResult,
 }
 
 
@@ -273,6 +305,9 @@ SIGNATURES: Mapping[str, tuple] = {
     "wsync_recv_next_part": (
         _status, [_handle, POINTER(Tensor), POINTER(Part), POINTER(c_bool)]),
     "wsync_recv_patch": (_status, [_handle, c_size_t, POINTER(Patch)]),
+    "wsync_dest_table_create": (_status, [_handle, POINTER(Dest), c_size_t, _out_handle]),
+    "wsync_dest_table_destroy": (None, [_handle]),
+    "wsync_recv_apply": (_status, [_handle, _handle, c_uint32, POINTER(ApplyResult)]),
     "wsync_recv_end": (_status, [_handle]),
     "wsync_recv_fail": (_status, [_handle, _status, c_char_p]),
     # 6. planner

@@ -24,10 +24,10 @@ name (and there is no ``map_name``).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from . import _dtypes
-from ._core import Receiver, RecvInfo, TensorMeta, status_for_exception
+from ._core import Dest, Receiver, RecvInfo, TensorMeta, status_for_exception
 from ._dtypes import DType
 from ._errors import Status, WsyncError, invalid
 from .trainer import alias_key, split_alias_name
@@ -121,6 +121,12 @@ class ModuleLoader:
         # resolution and checks. map_name is thus called once per layout and must depend on the
         # name alone.
         self._plans: Dict[tuple, tuple] = {}
+        # The one-call path (Receiver.dest_table + Iteration.apply): per receiver (by id), a
+        # destination table learnt from a version loaded the per-tensor way, used from the next
+        # version on while the module's tensors stay the same; see _learn and _apply_table.
+        self._fast: Dict[int, _FastPath] = {}
+        self._version_fast = False
+        self._learning: Optional[dict] = None
         self._take_targets(self._read_targets())
         # Receivers (by id) whose kind has no device copy (none of libwsync 0.5's; an older
         # library's nccl_broadcast): GPU targets take views there, after the first UNSUPPORTED.
@@ -165,6 +171,9 @@ class ModuleLoader:
             self._key_of[name] = ("object", id(t)) if key is None else key
             self._names_of.setdefault(self._key_of[name], []).append(name)
         self._plans.clear()
+        for fast in self._fast.values():  # made over the tensors the module no longer holds
+            fast.table.close()
+        self._fast.clear()
 
     def _refresh_targets(self) -> None:
         """At each version's start: an engine may convert or move its module between versions
@@ -319,12 +328,106 @@ class ModuleLoader:
             raise
 
     def _load(self, receiver: Receiver, request: bytes) -> RecvInfo:
+        info = self._load_chunk(receiver, request)
+        learnt = self._learning
+        if info.last and learnt is not None and learnt["ok"] and learnt["dests"]:
+            self._learning = None
+            self._make_table(receiver, learnt)
+        return info
+
+    def _make_table(self, receiver: Receiver, learnt: dict) -> None:
+        """After a version loaded the per-tensor way whose every destination the library can
+        fill itself: the destination table for the next versions (one call a chunk)."""
+        dests = [Dest(name, dst, dtype=m.dtype, shape=tuple(m.shape))
+                 for name, (m, dsts) in learnt["dests"].items() for dst in dsts]
+        try:
+            table = receiver.dest_table(dests)
+        except WsyncError:
+            return  # memory the library cannot fill (another GPU...): the per-tensor way stays
+        old = self._fast.pop(id(receiver), None)
+        if old is not None:
+            old.table.close()
+        self._fast[id(receiver)] = _FastPath(receiver, table, frozenset(learnt["skipped"]))
+
+    def _apply_table(self, it, info: RecvInfo, fast: "_FastPath") -> bool:
+        """Loads the chunk through the receiver's destination table: one library call (one
+        kernel launch for the GPU kinds). False when the table does not fit the version's first
+        chunk (a tensor it has no destination for, another dtype or shape, memory the module
+        gave up): that version then loads the per-tensor way and the table is learnt anew."""
+        try:
+            result = it.apply(fast.table, partial=bool(fast.skipped) or self.ignore_unknown,
+                              complete=self.strict)
+        except WsyncError as exc:
+            if info.chunk_index == 0 and exc.status in (Status.MISMATCH, Status.INVALID_ARGUMENT,
+                                                       Status.UNSUPPORTED):
+                self._fast.pop(id(fast.receiver), None)
+                fast.table.close()
+                self._version_fast = False
+                return False
+            raise
+        if result.unmatched:  # tensors this loader skips (map_name gave None, unknown ones)
+            for pv in it.iter_parts():
+                if pv.name not in fast.skipped and not self.ignore_unknown:
+                    raise WsyncError(
+                        Status.MISMATCH,
+                        f"chunk {info.chunk_index} of version {info.version} does not match the "
+                        f"model: tensor '{pv.name}' is not a parameter or buffer of the model")
+        if it.cuda_index is not None and not getattr(fast.receiver, "orders_loader_work", False):
+            _dtypes.require_torch().cuda.synchronize(it.cuda_index)
+        return True
+
+    def _learn(self, it, metas, destinations: dict) -> None:
+        """Notes, for the version being loaded the per-tensor way, what a destination table
+        needs: each wire tensor's destinations if the library can fill them (contiguous
+        tensors of the wire's dtype in the chunk's memory, one each), else that it cannot."""
+        learnt = self._learning
+        if learnt is None or not learnt["ok"]:
+            return
+        torch = _dtypes.require_torch()
+        gpu = it.cuda_index
+        for m in metas:
+            entry = destinations.get(m.name)
+            if entry is None:
+                learnt["skipped"].add(m.name)
+                continue
+            if m.name in learnt["dests"]:  # another part of a split tensor
+                continue
+            dsts = entry[2]
+            if len(dsts) != 1:
+                learnt["ok"] = False
+                return
+            (resolved, dst), = dsts
+            # One module tensor taken under two wire names (tied here, sent as two): the
+            # per-tensor path checks their patches against each other; keep it.
+            key = (self._key_of[resolved[0]], repr(resolved[1]))
+            if key in learnt["keys"]:
+                learnt["ok"] = False
+                return
+            learnt["keys"].add(key)
+            if not (isinstance(dst, torch.Tensor) and dst.layout == torch.strided
+                    and dst.is_contiguous() and m.dtype == self._dtypes[resolved[0]]
+                    and tuple(dst.shape) == tuple(m.shape)
+                    and ((dst.device.type == "cpu" and gpu is None)
+                         or (dst.is_cuda and dst.device.index == gpu))):
+                learnt["ok"] = False
+                return
+            learnt["dests"][m.name] = (m, [dst.detach()])
+
+    def _load_chunk(self, receiver: Receiver, request: bytes) -> RecvInfo:
         torch = _dtypes.require_torch()
         with receiver.receive(request, framework="torch") as it:
             info = it.info
             if info.version != self._version or info.chunk_index == 0:
                 self._version, self._covered, self._patch_bases = info.version, {}, {}
                 self._refresh_targets()
+                fast = self._fast.get(id(receiver))
+                self._version_fast = fast is not None and fast.receiver is receiver
+                self._learning = None if self._version_fast else {"ok": True, "dests": {},
+                                                                   "skipped": set(), "keys": set()}
+            if self._version_fast:
+                if self._apply_table(it, info, self._fast[id(receiver)]):
+                    return info
+                self._learning = {"ok": True, "dests": {}, "skipped": set(), "keys": set()}
             metas = it.metas()
             layout = tuple(metas)
             plan = self._plans.get(layout)
@@ -358,6 +461,7 @@ class ModuleLoader:
                 name: (i, m, [(resolved, target if resolved[1] is None else target.detach()[resolved[1]])
                               for resolved, target in dsts])
                 for name, (i, m, dsts) in plan[0].items()}
+            self._learn(it, metas, destinations)
             # Split tensors: an entry may carry only a byte range (a part) of its tensor. The
             # whole-size copy_into below writes the part's share at its place; views of parts
             # come flat (iter_parts) and go into the destination's flat element range.
@@ -502,6 +606,15 @@ class ModuleLoader:
         for request in requests:
             self.load(receiver, request)
         return receiver.completed_version
+
+
+class _FastPath(NamedTuple):
+    """A receiver's destination table as ModuleLoader uses it (``skipped``: wire tensors the
+    version it was learnt from carried and the module takes none of)."""
+
+    receiver: Receiver
+    table: Any
+    skipped: frozenset
 
 
 def _copy_flat(dst, start: int, stop: int, src) -> None:
