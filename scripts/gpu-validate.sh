@@ -14,7 +14,12 @@
 #                                      BUILD/gpu-validation-fake.md unless --record says otherwise.
 #
 # Options: --build-dir DIR (default build-gpu; reuse an existing build), --record FILE,
-#          --size-gb N (bench size, default 16), --layers N (baseline model, default 32 = 8B).
+#          --size-gb N (bench size, default 16), --layers N (baseline model, default 32 = 8B),
+#          --out DIR (also copy the record and every raw output there as the steps finish: on a
+#          device machine, $OUT, whose files come back), --step-timeout S (each step's own
+#          limit, default 300 s; a step past it fails, and the next one runs).
+# The baseline runs twice: with PyTorch's default allocator and with
+# PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (trainer and engine), as many RL stacks set.
 # WSYNC_RECORD_COMMIT names the commit in the record where `git rev-parse HEAD` would not (a
 # copied tree on a device machine).
 # Exits non-zero if any step fails; a skipped step is recorded with its reason. PYTHON names the
@@ -27,7 +32,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-mode=hardware build_dir=build-gpu record="" size_gb=16 layers=32
+mode=hardware build_dir=build-gpu record="" size_gb=16 layers=32 out="" step_timeout=300
 python=${PYTHON:-python3}  # the Python with torch (and pytest) in it
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,6 +41,8 @@ while [ $# -gt 0 ]; do
     --record) record=$2; shift ;;
     --size-gb) size_gb=$2; shift ;;
     --layers) layers=$2; shift ;;
+    --out) out=$2; shift ;;
+    --step-timeout) step_timeout=$2; shift ;;
     --pack-deps)
       rm -rf .gpu-deps && mkdir -p .gpu-deps/debs .gpu-deps/root
       # pkgconf too: CMake needs a pkg-config to find cmocka, and GPU images often lack one.
@@ -45,7 +52,7 @@ while [ $# -gt 0 ]; do
       for d in .gpu-deps/debs/*.deb; do dpkg -x "$d" .gpu-deps/root; done
       grep -qx '/.gpu-deps/' .git/info/exclude 2>/dev/null || echo '/.gpu-deps/' >> .git/info/exclude
       echo "packed: $(ls .gpu-deps/debs | tr '\n' ' ')"; exit 0 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "gpu-validate: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -75,7 +82,13 @@ fi
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 failures=()
-step() { printf '\n==== gpu-validate: %s ====\n' "$*"; }
+[ -z "$out" ] || mkdir -p "$out"
+# Copies the raw outputs so far to --out (a device machine's $OUT returns at most 8 files: the
+# outputs travel as one tarball, the record and the console log beside it).
+save() { [ -z "$out" ] || tar -C "$log" -czf "$out/raw-outputs.tgz" . 2>/dev/null || true; }
+step() { save; printf '\n==== gpu-validate: %s ====\n' "$*"; }
+# Each step under its own limit: a hung GPU call fails that step, not the whole validation.
+bounded() { timeout --kill-after=10 "$step_timeout" "$@"; }
 
 step "build ($build_dir)"
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -104,7 +117,7 @@ fi
 
 step "CTest label $label"
 set +e
-(cd "$build_dir" && ctest -L "$label" --output-on-failure) > "$log/ctest.txt" 2>&1
+(cd "$build_dir" && bounded ctest -L "$label" --output-on-failure) > "$log/ctest.txt" 2>&1
 ctest_rc=$?
 set -e
 cat "$log/ctest.txt"
@@ -112,7 +125,7 @@ cat "$log/ctest.txt"
 
 step "Python GPU tests"
 set +e
-WSYNC_LIBRARY=$root/$build_dir/libwsync.so "$python" -m pytest -q -rs -p no:cacheprovider \
+WSYNC_LIBRARY=$root/$build_dir/libwsync.so bounded "$python" -m pytest -q -rs -p no:cacheprovider \
   bindings/python/tests/test_gpu.py > "$log/pytest.txt" 2>&1
 py_rc=$?
 set -e
@@ -123,18 +136,18 @@ step "wsync bench --strategy cuda_ipc"
 : > "$log/bench.jsonl"
 for variant in "--packed false" "--packed true" "--packed true --dtype bfloat16"; do
   # shellcheck disable=SC2086
-  if out=$("$wsync_cli" bench --strategy cuda_ipc $variant "${bench_size[@]}" --steps $steps --json 2>&1); then
-    echo "{\"variant\": \"$variant\", \"result\": $(tail -1 <<<"$out")}" >> "$log/bench.jsonl"
-    tail -1 <<<"$out"
+  if got=$(bounded "$wsync_cli" bench --strategy cuda_ipc $variant "${bench_size[@]}" --steps $steps --json 2>&1); then
+    echo "{\"variant\": \"$variant\", \"result\": $(tail -1 <<<"$got")}" >> "$log/bench.jsonl"
+    tail -1 <<<"$got"
   else
-    echo "$out"; failures+=("bench cuda_ipc $variant")
+    echo "$got"; failures+=("bench cuda_ipc $variant")
     echo "{\"variant\": \"$variant\", \"error\": \"failed\"}" >> "$log/bench.jsonl"
   fi
 done
 
 step "pack kernel against one device copy of the same bytes (tests/gpu/pack_bench.cpp)"
 pack_args=(--layers 2 --reps 20); [ $mode = fake ] && pack_args=(--layers 1 --reps 2)
-if "$build_dir/tests/pack_bench" "${pack_args[@]}" > "$log/pack.json" 2> "$log/pack.err"; then
+if bounded "$build_dir/tests/pack_bench" "${pack_args[@]}" > "$log/pack.json" 2> "$log/pack.err"; then
   cat "$log/pack.json"
 else
   cat "$log/pack.json" "$log/pack.err"; failures+=("pack_bench")
@@ -142,7 +155,7 @@ fi
 
 step "wsync bench --delta-fraction --strategy cuda_ipc (delta against dense end to end, same run)"
 dsize=(--size-mb 2048 --steps 4); [ $mode = fake ] && dsize=(--size-mb 64 --steps 3)
-if "$wsync_cli" bench --delta-fraction 0.001,0.01,0.05,1.0 --strategy cuda_ipc "${dsize[@]}" --json \
+if bounded "$wsync_cli" bench --delta-fraction 0.001,0.01,0.05,1.0 --strategy cuda_ipc "${dsize[@]}" --json \
      > "$log/delta_e2e.json" 2> "$log/delta_e2e.err"; then
   cat "$log/delta_e2e.json"
 else
@@ -151,7 +164,7 @@ fi
 
 step "delta kernels (compare + compact, verified apply, fold, tree hash) against one device copy (tests/gpu/delta_bench.cpp)"
 delta_args=(--layers 2 --reps 10); [ $mode = fake ] && delta_args=(--layers 1 --reps 2 --hidden 512)
-if "$build_dir/tests/delta_bench" "${delta_args[@]}" > "$log/delta.jsonl" 2> "$log/delta.err"; then
+if bounded "$build_dir/tests/delta_bench" "${delta_args[@]}" > "$log/delta.jsonl" 2> "$log/delta.err"; then
   cat "$log/delta.jsonl"
 else
   cat "$log/delta.jsonl" "$log/delta.err"; failures+=("delta_bench")
@@ -160,7 +173,7 @@ fi
 step "wsync bench --strategy ucx --gpu (GPU trainer to GPU engine through pinned staging, over loopback tcp)"
 usize=(--size-mb 2048 --steps 5); [ $mode = fake ] && usize=(--size-mb 32 --steps 3 --chunk-mb 8)
 if "$wsync_cli" kinds | grep -q '"kind":"ucx"[^}]*"available":true\|"available":true,"kind":"ucx"'; then
-  if "$wsync_cli" bench --strategy ucx --gpu "${usize[@]}" --json > "$log/ucx_gpu.json" 2> "$log/ucx_gpu.err"; then
+  if bounded "$wsync_cli" bench --strategy ucx --gpu "${usize[@]}" --json > "$log/ucx_gpu.json" 2> "$log/ucx_gpu.err"; then
     tail -1 "$log/ucx_gpu.json"
   else
     cat "$log/ucx_gpu.json" "$log/ucx_gpu.err"; failures+=("bench ucx --gpu")
@@ -169,14 +182,20 @@ else
   echo "skipped: this build or machine has no usable ucx kind (carry UCX with --pack-deps)" | tee "$log/ucx_gpu.err"
 fi
 
-step "baseline: one device copy and per-tensor torch IPC beside libwsync"
-set +e
-WSYNC_LIBRARY=$root/$build_dir/libwsync.so PYTHONPATH=$root/bindings/python${PYTHONPATH:+:$PYTHONPATH} \
-  "$python" scripts/gpu_baseline.py --layers "$layers" --steps $steps > "$log/baseline.json" 2> "$log/baseline.err"
-base_rc=$?
-set -e
-cat "$log/baseline.json"; tail -20 "$log/baseline.err"
-[ $base_rc -eq 0 ] || failures+=("gpu_baseline.py")
+for alloc in default expandable; do
+  suffix=$([ $alloc = default ] && echo "" || echo "_expandable")
+  step "baseline ($alloc allocator): one device copy, torch IPC (per tensor, cached handles, bucketed) and libwsync, same run"
+  conf=$([ $alloc = default ] && echo "${PYTORCH_CUDA_ALLOC_CONF:-}" || echo "expandable_segments:True")
+  set +e
+  PYTORCH_CUDA_ALLOC_CONF=$conf WSYNC_LIBRARY=$root/$build_dir/libwsync.so \
+    PYTHONPATH=$root/bindings/python${PYTHONPATH:+:$PYTHONPATH} \
+    bounded "$python" scripts/gpu_baseline.py --layers "$layers" --steps $steps \
+    > "$log/baseline$suffix.json" 2> "$log/baseline$suffix.err"
+  base_rc=$?
+  set -e
+  cat "$log/baseline$suffix.json"; tail -20 "$log/baseline$suffix.err"
+  [ $base_rc -eq 0 ] || failures+=("gpu_baseline.py ($alloc allocator)")
+done
 
 step "record ($record)"
 python3 - "$record" "$mode" "$gpu" "$cuda_rt" "$nccl_rt" "$torch_v" "$log" "${failures[@]+"${failures[@]}"}" <<'EOF'
@@ -234,15 +253,17 @@ try:
 except (OSError, ValueError, KeyError, IndexError):
     why = open(os.path.join(log, "ucx_gpu.err")).read().strip().splitlines() if os.path.exists(os.path.join(log, "ucx_gpu.err")) else []
     L.append(f"| bench ucx --gpu | no result ({why[-1] if why else 'see its output'}) |")
-try:
-    base = json.load(open(os.path.join(log, "baseline.json")))
-except ValueError:
+for suffix, label in (("", "default allocator"), ("_expandable", "expandable_segments:True")):
+  try:
+    base = json.load(open(os.path.join(log, f"baseline{suffix}.json")))
+  except (OSError, ValueError):
     base = {"skipped": "no JSON from gpu_baseline.py (see its error output)"}
-if "skipped" in base:
-    L.append(f"| baseline (d2d, torch IPC, wsync) | skipped: {base['skipped']} |")
-else:
-    L.append(f"| baseline model | {base['tensors']} tensors, {base['bytes'] / 1e9:.2f} GB bf16 |")
+  if "skipped" in base:
+    L.append(f"| baseline, {label} (d2d, torch IPC, wsync) | skipped: {base['skipped']} |")
+  else:
+    L.append(f"| baseline model, {label} | {base['tensors']} tensors, {base['bytes'] / 1e9:.2f} GB bf16 |")
     for k, v in base["methods"].items():
+        k = f"{k} ({label})"
         if "error" in v:
             L.append(f"| {k} | error: {v['error']} |")
         else:
@@ -253,13 +274,15 @@ else:
                 split = "" if "end_s_per_step" not in e else f" (receive {e['receive_s_per_step']:.4f} s, end {e['end_s_per_step']:.4f} s)"
                 L.append(f"| {k}: engine | load() {e['load_s_per_step']:.4f} s a step over {e['loads_per_step']:g} chunks{split}; one CUDA view {e['view_us_per_tensor']} us, one copy_ launch {e['copy_launch_us']} us |")
     for k, v in base.get("ratios", {}).items():
-        L.append(f"| {k} | {v} |")
+        L.append(f"| {k} ({label}) | {v} |")
 L.append(f"\nVerdict: {'PASS' if not failed else 'FAIL: ' + '; '.join(failed)}.")
 with open(record, "a") as f:
     f.write("\n".join(L) + "\n")
 print("\n".join(L))
 EOF
 
+save
+[ -z "$out" ] || cp "$record" "$out/record.md"
 if [ ${#failures[@]} -gt 0 ]; then
   echo "gpu-validate: FAILED: ${failures[*]}" >&2
   exit 1
