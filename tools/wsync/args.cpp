@@ -69,9 +69,11 @@ Args parse_args(int argc, char **argv, int first, bool bench) {
         else if (f == "--no-checksum-compare" && bench) a.checksum_compare = false;
         else if (f == "--dst-offset") a.dst_offset = parse_uint(f, v, 0, 4095), ++i;
         else if (f == "--load") {
-            if (!v || (std::strcmp(v, "copy") && std::strcmp(v, "memcpy")))
-                usage_error("--load takes copy or memcpy");
-            a.load_copy = std::strcmp(v, "copy") == 0, ++i;
+            if (!v || (std::strcmp(v, "copy") && std::strcmp(v, "memcpy") && std::strcmp(v, "apply") &&
+                       std::strcmp(v, "views")))
+                usage_error("--load takes copy or memcpy (shm), apply or views (cuda_ipc)");
+            a.load_copy = std::strcmp(v, "copy") == 0;
+            a.load_views = std::strcmp(v, "views") == 0, ++i;
         } else if (f == "--split") {
             if (!v || (std::strcmp(v, "on") && std::strcmp(v, "off")))
                 usage_error("--split takes on or off");

@@ -23,7 +23,11 @@ namespace wsync_cli {
 namespace {
 
 
-int gpu_engine_main(int in, int out, const std::vector<TensorSpec> &model, int timeout_ms) {
+// The engine loads each chunk with one wsync_recv_apply into a destination table over its own
+// parameters (one kernel launch a chunk, the library ordering it before the acknowledgement), or
+// with `views` as a loader without tables does: a cuMemcpyDtoDAsync out of each view, then a
+// synchronisation before the chunk ends.
+int gpu_engine_main(int in, int out, const std::vector<TensorSpec> &model, int timeout_ms, bool views_load) {
     auto fail = [&](const std::string &msg) {
         send_frame(out, kStepFail, msg.data(), msg.size());
         return 1;
@@ -43,6 +47,7 @@ int gpu_engine_main(int in, int out, const std::vector<TensorSpec> &model, int t
             return fail(wsync_last_error());
         send_frame(out, kReady, nullptr, 0);
         uint64_t views = 0;
+        wsync_dest_table_t *table = nullptr;
         for (;;) {
             if (!recv_frame(in, &type, &frame, timeout_ms)) return fail("controller went silent");
             if (type == kQuit) break;
@@ -50,6 +55,30 @@ int gpu_engine_main(int in, int out, const std::vector<TensorSpec> &model, int t
                 wsync_recv_t *it;
                 if (wsync_receiver_receive(receiver, frame.data(), frame.size(), &it) != WSYNC_OK)
                     return fail(wsync_last_error());
+                if (!views_load) {
+                    if (!table) {  // made once, at the first chunk (its dtype is the model's)
+                        wsync_tensor_t first;
+                        if (wsync_recv_peek(it, 0, &first) != WSYNC_OK) return fail(wsync_last_error());
+                        std::vector<wsync_dest_t> dests(model.size());
+                        for (size_t i = 0; i < model.size(); ++i) {
+                            dests[i] = wsync_dest_t{};
+                            dests[i].name = model[i].name.c_str();
+                            dests[i].data = reinterpret_cast<void *>(params[i]);
+                            dests[i].shape = model[i].shape.data();
+                            dests[i].ndim = int32_t(model[i].shape.size());
+                            dests[i].dtype = first.dtype;
+                        }
+                        if (wsync_dest_table_create(receiver, dests.data(), dests.size(), &table) != WSYNC_OK)
+                            return fail(wsync_last_error());
+                    }
+                    wsync_apply_result_t res{};
+                    res.struct_size = sizeof res;
+                    if (wsync_recv_apply(it, table, WSYNC_APPLY_COMPLETE, &res) != WSYNC_OK ||
+                        wsync_recv_end(it) != WSYNC_OK)
+                        return fail(wsync_last_error());
+                    views += res.tensors;
+                    continue;
+                }
                 wsync_tensor_t v;
                 bool has = false;
                 while (wsync_recv_next(it, &v, &has) == WSYNC_OK && has) {
@@ -81,6 +110,7 @@ int gpu_engine_main(int in, int out, const std::vector<TensorSpec> &model, int t
             }
         }
         wsync_receiver_destroy(receiver);
+        wsync_dest_table_destroy(table);
         wsync_strategy_destroy(strategy);
         cu::free_each(params);
     } catch (const std::exception &e) {
@@ -114,7 +144,7 @@ int cmd_bench_cuda_ipc(Args a) {
     if (pid == 0) {
         close(p1[1]);
         close(p2[0]);
-        std::_Exit(gpu_engine_main(p1[0], p2[1], model, poll_ms));
+        std::_Exit(gpu_engine_main(p1[0], p2[1], model, poll_ms, a.load_views));
     }
     close(p1[0]);
     close(p2[1]);

@@ -51,6 +51,7 @@ struct Args {
     // (posix_memalign(64)) places large tensors; 0 is page-aligned, the flattering case.
     uint64_t dst_offset = 64;
     bool load_copy = true;   // engines load with wsync_recv_copy (else next_part + memcpy)
+    bool load_views = false; // cuda_ipc engines copy out of views (else wsync_recv_apply)
     bool split = true;       // tensors larger than a chunk cross in parts (else chunks grow)
     bool copy_bench = true;  // bench: the receiver copy loop against memcpy, in process
     bool arena = false;      // the trainer keeps the model in the sender's arena (shm)
