@@ -193,7 +193,7 @@ pub struct wsync_tensor_t {
 }
 
 /// `size_of::<T>()` as the `u32` a `struct_size` field holds.
-// The four structs with `struct_size` are a few hundred bytes at most: the cast cannot truncate.
+// The structs with `struct_size` are a few hundred bytes at most: the cast cannot truncate.
 #[allow(clippy::cast_possible_truncation)]
 const fn struct_size_of<T>() -> u32 {
     core::mem::size_of::<T>() as u32
@@ -355,6 +355,8 @@ opaque! {
     wsync_recv_t;
     /// A plan: tensors grouped into chunks (opaque).
     wsync_plan_t;
+    /// A destination table: where each wire tensor of a receiver lands (opaque; 0.6).
+    wsync_dest_table_t;
 }
 
 // =============================================================================================
@@ -495,6 +497,104 @@ pub struct wsync_recv_info_t {
 
 impl wsync_recv_info_t {
     /// All zero but `struct_size`: ready for [`wsync_recv_info`].
+    #[must_use]
+    pub fn sized() -> Self {
+        Self {
+            struct_size: struct_size_of::<Self>(),
+            ..Self::default()
+        }
+    }
+}
+
+// =============================================================================================
+// 5. Destination tables: a whole chunk loaded by one call (0.6)
+// =============================================================================================
+
+/// One destination of a table ([`wsync_dest_table_create`]): which wire tensor it takes (name,
+/// dtype, shape: checked against the request before any byte moves), where its bytes land, and
+/// which bytes of it it takes (`src_offset`, `bytes`, as [`wsync_recv_copy`]'s offset and len).
+/// Borrowed for the create call; the table copies names and shapes, not the memory.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct wsync_dest_t {
+    /// The wire tensor's name as the request carries it (1..=`WSYNC_MAX_NAME_BYTES` bytes,
+    /// NUL-terminated).
+    pub name: *const c_char,
+    /// Where byte `src_offset` of the wire tensor lands: host memory the caller owns, or device
+    /// memory of the receiver's GPU.
+    pub data: *mut c_void,
+    /// `ndim` extents the wire tensor must have.
+    pub shape: *const i64,
+    /// 0..=`WSYNC_MAX_NDIM`.
+    pub ndim: i32,
+    /// The dtype the wire tensor must have (no cast is made).
+    pub dtype: wsync_dtype_t,
+    /// First byte of the wire tensor taken; a multiple of the element size.
+    pub src_offset: u64,
+    /// Bytes taken from `src_offset`; 0: the rest of the tensor.
+    pub bytes: u64,
+    /// Must be 0.
+    pub flags: u32,
+    /// 0 or `size_of::<wsync_dest_t>()`.
+    pub struct_size: u32,
+}
+
+impl wsync_dest_t {
+    /// [`Default::default`] with `struct_size` set to this declaration's size.
+    #[must_use]
+    pub fn sized() -> Self {
+        Self {
+            struct_size: struct_size_of::<Self>(),
+            ..Self::default()
+        }
+    }
+}
+
+impl Default for wsync_dest_t {
+    /// All pointers NULL, all numbers 0 (`struct_size` too).
+    fn default() -> Self {
+        Self {
+            name: core::ptr::null(),
+            data: core::ptr::null_mut(),
+            shape: core::ptr::null(),
+            ndim: 0,
+            dtype: wsync_dtype_t::default(),
+            src_offset: 0,
+            bytes: 0,
+            flags: 0,
+            struct_size: 0,
+        }
+    }
+}
+
+/// [`wsync_recv_apply`] flag: tensors of the chunk without a destination are left for the
+/// caller (views, [`wsync_recv_copy`]) instead of refused.
+pub const WSYNC_APPLY_PARTIAL: u32 = 1;
+/// [`wsync_recv_apply`] flag: on the chunk that commits a version (`WSYNC_CHUNK_LAST`), refuse
+/// unless every destination of the table was written by this version's applies (this chunk's
+/// included), so a version that misses a tensor the engine holds never commits here.
+pub const WSYNC_APPLY_COMPLETE: u32 = 2;
+
+/// What [`wsync_recv_apply`] did.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct wsync_apply_result_t {
+    /// Set by the caller: 0 or `size_of::<wsync_apply_result_t>()`.
+    pub struct_size: u32,
+    /// Device kernel launches queued (0 or 1 for the GPU kinds).
+    pub launches: u32,
+    /// Entries of the chunk taken.
+    pub tensors: u64,
+    /// Destinations written (several per tied tensor).
+    pub writes: u64,
+    /// Entries without a destination (left, `WSYNC_APPLY_PARTIAL`).
+    pub unmatched: u64,
+    /// Bytes written into destinations.
+    pub bytes: u64,
+}
+
+impl wsync_apply_result_t {
+    /// All zero but `struct_size`: ready for [`wsync_recv_apply`].
     #[must_use]
     pub fn sized() -> Self {
         Self {
@@ -717,6 +817,30 @@ extern "C" {
         it: *mut wsync_recv_t,
         i: usize,
         out: *mut wsync_patch_t,
+    ) -> wsync_status_t;
+    /// Makes a destination table for `receiver` from `n >= 1` destinations (borrowed for the
+    /// call; names and shapes are copied, not the memory), each checked now (name, dtype,
+    /// shape, range, data; device memory of the receiver's GPU for the GPU kinds). Free it with
+    /// [`wsync_dest_table_destroy`], before or after the receiver (0.6).
+    pub fn wsync_dest_table_create(
+        receiver: *mut wsync_receiver_t,
+        dests: *const wsync_dest_t,
+        n: usize,
+        out: *mut *mut wsync_dest_table_t,
+    ) -> wsync_status_t;
+    /// Frees a table; NULL is a no-op. Work a [`wsync_recv_apply`] queued keeps no reference to
+    /// it (0.6).
+    pub fn wsync_dest_table_destroy(table: *mut wsync_dest_table_t);
+    /// Loads the chunk of `it` into the destinations of `table` (made for the iteration's
+    /// receiver), as [`wsync_recv_copy`] of every matched entry into each of its destinations;
+    /// every entry is checked first, and a refusal leaves the iteration unchanged. GPU kinds
+    /// queue one kernel launch on the loader's stream and return without waiting. `flags`:
+    /// `WSYNC_APPLY_*`; `out` may be NULL, else written up to `out->struct_size` (0.6).
+    pub fn wsync_recv_apply(
+        it: *mut wsync_recv_t,
+        table: *const wsync_dest_table_t,
+        flags: u32,
+        out: *mut wsync_apply_result_t,
     ) -> wsync_status_t;
     /// Ends (acknowledges and frees) an iteration; `it` is invalid afterwards.
     pub fn wsync_recv_end(it: *mut wsync_recv_t) -> wsync_status_t;

@@ -137,6 +137,8 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         WSYNC_RECEIVER_DROPPED,
         WSYNC_RECEIVER_SENDER_GONE,
         WSYNC_RECEIVER_ORDERS_LOADER_WORK,
+        WSYNC_APPLY_PARTIAL,
+        WSYNC_APPLY_COMPLETE,
     ]
 }
 
@@ -224,7 +226,7 @@ fn every_header_type_is_declared() {
             }
         }
     }
-    assert_eq!(types.len(), 16, "types parsed from the header: {types:?}");
+    assert_eq!(types.len(), 19, "types parsed from the header: {types:?}");
     for t in &types {
         let declared = SOURCE.contains(&format!("pub struct {t} "))
             || SOURCE.contains(&format!("pub type {t} ="))
@@ -269,6 +271,14 @@ fn sized_constructors_set_struct_size_to_the_declared_size() {
     assert_eq!(
         wsync_patch_t::sized().struct_size as usize,
         size_of::<wsync_patch_t>()
+    );
+    assert_eq!(
+        wsync_dest_t::sized().struct_size as usize,
+        size_of::<wsync_dest_t>()
+    );
+    assert_eq!(
+        wsync_apply_result_t::sized().struct_size as usize,
+        size_of::<wsync_apply_result_t>()
     );
 }
 

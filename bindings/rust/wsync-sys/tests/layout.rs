@@ -255,6 +255,15 @@ fn declarations() -> Vec<Decl> {
             "indices" => indices, "values" => values, "base_xxh3" => base_xxh3,
             "result_xxh3" => result_xxh3,
         }),
+        decl!(wsync_dest_t {
+            "name" => name, "data" => data, "shape" => shape, "ndim" => ndim,
+            "dtype" => dtype, "src_offset" => src_offset, "bytes" => bytes,
+            "flags" => flags, "struct_size" => struct_size,
+        }),
+        decl!(wsync_apply_result_t {
+            "struct_size" => struct_size, "launches" => launches, "tensors" => tensors,
+            "writes" => writes, "unmatched" => unmatched, "bytes" => bytes,
+        }),
     ]
 }
 
@@ -295,7 +304,7 @@ fn every_declared_struct_is_reported_by_the_library() {
             d.name
         );
     }
-    assert_eq!(declarations().len(), 10);
+    assert_eq!(declarations().len(), 12);
 }
 
 #[test]

@@ -161,6 +161,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod alias;
+mod dest;
 mod error;
 #[cfg(feature = "half")]
 pub mod half;
@@ -176,6 +177,7 @@ use std::ffi::{c_char, CStr};
 pub use wsync_sys as sys;
 
 pub use alias::{alias_names, join_alias_names, ALIAS_SEPARATOR, MAX_NAME_BYTES};
+pub use dest::{ApplyFlags, ApplyResult, Dest, DestTable};
 pub use error::{Error, Failure, FailureKind, Result, Status};
 pub use plan::{plan, Part, Plan, PlanChunk};
 pub use receiver::{

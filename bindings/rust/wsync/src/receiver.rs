@@ -10,6 +10,7 @@ use std::ptr::NonNull;
 
 use wsync_sys as sys;
 
+use crate::dest::{ApplyFlags, ApplyResult, DestTable};
 use crate::error::{check, Error, Result, Status};
 use crate::plan::Part;
 use crate::strategy::Strategy;
@@ -533,6 +534,59 @@ impl<'r> Recv<'r> {
         self.copy_into(i, 0, raw)
     }
 
+    /// Loads the chunk into the destinations of `table` with one call (`wsync_recv_apply`,
+    /// libwsync 0.6): every entry whose name has destinations is copied into each of them, as
+    /// [`Recv::copy_into`] with the destination's range would (checksum verified in the same
+    /// pass; a part of a split tensor writes its share of the range; a patch is applied onto
+    /// its one destination), and counts as taken: [`Recv::next_view`] skips it. Entries a view
+    /// or a copy took already are not taken again.
+    ///
+    /// Every entry is checked before any byte moves: a name without a destination (unless
+    /// [`ApplyFlags::PARTIAL`], which leaves it for views or copies), a dtype or shape other
+    /// than its destination's, and with [`ApplyFlags::COMPLETE`] on the chunk that commits a
+    /// version a destination this version never wrote, are refused with the iteration
+    /// unchanged: the loader may take the chunk another way, or [`Recv::fail`] it.
+    ///
+    /// For host memory the copies are done when it returns. The GPU kinds queue one kernel
+    /// launch on the loader's stream ([`Receiver::set_stream`]) and return without waiting:
+    /// the destinations hold the bytes once that stream ran it, and (with `"synchronize"`) the
+    /// chunk is acknowledged only after that, as for a copy into device memory.
+    ///
+    /// ```no_run
+    /// # fn demo(receiver: &mut wsync::Receiver, request: &[u8]) -> wsync::Result<()> {
+    /// use wsync::{ApplyFlags, Dest, DestTable};
+    /// let mut embed = vec![0f32; 1024 * 64];
+    /// let table = DestTable::new(receiver, [Dest::new("embed", &mut embed, &[1024, 64])?])?;
+    /// let mut recv = receiver.receive(request)?;
+    /// let done = recv.apply(&table, ApplyFlags::COMPLETE)?;
+    /// assert_eq!(done.unmatched, 0);
+    /// recv.end()?;
+    /// drop(table); // ends the borrow of `embed`
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Status::Mismatch`] naming the tensor (or the destinations never written) and the
+    /// version, and [`Status::InvalidArgument`] for a table of another receiver, or device
+    /// memory freed or remapped since the table was made (naming it): the iteration is then
+    /// unchanged. [`Status::Unsupported`] for a patch with several destinations. After the
+    /// checks, as [`Recv::copy_into`]: [`Status::Integrity`] naming the tensor fails the
+    /// iteration (destinations of the entries before it are written); the iteration's own
+    /// error once it has failed; a driver error's status if queuing fails.
+    pub fn apply(&mut self, table: &DestTable<'_>, flags: ApplyFlags) -> Result<ApplyResult> {
+        let mut out = sys::wsync_apply_result_t::sized();
+        // SAFETY: the iteration is live and used by this thread only (`&mut self`, so no view
+        // borrows it); the table is live for the call (borrowed, and not Sync), and its memory
+        // is borrowed for the table's lifetime: host slices exclusively, each exactly the bytes
+        // its range takes (checked when the table was made), so the library writes only inside
+        // them; raw destinations are their constructor's contract. `out` is a valid out-pointer
+        // whose struct_size bounds the library's writes.
+        check(unsafe {
+            sys::wsync_recv_apply(self.raw.as_ptr(), table.as_raw(), flags.bits(), &mut out)
+        })?;
+        Ok(ApplyResult::from_raw(&out))
+    }
+
     /// The range of the whole tensor that entry `i` carries (`wsync_recv_part`): a part of a
     /// split tensor, or `Part { offset: 0, bytes: <the tensor's size> }` for a whole tensor. A
     /// part's [`Meta`] is the whole tensor's (name, dtype, shape); only this range of its bytes
@@ -624,7 +678,8 @@ impl<'r> Recv<'r> {
     }
 
     /// Ends the iteration and acknowledges the chunk to the sender. `Ok(())` only if every
-    /// tensor was taken (yielded, or copied with [`Recv::copy_into`]) and verified; an
+    /// tensor was taken (yielded, copied with [`Recv::copy_into`] or applied with
+    /// [`Recv::apply`]) and verified; an
     /// iteration ended early fails with
     /// [`Status::WrongState`] (the chunk is acknowledged as failed), a failed one with its
     /// error (e.g. [`Status::Integrity`]). The iteration is freed either way.
