@@ -91,7 +91,11 @@ step() { save; printf '\n==== gpu-validate: %s ====\n' "$*"; }
 bounded() { timeout --kill-after=10 "$step_timeout" "$@"; }
 
 step "build ($build_dir)"
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# Tests and the tool on the command line: a reused build directory's cache may have them off
+# (as scripts/demo.sh's build had, issue 36), and every step needs them (the CTest label,
+# tests/fake_gpu, pack_bench and delta_bench are tests; the bench is the tool).
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWSYNC_BUILD_TESTS=ON \
+  -DWSYNC_BUILD_TOOLS=ON >/dev/null
 cmake --build "$build_dir" -j"$(nproc)" >/dev/null
 wsync_cli=$build_dir/tools/wsync
 if [ $mode = fake ]; then
@@ -117,7 +121,8 @@ fi
 
 step "CTest label $label"
 set +e
-(cd "$build_dir" && bounded ctest -L "$label" --output-on-failure) > "$log/ctest.txt" 2>&1
+# --no-tests=error: a label that selects no test is a failure, not a pass.
+(cd "$build_dir" && bounded ctest -L "$label" --no-tests=error --output-on-failure) > "$log/ctest.txt" 2>&1
 ctest_rc=$?
 set -e
 cat "$log/ctest.txt"
@@ -282,7 +287,7 @@ print("\n".join(L))
 EOF
 
 save
-[ -z "$out" ] || cp "$record" "$out/record.md"
+[ -z "$out" ] || [ "$record" -ef "$out/record.md" ] || cp "$record" "$out/record.md"
 if [ ${#failures[@]} -gt 0 ]; then
   echo "gpu-validate: FAILED: ${failures[*]}" >&2
   exit 1

@@ -11,14 +11,36 @@ cd "$(dirname "$0")/.."
 root=$PWD
 jobs=$(nproc)
 section() { printf '\n==== %s ====\n' "$*"; }
+# A stage that runs no test fails (issue 36): ctest says "No tests were found!!!" and exits 0, so
+# a build/ left configured with WSYNC_BUILD_TESTS=OFF passed the CTest stage having run nothing.
+# Every ctest here has --no-tests=error; ctest_count LOG also reads the count from the summary
+# ("... tests failed out of N") and fails unless N > 0.
+ctest_count() {
+  local n
+  n=$(sed -n 's/.*tests failed out of \([0-9][0-9]*\).*/\1/p' "$1" | tail -1)
+  [ "${n:-0}" -gt 0 ] || { echo "test-all: CTest ran no test (summary in $1)" >&2; exit 1; }
+  echo "ctest: $n tests ran"
+}
+# pytest exits 5 when it collects no test; say so instead of stopping without a word.
+run_pytest() {
+  local rc=0
+  "$@" || rc=$?
+  [ "$rc" -ne 5 ] || echo "test-all: pytest collected no test: $*" >&2
+  [ "$rc" -eq 0 ] || exit "$rc"
+}
 
 section "dependencies"
 scripts/install-deps.sh
 
 section "build and CTest"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# Every option on the command line: a CMake cache keeps what an earlier configure of build/ set
+# (tests off, sanitizers), and this build must have tests, the tool (CLI smoke tests, the fake-GPU
+# stage) and tests/fake_gpu whatever configured it before.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWSYNC_BUILD_TESTS=ON -DWSYNC_BUILD_TOOLS=ON \
+  -DWSYNC_BUILD_FUZZERS=OFF -DWSYNC_SANITIZE= >/dev/null
 cmake --build build -j"$jobs"
-(cd build && ctest --output-on-failure -j2) | tee build/ctest-summary.log
+(cd build && ctest --output-on-failure --no-tests=error -j2) | tee build/ctest-summary.log
+ctest_count build/ctest-summary.log
 
 section "Debian packages"
 (cd build && cpack -G DEB >/dev/null)
@@ -79,9 +101,10 @@ if [ "$(id -u)" -eq 0 ] && ! dpkg-query -W -f='${Status}' libwsync0 2>/dev/null 
   DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq wsync-tools libwsync-dev libwsync0 >/dev/null
 fi
 
-if [ -d bindings/python/tests ]; then
+if [ -d bindings/python ]; then
   section "Python binding"
-  WSYNC_LIBRARY="$root/build/libwsync.so" /usr/bin/python3 -m pytest -q -p no:cacheprovider bindings/python/tests
+  # (On the binding's folder, not its tests': a binding whose tests went missing fails here.)
+  WSYNC_LIBRARY="$root/build/libwsync.so" run_pytest /usr/bin/python3 -m pytest -q -p no:cacheprovider bindings/python/tests
 fi
 
 section "Python package: wheel with the library bundled, installed into a fresh venv"
@@ -93,15 +116,25 @@ WSYNC_LIBRARY="$root/build/libwsync.so" scripts/test-vllm.sh
 section "GPU validation: the fake-driver twin of scripts/gpu-validate.sh"
 # The same steps a GPU machine runs (gpu CTest label, Python GPU tests, cuda_ipc bench, baseline),
 # against tests/fake_gpu; hardware-only steps skip with their reason.
+# The record is appended to, so the last verdict is this run's (a `grep -q ... &&` on the whole
+# file passed on an earlier run's PASS, and a failed && does not stop a set -e script).
 PYTHON=/usr/bin/python3 scripts/gpu-validate.sh --fake --build-dir build > build/gpu-validate-fake.log 2>&1 \
   || { cat build/gpu-validate-fake.log; exit 1; }
-grep -q '^Verdict: PASS' build/gpu-validation-fake.md && tail -8 build/gpu-validation-fake.md
+grep '^Verdict:' build/gpu-validation-fake.md | tail -1 | grep -q '^Verdict: PASS' \
+  || { cat build/gpu-validate-fake.log; echo "test-all: the fake-GPU validation's verdict is not PASS"; exit 1; }
+tail -8 build/gpu-validation-fake.md
 
 if [ -f bindings/rust/Cargo.toml ]; then
   section "Rust binding"
   # --features wsync/half: the optional bf16/f16 types are tested too.
   (cd bindings/rust && WSYNC_LIB_DIR="$root/build" LD_LIBRARY_PATH="$root/build" \
-     cargo test --offline --quiet --features wsync/half 2>&1)
+     cargo test --offline --quiet --features wsync/half 2>&1) | tee build/cargo-test.log
+  # Each test binary (unit, integration, doc tests) ends with "test result: ok. N passed; ...";
+  # cargo passes when all of them ran 0, so the sum must be > 0.
+  rust_tests=$(sed -n 's/^test result: ok\. \([0-9][0-9]*\) passed.*/\1/p' build/cargo-test.log \
+    | awk '{s += $1} END {print s + 0}')
+  [ "$rust_tests" -gt 0 ] || { echo "test-all: cargo test ran no test" >&2; exit 1; }
+  echo "cargo test: $rust_tests tests passed"
   # Lints as errors, pedantic included (issue 14), also in the docs-only mode (DOCS_RS: no
   # library, a header-less build); a toolchain without clippy skips it.
   if (cd bindings/rust && cargo clippy --version >/dev/null 2>&1); then
@@ -115,7 +148,8 @@ if [ -f bindings/rust/Cargo.toml ]; then
 fi
 
 section "AddressSanitizer + UndefinedBehaviorSanitizer"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DWSYNC_SANITIZE=address,undefined >/dev/null
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DWSYNC_SANITIZE=address,undefined \
+  -DWSYNC_BUILD_TESTS=ON -DWSYNC_BUILD_TOOLS=ON -DWSYNC_BUILD_FUZZERS=OFF >/dev/null
 cmake --build build-asan -j"$jobs" >/dev/null
 # The install test builds an uninstrumented consumer, which cannot load an instrumented library.
 # intercept_tls_get_addr=0: up to GCC 13 / LLVM 16 the sanitizer runtime's __tls_get_addr
@@ -127,8 +161,9 @@ cmake --build build-asan -j"$jobs" >/dev/null
 # Without the interceptor LSan does not scan dynamic TLS blocks, so a pointer held only there
 # would read as a leak: none does in this suite.
 export ASAN_OPTIONS=detect_leaks=1:intercept_tls_get_addr=0
-(cd build-asan && ctest --output-on-failure -j2 -LE install) \
+(cd build-asan && ctest --output-on-failure --no-tests=error -j2 -LE install) \
   | tee build-asan/ctest-summary.log
+ctest_count build-asan/ctest-summary.log
 
 section "fuzzing"
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
