@@ -129,6 +129,17 @@ def engine_main(shapes, inbox, outbox):
             setattr(cls, attr, wrapper)
         timed(Receiver, "receive", "receive_s")
         timed(Iteration, "end", "end_s")
+        # The one-call path (ModuleLoader's destination table): its Python and C time, how many
+        # chunks took it, and the per-version re-read of the module's tensors.
+        split.update({"apply_s": 0.0, "refresh_s": 0.0, "table_chunks": 0})
+        timed(Iteration, "apply", "apply_s")
+        timed(ModuleLoader, "_refresh_targets", "refresh_s")
+        inner_apply_table = ModuleLoader._apply_table
+        def counting_apply_table(self, *a, **k):
+            took = inner_apply_table(self, *a, **k)
+            split["table_chunks"] += int(bool(took))
+            return took
+        ModuleLoader._apply_table = counting_apply_table
         while True:
             msg = inbox.get(timeout=WAIT_S)
             kind = msg[0]
@@ -165,9 +176,13 @@ def engine_main(shapes, inbox, outbox):
                 outbox.put(("stats", {"loads": len(load_s), "load_s_total": round(sum(load_s), 6),
                                       "receive_s_total": round(split["receive_s"], 6),
                                       "end_s_total": round(split["end_s"], 6),
+                                      "apply_s_total": round(split["apply_s"], 6),
+                                      "refresh_s_total": round(split["refresh_s"], 6),
+                                      "table_chunks": split["table_chunks"],
                                       "view_us": round(view_us, 2), "copy_launch_us": round(copy_us, 2)}))
                 load_s = []
-                split["receive_s"] = split["end_s"] = 0.0
+                split.update({"receive_s": 0.0, "end_s": 0.0, "apply_s": 0.0, "refresh_s": 0.0,
+                              "table_chunks": 0})
             elif kind == "torch_handles":
                 # What vLLM's ipc engine does with each handle: rebuild, copy, let go.
                 with torch.no_grad():
@@ -387,17 +402,28 @@ def main():
             engine.expect("ok")
             sender = strategy.sender(init)
 
+            trainer_split = {"send_s": 0.0, "flush_s": 0.0}
+
             def wsync_sync():
+                t0 = time.perf_counter()
                 send_model(sender, model, chunk_bytes=args.bucket_mb << 20,
-                           on_request=lambda req: engine.inbox.put(("wsync_request", req)),
-                           flush_timeout_s=300)
+                           on_request=lambda req: engine.inbox.put(("wsync_request", req)))
+                t1 = time.perf_counter()
+                sender.flush(300)
+                trainer_split["send_s"] += t1 - t0
+                trainer_split["flush_s"] += time.perf_counter() - t1
             try:
                 r = summary(time_steps(torch, model, args.steps, wsync_sync), nbytes)
                 engine.inbox.put(("stats",))
                 st = engine.expect("stats")[1]
+                r["trainer"] = {k.replace("_s", "_s_per_step"): round(v / args.steps, 6)
+                                for k, v in trainer_split.items()}
                 r["engine"] = {"load_s_per_step": round(st["load_s_total"] / args.steps, 6),
                                "receive_s_per_step": round(st["receive_s_total"] / args.steps, 6),
                                "end_s_per_step": round(st["end_s_total"] / args.steps, 6),
+                               "apply_s_per_step": round(st["apply_s_total"] / args.steps, 6),
+                               "refresh_s_per_step": round(st["refresh_s_total"] / args.steps, 6),
+                               "chunks_by_table": st["table_chunks"],
                                "loads_per_step": st["loads"] / args.steps,
                                "view_us_per_tensor": st["view_us"],
                                "copy_launch_us": st["copy_launch_us"]}
