@@ -507,6 +507,14 @@ class Sender:
         it; the library refuses anything else (``INVALID_ARGUMENT`` naming the tensor), and a
         sender with ``delta`` on refuses parts (``UNSUPPORTED``).
         """
+        descs, praw = self._describe_chunk(tensors, parts)
+        request = self._send_described(descs, last, praw)
+        del descs  # the descriptors and everything they point into lived through the call
+        return request
+
+    def _describe_chunk(self, tensors, parts=None):
+        """send_chunk's checks and packed descriptors (and parts), without sending: what
+        :func:`wsync.trainer.send_model` keeps to send a module's next versions again."""
         items = _as_items(tensors)
         praw = None
         if parts is not None:
@@ -523,7 +531,10 @@ class Sender:
                 if not (0 <= off < 1 << 64 and 0 <= size < 1 << 64):
                     raise invalid(f"send_chunk: part {k} {p!r} is out of range")
                 praw[k].offset, praw[k].bytes = off, size
-        descs = describe_tensors(items, need_data=True)
+        return describe_tensors(items, need_data=True), praw
+
+    def _send_described(self, descs: "_Descriptors", last: bool, praw) -> bytes:
+        """Sends a chunk from packed descriptors (send_chunk after _describe_chunk)."""
         if descs.cuda_devices:
             _synchronize_cuda(descs.cuda_devices)
         # An empty closing chunk is passed as the header asks: tensors NULL, count 0.
@@ -538,7 +549,6 @@ class Sender:
                 status = self._lib.wsync_sender_send_parts(h, byref(chunk), praw, byref(blob))
             if status:
                 raise_for(status, self._lib, sender=h)
-        del descs  # the descriptors and everything they point into lived through the call
         return _take_blob(self._lib, blob)
 
     def commit(self) -> bytes:

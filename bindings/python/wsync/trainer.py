@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import ctypes
 import inspect
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -520,6 +521,67 @@ def default_chunk_bytes(sender: Sender) -> int:
     return int(value) if isinstance(value, int) and value > 0 else DEFAULT_CHUNK_BYTES
 
 
+class _QuickCheck:
+    """Whether a module still holds the tensors taken from its ``state_dict`` (``names``, in
+    its order) by a loader or by :func:`send_model`, read
+    from the modules' own parameter and buffer dictionaries instead of building the state dict
+    again (3.9 ms a version for an 8B model on the H200 run of 2026-12-04; this is about a
+    tenth): the same objects, over the same memory, of the same dtype, shape and strides, and no
+    parameter or buffer added or removed anywhere. Made only for modules whose state dict is
+    just their parameters and persistent buffers (no state-dict hooks, no module that
+    customises ``_save_to_state_dict`` or extra state); else ``of`` gives None and the loader
+    compares the state dict."""
+
+    def __init__(self, slots, dicts):
+        self._slots = slots  # (dict, key, tensor, data_ptr, dtype, shape, stride)
+        self._dicts = dicts  # (dict, len) of every parameter and buffer dict walked
+
+    @staticmethod
+    def of(module, names: List[str]) -> Optional["_QuickCheck"]:
+        torch = _dtypes.loaded_torch()
+        if torch is None or not isinstance(module, torch.nn.Module):
+            return None
+        base = torch.nn.Module
+        slots, dicts, walked = [], [], []
+
+        def walk(m, prefix):
+            if (m._state_dict_hooks or getattr(m, "_state_dict_pre_hooks", None)
+                    or type(m)._save_to_state_dict is not base._save_to_state_dict
+                    or type(m).get_extra_state is not base.get_extra_state):
+                return False
+            dicts.append((m._parameters, len(m._parameters)))
+            dicts.append((m._buffers, len(m._buffers)))
+            for key, t in m._parameters.items():
+                if t is not None:
+                    slots.append((m._parameters, key, t))
+                    walked.append(prefix + key)
+            for key, t in m._buffers.items():
+                if t is not None and key not in m._non_persistent_buffers_set:
+                    slots.append((m._buffers, key, t))
+                    walked.append(prefix + key)
+            return all(walk(child, prefix + name + ".")
+                       for name, child in m._modules.items() if child is not None)
+
+        try:
+            if not walk(module, "") or walked != names:
+                return None  # not what state_dict gave: compare the state dict each version
+            return _QuickCheck([(d, k, t, t.data_ptr(), t.dtype, t.shape, t.stride())
+                                for d, k, t in slots], dicts)
+        except (AttributeError, RuntimeError, TypeError):
+            return None
+
+    def unchanged(self) -> bool:
+        for d, n in self._dicts:
+            if len(d) != n:
+                return False
+        for d, key, t, ptr, dtype, shape, stride in self._slots:
+            now = d.get(key)
+            if (now is not t or now.data_ptr() != ptr or now.dtype is not dtype
+                    or now.shape != shape or now.stride() != stride):
+                return False
+        return True
+
+
 def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, group_depth: int = 2,
                dtype=None, device=None, make_contiguous: bool = False,
                on_request: Optional[Callable[[bytes], Any]] = None,
@@ -560,17 +622,36 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
     if chunk_bytes is None:
         chunk_bytes = default_chunk_bytes(sender)
     requests: List[bytes] = []
+    # A module sent as it is (no cast, move or copy) is planned and described once per sender:
+    # while it holds the same tensors over the same memory, each version sends the described
+    # chunks again (about 1 us a tensor to check, instead of planning and describing every
+    # tensor each version: about 9 ms a version for an 8B model on the H200 run of 2026-12-04).
+    options = (chunk_bytes, group_depth, aliases, split)
+    cached = _declared_chunks(sender, source, options, dtype, device, make_contiguous)
+    record: Optional[list] = [] if cached is None and _declarable(source, dtype, device, make_contiguous) else None
     try:
-        for chunk in _iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,
-                                  dtype=dtype, device=device, make_contiguous=make_contiguous,
-                                  aliases=aliases, split=split,
-                                  parts_refused=getattr(sender, "delta", False)):
-            with _contiguity_hint(make_contiguous):
-                request = sender.send_chunk(chunk.tensors, last=chunk.last, parts=chunk.parts)
-            del chunk  # drop converted copies before the next chunk is prepared
-            requests.append(request)
-            if on_request is not None:
-                on_request(request)
+        if cached is not None:
+            for descs, last, praw in cached:
+                request = sender._send_described(descs, last, praw)
+                requests.append(request)
+                if on_request is not None:
+                    on_request(request)
+        else:
+            for chunk in _iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,
+                                      dtype=dtype, device=device, make_contiguous=make_contiguous,
+                                      aliases=aliases, split=split,
+                                      parts_refused=getattr(sender, "delta", False)):
+                with _contiguity_hint(make_contiguous):
+                    descs, praw = sender._describe_chunk(chunk.tensors, chunk.parts)
+                    request = sender._send_described(descs, chunk.last, praw)
+                if record is not None:
+                    record.append((descs, chunk.last, praw))
+                del chunk, descs  # drop converted copies before the next chunk is prepared
+                requests.append(request)
+                if on_request is not None:
+                    on_request(request)
+            if record is not None:
+                _declare_chunks(sender, source, options, record)
     except BaseException:
         # A version left open part-way must not look resumable to receivers: abandon it (a
         # no-op when nothing was published, or when the failed send already abandoned it).
@@ -580,6 +661,47 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
     if flush_timeout_s is not None:
         sender.flush(flush_timeout_s)
     return requests
+
+
+# Per sender, per module (by id, with a weak reference to tell a new module at the same
+# address): the chunks send_model described for it, and the check that the module still holds
+# the tensors they point at.
+_DECLARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _declarable(source, dtype, device, make_contiguous) -> bool:
+    torch = _dtypes.loaded_torch()
+    return (torch is not None and isinstance(source, torch.nn.Module) and dtype is None
+            and device is None and not make_contiguous)
+
+
+def _declared_chunks(sender, source, options, dtype, device, make_contiguous):
+    """The chunks described for ``source`` by an earlier send_model over ``sender``, if the
+    module still holds the same tensors over the same memory and the options are the same."""
+    if not _declarable(source, dtype, device, make_contiguous):
+        return None
+    try:
+        entry = _DECLARED.get(sender, {}).get(id(source))
+    except TypeError:
+        return None
+    if entry is None:
+        return None
+    ref, opts, quick, chunks = entry
+    if ref() is not source or opts != options or not quick.unchanged():
+        _DECLARED[sender].pop(id(source), None)
+        return None
+    return chunks
+
+
+def _declare_chunks(sender, source, options, chunks) -> None:
+    quick = _QuickCheck.of(source, list(source.state_dict(keep_vars=True)))
+    if quick is None:
+        return  # a module with a custom state dict: planned and described every version
+    try:
+        per = _DECLARED.setdefault(sender, {})
+    except TypeError:
+        return
+    per[id(source)] = (weakref.ref(source), options, quick, chunks)
 
 
 #: How long :func:`send_model` waits for the engines' acknowledgements when the sender has
