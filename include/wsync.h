@@ -347,8 +347,10 @@ WSYNC_API wsync_status_t wsync_strategy_describe_options(const char *kind, char 
  * from, and whatever the kind needs to exist first (for "shm": the shared-memory segment,
  * mode 0600, unguessable name, its buckets reserved and pre-faulted; for "cuda_ipc": a small
  * acknowledgement segment and this host's boot id; for "nccl_broadcast": the NCCL unique id,
- * carried in the blob itself, so this process must stay alive until the group is formed).
- * Call once per strategy;
+ * carried in the blob itself, so this process must stay alive until the group is formed, and
+ * the UUID of the GPU the "device" option names, the sender's (NCCL takes one GPU per rank: a
+ * receiver on it is refused; a "device" this process does not see fails here with
+ * WSYNC_ERR_INVALID_ARGUMENT). Call once per strategy;
  * a second call fails with WSYNC_ERR_WRONG_STATE. On success *out holds the blob, freed with
  * wsync_blob_free(). May take time proportional to the buckets' size (pre-faulting); does not
  * wait for peers. */
@@ -382,7 +384,13 @@ typedef struct wsync_sender_t wsync_sender_t;
  * On success *out is freed with wsync_sender_destroy().
  * Does not block, except for "nccl_broadcast": it joins the group as rank 0 and blocks until
  * every receiver has joined, up to the "timeout_ms" option; then the communicator is aborted
- * and the call fails with WSYNC_ERR_TIMEOUT (or WSYNC_ERR_PEER if NCCL reported an error). */
+ * and the call fails with WSYNC_ERR_TIMEOUT (or WSYNC_ERR_PEER if NCCL reported an error, e.g.
+ * "invalid usage" when another rank is on this GPU, which the message names as the likely
+ * cause). A receiver refused at its creation (one on this sender's GPU) never joins, so this
+ * call then times out; the message names this GPU and that cause (NCCL cannot say which rank is
+ * missing). "nccl_broadcast" fails with WSYNC_ERR_MISMATCH, before joining, when the strategy's
+ * "device" is another GPU than the one the init info names (since 0.5: the strategy that made
+ * it had another "device"). */
 WSYNC_API wsync_status_t wsync_sender_create(wsync_strategy_t *strategy, const uint8_t *init,
                                              size_t len, wsync_sender_t **out);
 
@@ -697,7 +705,15 @@ typedef struct wsync_recv_t wsync_recv_t;
  * On success *out is freed with wsync_receiver_destroy(). Does not block for "shm" unless its
  * segment's name is already gone (every receiver had attached): then it asks the live sender
  * for the segment over a local socket and blocks up to the "timeout_ms" option. "nccl_broadcast"
- * joins the group as rank index + 1 and blocks like wsync_sender_create(). */
+ * joins the group as rank index + 1 and blocks like wsync_sender_create(): WSYNC_ERR_TIMEOUT
+ * when the group is not complete by "timeout_ms", WSYNC_ERR_PEER when NCCL fails the init
+ * ("invalid usage" when another receiver is on this GPU: NCCL refuses two ranks of one
+ * communicator on one GPU, and the message names that likely cause), WSYNC_ERR_MISMATCH for a
+ * trainer on another NCCL major.minor, the communicator aborted in each case. A receiver on the
+ * sender's GPU (the init info names it; since 0.5) fails with WSYNC_ERR_UNSUPPORTED at once,
+ * before any NCCL call, naming the GPU and the index: an engine on the trainer's GPU uses
+ * "cuda_ipc"; the sender's creation then times out without it. An init info without the
+ * sender's GPU (an older libwsync) is accepted; such a receiver then gets NCCL's invalid usage. */
 WSYNC_API wsync_status_t wsync_receiver_create(wsync_strategy_t *strategy, const uint8_t *init,
                                                size_t len, uint32_t index,
                                                wsync_receiver_t **out);

@@ -345,6 +345,18 @@ static void trainer_end(wsync_sender_t *tx, wsync_strategy_t *s, wsync_blob_t *i
     wsync_blob_free(init);
 }
 
+/* NCCL refuses two ranks of one communicator on one GPU, and so do libwsync (a receiver on the
+ * sender's GPU) and the fake. So the nccl_broadcast tests run with three fake GPUs: the trainer
+ * on GPU 0 (its device 0), engines on GPUs 1 and 2 (started with CUDA_VISIBLE_DEVICES
+ * NCCL_ENGINE_GPUS, their devices 0 and 1). Called before the test forks an engine or touches
+ * the driver: the fake reads the list at cuInit. */
+#define NCCL_ENGINE_GPUS "1,2"
+static void nccl_three_gpus(void) {
+    setenv("WSYNC_FAKE_CUDA_DEVICES",
+           "GPU-0fa6e000-0000-4000-8000-000000000000,GPU-1fa6e000-0000-4000-8000-000000000001,"
+           "GPU-2fa6e000-0000-4000-8000-000000000002", 1);
+}
+
 /* ---- cuda_ipc, packed ---------------------------------------------------------------------- */
 #define NT 6
 static int64_t shapes[NT][2] = {{64, 32}, {7, 3}, {1000, 1}, {16, 16}, {5, 5}, {300, 2}};
@@ -1218,6 +1230,7 @@ typedef struct {
     int announce;             /* writes one byte once its receiver is attached */
     uint64_t hold_at;         /* holds the loader's stream while it copies this version's tensors */
     uint64_t freeze_at;       /* holds it until after wsync_recv_end (receiver timeout 500 ms) */
+    const char *visible;      /* CUDA_VISIBLE_DEVICES for the engine, or NULL */
 } delta_engine_cfg;
 
 /* Whether `got` is tensor k of version v (with the engine's scribble when `scribbled`). */
@@ -1237,6 +1250,7 @@ static int delta_holds(const uint16_t *got, int k, uint64_t v, int scribbled) {
  * wsync_recv_end's status. */
 static int delta_engine_main(const delta_engine_cfg *cfg, int in, int out) {
     alarm(60);
+    if (cfg->visible) setenv("CUDA_VISIBLE_DEVICES", cfg->visible, 1);
     uint8_t *init;
     size_t len;
     if (tu_recv_frame(in, &init, &len, 20000) || !init) return 10;
@@ -1416,7 +1430,7 @@ static void delta_step(delta_trainer_t *t, engine_t *e, int engines, uint64_t v,
 
 static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void **state) {
     (void)state;
-    delta_engine_cfg c0 = {0, 0, NULL, 1, 0, 0, 0}, c1 = {1, 0, NULL, 0, 0, 4, 0};
+    delta_engine_cfg c0 = {0, 0, NULL, 1, 0, 0, 0, NULL}, c1 = {1, 0, NULL, 0, 0, 4, 0, NULL};
     engine_t e[2] = {tu_fork_peer(delta_engine_entry, &c0), tu_fork_peer(delta_engine_entry, &c1)};
     delta_trainer_t t;
     delta_trainer_start(&t, "cuda_ipc", "{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}", e, 2);
@@ -1435,7 +1449,8 @@ static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void 
  * again after. */
 static void delta_refusal_and_dense_recovery(const char *kind) {
     const int hears = !strcmp(kind, "cuda_ipc");
-    delta_engine_cfg c0 = {0, 3, kind, 0, 0, 5, 0};
+    delta_engine_cfg c0 = {0, 3, kind, 0, 0, 5, 0, hears ? NULL : NCCL_ENGINE_GPUS};
+    if (!hears) nccl_three_gpus();
     engine_t e = tu_fork_peer(delta_engine_entry, &c0);
     delta_trainer_t t;
     delta_trainer_start(&t, kind,
@@ -1476,7 +1491,7 @@ static void nccl_delta_an_engine_that_changed_its_copy_refuses_the_patch_and_the
  * the GPU. */
 static void cuda_ipc_delta_bases_in_pinned_host_memory_cost_no_gpu_memory(void **state) {
     (void)state;
-    delta_engine_cfg c0 = {0, 0, NULL, 0, 0, 0, 0};
+    delta_engine_cfg c0 = {0, 0, NULL, 0, 0, 0, 0, NULL};
     engine_t e = tu_fork_peer(delta_engine_entry, &c0);
     engine_t e2 = tu_fork_peer(delta_engine_entry, &c0); /* forked before this process uses CUDA */
     delta_trainer_t t;
@@ -1514,7 +1529,7 @@ static void cuda_ipc_delta_bases_in_pinned_host_memory_cost_no_gpu_memory(void *
  * dense, makes the engine whole once its stream moves again. */
 static void cuda_ipc_delta_a_frozen_apply_fails_recv_end_within_the_deadline_on_both_sides(void **state) {
     (void)state;
-    delta_engine_cfg c0 = {0, 0, NULL, 0, 0, 0, 3};
+    delta_engine_cfg c0 = {0, 0, NULL, 0, 0, 0, 3, NULL};
     engine_t e = tu_fork_peer(delta_engine_entry, &c0);
     delta_trainer_t t;
     delta_trainer_start(&t, "cuda_ipc", "{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &e, 1);
@@ -1534,7 +1549,7 @@ static void cuda_ipc_delta_a_frozen_apply_fails_recv_end_within_the_deadline_on_
  * version after it attached is dense, so its first version completes, and patches follow. */
 static void cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense(void **state) {
     (void)state;
-    delta_engine_cfg first = {0, 0, NULL, 0, 0, 0, 0}, again = {0, 0, NULL, 0, 1, 0, 0};
+    delta_engine_cfg first = {0, 0, NULL, 0, 0, 0, 0, NULL}, again = {0, 0, NULL, 0, 1, 0, 0, NULL};
     engine_t e1 = tu_fork_peer(delta_engine_entry, &first);
     engine_t e2 = tu_fork_peer(delta_engine_entry, &again); /* forked before this process uses CUDA */
     delta_trainer_t t;
@@ -1555,7 +1570,7 @@ static void cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense(voi
  * whole again, and patches follow. */
 static void cuda_ipc_delta_the_version_after_an_abandoned_one_is_dense(void **state) {
     (void)state;
-    delta_engine_cfg c0 = {0, 0, NULL, 0, 0, 0, 0};
+    delta_engine_cfg c0 = {0, 0, NULL, 0, 0, 0, 0, NULL};
     engine_t e = tu_fork_peer(delta_engine_entry, &c0);
     delta_trainer_t t;
     delta_trainer_start(&t, "cuda_ipc", "{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &e, 1);
@@ -2129,8 +2144,9 @@ static void a_destroyed_cuda_ipc_sender_is_not_counted_as_attached(void **state)
 /* ---- nccl_broadcast ----------------------------------------------------------------------- */
 static void nccl_broadcast_reaches_two_engines_bit_for_bit(void **state) {
     (void)state;
-    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1}", NULL, 1, 0, 0, 0, 0, 0};
+    nccl_three_gpus();
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NCCL_ENGINE_GPUS, 0, 0, 0, 0, 0, 0};
+    engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1}", NCCL_ENGINE_GPUS, 1, 0, 0, 0, 0, 0};
     engine_t e[2] = {engine_start(&c0), engine_start(&c1)};
     use_device(0);
     wsync_strategy_t *s;
@@ -2167,6 +2183,7 @@ static void nccl_broadcast_reaches_two_engines_bit_for_bit(void **state) {
 
 static void nccl_group_that_never_completes_times_out_and_aborts(void **state) {
     (void)state;
+    nccl_three_gpus();
     use_device(0);
     wsync_strategy_t *s;
     wsync_blob_t init;
@@ -2185,7 +2202,8 @@ static void nccl_group_that_never_completes_times_out_and_aborts(void **state) {
 
 static void nccl_failed_broadcast_times_the_receiver_out_and_fails_flush(void **state) {
     (void)state;
-    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 400}", NULL, 0, 0, 0, 0, 0, 0};
+    nccl_three_gpus();
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 400}", NCCL_ENGINE_GPUS, 0, 0, 0, 0, 0, 0};
     engine_t e = engine_start(&c0);
     use_device(0);
     wsync_strategy_t *s;
@@ -2248,8 +2266,9 @@ typedef struct {
 /* Forks the group's engines: before this process first uses a device (a child forked after
  * that could not use CUDA, as the fake models). */
 static void nccl_group_fork(nccl_group_t *g) {
-    static engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 10000}", NULL, 0, 0, 0, 0, 0, 0};
-    static engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1, \"timeout_ms\": 10000}", NULL, 1, 0, 0, 0, 0, 0};
+    nccl_three_gpus();
+    static engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 10000}", NCCL_ENGINE_GPUS, 0, 0, 0, 0, 0, 0};
+    static engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1, \"timeout_ms\": 10000}", NCCL_ENGINE_GPUS, 1, 0, 0, 0, 0, 0};
     g->e[0] = engine_start(&c0);
     g->e[1] = engine_start(&c1);
 }
@@ -2427,7 +2446,8 @@ static void *destroy_sender_thread(void *arg) {
 
 static void nccl_sender_destroy_is_bounded_when_a_receiver_never_posts_its_broadcast(void **state) {
     (void)state;
-    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
+    nccl_three_gpus();
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NCCL_ENGINE_GPUS, 0, 0, 0, 0, 0, 0};
     engine_t e = engine_start(&c0);
     use_device(0);
     wsync_strategy_t *s;
@@ -2463,6 +2483,7 @@ static void nccl_sender_destroy_is_bounded_when_a_receiver_never_posts_its_broad
  * init info as the first frame, its strategy and receiver. 0, or the exit code to return. */
 static int engine_attach(const engine_cfg *cfg, int in, wsync_strategy_t **s, wsync_receiver_t **r) {
     alarm(30);
+    if (cfg->visible) setenv("CUDA_VISIBLE_DEVICES", cfg->visible, 1);
     uint8_t *init;
     size_t len;
     if (tu_recv_frame(in, &init, &len, 20000) || !init) return 10;
@@ -2524,7 +2545,8 @@ static int stalled_loader_engine_entry(const void *cfg, int in, int out) {
 
 static void nccl_recv_end_does_not_wait_unbounded_for_the_loaders_default_stream(void **state) {
     (void)state;
-    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 400}", NULL, 0, 0, 0, 0, 0, 0};
+    nccl_three_gpus();
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 400}", NCCL_ENGINE_GPUS, 0, 0, 0, 0, 0, 0};
     engine_t e = tu_fork_peer(stalled_loader_engine_entry, &c0);
     use_device(0);
     wsync_strategy_t *s;
@@ -2774,8 +2796,9 @@ static void cuda_ipc_the_version_after_a_failed_earlier_chunk_completes(void **s
  * broadcast) and bit-exact, on both engines' GPUs. */
 static void nccl_recv_copy_into_device_memory_is_queued_on_the_loaders_stream_and_bit_exact(void **state) {
     (void)state;
-    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NULL, 0, 0, 0, 0, 0, 0};
-    engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1}", NULL, 1, 0, 0, 0, 0, 0};
+    nccl_three_gpus();
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NCCL_ENGINE_GPUS, 0, 0, 0, 0, 0, 0};
+    engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1}", NCCL_ENGINE_GPUS, 1, 0, 0, 0, 0, 0};
     g_engines_try_copy = 1;
     engine_t e[2] = {engine_start(&c0), engine_start(&c1)};
     g_engines_try_copy = 0;
@@ -2837,6 +2860,268 @@ static void a_cuda_driver_older_than_12_0_is_unavailable_naming_both_versions(vo
     unsetenv("WSYNC_FAKE_CUDA_DRIVER_VERSION");
 }
 
+/* ---- nccl_broadcast: one GPU per rank (issue 33) -------------------------------------------
+ * NCCL refuses two ranks of one communicator on one GPU. On an H200 a trainer and an engine on
+ * the same GPU (the colocated layout) both failed after 0.9 s with "ncclResult_t 5 (invalid
+ * usage (run with NCCL_DEBUG=WARN for details))", which named no cause. */
+
+/* What an engine saw when it created its receiver. */
+typedef struct {
+    int32_t status;        /* of wsync_receiver_create */
+    int32_t took_ms;       /* how long that call took */
+    long long init_calls;  /* ncclCommInitRankConfig calls of the engine, in all */
+    long long comms_live;  /* after the call (and the destroy of a receiver it made) */
+    long long live_allocs; /* likewise */
+    char message[1024];    /* wsync_last_error() of a failed call */
+} create_report_t;
+
+/* An engine that creates its receiver from the init info (its first frame), destroys it if it
+ * was made, and reports (create_report_t). */
+static int create_reporting_engine_main(const engine_cfg *cfg, int in, int out) {
+    alarm(30);
+    if (cfg->visible) setenv("CUDA_VISIBLE_DEVICES", cfg->visible, 1);
+    uint8_t *init;
+    size_t len;
+    if (tu_recv_frame(in, &init, &len, 20000) || !init) return 10;
+    create_report_t rep;
+    memset(&rep, 0, sizeof rep);
+    wsync_strategy_t *s;
+    if (wsync_strategy_create(cfg->kind, cfg->options, &s) != WSYNC_OK) return 11;
+    wsync_receiver_t *r = NULL;
+    long t0 = tu_now_ms();
+    rep.status = wsync_receiver_create(s, init, len, cfg->index, &r);
+    rep.took_ms = (int32_t)(tu_now_ms() - t0);
+    if (rep.status != WSYNC_OK) snprintf(rep.message, sizeof rep.message, "%s", wsync_last_error());
+    free(init);
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    load_driver();
+    wsync_fake_nccl_init_calls_fn calls =
+        (wsync_fake_nccl_init_calls_fn)dlsym(drv.h, "wsync_fake_nccl_init_calls");
+    if (!calls) return 12;
+    rep.init_calls = calls();
+    struct wsync_fake_stats st;
+    drv.stats(&st);
+    rep.comms_live = st.comms_live;
+    rep.live_allocs = st.live_allocs;
+    return tu_write_all(out, &rep, sizeof rep) ? 13 : 0;
+}
+
+static int create_reporting_engine_entry(const void *cfg, int in, int out) {
+    return create_reporting_engine_main((const engine_cfg *)cfg, in, out);
+}
+
+/* The engine's report, and its exit. */
+static create_report_t create_report(engine_t *e) {
+    create_report_t rep;
+    assert_int_equal(tu_read_all(e->from, &rep, sizeof rep, 20000), 0);
+    rep.message[sizeof rep.message - 1] = 0;
+    assert_int_equal(tu_wait_child(e->pid, 20000), 0);
+    close(e->to);
+    close(e->from);
+    return rep;
+}
+
+static const uint8_t *find_bytes(const uint8_t *hay, size_t n, const char *needle) {
+    const size_t k = strlen(needle);
+    for (size_t i = 0; i + k <= n; ++i)
+        if (!memcmp(hay + i, needle, k)) return hay + i;
+    return NULL;
+}
+
+/* The fake NCCL's control segments of the group an init info names ("/wsync-fakenccl-<hex of
+ * the 16 random bytes after the fake unique id's magic>"): 0 once every rank left. */
+static int nccl_segments_of(const wsync_blob_t *init) {
+    const uint8_t *id = find_bytes(init->data, init->size, "WSFKNCCL");
+    assert_non_null(id);
+    static const char hex[] = "0123456789abcdef";
+    char prefix[64] = "wsync-fakenccl-";
+    size_t n = strlen(prefix);
+    for (int i = 0; i < 16; ++i) {
+        prefix[n++] = hex[id[8 + i] >> 4];
+        prefix[n++] = hex[id[8 + i] & 15];
+    }
+    prefix[n] = 0;
+    load_driver();
+    wsync_fake_shm_count_fn count = (wsync_fake_shm_count_fn)dlsym(drv.h, "wsync_fake_shm_count");
+    assert_non_null(count);
+    return count(prefix);
+}
+
+static long long nccl_init_calls_here(void) {
+    load_driver();
+    wsync_fake_nccl_init_calls_fn calls =
+        (wsync_fake_nccl_init_calls_fn)dlsym(drv.h, "wsync_fake_nccl_init_calls");
+    assert_non_null(calls);
+    return calls();
+}
+
+#define TRAINER_GPU "GPU-0fa6e000-0000-4000-8000-000000000000"
+
+/* The colocated layout: the receiver is refused at creation by name, before any NCCL call,
+ * pointing at cuda_ipc; the trainer's creation times out at its deadline naming its GPU and
+ * that cause (NCCL cannot tell it which rank is missing); nothing is left behind. */
+static void nccl_an_engine_on_the_trainers_gpu_is_refused_before_joining_naming_both_and_cuda_ipc(
+    void **state) {
+    (void)state;
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 1000}", NULL, 0, 0, 0, 0, 0, 0};
+    engine_t e = tu_fork_peer(create_reporting_engine_entry, &c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx = (wsync_sender_t *)1;
+    OK(wsync_strategy_create("nccl_broadcast", "{\"timeout_ms\": 1000}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    engine_send(&e, &init);
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_create(s, init.data, init.size, &tx), WSYNC_ERR_TIMEOUT,
+               "nccl_broadcast rank 0 on " TRAINER_GPU
+               ": the group of 2 ranks was not complete after 1000 ms");
+    long took = tu_now_ms() - t0;
+    assert_true(took >= 950 && took < 3000);
+    assert_null(tx);
+    assert_non_null(strstr(wsync_last_error(), "a receiver on the sender's GPU is refused before it joins"));
+    create_report_t rep = create_report(&e);
+    fprintf(stderr, "engine: %s\n", rep.message);
+    assert_int_equal(rep.status, WSYNC_ERR_UNSUPPORTED);
+    assert_non_null(strstr(rep.message, "the sender (rank 0) is on " TRAINER_GPU));
+    assert_non_null(strstr(rep.message, "this receiver index 0 (rank 1, device 0) is on the same GPU"));
+    assert_non_null(strstr(rep.message, "NCCL refuses two ranks of one communicator on one GPU"));
+    assert_non_null(strstr(rep.message, "takes the weights with \"cuda_ipc\""));
+    assert_true(rep.took_ms < 500);     /* at once, not at a deadline */
+    assert_int_equal(rep.init_calls, 0); /* refused before any NCCL call */
+    assert_int_equal(rep.comms_live, 0);
+    assert_int_equal(rep.live_allocs, 0);
+    struct wsync_fake_stats st = stats_now();
+    assert_int_equal(st.comms_live, 0);  /* the trainer's communicator was aborted */
+    assert_int_equal(st.live_allocs, 0);
+    assert_int_equal(nccl_segments_of(&init), 0);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+/* Two engines on one GPU (not the trainer's) cannot be seen before NCCL's init, which fails
+ * both with invalid usage: each names the likely cause; the trainer times out at its deadline;
+ * nothing is left behind. */
+static void nccl_two_engines_on_one_gpu_fail_naming_the_likely_cause_and_the_trainer_times_out(
+    void **state) {
+    (void)state;
+    nccl_three_gpus();
+    engine_cfg c[2] = {
+        {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 5000}", NCCL_ENGINE_GPUS, 0, 0, 0, 0, 0, 0},
+        {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 5000}", NCCL_ENGINE_GPUS, 1, 0, 0, 0, 0, 0}};
+    engine_t e[2] = {tu_fork_peer(create_reporting_engine_entry, &c[0]),
+                     tu_fork_peer(create_reporting_engine_entry, &c[1])};
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx = (wsync_sender_t *)1;
+    OK(wsync_strategy_create("nccl_broadcast", "{\"receivers\": 2, \"timeout_ms\": 1500}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    for (int i = 0; i < 2; ++i) engine_send(&e[i], &init);
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_create(s, init.data, init.size, &tx), WSYNC_ERR_TIMEOUT,
+               "the group of 3 ranks was not complete after 1500 ms");
+    long took = tu_now_ms() - t0;
+    assert_true(took >= 1450 && took < 4000);
+    assert_null(tx);
+    for (int i = 0; i < 2; ++i) {
+        create_report_t rep = create_report(&e[i]);
+        fprintf(stderr, "engine %d: %s\n", i, rep.message);
+        char who[128];
+        snprintf(who, sizeof who, "nccl_broadcast rank %d on GPU-1fa6e000-0000-4000-8000-000000000001: "
+                 "communicator creation failed: ncclResult_t 5 (invalid usage", i + 1);
+        assert_int_equal(rep.status, WSYNC_ERR_PEER);
+        assert_non_null(strstr(rep.message, who));
+        assert_non_null(strstr(rep.message, "the likely cause: another rank of this group on the same GPU"));
+        assert_true(rep.took_ms < 4000); /* NCCL's refusal, before the engine's deadline */
+        assert_int_equal(rep.init_calls, 1);
+        assert_int_equal(rep.comms_live, 0);
+        assert_int_equal(rep.live_allocs, 0);
+    }
+    assert_int_equal(stats_now().comms_live, 0);
+    assert_int_equal(nccl_segments_of(&init), 0);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+/* An init info without "sender_gpu" (a trainer from before the field): renamed to a key no
+ * reader knows, as an older blob lacks it, and resealed. */
+static void strip_sender_gpu(wsync_blob_t *init) {
+    uint8_t *key = (uint8_t *)find_bytes(init->data, init->size, "sender_gpu");
+    assert_non_null(key);
+    key[9] = 'X';
+    tu_reseal(init->data, init->size);
+}
+
+/* Such an init info is still accepted; a colocated engine then reaches NCCL's init, which fails
+ * both ranks with invalid usage (the H200 run), and both messages name the likely cause. */
+static void nccl_an_init_info_without_sender_gpu_is_accepted_and_a_shared_gpu_names_the_likely_cause(
+    void **state) {
+    (void)state;
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 5000}", NULL, 0, 0, 0, 0, 0, 0};
+    engine_t e = tu_fork_peer(create_reporting_engine_entry, &c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx = (wsync_sender_t *)1;
+    OK(wsync_strategy_create("nccl_broadcast", "{\"timeout_ms\": 5000}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    strip_sender_gpu(&init);
+    engine_send(&e, &init);
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_create(s, init.data, init.size, &tx), WSYNC_ERR_PEER,
+               "nccl_broadcast rank 0 on " TRAINER_GPU
+               ": communicator creation failed: ncclResult_t 5 (invalid usage");
+    assert_true(tu_now_ms() - t0 < 4000);
+    assert_null(tx);
+    assert_non_null(strstr(wsync_last_error(), "the likely cause: another rank of this group on the same GPU"));
+    assert_non_null(strstr(wsync_last_error(), "engines on the trainer's GPU use \"cuda_ipc\""));
+    create_report_t rep = create_report(&e);
+    fprintf(stderr, "engine: %s\n", rep.message);
+    assert_int_equal(rep.status, WSYNC_ERR_PEER);
+    assert_non_null(strstr(rep.message, "nccl_broadcast rank 1 on " TRAINER_GPU
+                                        ": communicator creation failed: ncclResult_t 5"));
+    assert_non_null(strstr(rep.message, "the likely cause"));
+    assert_int_equal(rep.init_calls, 1);
+    assert_int_equal(rep.comms_live, 0);
+    assert_int_equal(stats_now().comms_live, 0);
+    assert_int_equal(nccl_segments_of(&init), 0);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+/* "sender_gpu" is a promise receivers act on: a sender on another GPU than the init info names
+ * is refused before it joins (so no receiver is refused for a GPU the sender is not on), and a
+ * value that is no GPU UUID is malformed. */
+static void nccl_the_init_infos_sender_gpu_binds_the_sender_and_is_validated(void **state) {
+    (void)state;
+    use_device(0);
+    wsync_strategy_t *s, *other;
+    wsync_blob_t init;
+    wsync_sender_t *tx = (wsync_sender_t *)1;
+    wsync_receiver_t *rx = (wsync_receiver_t *)1;
+    OK(wsync_strategy_create("nccl_broadcast", "{\"timeout_ms\": 500}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    OK(wsync_strategy_create("nccl_broadcast", "{\"device\": 1, \"timeout_ms\": 500}", &other));
+    EXPECT_ERR(wsync_sender_create(other, init.data, init.size, &tx), WSYNC_ERR_MISMATCH,
+               "the init info names the sender's GPU as " TRAINER_GPU);
+    assert_non_null(strstr(wsync_last_error(), "device 1 is GPU-1fa6e000-0000-4000-8000-000000000001"));
+    assert_null(tx);
+    assert_int_equal(nccl_init_calls_here(), 0);
+    uint8_t *text = (uint8_t *)find_bytes(init.data, init.size, TRAINER_GPU);
+    assert_non_null(text);
+    text[5] = 'z';
+    tu_reseal(init.data, init.size);
+    EXPECT_ERR(wsync_receiver_create(other, init.data, init.size, 0, &rx), WSYNC_ERR_MALFORMED,
+               "sender_gpu 'GPU-0za6e000");
+    assert_null(rx);
+    assert_int_equal(nccl_init_calls_here(), 0);
+    wsync_strategy_destroy(other);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chunk),
     cmocka_unit_test(cuda_ipc_moves_a_split_tensor_as_one_view_per_part_packed_or_not),
@@ -2894,6 +3179,10 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(nccl_send_chunk_returns_only_after_the_pack_has_read_the_tensors),
     cmocka_unit_test(nccl_sender_destroy_is_bounded_when_a_receiver_never_posts_its_broadcast),
     cmocka_unit_test(nccl_recv_end_does_not_wait_unbounded_for_the_loaders_default_stream),
+    cmocka_unit_test(nccl_an_engine_on_the_trainers_gpu_is_refused_before_joining_naming_both_and_cuda_ipc),
+    cmocka_unit_test(nccl_two_engines_on_one_gpu_fail_naming_the_likely_cause_and_the_trainer_times_out),
+    cmocka_unit_test(nccl_an_init_info_without_sender_gpu_is_accepted_and_a_shared_gpu_names_the_likely_cause),
+    cmocka_unit_test(nccl_the_init_infos_sender_gpu_binds_the_sender_and_is_validated),
 };
 
 TU_MAIN(tests)

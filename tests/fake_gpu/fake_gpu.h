@@ -82,6 +82,13 @@ void wsync_fake_set_stream_delay_ms(int ms);
  * ncclInvalidUsage. 0 (the default) turns it off. Kept across fork(). */
 void wsync_fake_nccl_set_in_progress(int polls);
 
+/* ncclCommInitRankConfig calls this process made (every call, failed ones included; a forked
+ * child starts at 0), so a test can tell that a layout was refused before any NCCL init. The
+ * fake, like NCCL, refuses two ranks of one communicator on one device (same UUID) with
+ * ncclInvalidUsage at init: for a non-blocking communicator through ncclCommGetAsyncError
+ * (fake_nccl.cpp). */
+long long wsync_fake_nccl_init_calls(void);
+
 /* The number of entries in /dev/shm whose name starts with `prefix` (NULL: "wsync-fake", i.e.
  * every allocation and control segment of the fake, of any process). -1 if /dev/shm cannot be
  * read. */
@@ -141,6 +148,7 @@ typedef void (*wsync_fake_stream_release_held_fn)(void);
 typedef void (*wsync_fake_stream_hold_next_fn)(int n);
 typedef void (*wsync_fake_nccl_set_in_progress_fn)(int polls);
 typedef void (*wsync_fake_allow_driver_after_fork_fn)(int on);
+typedef long long (*wsync_fake_nccl_init_calls_fn)(void);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,18 @@
 //   NCCL_CONFIG_UNDEF_INT): waits for every rank with no timeout, as NCCL does; on failure it
 //   returns the error and sets *comm to NULL. WSYNC_FAKE_NCCL_INIT_ERROR=1 makes every init end
 //   in ncclSystemError (without joining); wsync_fake_nccl_set_init_delay_ms slows it down.
+// - One GPU per rank, as NCCL requires ("Duplicate GPU detected : rank R and rank S both on
+//   CUDA device ...", ncclInvalidUsage, during the init, once the bootstrap has shown every
+//   rank the others): each rank publishes its device's UUID (cuDeviceGetUuid of the current
+//   context's device) in its slot; once every rank has, a rank whose UUID another rank also has
+//   fails its init with ncclInvalidUsage and prints that line to stderr (leaving only after
+//   every rank has seen the table, so its twin fails too): non-blocking, ncclCommInitRankConfig
+//   returned ncclInProgress and ncclCommGetAsyncError turns from ncclInProgress to
+//   ncclInvalidUsage; blocking, the call returns it with *comm NULL. Two ranks in one process
+//   on one device fail alike. A rank on a GPU of its own in such a group never completes its
+//   init (it waits, as at NCCL's next bootstrap step, for ranks that left) until it is aborted.
+//   wsync_fake_nccl_init_calls() counts this process's ncclCommInitRankConfig calls, so a test
+//   can tell that a layout was refused before any init.
 // - ncclBroadcast(ncclUint8 only) is enqueued on the CUDA stream. Every call of a communicator
 //   gets the next sequence number k (1, 2, ...), the same on every rank as collectives are
 //   called in the same order. The root publishes (k, the shm name of the allocation holding
@@ -77,6 +89,7 @@ using namespace wsync_fake;
 #define WSYNC_FAKE_DECLARE(field, symbol, ret, params)                                           \
     extern "C" __attribute__((visibility("default"))) ret field params __asm__(symbol);
 WSYNC_NCCL_FUNCTIONS(WSYNC_FAKE_DECLARE)
+WSYNC_CUDA_FUNCTIONS(WSYNC_FAKE_DECLARE)  // fake_cuda.cpp's: cuDeviceGetUuid names a rank's GPU
 #undef WSYNC_FAKE_DECLARE
 
 namespace wsync_fake {
@@ -98,6 +111,9 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "atomics in shared mem
 struct alignas(64) Slot {
     std::atomic<uint64_t> pid;   // process holding this rank; 0: free
     std::atomic<uint64_t> done;  // last operation this rank completed
+    std::atomic<uint64_t> uuid[2];  // the rank's device UUID, published before `ready`
+    std::atomic<uint64_t> ready;    // == pid once `uuid` is this holder's
+    std::atomic<uint64_t> saw;      // == pid once this holder has seen every rank ready
 };
 struct Ctl {
     std::atomic<uint64_t> magic;
@@ -117,6 +133,7 @@ struct Comm {
     int nranks = 0;
     int rank = 0;
     int device = 0;
+    CUuuid uuid{};                      // the device's, as cuDeviceGetUuid says
     std::string seg;                    // control segment name
     Ctl *ctl = nullptr;                 // set before the communicator is usable
     bool claimed = false;               // holds its slot
@@ -156,6 +173,7 @@ NState *&nstate_ptr() {
 NState &ns() { return *nstate_ptr(); }
 
 std::atomic<int> g_init_delay_ms{0};
+std::atomic<long long> g_init_calls{0};  // ncclCommInitRankConfig calls of this process
 std::atomic<int> g_in_progress_polls{0};
 
 bool has_deferred(Comm &c) {
@@ -185,6 +203,19 @@ void drop_deferred(Comm &c) {
 
 bool alive(uint64_t pid) {
     return pid && (kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+}
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi and libwsync name a GPU.
+std::string gpu_name(const CUuuid &u) {
+    static const char *hex = "0123456789abcdef";
+    std::string out = "GPU-";
+    for (int i = 0; i < 16; ++i) {
+        if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+        const auto b = static_cast<unsigned char>(u.bytes[i]);
+        out += hex[b >> 4];
+        out += hex[b & 15];
+    }
+    return out;
 }
 
 // Polls `ready` until it holds (true) or the communicator is aborted (false).
@@ -262,13 +293,53 @@ ncclResult_t join(Comm &c) {
         }
     }
     slot.done.store(0);
+    uint64_t words[2];
+    std::memcpy(words, c.uuid.bytes, sizeof words);
+    slot.uuid[0].store(words[0], std::memory_order_relaxed);
+    slot.uuid[1].store(words[1], std::memory_order_relaxed);
+    slot.ready.store(me, std::memory_order_release);
     c.claimed = true;
     if (!wait_for(c, [&] {
-            for (int r = 0; r < c.nranks; ++r)
-                if (!ctl.slots[r].pid.load()) return false;
+            for (int r = 0; r < c.nranks; ++r) {
+                const uint64_t pid = ctl.slots[r].pid.load();
+                if (!pid || ctl.slots[r].ready.load(std::memory_order_acquire) != pid) return false;
+            }
             return true;
         }))
         return ncclInvalidUsage;
+    // Every rank is here: NCCL's duplicate-GPU check (init.cc, "Duplicate GPU detected"),
+    // which every rank makes on the peer table the bootstrap gave all of them.
+    slot.saw.store(me, std::memory_order_release);
+    bool others_clash = false;
+    int twin = -1;
+    for (int r = 0; r < c.nranks; ++r) {
+        for (int q = r + 1; q < c.nranks; ++q) {
+            if (ctl.slots[r].uuid[0].load() != ctl.slots[q].uuid[0].load() ||
+                ctl.slots[r].uuid[1].load() != ctl.slots[q].uuid[1].load())
+                continue;
+            if (r != c.rank && q != c.rank) others_clash = true;
+            else if (twin < 0) twin = r == c.rank ? q : r;
+        }
+    }
+    if (twin >= 0) {
+        // Leave only once every rank has seen the table, so the twin sees the clash too
+        // rather than a rank that left.
+        wait_for(c, [&] {
+            for (int r = 0; r < c.nranks; ++r) {
+                const uint64_t pid = ctl.slots[r].pid.load();
+                if (pid && ctl.slots[r].saw.load(std::memory_order_acquire) != pid) return false;
+            }
+            return true;
+        });
+        std::fprintf(stderr,
+                     "fake NCCL: Duplicate GPU detected : rank %d and rank %d both on CUDA "
+                     "device %s (communicator %s)\n",
+                     c.rank, twin, gpu_name(c.uuid).c_str(), name);
+        return ncclInvalidUsage;
+    }
+    // Two other ranks share a GPU: they fail and leave; this rank waits for them, as NCCL's
+    // next bootstrap step does, until it is aborted.
+    if (others_clash && !wait_for(c, [] { return false; })) return ncclInvalidUsage;
     return ncclSuccess;
 }
 
@@ -423,6 +494,7 @@ void atfork_child() {
     fresh->abandoned = old;  // the parent's communicators are not this process's
     nstate_ptr() = fresh;
     g_broadcasts.store(0);
+    g_init_calls.store(0);
 }
 
 __attribute__((constructor)) void fake_nccl_load() {
@@ -487,6 +559,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
 
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
                                     ncclConfig_t *config) {
+    g_init_calls.fetch_add(1);
     WSYNC_FAKE_FAIL_POINT("ncclCommInitRankConfig");
     if (!comm) return ncclInvalidArgument;
     *comm = nullptr;
@@ -504,10 +577,13 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
         std::fprintf(stderr, "fake NCCL: ncclCommInitRankConfig without a current CUDA context\n");
         return ncclInvalidUsage;
     }
+    CUuuid uuid;
+    if (cuDeviceGetUuid(&uuid, dev) != CUDA_SUCCESS) return ncclUnhandledCudaError;
     auto c = std::make_shared<Comm>();
     c->nranks = nranks;
     c->rank = rank;
     c->device = dev;
+    c->uuid = uuid;
     c->blocking = blocking;
     static const char *hex = "0123456789abcdef";
     c->seg = "/wsync-fakenccl-";
@@ -650,4 +726,8 @@ extern "C" __attribute__((visibility("default"))) void wsync_fake_nccl_set_in_pr
 
 extern "C" __attribute__((visibility("default"))) void wsync_fake_nccl_set_init_delay_ms(int ms) {
     g_init_delay_ms.store(ms > 0 ? ms : 0);
+}
+
+extern "C" __attribute__((visibility("default"))) long long wsync_fake_nccl_init_calls(void) {
+    return g_init_calls.load();
 }

@@ -112,6 +112,7 @@ enum { nSuccess = 0, nSystem = 2, nArg = 4, nUsage = 5, nInProgress = 7 };
     X(set_fail, "wsync_fake_set_fail", void, (const char *, int, int))                          \
     X(set_init_delay, "wsync_fake_nccl_set_init_delay_ms", void, (int))                         \
     X(shm_count, "wsync_fake_shm_count", int, (const char *))                                   \
+    X(nccl_init_calls, "wsync_fake_nccl_init_calls", long long, (void))                         \
     X(allow_driver_after_fork, "wsync_fake_allow_driver_after_fork", void, (int))
 
 #define FIELD(name, sym, ret, params) ret(*name) params;
@@ -1071,27 +1072,41 @@ static void test_nccl_basics(void **state) {
     drop_device(0);
 }
 
-/* Two ranks of one communicator in this process (ranks may share a process, as in NCCL). */
-static void init_pair(const ncclUniqueId *id, ncclComm_t *c0, ncclComm_t *c1) {
+/* Two ranks of one communicator in this process (ranks may share a process, as in NCCL), each
+ * on a GPU of its own as NCCL requires: rank 0 on device 0 (current before and after), rank 1
+ * on device 1 (ctx1). */
+static void init_pair(const ncclUniqueId *id, CUcontext ctx0, CUcontext ctx1, ncclComm_t *c0,
+                      ncclComm_t *c1) {
     ncclConfig_t cfg = config(0);
     assert_int_equal(F.ncclCommInitRankConfig(c0, 2, *id, 0, &cfg), nInProgress);
+    assert_int_equal(F.cuCtxSetCurrent(ctx1), OK);
     assert_int_equal(F.ncclCommInitRankConfig(c1, 2, *id, 1, &cfg), nInProgress);
+    assert_int_equal(F.cuCtxSetCurrent(ctx0), OK);
     assert_int_equal(comm_wait(*c0), nSuccess);
     assert_int_equal(comm_wait(*c1), nSuccess);
 }
 
+/* A stream of the device whose context is `ctx` (rank 1's streams must be of its device). */
+static CUstream stream_in(CUcontext ctx, CUcontext back) {
+    CUstream s = NULL;
+    assert_int_equal(F.cuCtxSetCurrent(ctx), OK);
+    assert_int_equal(F.cuStreamCreate(&s, 1), OK);
+    assert_int_equal(F.cuCtxSetCurrent(back), OK);
+    return s;
+}
+
 static void test_nccl_streams_and_abort(void **state) {
     (void)state;
-    use_device(0);
+    CUcontext ctx1 = use_device(1), ctx0 = use_device(0);
     ncclUniqueId id;
     ncclComm_t c0 = NULL, c1 = NULL;
     assert_int_equal(F.ncclGetUniqueId(&id), nSuccess);
-    init_pair(&id, &c0, &c1);
+    init_pair(&id, ctx0, ctx1, &c0, &c1);
     CUstream sa = NULL, sb = NULL, sc = NULL;
     CUevent ev = NULL;
     CUdeviceptr a = 0, b = 0, c = 0;
     assert_int_equal(F.cuStreamCreate(&sa, 1), OK);
-    assert_int_equal(F.cuStreamCreate(&sb, 1), OK);
+    sb = stream_in(ctx1, ctx0);
     assert_int_equal(F.cuStreamCreate(&sc, 1), OK);
     assert_int_equal(F.cuEventCreate(&ev, 2), OK);
     assert_int_equal(F.cuMemAlloc(&a, 1 << 16), OK);
@@ -1133,11 +1148,11 @@ static void test_nccl_streams_and_abort(void **state) {
     /* A root whose send buffer is not device memory fails, and so do its receivers (with
      * ncclRemoteError) instead of hanging. */
     assert_int_equal(F.ncclGetUniqueId(&id), nSuccess);
-    init_pair(&id, &c0, &c1);
+    init_pair(&id, ctx0, ctx1, &c0, &c1);
     assert_int_equal(F.cuStreamDestroy(sa), OK);
     assert_int_equal(F.cuStreamDestroy(sb), OK);
     assert_int_equal(F.cuStreamCreate(&sa, 1), OK);
-    assert_int_equal(F.cuStreamCreate(&sb, 1), OK);
+    sb = stream_in(ctx1, ctx0);
     char host[16];
     assert_int_equal(F.ncclBroadcast((void *)b, (void *)b, 16, 1, 0, c1, sb), nSuccess);
     assert_int_equal(F.ncclBroadcast(host, host, 16, 1, 0, c0, sa), nSuccess);
@@ -1149,7 +1164,7 @@ static void test_nccl_streams_and_abort(void **state) {
     assert_int_equal(shm_of_id(&id), 0);
     /* Injected asynchronous failure of a broadcast. */
     assert_int_equal(F.ncclGetUniqueId(&id), nSuccess);
-    init_pair(&id, &c0, &c1);
+    init_pair(&id, ctx0, ctx1, &c0, &c1);
     assert_int_equal(F.cuStreamDestroy(sa), OK);
     assert_int_equal(F.cuStreamCreate(&sa, 1), OK);
     F.set_fail("ncclBroadcast@async", 0, 6);
@@ -1168,6 +1183,93 @@ static void test_nccl_streams_and_abort(void **state) {
     assert_int_equal(F.cuMemFree(b), OK);
     assert_int_equal(F.cuMemFree(c), OK);
     drop_device(0);
+    assert_int_equal(F.cuDevicePrimaryCtxRelease(1), OK);
+}
+
+/* Rank `rank` of a 2-rank communicator on device 0 in a child process: its init must fail with
+ * ncclInvalidUsage (the parent's rank is on device 0 too). */
+struct dup_arg {
+    ncclUniqueId id;
+    int rank;
+};
+
+static int child_duplicate_rank(void *arg) {
+    const struct dup_arg *d = arg;
+    CUcontext ctx;
+    CK_EQ(F.cuDevicePrimaryCtxRetain(&ctx, 0), OK);
+    CK_EQ(F.cuCtxSetCurrent(ctx), OK);
+    ncclComm_t comm = NULL;
+    ncclConfig_t cfg = config(0);
+    CK_EQ(F.ncclCommInitRankConfig(&comm, 2, d->id, d->rank, &cfg), nInProgress);
+    CK_EQ(comm_wait(comm), nUsage);
+    CK_EQ(F.ncclCommAbort(comm), nSuccess);
+    CK_EQ(stats().comms_live, 0);
+    CK_EQ(F.cuCtxSetCurrent(NULL), OK);
+    CK_EQ(F.cuDevicePrimaryCtxRelease(0), OK);
+    return 0;
+}
+
+/* NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected", invalid
+ * usage during the init: a non-blocking init says so through ncclCommGetAsyncError, on each of
+ * those ranks); the fake does too, whether the ranks share a process or not, and a rank on a
+ * GPU of its own waits (its group never completes) until it is aborted. */
+static void test_nccl_refuses_two_ranks_on_one_device(void **state) {
+    (void)state;
+    CUcontext ctx1 = use_device(1), ctx0 = use_device(0);
+    const long long calls = F.nccl_init_calls();
+    ncclUniqueId id;
+    ncclComm_t c0 = NULL, c1 = NULL, c2 = NULL;
+    ncclConfig_t cfg = config(0);
+    /* Two ranks in this process, both on device 0. */
+    assert_int_equal(F.ncclGetUniqueId(&id), nSuccess);
+    assert_int_equal(F.ncclCommInitRankConfig(&c0, 2, id, 0, &cfg), nInProgress);
+    assert_int_equal(F.ncclCommInitRankConfig(&c1, 2, id, 1, &cfg), nInProgress);
+    assert_int_equal(comm_wait(c0), nUsage);
+    assert_int_equal(comm_wait(c1), nUsage);
+    assert_int_equal(F.nccl_init_calls(), calls + 2);
+    assert_int_equal(F.ncclCommAbort(c0), nSuccess);
+    assert_int_equal(F.ncclCommAbort(c1), nSuccess);
+    assert_int_equal(shm_of_id(&id), 0);
+    /* Blocking: the init returns the error and no communicator. One rank waits in a child. */
+    assert_int_equal(F.ncclGetUniqueId(&id), nSuccess);
+    struct dup_arg d = {id, 1};
+    pid_t child = spawn(child_duplicate_rank, &d);
+    cfg = config(1);
+    c0 = (ncclComm_t)1;
+    assert_int_equal(F.ncclCommInitRankConfig(&c0, 2, id, 0, &cfg), nUsage);
+    assert_null(c0);
+    assert_int_equal(reap(child), 0);
+    assert_int_equal(shm_of_id(&id), 0);
+    /* Three ranks, 1 and 2 on device 1: they fail; rank 0 (device 0) is never ready, and its
+     * abort is prompt. */
+    cfg = config(0);
+    assert_int_equal(F.ncclGetUniqueId(&id), nSuccess);
+    assert_int_equal(F.ncclCommInitRankConfig(&c0, 3, id, 0, &cfg), nInProgress);
+    assert_int_equal(F.cuCtxSetCurrent(ctx1), OK);
+    assert_int_equal(F.ncclCommInitRankConfig(&c1, 3, id, 1, &cfg), nInProgress);
+    assert_int_equal(F.ncclCommInitRankConfig(&c2, 3, id, 2, &cfg), nInProgress);
+    assert_int_equal(F.cuCtxSetCurrent(ctx0), OK);
+    assert_int_equal(comm_wait(c1), nUsage);
+    assert_int_equal(comm_wait(c2), nUsage);
+    sleep_ms(50);
+    ncclResult_t err = nSuccess;
+    assert_int_equal(F.ncclCommGetAsyncError(c0, &err), nSuccess);
+    assert_int_equal(err, nInProgress);
+    double t0 = now_s();
+    assert_int_equal(F.ncclCommAbort(c0), nSuccess);
+    assert_true(now_s() - t0 < 1.0);
+    assert_int_equal(F.ncclCommAbort(c1), nSuccess);
+    assert_int_equal(F.ncclCommAbort(c2), nSuccess);
+    assert_int_equal(shm_of_id(&id), 0);
+    assert_int_equal(stats().comms_live, 0);
+    /* The same ranks on two devices form the group. */
+    assert_int_equal(F.ncclGetUniqueId(&id), nSuccess);
+    init_pair(&id, ctx0, ctx1, &c0, &c1);
+    assert_int_equal(F.ncclCommDestroy(c0), nSuccess);
+    assert_int_equal(F.ncclCommDestroy(c1), nSuccess);
+    assert_int_equal(shm_of_id(&id), 0);
+    drop_device(0);
+    assert_int_equal(F.cuDevicePrimaryCtxRelease(1), OK);
 }
 
 enum { BC_BYTES = 3 << 20, BC_ROUNDS = 4 };
@@ -1530,6 +1632,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_fail_injection, setup, teardown),
         cmocka_unit_test_setup_teardown(test_nccl_basics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_nccl_streams_and_abort, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_nccl_refuses_two_ranks_on_one_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_nccl_two_process_broadcast, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exit_cleanup, setup, teardown),
         cmocka_unit_test_setup_teardown(test_memory_of_a_killed_namesake_is_freed, setup, teardown),

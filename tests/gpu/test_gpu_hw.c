@@ -1,5 +1,6 @@
 /* GPU strategies on a real GPU: two processes on one GPU over cuda_ipc (both modes, casts
- * checked), NCCL init and abort, and a broadcast when two GPUs are present. Every test skips
+ * checked), NCCL init and abort, NCCL's refusal of two ranks on one GPU, and a broadcast when
+ * two GPUs are present. Every test skips
  * with its reason when the machine has no usable CUDA driver or too few GPUs, so CI (no GPU)
  * reports them as skipped; CTest also runs this file against the fake driver (label gpu-fake)
  * to keep the test itself honest. Results on real hardware go to docs/gpu-validation.md.
@@ -747,6 +748,120 @@ static void nccl_broadcast_between_two_gpus_bit_for_bit(void **state) {
              "{\"device\": 1, \"timeout_ms\": 30000}", 1, 0, 3);
 }
 
+/* ---- nccl_broadcast: one GPU per rank (issue 33) -------------------------------------------
+ * NCCL refuses two ranks of one communicator on one GPU: on an H200 a trainer and an engine on
+ * GPU 0 both failed their init after 0.9 s with "ncclResult_t 5 (invalid usage ...)". */
+
+/* An engine that creates its receiver from the init info and reports the status (int32) and
+ * wsync_last_error() (1024 bytes), then destroys what it made. */
+static int create_engine_main(const engine_cfg *cfg, int in, int out) {
+    alarm(120);
+    uint8_t *init;
+    size_t len;
+    if (tu_recv_frame(in, &init, &len, 60000)) return 10;
+    if (!init) return 0; /* the test skipped */
+    wsync_strategy_t *s;
+    wsync_receiver_t *r = NULL;
+    if (wsync_strategy_create(cfg->kind, cfg->options, &s) != WSYNC_OK) return 11;
+    int32_t status = wsync_receiver_create(s, init, len, cfg->index, &r);
+    char message[1024] = "";
+    if (status != WSYNC_OK) snprintf(message, sizeof message, "%s", wsync_last_error());
+    free(init);
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    if (tu_write_all(out, &status, sizeof status) || tu_write_all(out, message, sizeof message)) return 12;
+    return 0;
+}
+
+static int create_engine_entry(const void *cfg, int in, int out) {
+    return create_engine_main((const engine_cfg *)cfg, in, out);
+}
+
+/* The engine's status and message, and its exit. */
+static int32_t create_engine_report(engine_t *e, char message[1024]) {
+    int32_t status = -1;
+    assert_int_equal(tu_read_all(e->from, &status, sizeof status, 60000), 0);
+    assert_int_equal(tu_read_all(e->from, message, 1024, 60000), 0);
+    message[1023] = 0;
+    assert_int_equal(tu_wait_child(e->pid, 60000), 0);
+    close(e->to);
+    close(e->from);
+    return status;
+}
+
+/* A trainer on GPU 0 with one receiver: its strategy, or a skip (the engine is ended). */
+static wsync_strategy_t *colocated_trainer(engine_t *e, const char *options) {
+    cu_use(0);
+    wsync_strategy_t *s;
+    if (wsync_strategy_create("nccl_broadcast", options, &s) == WSYNC_ERR_UNAVAILABLE) {
+        print_message("skipped: %s\n", wsync_last_error());
+        assert_int_equal(tu_send_frame(e->to, NULL, 0), 0);
+        assert_int_equal(tu_wait_child(e->pid, 60000), 0);
+        skip();
+    }
+    return s;
+}
+
+/* The colocated layout: the receiver is refused at creation, naming both and cuda_ipc, before
+ * NCCL is called; the trainer's creation times out at its deadline. */
+static void nccl_an_engine_on_the_trainers_gpu_is_refused_by_name_before_joining(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    engine_cfg cfg = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 5000}", 0, 0, 0, 0, 0, 0};
+    engine_t e = tu_fork_peer(create_engine_entry, &cfg); /* before this process touches CUDA */
+    wsync_strategy_t *s = colocated_trainer(&e, "{\"timeout_ms\": 3000}");
+    wsync_blob_t init;
+    wsync_sender_t *tx = NULL;
+    OK(wsync_strategy_create_init_info(s, &init));
+    assert_int_equal(tu_send_frame(e.to, init.data, init.size), 0);
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_create(s, init.data, init.size, &tx), WSYNC_ERR_TIMEOUT,
+               "a receiver on the sender's GPU is refused before it joins");
+    assert_true(tu_now_ms() - t0 < 10000);
+    char message[1024];
+    int32_t status = create_engine_report(&e, message);
+    print_message("engine: %s\n", message);
+    assert_int_equal(status, WSYNC_ERR_UNSUPPORTED);
+    assert_non_null(strstr(message, "is on the same GPU"));
+    assert_non_null(strstr(message, "\"cuda_ipc\""));
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+/* An init info without "sender_gpu" (a trainer from before the field; the key renamed and the
+ * blob resealed) is accepted; the colocated layout then reaches NCCL, whose init fails both
+ * ranks with invalid usage, and each message names the likely cause. Against the fake this
+ * checks that the fake refuses as NCCL does. */
+static void nccl_two_ranks_on_one_gpu_fail_at_init_naming_the_likely_cause(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    engine_cfg cfg = {"nccl_broadcast", "{\"device\": 0, \"timeout_ms\": 20000}", 0, 0, 0, 0, 0, 0};
+    engine_t e = tu_fork_peer(create_engine_entry, &cfg);
+    wsync_strategy_t *s = colocated_trainer(&e, "{\"timeout_ms\": 20000}");
+    wsync_blob_t init;
+    wsync_sender_t *tx = NULL;
+    OK(wsync_strategy_create_init_info(s, &init));
+    uint8_t *key = NULL;
+    for (size_t i = 0; i + 10 <= init.size && !key; ++i)
+        if (!memcmp(init.data + i, "sender_gpu", 10)) key = init.data + i;
+    assert_non_null(key);
+    key[9] = 'X';
+    tu_reseal(init.data, init.size);
+    assert_int_equal(tu_send_frame(e.to, init.data, init.size), 0);
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_create(s, init.data, init.size, &tx), WSYNC_ERR_PEER,
+               "the likely cause: another rank of this group on the same GPU");
+    print_message("trainer: %s (%ld ms)\n", wsync_last_error(), tu_now_ms() - t0);
+    assert_non_null(strstr(wsync_last_error(), "ncclResult_t 5"));
+    char message[1024];
+    int32_t status = create_engine_report(&e, message);
+    print_message("engine: %s\n", message);
+    assert_int_equal(status, WSYNC_ERR_PEER);
+    assert_non_null(strstr(message, "the likely cause"));
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_packed_two_processes_one_gpu_bit_for_bit),
     cmocka_unit_test(cuda_ipc_delta_two_processes_one_gpu_bit_for_bit),
@@ -764,6 +879,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(ucx_gpu_trainer_to_gpu_engine_recv_copy_into_device_memory_bit_for_bit),
     cmocka_unit_test(nccl_group_missing_a_rank_times_out_and_aborts),
     cmocka_unit_test(nccl_broadcast_between_two_gpus_bit_for_bit),
+    cmocka_unit_test(nccl_an_engine_on_the_trainers_gpu_is_refused_by_name_before_joining),
+    cmocka_unit_test(nccl_two_ranks_on_one_gpu_fail_at_init_naming_the_likely_cause),
 };
 
 TU_MAIN(tests)

@@ -5,6 +5,8 @@
 namespace wsync::nccl {
 
 namespace {
+constexpr gpu::ncclResult_t kNcclInvalidUsage = 5;  // nccl.h: ncclInvalidUsage
+
 std::string version_family(int code) {
     std::string v = gpu::nccl_version_text(code);
     return v.substr(0, v.rfind('.'));  // "2.28": ranks must agree on major.minor
@@ -36,17 +38,32 @@ Comm::Comm(const gpu::NcclApi &nccl, const gpu::Device &dev, const InitInfo &inf
         gpu::nccl_fail(nccl_, rc, who + ": ncclCommInitRankConfig");
     }
     const gpu::ncclResult_t state = poll_async(sys::Deadline(timeout_ms));
+    const std::string where = who + " on " + dev_.uuid_string();
     if (state == gpu::ncclInProgress) {
         abort();
         fail(WSYNC_ERR_TIMEOUT,
-             who + ": the group of " + std::to_string(info.nranks) +
+             where + ": the group of " + std::to_string(info.nranks) +
                  " ranks was not complete after " + std::to_string(timeout_ms) +
                  " ms (the sender is rank 0, receiver i is rank i + 1; every one must be "
-                 "created from this init info); communicator aborted");
+                 "created from this init info, each on a GPU of its own: a receiver on the "
+                 "sender's GPU is refused before it joins, two on one GPU fail NCCL's init); "
+                 "communicator aborted");
+    }
+    if (state == kNcclInvalidUsage) {
+        // NCCL's duplicate-GPU check ends the init of every rank on a shared GPU this way
+        // (NCCL_DEBUG=WARN: "Duplicate GPU detected"); the receivers cannot see each other's
+        // GPUs before it, so only the likely cause can be named.
+        abort();
+        fail(WSYNC_ERR_PEER,
+             where + ": communicator creation failed: " + describe(state) +
+                 "; the likely cause: another rank of this group on the same GPU (NCCL refuses "
+                 "two ranks of one communicator on one GPU; every receiver needs a GPU of its "
+                 "own, apart from the sender's: engines on the trainer's GPU use \"cuda_ipc\"); "
+                 "communicator aborted");
     }
     if (state != gpu::ncclSuccess) {
         abort();
-        fail(WSYNC_ERR_PEER, who + ": communicator creation failed: " + describe(state) +
+        fail(WSYNC_ERR_PEER, where + ": communicator creation failed: " + describe(state) +
                                  "; communicator aborted");
     }
 }

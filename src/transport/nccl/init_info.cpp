@@ -25,6 +25,12 @@ InitInfo parse_init_info(const json &body) {
     if (!gpu::is_cast_name(info.dtype))
         wire::malformed(w + ": dtype '" + info.dtype + "' is not one libwsync casts to");
     info.nccl_version = static_cast<int>(wire::uint_field(body, "nccl_version", w, INT32_MAX));
+    if (body.contains("sender_gpu")) {  // optional: an older trainer's init info has none
+        const std::string &text = wire::string_field(body, "sender_gpu", w, 64);
+        if (!gpu::parse_uuid(text, &info.sender_gpu))
+            wire::malformed(w + ": sender_gpu '" + wire::printable(text) + "' is not a GPU UUID");
+        info.has_sender_gpu = true;
+    }
     info.group = XXH3_64bits(info.id.internal, sizeof info.id.internal);
     return info;
 }

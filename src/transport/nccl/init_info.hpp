@@ -1,5 +1,5 @@
 // nccl_broadcast's init info: the NCCL unique id of the model-update group, its size, the
-// bucket size and cast, and the trainer's NCCL version.
+// bucket size and cast, the trainer's NCCL version and the sender's GPU.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +27,13 @@ struct InitInfo {
     // (another trainer's, or a restarted one's) refuses the request before its seq is looked
     // at (the unique id itself stays out of requests).
     uint64_t group = 0;
+    // The sender's GPU ("sender_gpu": the UUID of the "device" of the strategy that made the
+    // init info, which its sender must be on). NCCL refuses two ranks of one communicator on
+    // one GPU ("invalid usage" during the asynchronous init, on both ranks), so a receiver on
+    // this GPU is refused before it joins. Absent (has_sender_gpu false) in the init info of a
+    // libwsync from before the field: nothing is checked then.
+    bool has_sender_gpu = false;
+    gpu::CUuuid sender_gpu{};
 };
 
 // Validates an init-info body; WSYNC_ERR_MALFORMED names the bad field.

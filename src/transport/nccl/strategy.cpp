@@ -26,9 +26,17 @@
 // it (Comm::broadcast), and teardown is ncclCommFinalize polled against "timeout_ms", then
 // ncclCommDestroy, or ncclCommAbort at the deadline (Comm::close).
 //
+// NCCL refuses two ranks of one communicator on one GPU ("invalid usage", reported by the
+// asynchronous init on both ranks, after the bootstrap). The init info names the sender's GPU
+// ("sender_gpu"), so a receiver on that GPU (an engine colocated with the trainer) is refused
+// at creation, before it joins, with WSYNC_ERR_UNSUPPORTED naming both and "cuda_ipc" (the
+// kind for engines on the trainer's GPU); the sender then times out at its deadline. Two
+// receivers on one GPU cannot be seen before the init; its "invalid usage" names that cause.
+//
 // The files of this folder: init_info (the init-info body), comm (the communicator: creation,
 // bounded waits, broadcast, teardown), sender, receiver, and this one, which ties them into the
 // kind (options, strategy, registration).
+#include <cstring>
 #include <memory>
 
 #include "error.hpp"
@@ -43,6 +51,28 @@
 namespace wsync {
 namespace nccl {
 namespace {
+
+// The UUID of the GPU with `ordinal` in this process, read without making a context (the init
+// info names the sender's GPU before the sender exists; a refused receiver makes none).
+// WSYNC_ERR_INVALID_ARGUMENT for an ordinal this process does not see, as gpu::Device.
+gpu::CUuuid gpu_uuid(const gpu::CudaApi &api, int ordinal) {
+    int count = 0;
+    WSYNC_CU(api, cuDeviceGetCount(&count), std::string(kKind) + ": cuDeviceGetCount");
+    if (ordinal < 0 || ordinal >= count)
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             std::string(kKind) + ": device " + std::to_string(ordinal) +
+                 " does not exist: this process sees " + std::to_string(count) +
+                 " GPU(s) (after CUDA_VISIBLE_DEVICES)");
+    gpu::CUdevice dev = 0;
+    WSYNC_CU(api, cuDeviceGet(&dev, ordinal), std::string(kKind) + ": cuDeviceGet");
+    gpu::CUuuid uuid{};
+    WSYNC_CU(api, cuDeviceGetUuid(&uuid, dev), std::string(kKind) + ": cuDeviceGetUuid");
+    return uuid;
+}
+
+bool same_gpu(const gpu::CUuuid &a, const gpu::CUuuid &b) {
+    return std::memcmp(a.bytes, b.bytes, sizeof a.bytes) == 0;
+}
 
 const std::vector<OptionSpec> &option_specs() {
     using T = OptionSpec::Type;
@@ -97,20 +127,51 @@ public:
         gpu::ncclUniqueId id;
         gpu::ncclResult_t rc = nccl_.ncclGetUniqueId(&id);
         if (rc != gpu::ncclSuccess) gpu::nccl_fail(nccl_, rc, std::string(kKind) + ": ncclGetUniqueId");
+        const gpu::CUuuid gpu = gpu_uuid(cuda_, device_);  // the sender's, checked there
         return json{{"unique_id", json::binary(std::vector<uint8_t>(id.internal, id.internal + sizeof id.internal))},
                     {"nranks", receivers_ + 1}, {"bucket_bytes", bucket_bytes_}, {"dtype", dtype_},
-                    {"nccl_version", nccl_.version}};
+                    {"nccl_version", nccl_.version}, {"sender_gpu", gpu::uuid_text(gpu)}};
     }
 
+    // The init info's "sender_gpu" is a promise receivers act on: a sender on another GPU (made
+    // by a strategy with another "device" than the one that made the init info) is refused
+    // before it joins, so no receiver is refused for a GPU the sender is not on.
     std::unique_ptr<SenderImpl> create_sender(const json &body) override {
         InitInfo info = parse_init_info(body);
+        const gpu::CUuuid mine = gpu_uuid(cuda_, device_);
+        if (info.has_sender_gpu && !same_gpu(mine, info.sender_gpu))
+            fail(WSYNC_ERR_MISMATCH,
+                 std::string(kKind) + ": the init info names the sender's GPU as " +
+                     gpu::uuid_text(info.sender_gpu) +
+                     " (the \"device\" of the strategy that made it), but this sender's device " +
+                     std::to_string(device_) + " is " + gpu::uuid_text(mine) +
+                     "; create the sender from the strategy that made the init info, or give "
+                     "both the same \"device\" (receivers refuse that GPU, not this one)");
         auto dev = std::make_unique<gpu::Device>(cuda_, device_, kKind);
         return make_sender(nccl_, std::move(dev), info, synchronize_, timeout_ms_);
     }
 
+    // A receiver on the sender's GPU is refused here, before it makes a context or joins the
+    // group: NCCL would fail both ranks' init with "invalid usage" (ncclResult_t 5), which
+    // names no cause. WSYNC_ERR_UNSUPPORTED: the layout is valid (the GPU exists, the init info
+    // is sound), but nccl_broadcast cannot serve it; cuda_ipc can.
     std::unique_ptr<ReceiverImpl> create_receiver(const json &body, uint32_t index) override {
         InitInfo info = parse_init_info(body);
         check_receiver_index(kKind, index, info.nranks - 1);
+        if (info.has_sender_gpu) {
+            const gpu::CUuuid mine = gpu_uuid(cuda_, device_);
+            if (same_gpu(mine, info.sender_gpu))
+                fail(WSYNC_ERR_UNSUPPORTED,
+                     std::string(kKind) + ": the sender (rank 0) is on " +
+                         gpu::uuid_text(info.sender_gpu) + ", and this receiver index " +
+                         std::to_string(index) + " (rank " + std::to_string(index + 1) +
+                         ", device " + std::to_string(device_) +
+                         ") is on the same GPU: NCCL refuses two ranks of one communicator on "
+                         "one GPU. An engine on the trainer's GPU takes the weights with "
+                         "\"cuda_ipc\" (nccl_broadcast needs a GPU of its own for every "
+                         "receiver). Not joined: the sender's creation times out without this "
+                         "rank");
+        }
         auto dev = std::make_unique<gpu::Device>(cuda_, device_, kKind);
         return make_receiver(nccl_, std::move(dev), info, index, synchronize_, timeout_ms_);
     }

@@ -43,7 +43,12 @@ impl Receiver {
     /// [`Status::InvalidArgument`] for `index` out of range; [`Status::WrongState`] when a live
     /// process holds `index`; [`Status::Unavailable`] when the segment is gone;
     /// [`Status::Mismatch`] for init info of another role or kind; [`Status::Malformed`] (or
-    /// [`Status::Integrity`]) for a corrupt one.
+    /// [`Status::Integrity`]) for a corrupt one. `"nccl_broadcast"`, which joins the group
+    /// here: [`Status::Unsupported`] at once, before any NCCL call, for a receiver on the
+    /// sender's GPU (NCCL takes one GPU per rank; an engine on the trainer's GPU uses
+    /// `"cuda_ipc"`); [`Status::Timeout`] when the group is not complete by `timeout_ms`;
+    /// [`Status::Peer`] when NCCL fails the init (invalid usage: another receiver on this GPU,
+    /// named as the likely cause); [`Status::Mismatch`] for another NCCL major.minor.
     pub fn new(strategy: &mut Strategy, init: &[u8], index: u32) -> Result<Receiver> {
         let mut out: *mut sys::wsync_receiver_t = std::ptr::null_mut();
         // SAFETY: the strategy is live and used by this thread only (`&mut`); `init` is

@@ -41,7 +41,9 @@ impl Sender {
     /// # Errors
     /// [`Status::Mismatch`] for init info of another strategy or kind, [`Status::Malformed`]
     /// (or [`Status::Integrity`]) for a corrupt one; for `"nccl_broadcast"`, which joins the
-    /// group here, [`Status::Timeout`] or [`Status::Peer`] if the receivers do not all join.
+    /// group here, [`Status::Timeout`] or [`Status::Peer`] if the receivers do not all join (a
+    /// receiver on this sender's GPU is refused at its creation and never joins), and
+    /// [`Status::Mismatch`] when `strategy`'s `device` is another GPU than the init info names.
     pub fn new(strategy: &mut Strategy, init: &[u8]) -> Result<Sender> {
         let mut out: *mut sys::wsync_sender_t = std::ptr::null_mut();
         // SAFETY: the strategy is live and used by this thread only (`&mut`); `init` is
