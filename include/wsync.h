@@ -121,7 +121,13 @@ extern "C" {
  *      not begun (see wsync_sender_flush()); peers of layout 3 are refused (WSYNC_ERR_MISMATCH);
  *      board layout 5 (builds from 2026-11-28): a "cuda_ipc" sender made again on init info
  *      an earlier sole sender used goes on after its versions (see wsync_sender_version());
- *      peers of layout 4 are refused (WSYNC_ERR_MISMATCH). */
+ *      peers of layout 4 are refused (WSYNC_ERR_MISMATCH).
+ * 0.6: destination tables: wsync_dest_t, wsync_dest_table_create(), wsync_dest_table_destroy(),
+ *      wsync_recv_apply() and wsync_apply_result_t (a chunk loaded into declared destinations by
+ *      one call; one kernel launch per chunk for "cuda_ipc"); device destinations of
+ *      wsync_recv_copy() may span several mapped allocations (PyTorch's expandable segments);
+ *      the "nccl_broadcast" init info names the sender's GPU and a receiver on it is refused
+ *      (WSYNC_ERR_UNSUPPORTED). No wire or board change: 0.5 peers interoperate. */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 

@@ -1832,6 +1832,77 @@ static void packed_sources_the_driver_does_not_know_are_refused_and_the_sender_k
     free(host);
 }
 
+/* A float32 source off a 4-byte boundary with a cast: the kernel's loads would fault (on an
+ * H200: CUDA_ERROR_MISALIGNED_ADDRESS, which ends the trainer's CUDA context). Refused by name
+ * before anything is queued; the version is untouched and the next chunk goes through. */
+static void a_misaligned_float32_source_for_a_cast_is_refused_before_the_launch(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0}", NULL, 0, 0, 1, 0, 0, 0};
+    engine_t e = engine_start(&c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"dtype\": \"bfloat16\", \"bucket_bytes\": 65536}", &e, 1, &s, &init, &tx);
+    const size_t n = (size_t)shapes[0][0] * shapes[0][1] * 4;
+    uint8_t *base = (uint8_t *)dalloc(n + 16);
+    wsync_tensor_t t = gpu_tensor(names[0], base + 2, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    struct wsync_fake_stats before = stats_now();
+    EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_INVALID_ARGUMENT,
+               "tensor 't0' (float32 at 0x");
+    assert_non_null(strstr(wsync_last_error(), "is not 4-byte aligned"));
+    assert_int_equal(stats_now().kernel_launches, before.kernel_launches); /* nothing queued */
+    uint64_t v = 0;
+    OK(wsync_sender_version(tx, &v));
+    assert_int_equal(v, 1);
+    /* The same bytes from an aligned address: sent, cast and checked by the engine. */
+    float *aligned = (float *)dalloc(n);
+    for (size_t i = 0; i < n / 4; ++i) aligned[i] = tu_float(1, 0, i);
+    t = gpu_tensor(names[0], aligned, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    engine_send(&e, &req);
+    assert_int_equal(engine_verdict(&e), 0);
+    wsync_blob_free(&req);
+    OK(wsync_sender_flush(tx, 5000));
+    engine_finish(&e);
+    trainer_end(tx, s, &init);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)base);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)aligned);
+}
+
+/* A GPU older than compute capability 8.0 runs none of libwsync's kernels (PTX for
+ * compute_80): the kernel paths are UNAVAILABLE by name, at the sender's creation, instead of a
+ * module-load error; per-allocation without a cast needs no kernel and works. */
+static void a_gpu_below_compute_capability_8_is_unavailable_for_the_kernel_paths(void **state) {
+    (void)state;
+    setenv("WSYNC_FAKE_CUDA_CC", "7.5", 1);
+    use_device(0);
+    const size_t n = (size_t)shapes[0][0] * shapes[0][1] * 4;
+    void *data = dalloc(n);
+    wsync_tensor_t t = gpu_tensor(names[0], data, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    /* Packed: the sender binds its GPU at the first chunk, and refuses it by name. */
+    ipc_trainer("{\"receivers\": 1, \"bucket_bytes\": 65536}", NULL, 0, &s, &init, &tx);
+    struct wsync_fake_stats before = stats_now();
+    EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_UNAVAILABLE,
+               "has compute capability 7.5");
+    assert_non_null(strstr(wsync_last_error(), "the pack kernel"));
+    assert_non_null(strstr(wsync_last_error(), "need 8.0 or newer"));
+    assert_int_equal(stats_now().modules_loaded, before.modules_loaded); /* no kernel loaded */
+    trainer_end(tx, s, &init);
+    /* Per-allocation without a cast runs no kernel: the chunk is published. */
+    ipc_trainer("{\"receivers\": 1, \"packed\": false}", NULL, 0, &s, &init, &tx);
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    wsync_blob_free(&req);
+    trainer_end(tx, s, &init);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)data);
+    unsetenv("WSYNC_FAKE_CUDA_CC");
+}
+
 /* ---- cuda_ipc: waits with deadlines on the library's own events (issue 10 B) --------------- */
 static void *release_held_after(void *ms) {
     usleep((useconds_t)(uintptr_t)ms * 1000);
@@ -3164,6 +3235,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(a_cuda_ipc_senders_flush_waits_only_for_its_own_chunks),
     cmocka_unit_test(a_destroyed_cuda_ipc_sender_is_not_counted_as_attached),
     cmocka_unit_test(packed_sources_the_driver_does_not_know_are_refused_and_the_sender_keeps_working),
+    cmocka_unit_test(a_misaligned_float32_source_for_a_cast_is_refused_before_the_launch),
+    cmocka_unit_test(a_gpu_below_compute_capability_8_is_unavailable_for_the_kernel_paths),
     cmocka_unit_test(nccl_broadcast_reaches_two_engines_bit_for_bit),
     cmocka_unit_test(nccl_group_that_never_completes_times_out_and_aborts),
     cmocka_unit_test(nccl_failed_broadcast_times_the_receiver_out_and_fails_flush),

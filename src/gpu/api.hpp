@@ -52,6 +52,8 @@ constexpr unsigned CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1;
 // (cuMemHostGetDevicePointer), from every context (cuda.h).
 constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x01;
 constexpr unsigned CU_MEMHOSTALLOC_DEVICEMAP = 0x02;
+constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;  // cuda.h's CUdevice_attribute
+constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr int CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2;     // unsigned int, a CU_MEMORYTYPE_*
 constexpr unsigned CU_MEMORYTYPE_DEVICE = 2;
 constexpr int CU_POINTER_ATTRIBUTE_BUFFER_ID = 7;       // unsigned long long, never reused
@@ -75,6 +77,7 @@ inline const CUstream CU_STREAM_LEGACY = reinterpret_cast<CUstream>(std::uintptr
     X(cuDeviceGetCount, "cuDeviceGetCount", CUresult, (int *count))                               \
     X(cuDeviceGet, "cuDeviceGet", CUresult, (CUdevice * device, int ordinal))                     \
     X(cuDeviceGetUuid, "cuDeviceGetUuid_v2", CUresult, (CUuuid * uuid, CUdevice dev))             \
+    X(cuDeviceGetAttribute, "cuDeviceGetAttribute", CUresult, (int *value, int attrib, CUdevice dev)) \
     X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", CUresult,                             \
       (CUcontext * ctx, CUdevice dev))                                                            \
     X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", CUresult, (CUdevice dev))        \

@@ -22,6 +22,19 @@ Device::Device(const CudaApi &api, int ordinal, const std::string &who)
     WSYNC_CU(api_, cuDeviceGet(&dev_, ordinal), who + ": cuDeviceGet");
     WSYNC_CU(api_, cuDeviceGetUuid(&uuid_, dev_), who + ": cuDeviceGetUuid");
     WSYNC_CU(api_, cuDevicePrimaryCtxRetain(&ctx_, dev_), who + ": cuDevicePrimaryCtxRetain");
+    int major = 0, minor = 0;
+    if (api_.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev_) == CUDA_SUCCESS &&
+        api_.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev_) == CUDA_SUCCESS)
+        cc_ = 10 * major + minor;
+}
+
+void Device::require_kernels(const std::string &what) const {
+    if (cc_ == 0 || cc_ >= 80) return;
+    fail(WSYNC_ERR_UNAVAILABLE,
+         what + ": " + uuid_string() + strf(" has compute capability %d.%d", cc_ / 10, cc_ % 10) +
+             "; libwsync's GPU kernels (pack, cast, apply, delta) need 8.0 or newer (A100, H100, "
+             "...). Without them: \"cuda_ipc\" with \"packed\": false and no \"dtype\" cast, "
+             "and engines copying out of the views");
 }
 
 Device::~Device() { api_.cuDevicePrimaryCtxRelease(dev_); }

@@ -27,6 +27,12 @@ public:
     const CUuuid &uuid() const { return uuid_; }
     std::string uuid_string() const { return uuid_text(uuid_); }
     CUcontext context() const { return ctx_; }
+    // Compute capability as 10 * major + minor (90 for an H100/H200), or 0 if the driver did
+    // not say. libwsync's kernels are PTX for compute_80 (bfloat16 conversions need sm_80).
+    int compute_capability() const { return cc_; }
+    // WSYNC_ERR_UNAVAILABLE naming this GPU, its compute capability and `what` (the kernel path
+    // asked for) when the GPU is older than 8.0; a capability the driver did not report passes.
+    void require_kernels(const std::string &what) const;
 
     // Makes the device's context current on this thread and restores the previous one after.
     class Scope {
@@ -47,6 +53,7 @@ private:
     CUdevice dev_ = 0;
     CUuuid uuid_{};
     CUcontext ctx_ = nullptr;
+    int cc_ = 0;
 };
 
 // Keeps a device (its primary-context reference) until the process exits, when the driver frees

@@ -38,6 +38,7 @@ void check_tiles(uint64_t tiles, const std::string &what) {
 }  // namespace
 
 DeltaKernels::DeltaKernels(const Device &d) : dev_(d), done_(d), io_(d) {
+    d.require_kernels("the delta kernels");
     Device::Scope scope(d);
     WSYNC_CU(d.api(), cuModuleLoadData(&module_, kDeltaPtx),
              "loading the delta kernels (PTX for compute_80) on " + d.uuid_string());

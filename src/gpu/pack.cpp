@@ -125,8 +125,19 @@ void fill_pack_entries(const wsync_tensor_t *tensors, const TensorTable &table,
     for (std::size_t i = 0; i < table.metas.size(); ++i) {
         // The casts count elements: a 4-byte float32 becomes 2 bytes, nbytes is already halved.
         const uint64_t count = ops[i] == kPackCopy ? table.metas[i].nbytes : table.metas[i].nbytes / 2;
+        // The cast reads float32 elements with 4-byte loads: a source off a 4-byte boundary
+        // faults the kernel (CUDA_ERROR_MISALIGNED_ADDRESS on an H200, 2026-12-04), and a fault
+        // is sticky: it ends the trainer's CUDA context. Refused here, before anything is queued.
+        const auto src = reinterpret_cast<uint64_t>(tensors[i].data);
+        if (ops[i] != kPackCopy && src % 4 != 0)
+            fail(WSYNC_ERR_INVALID_ARGUMENT,
+                 "tensor '" + table.metas[i].name + strf("' (float32 at 0x%llx) is not 4-byte aligned, ",
+                                                         static_cast<unsigned long long>(src)) +
+                     "which the cast to " + dtype_name(table.metas[i].dtype) +
+                     " needs (its loads would fault and end this process's CUDA context); "
+                     "send it from aligned memory, or without the \"dtype\" cast. Nothing was sent");
         PackEntry &e = (*entries)[i];
-        e = PackEntry{reinterpret_cast<uint64_t>(tensors[i].data), bucket + table.offsets[i], count,
+        e = PackEntry{src, bucket + table.offsets[i], count,
                       static_cast<uint32_t>(ops[i]), static_cast<uint32_t>(tile)};
         tile += pack_tiles(e);
         // 2^32 tiles are 256 TiB of a copy: no bucket comes near, but never wrap silently.
@@ -138,6 +149,7 @@ void fill_pack_entries(const wsync_tensor_t *tensors, const TensorTable &table,
 
 // ---------------------------------------------------------------------------------------------
 Packer::Packer(const Device &d) : dev_(d) {
+    d.require_kernels("the pack kernel");
     Device::Scope scope(d);
     WSYNC_CU(d.api(), cuModuleLoadData(&module_, kPackPtx),
              "loading the pack kernel (PTX for compute_80) on " + d.uuid_string());

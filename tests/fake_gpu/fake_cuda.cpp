@@ -3,6 +3,7 @@
 // logic without a GPU. It proves logic, not hardware: "device memory" is host shared memory.
 //
 // What it mimics, and how:
+// - Devices report compute capability 9.0 (cuDeviceGetAttribute), or WSYNC_FAKE_CUDA_CC.
 // - Devices come from WSYNC_FAKE_CUDA_DEVICES (comma-separated UUIDs; default two devices,
 //   GPU-0fa6e000-0000-4000-8000-000000000000 and GPU-1fa6e000-0000-4000-8000-000000000001),
 //   filtered and reordered by CUDA_VISIBLE_DEVICES as the real driver does at cuInit: ordinals or
@@ -74,7 +75,8 @@
 //   cuModuleGetFunction finds only the ones it declares; cuLaunchKernel runs a host emulation of
 //   the kernel in stream order (run_pack, run_piece_hash, run_delta_diff, run_patch), written
 //   from the ABI's description rather than from the .cu, and stricter: it checks every address
-//   and the launch's tile count first. A launch into a stream
+//   and the launch's tile count first, and a cast whose float32 source is off a 4-byte boundary
+//   faults (CUDA_ERROR_MISALIGNED_ADDRESS) as it does on an H200. A launch into a stream
 //   of another device's context is CUDA_ERROR_INVALID_HANDLE.
 // - fork(): the child starts with no contexts, memory, streams, modules or communicators (its
 //   parent's worker threads do not exist there), zeroed counters and the pending failure
@@ -898,6 +900,10 @@ CUresult run_pack(uint64_t table, unsigned count, unsigned tiles) {
         const uint64_t in = cast ? e.count * 4 : e.count, out = cast ? e.count * 2 : e.count;
         if (!device_range_ok(e.src, in) || !device_range_ok(e.dst, out))
             return CUDA_ERROR_ILLEGAL_ADDRESS;
+        // The casts load float32 and store 16-bit elements: off their natural alignment the
+        // GPU faults (CUDA_ERROR_MISALIGNED_ADDRESS, 716, seen on an H200), and the stream is
+        // failed for good, as the real context is.
+        if (cast && (e.src % 4 != 0 || e.dst % 2 != 0)) return static_cast<CUresult>(716);
         sum += pack_tiles(e);
     }
     if (sum != tiles) return CUDA_ERROR_INVALID_VALUE;  // the kernel would read past its table
@@ -1239,6 +1245,23 @@ CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0 || dev >= static_cast<int>(s.visible.size())) return CUDA_ERROR_INVALID_DEVICE;
     *uuid = s.visible[dev];
+    return CUDA_SUCCESS;
+}
+
+// Compute capability: 9.0 (an H100/H200), or WSYNC_FAKE_CUDA_CC ("7.5") for every device, read
+// at each call so a test sets it before it starts.
+CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev) {
+    WSYNC_FAKE_FAIL_POINT("cuDeviceGetAttribute");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= static_cast<int>(s.visible.size())) return CUDA_ERROR_INVALID_DEVICE;
+    int major = 9, minor = 0;
+    if (const char *cc = std::getenv("WSYNC_FAKE_CUDA_CC")) std::sscanf(cc, "%d.%d", &major, &minor);
+    if (attrib == 75) *value = major;       // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    else if (attrib == 76) *value = minor;  // ..._MINOR
+    else return CUDA_ERROR_INVALID_VALUE;   // the fake knows no other attribute
     return CUDA_SUCCESS;
 }
 

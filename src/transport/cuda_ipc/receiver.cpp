@@ -81,6 +81,8 @@ public:
     // destinations), so settle()'s event covers it like a copy_to_device().
     bool copy_batch_to_device(const std::vector<DeviceCopy> &copies,
                               const std::function<std::string()> &what) override {
+        // A GPU older than 8.0 runs no libwsync kernel: the entries are copied one by one.
+        if (dev_.compute_capability() != 0 && dev_.compute_capability() < 80) return false;
         std::vector<gpu::PackEntry> entries(copies.size());
         uint64_t tile = 0;
         for (std::size_t k = 0; k < copies.size(); ++k) {
