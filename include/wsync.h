@@ -89,7 +89,7 @@ extern "C" {
  * ===========================================================================================*/
 
 #define WSYNC_VERSION_MAJOR 0
-#define WSYNC_VERSION_MINOR 5
+#define WSYNC_VERSION_MINOR 6
 #define WSYNC_VERSION_PATCH 0
 /* One formula, forever: MAJOR * 10000 + MINOR * 100 + PATCH (0.2.0 -> 200).
  * 0.2: versions are transactions (struct_size fields, commit/abandon/fail, failures as data).

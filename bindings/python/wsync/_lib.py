@@ -44,7 +44,7 @@ ABI_MAJOR = 0
 #: must be at least ``ABI_MAJOR.ABI_MINOR`` (0.2 made versions transactions: struct_size
 #: fields, a new wsync_recv_info_t, commit/abandon/drop_receiver, failures as data, poll;
 #: 0.3 added wsync_sender_wait_released; 0.5 the split-tensor calls, declared below).
-ABI_MINOR = 5
+ABI_MINOR = 6
 #: The lowest ``wsync_version_number()`` this binding accepts (the header's one formula).
 MIN_VERSION_NUMBER = ABI_MAJOR * 10000 + ABI_MINOR * 100
 

@@ -35,7 +35,7 @@ use core::marker::{PhantomData, PhantomPinned};
 /// Major version of the header these declarations were written from.
 pub const WSYNC_VERSION_MAJOR: u32 = 0;
 /// Minor version of the header these declarations were written from.
-pub const WSYNC_VERSION_MINOR: u32 = 5;
+pub const WSYNC_VERSION_MINOR: u32 = 6;
 /// Patch version of the header these declarations were written from.
 pub const WSYNC_VERSION_PATCH: u32 = 0;
 /// `MAJOR * 10000 + MINOR * 100 + PATCH`, the header's one formula.

@@ -365,15 +365,16 @@ mod tests {
         let old = check_version_number(100).unwrap_err();
         assert_eq!(old.status(), Status::Unsupported);
         assert!(old.message().contains("is 0.1.0"), "{old}");
-        assert!(old.message().contains("needs at least 0.5.0"), "{old}");
+        assert!(old.message().contains("needs at least 0.6.0"), "{old}");
         assert!(check_version_number(199).is_err());
         assert!(check_version_number(299).is_err());
         assert!(check_version_number(399).is_err());
         assert!(check_version_number(499).is_err());
+        assert!(check_version_number(599).is_err());
         let major = check_version_number(10200).unwrap_err();
         assert!(major.message().contains("major 1"), "{major}");
-        check_version_number(500).unwrap();
-        check_version_number(599).unwrap();
+        check_version_number(600).unwrap();
+        check_version_number(699).unwrap();
     }
 
     #[test]
