@@ -1919,6 +1919,108 @@ static pthread_t hold_stream_for(void *stream, int ms) {
     return th;
 }
 
+/* ---- wsync_recv_apply: the kernel table grows while earlier work is still queued ------------ */
+#define APPLY_MANY 100
+/* An engine with a destination table over APPLY_MANY small tensors. Chunk 0 (one tensor) is
+ * applied with the loader's stream held, so its launch stays queued; chunk 1 (the other 99)
+ * needs a larger kernel table. Freeing the old table there would wait for the whole device
+ * (cuMemFree synchronises), i.e. for the held stream: a hang with no deadline. Verdicts: 0, or
+ * 40 + the step that failed; 50: chunk 1's apply blocked. */
+static int growing_engine(const void *cfg, int in, int out) {
+    (void)cfg;
+    uint8_t *init;
+    size_t len;
+    if (tu_recv_frame(in, &init, &len, 20000) || !init) return 10;
+    wsync_strategy_t *s;
+    wsync_receiver_t *r;
+    if (wsync_strategy_create("cuda_ipc", "{\"device\": 0}", &s) != WSYNC_OK ||
+        wsync_receiver_create(s, init, len, 0, &r) != WSYNC_OK)
+        return 11;
+    free(init);
+    use_device(0);
+    static char names[APPLY_MANY][8];
+    static const int64_t shape[1] = {64};
+    wsync_dest_t d[APPLY_MANY];
+    memset(d, 0, sizeof d);
+    uint8_t *mem = (uint8_t *)dalloc(APPLY_MANY * 256);
+    memset(mem, 0, APPLY_MANY * 256);
+    for (int k = 0; k < APPLY_MANY; ++k) {
+        snprintf(names[k], sizeof names[k], "t%d", k);
+        d[k].name = names[k];
+        d[k].data = mem + 256 * k;
+        d[k].shape = shape;
+        d[k].ndim = 1;
+        d[k].dtype.code = WSYNC_DTYPE_FLOAT;
+        d[k].dtype.bits = 32;
+        d[k].dtype.lanes = 1;
+    }
+    wsync_dest_table_t *table;
+    if (wsync_dest_table_create(r, d, APPLY_MANY, &table) != WSYNC_OK) return 12;
+    pthread_t th;
+    for (int chunk = 0; chunk < 2; ++chunk) {
+        uint8_t *req;
+        if (tu_recv_frame(in, &req, &len, 20000) || !req) return 13;
+        uint8_t verdict = 0;
+        wsync_recv_t *it;
+        if (wsync_receiver_receive(r, req, len, &it) != WSYNC_OK) return 14;
+        free(req);
+        if (chunk == 0) th = hold_stream_for(NULL, 600); /* the loader's (legacy) stream */
+        const long t0 = tu_now_ms();
+        if (wsync_recv_apply(it, table, WSYNC_APPLY_COMPLETE, NULL) != WSYNC_OK) {
+            fprintf(stderr, "engine: apply: %s\n", wsync_last_error());
+            verdict = (uint8_t)(41 + chunk);
+        }
+        if (chunk == 1 && tu_now_ms() - t0 > 300) verdict = 50; /* waited for the held stream */
+        if (wsync_recv_end(it) != WSYNC_OK) verdict = (uint8_t)(43 + chunk);
+        if (tu_write_all(out, &verdict, 1)) return 15;
+    }
+    pthread_join(th, NULL);
+    drv.cuCtxSynchronize();
+    uint8_t verdict = 0;
+    for (int k = 0; k < APPLY_MANY; ++k)
+        if (!tu_check(mem + 256 * k, 256, 1, (uint64_t)k)) verdict = 46;
+    wsync_dest_table_destroy(table);
+    wsync_receiver_destroy(r);
+    wsync_strategy_destroy(s);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)mem);
+    return tu_write_all(out, &verdict, 1) ? 16 : 0;
+}
+
+static void an_apply_whose_kernel_table_grows_does_not_wait_for_queued_work(void **state) {
+    (void)state;
+    engine_t e = tu_fork_peer(growing_engine, NULL);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"receivers\": 1, \"packed\": false}", &e, 1, &s, &init, &tx);
+    static char names[APPLY_MANY][8];
+    static const int64_t shape[1] = {64};
+    wsync_tensor_t t[APPLY_MANY];
+    uint8_t *mem = (uint8_t *)dalloc(APPLY_MANY * 256);
+    for (int k = 0; k < APPLY_MANY; ++k) {
+        snprintf(names[k], sizeof names[k], "t%d", k);
+        tu_fill(mem + 256 * k, 256, 1, (uint64_t)k);
+        t[k] = gpu_tensor(names[k], mem + 256 * k, shape, 1, WSYNC_DTYPE_FLOAT, 32, 0);
+    }
+    wsync_chunk_t first = tu_chunk(t, 1, 0), rest = tu_chunk(t + 1, APPLY_MANY - 1, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(tx, &first, &req));
+    engine_send(&e, &req);
+    wsync_blob_free(&req);
+    assert_int_equal(engine_verdict(&e), 0);
+    OK(wsync_sender_send_chunk(tx, &rest, &req));
+    engine_send(&e, &req);
+    wsync_blob_free(&req);
+    assert_int_equal(engine_verdict(&e), 0); /* 50: the apply waited for the held stream */
+    OK(wsync_sender_flush(tx, 5000));
+    assert_int_equal(engine_verdict(&e), 0); /* every destination bit for bit */
+    assert_int_equal(tu_wait_child(e.pid, 20000), 0);
+    close(e.to);
+    close(e.from);
+    trainer_end(tx, s, &init);
+    drv.cuMemFree((CUdeviceptr)(uintptr_t)mem);
+}
+
 static void sender_does_not_wait_for_work_on_other_streams(void **state) {
     (void)state;
     use_device(0);
@@ -3237,6 +3339,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(packed_sources_the_driver_does_not_know_are_refused_and_the_sender_keeps_working),
     cmocka_unit_test(a_misaligned_float32_source_for_a_cast_is_refused_before_the_launch),
     cmocka_unit_test(a_gpu_below_compute_capability_8_is_unavailable_for_the_kernel_paths),
+    cmocka_unit_test(an_apply_whose_kernel_table_grows_does_not_wait_for_queued_work),
     cmocka_unit_test(nccl_broadcast_reaches_two_engines_bit_for_bit),
     cmocka_unit_test(nccl_group_that_never_completes_times_out_and_aborts),
     cmocka_unit_test(nccl_failed_broadcast_times_the_receiver_out_and_fails_flush),
