@@ -1357,6 +1357,27 @@ CUresult new_shm_mapping(uint64_t len, void *fixed, std::string *name, uint64_t 
     return CUDA_SUCCESS;
 }
 
+// Records a new allocation of this process (a cuMemAlloc, or one piece of a span: `span` != 0,
+// then not exportable) with a buffer id of its own, and counts it.
+void add_alloc(void *p, uint64_t size, uint64_t map_len, const std::string &name, int dev,
+               uint64_t serial, uint64_t span) {
+    State &s = st();
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        Alloc a;
+        a.size = size;
+        a.map_len = map_len;
+        a.name = name;
+        a.device = dev;
+        a.buffer_id = ++s.next_buffer_id;
+        a.serial = serial;
+        a.unexportable = span != 0;  // as expandable segments: no legacy IPC handle
+        a.span = span;
+        s.allocs[reinterpret_cast<uint64_t>(p)] = std::move(a);
+    }
+    g_count.allocs.fetch_add(1);
+}
+
 CUresult cuMemAlloc(CUdeviceptr *dptr, std::size_t bytes) {
     WSYNC_FAKE_FAIL_POINT("cuMemAlloc_v2");
     State &s = st();
@@ -1371,18 +1392,7 @@ CUresult cuMemAlloc(CUdeviceptr *dptr, std::size_t bytes) {
     uint64_t serial = 0;
     void *p = nullptr;
     if (CUresult rc = new_shm_mapping(len, nullptr, &name, &serial, &p)) return rc;
-    {
-        std::lock_guard<std::mutex> lk(s.mu);
-        Alloc a;
-        a.size = bytes;
-        a.map_len = len;
-        a.name = name;
-        a.device = dev;
-        a.buffer_id = ++s.next_buffer_id;
-        a.serial = serial;
-        s.allocs[reinterpret_cast<uint64_t>(p)] = std::move(a);
-    }
-    g_count.allocs.fetch_add(1);
+    add_alloc(p, bytes, len, name, dev, serial, 0);
     *dptr = reinterpret_cast<CUdeviceptr>(p);
     return CUDA_SUCCESS;
 }
@@ -2111,18 +2121,7 @@ WSYNC_FAKE_EXPORT int wsync_fake_mem_alloc_span(unsigned long long *dptr, std::s
             munmap(static_cast<char *>(range) + at, len - at);
             return rc;
         }
-        std::lock_guard<std::mutex> lk(s.mu);
-        Alloc a;
-        a.size = piece;
-        a.map_len = piece;
-        a.name = name;
-        a.device = dev;
-        a.buffer_id = ++s.next_buffer_id;
-        a.serial = serial;
-        a.unexportable = true;  // as expandable segments: no legacy IPC handle
-        a.span = span;
-        s.allocs[reinterpret_cast<uint64_t>(p)] = std::move(a);
-        g_count.allocs.fetch_add(1);
+        add_alloc(p, piece, piece, name, dev, serial, span);
     }
     *dptr = reinterpret_cast<unsigned long long>(range);
     return CUDA_SUCCESS;
