@@ -1155,6 +1155,8 @@ typedef struct wsync_apply_result_t {
  * legacy default stream), and the call returns without waiting: the destinations hold the bytes
  * once that stream ran it; the chunk is acknowledged (with "synchronize") once it did, as for
  * wsync_recv_copy(). Entries a wsync_recv_copy() or a view took already are not taken again.
+ * An entry that crossed as a patch (delta sync) applies onto one destination: a patch whose
+ * name has several is WSYNC_ERR_UNSUPPORTED naming it, before anything moves.
  * flags: WSYNC_APPLY_*; other bits are WSYNC_ERR_INVALID_ARGUMENT. out may be NULL.
  * Returns WSYNC_OK or the statuses above, WSYNC_ERR_INVALID_ARGUMENT for NULL it or table or a
  * table of another receiver, the iteration's own error once it failed, or a driver error's
