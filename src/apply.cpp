@@ -167,16 +167,8 @@ void Iteration::apply(DestTable &table, uint32_t flags, wsync_apply_result_t *ou
             for (std::size_t d : *dests[i]) {
                 const DestTable::Dest &dst = table.dests()[d];
                 uint64_t off = dst.offset, len = dst.len;
-                uint8_t *to = static_cast<uint8_t *>(dst.data);
-                if (table_.is_part(i)) {  // the part's share of the range, at its place
-                    const PartInfo &p = table_.parts[i];
-                    const uint64_t lo = std::max(off, p.offset), hi = std::min(off + len, p.offset + p.bytes);
-                    if (lo >= hi) continue;
-                    to += lo - off;
-                    off = lo - p.offset;
-                    len = hi - lo;
-                }
-                if (len == 0) continue;
+                void *to = dst.data;
+                if (!share_of_entry(i, &off, &to, &len)) continue;
                 const uintptr_t a = reinterpret_cast<uintptr_t>(to), s = reinterpret_cast<uintptr_t>(src);
                 if (a < s + table_.wire_bytes(i) && s < a + len)
                     wsync::fail(WSYNC_ERR_INVALID_ARGUMENT, "wsync_recv_apply: " + table.label(d) +
@@ -202,7 +194,9 @@ void Iteration::apply(DestTable &table, uint32_t flags, wsync_apply_result_t *ou
             for (std::size_t d : *dests[i]) {
                 const DestTable::Dest &dst = table.dests()[d];
                 copy(i, dst.offset, dst.data, dst.len);
-                out->bytes += dst.len;
+                uint64_t off = dst.offset, len = dst.len;  // what that wrote, for the result
+                void *to = dst.data;
+                if (share_of_entry(i, &off, &to, &len)) out->bytes += len;
                 ++out->writes;
             }
         }

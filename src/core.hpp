@@ -186,6 +186,10 @@ private:
     // of the table's kind of all of them, in one pass (copy::copy_hashing, or
     // Pool::copy_tree_hashing on the copy threads).
     uint64_t copy_summing(void *dst, const void *src, uint64_t total, uint64_t off, uint64_t len);
+    // Entry i's share of the whole-tensor range [*offset, *offset + *len) a caller's *dst holds
+    // from its byte 0: for a part, the bytes it carries, with *dst moved to their place and
+    // *offset in the part's coordinates. False when the entry carries none of the range.
+    bool share_of_entry(std::size_t i, uint64_t *offset, void **dst, uint64_t *len) const;
     // Fails the iteration with this status and message (throws).
     [[noreturn]] void fail_chunk(wsync_status_t status, std::string message);
     // A view, copy or patch asked of an iteration that failed: its status, saying so.

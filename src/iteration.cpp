@@ -203,17 +203,7 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
                         "result into device memory) or take the patch with wsync_recv_patch");
         return apply_patch(i, offset, dst, len);
     }
-    if (table_.is_part(i)) {
-        // dst holds byte `offset` of the whole tensor at dst[0]: write the part's share of
-        // [offset, offset + len) at its place there, in the part's own coordinates.
-        const PartInfo &p = table_.parts[i];
-        const uint64_t lo = std::max(offset, p.offset), hi = std::min(offset + len, p.offset + p.bytes);
-        if (lo >= hi) return;
-        dst = static_cast<uint8_t *>(dst) + (lo - offset);
-        offset = lo - p.offset;
-        len = hi - lo;
-    }
-    if (len == 0) return;
+    if (!share_of_entry(i, &offset, &dst, &len)) return;
     if (device) {
         if (!backing_->copy_to_device(dst, src + offset, len,
                                       [&] { return label() + " in " + chunk_label(header_); }))
@@ -234,6 +224,20 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
         owner_->pool_->copy(dst, src + offset, len);
     }
     if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
+}
+
+bool Iteration::share_of_entry(std::size_t i, uint64_t *offset, void **dst, uint64_t *len) const {
+    if (table_.is_part(i)) {
+        // dst holds byte `offset` of the whole tensor at dst[0]: the part's share of
+        // [offset, offset + len) goes at its place there, in the part's own coordinates.
+        const PartInfo &p = table_.parts[i];
+        const uint64_t lo = std::max(*offset, p.offset), hi = std::min(*offset + *len, p.offset + p.bytes);
+        if (lo >= hi) return false;
+        *dst = static_cast<uint8_t *>(*dst) + (lo - *offset);
+        *offset = lo - p.offset;
+        *len = hi - lo;
+    }
+    return *len != 0;
 }
 
 void Iteration::fail_chunk(wsync_status_t status, std::string message) {

@@ -1872,8 +1872,8 @@ static void a_misaligned_float32_source_for_a_cast_is_refused_before_the_launch(
 }
 
 /* A GPU older than compute capability 8.0 runs none of libwsync's kernels (PTX for
- * compute_80): the kernel paths are UNAVAILABLE by name, at the sender's creation, instead of a
- * module-load error; per-allocation without a cast needs no kernel and works. */
+ * compute_80): the kernel paths are UNAVAILABLE by name when the sender binds its GPU (its
+ * first chunk), instead of a module-load error; per-allocation without a cast needs no kernel. */
 static void a_gpu_below_compute_capability_8_is_unavailable_for_the_kernel_paths(void **state) {
     (void)state;
     setenv("WSYNC_FAKE_CUDA_CC", "7.5", 1);
