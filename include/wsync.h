@@ -90,7 +90,7 @@ extern "C" {
 
 #define WSYNC_VERSION_MAJOR 0
 #define WSYNC_VERSION_MINOR 6
-#define WSYNC_VERSION_PATCH 0
+#define WSYNC_VERSION_PATCH 1
 /* One formula, forever: MAJOR * 10000 + MINOR * 100 + PATCH (0.2.0 -> 200).
  * 0.2: versions are transactions (struct_size fields, commit/abandon/fail, failures as data).
  * 0.3: wsync_sender_wait_released(), wsync_sender_set_stream(), wsync_receiver_set_stream(),
@@ -1131,12 +1131,22 @@ WSYNC_API void wsync_dest_table_destroy(wsync_dest_table_t *table);
 /* What wsync_recv_apply() did. */
 typedef struct wsync_apply_result_t {
     uint32_t struct_size;  /* set by the caller: 0 or sizeof(wsync_apply_result_t) */
-    uint32_t launches;     /* device kernel launches queued (0 or 1 for the GPU kinds) */
+    uint32_t launches;     /* device kernel launches queued (0 or 1 for the GPU kinds: the
+                              small copies and every cast of the chunk) */
     uint64_t tensors;      /* entries of the chunk taken */
     uint64_t writes;       /* destinations written (several per tied tensor) */
     uint64_t unmatched;    /* entries without a destination (left, WSYNC_APPLY_PARTIAL) */
     uint64_t bytes;        /* bytes written into destinations */
+    /* 0.6.1: the driver's device copies queued (cuMemcpyDtoDAsync on the loader's stream, one
+     * per destination of WSYNC_APPLY_DRIVER_COPY_MIN bytes or more: faster than the kernel
+     * for large tensors). A caller built against 0.6.0 passes the smaller struct_size and
+     * does not get it. */
+    uint64_t device_copies;
 } wsync_apply_result_t;
+
+/* The smallest device destination wsync_recv_apply() gives to the driver's own copy rather
+ * than to its kernel launch (4 MiB; see wsync_apply_result_t.device_copies). */
+#define WSYNC_APPLY_DRIVER_COPY_MIN (4u << 20)
 
 /* Loads the chunk of `it` into the destinations of `table` (made for the iteration's
  * receiver): every entry of the chunk whose name has destinations is copied into each of them,

@@ -235,7 +235,7 @@ for line in open(os.path.join(log, "bench.jsonl")):
     L.append(f"| {name} | steady {b['steady_sync_s']:.4f} s = {b['ratio_to_d2d']:.3f}x one device copy ({b['baseline_d2d_s']:.4f} s); first sync {b['first_sync_s']:.3f} s |")
 try:
     p = json.load(open(os.path.join(log, "pack.json")))
-    L.append(f"| pack kernel, {p['tensors']} tensors in one launch ({p['bytes'] / 1e9:.2f} GB, {p['tiles']} tiles) | {p['pack_s']:.5f} s ({p['pack_gbps']} GB/s) = {p['pack_to_copy']:.3f}x one cuMemcpyDtoDAsync of the same bytes ({p['copy_s']:.5f} s, {p['copy_gbps']} GB/s){'' if p['exact'] else ', NOT bit-exact'} |")
+    L.append(f"| pack kernel, {p['tensors']} tensors in one launch ({p['bytes'] / 1e9:.2f} GB, {p['tiles']} tiles) | {p['pack_s']:.5f} s ({p['pack_gbps']} GB/s) = {p['pack_to_copy']:.3f}x one cuMemcpyDtoDAsync of the same bytes ({p['copy_s']:.5f} s, {p['copy_gbps']} GB/s); as the library packs (copies of {p.get('driver_copy_min', 0) >> 20} MiB or more by the driver) {p.get('hybrid_s', 0):.5f} s = {p.get('hybrid_to_copy', 0):.3f}x{'' if p['exact'] else ', NOT bit-exact'} |")
 except (OSError, ValueError, KeyError):
     L.append("| pack kernel | no result (see pack_bench's output) |")
 try:

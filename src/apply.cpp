@@ -181,8 +181,9 @@ void Iteration::apply(DestTable &table, uint32_t flags, wsync_apply_result_t *ou
             batched[i] = 1;
         }
         if (!batch.empty()) {
-            if (backing_->copy_batch_to_device(batch, [&] { return chunk_label(header_); }))
-                out->launches = 1;
+            ChunkBacking::BatchQueued q;
+            if (backing_->copy_batch_to_device(batch, [&] { return chunk_label(header_); }, &q))
+                out->launches = q.launches, out->device_copies = q.driver_copies;
             else
                 std::fill(batched.begin(), batched.end(), 0), out->bytes = 0, out->writes = 0;
         }

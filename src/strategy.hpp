@@ -81,16 +81,22 @@ public:
     // wsync_recv_apply() for a backing in device memory: the dense copies of a chunk (each
     // `src` inside the chunk, each `dst` checked by the receiver's describe_destination() when
     // its table was made and rechecked since) queued as one kernel launch on the loader's
-    // stream, which settle() waits for as for copy_to_device(). Returns false where the
-    // transport has no such launch (the iteration then copies one by one). `what` names the
-    // chunk, for messages only.
+    // stream, which settle() waits for as for copy_to_device(): small copies by one kernel
+    // launch, large ones by the driver's device copy (gpu::Packer). Returns false where the
+    // transport has no such path (the iteration then copies one by one); else fills *queued.
+    // `what` names the chunk, for messages only.
     struct DeviceCopy {
         const void *src;
         void *dst;
         uint64_t len;
     };
+    struct BatchQueued {
+        uint32_t launches = 0;       // kernel launches (0 or 1)
+        uint64_t driver_copies = 0;  // driver device copies
+    };
     virtual bool copy_batch_to_device(const std::vector<DeviceCopy> & /*copies*/,
-                                      const std::function<std::string()> & /*what*/) {
+                                      const std::function<std::string()> & /*what*/,
+                                      BatchQueued * /*queued*/) {
         return false;
     }
     // wsync_recv_copy() from a backing in host memory whose receiver has a GPU (ucx with

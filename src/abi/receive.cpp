@@ -313,7 +313,8 @@ wsync_status_t wsync_abi_layout(char **json_out) {
                          WSYNC_FIELD(wsync_apply_result_t, tensors),
                          WSYNC_FIELD(wsync_apply_result_t, writes),
                          WSYNC_FIELD(wsync_apply_result_t, unmatched),
-                         WSYNC_FIELD(wsync_apply_result_t, bytes)),
+                         WSYNC_FIELD(wsync_apply_result_t, bytes),
+                         WSYNC_FIELD(wsync_apply_result_t, device_copies)),
             {"wsync_status_t", json{{"size", sizeof(wsync_status_t)}, {"align", alignof(wsync_status_t)}}},
         };
 #undef WSYNC_STRUCT

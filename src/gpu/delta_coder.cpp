@@ -63,7 +63,8 @@ void DeviceCoder::start(int ordinal) {
     stream_ = std::make_unique<Stream>(*dev);
     ordered_ = std::make_unique<Event>(*dev);
     kernels_ = std::make_unique<DeltaKernels>(*dev);
-    packer_ = std::make_unique<Packer>(*dev);
+    // Kernel only: the staged bases may be pinned host memory ("delta_base_memory").
+    packer_ = std::make_unique<Packer>(*dev, UINT64_MAX);
     dev_ = std::move(dev);
 }
 

@@ -267,8 +267,25 @@ void keep_until_exit(std::unique_ptr<Device> dev) {
     kept->push_back(std::move(dev));
 }
 
-void poll_sleep(int round) {
-    int us = round < 50 ? 20 : (round < 200 ? 200 : 1000);
+namespace {
+int64_t monotonic_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+}  // namespace
+
+Backoff::Backoff() : start_ns_(monotonic_ns()) {}
+
+void Backoff::restart() { start_ns_ = monotonic_ns(); }
+
+void Backoff::pause() {
+    const int64_t waited = monotonic_ns() - start_ns_;
+    if (waited < 2'000'000) {
+        std::this_thread::yield();
+        return;
+    }
+    const int us = waited < 50'000'000 ? 20 : (waited < 500'000'000 ? 200 : 1000);
     std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
 

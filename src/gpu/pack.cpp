@@ -148,7 +148,8 @@ void fill_pack_entries(const wsync_tensor_t *tensors, const TensorTable &table,
 }
 
 // ---------------------------------------------------------------------------------------------
-Packer::Packer(const Device &d) : dev_(d) {
+Packer::Packer(const Device &d, uint64_t driver_copy_min)
+    : dev_(d), driver_copy_min_(driver_copy_min) {
     d.require_kernels("the pack kernel");
     Device::Scope scope(d);
     WSYNC_CU(d.api(), cuModuleLoadData(&module_, kPackPtx),
@@ -168,16 +169,41 @@ Packer::~Packer() {
     }
 }
 
-void Packer::pack(const std::vector<PackEntry> &entries, CUstream stream) {
-    if (entries.empty()) return;
-    const uint64_t bytes = entries.size() * sizeof(PackEntry);
+Packer::Queued Packer::pack(const std::vector<PackEntry> &entries, CUstream stream) {
+    // The kernel's share (tiles renumbered), then one driver copy per large plain copy, all on
+    // `stream`: whoever waits for the stream waits for both.
+    staged_.clear();
+    uint64_t tiles = 0;
+    for (const PackEntry &e : entries) {
+        if (e.op == kPackCopy && e.count >= driver_copy_min_) continue;
+        PackEntry k = e;
+        k.first_tile = static_cast<uint32_t>(tiles);
+        tiles += pack_tiles(k);
+        if (tiles > UINT32_MAX)
+            fail(WSYNC_ERR_INVALID_ARGUMENT,
+                 "a chunk's pack kernel tiles exceed 2^32 (" + std::to_string(entries.size()) + " tensors)");
+        staged_.push_back(k);
+    }
+    Queued q;
+    Device::Scope scope(dev_);
+    if (tiles) launch(stream, tiles), q.launches = 1;
+    for (const PackEntry &e : entries) {
+        if (e.op != kPackCopy || e.count < driver_copy_min_) continue;
+        WSYNC_CU(dev_.api(), cuMemcpyDtoDAsync(e.dst, e.src, e.count, stream),
+                 "queuing a device copy of " + std::to_string(e.count) + " bytes");
+        ++q.driver_copies;
+    }
+    return q;
+}
+
+// One launch over staged_ (`tiles` of them) on `stream`; the caller holds the device's scope.
+void Packer::launch(CUstream stream, uint64_t tiles) {
+    const uint64_t bytes = staged_.size() * sizeof(PackEntry);
     if (table_.size() < bytes) {
         if (table_.size()) retired_.push_back(std::move(table_));
         table_ = DeviceBuffer(dev_, std::max<uint64_t>(bytes * 2, 64 * sizeof(PackEntry)),
                               "pack table");
     }
-    staged_ = entries;
-    Device::Scope scope(dev_);
     if (!launched_) launched_ = std::make_unique<Event>(dev_);
     // The previous launch may still read the table on another stream: this one's upload waits.
     if (launched_once_ && stream != last_stream_)
@@ -185,14 +211,11 @@ void Packer::pack(const std::vector<PackEntry> &entries, CUstream stream) {
                  "ordering the pack table's upload after the previous launch");
     WSYNC_CU(dev_.api(), cuMemcpyHtoDAsync(table_.ptr(), staged_.data(), bytes, stream),
              "uploading the pack table");
-    // fill_pack_entries numbered the tiles; the last entry's end is the launch's tile count.
-    const uint64_t tiles = entries.back().first_tile + pack_tiles(entries.back());
-    if (tiles == 0) return;  // only empty tensors
     // One block a tile (a 1 GiB chunk is 16384 blocks of 64 KiB), capped so a huge chunk's
     // blocks take several tiles each rather than asking for an enormous grid.
     const unsigned gx = static_cast<unsigned>(std::min<uint64_t>(tiles, uint64_t(1) << 20));
     CUdeviceptr table = table_.ptr();
-    unsigned count = static_cast<unsigned>(entries.size());
+    unsigned count = static_cast<unsigned>(staged_.size());
     unsigned ntiles = static_cast<unsigned>(tiles);
     void *params[] = {&table, &count, &ntiles};
     WSYNC_CU(dev_.api(),

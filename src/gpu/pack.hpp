@@ -31,9 +31,18 @@ wsync_dtype_t cast_dtype(Cast cast, wsync_dtype_t in, PackOp *op);
 // Packs chunks into device buckets with one kernel launch per chunk: the table of PackEntry is
 // uploaded to a device buffer of its own (grown when a chunk has more tensors), then
 // wsync_pack runs on the given stream. The module is loaded once per Packer.
+//
+// A plain copy of at least `driver_copy_min` bytes goes by the driver's own device copy
+// (cuMemcpyDtoDAsync, one call an entry, on the same stream) instead of the kernel: on an H200
+// the kernel moved 0.87 GB of one decoder layer at 1.087x one cuMemcpyDtoDAsync of the same
+// bytes (docs/gpu-validation.md, 2026-12-04), while the driver's copy of a large tensor runs at
+// its full speed; below the threshold one launch for many small tensors beats a call each.
+constexpr uint64_t kDriverCopyMin = WSYNC_APPLY_DRIVER_COPY_MIN;  // include/wsync.h
 class Packer {
 public:
-    explicit Packer(const Device &d);
+    // driver_copy_min: the smallest plain copy given to the driver (UINT64_MAX: none; every
+    // entry goes to the kernel, as tests/gpu/pack_bench.cpp measures the kernel alone).
+    explicit Packer(const Device &d, uint64_t driver_copy_min = kDriverCopyMin);
     ~Packer();
     Packer(const Packer &) = delete;
     Packer &operator=(const Packer &) = delete;
@@ -44,10 +53,20 @@ public:
     // (on the GPU) for an event recorded after this launch. A table too small is replaced by a
     // larger one and the old kept until the Packer goes (freeing device memory would wait for
     // the whole device, possibly for work that never ends).
-    void pack(const std::vector<PackEntry> &entries, CUstream stream);
+    //
+    // Plain copies of driver_copy_min bytes or more go by cuMemcpyDtoDAsync on `stream` after
+    // the launch; the rest (casts, small copies) by the one launch, its tiles renumbered here.
+    struct Queued {
+        uint32_t launches = 0;        // 0 or 1
+        uint64_t driver_copies = 0;   // cuMemcpyDtoDAsync calls
+    };
+    Queued pack(const std::vector<PackEntry> &entries, CUstream stream);
+    uint64_t driver_copy_min() const { return driver_copy_min_; }
 
 private:
+    void launch(CUstream stream, uint64_t tiles);
     const Device &dev_;
+    uint64_t driver_copy_min_;
     CUmodule module_ = nullptr;
     CUfunction fn_ = nullptr;
     DeviceBuffer table_;

@@ -252,21 +252,37 @@ static int apply_chunk(wsync_receiver_t *r, wsync_recv_t *it, const wsync_recv_i
         int v = apply_refuses_freed_memory(r, it);
         if (v) return v;
     }
-    /* On the fake driver, its counters: one launch, and at most one copy (the entry table's). */
+    /* Destinations of 4 MiB or more (t0, t3) go by the driver's device copy, the small ones
+     * (t1 and its tied copy, t2) by one kernel launch: each chunk here has both. On the fake
+     * driver, its counters: one launch, and one copy a large destination plus the launch's
+     * entry table. */
+    uint64_t large = 0;
+    for (int j = 0; j <= APPLY_NT; ++j)
+        for (uint64_t i = 0; i < info->count; ++i)
+            if ((uint64_t)a->of[j] == 2 * info->chunk_index + i &&
+                apply_bytes(a->of[j]) >= WSYNC_APPLY_DRIVER_COPY_MIN)
+                ++large;
     wsync_fake_stats_fn stats = NULL;
     struct wsync_fake_stats before, after;
     *(void **)&stats = fake_sym("wsync_fake_stats");
     if (stats) stats(&before);
     wsync_apply_result_t res;
     memset(&res, 0, sizeof res);
+    res.struct_size = sizeof res;
     if (wsync_recv_apply(it, a->table, WSYNC_APPLY_COMPLETE, &res) != WSYNC_OK) {
         fprintf(stderr, "engine: apply: %s\n", wsync_last_error());
         return 36;
     }
-    if (res.launches != 1 || res.tensors != info->count) return 37;
+    if (res.launches != 1 || res.tensors != info->count || res.device_copies != large || large != 1) {
+        fprintf(stderr, "engine: apply said %u launches, %llu device copies (%llu large), %llu tensors\n",
+                res.launches, (unsigned long long)res.device_copies, (unsigned long long)large,
+                (unsigned long long)res.tensors);
+        return 37;
+    }
     if (stats) {
         stats(&after);
-        if (after.kernel_launches - before.kernel_launches != 1 || after.memcpy_calls - before.memcpy_calls > 1) {
+        if (after.kernel_launches - before.kernel_launches != 1 ||
+            after.memcpy_calls - before.memcpy_calls != (long long)large + 1) {
             fprintf(stderr, "engine: apply made %lld launches and %lld copies\n",
                     after.kernel_launches - before.kernel_launches, after.memcpy_calls - before.memcpy_calls);
             return 38;

@@ -103,7 +103,7 @@ from ._lib import (
     LibraryVersionError,
 )
 
-__version__ = "0.6.0"
+__version__ = "0.6.1"
 
 
 def load_library() -> "_lib.Library":

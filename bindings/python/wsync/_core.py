@@ -967,15 +967,18 @@ class Dest(NamedTuple):
 
 
 class ApplyResult(NamedTuple):
-    """What :meth:`Iteration.apply` did: kernel ``launches`` queued (GPU kinds: 1 a chunk),
-    entries of the chunk taken (``tensors``), destinations written (``writes``), entries left
-    without a destination (``unmatched``, with ``partial``) and ``bytes`` written."""
+    """What :meth:`Iteration.apply` did: kernel ``launches`` queued (GPU kinds: 0 or 1 a
+    chunk, for its small copies and casts), entries of the chunk taken (``tensors``),
+    destinations written (``writes``), entries left without a destination (``unmatched``,
+    with ``partial``), ``bytes`` written, and the driver's ``device_copies`` queued (GPU kinds:
+    one per destination of ``WSYNC_APPLY_DRIVER_COPY_MIN``, 4 MiB, or more; library 0.6.1)."""
 
     launches: int
     tensors: int
     writes: int
     unmatched: int
     bytes: int
+    device_copies: int = 0
 
 
 class DestTable:
@@ -1455,7 +1458,8 @@ class Iteration:
                 if status not in (Status.INVALID_ARGUMENT, Status.UNSUPPORTED, Status.MISMATCH):
                     self._library_failed = True
                 raise_for(status, self._lib)
-        return ApplyResult(out.launches, out.tensors, out.writes, out.unmatched, out.bytes)
+        return ApplyResult(out.launches, out.tensors, out.writes, out.unmatched, out.bytes,
+                           out.device_copies)
 
     def _maker(self, dl: tuple):
         """(numpy dtype the view is built with, itemsize, torch dtype to reinterpret as or

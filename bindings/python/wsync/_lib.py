@@ -221,6 +221,7 @@ class ApplyResult(Structure):
         ("writes", c_uint64),
         ("unmatched", c_uint64),
         ("bytes", c_uint64),
+        ("device_copies", c_uint64),  # 0.6.1
     ]
 
 

@@ -84,9 +84,12 @@ void AckQueue::run() {
     } catch (...) {
     }
     std::unique_lock<std::mutex> lk(mu_);
-    int round = 0;
+    gpu::Backoff backoff;
     for (;;) {
-        cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+        if (pending_.empty()) {  // idle: the next chunk's wait starts afresh
+            cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+            backoff.restart();
+        }
         if (pending_.empty()) return;  // stop_, nothing owed
         Pending &p = pending_.front();  // only this thread pops; push_back keeps references
         const std::string chunk = strf("chunk %u of version %" PRIu64, p.header.chunk_index,
@@ -98,7 +101,7 @@ void AckQueue::run() {
             fail_front(e.status(), strf("cuda_ipc: receiver %u: the loader's work on %s after %s "
                                         "failed: %s",
                                         index_, dev_.uuid_string().c_str(), chunk.c_str(), e.what()));
-            round = 0;
+            backoff.restart();
             continue;
         }
         if (done) {
@@ -106,7 +109,7 @@ void AckQueue::run() {
             spare_.push_back(std::move(p.event));
             pending_.pop_front();
             cv_.notify_all();
-            round = 0;
+            backoff.restart();
             continue;
         }
         if (p.deadline.passed()) {
@@ -114,11 +117,11 @@ void AckQueue::run() {
                        strf("cuda_ipc: receiver %u: the loader's work on %s after %s did not "
                             "finish in %" PRId64 " ms",
                             index_, dev_.uuid_string().c_str(), chunk.c_str(), timeout_ms_));
-            round = 0;
+            backoff.restart();
             continue;
         }
         lk.unlock();
-        gpu::poll_sleep(round++);
+        backoff.pause();
         lk.lock();
     }
 }

@@ -76,11 +76,12 @@ public:
         return true;
     }
 
-    // wsync_recv_apply: the chunk's dense copies as one launch of the pack kernel on the
-    // loader's stream (its entries read this chunk's mapped memory and write the engine's
-    // destinations), so settle()'s event covers it like a copy_to_device().
+    // wsync_recv_apply: the chunk's dense copies on the loader's stream, small ones as one
+    // launch of the pack kernel and large ones by the driver's device copy (gpu::Packer; they
+    // read this chunk's mapped memory and write the engine's destinations), so settle()'s
+    // event covers them like a copy_to_device().
     bool copy_batch_to_device(const std::vector<DeviceCopy> &copies,
-                              const std::function<std::string()> &what) override {
+                              const std::function<std::string()> &what, BatchQueued *queued) override {
         // A GPU older than 8.0 runs no libwsync kernel: the entries are copied one by one.
         if (dev_.compute_capability() != 0 && dev_.compute_capability() < 80) return false;
         std::vector<gpu::PackEntry> entries(copies.size());
@@ -93,7 +94,9 @@ public:
             if (tile > UINT32_MAX) return false;  // beyond one launch's tile index: copy one by one
         }
         try {
-            packer_().pack(entries, stream_);
+            const gpu::Packer::Queued q = packer_().pack(entries, stream_);
+            queued->launches = q.launches;
+            queued->driver_copies = q.driver_copies;
         } catch (const Error &e) {
             fail(e.status(), std::string(kKind) + ": queuing the copies of " + what() + ": " + e.what());
         }

@@ -108,7 +108,8 @@ void Comm::check(const std::string &what) {
 }
 
 void Comm::wait(const gpu::Event &ev, const sys::Deadline &deadline, const std::string &what) {
-    for (int round = 0;; ++round) {
+    gpu::Backoff backoff;
+    for (;;) {
         check(what);
         if (ev.done()) return;
         if (deadline.passed()) {
@@ -117,7 +118,7 @@ void Comm::wait(const gpu::Event &ev, const sys::Deadline &deadline, const std::
                                         std::to_string(deadline.budget_ms()) +
                                         " ms; communicator aborted");
         }
-        gpu::poll_sleep(round);
+        backoff.pause();
     }
 }
 
@@ -145,12 +146,13 @@ void Comm::broadcast(void *buf, uint64_t bytes, gpu::CUstream stream,
 std::string Comm::who() const { return std::string(kKind) + " rank " + std::to_string(rank_); }
 
 gpu::ncclResult_t Comm::poll_async(const sys::Deadline &deadline) {
-    for (int round = 0;; ++round) {
+    gpu::Backoff backoff;
+    for (;;) {
         gpu::ncclResult_t state = gpu::ncclInProgress;
         const gpu::ncclResult_t rc = nccl_.ncclCommGetAsyncError(comm_, &state);
         if (rc != gpu::ncclSuccess && rc != gpu::ncclInProgress) return rc;  // the query failed
         if (state != gpu::ncclInProgress || deadline.passed()) return state;
-        gpu::poll_sleep(round);
+        backoff.pause();
     }
 }
 

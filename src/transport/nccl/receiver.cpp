@@ -181,7 +181,8 @@ private:
                                        "; communicator aborted");
         }
         if (!fence_.armed) return;
-        for (int round = 0; !fence_.event.done(); ++round) {
+        gpu::Backoff backoff;
+        while (!fence_.event.done()) {
             if (deadline.passed()) {
                 comm_->abort();
                 fail(WSYNC_ERR_TIMEOUT,
@@ -191,7 +192,7 @@ private:
                          std::to_string(deadline.budget_ms()) + " ms, so " + chunk +
                          " cannot overwrite the bucket; communicator aborted");
             }
-            gpu::poll_sleep(round);
+            backoff.pause();
         }
         fence_.armed = false;
     }

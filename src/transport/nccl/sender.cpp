@@ -99,7 +99,8 @@ private:
         gpu::fill_pack_entries(tensors, table, ops, buckets_[b].ptr(), &entries);
         packer_.pack(entries, pack_stream_.get());
         packed_.record(pack_stream_.get());
-        for (int round = 0; !packed_.done(); ++round) {
+        gpu::Backoff backoff;
+        while (!packed_.done()) {
             if (deadline.passed())
                 fail(WSYNC_ERR_TIMEOUT,
                      std::string(kKind) + ": the pack of " + chunk + " on cuda:" +
@@ -110,7 +111,7 @@ private:
                                        : std::string()) +
                          "; nothing was broadcast, and the GPU may still read the tensors when "
                          "the pack runs");
-            gpu::poll_sleep(round);
+            backoff.pause();
         }
     }
 

@@ -39,7 +39,8 @@ GpuStage::GpuStage(int ordinal, const char *kind) : kind_(kind), g_(std::make_un
     g_->stream = std::make_unique<gpu::Stream>(*g_->dev);
     g_->ordered = std::make_unique<gpu::Event>(*g_->dev);
     g_->done = std::make_unique<gpu::Event>(*g_->dev);
-    g_->packer = std::make_unique<gpu::Packer>(*g_->dev);
+    // Kernel only: the stage is pinned host memory, which the kernel writes across the bus.
+    g_->packer = std::make_unique<gpu::Packer>(*g_->dev, UINT64_MAX);
 }
 
 GpuStage::~GpuStage() {

@@ -37,7 +37,7 @@ pub const WSYNC_VERSION_MAJOR: u32 = 0;
 /// Minor version of the header these declarations were written from.
 pub const WSYNC_VERSION_MINOR: u32 = 6;
 /// Patch version of the header these declarations were written from.
-pub const WSYNC_VERSION_PATCH: u32 = 0;
+pub const WSYNC_VERSION_PATCH: u32 = 1;
 /// `MAJOR * 10000 + MINOR * 100 + PATCH`, the header's one formula.
 pub const WSYNC_VERSION_NUMBER: u32 =
     WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH;
@@ -591,7 +591,13 @@ pub struct wsync_apply_result_t {
     pub unmatched: u64,
     /// Bytes written into destinations.
     pub bytes: u64,
+    /// 0.6.1: the driver's device copies queued (one per destination of
+    /// [`WSYNC_APPLY_DRIVER_COPY_MIN`] bytes or more, on the GPU kinds).
+    pub device_copies: u64,
 }
+
+/// The smallest device destination `wsync_recv_apply` gives to the driver's own copy.
+pub const WSYNC_APPLY_DRIVER_COPY_MIN: u32 = 4 << 20;
 
 impl wsync_apply_result_t {
     /// All zero but `struct_size`: ready for [`wsync_recv_apply`].

@@ -419,6 +419,8 @@ pub struct ApplyResult {
     pub unmatched: u64,
     /// Bytes written into destinations.
     pub bytes: u64,
+    /// The driver's device copies queued (large destinations on the GPU kinds; 0.6.1).
+    pub device_copies: u64,
 }
 
 impl ApplyResult {
@@ -429,6 +431,7 @@ impl ApplyResult {
             writes: r.writes,
             unmatched: r.unmatched,
             bytes: r.bytes,
+            device_copies: r.device_copies,
         }
     }
 }
