@@ -118,6 +118,10 @@ def engine_main(shapes, inbox, outbox):
         # acknowledge), and the rest (the loader's own work and queuing copies).
         split = {"receive_s": 0.0, "end_s": 0.0}
         from wsync._core import Iteration, Receiver
+        # Per load, the moments (time.perf_counter: CLOCK_MONOTONIC, one clock for both
+        # processes) its request arrived and each timed call returned: the last version's make
+        # the step's timeline beside the trainer's own.
+        trace = []
         def timed(cls, attr, key):
             inner = getattr(cls, attr)
             def wrapper(*a, **k):
@@ -125,7 +129,10 @@ def engine_main(shapes, inbox, outbox):
                 try:
                     return inner(*a, **k)
                 finally:
-                    split[key] += time.perf_counter() - t0
+                    t1 = time.perf_counter()
+                    split[key] += t1 - t0
+                    if trace:
+                        trace[-1][key.replace("_s", "")] = t1
             setattr(cls, attr, wrapper)
         timed(Receiver, "receive", "receive_s")
         timed(Iteration, "end", "end_s")
@@ -154,8 +161,11 @@ def engine_main(shapes, inbox, outbox):
                 outbox.put(("ok",))
             elif kind == "wsync_request":
                 t0 = time.perf_counter()
+                trace.append({"got": t0})
                 loader.load(receiver, msg[1])  # acknowledged once its copies are done
-                load_s.append(time.perf_counter() - t0)
+                t1 = time.perf_counter()
+                trace[-1]["loaded"] = t1
+                load_s.append(t1 - t0)
             elif kind == "stats":
                 # Where an engine's time goes: its load() calls, and the cost of one zero-copy
                 # CUDA view (wsync._core.cuda_view, torch.as_tensor over __cuda_array_interface__)
@@ -179,8 +189,10 @@ def engine_main(shapes, inbox, outbox):
                                       "apply_s_total": round(split["apply_s"], 6),
                                       "refresh_s_total": round(split["refresh_s"], 6),
                                       "table_chunks": split["table_chunks"],
+                                      "trace": trace[-(len(load_s) // max(1, msg[1])):] if len(msg) > 1 else [],
                                       "view_us": round(view_us, 2), "copy_launch_us": round(copy_us, 2)}))
                 load_s = []
+                trace = []
                 split.update({"receive_s": 0.0, "end_s": 0.0, "apply_s": 0.0, "refresh_s": 0.0,
                               "table_chunks": 0})
             elif kind == "torch_handles":
@@ -257,6 +269,17 @@ def time_steps(torch, model, steps, one_sync):
     return times
 
 
+def timeline(trainer, trace):
+    """The last step, in ms from the trainer's call: when the trainer handed each request on,
+    and when the engine got it, had received it, had applied it (the table path) and had
+    loaded it; when send_model returned and when the flush did."""
+    t0 = trainer["start"]
+    ms = lambda t: None if t is None else round((t - t0) * 1e3, 3)
+    return {"sent": [ms(t) for t in trainer["sent"]],
+            "engine": [{k: ms(v) for k, v in rec.items()} for rec in trace],
+            "send_model_returned": ms(trainer.get("sent_all")), "flushed": ms(trainer.get("flushed"))}
+
+
 def summary(times, nbytes):
     steady = statistics.median(times[1:]) if len(times) > 1 else times[0]
     return {"first_s": round(times[0], 6), "steady_s": round(steady, 6),
@@ -268,6 +291,9 @@ def main():
     ap.add_argument("--layers", type=int, default=32, help="decoder layers (32: 8B parameters)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--bucket-mb", type=int, default=1024)
+    ap.add_argument("--wsync-chunk-mb", type=int, default=None,
+                    help="libwsync's chunk size (default --bucket-mb; packed: at most the bucket)")
+    ap.add_argument("--wsync-buckets", type=int, default=2, help="libwsync packed buckets")
     ap.add_argument("--methods",
                     default="d2d,torch_ipc,torch_ipc_cached,torch_packed,wsync_packed,wsync_unpacked")
     args = ap.parse_args()
@@ -287,7 +313,10 @@ def main():
     result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "cuda_runtime": torch.version.cuda, "libwsync": wsync.version(),
               "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-              "tensors": len(named), "bytes": nbytes, "steps": args.steps, "methods": {}}
+              "tensors": len(named), "bytes": nbytes, "steps": args.steps,
+              "wsync": {"chunk_mb": args.wsync_chunk_mb or args.bucket_mb, "buckets": args.wsync_buckets,
+                        "bucket_mb": args.bucket_mb},
+              "methods": {}}
     methods = args.methods.split(",")
     failed = []
 
@@ -396,26 +425,37 @@ def main():
             if name not in methods:
                 continue
             strategy = wsync.Strategy("cuda_ipc", receivers=1, packed=packed,
-                                      bucket_bytes=args.bucket_mb << 20, buckets=2)
+                                      bucket_bytes=args.bucket_mb << 20, buckets=args.wsync_buckets)
+            chunk_mb = min(args.wsync_chunk_mb or args.bucket_mb,
+                           args.bucket_mb if packed else 1 << 30)
             init = strategy.create_init_info()
             engine.inbox.put(("wsync_init", init))
             engine.expect("ok")
             sender = strategy.sender(init)
 
             trainer_split = {"send_s": 0.0, "flush_s": 0.0}
+            last = {}  # the last step's moments, for the timeline
+
+            def forward(req):
+                last["sent"].append(time.perf_counter())
+                engine.inbox.put(("wsync_request", req))
 
             def wsync_sync():
                 t0 = time.perf_counter()
-                send_model(sender, model, chunk_bytes=args.bucket_mb << 20,
-                           on_request=lambda req: engine.inbox.put(("wsync_request", req)))
+                last.clear()
+                last.update(start=t0, sent=[])
+                send_model(sender, model, chunk_bytes=chunk_mb << 20, on_request=forward)
                 t1 = time.perf_counter()
                 sender.flush(300)
+                t2 = time.perf_counter()
+                last.update(sent_all=t1, flushed=t2)
                 trainer_split["send_s"] += t1 - t0
-                trainer_split["flush_s"] += time.perf_counter() - t1
+                trainer_split["flush_s"] += t2 - t1
             try:
                 r = summary(time_steps(torch, model, args.steps, wsync_sync), nbytes)
-                engine.inbox.put(("stats",))
+                engine.inbox.put(("stats", args.steps))
                 st = engine.expect("stats")[1]
+                r["timeline_ms"] = timeline(last, st["trace"])
                 r["trainer"] = {k.replace("_s", "_s_per_step"): round(v / args.steps, 6)
                                 for k, v in trainer_split.items()}
                 r["engine"] = {"load_s_per_step": round(st["load_s_total"] / args.steps, 6),

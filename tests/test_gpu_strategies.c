@@ -30,6 +30,7 @@ static struct {
     wsync_fake_set_fail_fn set_fail;
     long long (*freed_while_imported)(void);
     int (*alloc_unexportable)(CUdeviceptr *, size_t);
+    int (*alloc_span)(CUdeviceptr *, size_t, size_t);
     wsync_fake_stream_hold_fn stream_hold;
     wsync_fake_stream_release_held_fn stream_release_held;
 } drv;
@@ -54,6 +55,7 @@ static void load_driver(void) {
     SYM(set_fail, "wsync_fake_set_fail");
     SYM(freed_while_imported, "wsync_fake_freed_while_imported");
     SYM(alloc_unexportable, "wsync_fake_mem_alloc_unexportable");
+    SYM(alloc_span, "wsync_fake_mem_alloc_span");
     SYM(stream_hold, "wsync_fake_stream_hold");
     SYM(stream_release_held, "wsync_fake_stream_release_held");
 #undef SYM
@@ -868,6 +870,94 @@ static void unpacked_steady_state_opens_no_new_handle_over_1000_syncs(void **sta
     assert_int_equal(es.ipc_close, 3);
     assert_int_equal(es.ipc_live, 0);
     trainer_end(tx, s, &init);
+}
+
+/* PyTorch's expandable segments: tensors in virtual memory mapped as 1 MiB physical pieces (t1,
+ * t2 and t4 cross piece boundaries), which cuIpcGetMemHandle cannot export. The sender exports
+ * each piece once as a file descriptor, the engine maps each run of pieces once; when the
+ * trainer's allocator gives the memory back and maps new pieces, the old ones are no longer
+ * exported (the sender's handles go) and the engine unmaps what no version uses; at the end
+ * nothing is left mapped, imported or reserved on either side. */
+static void unpacked_virtual_memory_is_exported_and_mapped_once_and_let_go_when_moved(void **state) {
+    (void)state;
+    engine_t e = ipc_engine(0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"packed\": false}", &e, 1, &s, &init, &tx);
+    const size_t piece = 1u << 20, span_bytes = 4 * piece;
+    CUdeviceptr span = 0;
+    assert_int_equal(drv.alloc_span(&span, span_bytes, piece), 0);
+    struct wsync_fake_stats before = stats_now();
+    /* t1, t2 and t4 straddle the boundaries between pieces 0|1, 1|2 and 2|3. */
+    const size_t at[NT] = {0, piece - 40, 2 * piece - 2000, 2 * piece + 4096, 3 * piece - 52,
+                           3 * piece + 4096};
+    for (uint64_t v = 1; v <= 12; ++v) {
+        if (v == 7) { /* the allocator releases the segment and maps new pieces */
+            for (size_t off = 0; off < span_bytes; off += piece) drv.cuMemFree(span + off);
+            assert_int_equal(drv.alloc_span(&span, span_bytes, piece), 0);
+        }
+        wsync_tensor_t t[NT];
+        for (int k = 0; k < NT; ++k) {
+            void *data = (void *)(uintptr_t)(span + at[k]);
+            tu_fill(data, (size_t)shapes[k][0] * shapes[k][1] * 4, v, (uint64_t)k);
+            t[k] = gpu_tensor(names[k], data, shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+        }
+        wsync_chunk_t ch = tu_chunk(t, NT, WSYNC_CHUNK_LAST);
+        wsync_blob_t req;
+        OK(wsync_sender_send_chunk(tx, &ch, &req));
+        engine_send(&e, &req);
+        assert_int_equal(engine_verdict(&e), 0);
+        wsync_blob_free(&req);
+        OK(wsync_sender_flush(tx, 5000));
+    }
+    struct wsync_fake_stats after = stats_now();
+    assert_int_equal(after.ipc_get_handle - before.ipc_get_handle, 0);
+    assert_int_equal(after.vmm_exports - before.vmm_exports, 8); /* four pieces, twice */
+    /* The first span's pieces are no longer exported: only the second's handles are held. */
+    assert_int_equal(after.vmm_handles_live, 4);
+    struct wsync_fake_stats es = engine_finish(&e);
+    /* Runs of the tensors: t0 in piece 0, t1 over 0-1, t2 over 1-2, t3 in 2, t4 over 2-3, t5
+     * in 3: nine piece imports a span, once each, over six versions. */
+    assert_int_equal(es.vmm_imports, 18);
+    assert_int_equal(es.vmm_maps_live, 0);
+    assert_int_equal(es.vmm_handles_live, 0);
+    assert_int_equal(es.vmm_reserved_live, 0);
+    trainer_end(tx, s, &init);
+    assert_int_equal(stats_now().vmm_handles_live, 0);
+    for (size_t off = 0; off < span_bytes; off += piece) drv.cuMemFree(span + off);
+}
+
+/* Virtual memory whose handles cannot become file descriptors (made without
+ * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR): refused by name before anything is published. */
+static void unpacked_refuses_virtual_memory_it_cannot_export_naming_the_tensor(void **state) {
+    (void)state;
+    use_device(0);
+    CUdeviceptr span = 0;
+    assert_int_equal(drv.alloc_span(&span, 2u << 20, 1u << 20), 0);
+    wsync_tensor_t t = gpu_tensor("layers.0.w", (void *)(uintptr_t)span, shapes[0], 2,
+                                  WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"packed\": false}", NULL, 0, &s, &init, &tx);
+    drv.set_fail("cuMemExportToShareableHandle", 0, 101 /* CUDA_ERROR_INVALID_DEVICE */);
+    EXPECT_ERR(wsync_sender_send_chunk(tx, &ch, &req), WSYNC_ERR_UNSUPPORTED,
+               "tensor 'layers.0.w' lives in virtual memory that cannot be exported as a file descriptor");
+    assert_non_null(strstr(wsync_last_error(), "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"));
+    assert_non_null(strstr(wsync_last_error(), "packed: true"));
+    assert_int_equal(stats_now().vmm_handles_live, 0); /* the retained handle went back */
+    uint64_t v = 0;
+    OK(wsync_sender_version(tx, &v));
+    assert_int_equal(v, 1);
+    /* The next try exports it. */
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    wsync_blob_free(&req);
+    trainer_end(tx, s, &init);
+    drv.cuMemFree(span);
+    drv.cuMemFree(span + (1u << 20));
 }
 
 static void unpacked_moved_tensor_gets_a_new_handle_and_the_old_one_is_closed(void **state) {
@@ -3302,6 +3392,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(packed_cast_to_bfloat16_rounds_to_nearest_even),
     cmocka_unit_test(unpacked_steady_state_opens_no_new_handle_over_1000_syncs),
     cmocka_unit_test(unpacked_moved_tensor_gets_a_new_handle_and_the_old_one_is_closed),
+    cmocka_unit_test(unpacked_virtual_memory_is_exported_and_mapped_once_and_let_go_when_moved),
+    cmocka_unit_test(unpacked_refuses_virtual_memory_it_cannot_export_naming_the_tensor),
     cmocka_unit_test(each_engine_takes_the_part_of_its_own_gpu_even_when_remapped),
     cmocka_unit_test(a_request_without_this_gpu_is_a_mismatch_naming_the_uuid),
     cmocka_unit_test(a_dead_engine_fails_flush_with_peer),

@@ -31,6 +31,21 @@ using CUmodule = struct CUmod_st *;
 using CUfunction = struct CUfunc_st *;
 struct CUipcMemHandle { char reserved[64]; };
 struct CUuuid { char bytes[16]; };
+// The virtual memory management API (cuda.h, "Virtual Memory Management"): what PyTorch's
+// expandable segments and cudaMallocAsync pools are made of. A physical allocation's handle,
+// exported as a POSIX file descriptor, is imported by another process and mapped there.
+using CUmemGenericAllocationHandle = unsigned long long;
+struct CUmemLocation {
+    int type;  // CU_MEM_LOCATION_TYPE_DEVICE
+    int id;    // the device ordinal
+};
+struct CUmemAccessDesc {
+    CUmemLocation location;
+    int flags;  // CU_MEM_ACCESS_FLAGS_PROT_*
+};
+constexpr int CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1;
+constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 0x1;
+constexpr int CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3;
 
 // The oldest driver libwsync's GPU strategies accept (cuDriverGetVersion: 1000 * major + 10 *
 // minor): CUDA 12.0 (R525). The embedded pack kernel is PTX ISA 7.0 for sm_80 (see
@@ -104,6 +119,23 @@ inline const CUstream CU_STREAM_LEGACY = reinterpret_cast<CUstream>(std::uintptr
     X(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2", CUresult,                                      \
       (CUdeviceptr * p, CUipcMemHandle handle, unsigned int flags))                               \
     X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", CUresult, (CUdeviceptr p))                      \
+    X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", CUresult,                       \
+      (CUmemGenericAllocationHandle * handle, void *addr))                                        \
+    X(cuMemRelease, "cuMemRelease", CUresult, (CUmemGenericAllocationHandle handle))              \
+    X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", CUresult,                     \
+      (void *shareable, CUmemGenericAllocationHandle handle, int type, unsigned long long flags))  \
+    X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", CUresult,                 \
+      (CUmemGenericAllocationHandle * handle, void *os_handle, int type))                         \
+    X(cuMemAddressReserve, "cuMemAddressReserve", CUresult,                                       \
+      (CUdeviceptr * ptr, std::size_t size, std::size_t alignment, CUdeviceptr addr,              \
+       unsigned long long flags))                                                                 \
+    X(cuMemAddressFree, "cuMemAddressFree", CUresult, (CUdeviceptr ptr, std::size_t size))        \
+    X(cuMemMap, "cuMemMap", CUresult,                                                             \
+      (CUdeviceptr ptr, std::size_t size, std::size_t offset, CUmemGenericAllocationHandle handle, \
+       unsigned long long flags))                                                                 \
+    X(cuMemUnmap, "cuMemUnmap", CUresult, (CUdeviceptr ptr, std::size_t size))                    \
+    X(cuMemSetAccess, "cuMemSetAccess", CUresult,                                                 \
+      (CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc *desc, std::size_t count))        \
     X(cuStreamCreate, "cuStreamCreate", CUresult, (CUstream * stream, unsigned int flags))        \
     X(cuStreamDestroy, "cuStreamDestroy_v2", CUresult, (CUstream stream))                         \
     X(cuStreamQuery, "cuStreamQuery", CUresult, (CUstream stream))                                \

@@ -301,6 +301,15 @@ struct Alloc {
     bool pinned_host = false;   // cuMemHostAlloc: host memory kernels reach (DEVICEMAP)
     bool device_mapped = false; // pinned_host allocated with CU_MEMHOSTALLOC_DEVICEMAP
     uint64_t span = 0;          // wsync_fake_mem_alloc_span: the span's number (0: none)
+    bool vmm_mapped = false;    // cuMemMap of an imported handle (freed by cuMemUnmap only)
+};
+
+// A physical allocation's handle (cuMemRetainAllocationHandle of a span's piece, or
+// cuMemImportFromShareableHandle of a descriptor): what it maps.
+struct MemHandle {
+    std::string name;  // retained: the piece's shm name
+    int fd = -1;       // imported: this process's own duplicate of the descriptor
+    uint64_t size = 0;
 };
 
 // ---- per-process state ------------------------------------------------------------------------
@@ -317,6 +326,9 @@ struct State {
     std::map<CUevent, std::shared_ptr<Event>> events;
     std::map<CUmodule, std::shared_ptr<Module>> modules;
     std::map<CUfunction, Function> functions;
+    std::map<unsigned long long, MemHandle> mem_handles;  // by CUmemGenericAllocationHandle
+    std::map<uint64_t, std::pair<uint64_t, uint64_t>> reserved;  // base -> (size, span number)
+    unsigned long long next_mem_handle = 0;
     uint64_t next_serial = 0;
     uint64_t next_buffer_id = 0;
     uint64_t next_span = 0;
@@ -1405,7 +1417,8 @@ CUresult cuMemFree(CUdeviceptr dptr) {
         int dev;
         if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
         auto it = s.allocs.find(dptr);
-        if (it == s.allocs.end() || it->second.ipc || it->second.pinned_host) return CUDA_ERROR_INVALID_VALUE;
+        if (it == s.allocs.end() || it->second.ipc || it->second.pinned_host || it->second.vmm_mapped)
+            return CUDA_ERROR_INVALID_VALUE;
     }
     sync_all_streams();  // like cudaFree: work in flight finishes before the memory goes
     Alloc a;
@@ -1420,6 +1433,182 @@ CUresult cuMemFree(CUdeviceptr dptr) {
     munmap(reinterpret_cast<void *>(dptr), a.map_len);
     shm_unlink(a.name.c_str());
     g_count.frees.fetch_add(1);
+    return CUDA_SUCCESS;
+}
+
+// ---- virtual memory management: PyTorch's expandable segments, shared as file descriptors --
+// A span's pieces (wsync_fake_mem_alloc_span) are physical allocations whose handles export as
+// POSIX file descriptors (the piece's shm file, opened anew); an importer maps the descriptor
+// into a range it reserved. cuMemAlloc memory has no such handle (the real driver: "not a
+// VMM allocation"), so cuMemRetainAllocationHandle refuses it.
+std::atomic<long long> g_vmm_exports{0}, g_vmm_imports{0};
+
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    WSYNC_FAKE_FAIL_POINT("cuMemRetainAllocationHandle");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.init_rc != CUDA_SUCCESS) return CUDA_ERROR_NOT_INITIALIZED;
+    auto it = containing_locked(s, reinterpret_cast<uint64_t>(addr));
+    if (!handle || it == s.allocs.end() || !it->second.span || it->second.vmm_mapped)
+        return CUDA_ERROR_INVALID_VALUE;
+    MemHandle h;
+    h.name = it->second.name;
+    h.size = it->second.size;
+    *handle = ++s.next_mem_handle;
+    s.mem_handles[*handle] = std::move(h);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    WSYNC_FAKE_FAIL_POINT("cuMemRelease");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    auto it = s.mem_handles.find(handle);
+    if (it == s.mem_handles.end()) return CUDA_ERROR_INVALID_VALUE;
+    if (it->second.fd >= 0) close(it->second.fd);
+    s.mem_handles.erase(it);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle, int type,
+                                      unsigned long long flags) {
+    WSYNC_FAKE_FAIL_POINT("cuMemExportToShareableHandle");
+    State &s = st();
+    std::string name;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        auto it = s.mem_handles.find(handle);
+        if (!shareable || flags || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+            it == s.mem_handles.end() || it->second.name.empty())
+            return CUDA_ERROR_INVALID_VALUE;
+        name = it->second.name;
+    }
+    int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+    *static_cast<int *>(shareable) = fd;
+    g_vmm_exports.fetch_add(1);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle, int type) {
+    WSYNC_FAKE_FAIL_POINT("cuMemImportFromShareableHandle");
+    const int fd = static_cast<int>(reinterpret_cast<intptr_t>(os_handle));
+    struct stat sb;
+    if (!handle || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fd < 0 || fstat(fd, &sb) != 0 ||
+        sb.st_size <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    MemHandle h;
+    h.fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);  // the caller may close its own, as the driver allows
+    if (h.fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    h.size = static_cast<uint64_t>(sb.st_size);
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    *handle = ++s.next_mem_handle;
+    s.mem_handles[*handle] = std::move(h);
+    g_vmm_imports.fetch_add(1);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, std::size_t size, std::size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+    WSYNC_FAKE_FAIL_POINT("cuMemAddressReserve");
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    if (!ptr || size == 0 || size % page || addr || flags || (alignment && alignment % page))
+        return CUDA_ERROR_INVALID_VALUE;
+    void *range = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (range == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    *ptr = reinterpret_cast<CUdeviceptr>(range);
+    s.reserved[*ptr] = {size, ++s.next_span};
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, std::size_t size) {
+    WSYNC_FAKE_FAIL_POINT("cuMemAddressFree");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    auto it = s.reserved.find(ptr);
+    if (it == s.reserved.end() || it->second.first != size) return CUDA_ERROR_INVALID_VALUE;
+    // Still mapped: the real driver's range would keep memory reachable; refused here.
+    auto m = s.allocs.lower_bound(ptr);
+    if (m != s.allocs.end() && m->first < ptr + size) return CUDA_ERROR_INVALID_VALUE;
+    munmap(reinterpret_cast<void *>(ptr), size);
+    s.reserved.erase(it);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+    WSYNC_FAKE_FAIL_POINT("cuMemMap");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    int dev;
+    if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
+    auto h = s.mem_handles.find(handle);
+    if (h == s.mem_handles.end() || flags || offset || size != page_round(h->second.size))
+        return CUDA_ERROR_INVALID_VALUE;
+    // Inside one reserved range, over nothing mapped.
+    auto r = s.reserved.upper_bound(ptr);
+    if (r == s.reserved.begin()) return CUDA_ERROR_INVALID_VALUE;
+    --r;
+    if (ptr < r->first || ptr + size > r->first + r->second.first) return CUDA_ERROR_INVALID_VALUE;
+    auto m = s.allocs.lower_bound(ptr);
+    if ((m != s.allocs.end() && m->first < ptr + size) || containing_locked(s, ptr) != s.allocs.end())
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = h->second.fd;
+    const bool own = fd < 0;
+    if (own) fd = shm_open(h->second.name.c_str(), O_RDWR | O_CLOEXEC, 0);
+    void *p = fd < 0 ? MAP_FAILED
+                     : mmap(reinterpret_cast<void *>(ptr), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (own && fd >= 0) close(fd);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    Alloc a;
+    a.size = h->second.size;
+    a.map_len = size;
+    a.device = dev;
+    a.buffer_id = ++s.next_buffer_id;
+    a.unexportable = true;
+    a.span = r->second.second;  // pieces mapped side by side read as one range
+    a.vmm_mapped = true;
+    s.allocs[ptr] = std::move(a);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc *desc, std::size_t count) {
+    WSYNC_FAKE_FAIL_POINT("cuMemSetAccess");
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (!desc || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    for (std::size_t i = 0; i < count; ++i)
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
+            desc[i].location.id >= static_cast<int>(s.visible.size()))
+            return CUDA_ERROR_INVALID_VALUE;
+    // Every byte of the range must be mapped.
+    for (uint64_t at = ptr; at < ptr + size;) {
+        auto it = s.allocs.find(at);
+        if (it == s.allocs.end() || !it->second.vmm_mapped) return CUDA_ERROR_INVALID_VALUE;
+        at += it->second.map_len;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
+    WSYNC_FAKE_FAIL_POINT("cuMemUnmap");
+    sync_all_streams();  // the driver's unmap waits for work reading the range (cuda.h)
+    State &s = st();
+    std::lock_guard<std::mutex> lk(s.mu);
+    for (uint64_t at = ptr; at < ptr + size;) {
+        auto it = s.allocs.find(at);
+        if (it == s.allocs.end() || !it->second.vmm_mapped) return CUDA_ERROR_INVALID_VALUE;
+        at += it->second.map_len;
+    }
+    for (uint64_t at = ptr; at < ptr + size;) {
+        auto it = s.allocs.find(at);
+        at += it->second.map_len;
+        s.allocs.erase(it);
+    }
+    mmap(reinterpret_cast<void *>(ptr), size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     return CUDA_SUCCESS;
 }
 
@@ -2031,12 +2220,18 @@ WSYNC_FAKE_EXPORT void wsync_fake_stats(struct wsync_fake_stats *out) {
     State &s = st();
     std::lock_guard<std::mutex> lk(s.mu);
     for (auto &kv : s.allocs)
-        (kv.second.pinned_host ? out->pinned_live : kv.second.ipc ? out->ipc_live : out->live_allocs) += 1;
+        if (!kv.second.vmm_mapped)
+            (kv.second.pinned_host ? out->pinned_live : kv.second.ipc ? out->ipc_live : out->live_allocs) += 1;
     out->host_allocs = g_count.host_allocs.load();
     out->host_frees = g_count.host_frees.load();
     out->streams_live = static_cast<long long>(s.streams.size());
     out->modules_live = static_cast<long long>(s.modules.size());
     out->events_live = static_cast<long long>(s.events.size());
+    out->vmm_exports = g_vmm_exports.load();
+    out->vmm_imports = g_vmm_imports.load();
+    out->vmm_handles_live = static_cast<long long>(s.mem_handles.size());
+    for (auto &kv : s.allocs) out->vmm_maps_live += kv.second.vmm_mapped ? 1 : 0;
+    out->vmm_reserved_live = static_cast<long long>(s.reserved.size());
 }
 
 WSYNC_FAKE_EXPORT void wsync_fake_reset_stats(void) {

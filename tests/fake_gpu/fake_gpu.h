@@ -45,6 +45,12 @@ struct wsync_fake_stats {
     long long host_allocs;     /* cuMemHostAlloc (pinned host memory; not in allocs) */
     long long host_frees;      /* cuMemFreeHost */
     long long pinned_live;     /* gauge: cuMemHostAlloc allocations not freed yet (not in live_allocs) */
+    /* The virtual memory management calls (cuMemRetainAllocationHandle & co.). */
+    long long vmm_exports;     /* cuMemExportToShareableHandle */
+    long long vmm_imports;     /* cuMemImportFromShareableHandle */
+    long long vmm_handles_live;  /* gauge: retained or imported handles not released yet */
+    long long vmm_maps_live;     /* gauge: cuMemMap mappings not unmapped yet */
+    long long vmm_reserved_live; /* gauge: cuMemAddressReserve ranges not freed yet */
 };
 
 /* Copies this process's counters. */

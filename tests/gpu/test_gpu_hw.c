@@ -27,6 +27,16 @@ static struct {
     CUresult (*cuMemFree)(CUdeviceptr);
     CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
     CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+    /* The virtual memory management API, for sources made as PyTorch's expandable segments
+     * make them (hardware only: the fake makes spans with wsync_fake_mem_alloc_span). */
+    CUresult (*cuMemCreate)(unsigned long long *, size_t, const void *, unsigned long long);
+    CUresult (*cuMemGetAllocationGranularity)(size_t *, const void *, int);
+    CUresult (*cuMemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
+    CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, unsigned long long, unsigned long long);
+    CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
+    CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const void *, size_t);
+    CUresult (*cuMemRelease)(unsigned long long);
 } cu;
 
 static const char *driver_path(void) {
@@ -57,6 +67,14 @@ static int cu_load(char *why, size_t cap) {
     SYM(cuMemcpyHtoD, "cuMemcpyHtoD_v2");
     SYM(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
 #undef SYM
+    *(void **)&cu.cuMemCreate = dlsym(h, "cuMemCreate");
+    *(void **)&cu.cuMemGetAllocationGranularity = dlsym(h, "cuMemGetAllocationGranularity");
+    *(void **)&cu.cuMemAddressReserve = dlsym(h, "cuMemAddressReserve");
+    *(void **)&cu.cuMemAddressFree = dlsym(h, "cuMemAddressFree");
+    *(void **)&cu.cuMemMap = dlsym(h, "cuMemMap");
+    *(void **)&cu.cuMemUnmap = dlsym(h, "cuMemUnmap");
+    *(void **)&cu.cuMemSetAccess = dlsym(h, "cuMemSetAccess");
+    *(void **)&cu.cuMemRelease = dlsym(h, "cuMemRelease");
     CUresult rc = cu.cuInit(0);
     if (rc != 0) {
         snprintf(why, cap, "cuInit failed with CUresult %d (no usable GPU)", rc);
@@ -415,6 +433,76 @@ static void engine_finish(engine_t *e) {
 static const int64_t shapes[NT][2] = {{4096, 1024}, {1024, 1}, {333, 77}, {2048, 512}};
 static const char *names[NT] = {"t0", "t1", "t2", "t3"};
 
+/* ---- trainer tensors in virtual memory, as PyTorch's expandable segments hold them ------- */
+/* CUmemAllocationProp (cuda.h): pinned device memory whose handle exports as a POSIX file
+ * descriptor, as PyTorch requests for its expandable segments. */
+typedef struct {
+    int type;                 /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+    int requested_handle_types; /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1 */
+    int location_type;        /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
+    int location_id;
+    void *win32_meta;
+    unsigned char alloc_flags[8];
+} mem_prop;
+typedef struct {
+    int location_type, location_id, flags; /* CUmemAccessDesc: PROT_READWRITE = 3 */
+} mem_access;
+
+typedef struct {
+    CUdeviceptr base;
+    size_t bytes, piece;
+    unsigned long long handles[64];
+    int pieces;
+    int fake;
+} vmm_span;
+
+/* One range of `bytes` (rounded up) mapped as several physical allocations side by side: the
+ * fake's span of 1 MiB pieces, or on hardware cuMemCreate pieces of twice the granularity. */
+static int vmm_span_make(vmm_span *v, size_t bytes, int device) {
+    memset(v, 0, sizeof *v);
+    int (*span)(unsigned long long *, size_t, size_t) =
+        (int (*)(unsigned long long *, size_t, size_t))fake_sym("wsync_fake_mem_alloc_span");
+    if (span) {
+        v->fake = 1;
+        v->piece = 1u << 20;
+        v->bytes = (bytes + v->piece - 1) / v->piece * v->piece;
+        v->pieces = (int)(v->bytes / v->piece);
+        return span(&v->base, v->bytes, v->piece);
+    }
+    if (!cu.cuMemCreate || !cu.cuMemGetAllocationGranularity || !cu.cuMemMap) return -1;
+    mem_prop prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = 1;
+    prop.requested_handle_types = 1;
+    prop.location_type = 1;
+    prop.location_id = device;
+    size_t g = 0;
+    if (cu.cuMemGetAllocationGranularity(&g, &prop, 0) != 0 || g == 0) return -2;
+    v->piece = 2 * g;
+    v->bytes = (bytes + v->piece - 1) / v->piece * v->piece;
+    v->pieces = (int)(v->bytes / v->piece);
+    if (v->pieces > 64 || cu.cuMemAddressReserve(&v->base, v->bytes, 0, 0, 0) != 0) return -3;
+    for (int k = 0; k < v->pieces; ++k) {
+        if (cu.cuMemCreate(&v->handles[k], v->piece, &prop, 0) != 0) return -4;
+        if (cu.cuMemMap(v->base + (size_t)k * v->piece, v->piece, 0, v->handles[k], 0) != 0) return -5;
+    }
+    mem_access acc = {1, device, 3};
+    return cu.cuMemSetAccess(v->base, v->bytes, &acc, 1) != 0 ? -6 : 0;
+}
+
+static void vmm_span_free(vmm_span *v) {
+    if (v->fake) {
+        for (int k = 0; k < v->pieces; ++k) cu.cuMemFree(v->base + (size_t)k * v->piece);
+        return;
+    }
+    cu.cuMemUnmap(v->base, v->bytes);
+    for (int k = 0; k < v->pieces; ++k) cu.cuMemRelease(v->handles[k]);
+    cu.cuMemAddressFree(v->base, v->bytes);
+}
+
+/* Set by a test: the one allocation of g_offsets is a virtual-memory span (vmm_span_make). */
+static int g_vmm_sources;
+
 /* Where the trainer's tensors live: NULL gives each its own allocation; else tensor k sits at
  * byte offset g_offsets[k] of one allocation (as views into a flat buffer, at 4, 8 and 12 bytes
  * past a 16-byte boundary, which takes the pack kernel off its 16-byte path). */
@@ -446,7 +534,11 @@ static void run_sync(const char *kind, const char *trainer_opts, const char *eng
         if (g_offsets && g_offsets[k] + bytes[k] > total) total = g_offsets[k] + bytes[k];
         if (!g_offsets) assert_int_equal(cu.cuMemAlloc(&dev[k], bytes[k]), 0);
     }
-    if (g_offsets) {
+    vmm_span span;
+    if (g_offsets && g_vmm_sources) {
+        assert_int_equal(vmm_span_make(&span, total, 0), 0);
+        for (int k = 0; k < NT; ++k) dev[k] = span.base + g_offsets[k];
+    } else if (g_offsets) {
         assert_int_equal(cu.cuMemAlloc(&flat, total), 0);
         for (int k = 0; k < NT; ++k) dev[k] = flat + g_offsets[k];
     }
@@ -481,6 +573,7 @@ static void run_sync(const char *kind, const char *trainer_opts, const char *eng
         free(host[k]);
     }
     if (flat) cu.cuMemFree(flat);
+    if (g_offsets && g_vmm_sources) vmm_span_free(&span);
 }
 
 /* Byte offsets of t0..t3 in one allocation: 4, 8, 0 and 12 past a 16-byte boundary, apart. */
@@ -528,6 +621,32 @@ static void cuda_ipc_per_allocation_views_inside_one_allocation_bit_for_bit(void
     REQUIRE_GPUS(1);
     g_offsets = unaligned_offsets;
     run_sync("cuda_ipc", "{\"packed\": false}", "{\"device\": 0}", 0, 0, 3);
+    g_offsets = NULL;
+}
+
+/* PyTorch's expandable segments: the trainer's tensors lie in virtual memory mapped as several
+ * physical allocations (t0 spans many), which cuIpcGetMemHandle cannot export. Per-allocation
+ * mode shares each allocation's handle as a file descriptor and the engine maps the pieces side
+ * by side again: views and one-call applies read them bit for bit over versions. */
+static void cuda_ipc_per_allocation_virtual_memory_sources_bit_for_bit(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    g_offsets = unaligned_offsets;
+    g_vmm_sources = 1;
+    run_sync("cuda_ipc", "{\"packed\": false}", "{\"device\": 0}", 0, 0, 3);
+    g_vmm_sources = 0;
+    g_offsets = NULL;
+}
+
+static void cuda_ipc_per_allocation_virtual_memory_sources_apply_bit_for_bit(void **state) {
+    (void)state;
+    REQUIRE_GPUS(1);
+    g_offsets = unaligned_offsets;
+    g_vmm_sources = 1;
+    g_engine_applies = 1;
+    run_sync("cuda_ipc", "{\"packed\": false}", "{\"device\": 0}", 0, 0, 3);
+    g_engine_applies = 0;
+    g_vmm_sources = 0;
     g_offsets = NULL;
 }
 
@@ -886,6 +1005,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_packed_tensors_off_16_byte_boundaries_bit_for_bit),
     cmocka_unit_test(cuda_ipc_packed_cast_off_16_byte_boundaries_matches_round_to_nearest_even),
     cmocka_unit_test(cuda_ipc_per_allocation_views_inside_one_allocation_bit_for_bit),
+    cmocka_unit_test(cuda_ipc_per_allocation_virtual_memory_sources_bit_for_bit),
+    cmocka_unit_test(cuda_ipc_per_allocation_virtual_memory_sources_apply_bit_for_bit),
     cmocka_unit_test(cuda_ipc_recv_copy_into_device_memory_bit_for_bit),
     cmocka_unit_test(cuda_ipc_packed_recv_copy_into_device_memory_bit_for_bit),
     cmocka_unit_test(cuda_ipc_packed_apply_loads_each_chunk_by_one_launch_bit_for_bit),

@@ -7,6 +7,10 @@
 
 #include "board.hpp"
 #include "gpu/device.hpp"
+#include "sys.hpp"
+#include "transport/cuda_ipc/vmm.hpp"
+
+#include <vector>
 
 namespace wsync::cuda_ipc {
 
@@ -23,6 +27,13 @@ public:
     void close_all() noexcept;
     // The mapping of `h` in this process, opened on first use; marks it used by `version`.
     gpu::CUdeviceptr get(const gpu::CUipcMemHandle &h, uint64_t version, const std::string &what);
+    // The mapping in this process of a sender's virtual-memory run (vmm.hpp): its pieces'
+    // descriptors fetched from `socket` (one connection, within the deadline), imported and
+    // mapped side by side into one reserved range, read-write for this GPU; made on first use,
+    // marked used by `version`. Throws with nothing left mapped or imported on failure:
+    // UNAVAILABLE (the sender's socket gone or refusing a piece), TIMEOUT, or the driver's error.
+    gpu::CUdeviceptr get_run(const std::string &socket, const std::vector<VmmPiece> &pieces,
+                             uint64_t version, const sys::Deadline &deadline, const std::string &what);
     // Closes every handle `version` did not use. Called as a version's last chunk ends: views of
     // older versions are gone, and this version's views use only handles it keeps.
     void evict_older_than(uint64_t version) noexcept;
@@ -34,6 +45,14 @@ private:
     };
     const gpu::Device &dev_;
     std::map<std::string, Entry> open_;
+    struct Run {
+        gpu::CUdeviceptr ptr;
+        uint64_t bytes;
+        std::vector<gpu::CUmemGenericAllocationHandle> handles;
+        uint64_t last_version;
+    };
+    void unmap(const Run &run) noexcept;
+    std::map<std::string, Run> runs_;  // by socket and piece keys
 };
 
 // Closes the handles version `version` no longer uses, then says so on the board (before the

@@ -13,6 +13,7 @@
 #include "transport/cuda_ipc/ack_queue.hpp"
 #include "transport/cuda_ipc/handle_cache.hpp"
 #include "transport/cuda_ipc/request.hpp"
+#include "transport/cuda_ipc/vmm.hpp"
 
 namespace wsync::cuda_ipc {
 namespace {
@@ -408,17 +409,30 @@ private:
         const auto &sizes = wire::array_field(part, "sizes", w, n);
         const auto &alloc = wire::array_field(part, "alloc", w, n);
         const auto &offset = wire::array_field(part, "offset", w, n);
-        if (handles.empty() || sizes.size() != handles.size() || alloc.size() != n || offset.size() != n)
+        // Virtual-memory runs (vmm.hpp): "alloc" past the handles picks one.
+        VmmRuns vmm;
+        std::vector<uint64_t> run_bytes;
+        if (part.contains("vmm")) {
+            vmm = read_vmm_runs(wire::object_field(part, "vmm", w), w + ".vmm");
+            for (const auto &run : vmm.runs) {
+                uint64_t bytes = 0;
+                for (const VmmPiece &piece : run) bytes += piece.bytes;
+                run_bytes.push_back(bytes);
+            }
+        }
+        const std::size_t places = handles.size() + vmm.runs.size();
+        if (places == 0 || sizes.size() != handles.size() || alloc.size() != n || offset.size() != n)
             wire::malformed(w + ": handles/sizes/alloc/offset columns have inconsistent lengths");
         // Validate every column before opening anything.
-        std::vector<uint64_t> size(handles.size());
+        std::vector<uint64_t> size(places);
         for (std::size_t k = 0; k < handles.size(); ++k)
             size[k] = wire::as_uint(sizes[k], w + ".sizes[" + std::to_string(k) + "]", uint64_t(1) << 48);
+        for (std::size_t r = 0; r < vmm.runs.size(); ++r) size[handles.size() + r] = run_bytes[r];
         std::vector<std::size_t> which(n);
         std::vector<uint64_t> off(n);
         for (std::size_t i = 0; i < n; ++i) {
             const std::string where = w + ": tensor '" + table.metas[i].name + "'";
-            which[i] = wire::as_uint(alloc[i], where + " alloc", handles.size() - 1);
+            which[i] = wire::as_uint(alloc[i], where + " alloc", places - 1);
             off[i] = wire::as_uint(offset[i], where + " offset", uint64_t(1) << 48);
             uint64_t nb = table.metas[i].nbytes, cap = size[which[i]];
             if (nb > cap || off[i] > cap - nb)
@@ -430,9 +444,13 @@ private:
         for (std::size_t k = 0; k < handles.size(); ++k)
             hs.push_back(decode_handle(handles[k], w + ".handles[" + std::to_string(k) + "]"));
         gpu::Device::Scope scope(*dev_);
-        std::vector<CUdeviceptr> bases(hs.size());
+        std::vector<CUdeviceptr> bases(places);
         for (std::size_t k = 0; k < hs.size(); ++k)
             bases[k] = cache_.get(hs[k], header.version, "allocation " + std::to_string(k));
+        const sys::Deadline deadline(timeout_ms_);
+        for (std::size_t r = 0; r < vmm.runs.size(); ++r)
+            bases[handles.size() + r] = cache_.get_run(vmm.socket, vmm.runs[r], header.version, deadline,
+                                                       "virtual-memory run " + std::to_string(r));
         std::vector<CUdeviceptr> ptrs(n);
         for (std::size_t i = 0; i < n; ++i) ptrs[i] = bases[which[i]] + off[i];
         return ptrs;

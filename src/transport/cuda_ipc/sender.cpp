@@ -1,6 +1,9 @@
 #include "transport/cuda_ipc/sender.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -11,6 +14,7 @@
 #include "gpu/device.hpp"
 #include "gpu/pack.hpp"
 #include "transport/cuda_ipc/request.hpp"
+#include "transport/cuda_ipc/vmm.hpp"
 
 namespace wsync::cuda_ipc {
 namespace {
@@ -75,7 +79,10 @@ public:
             if (!released)
                 for (auto &b : buckets_) b.leak();
         }
-        // Freed in order: the pack machinery and buckets before the device they live on.
+        // Freed in order: the exports, the pack machinery and buckets before the device they
+        // live on. Engines keep what they imported (their own handles), so the exported pieces'
+        // handles go now.
+        vmm_.reset();
         packer_.reset();
         done_.reset();
         legacy_.reset();
@@ -138,7 +145,13 @@ public:
     void abandon(uint64_t version) override { board_.abandon(version); }
 
     // The version's first chunk will be published as next_seq_ (it only grows on publish).
-    bool begin_version(uint64_t) override { return board_.admit_joiners(next_seq_) > 0; }
+    bool begin_version(uint64_t) override {
+        if (vmm_) {  // pieces the trainer's allocator gave back are no longer exported
+            gpu::Device::Scope scope(*dev_);
+            vmm_->sweep();
+        }
+        return board_.admit_joiners(next_seq_) > 0;
+    }
 
     void set_stream(void *stream) override { order_stream_ = gpu::ordering_stream(stream); }
 
@@ -238,9 +251,13 @@ private:
             table.offsets[i] = end;
             end += table.metas[i].nbytes;
         }
-        json handles = json::array(), sizes = json::array(), alloc = json::array(),
-             offset = json::array();
+        json handles = json::array(), sizes = json::array(), offset = json::array();
+        std::vector<std::pair<bool, std::size_t>> where(table.metas.size());  // (run?, index)
         std::map<uint64_t, std::size_t> in_chunk;  // buffer id -> index in handles
+        // Virtual memory (vmm.hpp): the chunk's pieces and runs, each listed once.
+        json pieces = json::array(), runs = json::array();
+        std::map<uint64_t, std::size_t> piece_at;             // key -> index in pieces
+        std::map<std::vector<uint64_t>, std::size_t> run_at;  // keys -> index in runs
         gpu::Device::Scope scope(*dev_);
         for (std::size_t i = 0; i < table.metas.size(); ++i) {
             const auto p = reinterpret_cast<CUdeviceptr>(tensors[i].data);
@@ -254,8 +271,30 @@ private:
             WSYNC_CU(api_, cuPointerGetAttribute(&id, gpu::CU_POINTER_ATTRIBUTE_BUFFER_ID, base),
                      who + ": buffer id");
             auto known = cache_.find(id);
+            if (known == cache_.end() && !legacy_ipc_capable(base)) {
+                if (!vmm_) vmm_ = std::make_unique<VmmExports>(*dev_, vmm_socket_name());
+                const VmmExports::Run run = vmm_->cover(p, table.metas[i].nbytes, table.metas[i].name);
+                std::vector<uint64_t> keys;
+                for (const VmmPiece &piece : run.pieces) keys.push_back(piece.key);
+                auto r = run_at.find(keys);
+                if (r == run_at.end()) {
+                    json indices = json::array();
+                    for (const VmmPiece &piece : run.pieces) {
+                        auto at = piece_at.find(piece.key);
+                        if (at == piece_at.end()) {
+                            at = piece_at.emplace(piece.key, pieces.size()).first;
+                            pieces.push_back(json::array({piece.key, piece.bytes}));
+                        }
+                        indices.push_back(at->second);
+                    }
+                    r = run_at.emplace(std::move(keys), runs.size()).first;
+                    runs.push_back(std::move(indices));
+                }
+                where[i] = {true, r->second};
+                offset.push_back(p - run.base);
+                continue;
+            }
             if (known == cache_.end()) {
-                check_exportable(base, table.metas[i].name);
                 Allocation a{base, size, {}};
                 WSYNC_CU(api_, cuIpcGetMemHandle(&a.handle, base), who + ": cuIpcGetMemHandle");
                 known = cache_.emplace(id, a).first;
@@ -269,32 +308,43 @@ private:
                 handles.push_back(encode_handle(a.handle));
                 sizes.push_back(a.size);
             }
-            alloc.push_back(slot_it->second);
+            where[i] = {false, slot_it->second};
             offset.push_back(p - a.base);
         }
+        // A tensor's "alloc": its handle's index, or for a run the number of handles plus the
+        // run's index.
+        json alloc = json::array();
+        for (const auto &[run, index] : where) alloc.push_back(run ? handles.size() + index : index);
         board_.wait({slot}, deadline, "too many chunks in flight", next_seq_ - 1);
         wait_default_stream(deadline, chunk);
-        return json{{"handles", std::move(handles)}, {"sizes", std::move(sizes)},
-                    {"alloc", std::move(alloc)}, {"offset", std::move(offset)}};
+        json part = {{"handles", std::move(handles)}, {"sizes", std::move(sizes)},
+                     {"alloc", std::move(alloc)}, {"offset", std::move(offset)}};
+        if (!runs.empty())
+            part["vmm"] = {{"socket", vmm_->socket()}, {"pieces", std::move(pieces)}, {"runs", std::move(runs)}};
+        return part;
     }
 
     // Memory from a stream-ordered pool (cudaMallocAsync) or the virtual memory management API
     // (PyTorch's expandable segments) cannot be exported with cuIpcGetMemHandle: the driver
     // says so through CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE ("1 if this pointer maps
     // to an allocation that is suitable for cudaIpcGetMemHandle, 0 otherwise"; CUDA Driver API,
-    // cuPointerGetAttribute). Refused by name before anything is published. A driver too old
-    // to know the attribute answers CUDA_ERROR_INVALID_VALUE: then cuIpcGetMemHandle decides.
-    void check_exportable(CUdeviceptr base, const std::string &name) {
+    // cuPointerGetAttribute). Such memory goes by its virtual-memory handles (vmm.hpp), which
+    // a pool's is refused by name. A driver too old to know the attribute answers
+    // CUDA_ERROR_INVALID_VALUE: then cuIpcGetMemHandle decides.
+    bool legacy_ipc_capable(CUdeviceptr base) {
         int capable = 1;
         if (api_.cuPointerGetAttribute(&capable, gpu::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
                                        base) != gpu::CUDA_SUCCESS)
-            return;
-        if (!capable)
-            fail(WSYNC_ERR_UNSUPPORTED,
-                 std::string(kKind) + ": tensor '" + name + "' lives in memory that cannot be "
-                 "exported with cuIpcGetMemHandle (a cudaMallocAsync pool, or PyTorch's "
-                 "expandable segments: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); use "
-                 "packed: true, which copies it into exportable buckets");
+            return true;
+        return capable != 0;
+    }
+
+    // The abstract socket that serves this sender's virtual-memory descriptors: unique per
+    // sync, process and sender.
+    std::string vmm_socket_name() const {
+        static std::atomic<uint64_t> made{0};
+        return "wsync-vmm-" + info_.segment + "-" + std::to_string(getpid()) + "-" +
+               std::to_string(++made);
     }
 
     const gpu::CudaApi &api_;
@@ -321,6 +371,7 @@ private:
     // packed=false: allocation handles by the driver's buffer id, which is never reused in a
     // process, so a freed and re-made allocation at the same address cannot hit a stale entry.
     std::map<unsigned long long, Allocation> cache_;
+    std::unique_ptr<VmmExports> vmm_;  // packed=false: virtual-memory pieces (at the first)
 };
 
 }  // namespace
