@@ -425,10 +425,14 @@ WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
  * default stream (PyTorch's default stream; work on other streams, such as collectives, the
  * caller synchronises), "cuda_ipc" waiting for it up to "timeout_ms" (then WSYNC_ERR_TIMEOUT
  * naming the GPU and the chunk), and a "dtype" option casts float32 tensors to bfloat16 or
- * float16 while packing. "cuda_ipc" with "packed": false refuses a tensor in memory that cannot
- * be exported (a cudaMallocAsync pool, PyTorch's expandable segments) with
- * WSYNC_ERR_UNSUPPORTED naming it and "packed: true"; after a tensor moved, free its old memory
- * only after wsync_sender_wait_released().
+ * float16 while packing. "cuda_ipc" with "packed": false shares each allocation once: by
+ * cuIpcGetMemHandle, or for virtual memory (PyTorch's expandable segments) by each physical
+ * allocation's handle exported as a POSIX file descriptor, which engines of the same user fetch
+ * from the sender over an abstract Unix socket (0.6.1; docs/data-path.md); it refuses a tensor
+ * in memory that can be exported neither way (a cudaMallocAsync pool, virtual memory made
+ * without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) with WSYNC_ERR_UNSUPPORTED naming it and
+ * "packed: true"; after a tensor moved, free its old memory only after
+ * wsync_sender_wait_released().
  * Tensor descriptors are validated first: NULL data, zero elements, non-contiguous strides,
  * unknown dtype or device, names that are empty, too long, not UTF-8 or duplicated, shape
  * products that overflow fail with WSYNC_ERR_INVALID_ARGUMENT naming the tensor; nothing is

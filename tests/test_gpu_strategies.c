@@ -929,6 +929,42 @@ static void unpacked_virtual_memory_is_exported_and_mapped_once_and_let_go_when_
     for (size_t off = 0; off < span_bytes; off += piece) drv.cuMemFree(span + off);
 }
 
+/* A request whose virtual-memory descriptors can no longer be fetched (the trainer destroyed
+ * its sender, or its process exited, after publishing): the engine's receive fails at once
+ * instead of waiting, and it keeps nothing imported or mapped. */
+static void unpacked_virtual_memory_of_a_sender_gone_fails_the_engines_receive_at_once(void **state) {
+    (void)state;
+    engine_t e = ipc_engine(0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"packed\": false, \"timeout_ms\": 5000}", &e, 1, &s, &init, &tx);
+    CUdeviceptr span = 0;
+    assert_int_equal(drv.alloc_span(&span, 2u << 20, 1u << 20), 0);
+    void *data = (void *)(uintptr_t)(span + (1u << 20) - 64); /* over both pieces */
+    tu_fill(data, (size_t)shapes[0][0] * shapes[0][1] * 4, 1, 0);
+    wsync_tensor_t t = gpu_tensor(names[0], data, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    wsync_sender_destroy(tx);
+    const long t0 = tu_now_ms();
+    engine_send(&e, &req);
+    assert_int_equal(engine_verdict(&e), 1); /* the receive failed */
+    assert_true(tu_now_ms() - t0 < 2000);     /* not its 5 s deadline: the socket is gone */
+    wsync_blob_free(&req);
+    struct wsync_fake_stats es = engine_finish(&e);
+    assert_int_equal(es.vmm_imports, 0);
+    assert_int_equal(es.vmm_maps_live, 0);
+    assert_int_equal(es.vmm_reserved_live, 0);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+    assert_int_equal(stats_now().vmm_handles_live, 0);
+    drv.cuMemFree(span);
+    drv.cuMemFree(span + (1u << 20));
+}
+
 /* Virtual memory whose handles cannot become file descriptors (made without
  * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR): refused by name before anything is published. */
 static void unpacked_refuses_virtual_memory_it_cannot_export_naming_the_tensor(void **state) {
@@ -3394,6 +3430,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(unpacked_moved_tensor_gets_a_new_handle_and_the_old_one_is_closed),
     cmocka_unit_test(unpacked_virtual_memory_is_exported_and_mapped_once_and_let_go_when_moved),
     cmocka_unit_test(unpacked_refuses_virtual_memory_it_cannot_export_naming_the_tensor),
+    cmocka_unit_test(unpacked_virtual_memory_of_a_sender_gone_fails_the_engines_receive_at_once),
     cmocka_unit_test(each_engine_takes_the_part_of_its_own_gpu_even_when_remapped),
     cmocka_unit_test(a_request_without_this_gpu_is_a_mismatch_naming_the_uuid),
     cmocka_unit_test(a_dead_engine_fails_flush_with_peer),
