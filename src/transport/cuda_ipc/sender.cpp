@@ -251,13 +251,12 @@ private:
             table.offsets[i] = end;
             end += table.metas[i].nbytes;
         }
-        json handles = json::array(), sizes = json::array(), offset = json::array();
+        json handles = json::array(), sizes = json::array();
+        std::vector<uint64_t> offset(table.metas.size());
         std::vector<std::pair<bool, std::size_t>> where(table.metas.size());  // (run?, index)
         std::map<uint64_t, std::size_t> in_chunk;  // buffer id -> index in handles
-        // Virtual memory (vmm.hpp): the chunk's pieces and runs, each listed once.
-        json pieces = json::array(), runs = json::array();
-        std::map<uint64_t, std::size_t> piece_at;             // key -> index in pieces
-        std::map<std::vector<uint64_t>, std::size_t> run_at;  // keys -> index in runs
+        // Virtual memory (vmm.hpp): each such tensor's pieces, merged into the chunk's runs below.
+        std::vector<std::pair<std::size_t, VmmExports::Run>> in_vmm;
         gpu::Device::Scope scope(*dev_);
         for (std::size_t i = 0; i < table.metas.size(); ++i) {
             const auto p = reinterpret_cast<CUdeviceptr>(tensors[i].data);
@@ -273,25 +272,7 @@ private:
             auto known = cache_.find(id);
             if (known == cache_.end() && !legacy_ipc_capable(base)) {
                 if (!vmm_) vmm_ = std::make_unique<VmmExports>(*dev_, vmm_socket_name());
-                const VmmExports::Run run = vmm_->cover(p, table.metas[i].nbytes, table.metas[i].name);
-                std::vector<uint64_t> keys;
-                for (const VmmPiece &piece : run.pieces) keys.push_back(piece.key);
-                auto r = run_at.find(keys);
-                if (r == run_at.end()) {
-                    json indices = json::array();
-                    for (const VmmPiece &piece : run.pieces) {
-                        auto at = piece_at.find(piece.key);
-                        if (at == piece_at.end()) {
-                            at = piece_at.emplace(piece.key, pieces.size()).first;
-                            pieces.push_back(json::array({piece.key, piece.bytes}));
-                        }
-                        indices.push_back(at->second);
-                    }
-                    r = run_at.emplace(std::move(keys), runs.size()).first;
-                    runs.push_back(std::move(indices));
-                }
-                where[i] = {true, r->second};
-                offset.push_back(p - run.base);
+                in_vmm.emplace_back(i, vmm_->cover(p, table.metas[i].nbytes, table.metas[i].name));
                 continue;
             }
             if (known == cache_.end()) {
@@ -309,8 +290,10 @@ private:
                 sizes.push_back(a.size);
             }
             where[i] = {false, slot_it->second};
-            offset.push_back(p - a.base);
+            offset[i] = p - a.base;
         }
+        json pieces = json::array(), runs = json::array();
+        merge_runs(tensors, in_vmm, &where, &offset, &pieces, &runs);
         // A tensor's "alloc": its handle's index, or for a run the number of handles plus the
         // run's index.
         json alloc = json::array();
@@ -318,10 +301,60 @@ private:
         board_.wait({slot}, deadline, "too many chunks in flight", next_seq_ - 1);
         wait_default_stream(deadline, chunk);
         json part = {{"handles", std::move(handles)}, {"sizes", std::move(sizes)},
-                     {"alloc", std::move(alloc)}, {"offset", std::move(offset)}};
+                     {"alloc", std::move(alloc)}, {"offset", offset}};
         if (!runs.empty())
             part["vmm"] = {{"socket", vmm_->socket()}, {"pieces", std::move(pieces)}, {"runs", std::move(runs)}};
         return part;
+    }
+
+    // The chunk's virtual-memory runs: the tensors' pieces merged where they touch or overlap in
+    // the trainer's range, so tensors side by side there (a model in one expandable segment)
+    // are side by side in the engine's mapping too, and its copies of neighbours into
+    // neighbouring destinations become one (gpu::Packer). Sets each such tensor's run and
+    // offset, and lists each piece once.
+    static void merge_runs(const wsync_tensor_t *tensors,
+                           std::vector<std::pair<std::size_t, VmmExports::Run>> &in_vmm,
+                           std::vector<std::pair<bool, std::size_t>> *where, std::vector<uint64_t> *offset,
+                           json *pieces, json *runs) {
+        std::sort(in_vmm.begin(), in_vmm.end(), [&](const auto &a, const auto &b) {
+            return reinterpret_cast<uintptr_t>(tensors[a.first].data) < reinterpret_cast<uintptr_t>(tensors[b.first].data);
+        });
+        struct Merged {
+            CUdeviceptr base, end;
+            std::vector<VmmPiece> pieces;
+        };
+        std::vector<Merged> merged;
+        for (const auto &[i, run] : in_vmm) {
+            CUdeviceptr end = run.base;
+            for (const VmmPiece &piece : run.pieces) end += piece.bytes;
+            if (merged.empty() || run.base > merged.back().end) {
+                merged.push_back({run.base, end, run.pieces});
+            } else {  // touches or overlaps the run before: its pieces past that run's end join it
+                CUdeviceptr at = run.base;
+                for (const VmmPiece &piece : run.pieces) {
+                    if (at >= merged.back().end) {
+                        merged.back().pieces.push_back(piece);
+                        merged.back().end = at + piece.bytes;
+                    }
+                    at += piece.bytes;
+                }
+            }
+            (*where)[i] = {true, merged.size() - 1};
+            (*offset)[i] = reinterpret_cast<CUdeviceptr>(tensors[i].data) - merged.back().base;
+        }
+        std::map<uint64_t, std::size_t> piece_at;  // key -> index in pieces
+        for (const Merged &m : merged) {
+            json indices = json::array();
+            for (const VmmPiece &piece : m.pieces) {
+                auto at = piece_at.find(piece.key);
+                if (at == piece_at.end()) {
+                    at = piece_at.emplace(piece.key, pieces->size()).first;
+                    pieces->push_back(json::array({piece.key, piece.bytes}));
+                }
+                indices.push_back(at->second);
+            }
+            runs->push_back(std::move(indices));
+        }
     }
 
     // Memory from a stream-ordered pool (cudaMallocAsync) or the virtual memory management API
