@@ -170,39 +170,28 @@ Packer::~Packer() {
 }
 
 Packer::Queued Packer::pack(const std::vector<PackEntry> &entries, CUstream stream) {
-    // Neighbours in both memories (a plain copy whose source and destination each continue
-    // where the previous one's end) are one copy: tensors side by side in the trainer's memory
-    // and in the engine's (expandable segments, fused parameters) move as one large copy.
-    merged_.clear();
-    for (const PackEntry &e : entries) {
-        if (!merged_.empty()) {
-            PackEntry &last = merged_.back();
-            if (e.op == kPackCopy && last.op == kPackCopy && last.src + last.count == e.src &&
-                last.dst + last.count == e.dst) {
-                last.count += e.count;
-                continue;
-            }
-        }
-        merged_.push_back(e);
-    }
+    // Copies are never joined, even where sources and destinations both continue each other:
+    // the driver refuses a device copy whose range spans two allocations (CUDA_ERROR_INVALID_VALUE
+    // on the H200, 2026-12-04: adjacent cuMemAlloc allocations, a bucket's neighbours), and
+    // which allocation holds a byte is the driver's to say, one call a tensor.
     // The kernel's share (tiles renumbered), then one driver copy per large plain copy, all on
     // `stream`: whoever waits for the stream waits for both.
     staged_.clear();
     uint64_t tiles = 0;
-    for (const PackEntry &e : merged_) {
+    for (const PackEntry &e : entries) {
         if (e.op == kPackCopy && e.count >= driver_copy_min_) continue;
         PackEntry k = e;
         k.first_tile = static_cast<uint32_t>(tiles);
         tiles += pack_tiles(k);
         if (tiles > UINT32_MAX)
             fail(WSYNC_ERR_INVALID_ARGUMENT,
-                 "a chunk's pack kernel tiles exceed 2^32 (" + std::to_string(merged_.size()) + " copies)");
+                 "a chunk's pack kernel tiles exceed 2^32 (" + std::to_string(entries.size()) + " tensors)");
         staged_.push_back(k);
     }
     Queued q;
     Device::Scope scope(dev_);
     if (tiles) launch(stream, tiles), q.launches = 1;
-    for (const PackEntry &e : merged_) {
+    for (const PackEntry &e : entries) {
         if (e.op != kPackCopy || e.count < driver_copy_min_) continue;
         WSYNC_CU(dev_.api(), cuMemcpyDtoDAsync(e.dst, e.src, e.count, stream),
                  "queuing a device copy of " + std::to_string(e.count) + " bytes");

@@ -54,10 +54,10 @@ public:
     // larger one and the old kept until the Packer goes (freeing device memory would wait for
     // the whole device, possibly for work that never ends).
     //
-    // Consecutive plain copies whose sources and destinations both continue each other are
-    // joined first; then copies of driver_copy_min bytes or more go by cuMemcpyDtoDAsync on
-    // `stream` after the launch, the rest (casts, small copies) by the one launch, its tiles
-    // renumbered here.
+    // Plain copies of driver_copy_min bytes or more go by cuMemcpyDtoDAsync on `stream` after
+    // the launch, one call each (never joined with a neighbour: a driver copy may not span
+    // allocations), the rest (casts, small copies) by the one launch, its tiles renumbered
+    // here.
     struct Queued {
         uint32_t launches = 0;        // 0 or 1
         uint64_t driver_copies = 0;   // cuMemcpyDtoDAsync calls
@@ -73,7 +73,6 @@ private:
     CUfunction fn_ = nullptr;
     DeviceBuffer table_;
     std::vector<DeviceBuffer> retired_;
-    std::vector<PackEntry> merged_;  // entries with neighbours joined
     std::vector<PackEntry> staged_;
     std::unique_ptr<Event> launched_;  // recorded after each launch, on its stream
     CUstream last_stream_ = nullptr;

@@ -425,6 +425,18 @@ bool pinned_host_range(uint64_t p, uint64_t n) {
     return it != s.allocs.end() && it->second.pinned_host && n <= it->second.size - (p - it->first);
 }
 
+// Whether [p, p + n) starts inside an allocation and runs past its end (not along a span).
+bool runs_past_its_allocation(uint64_t p, uint64_t n) {
+    if (p == 0 || n == 0) return false;
+    {
+        State &s = st();
+        std::lock_guard<std::mutex> lk(s.mu);
+        auto it = containing_locked(s, p);
+        if (it == s.allocs.end() || n <= it->second.size - (p - it->first)) return false;
+    }
+    return !find_region(p, n, nullptr);
+}
+
 // Device access check made when an operation runs: the fake's "page fault".
 bool device_range_ok(uint64_t p, uint64_t n) { return n == 0 || find_region(p, n, nullptr); }
 
@@ -1776,6 +1788,11 @@ CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, 
     WSYNC_FAKE_FAIL_POINT("cuMemcpyDtoDAsync_v2");
     int dev;
     if (CUresult rc = current_device(&dev)) return rc;
+    // The driver refuses at once a copy that starts in one allocation and runs on into another
+    // (CUDA_ERROR_INVALID_VALUE on the H200, 2026-12-04: two tensors of neighbouring cuMemAlloc
+    // allocations joined into one copy); the pieces of one virtual-memory span are one range.
+    if (runs_past_its_allocation(dst, bytes) || runs_past_its_allocation(src, bytes))
+        return CUDA_ERROR_INVALID_VALUE;
     std::shared_ptr<Stream> s;
     if (CUresult rc = get_stream(stream, &s)) return rc;
     int fail_rc = 0;
@@ -2317,6 +2334,35 @@ WSYNC_FAKE_EXPORT int wsync_fake_mem_alloc_span(unsigned long long *dptr, std::s
             return rc;
         }
         add_alloc(p, piece, piece, name, dev, serial, span);
+    }
+    *dptr = reinterpret_cast<unsigned long long>(range);
+    return CUDA_SUCCESS;
+}
+
+WSYNC_FAKE_EXPORT int wsync_fake_mem_alloc_adjacent(unsigned long long *dptr, std::size_t bytes,
+                                                    std::size_t piece_bytes) {
+    State &s = st();
+    int dev;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        if (CUresult rc = ctx_device_locked(s, &dev)) return rc;
+    }
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    if (!dptr || bytes == 0 || piece_bytes == 0 || piece_bytes % page) return CUDA_ERROR_INVALID_VALUE;
+    const uint64_t len = page_round(bytes);
+    void *range = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (range == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    for (uint64_t at = 0; at < len; at += piece_bytes) {
+        const uint64_t piece = std::min<uint64_t>(piece_bytes, len - at);
+        std::string name;
+        uint64_t serial = 0;
+        void *p = nullptr;
+        if (CUresult rc = new_shm_mapping(piece, static_cast<char *>(range) + at, &name, &serial, &p)) {
+            for (uint64_t back = 0; back < at; back += piece_bytes) cuMemFree(reinterpret_cast<CUdeviceptr>(range) + back);
+            munmap(static_cast<char *>(range) + at, len - at);
+            return rc;
+        }
+        add_alloc(p, piece, piece, name, dev, serial, 0);  // its own allocation, as cuMemAlloc's
     }
     *dptr = reinterpret_cast<unsigned long long>(range);
     return CUDA_SUCCESS;

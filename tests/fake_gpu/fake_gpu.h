@@ -122,6 +122,11 @@ int wsync_fake_mem_alloc_unexportable(unsigned long long *dptr, size_t bytes);
  * driver's error. The arguments are (CUdeviceptr *, size_t, size_t). */
 int wsync_fake_mem_alloc_span(unsigned long long *dptr, size_t bytes, size_t piece_bytes);
 typedef int (*wsync_fake_mem_alloc_span_fn)(unsigned long long *dptr, size_t bytes, size_t piece_bytes);
+/* `bytes` as allocations of `piece_bytes` back to back in one address range, each its own
+ * allocation as neighbouring cuMemAlloc allocations can be (not a span: a device copy running
+ * from one into the next is refused, CUDA_ERROR_INVALID_VALUE, as by the driver). Free each
+ * with cuMemFree. */
+int wsync_fake_mem_alloc_adjacent(unsigned long long *dptr, size_t bytes, size_t piece_bytes);
 
 /* Parks `stream` (a CUstream; 0 or 1 name the NULL/legacy stream): operations enqueued on it
  * after this call wait until wsync_fake_stream_release_held() (a collective, or on the NULL

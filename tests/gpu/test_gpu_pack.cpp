@@ -1,7 +1,7 @@
-// How gpu::Packer moves a chunk's copies (src/gpu/pack.hpp), as a specification: neighbours in
-// both memories become one copy; plain copies of WSYNC_APPLY_DRIVER_COPY_MIN bytes or more go by
-// the driver's device copy, casts and small copies by one kernel launch; whatever the split,
-// every destination holds its source's bytes. CTest runs it against the fake driver (label
+// How gpu::Packer moves a chunk's copies (src/gpu/pack.hpp), as a specification: plain copies
+// of WSYNC_APPLY_DRIVER_COPY_MIN bytes or more go by the driver's device copy, one each (never
+// joined with a neighbour in another allocation), casts and small copies by one kernel launch;
+// whatever the split, every destination holds its source's bytes. CTest runs it against the fake driver (label
 // gpu-fake: the split, counted by the fake) and the machine's driver (label gpu: the bytes on
 // hardware; skips with the reason where there is no usable driver).
 #include <dlfcn.h>
@@ -34,6 +34,7 @@ struct Gpu {
     std::unique_ptr<gpu::Stream> stream;
     std::string why;
     wsync_fake_stats_fn stats = nullptr;  // the fake's counters, when the driver is the fake
+    int (*adjacent)(unsigned long long *, size_t, size_t) = nullptr;  // the fake's neighbours
 };
 Gpu *g = nullptr;
 
@@ -86,38 +87,56 @@ struct wsync_fake_stats counters() {
     return s;
 }
 
-// Two 4 MiB tensors side by side in the source and in the destination, then a small one apart:
-// one driver copy of 8 MiB, one launch for the small one.
-void neighbours_in_both_memories_are_one_driver_copy(void **) {
+// Two 4 MiB tensors in neighbouring allocations (back to back in the address space, as
+// cuMemAlloc can place them), copied into one destination side by side, and a small one: two
+// driver copies, never one across the allocations (the H200 driver refused that copy with
+// CUDA_ERROR_INVALID_VALUE, 2026-12-04), and one launch for the small one.
+void neighbouring_allocations_are_never_one_driver_copy(void **) {
     NEED_GPU();
     const uint64_t big = uint64_t(4) << 20, small = 4096;
-    Buffer src(2 * big + 65536), dst(2 * big + 65536);
-    const auto bytes = pattern(2 * big + 65536, 7);
-    put(src.ptr, bytes);
+    CUdeviceptr a = 0, b = 0;
+    {
+        gpu::Device::Scope scope(*g->dev);
+        if (g->adjacent) {  // the fake: two allocations back to back
+            assert_int_equal(g->adjacent(&a, 2 * big, big), 0);
+            b = a + big;
+        } else {
+            assert_int_equal(g->api->cuMemAlloc(&a, big), 0);
+            assert_int_equal(g->api->cuMemAlloc(&b, big), 0);
+        }
+    }
+    Buffer dst(2 * big + 65536);
+    const auto one = pattern(big, 7), two = pattern(big, 9), tail = pattern(small, 11);
+    put(a, one);
+    put(b, two);
+    put(b + big - small, tail);
     std::vector<PackEntry> entries = {
-        {src.ptr, dst.ptr, big, gpu::kPackCopy, 0},
-        {src.ptr + big, dst.ptr + big, big, gpu::kPackCopy, 0},
-        {src.ptr + 2 * big + 4096, dst.ptr + 2 * big + 8192, small, gpu::kPackCopy, 0},
+        {a, dst.ptr, big, gpu::kPackCopy, 0},
+        {b, dst.ptr + big, big, gpu::kPackCopy, 0},
+        {b + big - small, dst.ptr + 2 * big + 8192, small, gpu::kPackCopy, 0},
     };
     gpu::Packer packer(*g->dev);
     const struct wsync_fake_stats before = counters();
     const gpu::Packer::Queued q = packer.pack(entries, g->stream->get());
-    assert_int_equal(q.driver_copies, 1);
+    assert_int_equal(q.driver_copies, 2);
     assert_int_equal(q.launches, 1);
     const auto got = get(dst.ptr, 2 * big + 8192 + small);
-    assert_memory_equal(got.data(), bytes.data(), 2 * big);
-    assert_memory_equal(got.data() + 2 * big + 8192, bytes.data() + 2 * big + 4096, small);
+    assert_memory_equal(got.data(), one.data(), big);
+    assert_memory_equal(got.data() + big, two.data(), big - small);
+    assert_memory_equal(got.data() + 2 * big + 8192, tail.data(), small);
     if (g->stats) {
         const struct wsync_fake_stats after = counters();
         assert_int_equal(after.kernel_launches - before.kernel_launches, 1);
-        // the 8 MiB copy, the kernel's entry table, and the download above
-        assert_int_equal(after.memcpy_calls - before.memcpy_calls, 3);
+        // the two driver copies, the kernel's entry table, and the download above
+        assert_int_equal(after.memcpy_calls - before.memcpy_calls, 4);
     }
+    gpu::Device::Scope scope(*g->dev);
+    g->api->cuMemFree(a);
+    g->api->cuMemFree(b);
 }
 
-// Copies that continue each other in the source but not in the destination (or the reverse)
-// stay apart; a cast never joins a copy; below the threshold everything is one launch.
-void only_copies_contiguous_on_both_sides_join_and_small_ones_share_a_launch(void **) {
+// Below the threshold plain copies and casts share one launch, whatever their neighbours.
+void small_copies_and_casts_share_one_launch(void **) {
     NEED_GPU();
     const uint64_t n = 64 * 1024;
     Buffer src(8 * n), dst(8 * n);
@@ -163,7 +182,11 @@ int setup(void **) {
     }
     if (const char *path = std::getenv("WSYNC_CUDA_LIBRARY"))
         if (void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD))
+        {
             g->stats = reinterpret_cast<wsync_fake_stats_fn>(dlsym(h, "wsync_fake_stats"));
+            g->adjacent = reinterpret_cast<int (*)(unsigned long long *, size_t, size_t)>(
+                dlsym(h, "wsync_fake_mem_alloc_adjacent"));
+        }
     return 0;
 }
 
@@ -181,8 +204,8 @@ int teardown(void **) {
 
 int main() {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(neighbours_in_both_memories_are_one_driver_copy),
-        cmocka_unit_test(only_copies_contiguous_on_both_sides_join_and_small_ones_share_a_launch),
+        cmocka_unit_test(neighbouring_allocations_are_never_one_driver_copy),
+        cmocka_unit_test(small_copies_and_casts_share_one_launch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -308,10 +308,9 @@ private:
     }
 
     // The chunk's virtual-memory runs: the tensors' pieces merged where they touch or overlap in
-    // the trainer's range, so tensors side by side there (a model in one expandable segment)
-    // are side by side in the engine's mapping too, and its copies of neighbours into
-    // neighbouring destinations become one (gpu::Packer). Sets each such tensor's run and
-    // offset, and lists each piece once.
+    // the trainer's range, so a model in one expandable segment maps as one run a chunk (one
+    // reserved range, one descriptor fetch, each boundary piece once) rather than one a tensor.
+    // Sets each such tensor's run and offset, and lists each piece once.
     static void merge_runs(const wsync_tensor_t *tensors,
                            std::vector<std::pair<std::size_t, VmmExports::Run>> &in_vmm,
                            std::vector<std::pair<bool, std::size_t>> *where, std::vector<uint64_t> *offset,
