@@ -120,7 +120,7 @@ public:
         const std::string chunk = "chunk " + std::to_string(h.chunk_index) + " of version " +
                                   std::to_string(h.version);
         json part = info_.packed ? pack(tensors, table, slot, deadline, chunk)
-                                 : share(tensors, table, slot, deadline, chunk);
+                                 : share(tensors, table, slot, deadline, chunk, h.version);
         part["uuid"] = dev_->uuid_string();
         board_.publish(slot, seq, h.version, h.chunk_index);
         note_version(h.version, seq);
@@ -145,10 +145,10 @@ public:
     void abandon(uint64_t version) override { board_.abandon(version); }
 
     // The version's first chunk will be published as next_seq_ (it only grows on publish).
-    bool begin_version(uint64_t) override {
+    bool begin_version(uint64_t version) override {
         if (vmm_) {  // pieces the trainer's allocator gave back are no longer exported
             gpu::Device::Scope scope(*dev_);
-            vmm_->sweep();
+            vmm_->sweep(version);
         }
         return board_.admit_joiners(next_seq_) > 0;
     }
@@ -242,7 +242,7 @@ private:
     };
 
     json share(const wsync_tensor_t *tensors, TensorTable &table, uint32_t slot,
-               const sys::Deadline &deadline, const std::string &chunk) {
+               const sys::Deadline &deadline, const std::string &chunk, uint64_t version) {
         // The core's table keeps a compact virtual layout (identical for every sender, so parts
         // merge); where each tensor really is travels in this sender's part.
         uint64_t end = 0;
@@ -272,7 +272,7 @@ private:
             auto known = cache_.find(id);
             if (known == cache_.end() && !legacy_ipc_capable(base)) {
                 if (!vmm_) vmm_ = std::make_unique<VmmExports>(*dev_, vmm_socket_name());
-                in_vmm.emplace_back(i, vmm_->cover(p, table.metas[i].nbytes, table.metas[i].name));
+                in_vmm.emplace_back(i, vmm_->cover(p, table.metas[i].nbytes, table.metas[i].name, version));
                 continue;
             }
             if (known == cache_.end()) {

@@ -29,7 +29,8 @@ VmmExports::~VmmExports() {
     }
 }
 
-VmmExports::Run VmmExports::cover(gpu::CUdeviceptr p, uint64_t len, const std::string &tensor) {
+VmmExports::Run VmmExports::cover(gpu::CUdeviceptr p, uint64_t len, const std::string &tensor,
+                                  uint64_t version) {
     const gpu::CudaApi &api = dev_.api();
     const std::string who = std::string(kKind) + ": tensor '" + tensor + "'";
     Run run;
@@ -72,8 +73,9 @@ VmmExports::Run VmmExports::cover(gpu::CUdeviceptr p, uint64_t len, const std::s
                 api.cuMemRelease(h);
                 throw;
             }
-            it = by_id_.emplace(id, Export{key, h, base, size}).first;
+            it = by_id_.emplace(id, Export{key, h, base, size, version}).first;
         }
+        it->second.last_version = version;
         if (run.pieces.empty()) run.base = base;
         run.pieces.push_back({it->second.key, it->second.bytes});
         at = base + size;
@@ -81,8 +83,12 @@ VmmExports::Run VmmExports::cover(gpu::CUdeviceptr p, uint64_t len, const std::s
     return run;
 }
 
-void VmmExports::sweep() noexcept {
+void VmmExports::sweep(uint64_t version) noexcept {
     for (auto it = by_id_.begin(); it != by_id_.end();) {
+        if (it->second.last_version + 1 >= version) {  // the last version used it
+            ++it;
+            continue;
+        }
         unsigned long long id = 0;
         const bool same = dev_.api().cuPointerGetAttribute(&id, gpu::CU_POINTER_ATTRIBUTE_BUFFER_ID,
                                                            it->second.base) == gpu::CUDA_SUCCESS &&
