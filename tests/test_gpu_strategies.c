@@ -2880,7 +2880,9 @@ static void nccl_recv_end_does_not_wait_unbounded_for_the_loaders_default_stream
 /* An engine that loads every chunk with wsync_recv_copy into buffers of its own, as a GPU
  * loader does. cfg->copy_faults 0 or 2: the legacy default stream is held while chunk 1 (not the
  * last) is copied and ended, and released when chunk 2 arrives (2: with a receiver timeout
- * shorter than that); 1: chunk 1's copy faults on the GPU. After each chunk it answers the recv_end status (0, else 0x80 | status) and the ms
+ * shorter than that); 1: chunk 1's copy faults on the GPU; 3: as 2, but the stream stays held
+ * and the receiver is destroyed after the last chunk (answering 1 more byte), the stream
+ * released only at the end. After each chunk it answers the recv_end status (0, else 0x80 | status) and the ms
  * recv_end took (capped at 255); after the last, its completed version. */
 static int overlapping_loader_engine_main(const engine_cfg *cfg, int in, int out) {
     uint8_t *req;
@@ -2895,7 +2897,7 @@ static int overlapping_loader_engine_main(const engine_cfg *cfg, int in, int out
     for (int chunk = 1;; ++chunk) {
         if (tu_recv_frame(in, &req, &len, 20000)) return 13;
         if (!req) break;
-        if (chunk == 2) drv.stream_release_held();
+        if (chunk == 2 && cfg->copy_faults != 3) drv.stream_release_held();
         wsync_recv_t *it;
         if (wsync_receiver_receive(r, req, len, &it) != WSYNC_OK) return 14;
         free(req);
@@ -2924,6 +2926,17 @@ static int overlapping_loader_engine_main(const engine_cfg *cfg, int in, int out
             wsync_receiver_completed_version(r, &v);
             uint8_t b = (uint8_t)v;
             if (tu_write_all(out, &b, 1)) return 18;
+            if (cfg->copy_faults == 3) {  /* destroyed while the held copies have not run */
+                wsync_receiver_destroy(r);
+                uint8_t done = 1;
+                if (tu_write_all(out, &done, 1)) return 19;
+                if (tu_recv_frame(in, &req, &len, 20000) || req) return 20;
+                drv.stream_release_held();
+                drv.cuCtxSynchronize();
+                drv.cuMemFree(mine);
+                wsync_strategy_destroy(s);
+                return 0;
+            }
         }
     }
     drv.cuMemFree(mine);
@@ -3087,6 +3100,40 @@ static void cuda_ipc_the_version_after_a_failed_earlier_chunk_completes(void **s
     OK(wsync_sender_flush(tx, 5000));
     overlapping_engine_finish(&e);
     trainer_end(tx, s, &init);
+    for (int k = 0; k < 3; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
+/* Issue 33: an engine destroys its receiver while copies it queued out of the trainer's bucket
+ * are stuck on its stream (past every deadline). That work may still run and read the bucket,
+ * so the receiver neither closes the mapping nor tells the board it released it: the trainer's
+ * destroy waits its "release_timeout_ms" and leaves the buckets allocated instead of freeing
+ * memory the engine's work still reads (the fake counts such frees). */
+static void cuda_ipc_a_receiver_destroyed_under_stuck_copies_keeps_the_trainers_memory(void **state) {
+    (void)state;
+    engine_cfg c0 = {"cuda_ipc", "{\"device\": 0, \"timeout_ms\": 300}", NULL, 0, 0, 0, 0, 3, 0};
+    engine_t e = tu_fork_peer(overlapping_loader_engine_entry, &c0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    void *data[3];
+    overlapping_sync(&e, "{\"bucket_bytes\": 65536, \"buckets\": 2, \"release_timeout_ms\": 600}", &s,
+                     &init, &tx, data, chunk_1_reported_late);
+    uint8_t a[3];
+    assert_int_equal(tu_read_all(e.from, a, 3, 5000), 0);
+    assert_int_equal(a[0], 0x80 | WSYNC_ERR_TIMEOUT); /* the last chunk waited for the held stream */
+    assert_int_equal(a[2], 0);
+    uint8_t destroyed = 0;
+    assert_int_equal(tu_read_all(e.from, &destroyed, 1, 5000), 0);
+    const long long freed_before = drv.freed_while_imported();
+    const long t0 = tu_now_ms();
+    wsync_sender_destroy(tx);
+    const long took = tu_now_ms() - t0;
+    assert_true(took >= 550 && took < 5000); /* it waited for the receiver, bounded */
+    assert_int_equal(drv.freed_while_imported() - freed_before, 0);
+    overlapping_engine_finish(&e);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
     for (int k = 0; k < 3; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
 }
 
@@ -3429,6 +3476,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(unpacked_steady_state_opens_no_new_handle_over_1000_syncs),
     cmocka_unit_test(unpacked_moved_tensor_gets_a_new_handle_and_the_old_one_is_closed),
     cmocka_unit_test(unpacked_virtual_memory_is_exported_and_mapped_once_and_let_go_when_moved),
+    cmocka_unit_test(cuda_ipc_a_receiver_destroyed_under_stuck_copies_keeps_the_trainers_memory),
     cmocka_unit_test(unpacked_refuses_virtual_memory_it_cannot_export_naming_the_tensor),
     cmocka_unit_test(unpacked_virtual_memory_of_a_sender_gone_fails_the_engines_receive_at_once),
     cmocka_unit_test(each_engine_takes_the_part_of_its_own_gpu_even_when_remapped),

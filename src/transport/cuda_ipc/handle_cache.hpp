@@ -25,6 +25,12 @@ public:
     HandleCache &operator=(const HandleCache &) = delete;
 
     void close_all() noexcept;
+    // Forgets every mapping without closing it (work that may still read them never finished:
+    // the driver closes them when the process exits).
+    void abandon() noexcept {
+        open_.clear();
+        runs_.clear();
+    }
     // The mapping of `h` in this process, opened on first use; marks it used by `version`.
     gpu::CUdeviceptr get(const gpu::CUipcMemHandle &h, uint64_t version, const std::string &what);
     // The mapping in this process of a sender's virtual-memory run (vmm.hpp): its pieces'

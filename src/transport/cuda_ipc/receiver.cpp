@@ -2,6 +2,7 @@
 
 #include <cinttypes>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "error.hpp"
@@ -233,6 +234,14 @@ private:
     StaleWork *stale_;                               // the receiver's
 };
 
+// A segment whose receiver left work on a stuck stream (see ~IpcReceiver): never closed.
+void keep_segment_until_exit(std::shared_ptr<SharedSegment> seg) {
+    static std::mutex mu;
+    static auto *kept = new std::vector<std::shared_ptr<SharedSegment>>();  // never destroyed
+    std::lock_guard<std::mutex> lock(mu);
+    kept->push_back(std::move(seg));
+}
+
 class IpcReceiver final : public ReceiverImpl {
 public:
     IpcReceiver(const gpu::CudaApi &api, std::shared_ptr<SharedSegment> seg, const InitInfo &info,
@@ -258,7 +267,21 @@ public:
             gpu::poll_until([&] { return stale_.settled(); }, sys::Deadline(timeout_ms_), "stale work");
         } catch (...) {
         }
-        if (stale_.settled()) cache_.close_all();
+        if (!stale_.settled()) {
+            // That work may still read the trainer's memory when its stream moves: this
+            // receiver stays on the board attached and unreleased (its segment, and with it its
+            // liveness lock, kept until the process exits), so the sender keeps that memory (a
+            // sender's destroy waits "release_timeout_ms" and then leaves its buckets
+            // allocated) instead of freeing it under the work. The mappings, and the modules
+            // of kernels the work may run, are left to the driver at exit.
+            cache_.abandon();
+            (void)packer_.release();
+            (void)delta_.release();
+            gpu::keep_until_exit(std::move(dev_));
+            keep_segment_until_exit(seg_);
+            return;
+        }
+        cache_.close_all();
         board::release(seg_->board(), index_, board::kAllReleased);
         board::detach(seg_->board(), index_);
     }
