@@ -41,9 +41,11 @@ DeviceCoder::~DeviceCoder() {
             poll_until([&] { return ordered_->done(); }, sys::Deadline(timeout_ms_), "delta coder teardown");
         } catch (...) {
             for (auto &kv : entries_) kv.second->base.leak(), kv.second->spare.leak(), kv.second->patch.leak();
+            for (DeviceBuffer &b : retired_) b.leak();
         }
     }
     entries_.clear();
+    retired_.clear();
     packer_.reset();
     kernels_.reset();
     ordered_.reset();
@@ -138,8 +140,11 @@ void DeviceCoder::encode(uint64_t version, const wsync_tensor_t *tensors,
         hashed[i] = true;
         if (o.patch && (config_.mode == delta::Mode::kOn ||
                         o.nbytes <= delta::budget(metas[i].nbytes, config_.max_percent))) {
-            if (e.patch.size() < o.nbytes)  // count() waited: no earlier use is in flight
-                e.patch = DeviceBuffer(*dev_, o.nbytes + o.nbytes / 4, "delta patch of '" + e.name + "'");
+            if (e.patch.size() < o.nbytes) {  // count() waited: no earlier use is in flight
+                DeviceBuffer grown(*dev_, o.nbytes + o.nbytes / 4, "delta patch of '" + e.name + "'");
+                if (e.patch.size()) retired_.push_back(std::move(e.patch));  // not freed: see retired_
+                e.patch = std::move(grown);
+            }
             o.bytes = e.patch.ptr();
             e.staged = Entry::Staged::kPatch;
             e.patch_bytes = o.nbytes;
@@ -162,10 +167,13 @@ void DeviceCoder::encode(uint64_t version, const wsync_tensor_t *tensors,
     uint64_t tile = 0;
     for (std::size_t i : dense) {
         Entry &e = *of[i];
-        if (e.spare.size() < metas[i].nbytes || !e.spare.size())
-            e.spare = DeviceBuffer(*dev_, std::max<uint64_t>(metas[i].nbytes, 1), "delta base of '" + e.name + "'",
-                                   config_.pinned_bases ? DeviceBuffer::Where::kPinnedHost
-                                                        : DeviceBuffer::Where::kDevice);
+        if (e.spare.size() < metas[i].nbytes || !e.spare.size()) {
+            DeviceBuffer grown(*dev_, std::max<uint64_t>(metas[i].nbytes, 1), "delta base of '" + e.name + "'",
+                               config_.pinned_bases ? DeviceBuffer::Where::kPinnedHost
+                                                    : DeviceBuffer::Where::kDevice);
+            if (e.spare.size()) retired_.push_back(std::move(e.spare));  // not freed: see retired_
+            e.spare = std::move(grown);
+        }
         PackEntry c{reinterpret_cast<uint64_t>(tensors[i].data), e.spare.ptr(), metas[i].nbytes,
                     kPackCopy, static_cast<uint32_t>(tile)};
         tile += pack_tiles(c);
@@ -238,6 +246,7 @@ void DeviceCoder::commit(uint64_t version) {
 uint64_t DeviceCoder::held_bytes() const {
     uint64_t n = 0;
     for (const auto &kv : entries_) n += kv.second->base.size() + kv.second->spare.size() + kv.second->patch.size();
+    for (const DeviceBuffer &b : retired_) n += b.size();
     return n;
 }
 

@@ -57,6 +57,10 @@ private:
     std::unique_ptr<DeltaKernels> kernels_;
     std::unique_ptr<Packer> packer_;  // copies dense tensors into their staged bases
     std::unordered_map<std::string, std::unique_ptr<Entry>> entries_;
+    // Patch and staging buffers that grew out of use, kept until the coder goes: freeing device
+    // memory waits for the whole device, and on a nccl_broadcast sender that includes an earlier
+    // broadcast waiting for its receivers, with no deadline (issue 33).
+    std::vector<DeviceBuffer> retired_;
     delta::Staging<Entry> staging_;
     std::vector<PackEntry> copies_;
 };

@@ -75,8 +75,12 @@ bool DeltaKernels::diffable(uint64_t esize, CUdeviceptr now, CUdeviceptr base) {
 
 // ---- plumbing --------------------------------------------------------------------------------
 void DeltaKernels::reserve(DeviceBuffer &buf, uint64_t bytes, const char *what) {
-    // Callers reserve only after a wait, so the old buffer is no longer in use.
-    if (buf.size() < bytes) buf = DeviceBuffer(dev_, std::max<uint64_t>(bytes + bytes / 2, 4096), what);
+    // Callers reserve only after a wait, so the old buffer is no longer in use; it is retired,
+    // not freed (see retired_).
+    if (buf.size() >= bytes) return;
+    DeviceBuffer grown(dev_, std::max<uint64_t>(bytes + bytes / 2, 4096), what);
+    if (buf.size()) retired_.push_back(std::move(buf));
+    buf = std::move(grown);
 }
 
 CUdeviceptr DeltaKernels::upload(DeviceBuffer &buf, const void *data, uint64_t bytes,

@@ -169,6 +169,11 @@ private:
     // the values replaced (reused patch after patch in stream order).
     DeviceBuffer hash_table_, diff_table_, compact_table_, patch_table_, counts_, offsets_, hashes_,
         patches_, apply_hashes_, saved_;
+    // Buffers that grew out of use, kept until the kernels go: freeing device memory waits for
+    // the whole device, and on a nccl_broadcast sender that includes an earlier broadcast
+    // waiting for its receivers, without a deadline (issue 33). A buffer grows by half again
+    // its need, so the retired ones hold less than twice the largest.
+    std::vector<DeviceBuffer> retired_;
     // A queued apply's device slot (kSlotBytes in a slab of kSlabSlots, kept until collect()):
     // its ApplyState, its scatter and restore entries and its hash entry, uploaded at once.
     static constexpr uint64_t kSlotBytes = 256, kSlabSlots = 64;

@@ -451,6 +451,43 @@ void a_failed_launch_is_named_and_a_stuck_stream_ends_at_the_deadline(void **) {
     assert_true(out[0].patch);
 }
 
+// Issue 33: a patch larger than any before grows the kernels' buffers while another stream of the
+// process still has work that does not finish (on a nccl_broadcast sender: an earlier broadcast
+// waiting for its receivers). Freeing the old buffer would wait for the whole device, with no
+// deadline (the fake's cuMemFree waits for every stream, as the driver's does); it is kept
+// instead, and the diff returns.
+void growing_a_buffer_frees_nothing_while_other_work_is_pending(void **) {
+    NEED_GPU();
+    if (!fake_hold) {
+        print_message("skipped: needs the fake driver's held streams\n");
+        skip();
+    }
+    std::vector<uint8_t> base = noise(2 * 20000, 71);
+    std::vector<uint8_t> small = changed_copy(base, 2, 0.001, 72), large = changed_copy(base, 2, 0.3, 73);
+    DevBytes b = to_device(base), s1 = to_device(small), s2 = to_device(large);
+    std::vector<DeltaKernels::DiffOut> out;
+    g->kernels->diff({{s1.ptr, b.ptr, 20000, 2, UINT64_MAX}}, g->stream->get(), long_deadline(), "small", &out);
+    assert_true(out[0].patch);
+    const uint64_t small_bytes = out[0].nbytes;
+    // Another stream with work that does not finish: the broadcast still waiting.
+    gpu::Stream broadcast(*g->dev);
+    assert_int_equal(fake_hold(broadcast.get()), 0);
+    DevBytes scratch = to_device(base);
+    {
+        gpu::Device::Scope scope(*g->dev);
+        assert_int_equal(g->api->cuMemcpyDtoDAsync(scratch.ptr, b.ptr, base.size(), broadcast.get()), 0);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    g->kernels->diff({{s2.ptr, b.ptr, 20000, 2, UINT64_MAX}}, g->stream->get(), long_deadline(), "large", &out);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    assert_true(out[0].patch && out[0].nbytes > 4 * small_bytes);  // it did need more room
+    assert_true(took < 5.0);  // and did not wait for the held stream (the fake's would forever)
+    fake_release();
+    gpu::Device::Scope scope(*g->dev);
+    gpu::poll_until([&] { return g->api->cuStreamQuery(broadcast.get()) == gpu::CUDA_SUCCESS; },
+                    long_deadline(), "the held stream");
+}
+
 // The engine's apply is queued with no host wait: every step is gated on the device-side
 // verdict of the one before, and one collect() reads every verdict (docs/delta.md).
 void queued_applies_wait_for_nothing_and_one_collect_reads_every_verdict(void **) {
@@ -616,6 +653,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(queued_applies_wait_for_nothing_and_one_collect_reads_every_verdict),
         cmocka_unit_test(a_base_in_pinned_host_memory_diffs_and_folds_as_one_on_the_gpu),
         cmocka_unit_test(a_timed_out_apply_keeps_its_buffers_and_later_applies_get_their_own),
+        cmocka_unit_test(growing_a_buffer_frees_nothing_while_other_work_is_pending),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);
