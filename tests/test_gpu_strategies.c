@@ -3275,6 +3275,49 @@ static const uint8_t *find_bytes(const uint8_t *hay, size_t n, const char *needl
     return NULL;
 }
 
+/* A request whose virtual-memory part is malformed (the socket or the runs missing, a run
+ * naming a piece the part does not list) is refused MALFORMED naming the field before anything
+ * is fetched or mapped, and the receiver takes the intact request afterwards. */
+static void unpacked_virtual_memory_part_is_validated_before_anything_is_mapped(void **state) {
+    (void)state;
+    engine_t e = ipc_engine(0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"packed\": false}", &e, 1, &s, &init, &tx);
+    CUdeviceptr span = 0;
+    assert_int_equal(drv.alloc_span(&span, 2u << 20, 1u << 20), 0);
+    void *data = (void *)(uintptr_t)(span + (1u << 20) - 64);
+    tu_fill(data, (size_t)shapes[0][0] * shapes[0][1] * 4, 1, 0);
+    wsync_tensor_t t = gpu_tensor(names[0], data, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    const char *fields[] = {"socket", "runs", "pieces"};
+    for (int f = 0; f < 3; ++f) {
+        wsync_blob_t bad = {malloc(req.size), req.size};
+        memcpy(bad.data, req.data, req.size);
+        uint8_t *key = (uint8_t *)find_bytes(bad.data, bad.size, fields[f]);
+        assert_non_null(key);
+        key[strlen(fields[f]) - 1] = 'X'; /* the key renamed: the field is missing */
+        tu_reseal(bad.data, bad.size);
+        engine_send(&e, &bad);
+        assert_int_equal(engine_verdict(&e), 1); /* refused at receive */
+        free(bad.data);
+    }
+    engine_send(&e, &req); /* the intact request still loads, bit for bit */
+    assert_int_equal(engine_verdict(&e), 0);
+    wsync_blob_free(&req);
+    OK(wsync_sender_flush(tx, 5000));
+    struct wsync_fake_stats es = engine_finish(&e);
+    assert_int_equal(es.vmm_imports, 2); /* only the intact request's two pieces were fetched */
+    assert_int_equal(es.vmm_maps_live, 0);
+    trainer_end(tx, s, &init);
+    drv.cuMemFree(span);
+    drv.cuMemFree(span + (1u << 20));
+}
+
 /* The fake NCCL's control segments of the group an init info names ("/wsync-fakenccl-<hex of
  * the 16 random bytes after the fake unique id's magic>"): 0 once every rank left. */
 static int nccl_segments_of(const wsync_blob_t *init) {
@@ -3479,6 +3522,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_a_receiver_destroyed_under_stuck_copies_keeps_the_trainers_memory),
     cmocka_unit_test(unpacked_refuses_virtual_memory_it_cannot_export_naming_the_tensor),
     cmocka_unit_test(unpacked_virtual_memory_of_a_sender_gone_fails_the_engines_receive_at_once),
+    cmocka_unit_test(unpacked_virtual_memory_part_is_validated_before_anything_is_mapped),
     cmocka_unit_test(each_engine_takes_the_part_of_its_own_gpu_even_when_remapped),
     cmocka_unit_test(a_request_without_this_gpu_is_a_mismatch_naming_the_uuid),
     cmocka_unit_test(a_dead_engine_fails_flush_with_peer),

@@ -16,6 +16,8 @@ std::string driver_error(const gpu::CudaApi &api, gpu::CUresult rc) {
 
 // Pieces one run may have: a 1 TiB tensor in 20 MiB pieces is about 52000.
 constexpr uint64_t kMaxRunPieces = uint64_t(1) << 16;
+// Piece references one part may list over all its runs.
+constexpr uint64_t kMaxListedPieces = uint64_t(1) << 20;
 
 }  // namespace
 
@@ -116,10 +118,16 @@ VmmRuns read_vmm_runs(const wire::json &vmm, const std::string &where) {
         if (all[k].bytes == 0) wire::malformed(at + " has no bytes");
     }
     const auto &runs = wire::array_field(vmm, "runs", where, kMaxRunPieces);
+    uint64_t listed = 0;  // piece references over all runs: bounded, so a request cannot make
+                          // the receiver allocate more than a few MB for them
     for (std::size_t r = 0; r < runs.size(); ++r) {
         const std::string at = where + ".runs[" + std::to_string(r) + "]";
         if (!runs[r].is_array() || runs[r].empty() || runs[r].size() > kMaxRunPieces)
             wire::malformed(at + " is not a list of piece indices");
+        listed += runs[r].size();
+        if (listed > kMaxListedPieces)
+            wire::malformed(where + " lists more than " + std::to_string(kMaxListedPieces) +
+                            " pieces over its runs");
         std::vector<VmmPiece> run;
         uint64_t bytes = 0;
         if (all.empty()) wire::malformed(at + " names pieces, and the part has none");
