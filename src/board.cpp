@@ -756,7 +756,11 @@ void attach(Board *b, int fd, uint32_t index, const std::string &kind) {
                   "(pid %" PRId32 ") is still alive and holds the index: end that process (or "
                   "destroy its receiver), then attach again",
                   kind.c_str(), index, slot.pid.load());
-        failf(WSYNC_ERR_WRONG_STATE, "%s: receiver index %" PRIu32 " is already attached (pid %" PRId32 ")",
+        failf(WSYNC_ERR_WRONG_STATE,
+              "%s: receiver index %" PRIu32 " is already attached by a live process (pid %" PRId32
+              "): an index serves one engine at a time; destroy that receiver or end that process "
+              "first, or attach another index (a frozen engine: the trainer drops it, "
+              "wsync_sender_drop_receiver, then end its process)",
               kind.c_str(), index, slot.pid.load());
     }
     // The index is ours now: nobody else can run this code for it until we close fd.

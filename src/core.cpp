@@ -631,8 +631,11 @@ void check_receiver_index(const char *kind, uint32_t index, uint32_t receivers) 
     if (index >= receivers)
         fail(WSYNC_ERR_INVALID_ARGUMENT,
              std::string(kind) + ": receiver index " + std::to_string(index) +
-                 " is out of range: this sync has " + std::to_string(receivers) + " receivers (0.." +
-                 std::to_string(receivers - 1) + ")");
+                 " is out of range: this sync has " +
+                 (receivers == 1 ? std::string("1 receiver, index 0")
+                                 : std::to_string(receivers) + " receivers, indices 0 to " +
+                                       std::to_string(receivers - 1)) +
+                 " (set by \"receivers\" when the trainer made the init info)");
 }
 
 }  // namespace wsync

@@ -1176,16 +1176,28 @@ static void receiver_index_out_of_range_or_taken_is_refused(void **state) {
     wsync_receiver_t *r = NULL, *r2 = NULL;
     OK(wsync_strategy_create("shm", NULL, &s));
     EXPECT_ERR(wsync_receiver_create(s, tr.init.data, tr.init.size, 2, &r),
-               WSYNC_ERR_INVALID_ARGUMENT, "index 2 is out of range: this sync has 2 receivers");
+               WSYNC_ERR_INVALID_ARGUMENT, "index 2 is out of range: this sync has 2 receivers, indices 0 to 1");
     assert_null(r);
     OK(wsync_receiver_create(s, tr.init.data, tr.init.size, 1, &r));
     EXPECT_ERR(wsync_receiver_create(s, tr.init.data, tr.init.size, 1, &r2), WSYNC_ERR_WRONG_STATE,
-               "index 1 is already attached");
+               "index 1 is already attached by a live process (pid ");
+    /* ...and says what to do about it */
+    assert_non_null(strstr(wsync_last_error(), "destroy that receiver or end that process first, or "
+                                               "attach another index"));
     wsync_receiver_destroy(r);
     OK(wsync_receiver_create(s, tr.init.data, tr.init.size, 1, &r2)); /* free again once detached */
     wsync_receiver_destroy(r2);
     wsync_strategy_destroy(s);
     trainer_close(&tr);
+    /* A sync of one receiver says so in words every language reads the same way. */
+    wsync_strategy_t *one;
+    wsync_blob_t init;
+    OK(wsync_strategy_create("shm", "{\"receivers\": 1}", &one));
+    OK(wsync_strategy_create_init_info(one, &init));
+    EXPECT_ERR(wsync_receiver_create(one, init.data, init.size, 1, &r), WSYNC_ERR_INVALID_ARGUMENT,
+               "index 1 is out of range: this sync has 1 receiver, index 0 (set by \"receivers\"");
+    wsync_blob_free(&init);
+    wsync_strategy_destroy(one);
 }
 
 static void blobs_of_another_role_or_strategy_are_mismatch(void **state) {

@@ -301,7 +301,7 @@ def test_merge_requests(sync):
 
 # --- receiver ----------------------------------------------------------------------------------
 def test_wrong_receiver_index_is_named(sync):
-    with expect_error(Status.INVALID_ARGUMENT, "receiver index 5", "1 receivers"):
+    with expect_error(Status.INVALID_ARGUMENT, "receiver index 5", "1 receiver, index 0"):
         sync.engine_strategy.receiver(sync.init, 5)
     with expect_error(Status.INVALID_ARGUMENT, "unsigned 32-bit"):
         sync.engine_strategy.receiver(sync.init, -1)
