@@ -263,6 +263,7 @@ fn declarations() -> Vec<Decl> {
         decl!(wsync_apply_result_t {
             "struct_size" => struct_size, "launches" => launches, "tensors" => tensors,
             "writes" => writes, "unmatched" => unmatched, "bytes" => bytes,
+            "device_copies" => device_copies,
         }),
     ]
 }
