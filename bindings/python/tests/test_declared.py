@@ -86,3 +86,38 @@ def test_casts_and_moves_are_never_declared(sync, counted):
         for request in send_model(sync.sender, trainer, chunk_bytes=1 << 20, dtype=torch.bfloat16):
             loader.load(sync.receiver, request)
     assert counted["describe"] >= 2
+
+
+def test_a_change_only_a_later_chunk_shows_abandons_that_version_and_sends_it_anew(sync, counted):
+    """The first chunk's tensors are checked before it goes, the rest's after: a module changed
+    only in a later chunk's tensors has its version abandoned once the first chunk went (the
+    engine, which took it, keeps its last complete version) and sent again, planned anew, so
+    the engine ends bit-identical and the trainer's flush is clean."""
+    trainer, engine = _Model(), _Model()
+    loader = ModuleLoader(engine, strict=False)
+    chunk = 600  # several chunks; b.weight is not in the first
+    refused = []
+
+    def load(request):
+        try:
+            loader.load(sync.receiver, request)
+        except wsync.WsyncError as exc:  # a chunk of the abandoned version
+            refused.append(exc.status)
+
+    def sync_once():
+        out = send_model(sync.sender, trainer, chunk_bytes=chunk, on_request=load)
+        sync.sender.flush(10)
+        return out
+
+    first = sync_once()
+    assert len(first) >= 2
+    described = counted["describe"]
+    before = sync.receiver.completed_version
+    with torch.no_grad():
+        trainer.b.weight.data = torch.randn(4, 8)  # in chunk 1 only
+    again = sync_once()
+    assert len(again) == len(first)             # the resent version's chunks only
+    assert counted["describe"] > described      # planned and described anew
+    assert sync.receiver.completed_version == before + 2  # one abandoned, one complete
+    assert all(s == wsync.Status.ABANDONED for s in refused)
+    _same(engine, trainer)

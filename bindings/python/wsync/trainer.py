@@ -570,11 +570,16 @@ class _QuickCheck:
         except (AttributeError, RuntimeError, TypeError):
             return None
 
-    def unchanged(self) -> bool:
-        for d, n in self._dicts:
-            if len(d) != n:
-                return False
-        for d, key, t, ptr, dtype, shape, stride in self._slots:
+    def unchanged(self, slots: Optional[List[int]] = None, structure: bool = True) -> bool:
+        """True if the module still holds what was taken: with ``structure``, no parameter or
+        buffer added or removed anywhere; then the tensors of ``slots`` (indices in the taken
+        names' order; ``None``: every one)."""
+        if structure:
+            for d, n in self._dicts:
+                if len(d) != n:
+                    return False
+        chosen = self._slots if slots is None else [self._slots[i] for i in slots]
+        for d, key, t, ptr, dtype, shape, stride in chosen:
             now = d.get(key)
             if (now is not t or now.data_ptr() != ptr or now.dtype is not dtype
                     or now.shape != shape or now.stride() != stride):
@@ -631,12 +636,24 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
     record: Optional[list] = [] if cached is None and _declarable(source, dtype, device, make_contiguous) else None
     try:
         if cached is not None:
-            for descs, last, praw in cached:
+            chunks, quick, first, rest = cached
+            # The first chunk's own tensors are checked before it goes, the rest's right after
+            # (while the engines take the first): the first request leaves about 0.3 ms sooner
+            # for an 8B model (H200 timeline, docs/data-path.md). A module changed where only
+            # the rest shows it abandons that version (engines keep their last complete one)
+            # and sends it again, planned anew.
+            for k, (descs, last, praw) in enumerate(chunks):
+                if k == 1 and not quick.unchanged(rest, structure=False):
+                    _abandon_quietly(sender)
+                    requests = []
+                    _forget_declared(sender, source)
+                    cached, record = None, []
+                    break
                 request = sender._send_described(descs, last, praw)
                 requests.append(request)
                 if on_request is not None:
                     on_request(request)
-        else:
+        if cached is None:
             for chunk in _iter_chunks(source, chunk_bytes=chunk_bytes, group_depth=group_depth,
                                       dtype=dtype, device=device, make_contiguous=make_contiguous,
                                       aliases=aliases, split=split,
@@ -645,7 +662,7 @@ def send_model(sender: Sender, source, *, chunk_bytes: Optional[int] = None, gro
                     descs, praw = sender._describe_chunk(chunk.tensors, chunk.parts)
                     request = sender._send_described(descs, chunk.last, praw)
                 if record is not None:
-                    record.append((descs, chunk.last, praw))
+                    record.append((descs, chunk.last, praw, [n for n, _ in chunk.tensors]))
                 del chunk, descs  # drop converted copies before the next chunk is prepared
                 requests.append(request)
                 if on_request is not None:
@@ -686,22 +703,45 @@ def _declared_chunks(sender, source, options, dtype, device, make_contiguous):
         return None
     if entry is None:
         return None
-    ref, opts, quick, chunks = entry
-    if ref() is not source or opts != options or not quick.unchanged():
+    ref, opts, quick, chunks, first, rest = entry
+    if ref() is not source or opts != options or not quick.unchanged(first, structure=True):
         _DECLARED[sender].pop(id(source), None)
         return None
-    return chunks
+    return chunks, quick, first, rest
 
 
-def _declare_chunks(sender, source, options, chunks) -> None:
-    quick = _QuickCheck.of(source, list(source.state_dict(keep_vars=True)))
+def _forget_declared(sender, source) -> None:
+    try:
+        _DECLARED.get(sender, {}).pop(id(source), None)
+    except TypeError:
+        pass
+
+
+def _declare_chunks(sender, source, options, record) -> None:
+    """Keeps what send_model described for ``source`` (``record``: per chunk its descriptors,
+    last flag, parts and wire names) with the module check, split into the first chunk's
+    tensors and the rest's (indices into the check's slots, by state-dict name)."""
+    names = list(source.state_dict(keep_vars=True))
+    quick = _QuickCheck.of(source, names)
     if quick is None:
         return  # a module with a custom state dict: planned and described every version
+    at = {name: i for i, name in enumerate(names)}
+    first: List[int] = []
+    rest: List[int] = []
+    for k, (_, _, _, wire_names) in enumerate(record):
+        for wire in wire_names:
+            for name in split_alias_name(wire):
+                i = at.get(name)
+                if i is None:
+                    return  # a name the check does not know: planned and described every version
+                (first if k == 0 else rest).append(i)
     try:
         per = _DECLARED.setdefault(sender, {})
     except TypeError:
         return
-    per[id(source)] = (weakref.ref(source), options, quick, chunks)
+    chunks = [(descs, last, praw) for descs, last, praw, _ in record]
+    per[id(source)] = (weakref.ref(source), options, quick, chunks, sorted(set(first)),
+                       sorted(set(rest) - set(first)))
 
 
 #: How long :func:`send_model` waits for the engines' acknowledgements when the sender has
