@@ -12,9 +12,9 @@
 #include <chrono>
 #include <thread>
 
-#include "board.hpp"
+#include "transport/local/board.hpp"
 #include "error.hpp"
-#include "segment.hpp"
+#include "transport/local/segment.hpp"
 #include "wsync.h"
 
 #include "whitebox.hpp"

@@ -2,14 +2,12 @@
 
 #include <cinttypes>
 
-#include "board.hpp"
 #include "error.hpp"
 
 namespace wsync::cuda_ipc {
 
-AckQueue::AckQueue(const gpu::Device &dev, std::shared_ptr<SharedSegment> seg, uint32_t index,
-                   int64_t timeout_ms)
-    : dev_(dev), seg_(std::move(seg)), index_(index), timeout_ms_(timeout_ms),
+AckQueue::AckQueue(const gpu::Device &dev, std::shared_ptr<local::ReceiverEnd> end, int64_t timeout_ms)
+    : dev_(dev), end_(std::move(end)), index_(end_->index()), timeout_ms_(timeout_ms),
       thread_([this] { run(); }) {}
 
 AckQueue::~AckQueue() {
@@ -66,12 +64,7 @@ wsync_status_t AckQueue::drain(uint64_t version, std::string *message) {
 
 void AckQueue::fail_front(wsync_status_t status, const std::string &why) {
     Pending &p = pending_.front();
-    {
-        std::lock_guard<std::mutex> blk(board_mu_);
-        board::record_failure(seg_->board(), index_, status, p.header.version, p.header.chunk_index,
-                              why);
-    }
-    board::acknowledge(seg_->board(), index_, p.slot, p.seq, status);
+    end_->fail(p.header, local::ChunkAt{p.slot, p.seq}, status, why);
     if (failed_ == WSYNC_OK) failed_ = status, failed_version_ = p.header.version, failure_ = why;
     pending_.pop_front();  // its event may be in an error state: not reused
     cv_.notify_all();
@@ -105,7 +98,7 @@ void AckQueue::run() {
             continue;
         }
         if (done) {
-            board::acknowledge(seg_->board(), index_, p.slot, p.seq, WSYNC_OK);
+            end_->acknowledge(local::ChunkAt{p.slot, p.seq}, WSYNC_OK);
             spare_.push_back(std::move(p.event));
             pending_.pop_front();
             cv_.notify_all();

@@ -24,15 +24,14 @@
 #include <vector>
 
 #include "gpu/device.hpp"
-#include "segment.hpp"
+#include "transport/local/receiver_end.hpp"
 #include "strategy.hpp"
 
 namespace wsync::cuda_ipc {
 
 class AckQueue {
 public:
-    AckQueue(const gpu::Device &dev, std::shared_ptr<SharedSegment> seg, uint32_t index,
-             int64_t timeout_ms);
+    AckQueue(const gpu::Device &dev, std::shared_ptr<local::ReceiverEnd> end, int64_t timeout_ms);
     // Waits (up to the deadline) for the queued chunks and publishes them, then stops the thread.
     ~AckQueue();
     AckQueue(const AckQueue &) = delete;
@@ -48,7 +47,6 @@ public:
     // by the thread at their own deadlines). A failed chunk of another version (one the trainer
     // abandoned after hearing of it) does not fail `version`.
     wsync_status_t drain(uint64_t version, std::string *message);
-    std::mutex &board_mutex() { return board_mu_; }
 
 private:
     struct Pending {
@@ -63,10 +61,10 @@ private:
     void fail_front(wsync_status_t status, const std::string &why);
 
     const gpu::Device &dev_;
-    std::shared_ptr<SharedSegment> seg_;
-    uint32_t index_;
+    std::shared_ptr<local::ReceiverEnd> end_;
+    uint32_t index_;  // end_'s, for messages
     int64_t timeout_ms_;
-    std::mutex mu_, board_mu_;
+    std::mutex mu_;
     std::condition_variable cv_;       // the thread waits for work; drain() for an empty queue
     std::deque<Pending> pending_;
     std::vector<std::unique_ptr<gpu::Event>> spare_;  // events of published chunks, reused

@@ -5,7 +5,7 @@
 #include <map>
 #include <string>
 
-#include "board.hpp"
+#include "transport/local/board.hpp"
 #include "gpu/device.hpp"
 #include "sys.hpp"
 #include "transport/cuda_ipc/vmm.hpp"

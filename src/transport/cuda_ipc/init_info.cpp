@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "board.hpp"
+#include "transport/local/board.hpp"
 #include "error.hpp"
 #include "gpu/pack.hpp"
 #include "wire.hpp"

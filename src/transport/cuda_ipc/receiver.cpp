@@ -14,6 +14,7 @@
 #include "transport/cuda_ipc/ack_queue.hpp"
 #include "transport/cuda_ipc/handle_cache.hpp"
 #include "transport/cuda_ipc/request.hpp"
+#include "transport/cuda_ipc/stale_work.hpp"
 #include "transport/cuda_ipc/vmm.hpp"
 
 namespace wsync::cuda_ipc {
@@ -22,46 +23,16 @@ namespace {
 using gpu::CUdeviceptr;
 using gpu::CUipcMemHandle;
 
-// Work on a loader's stream that a wait gave up on (its deadline passed): it may still read
-// memory mapped from the sender once the stream moves, so no mapping closes until an event
-// recorded after it completes. One per receiver; marked by its iterations' acknowledgements.
-struct StaleWork {
-    explicit StaleWork(const gpu::Device &d) : dev(d), event(d) {}
-    void mark(gpu::CUstream stream) noexcept {
-        try {
-            gpu::Device::Scope scope(dev);
-            event.record(stream);
-            armed = true;
-        } catch (...) {  // no event: the stream is unusable, its work will not run
-        }
-    }
-    // True when nothing is pending: nothing marked, or the marked work completed (or its
-    // stream failed, so it never will run). Does not block.
-    bool settled() noexcept {
-        if (!armed) return true;
-        try {
-            gpu::Device::Scope scope(dev);
-            if (!event.done()) return false;
-        } catch (...) {
-        }
-        armed = false;
-        return true;
-    }
-    const gpu::Device &dev;
-    gpu::Event event;
-    bool armed = false;
-};
-
 class IpcBacking final : public ChunkBacking {
 public:
-    IpcBacking(std::shared_ptr<SharedSegment> seg, const gpu::Device &dev, gpu::Event *legacy,
+    IpcBacking(std::shared_ptr<local::ReceiverEnd> end, const gpu::Device &dev, gpu::Event *legacy,
                AckQueue *acks, gpu::CUstream stream, HandleCache &cache, int64_t timeout_ms,
-               const ChunkHeader &h, uint32_t index, uint32_t slot, uint64_t seq,
+               const ChunkHeader &h, local::ChunkAt at,
                std::vector<CUdeviceptr> ptrs, std::function<gpu::DeltaKernels &()> kernels,
                std::function<gpu::Packer &()> packer, StaleWork *stale)
-        : seg_(std::move(seg)), dev_(dev), legacy_(legacy), acks_(acks), stream_(stream),
+        : end_(std::move(end)), dev_(dev), legacy_(legacy), acks_(acks), stream_(stream),
           cache_(cache), timeout_ms_(timeout_ms),
-          header_(h), index_(index), slot_(slot), seq_(seq), ptrs_(std::move(ptrs)),
+          header_(h), at_(at), ptrs_(std::move(ptrs)),
           kernels_(std::move(kernels)), packer_(std::move(packer)), stale_(stale) {}
 
     const void *data(std::size_t i) const override {
@@ -160,24 +131,18 @@ public:
         return outcome;
     }
 
-    std::string revoked() const noexcept override {
-        return board::dropped(seg_->board(), index_)
-                   ? "cuda_ipc: this receiver was dropped by the sender"
-                   : std::string();
-    }
+    std::string revoked() const noexcept override { return end_->dropped_text(); }
 
     void acknowledge(wsync_status_t outcome) noexcept override {
         if (deferred_) {
             try {
-                acks_->defer(stream_, header_, slot_, seq_);
+                acks_->defer(stream_, header_, at_.slot, at_.seq);
                 return;
             } catch (...) {  // no event to defer on: wait here after all
                 deferred_ = false;
                 std::string why;
                 if (settle_now(&why) != WSYNC_OK) {
-                    std::lock_guard<std::mutex> lk(acks_->board_mutex());
-                    board::record_failure(seg_->board(), index_, WSYNC_ERR_SYSTEM, header_.version,
-                                          header_.chunk_index, why);
+                    end_->record_failure(header_, WSYNC_ERR_SYSTEM, why);
                     outcome = WSYNC_ERR_SYSTEM;
                 }
             }
@@ -187,8 +152,9 @@ public:
         // (closing would wait for that work without a bound, or pull memory from under it);
         // a later version's release then closes what is unused.
         if (unfinished_) stale_->mark(stream_);
-        if (header_.last && stale_->settled()) release_through(seg_->board(), index_, cache_, header_.version);
-        board::acknowledge(seg_->board(), index_, slot_, seq_, outcome);
+        if (header_.last && stale_->settled())
+            release_through(end_->board(), end_->index(), cache_, header_.version);
+        end_->acknowledge(at_, outcome);
     }
 
 private:
@@ -197,7 +163,7 @@ private:
     wsync_status_t settle_now(std::string *why) noexcept {
         const std::string chunk = "chunk " + std::to_string(header_.chunk_index) + " of version " +
                                   std::to_string(header_.version);
-        const std::string work = std::string(kKind) + ": receiver " + std::to_string(index_) +
+        const std::string work = std::string(kKind) + ": receiver " + std::to_string(end_->index()) +
                                  ": the loader's work on " + gpu::stream_text(stream_) + " of " +
                                  dev_.uuid_string();
         try {
@@ -216,7 +182,7 @@ private:
         }
     }
 
-    std::shared_ptr<SharedSegment> seg_;
+    std::shared_ptr<local::ReceiverEnd> end_;
     const gpu::Device &dev_;
     gpu::Event *legacy_;  // null: "synchronize" is off
     AckQueue *acks_;      // null: acknowledged when the iteration ends, as "synchronize" says
@@ -226,34 +192,25 @@ private:
     HandleCache &cache_;
     int64_t timeout_ms_;
     ChunkHeader header_;
-    uint32_t index_, slot_;
-    uint64_t seq_;
+    local::ChunkAt at_;
     std::vector<CUdeviceptr> ptrs_;
     std::function<gpu::DeltaKernels &()> kernels_;  // the receiver's, made at the first patch
     std::function<gpu::Packer &()> packer_;          // the receiver's, made at the first apply
     StaleWork *stale_;                               // the receiver's
 };
 
-// A segment whose receiver left work on a stuck stream (see ~IpcReceiver): never closed.
-void keep_segment_until_exit(std::shared_ptr<SharedSegment> seg) {
-    static std::mutex mu;
-    static auto *kept = new std::vector<std::shared_ptr<SharedSegment>>();  // never destroyed
-    std::lock_guard<std::mutex> lock(mu);
-    kept->push_back(std::move(seg));
-}
-
 class IpcReceiver final : public ReceiverImpl {
 public:
     IpcReceiver(const gpu::CudaApi &api, std::shared_ptr<SharedSegment> seg, const InitInfo &info,
                 uint32_t index, int ordinal, bool synchronize, int64_t timeout_ms)
-        : seg_(std::move(seg)), info_(info), index_(index),
+        : end_(std::make_shared<local::ReceiverEnd>(std::move(seg), index, "slot")), info_(info),
           dev_(std::make_unique<gpu::Device>(api, ordinal, kKind)), cache_(*dev_),
           timeout_ms_(timeout_ms), stale_(*dev_) {
         if (synchronize) {
             legacy_ = std::make_unique<gpu::Event>(*dev_);
-            acks_ = std::make_unique<AckQueue>(*dev_, seg_, index_, timeout_ms_);
+            acks_ = std::make_unique<AckQueue>(*dev_, end_, timeout_ms_);
         }
-        board::attach(seg_->board(), seg_->fd(), index_, kKind);
+        board::attach(end_->board(), end_->segment().fd(), index, kKind);
     }
 
     ~IpcReceiver() override {
@@ -278,12 +235,12 @@ public:
             (void)packer_.release();
             (void)delta_.release();
             gpu::keep_until_exit(std::move(dev_));
-            keep_segment_until_exit(seg_);
+            keep_segment_until_exit(end_->segment_ptr());
             return;
         }
         cache_.close_all();
-        board::release(seg_->board(), index_, board::kAllReleased);
-        board::detach(seg_->board(), index_);
+        board::release(end_->board(), end_->index(), board::kAllReleased);
+        end_->detach();
     }
 
     bool verify_checksums() const override { return false; }
@@ -299,7 +256,7 @@ public:
         gpu::recheck_device_destination(*dev_, mem, what);
     }
 
-    Link link() const override { return seg_->link(index_); }
+    Link link() const override { return end_->link(); }
 
     // A request of another sync (another trainer's board, or a restarted trainer's) is refused
     // before its seq is looked at, leaving this receiver as it was. A request without
@@ -316,72 +273,40 @@ public:
     void refuse(const ChunkHeader &h, const json &transport, wsync_status_t status,
                 const std::string &message, bool record) noexcept override {
         try {
-            const uint32_t slots = info_.slots();
-            uint64_t seq = wire::uint_field(transport, "seq", "cuda_ipc request", UINT64_MAX >> 8);
-            uint32_t slot = static_cast<uint32_t>(
-                wire::uint_field(transport, "slot", "cuda_ipc request", slots - 1));
-            if (seq == 0 || (seq - 1) % slots != slot || !seg_->may_answer(index_, slot, seq))
-                return;
-            if (record) {
-                std::unique_lock<std::mutex> lk;
-                if (acks_) lk = std::unique_lock<std::mutex>(acks_->board_mutex());
-                board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index,
-                                      message);
-            }
-            // Chunks before it never given here: answered as missed, after the record, so a
-            // sender those acknowledgements release finds it.
-            if (seq > last_seq_) {
-                seg_->acknowledge_missed(index_, last_seq_, seq);
-                last_seq_ = seq;
-            }
-            if (h.last && stale_.settled()) release_through(seg_->board(), index_, cache_, h.version);
-            board::acknowledge(seg_->board(), index_, slot, seq, status);
+            end_->refuse(h, end_->locate(transport, "cuda_ipc request"), status, message, record, [&] {
+                if (h.last && stale_.settled())
+                    release_through(end_->board(), end_->index(), cache_, h.version);
+            });
         } catch (...) {
         }
     }
 
     void record_failure(const ChunkHeader &h, wsync_status_t status,
                         const std::string &message) noexcept override {
-        std::unique_lock<std::mutex> lk;
-        if (acks_) lk = std::unique_lock<std::mutex>(acks_->board_mutex());
-        board::record_failure(seg_->board(), index_, status, h.version, h.chunk_index, message);
+        end_->record_failure(h, status, message);
     }
 
     std::unique_ptr<ChunkBacking> open(const ChunkHeader &header, const TensorTable &table,
                                        const json &transport) override {
         const std::string w = "cuda_ipc request";
-        const uint32_t slots = info_.slots();
-        uint64_t seq = wire::uint_field(transport, "seq", w, UINT64_MAX >> 8);
-        uint32_t slot = static_cast<uint32_t>(wire::uint_field(transport, "slot", w, slots - 1));
-        if (seq == 0 || (seq - 1) % slots != slot)
-            wire::malformed(strf("cuda_ipc request: seq %" PRIu64 " does not belong in slot %u",
-                                 seq, slot));
+        const local::ChunkAt at = end_->locate(transport, w);
         if (wire::bool_field(transport, "packed", w) != info_.packed)
             fail(WSYNC_ERR_MISMATCH, w + ": packed mode differs from the init info's");
         const auto &parts = wire::array_field(transport, "parts", w, board::kMaxReceivers);
         const bool commit = table.metas.empty();  // a commit without data
-        if (!commit && last_seq_ && seq <= last_seq_)
-            failf(WSYNC_ERR_MISMATCH,
-                  "cuda_ipc: request carries chunk seq %" PRIu64 ", already received seq %" PRIu64
-                  " (stale or replayed)",
-                  seq, last_seq_);
-        seg_->check_owed(index_, slot, seq, commit ? "commit request" : "request");
-        // Chunks between the last one given here and this one were never given (lost, or of a
-        // version the sender abandoned before delivering them): acknowledged as missed, so the
-        // sender does not wait for them (SharedSegment::acknowledge_missed).
-        if (!commit && seq > last_seq_ + 1) seg_->acknowledge_missed(index_, last_seq_, seq);
+        end_->take(at, commit ? "commit request" : "request", commit);
         if (commit) {
-            last_seq_ = seq;
-            return std::make_unique<IpcBacking>(seg_, *dev_, nullptr, acks_.get(), order_stream_,
-                                                cache_, timeout_ms_, header, index_, slot, seq,
+            end_->given(at);
+            return std::make_unique<IpcBacking>(end_, *dev_, nullptr, acks_.get(), order_stream_,
+                                                cache_, timeout_ms_, header, at,
                                                 std::vector<CUdeviceptr>{}, delta_kernels(), packer(), &stale_);
         }
         const json &part = part_for_this_gpu(parts, w);
         std::vector<CUdeviceptr> ptrs = info_.packed ? packed_views(part, table, header, w)
                                                      : shared_views(part, table, header, w);
-        last_seq_ = seq;
-        return std::make_unique<IpcBacking>(seg_, *dev_, legacy_.get(), acks_.get(), order_stream_,
-                                            cache_, timeout_ms_, header, index_, slot, seq,
+        end_->given(at);
+        return std::make_unique<IpcBacking>(end_, *dev_, legacy_.get(), acks_.get(), order_stream_,
+                                            cache_, timeout_ms_, header, at,
                                             std::move(ptrs), delta_kernels(), packer(), &stale_);
     }
 
@@ -496,9 +421,8 @@ private:
         };
     }
 
-    std::shared_ptr<SharedSegment> seg_;
+    std::shared_ptr<local::ReceiverEnd> end_;  // before acks_, whose thread uses it
     InitInfo info_;
-    uint32_t index_;
     std::unique_ptr<gpu::Device> dev_;
     std::unique_ptr<gpu::DeltaKernels> delta_;  // after dev_: destroyed before it
     std::unique_ptr<gpu::Packer> packer_;       // likewise
@@ -508,7 +432,6 @@ private:
     std::unique_ptr<gpu::Event> legacy_;  // for settle(); null when "synchronize" is off
     std::unique_ptr<AckQueue> acks_;      // chunks acknowledged once copied; with legacy_
     gpu::CUstream order_stream_ = gpu::CU_STREAM_LEGACY;  // set_stream(): the loader's stream
-    uint64_t last_seq_ = 0;
 };
 
 }  // namespace

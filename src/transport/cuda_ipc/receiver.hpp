@@ -8,7 +8,7 @@
 #include "gpu/api.hpp"
 #include "strategy.hpp"
 #include "transport/cuda_ipc/init_info.hpp"
-#include "segment.hpp"
+#include "transport/local/segment.hpp"
 
 namespace wsync::cuda_ipc {
 

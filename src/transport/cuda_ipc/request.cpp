@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "board.hpp"
+#include "transport/local/board.hpp"
 #include "error.hpp"
 #include "wire.hpp"
 

@@ -41,7 +41,7 @@
 #include "error.hpp"
 #include "gpu/api.hpp"
 #include "gpu/pack.hpp"
-#include "segment.hpp"
+#include "transport/local/segment.hpp"
 #include "strategy.hpp"
 #include "transport/cuda_ipc/init_info.hpp"
 #include "transport/cuda_ipc/receiver.hpp"

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "segment.hpp"
+#include "transport/local/segment.hpp"
 
 namespace wsync::shm {
 

@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "board.hpp"
+#include "transport/local/board.hpp"
 #include "copy.hpp"
 #include "error.hpp"
 #include "layout.hpp"

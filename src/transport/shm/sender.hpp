@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "segment.hpp"
+#include "transport/local/segment.hpp"
 #include "strategy.hpp"
 
 namespace wsync::shm {

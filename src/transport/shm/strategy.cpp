@@ -19,7 +19,7 @@
 #include <memory>
 #include <sys/stat.h>
 
-#include "board.hpp"
+#include "transport/local/board.hpp"
 #include "error.hpp"
 #include "layout.hpp"
 #include "strategy.hpp"

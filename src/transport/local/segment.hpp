@@ -35,7 +35,7 @@
 #include <memory>
 #include <string>
 
-#include "board.hpp"
+#include "transport/local/board.hpp"
 #include "strategy.hpp"
 #include "sys.hpp"
 
@@ -97,6 +97,7 @@ public:
     const std::string &name() const { return name_; }
     const std::string &rendezvous() const { return rendezvous_; }
     int fd() const { return fd_; }  // kept open: the liveness locks live on it
+    const char *kind() const { return g_.kind; }  // "shm", "cuda_ipc": prefixes messages
     uint32_t receivers() const { return g_.receivers; }
     uint32_t slots() const { return g_.slots; }
     uint64_t bucket_bytes() const { return g_.bucket_bytes; }

@@ -1,4 +1,4 @@
-#include "segment.hpp"
+#include "transport/local/segment.hpp"
 
 #include <algorithm>
 
