@@ -90,7 +90,7 @@ extern "C" {
 
 #define WSYNC_VERSION_MAJOR 0
 #define WSYNC_VERSION_MINOR 6
-#define WSYNC_VERSION_PATCH 1
+#define WSYNC_VERSION_PATCH 2
 /* One formula, forever: MAJOR * 10000 + MINOR * 100 + PATCH (0.2.0 -> 200).
  * 0.2: versions are transactions (struct_size fields, commit/abandon/fail, failures as data).
  * 0.3: wsync_sender_wait_released(), wsync_sender_set_stream(), wsync_receiver_set_stream(),
@@ -795,10 +795,13 @@ typedef struct wsync_receiver_state_t {
     uint32_t flags;               /* WSYNC_RECEIVER_* */
     uint64_t completed_version;   /* as wsync_receiver_completed_version() */
     uint64_t open_version;        /* version begun here and neither committed nor failed, or 0 */
-    uint64_t failed_version;      /* newest version begun here that failed or was abandoned, 0 */
+    uint64_t failed_version;      /* newest version that failed here (begun and failed or
+                                     abandoned, or skipped whole: none of its chunks arrived
+                                     before a later version's, since 0.6.2), or 0 */
     wsync_status_t failed_status; /* why failed_version failed (WSYNC_ERR_ABANDONED, the
                                      loader's status, WSYNC_ERR_INTEGRITY, WSYNC_ERR_PEER when
-                                     the trainer died); WSYNC_OK when failed_version is 0 */
+                                     the trainer died, WSYNC_ERR_MISMATCH when skipped);
+                                     WSYNC_OK when failed_version is 0 */
     uint32_t reserved_;           /* written 0 */
 } wsync_receiver_state_t;
 

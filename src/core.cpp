@@ -361,6 +361,40 @@ void Receiver::lose_open_version(const ChunkHeader &next) {
     current_why_ = why;
 }
 
+void Receiver::skip_versions(const ChunkHeader &next, const Link &link) {
+    // A sender numbers its versions one after another (committed or abandoned), so those
+    // between the newest one begun here and `next`'s were published while this receiver was
+    // attached, and none of their requests reached it (issue 38: the trainer's flush said OK and
+    // the engine's poll showed nothing). Each fails here with MISMATCH, recorded before the
+    // transport acknowledges its chunks as missed. An abandoned one's record is not reported
+    // (the sender skips records of versions it abandoned). A long gap is one record, naming the
+    // range by its first version, so the ring keeps the records before it.
+    constexpr uint64_t kEach = 3;  // gaps up to this many versions get a record each
+    const uint64_t first = current_ + 1, last = next.version - 1;
+    const std::string tail = " reached this receiver (lost or reordered): " + chunk_label(next) +
+                             " came next";
+    ChunkHeader lost;
+    lost.chunk_index = 0;
+    if (last - first + 1 <= kEach) {
+        for (uint64_t v = first; v <= last; ++v) {
+            if (v == link.abandoned_version) continue;
+            lost.version = v;
+            impl_->record_failure(lost, WSYNC_ERR_MISMATCH,
+                                  "no chunk of version " + std::to_string(v) + tail);
+        }
+    } else {
+        lost.version = first;
+        impl_->record_failure(lost, WSYNC_ERR_MISMATCH,
+                              "no chunk of versions " + std::to_string(first) + " to " +
+                                  std::to_string(last) + tail);
+    }
+    const uint64_t newest = last == link.abandoned_version ? last - 1 : last;
+    if (newest >= first && newest > failed_version_) {
+        failed_version_ = newest;
+        failed_status_ = WSYNC_ERR_MISMATCH;
+    }
+}
+
 void Receiver::start_version(uint64_t version) {
     current_ = version;
     current_failed_ = false;
@@ -455,6 +489,7 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
                                      "this one)");
     if (current_ && link.abandoned_version == current_) catch_up(link);
     if (h.version > current_) lose_open_version(h);
+    if (h.version > current_ + 1 && current_ != 0) skip_versions(h, link);
 
     // Order: chunk 0 of a version newer than any seen begins it (an open older one has failed
     // just above); any other chunk must be the next of the current version. Older chunks are

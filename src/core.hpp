@@ -105,6 +105,9 @@ private:
     // Chunk `next` of a newer version arrived while a committed version is still open here:
     // that version's remaining chunks were lost; fails it with a record for the sender.
     void lose_open_version(const ChunkHeader &next);
+    // Chunk `next` of a version past the next one: the versions between, none of whose chunks
+    // reached this receiver, fail here with a record for the sender, as one lost in part does.
+    void skip_versions(const ChunkHeader &next, const Link &link);
     void before_ack(const ChunkHeader &h, wsync_status_t outcome, const std::string &message);
     void finished(const ChunkHeader &h, const TensorTable &table, wsync_status_t outcome);
 

@@ -462,6 +462,62 @@ static void cuda_ipc_chunks_nobody_was_given_do_not_wedge_the_trainer(void **sta
     for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
 }
 
+/* The cuda_ipc twin of test_transactions.a_version_skipped_whole_is_reported_like_one_skipped_in_
+ * part (issue 38): version 2 is published whole and given to nobody; the engine, given version
+ * 3's first chunk, records version 2 as failed (MISMATCH) before it acknowledges; the trainer's
+ * flush fails with PEER naming receiver 0 and version 2, at once, and only once; version 3 then
+ * completes bit-exact. */
+static void cuda_ipc_a_version_skipped_whole_is_reported_like_one_skipped_in_part(void **state) {
+    (void)state;
+    engine_t e = ipc_engine(0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"bucket_bytes\": 65536, \"buckets\": 4, \"timeout_ms\": 3000}", &e, 1, &s,
+                &init, &tx);
+    void *data[NT];
+    wsync_tensor_t t[NT];
+    for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    for (uint64_t v = 1; v <= 3; ++v) {
+        for (int k = 0; k < NT; ++k) {
+            tu_fill(data[k], (size_t)shapes[k][0] * shapes[k][1] * 4, v, (uint64_t)k);
+            t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+        }
+        for (int c = 0; c < 2; ++c) {
+            wsync_chunk_t ch = tu_chunk(t + 3 * c, 3, c == 1 ? WSYNC_CHUNK_LAST : 0);
+            OK(wsync_sender_send_chunk(tx, &ch, &req));
+            if (v == 2) { /* published, given to nobody */
+                wsync_blob_free(&req);
+                continue;
+            }
+            engine_send(&e, &req);
+            assert_int_equal(engine_verdict(&e), 0);
+            wsync_blob_free(&req);
+            if (v == 3 && c == 0) {
+                long t0 = tu_now_ms();
+                EXPECT_ERR(wsync_sender_flush(tx, 3000), WSYNC_ERR_PEER,
+                           "no chunk of version 2 reached this receiver");
+                assert_true(tu_now_ms() - t0 < 1000);
+                size_t n = 0;
+                OK(wsync_sender_failure_count(tx, &n));
+                assert_int_equal(n, 1);
+                wsync_failure_t f = {.struct_size = sizeof f};
+                OK(wsync_sender_failure(tx, 0, &f));
+                assert_int_equal(f.receiver, 0);
+                assert_int_equal(f.version, 2);
+                assert_int_equal(f.status, WSYNC_ERR_MISMATCH);
+                assert_int_equal(f.pid, e.pid);
+                OK(wsync_sender_flush(tx, 3000)); /* reported once */
+            }
+        }
+    }
+    OK(wsync_sender_flush(tx, 3000));
+    engine_finish(&e);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
 /* With one bucket, a chunk of an abandoned version that nobody was given is withdrawn
  * (board.hpp): the flush after the abandon and the next version go through at once (before, both
  * ended in TIMEOUT naming the engine, for every later version). Version 2 completes bit-exact. */
@@ -3538,6 +3594,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(cuda_ipc_delta_a_restarted_engine_is_sent_the_next_version_dense),
     cmocka_unit_test(cuda_ipc_delta_the_version_after_an_abandoned_one_is_dense),
     cmocka_unit_test(cuda_ipc_chunks_nobody_was_given_do_not_wedge_the_trainer),
+    cmocka_unit_test(cuda_ipc_a_version_skipped_whole_is_reported_like_one_skipped_in_part),
     cmocka_unit_test(cuda_ipc_an_abandoned_chunk_nobody_began_does_not_hold_the_only_slot),
     cmocka_unit_test(cuda_ipc_a_sole_sender_made_again_goes_on_after_its_predecessors_versions),
     cmocka_unit_test(cuda_ipc_a_sole_sender_made_again_waits_only_for_its_own_chunks),

@@ -313,6 +313,76 @@ static void requests_never_delivered_do_not_wedge_the_trainer(void **state) {
     trainer_free(tr);
 }
 
+/* A committed version none of whose requests reached an engine (issue 38: it was given only the
+ * next version's) used to go unreported: the trainer's flush said OK and the engine's poll
+ * showed no failed version. Two engines, sixteen buckets (no send waits on a lost chunk's
+ * bucket). Version 1 completes on both; version 2 reaches engine 0 only; version 3 reaches both.
+ * Engine 1: version 3 completes bit-exact, and its poll names version 2 failed (MISMATCH).
+ * Trainer: the flush after version 3's first chunk fails with PEER naming receiver 1, version 2
+ * ("no chunk of version 2 reached this receiver"), at once; the next flush is OK (reported once).
+ * A gap of four versions (5 to 8, engine 1 given none) is one record naming the range by its
+ * first; the engine's poll names the newest, 8. Both complete every version they were given. */
+static void a_version_skipped_whole_is_reported_like_one_skipped_in_part(void **state) {
+    (void)state;
+    trainer_t *tr = trainer_new("{\"receivers\": 2, \"bucket_bytes\": 65536, \"buckets\": 16}");
+    engines_t es;
+    start_engines(&es, tr, 2, MODE_LOAD);
+    tu_peer_t *e = es.e, **both = es.all, *first = &es.e[0];
+    send_version_to(tr, 1, both, 2);
+    OK(wsync_sender_flush(tr->sender, 5000));
+    send_version_to(tr, 2, &first, 1);
+    /* Version 3's first chunk, loaded by both (one answer each), then the trainer's flush: the
+     * engine records the skipped version before it acknowledges that chunk. */
+    OK(send_chunk_to(tr, 3, 0, both, 2));
+    for (int i = 0; i < 2; ++i) assert_int_equal(tu_peer_byte(&e[i], 5000), 0);
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_flush(tr->sender, 5000), WSYNC_ERR_PEER,
+               "no chunk of version 2 reached this receiver");
+    assert_true(tu_now_ms() - t0 < 1000);
+    size_t n = 0;
+    OK(wsync_sender_failure_count(tr->sender, &n));
+    assert_int_equal(n, 1);
+    wsync_failure_t f = failure(tr, 0);
+    assert_int_equal(f.receiver, 1);
+    assert_int_equal(f.version, 2);
+    assert_int_equal(f.chunk_index, 0);
+    assert_int_equal(f.status, WSYNC_ERR_MISMATCH);
+    assert_int_equal(f.pid, e[1].pid);
+    OK(wsync_sender_flush(tr->sender, 1000)); /* reported once */
+    OK(send_chunk_to(tr, 3, 1, both, 2)); /* version 3 completes on both, bit-exact */
+    for (int i = 0; i < 2; ++i) assert_int_equal(tu_peer_byte(&e[i], 5000), 0);
+    OK(wsync_sender_flush(tr->sender, 5000));
+    uint8_t p = 'P', got[2];
+    assert_int_equal(tu_send_frame(e[1].to, &p, 1), 0);
+    assert_int_equal(tu_read_all(e[1].from, got, 2, 5000), 0);
+    assert_int_equal(got[0], 2);
+    assert_int_equal(got[1], WSYNC_ERR_MISMATCH);
+    assert_int_equal(tu_send_frame(e[0].to, &p, 1), 0);
+    assert_int_equal(tu_read_all(e[0].from, got, 2, 5000), 0);
+    assert_int_equal(got[0], 0); /* engine 0 lost nothing */
+
+    send_version_to(tr, 4, both, 2);
+    for (uint64_t v = 5; v <= 8; ++v) send_version_to(tr, v, &first, 1);
+    EXPECT_ERR(wsync_sender_flush(tr->sender, 1), WSYNC_ERR_TIMEOUT, "receivers [1]");
+    OK(send_chunk_to(tr, 9, 0, both, 2));
+    for (int i = 0; i < 2; ++i) assert_int_equal(tu_peer_byte(&e[i], 5000), 0);
+    EXPECT_ERR(wsync_sender_flush(tr->sender, 5000), WSYNC_ERR_PEER,
+               "no chunk of versions 5 to 8 reached this receiver");
+    OK(wsync_sender_failure_count(tr->sender, &n));
+    assert_int_equal(n, 1);
+    assert_int_equal(failure(tr, 0).version, 5);
+    assert_int_equal(tu_send_frame(e[1].to, &p, 1), 0);
+    assert_int_equal(tu_read_all(e[1].from, got, 2, 5000), 0);
+    assert_int_equal(got[0], 8); /* the newest version it skipped */
+    assert_int_equal(got[1], WSYNC_ERR_MISMATCH);
+    OK(send_chunk_to(tr, 9, 1, both, 2));
+    for (int i = 0; i < 2; ++i) assert_int_equal(tu_peer_byte(&e[i], 5000), 0);
+    OK(wsync_sender_flush(tr->sender, 5000));
+    stop_engine(&e[0]);
+    stop_engine(&e[1]);
+    trainer_free(tr);
+}
+
 /* Chunks of an abandoned version that an engine never began are withdrawn (board.hpp): with
  * one bucket, a single undelivered chunk used to hold the bucket, so the flush after the abandon
  * and every later send ended in TIMEOUT naming an engine that had done nothing wrong, until the
@@ -541,6 +611,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(engine_killed_mid_version_restarts_and_receives_the_next_version),
     cmocka_unit_test(an_engine_reattached_through_the_trainer_is_alive_to_it_and_holds_its_index),
     cmocka_unit_test(requests_never_delivered_do_not_wedge_the_trainer),
+    cmocka_unit_test(a_version_skipped_whole_is_reported_like_one_skipped_in_part),
     cmocka_unit_test(chunks_of_an_abandoned_version_nobody_began_do_not_hold_a_bucket),
     cmocka_unit_test(frozen_engine_times_out_by_name_and_can_be_dropped),
     cmocka_unit_test(trainer_killed_mid_version_engines_learn_it_and_nothing_is_left),

@@ -96,6 +96,15 @@ static int engine_main(const void *p, int in, int out) {
             free(req);
             break;
         }
+        if (len == 1 && req[0] == 'P') { /* poll: answers failed_version (low byte), then its status */
+            free(req);
+            wsync_receiver_state_t stt = {.struct_size = sizeof stt};
+            uint8_t b[2] = {0xff, 0xff};
+            if (wsync_receiver_poll(r, &stt) == WSYNC_OK)
+                b[0] = (uint8_t)stt.failed_version, b[1] = (uint8_t)stt.failed_status;
+            tu_write_all(out, b, 2);
+            continue;
+        }
         if (len == 9 && req[0] == 'S') { /* scribble, seeded by the frame's next 8 bytes */
             uint64_t seed;
             memcpy(&seed, req + 1, 8);
