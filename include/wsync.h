@@ -54,7 +54,15 @@
  *           layout with struct_size set. In arrays (a chunk's tensors) the first element's
  *           struct_size is the stride and every element must carry the same value.
  * Errors never cross as exceptions, signals or aborts: every failure is a status.
- * fork():   handles do not survive fork() in the child; create them after forking.
+ * fork():   a child forked from a process holding handles (a tokenizer or data-loader worker)
+ *           does not hold what they hold: the library's liveness locks and listening sockets
+ *           stay with the parent (closed in the child at fork, pthread_atfork), so a parent
+ *           killed while the child lives is seen dead by its peers as if it had no child, and a
+ *           restarted peer takes its place at once (since 0.6.2). In the child, a sender or
+ *           receiver copy, and a strategy copy that made init info, is refused with
+ *           WSYNC_ERR_WRONG_STATE naming both pids; its wsync_*_destroy() leaves it as it is
+ *           (a no-op). A strategy that made no init info is options only and works in the
+ *           child. Create handles in the process that uses them.
  * Trust.    Every word a peer process can write is validated before use: a stray write by a
  *           peer never crashes this process nor makes it wait past a deadline. Processes that
  *           share one trainer's memory are one trust domain, though: an engine that writes
@@ -357,7 +365,10 @@ WSYNC_API wsync_status_t wsync_strategy_describe_options(const char *kind, char 
  * the UUID of the GPU the "device" option names, the sender's (NCCL takes one GPU per rank: a
  * receiver on it is refused; a "device" this process does not see fails here with
  * WSYNC_ERR_INVALID_ARGUMENT). Call once per strategy;
- * a second call fails with WSYNC_ERR_WRONG_STATE. On success *out holds the blob, freed with
+ * a second call fails with WSYNC_ERR_WRONG_STATE. A segment larger than /dev/shm can hold, or
+ * than this process's file-size limit (RLIMIT_FSIZE, `ulimit -f`; checked first, so the kernel's
+ * SIGXFSZ is never raised; since 0.6.2) fails with WSYNC_ERR_NO_MEMORY naming the cause.
+ * On success *out holds the blob, freed with
  * wsync_blob_free(). May take time proportional to the buckets' size (pre-faulting); does not
  * wait for peers. */
 WSYNC_API wsync_status_t wsync_strategy_create_init_info(wsync_strategy_t *strategy,
@@ -707,7 +718,12 @@ typedef struct wsync_recv_t wsync_recv_t;
  * the index with a kernel-held lock, so the sender tells a dead receiver from a slow one
  * whatever PID namespace either is in. An index out of range fails with
  * WSYNC_ERR_INVALID_ARGUMENT, an index held by a live receiver with WSYNC_ERR_WRONG_STATE, a
- * vanished sync (the trainer is gone) with WSYNC_ERR_UNAVAILABLE. A receiver made for an index
+ * vanished sync (the trainer is gone: its segment's name removed and nobody answering its
+ * rendezvous, or, since 0.6.2, every sender that attached to the board has died or was
+ * destroyed) with WSYNC_ERR_UNAVAILABLE. A segment handed over at the rendezvous is accepted
+ * only from a process of this user that created it (SO_PEERCRED and the pid the board records,
+ * where this process shares its PID namespace) and only as a regular file of this user, mode
+ * 0600; anything else is WSYNC_ERR_UNAVAILABLE naming the process (since 0.6.2). A receiver made for an index
  * that was used before (a restarted engine) re-attaches: it takes part from the next version
  * that begins after it attached; requests of the version in flight fail with
  * WSYNC_ERR_MISMATCH saying so. GPU kinds work on the GPU named by the "device" option (an

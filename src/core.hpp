@@ -14,6 +14,7 @@
 #include "parts.hpp"
 #include "select.hpp"
 #include "strategy.hpp"
+#include "sys.hpp"
 
 namespace wsync {
 
@@ -32,6 +33,9 @@ public:
     std::unique_ptr<class Sender> create_sender(const uint8_t *init, std::size_t len);
     std::unique_ptr<class Receiver> create_receiver(const uint8_t *init, std::size_t len,
                                                     uint32_t index);
+    // Whether this strategy made init info (it then holds the segment or endpoint it serves).
+    bool made_init() const { return init_made_; }
+    const sys::Owner owner;  // the ABI's fork rule (sys.hpp)
 
 private:
     const KindInfo &kind_;
@@ -56,6 +60,7 @@ public:
     std::pair<void *, uint64_t> arena() const { return impl_->arena(); }
     uint64_t version() const { return version_; }
     const std::vector<Failure> &failures() const { return failures_; }
+    const sys::Owner owner;  // the ABI's fork rule (sys.hpp)
 
 private:
     std::vector<uint8_t> send(const wsync_tensor_t *tensors, std::size_t count, bool last,
@@ -93,6 +98,7 @@ public:
     void set_stream(void *stream);
     // The transport, for what a destination table asks of it (apply.cpp).
     ReceiverImpl &transport() const { return *impl_; }
+    const sys::Owner owner;  // the ABI's fork rule (sys.hpp)
 
 private:
     friend class Iteration;

@@ -45,19 +45,23 @@ bool readable(int s, int64_t ms) {
 }  // namespace
 
 FdExporter::FdExporter(const std::string &name, const std::string &who) : name_(name) {
-    listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (listen_fd_ < 0) fail_errno(who + ": socket(AF_UNIX)", errno);
+    // A forked child must not keep the socket (sys.hpp, open_parent_only).
+    listen_fd_ = open_parent_only([&] {
+        int l = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (l < 0) fail_errno(who + ": socket(AF_UNIX)", errno);
+        return l;
+    });
     socklen_t len;
     sockaddr_un a = address(name, &len);
     if (bind(listen_fd_, reinterpret_cast<sockaddr *>(&a), len) != 0 || listen(listen_fd_, 16) != 0) {
         int err = errno;
-        close(listen_fd_);
+        close_parent_only(listen_fd_);
         fail_errno(who + ": binding the descriptor socket '" + name + "'", err);
     }
     stop_fd_ = eventfd(0, EFD_CLOEXEC);
     if (stop_fd_ < 0) {
         int err = errno;
-        close(listen_fd_);
+        close_parent_only(listen_fd_);
         fail_errno(who + ": eventfd", err);
     }
     thread_ = std::thread([this] { run(); });
@@ -67,7 +71,7 @@ FdExporter::~FdExporter() {
     uint64_t one = 1;
     if (write(stop_fd_, &one, sizeof one) < 0) { /* the thread still wakes within 100 ms */ }
     if (thread_.joinable()) thread_.join();
-    close(listen_fd_);
+    close_parent_only(listen_fd_);
     close(stop_fd_);
     for (auto &kv : fds_) close(kv.second);
 }

@@ -1,6 +1,10 @@
 #include "sys.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <mutex>
+#include <pthread.h>
+#include <vector>
 #include <csignal>
 #include <ctime>
 #include <cstdio>
@@ -12,6 +16,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/random.h>
 #include <sys/syscall.h>
@@ -70,25 +75,18 @@ std::string random_hex(std::size_t n) {
     return out;
 }
 
-bool process_alive(int32_t pid) {
-    if (pid <= 0) return false;
-    if (kill(pid, 0) == -1 && errno == ESRCH) return false;
-    // kill() succeeds on a zombie, whose parent has not reaped it yet: read its state too.
-    char path[64];
-    std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return true;  // no /proc: trust kill()
-    char buf[512];
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return true;
-    buf[n] = '\0';
-    const char *paren = std::strrchr(buf, ')');  // the command name may itself hold ')'
-    if (!paren || paren[1] != ' ') return true;
-    return paren[2] != 'Z' && paren[2] != 'X';
-}
-
 int shm_create(const std::string &name, uint64_t size, bool reserve, const std::string &who) {
+    // Growing a file past RLIMIT_FSIZE makes the kernel send SIGXFSZ (inode_newsize_ok, for
+    // ftruncate and fallocate alike), which ends a process that did not ignore it: no signal may
+    // cross the C ABI (issue 38), so the limit is checked first and named as a status.
+    struct rlimit fsize;
+    if (getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY &&
+        size > uint64_t(fsize.rlim_cur))
+        fail(WSYNC_ERR_NO_MEMORY, who + ": segment '" + name + "' needs " + std::to_string(size) +
+                                      " bytes, but this process may not grow a file past " +
+                                      std::to_string(uint64_t(fsize.rlim_cur)) +
+                                      " bytes (RLIMIT_FSIZE, `ulimit -f`); raise that limit or "
+                                      "lower buckets x bucket_bytes");
     int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) fail_errno(who + ": shm_open('" + name + "')", errno);
     int err = ftruncate(fd, static_cast<off_t>(size)) == 0 ? 0 : errno;
@@ -175,6 +173,90 @@ bool lock_held_elsewhere(int fd, uint64_t at) {
 
 namespace {
 
+// The registry of open_parent_only(): allocated once and never freed (a fork handler may run
+// during static destruction), guarded by fork_mu, which the prepare handler holds across fork().
+std::mutex fork_mu;
+std::vector<int> *parent_only = nullptr;
+
+void fork_prepare() { fork_mu.lock(); }
+void fork_parent() { fork_mu.unlock(); }
+void fork_child() {
+    // The child has one thread, this one, which holds fork_mu: nothing else touches the list.
+    const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    for (int fd : *parent_only) {
+        if (null >= 0) (void)dup3(null, fd, O_CLOEXEC);
+        else (void)close(fd);  // no /dev/null: the number may be reused, still better than a lock
+    }
+    if (null >= 0) close(null);
+    parent_only->clear();  // keeps its storage: no allocation here
+    fork_mu.unlock();
+}
+
+}  // namespace
+
+int open_parent_only(const std::function<int()> &open) {
+    static const int registered = [] {
+        parent_only = new std::vector<int>();
+        parent_only->reserve(64);
+        return pthread_atfork(fork_prepare, fork_parent, fork_child);
+    }();
+    if (registered != 0) fail_errno("pthread_atfork", registered);
+    std::lock_guard<std::mutex> hold(fork_mu);
+    const int fd = open();
+    if (fd >= 0) {
+        try {
+            parent_only->push_back(fd);
+        } catch (...) {
+            close(fd);
+            throw;
+        }
+    }
+    return fd;
+}
+
+void close_parent_only(int fd) noexcept {
+    if (fd < 0) return;
+    std::lock_guard<std::mutex> hold(fork_mu);
+    if (parent_only) {
+        auto it = std::find(parent_only->begin(), parent_only->end(), fd);
+        if (it != parent_only->end()) parent_only->erase(it);
+    }
+    close(fd);
+}
+
+int32_t Owner::current_pid() noexcept { return static_cast<int32_t>(getpid()); }
+
+bool Owner::here() const noexcept { return current_pid() == pid_; }
+
+void Owner::require(const char *what) const {
+    if (here()) return;
+    fail(WSYNC_ERR_WRONG_STATE,
+         std::string("this ") + what + " was created by process " + std::to_string(pid_) +
+             "; process " + std::to_string(current_pid()) +
+             " (a child forked from it) holds only a copy that it cannot use: the library's "
+             "locks and sockets stayed with the parent. Create a new one in this process");
+}
+
+int open_own(int fd) noexcept {
+    const std::string path = "/proc/self/fd/" + std::to_string(fd);
+    int own;
+    do {
+        own = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    } while (own < 0 && errno == EINTR);
+    return own;
+}
+
+bool same_pid_namespace(int32_t pid) noexcept {
+    if (pid <= 0) return false;
+    char mine[64], theirs[64];
+    const std::string path = "/proc/" + std::to_string(pid) + "/ns/pid";
+    const ssize_t a = readlink("/proc/self/ns/pid", mine, sizeof mine);
+    const ssize_t b = readlink(path.c_str(), theirs, sizeof theirs);
+    return a > 0 && a == b && std::memcmp(mine, theirs, static_cast<std::size_t>(a)) == 0;
+}
+
+namespace {
+
 // One byte plus room for one descriptor (SCM_RIGHTS): the message a re-attach socket carries,
 // both ways. Not copyable: m points into the object.
 struct FdMessage {
@@ -195,19 +277,23 @@ struct FdMessage {
 }  // namespace
 
 FdServer::FdServer(const std::string &name, int fd, const std::string &who) : fd_(fd) {
-    listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (listen_fd_ < 0) fail_errno(who + ": socket(AF_UNIX)", errno);
+    // A forked child must not keep the socket: its name would stay bound, answered by nobody.
+    listen_fd_ = open_parent_only([&] {
+        int l = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (l < 0) fail_errno(who + ": socket(AF_UNIX)", errno);
+        return l;
+    });
     socklen_t len;
     sockaddr_un a = abstract_address(name, &len);
     if (bind(listen_fd_, reinterpret_cast<sockaddr *>(&a), len) != 0 || listen(listen_fd_, 16) != 0) {
         int err = errno;
-        close(listen_fd_);
+        close_parent_only(listen_fd_);
         fail_errno(who + ": binding the re-attach socket", err);
     }
     stop_fd_ = eventfd(0, EFD_CLOEXEC);
     if (stop_fd_ < 0) {
         int err = errno;
-        close(listen_fd_);
+        close_parent_only(listen_fd_);
         fail_errno(who + ": eventfd", err);
     }
     thread_ = std::thread([this] { run(); });
@@ -217,7 +303,7 @@ FdServer::~FdServer() {
     uint64_t one = 1;
     if (write(stop_fd_, &one, sizeof one) < 0) { /* the thread still wakes within 100 ms */ }
     if (thread_.joinable()) thread_.join();
-    close(listen_fd_);
+    close_parent_only(listen_fd_);
     close(stop_fd_);
 }
 
@@ -248,10 +334,7 @@ void FdServer::run() {
 
 int reopen_own(int fd, const std::string &who) {
     const std::string path = "/proc/self/fd/" + std::to_string(fd);
-    int own;
-    do {
-        own = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-    } while (own < 0 && errno == EINTR);
+    const int own = open_own(fd);
     const int err = errno;
     close(fd);
     if (own < 0)
@@ -263,7 +346,7 @@ int reopen_own(int fd, const std::string &who) {
 }
 
 int fetch_fd(const std::string &name, const Deadline &deadline, const std::string &who,
-             const std::string &gone) {
+             const std::string &gone, int32_t *server_pid) {
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (s < 0) fail_errno(who + ": socket(AF_UNIX)", errno);
     socklen_t len;
@@ -275,6 +358,25 @@ int fetch_fd(const std::string &name, const Deadline &deadline, const std::strin
             fail(WSYNC_ERR_UNAVAILABLE, who + ": " + gone);
         fail_errno(who + ": connecting to the sender", err);
     }
+    // The server's credentials (those of the process that called listen()), before anything it
+    // sends is accepted: the segment is the trainer user's, mode 0600, and a socket name can be
+    // bound by anyone once its owner is gone.
+    struct ucred cred;
+    socklen_t cl = sizeof cred;
+    if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) {
+        int err = errno;
+        close(s);
+        fail_errno(who + ": reading the sender's credentials (SO_PEERCRED)", err);
+    }
+    if (cred.uid != geteuid()) {
+        close(s);
+        fail(WSYNC_ERR_UNAVAILABLE,
+             who + ": refused the process answering the rendezvous '" + name + "' (pid " +
+                 std::to_string(cred.pid) + ", uid " + std::to_string(cred.uid) +
+                 "): it is not this user's (uid " + std::to_string(geteuid()) +
+                 "), so it is not the trainer; " + gone);
+    }
+    if (server_pid) *server_pid = cred.pid;
     struct pollfd p = {s, POLLIN, 0};
     int n;
     do {
@@ -295,6 +397,21 @@ int fetch_fd(const std::string &name, const Deadline &deadline, const std::strin
                                           "(another user?) or closed the connection");
     int fd;
     std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & 077) != 0) {
+        const bool known = fstat(fd, &st) == 0;
+        close(fd);
+        char mode[16];
+        std::snprintf(mode, sizeof mode, "%04o", known ? unsigned(st.st_mode & 07777) : 0u);
+        fail(WSYNC_ERR_UNAVAILABLE,
+             who + ": refused the descriptor handed over by pid " + std::to_string(cred.pid) +
+                 (known ? std::string(S_ISREG(st.st_mode) ? " (a file" : " (not a regular file") +
+                              " of uid " + std::to_string(st.st_uid) + ", mode " + mode + ")"
+                        : std::string(" (cannot stat it)")) +
+                 ": a segment is a regular file of this user (uid " +
+                 std::to_string(geteuid()) + "), mode 0600");
+    }
     return fd;
 }
 

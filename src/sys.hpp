@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -43,10 +44,6 @@ void random_bytes(void *buf, std::size_t n);
 // n random bytes as lowercase hex.
 std::string random_hex(std::size_t n);
 
-// False once the process is gone: ESRCH from kill(pid, 0), or a zombie (state Z or X in
-// /proc/<pid>/stat) that its parent has not reaped yet.
-bool process_alive(int32_t pid);
-
 // Creates the POSIX shared-memory object `name` (O_EXCL, mode 0600) of `size` bytes and
 // returns its descriptor. With `reserve`, every page is allocated now (posix_fallocate), so a
 // too-small /dev/shm fails here with WSYNC_ERR_NO_MEMORY instead of SIGBUS later. On failure
@@ -67,6 +64,42 @@ void *map_shared(int fd, uint64_t offset, uint64_t size, bool writable, bool pop
 bool lock_try(int fd, uint64_t at);
 // True if an open file description other than fd's holds a lock on byte `at`.
 bool lock_held_elsewhere(int fd, uint64_t at);
+
+// Descriptors a forked child must not keep (issue 38). fork() copies every descriptor, and
+// with it the open file descriptions that carry this process's liveness locks and the listening
+// sockets its rendezvous and exporters answer on: while such a child lived, a killed parent
+// looked alive to its peers and its socket names stayed bound with nobody answering. Each such
+// descriptor is opened through open_parent_only(), which registers it; a pthread_atfork child
+// handler points every registered number at /dev/null in the child (open, dup3 and close only:
+// async-signal-safe), so the child's reference is gone and the number stays taken (an object
+// the child inherited never closes another file by it). Mappings are inherited as usual, which is
+// why no liveness lock lives on a mapped description (SharedSegment::lock_fd). `open` runs under
+// the fork handlers' mutex, so no fork falls between opening and registering; it returns the
+// descriptor or throws. close_parent_only() unregisters and closes under the same mutex.
+int open_parent_only(const std::function<int()> &open);
+void close_parent_only(int fd) noexcept;
+
+// The process that made a library object (issue 38). A child forked from it inherits a copy
+// of the object but none of its threads, and (open_parent_only) none of its locks or listening
+// sockets: it must neither use the copy nor tear it down (that would abandon the parent's
+// version, unlink its segment, or join a thread that does not exist here). The ABI refuses the
+// copy's use with WSYNC_ERR_WRONG_STATE and its destroy functions leave it be (wsync.h,
+// "Processes").
+class Owner {
+public:
+    bool here() const noexcept;
+    // Throws WSYNC_ERR_WRONG_STATE naming `what` ("sender") and both pids when not here().
+    void require(const char *what) const;
+    int32_t pid() const noexcept { return pid_; }
+
+private:
+    int32_t pid_ = current_pid();
+    static int32_t current_pid() noexcept;
+};
+
+// A second open file description of the file `fd` refers to, read-write, close-on-exec (through
+// /proc/self/fd), or -1 with errno set; `fd` stays open.
+int open_own(int fd) noexcept;
 
 // Hands one descriptor to processes of the same user that ask for it over an abstract Unix
 // socket (no file is ever created, and the name vanishes with the process). A helper thread
@@ -89,9 +122,18 @@ private:
 };
 
 // Asks the FdServer `name` for its descriptor, waiting up to the deadline. No server is
-// WSYNC_ERR_UNAVAILABLE (`gone` says why), no answer in time WSYNC_ERR_TIMEOUT.
+// WSYNC_ERR_UNAVAILABLE (`gone` says why), no answer in time WSYNC_ERR_TIMEOUT. The server must
+// run as this process's effective user (SO_PEERCRED, checked before any descriptor is
+// accepted), and the descriptor must be a file of that user, mode 0600 (issue 38: after the
+// trainer died, another user's process bound its rendezvous name and served its own memory);
+// otherwise WSYNC_ERR_UNAVAILABLE naming the server's pid and uid. `server_pid`, when not null,
+// receives the server's pid as this process sees it (0: in a PID namespace not visible here).
 int fetch_fd(const std::string &name, const Deadline &deadline, const std::string &who,
-             const std::string &gone);
+             const std::string &gone, int32_t *server_pid = nullptr);
+
+// Whether process `pid` (as this process sees it) is in this process's PID namespace, so that
+// the pid it wrote of itself in shared memory is the one seen here. False when it cannot tell.
+bool same_pid_namespace(int32_t pid) noexcept;
 
 // A descriptor of the same file as `fd` with an open file description of this process's own
 // (through /proc/self/fd), read-write; `fd` is closed either way. A descriptor received over a

@@ -8,9 +8,11 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include "fake_gpu/fake_gpu.h"
 #include "testutil.h"
+#include "fork_util.h"
 
 /* ---- the parts of the (fake) driver the test itself uses --------------------------------- */
 typedef int CUresult;
@@ -230,6 +232,31 @@ static int engine_main(const engine_cfg *cfg, int in, int out) {
         size_t len;
         if (tu_recv_frame(in, &req, &len, 20000)) return 12;
         if (!req) break;
+        if (len == 4 && !memcmp(req, "FORK", 4)) { /* a worker keeping every descriptor: its pid */
+            free(req);
+            pid_t w = fork();
+            if (w == 0) {
+                tu_detach_stdio(); /* keeps every other descriptor; the test kills it */
+                for (;;) pause();
+            }
+            int32_t wp = (int32_t)w;
+            if (tu_write_all(out, &wp, sizeof wp)) return 13;
+            continue;
+        }
+        if (len == 4 && !memcmp(req, "COPY", 4)) { /* a forked child tries the receiver: 0 if refused */
+            free(req);
+            pid_t c = fork();
+            if (c == 0) {
+                wsync_receiver_state_t stt = {.struct_size = sizeof stt};
+                int ok = wsync_receiver_poll(r, &stt) == WSYNC_ERR_WRONG_STATE &&
+                         strstr(wsync_last_error(), "forked") != NULL;
+                wsync_receiver_destroy(r); /* a copy: left as it is */
+                _exit(ok ? 0 : 1);
+            }
+            uint8_t b = (uint8_t)tu_wait_child(c, 5000);
+            if (tu_write_all(out, &b, 1)) return 13;
+            continue;
+        }
         uint8_t verdict = 0;
         wsync_recv_t *it;
         wsync_status_t got = wsync_receiver_receive(r, req, len, &it);
@@ -319,6 +346,15 @@ static void engine_send(engine_t *e, const wsync_blob_t *b) {
 }
 
 static uint8_t engine_verdict(engine_t *e) { return tu_peer_byte(e, 20000); }
+
+/* Makes the engine fork a worker that keeps every descriptor until killed; returns its pid. */
+static pid_t engine_fork_worker(engine_t *e) {
+    assert_int_equal(tu_send_frame(e->to, "FORK", 4), 0);
+    int32_t pid = 0;
+    assert_int_equal(tu_read_all(e->from, &pid, sizeof pid, 5000), 0);
+    assert_true(pid > 0);
+    return (pid_t)pid;
+}
 
 /* Ends the engine; returns its stats after its receiver was destroyed. */
 static struct wsync_fake_stats engine_finish(engine_t *e) {
@@ -3567,6 +3603,336 @@ static void nccl_the_init_infos_sender_gpu_binds_the_sender_and_is_validated(voi
     wsync_blob_free(&init);
 }
 
+/* ---- fork (issue 38; the shm specifications are test_fork.c) ------------------------------ */
+
+/* tensors of version v in data[], as ipc_send_version fills them */
+static void ipc_fill_version(void **data, wsync_tensor_t *t, uint64_t v) {
+    for (int k = 0; k < NT; ++k) {
+        tu_fill(data[k], (size_t)shapes[k][0] * shapes[k][1] * 4, v, (uint64_t)k);
+        t[k] = gpu_tensor(names[k], data[k], shapes[k], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    }
+}
+
+/* An engine forks a worker that keeps its descriptors and is SIGKILLed mid-version. Trainer:
+ * the flush fails with PEER naming receiver 1 within 1 s (deadline 20 s), the record DIED; a
+ * restarted engine takes index 1 at once while the worker lives, and the next version reaches
+ * both bit-exact. Engine 0: every version bit-exact. */
+static void cuda_ipc_an_engine_whose_forked_worker_outlives_it_is_dead_at_once_and_its_index_free(
+    void **state) {
+    (void)state;
+    engine_t e[2] = {ipc_engine(0), ipc_engine(1)};
+    engine_t restarted = ipc_engine(1); /* forked now: later this process uses the driver */
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"receivers\": 2, \"bucket_bytes\": 65536, \"buckets\": 4, \"timeout_ms\": 20000}",
+                e, 2, &s, &init, &tx);
+    void *data[NT];
+    wsync_tensor_t t[NT];
+    for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    ipc_send_version(tx, data, 1, e, 2);
+    OK(wsync_sender_flush(tx, 5000));
+    pid_t worker = engine_fork_worker(&e[1]);
+    ipc_fill_version(data, t, 2);
+    wsync_chunk_t ch = tu_chunk(t, 3, 0);
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    engine_send(&e[0], &req);
+    engine_send(&e[1], &req);
+    assert_int_equal(engine_verdict(&e[0]), 0);
+    assert_int_equal(engine_verdict(&e[1]), 0);
+    wsync_blob_free(&req);
+    kill(e[1].pid, SIGKILL);
+    assert_int_equal(tu_wait_child(e[1].pid, 5000), 128 + SIGKILL);
+    close(e[1].to);
+    close(e[1].from);
+    assert_int_equal(kill(worker, 0), 0);
+    ch = tu_chunk(t + 3, 3, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(tx, &ch, &req));
+    engine_send(&e[0], &req);
+    assert_int_equal(engine_verdict(&e[0]), 0);
+    wsync_blob_free(&req);
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_sender_flush(tx, 20000), WSYNC_ERR_PEER, "receiver 1");
+    assert_true(tu_now_ms() - t0 < 1000);
+    wsync_failure_t f = {.struct_size = sizeof f};
+    OK(wsync_sender_failure(tx, 0, &f));
+    assert_int_equal(f.what, WSYNC_FAILURE_DIED);
+    assert_int_equal(f.receiver, 1);
+    engine_send(&restarted, &init); /* attaches at once: the worker is still alive */
+    usleep(300 * 1000);             /* (joining) before version 3 begins */
+    engine_t two[2] = {e[0], restarted};
+    ipc_send_version(tx, data, 3, two, 2);
+    OK(wsync_sender_flush(tx, 5000));
+    kill(worker, SIGKILL); /* init reaps it: the dead engine was its parent */
+    engine_finish(&two[0]);
+    engine_finish(&two[1]);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
+/* A cuda_ipc trainer in its own process with `options` (cfg): forks a worker when asked, sends
+ * its init info and the worker's pid (4 bytes, 0 for none), then on a byte from the test sends
+ * chunk 0 of version 1 and waits to be killed with that version open. */
+typedef struct {
+    const char *options;
+    int fork_worker;
+} ipc_far_cfg;
+
+static int ipc_far_trainer_main(const void *p, int in, int out) {
+    const ipc_far_cfg *cfg = (const ipc_far_cfg *)p;
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    if (wsync_strategy_create("cuda_ipc", cfg->options, &s) ||
+        wsync_strategy_create_init_info(s, &init) ||
+        wsync_sender_create(s, init.data, init.size, &tx))
+        return 2;
+    int32_t worker = 0;
+    if (cfg->fork_worker) {
+        pid_t w = fork();
+        if (w == 0) {
+            tu_detach_stdio(); /* keeps every other descriptor */
+            for (;;) pause();
+        }
+        worker = (int32_t)w;
+    }
+    if (tu_send_frame(out, init.data, init.size) || tu_send_frame(out, &worker, sizeof worker))
+        return 3;
+    uint8_t go;
+    if (tu_read_all(in, &go, 1, 20000)) return 4;
+    void *data[NT];
+    wsync_tensor_t t[NT];
+    for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    ipc_fill_version(data, t, 1);
+    wsync_chunk_t ch = tu_chunk(t, 3, 0);
+    if (wsync_sender_send_chunk(tx, &ch, &req)) return 5;
+    tu_send_frame(out, req.data, req.size);
+    for (;;) pause(); /* killed here, version 1 open */
+}
+
+typedef struct {
+    tu_peer_t peer;
+    wsync_blob_t init; /* data malloc'd here */
+    pid_t worker;
+} ipc_far_t;
+
+static ipc_far_t ipc_far_start(const ipc_far_cfg *cfg) {
+    ipc_far_t t;
+    t.peer = tu_fork_peer(ipc_far_trainer_main, cfg);
+    uint8_t *init, *w;
+    size_t n, wn;
+    assert_int_equal(tu_recv_frame(t.peer.from, &init, &n, 20000), 0);
+    assert_int_equal(tu_recv_frame(t.peer.from, &w, &wn, 20000), 0);
+    assert_int_equal(wn, 4);
+    int32_t worker;
+    memcpy(&worker, w, 4);
+    free(w);
+    t.init.data = init;
+    t.init.size = n;
+    t.worker = (pid_t)worker;
+    return t;
+}
+
+/* Kills the far trainer (and its worker); removes what the fake driver of a killed process
+ * leaves in /dev/shm (a real driver frees a dead process's memory) and, when `board` is set,
+ * the board's name, which a cuda_ipc engine leaves for a sender made again (options "senders"). */
+static void ipc_far_end(ipc_far_t *t, int board) {
+    kill(t->peer.pid, SIGKILL);
+    tu_wait_child(t->peer.pid, 5000);
+    if (t->worker > 0) kill(t->worker, SIGKILL);
+    char pattern[64];
+    snprintf(pattern, sizeof pattern, "wsync-fakecuda-%d-", (int)t->peer.pid);
+    DIR *shm = opendir("/dev/shm");
+    assert_non_null(shm);
+    for (struct dirent *d; (d = readdir(shm)) != NULL;)
+        if (strncmp(d->d_name, pattern, strlen(pattern)) == 0) {
+            char path[320];
+            snprintf(path, sizeof path, "/dev/shm/%s", d->d_name);
+            unlink(path);
+        }
+    closedir(shm);
+    if (board) {
+        char name[128];
+        tu_init_field(&t->init, "segment", name, sizeof name);
+        shm_unlink(name);
+    }
+    close(t->peer.to);
+    close(t->peer.from);
+    free(t->init.data);
+}
+
+static void ipc_receive_first_chunk(ipc_far_t *t, wsync_receiver_t *r) {
+    uint8_t go = 1;
+    tu_write_all(t->peer.to, &go, 1);
+    uint8_t *req;
+    size_t len;
+    assert_int_equal(tu_recv_frame(t->peer.from, &req, &len, 20000), 0);
+    wsync_recv_t *it;
+    OK(wsync_receiver_receive(r, req, len, &it));
+    wsync_tensor_t v;
+    bool has = true;
+    while (has) OK(wsync_recv_next(it, &v, &has));
+    OK(wsync_recv_end(it));
+    free(req);
+}
+
+/* The trainer forks a worker and is SIGKILLed with version 1 open. Engine 0: its next poll,
+ * within 100 ms, says SENDER_GONE with version 1 failed (PEER). A new engine for index 1 and
+ * engine 0 restarted: refused at once, UNAVAILABLE naming the gone sender (before: the worker's
+ * copy of the trainer's lock kept it "live", and they attached to a board nobody serves). */
+static void cuda_ipc_a_trainer_whose_forked_worker_outlives_it_is_gone_to_engines(void **state) {
+    (void)state;
+    const ipc_far_cfg cfg = {"{\"receivers\": 2, \"bucket_bytes\": 65536, \"timeout_ms\": 3000}", 1};
+    ipc_far_t t = ipc_far_start(&cfg);
+    assert_true(t.worker > 0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_receiver_t *r;
+    OK(wsync_strategy_create("cuda_ipc", "{\"device\": 0, \"timeout_ms\": 3000}", &s));
+    OK(wsync_receiver_create(s, t.init.data, t.init.size, 0, &r));
+    ipc_receive_first_chunk(&t, r);
+    wsync_receiver_state_t st = {.struct_size = sizeof st};
+    OK(wsync_receiver_poll(r, &st));
+    assert_int_equal(st.open_version, 1);
+    assert_int_equal(st.flags & WSYNC_RECEIVER_SENDER_GONE, 0);
+    kill(t.peer.pid, SIGKILL);
+    assert_int_equal(tu_wait_child(t.peer.pid, 5000), 128 + SIGKILL);
+    assert_int_equal(kill(t.worker, 0), 0);
+    long t0 = tu_now_ms();
+    OK(wsync_receiver_poll(r, &st));
+    assert_true(tu_now_ms() - t0 < 100);
+    assert_true(st.flags & WSYNC_RECEIVER_SENDER_GONE);
+    assert_int_equal(st.failed_version, 1);
+    assert_int_equal(st.failed_status, WSYNC_ERR_PEER);
+    assert_int_equal(st.completed_version, 0);
+    wsync_receiver_t *late = NULL;
+    t0 = tu_now_ms();
+    EXPECT_ERR(wsync_receiver_create(s, t.init.data, t.init.size, 1, &late), WSYNC_ERR_UNAVAILABLE,
+               "sender of this segment is gone");
+    assert_null(late);
+    wsync_receiver_destroy(r);
+    EXPECT_ERR(wsync_receiver_create(s, t.init.data, t.init.size, 0, &r), WSYNC_ERR_UNAVAILABLE,
+               "sender of this segment is gone");
+    assert_true(tu_now_ms() - t0 < 1000);
+    wsync_strategy_destroy(s);
+    ipc_far_end(&t, 1);
+}
+
+/* A child forked by an engine holds a copy of its receiver: poll refused (WRONG_STATE naming
+ * the fork), its destroy a no-op; the engine's next version completes bit-exact. The trainer's
+ * child alike: send_chunk refused, destroys no-ops, the trainer's flush OK afterwards. */
+static void cuda_ipc_a_forked_child_cannot_use_or_tear_down_its_parents_objects(void **state) {
+    (void)state;
+    engine_t e = ipc_engine(0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init, req;
+    wsync_sender_t *tx;
+    ipc_trainer("{\"bucket_bytes\": 65536, \"timeout_ms\": 3000}", &e, 1, &s, &init, &tx);
+    void *data[NT];
+    wsync_tensor_t t[NT];
+    for (int k = 0; k < NT; ++k) data[k] = dalloc((size_t)shapes[k][0] * shapes[k][1] * 4);
+    ipc_send_version(tx, data, 1, &e, 1);
+    OK(wsync_sender_flush(tx, 3000));
+    pid_t c = fork();
+    assert_true(c >= 0);
+    if (c == 0) {
+        ipc_fill_version(data, t, 2);
+        wsync_chunk_t ch = tu_chunk(t, 3, 0);
+        int bad = wsync_sender_send_chunk(tx, &ch, &req) != WSYNC_ERR_WRONG_STATE ||
+                  !strstr(wsync_last_error(), "forked");
+        wsync_sender_destroy(tx);
+        wsync_strategy_destroy(s);
+        _exit(bad);
+    }
+    assert_int_equal(tu_wait_child(c, 5000), 0);
+    assert_int_equal(tu_send_frame(e.to, "COPY", 4), 0);
+    assert_int_equal(engine_verdict(&e), 0);
+    ipc_send_version(tx, data, 2, &e, 1);
+    OK(wsync_sender_flush(tx, 3000));
+    engine_finish(&e);
+    trainer_end(tx, s, &init);
+    for (int k = 0; k < NT; ++k) drv.cuMemFree((CUdeviceptr)(uintptr_t)data[k]);
+}
+
+/* After the trainer died and its board's name is gone, a restarting engine is handed a board
+ * by an impostor at the trainer's rendezvous: one of the trainer's user serving the real board
+ * (opened while its name existed) is refused as not its creator; one of another user (root
+ * only) is refused naming its uid before any descriptor is accepted. */
+static void cuda_ipc_a_rendezvous_served_by_anyone_but_the_trainer_is_refused_by_name(void **state) {
+    (void)state;
+    const ipc_far_cfg cfg = {"{\"receivers\": 1, \"bucket_bytes\": 65536, \"timeout_ms\": 3000}", 0};
+    ipc_far_t t = ipc_far_start(&cfg);
+    char board[128], rendezvous[128];
+    tu_init_field(&t.init, "segment", board, sizeof board);
+    tu_init_field(&t.init, "rendezvous", rendezvous, sizeof rendezvous);
+    int stolen = shm_open(board, O_RDWR, 0);
+    assert_true(stolen >= 0);
+    struct stat sb;
+    assert_int_equal(fstat(stolen, &sb), 0);
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_receiver_t *r;
+    OK(wsync_strategy_create("cuda_ipc", "{\"device\": 0, \"timeout_ms\": 3000}", &s));
+    OK(wsync_receiver_create(s, t.init.data, t.init.size, 0, &r));
+    ipc_receive_first_chunk(&t, r); /* the sender removes the name once every process attached */
+    assert_false(tu_segment_named_in(t.init.data, t.init.size));
+    wsync_receiver_destroy(r);
+    kill(t.peer.pid, SIGKILL);
+    assert_int_equal(tu_wait_child(t.peer.pid, 5000), 128 + SIGKILL);
+    const tu_impostor_cfg_t same = {rendezvous, stolen, 0, 0};
+    tu_peer_t imp = tu_fork_peer(tu_impostor_main, &same);
+    assert_int_equal(tu_peer_byte(&imp, 5000), 0);
+    EXPECT_ERR(wsync_receiver_create(s, t.init.data, t.init.size, 0, &r), WSYNC_ERR_UNAVAILABLE,
+               "is not the one that created it");
+    kill(imp.pid, SIGKILL);
+    tu_wait_child(imp.pid, 5000);
+    close(imp.to), close(imp.from);
+    int other_user_ran = 0;
+    if (geteuid() == 0) {
+        const tu_impostor_cfg_t other = {rendezvous, -1, 65534, (size_t)sb.st_size};
+        imp = tu_fork_peer(tu_impostor_main, &other);
+        if (tu_peer_byte(&imp, 5000) == 0) {
+            EXPECT_ERR(wsync_receiver_create(s, t.init.data, t.init.size, 0, &r),
+                       WSYNC_ERR_UNAVAILABLE, "uid 65534");
+            other_user_ran = 1;
+        }
+        kill(imp.pid, SIGKILL);
+        tu_wait_child(imp.pid, 5000);
+        close(imp.to), close(imp.from);
+    }
+    close(stolen);
+    wsync_strategy_destroy(s);
+    ipc_far_end(&t, 0);
+    if (!other_user_ran) {
+        print_message("skipped the other-user impostor: this process cannot switch users\\n");
+        skip();
+    }
+}
+
+/* RLIMIT_FSIZE below the board's size: create_init_info returns NO_MEMORY naming the limit
+ * and the process lives on (not killed by SIGXFSZ). */
+static void cuda_ipc_a_file_size_limit_below_the_board_is_a_status_not_a_signal(void **state) {
+    (void)state;
+    pid_t c = fork();
+    assert_true(c >= 0);
+    if (c == 0) {
+        use_device(0);
+        struct rlimit lim = {1, RLIM_INFINITY};
+        if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(20);
+        wsync_strategy_t *s;
+        wsync_blob_t init;
+        if (wsync_strategy_create("cuda_ipc", "{\"device\": 0}", &s) != WSYNC_OK) _exit(1);
+        if (wsync_strategy_create_init_info(s, &init) != WSYNC_ERR_NO_MEMORY) _exit(2);
+        if (!strstr(wsync_last_error(), "RLIMIT_FSIZE")) _exit(3);
+        wsync_strategy_destroy(s);
+        _exit(0);
+    }
+    assert_int_equal(tu_wait_child(c, 10000), 0); /* not 128 + SIGXFSZ */
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(packed_sync_reaches_two_engines_bit_for_bit_with_one_launch_per_chunk),
     cmocka_unit_test(cuda_ipc_moves_a_split_tensor_as_one_view_per_part_packed_or_not),
@@ -3582,6 +3948,11 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(each_engine_takes_the_part_of_its_own_gpu_even_when_remapped),
     cmocka_unit_test(a_request_without_this_gpu_is_a_mismatch_naming_the_uuid),
     cmocka_unit_test(a_dead_engine_fails_flush_with_peer),
+    cmocka_unit_test(cuda_ipc_an_engine_whose_forked_worker_outlives_it_is_dead_at_once_and_its_index_free),
+    cmocka_unit_test(cuda_ipc_a_trainer_whose_forked_worker_outlives_it_is_gone_to_engines),
+    cmocka_unit_test(cuda_ipc_a_forked_child_cannot_use_or_tear_down_its_parents_objects),
+    cmocka_unit_test(cuda_ipc_a_rendezvous_served_by_anyone_but_the_trainer_is_refused_by_name),
+    cmocka_unit_test(cuda_ipc_a_file_size_limit_below_the_board_is_a_status_not_a_signal),
     cmocka_unit_test(cuda_ipc_a_receiver_dropped_while_it_reads_never_completes_the_version),
     cmocka_unit_test(cuda_ipc_a_request_of_another_sync_is_refused_and_changes_nothing),
     cmocka_unit_test(nccl_a_request_of_another_group_is_refused_and_changes_nothing),

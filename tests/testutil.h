@@ -5,6 +5,7 @@
 #define WSYNC_TESTUTIL_H
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -224,6 +225,15 @@ static inline uint8_t tu_peer_byte(tu_peer_t *e, int timeout_ms) {
     uint8_t v = 99;
     assert_int_equal(tu_read_all(e->from, &v, 1, timeout_ms), 0);
     return v;
+}
+
+/* A forked worker that must outlive a failed test without holding CTest's output open (CTest
+ * waits for every holder): points stdin, stdout and stderr at /dev/null. */
+static inline void tu_detach_stdio(void) {
+    int n = open("/dev/null", O_RDWR);
+    if (n < 0) return;
+    for (int fd = 0; fd <= 2; ++fd) dup2(n, fd);
+    if (n > 2) close(n);
 }
 
 static inline long tu_now_ms(void) {

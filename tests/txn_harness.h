@@ -78,7 +78,10 @@ static int scribble_shared_control(uint64_t seed) {
 /* Engine: for each request frame, answers one byte: 0 chunk loaded, the status of a refused or
  * failed chunk, 50 if a completed version is not bit-exact, 51 if it did not complete. A frame
  * "S" + 8-byte seed makes it scribble over the shared control block (answer 0, or 52 if it found
- * no writable mapping of the segment); "Q" ends it. */
+ * no writable mapping of the segment); "F" forks a worker that keeps every descriptor and lives
+ * until killed (answer: its pid, 4 bytes); "U" forks a child that tries the engine's receiver
+ * (answer 0: refused as a copy, WRONG_STATE naming the fork, and its destroy left it be);
+ * "Q" ends it. */
 static int engine_main(const void *p, int in, int out) {
     const engine_cfg_t *cfg = (const engine_cfg_t *)p;
     wsync_strategy_t *s;
@@ -103,6 +106,33 @@ static int engine_main(const void *p, int in, int out) {
             if (wsync_receiver_poll(r, &stt) == WSYNC_OK)
                 b[0] = (uint8_t)stt.failed_version, b[1] = (uint8_t)stt.failed_status;
             tu_write_all(out, b, 2);
+            continue;
+        }
+        if (len == 1 && req[0] == 'F') { /* a worker forked now keeps our descriptors; answers its pid */
+            free(req);
+            pid_t w = fork();
+            if (w == 0) {
+                tu_detach_stdio(); /* keeps every other descriptor; the test kills it */
+                for (;;) pause();
+            }
+            int32_t wp = (int32_t)w;
+            tu_write_all(out, &wp, sizeof wp);
+            continue;
+        }
+        if (len == 1 && req[0] == 'U') { /* a forked child tries our receiver: 0 if refused right */
+            free(req);
+            pid_t c = fork();
+            if (c == 0) {
+                wsync_receiver_state_t stt = {.struct_size = sizeof stt};
+                int ok = wsync_receiver_poll(r, &stt) == WSYNC_ERR_WRONG_STATE &&
+                         strstr(wsync_last_error(), "forked") != NULL;
+                uint64_t done = 0;
+                ok = ok && wsync_receiver_completed_version(r, &done) == WSYNC_ERR_WRONG_STATE;
+                wsync_receiver_destroy(r); /* a copy: left as it is */
+                _exit(ok ? 0 : 1);
+            }
+            uint8_t b = (uint8_t)tu_wait_child(c, 5000);
+            tu_write_all(out, &b, 1);
             continue;
         }
         if (len == 9 && req[0] == 'S') { /* scribble, seeded by the frame's next 8 bytes */

@@ -22,7 +22,7 @@ wsync_status_t wsync_receiver_create(wsync_strategy_t *strategy, const uint8_t *
     });
 }
 
-void wsync_receiver_destroy(wsync_receiver_t *receiver) { delete core(receiver); }
+void wsync_receiver_destroy(wsync_receiver_t *receiver) { destroy<wsync::Receiver>(receiver); }
 
 wsync_status_t wsync_receiver_receive(wsync_receiver_t *receiver, const uint8_t *request,
                                       size_t len, wsync_recv_t **out) {

@@ -42,7 +42,12 @@ wsync_status_t wsync_strategy_create(const char *kind, const char *options_json,
     });
 }
 
-void wsync_strategy_destroy(wsync_strategy_t *strategy) { delete core(strategy); }
+void wsync_strategy_destroy(wsync_strategy_t *strategy) {
+    // Options only (no init info made): nothing shared to spare, so a forked child frees its copy.
+    auto *s = reinterpret_cast<wsync::Strategy *>(strategy);
+    if (s && !s->made_init()) delete s;
+    else destroy<wsync::Strategy>(strategy);
+}
 
 wsync_status_t wsync_strategy_kind(const wsync_strategy_t *strategy, const char **kind_out) {
     if (kind_out) *kind_out = nullptr;
@@ -100,7 +105,7 @@ wsync_status_t wsync_sender_create(wsync_strategy_t *strategy, const uint8_t *in
     });
 }
 
-void wsync_sender_destroy(wsync_sender_t *sender) { delete core(sender); }
+void wsync_sender_destroy(wsync_sender_t *sender) { destroy<wsync::Sender>(sender); }
 
 namespace {
 wsync_status_t send_chunk(const char *fn, wsync_sender_t *sender, const wsync_chunk_t *chunk,

@@ -94,12 +94,40 @@ void write_sized(T *out, const T &value, const char *what) {
     std::memcpy(out, &v, sizeof(T));
 }
 
-template <class T> wsync::Strategy *core(T *h) { return reinterpret_cast<wsync::Strategy *>(h); }
-inline wsync::Sender *core(wsync_sender_t *h) { return reinterpret_cast<wsync::Sender *>(h); }
-inline const wsync::Sender *core(const wsync_sender_t *h) { return reinterpret_cast<const wsync::Sender *>(h); }
-inline wsync::Receiver *core(wsync_receiver_t *h) { return reinterpret_cast<wsync::Receiver *>(h); }
+// The handles. A sender or receiver used by a process other than its creator's (a forked child
+// holding a copy) is refused with WSYNC_ERR_WRONG_STATE, as is a strategy that made init info
+// (it serves a segment or endpoint); one that made none is options only, usable anywhere.
+inline wsync::Strategy *core(wsync_strategy_t *h) {
+    auto *s = reinterpret_cast<wsync::Strategy *>(h);
+    if (s && s->made_init()) s->owner.require("strategy (it made init info)");
+    return s;
+}
+inline wsync::Sender *core(wsync_sender_t *h) {
+    auto *s = reinterpret_cast<wsync::Sender *>(h);
+    if (s) s->owner.require("sender");
+    return s;
+}
+inline const wsync::Sender *core(const wsync_sender_t *h) {
+    auto *s = reinterpret_cast<const wsync::Sender *>(h);
+    if (s) s->owner.require("sender");
+    return s;
+}
+inline wsync::Receiver *core(wsync_receiver_t *h) {
+    auto *r = reinterpret_cast<wsync::Receiver *>(h);
+    if (r) r->owner.require("receiver");
+    return r;
+}
 inline const wsync::Receiver *core(const wsync_receiver_t *h) {
-    return reinterpret_cast<const wsync::Receiver *>(h);
+    auto *r = reinterpret_cast<const wsync::Receiver *>(h);
+    if (r) r->owner.require("receiver");
+    return r;
+}
+// Destroys a handle's object, unless this process is a forked child holding a copy: then the
+// copy is left as it is (its teardown would act on the parent's shared state), never freed.
+template <class Core, class Handle>
+void destroy(Handle *h) noexcept {
+    auto *c = reinterpret_cast<Core *>(h);
+    if (c && c->owner.here()) delete c;
 }
 inline wsync::Iteration *core(wsync_recv_t *h) { return reinterpret_cast<wsync::Iteration *>(h); }
 inline const wsync::Iteration *core(const wsync_recv_t *h) {

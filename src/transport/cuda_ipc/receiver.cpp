@@ -210,7 +210,7 @@ public:
             legacy_ = std::make_unique<gpu::Event>(*dev_);
             acks_ = std::make_unique<AckQueue>(*dev_, end_, timeout_ms_);
         }
-        board::attach(end_->board(), end_->segment().fd(), index, kKind);
+        board::attach(end_->board(), end_->segment().lock_fd(), index, kKind);
     }
 
     ~IpcReceiver() override {

@@ -44,7 +44,7 @@ class IpcSender final : public SenderImpl {
 public:
     IpcSender(const gpu::CudaApi &api, std::shared_ptr<SharedSegment> seg, const InitInfo &info,
               bool synchronize, int64_t timeout_ms, int64_t release_timeout_ms)
-        : api_(api), seg_(std::move(seg)), info_(info), board_(seg_->board(), seg_->fd(), seg_->receivers(), seg_->slots(), kKind),
+        : api_(api), seg_(std::move(seg)), info_(info), board_(seg_->board(), seg_->lock_fd(), seg_->receivers(), seg_->slots(), kKind),
           cast_(gpu::parse_cast(info.dtype)), synchronize_(synchronize), timeout_ms_(timeout_ms),
           release_timeout_ms_(release_timeout_ms) {
         board_.register_sender();

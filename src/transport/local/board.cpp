@@ -54,7 +54,16 @@ void attach(Board *b, int fd, uint32_t index, const std::string &kind) {
               "wsync_sender_drop_receiver, then end its process)",
               kind.c_str(), index, slot.pid.load());
     }
-    // The index is ours now: nobody else can run this code for it until we close fd.
+    // The index is ours now: nobody else can run this code for it until we close fd. A board
+    // whose every sender has died (or was destroyed) gets no version again from them: joining
+    // it would wait on nobody (issue 38: a new engine attached to a killed trainer's board as if
+    // it were live). Refused before any word changes; closing fd releases the index.
+    if (standing(b, fd, index).sender_gone)
+        failf(WSYNC_ERR_UNAVAILABLE,
+              "%s: the sender of this segment is gone (its process ended or destroyed it; the "
+              "segment was made by pid %" PRId32 "): receiver index %" PRIu32 " would wait for "
+              "versions nobody sends; attach with the init info of the trainer's new sender",
+              kind.c_str(), b->creator_pid, index);
     slot.pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
     slot.released.store(0, std::memory_order_release);  // a new process maps nothing yet
     uint32_t state = slot.state.load(std::memory_order_acquire);

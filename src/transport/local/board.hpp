@@ -42,6 +42,10 @@
 // |                              |                                    | again on the board |         |
 // |                              |                                    | (resume)           |         |
 // | senders_seen                 | each sender once (fetch_add)       | receivers          | never   |
+// | creator_pid                  | the segment's creator, before the  | attachers handed   | never   |
+// |                              | name exists (plain; 0 before 0.6.2)| the segment by the |         |
+// |                              |                                    | rendezvous: the pid|         |
+// |                              |                                    | that served it     |         |
 // | sender_pid[k]                | sender k: its pid by CAS when it   | senders (count of  | sender k|
 // |                              | claims index k (0 -> pid, or a dead| attached senders;  | at      |
 // |                              | claimer's pid -> pid)              | shm's audits every | destroy |
@@ -131,7 +135,7 @@ struct Board {
     uint32_t layout;
     uint32_t receivers;
     uint32_t slots;
-    uint32_t reserved;
+    int32_t creator_pid;  // the segment's creator, which serves its rendezvous (0 before 0.6.2)
     std::atomic<uint32_t> ack_futex;  // bumped on every acknowledgement, failure and detach
     std::atomic<uint32_t> senders_seen;
     std::atomic<uint64_t> abandoned_version;

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstring>
 #include <new>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -52,6 +53,15 @@ void SharedSegment::map(bool creator) {
                                                        creator, true, kind + ": data buckets"));
 }
 
+void SharedSegment::open_lock_description() {
+    lock_fd_ = sys::open_parent_only([&] {
+        int fd = sys::open_own(fd_);
+        if (fd < 0 && !unlinked_) fd = shm_open(name_.c_str(), O_RDWR | O_CLOEXEC, 0);
+        return fd;
+    });
+    if (lock_fd_ < 0) lock_fd_ = fd_;  // no /proc and no name: a forked child keeps the locks
+}
+
 std::shared_ptr<SharedSegment> SharedSegment::create(const SegmentGeometry &g) {
     auto seg = std::shared_ptr<SharedSegment>(new SharedSegment(g));
     seg->name_ = "/" + std::string(g.name_prefix) + sys::random_hex(16);
@@ -59,6 +69,7 @@ std::shared_ptr<SharedSegment> SharedSegment::create(const SegmentGeometry &g) {
     seg->fd_ = sys::shm_create(seg->name_, seg->total_, /*reserve=*/g.bucket_bytes != 0, g.kind);
     seg->owner_ = true;  // from here the destructor removes the name
     seg->map(true);
+    seg->open_lock_description();
     Head *h = new (seg->head_) Head();  // the file is zero; this just starts lifetimes
     std::memcpy(h->magic, g.magic, sizeof h->magic);
     h->layout = g.layout;
@@ -67,6 +78,7 @@ std::shared_ptr<SharedSegment> SharedSegment::create(const SegmentGeometry &g) {
     h->data_offset = seg->data_offset_;
     h->total_bytes = seg->total_;
     board::init(&h->board, g.receivers, g.slots);
+    h->board.creator_pid = static_cast<int32_t>(getpid());
     seg->server_ = std::make_unique<sys::FdServer>(seg->rendezvous_, seg->fd_, g.kind);
     return seg;
 }
@@ -80,6 +92,7 @@ std::shared_ptr<SharedSegment> SharedSegment::attach(const std::string &name,
     const std::string kind = g.kind;
     const std::string gone = "the sender is gone (the segment's name was removed once every "
                              "process had attached, and no live sender answers for it)";
+    int32_t server_pid = 0;  // who handed the segment over, if the rendezvous did
     try {
         seg->fd_ = sys::shm_open_existing(name, seg->total_, kind, gone);
     } catch (const Error &e) {
@@ -87,7 +100,8 @@ std::shared_ptr<SharedSegment> SharedSegment::attach(const std::string &name,
         // The handed-over descriptor shares the sender's open file description; this
         // process's liveness lock must be its own (sys::reopen_own).
         seg->fd_ = sys::reopen_own(sys::fetch_fd(rendezvous, sys::Deadline(timeout_ms),
-                                                 kind + ": segment '" + name + "'", gone),
+                                                 kind + ": segment '" + name + "'", gone,
+                                                 &server_pid),
                                    kind + ": segment '" + name + "'");
         struct stat st;
         if (fstat(seg->fd_, &st) != 0 || uint64_t(st.st_size) != seg->total_)
@@ -95,6 +109,7 @@ std::shared_ptr<SharedSegment> SharedSegment::attach(const std::string &name,
                                          "' does not have the size its init info implies");
     }
     seg->map(false);
+    seg->open_lock_description();
     const Head *h = reinterpret_cast<const Head *>(seg->head_);
     if (std::memcmp(h->magic, g.magic, sizeof h->magic) != 0 || h->layout != g.layout ||
         h->senders != g.senders || h->bucket_bytes != g.bucket_bytes ||
@@ -102,6 +117,14 @@ std::shared_ptr<SharedSegment> SharedSegment::attach(const std::string &name,
         !board::matches(&h->board, g.receivers, g.slots))
         fail(WSYNC_ERR_MISMATCH, kind + ": segment '" + name +
                                      "' does not match its init info (layout or geometry)");
+    // Handed over by the rendezvous: the process that served it must be the one that created
+    // it, where this process can tell (same PID namespace, a creator of 0.6.2 or later).
+    const int32_t creator = h->board.creator_pid;
+    if (server_pid > 0 && creator > 0 && server_pid != creator && sys::same_pid_namespace(server_pid))
+        fail(WSYNC_ERR_UNAVAILABLE,
+             kind + ": refused segment '" + name + "': the process that handed it over (pid " +
+                 std::to_string(server_pid) + ") is not the one that created it (pid " +
+                 std::to_string(creator) + "); " + gone);
     return seg;
 }
 
@@ -110,12 +133,13 @@ SharedSegment::~SharedSegment() {
     if (owner_) unlink();
     if (data_) munmap(data_, total_ - data_offset_);
     if (head_) munmap(head_, data_offset_);
+    if (lock_fd_ >= 0 && lock_fd_ != fd_) sys::close_parent_only(lock_fd_);
     if (fd_ >= 0) close(fd_);
 }
 
 void SharedSegment::unlink_if_complete(uint32_t self) noexcept {
     try {
-        board::SenderEnd probe(board(), fd_, g_.receivers, g_.slots, g_.kind);
+        board::SenderEnd probe(board(), lock_fd_, g_.receivers, g_.slots, g_.kind);
         // Senders are counted per index, so a destroyed sender is not counted.
         if ((g_.senders == 0 || probe.attached_senders() >= g_.senders) && probe.all_present(self))
             unlink();
@@ -131,7 +155,7 @@ void SharedSegment::unlink() noexcept {
 }
 
 Link SharedSegment::link(uint32_t index) const {
-    board::Standing s = board::standing(board(), fd_, index);
+    board::Standing s = board::standing(board(), lock_fd_, index);
     Link l;
     l.dropped = s.state == board::kDropped;
     l.joining = s.state == board::kJoining;
@@ -142,7 +166,7 @@ Link SharedSegment::link(uint32_t index) const {
 
 void SharedSegment::check_owed(uint32_t index, uint32_t slot, uint64_t seq,
                                const char *what) const {
-    const board::Standing st = board::standing(board(), fd_, index);
+    const board::Standing st = board::standing(board(), lock_fd_, index);
     if (st.state == board::kJoining || seq < st.from_seq)
         failf(WSYNC_ERR_MISMATCH,
               "%s: this receiver (re)attached after chunk seq %" PRIu64
@@ -169,7 +193,7 @@ void SharedSegment::check_owed(uint32_t index, uint32_t slot, uint64_t seq,
 
 bool SharedSegment::may_answer(uint32_t index, uint32_t slot, uint64_t seq) const noexcept {
     try {
-        const board::Standing st = board::standing(board(), fd_, index);
+        const board::Standing st = board::standing(board(), lock_fd_, index);
         // A chunk this receiver took before the sender withdrew it is still awaited from it.
         const uint64_t held = board::published_seq(board(), slot);
         const bool ours = held == seq || (held == board::kWithdrawn &&

@@ -96,7 +96,11 @@ public:
     }
     const std::string &name() const { return name_; }
     const std::string &rendezvous() const { return rendezvous_; }
-    int fd() const { return fd_; }  // kept open: the liveness locks live on it
+    // The descriptor the liveness locks live on (board.hpp): an open file description of this
+    // process's own that nothing is mapped from and that a forked child does not keep
+    // (sys::open_parent_only), so the locks die with this process whatever its children do
+    // (issue 38: a mapping, inherited by fork, holds its description, and the locks with it).
+    int lock_fd() const { return lock_fd_; }
     const char *kind() const { return g_.kind; }  // "shm", "cuda_ipc": prefixes messages
     uint32_t receivers() const { return g_.receivers; }
     uint32_t slots() const { return g_.slots; }
@@ -130,11 +134,13 @@ public:
 private:
     explicit SharedSegment(const SegmentGeometry &g);
     void map(bool creator);
+    void open_lock_description();
 
     SegmentGeometry g_;
     std::string name_, rendezvous_;
     std::unique_ptr<sys::FdServer> server_;  // the creator's: serves fd_ to late attachers
-    int fd_ = -1;
+    int fd_ = -1;       // the mapped description; the one served to late attachers
+    int lock_fd_ = -1;  // see lock_fd(); fd_ itself only where no second description can be had
     uint8_t *head_ = nullptr;  // data_offset_ bytes, read-write
     uint8_t *data_ = nullptr;  // total_ - data_offset_ bytes; read-only in attachers
     uint64_t data_offset_ = 0, total_ = 0;

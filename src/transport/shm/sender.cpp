@@ -19,7 +19,7 @@ public:
     ShmSender(std::shared_ptr<SharedSegment> seg, bool checksum, int64_t timeout_ms,
               unsigned copy_threads)
         : seg_(std::move(seg)),
-          board_(seg_->board(), seg_->fd(), seg_->receivers(), seg_->slots(), kKind),
+          board_(seg_->board(), seg_->lock_fd(), seg_->receivers(), seg_->slots(), kKind),
           checksum_(checksum), timeout_ms_(timeout_ms), pool_(copy_threads) {
         board_.register_sender();
         // A segment has one sender, ever (ShmStrategy refuses a second, and a segment is never

@@ -98,7 +98,14 @@ public:
             info.segment, info.rendezvous,
             segment_geometry(info.receivers, info.buckets, info.bucket_bytes, info.arena_bytes),
             timeout_ms_);
-        board::attach(seg->board(), seg->fd(), index, "shm");
+        try {
+            board::attach(seg->board(), seg->lock_fd(), index, "shm");
+        } catch (const Error &e) {
+            // shm's one sender is gone for good (a strategy makes one sender): its name goes too,
+            // so a trainer killed before every engine attached leaves nothing in /dev/shm.
+            if (e.status() == WSYNC_ERR_UNAVAILABLE) seg->unlink();
+            throw;
+        }
         // The last receiver to attach removes the name: a trainer killed from now on leaves
         // nothing in /dev/shm.
         seg->unlink_if_complete(index);
