@@ -44,12 +44,18 @@
  *           (an explicit timeout_ms argument or the strategy's "timeout_ms" option). Nothing
  *           waits forever.
  * Structs.  Every public struct that may grow has a `struct_size` field. Callers set it to
- *           sizeof(the struct) as their header declares it, or 0, which means the layout of
- *           version 0.2 (the first sized one; 0.1 callers, who zeroed the field then named
- *           reserved_, keep working). The library reads inputs up to struct_size (bytes past the
- *           fields it knows must be 0, else WSYNC_ERR_UNSUPPORTED). Outputs with a struct_size
- *           (set it before the call; smaller than this header's sizeof is
- *           WSYNC_ERR_INVALID_ARGUMENT) get the fields this library knows and nothing past them.
+ *           sizeof(the struct) as their header declares it (the WSYNC_*_INIT initialisers below
+ *           do), or 0, which means the struct's oldest layout (0.2 for those of 0.2, the first
+ *           sized release; 0.1 callers, who zeroed the field then named reserved_, keep
+ *           working). Every layout a struct has had stays accepted: a program built against an
+ *           older header keeps working with a newer library. The library reads inputs up to
+ *           struct_size (bytes past the fields it knows must be 0, else WSYNC_ERR_UNSUPPORTED).
+ *           Outputs with a struct_size (set it before the call) get the fields that both the
+ *           caller's layout and this library know, nothing past them, and struct_size set to
+ *           the bytes written; a size below the struct's oldest layout is
+ *           WSYNC_ERR_INVALID_ARGUMENT. Size history (layouts that grew): wsync_apply_result_t
+ *           0.6.0 WSYNC_APPLY_RESULT_SIZE_0_6_0 bytes, 0.6.1 + device_copies. Before 0.6.2 an
+ *           output smaller than the library's layout was refused instead.
  *           Tensor views (wsync_recv_next, wsync_recv_peek) are always written in the 0.2
  *           layout with struct_size set. In arrays (a chunk's tensors) the first element's
  *           struct_size is the stride and every element must carry the same value.
@@ -1166,6 +1172,8 @@ typedef struct wsync_apply_result_t {
      * does not get it. */
     uint64_t device_copies;
 } wsync_apply_result_t;
+/* The 0.6.0 layout's size (every field before device_copies): what a caller built then passes. */
+#define WSYNC_APPLY_RESULT_SIZE_0_6_0 40u
 
 /* The smallest device destination wsync_recv_apply() gives to the driver's own copy rather
  * than to its kernel launch (4 MiB; see wsync_apply_result_t.device_copies). */
@@ -1308,6 +1316,24 @@ WSYNC_API wsync_status_t wsync_blob_describe(const uint8_t *blob, size_t len, ch
  * {"wsync_tensor_t": {"size": 56, "align": 8, "fields": {"name": 0, ...}}, ...}, so bindings
  * can test their declarations. *json_out is freed with wsync_string_free(). */
 WSYNC_API wsync_status_t wsync_abi_layout(char **json_out);
+
+/* Initialisers for the sized structs (since 0.6.2): struct_size set to this header's size,
+ * every other field 0 (NULL pointers), e.g. `wsync_recv_info_t info = WSYNC_RECV_INFO_INIT;`.
+ * In C each is a compound literal (C99), in C++ a value-initialised object. */
+#ifdef __cplusplus
+#define WSYNC_STRUCT_INIT_(T) \
+    ([]() noexcept { T v_ = T(); v_.struct_size = static_cast<uint32_t>(sizeof(T)); return v_; }())
+#else
+#define WSYNC_STRUCT_INIT_(T) ((T){.struct_size = (uint32_t)sizeof(T)})
+#endif
+#define WSYNC_TENSOR_INIT WSYNC_STRUCT_INIT_(wsync_tensor_t)
+#define WSYNC_CHUNK_INIT WSYNC_STRUCT_INIT_(wsync_chunk_t)
+#define WSYNC_FAILURE_INIT WSYNC_STRUCT_INIT_(wsync_failure_t)
+#define WSYNC_RECEIVER_STATE_INIT WSYNC_STRUCT_INIT_(wsync_receiver_state_t)
+#define WSYNC_RECV_INFO_INIT WSYNC_STRUCT_INIT_(wsync_recv_info_t)
+#define WSYNC_PATCH_INIT WSYNC_STRUCT_INIT_(wsync_patch_t)
+#define WSYNC_DEST_INIT WSYNC_STRUCT_INIT_(wsync_dest_t)
+#define WSYNC_APPLY_RESULT_INIT WSYNC_STRUCT_INIT_(wsync_apply_result_t)
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -132,6 +132,48 @@ static void a_chunk_loads_into_fused_and_tied_destinations_by_one_call(void **st
     sync_close(&s);
 }
 
+/* A program built against the 0.6.0 header passes that layout's struct_size (40 bytes, before
+ * device_copies): it gets the fields it has, nothing is written past them, and struct_size says
+ * 40 (before 0.6.2 such a caller was refused with INVALID_ARGUMENT by every apply). 0 stands for
+ * that oldest layout too; a size below it is refused by name; WSYNC_APPLY_RESULT_INIT gives this
+ * header's layout, device_copies included. */
+static void a_caller_built_against_an_older_header_gets_the_result_fields_it_has(void **state) {
+    (void)state;
+    sync_t s;
+    sync_open(&s);
+    engine_t e;
+    engine_reset(&e);
+    wsync_dest_table_t *table = engine_table(&s, &e);
+    const uint32_t sizes[3] = {WSYNC_APPLY_RESULT_SIZE_0_6_0, 0, (uint32_t)sizeof(wsync_apply_result_t)};
+    for (uint64_t v = 1; v <= 3; ++v) {
+        wsync_recv_t *it = send_some(&s, kAll, NT, v, WSYNC_CHUNK_LAST);
+        union {
+            wsync_apply_result_t r;
+            unsigned char bytes[sizeof(wsync_apply_result_t) + 16];
+        } u;
+        memset(&u, 0xA5, sizeof u);
+        if (v == 3) u.r = WSYNC_APPLY_RESULT_INIT;
+        u.r.struct_size = sizes[v - 1];
+        if (v == 1) { /* below the oldest layout: refused, nothing applied */
+            wsync_apply_result_t tiny = {WSYNC_APPLY_RESULT_SIZE_0_6_0 - 8, 0, 0, 0, 0, 0, 0};
+            EXPECT_ERR(wsync_recv_apply(it, table, WSYNC_APPLY_COMPLETE, &tiny),
+                       WSYNC_ERR_INVALID_ARGUMENT, "the oldest layout");
+        }
+        OK(wsync_recv_apply(it, table, WSYNC_APPLY_COMPLETE, &u.r));
+        const size_t written = v == 3 ? sizeof(wsync_apply_result_t) : WSYNC_APPLY_RESULT_SIZE_0_6_0;
+        assert_int_equal(u.r.struct_size, written);
+        assert_int_equal(u.r.tensors, 4);
+        assert_int_equal(u.r.writes, 5);
+        assert_int_equal(u.r.bytes, bytes_of(0) + bytes_of(1) + bytes_of(2) + 2 * bytes_of(3));
+        for (size_t i = written; i < sizeof u.bytes; ++i) assert_int_equal(u.bytes[i], 0xA5);
+        if (v == 3) assert_int_equal(u.r.device_copies, 0); /* host memory: no driver copy */
+        OK(wsync_recv_end(it));
+        if (!engine_holds(&e, v)) fail_msg("version %llu: the engine's memory differs", (unsigned long long)v);
+    }
+    wsync_dest_table_destroy(table);
+    sync_close(&s);
+}
+
 static void a_table_that_does_not_fit_is_refused_by_name_before_any_byte_moves(void **state) {
     (void)state;
     sync_t s;
@@ -279,6 +321,7 @@ static void bad_tables_and_arguments_are_refused_by_name(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_chunk_loads_into_fused_and_tied_destinations_by_one_call),
+        cmocka_unit_test(a_caller_built_against_an_older_header_gets_the_result_fields_it_has),
         cmocka_unit_test(a_table_that_does_not_fit_is_refused_by_name_before_any_byte_moves),
         cmocka_unit_test(a_tensor_without_destination_is_refused_unless_partial_leaves_it),
         cmocka_unit_test(complete_refuses_a_version_that_misses_a_destination_and_it_never_commits),

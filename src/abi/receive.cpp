@@ -49,8 +49,7 @@ wsync_status_t wsync_receiver_poll(wsync_receiver_t *receiver, wsync_receiver_st
     return guard([&] {
         require(receiver, "wsync_receiver_poll", "receiver");
         require(out, "wsync_receiver_poll", "out");
-        if (out->struct_size != 0 && out->struct_size < sizeof *out)
-            fail(WSYNC_ERR_INVALID_ARGUMENT, "wsync_receiver_state_t.struct_size is too small");
+        caller_size<wsync_receiver_state_t>(out->struct_size, "wsync_receiver_state_t");
         write_sized(out, core(receiver)->poll(), "wsync_receiver_state_t");
     });
 }

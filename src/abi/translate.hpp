@@ -5,6 +5,8 @@
 // ABI.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -61,37 +63,61 @@ inline char *to_cstring(const std::string &s) {
     return p;
 }
 
-// The "Structs" rule of wsync.h: struct_size 0 means the 0.2 layout (this one); a larger one
-// must have zeros past the fields this version knows.
+// The "Structs" rule of wsync.h: every layout a struct has had stays accepted. A caller passes
+// the struct_size of the header it was built against (or 0: that struct's oldest layout).
+// Layouts<T>::oldest is the size of T's first sized layout; a struct that grew lists its field
+// added last as the end of the layout before (wsync.h's size history).
 template <class T>
-void check_struct_size(const T *p, uint32_t size, const char *what) {
-    if (size == 0 || size == sizeof(T)) return;
-    if (size < sizeof(T))
+struct Layouts {
+    static constexpr uint32_t oldest = sizeof(T);
+};
+template <>
+struct Layouts<wsync_apply_result_t> {  // 0.6.0: 40 bytes; 0.6.1 added device_copies
+    static constexpr uint32_t oldest = offsetof(wsync_apply_result_t, device_copies);
+};
+static_assert(Layouts<wsync_apply_result_t>::oldest == WSYNC_APPLY_RESULT_SIZE_0_6_0,
+              "wsync.h's size history and the library agree");
+
+// The size a caller's struct_size stands for: its own, or for 0 the oldest layout; smaller than
+// the oldest is WSYNC_ERR_INVALID_ARGUMENT naming the struct.
+template <class T>
+uint32_t caller_size(uint32_t size, const char *what) {
+    const uint32_t n = size == 0 ? Layouts<T>::oldest : size;
+    if (n < Layouts<T>::oldest)
         fail(WSYNC_ERR_INVALID_ARGUMENT,
              std::string(what) + ".struct_size is " + std::to_string(size) + ", less than " +
-                 std::to_string(sizeof(T)) + " (the smallest layout this library knows)");
-    if (size > (1u << 16))
+                 std::to_string(Layouts<T>::oldest) + " (the oldest layout of it this library knows)");
+    return n;
+}
+
+// Inputs: bytes past the fields this version knows must be zero. No input struct has grown yet;
+// the first that does must be read by copying the caller's bytes into a zeroed T, which the
+// static_assert below makes someone write.
+template <class T>
+void check_struct_size(const T *p, uint32_t size, const char *what) {
+    static_assert(Layouts<T>::oldest == sizeof(T),
+                  "an input struct that grew must be read by copy up to the caller's size");
+    const uint32_t n = caller_size<T>(size, what);
+    if (n == sizeof(T)) return;
+    if (n > (1u << 16))
         fail(WSYNC_ERR_INVALID_ARGUMENT,
-             std::string(what) + ".struct_size " + std::to_string(size) + " is implausibly large");
+             std::string(what) + ".struct_size " + std::to_string(n) + " is implausibly large");
     const auto *extra = reinterpret_cast<const unsigned char *>(p) + sizeof(T);
-    for (uint32_t i = 0; i < size - sizeof(T); ++i)
+    for (uint32_t i = 0; i < n - sizeof(T); ++i)
         if (extra[i])
             fail(WSYNC_ERR_UNSUPPORTED, std::string(what) + " sets fields newer than this library (" +
                                             wsync_version_string() + ") knows");
 }
 
-// Output structs: the caller's struct_size says how much may be written.
+// Outputs: the caller's struct_size says how much may be written. Only the fields both know are
+// written (an older caller's smaller struct gets the fields it has, a newer caller's larger one
+// keeps its tail), and struct_size is set to the bytes written.
 template <class T>
 void write_sized(T *out, const T &value, const char *what) {
-    uint32_t size = out->struct_size;
-    if (size != 0 && size < sizeof(T))
-        fail(WSYNC_ERR_INVALID_ARGUMENT, std::string(what) + ".struct_size is " +
-                                             std::to_string(size) + ", less than " +
-                                             std::to_string(sizeof(T)));
-    // Only the fields this version knows are written; a caller's larger struct keeps its tail.
+    const uint32_t n = std::min<uint32_t>(caller_size<T>(out->struct_size, what), sizeof(T));
     T v = value;
-    v.struct_size = static_cast<uint32_t>(sizeof(T));
-    std::memcpy(out, &v, sizeof(T));
+    v.struct_size = n;
+    std::memcpy(out, &v, n);
 }
 
 // The handles. A sender or receiver used by a process other than its creator's (a forked child

@@ -114,8 +114,11 @@ void record_failure(Board *b, uint32_t index, wsync_status_t status, uint64_t ve
 
 void acknowledge(Board *b, uint32_t index, uint32_t slot, uint64_t seq,
                  wsync_status_t outcome) noexcept {
-    b->slot[slot].ack[index].store(seq << 8 | (static_cast<uint64_t>(outcome) & 0xff),
-                                   std::memory_order_release);
+    // Statuses fit the word's 8 bits (board.hpp); one that did not would read as another, so
+    // it is recorded as a failure of the library instead.
+    const uint64_t code = static_cast<uint64_t>(outcome) <= 0xff ? static_cast<uint64_t>(outcome)
+                                                                 : uint64_t(WSYNC_ERR_INTERNAL);
+    b->slot[slot].ack[index].store(seq << 8 | code, std::memory_order_release);
     wake(b);
 }
 

@@ -73,7 +73,9 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -145,6 +147,23 @@ struct Board {
     ReceiverSlot receiver[kMaxReceivers];
     ChunkSlot slot[kMaxSlots];
 };
+// The layout is shared by every process of one board, possibly built apart (a trainer and an
+// engine of different releases with the same kLayoutVersion): its sizes and offsets are pinned
+// here, so a change that moves a word fails to compile instead of corrupting a peer. A change
+// that must move one bumps kLayoutVersion (board_words.hpp) and these figures together.
+static_assert(std::is_standard_layout<Board>::value, "the board is plain shared memory");
+static_assert(sizeof(FailureRecord) == 264 && sizeof(ReceiverSlot) == 1088 &&
+                  sizeof(ChunkSlot) == 1088 && sizeof(Board) == 139584,
+              "the board's layout is pinned (layout version 5)");
+static_assert(offsetof(Board, creator_pid) == 20 && offsetof(Board, ack_futex) == 24 &&
+                  offsetof(Board, sender_pid) == 56 && offsetof(Board, receiver) == 320 &&
+                  offsetof(Board, slot) == 69952,
+              "the board's words stay where peers of layout version 5 read them");
+// Receiver sets travel as 64-bit masks (list_indices, a flush's pending set): the cap is a type.
+static_assert(kMaxReceivers <= 64 && kMaxSenders <= 64, "receiver and sender masks are 64 bits");
+// An acknowledgement word is seq << 8 | status: every status must fit in its 8 bits (the
+// failure records hold statuses whole, in 32 bits).
+static_assert(WSYNC_ERR_ABANDONED < 256, "an acknowledgement carries a status in 8 bits");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "acks must be lock-free in shared memory");
 static_assert(std::atomic<int32_t>::is_always_lock_free, "pids must be lock-free in shared memory");
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstring>
 #include <new>
+#include <type_traits>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -28,6 +29,10 @@ struct Head {
     uint64_t total_bytes;
     board::Board board;
 };
+// Pinned like the board (board.hpp): peers of one layout find the head's words where they are.
+static_assert(std::is_standard_layout<Head>::value && offsetof(Head, board) == 64 &&
+                  sizeof(Head) == 139648,
+              "the segment head's layout is pinned");
 
 constexpr uint64_t kDataAlign = 65536;  // the data region starts on a 64 KiB boundary
 

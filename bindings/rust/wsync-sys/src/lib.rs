@@ -596,6 +596,10 @@ pub struct wsync_apply_result_t {
     pub device_copies: u64,
 }
 
+/// The 0.6.0 layout's size of `wsync_apply_result_t` (every field before `device_copies`): a
+/// caller built then passes it and gets those fields (0.6.2 accepts every older layout).
+pub const WSYNC_APPLY_RESULT_SIZE_0_6_0: u32 = 40;
+
 /// The smallest device destination `wsync_recv_apply` gives to the driver's own copy.
 pub const WSYNC_APPLY_DRIVER_COPY_MIN: u32 = 4 << 20;
 

@@ -139,6 +139,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         WSYNC_RECEIVER_ORDERS_LOADER_WORK,
         WSYNC_APPLY_PARTIAL,
         WSYNC_APPLY_COMPLETE,
+        WSYNC_APPLY_RESULT_SIZE_0_6_0,
     ]
 }
 
