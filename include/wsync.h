@@ -156,6 +156,11 @@ typedef enum wsync_status_t {
     WSYNC_ERR_INTEGRITY = 12,       /* received bytes or a blob failed their checksum           */
     WSYNC_ERR_ABANDONED = 13,       /* the sender abandoned the version (a send failed, it called
                                        wsync_sender_abandon, or the trainer died mid-version)   */
+    WSYNC_ERR_SKIPPED = 14,         /* since 0.6.2: a later chunk of a version that already failed
+                                       here, skipped unread (acknowledged to the sender as that
+                                       version's failure, not a new one): nothing to load or
+                                       report; the version's own status is in
+                                       wsync_receiver_poll()'s failed_status                   */
     WSYNC_STATUS_FORCE_32BIT_ = 0x7fffffff
 } wsync_status_t;
 
