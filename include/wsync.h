@@ -160,7 +160,8 @@ typedef enum wsync_status_t {
                                        here, skipped unread (acknowledged to the sender as that
                                        version's failure, not a new one): nothing to load or
                                        report; the version's own status is in
-                                       wsync_receiver_poll()'s failed_status                   */
+                                       wsync_receiver_poll()'s failed_status. (A version the
+                                       sender abandoned stays WSYNC_ERR_ABANDONED.)            */
     WSYNC_STATUS_FORCE_32BIT_ = 0x7fffffff
 } wsync_status_t;
 

@@ -541,6 +541,8 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
         impl_->refuse(h, transport, current_status_, why, false);
         // The engine's call says "skipped", not the version's status again (user trial: a
         // loader's WRONG_STATE came back for every later chunk, read as a new wrong-state bug).
+        // A version the sender abandoned stays ABANDONED: that is news about the version.
+        if (current_status_ == WSYNC_ERR_ABANDONED) fail(current_status_, what + ": " + why);
         fail(WSYNC_ERR_SKIPPED, what + ": skipped, " + why);
     }
     if (impl_->checksums_promised() && table.checksums.empty() && !table.metas.empty()) {
