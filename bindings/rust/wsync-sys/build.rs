@@ -125,7 +125,7 @@ fn main() {
     );
 }
 
-/// The CMake build directory of the libwsync checkout this crate sits in
+/// The `CMake` build directory of the libwsync checkout this crate sits in
 /// (`<checkout>/bindings/rust/wsync-sys` -> `<checkout>/build`), when it holds the library to
 /// link: a crate with a path dependency on the checkout builds with no variable set.
 fn checkout_build_dir(want_static: bool) -> Option<PathBuf> {

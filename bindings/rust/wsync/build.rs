@@ -28,7 +28,7 @@ fn main() {
     readme_blocks();
 }
 
-/// The ```rust blocks of the checkout's README.md ("top") and bindings/rust/README.md ("rust"),
+/// The `rust` fenced blocks of the checkout's README.md ("top") and bindings/rust/README.md ("rust"),
 /// each written as `OUT_DIR/readme/<which>_<n>.rs` wrapped in braces, and their numbers as
 /// `TOP_BLOCKS` / `RUST_BLOCKS` in `counts.rs`: tests/readme.rs compiles and runs them as they
 /// are written (issue 39). Outside a checkout there are none.
@@ -60,10 +60,8 @@ fn readme_blocks() {
                 (None, _) => {}
             }
         }
-        counts.push_str(&format!(
-            "pub const {}_BLOCKS: usize = {n};\n",
-            which.to_uppercase()
-        ));
+        let name = which.to_uppercase();
+        counts.extend(["pub const ", &name, "_BLOCKS: usize = ", &n.to_string(), ";\n"]);
     }
     std::fs::write(out.join("counts.rs"), counts).expect("OUT_DIR is writable");
 }

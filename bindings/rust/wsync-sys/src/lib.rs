@@ -37,7 +37,7 @@ pub const WSYNC_VERSION_MAJOR: u32 = 0;
 /// Minor version of the header these declarations were written from.
 pub const WSYNC_VERSION_MINOR: u32 = 6;
 /// Patch version of the header these declarations were written from.
-pub const WSYNC_VERSION_PATCH: u32 = 1;
+pub const WSYNC_VERSION_PATCH: u32 = 2;
 /// `MAJOR * 10000 + MINOR * 100 + PATCH`, the header's one formula.
 pub const WSYNC_VERSION_NUMBER: u32 =
     WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH;

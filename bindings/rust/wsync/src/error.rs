@@ -453,7 +453,7 @@ pub(crate) fn in_rust_terms(message: &str) -> String {
             .unwrap_or(tail.len());
         let word = &tail[..len];
         match RUST_NAMES.iter().find(|(c, _)| *c == word) {
-            Some((_, rust)) => out.push_str(rust),
+            Some((_, call)) => out.push_str(call),
             None => out.push_str(word),
         }
         rest = &tail[len..];

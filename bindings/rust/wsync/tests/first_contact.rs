@@ -71,8 +71,8 @@ fn the_readme_view_loop_loads_split_tensors_bit_exact() {
     assert_eq!(model["norm.weight"], small);
 }
 
-/// A loader that leaves by `?` used to reach the trainer only as "dropped without end()"
-/// (WRONG_STATE); `Recv::finish` sends its own status and text.
+/// A loader that leaves by `?` used to reach the trainer only as "dropped without `end()`"
+/// (`WRONG_STATE`); `Recv::finish` sends its own status and text.
 #[test]
 fn finish_sends_the_loaders_own_error_to_the_trainer() {
     let (_t, mut sender, _e, mut receiver) = sync();
@@ -118,7 +118,7 @@ fn finish_with_ok_ends_the_iteration() {
 }
 
 /// After a loader failure the later chunks of that version were refused with the loader's own
-/// status (WRONG_STATE in the trial), which reads as a new bug; they are `Skipped`.
+/// status (`WRONG_STATE` in the trial), which reads as a new bug; they are `Skipped`.
 #[test]
 fn the_rest_of_a_failed_version_is_skipped_with_its_own_status() {
     let (_t, mut sender, _e, mut receiver) = sync();
