@@ -586,8 +586,8 @@ impl<'r> Recv<'r> {
     /// part's [`Meta`] is the whole tensor's (name, dtype, shape); only this range of its bytes
     /// is in this chunk. [`Recv::copy_into`] loads parts transparently: its offset counts bytes
     /// of the whole tensor, so copying every entry whole (offset 0, the tensor's size) into the
-    /// same buffer fills a split tensor chunk by chunk. Views refuse parts
-    /// ([`Status::Unsupported`] naming the tensor).
+    /// same buffer fills a split tensor chunk by chunk. Views carry parts too, each with its
+    /// range ([`View::part`]).
     ///
     /// # Errors
     /// [`Status::InvalidArgument`] when `i` is out of range.
