@@ -747,10 +747,12 @@ WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
  * before any tensor memory is touched: its envelope checksum first (a changed byte fails with
  * WSYNC_ERR_INTEGRITY), then its fields (WSYNC_ERR_MALFORMED). A request of another kind, a
  * stale, replayed or out-of-order chunk, or a chunk of a version this receiver joined too late
- * for fails with WSYNC_ERR_MISMATCH; a chunk of a version that already failed here fails with
- * that version's status. Such refusals are reported to the sender (its flush fails with
+ * for fails with WSYNC_ERR_MISMATCH; a later chunk of a version that already failed here fails
+ * with WSYNC_ERR_SKIPPED (since 0.6.2; before, that version's status), or WSYNC_ERR_ABANDONED
+ * when the sender abandoned it. Such refusals are reported to the sender (its flush fails with
  * WSYNC_ERR_PEER carrying this status and message), except stale and replayed requests, which
- * are not this receiver's to answer. A chunk of a newer version while a version is open
+ * are not this receiver's to answer, and skipped chunks, whose version's failure was reported
+ * once. A chunk of a newer version while a version is open
  * fails the open one: WSYNC_ERR_ABANDONED if the sender abandoned it, else WSYNC_ERR_MISMATCH,
  * reported to the sender (its remaining chunks never reached this receiver). Chunk 0 then
  * begins the new version; a later chunk of a newer version whose chunk 0 did not come first

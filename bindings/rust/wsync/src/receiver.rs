@@ -84,7 +84,8 @@ impl Receiver {
     /// # Errors
     /// [`Status::Malformed`] or [`Status::Integrity`] for corrupt request bytes;
     /// [`Status::Mismatch`] for a request of another kind or a stale, replayed or out-of-order
-    /// chunk, or a version that already failed here (with that version's status);
+    /// chunk; [`Status::Skipped`] for a later chunk of a version that already failed here
+    /// ([`Status::Abandoned`] when the sender abandoned it);
     /// [`Status::Peer`] when the sender dropped this receiver; [`Status::Timeout`] for GPU
     /// kinds whose waits run out.
     pub fn receive(&mut self, request: &[u8]) -> Result<Recv<'_>> {
