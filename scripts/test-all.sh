@@ -156,7 +156,7 @@ WSYNC_LIBRARY="$root/build/libwsync.so" run_pytest /usr/bin/python3 -m pytest -q
   bindings/python/tests/test_readme.py
 if [ -f bindings/rust/Cargo.toml ]; then
   (cd bindings/rust && WSYNC_LIB_DIR="$root/build" LD_LIBRARY_PATH="$root/build" \
-     cargo test --offline --quiet --test readme 2>&1) | tee build/cargo-readme.log
+     cargo test --offline --quiet --features wsync/half --test readme 2>&1) | tee build/cargo-readme.log
   readme_tests=$(sed -n 's/^test result: ok\. \([0-9][0-9]*\) passed.*/\1/p' build/cargo-readme.log \
     | awk '{s += $1} END {print s + 0}')
   [ "$readme_tests" -gt 0 ] || { echo "test-all: the README's Rust blocks ran no test" >&2; exit 1; }
