@@ -155,7 +155,8 @@ section "README code blocks and a new Rust user's first crate"
 WSYNC_LIBRARY="$root/build/libwsync.so" run_pytest /usr/bin/python3 -m pytest -q -p no:cacheprovider \
   bindings/python/tests/test_readme.py
 if [ -f bindings/rust/Cargo.toml ]; then
-  (cd bindings/rust && WSYNC_LIB_DIR="$root/build" LD_LIBRARY_PATH="$root/build" \
+  # (WSYNC_README_NEED_PYTHON: a Python without torch fails here instead of skipping the peers.)
+  (cd bindings/rust && WSYNC_LIB_DIR="$root/build" LD_LIBRARY_PATH="$root/build" WSYNC_README_NEED_PYTHON=1 \
      cargo test --offline --quiet --features wsync/half --test readme 2>&1) | tee build/cargo-readme.log
   readme_tests=$(sed -n 's/^test result: ok\. \([0-9][0-9]*\) passed.*/\1/p' build/cargo-readme.log \
     | awk '{s += $1} END {print s + 0}')

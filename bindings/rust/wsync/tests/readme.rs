@@ -7,7 +7,7 @@
 //! temporary directory (`init`, `req-0000`, ..., `done`).
 //!
 //! Needs `/usr/bin/python3` (or `$PYTHON`) with torch; without it the cross-language tests say
-//! so and pass.
+//! so and pass, unless `WSYNC_README_NEED_PYTHON` is set (scripts/test-all.sh sets it).
 
 // README code is written for readers: no lint of it here.
 #![allow(clippy::all, clippy::pedantic, unused)]
@@ -58,6 +58,11 @@ fn have_python() -> bool {
         .args(["-c", "import torch, numpy"])
         .status()
         .is_ok_and(|s| s.success());
+    assert!(
+        ok || std::env::var_os("WSYNC_README_NEED_PYTHON").is_none(),
+        "{} cannot import torch, and WSYNC_README_NEED_PYTHON is set",
+        python_bin()
+    );
     if !ok {
         eprintln!("skipped: {} cannot import torch", python_bin());
     }
