@@ -170,6 +170,12 @@ typedef enum wsync_status_t {
     WSYNC_ERR_INTEGRITY = 12,       /* received bytes or a blob failed their checksum           */
     WSYNC_ERR_ABANDONED = 13,       /* the sender abandoned the version (a send failed, it called
                                        wsync_sender_abandon, or the trainer died mid-version)   */
+    WSYNC_ERR_SKIPPED = 14,         /* since 0.6.2: a later chunk of a version that already failed
+                                       here, skipped unread (acknowledged to the sender as that
+                                       version's failure, not a new one): nothing to load or
+                                       report; the version's own status is in
+                                       wsync_receiver_poll()'s failed_status. (A version the
+                                       sender abandoned stays WSYNC_ERR_ABANDONED.)            */
     WSYNC_STATUS_FORCE_32BIT_ = 0x7fffffff
 } wsync_status_t;
 
@@ -763,10 +769,12 @@ WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
  * before any tensor memory is touched: its envelope checksum first (a changed byte fails with
  * WSYNC_ERR_INTEGRITY), then its fields (WSYNC_ERR_MALFORMED). A request of another kind, a
  * stale, replayed or out-of-order chunk, or a chunk of a version this receiver joined too late
- * for fails with WSYNC_ERR_MISMATCH; a chunk of a version that already failed here fails with
- * that version's status. Such refusals are reported to the sender (its flush fails with
+ * for fails with WSYNC_ERR_MISMATCH; a later chunk of a version that already failed here fails
+ * with WSYNC_ERR_SKIPPED (since 0.6.2; before, that version's status), or WSYNC_ERR_ABANDONED
+ * when the sender abandoned it. Such refusals are reported to the sender (its flush fails with
  * WSYNC_ERR_PEER carrying this status and message), except stale and replayed requests, which
- * are not this receiver's to answer. A chunk of a newer version while a version is open
+ * are not this receiver's to answer, and skipped chunks, whose version's failure was reported
+ * once. A chunk of a newer version while a version is open
  * fails the open one: WSYNC_ERR_ABANDONED if the sender abandoned it, else WSYNC_ERR_MISMATCH,
  * reported to the sender (its remaining chunks never reached this receiver). Chunk 0 then
  * begins the new version; a later chunk of a newer version whose chunk 0 did not come first

@@ -147,6 +147,25 @@ if [ -f bindings/rust/Cargo.toml ]; then
   fi
 fi
 
+section "README code blocks and a new Rust user's first crate"
+# Every Python block of README.md and bindings/python/README.md runs and every C block of
+# README.md compiles (test_readme.py); every Rust block of README.md and bindings/rust/README.md
+# runs against the Python blocks as its peers (tests/readme.rs). Both also ran in the stages
+# above; here each must have run tests of its own (issue 39), ~25 s.
+WSYNC_LIBRARY="$root/build/libwsync.so" run_pytest /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+  bindings/python/tests/test_readme.py
+if [ -f bindings/rust/Cargo.toml ]; then
+  # (WSYNC_README_NEED_PYTHON: a Python without torch fails here instead of skipping the peers.)
+  (cd bindings/rust && WSYNC_LIB_DIR="$root/build" LD_LIBRARY_PATH="$root/build" WSYNC_README_NEED_PYTHON=1 \
+     cargo test --offline --quiet --features wsync/half --test readme 2>&1) | tee build/cargo-readme.log
+  readme_tests=$(sed -n 's/^test result: ok\. \([0-9][0-9]*\) passed.*/\1/p' build/cargo-readme.log \
+    | awk '{s += $1} END {print s + 0}')
+  [ "$readme_tests" -gt 0 ] || { echo "test-all: the README's Rust blocks ran no test" >&2; exit 1; }
+  echo "README Rust blocks: $readme_tests tests passed"
+  # A fresh crate depending on wsync alone, built and run with no environment variables.
+  scripts/test-rust-consumer.sh
+fi
+
 section "AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DWSYNC_SANITIZE=address,undefined \
   -DWSYNC_BUILD_TESTS=ON -DWSYNC_BUILD_TOOLS=ON -DWSYNC_BUILD_FUZZERS=OFF >/dev/null

@@ -539,7 +539,11 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
                           (current_why_.empty() ? "" : " (" + current_why_ + ")");
         ++expect_index_;
         impl_->refuse(h, transport, current_status_, why, false);
-        fail(current_status_, what + ": " + why);
+        // The engine's call says "skipped", not the version's status again (user trial: a
+        // loader's WRONG_STATE came back for every later chunk, read as a new wrong-state bug).
+        // A version the sender abandoned stays ABANDONED: that is news about the version.
+        if (current_status_ == WSYNC_ERR_ABANDONED) fail(current_status_, what + ": " + why);
+        fail(WSYNC_ERR_SKIPPED, what + ": skipped, " + why);
     }
     if (impl_->checksums_promised() && table.checksums.empty() && !table.metas.empty()) {
         std::string why = "request carries no tensor checksums though the init info says they are on";

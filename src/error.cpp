@@ -67,6 +67,7 @@ const char *status_name(wsync_status_t status) noexcept {
     case WSYNC_ERR_INTERNAL: return "WSYNC_ERR_INTERNAL";
     case WSYNC_ERR_INTEGRITY: return "WSYNC_ERR_INTEGRITY";
     case WSYNC_ERR_ABANDONED: return "WSYNC_ERR_ABANDONED";
+    case WSYNC_ERR_SKIPPED: return "WSYNC_ERR_SKIPPED";
     default: return "WSYNC_ERR_UNKNOWN";
     }
 }

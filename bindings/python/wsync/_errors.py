@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import re
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
@@ -29,6 +30,7 @@ class Status(enum.IntEnum):
     INTERNAL = 11  #: a bug in libwsync; please report the message
     INTEGRITY = 12  #: received bytes or a blob failed their checksum
     ABANDONED = 13  #: the sender abandoned the version (a send failed, abandon(), trainer died)
+    SKIPPED = 14  #: a later chunk of a version that already failed here, skipped unread (0.6.2)
 
     @classmethod
     def _missing_(cls, value):
@@ -177,11 +179,53 @@ def last_error(lib=None) -> str:
     return raw.decode("utf-8", "replace") if raw else ""
 
 
+# The C functions the library's messages name, and the calls of this package that make them: a
+# Python user is told ``Iteration.copy_into``, not ``wsync_recv_copy`` (user trial).
+_PYTHON_NAMES = {
+    "wsync_recv_copy": "Iteration.copy_into",
+    "wsync_recv_next_part": "Iteration.iter_parts",
+    "wsync_recv_next": "iterating the Iteration",
+    "wsync_recv_apply": "Iteration.apply",
+    "wsync_recv_end": "Iteration.end",
+    "wsync_recv_fail": "Iteration.fail",
+    "wsync_recv_peek": "Iteration.peek",
+    "wsync_recv_part": "Iteration.part",
+    "wsync_recv_patch": "Iteration.patch",
+    "wsync_recv_info": "Iteration.info",
+    "wsync_dest_table_create": "Receiver.dest_table",
+    "wsync_sender_send_chunk": "Sender.send_chunk",
+    "wsync_sender_send_parts": "Sender.send_chunk",
+    "wsync_sender_commit": "Sender.commit",
+    "wsync_sender_abandon": "Sender.abandon",
+    "wsync_sender_flush": "Sender.flush",
+    "wsync_sender_drop_receiver": "Sender.drop_receiver",
+    "wsync_sender_wait_released": "Sender.wait_released",
+    "wsync_sender_set_stream": "Sender.set_stream",
+    "wsync_sender_create": "Strategy.sender",
+    "wsync_receiver_create": "Strategy.receiver",
+    "wsync_receiver_receive": "Receiver.receive",
+    "wsync_receiver_poll": "Receiver.poll",
+    "wsync_receiver_completed_version": "Receiver.completed_version",
+    "wsync_receiver_set_stream": "Receiver.set_stream",
+    "wsync_strategy_create_init_info": "Strategy.create_init_info",
+    "wsync_strategy_create": "wsync.Strategy",
+    "wsync_plan_create": "wsync.plan",
+    "wsync_request_merge": "wsync.merge_requests",
+}
+_C_NAME = re.compile(r"\bwsync_[a-z0-9_]+")
+
+
+def in_python_terms(message: str) -> str:
+    """``message`` with the C function names it mentions replaced by this package's calls."""
+    return _C_NAME.sub(lambda m: _PYTHON_NAMES.get(m.group(0), m.group(0)), message)
+
+
 def raise_for(status: int, lib=None, context: str = "", sender: Optional[int] = None) -> None:
     """Raises :class:`WsyncError` for a non-zero status, reading the message right away, on
-    the thread that made the failing call. With ``sender`` (the C handle of the sender whose
-    call failed) the error's ``failures`` are read from it too."""
-    message = last_error(lib)
+    the thread that made the failing call, naming this package's calls where the library names
+    its C functions. With ``sender`` (the C handle of the sender whose call failed) the error's
+    ``failures`` are read from it too."""
+    message = in_python_terms(last_error(lib))
     if context:
         message = f"{context}: {message}" if message else context
     failures = sender_failures(lib or _lib.lib(), sender) if sender is not None else ()

@@ -79,7 +79,21 @@ fn main() {
         Some(dir) => from_lib_dir(&resolve_lib_dir(&PathBuf::from(dir)), want_static),
         None => match from_pkg_config(want_static, declared) {
             Ok(found) => found,
-            Err(why) => not_found(&why),
+            Err(why) => match checkout_build_dir(want_static) {
+                Some(dir) => {
+                    if !want_static && !want_rpath {
+                        println!(
+                            "cargo:warning=wsync-sys: linking the checkout's {}/libwsync.so; a \
+                             binary made with it finds the library at run time only through \
+                             LD_LIBRARY_PATH (or an installed libwsync0): enable wsync's \
+                             `static` feature for one that needs nothing at run time",
+                            dir.display()
+                        );
+                    }
+                    from_lib_dir(&dir, want_static)
+                }
+                None => not_found(&why),
+            },
         },
     };
 
@@ -109,6 +123,24 @@ fn main() {
         want_static,
         rpath,
     );
+}
+
+/// The `CMake` build directory of the libwsync checkout this crate sits in
+/// (`<checkout>/bindings/rust/wsync-sys` -> `<checkout>/build`), when it holds the library to
+/// link: a crate with a path dependency on the checkout builds with no variable set.
+fn checkout_build_dir(want_static: bool) -> Option<PathBuf> {
+    let here = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR")?);
+    let dir = here.join("../../../build").canonicalize().ok()?;
+    println!("cargo:rerun-if-changed={}", dir.join("libwsync.so").display());
+    let names: &[&str] = if want_static {
+        &["libwsync.a", "libwsync_static.a"]
+    } else {
+        &["libwsync.so"]
+    };
+    names
+        .iter()
+        .any(|n| dir.join(n).is_file())
+        .then_some(dir)
 }
 
 fn env_flag(name: &str) -> bool {
@@ -360,6 +392,17 @@ fn from_pkg_config(want_static: bool, declared: (u32, u32, u32)) -> Result<Found
     args.push("wsync");
     let libs = run(&tool, &args)?;
     let mut search = Vec::new();
+    if want_static && !libs.contains("-L") {
+        // A system libdir goes unsaid by pkg-config, but rustc looks for static libraries only
+        // in the directories it is given.
+        if let Ok(dir) = run(&tool, &["--variable=libdir", "wsync"]) {
+            let dir = dir.trim();
+            if !dir.is_empty() {
+                println!("cargo:rustc-link-search=native={dir}");
+                search.push(PathBuf::from(dir));
+            }
+        }
+    }
     let mut linked = false;
     for token in libs.split_whitespace() {
         if let Some(dir) = token.strip_prefix("-L") {
@@ -442,8 +485,11 @@ fn not_found(why: &str) -> ! {
          `cpack -G DEB` in a libwsync build), or `cmake --install <build>`, so that \
          `pkg-config --libs wsync` works (set PKG_CONFIG_PATH for a non-standard prefix);\n  \
          - or set WSYNC_LIB_DIR to the directory holding libwsync.so (e.g. a `CMake` build \
-         directory), and either WSYNC_RPATH=1 (the `rpath` feature) or LD_LIBRARY_PATH to the \
-         same directory when running;\n  \
+         directory; a checkout's own `build/` is used without it), and when running set \
+         LD_LIBRARY_PATH to the same directory, or enable wsync's `static` feature (WSYNC_STATIC=1) \
+         for a binary that needs no library at run time (the `rpath` feature, WSYNC_RPATH=1, \
+         records the directory in this workspace's own tests and examples only: Cargo gives a \
+         library crate's link arguments to no other crate);\n  \
          - or, for a docs-only build, set DOCS_RS=1."
     );
     exit(1);

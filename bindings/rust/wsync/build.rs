@@ -25,4 +25,43 @@ fn main() {
     for dir in rpath.split(':').filter(|d| !d.is_empty()) {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
     }
+    readme_blocks();
+}
+
+/// The `rust` fenced blocks of the checkout's README.md ("top") and bindings/rust/README.md ("rust"),
+/// each written as `OUT_DIR/readme/<which>_<n>.rs` wrapped in braces, and their numbers as
+/// `TOP_BLOCKS` / `RUST_BLOCKS` in `counts.rs`: tests/readme.rs compiles and runs them as they
+/// are written (issue 39). Outside a checkout there are none.
+fn readme_blocks() {
+    use std::path::PathBuf;
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("readme");
+    std::fs::create_dir_all(&out).expect("OUT_DIR is writable");
+    let here = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let mut counts = String::new();
+    for (which, path) in [
+        ("top", here.join("../../../README.md")),
+        ("rust", here.join("../README.md")),
+    ] {
+        println!("cargo:rerun-if-changed={}", path.display());
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let mut n = 0;
+        let mut block: Option<Vec<&str>> = None;
+        for line in text.lines() {
+            match (&mut block, line.trim()) {
+                (None, "```rust") => block = Some(Vec::new()),
+                (Some(lines), "```") => {
+                    let file = out.join(format!("{which}_{n}.rs"));
+                    let code = format!("{{\n{}\n}}\n", lines.join("\n"));
+                    std::fs::write(file, code).expect("OUT_DIR is writable");
+                    n += 1;
+                    block = None;
+                }
+                (Some(lines), _) => lines.push(line),
+                (None, _) => {}
+            }
+        }
+        let name = which.to_uppercase();
+        counts.extend(["pub const ", &name, "_BLOCKS: usize = ", &n.to_string(), ";\n"]);
+    }
+    std::fs::write(out.join("counts.rs"), counts).expect("OUT_DIR is writable");
 }

@@ -314,12 +314,18 @@ private:
             why = "its init info is from another trainer session";
         } else if (m.index >= members_.size()) {
             st = WSYNC_ERR_INVALID_ARGUMENT;
-            why = "receiver index " + std::to_string(m.index) + " is out of range (0.." +
-                  std::to_string(members_.size() - 1) + ")";
+            // Read the same in every language ("0..0" read as a Rust range is empty).
+            const std::size_t n = members_.size();
+            why = "receiver index " + std::to_string(m.index) + " is out of range: this sync has " +
+                  (n == 1 ? std::string("1 receiver, index 0")
+                          : std::to_string(n) + " receivers, indices 0 to " + std::to_string(n - 1));
         } else if (members_[m.index].ep && members_[m.index].ep->error == UCS_OK && !members_[m.index].dropped) {
             st = WSYNC_ERR_WRONG_STATE;  // as every kind says of an index in use (wsync.h)
             why = "receiver index " + std::to_string(m.index) + " is already attached: held by " +
-                  members_[m.index].name;
+                  members_[m.index].name +
+                  "; an index serves one engine at a time: destroy that receiver or end its "
+                  "process first, or attach another index (a frozen engine: the trainer drops it, "
+                  "wsync_sender_drop_receiver, then end its process)";
         }
         std::unique_ptr<Endpoint> ep;
         const std::string name = "receiver " + std::to_string(m.index) + " (" + m.text + ")";

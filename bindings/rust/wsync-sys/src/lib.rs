@@ -75,6 +75,8 @@ pub const WSYNC_ERR_INTEGRITY: wsync_status_t = 12;
 /// The sender abandoned the version (a send failed, `wsync_sender_abandon`, or the trainer died
 /// mid-version).
 pub const WSYNC_ERR_ABANDONED: wsync_status_t = 13;
+/// A later chunk of a version that already failed here, skipped unread (since 0.6.2).
+pub const WSYNC_ERR_SKIPPED: wsync_status_t = 14;
 /// Not a status: forces the C enum to 32 bits.
 pub const WSYNC_STATUS_FORCE_32BIT_: wsync_status_t = 0x7fff_ffff;
 

@@ -97,6 +97,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         WSYNC_ERR_INTERNAL,
         WSYNC_ERR_INTEGRITY,
         WSYNC_ERR_ABANDONED,
+        WSYNC_ERR_SKIPPED,
         WSYNC_STATUS_FORCE_32BIT_,
         WSYNC_DTYPE_INT,
         WSYNC_DTYPE_UINT,

@@ -41,6 +41,10 @@ pub enum Status {
     /// The sender abandoned the version: a send failed, it called [`crate::Sender::abandon`], or
     /// the trainer died mid-version (`WSYNC_ERR_ABANDONED`, 0.2).
     Abandoned,
+    /// A later chunk of a version that already failed here was skipped unread: nothing to load
+    /// and nothing new to report (the version's own status is [`crate::ReceiverState`]'s
+    /// `failed_status`); wait for the next version (`WSYNC_ERR_SKIPPED`, 0.6.2).
+    Skipped,
     /// A code this binding does not know (added by a newer library).
     Unknown(i32),
 }
@@ -64,6 +68,7 @@ impl Status {
             sys::WSYNC_ERR_INTERNAL => Status::Internal,
             sys::WSYNC_ERR_INTEGRITY => Status::Integrity,
             sys::WSYNC_ERR_ABANDONED => Status::Abandoned,
+            sys::WSYNC_ERR_SKIPPED => Status::Skipped,
             other => Status::Unknown(other),
         })
     }
@@ -85,6 +90,7 @@ impl Status {
             Status::Internal => sys::WSYNC_ERR_INTERNAL,
             Status::Integrity => sys::WSYNC_ERR_INTEGRITY,
             Status::Abandoned => sys::WSYNC_ERR_ABANDONED,
+            Status::Skipped => sys::WSYNC_ERR_SKIPPED,
             Status::Unknown(code) => code,
         }
     }
@@ -339,7 +345,7 @@ impl Error {
         let status = Status::from_code(code).unwrap_or(Status::Internal);
         Error {
             status,
-            message,
+            message: in_rust_terms(&message),
             failures: Vec::new(),
         }
     }
@@ -398,6 +404,63 @@ impl From<Error> for std::io::Error {
 
 /// `std::result::Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// The C functions the library's messages name, and the calls of this crate that make them:
+/// a Rust user is told `Recv::copy_into`, not `wsync_recv_copy` (user trial).
+const RUST_NAMES: &[(&str, &str)] = &[
+    ("wsync_recv_copy", "Recv::copy_into"),
+    ("wsync_recv_next_part", "Recv::views"),
+    ("wsync_recv_next", "Recv::views"),
+    ("wsync_recv_apply", "Recv::apply"),
+    ("wsync_recv_end", "Recv::end"),
+    ("wsync_recv_fail", "Recv::fail"),
+    ("wsync_recv_peek", "Recv::peek"),
+    ("wsync_recv_part", "Recv::part"),
+    ("wsync_recv_patch", "Recv::patch"),
+    ("wsync_recv_info", "Recv::info"),
+    ("wsync_dest_table_create", "DestTable::new"),
+    ("wsync_sender_create", "Sender::new"),
+    ("wsync_sender_send_chunk", "Sender::send_chunk"),
+    ("wsync_sender_send_parts", "Sender::send_parts"),
+    ("wsync_sender_commit", "Sender::commit"),
+    ("wsync_sender_abandon", "Sender::abandon"),
+    ("wsync_sender_flush", "Sender::flush"),
+    ("wsync_sender_drop_receiver", "Sender::drop_receiver"),
+    ("wsync_sender_wait_released", "Sender::wait_released"),
+    ("wsync_sender_set_stream", "Sender::set_stream"),
+    ("wsync_sender_version", "Sender::version"),
+    ("wsync_receiver_create", "Receiver::new"),
+    ("wsync_receiver_receive", "Receiver::receive"),
+    ("wsync_receiver_poll", "Receiver::poll"),
+    ("wsync_receiver_completed_version", "Receiver::completed_version"),
+    ("wsync_receiver_set_stream", "Receiver::set_stream"),
+    ("wsync_strategy_create", "Strategy::new"),
+    ("wsync_strategy_create_init_info", "Strategy::create_init_info"),
+    ("wsync_plan_create", "Plan::new"),
+    ("wsync_request_merge", "wsync::merge_requests"),
+];
+
+/// `message` with every C function name of [`RUST_NAMES`] replaced by its Rust call (whole
+/// identifiers only: `wsync_recv_next_part` is not `wsync_recv_next` followed by `_part`).
+pub(crate) fn in_rust_terms(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("wsync_") {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        let len = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        let word = &tail[..len];
+        match RUST_NAMES.iter().find(|(c, _)| *c == word) {
+            Some((_, call)) => out.push_str(call),
+            None => out.push_str(word),
+        }
+        rest = &tail[len..];
+    }
+    out.push_str(rest);
+    out
+}
 
 /// Turns a status into a `Result`. Call it immediately after the C call, on the same thread, so
 /// the message read is that call's.
@@ -499,9 +562,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn library_messages_name_the_rust_calls_not_the_c_functions() {
+        assert_eq!(
+            in_rust_terms("take it with wsync_recv_copy or wsync_recv_next_part"),
+            "take it with Recv::copy_into or Recv::views"
+        );
+        assert_eq!(
+            in_rust_terms("the trainer drops it, wsync_sender_drop_receiver, then"),
+            "the trainer drops it, Sender::drop_receiver, then"
+        );
+        assert_eq!(in_rust_terms("wsync_unknown_call and wsync_"), "wsync_unknown_call and wsync_");
+    }
+
+    #[test]
     fn every_pinned_code_round_trips_and_ok_is_not_an_error() {
         assert_eq!(Status::from_code(0), None);
-        for code in 1..=13 {
+        for code in 1..=14 {
             let s = Status::from_code(code).expect("an error");
             assert!(!matches!(s, Status::Unknown(_)), "code {code} is pinned");
             assert_eq!(s.code(), code);

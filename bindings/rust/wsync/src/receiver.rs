@@ -84,7 +84,8 @@ impl Receiver {
     /// # Errors
     /// [`Status::Malformed`] or [`Status::Integrity`] for corrupt request bytes;
     /// [`Status::Mismatch`] for a request of another kind or a stale, replayed or out-of-order
-    /// chunk, or a version that already failed here (with that version's status);
+    /// chunk; [`Status::Skipped`] for a later chunk of a version that already failed here
+    /// ([`Status::Abandoned`] when the sender abandoned it);
     /// [`Status::Peer`] when the sender dropped this receiver; [`Status::Timeout`] for GPU
     /// kinds whose waits run out.
     pub fn receive(&mut self, request: &[u8]) -> Result<Recv<'_>> {
@@ -111,6 +112,7 @@ impl Receiver {
             info: RecvInfo::default(),
             yielded: 0,
             exhausted: false,
+            failed_by_library: false,
             _receiver: PhantomData,
         };
         check(status)?;
@@ -276,6 +278,8 @@ pub struct Recv<'r> {
     info: RecvInfo,
     yielded: usize,
     exhausted: bool,
+    /// A call on it failed inside the library (its error is what `end` reports).
+    failed_by_library: bool,
     _receiver: PhantomData<&'r mut Receiver>,
 }
 
@@ -330,11 +334,17 @@ impl<'r> Recv<'r> {
 
     /// The views, as a standard iterator whose items borrow this iteration (see the module
     /// docs). After an error the iterator ends; [`Recv::end`] then returns that error.
+    ///
+    /// Parts of split tensors come too (a Python trainer's `send_model` splits tensors larger
+    /// than its `chunk_bytes` by default): such a view has the whole tensor's name, dtype and
+    /// shape, and [`View::part`] says which of its bytes it holds; a tensor sent whole has
+    /// `part().offset == 0` and `byte_len()` its size.
     pub fn views(&mut self) -> Views<'_, 'r> {
         Views { recv: self }
     }
 
-    /// The next view: `None` at the end (or after an error was returned once).
+    /// The next view: `None` at the end (or after an error was returned once). Parts of split
+    /// tensors included, as for [`Recv::views`].
     pub fn next_view(&mut self) -> Option<Result<View<'_>>> {
         // SAFETY: the View's lifetime is tied to `&mut self`, which keeps the iteration open.
         unsafe { self.next_raw() }
@@ -347,59 +357,14 @@ impl<'r> Recv<'r> {
     /// `part.offset` of the whole tensor onwards, `part.bytes` of them (a multiple of the
     /// element size), so `as_slice::<T>()` gives elements `part.offset / std::mem::size_of::<T>()`
     /// onwards. A whole tensor comes with `Part { offset: 0, bytes: <its size> }`. A Python
-    /// trainer's `send_model` splits tensors larger than its `chunk_bytes` by default: an
-    /// engine that loads from views takes them here ([`Recv::next_view`] and [`Recv::views`]
-    /// refuse parts); [`Recv::copy_into`] takes them either way.
+    /// trainer's `send_model` splits tensors larger than its `chunk_bytes` by default; this is
+    /// [`Recv::next_view`] with [`View::part`] alongside.
     ///
     /// # Errors
     /// As [`Recv::next_view`] (a checksum mismatch names the tensor; a patch is refused).
     pub fn next_part_view(&mut self) -> Option<Result<(View<'_>, Part)>> {
-        if self.exhausted {
-            return None;
-        }
-        let mut t = sys::wsync_tensor_t::default();
-        let mut p = sys::wsync_part_t::default();
-        let mut has = false;
-        // SAFETY: the iteration is live (not ended) and used by this thread only (`&mut self`);
-        // `t`, `p` and `has` are valid out-pointers.
-        let status =
-            unsafe { sys::wsync_recv_next_part(self.raw.as_ptr(), &mut t, &mut p, &mut has) };
-        if let Err(e) = self.advance(status, has)? {
-            return Some(Err(e));
-        }
-        // SAFETY: the library filled `t` with a view whose name and shape stay valid until
-        // wsync_recv_end and whose data holds `p.bytes` readable bytes as long; the returned
-        // View borrows `&mut self`, which keeps the iteration open.
-        let view = unsafe { View::from_raw(&t) }.and_then(|mut v| {
-            let fits = p
-                .offset
-                .checked_add(p.bytes)
-                .is_some_and(|end| end <= v.len as u64);
-            let len = usize::try_from(p.bytes)
-                .ok()
-                .filter(|_| fits)
-                .ok_or_else(|| {
-                    Error::new(
-                        Status::Internal,
-                        format!(
-                            "tensor '{}': part {} + {} is outside its {} bytes",
-                            v.name, p.offset, p.bytes, v.len
-                        ),
-                    )
-                })?;
-            v.len = len;
-            Ok((
-                v,
-                Part {
-                    offset: p.offset,
-                    bytes: p.bytes,
-                },
-            ))
-        });
-        if view.is_err() {
-            self.exhausted = true;
-        }
-        Some(view)
+        // SAFETY: the View's lifetime is tied to `&mut self`, which keeps the iteration open.
+        unsafe { self.next_raw() }.map(|r| r.map(|v| (v, v.part())))
     }
 
     /// The bookkeeping after `wsync_recv_next` or `wsync_recv_next_part`: `None` at the end,
@@ -407,6 +372,7 @@ impl<'r> Recv<'r> {
     fn advance(&mut self, status: sys::wsync_status_t, has: bool) -> Option<Result<()>> {
         if let Err(e) = check(status) {
             self.exhausted = true;
+            self.failed_by_library = true;
             return Some(Err(e));
         }
         if !has {
@@ -427,16 +393,40 @@ impl<'r> Recv<'r> {
             return None;
         }
         let mut t = sys::wsync_tensor_t::default();
+        let mut p = sys::wsync_part_t::default();
         let mut has = false;
         // SAFETY: the iteration is live (not ended) and used by this thread only (`&mut self`);
-        // `t` and `has` are valid out-pointers.
-        let status = unsafe { sys::wsync_recv_next(self.raw.as_ptr(), &mut t, &mut has) };
+        // `t`, `p` and `has` are valid out-pointers. Parts of split tensors come too (a Python
+        // trainer's default; user trial: `views()` refused them, naming C functions).
+        let status =
+            unsafe { sys::wsync_recv_next_part(self.raw.as_ptr(), &mut t, &mut p, &mut has) };
         if let Err(e) = self.advance(status, has)? {
             return Some(Err(e));
         }
-        // SAFETY: the library filled `t` with a view whose data, name and shape stay valid
-        // until wsync_recv_end; the caller guarantees `'v` ends before that.
-        let view = unsafe { View::from_raw(&t) };
+        // SAFETY: the library filled `t` with a view whose name and shape stay valid until
+        // wsync_recv_end and whose data holds `p.bytes` readable bytes as long; the caller
+        // guarantees `'v` ends before that.
+        let view = unsafe { View::from_raw(&t) }.and_then(|mut v| {
+            let fits = p
+                .offset
+                .checked_add(p.bytes)
+                .is_some_and(|end| end <= v.len as u64);
+            let len = usize::try_from(p.bytes)
+                .ok()
+                .filter(|_| fits)
+                .ok_or_else(|| {
+                    Error::new(
+                        Status::Internal,
+                        format!(
+                            "tensor '{}': part {} + {} is outside its {} bytes",
+                            v.name, p.offset, p.bytes, v.len
+                        ),
+                    )
+                })?;
+            v.len = len;
+            v.offset = p.offset;
+            Ok(v)
+        });
         if view.is_err() {
             self.exhausted = true;
         }
@@ -597,8 +587,8 @@ impl<'r> Recv<'r> {
     /// part's [`Meta`] is the whole tensor's (name, dtype, shape); only this range of its bytes
     /// is in this chunk. [`Recv::copy_into`] loads parts transparently: its offset counts bytes
     /// of the whole tensor, so copying every entry whole (offset 0, the tensor's size) into the
-    /// same buffer fills a split tensor chunk by chunk. Views refuse parts
-    /// ([`Status::Unsupported`] naming the tensor).
+    /// same buffer fills a split tensor chunk by chunk. Views carry parts too, each with its
+    /// range ([`View::part`]).
     ///
     /// # Errors
     /// [`Status::InvalidArgument`] when `i` is out of range.
@@ -698,6 +688,47 @@ impl<'r> Recv<'r> {
         // SAFETY: the iteration is live; it is ended exactly once, here, and `this` is never
         // dropped, so Drop does not end it again. No view borrows it (`self` was moved in).
         check(unsafe { sys::wsync_recv_end(this.raw.as_ptr()) })
+    }
+
+    /// Ends the iteration with the loader's outcome: `Ok` ends it ([`Recv::end`], whose error
+    /// is returned if it fails), `Err(e)` fails it with `e`'s status and message
+    /// ([`Recv::fail`]) and returns `e`, so the engine's own error reaches the trainer's flush
+    /// (as a [`crate::Failure`]) instead of "dropped without end()":
+    ///
+    /// ```no_run
+    /// # fn load(_: &str, _: u64, _: &[u8]) -> wsync::Result<()> { Ok(()) }
+    /// # fn f(receiver: &mut wsync::Receiver, request: &[u8]) -> wsync::Result<()> {
+    /// let mut recv = receiver.receive(request)?;
+    /// let loaded = (|| -> wsync::Result<()> {
+    ///     for view in recv.views() {
+    ///         let view = view?;
+    ///         load(view.name(), view.part().offset, &view.to_bytes()?)?;
+    ///     }
+    ///     Ok(())
+    /// })();
+    /// recv.finish(loaded)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// An error the library itself raised for this iteration (a checksum, a trainer that
+    /// dropped the receiver) stays the iteration's: the trainer hears that one, and it is
+    /// returned.
+    ///
+    /// # Errors
+    /// `result`'s error, converted to [`Error`]; or [`Recv::end`]'s.
+    pub fn finish<T, E: Into<Error>>(self, result: std::result::Result<T, E>) -> Result<T> {
+        match result {
+            Ok(value) => self.end().map(|()| value),
+            Err(e) => {
+                let e: Error = e.into();
+                if self.failed_by_library {
+                    // The library failed the chunk already and will acknowledge its own error.
+                    return Err(self.end().err().unwrap_or(e));
+                }
+                let _ = self.fail(e.status(), e.message());
+                Err(e)
+            }
+        }
     }
 
     /// Fails the iteration at any point, also after its last view (a loader that found a
@@ -1088,7 +1119,12 @@ pub struct View<'it> {
     dtype: DType,
     device: Device,
     data: *const u8,
+    /// The bytes here: the whole tensor's, or a part's.
     len: usize,
+    /// Where they start within the whole tensor (0 unless a part).
+    offset: u64,
+    /// The whole tensor's bytes.
+    whole: usize,
     read_only: bool,
     _it: PhantomData<&'it [u8]>,
 }
@@ -1124,6 +1160,8 @@ impl<'it> View<'it> {
             device: Device::from_raw(t.device),
             data: t.data.cast_const().cast(),
             len,
+            offset: 0,
+            whole: len,
             read_only: t.flags & sys::WSYNC_TENSOR_READ_ONLY != 0,
             _it: PhantomData,
         })
@@ -1159,10 +1197,30 @@ impl<'it> View<'it> {
         self.read_only
     }
 
-    /// Size in bytes.
+    /// Size in bytes of what this view holds: the whole tensor's, or for a part of a split
+    /// tensor the part's ([`View::part`]).
     #[must_use]
     pub fn byte_len(&self) -> usize {
         self.len
+    }
+
+    /// Which bytes of the whole tensor this view holds: `Part { offset: 0, bytes: <its size> }`
+    /// for a tensor sent whole; for a part of a split tensor (a tensor larger than a bucket,
+    /// sent over consecutive chunks of one version; a Python trainer's default), bytes
+    /// `offset .. offset + bytes` of it, row-major. Load it at that place:
+    /// `whole[part.offset as usize..][..view.byte_len()]`.
+    #[must_use]
+    pub fn part(&self) -> Part {
+        Part {
+            offset: self.offset,
+            bytes: self.len as u64,
+        }
+    }
+
+    /// Whether this view holds only a part of its tensor ([`View::part`]).
+    #[must_use]
+    pub fn is_part(&self) -> bool {
+        self.len != self.whole
     }
 
     /// Number of elements of the whole tensor, from its shape (1 for a scalar). For a part

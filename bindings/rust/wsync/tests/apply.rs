@@ -421,7 +421,7 @@ fn bad_destinations_are_refused_by_name_before_the_table_exists() {
     let long = "w".repeat(wsync::MAX_NAME_BYTES + 1);
     invalid(
         DestTable::new(&mut r, [Dest::new(&long, &mut buf[..32], &[4, 8]).unwrap()]),
-        "wsync_dest_table_create",
+        "DestTable::new",
     );
     assert!(
         buf.iter().all(|x| x.to_bits() == 0),

@@ -135,4 +135,7 @@ fn a_receiver_index_out_of_range_is_named() {
     let e = Receiver::new(&mut engine, &init, 5).unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
     assert!(e.message().contains("receiver index 5"), "{e}");
+    // A range reads the same in every language (issue 39: "1 receivers (0..0)").
+    assert!(e.message().contains("1 receiver, index 0"), "{e}");
+    assert!(!e.message().contains(".."), "{e}");
 }
