@@ -163,7 +163,7 @@ static_assert(offsetof(Board, creator_pid) == 20 && offsetof(Board, ack_futex) =
 static_assert(kMaxReceivers <= 64 && kMaxSenders <= 64, "receiver and sender masks are 64 bits");
 // An acknowledgement word is seq << 8 | status: every status must fit in its 8 bits (the
 // failure records hold statuses whole, in 32 bits).
-static_assert(WSYNC_ERR_ABANDONED < 256, "an acknowledgement carries a status in 8 bits");
+static_assert(WSYNC_ERR_SKIPPED < 256, "an acknowledgement carries a status in 8 bits");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "acks must be lock-free in shared memory");
 static_assert(std::atomic<int32_t>::is_always_lock_free, "pids must be lock-free in shared memory");
 
