@@ -15,6 +15,7 @@
 #include "select.hpp"
 #include "strategy.hpp"
 #include "sys.hpp"
+#include "version_state.hpp"
 
 namespace wsync {
 
@@ -92,7 +93,7 @@ public:
     void end(Iteration *it);
     // Fails and frees the open iteration with the caller's status and message.
     void fail_iteration(Iteration *it, wsync_status_t status, const char *message);
-    uint64_t completed_version() const { return completed_; }
+    uint64_t completed_version() const { return state_.completed(); }
     wsync_receiver_state_t poll();
     // Not while an iteration is open: its chunk is released after the stream it began with.
     void set_stream(void *stream);
@@ -102,8 +103,6 @@ public:
 
 private:
     friend class Iteration;
-    // This receiver's version is now `version`, not failed, nothing of it tallied yet.
-    void start_version(uint64_t version);
     void lose_chunk(const ChunkHeader &h, const json &transport, wsync_status_t status,
                     const std::string &why);
     void catch_up(const Link &link);
@@ -136,17 +135,9 @@ private:
     bool mirror_on_ = false;
     std::unordered_map<std::string, Mirror> mirrors_;
     std::unique_ptr<Iteration> open_;
-    uint64_t current_ = 0;         // version whose chunks arrive now (open or failed), 0: none
-    bool current_failed_ = false;
-    wsync_status_t current_status_ = WSYNC_OK;
-    std::string current_why_;
-    uint32_t expect_index_ = 0;    // next chunk index of current_
-    Manifest tally_;               // of current_'s chunks ended successfully
-    parts::Tracker parts_;         // split tensors of current_ still arriving
-    select::Version chosen_;       // with a selection: its state within current_
-    uint64_t completed_ = 0;
-    uint64_t failed_version_ = 0;
-    wsync_status_t failed_status_ = WSYNC_OK;
+    VersionState state_;           // the version whose chunks arrive now (version_state.hpp)
+    parts::Tracker parts_;         // split tensors of that version still arriving
+    select::Version chosen_;       // with a selection: its state within that version
     bool dropped_ = false, sender_gone_ = false;
 };
 
