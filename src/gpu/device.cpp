@@ -46,19 +46,6 @@ Device::Scope::Scope(const Device &d) : api_(d.api()) {
 
 Device::Scope::~Scope() { api_.cuCtxSetCurrent(prev_); }
 
-int ordinal_of(const CudaApi &api, const CUuuid &uuid) {
-    int count = 0;
-    WSYNC_CU(api, cuDeviceGetCount(&count), "cuDeviceGetCount");
-    for (int i = 0; i < count; ++i) {
-        CUdevice dev;
-        CUuuid u;
-        if (api.cuDeviceGet(&dev, i) == CUDA_SUCCESS && api.cuDeviceGetUuid(&u, dev) == CUDA_SUCCESS &&
-            std::memcmp(u.bytes, uuid.bytes, 16) == 0)
-            return i;
-    }
-    return -1;
-}
-
 // ---------------------------------------------------------------------------------------------
 DeviceBuffer::DeviceBuffer(const Device &d, uint64_t bytes, const std::string &what, Where where)
     : dev_(&d), size_(bytes), where_(where) {

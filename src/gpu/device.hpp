@@ -62,10 +62,6 @@ private:
 // rather than released so leak checkers see it is kept on purpose.
 void keep_until_exit(std::unique_ptr<Device> dev);
 
-// The ordinal in this process of the GPU with `uuid` (after CUDA_VISIBLE_DEVICES remapping),
-// or -1 when this process does not see it.
-int ordinal_of(const CudaApi &api, const CUuuid &uuid);
-
 // Device memory owned by this object (cuMemAlloc / cuMemFree in the device's context).
 // Memory kernels reach through a device pointer: device memory of one GPU (cuMemAlloc), or
 // pinned host memory mapped into the device's address space (cuMemHostAlloc with DEVICEMAP:
