@@ -1,0 +1,8 @@
+"""Adapters that plug libwsync into RL frameworks and inference engines, one module each.
+
+- :mod:`wsync.integrations.vllm`: the ``wsync`` weight-transfer backend for vLLM 0.33.0
+  (registered by this package's ``vllm.general_plugins`` entry point).
+
+Each module imports its framework; import a module only where that framework is installed.
+This package itself imports none of them.
+"""
