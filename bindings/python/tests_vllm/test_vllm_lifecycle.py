@@ -243,3 +243,13 @@ def test_a_dead_worker_behind_a_timing_out_client_costs_one_wait_and_a_replaceme
     assert [p["receiver_index"] for p in probes] == [0, 1]
     assert probes[0]["completed_version"] == probes[1]["completed_version"] > good
     assert all(not p["session_active"] and p["open_version"] == 0 for p in probes)
+
+
+def test_the_readmes_cpu_recipe_runs_and_syncs_three_versions_bit_exact():
+    import subprocess
+    import sys
+
+    script = os.path.join(HERE, "..", "examples", "vllm_cpu.py")
+    done = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 versions bit-exact" in done.stdout
