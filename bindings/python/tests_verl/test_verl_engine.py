@@ -1,0 +1,181 @@
+"""The wsync checkpoint engine through verl 0.9.1's own code: registered by
+``custom_backend_module``, built by verl's ``CheckpointEngineRegistry.new`` as the actor worker
+builds it, and on the rollout side by verl's ``CheckpointEngineWorker``; the driver (this
+process) plays ``CheckpointEngineManager``: prepare on every worker (actors first), the
+engine class's ``build_topology``, ``init_process_group`` everywhere at once, the actor's
+``send_weights`` with every rollout worker's ``update_weights`` at once, ``finalize``.
+Kind ``shm`` on CPU; one trainer process and two rollout processes."""
+
+import json
+import time
+
+import pytest
+
+from conftest import Side
+
+MODULE = "wsync.integrations.verl"
+BUCKET_MB = 1
+ENGINE_KWARGS = {"kind": "auto", "flush_timeout_s": 30.0, "connect_timeout_s": 60.0,
+                 "recv_timeout_s": 60.0}
+#: A dead rollout worker is named well before the flush deadline (the library checks
+#: liveness every 100 ms); the bound leaves room for a loaded 2-core machine.
+DEATH_DEADLINE_S = 10.0
+
+
+def ok(reply):
+    """Whether a side's reply says it succeeded; the whole reply in the message if not."""
+    assert reply.get("ok"), json.dumps(reply, indent=1)
+    return True
+
+
+@pytest.fixture(scope="module")
+def engine_cls():
+    from verl.checkpoint_engine import CheckpointEngineRegistry
+    from verl.utils.import_utils import import_external_libs
+
+    import_external_libs(MODULE)  # what CheckpointEngineManager does with custom_backend_module
+    return CheckpointEngineRegistry.get("wsync")
+
+
+class Cluster:
+    def __init__(self, log_dir):
+        self.log_dir = log_dir
+        self.trainer = Side("trainer", 0, BUCKET_MB, ENGINE_KWARGS, log_dir)
+        self.rollouts = [Side("rollout", i, BUCKET_MB, ENGINE_KWARGS, log_dir) for i in range(2)]
+        for side in self.sides:
+            side.ready()
+        self.versions = 0  # wsync versions the trainer began
+
+    @property
+    def sides(self):
+        return [self.trainer] + self.rollouts
+
+    def replace_rollout(self, i):
+        self.rollouts[i].close()
+        self.rollouts[i] = Side("rollout", i, BUCKET_MB, ENGINE_KWARGS, self.log_dir)
+        self.rollouts[i].ready()
+
+    def all(self, cmds, timeout=120):
+        for side, cmd in zip(self.sides, cmds):
+            side.send(**cmd)
+        return [side.get(timeout) for side in self.sides]
+
+    def build_process_group(self, engine_cls):
+        """CheckpointEngineManager.build_process_group, step by step."""
+        metas = self.all([{"op": "prepare"}] * 3)
+        all(ok(m) for m in metas)
+        actor_kwargs, rollout_kwargs = engine_cls.build_topology(1, 2, [m["metadata"] for m in metas])
+        for k, v in actor_kwargs.items():
+            assert len(v) == 1, k
+        for k, v in rollout_kwargs.items():
+            assert len(v) == 2, k
+        inits = [{"op": "init", "kwargs": {k: v[0] for k, v in actor_kwargs.items()}}] + \
+                [{"op": "init", "kwargs": {k: v[i] for k, v in rollout_kwargs.items()}} for i in range(2)]
+        replies = self.all(inits)
+        all(ok(r) for r in replies)
+        return actor_kwargs, rollout_kwargs
+
+    def finalize(self):
+        replies = self.all([{"op": "finalize"}] * 3)
+        all(ok(r) for r in replies)
+
+    def update(self, engine_cls, seed, global_steps):
+        self.build_process_group(engine_cls)
+        replies = self.all([{"op": "update", "seed": seed, "global_steps": global_steps}] * 3)
+        self.versions += 1
+        self.finalize()
+        return replies
+
+    def close(self):
+        for side in self.sides:
+            side.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(log_dir):
+    c = Cluster(log_dir)
+    yield c
+    c.close()
+
+
+def test_registered_by_custom_backend_module(engine_cls, cluster):
+    from verl.checkpoint_engine.base import CheckpointEngine
+
+    from wsync.integrations.verl import WsyncCheckpointEngine
+
+    assert engine_cls is WsyncCheckpointEngine
+    assert issubclass(engine_cls, CheckpointEngine)
+    for side in cluster.sides:  # built by verl's registry from CheckpointEngineConfig
+        assert side.hello["engine"] == f"{MODULE}.WsyncCheckpointEngine"
+        assert side.hello["bucket_size"] == BUCKET_MB << 20
+
+
+def test_build_topology_places_and_picks_kinds(engine_cls):
+    def meta(node, device, master=False, kind="auto"):
+        return {"backend": "wsync", "host": "10.0.0.1", "node": node, "pid": 1, "device": device,
+                "master_address": ["10.0.0.1", 1234] if master else None, "kind": kind}
+
+    actor, rollout = engine_cls.build_topology(
+        3, 2, [meta("a", "cpu", True), meta("a", "cpu"), meta("b", "cpu"), meta("a", "cpu"), meta("a", "cpu")])
+    assert actor["rank"] == [0, -1, -1] and rollout["rank"] == [0, 1]
+    assert actor["role"] == ["trainer"] * 3 and rollout["role"] == ["rollout"] * 2
+    assert actor["master_address"] == [["10.0.0.1", 1234]] * 3 == rollout["master_address"] + [["10.0.0.1", 1234]]
+    assert actor["kind"] == ["shm"] * 3 == rollout["kind"] + ["shm"]
+    pick = engine_cls.choose_kind
+    assert pick(meta("a", "cuda", True), [meta("a", "cuda")] * 2) == "cuda_ipc"  # one node
+    assert pick(meta("a", "cuda", True), [meta("a", "cuda"), meta("b", "cuda")]) == "nccl_broadcast"
+    assert pick(meta("a", "cpu", True), [meta("b", "cpu")]) == "ucx"
+    assert pick(meta("a", "cuda", True, kind="shm"), [meta("b", "cuda")]) == "shm"  # named wins
+    with pytest.raises(ValueError, match="is_master"):
+        engine_cls.build_topology(1, 1, [meta("a", "cpu"), meta("a", "cpu")])
+
+
+def test_versions_bit_exact(engine_cls, cluster):
+    for seed in (1, 2, 3):
+        before = cluster.versions
+        trainer, *rollouts = cluster.update(engine_cls, seed, global_steps=10 * seed)
+        ok(trainer)
+        assert trainer["metrics"]["wsync/version"] == before + 1
+        assert trainer["metrics"]["wsync/bytes"] > 4 << 20
+        for r in rollouts:
+            assert r["ok"], r  # every tensor bit for bit (mismatches lists any that is not)
+            assert r["tensors"] == 17
+            assert r["completed_version"] == before + 1
+            assert r["wire_formats"] == ["named_tensors"]
+
+
+def test_rollout_killed_mid_version(engine_cls, cluster):
+    if cluster.versions == 0:  # run alone: one good version first
+        assert all(r["ok"] for r in cluster.update(engine_cls, 1, global_steps=1))
+    good = cluster.versions
+    cluster.build_process_group(engine_cls)
+    victim = cluster.rollouts[1]
+    cluster.trainer.send(op="update", seed=7, global_steps=70)
+    cluster.rollouts[0].send(op="update", seed=7, global_steps=70)
+    victim.send(op="update", seed=7, global_steps=70, stall_after=3)
+    assert victim.get().get("stalled")
+    victim.kill()  # SIGKILL while its server adapter holds the version's first chunk
+    killed = time.monotonic()
+    trainer = cluster.trainer.get(timeout=DEATH_DEADLINE_S + 30)
+    named_after = time.monotonic() - killed
+    cluster.versions += 1
+    assert not trainer["ok"], trainer
+    assert "WsyncError" in trainer["mro"] and trainer["status"] == "PEER", trainer
+    assert f"rollout worker 1 (pid {victim.pid} on " in trainer["message"], trainer["message"]
+    assert "died" in trainer["message"] and "global_steps=70" in trainer["message"], trainer["message"]
+    assert any(f.startswith("receiver 1 died") for f in trainer["failures"]), trainer["failures"]
+    assert named_after < DEATH_DEADLINE_S, named_after
+    survivor = cluster.rollouts[0].get()
+    assert not survivor["ok"] and survivor["status"] == "ABANDONED", survivor
+    assert "AbandonedError" in survivor["mro"] and "rollout worker 0" in survivor["message"], survivor
+    assert "rollout worker 1" in survivor["message"], survivor  # the trainer's reason
+    # verl finalizes the survivors; the dead worker's replacement joins the next update.
+    assert cluster.trainer.send(op="finalize") or cluster.trainer.get()["ok"]
+    assert cluster.rollouts[0].send(op="finalize") or cluster.rollouts[0].get()["ok"]
+    cluster.replace_rollout(1)
+    trainer, *rollouts = cluster.update(engine_cls, 8, global_steps=80)
+    ok(trainer)
+    assert trainer["metrics"]["wsync/version"] == good + 2  # the failed version's number is spent
+    for r in rollouts:
+        ok(r)
+        assert r["completed_version"] == good + 2
