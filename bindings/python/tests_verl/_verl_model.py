@@ -7,8 +7,16 @@ import socket
 import torch
 
 
-def weights(seed: int):
-    """A generator of ``(name, tensor)``, as verl's ``get_per_tensor_param`` yields them."""
+def weights(seed: int, fail_after=None):
+    """A generator of ``(name, tensor)``, as verl's ``get_per_tensor_param`` yields them;
+    with ``fail_after`` it raises after that many (a trainer failing mid-version)."""
+    for count, item in enumerate(_weights(seed)):
+        if fail_after is not None and count >= fail_after:
+            raise RuntimeError(f"the trainer failed after {count} tensors")
+        yield item
+
+
+def _weights(seed: int):
     g = torch.Generator().manual_seed(1000 + seed)
 
     def rnd(*shape, dtype=torch.float32):

@@ -14,10 +14,12 @@
   worker's ``update_weights(global_steps=...)``, then checks every tensor bit for bit.
 
 Commands (one JSON object a line): ``{"op": "prepare"}``, ``{"op": "init", "kwargs": {...}}``,
-``{"op": "update", "seed": n, "global_steps": n, "stall_after": k}``, ``{"op": "finalize"}``,
+``{"op": "update", "seed": n, "global_steps": n}`` (a trainer given ``fail_after`` has its
+generator raise after that many tensors; a rollout given ``raise_after`` has its server adapter
+raise after that many, and one given ``stall_after`` replies ``{"stalled": true}`` after that
+many and then waits, to be killed), ``{"op": "finalize"}``,
 ``{"op": "exit"}``. Replies: ``{"ok": true, ...}`` or ``{"ok": false, "type", "status",
-"message", "elapsed"}``; a rollout told ``stall_after`` replies ``{"stalled": true}`` after
-that many tensors and then waits (to be killed).
+"message", "elapsed"}``.
 """
 
 import asyncio
@@ -80,6 +82,7 @@ def make_rollout(rank, bucket_mb, engine_kwargs):
         def __init__(self):  # no device mesh, no model config: nothing is served
             self.store = {}
             self.stall_after = None
+            self.raise_after = None
             self.wire_formats = []
 
         async def resume(self, tags):
@@ -97,6 +100,8 @@ def make_rollout(rank, bucket_mb, engine_kwargs):
                 if self.stall_after is not None and count >= self.stall_after:
                     reply(stalled=True)
                     await asyncio.sleep(3600)
+                if self.raise_after is not None and count >= self.raise_after:
+                    raise RuntimeError(f"the engine refused '{name}'")
 
     os.environ.update(WORLD_SIZE="1", RANK="0", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(_verl_model.free_port()))
@@ -134,12 +139,13 @@ def main():
             elif op == "update":
                 steps = cmd.get("global_steps")
                 if worker is None:
-                    gen = _verl_model.weights(cmd["seed"])
+                    gen = _verl_model.weights(cmd["seed"], fail_after=cmd.get("fail_after"))
                     metrics = asyncio.run(engine.send_weights(gen, global_steps=steps))
                     reply(ok=True, metrics=metrics, elapsed=time.monotonic() - started)
                 else:
                     adapter.store = {}
                     adapter.stall_after = cmd.get("stall_after")
+                    adapter.raise_after = cmd.get("raise_after")
                     asyncio.run(worker.update_weights(global_steps=steps))
                     expected = dict(_verl_model.weights(cmd["seed"]))
                     bad = _verl_model.mismatches(expected, adapter.store)

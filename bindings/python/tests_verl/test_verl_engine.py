@@ -179,3 +179,59 @@ def test_rollout_killed_mid_version(engine_cls, cluster):
     for r in rollouts:
         ok(r)
         assert r["completed_version"] == good + 2
+
+
+def test_trainer_error_abandons_version(engine_cls, cluster):
+    """The trainer's weight generator raises mid-version: send_weights raises that error, every
+    rollout worker's update raises ABANDONED with the trainer's reason, none completes the
+    version, and the next one completes everywhere."""
+    if cluster.versions == 0:
+        assert all(ok(r) for r in cluster.update(engine_cls, 1, global_steps=1))
+    good = cluster.versions
+    cluster.build_process_group(engine_cls)
+    cmds = [{"op": "update", "seed": 5, "global_steps": 50, "fail_after": 5}] + \
+           [{"op": "update", "seed": 5, "global_steps": 50}] * 2
+    trainer, *rollouts = cluster.all(cmds, timeout=60)
+    cluster.versions += 1
+    assert not trainer["ok"] and trainer["type"] == "RuntimeError", trainer
+    assert "failed after 5 tensors" in trainer["message"], trainer
+    for i, r in enumerate(rollouts):
+        assert not r["ok"] and r["status"] == "ABANDONED", r
+        assert f"rollout worker {i}" in r["message"] and "failed after 5 tensors" in r["message"], r
+    cluster.finalize()
+    trainer, *rollouts = cluster.update(engine_cls, 6, global_steps=60)
+    ok(trainer)
+    assert trainer["metrics"]["wsync/version"] == good + 2
+    for r in rollouts:
+        ok(r)
+        assert r["completed_version"] == good + 2
+
+
+def test_server_adapter_error_named_on_trainer(engine_cls, cluster):
+    """A rollout worker's server adapter raises while loading: that worker's update raises it,
+    the trainer's send_weights raises PEER naming that worker, the other worker's update
+    raises ABANDONED, and the next version completes everywhere."""
+    if cluster.versions == 0:
+        assert all(ok(r) for r in cluster.update(engine_cls, 1, global_steps=1))
+    good = cluster.versions
+    cluster.build_process_group(engine_cls)
+    pid = cluster.rollouts[0].hello["pid"]
+    cmds = [{"op": "update", "seed": 9, "global_steps": 90},
+            {"op": "update", "seed": 9, "global_steps": 90, "raise_after": 2},
+            {"op": "update", "seed": 9, "global_steps": 90}]
+    started = time.monotonic()
+    trainer, failing, other = cluster.all(cmds, timeout=60)
+    cluster.versions += 1
+    assert time.monotonic() - started < ENGINE_KWARGS["flush_timeout_s"]
+    assert not failing["ok"] and failing["type"] == "RuntimeError", failing
+    assert not trainer["ok"] and trainer["status"] == "PEER", trainer
+    assert f"rollout worker 0 (pid {pid} on " in trainer["message"], trainer["message"]
+    assert "receiver 0 failed" in trainer["message"], trainer["message"]
+    assert "server adapter stopped" in trainer["message"], trainer["message"]
+    assert not other["ok"] and other["status"] == "ABANDONED", other
+    cluster.finalize()
+    trainer, *rollouts = cluster.update(engine_cls, 10, global_steps=100)
+    ok(trainer)
+    for r in rollouts:
+        ok(r)
+        assert r["completed_version"] == good + 2
