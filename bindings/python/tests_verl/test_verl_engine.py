@@ -235,3 +235,46 @@ def test_server_adapter_error_named_on_trainer(engine_cls, cluster):
     for r in rollouts:
         ok(r)
         assert r["completed_version"] == good + 2
+
+
+def test_non_master_actor_walks_generator_and_sends_nothing(engine_cls):
+    """An actor worker other than rank 0 (rank -1 from build_topology) walks verl's generator
+    (producing a weight is collective over the actor group) and sends nothing; what prepare
+    returns is plain JSON data."""
+    import asyncio
+
+    from verl.checkpoint_engine import CheckpointEngineRegistry
+
+    import _verl_model
+
+    engine = CheckpointEngineRegistry.new("wsync", is_master=False, bucket_size=1 << 20)
+    meta = engine.prepare()
+    assert json.loads(json.dumps(meta)) == meta and meta["master_address"] is None
+    engine.init_process_group(rank=-1, world_size=2, master_address=["127.0.0.1", 1], kind="shm",
+                              role="trainer")
+    seen = []
+
+    def weights():
+        for name, t in _verl_model.weights(1):
+            seen.append(name)
+            yield name, t
+
+    assert asyncio.run(engine.send_weights(weights(), global_steps=1)) == {}
+    assert len(seen) == 17
+    engine.finalize()
+    engine.shutdown()
+
+
+def test_receive_before_init_refused_by_name(engine_cls):
+    import asyncio
+
+    import wsync
+
+    engine = engine_cls(bucket_size=1 << 20)
+
+    async def drain():
+        async for _ in engine.receive_weights(global_steps=3):
+            pass
+
+    with pytest.raises(wsync.WrongStateError, match="global_steps=3.*init_process_group"):
+        asyncio.run(drain())

@@ -407,6 +407,7 @@ class WsyncCheckpointEngine(CheckpointEngine):
             except WsyncError as exc:
                 raise _with_context(exc, where) from exc
             try:
+                gpu = it.cuda_index
                 for pv in it.iter_parts():
                     whole = pv.offset == 0 and pv.whole
                     if whole and partial is None:
@@ -431,6 +432,10 @@ class WsyncCheckpointEngine(CheckpointEngine):
                     else:
                         partial = (name, full, filled)
                 info = it.info
+                if gpu is not None:
+                    # The consumer's copies out of the chunk are done before it is released,
+                    # as verl's nccl engine synchronizes before reusing its bucket.
+                    torch.cuda.synchronize(gpu)
                 await asyncio.to_thread(it.end)
             except GeneratorExit:
                 it.abort(Status.WRONG_STATE, f"{who}: the server adapter stopped consuming the "
@@ -596,6 +601,10 @@ class WsyncCheckpointEngine(CheckpointEngine):
             result: BaseException = error(exc.status, text, exc.failures)
         else:
             result = exc
+        if self._key is not None and self._key[0] == "nccl_broadcast":
+            # Its group is fixed (no drop_receiver, no re-attach): the next init_process_group
+            # makes a new strategy, and every rollout worker a new receiver.
+            self._key = None
         message = str(result) if isinstance(result, WsyncError) else f"{type(exc).__name__}: {exc}"
         try:
             self._broadcast(_ABORT, _json({"message": message}))
