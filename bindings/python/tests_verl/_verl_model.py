@@ -7,13 +7,17 @@ import socket
 import torch
 
 
-def weights(seed: int, fail_after=None):
+def weights(seed: int, fail_after=None, touch: int = 0):
     """A generator of ``(name, tensor)``, as verl's ``get_per_tensor_param`` yields them;
-    with ``fail_after`` it raises after that many (a trainer failing mid-version)."""
-    for count, item in enumerate(_weights(seed)):
+    with ``fail_after`` it raises after that many (a trainer failing mid-version); ``touch``
+    changes the first ``touch`` elements of every tensor (a small step, for delta sync)."""
+    for count, (name, t) in enumerate(_weights(seed)):
         if fail_after is not None and count >= fail_after:
             raise RuntimeError(f"the trainer failed after {count} tensors")
-        yield item
+        if touch:
+            flat = t.view(-1)
+            flat[:touch] = flat[:touch] + touch
+        yield name, t
 
 
 def _weights(seed: int):

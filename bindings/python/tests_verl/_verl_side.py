@@ -139,7 +139,8 @@ def main():
             elif op == "update":
                 steps = cmd.get("global_steps")
                 if worker is None:
-                    gen = _verl_model.weights(cmd["seed"], fail_after=cmd.get("fail_after"))
+                    gen = _verl_model.weights(cmd["seed"], fail_after=cmd.get("fail_after"),
+                                               touch=cmd.get("touch", 0))
                     metrics = asyncio.run(engine.send_weights(gen, global_steps=steps))
                     reply(ok=True, metrics=metrics, elapsed=time.monotonic() - started)
                 else:
@@ -147,7 +148,7 @@ def main():
                     adapter.stall_after = cmd.get("stall_after")
                     adapter.raise_after = cmd.get("raise_after")
                     asyncio.run(worker.update_weights(global_steps=steps))
-                    expected = dict(_verl_model.weights(cmd["seed"]))
+                    expected = dict(_verl_model.weights(cmd["seed"], touch=cmd.get("touch", 0)))
                     bad = _verl_model.mismatches(expected, adapter.store)
                     reply(ok=not bad, mismatches=bad, tensors=len(adapter.store),
                           completed_version=engine.completed_version,

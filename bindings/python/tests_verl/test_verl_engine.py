@@ -38,10 +38,11 @@ def engine_cls():
 
 
 class Cluster:
-    def __init__(self, log_dir):
+    def __init__(self, log_dir, engine_kwargs=ENGINE_KWARGS, rollouts=2):
         self.log_dir = log_dir
-        self.trainer = Side("trainer", 0, BUCKET_MB, ENGINE_KWARGS, log_dir)
-        self.rollouts = [Side("rollout", i, BUCKET_MB, ENGINE_KWARGS, log_dir) for i in range(2)]
+        self.engine_kwargs = engine_kwargs
+        self.trainer = Side("trainer", 0, BUCKET_MB, engine_kwargs, log_dir)
+        self.rollouts = [Side("rollout", i, BUCKET_MB, engine_kwargs, log_dir) for i in range(rollouts)]
         for side in self.sides:
             side.ready()
         self.versions = 0  # wsync versions the trainer began
@@ -52,7 +53,7 @@ class Cluster:
 
     def replace_rollout(self, i):
         self.rollouts[i].close()
-        self.rollouts[i] = Side("rollout", i, BUCKET_MB, ENGINE_KWARGS, self.log_dir)
+        self.rollouts[i] = Side("rollout", i, BUCKET_MB, self.engine_kwargs, self.log_dir)
         self.rollouts[i].ready()
 
     def all(self, cmds, timeout=120):
@@ -62,26 +63,28 @@ class Cluster:
 
     def build_process_group(self, engine_cls):
         """CheckpointEngineManager.build_process_group, step by step."""
-        metas = self.all([{"op": "prepare"}] * 3)
+        n = len(self.rollouts)
+        metas = self.all([{"op": "prepare"}] * (n + 1))
         all(ok(m) for m in metas)
-        actor_kwargs, rollout_kwargs = engine_cls.build_topology(1, 2, [m["metadata"] for m in metas])
+        actor_kwargs, rollout_kwargs = engine_cls.build_topology(1, n, [m["metadata"] for m in metas])
         for k, v in actor_kwargs.items():
             assert len(v) == 1, k
         for k, v in rollout_kwargs.items():
-            assert len(v) == 2, k
+            assert len(v) == n, k
         inits = [{"op": "init", "kwargs": {k: v[0] for k, v in actor_kwargs.items()}}] + \
-                [{"op": "init", "kwargs": {k: v[i] for k, v in rollout_kwargs.items()}} for i in range(2)]
+                [{"op": "init", "kwargs": {k: v[i] for k, v in rollout_kwargs.items()}} for i in range(n)]
         replies = self.all(inits)
         all(ok(r) for r in replies)
         return actor_kwargs, rollout_kwargs
 
     def finalize(self):
-        replies = self.all([{"op": "finalize"}] * 3)
+        replies = self.all([{"op": "finalize"}] * len(self.sides))
         all(ok(r) for r in replies)
 
-    def update(self, engine_cls, seed, global_steps):
+    def update(self, engine_cls, seed, global_steps, touch=0):
         self.build_process_group(engine_cls)
-        replies = self.all([{"op": "update", "seed": seed, "global_steps": global_steps}] * 3)
+        replies = self.all([{"op": "update", "seed": seed, "global_steps": global_steps,
+                             "touch": touch}] * len(self.sides))
         self.versions += 1
         self.finalize()
         return replies
@@ -278,3 +281,28 @@ def test_receive_before_init_refused_by_name(engine_cls):
 
     with pytest.raises(wsync.WrongStateError, match="global_steps=3.*init_process_group"):
         asyncio.run(drain())
+
+
+def test_delta_with_mirror_bit_exact(engine_cls, log_dir):
+    """options={'delta': 'on'} (every tensor with a base crosses as a patch) with
+    receiver_options={'delta_mirror': True}: each rollout worker's receiver applies the patches
+    to its own copy and verl gets whole tensors, bit-exact over 3 versions. Delta takes no
+    split tensors, so the buckets hold the largest tensor (4 MiB) while chunks stay at verl's
+    1 MiB."""
+    kwargs = dict(ENGINE_KWARGS, kind="shm", options={"delta": "on", "bucket_bytes": 4 << 20},
+                  receiver_options={"delta_mirror": True})
+    c = Cluster(log_dir, kwargs, rollouts=1)
+    try:
+        for touch in (0, 1, 2):  # a few elements of every tensor change from one to the next
+            trainer, *rollouts = c.update(engine_cls, 4, global_steps=touch, touch=touch)
+            ok(trainer)
+            for r in rollouts:
+                ok(r)
+                assert r["completed_version"] == c.versions
+    finally:
+        c.close()
+
+
+def test_delta_without_mirror_refused(engine_cls):
+    with pytest.raises(ValueError, match="delta_mirror"):
+        engine_cls(bucket_size=1 << 20, is_master=True, options={"delta": "auto"})

@@ -223,11 +223,19 @@ class WsyncCheckpointEngine(CheckpointEngine):
     ) -> None:
         if not isinstance(bucket_size, int) or bucket_size <= 0:
             raise ValueError(f"bucket_size must be a positive number of bytes, not {bucket_size!r}")
+        options = dict(options or {})
+        receiver_options = dict(receiver_options or {})
+        if str(options.get("delta", "off")) != "off" and not receiver_options.get("delta_mirror"):
+            # Patches need the receiver's previous tensors; verl's adapters load whole ones.
+            raise ValueError(f"options['delta'] = {options['delta']!r}: verl's server adapters "
+                             "load whole tensors; add receiver_options={'delta_mirror': True} "
+                             "(each rollout worker keeps a host copy of the model and hands "
+                             "verl whole tensors) or leave delta 'off'")
         self.bucket_size = bucket_size
         self.is_master = bool(is_master)
         self.kind = kind
-        self.options = dict(options or {})
-        self.receiver_options = dict(receiver_options or {})
+        self.options = options
+        self.receiver_options = receiver_options
         self.host = host
         self.flush_timeout_s = float(flush_timeout_s)
         self.connect_timeout_s = float(connect_timeout_s)
@@ -530,10 +538,13 @@ class WsyncCheckpointEngine(CheckpointEngine):
         return sock
 
     async def _chunks(self, weights):
-        """verl's generator -> (pairs, parts, last) chunks of at most ``bucket_size`` bytes,
-        holding one chunk back so the last one is known when it is sent."""
+        """verl's generator -> (pairs, parts, last) chunks of at most ``bucket_size`` bytes (a
+        larger tensor split into parts, one chunk each; with delta sync, which takes no parts,
+        in a chunk of its own), holding one chunk back so the last one is known when it is
+        sent."""
         limit = self.bucket_size
         host = self._key[0] in HOST_KINDS
+        split = not self._sender.delta
         pending: List[Tuple[str, torch.Tensor]] = []
         pending_bytes = 0
         held = None  # a complete chunk waiting for the next one (or the end)
@@ -549,6 +560,11 @@ class WsyncCheckpointEngine(CheckpointEngine):
                     if held is not None:
                         yield held + (False,)
                     held, pending, pending_bytes = (pending, None), [], 0
+                if not split:  # delta sync takes no parts: the tensor gets a chunk of its own
+                    if held is not None:
+                        yield held + (False,)
+                    held = ([(name, tensor)], None)
+                    continue
                 for offset in range(0, size, limit):
                     if held is not None:
                         yield held + (False,)
