@@ -306,3 +306,18 @@ def test_delta_with_mirror_bit_exact(engine_cls, log_dir):
 def test_delta_without_mirror_refused(engine_cls):
     with pytest.raises(ValueError, match="delta_mirror"):
         engine_cls(bucket_size=1 << 20, is_master=True, options={"delta": "auto"})
+
+
+def test_rollout_worker_that_never_connects_named(engine_cls):
+    import wsync
+
+    engine = engine_cls(bucket_size=1 << 20, is_master=True, connect_timeout_s=1.0,
+                        host="127.0.0.1")
+    meta = engine.prepare()
+    started = time.monotonic()
+    with pytest.raises(wsync.WsyncError, match=r"rollout workers \[0, 1\] did not connect") as info:
+        engine.init_process_group(rank=0, world_size=2, master_address=meta["master_address"],
+                                  kind="shm", role="trainer")
+    assert info.value.status == wsync.Status.TIMEOUT
+    assert time.monotonic() - started < 10
+    engine.shutdown()
