@@ -296,6 +296,8 @@ def test_delta_with_mirror_bit_exact(engine_cls, log_dir):
         for touch in (0, 1, 2):  # a few elements of every tensor change from one to the next
             trainer, *rollouts = c.update(engine_cls, 4, global_steps=touch, touch=touch)
             ok(trainer)
+            # version 1 has no base; later every tensor crosses as a patch
+            assert trainer["metrics"]["wsync/patched_tensors"] == (17 if touch else 0), trainer
             for r in rollouts:
                 ok(r)
                 assert r["completed_version"] == c.versions

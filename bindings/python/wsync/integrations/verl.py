@@ -89,7 +89,6 @@ import json
 import os
 import socket
 import struct
-import threading
 import time
 from typing import Any, AsyncGenerator, Dict, List, Optional, Tuple
 
@@ -370,10 +369,13 @@ class WsyncCheckpointEngine(CheckpointEngine):
         version = sender.version
         where = f"wsync checkpoint engine: send_weights (global_steps={global_steps}, version {version})"
         start = time.monotonic()
-        sent = 0
+        sent = patched = 0
         try:
             async for chunk, parts, last in self._chunks(weights):
                 request = await asyncio.to_thread(sender.send_chunk, chunk, last, parts)
+                if sender.delta:
+                    body = describe(request).get("body", {})
+                    patched += len(body.get("tensors", {}).get("patches", {}).get("tensor", ()))
                 sent += sum(n for _, n in parts) if parts else sum(_nbytes(t) for _, t in chunk)
                 del chunk
                 await asyncio.to_thread(self._broadcast, _REQUEST, request)
@@ -385,7 +387,10 @@ class WsyncCheckpointEngine(CheckpointEngine):
         except BaseException as exc:
             raise self._fail_version(exc, where) from exc
         seconds = time.monotonic() - start
-        return {"wsync/version": version, "wsync/bytes": sent, "wsync/send_s": seconds}
+        metrics = {"wsync/version": version, "wsync/bytes": sent, "wsync/send_s": seconds}
+        if sender.delta:
+            metrics["wsync/patched_tensors"] = patched
+        return metrics
 
     @torch.no_grad()
     async def receive_weights(self, global_steps: Optional[int] = None
