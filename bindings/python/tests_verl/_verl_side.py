@@ -18,7 +18,8 @@ Commands (one JSON object a line): ``{"op": "prepare"}``, ``{"op": "init", "kwar
 generator raise after that many tensors; a rollout given ``raise_after`` has its server adapter
 raise after that many, and one given ``stall_after`` replies ``{"stalled": true}`` after that
 many and then waits, to be killed), ``{"op": "finalize"}``,
-``{"op": "exit"}``. Replies: ``{"ok": true, ...}`` or ``{"ok": false, "type", "status",
+``{"op": "rebuild", "engine_kwargs": {...}}`` (the old engine shut down, a new one built as at
+start), ``{"op": "exit"}``. Replies: ``{"ok": true, ...}`` or ``{"ok": false, "type", "status",
 "message", "elapsed"}``.
 """
 
@@ -27,8 +28,6 @@ import json
 import os
 import sys
 import time
-
-import torch
 
 # Replies go to the original stdout; anything else printed goes to stderr.
 _reply = os.fdopen(os.dup(1), "w", buffering=1)
@@ -112,12 +111,13 @@ def make_rollout(rank, bucket_mb, engine_kwargs):
 
 def main():
     role, rank, bucket_mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    engine_kwargs = json.loads(sys.argv[4])
-    if role == "trainer":
-        engine, worker, adapter = make_trainer(rank, bucket_mb, engine_kwargs), None, None
-    else:
+    def build(engine_kwargs):
+        if role == "trainer":
+            return make_trainer(rank, bucket_mb, engine_kwargs), None, None
         worker, adapter = make_rollout(rank, bucket_mb, engine_kwargs)
-        engine = worker.checkpoint_engine
+        return worker.checkpoint_engine, worker, adapter
+
+    engine, worker, adapter = build(json.loads(sys.argv[4]))
 
     def ce(method, **kwargs):
         if worker is not None:
@@ -156,6 +156,10 @@ def main():
                           elapsed=time.monotonic() - started)
             elif op == "finalize":
                 ce("finalize")
+                reply(ok=True)
+            elif op == "rebuild":  # a new engine (and rollout worker) with other engine_kwargs
+                engine.shutdown()
+                engine, worker, adapter = build(cmd["engine_kwargs"])
                 reply(ok=True)
             elif op == "exit":
                 engine.shutdown()

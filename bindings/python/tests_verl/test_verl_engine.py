@@ -56,6 +56,12 @@ class Cluster:
         self.rollouts[i] = Side("rollout", i, BUCKET_MB, self.engine_kwargs, self.log_dir)
         self.rollouts[i].ready()
 
+    def rebuild(self, engine_kwargs):
+        """New engines (and rollout workers) with ``engine_kwargs`` in the same processes."""
+        all(ok(r) for r in self.all([{"op": "rebuild", "engine_kwargs": engine_kwargs}] * len(self.sides)))
+        self.engine_kwargs = engine_kwargs
+        self.versions = 0
+
     def all(self, cmds, timeout=120):
         for side, cmd in zip(self.sides, cmds):
             side.send(**cmd)
@@ -283,7 +289,7 @@ def test_receive_before_init_refused_by_name(engine_cls):
         asyncio.run(drain())
 
 
-def test_delta_with_mirror_bit_exact(engine_cls, log_dir):
+def test_delta_with_mirror_bit_exact(engine_cls, cluster):
     """options={'delta': 'on'} (every tensor with a base crosses as a patch) with
     receiver_options={'delta_mirror': True}: each rollout worker's receiver applies the patches
     to its own copy and verl gets whole tensors, bit-exact over 3 versions. Delta takes no
@@ -291,7 +297,8 @@ def test_delta_with_mirror_bit_exact(engine_cls, log_dir):
     1 MiB."""
     kwargs = dict(ENGINE_KWARGS, kind="shm", options={"delta": "on", "bucket_bytes": 4 << 20},
                   receiver_options={"delta_mirror": True})
-    c = Cluster(log_dir, kwargs, rollouts=1)
+    c = cluster
+    c.rebuild(kwargs)  # new engines in the same processes: new strategy, versions from 1
     try:
         for touch in (0, 1, 2):  # a few elements of every tensor change from one to the next
             trainer, *rollouts = c.update(engine_cls, 4, global_steps=touch, touch=touch)
@@ -302,7 +309,7 @@ def test_delta_with_mirror_bit_exact(engine_cls, log_dir):
                 ok(r)
                 assert r["completed_version"] == c.versions
     finally:
-        c.close()
+        c.rebuild(ENGINE_KWARGS)
 
 
 def test_delta_without_mirror_refused(engine_cls):

@@ -358,7 +358,10 @@ class WsyncCheckpointEngine(CheckpointEngine):
         """Sends one version (module documentation, step 4); returns verl metrics."""
         if self.role == "rollout":
             raise RuntimeError("send_weights on a rollout worker: rollout workers receive")
-        if self.rank is None or self.rank < 0:
+        if self.rank is None:
+            raise error(Status.WRONG_STATE, "wsync checkpoint engine: send_weights before "
+                        "init_process_group")
+        if self.rank < 0:
             async for _ in ensure_async_iterator(weights):
                 pass
             return {}
