@@ -10,7 +10,8 @@
 #   WSYNC_LIBRARY    libwsync.so to test (default build/libwsync.so)
 # verl 0.9.1 and the packages its checkpoint-engine modules import that the vLLM venv lacks
 # are installed with --no-deps at pinned versions (verl's own requirements would pull a second
-# torch stack); the binding is tested from the source tree (PYTHONPATH). Warm: ~1 min.
+# torch stack); the binding is tested from the source tree (PYTHONPATH). About 75 s of CPU time
+# (4 processes import torch and verl): ~1 min on an idle 2-core machine; the cold part adds ~10 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
