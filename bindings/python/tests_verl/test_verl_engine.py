@@ -67,8 +67,9 @@ class Cluster:
             side.send(**cmd)
         return [side.get(timeout) for side in self.sides]
 
-    def build_process_group(self, engine_cls):
-        """CheckpointEngineManager.build_process_group, step by step."""
+    def build_process_group(self, engine_cls, before_init=None):
+        """CheckpointEngineManager.build_process_group, step by step; ``before_init(metadata,
+        actor_kwargs, rollout_kwargs)`` runs (and may change the kwargs) before the inits."""
         n = len(self.rollouts)
         metas = self.all([{"op": "prepare"}] * (n + 1))
         all(ok(m) for m in metas)
@@ -77,6 +78,8 @@ class Cluster:
             assert len(v) == 1, k
         for k, v in rollout_kwargs.items():
             assert len(v) == n, k
+        if before_init is not None:
+            before_init([m["metadata"] for m in metas], actor_kwargs, rollout_kwargs)
         inits = [{"op": "init", "kwargs": {k: v[0] for k, v in actor_kwargs.items()}}] + \
                 [{"op": "init", "kwargs": {k: v[i] for k, v in rollout_kwargs.items()}} for i in range(n)]
         replies = self.all(inits)
@@ -87,8 +90,8 @@ class Cluster:
         replies = self.all([{"op": "finalize"}] * len(self.sides))
         all(ok(r) for r in replies)
 
-    def update(self, engine_cls, seed, global_steps, touch=0):
-        self.build_process_group(engine_cls)
+    def update(self, engine_cls, seed, global_steps, touch=0, before_init=None):
+        self.build_process_group(engine_cls, before_init)
         replies = self.all([{"op": "update", "seed": seed, "global_steps": global_steps,
                              "touch": touch}] * len(self.sides))
         self.versions += 1
@@ -122,7 +125,8 @@ def test_registered_by_custom_backend_module(engine_cls, cluster):
 def test_build_topology_places_and_picks_kinds(engine_cls):
     def meta(node, device, master=False, kind="auto"):
         return {"backend": "wsync", "host": "10.0.0.1", "node": node, "pid": 1, "device": device,
-                "master_address": ["10.0.0.1", 1234] if master else None, "kind": kind}
+                "master_address": ["10.0.0.1", 1234] if master else None,
+                "master_secret": "ab" * 32 if master else None, "kind": kind}
 
     actor, rollout = engine_cls.build_topology(
         3, 2, [meta("a", "cpu", True), meta("a", "cpu"), meta("b", "cpu"), meta("a", "cpu"), meta("a", "cpu")])
@@ -130,6 +134,8 @@ def test_build_topology_places_and_picks_kinds(engine_cls):
     assert actor["role"] == ["trainer"] * 3 and rollout["role"] == ["rollout"] * 2
     assert actor["master_address"] == [["10.0.0.1", 1234]] * 3 == rollout["master_address"] + [["10.0.0.1", 1234]]
     assert actor["kind"] == ["shm"] * 3 == rollout["kind"] + ["shm"]
+    # the channel's secret goes to the rollout workers only, never to the other actor workers
+    assert rollout["master_secret"] == ["ab" * 32] * 2 and "master_secret" not in actor
     pick = engine_cls.choose_kind
     assert pick(meta("a", "cuda", True), [meta("a", "cuda")] * 2) == "cuda_ipc"  # one node
     assert pick(meta("a", "cuda", True), [meta("a", "cuda"), meta("b", "cuda")]) == "nccl_broadcast"
@@ -330,3 +336,192 @@ def test_rollout_worker_that_never_connects_named(engine_cls):
     assert info.value.status == wsync.Status.TIMEOUT
     assert time.monotonic() - started < 10
     engine.shutdown()
+
+
+# -- the request channel's authentication (docs/integrations/verl.md, "Trust model") ----------
+
+
+def _good_version(engine_cls, cluster):
+    if cluster.versions == 0:  # run alone: one good version first
+        assert all(ok(r) for r in cluster.update(engine_cls, 1, global_steps=1))
+    return cluster.versions
+
+
+def _refused_in_trainer_log(cluster, port, reason):
+    log = cluster.trainer.log()
+    lines = [line for line in log.splitlines()
+             if "refused the connection from " in line and f":{port}: " in line]
+    assert lines and all(reason in line for line in lines), (port, reason, log[-3000:])
+
+
+def _all_complete(replies, version):
+    trainer, *rollouts = replies
+    ok(trainer)
+    assert trainer["metrics"]["wsync/version"] == version, trainer
+    for r in rollouts:
+        ok(r)  # every tensor bit for bit
+        assert r["tensors"] == 17 and r["completed_version"] == version, r
+
+
+def test_client_without_secret_gets_nothing(engine_cls, cluster):
+    """Raw TCP clients that connect to the master during init_process_group without the secret:
+    one says nothing, one speaks the channel's framing without authenticating (a hello, as an
+    unauthenticated rollout worker would), one sends a frame too large for the handshake. Each
+    gets the master's challenge (its fresh nonce) and nothing else, no init info and no
+    request bytes, and is closed; the honest rollout workers complete the version bit-exact."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    import _verl_channel as ch
+
+    good = _good_version(engine_cls, cluster)
+    raw = []
+
+    def before_init(metas, actor_kwargs, rollout_kwargs):
+        address = tuple(metas[0]["master_address"])
+        hello = json.dumps({"index": 0, "pid": 1, "host": "intruder"}).encode()
+        for payload in (b"", ch.HEADER.pack(b"H", len(hello)) + hello, b"\xff" * 64):
+            sock = socket.create_connection(address, timeout=30)
+            sock.sendall(payload)
+            raw.append(sock)
+
+    with ThreadPoolExecutor(3) as pool:
+        replies = cluster.update(engine_cls, 11, global_steps=110, before_init=before_init)
+        got = list(pool.map(ch.recv_all, raw))
+    _all_complete(replies, good + 1)
+    ports = [sock.getsockname()[1] for sock in raw]
+    for (data, closed), sock in zip(got, raw):
+        assert closed, "the master left an unauthenticated connection open"
+        assert ch.is_challenge(data), data[:80]
+        sock.close()
+    _refused_in_trainer_log(cluster, ports[0], "init_process_group ended before it authenticated")
+    _refused_in_trainer_log(cluster, ports[1], "instead of a proof")
+    _refused_in_trainer_log(cluster, ports[2], "larger than the 256 bytes")
+
+
+def test_client_with_wrong_hmac_refused(engine_cls, cluster):
+    """A client that answers the challenge with a proof made with a wrong secret (one bit off)
+    is closed without the master's proof, and the master logs the refusal naming its address;
+    the version completes everywhere."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import _verl_channel as ch
+
+    good = _good_version(engine_cls, cluster)
+    futures = []
+    pool = ThreadPoolExecutor(1)
+
+    def before_init(metas, actor_kwargs, rollout_kwargs):
+        secret = bytes.fromhex(metas[0]["master_secret"])
+        wrong = bytes([secret[0] ^ 1]) + secret[1:]
+        futures.append(pool.submit(ch.send_after_challenge, metas[0]["master_address"],
+                                   lambda nonce: ch.proof(wrong, 0, nonce)))
+
+    try:
+        replies = cluster.update(engine_cls, 12, global_steps=120, before_init=before_init)
+        challenge, rest, closed, port = futures[0].result(timeout=60)
+    finally:
+        pool.shutdown()
+    _all_complete(replies, good + 1)
+    assert ch.is_challenge(challenge) and rest == b"" and closed, (challenge, rest, closed)
+    _refused_in_trainer_log(cluster, port, "handshake HMAC is wrong")
+
+
+def test_replayed_handshake_refused(engine_cls, cluster):
+    """An honest rollout worker's handshake, recorded by a relay between it and the master,
+    replayed on another connection: in the same init_process_group (same secret; the relay
+    holds the worker's proof back until the replay was refused) and in the next update (the
+    worker's whole transcript: proof, hello, ready). Both get only a fresh challenge and are
+    closed; the honest workers complete both versions bit-exact."""
+    import _verl_channel as ch
+
+    good = _good_version(engine_cls, cluster)
+    relays = []
+
+    def through_relay(metas, actor_kwargs, rollout_kwargs):
+        relays.append(ch.Relay(rollout_kwargs["master_address"][1], replay_proof=True))
+        rollout_kwargs["master_address"][1] = relays[-1].address
+
+    try:
+        _all_complete(cluster.update(engine_cls, 13, global_steps=130, before_init=through_relay),
+                      good + 1)
+    finally:
+        for relay in relays:
+            relay.close()
+    relay = relays[0]
+    assert relay.replayed is not None, relay.errors
+    challenge, rest, closed, port = relay.replayed
+    assert ch.is_challenge(challenge) and rest == b"" and closed, relay.replayed
+    _refused_in_trainer_log(cluster, port, "handshake HMAC is wrong")
+    transcript = bytes(relay.sent)
+    assert len(transcript) > ch.HEADER.size + 68  # proof, hello, ready
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    futures = []
+    pool = ThreadPoolExecutor(1)
+
+    def replay(metas, actor_kwargs, rollout_kwargs):
+        futures.append(pool.submit(ch.send_after_challenge, metas[0]["master_address"], transcript))
+
+    try:
+        _all_complete(cluster.update(engine_cls, 14, global_steps=140, before_init=replay), good + 2)
+        challenge, rest, closed, port = futures[0].result(timeout=60)
+    finally:
+        pool.shutdown()
+    assert ch.is_challenge(challenge) and rest == b"" and closed, (challenge, rest, closed)
+    _refused_in_trainer_log(cluster, port, "handshake HMAC is wrong")
+
+
+def test_tampered_frame_fails_that_receiver(engine_cls, cluster):
+    """A relay between rollout worker 1 and the master flips one bit of the first request frame
+    on their authenticated connection: worker 1 refuses the frame before using it (INTEGRITY,
+    naming itself, the peer and the HMAC), closes its receiver; the master's send_weights names
+    rollout worker 1 (detached) and abandons the version, so worker 0 gets ABANDONED and keeps
+    its previous version. The next update (no relay) completes bit-exact everywhere, worker 1
+    with a new receiver."""
+    import _verl_channel as ch
+
+    good = _good_version(engine_cls, cluster)
+    relays = []
+
+    def through_relay(metas, actor_kwargs, rollout_kwargs):
+        relays.append(ch.Relay(rollout_kwargs["master_address"][1], tamper_request=True))
+        rollout_kwargs["master_address"][1] = relays[-1].address
+
+    pid = cluster.rollouts[1].hello["pid"]
+    try:
+        cluster.build_process_group(engine_cls, through_relay)
+        cmds = [{"op": "update", "seed": 15, "global_steps": 150}] * 3
+        started = time.monotonic()
+        trainer, other, tampered = cluster.all(cmds, timeout=60)
+        cluster.versions += 1
+    finally:
+        for relay in relays:
+            relay.close()
+    assert relays[0].tampered is not None, relays[0].errors
+    assert not tampered["ok"] and tampered["status"] == "INTEGRITY", tampered
+    assert "rollout worker 1" in tampered["message"] and "HMAC" in tampered["message"], tampered
+    assert f"the trainer at 127.0.0.1:{relays[0].address[1]}" in tampered["message"], tampered
+    assert not trainer["ok"] and trainer["status"] == "PEER", trainer
+    assert f"rollout worker 1 (pid {pid} on " in trainer["message"], trainer["message"]
+    assert "detached" in trainer["message"], trainer["message"]
+    assert time.monotonic() - started < ENGINE_KWARGS["flush_timeout_s"]
+    assert not other["ok"] and other["status"] == "ABANDONED", other
+    cluster.finalize()
+    _all_complete(cluster.update(engine_cls, 16, global_steps=160), good + 2)
+
+
+def test_missing_secret_refused(engine_cls):
+    """A rollout worker given no secret does not connect; build_topology refuses a master whose
+    metadata has none."""
+    import wsync
+
+    engine = engine_cls(bucket_size=1 << 20, connect_timeout_s=1.0)
+    with pytest.raises(wsync.WsyncError, match="master_secret"):
+        engine.init_process_group(rank=0, world_size=1, master_address=["127.0.0.1", 1],
+                                  kind="shm", role="rollout")
+    meta = {"backend": "wsync", "host": "127.0.0.1", "node": "a", "pid": 1, "device": "cpu",
+            "master_address": ["127.0.0.1", 1], "kind": "shm"}
+    with pytest.raises(ValueError, match="master_secret"):
+        engine_cls.build_topology(1, 1, [meta, dict(meta, master_address=None)])

@@ -85,12 +85,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import hmac
 import json
+import logging
 import os
+import queue
+import secrets
 import socket
 import struct
+import threading
 import time
-from typing import Any, AsyncGenerator, Dict, List, Optional, Tuple
+from typing import Any, AsyncGenerator, Dict, List, Optional, Set, Tuple
 
 import torch
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
@@ -110,12 +116,52 @@ HOST_KINDS = ("shm", "ucx")
 BUCKET_KINDS = ("shm", "cuda_ipc", "nccl_broadcast")
 
 #: The keys of the dict ``prepare`` returns.
-METADATA_KEYS = ("backend", "host", "node", "pid", "device", "master_address", "kind")
+METADATA_KEYS = ("backend", "host", "node", "pid", "device", "master_address", "master_secret",
+                 "kind")
 
-# Request-channel frames: one type byte, a big-endian 32-bit length, the payload.
+_log = logging.getLogger(__name__)
+
+# Request-channel frames: one type byte, a big-endian 32-bit length, the payload; after the
+# handshake each frame is followed by its HMAC-SHA256 tag (_Channel).
 _HELLO, _INIT, _READY, _REQUEST, _ABORT = b"H", b"I", b"Y", b"R", b"A"
+# The handshake: the master's challenge (its nonce), a rollout worker's proof (index, its nonce,
+# its HMAC), the master's proof (its HMAC).
+_CHALLENGE, _PROOF, _CONFIRM = b"C", b"P", b"K"
 _HEADER = struct.Struct("!cI")
+_INDEX = struct.Struct("!I")
+_SEQ = struct.Struct("!Q")
+#: The protocol tag every handshake and frame HMAC covers.
+PROTOCOL = b"wsync-verl-request-channel/1"
+_SECRET_BYTES = 32
+_NONCE_BYTES = 32
+_MAC_BYTES = hashlib.sha256().digest_size
+#: The largest frame before the handshake (a proof is 68 bytes).
+_MAX_HANDSHAKE_FRAME = 256
+#: The largest authenticated frame a rollout worker sends the master (hello, ready).
+_MAX_UP_FRAME = 64 << 10
+#: The largest authenticated frame the master sends a rollout worker (init info, requests).
 _MAX_FRAME = 1 << 30
+
+
+class ChannelAuthError(ConnectionError):
+    """A peer of the request channel failed authentication (handshake or a frame's HMAC)."""
+
+
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    """HMAC-SHA256 over ``parts``, each prefixed by its length (no two part lists collide)."""
+    h = hmac.new(key, digestmod=hashlib.sha256)
+    for part in parts:
+        h.update(_INDEX.pack(len(part)))
+        h.update(part)
+    return h.digest()
+
+
+def _handshake_macs(secret: bytes, index: int, master_nonce: bytes, worker_nonce: bytes
+                    ) -> Tuple[bytes, bytes, bytes]:
+    """(the rollout worker's proof, the master's proof, the connection's frame key)."""
+    common = (PROTOCOL, _INDEX.pack(index), master_nonce, worker_nonce)
+    return (_mac(secret, b"worker-proof", *common), _mac(secret, b"master-proof", *common),
+            _mac(secret, b"frame-key", *common))
 
 
 def _node_id() -> str:
@@ -149,18 +195,59 @@ def _send_frame(sock: socket.socket, kind: bytes, payload: bytes) -> None:
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
-        part = sock.recv(n - len(buf))
+        part = sock.recv(min(n - len(buf), 1 << 20))
         if not part:
             raise ConnectionError("the peer closed the channel")
         buf += part
     return bytes(buf)
 
 
-def _recv_frame(sock: socket.socket) -> Tuple[bytes, bytes]:
+def _recv_frame(sock: socket.socket, limit: int = _MAX_HANDSHAKE_FRAME) -> Tuple[bytes, bytes]:
+    """One unauthenticated (handshake) frame of at most ``limit`` bytes."""
     kind, length = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    if length > _MAX_FRAME:
-        raise ConnectionError(f"a frame of {length} bytes is larger than the channel allows")
+    if length > limit:
+        raise ConnectionError(f"a frame of {length} bytes is larger than the {limit} bytes the "
+                              "channel allows here")
     return kind, _recv_exact(sock, length)
+
+
+class _Channel:
+    """An authenticated connection: every frame carries HMAC-SHA256(key, direction, sequence
+    number, type, payload), checked before the frame is returned. The master's frames and the
+    rollout worker's are numbered apart, from 0 each."""
+
+    def __init__(self, sock: socket.socket, key: bytes, master: bool, peer: str, limit: int):
+        self.sock, self.key, self.peer, self.limit = sock, key, peer, limit
+        self._out, self._in = (b"M", b"W") if master else (b"W", b"M")
+        self._sent = self._received = 0
+
+    def send(self, kind: bytes, payload: bytes) -> None:
+        tag = _mac(self.key, PROTOCOL, self._out, _SEQ.pack(self._sent), kind, payload)
+        self.sock.sendall(_HEADER.pack(kind, len(payload)) + payload + tag)
+        self._sent += 1
+
+    def recv(self) -> Tuple[bytes, bytes]:
+        kind, length = _HEADER.unpack(_recv_exact(self.sock, _HEADER.size))
+        if length > self.limit:
+            raise ChannelAuthError(f"{self.peer} sent a frame of {length} bytes, more than the "
+                                   f"{self.limit} the channel allows")
+        payload = _recv_exact(self.sock, length)
+        tag = _recv_exact(self.sock, _MAC_BYTES)
+        want = _mac(self.key, PROTOCOL, self._in, _SEQ.pack(self._received), kind, payload)
+        if not hmac.compare_digest(tag, want):
+            raise ChannelAuthError(f"frame {self._received} from {self.peer} failed its HMAC "
+                                   "check (tampered, replayed or out of order)")
+        self._received += 1
+        return kind, payload
+
+    def settimeout(self, t: Optional[float]) -> None:
+        self.sock.settimeout(t)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
 
 
 def _json(payload: Dict[str, Any]) -> bytes:
@@ -175,8 +262,8 @@ def _with_context(exc: WsyncError, context: str) -> WsyncError:
 class _Peer:
     """The master's view of one rollout worker for one update."""
 
-    def __init__(self, sock: socket.socket, index: int, pid: int, host: str):
-        self.sock = sock
+    def __init__(self, chan: _Channel, index: int, pid: int, host: str):
+        self.chan = chan
         self.index = index
         self.pid = pid
         self.host = host
@@ -205,6 +292,9 @@ class WsyncCheckpointEngine(CheckpointEngine):
             connect and make its receiver.
         recv_timeout_s: how long a rollout worker waits for the next request.
         copy: rollout workers yield owned copies instead of views of the chunk.
+        handshake_timeout_s: how long the master gives one connection to authenticate.
+        max_pending: how many connections may be authenticating at once on the master; more
+            are closed at once (the rollout workers retry until ``connect_timeout_s``).
     """
 
     def __init__(
@@ -219,6 +309,8 @@ class WsyncCheckpointEngine(CheckpointEngine):
         connect_timeout_s: float = 60.0,
         recv_timeout_s: float = 600.0,
         copy: bool = False,
+        handshake_timeout_s: float = 5.0,
+        max_pending: int = 16,
     ) -> None:
         if not isinstance(bucket_size, int) or bucket_size <= 0:
             raise ValueError(f"bucket_size must be a positive number of bytes, not {bucket_size!r}")
@@ -240,19 +332,26 @@ class WsyncCheckpointEngine(CheckpointEngine):
         self.connect_timeout_s = float(connect_timeout_s)
         self.recv_timeout_s = float(recv_timeout_s)
         self.copy = bool(copy)
+        self.handshake_timeout_s = float(handshake_timeout_s)
+        self.max_pending = int(max_pending)
+        if self.handshake_timeout_s <= 0 or self.max_pending < 1:
+            raise ValueError("handshake_timeout_s must be positive and max_pending at least 1")
 
         self.role: Optional[str] = None  # "trainer" or "rollout" once init_process_group ran
         self.rank: Optional[int] = None
         self.world_size: Optional[int] = None
         # master
         self._listener: Optional[socket.socket] = None
+        self._secret: Optional[bytes] = None  # the request channel's secret, new each prepare()
+        #: Connections the master refused: (peer address, reason), the latest 64.
+        self.refused: List[Tuple[str, str]] = []
         self._strategy: Optional[Strategy] = None
         self._sender: Optional[Sender] = None
         self._init_blob: Optional[bytes] = None
         self._key: Optional[Tuple[str, int]] = None
         self._peers: List[_Peer] = []
         # rollout worker
-        self._conn: Optional[socket.socket] = None
+        self._conn: Optional[_Channel] = None
         self._receiver: Optional[Receiver] = None
         self._receiver_blob: Optional[bytes] = None
         self._receiver_strategy: Optional[Strategy] = None
@@ -264,7 +363,7 @@ class WsyncCheckpointEngine(CheckpointEngine):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         meta = {"backend": BACKEND, "host": _node_ip() if self.host is None else self.host,
                 "node": _node_id(), "pid": os.getpid(), "device": device,
-                "master_address": None, "kind": self.kind}
+                "master_address": None, "master_secret": None, "kind": self.kind}
         if self.is_master:
             if self._listener is None:
                 listener = socket.socket(socket.AF_INET6 if ":" in meta["host"] else socket.AF_INET)
@@ -273,6 +372,10 @@ class WsyncCheckpointEngine(CheckpointEngine):
                 listener.listen(64)
                 self._listener = listener
             meta["master_address"] = [meta["host"], self._listener.getsockname()[1]]
+            # A new secret for this update's channels: only the rollout workers get it, through
+            # verl's metadata -> build_topology -> init_process_group path.
+            self._secret = secrets.token_bytes(_SECRET_BYTES)
+            meta["master_secret"] = self._secret.hex()
         return meta
 
     @classmethod
@@ -290,6 +393,10 @@ class WsyncCheckpointEngine(CheckpointEngine):
                              f"master (is_master=True), its prepare() returned {master!r}")
         if rollout_world_size < 1:
             raise ValueError("build_topology: no rollout worker to send weights to")
+        secret = master.get("master_secret")
+        if not isinstance(secret, str) or len(secret) != 2 * _SECRET_BYTES:
+            raise ValueError("build_topology: actor rank 0's prepare() returned no request-channel "
+                             "secret ('master_secret')")
         rollout = metadata[actor_wg_world_size:]
         kind = cls.choose_kind(master, rollout)
         address = list(master["master_address"])
@@ -306,6 +413,8 @@ class WsyncCheckpointEngine(CheckpointEngine):
             "master_address": [address] * rollout_world_size,
             "kind": [kind] * rollout_world_size,
             "role": ["rollout"] * rollout_world_size,
+            # Rollout workers only: the other actor workers never connect.
+            "master_secret": [secret] * rollout_world_size,
         }
         return actor_kwargs, rollout_kwargs
 
@@ -323,7 +432,7 @@ class WsyncCheckpointEngine(CheckpointEngine):
         return "nccl_broadcast" if cuda else "ucx"
 
     def init_process_group(self, rank: int, world_size: int, master_address, kind: str,
-                           role: str = "rollout"):
+                           role: str = "rollout", master_secret: Optional[str] = None):
         """Meets the other side (see the module documentation, step 3)."""
         self.rank, self.world_size, self.role = rank, world_size, role
         if role == "trainer":
@@ -334,23 +443,17 @@ class WsyncCheckpointEngine(CheckpointEngine):
                                  "(is_master=True)")
             self._meet_rollout(world_size, kind)
         elif role == "rollout":
-            self._meet_master(rank, tuple(master_address), kind)
+            self._meet_master(rank, tuple(master_address), kind, master_secret)
         else:
             raise ValueError(f"init_process_group: role must be 'trainer' or 'rollout', not {role!r}")
 
     def finalize(self):
         """Closes this update's channels; the strategy, sender and receivers stay."""
         for peer in self._peers:
-            try:
-                peer.sock.close()
-            except OSError:
-                pass
+            peer.chan.close()
         self._peers = []
         if self._conn is not None:
-            try:
-                self._conn.close()
-            except OSError:
-                pass
+            self._conn.close()
             self._conn = None
 
     @torch.no_grad()
@@ -409,6 +512,14 @@ class WsyncCheckpointEngine(CheckpointEngine):
         while True:
             try:
                 kind, payload = await asyncio.to_thread(self._next_frame, conn)
+            except ChannelAuthError as exc:
+                # Nothing of the frame was used. The connection is closed and so is the
+                # receiver (the master hears DETACHED and names this worker); the next
+                # init_process_group makes a new one.
+                self.finalize()
+                self._close_receiver()
+                raise error(Status.INTEGRITY, f"{where}: {exc}; the channel and the receiver "
+                            "are closed, the version is not complete here") from exc
             except (OSError, ConnectionError) as exc:
                 raise error(Status.PEER, f"{where}: the trainer's request channel failed "
                             f"({exc}); the version is not complete here") from exc
@@ -488,62 +599,165 @@ class WsyncCheckpointEngine(CheckpointEngine):
                 strategy.close()
                 raise
             self._strategy, self._key = strategy, key
+        secret = self._secret
+        if secret is None:
+            raise error(Status.WRONG_STATE, "wsync checkpoint engine: init_process_group before "
+                        "prepare() made the request channel's secret")
         deadline = time.monotonic() + self.connect_timeout_s
         peers: Dict[int, _Peer] = {}
+        met: "queue.Queue[Tuple[_Channel, int, Dict[str, Any]]]" = queue.Queue()
+        pending: Set[socket.socket] = set()
+        lock = threading.Lock()
+        done = threading.Event()
         try:
             while len(peers) < world_size:
-                sock = self._accept(deadline, world_size, peers)
-                sock.settimeout(max(0.1, deadline - time.monotonic()))
-                try:
-                    kind_, payload = _recv_frame(sock)
-                    hello = json.loads(payload.decode("utf-8")) if kind_ == _HELLO else None
-                except (OSError, ConnectionError, ValueError):
+                while True:  # connections that authenticated and said hello
+                    try:
+                        chan, index, hello = met.get_nowait()
+                    except queue.Empty:
+                        break
+                    if index in peers:
+                        # Only a holder of the secret gets here: an authenticated refusal.
+                        try:
+                            chan.send(_ABORT, _json({"message": f"receiver index {index} is taken "
+                                                     f"({world_size} rollout workers)"}))
+                        except OSError:
+                            pass
+                        self._refuse(chan.peer, f"receiver index {index} is taken")
+                        chan.close()
+                        continue
+                    peers[index] = _Peer(chan, index, int(hello.get("pid", 0)),
+                                         str(hello.get("host", "?")))
+                if len(peers) >= world_size:
+                    break
+                accepted = self._accept(deadline, world_size, peers)
+                if accepted is None:
+                    continue
+                sock, address = accepted
+                with lock:
+                    full = len(pending) >= self.max_pending
+                    if not full:
+                        pending.add(sock)
+                if full:
+                    self._refuse(address, f"{self.max_pending} connections are already "
+                                 "authenticating (max_pending)")
                     sock.close()
                     continue
-                index = hello.get("index") if isinstance(hello, dict) else None
-                if not isinstance(index, int) or not 0 <= index < world_size or index in peers:
-                    _send_frame(sock, _ABORT, _json({"message": f"receiver index {index!r} is "
-                                                     f"out of range or taken ({world_size} rollout workers)"}))
-                    sock.close()
-                    continue
-                peers[index] = _Peer(sock, index, int(hello.get("pid", 0)), str(hello.get("host", "?")))
+                threading.Thread(target=self._handshake, name=f"wsync-verl-auth {address}",
+                                 args=(sock, address, secret, world_size, deadline, met,
+                                       pending, lock, done), daemon=True).start()
             init = _json({"init_info": base64.b64encode(self._init_blob).decode("ascii"),
                           "options": self.receiver_options})
             for peer in peers.values():
-                _send_frame(peer.sock, _INIT, init)
+                peer.chan.send(_INIT, init)
             if self._sender is None:
                 self._sender = self._strategy.sender(self._init_blob)
             for peer in sorted(peers.values(), key=lambda p: p.index):
-                peer.sock.settimeout(max(0.1, deadline - time.monotonic()))
+                peer.chan.settimeout(max(0.1, deadline - time.monotonic()))
                 try:
-                    kind_, payload = _recv_frame(peer.sock)
-                except (OSError, ConnectionError) as exc:
+                    kind_, payload = peer.chan.recv()
+                    ready = json.loads(payload.decode("utf-8"))
+                except (OSError, ConnectionError, ValueError) as exc:
                     raise error(Status.PEER, f"wsync checkpoint engine: init_process_group: {peer} "
                                 f"did not report its receiver ({exc})") from exc
-                ready = json.loads(payload.decode("utf-8"))
-                if kind_ != _READY or ready.get("error"):
+                if kind_ != _READY or not isinstance(ready, dict) or ready.get("error"):
                     raise error(Status.PEER, f"wsync checkpoint engine: init_process_group: "
-                                f"{peer} could not make its receiver: {ready.get('error')}")
-                peer.sock.settimeout(None)
+                                f"{peer} could not make its receiver: "
+                                f"{ready.get('error') if isinstance(ready, dict) else ready!r}")
+                peer.chan.settimeout(None)
         except BaseException:
             for peer in peers.values():
-                peer.sock.close()
+                peer.chan.close()
             raise
+        finally:
+            # Connections still authenticating are cut; ones that finished meanwhile closed.
+            with lock:
+                done.set()
+                for sock in pending:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+            while True:
+                try:
+                    met.get_nowait()[0].close()
+                except queue.Empty:
+                    break
         self._peers = [peers[i] for i in range(world_size)]
 
-    def _accept(self, deadline: float, world_size: int, peers: Dict[int, _Peer]) -> socket.socket:
+    def _refuse(self, address: str, reason: str) -> None:
+        """Logs (and keeps, in ``refused``) a connection the master closed."""
+        _log.warning("wsync checkpoint engine: refused the connection from %s: %s", address, reason)
+        self.refused = (self.refused + [(address, reason)])[-64:]
+
+    def _handshake(self, sock: socket.socket, address: str, secret: bytes, world_size: int,
+                   deadline: float, met: "queue.Queue", pending: Set[socket.socket],
+                   lock: threading.Lock, done: threading.Event) -> None:
+        """One connection on the master (its own thread): challenge, the rollout worker's
+        proof, the master's proof, then the worker's authenticated hello. Anything else closes
+        the connection, which got nothing but the master's nonce."""
+        chan = None
+        try:
+            sock.settimeout(max(0.05, min(self.handshake_timeout_s, deadline - time.monotonic())))
+            master_nonce = secrets.token_bytes(_NONCE_BYTES)
+            _send_frame(sock, _CHALLENGE, master_nonce)
+            kind, payload = _recv_frame(sock, _MAX_HANDSHAKE_FRAME)
+            if kind != _PROOF or len(payload) != _INDEX.size + _NONCE_BYTES + _MAC_BYTES:
+                raise ChannelAuthError(f"a {kind!r} frame of {len(payload)} bytes instead of a proof")
+            (index,) = _INDEX.unpack_from(payload)
+            worker_nonce = payload[_INDEX.size:_INDEX.size + _NONCE_BYTES]
+            proof = payload[_INDEX.size + _NONCE_BYTES:]
+            want, mine, key = _handshake_macs(secret, index, master_nonce, worker_nonce)
+            if not hmac.compare_digest(proof, want):
+                raise ChannelAuthError("its handshake HMAC is wrong (no secret, a wrong one, or a "
+                                       "replayed transcript)")
+            if index >= world_size:
+                raise ChannelAuthError(f"receiver index {index} is out of range ({world_size} "
+                                       "rollout workers)")
+            _send_frame(sock, _CONFIRM, mine)
+            chan = _Channel(sock, key, master=True, peer=f"rollout worker {index} at {address}",
+                            limit=_MAX_UP_FRAME)
+            kind, payload = chan.recv()
+            hello = json.loads(payload.decode("utf-8")) if kind == _HELLO else None
+            if not isinstance(hello, dict):
+                raise ChannelAuthError(f"a {kind!r} frame instead of its hello")
+            with lock:
+                if not done.is_set():
+                    sock.settimeout(None)
+                    met.put((chan, index, hello))
+                    pending.discard(sock)
+                    return
+            raise ConnectionError("init_process_group ended before it said hello")
+        except BaseException as exc:
+            if isinstance(exc, ChannelAuthError):
+                reason = str(exc)
+            elif done.is_set():
+                reason = "init_process_group ended before it authenticated"
+            else:
+                reason = f"{type(exc).__name__}: {exc}"
+            self._refuse(address, reason)
+            try:
+                sock.close()
+            except OSError:
+                pass
+        finally:
+            with lock:
+                pending.discard(sock)
+
+    def _accept(self, deadline: float, world_size: int, peers: Dict[int, _Peer]
+                ) -> Optional[Tuple[socket.socket, str]]:
         left = deadline - time.monotonic()
         if left <= 0:
             missing = [i for i in range(world_size) if i not in peers]
             raise error(Status.TIMEOUT, f"wsync checkpoint engine: init_process_group: rollout "
                         f"workers {missing} did not connect within {self.connect_timeout_s} s")
-        self._listener.settimeout(min(left, 1.0))
+        self._listener.settimeout(min(left, 0.05))
         try:
-            sock, _ = self._listener.accept()
+            sock, address = self._listener.accept()
         except socket.timeout:
-            return self._accept(deadline, world_size, peers)
+            return None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
+        return sock, f"{address[0]}:{address[1]}"
 
     async def _chunks(self, weights):
         """verl's generator -> (pairs, parts, last) chunks of at most ``bucket_size`` bytes (a
@@ -599,7 +813,7 @@ class WsyncCheckpointEngine(CheckpointEngine):
             if peer.broken:
                 continue
             try:
-                _send_frame(peer.sock, kind, payload)
+                peer.chan.send(kind, payload)
             except OSError as exc:
                 peer.broken = str(exc) or type(exc).__name__
 
@@ -647,25 +861,59 @@ class WsyncCheckpointEngine(CheckpointEngine):
 
     # -- a rollout worker's side -------------------------------------------------------------
 
-    def _meet_master(self, index: int, address: Tuple[str, int], kind: str) -> None:
+    def _meet_master(self, index: int, address: Tuple[str, int], kind: str,
+                     secret_hex: Optional[str]) -> None:
         self.finalize()
         who = f"rollout worker {index} (pid {os.getpid()})"
+        trainer = f"the trainer at {address[0]}:{address[1]}"
+        try:
+            secret = bytes.fromhex(secret_hex) if isinstance(secret_hex, str) else b""
+        except ValueError:
+            secret = b""
+        if len(secret) != _SECRET_BYTES:
+            raise error(Status.INVALID_ARGUMENT, f"wsync checkpoint engine: {who}: no request-"
+                        "channel secret ('master_secret' from build_topology)")
         deadline = time.monotonic() + self.connect_timeout_s
         while True:
             try:
                 sock = socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
-                break
             except OSError as exc:
                 if time.monotonic() >= deadline:
                     raise error(Status.UNAVAILABLE, f"wsync checkpoint engine: {who} could not "
-                                f"reach the trainer at {address[0]}:{address[1]}: {exc}") from exc
+                                f"reach {trainer}: {exc}") from exc
                 time.sleep(0.05)
+                continue
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                kind_, master_nonce = _recv_frame(sock, _MAX_HANDSHAKE_FRAME)
+            except (OSError, ConnectionError) as exc:
+                # Closed before its challenge: the master is busy with other connections
+                # (max_pending); try again until the deadline.
+                sock.close()
+                if time.monotonic() >= deadline:
+                    raise error(Status.UNAVAILABLE, f"wsync checkpoint engine: {who}: {trainer} "
+                                f"closed every connection before its challenge: {exc}") from exc
+                time.sleep(0.05)
+                continue
+            break
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            _send_frame(sock, _HELLO, _json({"index": index, "pid": os.getpid(),
-                                             "host": socket.gethostname()}))
-            frame, payload = _recv_frame(sock)
+            if kind_ != _CHALLENGE or len(master_nonce) != _NONCE_BYTES:
+                raise ChannelAuthError(f"{trainer} sent a {kind_!r} frame instead of its challenge")
+            worker_nonce = secrets.token_bytes(_NONCE_BYTES)
+            mine, want, key = _handshake_macs(secret, index, master_nonce, worker_nonce)
+            _send_frame(sock, _PROOF, _INDEX.pack(index) + worker_nonce + mine)
+            try:
+                kind_, proof = _recv_frame(sock, _MAX_HANDSHAKE_FRAME)
+            except ConnectionError as exc:
+                raise ChannelAuthError(f"{trainer} refused this worker's proof ({exc}): a "
+                                       "secret from another update?") from exc
+            if kind_ != _CONFIRM or not hmac.compare_digest(proof, want):
+                raise ChannelAuthError(f"{trainer} failed to prove it holds the secret")
+            chan = _Channel(sock, key, master=False, peer=trainer, limit=_MAX_FRAME)
+            chan.send(_HELLO, _json({"index": index, "pid": os.getpid(),
+                                     "host": socket.gethostname()}))
+            frame, payload = chan.recv()
             message = json.loads(payload.decode("utf-8"))
             if frame == _ABORT:
                 raise error(Status.WRONG_STATE, f"wsync checkpoint engine: the trainer refused "
@@ -677,14 +925,18 @@ class WsyncCheckpointEngine(CheckpointEngine):
             try:
                 self._ensure_receiver(blob, index, dict(message.get("options") or {}))
             except BaseException as exc:
-                _send_frame(sock, _READY, _json({"error": f"{type(exc).__name__}: {exc}"}))
+                chan.send(_READY, _json({"error": f"{type(exc).__name__}: {exc}"}))
                 raise
-            _send_frame(sock, _READY, _json({"error": None}))
-            sock.settimeout(None)
+            chan.send(_READY, _json({"error": None}))
+            chan.settimeout(None)
+        except ChannelAuthError as exc:
+            sock.close()
+            raise error(Status.PEER, f"wsync checkpoint engine: {who}: request channel "
+                        f"authentication failed: {exc}") from exc
         except BaseException:
             sock.close()
             raise
-        self._conn = sock
+        self._conn = chan
 
     def _ensure_receiver(self, blob: bytes, index: int, options: Dict[str, Any]) -> None:
         if self._receiver is not None and self._receiver_blob == blob and \
@@ -703,10 +955,10 @@ class WsyncCheckpointEngine(CheckpointEngine):
             raise
         self._receiver_strategy, self._receiver_blob = strategy, blob
 
-    def _next_frame(self, conn: socket.socket) -> Tuple[bytes, bytes]:
+    def _next_frame(self, conn: _Channel) -> Tuple[bytes, bytes]:
         conn.settimeout(self.recv_timeout_s)
         try:
-            return _recv_frame(conn)
+            return conn.recv()
         except socket.timeout:
             raise ConnectionError(f"no request within recv_timeout_s={self.recv_timeout_s}") from None
 
