@@ -78,9 +78,13 @@ def proof(secret, index, master_nonce):
 class Relay:
     """Relays one rollout worker's connection to the master (address ``upstream``)."""
 
-    def __init__(self, upstream, replay_proof=False, tamper_request=False):
+    def __init__(self, upstream, replay=None, hold=None, tamper_request=False):
+        """``replay``: True replays the worker's proof, bytes replay those, on a connection of
+        the relay's own before the worker's proof goes on (the master is still waiting for
+        this worker meanwhile); ``hold``: a function called then too, before it goes on."""
         self.upstream = tuple(upstream)
-        self.replay_proof = replay_proof
+        self.replay = replay
+        self.hold = hold
         self.tamper_request = tamper_request
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = ["127.0.0.1", self.listener.getsockname()[1]]
@@ -114,8 +118,11 @@ class Relay:
             head = recv_exact(down, HEADER.size)
             frame = head + recv_exact(down, HEADER.unpack(head)[1])  # the worker's proof
             self.sent += frame
-            if self.replay_proof:  # the same proof on a connection of ours, first
-                self.replayed = send_after_challenge(self.upstream, frame)
+            if self.replay is not None:  # on a connection of ours, first
+                self.replayed = send_after_challenge(
+                    self.upstream, frame if self.replay is True else self.replay)
+            if self.hold is not None:
+                self.hold()
             up.sendall(frame)
             while True:
                 data = down.recv(65536)

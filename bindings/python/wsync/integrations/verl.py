@@ -19,14 +19,16 @@ once per weight update:
 1. ``prepare()`` on every actor worker, then on every rollout worker (sync; Ray collects the
    results in that order). Each returns a small dict of plain values (:data:`METADATA_KEYS`):
    host, node, device, pid, and for the master (actor rank 0) the address of its request
-   channel, a TCP socket it listens on from its first ``prepare``.
+   channel, a TCP socket it listens on from its first ``prepare``, and the channel's secret
+   (32 random bytes, new at every ``prepare``).
 2. ``build_topology(actor_world_size, rollout_world_size, metadata)`` (a classmethod, run by
    the manager): actor rank 0 is the sender, every other actor worker sits the sync out
    (rank -1, as verl's ``nccl`` and ``nixl`` engines), rollout worker ``i`` is wsync receiver
    ``i``; it picks the kind (``kind="auto"``, below) and gives every worker the master's
-   address.
+   address, and the rollout workers (only them) the secret.
 3. ``init_process_group(rank=..., world_size=..., master_address=..., kind=..., role=...)``
-   (sync, all workers at once): each rollout worker connects to the master and says *hello*
+   (sync, all workers at once): each rollout worker connects to the master, both prove they
+   hold the secret (below) and the worker says *hello*
    (its index, pid, host); the master makes the wsync strategy (``receivers`` = the number of
    rollout workers, ``bucket_bytes`` = verl's bucket size) the first time, or again when that
    number or the kind changed, and answers with the init info; the worker makes its receiver
@@ -59,6 +61,20 @@ the GPU kinds each rollout worker receives on its current CUDA device (``device`
 What crosses the request channel is ours, never pickled: frames of a type byte and a 32-bit
 length, with JSON for *hello*, *init*, *ready* and *abort* and the raw request blobs. What
 ``prepare`` returns crosses Ray as a plain dict of str/int values.
+
+The request channel is authenticated (trust model: docs/integrations/verl.md). On accepting a
+connection the master sends a challenge (a fresh 32-byte nonce); the worker answers with its
+receiver index, a nonce of its own and HMAC-SHA256(secret, "worker-proof", :data:`PROTOCOL`,
+index, both nonces); the master checks it and answers HMAC-SHA256(secret, "master-proof", ...),
+which the worker checks. Every later frame carries HMAC-SHA256 under a key derived from the
+secret, the index and both nonces, over the direction, the frame's sequence number, its type and
+payload, checked before the frame is used. A connection that fails is closed having received
+only the master's nonce, and the master logs it (``refused``, logger ``wsync.integrations.verl``)
+with its address; a rollout worker whose master fails to prove itself, or that gets a frame
+whose HMAC is wrong, raises naming the address (with a bad frame it also closes its receiver,
+so the master names it ``DETACHED``). Handshakes run at most ``max_pending`` at a time, each
+for at most ``handshake_timeout_s``; handshake frames are at most 256 bytes, a worker's frames
+64 KiB.
 
 Failures. Every libwsync failure reaches verl's caller as a :class:`wsync.WsyncError` (the
 subclass for its status, :func:`wsync._errors.error`), its message prefixed by this engine's
