@@ -539,3 +539,39 @@ def test_missing_secret_refused(engine_cls):
             "master_address": ["127.0.0.1", 1], "kind": "shm"}
     with pytest.raises(ValueError, match="master_secret"):
         engine_cls.build_topology(1, 1, [meta, dict(meta, master_address=None)])
+
+
+def test_pending_handshakes_bounded(engine_cls):
+    """max_pending connections authenticate at once: further ones are closed at once, without
+    even a challenge; each pending one is cut after handshake_timeout_s; every refusal is kept
+    (``refused``) with the address; no rollout worker came, so init_process_group raises
+    TIMEOUT naming it."""
+    import socket
+
+    import wsync
+
+    import _verl_channel as ch
+
+    engine = engine_cls(bucket_size=1 << 20, is_master=True, connect_timeout_s=3.0,
+                        host="127.0.0.1", max_pending=2, handshake_timeout_s=1.0)
+    meta = engine.prepare()
+    address = tuple(meta["master_address"])
+    socks = [socket.create_connection(address, timeout=10) for _ in range(4)]
+    started = time.monotonic()
+    with pytest.raises(wsync.WsyncError, match=r"rollout workers \[0\] did not connect") as info:
+        engine.init_process_group(rank=0, world_size=1, master_address=meta["master_address"],
+                                  kind="shm", role="trainer")
+    assert info.value.status == wsync.Status.TIMEOUT
+    assert time.monotonic() - started < 10
+    got = [ch.recv_all(s, 10) for s in socks]
+    assert all(closed for _, closed in got), got
+    assert [ch.is_challenge(d) for d, _ in got] == [True, True, False, False], got
+    assert [d for d, _ in got[2:]] == [b"", b""]
+    reasons = dict(engine.refused)
+    ports = [s.getsockname()[1] for s in socks]
+    assert "timed out" in reasons[f"127.0.0.1:{ports[0]}"], reasons
+    for port in ports[2:]:
+        assert "max_pending" in reasons[f"127.0.0.1:{port}"], reasons
+    for s in socks:
+        s.close()
+    engine.shutdown()
