@@ -29,7 +29,7 @@ from vllm.model_executor.model_loader.reload import record_metadata_for_reloadin
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.plugins import load_general_plugins
 
-from wsync.vllm_backend import WsyncTrainerInitInfo
+from wsync.integrations.vllm import WsyncTrainerInitInfo
 
 HIDDEN = 2048
 LAYERS = 8

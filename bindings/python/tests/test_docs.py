@@ -66,3 +66,23 @@ def test_readme_does_not_call_an_existing_ucx_kind_future():
     assert not re.search(r"UCX\s+is\s+next", text)
     strategies = text.split("- **Strategies:**", 1)[1].split("\n- ", 1)[0]
     assert "`ucx`" in strategies
+
+
+def test_the_top_readmes_vllm_paragraph_lists_every_kind_and_the_pythonpath_caveat():
+    text = _readme(REPO_ROOT / "README.md")
+    paragraph = text.split("**vLLM.**", 1)[1].split("\nTrainer side", 1)[0]
+    assert "`nccl_broadcast` or `ucx`" in paragraph
+    assert "PYTHONPATH" in paragraph and "register()" in paragraph
+    assert "examples/vllm_cpu.py" in paragraph
+
+
+def test_the_vllm_section_has_the_cpu_recipe_recovery_and_the_checks_really_made():
+    text = _readme(PACKAGE_ROOT / "README.md")
+    section = text.split("## vLLM", 1)[1].split("\n## ", 1)[0]
+    assert (PACKAGE_ROOT / "examples" / "vllm_cpu.py").is_file()
+    assert "python bindings/python/examples/vllm_cpu.py" in section
+    assert "PYTHONPATH" in section
+    assert "reinit_workers()" in section and "versions restart at 1" in section
+    assert "A client that timed out is not called again" in section
+    assert "no up-front check of" in section
+    assert '"wsync.integrations.vllm:register"' in section

@@ -14,6 +14,7 @@ The trainer drives a worker through a pipe: each message is ``(method, args)`` a
 
 import os
 import sys
+from types import SimpleNamespace
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 # b12x (FlashInfer's Blackwell kernels, an optional vLLM dependency) fails to import on a host
@@ -35,21 +36,23 @@ from _vllm_models import TiedModel  # noqa: E402
 
 #: The vLLM methods a trainer may call through the pipe.
 WORKER_RPCS = ("init_weight_transfer_engine", "start_weight_update", "update_weights",
-               "finish_weight_update", "shutdown_weight_transfer_engine")
+               "finish_weight_update", "shutdown_weight_transfer_engine",
+               "start_draft_weight_update")
 
 
 class CpuModelRunner:
     """What ``Worker``'s weight-update methods use of the GPU model runner."""
 
-    def __init__(self, model):
+    def __init__(self, model, draft=None):
         self.model = model
+        self.draft = draft
         self.lora_resets = 0
 
     def get_model(self):
         return self.model
 
     def get_draft_model(self):
-        return None
+        return self.draft
 
     def reset_lora_state(self):
         self.lora_resets += 1
@@ -63,9 +66,14 @@ def make_worker(rank: int, world_size: int) -> Worker:
     vc.parallel_config.world_size = world_size
     worker = Worker(vllm_config=vc, local_rank=rank, rank=rank,
                     distributed_init_method="tcp://127.0.0.1:0")
-    model = TiedModel()
+    model, draft = TiedModel(), TiedModel()
     record_metadata_for_reloading(model)  # vLLM's model loader does this when it builds a model
-    worker.model_runner = CpuModelRunner(model)
+    record_metadata_for_reloading(draft)
+    worker.model_runner = CpuModelRunner(model, draft)
+    # A speculative draft model: Worker._set_draft_weight_update_target reads only
+    # speculative_config.draft_model_config (a real SpeculativeConfig needs a checkpoint);
+    # layerwise reload reads its dtype for attention layers, which these models lack.
+    worker.speculative_config = SimpleNamespace(draft_model_config=SimpleNamespace(dtype=torch.float32))
     worker.device = torch.device("cpu")
     # As Worker.load_model does once the model is loaded.
     worker.weight_transfer_engine = WeightTransferEngineFactory.create_engine(
@@ -111,6 +119,9 @@ def serve(conn, rank: int, world_size: int) -> None:
                 result = getattr(worker, method)(*args)
             elif method == "state_dict":
                 result = {n: t.detach().clone() for n, t in model.state_dict().items()}
+            elif method == "draft_state_dict":
+                result = {n: t.detach().clone()
+                          for n, t in worker.model_runner.draft.state_dict().items()}
             elif method == "probe":
                 result = probe(worker)
             elif method == "fail_on":

@@ -23,8 +23,8 @@ from vllm.plugins import load_general_plugins
 
 import wsync
 from _vllm_models import HIDDEN, TiedModel
-from wsync import vllm_backend
-from wsync.vllm_backend import (
+from wsync.integrations import vllm as vllm_backend
+from wsync.integrations.vllm import (
     WsyncTrainerInitInfo,
     WsyncTrainerWeightTransferEngine,
     WsyncWeightTransferEngine,
@@ -128,13 +128,24 @@ def test_the_pinned_vllm_is_installed():
 
 def test_vllm_general_plugins_entry_point_registers_wsync_in_both_factories():
     entry_points = importlib.metadata.entry_points(group="vllm.general_plugins")
-    assert "wsync.vllm_backend:register" in [ep.value for ep in entry_points]
+    assert "wsync.integrations.vllm:register" in [ep.value for ep in entry_points]
     load_general_plugins()
     assert "wsync" in WeightTransferEngineFactory._registry
     assert "wsync" in WeightTransferTrainerFactory._registry
     vllm_backend.register()  # idempotent: vLLM calls it in every process
     assert WeightTransferEngineFactory._registry["wsync"]() is WsyncWeightTransferEngine
     assert WeightTransferTrainerFactory._registry["wsync"]() is WsyncTrainerWeightTransferEngine
+
+
+def test_the_former_module_name_is_the_same_module_as_its_new_home():
+    import wsync.vllm_backend as former
+    from wsync.vllm_backend import register, WsyncTrainerInitInfo as Former
+
+    assert former is vllm_backend
+    assert register is vllm_backend.register
+    assert Former is WsyncTrainerInitInfo
+    # vLLM's factories import the registered module by name: the new home.
+    assert WeightTransferEngineFactory._registry["wsync"]() is former.WsyncWeightTransferEngine
 
 
 def test_factories_build_the_wsync_engines(cleanup):

@@ -23,8 +23,8 @@ from vllm.plugins import load_general_plugins
 import wsync
 from _vllm_models import CheckpointLike, LlamaLike
 from test_vllm_backend import InProcessClient, vllm_config
-from wsync import vllm_backend
-from wsync.vllm_backend import WsyncTrainerInitInfo, WsyncTrainerWeightTransferEngine
+from wsync.integrations import vllm as vllm_backend
+from wsync.integrations.vllm import WsyncTrainerInitInfo, WsyncTrainerWeightTransferEngine
 
 _INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

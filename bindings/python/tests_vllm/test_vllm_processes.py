@@ -16,7 +16,7 @@ from vllm.plugins import load_general_plugins
 import wsync
 import _vllm_spawn
 from _vllm_models import HIDDEN, TiedModel
-from wsync.vllm_backend import WsyncTrainerInitInfo, WsyncTrainerWeightTransferEngine
+from wsync.integrations.vllm import WsyncTrainerInitInfo, WsyncTrainerWeightTransferEngine
 
 WORKERS = 2
 HERE = os.path.dirname(os.path.abspath(__file__))

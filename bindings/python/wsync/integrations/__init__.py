@@ -1,0 +1,10 @@
+"""Adapters that plug libwsync into RL frameworks and inference engines, one module each.
+
+- :mod:`wsync.integrations.vllm`: the ``wsync`` weight-transfer backend for vLLM 0.33.0
+  (registered by this package's ``vllm.general_plugins`` entry point).
+- :mod:`wsync.integrations.verl`: the ``wsync`` checkpoint engine for verl 0.9.1 (registered in
+  verl's ``CheckpointEngineRegistry`` when verl imports it as ``custom_backend_module``).
+
+Each module imports its framework; import a module only where that framework is installed.
+This package itself imports none of them.
+"""
