@@ -21,7 +21,9 @@ server's workers load:
   (every worker acknowledged every chunk), then ``POST /finish_weight_update``. Before each
   version the workers' init info is re-sent (a no-op for a worker that holds it), so an engine
   restarted since the last version rejoins on its own.
-- ``destroy()`` (train end): closes the sender and strategy; the workers see the sender go.
+- ``destroy()`` (train end): releases the workers' receivers (``POST
+  /shutdown_weight_transfer_engine``: the server keeps serving and takes a later trainer's
+  init info), then closes the sender and strategy.
 
 Like TRL's client, ``send_weights`` before ``init_weight_transfer`` or after ``destroy`` sends
 nothing and returns.
@@ -58,6 +60,7 @@ This module imports TRL and vLLM; import it only where both are installed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import Counter
@@ -114,9 +117,9 @@ class _IteratorSource(WeightSource):
         self.exhausted = False
         self.failed = False
 
-    @property
+    @functools.cached_property
     def metadata(self) -> List[ParamMeta]:
-        return self._metadata
+        return list(self._metadata)
 
     def iter_full(self) -> Iterator[Tuple[str, torch.Tensor]]:
         for meta in self._metadata:
@@ -308,9 +311,20 @@ class WsyncWeightTransfer:
         self.vllm.resume(timeout=self._CONTROL_TIMEOUT)
 
     def destroy(self) -> None:
+        """Releases the workers' receivers (``POST /shutdown_weight_transfer_engine``, best
+        effort: the server keeps serving, and a later trainer can initialise it again), then
+        closes the sender and strategy. Idempotent."""
         engine, self.engine = self.engine, None
-        if engine is not None:
-            engine.shutdown()
+        if engine is None:
+            return
+        try:
+            import requests
+
+            requests.post(f"{self.server_url}/shutdown_weight_transfer_engine",
+                          timeout=self._CONTROL_TIMEOUT)
+        except Exception:  # a server that is gone has nothing to release
+            pass
+        engine.shutdown()
 
     # -- helpers ---------------------------------------------------------------------------------
 
