@@ -239,6 +239,27 @@ class WsyncWeightTransfer:
         ``trainer.accelerator.unwrap_model(trainer.model)``)."""
         return cls(vllm_client, weight_update_info(model), **kwargs)
 
+    @classmethod
+    def from_pretrained(cls, vllm_client: Any, model_name_or_path: str,
+                        dtype: Union[str, torch.dtype, None] = "float32",
+                        trust_remote_code: bool = False, **kwargs) -> "WsyncWeightTransfer":
+        """For the model ``AsyncGRPOTrainer(model=model_name_or_path, ...)`` will load with
+        ``AsyncGRPOConfig(dtype=dtype)``: the manifest comes from the model built from its
+        config on the meta device (no weights loaded, no memory), walked as the trainer walks
+        it. ``dtype="auto"`` (or ``None``) takes the config's dtype. Not for a PEFT model or a
+        vision-language model whose frozen parts the trainer skips: use :meth:`from_model`."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code)
+        if dtype in (None, "auto"):
+            dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+        if isinstance(dtype, str):
+            dtype = _dtype(dtype)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code,
+                                                     dtype=dtype)
+        return cls(vllm_client, weight_update_info(model), **kwargs)
+
     @property
     def server_url(self) -> str:
         return str(getattr(self.vllm, "server_url", self.vllm))
