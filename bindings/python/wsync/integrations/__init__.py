@@ -2,6 +2,8 @@
 
 - :mod:`wsync.integrations.vllm`: the ``wsync`` weight-transfer backend for vLLM 0.33.0
   (registered by this package's ``vllm.general_plugins`` entry point).
+- :mod:`wsync.integrations.trl`: ``WsyncWeightTransfer``, the ``weight_transfer`` of TRL
+  1.16.0's ``AsyncGRPOTrainer``, driving a vLLM server that runs the backend above.
 
 Each module imports its framework; import a module only where that framework is installed.
 This package itself imports none of them.
