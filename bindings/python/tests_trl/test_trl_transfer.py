@@ -173,3 +173,33 @@ def test_the_engine_sigkilled_mid_version_is_named_within_a_deadline_and_a_resta
         transfer.send_weights(stream(trained))
         transfer.resume()
         assert served_matches(server, trained) == {"match": True, "mismatches": []}
+
+
+def test_an_engine_that_fails_to_load_a_chunk_is_named_with_its_own_message(server, model_dir):
+    """A tensor the served model has no place for: the worker's ``load_weights`` raises, its
+    receiver fails the chunk, and the library's failure (``FAILED``, the worker's message)
+    reaches the TRL caller naming the engine. A later trainer's versions arrive."""
+    trained = load_model(model_dir)
+    info = weight_update_info(trained)
+    extra = {"names": info["names"] + ["extra.weight"], "dtype_names": info["dtype_names"] + ["float32"],
+             "shapes": info["shapes"] + [[4, 4]]}
+    wt = WsyncWeightTransfer(server.url, extra, chunk_bytes=CHUNK_BYTES, flush_timeout_s=20.0)
+    try:
+        wt.init_weight_transfer()
+        with pytest.raises(wsync.WsyncError) as caught:
+            wt.send_weights([*stream(trained), ("extra.weight", torch.zeros(4, 4))])
+    finally:
+        wt.destroy()
+    err = caught.value
+    assert server.url in str(err) and server.proc.pid in [f.pid for f in err.failures], err
+    assert [(f.receiver, f.what.name) for f in err.failures] == [(0, "FAILED")], err.failures
+    assert "extra.weight" in str(err), err
+
+    wt = WsyncWeightTransfer(server.url, info, chunk_bytes=CHUNK_BYTES)
+    try:
+        wt.init_weight_transfer()
+        perturb(trained)
+        wt.send_weights(stream(trained))
+        assert served_matches(server, trained)["match"]
+    finally:
+        wt.destroy()
