@@ -106,6 +106,12 @@ def _dtype(name: str) -> torch.dtype:
     return value
 
 
+def _where(failure) -> str:
+    """``chunk 3 of version 2`` (as much of it as the sender knows)."""
+    where = f"version {failure.version}" if failure.version else "no version"
+    return where if failure.chunk_index is None else f"chunk {failure.chunk_index} of {where}"
+
+
 class _IteratorSource(WeightSource):
     """A vLLM ``WeightSource`` over one ``send_weights`` iterator and the manifest: the metadata
     the wsync sender plans its chunks from, and the pairs in manifest order (checked by name)."""
@@ -367,7 +373,7 @@ class WsyncWeightTransfer:
         and, for each failed receiver, its index, its worker's pid and its own message."""
         if exc.failures:
             who = "; ".join(f"wsync receiver {f.receiver} (vLLM worker pid {f.pid}) "
-                            f"{f.what.name.lower()}: {f.status.c_name}: {f.message}"
+                            f"{f.what.name.lower()} ({_where(f)}): {f.status.c_name}: {f.message}"
                             for f in exc.failures)
         else:
             who = exc.message
