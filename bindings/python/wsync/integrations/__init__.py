@@ -4,6 +4,8 @@
   (registered by this package's ``vllm.general_plugins`` entry point).
 - :mod:`wsync.integrations.verl`: the ``wsync`` checkpoint engine for verl 0.9.1 (registered in
   verl's ``CheckpointEngineRegistry`` when verl imports it as ``custom_backend_module``).
+- :mod:`wsync.integrations.trl`: ``WsyncWeightTransfer``, the ``weight_transfer`` of TRL
+  1.16.0's ``AsyncGRPOTrainer``, driving a vLLM server that runs the backend above.
 
 Each module imports its framework; import a module only where that framework is installed.
 This package itself imports none of them.
