@@ -44,26 +44,32 @@ public:
     UcxReceiver(const InitInfo &info, uint32_t index, const ReceiverOptions &o)
         : info_(info), index_(index), o_(o),
           w_(std::make_unique<Worker>(o.config, std::string(kKind) + " receiver " + std::to_string(index))),
-          trainer_("the trainer (" + info.trainer + ")") {
+          trainer_("the trainer (session " + hex16(info.session) + ")") {
         if (o.device >= 0) {  // before the trainer hears of us: a bad ordinal attaches nothing
             dev_ = std::make_unique<gpu::Device>(gpu::cuda(), o.device, kKind);
             loaded_ = std::make_unique<gpu::Event>(*dev_);
         }
         sys::random_bytes(&token_, sizeof token_);
         ep_ = w_->connect(info.address, trainer_);
+        // The hello names no host: the trainer learns our pid (for its failure records) and
+        // the worker address it must answer to, MACed with the init info's key (auth.hpp).
         Msg hello;
         hello.type = MsgType::Hello;
+        hello.index = index_;
+        hello.token = token_;
         hello.seq = info.session;
         hello.pid = static_cast<int32_t>(getpid());
-        hello.text = self_name();
+        sys::random_bytes(nonce_.data(), nonce_.size());
+        hello.nonce = nonce_;
         hello.address = w_->address();
-        send(hello);
+        w_->send(*ep_, seal_msg(hello, info_.key, Dir::ToTrainer));
         const sys::Deadline d(o.timeout_ms);
         awaited_ = MsgType::Welcome;
         if (!w_->wait([&] { return drain() || ep_->error != UCS_OK; }, d)) {
             teardown();
             fail(WSYNC_ERR_TIMEOUT, who() + ": " + trainer_ + " did not answer the attach within " +
-                                        std::to_string(o.timeout_ms) + " ms");
+                                        std::to_string(o.timeout_ms) +
+                                        " ms (it answers only hellos made with its own init info's key)");
         }
         check_link("attaching");
         if (reply_.status != WSYNC_OK) {
@@ -407,16 +413,45 @@ private:
         last_seq_ = at.seq;
     }
 
+    static std::string hex16(uint64_t v) {
+        char b[17];
+        std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+        return b;
+    }
+
+    // Sends the trainer a message sealed with the connection's key, numbered.
     void send(Msg m) {
         m.index = index_;
         m.token = token_;
-        w_->send(*ep_, m);
+        m.number = ++sent_;
+        w_->send(*ep_, seal_msg(m, key_, Dir::ToTrainer));
+    }
+
+    // Whether a message is the trainer's: for us (index, token), MACed with the connection's
+    // key and numbered above the last one. The welcome brings the trainer's nonce, from which
+    // (with ours) the connection's key is made. Anything else is dropped: whoever reaches our
+    // worker without the key cannot make us act.
+    bool from_trainer(const Msg &m) {
+        if (m.index != index_ || m.token != token_) return false;
+        if (m.type == MsgType::Welcome) {
+            if (attached_ || m.number != 1) return false;
+            const Key key = connection_key(info_.key, index_, token_, nonce_, m.nonce);
+            if (!authentic(m, key, Dir::ToEngine)) return false;
+            key_ = key;
+            attached_ = true;
+            heard_ = 1;
+            return true;
+        }
+        if (!attached_ || m.number <= heard_ || !authentic(m, key_, Dir::ToEngine)) return false;
+        heard_ = m.number;
+        return true;
     }
 
     // Handles the messages that arrived; true once the awaited reply has.
     bool drain() {
         bool got = false;
         for (Msg &m : w_->take_inbox()) {
+            if (!from_trainer(m)) continue;
             if (m.type == MsgType::Abandon) abandoned_ = std::max(abandoned_, m.version);
             else if (m.type == MsgType::Dropped) dropped_ = true;
             else if (m.type == awaited_ && (m.type != MsgType::Grant || m.seq == awaited_seq_)) {
@@ -505,6 +540,10 @@ private:
     std::string trainer_;
     std::unique_ptr<Endpoint> ep_;
     uint64_t token_ = 0;
+    Nonce nonce_{};       // ours, in the hello
+    Key key_{};           // the connection's, once the welcome came (auth.hpp)
+    bool attached_ = false;
+    uint64_t sent_ = 0, heard_ = 0;  // numbers of the last message sent and heard
     MsgType awaited_ = MsgType::Welcome;
     uint64_t awaited_seq_ = 0;
     Msg reply_;

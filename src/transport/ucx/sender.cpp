@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <thread>
@@ -39,9 +40,12 @@ struct Chunk {
 
 struct Member {
     uint64_t token = 0;
-    std::string name;  // "receiver 1 (host pid 40)"
+    std::string name;  // "receiver 1 (pid 40)"
     int32_t pid = 0;
     std::unique_ptr<Endpoint> ep;
+    Key key{};          // the connection's (auth.hpp)
+    uint64_t sent = 0;   // the number of the last message sent to it
+    uint64_t heard = 0;  // the number of the last authentic message from it
     uint64_t from_version = 0;   // the first version it owes
     uint64_t acked_through = 0;  // highest chunk seq it answered
     std::map<uint64_t, uint32_t> leases;  // seq -> count
@@ -145,8 +149,8 @@ public:
         Msg m;
         m.type = MsgType::Abandon;
         m.version = version;
-        for (Member &mem : members_)
-            if (mem.ep) w_->send(*mem.ep, m);
+        for (uint32_t i = 0; i < members_.size(); ++i)
+            if (members_[i].ep) tell(i, members_[i], m);
         release();
         w_->signal();
     }
@@ -178,8 +182,7 @@ public:
         if (!m.ep) return;
         Msg msg;
         msg.type = MsgType::Dropped;
-        msg.index = index;
-        w_->send(*m.ep, msg);
+        tell(index, m, msg);
         // Its leased chunks stay registered (see forget()): a frozen receiver may still read.
         m.dropped = true;
         forget(index, false);
@@ -287,15 +290,29 @@ private:
         return lock;
     }
 
+    // Sends a member a message sealed with its connection's key, numbered.
+    void tell(uint32_t index, Member &mem, Msg m) {
+        m.index = index;
+        m.token = mem.token;
+        m.number = ++mem.sent;
+        w_->send(*mem.ep, seal_msg(m, mem.key, Dir::ToEngine));
+    }
+
+    // Only authentic messages are acted on: a hello MACed with the init info's key and never
+    // seen before, or a member's message MACed with its connection's key and numbered above
+    // the last one. Anything else is dropped unanswered (nobody is connected to, nothing is
+    // said back: a peer without the key learns nothing).
     void handle(std::vector<Msg> inbox) {
         for (Msg &m : inbox) {
             if (m.type == MsgType::Hello) {
-                hello(m);
+                if (authentic(m, info_.key, Dir::ToTrainer) && seen_hellos_.insert(m.nonce).second) hello(m);
                 continue;
             }
             if (m.index >= members_.size() || members_[m.index].token != m.token || !members_[m.index].ep)
                 continue;  // a stale or forged sender of this message: ignored
             Member &mem = members_[m.index];
+            if (m.number <= mem.heard || !authentic(m, mem.key, Dir::ToTrainer)) continue;  // replayed or forged
+            mem.heard = m.number;
             switch (m.type) {
             case MsgType::Lease: lease(m.index, mem, m.seq); break;
             case MsgType::Ack: ack(m.index, mem, m); break;
@@ -318,11 +335,11 @@ private:
                   std::to_string(members_.size() - 1) + ")";
         } else if (members_[m.index].ep && members_[m.index].ep->error == UCS_OK && !members_[m.index].dropped) {
             st = WSYNC_ERR_WRONG_STATE;  // as every kind says of an index in use (wsync.h)
-            why = "receiver index " + std::to_string(m.index) + " is already attached: held by " +
-                  members_[m.index].name;
+            // Not who holds it: a refusal names no other engine (issue 37).
+            why = "receiver index " + std::to_string(m.index) + " is already attached";
         }
         std::unique_ptr<Endpoint> ep;
-        const std::string name = "receiver " + std::to_string(m.index) + " (" + m.text + ")";
+        const std::string name = "receiver " + std::to_string(m.index) + " (pid " + std::to_string(m.pid) + ")";
         try {
             ep = w_->connect(m.address, name);
         } catch (const Error &) {
@@ -331,9 +348,13 @@ private:
         Msg reply;
         reply.type = MsgType::Welcome;
         reply.index = m.index;
+        reply.token = m.token;
+        reply.number = 1;
         reply.status = st;
         reply.text = why;
-        w_->send(*ep, reply);
+        sys::random_bytes(reply.nonce.data(), reply.nonce.size());
+        const Key key = connection_key(info_.key, m.index, m.token, m.nonce, reply.nonce);
+        w_->send(*ep, seal_msg(reply, key, Dir::ToEngine));
         if (st != WSYNC_OK) {
             refused_.push_back(std::move(ep));  // closed by the destructor, after the reply
             return;
@@ -348,6 +369,8 @@ private:
         mem.name = name;
         mem.pid = m.pid;
         mem.ep = std::move(ep);
+        mem.key = key;
+        mem.sent = 1;  // the welcome
         // It owes versions that begin after it attached (a version the core has begun,
         // began_, counts as begun even before its first chunk is published); it may still pull
         // any kept one. It holds no base: its first owed version goes dense (begin_version).
@@ -358,7 +381,6 @@ private:
     void lease(uint32_t index, Member &mem, uint64_t seq) {
         Msg reply;
         reply.type = MsgType::Grant;
-        reply.index = index;
         reply.seq = seq;
         auto it = chunks_.find(seq);
         if (mem.dropped) {
@@ -374,7 +396,7 @@ private:
             ++it->second.leases;
             ++mem.leases[seq];
         }
-        w_->send(*mem.ep, reply);
+        tell(index, mem, reply);
     }
 
     bool abandoned_here(uint64_t version) const {
@@ -586,6 +608,7 @@ private:
     static constexpr std::size_t kAbandonedKept = 256;
     std::vector<uint64_t> abandoned_;
     std::vector<std::unique_ptr<Endpoint>> refused_;
+    std::set<Nonce> seen_hellos_;  // the nonces of authentic hellos: a replayed one is dropped
     std::map<uint64_t, Chunk> chunks_;
     std::vector<Buffer> pool_;
     std::vector<uint64_t> committed_;

@@ -2,7 +2,8 @@
 // across machines (tcp, shared memory, RDMA: whatever the loaded UCX offers).
 //
 // create_init_info creates the trainer's UCP worker; its address travels in the init info with
-// a random session number. The sender stages each chunk in registered host memory (packing and
+// a random session number and a random 32-byte key, the secret every control message is
+// authenticated with (auth.hpp: who may connect, and what a peer can do). The sender stages each chunk in registered host memory (packing and
 // hashing in one pass) and returns a request carrying the chunk's remote address, size and
 // packed remote key. A receiver attaches by sending the trainer its own worker address (hello;
 // the trainer answers welcome, or why not); for each chunk it asks for a lease (so the trainer
@@ -28,6 +29,7 @@
 #include "strategy.hpp"
 #include "sys.hpp"
 #include "transport/ucx/api.hpp"
+#include "transport/ucx/auth.hpp"
 #include "transport/ucx/receiver.hpp"
 #include "transport/ucx/sender.hpp"
 #include "transport/ucx/worker.hpp"
@@ -108,7 +110,7 @@ public:
     json create_init_info() override {
         worker_ = std::make_unique<Worker>(config_, std::string(kKind) + " sender");
         info_.address = worker_->address();
-        info_.trainer = self_name();
+        sys::random_bytes(info_.key.data(), info_.key.size());  // the secret engines prove they hold
         sys::random_bytes(&info_.session, sizeof info_.session);
         info_.receivers = receivers_;
         info_.keep_versions = keep_;
@@ -145,7 +147,10 @@ private:
 
 std::unique_ptr<StrategyImpl> create_strategy(const Options &o) { return std::make_unique<UcxStrategy>(o); }
 
-std::string unavailable(const Options *o) { return unavailable_reason(o ? o->text("ucx_library") : ""); }
+std::string unavailable(const Options *o) {
+    std::string why = unavailable_reason(o ? o->text("ucx_library") : "");
+    return why.empty() ? crypto_unavailable_reason() : why;
+}
 
 // "UCX 1.13.1 (libucp.so.0); memory types: host; transports: tcp, posix, sysv, cma"
 std::string runtime_text() {

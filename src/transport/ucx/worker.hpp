@@ -29,7 +29,7 @@ struct Config {
 struct Endpoint {
     ucp_ep_h ep = nullptr;
     ucs_status_t error = UCS_OK;  // set by UCX's error handler: the peer is gone or unreachable
-    std::string peer;             // "the trainer (host pid 12)", "receiver 1 (host pid 40)"
+    std::string peer;             // "the trainer (session 0123456789abcdef)", "receiver 1 (pid 40)"
 };
 
 // A registered piece of this process's memory that peers may GET from.
@@ -54,7 +54,7 @@ public:
     std::vector<uint8_t> address() const;
 
     // One round of progress: UCX callbacks run, finished sends are freed, control messages
-    // are decoded into the inbox. Returns UCX's count of events.
+    // are decoded into the inbox (their MACs are the owner's to check: authentic()). Returns UCX's count of events.
     unsigned progress();
     std::vector<Msg> take_inbox();
     // Sleeps on the worker's wakeup descriptor up to `ms`, unless events are already pending.
@@ -77,8 +77,9 @@ public:
     // Force-closes (UCP_EP_CLOSE_FLAG_FORCE: no flush, nothing waits on the peer), progressing
     // up to the deadline; never throws.
     void close(std::unique_ptr<Endpoint> ep, const sys::Deadline &deadline) noexcept;
-    // Queues a control message; it completes (or fails with the endpoint) during progress.
-    void send(Endpoint &ep, const Msg &m);
+    // Queues a sealed control message (seal_msg); it completes (or fails with the endpoint)
+    // during progress.
+    void send(Endpoint &ep, std::vector<uint8_t> sealed);
 
     // Registers `bytes` of this process's memory at `base` (which the caller owns and keeps
     // until unmap), packing a remote key when asked.
@@ -97,6 +98,8 @@ public:
 private:
     static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
                               size_t length, const ucp_am_recv_param_t *param);
+    static ucs_status_t on_stray(void *arg, const void *header, size_t header_length, void *data,
+                                 size_t length, const ucp_am_recv_param_t *param);
     void reap() noexcept;
 
     const Api &api_;
