@@ -336,12 +336,13 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * connection and a rising number (forged or replayed ones are dropped). So a process that can
  * reach the trainer's UCX port, or holds a request blob, but not the init info, cannot attach,
  * take a receiver index, stop an engine or end a version; active messages to ids other than
- * libwsync's, and malformed ones, are dropped. Not yet covered (issue 37): chunks are still
- * read with one-sided GETs, so on transports where UCX serves a GET in software on the target
- * (tcp) a peer that can reach the trainer's or an engine's UCX port can read (and write) that
- * process's memory with UCX's remote-memory-access protocol whatever the key, and a GET past a
- * chunk's end can kill the trainer; weights and messages travel unencrypted. Run "ucx" only
- * between hosts of one trusted network (narrow "net_devices" to it) until then. Blobs and
+ * libwsync's, and malformed ones, are dropped. Nothing of either side's memory is registered
+ * for peers and UCX's remote memory access is off: chunks move only as the trainer's answers to
+ * fetches it checked (an authenticated engine, a chunk it holds a lease on, a range within the
+ * chunk; anything else is refused with no byte). Not covered (issue 37): weights and messages
+ * travel unencrypted (a data message's payload is not MACed; checksums are not MACs), and
+ * floods cost the trainer CPU and memory. Run "ucx" between hosts of one trusted network
+ * (narrow "net_devices" to it). Blobs and
  * messages name no host: engines call the trainer "the trainer (session S)", the trainer calls
  * an engine "receiver N (pid P)", and a refusal names no other engine; the worker addresses in
  * the init info and the hello hold the interface addresses UCX listens on (all of them unless

@@ -135,9 +135,9 @@ static uint64_t blob_uint(const wsync_blob_t *b, const char *name) {
 
 /* ---- control messages, made here from the documented format ------------------------------- */
 
-enum { HELLO = 1, WELCOME, LEASE, GRANT, ACK, BYE };
-enum { HEAD = 2 + 2 + 4 + 8 + 8 + 8 + 8 + 4 + 4 + 4 + 16 + 2 + 4, MAC = 32, NONCE_AT = HEAD - 16 - 6,
-       STATUS_AT = 2 + 2 + 4 + 8 + 8 + 8 + 8 + 4 };
+enum { HELLO = 1, WELCOME, LEASE, GRANT, ACK, BYE, ABANDON, DROPPED, FETCH, DATA };
+enum { HEAD = 2 + 2 + 4 + 8 + 8 + 8 + 8 + 8 + 8 + 4 + 4 + 4 + 16 + 2 + 4, MAC = 32, NONCE_AT = HEAD - 16 - 6,
+       STATUS_AT = 2 + 2 + 4 + 8 + 8 + 8 + 8 + 8 + 8 + 4, TEXT_AT = HEAD };
 
 struct msg {
     uint16_t type;
@@ -146,6 +146,7 @@ struct msg {
     uint8_t nonce[16];
     const void *address;
     size_t address_len;
+    uint64_t version, offset, bytes;
 };
 
 static void put(uint8_t **p, uint64_t v, int n) {
@@ -163,7 +164,9 @@ static size_t seal(const struct msg *m, const uint8_t key[32], uint8_t *out) {
     put(&p, m->token, 8);
     put(&p, m->number, 8);
     put(&p, m->seq, 8);
-    put(&p, 0, 8);  /* version */
+    put(&p, m->version, 8);
+    put(&p, m->offset, 8);
+    put(&p, m->bytes, 8);
     put(&p, 0, 4);  /* chunk */
     put(&p, 0, 4);  /* status */
     put(&p, (uint64_t)getpid(), 4);
@@ -209,18 +212,26 @@ struct rogue {
     ucp_context_h ctx;
     ucp_worker_h w;
     ucp_ep_h ep;
-    int got;                /* messages that reached it on the control id */
-    uint8_t last[4096];     /* the last of them */
+    int got;                /* messages that reached it on the control and data ids */
+    uint8_t last[4096];     /* the last of them (a Data message's header) */
     size_t last_len;
+    uint8_t payload[8192];  /* a Data message's eager payload */
+    size_t payload_len;
 };
 
 static ucs_status_t rogue_on_am(void *arg, const void *h, size_t hl, void *data, size_t n,
                                 const ucp_am_recv_param_t *param) {
-    (void)h, (void)hl, (void)param;
     struct rogue *r = arg;
     ++r->got;
-    r->last_len = n < sizeof r->last ? n : sizeof r->last;
-    memcpy(r->last, data, r->last_len);
+    const void *m = hl ? h : data;
+    const size_t ml = hl ? hl : n;
+    r->last_len = ml < sizeof r->last ? ml : sizeof r->last;
+    memcpy(r->last, m, r->last_len);
+    r->payload_len = 0;
+    if (hl && !(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        r->payload_len = n < sizeof r->payload ? n : sizeof r->payload;
+        memcpy(r->payload, data, r->payload_len);
+    }
     return UCS_OK;
 }
 
@@ -240,6 +251,8 @@ static void rogue_start(struct rogue *r, const struct trainer *t) {
     ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                                                UCP_AM_HANDLER_PARAM_FIELD_ARG,
                                  .id = 1, .cb = rogue_on_am, .arg = r};
+    assert_int_equal(ucp_worker_set_am_recv_handler(r->w, &hp), UCS_OK);
+    hp.id = 2; /* Data */
     assert_int_equal(ucp_worker_set_am_recv_handler(r->w, &hp), UCS_OK);
     size_t n = 0;
     const uint8_t *addr = blob_bytes(&t->init, "address", &n);
@@ -300,6 +313,31 @@ static uint64_t rnd64(void) {
     return v;
 }
 
+/* Attaches rogue a at `index` as an engine holding the key would (the test plays a recorded
+ * engine): a hello MACed with the key, the welcome (OK), the connection's key in ck. */
+static void keyed_attach(struct rogue *a, const struct trainer *t, uint32_t index, uint64_t token, uint8_t ck[32]) {
+    size_t kn = 0;
+    const uint8_t *key = blob_bytes(&t->init, "key", &kn);
+    static uint8_t addr[65536], hello[70000];
+    const size_t alen = rogue_address(a, addr, sizeof addr);
+    struct msg h = {HELLO, index, token, 0, blob_uint(&t->init, "session"), {0}, addr, alen, 0, 0, 0};
+    for (int i = 0; i < 16; ++i) h.nonce[i] = (uint8_t)rand();
+    rogue_send(a, 1, hello, seal(&h, key, hello));
+    assert_int_equal(rogue_listen(a), 1);
+    assert_int_equal(a->last[2], WELCOME);
+    assert_int_equal(a->last[STATUS_AT], 0);
+    connection_key(key, index, token, h.nonce, a->last + NONCE_AT, ck);
+}
+
+/* The status of the last message the rogue got, and whether its text holds `needle`. */
+static int last_status(const struct rogue *r) { return r->last[STATUS_AT] | r->last[STATUS_AT + 1] << 8; }
+static int last_says(const struct rogue *r, const char *needle) {
+    const size_t n = r->last[HEAD - 6] | (size_t)r->last[HEAD - 5] << 8;
+    char text[300] = {0};
+    memcpy(text, r->last + TEXT_AT, n < 299 ? n : 299);
+    return strstr(text, needle) != NULL;
+}
+
 /* ---- the tests ------------------------------------------------------------------------------ */
 
 /* A peer that reaches the trainer's port without the key is not answered and takes nothing:
@@ -324,7 +362,7 @@ static void a_peer_without_the_key_is_not_answered_and_takes_no_index(void **sta
     const size_t alen = rogue_address(&r, addr, sizeof addr);
     uint8_t wrong[32];
     memset(wrong, 0x5a, sizeof wrong);
-    struct msg h = {HELLO, 1, rnd64(), 0, session, {1, 2, 3}, addr, alen};
+    struct msg h = {HELLO, 1, rnd64(), 0, session, {1, 2, 3}, addr, alen, 0, 0, 0};
     size_t n = seal(&h, wrong, out);
     rogue_send(&r, 1, out, n);
     assert_int_equal(rogue_listen(&r), 0);          /* a MAC made with another key */
@@ -391,7 +429,7 @@ static void a_replayed_hello_and_forged_or_replayed_messages_are_dropped(void **
     static uint8_t addr[65536], hello[70000], out[4096];
     const size_t alen = rogue_address(&a, addr, sizeof addr);
     const uint64_t token = rnd64();
-    struct msg h = {HELLO, 1, token, 0, session, {0}, addr, alen};
+    struct msg h = {HELLO, 1, token, 0, session, {0}, addr, alen, 0, 0, 0};
     for (int i = 0; i < 16; ++i) h.nonce[i] = (uint8_t)rand();
     const size_t hn = seal(&h, key, hello);
 
@@ -413,7 +451,7 @@ static void a_replayed_hello_and_forged_or_replayed_messages_are_dropped(void **
     rogue_send(&b, 1, hello, hn);                    /* replayed from elsewhere */
     assert_int_equal(rogue_listen(&b) + rogue_listen(&a), 0);
 
-    struct msg lease = {LEASE, 1, token, 1, 99, {0}, NULL, 0};
+    struct msg lease = {LEASE, 1, token, 1, 99, {0}, NULL, 0, 0, 0, 0};
     size_t n = seal(&lease, key, out);               /* the init info's key, not the connection's */
     rogue_send(&b, 1, out, n);
     assert_int_equal(rogue_listen(&a), 0);
@@ -424,7 +462,7 @@ static void a_replayed_hello_and_forged_or_replayed_messages_are_dropped(void **
     rogue_send(&b, 1, out, n);                       /* the same lease again */
     assert_int_equal(rogue_listen(&a), 0);
 
-    struct msg bye = {BYE, 1, token, 2, 0, {0}, NULL, 0};
+    struct msg bye = {BYE, 1, token, 2, 0, {0}, NULL, 0, 0, 0, 0};
     n = seal(&bye, ck, out);
     rogue_send(&a, 1, out, n);
     (void)rogue_listen(&a);
@@ -506,12 +544,85 @@ static void the_key_is_in_the_init_info_only_and_an_older_init_info_is_refused_b
     trainer_stop(&t);
 }
 
+/* Chunks move only as the trainer's answers to fetches it checked (nothing of its memory is
+ * registered for peers, and its UCX context has no remote memory access: requests carry no
+ * address and no remote key). Even an engine holding the key (here the test, attached as one)
+ * gets bytes only of a chunk it holds a lease on and only within the chunk: a fetch without a
+ * lease is refused with WRONG_STATE, one that reaches past the chunk's end (or wraps around
+ * 2^64) with MALFORMED naming the chunk's size, each with no byte; a fetch within it brings
+ * exactly those bytes of the version. The trainer does not crash, and after the rogue
+ * acknowledges and leaves, the honest engine loads the version and the flush is OK. */
+static void fetches_without_a_lease_or_past_a_chunks_end_are_refused_without_a_byte(void **state) {
+    (void)state;
+    if (!ucx_here()) skip();
+    struct trainer t;
+    trainer_start(&t, 2);
+    wsync_receiver_t *e0 = engine(&t, 0);
+    struct rogue a;
+    rogue_start(&a, &t);
+    uint8_t ck[32];
+    const uint64_t token = rnd64();
+    keyed_attach(&a, &t, 1, token, ck);
+    wsync_blob_t req;
+    send_version(&t, 1, &req);
+    assert_null(memmem(req.data, req.size, "\x64rkey", 5));
+    assert_null(memmem(req.data, req.size, "\x64" "addr", 5));
+    const uint64_t seq = blob_uint(&req, "seq");
+    uint8_t out[4096];
+    uint64_t number = 0;
+    struct msg m = {FETCH, 1, token, ++number, seq, {0}, NULL, 0, 1, 0, 4096};
+    rogue_send(&a, 1, out, seal(&m, ck, out));       /* no lease yet */
+    assert_int_equal(rogue_listen(&a), 1);
+    assert_int_equal(a.last[2], DATA);
+    assert_int_equal(last_status(&a), WSYNC_ERR_WRONG_STATE);
+    assert_true(last_says(&a, "is not leased to this receiver"));
+    assert_int_equal(a.payload_len, 0);
+
+    struct msg lease = {LEASE, 1, token, ++number, seq, {0}, NULL, 0, 0, 0, 0};
+    rogue_send(&a, 1, out, seal(&lease, ck, out));
+    assert_int_equal(rogue_listen(&a), 1);
+    assert_int_equal(a.last[2], GRANT);
+    assert_int_equal(last_status(&a), 0);
+
+    const uint64_t past[][2] = {{TENSOR_BYTES - 100, 200}, {TENSOR_BYTES, 1}, {UINT64_MAX - 10, 100}, {0, 0}};
+    for (size_t i = 0; i < sizeof past / sizeof *past; ++i) {
+        struct msg f = {FETCH, 1, token, ++number, seq, {0}, NULL, 0, 2 + i, past[i][0], past[i][1]};
+        rogue_send(&a, 1, out, seal(&f, ck, out));
+        assert_int_equal(rogue_listen(&a), 1);
+        assert_int_equal(a.last[2], DATA);
+        assert_int_equal(last_status(&a), WSYNC_ERR_MALFORMED);
+        assert_true(last_says(&a, "-byte chunk seq"));
+        assert_int_equal(a.payload_len, 0);
+    }
+    struct msg f = {FETCH, 1, token, ++number, seq, {0}, NULL, 0, 9, 4096, 4096};
+    rogue_send(&a, 1, out, seal(&f, ck, out));       /* within the chunk */
+    assert_int_equal(rogue_listen(&a), 1);
+    assert_int_equal(last_status(&a), 0);
+    assert_int_equal(a.payload_len, 4096);
+    uint8_t want[8192];
+    tu_fill(want, sizeof want, 1, 0);
+    assert_memory_equal(a.payload, want + 4096, 4096);
+
+    struct msg ack = {ACK, 1, token, ++number, seq, {0}, NULL, 0, 1, 0, 0};
+    rogue_send(&a, 1, out, seal(&ack, ck, out));
+    struct msg bye = {BYE, 1, token, ++number, 0, {0}, NULL, 0, 0, 0, 0};
+    rogue_send(&a, 1, out, seal(&bye, ck, out));
+    (void)rogue_listen(&a);
+    rogue_stop(&a);
+    take(e0, &req, 1);
+    OK(wsync_sender_flush(t.snd, 3000));
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(e0);
+    trainer_stop(&t);
+}
+
 int main(int argc, char **argv) {
     srand((unsigned)tu_now_ms());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_peer_without_the_key_is_not_answered_and_takes_no_index),
         cmocka_unit_test(a_replayed_hello_and_forged_or_replayed_messages_are_dropped),
         cmocka_unit_test(unknown_ids_and_malformed_messages_are_dropped),
+        cmocka_unit_test(fetches_without_a_lease_or_past_a_chunks_end_are_refused_without_a_byte),
         cmocka_unit_test(the_key_is_in_the_init_info_only_and_an_older_init_info_is_refused_by_name),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);

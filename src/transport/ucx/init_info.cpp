@@ -20,9 +20,9 @@ const json::binary_t &binary_field(const json &obj, const char *key, const std::
 }
 
 // Fixed head of a control message: wire version u16, type u16, index, token, number, seq,
-// version, chunk, status, pid, nonce, text length, address length; all little-endian. The MAC
-// follows the text and the address.
-constexpr std::size_t kHead = 2 + 2 + 4 + 8 + 8 + 8 + 8 + 4 + 4 + 4 + kNonceBytes + 2 + 4;
+// version, offset, bytes, chunk, status, pid, nonce, text length, address length; all
+// little-endian. The MAC follows the text and the address.
+constexpr std::size_t kHead = 2 + 2 + 4 + 8 + 8 + 8 + 8 + 8 + 8 + 4 + 4 + 4 + kNonceBytes + 2 + 4;
 
 Mac mac_of(const Msg &m, const uint8_t *bytes, std::size_t n, const Key &key, Dir dir) {
     static const char hello[] = "wsync-ucx-hello";
@@ -83,8 +83,7 @@ InitInfo parse_init_info(const json &body) {
 }
 
 json encode_where(const Where &w) {
-    json t{{"session", w.session}, {"seq", w.seq}, {"addr", w.addr}, {"bytes", w.bytes},
-           {"rkey", json::binary(w.rkey)}};
+    json t{{"session", w.session}, {"seq", w.seq}, {"bytes", w.bytes}};
     if (w.block_bytes) {
         std::vector<uint8_t> sums(w.block_sums.size() * 8);
         for (std::size_t i = 0; i < w.block_sums.size(); ++i)
@@ -101,9 +100,7 @@ Where parse_where(const json &t) {
     at.session = wire::uint_field(t, "session", w, UINT64_MAX);
     at.seq = wire::uint_field(t, "seq", w, UINT64_MAX);
     if (at.seq == 0) wire::malformed(w + ": seq is 0 (chunks count from 1)");
-    at.addr = wire::uint_field(t, "addr", w, UINT64_MAX);
     at.bytes = wire::uint_field(t, "bytes", w, uint64_t(1) << 62);
-    at.rkey = binary_field(t, "rkey", w, kMaxRkeyBytes);
     if (t.contains("block_bytes")) {  // the count is checked against the table by the receiver
         at.block_bytes = wire::uint_field(t, "block_bytes", w, kMaxBlockBytes);
         if (at.block_bytes < kMinBlockBytes)
@@ -133,6 +130,8 @@ std::vector<uint8_t> seal_msg(const Msg &m, const Key &key, Dir dir) {
     put(out, m.number, 8);
     put(out, m.seq, 8);
     put(out, m.version, 8);
+    put(out, m.offset, 8);
+    put(out, m.bytes, 8);
     put(out, m.chunk, 4);
     put(out, static_cast<uint32_t>(m.status), 4);
     put(out, static_cast<uint32_t>(m.pid), 4);
@@ -157,13 +156,15 @@ bool decode_msg(const void *data, std::size_t size, Msg &out) {
     const uint8_t *p = start;
     if (get(p, 2) != kWireVersion) return false;
     const uint32_t type = static_cast<uint32_t>(get(p, 2));
-    if (type < uint32_t(MsgType::Hello) || type > uint32_t(MsgType::Dropped)) return false;
+    if (type < uint32_t(MsgType::Hello) || type > uint32_t(MsgType::Data)) return false;
     out.type = static_cast<MsgType>(type);
     out.index = static_cast<uint32_t>(get(p, 4));
     out.token = get(p, 8);
     out.number = get(p, 8);
     out.seq = get(p, 8);
     out.version = get(p, 8);
+    out.offset = get(p, 8);
+    out.bytes = get(p, 8);
     out.chunk = static_cast<uint32_t>(get(p, 4));
     out.status = static_cast<int32_t>(get(p, 4));
     out.pid = static_cast<int32_t>(get(p, 4));

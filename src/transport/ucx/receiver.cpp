@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -85,6 +86,8 @@ public:
             send(bye);
             w_->wait([] { return false; }, sys::Deadline(20));  // let the goodbye go out
         }
+        for (Msg &m : data_) w_->release(m.desc);
+        data_.clear();
         teardown();
         loader_caught_up();
         const bool stuck = buffer_stuck_;
@@ -172,7 +175,7 @@ public:
     std::unique_ptr<ChunkBacking> open(const ChunkHeader &h, const TensorTable &table,
                                        const json &transport) override {
         Where at = admit(h, table, transport);
-        pull(h, at, {Span{at.addr, at.bytes, 0}}, at.bytes);
+        pull(h, at, {Span{0, at.bytes, 0}}, at.bytes);
         auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), table.offsets, at.seq);
         b->set_header(h);
         return b;
@@ -180,10 +183,10 @@ public:
 
     const select::Spec *selection() const override { return o_.selection.get(); }
 
-    // A selection's chunk: only the ranges move, coalesced into one GET per run of ranges that
+    // A selection's chunk: only the ranges move, coalesced into one fetch per run of ranges that
     // are adjacent in the trainer's buffer (at most the kTensorAlign padding between two
     // tensors apart), each run placed in our buffer at the trainer's alignment modulo
-    // kTensorAlign. Nothing to fetch: no lease and no GET (the chunk is still acknowledged).
+    // kTensorAlign. Nothing to fetch: no lease and no fetch (the chunk is still acknowledged).
     std::unique_ptr<ChunkBacking> open_ranges(const ChunkHeader &h, const TensorTable &table,
                                               const std::vector<ByteRange> &fetch,
                                               const json &transport) override {
@@ -231,7 +234,7 @@ public:
             const uint64_t end = spans.empty() ? 0 : first + spans.back().bytes;
             if (spans.empty() || (r.offset > end && !padding_only(end, r.offset))) {
                 const uint64_t at_local = layout::round_up(cursor, layout::kTensorAlign) + r.offset % layout::kTensorAlign;
-                spans.push_back(Span{at.addr + r.offset, 0, at_local});
+                spans.push_back(Span{r.offset, 0, at_local});
                 first = r.offset;
             }
             Span &s = spans.back();
@@ -357,7 +360,7 @@ private:
         return at;
     }
 
-    // Leases the chunk and GETs every span into our buffer (`need` bytes of it), all in flight
+    // Leases the chunk and fetches every span into our buffer (`need` bytes of it), all in flight
     // at once, each bounded by the deadline; on any failure the trainer hears of it.
     void pull(const ChunkHeader &h, const Where &at, const std::vector<Span> &spans, uint64_t need) {
         uint64_t moved = 0;
@@ -381,36 +384,95 @@ private:
         // From here the trainer holds the chunk for us until we answer seq.
         try {
             ensure_buffer(need);
-            ucp_rkey_h rkey = w_->unpack(*ep_, at.rkey, chunk);
-            std::vector<void *> reqs;
-            ucs_status_t st = UCS_OK;
-            try {
-                for (const Span &s : spans)
-                    if (s.bytes) {
-                        reqs.push_back(w_->get(*ep_, static_cast<uint8_t *>(buf_) + s.local, s.bytes, s.remote, rkey, chunk));
-                    }
-            } catch (...) {
-                if (!reqs.empty()) teardown();  // GETs in flight may still land: no buffer reuse
-                w_->api().ucp_rkey_destroy(rkey);
-                throw;
-            }
-            for (void *req : reqs) {
-                const ucs_status_t one = finish(*w_, req, *ep_, deadline);
-                if (st == UCS_OK) st = one;
-            }
-            w_->api().ucp_rkey_destroy(rkey);
-            if (st == UCS_ERR_TIMED_OUT) {
-                teardown();  // the GET may still land: no buffer reuse until the endpoint is gone
-                fail(WSYNC_ERR_TIMEOUT, who() + ": reading " + chunk + " from " + trainer_ +
-                                            " did not finish within " + std::to_string(o_.timeout_ms) +
-                                            " ms; the connection is closed");
-            }
-            if (st != UCS_OK) ucs_fail(w_->api(), st, who() + ": reading " + chunk + " from " + trainer_, WSYNC_ERR_PEER);
+            fetch(at, spans, chunk, deadline);
         } catch (const Error &e) {
             answer(at.seq, h, e.status(), e.what());
             throw;
         }
         last_seq_ = at.seq;
+    }
+
+    // Asks the trainer for every span (a Fetch each, numbered) and takes each answer into place:
+    // an eager payload is copied, a rendezvous one received straight into our buffer; all in
+    // flight at once, bounded by the deadline. Only an authentic Data message that answers a
+    // fetch still outstanding, with its range and size, is taken; the trainer's refusal (a
+    // range past the chunk, no lease) fails the chunk with its status and text.
+    void fetch(const Where &at, const std::vector<Span> &spans, const std::string &chunk, const sys::Deadline &deadline) {
+        struct Want {
+            Span span;
+            uint64_t number;
+            bool done = false;
+        };
+        std::vector<Want> wants;
+        for (const Span &sp : spans)
+            if (sp.bytes) wants.push_back(Want{sp, ++fetches_});
+        for (const Want &w : wants) {
+            Msg m;
+            m.type = MsgType::Fetch;
+            m.seq = at.seq;
+            m.version = w.number;
+            m.offset = w.span.remote;
+            m.bytes = w.span.bytes;
+            send(m);
+        }
+        std::vector<void *> reqs;
+        std::size_t left = wants.size();
+        std::string refused;
+        wsync_status_t refused_status = WSYNC_OK;
+        auto take = [&] {
+            drain();
+            for (Msg &d : data_) {
+                auto w = std::find_if(wants.begin(), wants.end(), [&](const Want &x) {
+                    return !x.done && x.number == d.version && x.span.remote == d.offset && x.span.bytes == d.bytes &&
+                           d.seq == at.seq;
+                });
+                if (w == wants.end()) {
+                    w_->release(d.desc);  // answers nothing outstanding: given back
+                    continue;
+                }
+                w->done = true;
+                --left;
+                if (d.status != WSYNC_OK || d.length != d.bytes) {
+                    w_->release(d.desc);
+                    if (refused_status == WSYNC_OK) {
+                        refused_status = d.status != WSYNC_OK ? static_cast<wsync_status_t>(d.status) : WSYNC_ERR_MALFORMED;
+                        refused = d.status != WSYNC_OK ? d.text
+                                                       : "the trainer sent " + std::to_string(d.length) + " bytes for a fetch of " +
+                                                             std::to_string(d.bytes);
+                    }
+                    continue;
+                }
+                uint8_t *dst = static_cast<uint8_t *>(buf_) + w->span.local;
+                if (d.desc) {
+                    void *req = w_->receive(d.desc, dst, d.bytes, chunk + " from " + trainer_);
+                    if (req) reqs.push_back(req);
+                } else {
+                    std::memcpy(dst, d.payload.data(), d.bytes);
+                }
+            }
+            data_.clear();
+            return left == 0 || ep_->error != UCS_OK;
+        };
+        ucs_status_t st = UCS_OK;
+        try {
+            if (!w_->wait(take, deadline)) st = UCS_ERR_TIMED_OUT;
+        } catch (...) {
+            if (!reqs.empty()) teardown();  // receives in flight may still land: no buffer reuse
+            throw;
+        }
+        for (void *req : reqs) {
+            const ucs_status_t one = finish(*w_, req, *ep_, deadline);
+            if (st == UCS_OK) st = one;
+        }
+        if (st == UCS_ERR_TIMED_OUT) {
+            teardown();  // a rendezvous receive may still land: no buffer reuse until the endpoint is gone
+            fail(WSYNC_ERR_TIMEOUT, who() + ": reading " + chunk + " from " + trainer_ + " did not finish within " +
+                                        std::to_string(o_.timeout_ms) + " ms; the connection is closed");
+        }
+        check_link("reading " + chunk);
+        if (st != UCS_OK) ucs_fail(w_->api(), st, who() + ": reading " + chunk + " from " + trainer_, WSYNC_ERR_PEER);
+        if (refused_status != WSYNC_OK)
+            fail(refused_status, who() + ": " + trainer_ + " refused to send " + chunk + ": " + refused);
     }
 
     static std::string hex16(uint64_t v) {
@@ -451,6 +513,13 @@ private:
     bool drain() {
         bool got = false;
         for (Msg &m : w_->take_inbox()) {
+            if (m.type == MsgType::Data) {  // no rising number: fetch() matches it to a fetch
+                if (attached_ && m.index == index_ && m.token == token_ && authentic(m, key_, Dir::ToEngine))
+                    data_.push_back(std::move(m));
+                else
+                    w_->release(m.desc);
+                continue;
+            }
             if (!from_trainer(m)) continue;
             if (m.type == MsgType::Abandon) abandoned_ = std::max(abandoned_, m.version);
             else if (m.type == MsgType::Dropped) dropped_ = true;
@@ -502,22 +571,15 @@ private:
                 fail(WSYNC_ERR_NO_MEMORY, who() + ": cannot map " + std::to_string(cap) + " bytes for a chunk");
             madvise(p, cap, MADV_HUGEPAGE);
         }
-        try {
-            region_ = w_->map(p, cap, false, "its receive buffer");
-        } catch (...) {
-            if (!pinned) munmap(p, cap);
-            throw;
-        }
         buf_ = p;
         cap_ = cap;
         pinned_ = std::move(pinned);
     }
 
-    // Unregisters and frees the receive buffer; a pinned one that copies a wait gave up on may
+    // Frees the receive buffer; a pinned one that copies a wait gave up on may
     // still read is left to the driver (freeing pinned memory may wait for them).
     void drop_buffer() noexcept {
         if (!buf_) return;
-        w_->unmap(region_);
         if (pinned_) {
             if (buffer_stuck_) pinned_->leak();
             pinned_.reset();
@@ -554,7 +616,8 @@ private:
     uint32_t failure_chunk_ = 0;
     void *buf_ = nullptr;
     uint64_t cap_ = 0;
-    Region region_;
+    uint64_t fetches_ = 0;  // the number of the last fetch asked for
+    std::vector<Msg> data_;  // authentic Data messages drained, for fetch()
     std::unique_ptr<gpu::Device> dev_;           // "device": the engine's GPU, else null
     std::unique_ptr<gpu::DeviceBuffer> pinned_;  // buf_'s memory when dev_
     std::unique_ptr<gpu::Event> loaded_;         // marks the loader's stream at a chunk's end

@@ -21,19 +21,21 @@ namespace {
 
 using layout::round_up;
 
-// Staging memory, registered with UCX once and reused across chunks: anonymous pages, or for
-// chunks with device tensors pinned host memory the GPU writes (gpu_stage.hpp).
+// Staging memory, reused across chunks: anonymous pages, or for chunks with device tensors
+// pinned host memory the GPU writes (gpu_stage.hpp). Never registered for peers: the trainer
+// sends what an engine fetches (fetch()).
 struct Buffer {
     void *base = nullptr;
     std::size_t cap = 0;
-    Region region;
     std::shared_ptr<gpu::DeviceBuffer> pinned;  // set: base is pinned->host()
 };
 
 struct Chunk {
     uint64_t version = 0;
     uint32_t index = 0;
+    uint64_t bytes = 0;    // its size: fetches past it are refused
     Buffer buf;
+    uint32_t sending = 0;  // Data sends from its buffer still in flight
     uint32_t leases = 0;   // receivers granted a read and not done with it
     bool retired = false;  // no new leases: its version is no longer kept, or was abandoned
 };
@@ -113,11 +115,11 @@ public:
         Where at;
         {
             std::unique_lock<std::mutex> lock = caller_lock();
-            at = Where{info_.session, next_seq_++, reinterpret_cast<uint64_t>(buf.base), end, buf.region.rkey,
-                       block_bytes_, std::move(blocks)};
+            at = Where{info_.session, next_seq_++, end, block_bytes_, std::move(blocks)};
             Chunk &c = chunks_[at.seq];
             c.version = h.version;
             c.index = h.chunk_index;
+            c.bytes = end;
             c.buf = buf;
             last_seq_ = at.seq;
             open_version_ = h.last ? 0 : h.version;
@@ -253,14 +255,18 @@ private:
     }
 
     // ---- the progress thread ------------------------------------------------------------
-    // UCX serves a one-sided GET over tcp by software emulation on the target, which needs the
-    // target's worker to progress (UCX's "sw RMA"); so does every control message. This thread
+    // Fetches are served here (their data messages, and UCX's rendezvous protocol under them,
+    // need the trainer's worker to progress), and so is every control message. This thread
     // progresses whenever the worker's descriptor fires, and every 100 ms.
     void serve() {
         std::unique_lock<std::mutex> lock(mu_);
         auto busy = std::chrono::steady_clock::now();
         for (;;) {
             const unsigned n = w_->progress();
+            for (uint64_t seq : w_->take_sent()) {
+                auto c = chunks_.find(seq);
+                if (c != chunks_.end() && c->second.sending) --c->second.sending;
+            }
             handle(w_->take_inbox());
             check_members();
             cv_.notify_all();
@@ -282,7 +288,7 @@ private:
 
     // The mutex for a caller's thread. The progress thread re-takes the mutex between rounds
     // while it spins; std::mutex is not fair, so a caller announces itself and the progress
-    // thread waits for it rather than starving it (send_chunk would stall behind GETs).
+    // thread waits for it rather than starving it (send_chunk would stall behind fetches).
     std::unique_lock<std::mutex> caller_lock() {
         callers_.fetch_add(1, std::memory_order_acq_rel);
         std::unique_lock<std::mutex> lock(mu_);
@@ -315,6 +321,7 @@ private:
             mem.heard = m.number;
             switch (m.type) {
             case MsgType::Lease: lease(m.index, mem, m.seq); break;
+            case MsgType::Fetch: fetch(m.index, mem, m); break;
             case MsgType::Ack: ack(m.index, mem, m); break;
             case MsgType::Bye: leave(m.index, WSYNC_FAILURE_DETACHED, "was destroyed"); break;
             default: break;
@@ -399,6 +406,44 @@ private:
         tell(index, mem, reply);
     }
 
+    // Serves bytes [offset, offset + bytes) of chunk seq to a member that holds a lease on it,
+    // as one Data message (eager or rendezvous, as UCX chooses) straight from the staging
+    // buffer, which stays until the send is done (release()). Anything else, a range past the
+    // chunk's end included, is answered with why not and no byte.
+    void fetch(uint32_t index, Member &mem, const Msg &m) {
+        Msg reply;
+        reply.type = MsgType::Data;
+        reply.seq = m.seq;
+        reply.version = m.version;  // the fetch's number
+        reply.offset = m.offset;
+        reply.bytes = m.bytes;
+        auto it = chunks_.find(m.seq);
+        if (mem.dropped) {
+            reply.status = WSYNC_ERR_PEER;
+            reply.text = "this receiver was dropped by the trainer";
+        } else if (it == chunks_.end() || mem.leases.count(m.seq) == 0) {
+            reply.status = WSYNC_ERR_WRONG_STATE;
+            reply.text = "chunk seq " + std::to_string(m.seq) + " is not leased to this receiver";
+        } else if (m.bytes == 0 || m.offset > it->second.bytes || m.bytes > it->second.bytes - m.offset) {
+            reply.status = WSYNC_ERR_MALFORMED;
+            reply.text = "bytes [" + std::to_string(m.offset) + ", +" + std::to_string(m.bytes) +
+                         ") are not within the " + std::to_string(it->second.bytes) + "-byte chunk seq " +
+                         std::to_string(m.seq);
+        }
+        reply.index = index;
+        reply.token = mem.token;
+        // Data messages carry no rising number: the engine takes one only as the answer to a
+        // fetch it has outstanding (its own number, in `version`, never reused).
+        std::vector<uint8_t> sealed = seal_msg(reply, mem.key, Dir::ToEngine);
+        if (reply.status != WSYNC_OK) {
+            w_->send_data(*mem.ep, std::move(sealed), nullptr, 0, 0);
+            return;
+        }
+        ++it->second.sending;
+        w_->send_data(*mem.ep, std::move(sealed), static_cast<const uint8_t *>(it->second.buf.base) + m.offset,
+                      m.bytes, m.seq);
+    }
+
     bool abandoned_here(uint64_t version) const {
         return std::find(abandoned_.begin(), abandoned_.end(), version) != abandoned_.end();
     }
@@ -478,12 +523,10 @@ private:
         release();
     }
 
-    // Unregisters nothing a receiver holds a lease on: over tcp UCX's target-side GET emulation
-    // reads our memory without checking the registration, so a read after unmap would read
-    // freed memory. Retired chunks go back to the pool once no lease holds them.
+    // Retired chunks go back to the pool once no lease holds them and no send reads them.
     void release() {
         for (auto it = chunks_.begin(); it != chunks_.end();) {
-            if (it->second.retired && it->second.leases == 0) {
+            if (it->second.retired && it->second.leases == 0 && it->second.sending == 0) {
                 put_buffer(it->second.buf);
                 it = chunks_.erase(it);
             } else {
@@ -517,13 +560,6 @@ private:
                                               " bytes to stage a chunk");
             madvise(b.base, b.cap, MADV_HUGEPAGE);
         }
-        try {
-            std::unique_lock<std::mutex> lock = caller_lock();
-            b.region = w_->map(b.base, b.cap, true, "a chunk's staging buffer");
-        } catch (...) {
-            if (!pinned) munmap(b.base, b.cap);
-            throw;
-        }
         return b;
     }
 
@@ -533,11 +569,10 @@ private:
         b = Buffer{};
     }
 
-    // Unregisters and frees a buffer. Pinned memory is only retired here (free_retired() frees
+    // Frees a buffer. Pinned memory is only retired here (free_retired() frees
     // it): this runs under the mutex, on the progress thread too, and freeing pinned memory may
     // wait for the GPU.
     void free_buffer(Buffer &b) noexcept {
-        w_->unmap(b.region);
         if (b.pinned) {
             try {
                 retired_.push_back(std::move(b.pinned));
