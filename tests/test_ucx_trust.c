@@ -174,7 +174,7 @@ static size_t seal(const struct msg *m, const uint8_t key[32], uint8_t *out) {
     p += 16;
     put(&p, 0, 2);
     put(&p, m->address_len, 4);
-    memcpy(p, m->address, m->address_len);
+    if (m->address_len) memcpy(p, m->address, m->address_len);
     p += m->address_len;
     uint8_t d[70000];
     size_t n = 0;
