@@ -337,6 +337,28 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * setenv() is not safe while other threads read the environment: a process that starts threads
  * before its first "ucx" call (torch, OpenMP) sets UCX_TCP_CONN_NB itself first, to "y" (or
  * to "n" to keep UCX's blocking connect and its unbounded waits).
+ * "ucx" trust model (its wire version 2; docs/failure-model.md, "Who may talk to a trainer").
+ * The init info is the secret: it carries a random 32-byte key (HMAC-SHA256, OpenSSL's
+ * libcrypto.so.3, loaded at run time like libucp; without it the kind is WSYNC_ERR_UNAVAILABLE)
+ * and is to be handed only to the engines meant to attach. Requests do not carry the key and
+ * neither does anything on the wire. An engine's hello is authenticated with it (over its
+ * index, a fresh nonce and the worker address it asks to be answered at); the trainer connects
+ * to no address, and answers nothing, until a hello is authentic and new (a replayed one is
+ * dropped), and every later control message either way carries a MAC made with a key of that
+ * connection and a rising number (forged or replayed ones are dropped). So a process that can
+ * reach the trainer's UCX port, or holds a request blob, but not the init info, cannot attach,
+ * take a receiver index, stop an engine or end a version; active messages to ids other than
+ * libwsync's, and malformed ones, are dropped. Nothing of either side's memory is registered
+ * for peers and UCX's remote memory access is off: chunks move only as the trainer's answers to
+ * fetches it checked (an authenticated engine, a chunk it holds a lease on, a range within the
+ * chunk; anything else is refused with no byte). Not covered (issue 37): weights and messages
+ * travel unencrypted (a data message's payload is not MACed; checksums are not MACs), and
+ * floods cost the trainer CPU and memory. Run "ucx" between hosts of one trusted network
+ * (narrow "net_devices" to it). Blobs and
+ * messages name no host: engines call the trainer "the trainer (session S)", the trainer calls
+ * an engine "receiver N (pid P)", and a refusal names no other engine; the worker addresses in
+ * the init info and the hello hold the interface addresses UCX listens on (all of them unless
+ * "net_devices" narrows it).
  * Borrows kind and options_json for the call. On success *out is a new strategy, freed with
  * wsync_strategy_destroy(). Does not block. */
 WSYNC_API wsync_status_t wsync_strategy_create(const char *kind, const char *options_json,

@@ -46,9 +46,10 @@ while [ $# -gt 0 ]; do
     --pack-deps)
       rm -rf .gpu-deps && mkdir -p .gpu-deps/debs .gpu-deps/root
       # pkgconf too: CMake needs a pkg-config to find cmocka, and GPU images often lack one.
-      # UCX (and what libucp needs) so the ucx kind is built and its GPU-trainer tests run.
+      # UCX (and what libucp needs) so the ucx kind is built and its GPU-trainer tests run, and
+      # libssl3 (libcrypto.so.3: the ucx kind's HMAC-SHA256, opened at run time).
       (cd .gpu-deps/debs && apt-get download libcmocka0 libcmocka-dev nlohmann-json3-dev libxxhash-dev \
-         pkgconf pkgconf-bin libpkgconf3 libucx0 libucx-dev libnuma1 libibverbs1 librdmacm1)
+         pkgconf pkgconf-bin libpkgconf3 libucx0 libucx-dev libnuma1 libibverbs1 librdmacm1 libssl3)
       for d in .gpu-deps/debs/*.deb; do dpkg -x "$d" .gpu-deps/root; done
       grep -qx '/.gpu-deps/' .git/info/exclude 2>/dev/null || echo '/.gpu-deps/' >> .git/info/exclude
       echo "packed: $(ls .gpu-deps/debs | tr '\n' ' ')"; exit 0 ;;

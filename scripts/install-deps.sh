@@ -5,7 +5,8 @@
 set -euo pipefail
 build=(build-essential cmake pkg-config nlohmann-json3-dev libxxhash-dev libucx-dev)
 tests=(libcmocka-dev clang-14 libclang-rt-14-dev python3 python3-pytest python3-numpy
-       python3-torch python3-xxhash python3-venv binutils dpkg-dev lintian libucx0 ucx-utils iproute2 nftables)
+       python3-torch python3-xxhash python3-venv binutils dpkg-dev lintian libucx0 ucx-utils iproute2 nftables
+       libssl3 libssl-dev)  # the ucx kind opens libcrypto.so.3; test_ucx_trust links it
 want=("${build[@]}")
 [ "${1:-}" = "--build" ] || want+=("${tests[@]}")
 command -v cargo >/dev/null 2>&1 || [ "${1:-}" = "--build" ] || want+=(cargo)

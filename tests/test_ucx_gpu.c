@@ -4,9 +4,10 @@
  * hashed there by the trainer's CPU; engines pull host bytes as from any ucx trainer, and an
  * engine with a GPU ("device") pulls into pinned memory and has wsync_recv_copy() verify on the
  * host and queue one asynchronous copy into its device memory. Trainer and engine
- * share this process over loopback tcp (the sender's progress thread serves the GETs), so the
+ * share this process over loopback tcp (the sender's progress thread serves the fetches), so the
  * fake's "device memory" (host shared memory) is filled and checked directly.
  * tests/gpu/test_gpu_hw.c runs the same path between two processes on a real GPU. */
+#define _GNU_SOURCE /* memmem */
 #include <dlfcn.h>
 
 #include "fake_gpu/fake_gpu.h"
@@ -481,15 +482,20 @@ static void a_gpu_engine_copies_verified_chunks_into_device_memory_asynchronousl
     assert_int_equal(stats_now().pinned_live, 0);
 }
 
-/* The request's staging address in this process (trainer and engine share it here). */
-static uint8_t *staged_at(const wsync_blob_t *req) {
-    char *json = NULL;
-    OK(wsync_blob_describe(req->data, req->size, &json));
-    const char *a = strstr(json, "\"addr\":");
-    assert_non_null(a);
-    uint8_t *at = (uint8_t *)(uintptr_t)strtoull(a + 7, NULL, 10);
-    wsync_string_free(json);
-    return at;
+/* Flips a bit of tensor k's tree hash in a request (version v's bytes) and re-seals it: the
+ * chunk then arrives with bytes that do not match what the request says, as bytes changed on
+ * the way would. (Requests carry no staging address to corrupt the trainer's copy through:
+ * chunks are fetched, issue 37.) */
+static void corrupt_tree_hash(wsync_blob_t *req, uint64_t v, int k) {
+    uint8_t *host = malloc(bytes[k]), be[8];
+    tu_fill(host, bytes[k], v, (uint64_t)k);
+    const uint64_t h = tu_tree_hash(host, bytes[k]);
+    free(host);
+    for (int i = 0; i < 8; ++i) be[i] = (uint8_t)(h >> (56 - 8 * i));
+    uint8_t *at = memmem(req->data, req->size, be, sizeof be);
+    assert_non_null(at);
+    at[7] ^= 0x40;
+    tu_reseal(req->data, req->size);
 }
 
 static void a_corrupted_chunk_is_refused_before_any_device_copy_and_both_sides_hear_of_it(void **state) {
@@ -501,7 +507,7 @@ static void a_corrupted_chunk_is_refused_before_any_device_copy_and_both_sides_h
     fill(&r, 1, 0);
     wsync_blob_t req;
     OK(send(&r, 0, &req));
-    staged_at(&req)[100] ^= 0x40; /* t0's bytes, after the trainer hashed them */
+    corrupt_tree_hash(&req, 1, 0); /* t0's */
     const struct wsync_fake_stats before = stats_now();
     assert_int_equal(load_into(&r, &p, &req, 0), WSYNC_ERR_INTEGRITY);
     assert_non_null(strstr(wsync_last_error(), "'t0'"));

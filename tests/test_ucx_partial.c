@@ -1,6 +1,6 @@
 /* Partial pulls over the ucx kind ("select" option), trainer and engines in this one process
- * over loopback tcp (the sender's progress thread serves the GETs). The engines load UCX through
- * tests/ucx/ucp_count.c, which counts every GET and its bytes at the UCP API, so "only the
+ * over loopback tcp (the sender's progress thread serves the fetches). The engines load UCX through
+ * tests/ucx/ucp_count.c, which counts every fetch and its bytes at the UCP API, so "only the
  * selected bytes move" is measured where UCX is asked to move them. */
 #define _GNU_SOURCE /* memmem */
 #include <dlfcn.h>
@@ -161,7 +161,7 @@ static uint64_t completed(wsync_receiver_t *r) {
 /* Two engines pull different tensor-parallel shards (rank 0 and 1 of 2 along dimension 0) of
  * the same two weights plus the whole norm, over three versions (the trainer carrying 4 KiB
  * block checksums, so each shard is verified block by block): each gets exactly its rows,
- * bit-exact, and UCX is asked for exactly those bytes, one GET per range (no two ranges of a
+ * bit-exact, and UCX is asked for exactly those bytes, one fetch per range (no two ranges of a
  * rank touch in the trainer's chunk: q's half, k's half, the norm). An engine without a
  * selection pulls every byte of each chunk, which shows the counter sees whole pulls too. */
 static void two_tp_shards_get_exactly_their_bytes_over_three_versions(void **state) {
@@ -211,7 +211,7 @@ static void two_tp_shards_get_exactly_their_bytes_over_three_versions(void **sta
 }
 
 /* A selected tensor the version does not hold fails by name (WSYNC_ERR_MISMATCH naming it and
- * the version) at the chunk that commits the version, before that chunk's GET: in a one-chunk
+ * the version) at the chunk that commits the version, before that chunk's fetch: in a one-chunk
  * version nothing moves at all; in a two-chunk version whose first chunk holds nothing
  * selected, nothing moves either. The trainer's flush names the engine and the tensor. */
 static void a_selected_tensor_missing_from_the_version_fails_by_name_before_any_byte_moves(void **state) {
@@ -300,9 +300,9 @@ static void a_range_past_the_end_or_a_conflicting_dtype_or_shape_fails_by_name_b
 
 /* Byte ranges with "select_rest": "whole": the other tensors arrive whole, the two ranges of
  * embed as parts; wsync_recv_copy of each entry whole writes exactly the ranges into a
- * tensor-sized buffer and leaves the rest of it alone. Ranges coalesce into one GET where only
+ * tensor-sized buffer and leaves the rest of it alone. Ranges coalesce into one fetch where only
  * padding lies between them: q and k (back to back), and the norm with embed's first range
- * (the 128 padding bytes between them travel too); embed's second range is a GET of its own. */
+ * (the 128 padding bytes between them travel too); embed's second range is a fetch of its own. */
 static void byte_ranges_with_the_rest_whole_copy_into_place(void **state) {
     (void)state;
     need_ucx();
@@ -517,7 +517,7 @@ static void corrupt_sum(wsync_blob_t *req, uint64_t sum) {
 
 /* With the trainer's "block_checksum_bytes", a range is verified block by block where it covers
  * a block whole: a corrupt block checksum fails the chunk with WSYNC_ERR_INTEGRITY naming the
- * tensor and the block (after its GET; the trainer hears of it). A range covering a block only
+ * tensor and the block (after its fetch; the trainer hears of it). A range covering a block only
  * in part is not verified, as documented: the same corrupt checksum goes unnoticed there. The
  * next, intact version arrives at both engines. */
 static void block_checksums_verify_whole_blocks_of_a_range_and_name_a_corrupt_one(void **state) {

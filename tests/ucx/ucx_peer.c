@@ -230,7 +230,7 @@ static int engine(const char *dir, const char *opts, unsigned index, int from, i
         snprintf(with_select + w, sizeof with_select - (size_t)w, "],\"rank\":%u,\"ranks\":%u}]}", rank, ranks);
         opts = with_select;
     }
-    uint64_t (*fetched)(void) = NULL;  /* the counting stand-in's GET byte counter, if loaded */
+    uint64_t (*fetched)(void) = NULL;  /* the counting stand-in's fetched-byte counter, if loaded */
     const char *lib = getenv("WSYNC_UCX_LIBRARY");
     if (lib && *lib) {
         void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);

@@ -38,16 +38,10 @@ namespace wsync::ucx {
     X(ucp_worker_set_am_recv_handler, ucs_status_t, (ucp_worker_h, const ucp_am_handler_param_t *)) \
     X(ucp_ep_create, ucs_status_t, (ucp_worker_h, const ucp_ep_params_t *, ucp_ep_h *))         \
     X(ucp_ep_close_nbx, ucs_status_ptr_t, (ucp_ep_h, const ucp_request_param_t *))               \
-    X(ucp_mem_map, ucs_status_t, (ucp_context_h, const ucp_mem_map_params_t *, ucp_mem_h *))    \
-    X(ucp_mem_unmap, ucs_status_t, (ucp_context_h, ucp_mem_h))                                   \
-    X(ucp_rkey_pack, ucs_status_t, (ucp_context_h, ucp_mem_h, void **, size_t *))               \
-    X(ucp_rkey_buffer_release, void, (void *))                                                   \
-    X(ucp_ep_rkey_unpack, ucs_status_t, (ucp_ep_h, const void *, ucp_rkey_h *))                 \
-    X(ucp_rkey_destroy, void, (ucp_rkey_h))                                                      \
-    X(ucp_get_nbx, ucs_status_ptr_t,                                                             \
-      (ucp_ep_h, void *, size_t, uint64_t, ucp_rkey_h, const ucp_request_param_t *))             \
     X(ucp_am_send_nbx, ucs_status_ptr_t,                                                         \
       (ucp_ep_h, unsigned, const void *, size_t, const void *, size_t, const ucp_request_param_t *)) \
+    X(ucp_am_recv_data_nbx, ucs_status_ptr_t, (ucp_worker_h, void *, void *, size_t, const ucp_request_param_t *)) \
+    X(ucp_am_data_release, void, (ucp_worker_h, void *))                                         \
     X(ucp_request_check_status, ucs_status_t, (void *))                                          \
     X(ucp_request_cancel, void, (ucp_worker_h, void *))                                          \
     X(ucp_request_free, void, (void *))                                                          \

@@ -1,5 +1,6 @@
 #include "transport/ucx/init_info.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <unistd.h>
 
@@ -18,9 +19,20 @@ const json::binary_t &binary_field(const json &obj, const char *key, const std::
     return v.get_binary();
 }
 
-// Fixed head of a control message: type, index, token, seq, version, chunk, status, pid,
-// text length, address length; all little-endian.
-constexpr std::size_t kHead = 4 + 4 + 8 + 8 + 8 + 4 + 4 + 4 + 2 + 4;
+// Fixed head of a control message: wire version u16, type u16, index, token, number, seq,
+// version, offset, bytes, chunk, status, pid, nonce, text length, address length; all
+// little-endian. The MAC follows the text and the address.
+constexpr std::size_t kHead = 2 + 2 + 4 + 8 + 8 + 8 + 8 + 8 + 8 + 4 + 4 + 4 + kNonceBytes + 2 + 4;
+
+Mac mac_of(const Msg &m, const uint8_t *bytes, std::size_t n, const Key &key, Dir dir) {
+    static const char hello[] = "wsync-ucx-hello";
+    std::vector<uint8_t> d;
+    d.reserve(n + sizeof hello);
+    if (m.type == MsgType::Hello) d.insert(d.end(), hello, hello + sizeof hello - 1);
+    else d.push_back(static_cast<uint8_t>(dir));
+    d.insert(d.end(), bytes, bytes + n);
+    return hmac(key.data(), key.size(), d.data(), d.size());
+}
 
 void put(std::vector<uint8_t> &out, uint64_t v, int bytes) {
     for (int i = 0; i < bytes; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
@@ -35,16 +47,31 @@ uint64_t get(const uint8_t *&p, int bytes) {
 }  // namespace
 
 json encode_init_info(const InitInfo &info) {
-    return json{{"address", json::binary(info.address)}, {"trainer", info.trainer},
-                {"session", info.session},               {"receivers", info.receivers},
-                {"keep_versions", info.keep_versions},   {"checksum", info.checksum}};
+    return json{{"wire", kWireVersion},
+                {"address", json::binary(info.address)},
+                {"key", json::binary(std::vector<uint8_t>(info.key.begin(), info.key.end()))},
+                {"session", info.session},
+                {"receivers", info.receivers},
+                {"keep_versions", info.keep_versions},
+                {"checksum", info.checksum}};
 }
 
 InitInfo parse_init_info(const json &body) {
     const std::string w = "ucx init info";
     InitInfo info;
+    if (!body.contains("wire") || !body.contains("key"))
+        wire::malformed(w + " is of ucx wire version 1 (libwsync 0.6.2 or older: engines attach "
+                            "unauthenticated); this library speaks version " +
+                        std::to_string(kWireVersion) +
+                        " and refuses it: make the init info with the same libwsync as the engines");
+    const uint64_t version = wire::uint_field(body, "wire", w, UINT32_MAX);
+    if (version != kWireVersion)
+        wire::malformed(w + " is of ucx wire version " + std::to_string(version) + "; this library speaks version " +
+                        std::to_string(kWireVersion));
     info.address = binary_field(body, "address", w, kMaxAddressBytes);
-    info.trainer = wire::string_field(body, "trainer", w, kMaxText);
+    const auto &key = binary_field(body, "key", w, kKeyBytes);
+    if (key.size() != kKeyBytes) wire::malformed(w + ": key is not " + std::to_string(kKeyBytes) + " bytes");
+    std::copy(key.begin(), key.end(), info.key.begin());
     info.session = wire::uint_field(body, "session", w, UINT64_MAX);
     info.receivers = static_cast<uint32_t>(wire::uint_field(body, "receivers", w, kMaxReceivers));
     info.keep_versions =
@@ -56,8 +83,7 @@ InitInfo parse_init_info(const json &body) {
 }
 
 json encode_where(const Where &w) {
-    json t{{"session", w.session}, {"seq", w.seq}, {"addr", w.addr}, {"bytes", w.bytes},
-           {"rkey", json::binary(w.rkey)}};
+    json t{{"session", w.session}, {"seq", w.seq}, {"bytes", w.bytes}};
     if (w.block_bytes) {
         std::vector<uint8_t> sums(w.block_sums.size() * 8);
         for (std::size_t i = 0; i < w.block_sums.size(); ++i)
@@ -74,9 +100,7 @@ Where parse_where(const json &t) {
     at.session = wire::uint_field(t, "session", w, UINT64_MAX);
     at.seq = wire::uint_field(t, "seq", w, UINT64_MAX);
     if (at.seq == 0) wire::malformed(w + ": seq is 0 (chunks count from 1)");
-    at.addr = wire::uint_field(t, "addr", w, UINT64_MAX);
     at.bytes = wire::uint_field(t, "bytes", w, uint64_t(1) << 62);
-    at.rkey = binary_field(t, "rkey", w, kMaxRkeyBytes);
     if (t.contains("block_bytes")) {  // the count is checked against the table by the receiver
         at.block_bytes = wire::uint_field(t, "block_bytes", w, kMaxBlockBytes);
         if (at.block_bytes < kMinBlockBytes)
@@ -95,50 +119,66 @@ Where parse_where(const json &t) {
     return at;
 }
 
-std::vector<uint8_t> encode_msg(const Msg &m) {
+std::vector<uint8_t> seal_msg(const Msg &m, const Key &key, Dir dir) {
     std::vector<uint8_t> out;
     const std::size_t text = std::min(m.text.size(), kMaxText);
-    out.reserve(kHead + text + m.address.size());
-    put(out, static_cast<uint32_t>(m.type), 4);
+    out.reserve(kHead + text + m.address.size() + kMacBytes);
+    put(out, kWireVersion, 2);
+    put(out, static_cast<uint32_t>(m.type), 2);
     put(out, m.index, 4);
     put(out, m.token, 8);
+    put(out, m.number, 8);
     put(out, m.seq, 8);
     put(out, m.version, 8);
+    put(out, m.offset, 8);
+    put(out, m.bytes, 8);
     put(out, m.chunk, 4);
     put(out, static_cast<uint32_t>(m.status), 4);
     put(out, static_cast<uint32_t>(m.pid), 4);
+    out.insert(out.end(), m.nonce.begin(), m.nonce.end());
     put(out, text, 2);
     put(out, m.address.size(), 4);
     out.insert(out.end(), m.text.begin(), m.text.begin() + static_cast<std::ptrdiff_t>(text));
     out.insert(out.end(), m.address.begin(), m.address.end());
+    const Mac mac = mac_of(m, out.data(), out.size(), key, dir);
+    out.insert(out.end(), mac.begin(), mac.end());
     return out;
 }
 
+bool authentic(const Msg &m, const Key &key, Dir dir) {
+    const Mac want = mac_of(m, m.signed_bytes.data(), m.signed_bytes.size(), key, dir);
+    return same_mac(want.data(), m.mac.data());
+}
+
 bool decode_msg(const void *data, std::size_t size, Msg &out) {
-    if (!data || size < kHead) return false;
-    const uint8_t *p = static_cast<const uint8_t *>(data);
-    const uint32_t type = static_cast<uint32_t>(get(p, 4));
-    if (type < uint32_t(MsgType::Hello) || type > uint32_t(MsgType::Dropped)) return false;
+    if (!data || size < kHead + kMacBytes) return false;
+    const uint8_t *const start = static_cast<const uint8_t *>(data);
+    const uint8_t *p = start;
+    if (get(p, 2) != kWireVersion) return false;
+    const uint32_t type = static_cast<uint32_t>(get(p, 2));
+    if (type < uint32_t(MsgType::Hello) || type > uint32_t(MsgType::Data)) return false;
     out.type = static_cast<MsgType>(type);
     out.index = static_cast<uint32_t>(get(p, 4));
     out.token = get(p, 8);
+    out.number = get(p, 8);
     out.seq = get(p, 8);
     out.version = get(p, 8);
+    out.offset = get(p, 8);
+    out.bytes = get(p, 8);
     out.chunk = static_cast<uint32_t>(get(p, 4));
     out.status = static_cast<int32_t>(get(p, 4));
     out.pid = static_cast<int32_t>(get(p, 4));
+    std::copy(p, p + kNonceBytes, out.nonce.begin());
+    p += kNonceBytes;
     const std::size_t text = get(p, 2), addr = get(p, 4);
-    if (text > kMaxText || addr > kMaxAddressBytes || size != kHead + text + addr) return false;
+    if (text > kMaxText || addr > kMaxAddressBytes || size != kHead + text + addr + kMacBytes) return false;
     if (out.status < 0 || out.status > 0xffff) return false;
+    if (addr && out.type != MsgType::Hello) return false;
     out.text = wire::printable(std::string_view(reinterpret_cast<const char *>(p), text), kMaxText);
     out.address.assign(p + text, p + text + addr);
+    out.signed_bytes.assign(start, start + (size - kMacBytes));
+    std::copy(start + (size - kMacBytes), start + size, out.mac.begin());
     return true;
-}
-
-std::string self_name() {
-    char host[256] = {};
-    if (gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
-    return std::string(host) + " pid " + std::to_string(getpid());
 }
 
 }  // namespace wsync::ucx

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -44,26 +45,32 @@ public:
     UcxReceiver(const InitInfo &info, uint32_t index, const ReceiverOptions &o)
         : info_(info), index_(index), o_(o),
           w_(std::make_unique<Worker>(o.config, std::string(kKind) + " receiver " + std::to_string(index))),
-          trainer_("the trainer (" + info.trainer + ")") {
+          trainer_("the trainer (session " + hex16(info.session) + ")") {
         if (o.device >= 0) {  // before the trainer hears of us: a bad ordinal attaches nothing
             dev_ = std::make_unique<gpu::Device>(gpu::cuda(), o.device, kKind);
             loaded_ = std::make_unique<gpu::Event>(*dev_);
         }
         sys::random_bytes(&token_, sizeof token_);
         ep_ = w_->connect(info.address, trainer_);
+        // The hello names no host: the trainer learns our pid (for its failure records) and
+        // the worker address it must answer to, MACed with the init info's key (auth.hpp).
         Msg hello;
         hello.type = MsgType::Hello;
+        hello.index = index_;
+        hello.token = token_;
         hello.seq = info.session;
         hello.pid = static_cast<int32_t>(getpid());
-        hello.text = self_name();
+        sys::random_bytes(nonce_.data(), nonce_.size());
+        hello.nonce = nonce_;
         hello.address = w_->address();
-        send(hello);
+        w_->send(*ep_, seal_msg(hello, info_.key, Dir::ToTrainer));
         const sys::Deadline d(o.timeout_ms);
         awaited_ = MsgType::Welcome;
         if (!w_->wait([&] { return drain() || ep_->error != UCS_OK; }, d)) {
             teardown();
             fail(WSYNC_ERR_TIMEOUT, who() + ": " + trainer_ + " did not answer the attach within " +
-                                        std::to_string(o.timeout_ms) + " ms");
+                                        std::to_string(o.timeout_ms) +
+                                        " ms (it answers only hellos made with its own init info's key)");
         }
         check_link("attaching");
         if (reply_.status != WSYNC_OK) {
@@ -79,6 +86,8 @@ public:
             send(bye);
             w_->wait([] { return false; }, sys::Deadline(20));  // let the goodbye go out
         }
+        for (Msg &m : data_) w_->release(m.desc);
+        data_.clear();
         teardown();
         loader_caught_up();
         const bool stuck = buffer_stuck_;
@@ -166,7 +175,7 @@ public:
     std::unique_ptr<ChunkBacking> open(const ChunkHeader &h, const TensorTable &table,
                                        const json &transport) override {
         Where at = admit(h, table, transport);
-        pull(h, at, {Span{at.addr, at.bytes, 0}}, at.bytes);
+        pull(h, at, {Span{0, at.bytes, 0}}, at.bytes);
         auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), table.offsets, at.seq);
         b->set_header(h);
         return b;
@@ -174,10 +183,10 @@ public:
 
     const select::Spec *selection() const override { return o_.selection.get(); }
 
-    // A selection's chunk: only the ranges move, coalesced into one GET per run of ranges that
+    // A selection's chunk: only the ranges move, coalesced into one fetch per run of ranges that
     // are adjacent in the trainer's buffer (at most the kTensorAlign padding between two
     // tensors apart), each run placed in our buffer at the trainer's alignment modulo
-    // kTensorAlign. Nothing to fetch: no lease and no GET (the chunk is still acknowledged).
+    // kTensorAlign. Nothing to fetch: no lease and no fetch (the chunk is still acknowledged).
     std::unique_ptr<ChunkBacking> open_ranges(const ChunkHeader &h, const TensorTable &table,
                                               const std::vector<ByteRange> &fetch,
                                               const json &transport) override {
@@ -225,7 +234,7 @@ public:
             const uint64_t end = spans.empty() ? 0 : first + spans.back().bytes;
             if (spans.empty() || (r.offset > end && !padding_only(end, r.offset))) {
                 const uint64_t at_local = layout::round_up(cursor, layout::kTensorAlign) + r.offset % layout::kTensorAlign;
-                spans.push_back(Span{at.addr + r.offset, 0, at_local});
+                spans.push_back(Span{r.offset, 0, at_local});
                 first = r.offset;
             }
             Span &s = spans.back();
@@ -351,7 +360,7 @@ private:
         return at;
     }
 
-    // Leases the chunk and GETs every span into our buffer (`need` bytes of it), all in flight
+    // Leases the chunk and fetches every span into our buffer (`need` bytes of it), all in flight
     // at once, each bounded by the deadline; on any failure the trainer hears of it.
     void pull(const ChunkHeader &h, const Where &at, const std::vector<Span> &spans, uint64_t need) {
         uint64_t moved = 0;
@@ -375,31 +384,7 @@ private:
         // From here the trainer holds the chunk for us until we answer seq.
         try {
             ensure_buffer(need);
-            ucp_rkey_h rkey = w_->unpack(*ep_, at.rkey, chunk);
-            std::vector<void *> reqs;
-            ucs_status_t st = UCS_OK;
-            try {
-                for (const Span &s : spans)
-                    if (s.bytes) {
-                        reqs.push_back(w_->get(*ep_, static_cast<uint8_t *>(buf_) + s.local, s.bytes, s.remote, rkey, chunk));
-                    }
-            } catch (...) {
-                if (!reqs.empty()) teardown();  // GETs in flight may still land: no buffer reuse
-                w_->api().ucp_rkey_destroy(rkey);
-                throw;
-            }
-            for (void *req : reqs) {
-                const ucs_status_t one = finish(*w_, req, *ep_, deadline);
-                if (st == UCS_OK) st = one;
-            }
-            w_->api().ucp_rkey_destroy(rkey);
-            if (st == UCS_ERR_TIMED_OUT) {
-                teardown();  // the GET may still land: no buffer reuse until the endpoint is gone
-                fail(WSYNC_ERR_TIMEOUT, who() + ": reading " + chunk + " from " + trainer_ +
-                                            " did not finish within " + std::to_string(o_.timeout_ms) +
-                                            " ms; the connection is closed");
-            }
-            if (st != UCS_OK) ucs_fail(w_->api(), st, who() + ": reading " + chunk + " from " + trainer_, WSYNC_ERR_PEER);
+            fetch(at, spans, chunk, deadline);
         } catch (const Error &e) {
             answer(at.seq, h, e.status(), e.what());
             throw;
@@ -407,16 +392,135 @@ private:
         last_seq_ = at.seq;
     }
 
+    // Asks the trainer for every span (a Fetch each, numbered) and takes each answer into place:
+    // an eager payload is copied, a rendezvous one received straight into our buffer; all in
+    // flight at once, bounded by the deadline. Only an authentic Data message that answers a
+    // fetch still outstanding, with its range and size, is taken; the trainer's refusal (a
+    // range past the chunk, no lease) fails the chunk with its status and text.
+    void fetch(const Where &at, const std::vector<Span> &spans, const std::string &chunk, const sys::Deadline &deadline) {
+        struct Want {
+            Span span;
+            uint64_t number;
+            bool done = false;
+        };
+        std::vector<Want> wants;
+        for (const Span &sp : spans)
+            if (sp.bytes) wants.push_back(Want{sp, ++fetches_});
+        for (const Want &w : wants) {
+            Msg m;
+            m.type = MsgType::Fetch;
+            m.seq = at.seq;
+            m.version = w.number;
+            m.offset = w.span.remote;
+            m.bytes = w.span.bytes;
+            send(m);
+        }
+        std::vector<void *> reqs;
+        std::size_t left = wants.size();
+        std::string refused;
+        wsync_status_t refused_status = WSYNC_OK;
+        auto take = [&] {
+            drain();
+            for (Msg &d : data_) {
+                auto w = std::find_if(wants.begin(), wants.end(), [&](const Want &x) {
+                    return !x.done && x.number == d.version && x.span.remote == d.offset && x.span.bytes == d.bytes &&
+                           d.seq == at.seq;
+                });
+                if (w == wants.end()) {
+                    w_->release(d.desc);  // answers nothing outstanding: given back
+                    continue;
+                }
+                w->done = true;
+                --left;
+                if (d.status != WSYNC_OK || d.length != d.bytes) {
+                    w_->release(d.desc);
+                    if (refused_status == WSYNC_OK) {
+                        refused_status = d.status != WSYNC_OK ? static_cast<wsync_status_t>(d.status) : WSYNC_ERR_MALFORMED;
+                        refused = d.status != WSYNC_OK ? d.text
+                                                       : "the trainer sent " + std::to_string(d.length) + " bytes for a fetch of " +
+                                                             std::to_string(d.bytes);
+                    }
+                    continue;
+                }
+                uint8_t *dst = static_cast<uint8_t *>(buf_) + w->span.local;
+                if (d.desc) {
+                    void *req = w_->receive(d.desc, dst, d.bytes, chunk + " from " + trainer_);
+                    if (req) reqs.push_back(req);
+                } else {
+                    std::memcpy(dst, d.payload.data(), d.bytes);
+                }
+            }
+            data_.clear();
+            return left == 0 || ep_->error != UCS_OK;
+        };
+        ucs_status_t st = UCS_OK;
+        try {
+            if (!w_->wait(take, deadline)) st = UCS_ERR_TIMED_OUT;
+        } catch (...) {
+            if (!reqs.empty()) teardown();  // receives in flight may still land: no buffer reuse
+            throw;
+        }
+        for (void *req : reqs) {
+            const ucs_status_t one = finish(*w_, req, *ep_, deadline);
+            if (st == UCS_OK) st = one;
+        }
+        if (st == UCS_ERR_TIMED_OUT) {
+            teardown();  // a rendezvous receive may still land: no buffer reuse until the endpoint is gone
+            fail(WSYNC_ERR_TIMEOUT, who() + ": reading " + chunk + " from " + trainer_ + " did not finish within " +
+                                        std::to_string(o_.timeout_ms) + " ms; the connection is closed");
+        }
+        check_link("reading " + chunk);
+        if (st != UCS_OK) ucs_fail(w_->api(), st, who() + ": reading " + chunk + " from " + trainer_, WSYNC_ERR_PEER);
+        if (refused_status != WSYNC_OK)
+            fail(refused_status, who() + ": " + trainer_ + " refused to send " + chunk + ": " + refused);
+    }
+
+    static std::string hex16(uint64_t v) {
+        char b[17];
+        std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+        return b;
+    }
+
+    // Sends the trainer a message sealed with the connection's key, numbered.
     void send(Msg m) {
         m.index = index_;
         m.token = token_;
-        w_->send(*ep_, m);
+        m.number = ++sent_;
+        w_->send(*ep_, seal_msg(m, key_, Dir::ToTrainer));
+    }
+
+    // Whether a message is the trainer's: for us (index, token), MACed with the connection's
+    // key and numbered above the last one. The welcome brings the trainer's nonce, from which
+    // (with ours) the connection's key is made. Anything else is dropped: whoever reaches our
+    // worker without the key cannot make us act.
+    bool from_trainer(const Msg &m) {
+        if (m.index != index_ || m.token != token_) return false;
+        if (m.type == MsgType::Welcome) {
+            if (attached_ || m.number != 1) return false;
+            const Key key = connection_key(info_.key, index_, token_, nonce_, m.nonce);
+            if (!authentic(m, key, Dir::ToEngine)) return false;
+            key_ = key;
+            attached_ = true;
+            heard_ = 1;
+            return true;
+        }
+        if (!attached_ || m.number <= heard_ || !authentic(m, key_, Dir::ToEngine)) return false;
+        heard_ = m.number;
+        return true;
     }
 
     // Handles the messages that arrived; true once the awaited reply has.
     bool drain() {
         bool got = false;
         for (Msg &m : w_->take_inbox()) {
+            if (m.type == MsgType::Data) {  // no rising number: fetch() matches it to a fetch
+                if (attached_ && m.index == index_ && m.token == token_ && authentic(m, key_, Dir::ToEngine))
+                    data_.push_back(std::move(m));
+                else
+                    w_->release(m.desc);
+                continue;
+            }
+            if (!from_trainer(m)) continue;
             if (m.type == MsgType::Abandon) abandoned_ = std::max(abandoned_, m.version);
             else if (m.type == MsgType::Dropped) dropped_ = true;
             else if (m.type == awaited_ && (m.type != MsgType::Grant || m.seq == awaited_seq_)) {
@@ -467,22 +571,15 @@ private:
                 fail(WSYNC_ERR_NO_MEMORY, who() + ": cannot map " + std::to_string(cap) + " bytes for a chunk");
             madvise(p, cap, MADV_HUGEPAGE);
         }
-        try {
-            region_ = w_->map(p, cap, false, "its receive buffer");
-        } catch (...) {
-            if (!pinned) munmap(p, cap);
-            throw;
-        }
         buf_ = p;
         cap_ = cap;
         pinned_ = std::move(pinned);
     }
 
-    // Unregisters and frees the receive buffer; a pinned one that copies a wait gave up on may
+    // Frees the receive buffer; a pinned one that copies a wait gave up on may
     // still read is left to the driver (freeing pinned memory may wait for them).
     void drop_buffer() noexcept {
         if (!buf_) return;
-        w_->unmap(region_);
         if (pinned_) {
             if (buffer_stuck_) pinned_->leak();
             pinned_.reset();
@@ -505,6 +602,10 @@ private:
     std::string trainer_;
     std::unique_ptr<Endpoint> ep_;
     uint64_t token_ = 0;
+    Nonce nonce_{};       // ours, in the hello
+    Key key_{};           // the connection's, once the welcome came (auth.hpp)
+    bool attached_ = false;
+    uint64_t sent_ = 0, heard_ = 0;  // numbers of the last message sent and heard
     MsgType awaited_ = MsgType::Welcome;
     uint64_t awaited_seq_ = 0;
     Msg reply_;
@@ -515,7 +616,8 @@ private:
     uint32_t failure_chunk_ = 0;
     void *buf_ = nullptr;
     uint64_t cap_ = 0;
-    Region region_;
+    uint64_t fetches_ = 0;  // the number of the last fetch asked for
+    std::vector<Msg> data_;  // authentic Data messages drained, for fetch()
     std::unique_ptr<gpu::Device> dev_;           // "device": the engine's GPU, else null
     std::unique_ptr<gpu::DeviceBuffer> pinned_;  // buf_'s memory when dev_
     std::unique_ptr<gpu::Event> loaded_;         // marks the loader's stream at a chunk's end

@@ -1,5 +1,6 @@
 // The ucx receiver: attaches to the trainer (hello/welcome), and for each chunk asks for a
-// lease, pulls the chunk with one GET into its own registered buffer, and acknowledges.
+// lease, fetches the chunk (or each run of selected ranges) into its own buffer, and
+// acknowledges.
 #pragma once
 
 #include <cstdint>

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <thread>
@@ -20,28 +21,33 @@ namespace {
 
 using layout::round_up;
 
-// Staging memory, registered with UCX once and reused across chunks: anonymous pages, or for
-// chunks with device tensors pinned host memory the GPU writes (gpu_stage.hpp).
+// Staging memory, reused across chunks: anonymous pages, or for chunks with device tensors
+// pinned host memory the GPU writes (gpu_stage.hpp). Never registered for peers: the trainer
+// sends what an engine fetches (fetch()).
 struct Buffer {
     void *base = nullptr;
     std::size_t cap = 0;
-    Region region;
     std::shared_ptr<gpu::DeviceBuffer> pinned;  // set: base is pinned->host()
 };
 
 struct Chunk {
     uint64_t version = 0;
     uint32_t index = 0;
+    uint64_t bytes = 0;    // its size: fetches past it are refused
     Buffer buf;
+    uint32_t sending = 0;  // Data sends from its buffer still in flight
     uint32_t leases = 0;   // receivers granted a read and not done with it
     bool retired = false;  // no new leases: its version is no longer kept, or was abandoned
 };
 
 struct Member {
     uint64_t token = 0;
-    std::string name;  // "receiver 1 (host pid 40)"
+    std::string name;  // "receiver 1 (pid 40)"
     int32_t pid = 0;
     std::unique_ptr<Endpoint> ep;
+    Key key{};          // the connection's (auth.hpp)
+    uint64_t sent = 0;   // the number of the last message sent to it
+    uint64_t heard = 0;  // the number of the last authentic message from it
     uint64_t from_version = 0;   // the first version it owes
     uint64_t acked_through = 0;  // highest chunk seq it answered
     std::map<uint64_t, uint32_t> leases;  // seq -> count
@@ -109,11 +115,11 @@ public:
         Where at;
         {
             std::unique_lock<std::mutex> lock = caller_lock();
-            at = Where{info_.session, next_seq_++, reinterpret_cast<uint64_t>(buf.base), end, buf.region.rkey,
-                       block_bytes_, std::move(blocks)};
+            at = Where{info_.session, next_seq_++, end, block_bytes_, std::move(blocks)};
             Chunk &c = chunks_[at.seq];
             c.version = h.version;
             c.index = h.chunk_index;
+            c.bytes = end;
             c.buf = buf;
             last_seq_ = at.seq;
             open_version_ = h.last ? 0 : h.version;
@@ -145,8 +151,8 @@ public:
         Msg m;
         m.type = MsgType::Abandon;
         m.version = version;
-        for (Member &mem : members_)
-            if (mem.ep) w_->send(*mem.ep, m);
+        for (uint32_t i = 0; i < members_.size(); ++i)
+            if (members_[i].ep) tell(i, members_[i], m);
         release();
         w_->signal();
     }
@@ -178,8 +184,7 @@ public:
         if (!m.ep) return;
         Msg msg;
         msg.type = MsgType::Dropped;
-        msg.index = index;
-        w_->send(*m.ep, msg);
+        tell(index, m, msg);
         // Its leased chunks stay registered (see forget()): a frozen receiver may still read.
         m.dropped = true;
         forget(index, false);
@@ -250,14 +255,18 @@ private:
     }
 
     // ---- the progress thread ------------------------------------------------------------
-    // UCX serves a one-sided GET over tcp by software emulation on the target, which needs the
-    // target's worker to progress (UCX's "sw RMA"); so does every control message. This thread
+    // Fetches are served here (their data messages, and UCX's rendezvous protocol under them,
+    // need the trainer's worker to progress), and so is every control message. This thread
     // progresses whenever the worker's descriptor fires, and every 100 ms.
     void serve() {
         std::unique_lock<std::mutex> lock(mu_);
         auto busy = std::chrono::steady_clock::now();
         for (;;) {
             const unsigned n = w_->progress();
+            for (uint64_t seq : w_->take_sent()) {
+                auto c = chunks_.find(seq);
+                if (c != chunks_.end() && c->second.sending) --c->second.sending;
+            }
             handle(w_->take_inbox());
             check_members();
             cv_.notify_all();
@@ -279,7 +288,7 @@ private:
 
     // The mutex for a caller's thread. The progress thread re-takes the mutex between rounds
     // while it spins; std::mutex is not fair, so a caller announces itself and the progress
-    // thread waits for it rather than starving it (send_chunk would stall behind GETs).
+    // thread waits for it rather than starving it (send_chunk would stall behind fetches).
     std::unique_lock<std::mutex> caller_lock() {
         callers_.fetch_add(1, std::memory_order_acq_rel);
         std::unique_lock<std::mutex> lock(mu_);
@@ -287,17 +296,32 @@ private:
         return lock;
     }
 
+    // Sends a member a message sealed with its connection's key, numbered.
+    void tell(uint32_t index, Member &mem, Msg m) {
+        m.index = index;
+        m.token = mem.token;
+        m.number = ++mem.sent;
+        w_->send(*mem.ep, seal_msg(m, mem.key, Dir::ToEngine));
+    }
+
+    // Only authentic messages are acted on: a hello MACed with the init info's key and never
+    // seen before, or a member's message MACed with its connection's key and numbered above
+    // the last one. Anything else is dropped unanswered (nobody is connected to, nothing is
+    // said back: a peer without the key learns nothing).
     void handle(std::vector<Msg> inbox) {
         for (Msg &m : inbox) {
             if (m.type == MsgType::Hello) {
-                hello(m);
+                if (authentic(m, info_.key, Dir::ToTrainer) && seen_hellos_.insert(m.nonce).second) hello(m);
                 continue;
             }
             if (m.index >= members_.size() || members_[m.index].token != m.token || !members_[m.index].ep)
                 continue;  // a stale or forged sender of this message: ignored
             Member &mem = members_[m.index];
+            if (m.number <= mem.heard || !authentic(m, mem.key, Dir::ToTrainer)) continue;  // replayed or forged
+            mem.heard = m.number;
             switch (m.type) {
             case MsgType::Lease: lease(m.index, mem, m.seq); break;
+            case MsgType::Fetch: fetch(m.index, mem, m); break;
             case MsgType::Ack: ack(m.index, mem, m); break;
             case MsgType::Bye: leave(m.index, WSYNC_FAILURE_DETACHED, "was destroyed"); break;
             default: break;
@@ -321,14 +345,14 @@ private:
                           : std::to_string(n) + " receivers, indices 0 to " + std::to_string(n - 1));
         } else if (members_[m.index].ep && members_[m.index].ep->error == UCS_OK && !members_[m.index].dropped) {
             st = WSYNC_ERR_WRONG_STATE;  // as every kind says of an index in use (wsync.h)
-            why = "receiver index " + std::to_string(m.index) + " is already attached: held by " +
-                  members_[m.index].name +
-                  "; an index serves one engine at a time: destroy that receiver or end its "
-                  "process first, or attach another index (a frozen engine: the trainer drops it, "
-                  "wsync_sender_drop_receiver, then end its process)";
+            // Not who holds it: a refusal names no other engine (issue 37); what to do instead.
+            why = "receiver index " + std::to_string(m.index) +
+                  " is already attached: an index serves one engine at a time: destroy that "
+                  "receiver or end its process first, or attach another index (a frozen engine: "
+                  "the trainer drops it, wsync_sender_drop_receiver, then end its process)";
         }
         std::unique_ptr<Endpoint> ep;
-        const std::string name = "receiver " + std::to_string(m.index) + " (" + m.text + ")";
+        const std::string name = "receiver " + std::to_string(m.index) + " (pid " + std::to_string(m.pid) + ")";
         try {
             ep = w_->connect(m.address, name);
         } catch (const Error &) {
@@ -337,9 +361,13 @@ private:
         Msg reply;
         reply.type = MsgType::Welcome;
         reply.index = m.index;
+        reply.token = m.token;
+        reply.number = 1;
         reply.status = st;
         reply.text = why;
-        w_->send(*ep, reply);
+        sys::random_bytes(reply.nonce.data(), reply.nonce.size());
+        const Key key = connection_key(info_.key, m.index, m.token, m.nonce, reply.nonce);
+        w_->send(*ep, seal_msg(reply, key, Dir::ToEngine));
         if (st != WSYNC_OK) {
             refused_.push_back(std::move(ep));  // closed by the destructor, after the reply
             return;
@@ -354,6 +382,8 @@ private:
         mem.name = name;
         mem.pid = m.pid;
         mem.ep = std::move(ep);
+        mem.key = key;
+        mem.sent = 1;  // the welcome
         // It owes versions that begin after it attached (a version the core has begun,
         // began_, counts as begun even before its first chunk is published); it may still pull
         // any kept one. It holds no base: its first owed version goes dense (begin_version).
@@ -364,7 +394,6 @@ private:
     void lease(uint32_t index, Member &mem, uint64_t seq) {
         Msg reply;
         reply.type = MsgType::Grant;
-        reply.index = index;
         reply.seq = seq;
         auto it = chunks_.find(seq);
         if (mem.dropped) {
@@ -380,7 +409,45 @@ private:
             ++it->second.leases;
             ++mem.leases[seq];
         }
-        w_->send(*mem.ep, reply);
+        tell(index, mem, reply);
+    }
+
+    // Serves bytes [offset, offset + bytes) of chunk seq to a member that holds a lease on it,
+    // as one Data message (eager or rendezvous, as UCX chooses) straight from the staging
+    // buffer, which stays until the send is done (release()). Anything else, a range past the
+    // chunk's end included, is answered with why not and no byte.
+    void fetch(uint32_t index, Member &mem, const Msg &m) {
+        Msg reply;
+        reply.type = MsgType::Data;
+        reply.seq = m.seq;
+        reply.version = m.version;  // the fetch's number
+        reply.offset = m.offset;
+        reply.bytes = m.bytes;
+        auto it = chunks_.find(m.seq);
+        if (mem.dropped) {
+            reply.status = WSYNC_ERR_PEER;
+            reply.text = "this receiver was dropped by the trainer";
+        } else if (it == chunks_.end() || mem.leases.count(m.seq) == 0) {
+            reply.status = WSYNC_ERR_WRONG_STATE;
+            reply.text = "chunk seq " + std::to_string(m.seq) + " is not leased to this receiver";
+        } else if (m.bytes == 0 || m.offset > it->second.bytes || m.bytes > it->second.bytes - m.offset) {
+            reply.status = WSYNC_ERR_MALFORMED;
+            reply.text = "bytes [" + std::to_string(m.offset) + ", +" + std::to_string(m.bytes) +
+                         ") are not within the " + std::to_string(it->second.bytes) + "-byte chunk seq " +
+                         std::to_string(m.seq);
+        }
+        reply.index = index;
+        reply.token = mem.token;
+        // Data messages carry no rising number: the engine takes one only as the answer to a
+        // fetch it has outstanding (its own number, in `version`, never reused).
+        std::vector<uint8_t> sealed = seal_msg(reply, mem.key, Dir::ToEngine);
+        if (reply.status != WSYNC_OK) {
+            w_->send_data(*mem.ep, std::move(sealed), nullptr, 0, 0);
+            return;
+        }
+        ++it->second.sending;
+        w_->send_data(*mem.ep, std::move(sealed), static_cast<const uint8_t *>(it->second.buf.base) + m.offset,
+                      m.bytes, m.seq);
     }
 
     bool abandoned_here(uint64_t version) const {
@@ -462,12 +529,10 @@ private:
         release();
     }
 
-    // Unregisters nothing a receiver holds a lease on: over tcp UCX's target-side GET emulation
-    // reads our memory without checking the registration, so a read after unmap would read
-    // freed memory. Retired chunks go back to the pool once no lease holds them.
+    // Retired chunks go back to the pool once no lease holds them and no send reads them.
     void release() {
         for (auto it = chunks_.begin(); it != chunks_.end();) {
-            if (it->second.retired && it->second.leases == 0) {
+            if (it->second.retired && it->second.leases == 0 && it->second.sending == 0) {
                 put_buffer(it->second.buf);
                 it = chunks_.erase(it);
             } else {
@@ -501,13 +566,6 @@ private:
                                               " bytes to stage a chunk");
             madvise(b.base, b.cap, MADV_HUGEPAGE);
         }
-        try {
-            std::unique_lock<std::mutex> lock = caller_lock();
-            b.region = w_->map(b.base, b.cap, true, "a chunk's staging buffer");
-        } catch (...) {
-            if (!pinned) munmap(b.base, b.cap);
-            throw;
-        }
         return b;
     }
 
@@ -517,11 +575,10 @@ private:
         b = Buffer{};
     }
 
-    // Unregisters and frees a buffer. Pinned memory is only retired here (free_retired() frees
+    // Frees a buffer. Pinned memory is only retired here (free_retired() frees
     // it): this runs under the mutex, on the progress thread too, and freeing pinned memory may
     // wait for the GPU.
     void free_buffer(Buffer &b) noexcept {
-        w_->unmap(b.region);
         if (b.pinned) {
             try {
                 retired_.push_back(std::move(b.pinned));
@@ -592,6 +649,7 @@ private:
     static constexpr std::size_t kAbandonedKept = 256;
     std::vector<uint64_t> abandoned_;
     std::vector<std::unique_ptr<Endpoint>> refused_;
+    std::set<Nonce> seen_hellos_;  // the nonces of authentic hellos: a replayed one is dropped
     std::map<uint64_t, Chunk> chunks_;
     std::vector<Buffer> pool_;
     std::vector<uint64_t> committed_;

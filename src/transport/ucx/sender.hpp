@@ -1,5 +1,5 @@
-// The ucx sender: stages each chunk in registered host memory, serves receivers' one-sided GETs
-// from a progress thread, keeps the last "keep_versions" committed versions pullable, and
+// The ucx sender: stages each chunk in host memory, serves receivers' leased, bounds-checked
+// fetches from a progress thread, keeps the last "keep_versions" committed versions pullable, and
 // tracks elastic membership (attach, leases, acknowledgements, deaths).
 #pragma once
 

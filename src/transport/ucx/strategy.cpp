@@ -1,15 +1,17 @@
-// ucx: engines pull committed versions from the trainer with one-sided GETs over UCX's UCP API,
-// across machines (tcp, shared memory, RDMA: whatever the loaded UCX offers).
+// ucx: engines pull committed versions from the trainer over UCX's UCP API, across machines
+// (tcp, shared memory, RDMA: whatever the loaded UCX offers), as active messages.
 //
 // create_init_info creates the trainer's UCP worker; its address travels in the init info with
-// a random session number. The sender stages each chunk in registered host memory (packing and
-// hashing in one pass) and returns a request carrying the chunk's remote address, size and
-// packed remote key. A receiver attaches by sending the trainer its own worker address (hello;
-// the trainer answers welcome, or why not); for each chunk it asks for a lease (so the trainer
-// never unregisters memory a receiver may still read), GETs the chunk into its own registered
-// buffer, lets the core verify checksums and the loader take the tensors, and acknowledges.
-// A progress thread on the trainer serves GETs (UCX emulates them on tcp with the target's
-// help) and control messages while the trainer computes.
+// a random session number and a random 32-byte key, the secret every control message is
+// authenticated with (auth.hpp: who may connect, and what a peer can do). The sender stages
+// each chunk in host memory registered for no peer (packing and hashing in one pass) and
+// returns a request carrying the chunk's sequence number and size. A receiver attaches by
+// sending the trainer its own worker address (hello; the trainer answers welcome, or why not);
+// for each chunk it asks for a lease (so the trainer keeps the chunk for it), fetches the
+// chunk's bytes (the trainer checks the lease and the range and sends them as one active
+// message) into its own buffer, lets the core verify checksums and the loader take the
+// tensors, and acknowledges. A progress thread on the trainer serves fetches and control
+// messages while the trainer computes.
 //
 // Elastic: receivers attach at any time and owe the versions that begin after they attached;
 // they may pull any version the trainer still keeps (the last "keep_versions" committed ones).
@@ -28,6 +30,7 @@
 #include "strategy.hpp"
 #include "sys.hpp"
 #include "transport/ucx/api.hpp"
+#include "transport/ucx/auth.hpp"
 #include "transport/ucx/receiver.hpp"
 #include "transport/ucx/sender.hpp"
 #include "transport/ucx/worker.hpp"
@@ -53,7 +56,7 @@ const std::vector<OptionSpec> &option_specs() {
         option::verify(),
         option::copy_threads(),
         option::timeout_ms(1, "both",
-                           "deadline for attaching, for each lease and GET, and for closing "
+                           "deadline for attaching, for each lease and fetch, and for closing "
                            "endpoints"),
         {"transports", T::String, 0, 0, 0, "both",
          "UCX transports (UCX_TLS), e.g. \"tcp\" or \"rc,sm\"; \"\": UCX's own choice", ""},
@@ -108,7 +111,7 @@ public:
     json create_init_info() override {
         worker_ = std::make_unique<Worker>(config_, std::string(kKind) + " sender");
         info_.address = worker_->address();
-        info_.trainer = self_name();
+        sys::random_bytes(info_.key.data(), info_.key.size());  // the secret engines prove they hold
         sys::random_bytes(&info_.session, sizeof info_.session);
         info_.receivers = receivers_;
         info_.keep_versions = keep_;
@@ -145,7 +148,10 @@ private:
 
 std::unique_ptr<StrategyImpl> create_strategy(const Options &o) { return std::make_unique<UcxStrategy>(o); }
 
-std::string unavailable(const Options *o) { return unavailable_reason(o ? o->text("ucx_library") : ""); }
+std::string unavailable(const Options *o) {
+    std::string why = unavailable_reason(o ? o->text("ucx_library") : "");
+    return why.empty() ? crypto_unavailable_reason() : why;
+}
 
 // "UCX 1.13.1 (libucp.so.0); memory types: host; transports: tcp, posix, sysv, cma"
 std::string runtime_text() {

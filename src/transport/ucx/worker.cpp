@@ -54,7 +54,11 @@ Worker::Worker(const Config &config, std::string who) : api_(ucx::api(config.lib
     }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    // No UCP_FEATURE_RMA: with it UCX serves GET and PUT requests of any peer in software over
+    // tcp (and shared memory) without checking that the memory was registered, so anyone who
+    // reached the port could read and write this process (issue 37). Chunks move as active
+    // messages the trainer sends after checking the engine's lease and the range (sender.cpp).
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     ucs_status_t st = api_.ucp_init_version(UCP_API_MAJOR, 13, &params, cfg, &context_);
     api_.ucp_config_release(cfg);
     if (st == UCS_ERR_NO_DEVICE && !(config.transports.empty() && config.net_devices.empty())) {
@@ -76,11 +80,31 @@ Worker::Worker(const Config &config, std::string who) : api_(ucx::api(config.lib
         ucp_am_handler_param_t hp{};
         hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                         UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-        hp.id = kAmId;
         hp.flags = UCP_AM_FLAG_WHOLE_MSG;
-        hp.cb = &Worker::on_am;
         hp.arg = this;
-        st = api_.ucp_worker_set_am_recv_handler(worker_, &hp);
+        // UCX 1.13.1 reads the handler-table entry of the id a message names before it checks
+        // the id against the table's length, and leaves entries it grew the table by
+        // uninitialised: an unregistered id past the table (28000) read past it, and one
+        // inside it may find a stale callback; either killed the trainer (issue 37;
+        // test_ucx_trust). So every id the wire can carry (16 bits) gets a handler, the
+        // largest first (the table grows once, about 1.5 MiB): ours at kAmId, one that drops
+        // the message at every other.
+        hp.cb = &Worker::on_stray;
+        for (unsigned id = kAmTableEnd + 1; id-- > 0 && st == UCS_OK;) {
+            if (id == kAmId || id == kAmDataId) continue;
+            hp.id = id;
+            st = api_.ucp_worker_set_am_recv_handler(worker_, &hp);
+        }
+        if (st == UCS_OK) {
+            hp.id = kAmId;
+            hp.cb = &Worker::on_am;
+            st = api_.ucp_worker_set_am_recv_handler(worker_, &hp);
+        }
+        if (st == UCS_OK) {
+            hp.id = kAmDataId;
+            hp.cb = &Worker::on_data;
+            st = api_.ucp_worker_set_am_recv_handler(worker_, &hp);
+        }
     }
     if (st != UCS_OK) {
         if (worker_) api_.ucp_worker_destroy(worker_);
@@ -91,6 +115,7 @@ Worker::Worker(const Config &config, std::string who) : api_(ucx::api(config.lib
 
 Worker::~Worker() {
     for (Pending &p : sends_) api_.ucp_request_free(p.request);
+    for (Msg &m : inbox_) release(m.desc);
     api_.ucp_worker_destroy(worker_);
     api_.ucp_cleanup(context_);
 }
@@ -111,14 +136,43 @@ std::vector<uint8_t> Worker::address() const {
 // Control messages are small and sent eagerly (UCP_AM_SEND_FLAG_EAGER); with
 // UCP_AM_FLAG_WHOLE_MSG the callback sees the whole message, and returning UCS_OK means UCX
 // may drop the data once we return (ucp_def.h, ucp_am_recv_callback_t), so it is decoded here.
-// A rendezvous message is nothing we sent: returning an error status drops it.
-ucs_status_t Worker::on_am(void *arg, const void *, size_t, void *data, size_t length,
+// A rendezvous message, or one with a user header, is nothing we sent: returning an error
+// status drops it. So is a message whose bytes do not decode; one that decodes is still
+// unauthenticated until its owner checks the MAC. Messages to every other id reach on_stray,
+// which drops them (see the constructor).
+ucs_status_t Worker::on_am(void *arg, const void *, size_t header_length, void *data, size_t length,
                            const ucp_am_recv_param_t *param) {
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_ERR_MESSAGE_TRUNCATED;
+    if (header_length != 0) return UCS_OK;
     auto *self = static_cast<Worker *>(arg);
     Msg m;
-    if (decode_msg(data, length, m)) self->inbox_.push_back(std::move(m));
+    // Bounded between two progress rounds of the owner, whoever floods it.
+    if (self->inbox_.size() < 65536 && decode_msg(data, length, m)) self->inbox_.push_back(std::move(m));
     return UCS_OK;
+}
+
+// A Data message: the sealed message in the header, the bytes as the payload. An eager one is
+// copied (UCX may drop it once we return); a rendezvous one is kept (UCS_INPROGRESS) for the
+// owner to receive into place, or give back. One whose header does not decode is dropped.
+ucs_status_t Worker::on_data(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                             const ucp_am_recv_param_t *param) {
+    auto *self = static_cast<Worker *>(arg);
+    Msg m;
+    if (self->inbox_.size() >= 65536 || !decode_msg(header, header_length, m) || m.type != MsgType::Data)
+        return UCS_OK;
+    m.length = length;
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        m.desc = data;
+        self->inbox_.push_back(std::move(m));
+        return UCS_INPROGRESS;
+    }
+    m.payload.assign(static_cast<const uint8_t *>(data), static_cast<const uint8_t *>(data) + length);
+    self->inbox_.push_back(std::move(m));
+    return UCS_OK;
+}
+
+ucs_status_t Worker::on_stray(void *, const void *, size_t, void *, size_t, const ucp_am_recv_param_t *param) {
+    return (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? UCS_ERR_MESSAGE_TRUNCATED : UCS_OK;
 }
 
 unsigned Worker::progress() {
@@ -132,6 +186,7 @@ void Worker::reap() noexcept {
     auto done = [&](Pending &p) {
         if (api_.ucp_request_check_status(p.request) == UCS_INPROGRESS) return false;
         api_.ucp_request_free(p.request);
+        if (p.tag) sent_.push_back(p.tag);
         return true;
     };
     sends_.erase(std::remove_if(sends_.begin(), sends_.end(), done), sends_.end());
@@ -153,7 +208,7 @@ void Worker::wait_fd(int ms, int extra_fd) const {
 void Worker::signal() { api_.ucp_worker_signal(worker_); }
 
 bool Worker::wait(const std::function<bool()> &done, const sys::Deadline &deadline) {
-    // Spin while UCX reports work and for a short while after: a large GET over tcp arrives as
+    // Spin while UCX reports work and for a short while after: a large transfer over tcp arrives as
     // many fragments, and a sleep on the wakeup descriptor per fragment would halve its rate.
     auto busy = std::chrono::steady_clock::now();
     for (;;) {
@@ -198,9 +253,9 @@ void Worker::close(std::unique_ptr<Endpoint> ep, const sys::Deadline &deadline) 
     progress();  // the endpoint's error callback may still be queued; it holds `ep`
 }
 
-void Worker::send(Endpoint &ep, const Msg &m) {
+void Worker::send(Endpoint &ep, std::vector<uint8_t> sealed) {
     if (ep.error != UCS_OK) return;  // the peer is gone; the caller learns it from ep.error
-    Pending p{encode_msg(m), nullptr};
+    Pending p{std::move(sealed), nullptr};
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     rp.flags = UCP_AM_SEND_FLAG_EAGER;
@@ -214,55 +269,42 @@ void Worker::send(Endpoint &ep, const Msg &m) {
     sends_.push_back(std::move(p));
 }
 
-Region Worker::map(void *base, std::size_t bytes, bool pack_rkey, const std::string &what) {
-    Region r;
-    ucp_mem_map_params_t mp{};
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-    mp.address = base;
-    mp.length = bytes;
-    ucs_status_t st = api_.ucp_mem_map(context_, &mp, &r.memh);
-    if (st == UCS_ERR_NO_MEMORY)
-        fail(WSYNC_ERR_NO_MEMORY, who_ + ": registering " + std::to_string(bytes) + " bytes for " + what);
-    check(api_, st, who_ + ": registering " + std::to_string(bytes) + " bytes for " + what);
-    r.base = base;
-    r.bytes = bytes;
-    if (pack_rkey) {
-        void *buf = nullptr;
-        size_t len = 0;
-        st = api_.ucp_rkey_pack(context_, r.memh, &buf, &len);
-        if (st != UCS_OK) {
-            api_.ucp_mem_unmap(context_, r.memh);
-            check(api_, st, who_ + ": packing the remote key of " + what);
-        }
-        r.rkey.assign(static_cast<uint8_t *>(buf), static_cast<uint8_t *>(buf) + len);
-        api_.ucp_rkey_buffer_release(buf);
-        if (r.rkey.size() > kMaxRkeyBytes) {
-            api_.ucp_mem_unmap(context_, r.memh);
-            fail(WSYNC_ERR_UNSUPPORTED, who_ + ": the remote key of " + what + " is " +
-                                            std::to_string(len) + " bytes, more than a request may carry");
-        }
+void Worker::send_data(Endpoint &ep, std::vector<uint8_t> sealed, const void *data, std::size_t n, uint64_t tag) {
+    if (ep.error != UCS_OK) {
+        sent_.push_back(tag);
+        return;
     }
-    return r;
+    Pending p{std::move(sealed), nullptr, tag};
+    ucp_request_param_t rp{};
+    void *req = api_.ucp_am_send_nbx(ep.ep, kAmDataId, p.bytes.data(), p.bytes.size(), data, n, &rp);
+    if (UCS_PTR_IS_ERR(req)) {
+        if (ep.error == UCS_OK) ep.error = UCS_PTR_STATUS(req);
+        sent_.push_back(tag);
+        return;
+    }
+    if (req == nullptr) {
+        sent_.push_back(tag);
+        return;
+    }
+    p.request = req;  // the header and the payload stay alive until it completes (reap)
+    sends_.push_back(std::move(p));
 }
 
-void Worker::unmap(Region &r) noexcept {
-    if (r.memh) api_.ucp_mem_unmap(context_, r.memh);
-    r = Region{};
+std::vector<uint64_t> Worker::take_sent() {
+    std::vector<uint64_t> out;
+    out.swap(sent_);
+    return out;
 }
 
-ucp_rkey_h Worker::unpack(Endpoint &ep, const std::vector<uint8_t> &rkey, const std::string &what) {
-    ucp_rkey_h h = nullptr;
-    ucs_status_t st = api_.ucp_ep_rkey_unpack(ep.ep, rkey.data(), &h);
-    if (st != UCS_OK) ucs_fail(api_, st, who_ + ": the remote key of " + what + " from " + ep.peer, WSYNC_ERR_PEER);
-    return h;
-}
-
-void *Worker::get(Endpoint &ep, void *dst, std::size_t n, uint64_t addr, ucp_rkey_h rkey,
-                  const std::string &what) {
+void *Worker::receive(void *desc, void *dst, std::size_t n, const std::string &what) {
     ucp_request_param_t p{};
-    void *req = api_.ucp_get_nbx(ep.ep, dst, n, addr, rkey, &p);
-    if (UCS_PTR_IS_ERR(req)) ucs_fail(api_, UCS_PTR_STATUS(req), who_ + ": reading " + what + " from " + ep.peer, WSYNC_ERR_PEER);
+    void *req = api_.ucp_am_recv_data_nbx(worker_, desc, dst, n, &p);
+    if (UCS_PTR_IS_ERR(req)) ucs_fail(api_, UCS_PTR_STATUS(req), who_ + ": receiving " + what, WSYNC_ERR_PEER);
     return req;
+}
+
+void Worker::release(void *desc) noexcept {
+    if (desc) api_.ucp_am_data_release(worker_, desc);
 }
 
 std::string Worker::memory_types() const {

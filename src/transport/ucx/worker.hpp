@@ -29,15 +29,7 @@ struct Config {
 struct Endpoint {
     ucp_ep_h ep = nullptr;
     ucs_status_t error = UCS_OK;  // set by UCX's error handler: the peer is gone or unreachable
-    std::string peer;             // "the trainer (host pid 12)", "receiver 1 (host pid 40)"
-};
-
-// A registered piece of this process's memory that peers may GET from.
-struct Region {
-    void *base = nullptr;
-    std::size_t bytes = 0;
-    ucp_mem_h memh = nullptr;
-    std::vector<uint8_t> rkey;  // packed remote key (empty unless asked for)
+    std::string peer;             // "the trainer (session 0123456789abcdef)", "receiver 1 (pid 40)"
 };
 
 class Worker {
@@ -54,7 +46,7 @@ public:
     std::vector<uint8_t> address() const;
 
     // One round of progress: UCX callbacks run, finished sends are freed, control messages
-    // are decoded into the inbox. Returns UCX's count of events.
+    // are decoded into the inbox (their MACs are the owner's to check: authentic()). Returns UCX's count of events.
     unsigned progress();
     std::vector<Msg> take_inbox();
     // Sleeps on the worker's wakeup descriptor up to `ms`, unless events are already pending.
@@ -77,17 +69,20 @@ public:
     // Force-closes (UCP_EP_CLOSE_FLAG_FORCE: no flush, nothing waits on the peer), progressing
     // up to the deadline; never throws.
     void close(std::unique_ptr<Endpoint> ep, const sys::Deadline &deadline) noexcept;
-    // Queues a control message; it completes (or fails with the endpoint) during progress.
-    void send(Endpoint &ep, const Msg &m);
-
-    // Registers `bytes` of this process's memory at `base` (which the caller owns and keeps
-    // until unmap), packing a remote key when asked.
-    Region map(void *base, std::size_t bytes, bool pack_rkey, const std::string &what);
-    void unmap(Region &r) noexcept;
-    // A GET of n bytes at remote `addr` into dst; returns when UCX has it in flight or done.
-    void *get(Endpoint &ep, void *dst, std::size_t n, uint64_t addr, ucp_rkey_h rkey,
-              const std::string &what);
-    ucp_rkey_h unpack(Endpoint &ep, const std::vector<uint8_t> &rkey, const std::string &what);
+    // Queues a sealed control message (seal_msg); it completes (or fails with the endpoint)
+    // during progress.
+    void send(Endpoint &ep, std::vector<uint8_t> sealed);
+    // Queues a Data message: the sealed message as the header, n bytes at `data` (which stay
+    // unchanged and allocated until take_sent() names `tag`) as the payload, eager or
+    // rendezvous as UCX chooses.
+    void send_data(Endpoint &ep, std::vector<uint8_t> sealed, const void *data, std::size_t n, uint64_t tag);
+    // The tags of the Data sends that completed or failed since the last call.
+    std::vector<uint64_t> take_sent();
+    // Receives a rendezvous Data message's payload (Msg::desc) into dst (Msg::length bytes);
+    // returns the request (null: done), or throws WSYNC_ERR_PEER naming `what`.
+    void *receive(void *desc, void *dst, std::size_t n, const std::string &what);
+    // Gives back a rendezvous Data message not received.
+    void release(void *desc) noexcept;
 
     // Memory types this context can move ("host", "cuda", ...), for `wsync kinds`.
     std::string memory_types() const;
@@ -97,6 +92,10 @@ public:
 private:
     static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
                               size_t length, const ucp_am_recv_param_t *param);
+    static ucs_status_t on_data(void *arg, const void *header, size_t header_length, void *data,
+                                size_t length, const ucp_am_recv_param_t *param);
+    static ucs_status_t on_stray(void *arg, const void *header, size_t header_length, void *data,
+                                 size_t length, const ucp_am_recv_param_t *param);
     void reap() noexcept;
 
     const Api &api_;
@@ -107,8 +106,10 @@ private:
     struct Pending {
         std::vector<uint8_t> bytes;
         void *request;
+        uint64_t tag = 0;  // a Data send's (0: a control message)
     };
     std::vector<Pending> sends_;
+    std::vector<uint64_t> sent_;  // tags of Data sends done
     std::vector<Msg> inbox_;
 };
 
