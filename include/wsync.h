@@ -54,7 +54,7 @@
  *           caller's layout and this library know, nothing past them, and struct_size set to
  *           the bytes written; a size below the struct's oldest layout is
  *           WSYNC_ERR_INVALID_ARGUMENT. Size history (layouts that grew): wsync_apply_result_t
- *           0.6.0 WSYNC_APPLY_RESULT_SIZE_0_6_0 bytes, 0.6.1 + device_copies. Before 0.6.2 an
+ *           0.6.0 WSYNC_APPLY_RESULT_SIZE_0_6_0 bytes, 0.6.1 + device_copies. Before 0.7.0 an
  *           output smaller than the library's layout was refused instead.
  *           Tensor views (wsync_recv_next, wsync_recv_peek) are always written in the 0.2
  *           layout with struct_size set. In arrays (a chunk's tensors) the first element's
@@ -64,7 +64,7 @@
  *           does not hold what they hold: the library's liveness locks and listening sockets
  *           stay with the parent (closed in the child at fork, pthread_atfork), so a parent
  *           killed while the child lives is seen dead by its peers as if it had no child, and a
- *           restarted peer takes its place at once (since 0.6.2). In the child, a sender or
+ *           restarted peer takes its place at once (since 0.7.0). In the child, a sender or
  *           receiver copy, and a strategy copy that made init info, is refused with
  *           WSYNC_ERR_WRONG_STATE naming both pids; its wsync_*_destroy() leaves it as it is
  *           (a no-op). A strategy that made no init info is options only and works in the
@@ -103,8 +103,8 @@ extern "C" {
  * ===========================================================================================*/
 
 #define WSYNC_VERSION_MAJOR 0
-#define WSYNC_VERSION_MINOR 6
-#define WSYNC_VERSION_PATCH 2
+#define WSYNC_VERSION_MINOR 7
+#define WSYNC_VERSION_PATCH 0
 /* One formula, forever: MAJOR * 10000 + MINOR * 100 + PATCH (0.2.0 -> 200).
  * 0.2: versions are transactions (struct_size fields, commit/abandon/fail, failures as data).
  * 0.3: wsync_sender_wait_released(), wsync_sender_set_stream(), wsync_receiver_set_stream(),
@@ -170,7 +170,7 @@ typedef enum wsync_status_t {
     WSYNC_ERR_INTEGRITY = 12,       /* received bytes or a blob failed their checksum           */
     WSYNC_ERR_ABANDONED = 13,       /* the sender abandoned the version (a send failed, it called
                                        wsync_sender_abandon, or the trainer died mid-version)   */
-    WSYNC_ERR_SKIPPED = 14,         /* since 0.6.2: a later chunk of a version that already failed
+    WSYNC_ERR_SKIPPED = 14,         /* since 0.7.0: a later chunk of a version that already failed
                                        here, skipped unread (acknowledged to the sender as that
                                        version's failure, not a new one): nothing to load or
                                        report; the version's own status is in
@@ -401,7 +401,7 @@ WSYNC_API wsync_status_t wsync_strategy_describe_options(const char *kind, char 
  * WSYNC_ERR_INVALID_ARGUMENT). Call once per strategy;
  * a second call fails with WSYNC_ERR_WRONG_STATE. A segment larger than /dev/shm can hold, or
  * than this process's file-size limit (RLIMIT_FSIZE, `ulimit -f`; checked first, so the kernel's
- * SIGXFSZ is never raised; since 0.6.2) fails with WSYNC_ERR_NO_MEMORY naming the cause.
+ * SIGXFSZ is never raised; since 0.7.0) fails with WSYNC_ERR_NO_MEMORY naming the cause.
  * On success *out holds the blob, freed with
  * wsync_blob_free(). May take time proportional to the buckets' size (pre-faulting); does not
  * wait for peers. */
@@ -753,11 +753,11 @@ typedef struct wsync_recv_t wsync_recv_t;
  * whatever PID namespace either is in. An index out of range fails with
  * WSYNC_ERR_INVALID_ARGUMENT, an index held by a live receiver with WSYNC_ERR_WRONG_STATE, a
  * vanished sync (the trainer is gone: its segment's name removed and nobody answering its
- * rendezvous, or, since 0.6.2, every sender that attached to the board has died or was
+ * rendezvous, or, since 0.7.0, every sender that attached to the board has died or was
  * destroyed) with WSYNC_ERR_UNAVAILABLE. A segment handed over at the rendezvous is accepted
  * only from a process of this user that created it (SO_PEERCRED and the pid the board records,
  * where this process shares its PID namespace) and only as a regular file of this user, mode
- * 0600; anything else is WSYNC_ERR_UNAVAILABLE naming the process (since 0.6.2). A receiver made for an index
+ * 0600; anything else is WSYNC_ERR_UNAVAILABLE naming the process (since 0.7.0). A receiver made for an index
  * that was used before (a restarted engine) re-attaches: it takes part from the next version
  * that begins after it attached; requests of the version in flight fail with
  * WSYNC_ERR_MISMATCH saying so. GPU kinds work on the GPU named by the "device" option (an
@@ -792,7 +792,7 @@ WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
  * WSYNC_ERR_INTEGRITY), then its fields (WSYNC_ERR_MALFORMED). A request of another kind, a
  * stale, replayed or out-of-order chunk, or a chunk of a version this receiver joined too late
  * for fails with WSYNC_ERR_MISMATCH; a later chunk of a version that already failed here fails
- * with WSYNC_ERR_SKIPPED (since 0.6.2; before, that version's status), or WSYNC_ERR_ABANDONED
+ * with WSYNC_ERR_SKIPPED (since 0.7.0; before, that version's status), or WSYNC_ERR_ABANDONED
  * when the sender abandoned it. Such refusals are reported to the sender (its flush fails with
  * WSYNC_ERR_PEER carrying this status and message), except stale and replayed requests, which
  * are not this receiver's to answer, and skipped chunks, whose version's failure was reported
@@ -849,7 +849,7 @@ typedef struct wsync_receiver_state_t {
     uint64_t open_version;        /* version begun here and neither committed nor failed, or 0 */
     uint64_t failed_version;      /* newest version that failed here (begun and failed or
                                      abandoned, or skipped whole: none of its chunks arrived
-                                     before a later version's, since 0.6.2), or 0 */
+                                     before a later version's, since 0.7.0), or 0 */
     wsync_status_t failed_status; /* why failed_version failed (WSYNC_ERR_ABANDONED, the
                                      loader's status, WSYNC_ERR_INTEGRITY, WSYNC_ERR_PEER when
                                      the trainer died, WSYNC_ERR_MISMATCH when skipped);
@@ -1347,7 +1347,7 @@ WSYNC_API wsync_status_t wsync_blob_describe(const uint8_t *blob, size_t len, ch
  * can test their declarations. *json_out is freed with wsync_string_free(). */
 WSYNC_API wsync_status_t wsync_abi_layout(char **json_out);
 
-/* Initialisers for the sized structs (since 0.6.2): struct_size set to this header's size,
+/* Initialisers for the sized structs (since 0.7.0): struct_size set to this header's size,
  * every other field 0 (NULL pointers), e.g. `wsync_recv_info_t info = WSYNC_RECV_INFO_INIT;`.
  * In C each is a compound literal (C99), in C++ a value-initialised object. */
 #ifdef __cplusplus

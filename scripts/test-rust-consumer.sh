@@ -52,5 +52,15 @@ RS
 # Only what a shell needs to find cargo: PATH and HOME (rustup's toolchain and cargo's home).
 clean=(env -i "PATH=$PATH" "HOME=$HOME" ${WSYNC_TEST_PKG_CONFIG:+"PKG_CONFIG=$WSYNC_TEST_PKG_CONFIG"})
 (cd "$dir/first-engine" && "${clean[@]}" cargo run --offline --quiet)
-"${clean[@]}" "$dir/first-engine/target/debug/first-engine"
+out=$("${clean[@]}" "$dir/first-engine/target/debug/first-engine")
+echo "$out"
+# The library linked must be this tree's: a libwsync-dev left installed is found first by
+# pkg-config, and the test would then pass against that older copy.
+tree=$(sed -n 's/^#define WSYNC_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' include/wsync.h | paste -sd.)
+grep -q "libwsync $tree\$" <<<"$out" || {
+  echo "test-rust-consumer: the crate linked another libwsync than this tree's $tree ($out);" \
+       "a system copy (pkg-config --modversion wsync: $(pkg-config --modversion wsync 2>/dev/null || echo none))" \
+       "is found before the checkout's build: remove it (apt-get purge libwsync-dev libwsync0)" >&2
+  exit 1
+}
 echo "test-rust-consumer: a fresh crate depending on wsync alone built and ran with no environment variables"

@@ -134,7 +134,7 @@ static void a_chunk_loads_into_fused_and_tied_destinations_by_one_call(void **st
 
 /* A program built against the 0.6.0 header passes that layout's struct_size (40 bytes, before
  * device_copies): it gets the fields it has, nothing is written past them, and struct_size says
- * 40 (before 0.6.2 such a caller was refused with INVALID_ARGUMENT by every apply). 0 stands for
+ * 40 (before 0.7.0 such a caller was refused with INVALID_ARGUMENT by every apply). 0 stands for
  * that oldest layout too; a size below it is refused by name; WSYNC_APPLY_RESULT_INIT gives this
  * header's layout, device_copies included. */
 static void a_caller_built_against_an_older_header_gets_the_result_fields_it_has(void **state) {

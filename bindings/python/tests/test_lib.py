@@ -132,24 +132,24 @@ def test_other_major_version_is_refused(number):
     assert "/fake/libwsync.so" in text
 
 
-def test_same_major_version_from_0_6_passes_the_check():
-    assert _lib.check_version(FakeLibrary("x", 600), "x") == 600
-    assert _lib.check_version(FakeLibrary("x", 601), "x") == 601
+def test_same_major_version_from_0_7_passes_the_check():
+    assert _lib.check_version(FakeLibrary("x", 700), "x") == 700
+    assert _lib.check_version(FakeLibrary("x", 701), "x") == 701
     assert _lib.check_version(FakeLibrary("x", 9999), "x") == 9999
 
 
-@pytest.mark.parametrize("number", [0, 100, 199, 299, 399, 499, 599])
-def test_library_older_than_0_6_is_refused_saying_what_is_needed(number):
+@pytest.mark.parametrize("number", [0, 100, 199, 299, 399, 499, 599, 699])
+def test_library_older_than_0_7_is_refused_saying_what_is_needed(number):
     with pytest.raises(wsync.LibraryVersionError) as info:
         _lib.locate(environ={"WSYNC_LIBRARY": "/old/libwsync.so"},
                     loader=recording_loader([], version=number))
     text = str(info.value)
     assert f"is version 0.{number // 100}.{number % 100}" in text
-    assert "needs at least 0.6.0" in text and "/old/libwsync.so" in text
+    assert "needs at least 0.7.0" in text and "/old/libwsync.so" in text
 
 
 def test_loaded_library_is_at_least_the_binding_version():
-    assert wsync.version_number() >= _lib.MIN_VERSION_NUMBER == 600
+    assert wsync.version_number() >= _lib.MIN_VERSION_NUMBER == 700
 
 
 def test_runtime_major_matches_the_binding():

@@ -103,7 +103,7 @@ from ._lib import (
     LibraryVersionError,
 )
 
-__version__ = "0.6.2"
+__version__ = "0.7.0"
 
 
 def load_library() -> "_lib.Library":

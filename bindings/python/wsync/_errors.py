@@ -30,7 +30,7 @@ class Status(enum.IntEnum):
     INTERNAL = 11  #: a bug in libwsync; please report the message
     INTEGRITY = 12  #: received bytes or a blob failed their checksum
     ABANDONED = 13  #: the sender abandoned the version (a send failed, abandon(), trainer died)
-    SKIPPED = 14  #: a later chunk of a version that already failed here, skipped unread (0.6.2)
+    SKIPPED = 14  #: a later chunk of a version that already failed here, skipped unread (0.7.0)
 
     @classmethod
     def _missing_(cls, value):

@@ -43,8 +43,9 @@ ABI_MAJOR = 0
 #: The minor version whose structs and functions this binding declares: the loaded library
 #: must be at least ``ABI_MAJOR.ABI_MINOR`` (0.2 made versions transactions: struct_size
 #: fields, a new wsync_recv_info_t, commit/abandon/drop_receiver, failures as data, poll;
-#: 0.3 added wsync_sender_wait_released; 0.5 the split-tensor calls, declared below).
-ABI_MINOR = 6
+#: 0.3 added wsync_sender_wait_released; 0.5 the split-tensor calls, declared below; 0.7 the
+#: authenticated ucx wire, which a 0.6 library cannot speak with a 0.7 peer).
+ABI_MINOR = 7
 #: The lowest ``wsync_version_number()`` this binding accepts (the header's one formula).
 MIN_VERSION_NUMBER = ABI_MAJOR * 10000 + ABI_MINOR * 100
 

@@ -43,7 +43,7 @@
 // |                              |                                    | (resume)           |         |
 // | senders_seen                 | each sender once (fetch_add)       | receivers          | never   |
 // | creator_pid                  | the segment's creator, before the  | attachers handed   | never   |
-// |                              | name exists (plain; 0 before 0.6.2)| the segment by the |         |
+// |                              | name exists (plain; 0 before 0.7.0)| the segment by the |         |
 // |                              |                                    | rendezvous: the pid|         |
 // |                              |                                    | that served it     |         |
 // | sender_pid[k]                | sender k: its pid by CAS when it   | senders (count of  | sender k|
@@ -137,7 +137,7 @@ struct Board {
     uint32_t layout;
     uint32_t receivers;
     uint32_t slots;
-    int32_t creator_pid;  // the segment's creator, which serves its rendezvous (0 before 0.6.2)
+    int32_t creator_pid;  // the segment's creator, which serves its rendezvous (0 before 0.7.0)
     std::atomic<uint32_t> ack_futex;  // bumped on every acknowledgement, failure and detach
     std::atomic<uint32_t> senders_seen;
     std::atomic<uint64_t> abandoned_version;

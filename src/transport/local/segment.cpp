@@ -123,7 +123,7 @@ std::shared_ptr<SharedSegment> SharedSegment::attach(const std::string &name,
         fail(WSYNC_ERR_MISMATCH, kind + ": segment '" + name +
                                      "' does not match its init info (layout or geometry)");
     // Handed over by the rendezvous: the process that served it must be the one that created
-    // it, where this process can tell (same PID namespace, a creator of 0.6.2 or later).
+    // it, where this process can tell (same PID namespace, a creator of 0.7.0 or later).
     const int32_t creator = h->board.creator_pid;
     if (server_pid > 0 && creator > 0 && server_pid != creator && sys::same_pid_namespace(server_pid))
         fail(WSYNC_ERR_UNAVAILABLE,

@@ -60,7 +60,7 @@ InitInfo parse_init_info(const json &body) {
     const std::string w = "ucx init info";
     InitInfo info;
     if (!body.contains("wire") || !body.contains("key"))
-        wire::malformed(w + " is of ucx wire version 1 (libwsync 0.6.2 or older: engines attach "
+        wire::malformed(w + " is of ucx wire version 1 (libwsync 0.6 or older: engines attach "
                             "unauthenticated); this library speaks version " +
                         std::to_string(kWireVersion) +
                         " and refuses it: make the init info with the same libwsync as the engines");

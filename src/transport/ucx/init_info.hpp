@@ -23,7 +23,7 @@ inline constexpr std::size_t kMaxText = 255;               // names and failure 
 
 // The ucx kind's own wire version (init body and control messages; docs/wire-format.md).
 // 2: an authenticated hello and MACed control messages (auth.hpp), the init info's "key";
-// version 1 peers (libwsync 0.6.2 and older) are refused by name or, where they speak first with
+// version 1 peers (libwsync 0.6 and older) are refused by name or, where they speak first with
 // an unauthenticated hello, not answered.
 inline constexpr uint64_t kWireVersion = 2;
 

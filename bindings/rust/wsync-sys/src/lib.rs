@@ -35,9 +35,9 @@ use core::marker::{PhantomData, PhantomPinned};
 /// Major version of the header these declarations were written from.
 pub const WSYNC_VERSION_MAJOR: u32 = 0;
 /// Minor version of the header these declarations were written from.
-pub const WSYNC_VERSION_MINOR: u32 = 6;
+pub const WSYNC_VERSION_MINOR: u32 = 7;
 /// Patch version of the header these declarations were written from.
-pub const WSYNC_VERSION_PATCH: u32 = 2;
+pub const WSYNC_VERSION_PATCH: u32 = 0;
 /// `MAJOR * 10000 + MINOR * 100 + PATCH`, the header's one formula.
 pub const WSYNC_VERSION_NUMBER: u32 =
     WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH;
@@ -75,7 +75,7 @@ pub const WSYNC_ERR_INTEGRITY: wsync_status_t = 12;
 /// The sender abandoned the version (a send failed, `wsync_sender_abandon`, or the trainer died
 /// mid-version).
 pub const WSYNC_ERR_ABANDONED: wsync_status_t = 13;
-/// A later chunk of a version that already failed here, skipped unread (since 0.6.2).
+/// A later chunk of a version that already failed here, skipped unread (since 0.7.0).
 pub const WSYNC_ERR_SKIPPED: wsync_status_t = 14;
 /// Not a status: forces the C enum to 32 bits.
 pub const WSYNC_STATUS_FORCE_32BIT_: wsync_status_t = 0x7fff_ffff;
@@ -599,7 +599,7 @@ pub struct wsync_apply_result_t {
 }
 
 /// The 0.6.0 layout's size of `wsync_apply_result_t` (every field before `device_copies`): a
-/// caller built then passes it and gets those fields (0.6.2 accepts every older layout).
+/// caller built then passes it and gets those fields (0.7.0 accepts every older layout).
 pub const WSYNC_APPLY_RESULT_SIZE_0_6_0: u32 = 40;
 
 /// The smallest device destination `wsync_recv_apply` gives to the driver's own copy.

@@ -43,7 +43,7 @@ pub enum Status {
     Abandoned,
     /// A later chunk of a version that already failed here was skipped unread: nothing to load
     /// and nothing new to report (the version's own status is [`crate::ReceiverState`]'s
-    /// `failed_status`); wait for the next version (`WSYNC_ERR_SKIPPED`, 0.6.2).
+    /// `failed_status`); wait for the next version (`WSYNC_ERR_SKIPPED`, 0.7.0).
     Skipped,
     /// A code this binding does not know (added by a newer library).
     Unknown(i32),

@@ -374,8 +374,9 @@ mod tests {
         assert!(check_version_number(599).is_err());
         let major = check_version_number(10200).unwrap_err();
         assert!(major.message().contains("major 1"), "{major}");
+        assert!(check_version_number(699).is_err());
         check_version_number(required_version_number()).unwrap();
-        check_version_number(699).unwrap();
+        check_version_number(799).unwrap();
     }
 
     #[test]
