@@ -10,7 +10,9 @@
  *   "shm"            host memory through one POSIX shared-memory segment (one machine);
  *   "cuda_ipc"       GPU memory through CUDA IPC handles (processes on the same GPUs), packed
  *                    into reusable device buckets or shared per allocation ("packed": false);
- *   "nccl_broadcast" GPU memory broadcast from the trainer to every receiver over NCCL.
+ *   "nccl_broadcast" GPU memory broadcast from the trainer to every receiver over NCCL;
+ *   "ucx"            host or GPU memory across machines through UCX (libucp.so.0, loaded at run
+ *                    time), as an authenticated network service (section 3, "ucx").
  * The GPU kinds open the CUDA driver (libcuda.so.1, or $WSYNC_CUDA_LIBRARY) and NCCL
  * (libnccl.so.2, $WSYNC_NCCL_LIBRARY or the "nccl_library" option) at run time: libwsync has no
  * load-time dependency on either, and without them those kinds fail with WSYNC_ERR_UNAVAILABLE.
@@ -106,42 +108,8 @@ extern "C" {
 #define WSYNC_VERSION_MINOR 7
 #define WSYNC_VERSION_PATCH 0
 /* One formula, forever: MAJOR * 10000 + MINOR * 100 + PATCH (0.2.0 -> 200).
- * 0.2: versions are transactions (struct_size fields, commit/abandon/fail, failures as data).
- * 0.3: wsync_sender_wait_released(), wsync_sender_set_stream(), wsync_receiver_set_stream(),
- *      wsync_recv_copy() (copy-into receive with fused verification) and the shm
- *      "copy_threads" option; board layout 3 (trainer and engines must both be 0.3).
- * 0.4: delta sync: the sender options "delta", "delta_anchor_every", "delta_max_percent"
- *      (host kinds; docs/delta.md); request format 3 (trainer and engines must both be 0.4).
- * 0.5: split tensors: wsync_part_t, wsync_sender_send_parts(), wsync_plan_chunk_parts() and the
- *      planner's "split" option, wsync_recv_part(), wsync_recv_next_part(); request format 4
- *      (trainer and engines must both be 0.5; format 5 from the builds of 2026-11-27, below); wsync_recv_patch(), wsync_patch_t and
- *      WSYNC_TENSOR_PATCH (delta patches as flat indices and values for the engine to apply);
- *      wsync_recv_copy() into device memory for the GPU kinds (was WSYNC_ERR_UNSUPPORTED); "cuda_ipc"
- *      receivers acknowledge a chunk that does not end its version when its copies complete
- *      rather than in wsync_recv_end(); wsync_sender_arena() and "shm"'s "arena_bytes" (tensors
- *      kept in the segment cross in place; such a segment has layout 4);
- *      WSYNC_RECEIVER_ORDERS_LOADER_WORK; the receiver option "delta_mirror" (patched tensors
- *      as views and ranges of the receiver's own verified copy; experimental); delta sync on
- *      the GPU kinds ("cuda_ipc" with packed=true, "nccl_broadcast" with "delta_anchor_every"):
- *      compared on the trainer's GPU and applied by wsync_recv_copy() into device memory
- *      (queued on the loader's stream; the verdicts at wsync_recv_end()), tree-hashed
- *      (request column patches.sums; docs/delta.md, "On the GPU"); "ucx" takes CUDA device
- *      tensors (packed by the GPU into pinned staging memory; was WSYNC_ERR_UNSUPPORTED), and
- *      its receiver option "device" lets wsync_recv_copy() fill device memory; "ucx" carries
- *      delta sync (was WSYNC_ERR_UNSUPPORTED); request format 5 (builds from 2026-11-27): "shm"
- *      and "ucx" carry tree-hash checksums (column "tree"), verified and packed by the copy
- *      threads, and their "copy_threads" option applies to senders too; board layout 4 (builds from
- *      the evening of 2026-11-27): a sole sender withdraws chunks of an abandoned version that a receiver had
- *      not begun (see wsync_sender_flush()); peers of layout 3 are refused (WSYNC_ERR_MISMATCH);
- *      board layout 5 (builds from 2026-11-28): a "cuda_ipc" sender made again on init info
- *      an earlier sole sender used goes on after its versions (see wsync_sender_version());
- *      peers of layout 4 are refused (WSYNC_ERR_MISMATCH).
- * 0.6: destination tables: wsync_dest_t, wsync_dest_table_create(), wsync_dest_table_destroy(),
- *      wsync_recv_apply() and wsync_apply_result_t (a chunk loaded into declared destinations by
- *      one call; one kernel launch per chunk for "cuda_ipc"); device destinations of
- *      wsync_recv_copy() may span several mapped allocations (PyTorch's expandable segments);
- *      the "nccl_broadcast" init info names the sender's GPU and a receiver on it is refused
- *      (WSYNC_ERR_UNSUPPORTED). No wire or board change: 0.5 peers interoperate. */
+ * What each release changed, and which wire, request and board formats it speaks: CHANGELOG.md
+ * in the source tree. "Since X" below marks behaviour older releases lack. */
 #define WSYNC_VERSION_NUMBER \
     (WSYNC_VERSION_MAJOR * 10000 + WSYNC_VERSION_MINOR * 100 + WSYNC_VERSION_PATCH)
 
