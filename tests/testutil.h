@@ -4,6 +4,7 @@
 #ifndef WSYNC_TESTUTIL_H
 #define WSYNC_TESTUTIL_H
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -220,10 +221,54 @@ static inline tu_peer_t tu_fork_peer(int (*main_fn)(const void *cfg, int in, int
     return e;
 }
 
-/* The peer's one-byte answer (99 if none came within timeout_ms: the assertion fails). */
+static inline long tu_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Prints, on stderr, what each thread of process `pid` is doing (state and kernel wait channel
+ * from /proc): a peer that gave no answer is told apart as stuck (S, futex_wait...) or slow (R). */
+static inline void tu_print_threads(pid_t pid) {
+    char path[320], line[512];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (!d) {
+        fprintf(stderr, "  peer %d: gone (%s)\n", (int)pid, strerror(errno));
+        return;
+    }
+    struct dirent *t;
+    while ((t = readdir(d)) != NULL) {
+        if (t->d_name[0] == '.') continue;
+        char stat[256] = "", wchan[64] = "";
+        snprintf(path, sizeof path, "/proc/%d/task/%s/stat", (int)pid, t->d_name);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            if (fgets(line, sizeof line, f)) snprintf(stat, sizeof stat, "%.200s", line);
+            fclose(f);
+        }
+        snprintf(path, sizeof path, "/proc/%d/task/%s/wchan", (int)pid, t->d_name);
+        f = fopen(path, "r");
+        if (f) {
+            if (fgets(wchan, sizeof wchan, f) == NULL) wchan[0] = 0;
+            fclose(f);
+        }
+        fprintf(stderr, "  peer %d thread %s: wchan %s stat %s", (int)pid, t->d_name, wchan, stat);
+    }
+    closedir(d);
+}
+
+/* The peer's one-byte answer (99 if none came within timeout_ms: the assertion fails, after
+ * printing whether the peer is stuck or slow). */
 static inline uint8_t tu_peer_byte(tu_peer_t *e, int timeout_ms) {
     uint8_t v = 99;
-    assert_int_equal(tu_read_all(e->from, &v, 1, timeout_ms), 0);
+    long t0 = tu_now_ms();
+    if (tu_read_all(e->from, &v, 1, timeout_ms) != 0) {
+        fprintf(stderr, "no answer from peer %d after %ld ms (limit %d ms):\n", (int)e->pid,
+                tu_now_ms() - t0, timeout_ms);
+        tu_print_threads(e->pid);
+        fail();
+    }
     return v;
 }
 
@@ -234,12 +279,6 @@ static inline void tu_detach_stdio(void) {
     if (n < 0) return;
     for (int fd = 0; fd <= 2; ++fd) dup2(n, fd);
     if (n > 2) close(n);
-}
-
-static inline long tu_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* Whether the shared-memory segment an init blob names ("/wsync-...": shm's segment,
