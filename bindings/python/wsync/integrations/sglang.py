@@ -62,11 +62,11 @@ import logging
 import os
 import pickle
 import threading
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .._core import Strategy, status_for_exception
+from .._core import Strategy, describe, status_for_exception
 from .._errors import Status, WsyncError, error
 from ..trainer import iter_chunks
 
@@ -76,6 +76,9 @@ logger = logging.getLogger(__name__)
 LOADER = "wsync.integrations.sglang.load_weights"
 #: The name of the uint8 tensor that carries the wsync payload in ``named_tensors``.
 PAYLOAD_NAME = "__wsync_payload__"
+#: Kinds whose receivers hand over GPU memory: the library cannot copy out of it into a
+#: tensor, so their chunks are staged as device clones of the views (no split tensors).
+GPU_KINDS = ("cuda_ipc", "nccl_broadcast")
 
 
 def _b64(blob: bytes) -> str:
@@ -117,6 +120,7 @@ class _Engine:
         self.staged: List[Tuple[str, torch.Tensor]] = []
         self.partial: Optional[Tuple[str, torch.Tensor]] = None
         self.rollback = True
+        self.gpu = False
 
     def attach(self, payload: Dict[str, Any]) -> None:
         key = json.dumps([payload.get("init_info"), payload.get("options", {}), payload["index"]],
@@ -125,13 +129,17 @@ class _Engine:
             return
         self.detach()
         init_info = base64.b64decode(payload["init_info"], validate=True)
-        strategy = Strategy.for_init_info(init_info, **dict(payload.get("options", {})))
+        options = dict(payload.get("options", {}))
+        gpu = describe(init_info).get("kind") in GPU_KINDS
+        if gpu and "device" not in options:
+            options["device"] = torch.cuda.current_device()  # this TP rank's GPU
+        strategy = Strategy.for_init_info(init_info, **options)
         try:
             self.receiver = strategy.receiver(init_info, payload["index"])
         except BaseException:
             strategy.close()
             raise
-        self.strategy, self.key = strategy, key
+        self.strategy, self.key, self.gpu = strategy, key, gpu
 
     def detach(self) -> None:
         self.discard()
@@ -147,7 +155,11 @@ class _Engine:
         self.staged, self.partial = [], None
 
     def stage(self, it) -> None:
-        """Copies every entry of the chunk into fresh tensors (split tensors assembled)."""
+        """Copies every entry of the chunk into fresh tensors (split tensors assembled); for
+        the GPU kinds, takes the iteration's device clones (``receive(copy=True)``)."""
+        if self.gpu:
+            self.staged.extend(it)
+            return
         for i in range(len(it)):
             meta = it.peek(i)
             offset, nbytes = it.part(i)
@@ -269,7 +281,8 @@ def load_weights(model: torch.nn.Module, named_tensors) -> None:
     receiver = engine.receiver
     for request in payload.get("requests", []):
         try:
-            with receiver.receive(base64.b64decode(request, validate=True), framework="torch") as it:
+            blob = base64.b64decode(request, validate=True)
+            with receiver.receive(blob, framework="torch", copy=engine.gpu) as it:
                 try:
                     engine.stage(it)
                     if it.info.last:
