@@ -1,6 +1,7 @@
 """A trainer process that dies mid-version (``python _sglang_trainer.py URL OUT``): sends one
 whole version to the SGLang engine at URL, saves that version's state dict to OUT, sends the
-first two chunks of a second version, then SIGKILLs itself."""
+first ten chunks of a second version (the embedding's four parts, then whole tensors of the
+first layer), then SIGKILLs itself."""
 
 import os
 import signal
@@ -25,7 +26,7 @@ def main():
     post, calls = sync._post_tensor, []
 
     def dying(*args, **kwargs):
-        if len(calls) == 2:
+        if len(calls) == 10:
             os.kill(os.getpid(), signal.SIGKILL)
         calls.append(1)
         return post(*args, **kwargs)

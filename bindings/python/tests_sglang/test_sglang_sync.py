@@ -111,6 +111,8 @@ def test_a_name_sglang_does_not_know_fails_the_version_by_name_and_the_previous_
 
 def test_a_trainer_killed_mid_version_leaves_the_previous_version_served_and_a_new_trainer_takes_over(
         engine, tmp_path):
+    """Ten chunks of the second version reached the engine (whole tensors among them): staged,
+    never loaded."""
     out = str(tmp_path / "v1.pt")
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
     trainer = subprocess.run([sys.executable, os.path.join(HERE, "_sglang_trainer.py"),
