@@ -214,7 +214,9 @@ class _Engine:
                         live.copy_(saved)
             raise
         finally:
-            del staged, snapshot
+            # A raised error's traceback keeps this frame: drop the version and the snapshot.
+            staged.clear()
+            snapshot = current[0] = None
 
 
 def _tensors(model: torch.nn.Module) -> List[torch.Tensor]:
