@@ -25,7 +25,8 @@ when not successful). An exception escaping the weight-update stack ends this pr
 ends SGLang's scheduler (its event loop has no handler for it).
 
 ``GET /test/weights`` (the tests' own route) returns the model's parameters, pickled and
-base64 encoded, to compare bit for bit.
+base64 encoded, to compare bit for bit; ``GET /test/flushes`` counts the cache flushes the
+manager asked for (the scheduler's ``flush_cache`` is this process's counter).
 """
 
 import base64
@@ -39,6 +40,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import torch
 
 LOADER = "wsync.integrations.sglang.load_weights"
+#: One entry per cache flush SGLang's weight-update manager asked for (``Scheduler.flush_cache``
+#: in a server: it drops the KV cache the previous weights computed).
+FLUSHES = []
 
 
 def tiny_config():
@@ -86,7 +90,7 @@ def build_engine():
     worker._model_runner = runner
     manager = SchedulerWeightUpdaterManager(
         tp_worker=worker, draft_worker=None, memory_saver_adapter=None,
-        flush_cache=lambda **_: True, is_fully_idle=lambda **_: True,
+        flush_cache=lambda **_: FLUSHES.append(1) or True, is_fully_idle=lambda **_: True,
         scheduler=object.__new__(Scheduler))
     return model, manager
 
@@ -113,6 +117,8 @@ class Handler(BaseHTTPRequestHandler):
             buf = io.BytesIO()
             torch.save({n: p.detach().clone() for n, p in self.model.named_parameters()}, buf)
             return self._answer(200, {"weights": base64.b64encode(buf.getvalue()).decode()})
+        if self.path == "/test/flushes":
+            return self._answer(200, {"flushes": len(FLUSHES)})
         self._answer(404, {"detail": "Not Found"})
 
     def do_POST(self):

@@ -71,6 +71,10 @@ class Engine:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def flushes(self) -> int:
+        """How many cache flushes SGLang's weight-update manager asked for so far."""
+        return requests.get(f"{self.url}/test/flushes", timeout=60).json()["flushes"]
+
     def weights(self):
         """The engine model's parameters (SGLang's names and layout)."""
         body = requests.get(f"{self.url}/test/weights", timeout=60).json()

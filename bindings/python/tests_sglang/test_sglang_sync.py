@@ -70,6 +70,18 @@ def test_several_versions_arrive_bit_exact_through_sglangs_custom_loader(engine,
     assert versions == sorted(versions) and len(set(versions)) == 3
 
 
+def test_sglangs_cache_is_flushed_once_per_served_version_and_never_for_a_failed_one(engine, sync):
+    model = tiny_trainer_model()
+    before = engine.flushes()
+    sync.update(model.state_dict())
+    assert engine.flushes() == before + 1
+    bad = state(model)
+    bad["lm_head.weight"] = bad["lm_head.weight"].t().contiguous()
+    with pytest.raises(wsync.WsyncError):
+        sync.update(bad)
+    assert engine.flushes() == before + 1
+
+
 def test_a_shape_sglang_refuses_fails_the_version_by_name_and_the_previous_one_stays_served(
         engine, sync):
     model = tiny_trainer_model()

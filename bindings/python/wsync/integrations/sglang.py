@@ -376,18 +376,32 @@ class SGLangWeightSync:
         return {"init_info": _b64(self._init_info), "options": self.engine_options,
                 "index": self.rank_offset + tp_rank, "rollback": self.rollback, **extra}
 
-    def _post_tensor(self, weight_version: Optional[str] = None, **extra: Any) -> None:
+    def _post_tensor(self, *, final: bool = False, weight_version: Optional[str] = None,
+                     **extra: Any) -> None:
+        """``/update_weights_from_tensor`` with the wsync payload. SGLang flushes its cache and
+        records ``weight_version`` after any call that returns (whatever the loader did), so
+        both ride only on the ``final`` call, made once every receiver acknowledged the
+        version."""
         body = {"serialized_named_tensors": [encode_payload(self._payload(r, **extra))
                                              for r in range(self.tp_size)],
-                "load_format": LOADER, "selector": "target",
-                "flush_cache": weight_version is not None}
-        if weight_version is not None:
+                "load_format": LOADER, "selector": "target", "flush_cache": final}
+        if final and weight_version is not None:
             body["weight_version"] = weight_version
         self._call("POST", "/update_weights_from_tensor", body)
+
+    def _end(self) -> None:
+        try:
+            self._call("POST", "/end_weight_update", {})
+        except BaseException:
+            self._session_unknown = True
+            raise
 
     def _begin(self) -> None:
         try:
             self._call("POST", "/begin_weight_update", {"selector": "target"})
+        except TimeoutError:
+            self._session_unknown = True  # it may have opened after all
+            raise
         except RuntimeError as exc:
             # A session the trainer could not close (a call that timed out) is closed once.
             if not self._session_unknown or "already open" not in str(exc):
@@ -444,20 +458,22 @@ class SGLangWeightSync:
                                      group_depth=self.group_depth):
                 request = sender.send_chunk(chunk.tensors, last=chunk.last, parts=chunk.parts)
                 try:
-                    self._post_tensor(weight_version if chunk.last else None,
-                                      requests=[_b64(request)])
+                    self._post_tensor(requests=[_b64(request)])
                 except RuntimeError as exc:  # not a timeout: did an engine fail or die?
                     self._engine_failure(exc)
                     raise
             sender.flush(timeout_s=self.flush_timeout_s)
+            version = sender.version
+            # The version is served: now SGLang's cache flush and its weight_version label.
+            self._post_tensor(final=True, weight_version=weight_version, requests=[])
         except BaseException as exc:
             self._attached = False  # an engine restarted since attaches before the next version
             self._abandon(exc)
             if isinstance(exc, WsyncError):
                 raise self._named(exc) from exc
             raise
-        self._call("POST", "/end_weight_update", {})
-        return sender.version
+        self._end()
+        return version
 
     def _engine_failure(self, exc: BaseException) -> None:
         """After an HTTP error: if a receiver failed its chunk or died, raise the sender's
@@ -501,7 +517,7 @@ class SGLangWeightSync:
         try:
             self._begin()
             self._post_tensor(detach=True)
-            self._call("POST", "/end_weight_update", {})
+            self._end()
         except Exception as exc:
             logger.warning("wsync: detaching the SGLang server at %s: %s", self.url, exc)
         sender.close()
