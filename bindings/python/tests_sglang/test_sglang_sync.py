@@ -198,3 +198,17 @@ def test_a_stalled_engine_times_out_once_and_the_next_version_closes_its_session
     perturb(model)
     sync.update(model.state_dict())
     assert served_matches(engine, state(model)) == []
+
+
+def test_update_before_init_or_after_destroy_is_refused_and_destroy_is_idempotent(engine):
+    s = SGLangWeightSync(engine.url)
+    model = tiny_trainer_model()
+    with pytest.raises(wsync.WsyncError) as caught:
+        s.update(model.state_dict())
+    assert caught.value.status == wsync.Status.WRONG_STATE
+    s.init()
+    s.update(model.state_dict())
+    s.destroy()
+    s.destroy()
+    with pytest.raises(wsync.WsyncError):
+        s.update(model.state_dict())
