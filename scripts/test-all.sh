@@ -113,12 +113,15 @@ WSYNC_LIBRARY="$root/build/libwsync.so" scripts/test-install.sh
 section "vLLM backend (real vllm==0.33.0, CPU)"
 WSYNC_LIBRARY="$root/build/libwsync.so" scripts/test-vllm.sh
 
-# Both layer their venvs on the vLLM venv above (a .pth line), so torch and vllm come once.
+# These layer their venvs on the vLLM venv above (a .pth line), so torch and vllm come once.
 section "verl checkpoint engine (real verl==0.9.1, CPU)"
 WSYNC_LIBRARY="$root/build/libwsync.so" run_pytest scripts/test-verl.sh
 
 section "TRL weight transfer (real trl==1.16.0 on vllm==0.33.0, CPU)"
 WSYNC_LIBRARY="$root/build/libwsync.so" run_pytest scripts/test-trl.sh
+
+section "SGLang custom loader (real sglang==0.5.23 weight-update path, CPU)"
+WSYNC_LIBRARY="$root/build/libwsync.so" run_pytest scripts/test-sglang.sh
 
 section "GPU validation: the fake-driver twin of scripts/gpu-validate.sh"
 # The same steps a GPU machine runs (gpu CTest label, Python GPU tests, cuda_ipc bench, baseline),
