@@ -307,6 +307,14 @@ static int rogue_listen(struct rogue *r) {
     return r->got - before;
 }
 
+/* Progresses until one more message reached it (up to 2 s); returns whether one did. */
+static int rogue_await(struct rogue *r) {
+    const int before = r->got;
+    const long t0 = tu_now_ms();
+    while (r->got == before && tu_now_ms() - t0 < 2000) ucp_worker_progress(r->w);
+    return r->got > before;
+}
+
 static uint64_t rnd64(void) {
     uint64_t v = 0;
     for (int i = 0; i < 4; ++i) v = v << 16 ^ (uint64_t)(rand() & 0xffff);
@@ -616,6 +624,99 @@ static void fetches_without_a_lease_or_past_a_chunks_end_are_refused_without_a_b
     trainer_stop(&t);
 }
 
+/* The trainer's resident memory, in KiB (VmRSS). */
+static long rss_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    assert_non_null(f);
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+    fclose(f);
+    return kib;
+}
+
+/* Sends version v as one committing chunk of one BIG_BYTES tensor (tu_fill(v, 1)). */
+enum { BIG_BYTES = 4 << 20 };
+static void send_big(struct trainer *t, uint8_t *data, uint64_t v, wsync_blob_t *req) {
+    static const int64_t shape[1] = {BIG_BYTES / 4};
+    tu_fill(data, BIG_BYTES, v, 1);
+    wsync_tensor_t w = tu_tensor("big", data, shape, 1, WSYNC_DTYPE_FLOAT, 32);
+    wsync_chunk_t c = tu_chunk(&w, 1, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(t->snd, &c, req));
+}
+
+/* An engine holding the key that leases every chunk and never gives the leases back (issue 37:
+ * the trainer's memory grew to 566 MB against 106 MB after 16 versions) holds at most
+ * kLeasesPerChunk (4) leases on a chunk, the fifth refused with WRONG_STATE naming the bound,
+ * and its leases end when the chunk's version is no longer kept (keep_versions 2): its fetch
+ * of such a chunk is refused with ABANDONED and no byte, and the trainer's resident memory
+ * stays within a few chunks over 12 versions of 4 MiB (it grew by a chunk a version before).
+ * The honest engine loads every version bit for bit and every flush is OK. */
+static void leases_are_capped_and_end_when_their_version_is_no_longer_kept(void **state) {
+    (void)state;
+    if (!ucx_here()) skip();
+    struct trainer t;
+    trainer_start(&t, 2);
+    wsync_receiver_t *e0 = engine(&t, 0);
+    struct rogue a;
+    rogue_start(&a, &t);
+    uint8_t ck[32];
+    const uint64_t token = rnd64();
+    keyed_attach(&a, &t, 1, token, ck);
+    uint8_t *data = malloc(BIG_BYTES);
+    assert_non_null(data);
+    uint8_t out[4096];
+    uint64_t number = 0, first_seq = 0;
+    long rss_early = 0;
+    for (uint64_t v = 1; v <= 12; ++v) {
+        wsync_blob_t req;
+        send_big(&t, data, v, &req);
+        const uint64_t seq = blob_uint(&req, "seq");
+        if (v == 1) first_seq = seq;
+        for (int i = 0; i < 5; ++i) {
+            struct msg lease = {LEASE, 1, token, ++number, seq, {0}, NULL, 0, 0, 0, 0};
+            rogue_send(&a, 1, out, seal(&lease, ck, out));
+            assert_true(rogue_await(&a));
+            assert_int_equal(a.last[2], GRANT);
+            if (i < 4) {
+                assert_int_equal(last_status(&a), 0);
+            } else {
+                assert_int_equal(last_status(&a), WSYNC_ERR_WRONG_STATE);
+                assert_true(last_says(&a, "leases on chunk seq"));
+            }
+        }
+        /* One acknowledgement (the flush then waits for nobody); three leases stay held. */
+        struct msg ack = {ACK, 1, token, ++number, seq, {0}, NULL, 0, v, 0, 0};
+        rogue_send(&a, 1, out, seal(&ack, ck, out));
+        wsync_recv_t *it = NULL;
+        OK(wsync_receiver_receive(e0, req.data, req.size, &it));
+        wsync_tensor_t view;
+        bool has = false;
+        OK(wsync_recv_next(it, &view, &has));
+        assert_true(has);
+        assert_true(tu_check(view.data, BIG_BYTES, v, 1));
+        OK(wsync_recv_end(it));
+        OK(wsync_sender_flush(t.snd, 3000));
+        wsync_blob_free(&req);
+        if (v == 3) rss_early = rss_kib();
+    }
+    const long grew = rss_kib() - rss_early;
+    print_message("trainer RSS grew by %ld KiB from version 3 to 12 (a chunk is %d KiB)\n", grew, BIG_BYTES / 1024);
+    assert_true(grew < 3 * (BIG_BYTES / 1024));
+    struct msg f = {FETCH, 1, token, ++number, first_seq, {0}, NULL, 0, 1, 0, 4096};
+    rogue_send(&a, 1, out, seal(&f, ck, out));
+    assert_int_equal(rogue_listen(&a), 1);
+    assert_int_equal(a.last[2], DATA);
+    assert_int_equal(last_status(&a), WSYNC_ERR_ABANDONED);
+    assert_true(last_says(&a, "is no longer kept"));
+    assert_int_equal(a.payload_len, 0);
+    rogue_stop(&a);
+    free(data);
+    wsync_receiver_destroy(e0);
+    trainer_stop(&t);
+}
+
 int main(int argc, char **argv) {
     srand((unsigned)tu_now_ms());
     const struct CMUnitTest tests[] = {
@@ -624,6 +725,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(unknown_ids_and_malformed_messages_are_dropped),
         cmocka_unit_test(fetches_without_a_lease_or_past_a_chunks_end_are_refused_without_a_byte),
         cmocka_unit_test(the_key_is_in_the_init_info_only_and_an_older_init_info_is_refused_by_name),
+        cmocka_unit_test(leases_are_capped_and_end_when_their_version_is_no_longer_kept),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);
