@@ -353,7 +353,10 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * fetches it checked (an authenticated engine, a chunk it holds a lease on, a range within the
  * chunk; anything else is refused with no byte). Not covered (issue 37): weights and messages
  * travel unencrypted (a data message's payload is not MACed; checksums are not MACs), and
- * floods cost the trainer CPU and memory. Run "ucx" between hosts of one trusted network
+ * floods cost the trainer CPU (forged messages are dropped as they arrive, each receiver index
+ * gets an equal share of what is handled a round, a receiver holds at most 4 leases on a chunk
+ * and none on a version no longer kept, so the trainer's staging memory stays within
+ * keep_versions + 1 versions). Run "ucx" between hosts of one trusted network
  * (narrow "net_devices" to it). Blobs and
  * messages name no host: engines call the trainer "the trainer (session S)", the trainer calls
  * an engine "receiver N (pid P)", and a refusal names no other engine; the worker addresses in

@@ -13,6 +13,7 @@
  * attaches within their deadlines). */
 #define _GNU_SOURCE /* memmem */
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <openssl/hmac.h>
 #include <ucp/api/ucp.h>
 
@@ -717,6 +718,107 @@ static void leases_are_capped_and_end_when_their_version_is_no_longer_kept(void 
     trainer_stop(&t);
 }
 
+/* A flooder: a rogue of its own on a thread, sending forged control messages (a Fetch of
+ * receiver 0 with a made-up token, MACed with a key of its own) as fast as the link takes them
+ * until told to stop. */
+struct flood {
+    const struct trainer *t;
+    volatile int stop;
+    long sent;
+};
+
+static void *flood_run(void *arg) {
+    struct flood *f = arg;
+    struct rogue r;
+    rogue_start(&r, f->t);
+    uint8_t bad[32], out[4096];
+    memset(bad, 0x5a, sizeof bad);
+    struct msg m = {FETCH, 0, rnd64(), 1, 1, {0}, NULL, 0, 1, 0, 4096};
+    const size_t n = seal(&m, bad, out);
+    ucp_request_param_t p = {0};
+    while (!f->stop) {
+        void *req = ucp_am_send_nbx(r.ep, 1, NULL, 0, out, n, &p);
+        if (UCS_PTR_IS_PTR(req)) {
+            while (ucp_request_check_status(req) == UCS_INPROGRESS && !f->stop) ucp_worker_progress(r.w);
+            ucp_request_free(req);
+        } else if (UCS_PTR_IS_ERR(req)) {
+            break;
+        }
+        ++f->sent;
+        if ((f->sent & 63) == 0) ucp_worker_progress(r.w);
+    }
+    rogue_stop(&r);
+    return NULL;
+}
+
+/* A flood of forged messages cannot crowd out an honest engine: each is dropped as it arrives
+ * (its MAC checked at the door), not queued in the trainer's inbox, whose 65536 places a round
+ * it filled ahead of the honest engine's messages; and a round of progress is bounded, so the
+ * trainer handles what arrived while the flood goes on. The honest engine loads 5 versions
+ * during the flood, each flush OK within its 3 s. */
+static void a_flood_of_forged_messages_does_not_crowd_out_an_honest_engine(void **state) {
+    (void)state;
+    if (!ucx_here()) skip();
+    struct trainer t;
+    trainer_start(&t, 1);
+    wsync_receiver_t *e0 = engine(&t, 0);
+    struct flood f = {&t, 0, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, flood_run, &f), 0);
+    while (f.sent < 200000) usleep(1000);
+    for (uint64_t v = 1; v <= 5; ++v) honest_version_loads(&t, e0, v);
+    f.stop = 1;
+    pthread_join(th, NULL);
+    print_message("the flood sent %ld forged messages\n", f.sent);
+    wsync_receiver_destroy(e0);
+    trainer_stop(&t);
+}
+
+/* A dropped index is not retaken by a peer holding only a request blob (issue 37: such a peer
+ * took every free index and won it back after each drop). While the trainer drops engine 1 and
+ * a new engine re-attaches there, the rogue sends hellos for index 1 with the request's
+ * session, its own address and MACs made with what a request holds (its bytes as a key, a
+ * zero key): none is answered, the new engine attaches, and both engines load the next
+ * version with the flush OK. */
+static void a_dropped_index_is_not_retaken_by_a_peer_holding_a_request_only(void **state) {
+    (void)state;
+    if (!ucx_here()) skip();
+    struct trainer t;
+    trainer_start(&t, 2);
+    wsync_receiver_t *e0 = engine(&t, 0), *e1 = engine(&t, 1);
+    wsync_blob_t req;
+    send_version(&t, 1, &req);
+    take(e0, &req, 1);
+    take(e1, &req, 1);
+    OK(wsync_sender_flush(t.snd, 3000));
+    const uint64_t session = blob_uint(&req, "session");
+    struct rogue r;
+    rogue_start(&r, &t);
+    static uint8_t addr[65536], out[70000];
+    const size_t alen = rogue_address(&r, addr, sizeof addr);
+    uint8_t keys[2][32] = {{0}};
+    memcpy(keys[1], req.data + req.size - 32, 32);
+    OK(wsync_sender_drop_receiver(t.snd, 1));
+    for (int i = 0; i < 20; ++i) {
+        struct msg h = {HELLO, 1, rnd64(), 0, session, {0}, addr, alen, 0, 0, 0};
+        for (int k = 0; k < 16; ++k) h.nonce[k] = (uint8_t)rand();
+        rogue_send(&r, 1, out, seal(&h, keys[i & 1], out));
+    }
+    wsync_receiver_t *e1b = engine(&t, 1);  /* the index is free for an engine with the key */
+    assert_int_equal(rogue_listen(&r), 0);
+    rogue_stop(&r);
+    wsync_receiver_destroy(e1);
+    wsync_blob_free(&req);
+    send_version(&t, 2, &req);
+    take(e0, &req, 2);
+    take(e1b, &req, 2);
+    OK(wsync_sender_flush(t.snd, 3000));
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(e1b);
+    wsync_receiver_destroy(e0);
+    trainer_stop(&t);
+}
+
 int main(int argc, char **argv) {
     srand((unsigned)tu_now_ms());
     const struct CMUnitTest tests[] = {
@@ -726,6 +828,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(fetches_without_a_lease_or_past_a_chunks_end_are_refused_without_a_byte),
         cmocka_unit_test(the_key_is_in_the_init_info_only_and_an_older_init_info_is_refused_by_name),
         cmocka_unit_test(leases_are_capped_and_end_when_their_version_is_no_longer_kept),
+        cmocka_unit_test(a_flood_of_forged_messages_does_not_crowd_out_an_honest_engine),
+        cmocka_unit_test(a_dropped_index_is_not_retaken_by_a_peer_holding_a_request_only),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);
