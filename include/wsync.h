@@ -360,8 +360,10 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * (narrow "net_devices" to it). Blobs and
  * messages name no host: engines call the trainer "the trainer (session S)", the trainer calls
  * an engine "receiver N (pid P)", and a refusal names no other engine; the worker addresses in
- * the init info and the hello hold the interface addresses UCX listens on (all of them unless
- * "net_devices" narrows it). An engine whose connection to the trainer failed destroys its
+ * the init info and the hello hold the interface addresses UCX listens on: those of the
+ * devices "net_devices" names. "net_devices" is required (since the builds of 2026-12-05): a
+ * strategy without it is refused with WSYNC_ERR_INVALID_ARGUMENT naming the option; "all"
+ * listens on every interface (UCX's own choice, the old default). An engine whose connection to the trainer failed destroys its
  * receiver and creates another with the same index, retrying an attach refused with
  * WSYNC_ERR_WRONG_STATE (the trainer has not yet seen the old connection fail) every 100 ms to
  * 1 s for as long as the trainer's flush timeout; one that loads the version before the

@@ -819,6 +819,25 @@ static void a_dropped_index_is_not_retaken_by_a_peer_holding_a_request_only(void
     trainer_stop(&t);
 }
 
+/* The kind listens only where it is told (issue 37: by default it listened on every interface):
+ * without "net_devices" the strategy is refused, naming the option and "all"; "all" says it. */
+static void without_net_devices_the_kind_refuses_to_start_unless_told_all(void **state) {
+    (void)state;
+    if (!ucx_here()) skip();
+    wsync_strategy_t *s = NULL;
+    EXPECT_ERR(wsync_strategy_create("ucx", "{\"transports\":\"tcp\"}", &s), WSYNC_ERR_INVALID_ARGUMENT,
+               "option 'net_devices' is not set");
+    assert_null(s);
+    assert_non_null(strstr(wsync_last_error(), "\"all\" to listen on every interface"));
+    EXPECT_ERR(wsync_strategy_create("ucx", "{\"transports\":\"tcp\",\"net_devices\":\"\"}", &s),
+               WSYNC_ERR_INVALID_ARGUMENT, "'net_devices'");
+    OK(wsync_strategy_create("ucx", "{\"transports\":\"tcp\",\"net_devices\":\"all\",\"receivers\":1}", &s));
+    wsync_blob_t init = {0};
+    OK(wsync_strategy_create_init_info(s, &init));
+    wsync_blob_free(&init);
+    wsync_strategy_destroy(s);
+}
+
 int main(int argc, char **argv) {
     srand((unsigned)tu_now_ms());
     const struct CMUnitTest tests[] = {
@@ -830,6 +849,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(leases_are_capped_and_end_when_their_version_is_no_longer_kept),
         cmocka_unit_test(a_flood_of_forged_messages_does_not_crowd_out_an_honest_engine),
         cmocka_unit_test(a_dropped_index_is_not_retaken_by_a_peer_holding_a_request_only),
+        cmocka_unit_test(without_net_devices_the_kind_refuses_to_start_unless_told_all),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);
