@@ -321,12 +321,21 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * fetches it checked (an authenticated engine, a chunk it holds a lease on, a range within the
  * chunk; anything else is refused with no byte). Not covered (issue 37): weights and messages
  * travel unencrypted (a data message's payload is not MACed; checksums are not MACs), and
- * floods cost the trainer CPU and memory. Run "ucx" between hosts of one trusted network
+ * floods cost the trainer CPU (forged messages are dropped as they arrive, each receiver index
+ * gets an equal share of what is handled a round, a receiver holds at most 4 leases on a chunk
+ * and none on a version no longer kept, so the trainer's staging memory stays within
+ * keep_versions + 1 versions). Run "ucx" between hosts of one trusted network
  * (narrow "net_devices" to it). Blobs and
  * messages name no host: engines call the trainer "the trainer (session S)", the trainer calls
  * an engine "receiver N (pid P)", and a refusal names no other engine; the worker addresses in
- * the init info and the hello hold the interface addresses UCX listens on (all of them unless
- * "net_devices" narrows it).
+ * the init info and the hello hold the interface addresses UCX listens on: those of the
+ * devices "net_devices" names. "net_devices" is required (since the builds of 2026-12-05): a
+ * strategy without it is refused with WSYNC_ERR_INVALID_ARGUMENT naming the option; "all"
+ * listens on every interface (UCX's own choice, the old default). An engine whose connection to the trainer failed destroys its
+ * receiver and creates another with the same index, retrying an attach refused with
+ * WSYNC_ERR_WRONG_STATE (the trainer has not yet seen the old connection fail) every 100 ms to
+ * 1 s for as long as the trainer's flush timeout; one that loads the version before the
+ * trainer's flush of it returns is not reported DIED (docs/failure-model.md, "ucx").
  * Borrows kind and options_json for the call. On success *out is a new strategy, freed with
  * wsync_strategy_destroy(). Does not block. */
 WSYNC_API wsync_status_t wsync_strategy_create(const char *kind, const char *options_json,
@@ -531,13 +540,15 @@ WSYNC_API wsync_status_t wsync_sender_abandon(wsync_sender_t *sender);
  * WSYNC_OK, or:
  *   WSYNC_ERR_PEER when a receiver failed a chunk, died or detached owing one; the message
  *     carries that receiver's own status, message, version and chunk ("shm: receiver 1 (pid
- *     42) failed chunk 3 of version 2: WSYNC_ERR_MISMATCH: tensor 'x' ..."). On "shm" and
- *     "cuda_ipc" (since the builds of 2026-11-28) the flush does not return at the first
- *     failure: a receiver that failed is no longer waited for, the others are until each has
- *     answered or failed, so one error names every receiver that failed what was flushed (a
- *     slower engine's failure of the same version no longer fails the next version's first
- *     send); at the deadline it also names, as WSYNC_FAILURE_TIMEOUT entries, the receivers
- *     that did not answer;
+ *     42) failed chunk 3 of version 2: WSYNC_ERR_MISMATCH: tensor 'x' ..."). On "shm",
+ *     "cuda_ipc" (since the builds of 2026-11-28) and "ucx" (since those of 2026-12-05) the
+ *     flush does not return at the first failure: a receiver that failed is no longer waited
+ *     for, the others are until each has answered or failed, so one error names every receiver that failed
+ *     what was flushed (a slower engine's failure of the same version no longer fails the next
+ *     version's first send); at the deadline it also names, as WSYNC_FAILURE_TIMEOUT entries,
+ *     the receivers that did not answer. On "ucx" a receiver whose connection failed (DIED)
+ *     and that re-attached with its index and completed the version before this flush
+ *     returned is not reported (it has the version);
  *   WSYNC_ERR_TIMEOUT after timeout_ms (>= 0; 0 polls) naming the receivers that did not
  *     answer (a frozen engine is one), when none failed.
  * Each failure a receiver recorded (a chunk it failed) is reported once by each sender, oldest

@@ -744,7 +744,7 @@ static void the_engine_device_option_is_unset_by_default_and_checked(void **stat
     assert_non_null(strstr(wsync_last_error(), "'device'"));
     assert_int_equal(wsync_strategy_create("ucx", "{\"device\": -1}", &s), WSYNC_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(wsync_last_error(), "'device'"));
-    OK(wsync_strategy_create("ucx", "{\"device\": 0}", &s));
+    OK(wsync_strategy_create("ucx", "{\"device\": 0, \"net_devices\": \"lo\"}", &s));
     wsync_strategy_destroy(s);
 }
 

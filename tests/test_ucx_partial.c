@@ -485,7 +485,7 @@ static void a_device_or_transport_the_host_lacks_is_unavailable_naming_the_optio
     (void)state;
     need_ucx();
     const char *cases[][2] = {{"\"transports\":\"tcp\",\"net_devices\":\"eth9\"", "'net_devices' = \"eth9\""},
-                              {"\"transports\":\"foo\"", "'transports' = \"foo\""}};
+                              {"\"transports\":\"foo\",\"net_devices\":\"lo\"", "'transports' = \"foo\""}};
     for (size_t i = 0; i < 2; ++i) {
         char o[256];
         snprintf(o, sizeof o, "{\"timeout_ms\":2000,%s}", cases[i][0]);

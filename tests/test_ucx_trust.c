@@ -13,6 +13,8 @@
  * attaches within their deadlines). */
 #define _GNU_SOURCE /* memmem */
 #include <openssl/evp.h>
+#include <pthread.h>
+#include <sched.h>
 #include <openssl/hmac.h>
 #include <ucp/api/ucp.h>
 
@@ -305,6 +307,14 @@ static int rogue_listen(struct rogue *r) {
         usleep(1000);
     }
     return r->got - before;
+}
+
+/* Progresses until one more message reached it (up to 2 s); returns whether one did. */
+static int rogue_await(struct rogue *r) {
+    const int before = r->got;
+    const long t0 = tu_now_ms();
+    while (r->got == before && tu_now_ms() - t0 < 2000) ucp_worker_progress(r->w);
+    return r->got > before;
 }
 
 static uint64_t rnd64(void) {
@@ -616,6 +626,222 @@ static void fetches_without_a_lease_or_past_a_chunks_end_are_refused_without_a_b
     trainer_stop(&t);
 }
 
+/* The trainer's resident memory, in KiB (VmRSS). */
+static long rss_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    assert_non_null(f);
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+    fclose(f);
+    return kib;
+}
+
+/* Sends version v as one committing chunk of one BIG_BYTES tensor (tu_fill(v, 1)). */
+enum { BIG_BYTES = 4 << 20 };
+static void send_big(struct trainer *t, uint8_t *data, uint64_t v, wsync_blob_t *req) {
+    static const int64_t shape[1] = {BIG_BYTES / 4};
+    tu_fill(data, BIG_BYTES, v, 1);
+    wsync_tensor_t w = tu_tensor("big", data, shape, 1, WSYNC_DTYPE_FLOAT, 32);
+    wsync_chunk_t c = tu_chunk(&w, 1, WSYNC_CHUNK_LAST);
+    OK(wsync_sender_send_chunk(t->snd, &c, req));
+}
+
+/* An engine holding the key that leases every chunk and never gives the leases back (issue 37:
+ * the trainer's memory grew to 566 MB against 106 MB after 16 versions) holds at most
+ * kLeasesPerChunk (4) leases on a chunk, the fifth refused with WRONG_STATE naming the bound,
+ * and its leases end when the chunk's version is no longer kept (keep_versions 2): its fetch
+ * of such a chunk is refused with ABANDONED and no byte, and the trainer's resident memory
+ * stays within a few chunks over 12 versions of 4 MiB (it grew by a chunk a version before).
+ * The honest engine loads every version bit for bit and every flush is OK. */
+static void leases_are_capped_and_end_when_their_version_is_no_longer_kept(void **state) {
+    (void)state;
+    if (!ucx_here()) skip();
+    struct trainer t;
+    trainer_start(&t, 2);
+    wsync_receiver_t *e0 = engine(&t, 0);
+    struct rogue a;
+    rogue_start(&a, &t);
+    uint8_t ck[32];
+    const uint64_t token = rnd64();
+    keyed_attach(&a, &t, 1, token, ck);
+    uint8_t *data = malloc(BIG_BYTES);
+    assert_non_null(data);
+    uint8_t out[4096];
+    uint64_t number = 0, first_seq = 0;
+    long rss_early = 0;
+    for (uint64_t v = 1; v <= 12; ++v) {
+        wsync_blob_t req;
+        send_big(&t, data, v, &req);
+        const uint64_t seq = blob_uint(&req, "seq");
+        if (v == 1) first_seq = seq;
+        for (int i = 0; i < 5; ++i) {
+            struct msg lease = {LEASE, 1, token, ++number, seq, {0}, NULL, 0, 0, 0, 0};
+            rogue_send(&a, 1, out, seal(&lease, ck, out));
+            assert_true(rogue_await(&a));
+            assert_int_equal(a.last[2], GRANT);
+            if (i < 4) {
+                assert_int_equal(last_status(&a), 0);
+            } else {
+                assert_int_equal(last_status(&a), WSYNC_ERR_WRONG_STATE);
+                assert_true(last_says(&a, "leases on chunk seq"));
+            }
+        }
+        /* One acknowledgement (the flush then waits for nobody); three leases stay held. */
+        struct msg ack = {ACK, 1, token, ++number, seq, {0}, NULL, 0, v, 0, 0};
+        rogue_send(&a, 1, out, seal(&ack, ck, out));
+        wsync_recv_t *it = NULL;
+        OK(wsync_receiver_receive(e0, req.data, req.size, &it));
+        wsync_tensor_t view;
+        bool has = false;
+        OK(wsync_recv_next(it, &view, &has));
+        assert_true(has);
+        assert_true(tu_check(view.data, BIG_BYTES, v, 1));
+        OK(wsync_recv_end(it));
+        OK(wsync_sender_flush(t.snd, 3000));
+        wsync_blob_free(&req);
+        if (v == 3) rss_early = rss_kib();
+    }
+    const long grew = rss_kib() - rss_early;
+    print_message("trainer RSS grew by %ld KiB from version 3 to 12 (a chunk is %d KiB)\n", grew, BIG_BYTES / 1024);
+    assert_true(grew < 3 * (BIG_BYTES / 1024));
+    struct msg f = {FETCH, 1, token, ++number, first_seq, {0}, NULL, 0, 1, 0, 4096};
+    rogue_send(&a, 1, out, seal(&f, ck, out));
+    assert_int_equal(rogue_listen(&a), 1);
+    assert_int_equal(a.last[2], DATA);
+    assert_int_equal(last_status(&a), WSYNC_ERR_ABANDONED);
+    assert_true(last_says(&a, "is no longer kept"));
+    assert_int_equal(a.payload_len, 0);
+    rogue_stop(&a);
+    free(data);
+    wsync_receiver_destroy(e0);
+    trainer_stop(&t);
+}
+
+/* A flooder: a rogue of its own on a thread, sending forged control messages (a Fetch of
+ * receiver 0 with a made-up token, MACed with a key of its own) as fast as the link takes them
+ * until told to stop. */
+struct flood {
+    const struct trainer *t;
+    volatile int stop;
+    long sent;
+};
+
+static void *flood_run(void *arg) {
+    struct flood *f = arg;
+    struct rogue r;
+    rogue_start(&r, f->t);
+    uint8_t bad[32], out[4096];
+    memset(bad, 0x5a, sizeof bad);
+    struct msg m = {FETCH, 0, rnd64(), 1, 1, {0}, NULL, 0, 1, 0, 4096};
+    const size_t n = seal(&m, bad, out);
+    ucp_request_param_t p = {0};
+    while (!f->stop) {
+        void *req = ucp_am_send_nbx(r.ep, 1, NULL, 0, out, n, &p);
+        if (UCS_PTR_IS_PTR(req)) {
+            while (ucp_request_check_status(req) == UCS_INPROGRESS && !f->stop) ucp_worker_progress(r.w);
+            ucp_request_free(req);
+        } else if (UCS_PTR_IS_ERR(req)) {
+            break;
+        }
+        ++f->sent;
+        if ((f->sent & 63) == 0) {  /* the link's pace, sharing the CPU with the trainer */
+            ucp_worker_progress(r.w);
+            sched_yield();
+        }
+    }
+    rogue_stop(&r);
+    return NULL;
+}
+
+/* A flood of forged messages cannot crowd out an honest engine: each is dropped as it arrives
+ * (its MAC checked at the door), not queued in the trainer's inbox, whose 65536 places a round
+ * it filled ahead of the honest engine's messages; and a round of progress is bounded, so the
+ * trainer handles what arrived while the flood goes on. The honest engine loads 5 versions
+ * during the flood, each flush OK within its 3 s. */
+static void a_flood_of_forged_messages_does_not_crowd_out_an_honest_engine(void **state) {
+    (void)state;
+    if (!ucx_here()) skip();
+    struct trainer t;
+    trainer_start(&t, 1);
+    wsync_receiver_t *e0 = engine(&t, 0);
+    struct flood f = {&t, 0, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, flood_run, &f), 0);
+    while (f.sent < 200000) usleep(1000);
+    for (uint64_t v = 1; v <= 5; ++v) honest_version_loads(&t, e0, v);
+    f.stop = 1;
+    pthread_join(th, NULL);
+    print_message("the flood sent %ld forged messages\n", f.sent);
+    wsync_receiver_destroy(e0);
+    trainer_stop(&t);
+}
+
+/* A dropped index is not retaken by a peer holding only a request blob (issue 37: such a peer
+ * took every free index and won it back after each drop). While the trainer drops engine 1 and
+ * a new engine re-attaches there, the rogue sends hellos for index 1 with the request's
+ * session, its own address and MACs made with what a request holds (its bytes as a key, a
+ * zero key): none is answered, the new engine attaches, and both engines load the next
+ * version with the flush OK. */
+static void a_dropped_index_is_not_retaken_by_a_peer_holding_a_request_only(void **state) {
+    (void)state;
+    if (!ucx_here()) skip();
+    struct trainer t;
+    trainer_start(&t, 2);
+    wsync_receiver_t *e0 = engine(&t, 0), *e1 = engine(&t, 1);
+    wsync_blob_t req;
+    send_version(&t, 1, &req);
+    take(e0, &req, 1);
+    take(e1, &req, 1);
+    OK(wsync_sender_flush(t.snd, 3000));
+    const uint64_t session = blob_uint(&req, "session");
+    struct rogue r;
+    rogue_start(&r, &t);
+    static uint8_t addr[65536], out[70000];
+    const size_t alen = rogue_address(&r, addr, sizeof addr);
+    uint8_t keys[2][32] = {{0}};
+    memcpy(keys[1], req.data + req.size - 32, 32);
+    OK(wsync_sender_drop_receiver(t.snd, 1));
+    for (int i = 0; i < 20; ++i) {
+        struct msg h = {HELLO, 1, rnd64(), 0, session, {0}, addr, alen, 0, 0, 0};
+        for (int k = 0; k < 16; ++k) h.nonce[k] = (uint8_t)rand();
+        rogue_send(&r, 1, out, seal(&h, keys[i & 1], out));
+    }
+    wsync_receiver_t *e1b = engine(&t, 1);  /* the index is free for an engine with the key */
+    assert_int_equal(rogue_listen(&r), 0);
+    rogue_stop(&r);
+    wsync_receiver_destroy(e1);
+    wsync_blob_free(&req);
+    send_version(&t, 2, &req);
+    take(e0, &req, 2);
+    take(e1b, &req, 2);
+    OK(wsync_sender_flush(t.snd, 3000));
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(e1b);
+    wsync_receiver_destroy(e0);
+    trainer_stop(&t);
+}
+
+/* The kind listens only where it is told (issue 37: by default it listened on every interface):
+ * without "net_devices" the strategy is refused, naming the option and "all"; "all" says it. */
+static void without_net_devices_the_kind_refuses_to_start_unless_told_all(void **state) {
+    (void)state;
+    if (!ucx_here()) skip();
+    wsync_strategy_t *s = NULL;
+    EXPECT_ERR(wsync_strategy_create("ucx", "{\"transports\":\"tcp\"}", &s), WSYNC_ERR_INVALID_ARGUMENT,
+               "option 'net_devices' is not set");
+    assert_null(s);
+    assert_non_null(strstr(wsync_last_error(), "\"all\" to listen on every interface"));
+    EXPECT_ERR(wsync_strategy_create("ucx", "{\"transports\":\"tcp\",\"net_devices\":\"\"}", &s),
+               WSYNC_ERR_INVALID_ARGUMENT, "'net_devices'");
+    OK(wsync_strategy_create("ucx", "{\"transports\":\"tcp\",\"net_devices\":\"all\",\"receivers\":1}", &s));
+    wsync_blob_t init = {0};
+    OK(wsync_strategy_create_init_info(s, &init));
+    wsync_blob_free(&init);
+    wsync_strategy_destroy(s);
+}
+
 int main(int argc, char **argv) {
     srand((unsigned)tu_now_ms());
     const struct CMUnitTest tests[] = {
@@ -624,6 +850,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test(unknown_ids_and_malformed_messages_are_dropped),
         cmocka_unit_test(fetches_without_a_lease_or_past_a_chunks_end_are_refused_without_a_byte),
         cmocka_unit_test(the_key_is_in_the_init_info_only_and_an_older_init_info_is_refused_by_name),
+        cmocka_unit_test(leases_are_capped_and_end_when_their_version_is_no_longer_kept),
+        cmocka_unit_test(a_flood_of_forged_messages_does_not_crowd_out_an_honest_engine),
+        cmocka_unit_test(a_dropped_index_is_not_retaken_by_a_peer_holding_a_request_only),
+        cmocka_unit_test(without_net_devices_the_kind_refuses_to_start_unless_told_all),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -67,9 +67,9 @@ start_trainer() {  # versions engines [step]; $T_EXTRA: more trainer options
   "${pre_t[@]}" "$peer" trainer "$dir" "$(opts "$dev_t" "${T_TIMEOUT:-10000}" "${T_EXTRA:-}")" "$@" >"$dir/trainer.log" 2>&1 &
   pids+=($!); trainer_pid=$!
 }
-start_engine() {  # index from to [slow_ms]
-  "${pre_e[@]}" "$peer" engine "$dir" "$(opts "$dev_e" "${E_TIMEOUT:-10000}")" "$@" >"$dir/engine$1.log" 2>&1 &
-  pids+=($!); eval "engine$1_pid=$!"
+start_engine() {  # index from to [slow_ms]; $E_TAG: a suffix for its log and pid names
+  "${pre_e[@]}" "$peer" engine "$dir" "$(opts "$dev_e" "${E_TIMEOUT:-10000}")" "$@" >"$dir/engine$1${E_TAG:-}.log" 2>&1 &
+  pids+=($!); eval "engine$1${E_TAG:-}_pid=$!"
 }
 wait_for() {  # file pattern seconds
   for _ in $(seq 1 $(($3 * 20))); do grep -q -- "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
@@ -141,6 +141,43 @@ engine_killed)  # engine 1 dies mid-pull of version 1: named in the flush, the r
   within "the trainer's failed flush of v1" "$(flush_ms 1)" 0 9000
   exits trainer "$trainer_pid" 1; exits "engine 0" "$engine0_pid" 0; exits "engine 1" "$engine1_pid" 137
   limit=40
+  ;;
+two_failures)  # both engines fail version 1, each with its own reason, one 2 s after the
+               # other: the trainer's flush names both in one report (it used to return at the
+               # first); version 2 completes on both
+  start_trainer 2 2
+  WSYNC_PEER_FAIL=1/0/12 start_engine 0 1 2
+  WSYNC_PEER_FAIL=1/1/5 start_engine 1 1 2 500
+  finish 60
+  expect "$dir/trainer.log" "flush v1 WSYNC_ERR_PEER"
+  expect "$dir/trainer.log" "receiver 0 (pid [0-9]*) failed chunk 0 of version 1: WSYNC_ERR_INTEGRITY: ucx_peer: told to fail"
+  expect "$dir/trainer.log" "receiver 1 (pid [0-9]*) failed chunk 1 of version 1: WSYNC_ERR_MISMATCH: ucx_peer: told to fail"
+  expect "$dir/trainer.log" "failure what=1 receiver=0 status=WSYNC_ERR_INTEGRITY"
+  expect "$dir/trainer.log" "failure what=1 receiver=1 status=WSYNC_ERR_MISMATCH"
+  expect "$dir/trainer.log" "flush v2 ok"
+  for e in 0 1; do expect "$dir/engine$e.log" "engine $e: v1 failed as told"; expect "$dir/engine$e.log" "engine $e: version 2 ok"; done
+  exits trainer "$trainer_pid" 1; exits "engine 0" "$engine0_pid" 0; exits "engine 1" "$engine1_pid" 0
+  limit=60
+  ;;
+reattached)  # engine 1 dies mid-pull of version 1; a new engine 1 re-attaches (retrying while
+             # the trainer still holds the index) and loads version 1 while engine 0, slow,
+             # keeps the flush waiting: the flush is OK, never naming engine 1 DIED (a 5 s link
+             # outage did); both engines load version 2
+  export WSYNC_PEER_TENSOR_BYTES=4194304
+  start_trainer 2 2
+  start_engine 0 1 2 600
+  start_engine 1 1 2 300
+  wait_for "$dir/engine1.log" "engine 1: in v1 chunk 0" 30
+  kill -KILL "$engine1_pid"
+  WSYNC_PEER_ATTACH_RETRY_MS=5000 E_TAG=b start_engine 1 1 2
+  finish 60
+  expect "$dir/trainer.log" "flush v1 ok"
+  expect "$dir/trainer.log" "flush v2 ok"
+  grep -q "failure what=2" "$dir/trainer.log" && bad "the trainer reported a receiver DIED"
+  for v in 1 2; do expect "$dir/engine0.log" "engine 0: version $v ok"; expect "$dir/engine1b.log" "engine 1: version $v ok"; done
+  exits trainer "$trainer_pid" 0; exits "engine 0" "$engine0_pid" 0; exits "engine 1" "$engine1_pid" 137
+  exits "engine 1 (re-attached)" "$engine1b_pid" 0
+  limit=60
   ;;
 late_joiner)  # engine 1 attaches after version 3 committed and pulls 3, then 4 and 5
   start_trainer 5 1 1

@@ -20,7 +20,13 @@
  *                                          along dimension 0 of every tensor (the "select"
  *                                          option), checks those bytes, and prints the bytes
  *                                          it took and, when $WSYNC_UCX_LIBRARY is the counting
- *                                          stand-in (tests/ucx/ucp_count.c), the bytes fetched
+ *                                          stand-in (tests/ucx/ucp_count.c), the bytes fetched;
+ *                                          with $WSYNC_PEER_FAIL "V/K/STATUS" it fails chunk K
+ *                                          of version V with that status (wsync_recv_fail) and
+ *                                          goes on with version V + 1; with
+ *                                          $WSYNC_PEER_ATTACH_RETRY_MS it retries an attach
+ *                                          refused with WSYNC_ERR_WRONG_STATE (its index still
+ *                                          held by a predecessor) every 100 ms for that long
  * Exit status: 0 all went well; 1 a flush, receive or check failed (printed); 2 setup failed;
  * 3 a file the test must provide never came. */
 #define _GNU_SOURCE
@@ -240,7 +246,16 @@ static int engine(const char *dir, const char *opts, unsigned index, int from, i
     wsync_strategy_t *s = NULL;
     wsync_receiver_t *r = NULL;
     int rc = 2;
-    if (!init || wsync_strategy_create("ucx", opts, &s) || wsync_receiver_create(s, init, n, index, &r)) {
+    const char *retry = getenv("WSYNC_PEER_ATTACH_RETRY_MS");
+    long retry_ms = retry && *retry ? atol(retry) : 0;
+    wsync_status_t made = WSYNC_ERR_UNAVAILABLE;
+    if (init && wsync_strategy_create("ucx", opts, &s) == WSYNC_OK)
+        while ((made = wsync_receiver_create(s, init, n, index, &r)) == WSYNC_ERR_WRONG_STATE && retry_ms > 0) {
+            printf("engine %u: attach refused, retrying: %s\n", index, wsync_last_error());
+            usleep(100000);
+            retry_ms -= 100;
+        }
+    if (made != WSYNC_OK) {
         printf("engine %u: attach %s\n", index, init ? wsync_last_error() : "no init info");
     } else {
         rc = pull(dir, r, index, from, to, slow_ms, ranks, rank, fetched);
@@ -262,6 +277,12 @@ static int pull(const char *dir, wsync_receiver_t *r, unsigned index, int from, 
         uint8_t *latest = need_file(dir, "latest", "engine");
         from = atoi((char *)latest);
         free(latest);
+    }
+    int fail_v = -1, fail_k = -1, fail_st = 0;
+    const char *fail_at = getenv("WSYNC_PEER_FAIL");
+    if (fail_at && *fail_at && sscanf(fail_at, "%d/%d/%d", &fail_v, &fail_k, &fail_st) != 3) {
+        printf("engine %u: bad WSYNC_PEER_FAIL '%s'\n", index, fail_at);
+        return 2;
     }
     printf("engine %u: attached, from version %d\n", index, from);
     char mark[32];
@@ -314,9 +335,18 @@ static int pull(const char *dir, wsync_receiver_t *r, unsigned index, int from, 
                 /* A protocol point the scripts act at: the chunk is pulled, its iteration is
                    open and not yet acknowledged. */
                 if (j == 0) printf("engine %u: in v%d chunk %d\n", index, v, k);
+                if (v == fail_v && k == fail_k) {  /* frees the iteration */
+                    st = wsync_recv_fail(it, (wsync_status_t)fail_st, "ucx_peer: told to fail this chunk");
+                    it = NULL;
+                    break;
+                }
                 if (slow_ms) usleep((useconds_t)slow_ms * 1000);
             }
             /* Ends the iteration whatever happened (a failed one returns its status). */
+            if (!it) {
+                printf("engine %u: v%d failed as told: %s\n", index, v, wsync_status_string(st));
+                break;
+            }
             const wsync_status_t ended = wsync_recv_end(it);
             if (st == WSYNC_OK) st = ended;
             if (st) {
@@ -324,6 +354,7 @@ static int pull(const char *dir, wsync_receiver_t *r, unsigned index, int from, 
                 return 1;
             }
         }
+        if (v == fail_v) continue;
         clock_gettime(CLOCK_MONOTONIC, &b);
         double s = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
         printf("engine %u: version %d ok (%.3f s, %.2f GB/s); took %llu bytes", index, v, s,

@@ -34,7 +34,4 @@ inline std::string printable(const char *p, std::size_t cap) {
     return s;
 }
 
-// "shm: receiver 1 (pid 42) failed chunk 0 of version 3: ...; ..." for a wait's failures.
-std::string describe(const std::string &kind, const std::vector<Failure> &fs);
-
 }  // namespace wsync::board::words

@@ -2,6 +2,7 @@
 // its audit of the words only it writes.
 #include "transport/local/board.hpp"
 #include "transport/local/board_words.hpp"
+#include "failures.hpp"
 
 #include <algorithm>
 #include <cinttypes>
@@ -106,26 +107,6 @@ void SenderEnd::collect_failures(std::vector<Failure> &out) {
     }
 }
 
-std::string words::describe(const std::string &kind, const std::vector<Failure> &fs) {
-    std::string msg;
-    for (const Failure &f : fs) {
-        if (!msg.empty()) msg += "; ";
-        msg += strf("%s: receiver %" PRIu32, kind.c_str(), f.receiver);
-        if (f.pid) msg += strf(" (pid %" PRId32 ")", f.pid);
-        switch (f.what) {
-        case WSYNC_FAILURE_FAILED:
-            msg += " failed";
-            if (f.chunk_index != WSYNC_NO_CHUNK)
-                msg += strf(" chunk %" PRIu32 " of version %" PRIu64, f.chunk_index, f.version);
-            msg += strf(": %s: %s", status_name(f.status), f.message.c_str());
-            break;
-        default:
-            msg += " " + f.message;
-        }
-    }
-    return msg;
-}
-
 void SenderEnd::check_alive(uint64_t mask, const std::vector<uint32_t> &slots, uint64_t max_seq) {
     std::vector<Failure> fs;
     for (uint32_t r = 0; r < receivers_; ++r) {
@@ -163,7 +144,7 @@ void SenderEnd::check_alive(uint64_t mask, const std::vector<uint32_t> &slots, u
         fs.push_back(std::move(f));
     }
     if (!fs.empty()) {
-        std::string msg = describe(kind_, fs);
+        std::string msg = describe_failures(kind_, fs);
         throw Error(WSYNC_ERR_PEER, msg, std::move(fs));
     }
 }
@@ -177,7 +158,7 @@ void SenderEnd::throw_new_failures() {
     std::vector<Failure> fs;
     collect_failures(fs);
     if (!fs.empty()) {
-        std::string msg = describe(kind_, fs);
+        std::string msg = describe_failures(kind_, fs);
         throw Error(WSYNC_ERR_PEER, msg, std::move(fs));
     }
 }
@@ -302,7 +283,7 @@ void SenderEnd::check_abandoned_acks(const std::vector<uint32_t> &slots, uint64_
         }
     }
     if (!fs.empty()) {
-        std::string msg = describe(kind_, fs);
+        std::string msg = describe_failures(kind_, fs);
         throw Error(WSYNC_ERR_PEER, msg, std::move(fs));
     }
 }

@@ -1,6 +1,7 @@
 // The sender's end of the board: waiting for acknowledgements and releases.
 #include "transport/local/board.hpp"
 #include "transport/local/board_words.hpp"
+#include "failures.hpp"
 
 #include <algorithm>
 #include <cinttypes>
@@ -18,34 +19,27 @@ void SenderEnd::wait(const std::vector<uint32_t> &slots, const sys::Deadline &de
     audit();
     withdraw_abandoned(slots, max_seq);
     int64_t last_liveness = -1;
-    // gather: the failures found so far and the receivers they name (not waited for further).
-    std::vector<Failure> held;
+    // gather: the failures found so far (the core's policy, src/failures.hpp); the receivers
+    // they name are not waited for further.
+    FailureGather held(kMaxHeldFailures);
     uint64_t failed = 0;
     // Runs a check; with gather, holds the failures it throws instead of letting them end the
-    // wait (a receiver's failures are each reported once: the next look finds new ones only).
+    // wait (a receiver's failures are each reported once: the next look finds new ones only;
+    // review: another process flipping a receiver's failure count made every pass add records,
+    // 284550 in 2 s).
     auto checked = [&](auto &&check) {
         if (!gather) return check();
         try {
             check();
         } catch (Error &e) {
             if (e.status() != WSYNC_ERR_PEER || e.failures().empty()) throw;
-            // A receiver is reported by the look that first finds it failed; what later looks
-            // find of it is not added (review: another process flipping a receiver's failure
-            // count made every pass add records, 284550 in 2 s), nor anything past a bound.
-            const uint64_t before = failed;
-            for (const Failure &f : e.failures()) {
-                const bool indexed = f.receiver < kMaxReceivers;
-                if ((indexed && (before >> f.receiver & 1)) || held.size() >= kMaxHeldFailures)
-                    continue;
-                if (indexed) failed |= uint64_t(1) << f.receiver;
-                held.push_back(f);
-            }
+            held.add(e.failures());
+            for (const Failure &f : held.held())
+                if (f.receiver < kMaxReceivers) failed |= uint64_t(1) << f.receiver;
         }
     };
     auto throw_held = [&](std::vector<Failure> more, const std::string &tail) {
-        std::string msg = describe(kind_, held) + tail;
-        for (Failure &f : more) held.push_back(std::move(f));
-        throw Error(WSYNC_ERR_PEER, msg, std::move(held));
+        held.report(kind_, std::move(more), tail);
     };
     for (;;) {
         checked([&] { throw_new_failures(); });

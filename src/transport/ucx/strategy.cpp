@@ -61,7 +61,8 @@ const std::vector<OptionSpec> &option_specs() {
         {"transports", T::String, 0, 0, 0, "both",
          "UCX transports (UCX_TLS), e.g. \"tcp\" or \"rc,sm\"; \"\": UCX's own choice", ""},
         {"net_devices", T::String, 0, 0, 0, "both",
-         "network devices UCX may use (UCX_NET_DEVICES), e.g. \"eth0\" or \"mlx5_0:1\"; \"\": all",
+         "network devices UCX may use and listen on (UCX_NET_DEVICES), e.g. \"eth0\", \"mlx5_0:1\" "
+         "or \"lo\"; required: \"all\" listens on every interface (UCX's own choice)",
          ""},
         {"select", T::Json, 0, 0, 0, "receiver",
          "partial pull: the tensors, byte ranges or dimension-0 shards this engine loads, checked "
@@ -86,10 +87,23 @@ const std::vector<OptionSpec> &option_specs() {
     return specs;
 }
 
+// "net_devices", required (issue 37: a trainer listened on every interface by default, so
+// anyone who could reach any of its addresses could reach its port): the devices named, or
+// "all" (UCX's own choice, "" to UCX), said in so many words.
+std::string net_devices(const Options &o) {
+    const std::string nd = o.text("net_devices");
+    if (nd.empty())
+        fail(WSYNC_ERR_INVALID_ARGUMENT,
+             std::string(kKind) + ": option 'net_devices' is not set: name the network devices UCX may use and "
+                                  "listen on (e.g. \"eth0\", \"mlx5_0:1\", or \"lo\" on one host), or \"all\" to "
+                                  "listen on every interface");
+    return nd == "all" ? std::string() : nd;
+}
+
 class UcxStrategy final : public StrategyImpl {
 public:
     explicit UcxStrategy(const Options &o)
-        : config_{o.text("ucx_library"), o.text("transports"), o.text("net_devices")},
+        : config_{o.text("ucx_library"), o.text("transports"), net_devices(o)},
           receivers_(static_cast<uint32_t>(o.uint("receivers"))),
           keep_(static_cast<uint32_t>(o.uint("keep_versions"))), checksum_(o.boolean("checksum")),
           timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))), block_bytes_(o.uint("block_checksum_bytes")) {

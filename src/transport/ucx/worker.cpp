@@ -147,7 +147,8 @@ ucs_status_t Worker::on_am(void *arg, const void *, size_t header_length, void *
     auto *self = static_cast<Worker *>(arg);
     Msg m;
     // Bounded between two progress rounds of the owner, whoever floods it.
-    if (self->inbox_.size() < 65536 && decode_msg(data, length, m)) self->inbox_.push_back(std::move(m));
+    if (self->inbox_.size() < 65536 && decode_msg(data, length, m) && (!self->admit_ || self->admit_(m)))
+        self->inbox_.push_back(std::move(m));
     return UCS_OK;
 }
 
@@ -158,7 +159,8 @@ ucs_status_t Worker::on_data(void *arg, const void *header, size_t header_length
                              const ucp_am_recv_param_t *param) {
     auto *self = static_cast<Worker *>(arg);
     Msg m;
-    if (self->inbox_.size() >= 65536 || !decode_msg(header, header_length, m) || m.type != MsgType::Data)
+    if (self->inbox_.size() >= 65536 || !decode_msg(header, header_length, m) || m.type != MsgType::Data ||
+        (self->admit_ && !self->admit_(m)))
         return UCS_OK;
     m.length = length;
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
@@ -177,7 +179,7 @@ ucs_status_t Worker::on_stray(void *, const void *, size_t, void *, size_t, cons
 
 unsigned Worker::progress() {
     unsigned n = 0, k;
-    while ((k = api_.ucp_worker_progress(worker_)) != 0) n += k;
+    for (int i = 0; i < kMaxProgressCalls && (k = api_.ucp_worker_progress(worker_)) != 0; ++i) n += k;
     reap();
     return n;
 }

@@ -47,8 +47,15 @@ public:
 
     // One round of progress: UCX callbacks run, finished sends are freed, control messages
     // are decoded into the inbox (their MACs are the owner's to check: authentic()). Returns UCX's count of events.
+    // A round is bounded (kMaxProgressCalls calls of ucp_worker_progress): a peer that keeps
+    // sending cannot keep the owner from handling what arrived.
     unsigned progress();
     std::vector<Msg> take_inbox();
+    // Decides, as each control or Data message arrives, whether it enters the inbox (the
+    // owner checks its MAC and its sender's share there): what is not admitted is dropped at
+    // once, so a flood of forged messages, or one peer's flood, cannot fill the inbox's
+    // 65536 places ahead of honest peers' messages. None set: every decodable message enters.
+    void set_admit(std::function<bool(const Msg &)> admit) { admit_ = std::move(admit); }
     // Sleeps on the worker's wakeup descriptor up to `ms`, unless events are already pending.
     void sleep(int ms) {
         if (arm()) wait_fd(ms, -1);
@@ -111,7 +118,11 @@ private:
     std::vector<Pending> sends_;
     std::vector<uint64_t> sent_;  // tags of Data sends done
     std::vector<Msg> inbox_;
+    std::function<bool(const Msg &)> admit_;
 };
+
+// The most ucp_worker_progress calls one Worker::progress() makes.
+inline constexpr int kMaxProgressCalls = 1024;
 
 // Waits for a UCX request (null: already complete) up to the deadline, progressing; returns
 // its status, or UCS_ERR_TIMED_OUT after cancelling it at the deadline. Frees the request.

@@ -1,0 +1,363 @@
+#include "transport/ucx/sender_state.hpp"
+
+#include <algorithm>
+#include <unistd.h>
+
+#include "error.hpp"
+
+namespace wsync::ucx {
+
+// ---- the progress thread ------------------------------------------------------------
+// Fetches are served here (their data messages, and UCX's rendezvous protocol under them,
+// need the trainer's worker to progress), and so is every control message. This thread
+// progresses whenever the worker's descriptor fires, and every 100 ms.
+void UcxSender::serve() {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto busy = std::chrono::steady_clock::now();
+    for (;;) {
+        const unsigned n = w_->progress();
+        for (uint64_t seq : w_->take_sent()) {
+            auto c = chunks_.find(seq);
+            if (c != chunks_.end() && c->second.sending) --c->second.sending;
+        }
+        handle(w_->take_inbox());
+        check_members();
+        cv_.notify_all();
+        uint64_t v;
+        if (read(stop_fd_, &v, sizeof v) == sizeof v) return;
+        const auto now = std::chrono::steady_clock::now();
+        if (n) busy = now;
+        if (now - busy <= kSpin || !w_->arm()) {  // busy, or events pending: progress again
+            lock.unlock();                        // callers first: see caller_lock()
+            while (callers_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+            lock.lock();
+            continue;
+        }
+        lock.unlock();  // callers may use the worker while this one sleeps
+        w_->wait_fd(100, stop_fd_);
+        lock.lock();
+    }
+}
+
+// The mutex for a caller's thread. The progress thread re-takes the mutex between rounds
+// while it spins; std::mutex is not fair, so a caller announces itself and the progress
+// thread waits for it rather than starving it (send_chunk would stall behind fetches).
+std::unique_lock<std::mutex> UcxSender::caller_lock() {
+    callers_.fetch_add(1, std::memory_order_acq_rel);
+    std::unique_lock<std::mutex> lock(mu_);
+    callers_.fetch_sub(1, std::memory_order_acq_rel);
+    return lock;
+}
+
+// Sends a member a message sealed with its connection's key, numbered.
+void UcxSender::tell(uint32_t index, Member &mem, Msg m) {
+    m.index = index;
+    m.token = mem.token;
+    m.number = ++mem.sent;
+    w_->send(*mem.ep, seal_msg(m, mem.key, Dir::ToEngine));
+}
+
+// Only authentic messages are acted on: a hello MACed with the init info's key and never
+// seen before, or a member's message MACed with its connection's key and numbered above
+// the last one. Anything else is dropped unanswered (nobody is connected to, nothing is
+// said back: a peer without the key learns nothing).
+// At the door (Worker::on_am, during progress): only authentic messages enter the inbox, and
+// each receiver index, and hellos together, get an equal share of its 65536 places a round. A
+// forged flood costs the trainer one MAC a message and takes no place; an engine flooding with
+// its own key fills only its share (issue 37: honest messages were dropped with the rest).
+bool UcxSender::admit(const Msg &m) {
+    const uint32_t share = 65536 / (static_cast<uint32_t>(members_.size()) + 1);
+    if (m.type == MsgType::Hello)
+        return hellos_this_round_ < share && authentic(m, info_.key, Dir::ToTrainer) && ++hellos_this_round_;
+    if (m.type == MsgType::Data || m.index >= members_.size()) return false;  // the trainer takes no Data
+    const Member &mem = members_[m.index];
+    if (!mem.ep || mem.token != m.token || m.number <= mem.heard) return false;
+    if (heard_this_round_.size() != members_.size()) heard_this_round_.assign(members_.size(), 0);
+    if (heard_this_round_[m.index] >= share || !authentic(m, mem.key, Dir::ToTrainer)) return false;
+    ++heard_this_round_[m.index];
+    return true;
+}
+
+void UcxSender::handle(std::vector<Msg> inbox) {
+    hellos_this_round_ = 0;
+    heard_this_round_.assign(members_.size(), 0);
+    for (Msg &m : inbox) {
+        if (m.type == MsgType::Hello) {
+            if (authentic(m, info_.key, Dir::ToTrainer) && seen_hellos_.insert(m.nonce).second) hello(m);
+            continue;
+        }
+        if (m.index >= members_.size() || members_[m.index].token != m.token || !members_[m.index].ep)
+            continue;  // a stale or forged sender of this message: ignored
+        Member &mem = members_[m.index];
+        if (m.number <= mem.heard || !authentic(m, mem.key, Dir::ToTrainer)) continue;  // replayed or forged
+        mem.heard = m.number;
+        switch (m.type) {
+        case MsgType::Lease: lease(m.index, mem, m.seq); break;
+        case MsgType::Fetch: fetch(m.index, mem, m); break;
+        case MsgType::Ack: ack(m.index, mem, m); break;
+        case MsgType::Bye: leave(m.index, WSYNC_FAILURE_DETACHED, "was destroyed"); break;
+        default: break;
+        }
+    }
+    release();
+}
+
+void UcxSender::hello(const Msg &m) {
+    std::string why;
+    wsync_status_t st = WSYNC_OK;
+    if (m.seq != info_.session) {
+        st = WSYNC_ERR_MISMATCH;
+        why = "its init info is from another trainer session";
+    } else if (m.index >= members_.size()) {
+        st = WSYNC_ERR_INVALID_ARGUMENT;
+        // Read the same in every language ("0..0" read as a Rust range is empty).
+        const std::size_t n = members_.size();
+        why = "receiver index " + std::to_string(m.index) + " is out of range: this sync has " +
+              (n == 1 ? std::string("1 receiver, index 0")
+                      : std::to_string(n) + " receivers, indices 0 to " + std::to_string(n - 1));
+    } else if (members_[m.index].ep && members_[m.index].ep->error == UCS_OK && !members_[m.index].dropped) {
+        st = WSYNC_ERR_WRONG_STATE;  // as every kind says of an index in use (wsync.h)
+        // Not who holds it: a refusal names no other engine (issue 37); what to do instead.
+        why = "receiver index " + std::to_string(m.index) +
+              " is already attached: an index serves one engine at a time: destroy that "
+              "receiver or end its process first, or attach another index (a frozen engine: "
+              "the trainer drops it, wsync_sender_drop_receiver, then end its process)";
+    }
+    std::unique_ptr<Endpoint> ep;
+    const std::string name = "receiver " + std::to_string(m.index) + " (pid " + std::to_string(m.pid) + ")";
+    try {
+        ep = w_->connect(m.address, name);
+    } catch (const Error &) {
+        return;  // cannot answer it; it times out naming the trainer
+    }
+    Msg reply;
+    reply.type = MsgType::Welcome;
+    reply.index = m.index;
+    reply.token = m.token;
+    reply.number = 1;
+    reply.status = st;
+    reply.text = why;
+    sys::random_bytes(reply.nonce.data(), reply.nonce.size());
+    const Key key = connection_key(info_.key, m.index, m.token, m.nonce, reply.nonce);
+    w_->send(*ep, seal_msg(reply, key, Dir::ToEngine));
+    if (st != WSYNC_OK) {
+        // Closed by the destructor, after the reply, or when kRefusedKept later refusals need
+        // the place (the trainer's connections stay bounded by receivers + kRefusedKept).
+        if (refused_.size() >= kRefusedKept) {
+            w_->close(std::move(refused_.front()), sys::Deadline(0));
+            refused_.erase(refused_.begin());
+        }
+        refused_.push_back(std::move(ep));
+        return;
+    }
+    Member &mem = members_[m.index];
+    // A predecessor at this index, dead or dropped: its leases end.
+    if (mem.ep) forget(m.index);
+    w_->close(std::move(mem.ep), sys::Deadline(0));
+    mem = Member{};
+    mem.token = m.token;
+    mem.name = name;
+    mem.pid = m.pid;
+    mem.ep = std::move(ep);
+    mem.key = key;
+    mem.sent = 1;  // the welcome
+    // It owes versions that begin after it attached (a version the core has begun,
+    // began_, counts as begun even before its first chunk is published); it may still pull
+    // any kept one. It holds no base: its first owed version goes dense (begin_version).
+    mem.from_version = std::max({open_version_, began_, last_committed_}) + 1;
+    mem.acked_through = last_seq_;
+}
+
+void UcxSender::lease(uint32_t index, Member &mem, uint64_t seq) {
+    Msg reply;
+    reply.type = MsgType::Grant;
+    reply.seq = seq;
+    auto it = chunks_.find(seq);
+    if (mem.dropped) {
+        reply.status = WSYNC_ERR_PEER;
+        reply.text = "this receiver was dropped by the trainer";
+    } else if (it == chunks_.end() || it->second.retired) {
+        reply.status = WSYNC_ERR_ABANDONED;
+        reply.text = "chunk seq " + std::to_string(seq) +
+                     " is no longer kept (abandoned, or older than the last " +
+                     std::to_string(info_.keep_versions) + " committed versions; the latest is " +
+                     std::to_string(last_committed_) + ")";
+    } else if (mem.leases[seq] >= kLeasesPerChunk) {
+        // Bounded per peer (issue 37): an honest engine holds one lease per chunk it reads.
+        reply.status = WSYNC_ERR_WRONG_STATE;
+        reply.text = "this receiver already holds " + std::to_string(kLeasesPerChunk) + " leases on chunk seq " +
+                     std::to_string(seq) + ", the most one receiver may: acknowledge the chunk first";
+    } else {
+        ++it->second.leases;
+        ++mem.leases[seq];
+    }
+    tell(index, mem, reply);
+}
+
+// Serves bytes [offset, offset + bytes) of chunk seq to a member that holds a lease on it,
+// as one Data message (eager or rendezvous, as UCX chooses) straight from the staging
+// buffer, which stays until the send is done (release()). Anything else, a range past the
+// chunk's end included, is answered with why not and no byte.
+void UcxSender::fetch(uint32_t index, Member &mem, const Msg &m) {
+    Msg reply;
+    reply.type = MsgType::Data;
+    reply.seq = m.seq;
+    reply.version = m.version;  // the fetch's number
+    reply.offset = m.offset;
+    reply.bytes = m.bytes;
+    auto it = chunks_.find(m.seq);
+    if (mem.dropped) {
+        reply.status = WSYNC_ERR_PEER;
+        reply.text = "this receiver was dropped by the trainer";
+    } else if (it != chunks_.end() ? it->second.retired : m.seq != 0 && m.seq < next_seq_) {
+        reply.status = WSYNC_ERR_ABANDONED;
+        reply.text = "chunk seq " + std::to_string(m.seq) + " is no longer kept (abandoned, or older than the last " +
+                     std::to_string(info_.keep_versions) + " committed versions; the latest is " +
+                     std::to_string(last_committed_) + ")";
+    } else if (it == chunks_.end() || mem.leases.count(m.seq) == 0) {
+        reply.status = WSYNC_ERR_WRONG_STATE;
+        reply.text = "chunk seq " + std::to_string(m.seq) + " is not leased to this receiver";
+    } else if (m.bytes == 0 || m.offset > it->second.bytes || m.bytes > it->second.bytes - m.offset) {
+        reply.status = WSYNC_ERR_MALFORMED;
+        reply.text = "bytes [" + std::to_string(m.offset) + ", +" + std::to_string(m.bytes) +
+                     ") are not within the " + std::to_string(it->second.bytes) + "-byte chunk seq " +
+                     std::to_string(m.seq);
+    }
+    reply.index = index;
+    reply.token = mem.token;
+    // Data messages carry no rising number: the engine takes one only as the answer to a
+    // fetch it has outstanding (its own number, in `version`, never reused).
+    std::vector<uint8_t> sealed = seal_msg(reply, mem.key, Dir::ToEngine);
+    if (reply.status != WSYNC_OK) {
+        w_->send_data(*mem.ep, std::move(sealed), nullptr, 0, 0);
+        return;
+    }
+    ++it->second.sending;
+    w_->send_data(*mem.ep, std::move(sealed), static_cast<const uint8_t *>(it->second.buf.base) + m.offset,
+                  m.bytes, m.seq);
+}
+
+bool UcxSender::abandoned_here(uint64_t version) const {
+    return std::find(abandoned_.begin(), abandoned_.end(), version) != abandoned_.end();
+}
+
+void UcxSender::ack(uint32_t index, Member &mem, const Msg &m) {
+    auto l = mem.leases.find(m.seq);
+    if (l != mem.leases.end()) {
+        auto c = chunks_.find(m.seq);
+        if (c != chunks_.end() && c->second.leases) --c->second.leases;
+        if (--l->second == 0) mem.leases.erase(l);
+    }
+    mem.acked_through = std::max(mem.acked_through, m.seq);
+    // A receiver that re-attached and completed a version is not reported gone for it (a 5 s
+    // link outage reported an engine DIED that had re-attached and loaded the version): the
+    // DIED or DETACHED failure its old connection left, still unreported, is withdrawn.
+    if (m.status == WSYNC_OK) {
+        auto c = chunks_.find(m.seq);
+        if (c != chunks_.end() && c->second.last && c->second.version == m.version) {
+            failures_.withdraw(index, m.version, WSYNC_FAILURE_DIED);
+            failures_.withdraw(index, m.version, WSYNC_FAILURE_DETACHED);
+        }
+    }
+    // Named once per version: the later chunks of a version that failed here are refused
+    // by the receiver's core with the same status. Not named: a receiver this sender
+    // dropped (it stopped listening to it), and a version this sender abandoned (a late
+    // request of it refused tells the trainer nothing it does not know; review: both
+    // failed the trainer's next flush with PEER, and a controller following wsync.h would
+    // then drop a healthy engine).
+    if (m.status == WSYNC_OK || mem.dropped || m.version < mem.from_version ||
+        m.version == mem.failed_version || abandoned_here(m.version) ||
+        (m.status == WSYNC_ERR_ABANDONED && m.version <= retired_through_))
+        return;
+    mem.failed_version = m.version;
+    const auto st = static_cast<wsync_status_t>(m.status);
+    failures_.add(Failure{WSYNC_FAILURE_FAILED, st, index, m.version, m.chunk, mem.pid, m.text});
+}
+
+// A member's connection failed (UCX's error handler): it died, or the network between us
+// did. Named once if it owed a chunk (a dropped one owes nothing); its leases end.
+void UcxSender::check_members() {
+    for (uint32_t i = 0; i < members_.size(); ++i) {
+        Member &m = members_[i];
+        if (m.ep && m.ep->error != UCS_OK)
+            leave(i, WSYNC_FAILURE_DIED,
+                  std::string("is unreachable (") + w_->api().ucs_status_string(m.ep->error) +
+                      "): its process died or the network to it failed");
+    }
+}
+
+void UcxSender::leave(uint32_t index, uint32_t what, const std::string &why) {
+    Member &m = members_[index];
+    if (owes(m))
+        failures_.add(Failure{what, WSYNC_ERR_PEER, index, last_version(), WSYNC_NO_CHUNK, m.pid,
+                              why + " owing chunk seq " + std::to_string(last_seq_)});
+    forget(index);
+    w_->close(std::move(m.ep), sys::Deadline(0));
+    m = Member{};
+}
+
+// Ends a member's leases (it died, detached, was dropped or was replaced). Fetches serve
+// only members holding a lease, so nothing of a chunk is sent for them afterwards; sends in
+// flight keep their buffer (Chunk::sending).
+void UcxSender::forget(uint32_t index) {
+    Member &m = members_[index];
+    for (auto &kv : m.leases) {
+        auto c = chunks_.find(kv.first);
+        if (c != chunks_.end()) c->second.leases -= std::min(c->second.leases, kv.second);
+    }
+    m.leases.clear();
+}
+
+// ---- versions ---------------------------------------------------------------------------
+void UcxSender::commit(uint64_t version) {
+    last_committed_ = version;
+    committed_.push_back(version);
+    while (committed_.size() > info_.keep_versions) {
+        const uint64_t old = committed_.front();
+        committed_.erase(committed_.begin());
+        retired_through_ = std::max(retired_through_, old);
+        for (auto &kv : chunks_)
+            if (kv.second.version <= old) retire(kv.second, kv.first);
+    }
+    release();
+}
+
+// No new leases on the chunk, and the leases on it end: its fetches are refused from now on
+// (ABANDONED), so a peer that leases chunks and never acknowledges them holds no memory past
+// keep_versions (issue 37: 566 MB against 106 MB after 16 versions). Data sends already in
+// flight keep the buffer until they end.
+void UcxSender::retire(Chunk &c, uint64_t seq) {
+    c.retired = true;
+    for (Member &m : members_) m.leases.erase(seq);
+    c.leases = 0;
+}
+
+// Retired chunks go back to the pool once no send reads them.
+void UcxSender::release() {
+    for (auto it = chunks_.begin(); it != chunks_.end();) {
+        if (it->second.retired && it->second.leases == 0 && it->second.sending == 0) {
+            put_buffer(it->second.buf);
+            it = chunks_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
+// ---- flush ------------------------------------------------------------------------------
+uint64_t UcxSender::last_version() const {
+    auto it = chunks_.find(last_seq_);
+    return it == chunks_.end() ? 0 : it->second.version;
+}
+bool UcxSender::owes(const Member &m) const {
+    return m.ep && !m.dropped && last_seq_ && m.acked_through < last_seq_ &&
+           last_version() >= m.from_version;
+}
+std::vector<uint32_t> UcxSender::owing_members() const {
+    std::vector<uint32_t> out;
+    for (uint32_t i = 0; i < members_.size(); ++i)
+        if (owes(members_[i])) out.push_back(i);
+    return out;
+}
+
+}  // namespace wsync::ucx
