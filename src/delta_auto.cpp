@@ -1,0 +1,62 @@
+// Delta "auto" by cost: the decision and what each measured version teaches it
+// (src/delta_auto.hpp, docs/delta.md "How auto decides").
+#include "delta_auto.hpp"
+
+#include <algorithm>
+
+namespace wsync {
+namespace delta {
+
+namespace {
+// Recent versions weigh half: a link that changed speed is followed within a few versions, and
+// one noisy version moves the estimate by half its error.
+double ewma(double old, double now) { return old > 0 ? (old + now) / 2 : now; }
+}  // namespace
+
+Plan decide(const AutoState &s) {
+    if (!(s.dense > 0)) return Plan::kKeepBases;
+    if (s.after_keep) return 2 * s.keep < s.dense ? Plan::kPatches : Plan::kBare;
+    if (s.patching) return s.patch_run >= kRemeasureEvery ? Plan::kKeepBases : Plan::kPatches;
+    return s.since_probe + 1 >= s.gap ? Plan::kKeepBases : Plan::kBare;
+}
+
+void learn(AutoState &s, const VersionCost &c) {
+    if (c.bytes == 0) return;
+    const double bytes = double(c.bytes);
+    const bool after_keep = s.after_keep;
+    s.after_keep = false;
+    switch (c.plan) {
+    case Plan::kKeepBases:
+        s.dense = ewma(s.dense, std::max(c.seconds - c.encode_seconds, 0.0) / bytes);
+        s.keep = c.encode_seconds / bytes;
+        s.after_keep = true;
+        s.patching = false;
+        s.patch_run = 0;
+        break;
+    case Plan::kBare:
+        s.dense = ewma(s.dense, c.seconds / bytes);
+        if (after_keep) {  // the gate said a patch could not finish sooner: back off
+            s.gap = std::min(2 * s.gap, kMaxGap);
+            s.since_probe = 0;
+        } else {
+            ++s.since_probe;
+        }
+        break;
+    case Plan::kPatches:
+        s.patch = s.patch_run ? ewma(s.patch, c.seconds / bytes) : c.seconds / bytes;
+        ++s.patch_run;
+        if (s.patch < s.dense) {
+            s.patching = true;
+            s.gap = kFirstGap;
+        } else {  // delta lost: dense, and the next probe later
+            s.patching = false;
+            s.patch_run = 0;
+            s.gap = std::min(2 * s.gap, kMaxGap);
+            s.since_probe = 0;
+        }
+        break;
+    }
+}
+
+}  // namespace delta
+}  // namespace wsync
