@@ -43,11 +43,14 @@ void learn(AutoState &s, const VersionCost &c) {
         }
         break;
     case Plan::kPatches:
-        s.patch = s.patch_run ? ewma(s.patch, c.seconds / bytes) : c.seconds / bytes;
+        // The first patch version of a run pays one-time costs (the compare's scratch and the
+        // patch buffers grow, a transport registers them): it is a trial, which the second
+        // replaces; from the third on, an EWMA. So a run is judged lost from its second.
+        s.patch = s.patch_run >= 2 ? ewma(s.patch, c.seconds / bytes) : c.seconds / bytes;
         ++s.patch_run;
-        if (s.patch < s.dense) {
+        if (s.patch < s.dense || s.patch_run == 1) {
             s.patching = true;
-            s.gap = kFirstGap;
+            if (s.patch < s.dense) s.gap = kFirstGap;
         } else {  // delta lost: dense, and the next probe later
             s.patching = false;
             s.patch_run = 0;

@@ -51,7 +51,8 @@ struct AutoState {
 //   (one hashed pass over its copy, modelled the same), so kPatches only if twice the copy
 //   aside is below the dense cost, else kBare without paying a compare;
 // - while patches finish sooner than dense: kPatches, with a kKeepBases every kRemeasureEvery
-//   to measure dense again (the link may have changed);
+//   to measure dense again (the link may have changed); the first patch version of a run is a
+//   trial (one-time costs), so a run is judged from its second version;
 // - otherwise kBare, and a probe (kKeepBases, then the gate) once `gap` bare versions passed.
 Plan decide(const AutoState &s);
 // Folds one measured version into the state.
