@@ -27,6 +27,7 @@ void learn(AutoState &s, const VersionCost &c) {
     s.after_keep = false;
     switch (c.plan) {
     case Plan::kKeepBases:
+        s.first_keep = !(s.dense > 0);
         s.dense = ewma(s.dense, std::max(c.seconds - c.encode_seconds, 0.0) / bytes);
         s.keep = c.encode_seconds / bytes;
         s.after_keep = true;
@@ -35,7 +36,12 @@ void learn(AutoState &s, const VersionCost &c) {
         break;
     case Plan::kBare:
         s.dense = ewma(s.dense, c.seconds / bytes);
-        if (after_keep) {  // the gate said a patch could not finish sooner: back off
+        if (after_keep && s.first_keep) {
+            // The first copy aside also faulted in the bases' fresh pages: the gate is asked
+            // again after this one bare version, with a copy into pages already there.
+            s.first_keep = false;
+            s.since_probe = s.gap - 1;
+        } else if (after_keep) {  // the gate said a patch could not finish sooner: back off
             s.gap = std::min(2 * s.gap, kMaxGap);
             s.since_probe = 0;
         } else {

@@ -41,6 +41,7 @@ struct AutoState {
     uint64_t gap = kFirstGap;  // bare versions between probes
     bool after_keep = false;   // the last version kept bases: the next may compare
     bool patching = false;     // the last patch version finished sooner than dense
+    bool first_keep = false;   // the last kKeepBases was the first (it allocated the bases)
 };
 
 // The plan for the next version:
@@ -49,7 +50,9 @@ struct AutoState {
 // - right after kKeepBases, the gate: a patch version costs at least the compare (two streams
 //   over the model, modelled as the copy aside just measured) and the engine's verified apply
 //   (one hashed pass over its copy, modelled the same), so kPatches only if twice the copy
-//   aside is below the dense cost, else kBare without paying a compare;
+//   aside is below the dense cost, else kBare without paying a compare (after the very first
+//   kKeepBases, whose copy also faulted in the bases' pages, the gate is asked once more at
+//   the next version but one);
 // - while patches finish sooner than dense: kPatches, with a kKeepBases every kRemeasureEvery
 //   to measure dense again (the link may have changed); the first patch version of a run is a
 //   trial (one-time costs), so a run is judged from its second version;
