@@ -283,7 +283,11 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * Every kind also takes the delta-sync options (docs/delta.md): "delta" ("off" (default),
  * "auto": a tensor goes as a patch against the receivers' last committed version when that is
  * at most "delta_max_percent" (0..100, default 50) of its dense bytes; "on": whenever there is a
- * base), and "delta_anchor_every" (N > 0: versions 1, N+1, 2N+1, ... go dense; default 0). The
+ * base), "delta_decide" ("auto" only: "cost" (default): per version, from the sender's own
+ * timing of its recent versions (send_chunk calls and the flush after each), the version goes
+ * dense without a compare and without copying the bases whenever a patch version would not
+ * finish sooner, probed again now and then; "size": every version compared, what "auto" did up to 0.7.0),
+ * and "delta_anchor_every" (N > 0: versions 1, N+1, 2N+1, ... go dense; default 0). The
  * sender then keeps a copy of every tensor it sent (up to twice the tensors' bytes): host
  * memory for "shm" and "ucx" (which compare host tensors only: a CUDA tensor in a delta
  * version is WSYNC_ERR_UNSUPPORTED naming it, the version stays open), device memory of the

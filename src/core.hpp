@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "delta.hpp"
+#include "delta_auto.hpp"
 #include "error.hpp"
 #include "parts.hpp"
 #include "select.hpp"
@@ -67,10 +68,22 @@ private:
     std::vector<uint8_t> send(const wsync_tensor_t *tensors, std::size_t count, bool last,
                               const wsync_part_t *parts);
     template <class F> auto noting_failures(F &&f) -> decltype(f());
+    // Delta "auto": the plan of the version a first chunk begins, and what the last one cost.
+    void begin_plan();
+    // Whether the coder takes this version (delta on, and not a bare "auto" version).
+    bool coding() const { return delta_ && plan_ != delta::Plan::kBare; }
+    void measured(double flush_seconds);
 
     const KindInfo &kind_;
     std::unique_ptr<SenderImpl> impl_;
     std::unique_ptr<delta::Coder> delta_;  // null: delta "off"
+    // Delta "auto" (src/delta_auto.hpp): null for "off" and "on". plan_ is the open version's
+    // (kPatches for "on"); cost_ sums its time in send_chunk and the coder, and once it
+    // committed waits (costed_) for the flush after it, or for the next version's first chunk.
+    std::unique_ptr<delta::Auto> auto_;
+    delta::Plan plan_ = delta::Plan::kPatches;
+    delta::VersionCost cost_;
+    bool costed_ = false;
     uint64_t version_ = 1;
     uint64_t first_version_ = 1;  // impl_->first_version()
     uint32_t next_index_ = 0;

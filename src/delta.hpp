@@ -150,6 +150,7 @@ void scatter(void *dst, const Patch &p);
 enum class Mode { kOff, kAuto, kOn };
 struct Config {
     Mode mode = Mode::kOff;
+    bool by_cost = true;        // auto: versions chosen by measured cost ("delta_decide")
     uint64_t anchor_every = 0;  // 0: no periodic dense versions
     uint64_t max_percent = 50;  // auto: a patch is sent when at most this % of the dense bytes
     bool mirror = false;        // receiver: keep a copy of every tensor, apply patches to it
@@ -177,6 +178,9 @@ public:
     virtual void encode(uint64_t version, const wsync_tensor_t *tensors,
                         const std::vector<TensorMeta> &metas, std::vector<wsync_tensor_t> &wire,
                         std::vector<PatchInfo> &patches) = 0;
+    // Whether the version being encoded may carry patches (it follows the last committed one
+    // directly, no dense version was asked for, it is not an anchor); valid after encode().
+    virtual bool patching() const = 0;
     // The chunk just encoded was refused before it moved: forget what it staged.
     virtual void chunk_refused() = 0;
     // The chunk just encoded was published.
@@ -282,6 +286,7 @@ public:
     void encode(uint64_t version, const wsync_tensor_t *tensors,
                 const std::vector<TensorMeta> &metas, std::vector<wsync_tensor_t> &wire,
                 std::vector<PatchInfo> &patches) override;
+    bool patching() const override { return staging_.patches_allowed(); }
     void chunk_refused() override;
     void chunk_sent() override;
     void commit(uint64_t version) override;

@@ -27,6 +27,12 @@ const std::vector<OptionSpec> &option_specs() {
          "tests and measurements); kinds shm and ucx (compared on the host), cuda_ipc "
          "(packed) and nccl_broadcast (compared on the GPU) (docs/delta.md)",
          "off", "off|auto|on"},
+        {"delta_decide", T::String, 0, 0, 0, "sender",
+         "delta auto: how a version is chosen: cost (measured per version: dense without a "
+         "compare while a patch would not finish sooner than the dense bytes, on this link and "
+         "host; docs/delta.md, how auto decides) or size (every version compared, each tensor a "
+         "patch when within delta_max_percent, whatever it costs)",
+         "cost", "cost|size"},
         {"delta_anchor_every", T::UInt, 0, 0, uint64_t(1) << 32, "sender",
          "with delta: versions 1, N+1, 2N+1, ... are sent dense (0: only when needed)"},
         {"delta_max_percent", T::UInt, 50, 0, 100, "sender",
@@ -71,6 +77,7 @@ Config config_from(const Options &o, const char *kind_name, bool kind_has_delta,
     Config c;
     const std::string &mode = o.text("delta");
     c.mode = mode == "on" ? Mode::kOn : mode == "auto" ? Mode::kAuto : Mode::kOff;
+    c.by_cost = o.text("delta_decide") == "cost";
     c.anchor_every = o.uint("delta_anchor_every");
     c.max_percent = o.uint("delta_max_percent");
     c.mirror = o.boolean("delta_mirror");

@@ -3,6 +3,7 @@
 #include "core.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #define XXH_INLINE_ALL
@@ -13,6 +14,11 @@
 namespace wsync {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 json encode_manifest(const Manifest &m) {
     return json{{"tensors", m.tensors}, {"bytes", m.bytes}, {"chunks", m.chunks},
@@ -53,6 +59,27 @@ Sender::Sender(const KindInfo &kind, std::unique_ptr<SenderImpl> impl, const del
     // the host's.
     delta_ = impl_->delta_coder(delta);
     if (!delta_) delta_ = std::make_unique<delta::Encoder>(delta);
+    if (delta.mode == delta::Mode::kAuto && delta.by_cost) auto_ = std::make_unique<delta::Auto>();
+}
+
+// A version's first chunk: the last version's cost is known (no flush came after it: its
+// send_chunk time alone), and "auto" plans this one. A bare version leaves the coder out
+// entirely; the coder then sees the next version it is given as not following its last
+// commit, and sends that one dense, keeping bases, as kKeepBases does.
+void Sender::begin_plan() {
+    if (!auto_) return;
+    measured(0);
+    plan_ = auto_->plan();
+    cost_ = delta::VersionCost{};
+    cost_.plan = plan_;
+    if (plan_ == delta::Plan::kKeepBases) delta_->dense_next();
+}
+
+void Sender::measured(double flush_seconds) {
+    if (!costed_) return;
+    costed_ = false;
+    cost_.seconds += flush_seconds;
+    auto_->measured(cost_);
 }
 
 void Sender::set_stream(void *stream) {
@@ -138,12 +165,22 @@ std::vector<uint8_t> Sender::send(const wsync_tensor_t *tensors, std::size_t cou
     // With delta, patches travel as uint8 tensors: the strategy moves the wire table's bytes.
     std::vector<wsync_tensor_t> wire;
     std::vector<TensorMeta> logical;
+    const auto started = Clock::now();
     try {
         // Receivers that (re)attached since the last version hold no base: admitted now, they
         // make this version dense (a newcomer's first version then completes).
-        if (h.chunk_index == 0 && impl_->begin_version(h.version) && delta_) delta_->dense_next();
-        if (delta_ && count) {
+        if (h.chunk_index == 0) {
+            begin_plan();
+            if (impl_->begin_version(h.version) && delta_) delta_->dense_next();
+        }
+        if (coding() && count) {
+            const auto t0 = Clock::now();
             delta_->encode(version_, tensors, table.metas, wire, table.patches);
+            cost_.encode_seconds += seconds_since(t0);
+            // A version that was to carry patches but may not (a receiver failed or
+            // re-attached): it was dense, keeping bases.
+            if (cost_.plan == delta::Plan::kPatches && !delta_->patching())
+                cost_.plan = delta::Plan::kKeepBases;
             tensors = wire.data();
             logical = table.metas;
             table.metas = table.as_wire().metas;
@@ -155,15 +192,20 @@ std::vector<uint8_t> Sender::send(const wsync_tensor_t *tensors, std::size_t cou
             if (delta_) delta_->abandon();  // also when nothing of the version was published
             abandon();
             failures_ = std::move(keep);
-        } else if (delta_) {
+        } else if (coding()) {
             delta_->chunk_refused();
         }
         throw;
     }
-    if (delta_) {
+    if (coding()) {
         delta_->chunk_sent();
         if (last) delta_->commit(version_);
         if (!logical.empty()) table.metas = std::move(logical);
+    }
+    if (auto_) {
+        cost_.bytes += total;
+        cost_.seconds += seconds_since(started);
+        costed_ = last;
     }
     if (!table.parts.empty()) parts::from_wire(table, part_wire);
     parts_ = std::move(split);
@@ -190,6 +232,7 @@ std::vector<uint8_t> Sender::send(const wsync_tensor_t *tensors, std::size_t cou
 }
 
 void Sender::abandon() {
+    costed_ = false;  // a failed version teaches "auto" nothing
     if (next_index_ == 0) return;  // nothing of this version was published
     uint64_t v = version_;
     ++version_;
@@ -204,7 +247,14 @@ void Sender::flush(int64_t timeout_ms) {
     failures_.clear();
     if (timeout_ms < 0)
         fail(WSYNC_ERR_INVALID_ARGUMENT, "flush: timeout_ms must be >= 0 (there is no infinite wait)");
-    noting_failures([&] { impl_->flush(timeout_ms); });
+    const auto t0 = Clock::now();
+    try {
+        noting_failures([&] { impl_->flush(timeout_ms); });
+    } catch (...) {
+        costed_ = false;
+        throw;
+    }
+    if (auto_) measured(seconds_since(t0));
 }
 
 void Sender::wait_released(uint64_t version, int64_t timeout_ms) {

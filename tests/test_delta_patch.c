@@ -321,7 +321,7 @@ static void a_patch_against_another_version_is_refused_naming_both_versions(void
 static void a_dense_entry_is_refused_by_name_and_the_iteration_goes_on(void **state) {
     (void)state;
     rig_t g;
-    rig_open(&g, "{\"bucket_bytes\": 1048576, \"delta\": \"auto\"}", 0);
+    rig_open(&g, "{\"bucket_bytes\": 1048576, \"delta\": \"auto\", \"delta_decide\": \"size\"}", 0);
     uint16_t a[1024], b[1024], ea[1024], eb[1024];
     int64_t shape[1] = {1024};
     for (int i = 0; i < 1024; ++i) a[i] = (uint16_t)i, b[i] = (uint16_t)(7 * i);

@@ -394,15 +394,15 @@ static void property(const char *options, uint64_t seed, int versions) {
 static void random_versions_leave_every_engine_bit_identical_with_delta_auto(void **state) {
     (void)state;
     for (uint64_t seed = 1; seed <= 3; ++seed)
-        property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}", seed, 40);
+        property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\", \"delta_decide\": \"size\"}", seed, 40);
 }
 
 /* The trainer compares a chunk's tensors on several threads at once ("delta_threads"); one
  * thread, and more threads than this machine has cores, give the same bit-identical engines. */
 static void random_versions_leave_every_engine_bit_identical_with_1_or_4_compare_threads(void **state) {
     (void)state;
-    property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\", \"delta_threads\": 1}", 11, 30);
-    property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\", \"delta_threads\": 4}", 12, 30);
+    property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\", \"delta_decide\": \"size\", \"delta_threads\": 1}", 11, 30);
+    property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\", \"delta_decide\": \"size\", \"delta_threads\": 4}", 12, 30);
 }
 
 static void random_versions_leave_every_engine_bit_identical_with_delta_on(void **state) {
@@ -452,7 +452,7 @@ static void reattach_spec(const char *options, uint64_t seed) {
 
 static void a_reattached_receiver_is_sent_the_next_version_dense_and_patches_follow(void **state) {
     (void)state;
-    reattach_spec("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}", 11);
+    reattach_spec("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\", \"delta_decide\": \"size\"}", 11);
 }
 
 /* With delta "on" a patch of a tensor that changed everywhere (indices and values, twice the
@@ -467,7 +467,7 @@ static void a_patch_too_large_for_the_bucket_is_named_as_a_patch(void **state) {
     wsync_tensor_t t = tu_tensor("w", w, shape, 1, WSYNC_DTYPE_FLOAT, 32);
     wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
     const char *modes[2] = {"{\"bucket_bytes\": 65536, \"delta\": \"on\"}",
-                            "{\"bucket_bytes\": 65536, \"delta\": \"auto\"}"};
+                            "{\"bucket_bytes\": 65536, \"delta\": \"auto\", \"delta_decide\": \"size\"}"};
     for (int m = 0; m < 2; ++m) {
         wsync_strategy_t *s, *rs;
         wsync_blob_t init, req;
@@ -576,7 +576,7 @@ static void anchors_make_every_nth_version_dense(void **state) {
     wsync_blob_t init, req;
     wsync_sender_t *snd;
     wsync_receiver_t *r;
-    OK(wsync_strategy_create("shm", "{\"bucket_bytes\": 65536, \"delta\": \"auto\", \"delta_anchor_every\": 3}", &s));
+    OK(wsync_strategy_create("shm", "{\"bucket_bytes\": 65536, \"delta\": \"auto\", \"delta_decide\": \"size\", \"delta_anchor_every\": 3}", &s));
     OK(wsync_strategy_create_init_info(s, &init));
     OK(wsync_sender_create(s, init.data, init.size, &snd));
     OK(wsync_strategy_create("shm", NULL, &rs));
@@ -611,7 +611,7 @@ static void anchors_make_every_nth_version_dense(void **state) {
 static void engines_with_a_mirror_load_patched_tensors_from_views_and_ranges_bit_identical(void **state) {
     (void)state;
     g_load[0] = LOAD_VIEWS, g_load[1] = LOAD_HALVES;
-    property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}", 11, 40);
+    property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\", \"delta_decide\": \"size\"}", 11, 40);
     g_load[0] = LOAD_PATCHES, g_load[1] = LOAD_VIEWS;
     property("{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"on\", \"checksum\": false}", 12, 30);
     g_load[0] = g_load[1] = LOAD_COPY;
@@ -744,7 +744,7 @@ static void ucx_random_versions_leave_every_engine_bit_identical_with_delta_auto
     (void)state;
     use_ucx();
     for (uint64_t seed = 21; seed <= 22; ++seed)
-        property("{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\"}", seed, 30);
+        property("{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\", \"delta_decide\": \"size\"}", seed, 30);
     property("{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"on\", \"checksum\": false}", 23, 30);
     g_kind = "shm";
 }
@@ -754,7 +754,7 @@ static void ucx_engines_with_a_mirror_stay_bit_identical(void **state) {
     (void)state;
     use_ucx();
     g_load[0] = LOAD_VIEWS, g_load[1] = LOAD_HALVES;
-    property("{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\"}", 24, 25);
+    property("{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\", \"delta_decide\": \"size\"}", 24, 25);
     g_load[0] = g_load[1] = LOAD_COPY;
     g_kind = "shm";
 }
@@ -764,7 +764,7 @@ static void ucx_engines_with_a_mirror_stay_bit_identical(void **state) {
 static void ucx_a_reattached_receiver_is_sent_the_next_version_dense_and_patches_follow(void **state) {
     (void)state;
     use_ucx();
-    reattach_spec("{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\"}", 31);
+    reattach_spec("{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\", \"delta_decide\": \"size\"}", 31);
     g_kind = "shm";
 }
 
@@ -777,7 +777,7 @@ static void ucx_an_engine_attaching_after_a_version_began_does_not_owe_it(void *
     (void)state;
     use_ucx();
     rig_t g;
-    rig_open(&g, "{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\"}");
+    rig_open(&g, "{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\", \"delta_decide\": \"size\"}");
     model_t m;
     model_init(&m, 41);
     uint8_t ans[ENGINES];
@@ -826,7 +826,7 @@ static void ucx_engines_applying_patches_themselves_stay_bit_identical(void **st
     (void)state;
     use_ucx();
     g_load[0] = LOAD_PATCHES, g_load[1] = LOAD_VIEWS;
-    property("{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\"}", 25, 25);
+    property("{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\", \"delta_decide\": \"size\"}", 25, 25);
     g_load[0] = g_load[1] = LOAD_COPY;
     g_kind = "shm";
 }
@@ -841,7 +841,7 @@ static void ucx_an_engine_behind_pulls_kept_versions_in_order_and_one_that_skips
     (void)state;
     use_ucx();
     rig_t g;
-    rig_open(&g, "{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\", \"keep_versions\": 2}");
+    rig_open(&g, "{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\", \"delta_decide\": \"size\", \"keep_versions\": 2}");
     model_t m;
     model_init(&m, 61);
     wsync_blob_t req[8];
@@ -915,7 +915,7 @@ static void ucx_an_engine_with_a_selection_fails_patch_versions_and_dense_ones_h
     use_ucx();
     g_select[0] = "[{\"tensor\": \"f32.1000\"}]";
     rig_t g;
-    rig_open(&g, "{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\"}");
+    rig_open(&g, "{" UCX_SIDE ", \"receivers\": 2, \"delta\": \"auto\", \"delta_decide\": \"size\"}");
     model_t m;
     model_init(&m, 71);
     uint8_t ans[ENGINES];

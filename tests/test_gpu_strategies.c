@@ -1651,7 +1651,7 @@ static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void 
     delta_engine_cfg c0 = {0, 0, NULL, 1, 0, 0, 0, NULL}, c1 = {1, 0, NULL, 0, 0, 4, 0, NULL};
     engine_t e[2] = {tu_fork_peer(delta_engine_entry, &c0), tu_fork_peer(delta_engine_entry, &c1)};
     delta_trainer_t t;
-    delta_trainer_start(&t, "cuda_ipc", "{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\"}", e, 2);
+    delta_trainer_start(&t, "cuda_ipc", "{\"receivers\": 2, \"bucket_bytes\": 1048576, \"delta\": \"auto\", \"delta_decide\": \"size\"}", e, 2);
     /* Version 1 is dense; after it, every tensor but the 20-element one (whose patch would not
      * be smaller) crosses as a patch. */
     for (uint64_t v = 1; v <= 6; ++v) delta_step(&t, e, 2, v, v == 1 ? 0 : DT - 1);
@@ -1714,7 +1714,7 @@ static void cuda_ipc_delta_bases_in_pinned_host_memory_cost_no_gpu_memory(void *
     engine_t e2 = tu_fork_peer(delta_engine_entry, &c0); /* forked before this process uses CUDA */
     delta_trainer_t t;
     delta_trainer_start(&t, "cuda_ipc",
-                        "{\"bucket_bytes\": 1048576, \"delta\": \"auto\", \"delta_base_memory\": \"pinned_host\"}",
+                        "{\"bucket_bytes\": 1048576, \"delta\": \"auto\", \"delta_decide\": \"size\", \"delta_base_memory\": \"pinned_host\"}",
                         &e, 1);
     struct wsync_fake_stats before, after;
     drv.stats(&before);
@@ -1731,7 +1731,7 @@ static void cuda_ipc_delta_bases_in_pinned_host_memory_cost_no_gpu_memory(void *
     /* ... and none is device memory: the same run with bases on the GPU allocates at least one
      * device buffer more per tensor. */
     delta_trainer_t t2;
-    delta_trainer_start(&t2, "cuda_ipc", "{\"bucket_bytes\": 1048576, \"delta\": \"auto\"}", &e2, 1);
+    delta_trainer_start(&t2, "cuda_ipc", "{\"bucket_bytes\": 1048576, \"delta\": \"auto\", \"delta_decide\": \"size\"}", &e2, 1);
     drv.stats(&before);
     for (uint64_t v = 1; v <= 5; ++v) delta_step(&t2, &e2, 1, v, v == 1 ? 0 : DT - 1);
     drv.stats(&after);

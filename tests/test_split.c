@@ -326,7 +326,7 @@ static void delta_sender_refuses_parts_with_a_named_error(void **state) {
     model_t m;
     model_init(&m);
     sync_t s;
-    sync_open(&s, &m, "{\"bucket_bytes\": 16384, \"delta\": \"auto\"}");
+    sync_open(&s, &m, "{\"bucket_bytes\": 16384, \"delta\": \"auto\", \"delta_decide\": \"size\"}");
     wsync_chunk_t ch = tu_chunk(&m.t[EMBED], 1, 0);
     wsync_part_t first = {0, 16384};
     wsync_blob_t req;

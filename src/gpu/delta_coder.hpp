@@ -33,6 +33,7 @@ public:
     void encode(uint64_t version, const wsync_tensor_t *tensors,
                 const std::vector<TensorMeta> &metas, std::vector<wsync_tensor_t> &wire,
                 std::vector<PatchInfo> &patches) override;
+    bool patching() const override { return staging_.patches_allowed(); }
     void chunk_refused() override;
     void chunk_sent() override;
     void commit(uint64_t version) override;

@@ -812,7 +812,7 @@ static void cuda_ipc_delta_two_processes_one_gpu_bit_for_bit(void **state) {
     wsync_strategy_t *s;
     wsync_blob_t init;
     wsync_sender_t *tx;
-    OK(wsync_strategy_create("cuda_ipc", "{\"bucket_bytes\": 33554432, \"delta\": \"auto\"}", &s));
+    OK(wsync_strategy_create("cuda_ipc", "{\"bucket_bytes\": 33554432, \"delta\": \"auto\", \"delta_decide\": \"size\"}", &s));
     OK(wsync_strategy_create_init_info(s, &init));
     assert_int_equal(tu_send_frame(e.to, init.data, init.size), 0);
     OK(wsync_sender_create(s, init.data, init.size, &tx));

@@ -4,7 +4,7 @@
 // own 64-byte aligned memory with wsync_recv_copy (the copy-into path, which applies patches).
 //
 //   wsync bench --delta-fraction F[,F...] (e.g. 0.001,0.01,0.05,0.2,1.0) [--size-mb N=2048]
-//               [--steps N=4] [--delta auto|on] [--strategy shm|cuda_ipc]
+//               [--steps N=4] [--delta auto|on|size[,...]] [--strategy shm|ucx|cuda_ipc]
 //               [--delta-base-memory device|pinned_host] [--delta-threads N] [--mirror] [--json]
 //
 // The model is bf16 with Llama-like shapes, in torch-like buffers. Before every step after the
@@ -13,11 +13,17 @@
 // patch's), trainer time in send_chunk (compare + encode + pack, and any wait for a bucket),
 // engine time in wsync_recv_copy (dense copy, or verified apply), and sync time (first
 // send_chunk to flush), with each ratio to the dense baseline of the same run, and the mean
-// sync time over the same steps. Step 1 (no base yet) is dense everywhere and is not counted.
+// sync time over the same steps, and which way each version went (P: some tensor went as a
+// patch, D: dense). Step 1 (no base yet) is dense everywhere and is not counted. --delta takes
+// one mode or several (each fraction runs each): auto (decided by cost, the default), size
+// (auto with "delta_decide": "size": every version compared) or on.
 //
 // --strategy ucx: the same with the engine pulling over UCX (tcp over loopback by default:
 // --transports, --net-devices), where the link, not memory, is the bottleneck, as between
-// machines; the trainer keeps one version ("keep_versions": 1).
+// machines; the trainer keeps one version ("keep_versions": 1). --engine-netns NAME: the engine
+// joins network namespace NAME (/run/netns/NAME, as `ip netns add` makes) right after the fork,
+// so that with the trainer run in another (`ip netns exec`), the bytes cross a veth pair that
+// `tc` may shape (scripts/delta-crossover.sh); both ends' device is then --net-devices.
 //
 // --strategy cuda_ipc: the same between two processes on GPU 0 (WSYNC_CUDA_LIBRARY, else
 // libcuda.so.1): the trainer's tensors are device buffers, uploaded from the host model before
@@ -51,7 +57,8 @@ using json = nlohmann::json;
 
 // --strategy ucx: both sides' UCX options (set once, before any fork).
 bool g_ucx = false;
-std::string g_ucx_side;  // "\"transports\": ..., \"net_devices\": ..., \"timeout_ms\": ..."
+std::string g_ucx_side;
+std::string g_engine_netns;  // --engine-netns: the engine's network namespace  // "\"transports\": ..., \"net_devices\": ..., \"timeout_ms\": ..."
 double ms_since(Clock::time_point t) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
@@ -167,6 +174,7 @@ size_t slot_for(std::vector<std::pair<std::string, std::pair<Ptr, uint64_t>>> &m
 [[noreturn]] void engine(int in, int out, bool mirror) {
     wsync_strategy_t *s;
     wsync_receiver_t *r;
+    if (!g_engine_netns.empty()) enter_netns(g_engine_netns);
     std::vector<uint8_t> init = recv_frame(in);
     const std::string ropts = g_ucx ? "{" + g_ucx_side + (mirror ? ", \"delta_mirror\": true}" : "}")
                                     : (mirror ? "{\"delta_mirror\": true}" : "");
@@ -287,6 +295,7 @@ struct Gpu {
 
 struct Figures {
     double bytes = 0, send_ms = 0, apply_ms = 0, sync_ms = 0, sync_mean_ms = 0;
+    std::string chose;  // per version from step 2: P (some tensor went as a patch) or D (dense)
 };
 
 double mean(const std::vector<double> &v) {
@@ -295,8 +304,9 @@ double mean(const std::vector<double> &v) {
     return v.empty() ? 0 : t / double(v.size());
 }
 
-// Bytes a request moves: each tensor's dense size, or its patch's.
-double request_bytes(const wsync_blob_t &req) {
+// Bytes a request moves: each tensor's dense size, or its patch's; *patched is set when one
+// tensor is a patch.
+double request_bytes(const wsync_blob_t &req, bool *patched) {
     char *text;
     MUST(wsync_blob_describe(req.data, req.size, &text));
     json j = json::parse(text);
@@ -304,6 +314,7 @@ double request_bytes(const wsync_blob_t &req) {
     const json &t = j["body"]["tensors"];
     double total = 0;
     std::vector<double> patch(t["names"].size(), -1);
+    if (t.contains("patches")) *patched = true;
     if (t.contains("patches"))
         for (size_t k = 0; k < t["patches"]["tensor"].size(); ++k)
             patch[t["patches"]["tensor"][k].get<size_t>()] = t["patches"]["bytes"][k].get<double>();
@@ -320,7 +331,8 @@ double request_bytes(const wsync_blob_t &req) {
 Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int steps, bool mirror,
             Gpu *gpu, const std::string &base_memory, int threads) {
     std::string opts = (g_ucx ? "{" + g_ucx_side + ", \"keep_versions\": 1" : std::string("{\"bucket_bytes\": 268435456")) +
-                       ", \"delta\": \"" + delta + "\"";
+                       (delta == "size" ? std::string(", \"delta\": \"auto\", \"delta_decide\": \"size\"")
+                                        : ", \"delta\": \"" + delta + "\"");
     if (gpu) opts += ", \"delta_base_memory\": \"" + base_memory + "\"";
     else if (threads >= 0) opts += ", \"delta_threads\": " + std::to_string(threads);
     opts += "}";
@@ -365,12 +377,14 @@ Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int step
         in_chunk += (t.bytes + 255) / 256 * 256;
     }
     std::vector<double> bytes, send, apply, sync;
+    std::string chose;
     for (int step = 1; step <= steps; ++step) {
         if (step > 1) mutate(m, f, uint64_t(step) + uint64_t(f * 1e6));
         if (gpu)  // the trainer's new weights on its GPU (not timed)
             for (size_t k = 0; k < m.size(); ++k)
                 cu::ok(cu::api.MemcpyHtoD(gpu->dev[k], m[k].data, m[k].bytes), "cuMemcpyHtoD_v2");
         double b = 0, send_ms = 0;
+        bool patched = false;
         auto t0 = Clock::now();
         for (size_t c = 0; c < chunks.size(); ++c) {
             wsync_chunk_t ch{};
@@ -382,7 +396,7 @@ Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int step
             MUST(wsync_sender_send_chunk(snd, &ch, &req));
             send_ms += ms_since(ts);
             send_frame(down[1], req.data, req.size);
-            b += request_bytes(req);
+            b += request_bytes(req, &patched);
             wsync_blob_free(&req);
         }
         MUST(wsync_sender_flush(snd, 600000));
@@ -401,6 +415,7 @@ Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int step
             send_frame(down[1], &more, step < steps ? 1 : 0);
         }
         if (step > 1) bytes.push_back(b), send.push_back(send_ms), apply.push_back(ans[0]), sync.push_back(sync_ms);
+        if (step > 1) chose += patched ? 'P' : 'D';
     }
     if (gpu) {
         const uint8_t end[2] = {0, 0};
@@ -413,7 +428,7 @@ Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int step
     wsync_sender_destroy(snd);
     wsync_strategy_destroy(s);
     wsync_blob_free(&init);
-    return {median(bytes), median(send), median(apply), median(sync), mean(sync)};
+    return {median(bytes), median(send), median(apply), median(sync), mean(sync), chose};
 }
 
 // --- the floor: what any delta trainer must read, with nothing else running --------------------
@@ -489,6 +504,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
     uint64_t size_mb = 2048;
     int steps = 4;
     bool as_json = false, mirror = false;
+    std::vector<std::string> modes;
     std::string delta = "auto", strategy = "shm", base_memory = "device", transports = "tcp", net_devices = "lo";
     int threads = -1;  // the option's default
     std::vector<double> fractions;
@@ -498,9 +514,16 @@ int cmd_bench_delta(int argc, char **argv, int first) {
         if (a == "--size-mb") size_mb = parse_uint(a, v, 1, 1 << 20), ++i;
         else if (a == "--steps") steps = int(parse_uint(a, v, 2, 1000)), ++i;
         else if (a == "--delta") {
-            if (!v || (std::strcmp(v, "auto") && std::strcmp(v, "on")))
-                usage_error("--delta takes auto or on");
-            delta = v, ++i;
+            const std::string list = v ? v : "";
+            for (size_t p = 0; p <= list.size();) {
+                const size_t q = std::min(list.find(',', p), list.size());
+                const std::string item = list.substr(p, q - p);
+                if (item != "auto" && item != "on" && item != "size")
+                    usage_error("--delta takes auto, on or size, or several of them comma-separated");
+                modes.push_back(item);
+                p = q + 1;
+            }
+            delta = list, ++i;
         } else if (a == "--json") as_json = true;
         else if (a == "--mirror") mirror = true;
         else if (a == "--delta-threads") threads = int(parse_uint(a, v, 0, 64)), ++i;
@@ -516,6 +539,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
         }
         else if (a == "--transports" && v) transports = v, ++i;
         else if (a == "--net-devices" && v) net_devices = v, ++i;
+        else if (a == "--engine-netns" && v) g_engine_netns = v, ++i;
         else if (a == "--delta-fraction") {
             if (!v) usage_error("--delta-fraction needs a value");
             const std::string list = v;
@@ -586,16 +610,16 @@ int cmd_bench_delta(int argc, char **argv, int first) {
                 {"delta_runs", json::array()}};
     if (!as_json)
         std::printf("%s%s: model %.0f MiB bf16, %zu tensors; median of steps 2..%d\n"
-                    "%-9s %12s %8s %10s %10s %10s %9s %10s\n", strategy.c_str(),
+                    "%-9s %12s %8s %10s %10s %10s %9s %10s  %s\n", strategy.c_str(),
                     gpu && base_memory != "device" ? " (bases in pinned host memory)" : "",
                     double(total) / (1 << 20), m.size(),
                     steps, "changed", "bytes", "x dense", "send ms", "apply ms", "sync ms",
-                    "x dense", "mean sync");
+                    "x dense", "mean sync", "versions 2.. (P patches, D dense)");
     auto row = [&](const char *label, const Figures &r) {
         if (!as_json)
-            std::printf("%-9s %12.0f %8.4f %10.1f %10.1f %10.1f %9.3f %10.1f\n", label, r.bytes,
+            std::printf("%-9s %12.0f %8.4f %10.1f %10.1f %10.1f %9.3f %10.1f  %s\n", label, r.bytes,
                         r.bytes / dense.bytes, r.send_ms, r.apply_ms, r.sync_ms,
-                        r.sync_ms / dense.sync_ms, r.sync_mean_ms);
+                        r.sync_ms / dense.sync_ms, r.sync_mean_ms, r.chose.c_str());
     };
     row("dense", dense);
     if (mirror) {  // the same dense versions to engines that keep a mirror and read views
@@ -606,16 +630,20 @@ int cmd_bench_delta(int argc, char **argv, int first) {
                                {"sync_mean_ms", dm.sync_mean_ms},
                                {"sync_ratio", dm.sync_ms / dense.sync_ms}};
     }
-    for (double f : fractions) {
-        Figures r = run(m, delta, f, steps, mirror, gpu, base_memory, threads);
+    if (modes.empty()) modes.push_back(delta);
+    for (double f : fractions)
+      for (const std::string &mode : modes) {
+        Figures r = run(m, mode, f, steps, mirror, gpu, base_memory, threads);
         char label[32];
-        std::snprintf(label, sizeof label, "%g", f);
+        if (modes.size() == 1) std::snprintf(label, sizeof label, "%g", f);
+        else std::snprintf(label, sizeof label, "%g/%s", f, mode.c_str());
         row(label, r);
-        out["delta_runs"].push_back({{"fraction", f}, {"bytes", r.bytes},
+        out["delta_runs"].push_back({{"fraction", f}, {"mode", mode}, {"bytes", r.bytes},
                                      {"bytes_ratio", r.bytes / dense.bytes},
                                      {"send_ms", r.send_ms}, {"apply_ms", r.apply_ms},
                                      {"sync_ms", r.sync_ms}, {"sync_mean_ms", r.sync_mean_ms},
-                                     {"sync_ratio", r.sync_ms / dense.sync_ms}});
+                                     {"sync_ratio", r.sync_ms / dense.sync_ms},
+                                     {"chose", r.chose}});
     }
     if (!gpu) {
         // The floor rows (host kinds): the same model, a second copy standing for the sender's

@@ -92,7 +92,11 @@ def make_delta_cluster(delta, receivers=2, worker_kw=None, source_kw=None, train
         workers.append((model, engine))
     source = CheckpointLike(**(source_kw or {}))
     info = WsyncTrainerInitInfo(rank=0, kind=kind, receivers=receivers, chunk_bytes=8192,
-                                options={"delta": delta, **(trainer_kw or {})},
+                                # "size": every version compared, so patches run whatever
+                                # this host's timing ("cost", the default, may go dense)
+                                options={"delta": delta, **({"delta_decide": "size"}
+                                                            if delta == "auto" else {}),
+                                         **(trainer_kw or {})},
                                 worker_options=dict(worker_options or {}), staged=staged)
     trainer = WeightTransferTrainerFactory.trainer_init(
         info, client=RecordingClient([e for _, e in workers]), source=ModuleSource(source))
