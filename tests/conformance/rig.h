@@ -188,6 +188,14 @@ typedef struct {
 
 #include "engine.h"
 
+/* Engine processes a failed assertion left behind (frozen ones too) are killed at exit, so
+ * none holds CTest's output open. */
+static pid_t g_rig_pids[RIG_MAX_ENGINES];
+static void rig_kill_leftovers(void) {
+    for (int i = 0; i < RIG_MAX_ENGINES; ++i)
+        if (g_rig_pids[i] > 0 && waitpid(g_rig_pids[i], NULL, WNOHANG) == 0) kill(g_rig_pids[i], SIGKILL);
+}
+
 /* Starts the rig for $WSYNC_CONFORMANCE_KIND with `processes` engine processes forked now,
  * each waiting to be given an index (rig_engine_start). */
 static rig_t *rig_begin(int processes) {
@@ -206,7 +214,8 @@ static rig_t *rig_begin(int processes) {
                "GPU-2c0f0000-0000-4000-8000-000000000002,GPU-3c0f0000-0000-4000-8000-000000000003",
                1);
     assert_true(processes <= RIG_MAX_ENGINES);
-    for (int i = 0; i < processes; ++i) r->e[i] = tu_fork_peer(rig_engine_main, r);
+    for (int i = 0; i < processes; ++i) g_rig_pids[i] = (r->e[i] = tu_fork_peer(rig_engine_main, r)).pid;
+    atexit(rig_kill_leftovers);
     r->engines = processes;
     return r;
 }
