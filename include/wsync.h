@@ -359,8 +359,22 @@ WSYNC_API wsync_status_t wsync_strategy_kind(const wsync_strategy_t *strategy,
  * "reason" says what is missing when a kind is unavailable; "runtime" what an available kind
  * would use, e.g. "CUDA driver 13000 (libcuda.so.1); NCCL 2.28.9 (libnccl.so.2)"; "stability"
  * is "experimental" for a kind whose options and wire may change in any minor version
- * (0.5: "ucx"), else "stable" (since 0.5). *json_out is freed with wsync_string_free(). Does not
- * block. */
+ * (0.5: "ucx"), else "stable" (since 0.5). "capabilities" (since 0.7) is what the kind does
+ * differently, as data rather than prose, so a caller (or a test suite) asks instead of matching
+ * kind names:
+ *   "tensor_memory": array of "host" and/or "cuda", where sender tensors and receiver views live;
+ *   "senders": "one", or "many" (several senders' requests of a chunk merge, wsync_request_merge);
+ *   "drop_receiver": whether wsync_sender_drop_receiver() lets the others go on (else
+ *       WSYNC_ERR_UNSUPPORTED);
+ *   "reattach": whether a process made later with an index another receiver held (a restarted
+ *       or replacement engine) takes part from the next version;
+ *   "collective": whether the receivers take each chunk together, so that one receiver that
+ *       dies, stalls or fails fails it on all and ends the sender;
+ *   "gpu_per_receiver": whether the sender and every receiver need a GPU of their own;
+ *   "delta": "none", "host" or "device", where delta sync (docs/delta.md) runs.
+ * Keys are only ever added; a caller ignores keys it does not know and treats a missing key as
+ * unknown (a library older than 0.7 has no "capabilities"). docs/conformance.md lists how the
+ * conformance suite reads each. *json_out is freed with wsync_string_free(). Does not block. */
 WSYNC_API wsync_status_t wsync_strategy_kinds(char **json_out);
 
 /* Describes a kind's options as a JSON object: {"key": {"type": "uint", "default": 2,

@@ -267,6 +267,23 @@ public:
 
 // A registered kind. Each strategy defines one (a folder: in its strategy.cpp) and lists it in
 // registry.cpp.
+// What a kind does differently, as data (wsync_strategy_kinds' "capabilities"; the conformance
+// suite, tests/conformance, reads it to know which specifications apply and how).
+struct KindCapabilities {
+    // Where the sender's tensors and the receivers' views live: "host", "cuda", or "host,cuda".
+    const char *tensor_memory = "host";
+    // wsync_sender_drop_receiver() lets the sender go on without a receiver.
+    bool drop_receiver = true;
+    // A process made later with a receiver index another held (a restarted or replacement
+    // engine) takes part from the next version.
+    bool reattach = true;
+    // The receivers take each chunk together: one receiver that dies, stalls or fails fails the
+    // chunk on every receiver and ends the sender (it reports the reason from then on).
+    bool collective = false;
+    // The sender and each receiver must be on GPUs of their own.
+    bool gpu_per_receiver = false;
+};
+
 struct KindInfo {
     const char *name;
     const std::vector<OptionSpec> &(*options)();
@@ -289,6 +306,7 @@ struct KindInfo {
     // Whether delta sync runs on the GPU (its SenderImpl provides the coder; receivers apply
     // patches on the device, into the engine's memory, so "delta_mirror" does not apply).
     bool delta_on_device = false;
+    KindCapabilities capabilities{};
 };
 
 // The kind's own options followed by those every kind takes (delta sync's).

@@ -134,9 +134,10 @@ static bool object_has(const char *json, const char *at, const char *want) {
     size_t n = strlen(at);
     if (n && at[n - 1] == '{')
         p += n - 1; /* `at` opens the object: "key": { */
-    else
-        while (p > json && *p != '{') --p; /* `at` is inside it */
-    const char *end = strchr(p, '}');
+    else /* `at` is inside it, maybe after a nested object ("capabilities") */
+        for (int depth = 0; p > json && (*p != '{' || depth-- > 0); --p) depth += *p == '}';
+    const char *end = p;
+    for (int depth = 0; *end && (depth += *end == '{' ? 1 : *end == '}' ? -1 : 0) > 0;) ++end;
     const char *w = strstr(p, want);
     return end && w && w < end;
 }
@@ -151,7 +152,10 @@ static void strategies_describe_their_options_and_availability(void **state) {
     wsync_string_free(json);
     EXPECT_ERR(wsync_strategy_describe_options("carrier_pigeon", &json), WSYNC_ERR_UNSUPPORTED, "'carrier_pigeon'");
     OK(wsync_strategy_kinds(&json));
-    assert_non_null(strstr(json, "{\"available\":true,\"kind\":\"shm\",\"reason\":\"\",\"runtime\":\"\","
+    assert_non_null(strstr(json, "{\"available\":true,\"capabilities\":{\"collective\":false,"
+                                 "\"delta\":\"host\",\"drop_receiver\":true,\"gpu_per_receiver\":false,"
+                                 "\"reattach\":true,\"senders\":\"one\",\"tensor_memory\":[\"host\"]},"
+                                 "\"kind\":\"shm\",\"reason\":\"\",\"runtime\":\"\","
                                  "\"stability\":\"stable\"}"));
     if (strstr(json, "\"kind\":\"ucx\"")) /* built with the ucx kind: experimental in 0.5 */
         assert_true(object_has(json, "\"kind\":\"ucx\"", "\"stability\":\"experimental\""));
@@ -182,7 +186,12 @@ static void gpu_kinds_without_a_driver_are_unavailable_and_name_the_library(void
                "/nonexistent/libcuda.so.1");
     char *json;
     OK(wsync_strategy_kinds(&json));
-    assert_non_null(strstr(json, "{\"available\":false,\"kind\":\"cuda_ipc\""));
+    const char *ipc = strstr(json, "\"kind\":\"cuda_ipc\"");
+    assert_non_null(ipc);
+    assert_non_null(strstr(json, "{\"available\":false,\"capabilities\":{\"collective\":false,"
+                                 "\"delta\":\"device\",\"drop_receiver\":true,\"gpu_per_receiver\":false,"
+                                 "\"reattach\":true,\"senders\":\"many\",\"tensor_memory\":[\"cuda\"]},"
+                                 "\"kind\":\"cuda_ipc\""));
     wsync_string_free(json);
     /* Options are still checked first, and name the key. */
     EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"dtype\": \"int4\"}", &s),

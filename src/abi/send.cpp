@@ -58,6 +58,22 @@ wsync_status_t wsync_strategy_kind(const wsync_strategy_t *strategy, const char 
     });
 }
 
+namespace {
+wsync::json capabilities_json(const wsync::KindInfo &k) {
+    const wsync::KindCapabilities &c = k.capabilities;
+    wsync::json memory = wsync::json::array();
+    for (const char *m : {"host", "cuda"})
+        if (std::string(c.tensor_memory).find(m) != std::string::npos) memory.push_back(m);
+    return {{"tensor_memory", memory},
+            {"senders", k.merge_transports ? "many" : "one"},
+            {"drop_receiver", c.drop_receiver},
+            {"reattach", c.reattach},
+            {"collective", c.collective},
+            {"gpu_per_receiver", c.gpu_per_receiver},
+            {"delta", !k.delta_sync ? "none" : k.delta_on_device ? "device" : "host"}};
+}
+}  // namespace
+
 wsync_status_t wsync_strategy_kinds(char **json_out) {
     if (json_out) *json_out = nullptr;
     return guard([&] {
@@ -67,7 +83,8 @@ wsync_status_t wsync_strategy_kinds(char **json_out) {
             std::string why = k->unavailable_reason(nullptr);
             list.push_back({{"kind", k->name}, {"available", why.empty()}, {"reason", why},
                             {"runtime", why.empty() && k->runtime ? k->runtime() : ""},
-                            {"stability", k->experimental ? "experimental" : "stable"}});
+                            {"stability", k->experimental ? "experimental" : "stable"},
+                            {"capabilities", capabilities_json(*k)}});
         }
         *json_out = to_cstring(list.dump());
     });

@@ -66,6 +66,17 @@ def test_kinds_lists_shm():
     assert shm[0]["available"] is True and shm[0]["reason"] == ""
 
 
+def test_kinds_carry_their_capabilities_as_data():
+    caps = {k["kind"]: k["capabilities"] for k in wsync.kinds()}
+    assert caps["shm"] == {"tensor_memory": ["host"], "senders": "one", "drop_receiver": True,
+                           "reattach": True, "collective": False, "gpu_per_receiver": False,
+                           "delta": "host"}
+    assert caps["nccl_broadcast"]["collective"] is True
+    assert caps["nccl_broadcast"]["drop_receiver"] is False
+    assert caps["nccl_broadcast"]["gpu_per_receiver"] is True
+    assert caps["cuda_ipc"]["senders"] == "many" and caps["cuda_ipc"]["tensor_memory"] == ["cuda"]
+
+
 def test_describe_options_of_shm():
     opts = wsync.describe_options("shm")
     assert set(opts) >= {"receivers", "buckets", "bucket_bytes", "checksum", "verify", "timeout_ms"}

@@ -1903,7 +1903,10 @@ def describe(blob: bytes) -> dict:
 
 def kinds() -> List[dict]:
     """The strategy kinds this library build knows:
-    ``[{"kind": "shm", "available": True, "reason": ""}, ...]``."""
+    ``[{"kind": "shm", "available": True, "reason": "", "capabilities": {...}}, ...]``.
+    ``"capabilities"`` (libwsync 0.7) is what each kind does differently, as data
+    (``tensor_memory``, ``senders``, ``drop_receiver``, ``reattach``, ``collective``,
+    ``gpu_per_receiver``, ``delta``; wsync.h's ``wsync_strategy_kinds`` says what each means)."""
     lib = _lib.lib()
     out = c_void_p()
     status = lib.wsync_strategy_kinds(byref(out))

@@ -181,6 +181,6 @@ const KindInfo kCudaIpcKind = {cuda_ipc::kKind,          cuda_ipc::option_specs,
                                cuda_ipc::unavailable_reason, cuda_ipc::create_strategy,
                                cuda_ipc::merge_requests, gpu::cuda_runtime_text,
                                /*delta_sync=*/true,       /*experimental=*/false,
-                               /*delta_on_device=*/true};
+                               /*delta_on_device=*/true,     {/*tensor_memory=*/"cuda"}};
 
 }  // namespace wsync

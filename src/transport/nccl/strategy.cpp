@@ -206,6 +206,9 @@ const KindInfo kNcclBroadcastKind = {nccl::kKind,            nccl::option_specs,
                                      nccl::unavailable_reason, nccl::create_strategy,
                                      nullptr,                nccl::runtime_text,
                                      /*delta_sync=*/true,    /*experimental=*/false,
-                                     /*delta_on_device=*/true};
+                                     /*delta_on_device=*/true,
+                                     {/*tensor_memory=*/"cuda", /*drop_receiver=*/false,
+                                      /*reattach=*/false, /*collective=*/true,
+                                      /*gpu_per_receiver=*/true}};
 
 }  // namespace wsync

@@ -136,6 +136,7 @@ std::unique_ptr<StrategyImpl> shm_create(const Options &o) {
 }  // namespace shm
 
 const KindInfo kShmKind = {"shm", shm::shm_options, shm::shm_unavailable, shm::shm_create,
-                           nullptr, nullptr, /*delta_sync=*/true};
+                           nullptr, nullptr, /*delta_sync=*/true, /*experimental=*/false,
+                           /*delta_on_device=*/false, {/*tensor_memory=*/"host"}};
 
 }  // namespace wsync

@@ -185,6 +185,7 @@ std::string runtime_text() {
 
 const KindInfo kUcxKind = {ucx::kKind,          ucx::option_specs, ucx::unavailable,
                            ucx::create_strategy, nullptr,           ucx::runtime_text,
-                           /*delta_sync=*/true,   /*experimental=*/true};
+                           /*delta_sync=*/true,   /*experimental=*/true,
+                           /*delta_on_device=*/false, {/*tensor_memory=*/"host,cuda"}};
 
 }  // namespace wsync

@@ -283,6 +283,50 @@ pub struct KindInfo {
     /// The run-time dependency the library found for it (e.g. the CUDA driver and its
     /// version), empty when it needs none or reports none.
     pub runtime: String,
+    /// What the kind does differently, as the library reports it (libwsync 0.7).
+    pub capabilities: Capabilities,
+}
+
+/// What a kind does differently (the `"capabilities"` of `wsync_strategy_kinds`; wsync.h says
+/// what each means). A key the library does not report reads as `None`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Where sender tensors and receiver views live: `"host"` and/or `"cuda"`.
+    pub tensor_memory: Vec<String>,
+    /// `"one"`, or `"many"` (several senders' requests of a chunk merge).
+    pub senders: Option<String>,
+    /// Whether [`Sender::drop_receiver`] lets the others go on.
+    pub drop_receiver: Option<bool>,
+    /// Whether a process made later with a held index (a restarted engine) takes part.
+    pub reattach: Option<bool>,
+    /// Whether receivers take each chunk together (one that fails fails it on all).
+    pub collective: Option<bool>,
+    /// Whether the sender and each receiver need a GPU of their own.
+    pub gpu_per_receiver: Option<bool>,
+    /// Where delta sync runs: `"none"`, `"host"` or `"device"`.
+    pub delta: Option<String>,
+}
+
+impl Capabilities {
+    fn from_json(v: Option<&json::Value>) -> Self {
+        let Some(v) = v else { return Self::default() };
+        let flag = |key: &str| v.get(key).and_then(json::Value::as_bool);
+        let text = |key: &str| v.get(key).and_then(json::Value::as_str).map(str::to_string);
+        Self {
+            tensor_memory: v
+                .get("tensor_memory")
+                .and_then(json::Value::as_array)
+                .map(|a| a.iter().filter_map(|m| m.as_str().map(str::to_string)).collect())
+                .unwrap_or_default(),
+            senders: text("senders"),
+            drop_receiver: flag("drop_receiver"),
+            reattach: flag("reattach"),
+            collective: flag("collective"),
+            gpu_per_receiver: flag("gpu_per_receiver"),
+            delta: text("delta"),
+        }
+    }
 }
 
 /// The strategy kinds this build knows, and whether each can run here.
@@ -320,6 +364,7 @@ pub fn kinds() -> Result<Vec<KindInfo>> {
                     .and_then(json::Value::as_str)
                     .unwrap_or("")
                     .to_string(),
+                capabilities: Capabilities::from_json(k.get("capabilities")),
             })
         })
         .collect()

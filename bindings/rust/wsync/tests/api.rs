@@ -1313,6 +1313,21 @@ fn half_floats_travel_as_their_dtypes_and_read_back_typed() {
 }
 
 #[test]
+fn kinds_carry_their_capabilities_as_data() {
+    let all = kinds().unwrap();
+    let get = |name: &str| all.iter().find(|k| k.name == name).expect(name).capabilities.clone();
+    let shm = get("shm");
+    assert_eq!(shm.tensor_memory, ["host"]);
+    assert_eq!(shm.senders.as_deref(), Some("one"));
+    assert_eq!((shm.drop_receiver, shm.reattach, shm.collective), (Some(true), Some(true), Some(false)));
+    assert_eq!(shm.delta.as_deref(), Some("host"));
+    let nccl = get("nccl_broadcast");
+    assert_eq!(nccl.tensor_memory, ["cuda"]);
+    assert_eq!((nccl.drop_receiver, nccl.collective, nccl.gpu_per_receiver), (Some(false), Some(true), Some(true)));
+    assert_eq!(get("cuda_ipc").senders.as_deref(), Some("many"));
+}
+
+#[test]
 fn kind_info_runtime_is_the_librarys_runtime_field() {
     let mut raw: *mut std::ffi::c_char = std::ptr::null_mut();
     // SAFETY: `raw` is a valid out-pointer; on success it holds the library's string, which is
