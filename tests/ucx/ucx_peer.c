@@ -9,7 +9,7 @@
  *                                          and the next version still goes); with STEP it waits
  *                                          for DIR/go-V before version V; with
  *                                          $WSYNC_PEER_DROP_ON_TIMEOUT it drops each receiver a
- *                                          flush timed out on
+ *                                          flush timed out on (with $WSYNC_PEER_DROP_ON_DIED, each named DIED)
  *   engine DIR OPTIONS INDEX FROM TO [SLOW_MS]
  *                                          receives versions FROM..TO (FROM 0: the latest
  *                                          committed one) bit for bit; SLOW_MS sleeps between
@@ -200,7 +200,8 @@ static int trainer(const char *dir, const char *opts, int versions, int engines,
                 wsync_sender_failure(snd, i, &f);
                 printf("trainer: failure what=%u receiver=%u status=%s: %s\n", f.what, f.receiver,
                        wsync_status_string(f.status), f.message);
-                if (f.what == WSYNC_FAILURE_TIMEOUT && getenv("WSYNC_PEER_DROP_ON_TIMEOUT")) {
+                if ((f.what == WSYNC_FAILURE_TIMEOUT && getenv("WSYNC_PEER_DROP_ON_TIMEOUT")) ||
+                    (f.what == WSYNC_FAILURE_DIED && getenv("WSYNC_PEER_DROP_ON_DIED"))) {
                     wsync_status_t d = wsync_sender_drop_receiver(snd, f.receiver);
                     printf("trainer: dropped receiver %u: %s\n", f.receiver, wsync_status_string(d));
                 }

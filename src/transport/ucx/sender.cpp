@@ -95,6 +95,7 @@ void UcxSender::flush(int64_t timeout_ms) {
     const sys::Deadline deadline(timeout_ms);
     std::unique_lock<std::mutex> lock = caller_lock();
     for (;;) {
+        for (uint32_t i = 0; i < members_.size(); ++i) name_dead(i, members_[i]);
         std::vector<uint32_t> owing;
         for (uint32_t i : owing_members())
             if (!failures_.holds(i)) owing.push_back(i);
@@ -147,7 +148,10 @@ void UcxSender::drop_receiver(uint32_t index) {
     check_receiver_index(kKind, index, info_.receivers);
     std::unique_lock<std::mutex> lock = caller_lock();
     Member &m = members_[index];
-    if (!m.ep) return;
+    if (!m.ep) {
+        if (m.dead) m = Member{};  // dead: no longer a receiver the trainer publishes for
+        return;
+    }
     Msg msg;
     msg.type = MsgType::Dropped;
     tell(index, m, msg);

@@ -51,6 +51,12 @@ struct Member {
     std::map<uint64_t, uint32_t> leases;  // seq -> count (at most kLeasesPerChunk)
     uint64_t failed_version = 0;  // the version whose failure it last reported
     bool dropped = false;
+    // Its connection failed (it died, or the network to it did) and nobody has taken its
+    // index since: it stays a receiver the trainer publishes for, named DIED in the flush of
+    // every version it did not complete, until it is dropped or a hello replaces it.
+    bool dead = false;
+    std::string dead_why;
+    uint64_t dead_reported = 0;  // the newest version its death was named for (or it completed)
 };
 
 class UcxSender final : public SenderImpl {
@@ -90,6 +96,7 @@ private:
     void check_members();
     void leave(uint32_t index, uint32_t what, const std::string &why);
     void forget(uint32_t index);
+    void name_dead(uint32_t index, Member &m);
     void commit(uint64_t version);
     void retire(Chunk &c, uint64_t seq);
     void release();

@@ -151,7 +151,12 @@ void UcxSender::hello(const Msg &m) {
         return;
     }
     Member &mem = members_[m.index];
-    // A predecessor at this index, dead or dropped: its leases end.
+    // A predecessor at this index, dead or dropped: its leases end. One whose death was not yet
+    // seen (its connection has not failed yet) died now; either way, a version it began and
+    // did not complete is named DIED before the index changes hands.
+    if (mem.ep && !mem.dropped)
+        leave(m.index, WSYNC_FAILURE_DIED, "is unreachable (its connection failed) and a new engine took its index");
+    if (mem.dead) name_dead(m.index, mem);
     if (mem.ep) forget(m.index);
     w_->close(std::move(mem.ep), sys::Deadline(0));
     mem = Member{};
@@ -288,12 +293,39 @@ void UcxSender::check_members() {
 
 void UcxSender::leave(uint32_t index, uint32_t what, const std::string &why) {
     Member &m = members_[index];
+    const uint64_t v = last_version();
+    // The version it completed: everything published, if that version is committed; the one
+    // before, if it died between two chunks of an open version (it owes the rest of it).
+    uint64_t completed = v;
     if (owes(m))
-        failures_.add(Failure{what, WSYNC_ERR_PEER, index, last_version(), WSYNC_NO_CHUNK, m.pid,
+        failures_.add(Failure{what, WSYNC_ERR_PEER, index, v, WSYNC_NO_CHUNK, m.pid,
                               why + " owing chunk seq " + std::to_string(last_seq_)});
+    else if (v > last_committed_ && v >= m.from_version)
+        completed = last_committed_;
     forget(index);
     w_->close(std::move(m.ep), sys::Deadline(0));
+    const bool died = what == WSYNC_FAILURE_DIED && !m.dropped;
+    const int32_t pid = m.pid;
+    const std::string name = m.name;
     m = Member{};
+    if (died) {
+        m.dead = true;
+        m.dead_why = why;
+        m.dead_reported = completed;
+        m.pid = pid;
+        m.name = name;
+    }
+}
+
+// A dead member (Member::dead) owes every version published since it died: each one's flush
+// names it DIED, once, until it is dropped or its index is taken by a new hello.
+void UcxSender::name_dead(uint32_t index, Member &m) {
+    const uint64_t v = last_version();
+    if (!m.dead || m.dropped || !last_seq_ || v <= m.dead_reported) return;
+    failures_.add(Failure{WSYNC_FAILURE_DIED, WSYNC_ERR_PEER, index, v, WSYNC_NO_CHUNK, m.pid,
+                          m.dead_why + "; version " + std::to_string(v) +
+                              " was published after (drop the receiver, or restart its engine)"});
+    m.dead_reported = v;
 }
 
 // Ends a member's leases (it died, detached, was dropped or was replaced). Fetches serve
