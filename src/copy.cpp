@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include "copy_kernels.hpp"
+#include "sys.hpp"
 
 namespace wsync {
 namespace copy {
@@ -178,7 +179,7 @@ Pool::~Pool() {
 
 void Pool::start() noexcept {
     try {
-        for (unsigned k = 1; k < threads_; ++k) workers_.emplace_back([this, k] { work(k); });
+        for (unsigned k = 1; k < threads_; ++k) workers_.push_back(sys::start_thread([this, k] { work(k); }));
     } catch (...) {
         // No thread to be had: copy on fewer (the caller's alone at worst).
     }

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "error.hpp"
+#include "sys.hpp"
 
 namespace wsync::sys {
 namespace {
@@ -64,7 +65,7 @@ FdExporter::FdExporter(const std::string &name, const std::string &who) : name_(
         close_parent_only(listen_fd_);
         fail_errno(who + ": eventfd", err);
     }
-    thread_ = std::thread([this] { run(); });
+    thread_ = sys::start_thread([this] { run(); });
 }
 
 FdExporter::~FdExporter() {

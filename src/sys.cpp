@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <pthread.h>
 #include <vector>
@@ -296,7 +298,30 @@ FdServer::FdServer(const std::string &name, int fd, const std::string &who) : fd
         close_parent_only(listen_fd_);
         fail_errno(who + ": eventfd", err);
     }
-    thread_ = std::thread([this] { run(); });
+    thread_ = start_thread([this] { run(); });
+}
+
+std::thread start_thread(std::function<void()> fn) {
+    struct Started {
+        std::mutex mu;
+        std::condition_variable cv;
+        bool running = false;
+    };
+    // Shared, so that a maker that stopped waiting leaves the thread nothing dangling.
+    auto started = std::make_shared<Started>();
+    std::thread t([started, fn = std::move(fn)]() mutable {
+        std::function<void()> body = std::move(fn);
+        {
+            std::lock_guard<std::mutex> hold(started->mu);
+            started->running = true;
+        }
+        started->cv.notify_one();
+        started.reset();
+        body();
+    });
+    std::unique_lock<std::mutex> lock(started->mu);
+    started->cv.wait_for(lock, std::chrono::seconds(10), [&] { return started->running; });
+    return t;
 }
 
 FdServer::~FdServer() {

@@ -256,6 +256,13 @@ static inline void tu_print_threads(pid_t pid) {
         fprintf(stderr, "  peer %d thread %s: wchan %s stat %s", (int)pid, t->d_name, wchan, stat);
     }
     closedir(d);
+    /* With WSYNC_TEST_GDB_ON_HANG set, also every thread's stack (how the ASan-only fork hang
+     * fixed by sys::start_thread was found). */
+    if (getenv("WSYNC_TEST_GDB_ON_HANG")) {
+        char cmd[200];
+        snprintf(cmd, sizeof cmd, "gdb -batch -p %d -ex 'thread apply all bt 30' 1>&2 2>/dev/null", (int)pid);
+        if (system(cmd) != 0) fprintf(stderr, "gdb failed\n");
+    }
 }
 
 /* The peer's one-byte answer (99 if none came within timeout_ms: the assertion fails, after

@@ -3,12 +3,13 @@
 #include <cinttypes>
 
 #include "error.hpp"
+#include "sys.hpp"
 
 namespace wsync::cuda_ipc {
 
 AckQueue::AckQueue(const gpu::Device &dev, std::shared_ptr<local::ReceiverEnd> end, int64_t timeout_ms)
     : dev_(dev), end_(std::move(end)), index_(end_->index()), timeout_ms_(timeout_ms),
-      thread_([this] { run(); }) {}
+      thread_(sys::start_thread([this] { run(); })) {}
 
 AckQueue::~AckQueue() {
     std::string ignored;

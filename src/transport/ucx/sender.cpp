@@ -7,6 +7,7 @@
 
 #include "error.hpp"
 #include "layout.hpp"
+#include "sys.hpp"
 
 namespace wsync::ucx {
 
@@ -20,7 +21,7 @@ UcxSender::UcxSender(std::unique_ptr<Worker> w, const InitInfo &info, int64_t ti
     stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (stop_fd_ < 0) fail_errno("ucx sender: eventfd", errno);
     w_->set_admit([this](const Msg &m) { return admit(m); });
-    thread_ = std::thread([this] { serve(); });
+    thread_ = sys::start_thread([this] { serve(); });
 }
 
 // Bounded: the progress thread stops at once; endpoints are force-closed with a deadline
