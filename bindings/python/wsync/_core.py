@@ -17,7 +17,8 @@ import threading
 import warnings
 import weakref
 from ctypes import byref, c_bool, c_char, c_char_p, c_size_t, c_uint64, c_void_p
-from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import (Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
+                    TypeVar)
 
 import numpy as np
 
@@ -326,7 +327,39 @@ def _describe_metas(metas) -> _Descriptors:
 # ---------------------------------------------------------------------------------------------
 # Strategy
 # ---------------------------------------------------------------------------------------------
-class Strategy:
+_O = TypeVar("_O", bound="_Owned")
+
+
+class _Owned:
+    """What every owner of one native handle (``self._h``) shares: :attr:`closed`, use as a
+    context manager, and :meth:`close` run at garbage collection. Subclasses define ``close``
+    (idempotent, sets ``self._h`` to ``None``)."""
+
+    _h: Optional[int] = None
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has run."""
+        return self._h is None
+
+    def close(self) -> None:  # pragma: no cover - every subclass defines its own
+        raise NotImplementedError
+
+    def __enter__(self: _O) -> _O:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            try:
+                self.close()
+            except Exception:  # interpreter shutdown: nothing left to report to
+                pass
+
+
+class Strategy(_Owned):
     """A strategy of one kind (``"shm"``...) with its options, e.g.
     ``Strategy("shm", receivers=2, bucket_bytes=64 << 20)``.
 
@@ -419,32 +452,12 @@ class Strategy:
         r.orders_loader_work = r.poll().orders_loader_work
         return r
 
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`close` has run."""
-        return self._h is None
-
     def close(self) -> None:
         """Destroys the strategy (idempotent). Its senders and receivers stay valid."""
         with self._lock:
             h, self._h = self._h, None
             if h is not None:
                 self._lib.wsync_strategy_destroy(h)
-
-    def __enter__(self) -> "Strategy":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        h = getattr(self, "_h", None)
-        if h is not None:
-            self._h = None
-            try:
-                self._lib.wsync_strategy_destroy(h)
-            except Exception:  # interpreter shutdown: nothing left to report to
-                pass
 
     def __repr__(self) -> str:
         state = "closed" if self._h is None else self.kind
@@ -454,7 +467,7 @@ class Strategy:
 # ---------------------------------------------------------------------------------------------
 # Sender
 # ---------------------------------------------------------------------------------------------
-class Sender:
+class Sender(_Owned):
     """The trainer side of a sync: sends chunks of named tensors and waits for receivers.
 
     Made by :meth:`Strategy.sender`. Use as a context manager, or call :meth:`close`; closing
@@ -701,11 +714,6 @@ class Sender:
         return self._init_description
 
     @property
-    def closed(self) -> bool:
-        """True once :meth:`close` has run."""
-        return self._h is None
-
-    @property
     def arena(self):
         """The sender's arena (``shm`` made with ``arena_bytes``; libwsync 0.5) as a writable
         ctypes byte array over the shared segment, or ``None`` when it has none.
@@ -752,21 +760,6 @@ class Sender:
             if h is not None:
                 self._destroy(h)
 
-    def __enter__(self) -> "Sender":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        h = getattr(self, "_h", None)
-        if h is not None:
-            self._h = None
-            try:
-                self._destroy(h)
-            except Exception:  # interpreter shutdown: nothing left to report to
-                pass
-
     def __repr__(self) -> str:
         return f"<wsync.Sender {'closed' if self._h is None else 'open'}>"
 
@@ -784,7 +777,7 @@ class _IterHandle:
         self.value: Optional[int] = value
 
 
-class Receiver:
+class Receiver(_Owned):
     """The engine side of a sync: receives chunks described by request blobs.
 
     Made by :meth:`Strategy.receiver`. Use as a context manager, or call :meth:`close`; an
@@ -907,11 +900,6 @@ class Receiver:
                 raise_for(status, self._lib)
         return DestTable(self, out.value, keep, len(records))
 
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`close` has run."""
-        return self._h is None
-
     def _end_open(self) -> Tuple[int, str]:
         """Ends the open iteration, if any (caller holds the lock). Returns (status, message)."""
         handle, self._open = self._open, None
@@ -933,19 +921,6 @@ class Receiver:
             self._end_open()
             h, self._h = self._h, None
             self._lib.wsync_receiver_destroy(h)
-
-    def __enter__(self) -> "Receiver":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_h", None) is not None:
-            try:
-                self.close()
-            except Exception:  # interpreter shutdown: nothing left to report to
-                pass
 
     def __repr__(self) -> str:
         return f"<wsync.Receiver {self.index} {'closed' if self._h is None else 'open'}>"
@@ -981,7 +956,7 @@ class ApplyResult(NamedTuple):
     device_copies: int = 0
 
 
-class DestTable:
+class DestTable(_Owned):
     """A receiver's destination table (``wsync_dest_table_t``); see
     :meth:`Receiver.dest_table`. Holds its destinations alive; :meth:`close` (or garbage
     collection) frees it."""
@@ -1004,19 +979,6 @@ class DestTable:
         if h is not None:
             self._lib.wsync_dest_table_destroy(h)
         self._keep = []
-
-    def __enter__(self) -> "DestTable":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_h", None) is not None:
-            try:
-                self.close()
-            except Exception:
-                pass
 
     def __repr__(self) -> str:
         return f"<wsync.DestTable of {self.count} destinations{' (closed)' if self._h is None else ''}>"
