@@ -9,11 +9,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "delta.hpp"
-#include "delta_auto.hpp"
+#include "delta/delta.hpp"
+#include "delta/auto.hpp"
 #include "error.hpp"
-#include "parts.hpp"
-#include "select.hpp"
+#include "plan/parts.hpp"
+#include "plan/select.hpp"
 #include "strategy.hpp"
 #include "sys.hpp"
 #include "version_state.hpp"

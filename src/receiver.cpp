@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "copy.hpp"
+#include "copy/copy.hpp"
 #include "error.hpp"
 
 namespace wsync {

@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "delta.hpp"
+#include "delta/delta.hpp"
 #include "options.hpp"
 #include "tensor.hpp"
 #include "wire.hpp"

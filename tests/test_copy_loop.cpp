@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "copy.hpp"
+#include "copy/copy.hpp"
 #include "whitebox.hpp"
 
 namespace {

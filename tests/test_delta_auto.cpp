@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "delta_auto.hpp"
+#include "delta/auto.hpp"
 #include "whitebox.hpp"
 
 using namespace wsync;

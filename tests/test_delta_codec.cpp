@@ -10,7 +10,7 @@
 
 #include <xxhash.h>
 
-#include "delta.hpp"  // before cmocka.h, whose fail() macro would rename wsync::fail
+#include "delta/delta.hpp"  // before cmocka.h, whose fail() macro would rename wsync::fail
 #include "gpu/kernels/xxh3.h"
 #include "error.hpp"
 #include "tensor.hpp"

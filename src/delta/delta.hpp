@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "copy.hpp"
+#include "copy/copy.hpp"
 #include "tensor.hpp"
 #include "wsync.h"
 

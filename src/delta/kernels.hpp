@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "delta.hpp"
+#include "delta/delta.hpp"
 
 namespace wsync {
 namespace delta {
