@@ -1,4 +1,4 @@
-// Delta "auto" by cost (src/delta_auto.cpp), white-box: the decision from synthetic
+// Delta "auto" by cost (src/delta/auto.cpp), white-box: the decision from synthetic
 // measurements. decide() and learn() read nothing but their arguments, so every sequence below
 // gives the same plans on any machine.
 #include <string>

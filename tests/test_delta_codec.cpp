@@ -1,4 +1,4 @@
-// The delta codec (src/delta.cpp), white-box: bitwise change finding at every element size, the
+// The delta codec (src/delta/delta.cpp), white-box: bitwise change finding at every element size, the
 // index coding and its width switch at 2^32 elements, the patch parser's refusals, and the
 // verified apply that leaves the destination as it was whenever a checksum disagrees.
 #include <algorithm>

@@ -1,5 +1,5 @@
 // Delta "auto" by cost: the decision and what each measured version teaches it
-// (src/delta_auto.hpp, docs/delta.md "How auto decides").
+// (src/delta/auto.hpp, docs/delta.md "How auto decides").
 #include "delta/auto.hpp"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// The AVX2 build of delta_kernels.hpp, compiled with -mavx2 and called only where the CPU has
+// The AVX2 build of kernels.hpp, compiled with -mavx2 and called only where the CPU has
 // AVX2 (delta.cpp checks). XXH3 is inlined here so that it, too, runs on 256-bit vectors.
 #include <immintrin.h>
 
