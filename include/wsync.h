@@ -58,9 +58,9 @@
  *           Outputs with a struct_size (set it before the call) get the fields that both the
  *           caller's layout and this library know, nothing past them, and struct_size set to
  *           the bytes written; a size below the struct's oldest layout is
- *           WSYNC_ERR_INVALID_ARGUMENT. Size history (layouts that grew): wsync_apply_result_t
- *           0.6.0 WSYNC_APPLY_RESULT_SIZE_0_6_0 bytes, 0.6.1 + device_copies. Before 0.7.0 an
- *           output smaller than the library's layout was refused instead.
+ *           WSYNC_ERR_INVALID_ARGUMENT (outputs smaller than the library's layout: since
+ *           0.7.0). Size history (layouts that grew): wsync_apply_result_t 0.6.0
+ *           WSYNC_APPLY_RESULT_SIZE_0_6_0 bytes, 0.6.1 + device_copies.
  *           Tensor views (wsync_recv_next, wsync_recv_peek) are always written in the 0.2
  *           layout with struct_size set. In arrays (a chunk's tensors) the first element's
  *           struct_size is the stride and every element must carry the same value.
@@ -575,7 +575,7 @@ WSYNC_API wsync_status_t wsync_sender_version(const wsync_sender_t *sender,
  * complete, with "synchronize" on). "ucx" views are the engine's own pulled and verified
  * copy, which the trainer cannot change: its open iteration ends as it would have
  * (wsync_recv_end() may return WSYNC_OK, and a version it completes is bit-exact), and its next
- * call fails with WSYNC_ERR_PEER. The sender no longer reports a dropped receiver's
+ * call fails with WSYNC_ERR_PEER. The sender does not report a dropped receiver's
  * failures (that one included), so the others' syncs go on undisturbed. A receiver process made
  * afterwards with the same index (a restarted engine) re-attaches and takes part from the next
  * version that begins after it attached, once the dropped receiver is destroyed or its process
@@ -728,7 +728,7 @@ WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
  * WSYNC_ERR_INTEGRITY), then its fields (WSYNC_ERR_MALFORMED). A request of another kind, a
  * stale, replayed or out-of-order chunk, or a chunk of a version this receiver joined too late
  * for fails with WSYNC_ERR_MISMATCH; a later chunk of a version that already failed here fails
- * with WSYNC_ERR_SKIPPED (since 0.7.0; before, that version's status), or WSYNC_ERR_ABANDONED
+ * with WSYNC_ERR_SKIPPED (since 0.7.0), or WSYNC_ERR_ABANDONED
  * when the sender abandoned it. Such refusals are reported to the sender (its flush fails with
  * WSYNC_ERR_PEER carrying this status and message), except stale and replayed requests, which
  * are not this receiver's to answer, and skipped chunks, whose version's failure was reported
