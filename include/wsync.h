@@ -12,7 +12,7 @@
  *                    into reusable device buckets or shared per allocation ("packed": false);
  *   "nccl_broadcast" GPU memory broadcast from the trainer to every receiver over NCCL;
  *   "ucx"            host or GPU memory across machines through UCX (libucp.so.0, loaded at run
- *                    time), as an authenticated network service (section 3, "ucx").
+ *                    time), as an authenticated network service (docs/kinds.md, "ucx").
  * The GPU kinds open the CUDA driver (libcuda.so.1, or $WSYNC_CUDA_LIBRARY) and NCCL
  * (libnccl.so.2, $WSYNC_NCCL_LIBRARY or the "nccl_library" option) at run time: libwsync has no
  * load-time dependency on either, and without them those kinds fail with WSYNC_ERR_UNAVAILABLE.
@@ -22,6 +22,9 @@
  * *request blob* per chunk; the controller forwards those bytes to every receiver, whose loader
  * drives a *receive iteration* over tensor views. Ending the iteration acknowledges the chunk;
  * wsync_sender_flush() returns once every receiver has acknowledged every chunk.
+ * This header states the contract every kind keeps and, briefly, where a kind changes it
+ * (blocking, what memory a call reads, which statuses); how each kind works, and why, is in
+ * docs/kinds.md; what each kind supports is data (wsync_strategy_kinds(), "capabilities").
  *
  * ---------------------------------------------------------------------------------------------
  * Rules that hold for every function (read these once)
@@ -55,9 +58,9 @@
  *           Outputs with a struct_size (set it before the call) get the fields that both the
  *           caller's layout and this library know, nothing past them, and struct_size set to
  *           the bytes written; a size below the struct's oldest layout is
- *           WSYNC_ERR_INVALID_ARGUMENT. Size history (layouts that grew): wsync_apply_result_t
- *           0.6.0 WSYNC_APPLY_RESULT_SIZE_0_6_0 bytes, 0.6.1 + device_copies. Before 0.7.0 an
- *           output smaller than the library's layout was refused instead.
+ *           WSYNC_ERR_INVALID_ARGUMENT (outputs smaller than the library's layout: since
+ *           0.7.0). Size history (layouts that grew): wsync_apply_result_t 0.6.0
+ *           WSYNC_APPLY_RESULT_SIZE_0_6_0 bytes, 0.6.1 + device_copies.
  *           Tensor views (wsync_recv_next, wsync_recv_peek) are always written in the 0.2
  *           layout with struct_size set. In arrays (a chunk's tensors) the first element's
  *           struct_size is the stride and every element must carry the same value.
@@ -280,66 +283,23 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * the trainer's options and ignores them (what the trainer chose reaches every receiver in the
  * init info), so one configuration may serve both sides; the receiver options ("verify",
  * "copy_threads", "delta_mirror", ...) act only on receivers that strategy makes.
- * Every kind also takes the delta-sync options (docs/delta.md): "delta" ("off" (default),
- * "auto": a tensor goes as a patch against the receivers' last committed version when that is
- * at most "delta_max_percent" (0..100, default 50) of its dense bytes; "on": whenever there is a
- * base), "delta_decide" ("auto" only: "cost" (default): per version, from the sender's own
- * timing of its recent versions (send_chunk calls and the flush after each), the version goes
- * dense without a compare and without copying the bases whenever a patch version would not
- * finish sooner, probed again now and then; "size": every version compared, what "auto" did up to 0.7.0),
- * and "delta_anchor_every" (N > 0: versions 1, N+1, 2N+1, ... go dense; default 0). The
- * sender then keeps a copy of every tensor it sent (up to twice the tensors' bytes): host
- * memory for "shm" and "ucx" (which compare host tensors only: a CUDA tensor in a delta
- * version is WSYNC_ERR_UNSUPPORTED naming it, the version stays open), device memory of the
- * trainer's GPU for "cuda_ipc" and "nccl_broadcast",
- * which compare on the GPU, or with "delta_base_memory" "pinned_host" (default "device"; GPU
- * kinds only, WSYNC_ERR_UNSUPPORTED on "shm" and "ucx") pinned host memory the kernels read across the
- * bus. "delta_threads" (shm, ucx; default 0: one per CPU, at most 8) compares several tensors of
- * a chunk at once, on threads the sender keeps. WSYNC_ERR_UNSUPPORTED, saying why, for a "delta"
- * other than "off" on "cuda_ipc" with packed=false or several senders, on a GPU kind with a "dtype"
- * cast, and on "nccl_broadcast" without "delta_anchor_every" (its trainer cannot hear that an
- * engine failed a version; anchors make such an engine whole). A kind this build does not know
- * fails with WSYNC_ERR_UNSUPPORTED; a kind whose run-time dependency is missing (e.g. no CUDA
- * driver) fails with WSYNC_ERR_UNAVAILABLE naming what is missing.
- * "ucx" sets UCX_TCP_CONN_NB=y in the process environment (setenv, once, before its first UCX
- * context, never over a value already set): UCX's default, a blocking connect(), held an
- * engine's attach for the kernel's SYN retries (over 2 minutes) when a firewall dropped the
- * trainer's port, and a trainer's reply to an unreachable engine stalled its sends as long,
- * past any "timeout_ms". The variable then applies to every UCX context the process makes, and
- * setenv() is not safe while other threads read the environment: a process that starts threads
- * before its first "ucx" call (torch, OpenMP) sets UCX_TCP_CONN_NB itself first, to "y" (or
- * to "n" to keep UCX's blocking connect and its unbounded waits).
- * "ucx" trust model (its wire version 2; docs/failure-model.md, "Who may talk to a trainer").
- * The init info is the secret: it carries a random 32-byte key (HMAC-SHA256, OpenSSL's
- * libcrypto.so.3, loaded at run time like libucp; without it the kind is WSYNC_ERR_UNAVAILABLE)
- * and is to be handed only to the engines meant to attach. Requests do not carry the key and
- * neither does anything on the wire. An engine's hello is authenticated with it (over its
- * index, a fresh nonce and the worker address it asks to be answered at); the trainer connects
- * to no address, and answers nothing, until a hello is authentic and new (a replayed one is
- * dropped), and every later control message either way carries a MAC made with a key of that
- * connection and a rising number (forged or replayed ones are dropped). So a process that can
- * reach the trainer's UCX port, or holds a request blob, but not the init info, cannot attach,
- * take a receiver index, stop an engine or end a version; active messages to ids other than
- * libwsync's, and malformed ones, are dropped. Nothing of either side's memory is registered
- * for peers and UCX's remote memory access is off: chunks move only as the trainer's answers to
- * fetches it checked (an authenticated engine, a chunk it holds a lease on, a range within the
- * chunk; anything else is refused with no byte). Not covered (issue 37): weights and messages
- * travel unencrypted (a data message's payload is not MACed; checksums are not MACs), and
- * floods cost the trainer CPU (forged messages are dropped as they arrive, each receiver index
- * gets an equal share of what is handled a round, a receiver holds at most 4 leases on a chunk
- * and none on a version no longer kept, so the trainer's staging memory stays within
- * keep_versions + 1 versions). Run "ucx" between hosts of one trusted network
- * (narrow "net_devices" to it). Blobs and
- * messages name no host: engines call the trainer "the trainer (session S)", the trainer calls
- * an engine "receiver N (pid P)", and a refusal names no other engine; the worker addresses in
- * the init info and the hello hold the interface addresses UCX listens on: those of the
- * devices "net_devices" names. "net_devices" is required (since the builds of 2026-12-05): a
- * strategy without it is refused with WSYNC_ERR_INVALID_ARGUMENT naming the option; "all"
- * listens on every interface (UCX's own choice, the old default). An engine whose connection to the trainer failed destroys its
- * receiver and creates another with the same index, retrying an attach refused with
- * WSYNC_ERR_WRONG_STATE (the trainer has not yet seen the old connection fail) every 100 ms to
- * 1 s for as long as the trainer's flush timeout; one that loads the version before the
- * trainer's flush of it returns is not reported DIED (docs/failure-model.md, "ucx").
+ * Every kind also takes the delta-sync options ("delta", "delta_decide", "delta_max_percent",
+ * "delta_anchor_every", and where the kind has them "delta_threads", "delta_base_memory";
+ * docs/delta.md, docs/kinds.md). With "delta" other than "off" the sender keeps a copy of every
+ * tensor it sent (up to twice the tensors' bytes; host memory for "shm" and "ucx", the trainer's
+ * GPU or pinned host memory for "cuda_ipc" and "nccl_broadcast"). WSYNC_ERR_UNSUPPORTED, saying
+ * why, for an option the kind does not take ("delta_base_memory" on "shm" or "ucx"), for a
+ * "delta" other than "off" on "cuda_ipc" with packed=false or several senders, on a GPU kind
+ * with a "dtype" cast, and on "nccl_broadcast" without "delta_anchor_every".
+ * A kind this build does not know fails with WSYNC_ERR_UNSUPPORTED; a kind whose run-time
+ * dependency is missing (e.g. no CUDA driver, or libcrypto.so.3 for "ucx") fails with
+ * WSYNC_ERR_UNAVAILABLE naming what is missing.
+ * "ucx" differs in three ways a caller must know (docs/kinds.md, "ucx"): it sets
+ * UCX_TCP_CONN_NB=y in the process environment with setenv() before its first UCX context,
+ * unless already set (a process that starts threads first sets it itself); its init info is a
+ * secret (it holds the key that authenticates engines: hand it only to the engines meant to
+ * attach); and its option "net_devices" is required (WSYNC_ERR_INVALID_ARGUMENT naming it when
+ * missing; "all" listens on every interface).
  * Borrows kind and options_json for the call. On success *out is a new strategy, freed with
  * wsync_strategy_destroy(). Does not block. */
 WSYNC_API wsync_status_t wsync_strategy_create(const char *kind, const char *options_json,
@@ -387,16 +347,14 @@ WSYNC_API wsync_status_t wsync_strategy_kinds(char **json_out);
 WSYNC_API wsync_status_t wsync_strategy_describe_options(const char *kind, char **json_out);
 
 /* Trainer side: makes the init info that every sender and receiver of this sync is created
- * from, and whatever the kind needs to exist first (for "shm": the shared-memory segment,
- * mode 0600, unguessable name, its buckets reserved and pre-faulted; for "cuda_ipc": a small
- * acknowledgement segment and this host's boot id; for "nccl_broadcast": the NCCL unique id,
- * carried in the blob itself, so this process must stay alive until the group is formed, and
- * the UUID of the GPU the "device" option names, the sender's (NCCL takes one GPU per rank: a
- * receiver on it is refused; a "device" this process does not see fails here with
- * WSYNC_ERR_INVALID_ARGUMENT). Call once per strategy;
- * a second call fails with WSYNC_ERR_WRONG_STATE. A segment larger than /dev/shm can hold, or
- * than this process's file-size limit (RLIMIT_FSIZE, `ulimit -f`; checked first, so the kernel's
- * SIGXFSZ is never raised; since 0.7.0) fails with WSYNC_ERR_NO_MEMORY naming the cause.
+ * from, and whatever the kind needs to exist first (docs/kinds.md, "Init info": a segment for
+ * "shm" and "cuda_ipc", the NCCL unique id for "nccl_broadcast", the session key for "ucx").
+ * "nccl_broadcast": the unique id is in the blob, so this process must stay alive until the
+ * group is formed; a "device" this process does not see fails here with
+ * WSYNC_ERR_INVALID_ARGUMENT. Call once per strategy; a second call fails with
+ * WSYNC_ERR_WRONG_STATE. A segment larger than /dev/shm can hold, or than this process's
+ * file-size limit (RLIMIT_FSIZE, checked first, so the kernel's SIGXFSZ is never raised; since
+ * 0.7.0), fails with WSYNC_ERR_NO_MEMORY naming the cause.
  * On success *out holds the blob, freed with
  * wsync_blob_free(). May take time proportional to the buckets' size (pre-faulting); does not
  * wait for peers. */
@@ -431,12 +389,10 @@ typedef struct wsync_sender_t wsync_sender_t;
  * Does not block, except for "nccl_broadcast": it joins the group as rank 0 and blocks until
  * every receiver has joined, up to the "timeout_ms" option; then the communicator is aborted
  * and the call fails with WSYNC_ERR_TIMEOUT (or WSYNC_ERR_PEER if NCCL reported an error, e.g.
- * "invalid usage" when another rank is on this GPU, which the message names as the likely
- * cause). A receiver refused at its creation (one on this sender's GPU) never joins, so this
- * call then times out; the message names this GPU and that cause (NCCL cannot say which rank is
- * missing). "nccl_broadcast" fails with WSYNC_ERR_MISMATCH, before joining, when the strategy's
- * "device" is another GPU than the one the init info names (since 0.5: the strategy that made
- * it had another "device"). */
+ * another rank on this GPU, which the message names as the likely cause). A receiver refused at
+ * its creation (one on this sender's GPU) never joins, so this call then times out, naming this
+ * GPU and that cause. "nccl_broadcast" fails with WSYNC_ERR_MISMATCH, before joining, when the
+ * strategy's "device" is another GPU than the one the init info names (since 0.5). */
 WSYNC_API wsync_status_t wsync_sender_create(wsync_strategy_t *strategy, const uint8_t *init,
                                              size_t len, wsync_sender_t **out);
 
@@ -462,17 +418,10 @@ WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
  * own memory: those tensors must stay unchanged (and allocated) until wsync_sender_flush()
  * returns. GPU kinds take WSYNC_DEVICE_CUDA tensors, all on one GPU per sender; with
  * "synchronize" (default) the sender first orders itself after the work queued on the legacy
- * default stream (PyTorch's default stream; work on other streams, such as collectives, the
- * caller synchronises), "cuda_ipc" waiting for it up to "timeout_ms" (then WSYNC_ERR_TIMEOUT
- * naming the GPU and the chunk), and a "dtype" option casts float32 tensors to bfloat16 or
- * float16 while packing. "cuda_ipc" with "packed": false shares each allocation once: by
- * cuIpcGetMemHandle, or for virtual memory (PyTorch's expandable segments) by each physical
- * allocation's handle exported as a POSIX file descriptor, which engines of the same user fetch
- * from the sender over an abstract Unix socket (0.6.1; docs/data-path.md); it refuses a tensor
- * in memory that can be exported neither way (a cudaMallocAsync pool, virtual memory made
- * without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) with WSYNC_ERR_UNSUPPORTED naming it and
- * "packed: true"; after a tensor moved, free its old memory only after
- * wsync_sender_wait_released().
+ * default stream (work on other streams the caller synchronises). "cuda_ipc" with
+ * "packed": false refuses a tensor whose memory it cannot share with WSYNC_ERR_UNSUPPORTED
+ * naming it; after a tensor moved, free its old memory only after
+ * wsync_sender_wait_released() (docs/kinds.md, "Sending").
  * Tensor descriptors are validated first: NULL data, zero elements, non-contiguous strides,
  * unknown dtype or device, names that are empty, too long, not UTF-8 or duplicated, shape
  * products that overflow fail with WSYNC_ERR_INVALID_ARGUMENT naming the tensor; nothing is
@@ -481,28 +430,20 @@ WSYNC_API void wsync_sender_destroy(wsync_sender_t *sender);
  * closing chunk); another count fails with WSYNC_ERR_INVALID_ARGUMENT before any descriptor is
  * read.
  * A chunk flagged WSYNC_CHUNK_LAST commits the version and the next chunk begins version + 1.
- * "ucx" takes host tensors and WSYNC_DEVICE_CUDA tensors of one GPU per sender, mixed in a chunk
- * if need be (another GPU: WSYNC_ERR_INVALID_ARGUMENT naming the tensor; other device types:
- * WSYNC_ERR_UNSUPPORTED). The device tensors are packed by one kernel launch straight into the
- * chunk's staging buffer, pinned host memory that engines pull from; the call orders itself after
- * the caller's stream (wsync_sender_set_stream()) and waits for the pack, both up to "timeout_ms"
- * (then WSYNC_ERR_TIMEOUT naming the stream or the pack, and the chunk; the version is
- * abandoned). While a pack that timed out has still not finished, later chunks with device
- * tensors fail at once with WSYNC_ERR_TIMEOUT saying so (nothing queues behind it). Without a
- * usable CUDA driver a chunk with device tensors fails with WSYNC_ERR_UNAVAILABLE naming why
- * (the version is abandoned). Engines get host memory. The staging buffers of such chunks are
- * page-locked: up to "keep_versions" + 1 versions' worth of the model's bytes, plus pooled ones.
- * Before a kernel reads them, the GPU kinds ("cuda_ipc", "nccl_broadcast", "ucx", and the delta
- * compare) check that each device tensor's first and last byte lie in memory the CUDA driver knows
- * (one driver call per tensor whose allocation holds it whole, no system call): host memory from
- * malloc labelled WSYNC_DEVICE_CUDA, freed memory, or a shape larger than the allocation fail
- * with WSYNC_ERR_INVALID_ARGUMENT naming the tensor and address, before anything is launched or
- * published (a kernel that faults would end the calling process's CUDA context).
- * "cuda_ipc" returns once its pack is complete on the GPU (one kernel launch per chunk);
- * "nccl_broadcast" returns once its pack has read the tensors on the GPU and the broadcast is
- * queued, so the broadcast moves while the caller prepares the next chunk; a pack not done by
- * "timeout_ms" fails the call with WSYNC_ERR_TIMEOUT (nothing is broadcast, but the GPU may
- * still read the tensors when the pack runs).
+ * "ucx" takes host tensors and WSYNC_DEVICE_CUDA tensors of one GPU per sender, mixed in a
+ * chunk (another GPU: WSYNC_ERR_INVALID_ARGUMENT naming the tensor; other device types:
+ * WSYNC_ERR_UNSUPPORTED; no usable CUDA driver for device tensors: WSYNC_ERR_UNAVAILABLE, the
+ * version abandoned); engines get host memory.
+ * Every kind that reads device tensors with a kernel first checks that each lies whole in
+ * memory the CUDA driver knows (WSYNC_ERR_INVALID_ARGUMENT naming the tensor and address, before
+ * anything is launched or published).
+ * Also blocks until the chunk's device tensors are read: "cuda_ipc" and "ucx" return once their
+ * pack is complete on the GPU; "nccl_broadcast" once its pack has read the tensors and the
+ * broadcast is queued (it moves while the caller prepares the next chunk). A pack or stream not
+ * done by "timeout_ms" fails with WSYNC_ERR_TIMEOUT naming the GPU or stream and the chunk (the
+ * version is abandoned; the GPU may still read the tensors when the pack runs; on "ucx" later
+ * chunks with device tensors fail at once while it has not finished). How each kind packs,
+ * stages and pins memory: docs/kinds.md, "Sending".
  * Blocks while every bucket is still being read by some receiver, up to the strategy's
  * "timeout_ms" option; then fails with WSYNC_ERR_TIMEOUT (or WSYNC_ERR_PEER if a receiver died,
  * detached or failed a chunk) naming the receivers, the chunk is not sent and the version is
@@ -559,14 +500,12 @@ WSYNC_API wsync_status_t wsync_sender_abandon(wsync_sender_t *sender);
  *   WSYNC_ERR_PEER when a receiver failed a chunk, died or detached owing one; the message
  *     carries that receiver's own status, message, version and chunk ("shm: receiver 1 (pid
  *     42) failed chunk 3 of version 2: WSYNC_ERR_MISMATCH: tensor 'x' ..."). On "shm",
- *     "cuda_ipc" (since the builds of 2026-11-28) and "ucx" (since those of 2026-12-05) the
- *     flush does not return at the first failure: a receiver that failed is no longer waited
- *     for, the others are until each has answered or failed, so one error names every receiver that failed
- *     what was flushed (a slower engine's failure of the same version no longer fails the next
- *     version's first send); at the deadline it also names, as WSYNC_FAILURE_TIMEOUT entries,
- *     the receivers that did not answer. On "ucx" a receiver whose connection failed (DIED)
- *     and that re-attached with its index and completed the version before this flush
- *     returned is not reported (it has the version);
+ *     "cuda_ipc" and "ucx" the flush does not return at the first failure: a receiver that
+ *     failed is no longer waited for, the others are until each has answered or failed, so one
+ *     error names every receiver that failed what was flushed; at the deadline it also names,
+ *     as WSYNC_FAILURE_TIMEOUT entries, the receivers that did not answer. On "ucx" a receiver
+ *     whose connection failed (DIED) and that re-attached with its index and completed the
+ *     version before this flush returned is not reported (it has the version);
  *   WSYNC_ERR_TIMEOUT after timeout_ms (>= 0; 0 polls) naming the receivers that did not
  *     answer (a frozen engine is one), when none failed.
  * Each failure a receiver recorded (a chunk it failed) is reported once by each sender, oldest
@@ -636,7 +575,7 @@ WSYNC_API wsync_status_t wsync_sender_version(const wsync_sender_t *sender,
  * complete, with "synchronize" on). "ucx" views are the engine's own pulled and verified
  * copy, which the trainer cannot change: its open iteration ends as it would have
  * (wsync_recv_end() may return WSYNC_OK, and a version it completes is bit-exact), and its next
- * call fails with WSYNC_ERR_PEER. The sender no longer reports a dropped receiver's
+ * call fails with WSYNC_ERR_PEER. The sender does not report a dropped receiver's
  * failures (that one included), so the others' syncs go on undisturbed. A receiver process made
  * afterwards with the same index (a restarted engine) re-attaches and takes part from the next
  * version that begins after it attached, once the dropped receiver is destroyed or its process
@@ -745,32 +684,31 @@ typedef struct wsync_receiver_t wsync_receiver_t;
 typedef struct wsync_recv_t wsync_recv_t;
 
 /* Creates receiver number `index` (0 .. receivers-1 as the init info says) from init info
- * (borrowed for the call). For "shm" it maps the segment once, read-only for data, and claims
- * the index with a kernel-held lock, so the sender tells a dead receiver from a slow one
- * whatever PID namespace either is in. An index out of range fails with
- * WSYNC_ERR_INVALID_ARGUMENT, an index held by a live receiver with WSYNC_ERR_WRONG_STATE, a
- * vanished sync (the trainer is gone: its segment's name removed and nobody answering its
- * rendezvous, or, since 0.7.0, every sender that attached to the board has died or was
- * destroyed) with WSYNC_ERR_UNAVAILABLE. A segment handed over at the rendezvous is accepted
- * only from a process of this user that created it (SO_PEERCRED and the pid the board records,
- * where this process shares its PID namespace) and only as a regular file of this user, mode
- * 0600; anything else is WSYNC_ERR_UNAVAILABLE naming the process (since 0.7.0). A receiver made for an index
- * that was used before (a restarted engine) re-attaches: it takes part from the next version
- * that begins after it attached; requests of the version in flight fail with
+ * (borrowed for the call). An index out of range fails with WSYNC_ERR_INVALID_ARGUMENT, an
+ * index held by a live receiver with WSYNC_ERR_WRONG_STATE, a vanished sync (the trainer is
+ * gone; on "shm" and "cuda_ipc", since 0.7.0, also when every sender that attached has died or
+ * was destroyed) with WSYNC_ERR_UNAVAILABLE. On "shm" and "cuda_ipc" a segment handed over by
+ * another process is accepted only from a process of this user that created it, as a regular
+ * file of this user, mode 0600; anything else is WSYNC_ERR_UNAVAILABLE naming the process
+ * (since 0.7.0). A receiver made for an index that was used before (a restarted engine)
+ * re-attaches where the kind's "reattach" capability says so: it takes part from the next
+ * version that begins after it attached; requests of the version in flight fail with
  * WSYNC_ERR_MISMATCH saying so. GPU kinds work on the GPU named by the "device" option (an
  * ordinal in this process, after CUDA_VISIBLE_DEVICES).
- * On success *out is freed with wsync_receiver_destroy(). Does not block for "shm" unless its
- * segment's name is already gone (every receiver had attached): then it asks the live sender
- * for the segment over a local socket and blocks up to the "timeout_ms" option. "nccl_broadcast"
- * joins the group as rank index + 1 and blocks like wsync_sender_create(): WSYNC_ERR_TIMEOUT
- * when the group is not complete by "timeout_ms", WSYNC_ERR_PEER when NCCL fails the init
- * ("invalid usage" when another receiver is on this GPU: NCCL refuses two ranks of one
- * communicator on one GPU, and the message names that likely cause), WSYNC_ERR_MISMATCH for a
- * trainer on another NCCL major.minor, the communicator aborted in each case. A receiver on the
- * sender's GPU (the init info names it; since 0.5) fails with WSYNC_ERR_UNSUPPORTED at once,
- * before any NCCL call, naming the GPU and the index: an engine on the trainer's GPU uses
- * "cuda_ipc"; the sender's creation then times out without it. An init info without the
- * sender's GPU (an older libwsync) is accepted; such a receiver then gets NCCL's invalid usage. */
+ * On success *out is freed with wsync_receiver_destroy().
+ * Blocks, each up to the "timeout_ms" option, only where the kind must meet its peer:
+ *   "shm", "cuda_ipc": not at all, unless the segment's name is already gone (every receiver
+ *     had attached): then it asks the live sender for the segment over a local socket;
+ *   "nccl_broadcast": joins the group as rank index + 1, like wsync_sender_create():
+ *     WSYNC_ERR_TIMEOUT when the group is not complete, WSYNC_ERR_PEER when NCCL fails the
+ *     init, WSYNC_ERR_MISMATCH for a trainer on another NCCL major.minor (the communicator
+ *     aborted in each case); a receiver on the sender's GPU fails at once with
+ *     WSYNC_ERR_UNSUPPORTED naming the GPU and the index (such an engine uses "cuda_ipc");
+ *   "ucx": attaches to the trainer (an authenticated hello and its answer): WSYNC_ERR_TIMEOUT
+ *     when the trainer does not answer, the trainer's own status (e.g. WSYNC_ERR_WRONG_STATE
+ *     for an index it still holds) when it refuses, WSYNC_ERR_PEER when it is unreachable.
+ * How each kind claims its index and tells a dead receiver from a slow one: docs/kinds.md,
+ * "Receivers". */
 WSYNC_API wsync_status_t wsync_receiver_create(wsync_strategy_t *strategy, const uint8_t *init,
                                                size_t len, uint32_t index,
                                                wsync_receiver_t **out);
@@ -778,9 +716,10 @@ WSYNC_API wsync_status_t wsync_receiver_create(wsync_strategy_t *strategy, const
 /* Destroys a receiver. End its open iteration first: if one is open it is ended as failed
  * and freed with the receiver, so its handle must not be used again (not even for
  * wsync_recv_end()); a wrapper that owns both must end the iteration before the receiver.
- * The sender learns that this receiver detached. NULL is a no-op. Does not block, except for
- * "nccl_broadcast", which finalizes its communicator for up to "timeout_ms" like
- * wsync_sender_destroy() and aborts it then. */
+ * The sender learns that this receiver detached. NULL is a no-op. Does not block, except:
+ * "nccl_broadcast" finalizes its communicator for up to "timeout_ms" like
+ * wsync_sender_destroy() and aborts it then; "ucx" says goodbye to the trainer and closes its
+ * connection, up to the smaller of "timeout_ms" and 2 s. */
 WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
 
 /* Starts receiving the chunk described by a request (len bytes at request, borrowed for the
@@ -789,7 +728,7 @@ WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
  * WSYNC_ERR_INTEGRITY), then its fields (WSYNC_ERR_MALFORMED). A request of another kind, a
  * stale, replayed or out-of-order chunk, or a chunk of a version this receiver joined too late
  * for fails with WSYNC_ERR_MISMATCH; a later chunk of a version that already failed here fails
- * with WSYNC_ERR_SKIPPED (since 0.7.0; before, that version's status), or WSYNC_ERR_ABANDONED
+ * with WSYNC_ERR_SKIPPED (since 0.7.0), or WSYNC_ERR_ABANDONED
  * when the sender abandoned it. Such refusals are reported to the sender (its flush fails with
  * WSYNC_ERR_PEER carrying this status and message), except stale and replayed requests, which
  * are not this receiver's to answer, and skipped chunks, whose version's failure was reported
@@ -804,19 +743,21 @@ WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
  * fails with WSYNC_ERR_PEER. When the init info says checksums are on, a request without
  * tensor checksums fails with WSYNC_ERR_INTEGRITY.
  * Only one iteration per receiver may be open (WSYNC_ERR_WRONG_STATE otherwise). For
- * "cuda_ipc" the receiver takes the request's part whose GPU UUID equals its own device's
- * ("GPU-" or "MIG-" prefixed, compared as 16 bytes); none fails with WSYNC_ERR_MISMATCH naming
- * this GPU and the ones present. IPC handles are opened once and cached by their bytes; when the
- * caller ends (or fails) a version's last chunk, the handles that version did not use are
- * closed and the version is announced released to the sender (wsync_sender_wait_released()).
+ * "cuda_ipc" the receiver takes the request's part whose GPU UUID equals its own device's;
+ * none fails with WSYNC_ERR_MISMATCH naming this GPU and the ones present.
  * On success *out is the iteration; it must be ended with wsync_recv_end() or wsync_recv_fail().
- * Does not block for "shm" and "cuda_ipc" (the bytes are in place when the request exists);
- * "nccl_broadcast" posts its side of the broadcast and blocks until it arrives, up to its
- * "timeout_ms" option (then WSYNC_ERR_TIMEOUT and the communicator is aborted). With "synchronize"
- * it first waits, within the same deadline, for the work queued on the legacy default stream
- * before the previous chunk's wsync_recv_end() (the loader's copies out of its views); if that is
- * not done in time the call fails with WSYNC_ERR_TIMEOUT naming the default stream and the
- * communicator is aborted. */
+ * Blocks, up to the "timeout_ms" option, where the bytes are not in place when the request
+ * exists:
+ *   "shm", "cuda_ipc": does not block;
+ *   "nccl_broadcast": posts its side of the broadcast and blocks until it arrives (then
+ *     WSYNC_ERR_TIMEOUT and the communicator is aborted); with "synchronize" it first waits,
+ *     within the same deadline, for the loader's work queued on the legacy default stream
+ *     before the previous chunk's wsync_recv_end() (WSYNC_ERR_TIMEOUT naming that stream);
+ *   "ucx": asks the trainer for the chunk and pulls its bytes (WSYNC_ERR_TIMEOUT naming the
+ *     chunk, WSYNC_ERR_PEER when the trainer is unreachable, the trainer's status when it
+ *     refuses a fetch, WSYNC_ERR_TIMEOUT at once while the loader's earlier work on its stream
+ *     has still not finished).
+ * docs/kinds.md, "Receivers", says how each kind holds the bytes and its IPC handles. */
 WSYNC_API wsync_status_t wsync_receiver_receive(wsync_receiver_t *receiver,
                                                 const uint8_t *request, size_t len,
                                                 wsync_recv_t **out);

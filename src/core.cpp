@@ -6,7 +6,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "copy.hpp"
+#include "copy/copy.hpp"
 #include "error.hpp"
 
 namespace wsync {

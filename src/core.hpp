@@ -9,11 +9,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "delta.hpp"
-#include "delta_auto.hpp"
+#include "delta/delta.hpp"
+#include "delta/auto.hpp"
 #include "error.hpp"
-#include "parts.hpp"
-#include "select.hpp"
+#include "plan/parts.hpp"
+#include "plan/select.hpp"
 #include "strategy.hpp"
 #include "sys.hpp"
 #include "version_state.hpp"
@@ -77,7 +77,7 @@ private:
     const KindInfo &kind_;
     std::unique_ptr<SenderImpl> impl_;
     std::unique_ptr<delta::Coder> delta_;  // null: delta "off"
-    // Delta "auto" (src/delta_auto.hpp): null for "off" and "on". plan_ is the open version's
+    // Delta "auto" (src/delta/auto.hpp): null for "off" and "on". plan_ is the open version's
     // (kPatches for "on"); cost_ sums its time in send_chunk and the coder, and once it
     // committed waits (costed_) for the flush after it, or for the next version's first chunk.
     std::unique_ptr<delta::Auto> auto_;
@@ -154,7 +154,7 @@ private:
     bool dropped_ = false, sender_gone_ = false;
 };
 
-// A chunk seen through a receiver's selection (src/select.hpp): the iteration's table holds the
+// A chunk seen through a receiver's selection (src/plan/select.hpp): the iteration's table holds the
 // selected entries; `whole` is the chunk's own table (the version's tally counts it), and
 // `unverified` marks the entries no carried checksum covers (byte ranges).
 struct Subset {

@@ -4,9 +4,9 @@
 #include <cstdio>
 #include <cstring>
 
-#include "copy.hpp"
+#include "copy/copy.hpp"
 #include "core.hpp"
-#include "delta.hpp"
+#include "delta/delta.hpp"
 #include "error.hpp"
 #include "tensor.hpp"
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "copy.hpp"
+#include "copy/copy.hpp"
 #include "error.hpp"
 
 namespace wsync {
@@ -251,7 +251,7 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
         impl_->refuse(h, transport, WSYNC_ERR_MISMATCH, e.what(), true);
         throw;
     }
-    // With a selection (src/select.hpp) the plan is checked before any byte moves; its state
+    // With a selection (src/plan/select.hpp) the plan is checked before any byte moves; its state
     // restarts with each version.
     const select::Spec *selection = impl_->selection();
     select::Version chosen = h.chunk_index == 0 ? select::Version() : chosen_;

@@ -1,4 +1,4 @@
-#include "delta.hpp"
+#include "delta/delta.hpp"
 #include "error.hpp"
 #include "strategy.hpp"
 

@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "delta.hpp"
+#include "delta/delta.hpp"
 #include "options.hpp"
 #include "tensor.hpp"
 #include "wire.hpp"
@@ -198,7 +198,7 @@ public:
     // WSYNC_ERR_MISMATCH; touches no tensor bytes.
     virtual std::unique_ptr<ChunkBacking> open(const ChunkHeader &header, const TensorTable &table,
                                                const json &transport) = 0;
-    // The receiver's selection (src/select.hpp), or nullptr: it pulls every tensor.
+    // The receiver's selection (src/plan/select.hpp), or nullptr: it pulls every tensor.
     virtual const select::Spec *selection() const { return nullptr; }
     // With a selection, instead of open(): `table` is the chunk's whole wire table (checked as
     // open() checks it), and only `fetch` is moved, range k becoming the backing's data(k);

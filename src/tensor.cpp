@@ -8,9 +8,9 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "copy.hpp"
+#include "copy/copy.hpp"
 #include "error.hpp"
-#include "parts.hpp"
+#include "plan/parts.hpp"
 #include "wire.hpp"
 
 namespace wsync {

@@ -72,7 +72,7 @@ struct PatchInfo {
     bool tree = false;
 };
 
-// A part of a split tensor (src/parts.hpp): bytes [offset, offset + bytes) of the whole tensor,
+// A part of a split tensor (src/plan/parts.hpp): bytes [offset, offset + bytes) of the whole tensor,
 // which the entry's meta describes. bytes 0: the entry is the whole tensor.
 struct PartInfo {
     uint64_t offset = 0;

@@ -20,7 +20,7 @@ using json = nlohmann::json;
 
 // 3: requests may carry patches (the tensor table's "patches" column, docs/delta.md), which a
 // format 2 reader would take for dense bytes. 4: requests may carry parts of split tensors (the
-// "parts" column, src/parts.hpp), which a format 3 reader would take for whole tensors.
+// "parts" column, src/plan/parts.hpp), which a format 3 reader would take for whole tensors.
 // 5: shm and ucx requests carry tree-hash checksums (the "tree" column), in which a format 4
 // reader would find no checksums and fail every chunk with INTEGRITY (docs/wire-format.md).
 constexpr uint64_t kFormatVersion = 5;

@@ -1,4 +1,4 @@
-// The copy loop itself (src/copy.cpp), white-box: every small size at every relative alignment
+// The copy loop itself (src/copy/copy.cpp), white-box: every small size at every relative alignment
 // in both directions, the hashing copy against XXH3 of the whole source, and the pool.
 #include <algorithm>
 #include <atomic>
@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "copy.hpp"
+#include "copy/copy.hpp"
 #include "whitebox.hpp"
 
 namespace {
@@ -94,7 +94,7 @@ void pool_copy_is_exact_when_split_between_threads(void **) {
     assert_int_equal(pool.threads(), 3);
 }
 
-// The tree hash from its definition (docs/wire-format.md "tree"), independent of src/copy.cpp.
+// The tree hash from its definition (docs/wire-format.md "tree"), independent of src/copy/copy.cpp.
 uint64_t tree_by_definition(const uint8_t *p, size_t n) {
     std::vector<uint8_t> le;
     for (size_t at = 0; at < n; at += 65536) {

@@ -1,10 +1,10 @@
-// Delta "auto" by cost (src/delta_auto.cpp), white-box: the decision from synthetic
+// Delta "auto" by cost (src/delta/auto.cpp), white-box: the decision from synthetic
 // measurements. decide() and learn() read nothing but their arguments, so every sequence below
 // gives the same plans on any machine.
 #include <string>
 #include <vector>
 
-#include "delta_auto.hpp"
+#include "delta/auto.hpp"
 #include "whitebox.hpp"
 
 using namespace wsync;

@@ -1,4 +1,4 @@
-// The delta codec (src/delta.cpp), white-box: bitwise change finding at every element size, the
+// The delta codec (src/delta/delta.cpp), white-box: bitwise change finding at every element size, the
 // index coding and its width switch at 2^32 elements, the patch parser's refusals, and the
 // verified apply that leaves the destination as it was whenever a checksum disagrees.
 #include <algorithm>
@@ -10,7 +10,7 @@
 
 #include <xxhash.h>
 
-#include "delta.hpp"  // before cmocka.h, whose fail() macro would rename wsync::fail
+#include "delta/delta.hpp"  // before cmocka.h, whose fail() macro would rename wsync::fail
 #include "gpu/kernels/xxh3.h"
 #include "error.hpp"
 #include "tensor.hpp"

@@ -15,7 +15,7 @@
 
 #include "core.hpp"
 #include "error.hpp"
-#include "planner.hpp"
+#include "plan/planner.hpp"
 #include "wsync.h"
 
 namespace wsync::abi {

@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "delta.hpp"
+#include "delta/delta.hpp"
 #include "gpu/device.hpp"
 #include "gpu/diff.hpp"
 #include "gpu/pack.hpp"

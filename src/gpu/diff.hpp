@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "delta.hpp"
+#include "delta/delta.hpp"
 #include "gpu/device.hpp"
 #include "gpu/kernels/delta_abi.hpp"
 #include "sys.hpp"

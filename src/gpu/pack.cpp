@@ -4,7 +4,7 @@
 #include <cinttypes>
 
 #include "error.hpp"
-#include "layout.hpp"
+#include "plan/layout.hpp"
 
 namespace wsync::gpu {
 

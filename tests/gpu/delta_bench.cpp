@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "delta.hpp"
+#include "delta/delta.hpp"
 #include "error.hpp"
 #include "gpu/device.hpp"
 #include "gpu/diff.hpp"

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "delta.hpp"
+#include "delta/delta.hpp"
 #include "error.hpp"
 #include "gpu/api.hpp"
 #include "gpu/device.hpp"

@@ -3,7 +3,7 @@
 #include <unistd.h>
 
 #include "error.hpp"
-#include "fd_exporter.hpp"
+#include "transport/cuda_ipc/fd_exporter.hpp"
 #include "transport/cuda_ipc/init_info.hpp"
 
 namespace wsync::cuda_ipc {

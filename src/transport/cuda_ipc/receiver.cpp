@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "error.hpp"
-#include "layout.hpp"
+#include "plan/layout.hpp"
 #include "gpu/destination.hpp"
 #include "gpu/device.hpp"
 #include "gpu/diff.hpp"

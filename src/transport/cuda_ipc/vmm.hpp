@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "fd_exporter.hpp"
+#include "transport/cuda_ipc/fd_exporter.hpp"
 #include "gpu/device.hpp"
 #include "wire.hpp"
 

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "error.hpp"
-#include "layout.hpp"
+#include "plan/layout.hpp"
 
 namespace wsync {
 

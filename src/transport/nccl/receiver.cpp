@@ -3,7 +3,7 @@
 #include <cinttypes>
 
 #include "error.hpp"
-#include "layout.hpp"
+#include "plan/layout.hpp"
 #include "gpu/destination.hpp"
 #include "gpu/diff.hpp"
 #include "gpu/pack.hpp"

@@ -1,6 +1,6 @@
 #include "transport/shm/init_info.hpp"
 
-#include "layout.hpp"
+#include "plan/layout.hpp"
 #include "wire.hpp"
 
 namespace wsync::shm {

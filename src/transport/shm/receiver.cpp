@@ -6,7 +6,7 @@
 
 #include "transport/local/receiver_end.hpp"
 #include "error.hpp"
-#include "layout.hpp"
+#include "plan/layout.hpp"
 #include "wire.hpp"
 
 namespace wsync::shm {

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "transport/local/board.hpp"
-#include "copy.hpp"
+#include "copy/copy.hpp"
 #include "error.hpp"
-#include "layout.hpp"
+#include "plan/layout.hpp"
 #include "transport/shm/init_info.hpp"
 
 namespace wsync::shm {

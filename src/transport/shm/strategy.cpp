@@ -21,7 +21,7 @@
 
 #include "transport/local/board.hpp"
 #include "error.hpp"
-#include "layout.hpp"
+#include "plan/layout.hpp"
 #include "strategy.hpp"
 #include "transport/shm/init_info.hpp"
 #include "transport/shm/receiver.hpp"

@@ -11,7 +11,7 @@
 #include "error.hpp"
 #include "gpu/destination.hpp"
 #include "gpu/device.hpp"
-#include "layout.hpp"
+#include "plan/layout.hpp"
 
 namespace wsync::ucx {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "select.hpp"
+#include "plan/select.hpp"
 #include "strategy.hpp"
 #include "transport/ucx/init_info.hpp"
 #include "transport/ucx/worker.hpp"

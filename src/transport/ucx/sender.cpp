@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "error.hpp"
-#include "layout.hpp"
+#include "plan/layout.hpp"
 #include "sys.hpp"
 
 namespace wsync::ucx {

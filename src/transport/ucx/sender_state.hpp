@@ -10,7 +10,7 @@
 #include <set>
 #include <thread>
 
-#include "copy.hpp"
+#include "copy/copy.hpp"
 #include "failures.hpp"
 #include "transport/ucx/auth.hpp"
 #include "transport/ucx/gpu_stage.hpp"

@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "error.hpp"
-#include "select.hpp"
+#include "plan/select.hpp"
 #include "strategy.hpp"
 #include "sys.hpp"
 #include "transport/ucx/api.hpp"

@@ -10,7 +10,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "copy_kernels.hpp"
+#include "copy/kernels.hpp"
 
 namespace wsync {
 namespace copy {

@@ -1,6 +1,6 @@
 // Delta "auto" by cost: the decision and what each measured version teaches it
-// (src/delta_auto.hpp, docs/delta.md "How auto decides").
-#include "delta_auto.hpp"
+// (src/delta/auto.hpp, docs/delta.md "How auto decides").
+#include "delta/auto.hpp"
 
 #include <algorithm>
 

@@ -57,7 +57,7 @@ uint64_t combine_piece_hashes(const uint64_t *hashes, uint64_t count);
 // On the calling thread alone, in a fixed 4 KiB of stack.
 uint64_t tree_hash(const void *data, uint64_t n) noexcept;
 
-// Whether this CPU runs the AVX2 kernels (copy_avx2.cpp, delta_avx2.cpp).
+// Whether this CPU runs the AVX2 kernels (copy/avx2.cpp, delta/avx2.cpp).
 bool have_avx2() noexcept;
 
 // Bytes from which copy_bytes switches to non-temporal stores (the core's L2 size, at least

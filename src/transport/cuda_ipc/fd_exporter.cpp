@@ -1,4 +1,4 @@
-#include "fd_exporter.hpp"
+#include "transport/cuda_ipc/fd_exporter.hpp"
 
 #include <poll.h>
 #include <sys/eventfd.h>

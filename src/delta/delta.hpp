@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "copy.hpp"
+#include "copy/copy.hpp"
 #include "tensor.hpp"
 #include "wsync.h"
 
@@ -94,7 +94,7 @@ Header check_header(const uint8_t *bytes, uint64_t n, uint64_t elements, uint64_
 // the bytes (the last piece shorter; no bytes: XXH3-64 of nothing). Pieces hash in parallel,
 // on GPU threads (gpu/kernels/delta.cu) or host threads; this is the host's, for tests and for
 // combining the pieces' hashes a GPU computed.
-constexpr uint64_t kTreePieceBytes = copy::kTreePieceBytes;  // defined with the hash, src/copy.hpp
+constexpr uint64_t kTreePieceBytes = copy::kTreePieceBytes;  // defined with the hash, src/copy/copy.hpp
 uint64_t tree_hash(const void *data, uint64_t nbytes);
 uint64_t combine_piece_hashes(const uint64_t *hashes, uint64_t count);
 

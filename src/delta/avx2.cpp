@@ -1,4 +1,4 @@
-// The AVX2 build of delta_kernels.hpp, compiled with -mavx2 and called only where the CPU has
+// The AVX2 build of kernels.hpp, compiled with -mavx2 and called only where the CPU has
 // AVX2 (delta.cpp checks). XXH3 is inlined here so that it, too, runs on 256-bit vectors.
 #include <immintrin.h>
 
@@ -56,7 +56,7 @@ inline uint64_t emask64_avx2(const uint8_t *a, const uint8_t *b) {
 #define WSYNC_DELTA_MASK diff_mask_avx2
 #define WSYNC_DELTA_SAME128 same128_avx2
 
-#include "delta_kernels.hpp"
+#include "delta/kernels.hpp"
 
 namespace wsync {
 namespace delta {

@@ -1,4 +1,4 @@
-#include "planner.hpp"
+#include "plan/planner.hpp"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "copy.hpp"
+#include "copy/copy.hpp"
 
 #include <sched.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "copy_kernels.hpp"
+#include "copy/kernels.hpp"
 #include "sys.hpp"
 
 namespace wsync {

@@ -1,4 +1,4 @@
-#include "parts.hpp"
+#include "plan/parts.hpp"
 
 #include "error.hpp"
 #include "wire.hpp"

@@ -40,7 +40,7 @@ void check_entry(const TensorTable &table, std::size_t i, uint64_t bytes, const 
                  const char *what);
 
 // Copies each tensor of a host chunk to its placed offset (table.offsets) at dst, and with
-// `checksum` fills table.checksums in the same pass (src/copy.hpp). An entry flagged in
+// `checksum` fills table.checksums in the same pass (src/copy/copy.hpp). An entry flagged in
 // `in_place` is not copied; with `checksum` it is hashed where it lies (tensors[i].data). Each
 // large tensor is copied and hashed by the pool's threads; the checksums are tree hashes
 // (table.tree_sums).

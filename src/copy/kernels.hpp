@@ -1,4 +1,4 @@
-// Kernels behind copy.cpp, one set per instruction set (copy_avx2.cpp is built with -mavx2).
+// Kernels behind copy.cpp, one set per instruction set (avx2.cpp is built with -mavx2).
 #pragma once
 
 #include <cstddef>

@@ -7,8 +7,8 @@
 #include <map>
 #include <mutex>
 
-#include "copy.hpp"
-#include "delta.hpp"
+#include "copy/copy.hpp"
+#include "delta/delta.hpp"
 #include "error.hpp"
 #include "options.hpp"
 

@@ -1,6 +1,6 @@
-#include "layout.hpp"
+#include "plan/layout.hpp"
 
-#include "copy.hpp"
+#include "copy/copy.hpp"
 
 #include "error.hpp"
 #include "wire.hpp"

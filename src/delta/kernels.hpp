@@ -1,5 +1,5 @@
 // The compare and apply loops of delta.cpp, built twice: by delta.cpp for the baseline ISA and
-// by delta_avx2.cpp with -mavx2 (called only where the CPU has AVX2). Include after <xxhash.h>
+// by avx2.cpp with -mavx2 (called only where the CPU has AVX2). Include after <xxhash.h>
 // with XXH_INLINE_ALL, and with WSYNC_DELTA_MASK defined as the file's 32-byte difference mask,
 // WSYNC_DELTA_SAME128 as its 128-byte equality test and WSYNC_DELTA_EMASK as its template
 // <size_t E> 64-element difference mask (bit j: element j of E bytes differs).
@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "delta.hpp"
+#include "delta/delta.hpp"
 
 namespace wsync {
 namespace delta {

@@ -1,4 +1,4 @@
-#include "delta.hpp"
+#include "delta/delta.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -7,7 +7,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "copy.hpp"
+#include "copy/copy.hpp"
 #include "error.hpp"
 #include "wire.hpp"
 
@@ -36,7 +36,7 @@ inline uint64_t emask64_words(const uint8_t *a, const uint8_t *b) {
 #define WSYNC_DELTA_MASK diff_mask_words
 #define WSYNC_DELTA_SAME128 same128_words
 
-#include "delta_kernels.hpp"
+#include "delta/kernels.hpp"
 
 namespace wsync {
 namespace delta {

@@ -1,4 +1,4 @@
-#include "select.hpp"
+#include "plan/select.hpp"
 
 #include <algorithm>
 #include <cinttypes>
