@@ -1661,10 +1661,9 @@ static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void 
 
 /* The same for either GPU kind: versions 1 and 2 arrive; before version 3 the engine changes
  * its copy of t0, whose patch it then refuses by name (wsync_recv_end), memory untouched; the
- * trainer hears it
- * (cuda_ipc) or cannot (nccl_broadcast: no channel back, so delta there needs anchors, here
- * every 3rd version); version 4 is dense for everyone and makes the engine whole; patches flow
- * again after. */
+ * trainer hears it (cuda_ipc through its board, nccl_broadcast through its control channel;
+ * nccl_broadcast still takes delta only with anchors, here every 3rd version); version 4 is
+ * dense for everyone and makes the engine whole; patches flow again after. */
 static void delta_refusal_and_dense_recovery(const char *kind) {
     const int hears = !strcmp(kind, "cuda_ipc");
     delta_engine_cfg c0 = {0, 3, kind, 0, 0, 5, 0, hears ? NULL : NCCL_ENGINE_GPUS};
@@ -1682,8 +1681,7 @@ static void delta_refusal_and_dense_recovery(const char *kind) {
     delta_version(t.tx, &e, 1, t.data, 3, a);
     assert_int_equal(a[0][0], 0x80 | WSYNC_ERR_MISMATCH);
     assert_int_equal(a[0][1], DT); /* every tensor a patch, all queued; t0's refused at the end */
-    if (hears) EXPECT_ERR(wsync_sender_flush(t.tx, 5000), WSYNC_ERR_PEER, "does not hold version 2");
-    else OK(wsync_sender_flush(t.tx, 5000));
+    EXPECT_ERR(wsync_sender_flush(t.tx, 5000), WSYNC_ERR_PEER, "does not hold version 2");
     /* Version 4 is dense for everyone and makes the engine whole; patches flow again after. */
     delta_step(&t, &e, 1, 4, 0);
     delta_step(&t, &e, 1, 5, DT);

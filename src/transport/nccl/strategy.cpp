@@ -128,7 +128,9 @@ public:
         gpu::ncclResult_t rc = nccl_.ncclGetUniqueId(&id);
         if (rc != gpu::ncclSuccess) gpu::nccl_fail(nccl_, rc, std::string(kKind) + ": ncclGetUniqueId");
         const gpu::CUuuid gpu = gpu_uuid(cuda_, device_);  // the sender's, checked there
-        return json{{"unique_id", json::binary(std::vector<uint8_t>(id.internal, id.internal + sizeof id.internal))},
+        listener_ = std::make_unique<Listener>();  // the sender made from this init info takes it
+        const ControlAddress &at = listener_->address();
+        return json{{"control", {{"port", at.port}, {"hosts", at.hosts}}},{"unique_id", json::binary(std::vector<uint8_t>(id.internal, id.internal + sizeof id.internal))},
                     {"nranks", receivers_ + 1}, {"bucket_bytes", bucket_bytes_}, {"dtype", dtype_},
                     {"nccl_version", nccl_.version}, {"sender_gpu", gpu::uuid_text(gpu)}};
     }
@@ -147,8 +149,18 @@ public:
                      std::to_string(device_) + " is " + gpu::uuid_text(mine) +
                      "; create the sender from the strategy that made the init info, or give "
                      "both the same \"device\" (receivers refuse that GPU, not this one)");
+        // Receivers report to the control channel named in the init info: only the strategy
+        // that opened it can hand it to a sender.
+        if (!info.has_control || !listener_ || listener_->address().port != info.control.port)
+            fail(WSYNC_ERR_INVALID_ARGUMENT,
+                 std::string(kKind) + ": this strategy did not make the init info" +
+                     (info.has_control ? " (its control channel, port " + std::to_string(info.control.port) +
+                                             ", is another strategy's)"
+                                       : " (it names no control channel: an older trainer's)") +
+                     ", or made a sender from it already; create the sender from the strategy that "
+                     "made the init info, once (receivers report to that strategy's channel)");
         auto dev = std::make_unique<gpu::Device>(cuda_, device_, kKind);
-        return make_sender(nccl_, std::move(dev), info, synchronize_, timeout_ms_);
+        return make_sender(nccl_, std::move(dev), info, std::move(listener_), synchronize_, timeout_ms_);
     }
 
     // A receiver on the sender's GPU is refused here, before it makes a context or joins the
@@ -185,6 +197,7 @@ private:
     int device_;
     bool synchronize_;
     int64_t timeout_ms_;
+    std::unique_ptr<Listener> listener_;  // opened by create_init_info, taken by create_sender
 };
 
 std::unique_ptr<StrategyImpl> create_strategy(const Options &o) { return std::make_unique<NcclStrategy>(o); }

@@ -1,0 +1,208 @@
+#include "transport/nccl/control.hpp"
+
+#include <arpa/inet.h>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "error.hpp"
+
+namespace wsync::nccl {
+
+namespace {
+
+int clamp_ms(int64_t ms) { return ms < 0 ? 0 : ms > 1000 ? 1000 : static_cast<int>(ms); }
+
+// The host's up IPv4 addresses, those other than loopback first; loopback only when there is
+// no other (a receiver on another host would reach its own loopback, not this sender).
+std::vector<std::string> host_addresses() {
+    std::vector<std::string> out;
+    ifaddrs *list = nullptr;
+    if (getifaddrs(&list) == 0) {
+        for (ifaddrs *i = list; i; i = i->ifa_next) {
+            if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+                (i->ifa_flags & IFF_LOOPBACK))
+                continue;
+            char text[INET_ADDRSTRLEN];
+            const auto *in = reinterpret_cast<const sockaddr_in *>(i->ifa_addr);
+            if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof text)) out.emplace_back(text);
+            if (out.size() == 8) break;
+        }
+        freeifaddrs(list);
+    }
+    if (out.empty()) out.emplace_back("127.0.0.1");
+    return out;
+}
+
+}  // namespace
+
+Listener::Listener() {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) fail_errno("nccl_broadcast: the control channel's socket", errno);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t len = sizeof addr;
+    if (bind(fd_, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0 || listen(fd_, 256) != 0 ||
+        getsockname(fd_, reinterpret_cast<sockaddr *>(&addr), &len) != 0) {
+        const int err = errno;
+        ::close(fd_);
+        fail_errno("nccl_broadcast: listening for the control channel", err);
+    }
+    address_.port = ntohs(addr.sin_port);
+    address_.hosts = host_addresses();
+}
+
+Listener::~Listener() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+int Listener::accept_one() noexcept {
+    const int fd = accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+        const int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
+    return fd;
+}
+
+Conn::~Conn() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+void Conn::close(const std::string &why) noexcept {
+    if (fd_ < 0) return;
+    ::close(fd_);
+    fd_ = -1;
+    try {
+        why_ = why;
+    } catch (...) {
+    }
+}
+
+bool Conn::send(Msg type, uint64_t a, uint64_t b, int32_t status, const std::string &text,
+                const sys::Deadline &deadline) noexcept {
+    if (fd_ < 0) return false;
+    uint8_t buf[sizeof(Frame) + kMaxText];
+    Frame f;
+    f.magic = kFrameMagic;
+    f.type = static_cast<uint32_t>(type);
+    f.a = a;
+    f.b = b;
+    f.status = status;
+    f.text_len = static_cast<uint32_t>(std::min<std::size_t>(text.size(), kMaxText));
+    std::memcpy(buf, &f, sizeof f);
+    std::memcpy(buf + sizeof f, text.data(), f.text_len);
+    const std::size_t total = sizeof f + f.text_len;
+    std::size_t done = 0;
+    while (done < total) {
+        const ssize_t n = ::send(fd_, buf + done, total - done, MSG_NOSIGNAL);
+        if (n > 0) {
+            done += static_cast<std::size_t>(n);
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && !deadline.passed()) {
+            pollfd p{fd_, POLLOUT, 0};
+            poll(&p, 1, clamp_ms(deadline.remaining_ms()));
+            continue;
+        }
+        close(n < 0 && errno != EAGAIN && errno != EWOULDBLOCK
+                  ? std::string("the peer is gone (") + std::strerror(errno) + ")"
+                  : "a frame could not be written within its deadline (the peer does not read)");
+        return false;
+    }
+    return true;
+}
+
+void Conn::read(std::vector<Received> *out) noexcept {
+    try {
+        while (fd_ >= 0) {
+            uint8_t chunk[4096];
+            const ssize_t n = ::recv(fd_, chunk, sizeof chunk, 0);
+            if (n > 0) {
+                in_.insert(in_.end(), chunk, chunk + n);
+            } else if (n == 0) {
+                close("the peer closed the connection (its process ended, or it was destroyed)");
+            } else if (errno == EINTR) {
+                continue;
+            } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                break;
+            } else {
+                close(std::string("the connection failed: ") + std::strerror(errno));
+            }
+            std::size_t at = 0;
+            while (in_.size() - at >= sizeof(Frame)) {
+                Frame f;
+                std::memcpy(&f, in_.data() + at, sizeof f);
+                if (f.magic != kFrameMagic || f.type < 1 || f.type > 5 || f.text_len > kMaxText) {
+                    close(strf("it sent bytes that are not a control frame (magic %08x, type %u, "
+                               "text %u bytes)", f.magic, f.type, f.text_len));
+                    in_.clear();
+                    return;
+                }
+                if (in_.size() - at < sizeof f + f.text_len) break;
+                const char *text = reinterpret_cast<const char *>(in_.data() + at + sizeof f);
+                out->push_back({f, std::string(text, f.text_len)});
+                at += sizeof f + f.text_len;
+            }
+            in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(at));
+        }
+    } catch (...) {
+        close("out of memory reading the control channel");
+    }
+}
+
+int connect_control(const ControlAddress &to, const sys::Deadline &deadline, const std::string &who) {
+    std::string tried;
+    for (std::size_t i = 0; i < to.hosts.size(); ++i) {
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_port = htons(to.port);
+        if (inet_pton(AF_INET, to.hosts[i].c_str(), &addr.sin_addr) != 1) continue;
+        const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) fail_errno(who + ": the control channel's socket", errno);
+        const int64_t share = deadline.remaining_ms() / static_cast<int64_t>(to.hosts.size() - i);
+        const sys::Deadline mine(share);
+        int err = 0;
+        if (connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0) {
+            err = errno;
+            while (err == EINPROGRESS || err == EINTR) {
+                pollfd p{fd, POLLOUT, 0};
+                if (poll(&p, 1, clamp_ms(mine.remaining_ms())) > 0) {
+                    socklen_t len = sizeof err;
+                    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+                } else if (mine.passed()) {
+                    err = ETIMEDOUT;
+                }
+            }
+        }
+        if (err == 0) {
+            const int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            return fd;
+        }
+        ::close(fd);
+        tried += (tried.empty() ? "" : ", ") + to.hosts[i] + ": " + std::strerror(err);
+    }
+    fail(deadline.passed() ? WSYNC_ERR_TIMEOUT : WSYNC_ERR_PEER,
+         who + ": could not reach the sender's control channel on port " + std::to_string(to.port) +
+             " (" + tried + "); is the trainer's sender process there, and is the port reachable "
+             "from this host?");
+}
+
+void wait_readable(const std::vector<int> &fds, int64_t ms) noexcept {
+    std::vector<pollfd> p;
+    for (int fd : fds)
+        if (fd >= 0) p.push_back({fd, POLLIN, 0});
+    poll(p.data(), p.size(), clamp_ms(ms));
+}
+
+}  // namespace wsync::nccl
