@@ -10,7 +10,10 @@
  *   "shm"            host memory through one POSIX shared-memory segment (one machine);
  *   "cuda_ipc"       GPU memory through CUDA IPC handles (processes on the same GPUs), packed
  *                    into reusable device buckets or shared per allocation ("packed": false);
- *   "nccl_broadcast" GPU memory broadcast from the trainer to every receiver over NCCL;
+ *   "nccl_broadcast" GPU memory broadcast from the trainer to every receiver over NCCL; each
+ *                    receiver also reports to the trainer's sender over TCP (a port of the
+ *                    process that made the init info, named in it; the sender must be made
+ *                    from that strategy), so failures, deaths and stalls are named there;
  *   "ucx"            host or GPU memory across machines through UCX (libucp.so.0, loaded at run
  *                    time), as an authenticated network service (section 3, "ucx").
  * The GPU kinds open the CUDA driver (libcuda.so.1, or $WSYNC_CUDA_LIBRARY) and NCCL
@@ -296,9 +299,8 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * kinds only, WSYNC_ERR_UNSUPPORTED on "shm" and "ucx") pinned host memory the kernels read across the
  * bus. "delta_threads" (shm, ucx; default 0: one per CPU, at most 8) compares several tensors of
  * a chunk at once, on threads the sender keeps. WSYNC_ERR_UNSUPPORTED, saying why, for a "delta"
- * other than "off" on "cuda_ipc" with packed=false or several senders, on a GPU kind with a "dtype"
- * cast, and on "nccl_broadcast" without "delta_anchor_every" (its trainer cannot hear that an
- * engine failed a version; anchors make such an engine whole). A kind this build does not know
+ * other than "off" on "cuda_ipc" with packed=false or several senders, and on a GPU kind with a
+ * "dtype" cast. A kind this build does not know
  * fails with WSYNC_ERR_UNSUPPORTED; a kind whose run-time dependency is missing (e.g. no CUDA
  * driver) fails with WSYNC_ERR_UNAVAILABLE naming what is missing.
  * "ucx" sets UCX_TCP_CONN_NB=y in the process environment (setenv, once, before its first UCX
@@ -577,10 +579,9 @@ WSYNC_API wsync_status_t wsync_sender_abandon(wsync_sender_t *sender);
  * the trainer may then drop the failed receivers (wsync_sender_drop_receiver()) and flush
  * again, or resend the version. A failed flush does not abandon a committed version: receivers
  * that acknowledged it have it.
- * Blocks up to timeout_ms. For "nccl_broadcast" it waits for the queued broadcasts to complete
- * (NCCL has no back channel, so a receiver's own loading failure is reported to that
- * receiver's caller only); at the deadline the communicator is aborted and every later call on
- * the sender fails with WSYNC_ERR_PEER. */
+ * Blocks up to timeout_ms. For "nccl_broadcast" a receiver that died, or whose broadcast is
+ * still pending at the deadline, aborts the communicator: every later call on the sender fails
+ * with WSYNC_ERR_PEER. */
 WSYNC_API wsync_status_t wsync_sender_flush(wsync_sender_t *sender, int64_t timeout_ms);
 
 /* wsync_sender_wait_released(): every version, i.e. no receiver maps anything of the sender. */

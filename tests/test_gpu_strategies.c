@@ -1661,19 +1661,16 @@ static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void 
 
 /* The same for either GPU kind: versions 1 and 2 arrive; before version 3 the engine changes
  * its copy of t0, whose patch it then refuses by name (wsync_recv_end), memory untouched; the
- * trainer hears it (cuda_ipc through its board, nccl_broadcast through its control channel;
- * nccl_broadcast still takes delta only with anchors, here every 3rd version); version 4 is
- * dense for everyone and makes the engine whole; patches flow again after. */
+ * trainer hears it (cuda_ipc through its board, nccl_broadcast through its control channel), so
+ * version 4 is dense for everyone (no anchors) and makes the engine whole; patches flow again
+ * after. */
 static void delta_refusal_and_dense_recovery(const char *kind) {
-    const int hears = !strcmp(kind, "cuda_ipc");
-    delta_engine_cfg c0 = {0, 3, kind, 0, 0, 5, 0, hears ? NULL : NCCL_ENGINE_GPUS};
-    if (!hears) nccl_three_gpus();
+    const int ipc = !strcmp(kind, "cuda_ipc");
+    delta_engine_cfg c0 = {0, 3, kind, 0, 0, 5, 0, ipc ? NULL : NCCL_ENGINE_GPUS};
+    if (!ipc) nccl_three_gpus();
     engine_t e = tu_fork_peer(delta_engine_entry, &c0);
     delta_trainer_t t;
-    delta_trainer_start(&t, kind,
-                        hears ? "{\"bucket_bytes\": 1048576, \"delta\": \"on\"}"
-                              : "{\"bucket_bytes\": 1048576, \"delta\": \"on\", \"delta_anchor_every\": 3}",
-                        &e, 1);
+    delta_trainer_start(&t, kind, "{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &e, 1);
     for (uint64_t v = 1; v <= 2; ++v) delta_step(&t, &e, 1, v, -1);
     /* Version 3: the engine's t0 is no longer version 2, so its patch is refused by name, the
      * engine's memory untouched, and the trainer hears it. */
@@ -1829,8 +1826,6 @@ static void gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror(void 
                WSYNC_ERR_UNSUPPORTED, "with 2 senders: each sender's patches differ");
     EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"dtype\": \"float16\", \"delta\": \"auto\", \"delta_anchor_every\": 4}", &s),
                WSYNC_ERR_UNSUPPORTED, "a cast changes that");
-    EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"delta\": \"auto\"}", &s),
-               WSYNC_ERR_UNSUPPORTED, "without 'delta_anchor_every'");
     EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"delta_mirror\": true}", &s),
                WSYNC_ERR_UNSUPPORTED, "applies patches on the GPU");
     EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"delta_base_memory\": \"host\"}", &s),

@@ -110,16 +110,6 @@ public:
           bucket_bytes_((o.uint("bucket_bytes") + 4095) / 4096 * 4096), dtype_(o.text("dtype")),
           device_(static_cast<int>(o.uint("device"))), synchronize_(o.boolean("synchronize")),
           timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))) {
-        const std::string &delta = o.text("delta");
-        // No channel runs from engines back to the trainer (docs/failure-model.md), so it never
-        // hears that one failed a version and would go on sending it patches it must refuse:
-        // only periodic dense versions make such an engine whole.
-        if (delta != "off" && o.uint("delta_anchor_every") == 0)
-            fail(WSYNC_ERR_UNSUPPORTED,
-                 "nccl_broadcast: option 'delta' is \"" + delta + "\" without 'delta_anchor_every': "
-                 "the trainer cannot hear that an engine failed a version (no channel runs back "
-                 "from engines), so only periodic dense versions make such an engine whole; set "
-                 "delta_anchor_every to N (versions 1, N+1, 2N+1, ... go dense)");
         gpu::refuse_cast_with_delta(kKind, o);
     }
 
