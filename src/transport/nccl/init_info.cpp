@@ -42,6 +42,10 @@ InitInfo parse_init_info(const json &body) {
                 wire::malformed(w + ": control hosts holds something other than an IPv4 address");
             info.control.hosts.push_back(h.get<std::string>());
         }
+        const json &key = wire::field(c, "key", w + " control");
+        if (!key.is_binary() || key.get_binary().size() != info.control.key.size())
+            wire::malformed(w + ": control key is not 32 bytes");
+        std::memcpy(info.control.key.data(), key.get_binary().data(), info.control.key.size());
         if (info.control.port == 0 || info.control.hosts.empty())
             wire::malformed(w + ": control names no port or no host");
         info.has_control = true;

@@ -14,10 +14,12 @@ constexpr std::size_t kMaxHeldFailures = 256;
 constexpr std::size_t kMaxSent = 4096;       // chunks remembered while some receiver owes them
 constexpr std::size_t kMaxAbandoned = 64;    // abandoned versions remembered
 constexpr int64_t kNoticeMs = 100;           // the most an abandon notice may wait to be written
+constexpr std::size_t kSlack = 16;           // connections without a hello kept beyond receivers
+constexpr std::size_t kMaxNonces = 4096;     // hello nonces remembered (replays refused)
 }  // namespace
 
 Ledger::Ledger(std::unique_ptr<Listener> listener, uint32_t receivers, uint64_t group)
-    : listener_(std::move(listener)), group_(group), peers_(receivers),
+    : listener_(std::move(listener)), key_(listener_->address().key), group_(group), peers_(receivers),
       failures_(kMaxHeldFailures) {}
 
 void Ledger::sent(uint64_t seq, uint64_t version, uint32_t chunk, uint64_t bytes) {
@@ -70,20 +72,33 @@ std::map<uint64_t, Ledger::Sent>::const_iterator Ledger::owed(const Peer &p) con
 
 void Ledger::greet(std::unique_ptr<Conn> conn) {
     std::vector<Received> got;
-    conn->read(&got);
+    conn->read(&got);  // the hello at most
     if (got.empty()) {
         if (!conn->closed()) greeting_.push_back(std::move(conn));
         return;
     }
-    const Frame &f = got[0].frame;
+    // Anything but an authentic, fresh hello for a free index closes the connection (the
+    // stranger learns nothing: no answer is sent).
+    const Received &h = got[0];
+    const Frame &f = h.frame;
     const uint32_t index = static_cast<uint32_t>(f.b >> 32);
-    if (f.type != static_cast<uint32_t>(Msg::Hello) || f.a != group_ || index >= peers_.size() ||
-        peers_[index].conn || peers_[index].acked || peers_[index].died_reported)
-        return;  // not a receiver of this group, or an index already taken: closed
+    if (f.type != static_cast<uint32_t>(Msg::Hello) || f.a != group_ || h.text.size() != auth::kNonceBytes)
+        return;
+    const auth::Mac want = hello_mac(key_, f, h.text);
+    if (!auth::same_mac(want.data(), h.mac.data()) || seen_.count(h.text)) return;
+    seen_.insert(h.text);  // a hello replayed later is refused, whatever else it holds
+    seen_order_.push_back(h.text);
+    if (seen_order_.size() > kMaxNonces) {
+        seen_.erase(seen_order_.front());
+        seen_order_.pop_front();
+    }
+    if (index >= peers_.size() || peers_[index].conn || peers_[index].acked || peers_[index].died_reported)
+        return;
     Peer &p = peers_[index];
+    conn->authenticate(connection_key(key_, index, group_, h.text), 'S');
     p.conn = std::move(conn);
     p.pid = static_cast<int32_t>(f.b & 0xffffffffu);
-    for (std::size_t k = 1; k < got.size(); ++k) dispatch(index, got[k]);  // came with the hello
+    read_peer(index);  // what came with the hello
 }
 
 void Ledger::read_peer(uint32_t index) {
@@ -130,11 +145,10 @@ void Ledger::pump(int64_t wait_ms) {
     for (const Peer &p : peers_) fds.push_back(p.conn ? p.conn->fd() : -1);
     if (wait_ms > 0) wait_readable(fds, wait_ms);
     for (int fd; (fd = listener_->accept_one()) >= 0;) {
-        if (greeting_.size() >= peers_.size() + 16) {
-            Conn(fd).close("too many connections without a hello");
-            continue;
-        }
         greet(std::make_unique<Conn>(fd));
+        // Receivers say hello as they connect; a crowd of silent connections (a flood) costs
+        // its oldest member, never a receiver's hello read already.
+        if (greeting_.size() > peers_.size() + kSlack) greeting_.erase(greeting_.begin());
     }
     std::vector<std::unique_ptr<Conn>> waiting;
     waiting.swap(greeting_);

@@ -8,6 +8,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,12 +67,15 @@ private:
     void prune();
 
     std::unique_ptr<Listener> listener_;
+    auth::Key key_;
     uint64_t group_;
     std::vector<Peer> peers_;
     std::vector<std::unique_ptr<Conn>> greeting_;  // accepted, no hello yet
     std::map<uint64_t, Sent> sent_;                // by seq
     uint64_t last_seq_ = 0;
     std::deque<uint64_t> abandoned_;  // the newest abandoned versions
+    std::set<std::string> seen_;      // hello nonces, oldest dropped first past a bound
+    std::deque<std::string> seen_order_;
     FailureGather failures_;
 };
 

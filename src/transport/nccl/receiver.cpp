@@ -221,8 +221,12 @@ private:
         const sys::Deadline deadline(timeout_ms);
         const std::string who = std::string(kKind) + " receiver " + std::to_string(index);
         auto c = std::make_unique<Conn>(connect_control(info.control, deadline, who));
-        if (!c->send(Msg::Hello, info.group, (uint64_t(index) << 32) | uint32_t(getpid()), 0, "", deadline))
+        std::string nonce(auth::kNonceBytes, '\0');
+        sys::random_bytes(nonce.data(), nonce.size());
+        if (!c->send_hello(info.control.key, info.group, (uint64_t(index) << 32) | uint32_t(getpid()), nonce,
+                           deadline))
             fail(WSYNC_ERR_PEER, who + ": the sender's control channel closed at once: " + c->why());
+        c->authenticate(connection_key(info.control.key, index, info.group, nonce), 'R');
         return c;
     }
 

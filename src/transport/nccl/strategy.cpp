@@ -94,6 +94,11 @@ const std::vector<OptionSpec> &option_specs() {
                            "deadline for communicator creation, for a free bucket, for each pack "
                            "and received chunk, and for finalizing the communicator when the "
                            "sender or receiver is destroyed"),
+        {"control_interface", T::String, 0, 0, 0, "sender",
+         "network interface (e.g. \"eth0\", \"lo\" when every rank is on this host) whose IPv4 address "
+         "the trainer listens on for its receivers' reports (the control channel: outcomes, "
+         "failures, stalls); \"\": every address of this host but loopback (receivers try each)",
+         ""},
         {"nccl_library", T::String, 0, 0, 0, "both",
          "path of libnccl.so.2 to use (e.g. the one PyTorch ships); else $WSYNC_NCCL_LIBRARY, "
          "else the system's libnccl.so.2",
@@ -109,7 +114,7 @@ public:
           receivers_(static_cast<uint32_t>(o.uint("receivers"))),
           bucket_bytes_((o.uint("bucket_bytes") + 4095) / 4096 * 4096), dtype_(o.text("dtype")),
           device_(static_cast<int>(o.uint("device"))), synchronize_(o.boolean("synchronize")),
-          timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))) {
+          timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))), interface_(o.text("control_interface")) {
         gpu::refuse_cast_with_delta(kKind, o);
     }
 
@@ -118,9 +123,10 @@ public:
         gpu::ncclResult_t rc = nccl_.ncclGetUniqueId(&id);
         if (rc != gpu::ncclSuccess) gpu::nccl_fail(nccl_, rc, std::string(kKind) + ": ncclGetUniqueId");
         const gpu::CUuuid gpu = gpu_uuid(cuda_, device_);  // the sender's, checked there
-        listener_ = std::make_unique<Listener>();  // the sender made from this init info takes it
+        listener_ = std::make_unique<Listener>(interface_);  // the sender made from this init info takes it
         const ControlAddress &at = listener_->address();
-        return json{{"control", {{"port", at.port}, {"hosts", at.hosts}}},{"unique_id", json::binary(std::vector<uint8_t>(id.internal, id.internal + sizeof id.internal))},
+        const json key = json::binary(std::vector<uint8_t>(at.key.begin(), at.key.end()));
+        return json{{"control", {{"port", at.port}, {"hosts", at.hosts}, {"key", key}}},{"unique_id", json::binary(std::vector<uint8_t>(id.internal, id.internal + sizeof id.internal))},
                     {"nranks", receivers_ + 1}, {"bucket_bytes", bucket_bytes_}, {"dtype", dtype_},
                     {"nccl_version", nccl_.version}, {"sender_gpu", gpu::uuid_text(gpu)}};
     }
@@ -187,6 +193,7 @@ private:
     int device_;
     bool synchronize_;
     int64_t timeout_ms_;
+    std::string interface_;               // "control_interface"
     std::unique_ptr<Listener> listener_;  // opened by create_init_info, taken by create_sender
 };
 
@@ -194,7 +201,8 @@ std::unique_ptr<StrategyImpl> create_strategy(const Options &o) { return std::ma
 
 std::string unavailable_reason(const Options *o) {
     std::string why = gpu::cuda_unavailable_reason();
-    return why.empty() ? gpu::nccl_unavailable_reason(o ? o->text("nccl_library") : "") : why;
+    if (why.empty()) why = gpu::nccl_unavailable_reason(o ? o->text("nccl_library") : "");
+    return why.empty() ? auth::crypto_unavailable_reason() : why;  // the control channel's MACs
 }
 
 std::string runtime_text() {
