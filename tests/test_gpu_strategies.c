@@ -5,7 +5,10 @@
  * open/close balance, ordering, deadlines and aborts); docs/gpu-validation.md records runs on
  * real GPUs. Engines are forked before they touch CUDA, as a real CUDA process must be. */
 #include <dirent.h>
+#include <arpa/inet.h>
 #include <dlfcn.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <math.h>
 #include <pthread.h>
 #include <sys/resource.h>
@@ -2565,6 +2568,92 @@ static void nccl_broadcast_reaches_two_engines_bit_for_bit(void **state) {
     trainer_end(tx, s, &init);
 }
 
+/* The trainer's control port (its receivers' reports) as a stranger finds it: the port from the
+ * init info (anyone on the network can scan for it). Returns a connected socket. */
+static int nccl_control_connect(const wsync_blob_t *init) {
+    char *json;
+    OK(wsync_blob_describe(init->data, init->size, &json));
+    const char *at = strstr(json, "\"port\": ");
+    assert_non_null(at);
+    int port = atoi(at + 8);
+    wsync_string_free(json);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+/* Strangers on the control port without the init info's key: 40 silent connections made before
+ * the engines connect (a flood), a hello claiming receiver 1 with a made-up MAC, an
+ * acknowledgement sent without a hello, and bytes that are not frames. The engines' own
+ * connections are taken and the strangers' refused: each version's flush succeeds once both
+ * engines loaded it. */
+static void nccl_strangers_on_the_control_port_are_refused_and_the_engines_report(void **state) {
+    (void)state;
+    nccl_three_gpus();
+    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NCCL_ENGINE_GPUS, 0, 0, 0, 0, 0, 0};
+    engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1}", NCCL_ENGINE_GPUS, 1, 0, 0, 0, 0, 0};
+    engine_t e[2] = {engine_start(&c0), engine_start(&c1)};
+    use_device(0);
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    OK(wsync_strategy_create("nccl_broadcast", "{\"receivers\": 2, \"bucket_bytes\": 65536, \"timeout_ms\": "
+                                               "10000, \"control_interface\": \"lo\"}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    int strangers[44];
+    for (int i = 0; i < 44; ++i) strangers[i] = nccl_control_connect(&init);
+    uint8_t frame[32 + 16 + 32] = {0};
+    const uint32_t magic = 0x4e435743, hello = 1, ack = 3;
+    const uint64_t index1 = (uint64_t)1 << 32;
+    memcpy(frame, &magic, 4), memcpy(frame + 4, &hello, 4), memcpy(frame + 16, &index1, 8);
+    frame[28] = 16; /* a nonce; the MAC after it is made up */
+    assert_int_equal(write(strangers[40], frame, sizeof frame), (ssize_t)sizeof frame);
+    memcpy(frame + 4, &ack, 4), frame[28] = 0;
+    assert_int_equal(write(strangers[41], frame, 64), 64);
+    memset(frame, 0xab, sizeof frame);
+    assert_int_equal(write(strangers[42], frame, sizeof frame), (ssize_t)sizeof frame);
+    for (int i = 0; i < 2; ++i) engine_send(&e[i], &init);
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    void *d = dalloc(64 * 32 * 4);
+    wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    for (uint64_t v = 1; v <= 2; ++v) {
+        wsync_blob_t req;
+        tu_fill(d, 64 * 32 * 4, v, 0);
+        OK(wsync_sender_send_chunk(tx, &ch, &req));
+        for (int i = 0; i < 2; ++i) engine_send(&e[i], &req);
+        for (int i = 0; i < 2; ++i) assert_int_equal(engine_verdict(&e[i]), 0);
+        OK(wsync_sender_flush(tx, 5000));
+        wsync_blob_free(&req);
+    }
+    for (int i = 0; i < 44; ++i) close(strangers[i]);
+    for (int i = 0; i < 2; ++i) engine_finish(&e[i]);
+    trainer_end(tx, s, &init);
+}
+
+/* Receivers report to the control channel that create_init_info opened, so only the strategy
+ * that made the init info makes its sender: another strategy is refused at once, naming why,
+ * before it joins the group. */
+static void nccl_a_sender_is_made_only_by_the_strategy_that_made_the_init_info(void **state) {
+    (void)state;
+    nccl_three_gpus();
+    use_device(0);
+    wsync_strategy_t *s, *other;
+    wsync_blob_t init;
+    wsync_sender_t *tx = (wsync_sender_t *)1;
+    OK(wsync_strategy_create("nccl_broadcast", "{\"timeout_ms\": 300}", &s));
+    OK(wsync_strategy_create("nccl_broadcast", "{\"timeout_ms\": 300}", &other));
+    OK(wsync_strategy_create_init_info(s, &init));
+    EXPECT_ERR(wsync_sender_create(other, init.data, init.size, &tx), WSYNC_ERR_INVALID_ARGUMENT,
+               "did not make the init info");
+    assert_null(tx);
+    wsync_strategy_destroy(other);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
 static void nccl_group_that_never_completes_times_out_and_aborts(void **state) {
     (void)state;
     nccl_three_gpus();
@@ -3983,6 +4072,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(a_gpu_below_compute_capability_8_is_unavailable_for_the_kernel_paths),
     cmocka_unit_test(an_apply_whose_kernel_table_grows_does_not_wait_for_queued_work),
     cmocka_unit_test(nccl_broadcast_reaches_two_engines_bit_for_bit),
+    cmocka_unit_test(nccl_strangers_on_the_control_port_are_refused_and_the_engines_report),
+    cmocka_unit_test(nccl_a_sender_is_made_only_by_the_strategy_that_made_the_init_info),
     cmocka_unit_test(nccl_group_that_never_completes_times_out_and_aborts),
     cmocka_unit_test(nccl_failed_broadcast_times_the_receiver_out_and_fails_flush),
     cmocka_unit_test(cuda_ipc_an_earlier_chunk_is_acknowledged_when_its_copies_complete_not_when_it_ends),
