@@ -15,9 +15,10 @@
 // overlaps the caller's work and the pack of chunk k + 1. Before reusing a bucket the sender
 // waits, with the deadline, for that bucket's previous broadcast. A receiver posts its side of
 // the broadcast when the loader asks for the chunk and waits for it (deadline) before yielding
-// views into its own bucket. flush waits for the last broadcasts. NCCL has no back channel, so
-// flush reports transport completion; a receiver that fails to load a chunk reports that to its
-// own caller.
+// views into its own bucket. NCCL has no back channel, so each receiver reports to the sender
+// over the control channel (control.hpp: joined, acknowledged, failed; authenticated with a
+// key only the init info holds), and flush waits for those reports (ledger.hpp), naming the
+// receiver that failed, died or never joined.
 //
 // Every wait is bounded: no cuCtxSynchronize, no blocking NCCL call. Events on our own streams
 // are polled with cuEventQuery, the communicator's state with ncclCommGetAsyncError, both
@@ -34,7 +35,8 @@
 // receivers on one GPU cannot be seen before the init; its "invalid usage" names that cause.
 //
 // The files of this folder: init_info (the init-info body), comm (the communicator: creation,
-// bounded waits, broadcast, teardown), sender, receiver, and this one, which ties them into the
+// bounded waits, broadcast, teardown), control (the control channel's socket and frames),
+// ledger (the sender's view of its receivers' reports), sender, receiver, and this one, which ties them into the
 // kind (options, strategy, registration).
 #include <cstring>
 #include <memory>
