@@ -2529,18 +2529,25 @@ static void a_destroyed_cuda_ipc_sender_is_not_counted_as_attached(void **state)
 }
 
 /* ---- nccl_broadcast ----------------------------------------------------------------------- */
+/* Two engines, receivers 0 and 1, each alone on its fake GPU; the trainer then on GPU 0, its
+ * strategy for both made with `options` and its init info made. */
+static void nccl_two_engines(engine_t e[2], const char *options, wsync_strategy_t **s, wsync_blob_t *init) {
+    static engine_cfg c[2] = {{"nccl_broadcast", "{\"device\": 0}", NCCL_ENGINE_GPUS, 0, 0, 0, 0, 0, 0},
+                              {"nccl_broadcast", "{\"device\": 1}", NCCL_ENGINE_GPUS, 1, 0, 0, 0, 0, 0}};
+    nccl_three_gpus();
+    for (int i = 0; i < 2; ++i) e[i] = engine_start(&c[i]);
+    use_device(0);
+    OK(wsync_strategy_create("nccl_broadcast", options, s));
+    OK(wsync_strategy_create_init_info(*s, init));
+}
+
 static void nccl_broadcast_reaches_two_engines_bit_for_bit(void **state) {
     (void)state;
-    nccl_three_gpus();
-    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NCCL_ENGINE_GPUS, 0, 0, 0, 0, 0, 0};
-    engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1}", NCCL_ENGINE_GPUS, 1, 0, 0, 0, 0, 0};
-    engine_t e[2] = {engine_start(&c0), engine_start(&c1)};
-    use_device(0);
+    engine_t e[2];
     wsync_strategy_t *s;
     wsync_blob_t init;
     wsync_sender_t *tx;
-    OK(wsync_strategy_create("nccl_broadcast", "{\"receivers\": 2, \"bucket_bytes\": 65536, \"timeout_ms\": 10000}", &s));
-    OK(wsync_strategy_create_init_info(s, &init));
+    nccl_two_engines(e, "{\"receivers\": 2, \"bucket_bytes\": 65536, \"timeout_ms\": 10000}", &s, &init);
     for (int i = 0; i < 2; ++i) engine_send(&e[i], &init);
     OK(wsync_sender_create(s, init.data, init.size, &tx)); /* joins the group of 3 */
     void *data[NT];
@@ -2591,17 +2598,12 @@ static int nccl_control_connect(const wsync_blob_t *init) {
  * engines loaded it. */
 static void nccl_strangers_on_the_control_port_are_refused_and_the_engines_report(void **state) {
     (void)state;
-    nccl_three_gpus();
-    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NCCL_ENGINE_GPUS, 0, 0, 0, 0, 0, 0};
-    engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1}", NCCL_ENGINE_GPUS, 1, 0, 0, 0, 0, 0};
-    engine_t e[2] = {engine_start(&c0), engine_start(&c1)};
-    use_device(0);
+    engine_t e[2];
     wsync_strategy_t *s;
     wsync_blob_t init;
     wsync_sender_t *tx;
-    OK(wsync_strategy_create("nccl_broadcast", "{\"receivers\": 2, \"bucket_bytes\": 65536, \"timeout_ms\": "
-                                               "10000, \"control_interface\": \"lo\"}", &s));
-    OK(wsync_strategy_create_init_info(s, &init));
+    nccl_two_engines(e, "{\"receivers\": 2, \"bucket_bytes\": 65536, \"timeout_ms\": 10000, "
+                        "\"control_interface\": \"lo\"}", &s, &init);
     int strangers[44];
     for (int i = 0; i < 44; ++i) strangers[i] = nccl_control_connect(&init);
     uint8_t frame[32 + 16 + 32] = {0};

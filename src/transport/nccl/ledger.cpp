@@ -157,6 +157,23 @@ void Ledger::pump(int64_t wait_ms) {
         if (peers_[i].conn && !peers_[i].conn->closed()) read_peer(i);
 }
 
+std::string Ledger::chunk_text(const Sent &s) {
+    return strf("chunk %" PRIu32 " of version %" PRIu64, s.chunk, s.version);
+}
+
+Failure Ledger::owing(uint32_t index, uint32_t what, wsync_status_t status, std::string message) const {
+    const auto o = owed(peers_[index]);
+    Failure x;
+    x.what = what;
+    x.status = status;
+    x.receiver = index;
+    x.version = o->second.version;
+    x.chunk_index = o->second.chunk;
+    x.pid = peers_[index].pid;
+    x.message = std::move(message);
+    return x;
+}
+
 void Ledger::wait(const sys::Deadline &deadline, const std::function<std::string(bool)> &stuck) {
     bool died = false;
     for (;;) {
@@ -167,16 +184,8 @@ void Ledger::wait(const sys::Deadline &deadline, const std::function<std::string
             auto o = owed(p);
             if (o == sent_.end() || failures_.holds(i)) continue;
             if (p.conn && p.conn->closed() && !p.died_reported) {
-                Failure x;
-                x.what = WSYNC_FAILURE_DIED;
-                x.status = WSYNC_ERR_PEER;
-                x.receiver = i;
-                x.version = o->second.version;
-                x.chunk_index = o->second.chunk;
-                x.pid = p.pid;
-                x.message = strf("died owing chunk %" PRIu32 " of version %" PRIu64 " (%s)",
-                                 o->second.chunk, o->second.version, p.conn->why().c_str());
-                failures_.add(std::move(x));
+                failures_.add(owing(i, WSYNC_FAILURE_DIED, WSYNC_ERR_PEER,
+                                    "died owing " + chunk_text(o->second) + " (" + p.conn->why() + ")"));
                 p.died_reported = died = true;
             } else if (!p.died_reported) {
                 waiting.push_back(i);
@@ -190,24 +199,16 @@ void Ledger::wait(const sys::Deadline &deadline, const std::function<std::string
                     const Peer &p = peers_[i];
                     auto o = owed(p);
                     if ((p.joined >= o->first) != (joined == 1)) continue;
-                    Failure x;
-                    x.what = WSYNC_FAILURE_TIMEOUT;
-                    x.status = WSYNC_ERR_TIMEOUT;
-                    x.receiver = i;
-                    x.version = o->second.version;
-                    x.chunk_index = o->second.chunk;
-                    x.pid = p.pid;
-                    const std::string chunk = strf("chunk %" PRIu32 " of version %" PRIu64,
-                                                   o->second.chunk, o->second.version);
+                    const std::string chunk = chunk_text(o->second);
                     const std::string ms = std::to_string(deadline.budget_ms()) + " ms";
-                    x.message = !p.conn ? "timed out: it never connected to the sender's control channel "
-                                          "(not created, or created from other init info), owing " + chunk
-                                : joined ? "timed out: it received " + chunk + " but did not end its "
-                                           "iteration within " + ms + " (its loader is still at it, or frozen)"
-                                         : "timed out: it did not join the broadcast of " + chunk +
-                                               " within " + ms + " (frozen, or its loader never asked "
-                                               "for that chunk)";
-                    more.push_back(std::move(x));
+                    const std::string why =
+                        !p.conn ? "timed out: it never connected to the sender's control channel (not "
+                                  "created, or created from other init info), owing " + chunk
+                        : joined ? "timed out: it received " + chunk + " but did not end its iteration "
+                                   "within " + ms + " (its loader is still at it, or frozen)"
+                                 : "timed out: it did not join the broadcast of " + chunk + " within " + ms +
+                                       " (frozen, or its loader never asked for that chunk)";
+                    more.push_back(owing(i, WSYNC_FAILURE_TIMEOUT, WSYNC_ERR_TIMEOUT, why));
                 }
             const std::string tail = stuck(died);
             if (!failures_.empty()) failures_.report(kKind, std::move(more), tail);

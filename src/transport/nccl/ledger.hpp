@@ -65,6 +65,9 @@ private:
     // The first chunk `p` owes (of a version not abandoned), or sent_.end().
     std::map<uint64_t, Sent>::const_iterator owed(const Peer &p) const;
     void prune();
+    static std::string chunk_text(const Sent &s);
+    // A failure of receiver `index` at the first chunk it owes (there is one).
+    Failure owing(uint32_t index, uint32_t what, wsync_status_t status, std::string message) const;
 
     std::unique_ptr<Listener> listener_;
     auth::Key key_;
