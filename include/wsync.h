@@ -438,7 +438,8 @@ typedef struct wsync_sender_t wsync_sender_t;
  * call then times out; the message names this GPU and that cause (NCCL cannot say which rank is
  * missing). "nccl_broadcast" fails with WSYNC_ERR_MISMATCH, before joining, when the strategy's
  * "device" is another GPU than the one the init info names (since 0.5: the strategy that made
- * it had another "device"). */
+ * it had another "device"), and with WSYNC_ERR_INVALID_ARGUMENT when `strategy` did not make
+ * the init info or made a sender from it already (since 0.7: its receivers report there). */
 WSYNC_API wsync_status_t wsync_sender_create(wsync_strategy_t *strategy, const uint8_t *init,
                                              size_t len, wsync_sender_t **out);
 
