@@ -2656,6 +2656,43 @@ static void nccl_a_sender_is_made_only_by_the_strategy_that_made_the_init_info(v
     wsync_blob_free(&init);
 }
 
+/* The trainer's control port stays with the process that opened it: a child it forked (a
+ * data-loader worker) holds no copy, so once the strategy that made the init info is gone a
+ * receiver is refused at once, naming the control channel, instead of connecting to the
+ * child's copy and waiting for a group that never forms. */
+static void nccl_a_forked_child_keeps_no_copy_of_the_control_port(void **state) {
+    (void)state;
+    nccl_three_gpus();
+    use_device(0);
+    wsync_strategy_t *s, *rs;
+    wsync_blob_t init;
+    wsync_receiver_t *rx = (wsync_receiver_t *)1;
+    OK(wsync_strategy_create("nccl_broadcast", "{\"control_interface\": \"lo\"}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    pid_t child = fork();
+    if (child == 0) { /* its fork handlers have run when fork returns here */
+        if (write(ready[1], "r", 1) != 1) _exit(1);
+        sleep(5);
+        _exit(0);
+    }
+    char r;
+    assert_int_equal(read(ready[0], &r, 1), 1);
+    close(ready[0]), close(ready[1]);
+    wsync_strategy_destroy(s);
+    OK(wsync_strategy_create("nccl_broadcast", "{\"device\": 1, \"timeout_ms\": 3000}", &rs));
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_receiver_create(rs, init.data, init.size, 0, &rx), WSYNC_ERR_PEER,
+               "could not reach the sender's control channel");
+    assert_true(tu_now_ms() - t0 < 2500); /* not the 3000 ms of a group that never forms */
+    assert_null(rx);
+    kill(child, SIGKILL);
+    assert_int_equal(tu_wait_child(child, 5000), 128 + SIGKILL);
+    wsync_strategy_destroy(rs);
+    wsync_blob_free(&init);
+}
+
 static void nccl_group_that_never_completes_times_out_and_aborts(void **state) {
     (void)state;
     nccl_three_gpus();
@@ -4076,6 +4113,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(nccl_broadcast_reaches_two_engines_bit_for_bit),
     cmocka_unit_test(nccl_strangers_on_the_control_port_are_refused_and_the_engines_report),
     cmocka_unit_test(nccl_a_sender_is_made_only_by_the_strategy_that_made_the_init_info),
+    cmocka_unit_test(nccl_a_forked_child_keeps_no_copy_of_the_control_port),
     cmocka_unit_test(nccl_group_that_never_completes_times_out_and_aborts),
     cmocka_unit_test(nccl_failed_broadcast_times_the_receiver_out_and_fails_flush),
     cmocka_unit_test(cuda_ipc_an_earlier_chunk_is_acknowledged_when_its_copies_complete_not_when_it_ends),

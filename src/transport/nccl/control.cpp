@@ -73,8 +73,13 @@ auth::Key connection_key(const auth::Key &key, uint32_t index, uint64_t group, c
 Listener::Listener(const std::string &interface) {
     address_.hosts = host_addresses(interface);
     sys::random_bytes(address_.key.data(), address_.key.size());
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) fail_errno("nccl_broadcast: the control channel's socket", errno);
+    // A forked child must not keep the socket (sys.hpp, open_parent_only): receivers of a
+    // trainer that is gone would connect to it and wait, instead of being refused.
+    fd_ = sys::open_parent_only([] {
+        const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) fail_errno("nccl_broadcast: the control channel's socket", errno);
+        return fd;
+    });
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_ANY);
@@ -83,7 +88,7 @@ Listener::Listener(const std::string &interface) {
     if (bind(fd_, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0 || listen(fd_, 256) != 0 ||
         getsockname(fd_, reinterpret_cast<sockaddr *>(&addr), &len) != 0) {
         const int err = errno;
-        ::close(fd_);
+        sys::close_parent_only(fd_);
         fail_errno("nccl_broadcast: listening for the control channel", err);
     }
     address_.port = ntohs(addr.sin_port);
@@ -91,11 +96,18 @@ Listener::Listener(const std::string &interface) {
 }
 
 Listener::~Listener() {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0) sys::close_parent_only(fd_);
 }
 
+// Connections too stay with this process: a forked child holding one would keep a dead peer's
+// connection open, so its death would never be seen.
 int Listener::accept_one() noexcept {
-    const int fd = accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = -1;
+    try {
+        fd = sys::open_parent_only([this] { return accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC); });
+    } catch (...) {
+        return -1;
+    }
     if (fd >= 0) {
         const int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -104,12 +116,12 @@ int Listener::accept_one() noexcept {
 }
 
 Conn::~Conn() {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0) sys::close_parent_only(fd_);
 }
 
 void Conn::close(const std::string &why) noexcept {
     if (fd_ < 0) return;
-    ::close(fd_);
+    sys::close_parent_only(fd_);
     fd_ = -1;
     try {
         why_ = why;
@@ -252,8 +264,11 @@ int connect_control(const ControlAddress &to, const sys::Deadline &deadline, con
         addr.sin_family = AF_INET;
         addr.sin_port = htons(to.port);
         if (inet_pton(AF_INET, to.hosts[i].c_str(), &addr.sin_addr) != 1) continue;
-        const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd < 0) fail_errno(who + ": the control channel's socket", errno);
+        const int fd = sys::open_parent_only([&] {
+            const int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+            if (s < 0) fail_errno(who + ": the control channel's socket", errno);
+            return s;
+        });
         const int64_t share = deadline.remaining_ms() / static_cast<int64_t>(to.hosts.size() - i);
         const sys::Deadline mine(share);
         int err = 0;
@@ -269,12 +284,19 @@ int connect_control(const ControlAddress &to, const sys::Deadline &deadline, con
                 }
             }
         }
+        // TCP lets a socket connect to itself when its ephemeral port is the one it dials (a
+        // port the sender just freed is a likely pick): that is nobody listening.
+        sockaddr_in self{};
+        socklen_t self_len = sizeof self;
+        if (err == 0 && getsockname(fd, reinterpret_cast<sockaddr *>(&self), &self_len) == 0 &&
+            self.sin_port == addr.sin_port && self.sin_addr.s_addr == addr.sin_addr.s_addr)
+            err = ECONNREFUSED;
         if (err == 0) {
             const int one = 1;
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
             return fd;
         }
-        ::close(fd);
+        sys::close_parent_only(fd);
         tried += (tried.empty() ? "" : ", ") + to.hosts[i] + ": " + std::strerror(err);
     }
     fail(deadline.passed() ? WSYNC_ERR_TIMEOUT : WSYNC_ERR_PEER,
