@@ -10,7 +10,10 @@
  *   "shm"            host memory through one POSIX shared-memory segment (one machine);
  *   "cuda_ipc"       GPU memory through CUDA IPC handles (processes on the same GPUs), packed
  *                    into reusable device buckets or shared per allocation ("packed": false);
- *   "nccl_broadcast" GPU memory broadcast from the trainer to every receiver over NCCL;
+ *   "nccl_broadcast" GPU memory broadcast from the trainer to every receiver over NCCL; each
+ *                    receiver also reports to the trainer's sender over TCP (a port of the
+ *                    process that made the init info, named in it; the sender must be made
+ *                    from that strategy), so failures, deaths and stalls are named there;
  *   "ucx"            host or GPU memory across machines through UCX (libucp.so.0, loaded at run
  *                    time), as an authenticated network service (docs/kinds.md, "ucx").
  * The GPU kinds open the CUDA driver (libcuda.so.1, or $WSYNC_CUDA_LIBRARY) and NCCL
@@ -289,8 +292,8 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * tensor it sent (up to twice the tensors' bytes; host memory for "shm" and "ucx", the trainer's
  * GPU or pinned host memory for "cuda_ipc" and "nccl_broadcast"). WSYNC_ERR_UNSUPPORTED, saying
  * why, for an option the kind does not take ("delta_base_memory" on "shm" or "ucx"), for a
- * "delta" other than "off" on "cuda_ipc" with packed=false or several senders, on a GPU kind
- * with a "dtype" cast, and on "nccl_broadcast" without "delta_anchor_every".
+ * "delta" other than "off" on "cuda_ipc" with packed=false or several senders, and on a GPU
+ * kind with a "dtype" cast.
  * A kind this build does not know fails with WSYNC_ERR_UNSUPPORTED; a kind whose run-time
  * dependency is missing (e.g. no CUDA driver, or libcrypto.so.3 for "ucx") fails with
  * WSYNC_ERR_UNAVAILABLE naming what is missing.
@@ -392,7 +395,9 @@ typedef struct wsync_sender_t wsync_sender_t;
  * another rank on this GPU, which the message names as the likely cause). A receiver refused at
  * its creation (one on this sender's GPU) never joins, so this call then times out, naming this
  * GPU and that cause. "nccl_broadcast" fails with WSYNC_ERR_MISMATCH, before joining, when the
- * strategy's "device" is another GPU than the one the init info names (since 0.5). */
+ * strategy's "device" is another GPU than the one the init info names (since 0.5), and with
+ * WSYNC_ERR_INVALID_ARGUMENT when `strategy` did not make the init info or made a sender from it
+ * already (since 0.7: its receivers report there). */
 WSYNC_API wsync_status_t wsync_sender_create(wsync_strategy_t *strategy, const uint8_t *init,
                                              size_t len, wsync_sender_t **out);
 
@@ -516,10 +521,9 @@ WSYNC_API wsync_status_t wsync_sender_abandon(wsync_sender_t *sender);
  * the trainer may then drop the failed receivers (wsync_sender_drop_receiver()) and flush
  * again, or resend the version. A failed flush does not abandon a committed version: receivers
  * that acknowledged it have it.
- * Blocks up to timeout_ms. For "nccl_broadcast" it waits for the queued broadcasts to complete
- * (NCCL has no back channel, so a receiver's own loading failure is reported to that
- * receiver's caller only); at the deadline the communicator is aborted and every later call on
- * the sender fails with WSYNC_ERR_PEER. */
+ * Blocks up to timeout_ms. For "nccl_broadcast" a receiver that died, or whose broadcast is
+ * still pending at the deadline, aborts the communicator: every later call on the sender fails
+ * with WSYNC_ERR_PEER. */
 WSYNC_API wsync_status_t wsync_sender_flush(wsync_sender_t *sender, int64_t timeout_ms);
 
 /* wsync_sender_wait_released(): every version, i.e. no receiver maps anything of the sender. */
@@ -983,8 +987,8 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  * wsync_recv_end(), and after a WSYNC_ERR_TIMEOUT there until the loader's stream has run the
  * queued work (it still writes dst, or puts it back, whenever the stream moves; the receiver
  * keeps the chunk's memory for it: "cuda_ipc" closes no mapping, "nccl_broadcast" receives no
- * chunk, until then, each bounded by "timeout_ms"). "nccl_broadcast" cannot tell the trainer
- * of a failure: its "delta_anchor_every" bounds how long such an engine waits for a dense version.
+ * chunk, until then, each bounded by "timeout_ms"). Every kind reports such a failure to the
+ * trainer ("nccl_broadcast" over its control channel since 0.7).
  * With the receiver option "delta_mirror" none of this applies to dst: the patch is applied
  * onto the receiver's own copy of the tensor (checked the same way; the failures name "this
  * receiver's mirror"), and any range of the result is copied out, as for a dense tensor; every

@@ -16,6 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# shellcheck source=scripts/lib/vllm-venv.sh
+. scripts/lib/vllm-venv.sh
 venv=${WSYNC_SGLANG_VENV:-/tmp/wsync-sglang-venv}
 base=${WSYNC_VLLM_VENV:-/tmp/wsync-vllm-venv}
 lib=${WSYNC_LIBRARY:-$root/build/libwsync.so}
@@ -27,36 +29,10 @@ pins="sglang==0.5.23 ipython==9.18.1 traitlets==5.16.1 gguf==0.19.0 soundfile==0
 blobfile==3.3.0 hatchling==1.29.0 packaging==26.3 pathspec==1.1.1 pluggy==1.7.0
 trove-classifiers==2026.9.21.13 editables==0.6"
 
-# The vLLM venv: scripts/test-vllm.sh's install steps, only when it lacks vllm==0.33.0.
-if ! "$base/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm") != "0.33.0")' 2>/dev/null; then
-  rm -rf "$base"
-  /usr/bin/python3 -m venv "$base"
-  "$base/bin/pip" install -q uv==0.13.9
-  echo 'certifi>=2026.10.18' > "$base/overrides.txt"
-  UV_CACHE_DIR="$base/.uv-cache" "$base/bin/uv" pip install -q --python "$base/bin/python" \
-    vllm==0.33.0 pytest==9.2.0 --override "$base/overrides.txt"
-  UV_CACHE_DIR="$base/.uv-cache" "$base/bin/uv" cache clean -q
-fi
-uv="$base/bin/uv"  # run from the vLLM venv, installing only into this one
-export UV_CACHE_DIR="$venv/.uv-cache"
-base_site=$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-stamp="$(echo "$pins" | tr '\n' ' ') base=$base_site"
-
-if [ "$(cat "$venv/.wsync-sglang-pins" 2>/dev/null)" != "$stamp" ]; then
-  rm -rf "$venv"
-  /usr/bin/python3 -m venv --without-pip "$venv"
-  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  [ "$(basename "$(dirname "$site")")" = "$(basename "$(dirname "$base_site")")" ] ||
-    { echo "$venv and $base differ in Python version"; exit 1; }
-  echo "$base_site" > "$site/_wsync_vllm_base.pth"
-  # shellcheck disable=SC2086
-  "$uv" pip install -q --python "$venv/bin/python" --no-deps $pins
-  "$uv" cache clean -q
-  echo "$stamp" > "$venv/.wsync-sglang-pins"
-fi
-# The binding, editable (the source tree is what is tested), as in test-vllm.sh.
-"$uv" pip install -q --python "$venv/bin/python" --no-deps --no-build-isolation -e bindings/python
-"$uv" cache clean -q
+# The vLLM venv (scripts/test-vllm.sh's install steps, only when it lacks vllm==0.33.0), and this
+# one layered over it.
+ensure_vllm_venv "$base"
+layer_venv "$venv" "$base" sglang "$pins"
 
 export WSYNC_LIBRARY="$lib"
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs bindings/python/tests_sglang "$@"

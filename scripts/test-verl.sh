@@ -15,6 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# shellcheck source=scripts/lib/vllm-venv.sh
+. scripts/lib/vllm-venv.sh
 venv=${WSYNC_VERL_VENV:-/tmp/wsync-verl-venv}
 base=${WSYNC_VLLM_VENV:-/tmp/wsync-vllm-venv}
 lib=${WSYNC_LIBRARY:-$root/build/libwsync.so}
@@ -23,17 +25,8 @@ pins=(verl==0.9.1 ray==2.60.0 msgpack==1.2.4 tensordict==0.15.3 pyvers==0.2.3 om
       codetiming==1.4.0)
 
 # The base: scripts/test-vllm.sh's venv, made with its commands when it is missing.
-if ! "$base/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm") != "0.33.0")' 2>/dev/null; then
-  echo "no vllm==0.33.0 venv at $base: making it as scripts/test-vllm.sh does (~2 min, ~9 GB)"
-  rm -rf "$base"
-  /usr/bin/python3 -m venv "$base"
-  "$base/bin/pip" install -q uv==0.13.9
-  echo 'certifi>=2026.10.18' > "$base/overrides.txt"
-  UV_CACHE_DIR="$base/.uv-cache" "$base/bin/uv" pip install -q --python "$base/bin/python" \
-    vllm==0.33.0 pytest==9.2.0 --override "$base/overrides.txt"
-  UV_CACHE_DIR="$base/.uv-cache" "$base/bin/uv" cache clean -q
-fi
-base_site=$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+ensure_vllm_venv "$base" "no vllm==0.33.0 venv at $base: making it as scripts/test-vllm.sh does (~2 min, ~9 GB)"
+base_site=$(site_packages "$base/bin/python")
 
 # This venv: same python, the base's site-packages after its own, the pins.
 have_pins() {

@@ -10,20 +10,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# shellcheck source=scripts/lib/vllm-venv.sh
+. scripts/lib/vllm-venv.sh
 venv=${WSYNC_VLLM_VENV:-/tmp/wsync-vllm-venv}
 lib=${WSYNC_LIBRARY:-$root/build/libwsync.so}
 [ -f "$lib" ] || { echo "no libwsync at $lib: build it first (cmake --build build --target wsync)"; exit 1; }
 export UV_CACHE_DIR="$venv/.uv-cache"
 
-if ! "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm") != "0.33.0")' 2>/dev/null; then
-  rm -rf "$venv"
-  /usr/bin/python3 -m venv "$venv"
-  "$venv/bin/pip" install -q uv==0.13.9
-  echo 'certifi>=2026.10.18' > "$venv/overrides.txt"
-  "$venv/bin/uv" pip install -q --python "$venv/bin/python" vllm==0.33.0 pytest==9.2.0 \
-    --override "$venv/overrides.txt"
-  "$venv/bin/uv" cache clean -q
-fi
+ensure_vllm_venv "$venv"
 # The binding, editable (the source tree is what is tested), no dependency resolution: numpy
 # and torch come with vllm. hatchling (the build backend, pinned with what it imports, and
 # editables for an editable install; packaging and pluggy are vllm's own versions) builds

@@ -5,7 +5,10 @@
  * open/close balance, ordering, deadlines and aborts); docs/gpu-validation.md records runs on
  * real GPUs. Engines are forked before they touch CUDA, as a real CUDA process must be. */
 #include <dirent.h>
+#include <arpa/inet.h>
 #include <dlfcn.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <math.h>
 #include <pthread.h>
 #include <sys/resource.h>
@@ -1661,20 +1664,16 @@ static void cuda_ipc_delta_keeps_engines_bit_identical_while_patches_cross(void 
 
 /* The same for either GPU kind: versions 1 and 2 arrive; before version 3 the engine changes
  * its copy of t0, whose patch it then refuses by name (wsync_recv_end), memory untouched; the
- * trainer hears it
- * (cuda_ipc) or cannot (nccl_broadcast: no channel back, so delta there needs anchors, here
- * every 3rd version); version 4 is dense for everyone and makes the engine whole; patches flow
- * again after. */
+ * trainer hears it (cuda_ipc through its board, nccl_broadcast through its control channel), so
+ * version 4 is dense for everyone (no anchors) and makes the engine whole; patches flow again
+ * after. */
 static void delta_refusal_and_dense_recovery(const char *kind) {
-    const int hears = !strcmp(kind, "cuda_ipc");
-    delta_engine_cfg c0 = {0, 3, kind, 0, 0, 5, 0, hears ? NULL : NCCL_ENGINE_GPUS};
-    if (!hears) nccl_three_gpus();
+    const int ipc = !strcmp(kind, "cuda_ipc");
+    delta_engine_cfg c0 = {0, 3, kind, 0, 0, 5, 0, ipc ? NULL : NCCL_ENGINE_GPUS};
+    if (!ipc) nccl_three_gpus();
     engine_t e = tu_fork_peer(delta_engine_entry, &c0);
     delta_trainer_t t;
-    delta_trainer_start(&t, kind,
-                        hears ? "{\"bucket_bytes\": 1048576, \"delta\": \"on\"}"
-                              : "{\"bucket_bytes\": 1048576, \"delta\": \"on\", \"delta_anchor_every\": 3}",
-                        &e, 1);
+    delta_trainer_start(&t, kind, "{\"bucket_bytes\": 1048576, \"delta\": \"on\"}", &e, 1);
     for (uint64_t v = 1; v <= 2; ++v) delta_step(&t, &e, 1, v, -1);
     /* Version 3: the engine's t0 is no longer version 2, so its patch is refused by name, the
      * engine's memory untouched, and the trainer hears it. */
@@ -1682,8 +1681,7 @@ static void delta_refusal_and_dense_recovery(const char *kind) {
     delta_version(t.tx, &e, 1, t.data, 3, a);
     assert_int_equal(a[0][0], 0x80 | WSYNC_ERR_MISMATCH);
     assert_int_equal(a[0][1], DT); /* every tensor a patch, all queued; t0's refused at the end */
-    if (hears) EXPECT_ERR(wsync_sender_flush(t.tx, 5000), WSYNC_ERR_PEER, "does not hold version 2");
-    else OK(wsync_sender_flush(t.tx, 5000));
+    EXPECT_ERR(wsync_sender_flush(t.tx, 5000), WSYNC_ERR_PEER, "does not hold version 2");
     /* Version 4 is dense for everyone and makes the engine whole; patches flow again after. */
     delta_step(&t, &e, 1, 4, 0);
     delta_step(&t, &e, 1, 5, DT);
@@ -1831,8 +1829,6 @@ static void gpu_delta_needs_packed_buckets_and_no_cast_and_takes_no_mirror(void 
                WSYNC_ERR_UNSUPPORTED, "with 2 senders: each sender's patches differ");
     EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"dtype\": \"float16\", \"delta\": \"auto\", \"delta_anchor_every\": 4}", &s),
                WSYNC_ERR_UNSUPPORTED, "a cast changes that");
-    EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"delta\": \"auto\"}", &s),
-               WSYNC_ERR_UNSUPPORTED, "without 'delta_anchor_every'");
     EXPECT_ERR(wsync_strategy_create("nccl_broadcast", "{\"delta_mirror\": true}", &s),
                WSYNC_ERR_UNSUPPORTED, "applies patches on the GPU");
     EXPECT_ERR(wsync_strategy_create("cuda_ipc", "{\"delta_base_memory\": \"host\"}", &s),
@@ -2533,18 +2529,25 @@ static void a_destroyed_cuda_ipc_sender_is_not_counted_as_attached(void **state)
 }
 
 /* ---- nccl_broadcast ----------------------------------------------------------------------- */
+/* Two engines, receivers 0 and 1, each alone on its fake GPU; the trainer then on GPU 0, its
+ * strategy for both made with `options` and its init info made. */
+static void nccl_two_engines(engine_t e[2], const char *options, wsync_strategy_t **s, wsync_blob_t *init) {
+    static engine_cfg c[2] = {{"nccl_broadcast", "{\"device\": 0}", NCCL_ENGINE_GPUS, 0, 0, 0, 0, 0, 0},
+                              {"nccl_broadcast", "{\"device\": 1}", NCCL_ENGINE_GPUS, 1, 0, 0, 0, 0, 0}};
+    nccl_three_gpus();
+    for (int i = 0; i < 2; ++i) e[i] = engine_start(&c[i]);
+    use_device(0);
+    OK(wsync_strategy_create("nccl_broadcast", options, s));
+    OK(wsync_strategy_create_init_info(*s, init));
+}
+
 static void nccl_broadcast_reaches_two_engines_bit_for_bit(void **state) {
     (void)state;
-    nccl_three_gpus();
-    engine_cfg c0 = {"nccl_broadcast", "{\"device\": 0}", NCCL_ENGINE_GPUS, 0, 0, 0, 0, 0, 0};
-    engine_cfg c1 = {"nccl_broadcast", "{\"device\": 1}", NCCL_ENGINE_GPUS, 1, 0, 0, 0, 0, 0};
-    engine_t e[2] = {engine_start(&c0), engine_start(&c1)};
-    use_device(0);
+    engine_t e[2];
     wsync_strategy_t *s;
     wsync_blob_t init;
     wsync_sender_t *tx;
-    OK(wsync_strategy_create("nccl_broadcast", "{\"receivers\": 2, \"bucket_bytes\": 65536, \"timeout_ms\": 10000}", &s));
-    OK(wsync_strategy_create_init_info(s, &init));
+    nccl_two_engines(e, "{\"receivers\": 2, \"bucket_bytes\": 65536, \"timeout_ms\": 10000}", &s, &init);
     for (int i = 0; i < 2; ++i) engine_send(&e[i], &init);
     OK(wsync_sender_create(s, init.data, init.size, &tx)); /* joins the group of 3 */
     void *data[NT];
@@ -2570,6 +2573,124 @@ static void nccl_broadcast_reaches_two_engines_bit_for_bit(void **state) {
     }
     for (int i = 0; i < 2; ++i) engine_finish(&e[i]);
     trainer_end(tx, s, &init);
+}
+
+/* The trainer's control port (its receivers' reports) as a stranger finds it: the port from the
+ * init info (anyone on the network can scan for it). Returns a connected socket. */
+static int nccl_control_connect(const wsync_blob_t *init) {
+    char *json;
+    OK(wsync_blob_describe(init->data, init->size, &json));
+    const char *at = strstr(json, "\"port\": ");
+    assert_non_null(at);
+    int port = atoi(at + 8);
+    wsync_string_free(json);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+/* Strangers on the control port without the init info's key: 40 silent connections made before
+ * the engines connect (a flood), a hello claiming receiver 1 with a made-up MAC, an
+ * acknowledgement sent without a hello, and bytes that are not frames. The engines' own
+ * connections are taken and the strangers' refused: each version's flush succeeds once both
+ * engines loaded it. */
+static void nccl_strangers_on_the_control_port_are_refused_and_the_engines_report(void **state) {
+    (void)state;
+    engine_t e[2];
+    wsync_strategy_t *s;
+    wsync_blob_t init;
+    wsync_sender_t *tx;
+    nccl_two_engines(e, "{\"receivers\": 2, \"bucket_bytes\": 65536, \"timeout_ms\": 10000, "
+                        "\"control_interface\": \"lo\"}", &s, &init);
+    int strangers[44];
+    for (int i = 0; i < 44; ++i) strangers[i] = nccl_control_connect(&init);
+    uint8_t frame[32 + 16 + 32] = {0};
+    const uint32_t magic = 0x4e435743, hello = 1, ack = 3;
+    const uint64_t index1 = (uint64_t)1 << 32;
+    memcpy(frame, &magic, 4), memcpy(frame + 4, &hello, 4), memcpy(frame + 16, &index1, 8);
+    frame[28] = 16; /* a nonce; the MAC after it is made up */
+    assert_int_equal(write(strangers[40], frame, sizeof frame), (ssize_t)sizeof frame);
+    memcpy(frame + 4, &ack, 4), frame[28] = 0;
+    assert_int_equal(write(strangers[41], frame, 64), 64);
+    memset(frame, 0xab, sizeof frame);
+    assert_int_equal(write(strangers[42], frame, sizeof frame), (ssize_t)sizeof frame);
+    for (int i = 0; i < 2; ++i) engine_send(&e[i], &init);
+    OK(wsync_sender_create(s, init.data, init.size, &tx));
+    void *d = dalloc(64 * 32 * 4);
+    wsync_tensor_t t = gpu_tensor("t0", d, shapes[0], 2, WSYNC_DTYPE_FLOAT, 32, 0);
+    wsync_chunk_t ch = tu_chunk(&t, 1, WSYNC_CHUNK_LAST);
+    for (uint64_t v = 1; v <= 2; ++v) {
+        wsync_blob_t req;
+        tu_fill(d, 64 * 32 * 4, v, 0);
+        OK(wsync_sender_send_chunk(tx, &ch, &req));
+        for (int i = 0; i < 2; ++i) engine_send(&e[i], &req);
+        for (int i = 0; i < 2; ++i) assert_int_equal(engine_verdict(&e[i]), 0);
+        OK(wsync_sender_flush(tx, 5000));
+        wsync_blob_free(&req);
+    }
+    for (int i = 0; i < 44; ++i) close(strangers[i]);
+    for (int i = 0; i < 2; ++i) engine_finish(&e[i]);
+    trainer_end(tx, s, &init);
+}
+
+/* Receivers report to the control channel that create_init_info opened, so only the strategy
+ * that made the init info makes its sender: another strategy is refused at once, naming why,
+ * before it joins the group. */
+static void nccl_a_sender_is_made_only_by_the_strategy_that_made_the_init_info(void **state) {
+    (void)state;
+    nccl_three_gpus();
+    use_device(0);
+    wsync_strategy_t *s, *other;
+    wsync_blob_t init;
+    wsync_sender_t *tx = (wsync_sender_t *)1;
+    OK(wsync_strategy_create("nccl_broadcast", "{\"timeout_ms\": 300}", &s));
+    OK(wsync_strategy_create("nccl_broadcast", "{\"timeout_ms\": 300}", &other));
+    OK(wsync_strategy_create_init_info(s, &init));
+    EXPECT_ERR(wsync_sender_create(other, init.data, init.size, &tx), WSYNC_ERR_INVALID_ARGUMENT,
+               "did not make the init info");
+    assert_null(tx);
+    wsync_strategy_destroy(other);
+    wsync_strategy_destroy(s);
+    wsync_blob_free(&init);
+}
+
+/* The trainer's control port stays with the process that opened it: a child it forked (a
+ * data-loader worker) holds no copy, so once the strategy that made the init info is gone a
+ * receiver is refused at once, naming the control channel, instead of connecting to the
+ * child's copy and waiting for a group that never forms. */
+static void nccl_a_forked_child_keeps_no_copy_of_the_control_port(void **state) {
+    (void)state;
+    nccl_three_gpus();
+    use_device(0);
+    wsync_strategy_t *s, *rs;
+    wsync_blob_t init;
+    wsync_receiver_t *rx = (wsync_receiver_t *)1;
+    OK(wsync_strategy_create("nccl_broadcast", "{\"control_interface\": \"lo\"}", &s));
+    OK(wsync_strategy_create_init_info(s, &init));
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    pid_t child = fork();
+    if (child == 0) { /* its fork handlers have run when fork returns here */
+        if (write(ready[1], "r", 1) != 1) _exit(1);
+        sleep(5);
+        _exit(0);
+    }
+    char r;
+    assert_int_equal(read(ready[0], &r, 1), 1);
+    close(ready[0]), close(ready[1]);
+    wsync_strategy_destroy(s);
+    OK(wsync_strategy_create("nccl_broadcast", "{\"device\": 1, \"timeout_ms\": 3000}", &rs));
+    long t0 = tu_now_ms();
+    EXPECT_ERR(wsync_receiver_create(rs, init.data, init.size, 0, &rx), WSYNC_ERR_PEER,
+               "could not reach the sender's control channel");
+    assert_true(tu_now_ms() - t0 < 2500); /* not the 3000 ms of a group that never forms */
+    assert_null(rx);
+    kill(child, SIGKILL);
+    assert_int_equal(tu_wait_child(child, 5000), 128 + SIGKILL);
+    wsync_strategy_destroy(rs);
+    wsync_blob_free(&init);
 }
 
 static void nccl_group_that_never_completes_times_out_and_aborts(void **state) {
@@ -3990,6 +4111,9 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(a_gpu_below_compute_capability_8_is_unavailable_for_the_kernel_paths),
     cmocka_unit_test(an_apply_whose_kernel_table_grows_does_not_wait_for_queued_work),
     cmocka_unit_test(nccl_broadcast_reaches_two_engines_bit_for_bit),
+    cmocka_unit_test(nccl_strangers_on_the_control_port_are_refused_and_the_engines_report),
+    cmocka_unit_test(nccl_a_sender_is_made_only_by_the_strategy_that_made_the_init_info),
+    cmocka_unit_test(nccl_a_forked_child_keeps_no_copy_of_the_control_port),
     cmocka_unit_test(nccl_group_that_never_completes_times_out_and_aborts),
     cmocka_unit_test(nccl_failed_broadcast_times_the_receiver_out_and_fails_flush),
     cmocka_unit_test(cuda_ipc_an_earlier_chunk_is_acknowledged_when_its_copies_complete_not_when_it_ends),

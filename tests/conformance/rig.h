@@ -35,7 +35,7 @@ static const rig_kind_t kRigKinds[] = {
     {"shm", ""},
     {"ucx", "\"transports\": \"tcp\", \"net_devices\": \"lo\", \"timeout_ms\": 10000"},
     {"cuda_ipc", ""},
-    {"nccl_broadcast", "\"timeout_ms\": 3000"},
+    {"nccl_broadcast", "\"timeout_ms\": 3000, \"control_interface\": \"lo\""},
 };
 
 /* A kind's capabilities, read from wsync_strategy_kinds(). */

@@ -1,5 +1,6 @@
 #include "transport/nccl/init_info.hpp"
 
+#include <arpa/inet.h>
 #include <cstring>
 
 #define XXH_INLINE_ALL
@@ -30,6 +31,24 @@ InitInfo parse_init_info(const json &body) {
         if (!gpu::parse_uuid(text, &info.sender_gpu))
             wire::malformed(w + ": sender_gpu '" + wire::printable(text) + "' is not a GPU UUID");
         info.has_sender_gpu = true;
+    }
+    if (body.contains("control")) {  // optional: an older trainer's init info has none
+        const json &c = wire::object_field(body, "control", w);
+        info.control.port = static_cast<uint16_t>(wire::uint_field(c, "port", w + " control", 65535));
+        for (const json &h : wire::array_field(c, "hosts", w + " control", 8)) {
+            in_addr a{};
+            if (!h.is_string() || h.get_ref<const std::string &>().size() > 15 ||
+                inet_pton(AF_INET, h.get_ref<const std::string &>().c_str(), &a) != 1)
+                wire::malformed(w + ": control hosts holds something other than an IPv4 address");
+            info.control.hosts.push_back(h.get<std::string>());
+        }
+        const json &key = wire::field(c, "key", w + " control");
+        if (!key.is_binary() || key.get_binary().size() != info.control.key.size())
+            wire::malformed(w + ": control key is not 32 bytes");
+        std::memcpy(info.control.key.data(), key.get_binary().data(), info.control.key.size());
+        if (info.control.port == 0 || info.control.hosts.empty())
+            wire::malformed(w + ": control names no port or no host");
+        info.has_control = true;
     }
     info.group = XXH3_64bits(info.id.internal, sizeof info.id.internal);
     return info;

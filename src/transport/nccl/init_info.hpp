@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/api.hpp"
+#include "transport/nccl/control.hpp"
 
 namespace wsync::nccl {
 
@@ -34,6 +35,11 @@ struct InitInfo {
     // libwsync from before the field: nothing is checked then.
     bool has_sender_gpu = false;
     gpu::CUuuid sender_gpu{};
+    // Where receivers reach the sender's control channel (control.hpp): "control", a port and
+    // the sender host's addresses. Absent (has_control false) in an older trainer's init info:
+    // its receivers then have no channel, as before.
+    bool has_control = false;
+    ControlAddress control;
 };
 
 // Validates an init-info body; WSYNC_ERR_MALFORMED names the bad field.

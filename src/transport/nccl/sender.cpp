@@ -6,6 +6,7 @@
 #include "gpu/delta_coder.hpp"
 #include "gpu/pack.hpp"
 #include "transport/nccl/comm.hpp"
+#include "transport/nccl/ledger.hpp"
 
 namespace wsync::nccl {
 namespace {
@@ -23,9 +24,10 @@ void check_device(const wsync_tensor_t *tensors, const TensorTable &table, int o
 class NcclSender final : public SenderImpl {
 public:
     NcclSender(const gpu::NcclApi &nccl, std::unique_ptr<gpu::Device> dev, const InitInfo &info,
-               bool synchronize, int64_t timeout_ms)
+               std::unique_ptr<Listener> listener, bool synchronize, int64_t timeout_ms)
         : dev_(std::move(dev)), info_(info), cast_(gpu::parse_cast(info.dtype)),
           synchronize_(synchronize), timeout_ms_(timeout_ms),
+          ledger_(std::move(listener), info.nranks - 1, info.group),
           comm_(std::make_unique<Comm>(nccl, *dev_, info, 0, timeout_ms)),
           pack_stream_(*dev_), comm_stream_(*dev_), packer_(*dev_), packed_(*dev_), legacy_(*dev_) {
         for (int b = 0; b < 2; ++b) {
@@ -42,11 +44,14 @@ public:
         return std::make_unique<gpu::DeviceCoder>(dev_->api(), config, kKind, timeout_ms_, synchronize_);
     }
 
-    json send(const ChunkHeader &, const wsync_tensor_t *tensors, TensorTable &table) override {
+    json send(const ChunkHeader &header, const wsync_tensor_t *tensors, TensorTable &table) override {
+        ledger_.pump(0);
         if (table.metas.empty()) {
             // A commit without data moves nothing: both sides skip the broadcast.
             comm_->check("before committing");
-            return json{{"group", info_.group}, {"seq", next_seq_++}, {"bytes", 0}};
+            json out = request(next_seq_, 0);
+            ledger_.sent(next_seq_++, header.version, header.chunk_index, 0);
+            return out;
         }
         check_device(tensors, table, dev_->ordinal());
         gpu::check_sources(*dev_, tensors, table.metas, kKind);
@@ -57,8 +62,11 @@ public:
         const int b = static_cast<int>(seq % 2);
         const std::string chunk = "chunk seq " + std::to_string(seq);
         sys::Deadline deadline(timeout_ms_);
-        // The bucket's previous broadcast (chunk seq - 2) must be complete before we overwrite it.
-        if (seq > 2)
+        // The bucket's previous broadcast (chunk seq - 2) must be complete before we overwrite it,
+        // unless its version was abandoned: receivers that have not drained it yet (the requests
+        // from this one on tell them to) discard what they get, and NCCL runs it before this
+        // chunk's broadcast, which is queued after it on the same stream.
+        if (seq > 2 && !ledger_.abandoned_bytes(seq - 2))
             comm_->wait(*sent_[b], deadline,
                         "broadcast of chunk seq " + std::to_string(seq - 2) + " (its bucket is needed for " +
                             chunk + ")");
@@ -67,17 +75,53 @@ public:
         comm_->broadcast(reinterpret_cast<void *>(buckets_[b].ptr()), bytes, comm_stream_.get(),
                          deadline, "sending " + chunk + " (" + std::to_string(bytes) + " bytes)");
         sent_[b]->record(comm_stream_.get());  // after the broadcast: Comm::broadcast enqueued it
+        json out = request(seq, bytes);
+        ledger_.sent(seq, header.version, header.chunk_index, bytes);
         ++next_seq_;
-        return json{{"group", info_.group}, {"seq", seq}, {"bytes", bytes}};
+        return out;
     }
 
+    // Waits for every receiver's outcome of every chunk (the control channel), so a failure, a
+    // death or a stall is named by receiver; then for this rank's own last broadcasts.
     void flush(int64_t timeout_ms) override {
         sys::Deadline deadline(timeout_ms);
+        comm_->check("flush");
+        ledger_.wait(deadline, [this](bool died) { return give_up(died); });
         for (uint64_t s = next_seq_ > 2 ? next_seq_ - 2 : 1; s < next_seq_; ++s)
-            comm_->wait(*sent_[s % 2], deadline, "flush: broadcast of chunk seq " + std::to_string(s));
+            if (!ledger_.abandoned_bytes(s))
+                comm_->wait(*sent_[s % 2], deadline, "flush: broadcast of chunk seq " + std::to_string(s));
     }
 
+    void abandon(uint64_t version) override { ledger_.abandon(version); }
+
 private:
+    // A request's transport map. "drain" lists the broadcasts of abandoned versions that some
+    // receiver may not have joined yet ([seq, bytes] pairs): every rank must join each
+    // broadcast, in order, so a receiver joins and discards those before this one.
+    json request(uint64_t seq, uint64_t bytes) const {
+        json out{{"group", info_.group}, {"seq", seq}, {"bytes", bytes}};
+        json drain = json::array();
+        for (uint64_t s : ledger_.undrained(seq)) drain.push_back({s, ledger_.abandoned_bytes(s)});
+        if (!drain.empty()) out["drain"] = std::move(drain);
+        return out;
+    }
+
+    // A receiver died or stalled (flush): a rank that died can join no later broadcast, and
+    // one of this rank's broadcasts that a stalled rank never joined never completes, so the
+    // communicator is aborted rather than left with a queued broadcast (later calls report
+    // that). Returns the text the flush's error ends with.
+    std::string give_up(bool died) {
+        bool pending = false;
+        for (uint64_t s = next_seq_ > 2 ? next_seq_ - 2 : 1; s < next_seq_; ++s)
+            if (!sent_[s % 2]->done()) pending = true;
+        if (!died && !pending) return "";
+        comm_->abort();
+        return std::string("; communicator aborted (") +
+               (died ? "a rank that died can join no later broadcast"
+                     : "a broadcast the stalled receiver never joined cannot complete") +
+               "): make a new sender and receivers from new init info";
+    }
+
     // Packs the chunk into bucket b and returns once the kernel has read the caller's tensors:
     // wsync.h lets the caller change them as soon as send_chunk returns, and nothing orders the
     // caller's later work after our pack stream. The wait polls an event on that stream
@@ -120,6 +164,7 @@ private:
     gpu::Cast cast_;
     bool synchronize_;
     int64_t timeout_ms_;
+    Ledger ledger_;
     std::unique_ptr<Comm> comm_;
     gpu::Stream pack_stream_, comm_stream_;
     gpu::Packer packer_;
@@ -133,8 +178,10 @@ private:
 }  // namespace
 
 std::unique_ptr<SenderImpl> make_sender(const gpu::NcclApi &nccl, std::unique_ptr<gpu::Device> dev,
-                                        const InitInfo &info, bool synchronize, int64_t timeout_ms) {
-    return std::make_unique<NcclSender>(nccl, std::move(dev), info, synchronize, timeout_ms);
+                                        const InitInfo &info, std::unique_ptr<Listener> listener,
+                                        bool synchronize, int64_t timeout_ms) {
+    return std::make_unique<NcclSender>(nccl, std::move(dev), info, std::move(listener), synchronize,
+                                        timeout_ms);
 }
 
 }  // namespace wsync::nccl

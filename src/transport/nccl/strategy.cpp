@@ -15,9 +15,10 @@
 // overlaps the caller's work and the pack of chunk k + 1. Before reusing a bucket the sender
 // waits, with the deadline, for that bucket's previous broadcast. A receiver posts its side of
 // the broadcast when the loader asks for the chunk and waits for it (deadline) before yielding
-// views into its own bucket. flush waits for the last broadcasts. NCCL has no back channel, so
-// flush reports transport completion; a receiver that fails to load a chunk reports that to its
-// own caller.
+// views into its own bucket. NCCL has no back channel, so each receiver reports to the sender
+// over the control channel (control.hpp: joined, acknowledged, failed; authenticated with a
+// key only the init info holds), and flush waits for those reports (ledger.hpp), naming the
+// receiver that failed, died or never joined.
 //
 // Every wait is bounded: no cuCtxSynchronize, no blocking NCCL call. Events on our own streams
 // are polled with cuEventQuery, the communicator's state with ncclCommGetAsyncError, both
@@ -34,7 +35,8 @@
 // receivers on one GPU cannot be seen before the init; its "invalid usage" names that cause.
 //
 // The files of this folder: init_info (the init-info body), comm (the communicator: creation,
-// bounded waits, broadcast, teardown), sender, receiver, and this one, which ties them into the
+// bounded waits, broadcast, teardown), control (the control channel's socket and frames),
+// ledger (the sender's view of its receivers' reports), sender, receiver, and this one, which ties them into the
 // kind (options, strategy, registration).
 #include <cstring>
 #include <memory>
@@ -94,6 +96,11 @@ const std::vector<OptionSpec> &option_specs() {
                            "deadline for communicator creation, for a free bucket, for each pack "
                            "and received chunk, and for finalizing the communicator when the "
                            "sender or receiver is destroyed"),
+        {"control_interface", T::String, 0, 0, 0, "sender",
+         "network interface (e.g. \"eth0\", \"lo\" when every rank is on this host) whose IPv4 address "
+         "the trainer listens on for its receivers' reports (the control channel: outcomes, "
+         "failures, stalls); \"\": every address of this host but loopback (receivers try each)",
+         ""},
         {"nccl_library", T::String, 0, 0, 0, "both",
          "path of libnccl.so.2 to use (e.g. the one PyTorch ships); else $WSYNC_NCCL_LIBRARY, "
          "else the system's libnccl.so.2",
@@ -109,17 +116,7 @@ public:
           receivers_(static_cast<uint32_t>(o.uint("receivers"))),
           bucket_bytes_((o.uint("bucket_bytes") + 4095) / 4096 * 4096), dtype_(o.text("dtype")),
           device_(static_cast<int>(o.uint("device"))), synchronize_(o.boolean("synchronize")),
-          timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))) {
-        const std::string &delta = o.text("delta");
-        // No channel runs from engines back to the trainer (docs/failure-model.md), so it never
-        // hears that one failed a version and would go on sending it patches it must refuse:
-        // only periodic dense versions make such an engine whole.
-        if (delta != "off" && o.uint("delta_anchor_every") == 0)
-            fail(WSYNC_ERR_UNSUPPORTED,
-                 "nccl_broadcast: option 'delta' is \"" + delta + "\" without 'delta_anchor_every': "
-                 "the trainer cannot hear that an engine failed a version (no channel runs back "
-                 "from engines), so only periodic dense versions make such an engine whole; set "
-                 "delta_anchor_every to N (versions 1, N+1, 2N+1, ... go dense)");
+          timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))), interface_(o.text("control_interface")) {
         gpu::refuse_cast_with_delta(kKind, o);
     }
 
@@ -128,7 +125,10 @@ public:
         gpu::ncclResult_t rc = nccl_.ncclGetUniqueId(&id);
         if (rc != gpu::ncclSuccess) gpu::nccl_fail(nccl_, rc, std::string(kKind) + ": ncclGetUniqueId");
         const gpu::CUuuid gpu = gpu_uuid(cuda_, device_);  // the sender's, checked there
-        return json{{"unique_id", json::binary(std::vector<uint8_t>(id.internal, id.internal + sizeof id.internal))},
+        listener_ = std::make_unique<Listener>(interface_);  // the sender made from this init info takes it
+        const ControlAddress &at = listener_->address();
+        const json key = json::binary(std::vector<uint8_t>(at.key.begin(), at.key.end()));
+        return json{{"control", {{"port", at.port}, {"hosts", at.hosts}, {"key", key}}},{"unique_id", json::binary(std::vector<uint8_t>(id.internal, id.internal + sizeof id.internal))},
                     {"nranks", receivers_ + 1}, {"bucket_bytes", bucket_bytes_}, {"dtype", dtype_},
                     {"nccl_version", nccl_.version}, {"sender_gpu", gpu::uuid_text(gpu)}};
     }
@@ -147,8 +147,18 @@ public:
                      std::to_string(device_) + " is " + gpu::uuid_text(mine) +
                      "; create the sender from the strategy that made the init info, or give "
                      "both the same \"device\" (receivers refuse that GPU, not this one)");
+        // Receivers report to the control channel named in the init info: only the strategy
+        // that opened it can hand it to a sender.
+        if (!info.has_control || !listener_ || listener_->address().port != info.control.port)
+            fail(WSYNC_ERR_INVALID_ARGUMENT,
+                 std::string(kKind) + ": this strategy did not make the init info" +
+                     (info.has_control ? " (its control channel, port " + std::to_string(info.control.port) +
+                                             ", is another strategy's)"
+                                       : " (it names no control channel: an older trainer's)") +
+                     ", or made a sender from it already; create the sender from the strategy that "
+                     "made the init info, once (receivers report to that strategy's channel)");
         auto dev = std::make_unique<gpu::Device>(cuda_, device_, kKind);
-        return make_sender(nccl_, std::move(dev), info, synchronize_, timeout_ms_);
+        return make_sender(nccl_, std::move(dev), info, std::move(listener_), synchronize_, timeout_ms_);
     }
 
     // A receiver on the sender's GPU is refused here, before it makes a context or joins the
@@ -185,13 +195,16 @@ private:
     int device_;
     bool synchronize_;
     int64_t timeout_ms_;
+    std::string interface_;               // "control_interface"
+    std::unique_ptr<Listener> listener_;  // opened by create_init_info, taken by create_sender
 };
 
 std::unique_ptr<StrategyImpl> create_strategy(const Options &o) { return std::make_unique<NcclStrategy>(o); }
 
 std::string unavailable_reason(const Options *o) {
     std::string why = gpu::cuda_unavailable_reason();
-    return why.empty() ? gpu::nccl_unavailable_reason(o ? o->text("nccl_library") : "") : why;
+    if (why.empty()) why = gpu::nccl_unavailable_reason(o ? o->text("nccl_library") : "");
+    return why.empty() ? auth::crypto_unavailable_reason() : why;  // the control channel's MACs
 }
 
 std::string runtime_text() {

@@ -11,30 +11,26 @@
 // per-direction message number that must rise, and the message's bytes. Requests never carry
 // the key; the key never travels on the wire.
 //
-// HMAC-SHA256 is OpenSSL's (libcrypto), opened with dlopen like UCX itself (api.hpp): the ucx
-// kind is unavailable, naming the file, where no libcrypto.so.3 is installed (Debian: libssl3).
+// HMAC-SHA256 is OpenSSL's (libcrypto, src/auth/hmac.hpp), opened with dlopen like UCX itself
+// (api.hpp): the ucx kind is unavailable, naming the file, where no libcrypto.so.3 is installed.
 #pragma once
 
-#include <array>
 #include <cstdint>
-#include <string>
-#include <vector>
+
+#include "auth/hmac.hpp"
 
 namespace wsync::ucx {
 
-inline constexpr std::size_t kKeyBytes = 32;
-inline constexpr std::size_t kNonceBytes = 16;
-inline constexpr std::size_t kMacBytes = 32;
-using Key = std::array<uint8_t, kKeyBytes>;
-using Nonce = std::array<uint8_t, kNonceBytes>;
-using Mac = std::array<uint8_t, kMacBytes>;
-
-// "" when HMAC-SHA256 can be loaded, else why not (the file, and what is missing).
-std::string crypto_unavailable_reason();
-// HMAC-SHA256(key, data). Throws WSYNC_ERR_UNAVAILABLE when libcrypto cannot be loaded.
-Mac hmac(const uint8_t *key, std::size_t key_len, const uint8_t *data, std::size_t n);
-// Compares in time independent of where they differ.
-bool same_mac(const uint8_t *a, const uint8_t *b);
+// HMAC-SHA256 and its sizes are shared with nccl_broadcast's control channel (src/auth).
+using auth::crypto_unavailable_reason;
+using auth::hmac;
+using auth::kKeyBytes;
+using auth::kMacBytes;
+using auth::kNonceBytes;
+using auth::Key;
+using auth::Mac;
+using auth::Nonce;
+using auth::same_mac;
 
 // The key of one connection, from the init info's key and both nonces.
 Key connection_key(const Key &key, uint32_t index, uint64_t token, const Nonce &engine,
