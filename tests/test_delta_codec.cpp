@@ -485,6 +485,28 @@ void after_a_dense_version_every_tensor_goes_dense_once_even_those_it_did_not_ca
 
 }  // namespace
 
+// The warp's schedule of XXH3's long path (xxh3.h, hash_long_by_lanes: 32 threads' sums over 4
+// stripes a round, reduced as delta.cu's shuffles reduce them) is XXH3_64bits at every length
+// from 241 to 4160, around the 1 KiB block edges up to 64 KiB + 1, and at unaligned addresses;
+// the fake driver hashes pieces and verdicts with it, so the kernels' decomposition is what
+// every GPU test on the fake runs.
+void the_warp_schedule_of_xxh3_equals_the_librarys_at_every_length(void **) {
+    const std::vector<uint8_t> b = noise(70000 + 16, 98);
+    std::vector<size_t> lengths;
+    for (size_t n = 0; n <= 4160; ++n) lengths.push_back(n);
+    for (size_t k = 5; k <= 64; ++k)
+        for (size_t d : {1023, 1024, 1025}) lengths.push_back(k * 1024 + d - 1024);
+    lengths.push_back(65535);
+    lengths.push_back(65536);
+    for (size_t off : {0, 1, 6, 8}) {
+        for (size_t n : lengths) {
+            const uint64_t got = wsync_xxh3::hash64_by_lanes(b.data() + off, n);
+            if (got != XXH3_64bits(b.data() + off, n)) print_message("length %zu at offset %zu differs\n", n, off);
+            assert_true(got == XXH3_64bits(b.data() + off, n));
+        }
+    }
+}
+
 // The XXH3-64 the GPU kernels compile (src/gpu/kernels/xxh3.h, here built for the host) is the
 // library's XXH3_64bits at every length up to 4160 (each short-input path, both mid-size ones,
 // every stripe count of the long path's first blocks), around the 1 KiB block edges up to 64 KiB
@@ -545,6 +567,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_fold_during_the_compare_equals_a_fold_before_it),
         cmocka_unit_test(the_compare_finds_exactly_the_changed_elements_at_every_density),
         cmocka_unit_test(the_device_xxh3_equals_the_librarys_at_every_length),
+        cmocka_unit_test(the_warp_schedule_of_xxh3_equals_the_librarys_at_every_length),
         cmocka_unit_test(an_abandoned_version_leaves_the_trainers_base_intact),
         cmocka_unit_test(after_a_dense_version_every_tensor_goes_dense_once_even_those_it_did_not_carry),
     };

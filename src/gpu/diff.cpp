@@ -30,12 +30,13 @@ uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 constexpr uint64_t kMaxGrid = uint64_t(1) << 20;
 unsigned grid_for(uint64_t blocks) { return static_cast<unsigned>(std::min(blocks, kMaxGrid)); }
 
-void check_tiles(uint64_t tiles, const std::string &what) {
+}  // namespace
+
+void DeltaKernels::check_tiles(uint64_t tiles, const std::string &what) {
     if (tiles > UINT32_MAX)
         fail(WSYNC_ERR_INVALID_ARGUMENT, what + ": " + std::to_string(tiles) +
                                              " tiles are more than one launch can index");
 }
-}  // namespace
 
 DeltaKernels::DeltaKernels(const Device &d) : dev_(d), done_(d), io_(d) {
     d.require_kernels("the delta kernels");
@@ -48,9 +49,9 @@ DeltaKernels::DeltaKernels(const Device &d) : dev_(d), done_(d), io_(d) {
     } const fns[] = {{&hash_, kPieceHashKernel},
                      {&count_, kDeltaCountKernel},
                      {&compact_, kDeltaCompactKernel},
-                     {&check_, kPatchCheckKernel},
                      {&scatter_, kPatchScatterKernel},
-                     {&verdict_, kPatchVerdictKernel}};
+                     {&begin_, kApplyBeginKernel},
+                     {&end_, kApplyEndKernel}};
     for (const auto &f : fns) {
         const CUresult rc = d.api().cuModuleGetFunction(f.fn, module_, f.name);
         if (rc != CUDA_SUCCESS) {
@@ -140,8 +141,8 @@ void DeltaKernels::queue_hashes(const std::vector<DeviceRange> &ranges, CUstream
     if (pieces == 0) return;
     const CUdeviceptr table = upload(hash_table_, hash_entries_.data(),
                                      hash_entries_.size() * sizeof(HashEntry), stream, "hash table");
-    launch(hash_, kHashBlock, (pieces + kHashBlock - 1) / kHashBlock, table, hash_entries_.size(),
-           pieces, stream, kPieceHashKernel);
+    launch(hash_, kHashBlock, (pieces + kPiecesPerBlock - 1) / kPiecesPerBlock, table,
+           hash_entries_.size(), pieces, stream, kPieceHashKernel);
 }
 
 std::vector<uint64_t> DeltaKernels::read_hashes(const std::vector<DeviceRange> &ranges,
@@ -183,7 +184,7 @@ void DeltaKernels::count(const std::vector<DiffJob> &jobs, CUstream stream,
                      " bytes at " + hex(j.now) + " and " + hex(j.base) +
                      ") is not one the GPU compare takes: elements of 1, 2, 4 or 8 bytes, aligned to their size");
         diff_entries_[i] = DiffEntry{j.now, j.base, j.elements, 0, 0, 0, 0, j.esize, 0,
-                                     static_cast<uint32_t>(tiles), 0};
+                                     static_cast<uint32_t>(tiles), vector16(j.now, j.base)};
         now[i] = DeviceRange{j.now, j.elements * j.esize};
         tiles += diff_tiles(j.elements);
     }
@@ -286,12 +287,9 @@ void DeltaKernels::launch_patches(CUfunction fn, CUstream stream, const char *na
     launch(fn, kPatchBlock, tiles, table, patch_entries_.size(), tiles, stream, name);
 }
 
-namespace {
-// Where a plain patch's indices and values are.
-CUdeviceptr values_of(CUdeviceptr patch, uint64_t changed, unsigned width) {
+CUdeviceptr DeltaKernels::values_of(CUdeviceptr patch, uint64_t changed, unsigned width) {
     return patch + delta::kHeaderBytes + round_up(changed * width, 8);
 }
-}  // namespace
 
 void DeltaKernels::fold(const std::vector<FoldJob> &jobs, CUstream stream) {
     Device::Scope scope(dev_);
@@ -301,215 +299,6 @@ void DeltaKernels::fold(const std::vector<FoldJob> &jobs, CUstream stream) {
                                             values_of(j.patch, j.changed, j.width), 0, j.changed,
                                             j.elements, 0, j.esize, j.width, 0, 0});
     launch_patches(scatter_, stream, kPatchScatterKernel);
-}
-
-// ---- the receiver ------------------------------------------------------------------------
-void DeltaKernels::drain(const sys::Deadline &deadline, const std::string &what) {
-    std::vector<CUstream> streams;
-    for (const Pending &p : pending_)
-        if (std::find(streams.begin(), streams.end(), p.stream) == streams.end()) streams.push_back(p.stream);
-    for (CUstream s : streams) wait(s, deadline, what);
-}
-
-void DeltaKernels::reserve_queued(DeviceBuffer &buf, uint64_t bytes, const sys::Deadline &deadline,
-                                  const char *what) {
-    if (buf.size() >= bytes) return;
-    // Queued applies still read and write the old buffer: let them finish first (rare: the
-    // capacity is kept).
-    drain(deadline, std::string("growing the ") + what + " of the queued patches on the GPU");
-    reserve(buf, bytes, what);
-}
-
-bool DeltaKernels::queue_apply(const ApplyJob &j, CUstream stream, const sys::Deadline &deadline,
-                               ApplyOut *refused) {
-    Device::Scope scope(dev_);
-    // What the host can tell from the request alone: a patch made on a GPU has plain indices of
-    // 4 bytes while the tensor has at most 2^32 elements, else 8 (DeltaKernels::count), so its
-    // size gives its count; the kernels then check that its header says the same.
-    const unsigned width = j.elements <= (uint64_t(1) << 32) ? 4 : 8;
-    uint64_t count = UINT64_MAX;
-    std::string defect;
-    if (j.esize != 1 && j.esize != 2 && j.esize != 4 && j.esize != 8) {
-        defect = ": the GPU apply takes elements of 1, 2, 4 or 8 bytes, not " + std::to_string(j.esize);
-    } else if (j.patch % 8) {
-        defect = ": patch does not start on an 8-byte boundary";
-    } else if (j.nbytes >= delta::kHeaderBytes && j.elements <= UINT64_MAX / 16) {
-        const uint64_t body = j.nbytes - delta::kHeaderBytes;
-        for (uint64_t pad : {uint64_t(0), uint64_t(4)}) {  // the indices' padding to 8 bytes
-            if (body < pad) continue;
-            const uint64_t c = (body - pad) / (width + j.esize);
-            if (c <= j.elements && delta::patch_bytes(c, j.esize, width) == j.nbytes) count = c;
-        }
-    }
-    if (defect.empty() && count == UINT64_MAX)
-        defect = ": patch of " + std::to_string(j.nbytes) + " bytes is not the size of any patch of " +
-                 std::to_string(j.elements) + " elements of " + std::to_string(j.esize) + " bytes with " +
-                 std::to_string(width) + "-byte indices";
-    if (!defect.empty()) {
-        *refused = ApplyOut{Outcome::kMalformed, 0, j.label + defect};
-        return false;
-    }
-    const uint64_t bytes = j.elements * j.esize, pieces = hash_pieces(bytes);
-    check_tiles(std::max(pieces, check_pass_tiles(count)), j.label);
-    // The piece hashes and saved values are reused patch after patch, which only stream order
-    // makes safe: a loader that moved to another stream waits for the first one's applies.
-    if (!pending_.empty() && pending_.back().stream != stream)
-        drain(deadline, j.label + ": the patches queued on the loader's previous stream");
-    reserve_queued(apply_hashes_, pieces * 8, deadline, "piece hashes");
-    reserve_queued(saved_, count * j.esize, deadline, "replaced values");
-    // The slot: a fresh slab when the ones there are full (kept for later chunks).
-    const std::size_t k = pending_.size();
-    if (k / kSlabSlots >= slabs_.size())
-        slabs_.emplace_back(dev_, kSlotBytes * kSlabSlots, "patch states");
-    const CUdeviceptr slot = slabs_[k / kSlabSlots].ptr() + kSlotBytes * (k % kSlabSlots);
-    const CUdeviceptr state = slot + offsetof(SlotBlock, state);
-    const CUdeviceptr idx = j.patch + delta::kHeaderBytes, values = values_of(j.patch, count, width);
-    SlotBlock b{};
-    b.state = ApplyState{UINT64_MAX, kGo, 0, j.base_hash, j.result_hash, apply_hashes_.ptr(), pieces, 0};
-    b.apply = PatchEntry{j.dst, idx, values, saved_.ptr(), count, j.elements, state, j.esize, width, 0, kGo};
-    b.restore = PatchEntry{j.dst, idx, saved_.ptr(), 0, count, j.elements, state, j.esize, width, 0,
-                           kResultDiffers};
-    b.hash = HashEntry{j.dst, bytes, apply_hashes_.ptr(), state, 0, 0};
-    // Once it is in pending_, collect() waits for whatever part of it was queued, and reports
-    // it as failed unless all of it was.
-    pending_.push_back(Pending{stream, slot, j, false});
-    // Pageable memory: the driver stages it before returning (CUDA driver API, "API
-    // synchronization behavior"), so `b` may go.
-    WSYNC_CU(dev_.api(), cuMemcpyHtoDAsync(slot, &b, sizeof(SlotBlock), stream),
-             j.label + ": uploading the patch's state");
-    const CUdeviceptr apply = slot + offsetof(SlotBlock, apply), restore = slot + offsetof(SlotBlock, restore),
-                      hash = slot + offsetof(SlotBlock, hash);
-    const uint64_t tiles = patch_tiles(count), checks = check_pass_tiles(count);
-    auto verdict = [&](unsigned stage) {
-        launch(verdict_, kVerdictBlock, 1, state, 1, stage, stream, kPatchVerdictKernel);
-    };
-    launch(check_, kPatchBlock, checks, apply, 1, checks, stream, kPatchCheckKernel);
-    launch(hash_, kHashBlock, (pieces + kHashBlock - 1) / kHashBlock, hash, 1, pieces, stream, kPieceHashKernel);
-    verdict(0);
-    launch(scatter_, kPatchBlock, tiles, apply, 1, tiles, stream, kPatchScatterKernel);
-    launch(hash_, kHashBlock, (pieces + kHashBlock - 1) / kHashBlock, hash, 1, pieces, stream, kPieceHashKernel);
-    verdict(1);
-    launch(scatter_, kPatchBlock, tiles, restore, 1, tiles, stream, kPatchScatterKernel);
-    pending_.back().whole = true;
-    return true;
-}
-
-std::vector<DeltaKernels::ApplyOut> DeltaKernels::collect(const sys::Deadline &deadline,
-                                                          const std::string &what) {
-    Device::Scope scope(dev_);
-    struct Clear {  // the queue is empty afterwards, whatever happens
-        std::vector<Pending> &p;
-        ~Clear() { p.clear(); }
-    } clear{pending_};
-    std::vector<ApplyOut> out(pending_.size());
-    if (pending_.empty()) return out;
-    try {
-        drain(deadline, what);
-    } catch (const Error &e) {
-        if (e.status() == WSYNC_ERR_TIMEOUT) {
-            // The queued steps may still run whenever the stream moves, reading and writing
-            // the slots, the piece hashes and the saved values: those buffers are given up to
-            // them (never freed: freeing would wait for the stuck work, without a bound) and
-            // later applies get fresh ones. One model's worth of scratch per timeout at most.
-            for (DeviceBuffer &b : slabs_) b.leak();
-            slabs_.clear();
-            apply_hashes_.leak();
-            saved_.leak();
-            apply_hashes_ = DeviceBuffer();
-            saved_ = DeviceBuffer();
-        }
-        throw;
-    }
-    const std::vector<Pending> &pending = pending_;
-    // Every slot, one read-back per slab.
-    std::vector<SlotBlock> got(pending.size());
-    std::vector<uint8_t> raw;
-    for (std::size_t at = 0; at < pending.size(); at += kSlabSlots) {
-        const std::size_t n = std::min<std::size_t>(kSlabSlots, pending.size() - at);
-        raw.resize(n * kSlotBytes);
-        download(raw.data(), slabs_[at / kSlabSlots].ptr(), raw.size(), "patch states");
-        for (std::size_t k = 0; k < n; ++k)
-            std::memcpy(&got[at + k], raw.data() + k * kSlotBytes, sizeof(SlotBlock));
-    }
-    for (std::size_t k = 0; k < pending.size(); ++k) {
-        const ApplyJob &j = pending[k].job;
-        const ApplyState &st = got[k].state;
-        ApplyOut &o = out[k];
-        if (!pending[k].whole) {
-            o = ApplyOut{Outcome::kMalformed, 0,
-                         j.label + ": its apply could not be queued whole on the GPU, so what the "
-                                   "destination holds is unspecified"};
-            continue;
-        }
-        switch (st.verdict) {
-        case kGo: break;
-        case kBaseDiffers:
-            o = ApplyOut{Outcome::kBaseDiffers, st.got, j.label + ": the destination does not hold the patch's base"};
-            break;
-        case kResultDiffers:
-            o = ApplyOut{Outcome::kResultDiffers, st.got,
-                         j.label + ": the patched result does not match its checksum"};
-            break;
-        case kMalformed:
-            o.outcome = Outcome::kMalformed;
-            try {
-                if (st.bad != UINT64_MAX) delta::bad_index(j.label, st.bad);
-                // The header: read back now (the patch is there until the chunk is acknowledged)
-                // so the host's own check names the defect.
-                uint8_t header[delta::kHeaderBytes];
-                download(header, j.patch, sizeof header, "patch header");
-                const delta::Header h = delta::check_header(header, j.nbytes, j.elements, j.esize, j.label);
-                if (h.coding != delta::kPlain)
-                    fail(WSYNC_ERR_MALFORMED, j.label + ": patch is gap-coded; the GPU apply takes plain indices");
-                fail(WSYNC_ERR_MALFORMED, j.label + ": patch has " + std::to_string(h.width) +
-                                              "-byte indices, where a patch made on a GPU for a tensor of " +
-                                              std::to_string(j.elements) + " elements has " +
-                                              std::to_string(got[k].apply.width));
-            } catch (const Error &e) {
-                o.message = e.what();
-            }
-            break;
-        default:
-            o = ApplyOut{Outcome::kMalformed, 0,
-                         j.label + ": the GPU apply left an unknown verdict " + std::to_string(st.verdict)};
-        }
-    }
-    return out;
-}
-
-std::vector<DeltaKernels::ApplyOut> DeltaKernels::apply(const std::vector<ApplyJob> &jobs,
-                                                        CUstream stream,
-                                                        const sys::Deadline &deadline) {
-    std::vector<ApplyOut> out(jobs.size());
-    std::vector<std::size_t> queued_at;
-    for (std::size_t i = 0; i < jobs.size(); ++i)
-        if (queue_apply(jobs[i], stream, deadline, &out[i])) queued_at.push_back(i);
-    const std::vector<ApplyOut> got =
-        collect(deadline, "applying " + std::to_string(queued_at.size()) + " patches on the GPU");
-    for (std::size_t k = 0; k < queued_at.size(); ++k) out[queued_at[k]] = got[k];
-    return out;
-}
-
-void DeltaKernels::queue_one(void *dst, const void *patch, uint64_t patch_bytes, uint64_t elements,
-                             uint64_t esize, uint64_t base_hash, uint64_t result_hash,
-                             CUstream stream, const sys::Deadline &deadline,
-                             const std::string &what, const char *kind) {
-    check_device_destination(dev_, dst, elements * esize, [&] { return what; }, kind);
-    if (esize && reinterpret_cast<uintptr_t>(dst) % esize)
-        fail(WSYNC_ERR_INVALID_ARGUMENT, "wsync_recv_copy: the destination of " + what +
-                                             " is not aligned to its " + std::to_string(esize) +
-                                             "-byte elements");
-    ApplyJob j;
-    j.dst = reinterpret_cast<CUdeviceptr>(dst);
-    j.elements = elements;
-    j.esize = static_cast<uint32_t>(esize);
-    j.patch = reinterpret_cast<CUdeviceptr>(patch);
-    j.nbytes = patch_bytes;
-    j.base_hash = base_hash;
-    j.result_hash = result_hash;
-    j.label = what;
-    ApplyOut refused;
-    if (!queue_apply(j, stream, deadline, &refused)) fail(WSYNC_ERR_MALFORMED, refused.message);
 }
 
 }  // namespace wsync::gpu

@@ -150,6 +150,10 @@ private:
     // After a wait: reads back the piece hashes queue_hashes() made and combines them.
     std::vector<uint64_t> read_hashes(const std::vector<DeviceRange> &ranges,
                                       const std::vector<uint64_t> &piece_at);
+    // Where a plain patch's values are (after its header and padded indices).
+    static CUdeviceptr values_of(CUdeviceptr patch, uint64_t changed, unsigned width);
+    // WSYNC_ERR_INVALID_ARGUMENT naming `what` when one launch cannot index `tiles`.
+    static void check_tiles(uint64_t tiles, const std::string &what);
     // Uploads patch_entries_ and launches `fn` over their changes.
     void launch_patches(CUfunction fn, CUstream stream, const char *name);
     // Waits (deadline) for every stream with queued applies: their buffers may then change.
@@ -160,8 +164,8 @@ private:
 
     const Device &dev_;
     CUmodule module_ = nullptr;
-    CUfunction hash_ = nullptr, count_ = nullptr, compact_ = nullptr, check_ = nullptr,
-               scatter_ = nullptr, verdict_ = nullptr;
+    CUfunction hash_ = nullptr, count_ = nullptr, compact_ = nullptr, scatter_ = nullptr,
+               begin_ = nullptr, end_ = nullptr;
     Event done_;
     Stream io_;  // the read-backs' own stream (non-blocking: it waits for no other)
     // Device memory, grown as needed and kept: entry tables, per-tile counts and offsets, piece
@@ -177,12 +181,7 @@ private:
     // A queued apply's device slot (kSlotBytes in a slab of kSlabSlots, kept until collect()):
     // its ApplyState, its scatter and restore entries and its hash entry, uploaded at once.
     static constexpr uint64_t kSlotBytes = 256, kSlabSlots = 64;
-    struct SlotBlock {
-        ApplyState state;
-        PatchEntry apply, restore;
-        HashEntry hash;
-    };
-    static_assert(sizeof(SlotBlock) <= kSlotBytes, "a slot holds its block");
+    static_assert(sizeof(ApplySlot) <= kSlotBytes, "a slot holds its ApplySlot");
     std::vector<DeviceBuffer> slabs_;
     struct Pending {
         CUstream stream;

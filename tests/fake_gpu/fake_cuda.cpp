@@ -73,7 +73,7 @@
 // - Modules: only PTX text that declares at least one of the library's kernels (".entry
 //   wsync_pack", the delta kernels of src/gpu/kernels/delta_abi.hpp) loads, and
 //   cuModuleGetFunction finds only the ones it declares; cuLaunchKernel runs a host emulation of
-//   the kernel in stream order (run_pack, run_piece_hash, run_delta_diff, run_patch), written
+//   the kernel in stream order (run_pack, run_piece_hash, run_delta_diff, run_patch, run_apply), written
 //   from the ABI's description rather than from the .cu, and stricter: it checks every address
 //   and the launch's tile count first, and a cast whose float32 source is off a 4-byte boundary
 //   faults (CUDA_ERROR_MISALIGNED_ADDRESS) as it does on an H200. A launch into a stream
@@ -116,6 +116,8 @@
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+
+#include "gpu/kernels/xxh3.h"
 
 using namespace wsync_fake;
 
@@ -268,13 +270,13 @@ struct Event {
 
 // The kernels the fake can run: the library's, by their names in the PTX.
 enum KernelId {
-    kKPack, kKPieceHash, kKDeltaCount, kKDeltaCompact, kKPatchCheck, kKPatchScatter, kKPatchVerdict,
+    kKPack, kKPieceHash, kKDeltaCount, kKDeltaCompact, kKPatchScatter, kKApplyBegin, kKApplyEnd,
     kKernelCount
 };
 constexpr const char *kKernelNames[kKernelCount] = {kPackKernel,       kPieceHashKernel,
                                                     kDeltaCountKernel, kDeltaCompactKernel,
-                                                    kPatchCheckKernel, kPatchScatterKernel,
-                                                    kPatchVerdictKernel};
+                                                    kPatchScatterKernel, kApplyBeginKernel,
+                                                    kApplyEndKernel};
 
 struct Module {
     int device;
@@ -1011,7 +1013,8 @@ CUresult run_piece_hash(uint64_t table, unsigned count, unsigned pieces) {
         if (e.state && state_at(e.state)->verdict != kGo) continue;
         const uint64_t begin = uint64_t(p - e.first_piece) * kHashPieceBytes;
         const uint64_t n = std::min(kHashPieceBytes, e.bytes - begin);
-        const uint64_t h = XXH3_64bits(reinterpret_cast<const unsigned char *>(e.src) + begin, n);
+        // One warp a piece, in the kernel's schedule of XXH3 (xxh3.h, "the lane-parallel form").
+        const uint64_t h = wsync_xxh3::hash64_by_lanes(reinterpret_cast<const unsigned char *>(e.src) + begin, n);
         std::memcpy(reinterpret_cast<unsigned char *>(e.out) + 8 * (p - e.first_piece), &h, 8);
     }
     return CUDA_SUCCESS;
@@ -1029,6 +1032,11 @@ CUresult run_delta_diff(uint64_t table, unsigned count, unsigned tiles, bool com
         if (!device_range_ok(e.now, bytes) || !device_range_ok(e.base, bytes) ||
             !aligned(e.now, e.esize) || !aligned(e.base, e.esize))
             return CUDA_ERROR_ILLEGAL_ADDRESS;
+        // vector16: 16-byte loads from both sides; off a 16-byte boundary the GPU faults
+        // (CUDA_ERROR_MISALIGNED_ADDRESS, a sticky error of the context).
+        if (e.vector16 > 1) return CUDA_ERROR_INVALID_VALUE;
+        if (e.vector16 && bytes >= 16 && (!aligned(e.now, 16) || !aligned(e.base, 16)))
+            return static_cast<CUresult>(716);
         if (!compact && !(device_range_ok(e.counts, 4 * n) && aligned(e.counts, 4)))
             return CUDA_ERROR_ILLEGAL_ADDRESS;
         if (compact) {
@@ -1045,13 +1053,23 @@ CUresult run_delta_diff(uint64_t table, unsigned count, unsigned tiles, bool com
     for (unsigned t = 0; t < tiles; ++t) {
         const DiffEntry &e = entry_of(entries, t, &DiffEntry::first_tile);
         const uint64_t begin = uint64_t(t - e.first_tile) * kDiffTileElems;
-        const uint64_t end = std::min(e.elements, begin + kDiffTileElems);
         const auto *now = reinterpret_cast<const unsigned char *>(e.now);
         const auto *base = reinterpret_cast<const unsigned char *>(e.base);
+        // The kernel's order (delta_abi.hpp): warp w of 8 takes 1024 elements in 2 * esize
+        // rounds, lane l of round r the V = 16 / esize elements at 32Vr + Vl; the compaction
+        // writes round by round, lane by lane, each lane's changes in order.
+        const unsigned V = 16 / e.esize;
+        std::vector<uint64_t> order;
+        for (unsigned w = 0; w < kDiffBlock / 32; ++w)
+            for (unsigned r = 0; r < 2 * e.esize; ++r)
+                for (unsigned l = 0; l < 32; ++l)
+                    for (unsigned k = 0; k < V; ++k) {
+                        const uint64_t i = begin + 1024 * w + 32 * V * r + V * l + k;
+                        if (i < e.elements && std::memcmp(now + i * e.esize, base + i * e.esize, e.esize) != 0)
+                            order.push_back(i);
+                    }
         if (!compact) {
-            uint32_t c = 0;
-            for (uint64_t i = begin; i < end; ++i)
-                c += std::memcmp(now + i * e.esize, base + i * e.esize, e.esize) != 0;
+            const uint32_t c = uint32_t(order.size());
             std::memcpy(reinterpret_cast<unsigned char *>(e.counts) + 4 * (t - e.first_tile), &c, 4);
             continue;
         }
@@ -1073,8 +1091,7 @@ CUresult run_delta_diff(uint64_t table, unsigned count, unsigned tiles, bool com
         }
         uint64_t pos;
         std::memcpy(&pos, reinterpret_cast<const unsigned char *>(e.offsets) + 8 * (t - e.first_tile), 8);
-        for (uint64_t i = begin; i < end; ++i) {
-            if (std::memcmp(now + i * e.esize, base + i * e.esize, e.esize) == 0) continue;
+        for (uint64_t i : order) {
             // An offset table that does not add up would write past the patch on a GPU.
             if (pos >= e.changed) return CUDA_ERROR_ILLEGAL_ADDRESS;
             if (e.width == 4) {
@@ -1090,84 +1107,123 @@ CUresult run_delta_diff(uint64_t table, unsigned count, unsigned tiles, bool com
     return CUDA_SUCCESS;
 }
 
-// wsync_patch_check (scatter false) and wsync_patch_scatter (true).
-CUresult run_patch(uint64_t table, unsigned count, unsigned tiles, bool scatter) {
+// A patch entry's memory, as the scatter (or, check: the check tiles) reads and writes it.
+CUresult patch_entry_ok(const PatchEntry &e, bool check) {
+    if (!element_size_ok(e.esize) || (e.width != 4 && e.width != 8)) return CUDA_ERROR_INVALID_VALUE;
+    if (e.count > (UINT64_MAX / 16) || e.elements > (UINT64_MAX / 8)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (!device_range_ok(e.idx, e.count * e.width) || !aligned(e.idx, e.width)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (!check && (!device_range_ok(e.values, e.count * e.esize) || !aligned(e.values, e.esize) ||
+                   !device_range_ok(e.dst, e.elements * e.esize) || !aligned(e.dst, e.esize) ||
+                   (e.save && (!device_range_ok(e.save, e.count * e.esize) || !aligned(e.save, e.esize)))))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    // The check reads the header before the indices and writes the state.
+    if (check && (e.idx < 32 || !device_range_ok(e.idx - 32, 32) || !aligned(e.idx - 32, 8)))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    if ((check || e.state) && (!device_range_ok(e.state, sizeof(ApplyState)) || !aligned(e.state, 8)))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    return CUDA_SUCCESS;
+}
+uint64_t index_at(const PatchEntry &e, uint64_t i) {
+    uint64_t v = 0;
+    std::memcpy(&v, reinterpret_cast<const unsigned char *>(e.idx) + i * e.width, e.width);  // little-endian
+    return v;
+}
+// Changes [begin, end) of e onto its destination (saving the replaced values when e.save).
+void scatter(const PatchEntry &e, uint64_t begin, uint64_t end) {
+    for (uint64_t i = begin; i < end; ++i) {
+        const uint64_t j = index_at(e, i);
+        if (j >= e.elements) continue;
+        auto *dst = reinterpret_cast<unsigned char *>(e.dst) + j * e.esize;
+        if (e.save) std::memcpy(reinterpret_cast<unsigned char *>(e.save) + i * e.esize, dst, e.esize);
+        std::memcpy(dst, reinterpret_cast<const unsigned char *>(e.values) + i * e.esize, e.esize);
+    }
+}
+
+// wsync_patch_scatter.
+CUresult run_patch(uint64_t table, unsigned count, unsigned tiles) {
     std::vector<PatchEntry> entries;
     if (!read_table(table, count, &entries)) return CUDA_ERROR_ILLEGAL_ADDRESS;
     uint64_t sum = 0;
     for (const PatchEntry &e : entries) {
-        if (e.first_tile != sum || !element_size_ok(e.esize) || (e.width != 4 && e.width != 8))
-            return CUDA_ERROR_INVALID_VALUE;
-        if (e.count > (UINT64_MAX / 16) || e.elements > (UINT64_MAX / 8)) return CUDA_ERROR_ILLEGAL_ADDRESS;
-        if (!device_range_ok(e.idx, e.count * e.width) || !aligned(e.idx, e.width))
-            return CUDA_ERROR_ILLEGAL_ADDRESS;
-        if (scatter && (!device_range_ok(e.values, e.count * e.esize) || !aligned(e.values, e.esize) ||
-                        !device_range_ok(e.dst, e.elements * e.esize) || !aligned(e.dst, e.esize) ||
-                        (e.save && (!device_range_ok(e.save, e.count * e.esize) || !aligned(e.save, e.esize)))))
-            return CUDA_ERROR_ILLEGAL_ADDRESS;
-        // The check reads the header before the indices and writes the state.
-        if (!scatter && (e.idx < 32 || !device_range_ok(e.idx - 32, 32) || !aligned(e.idx - 32, 8)))
-            return CUDA_ERROR_ILLEGAL_ADDRESS;
-        if ((!scatter || e.state) && (!device_range_ok(e.state, sizeof(ApplyState)) || !aligned(e.state, 8)))
-            return CUDA_ERROR_ILLEGAL_ADDRESS;
-        sum += scatter ? patch_tiles(e.count) : check_pass_tiles(e.count);
+        if (e.first_tile != sum) return CUDA_ERROR_INVALID_VALUE;
+        if (CUresult rc = patch_entry_ok(e, false)) return rc;
+        sum += patch_tiles(e.count);
     }
     if (sum != tiles) return CUDA_ERROR_INVALID_VALUE;
     for (unsigned t = 0; t < tiles; ++t) {
         const PatchEntry &e = entry_of(entries, t, &PatchEntry::first_tile);
-        ApplyState *st = e.state ? state_at(e.state) : nullptr;
-        if (scatter && st && st->verdict != e.when) continue;
-        if (!scatter && t == e.first_tile) {
-            uint64_t h[4];
-            std::memcpy(h, reinterpret_cast<const void *>(e.idx - 32), 32);
-            if (h[0] != (0x31504457ull | (uint64_t(e.width) << 40)) || h[1] != e.esize ||
-                h[2] != e.count || h[3] != e.elements)
-                st->verdict = kMalformed;
-        }
+        if (e.state && state_at(e.state)->verdict != e.when) continue;
         const uint64_t begin = uint64_t(t - e.first_tile) * kPatchTileChanges;
-        const uint64_t end = std::min(e.count, begin + kPatchTileChanges);
-        const auto *idx = reinterpret_cast<const unsigned char *>(e.idx);
-        auto index = [&](uint64_t i) {
-            uint64_t v = 0;
-            std::memcpy(&v, idx + i * e.width, e.width);  // little-endian
-            return v;
-        };
-        for (uint64_t i = begin; i < end; ++i) {
-            const uint64_t j = index(i);
-            if (!scatter) {
-                if (j >= e.elements || (i > 0 && j <= index(i - 1))) {
-                    st->bad = std::min(st->bad, i);
-                    st->verdict = kMalformed;
-                }
-                continue;
-            }
-            if (j >= e.elements) continue;
-            auto *dst = reinterpret_cast<unsigned char *>(e.dst) + j * e.esize;
-            if (e.save) std::memcpy(reinterpret_cast<unsigned char *>(e.save) + i * e.esize, dst, e.esize);
-            std::memcpy(dst, reinterpret_cast<const unsigned char *>(e.values) + i * e.esize, e.esize);
-        }
+        scatter(e, begin, std::min(e.count, begin + kPatchTileChanges));
     }
     return CUDA_SUCCESS;
 }
 
-// wsync_patch_verdict: for each state still kGo, the tree hash of its pieces against the base
-// (stage 0) or the result (stage 1).
-CUresult run_patch_verdict(uint64_t table, unsigned count, unsigned stage) {
-    if (stage > 1) return CUDA_ERROR_INVALID_VALUE;
-    if (!device_range_ok(table, uint64_t(count) * sizeof(ApplyState)) || !aligned(table, 8))
-        return CUDA_ERROR_ILLEGAL_ADDRESS;
-    for (unsigned k = 0; k < count; ++k) {
-        ApplyState &s = state_at(table)[k];
-        if (s.verdict != kGo) continue;
-        if (s.n_pieces > (UINT64_MAX / 8) || !device_range_ok(s.pieces, s.n_pieces * 8) ||
-            (s.n_pieces && !aligned(s.pieces, 8)))
-            return CUDA_ERROR_ILLEGAL_ADDRESS;
-        const uint64_t h = XXH3_64bits(reinterpret_cast<const void *>(s.pieces), s.n_pieces * 8);
-        if (h != (stage == 0 ? s.base_hash : s.result_hash)) {
-            s.got = h;
-            s.verdict = stage == 0 ? kBaseDiffers : kResultDiffers;
-        }
+// The verdict a launch's last block takes (stage 0: base, 1: result): XXH3 of the pieces'
+// hashes, by one warp in the kernel's schedule.
+void take_verdict(ApplyState &s, unsigned stage) {
+    if (s.verdict != kGo) return;
+    const uint64_t h = wsync_xxh3::hash64_by_lanes(reinterpret_cast<const unsigned char *>(s.pieces), s.n_pieces * 8);
+    if (h != (stage == 0 ? s.base_hash : s.result_hash)) {
+        s.got = h;
+        s.verdict = stage == 0 ? kBaseDiffers : kResultDiffers;
     }
+}
+
+// wsync_apply_begin (begin true) and wsync_apply_end on one ApplySlot (delta_abi.hpp).
+CUresult run_apply(uint64_t table, unsigned count, unsigned tiles, bool begin) {
+    if (count != 1) return CUDA_ERROR_INVALID_VALUE;
+    if (!device_range_ok(table, sizeof(ApplySlot)) || !aligned(table, 8)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    ApplySlot &slot = *reinterpret_cast<ApplySlot *>(table);
+    ApplyState &s = slot.state;
+    const PatchEntry &a = slot.apply, &r = slot.restore;
+    const HashEntry &h = slot.hash;
+    const uint64_t state = table + offsetof(ApplySlot, state);
+    // What the kernels read: the entries must describe this slot's patch and pieces.
+    if (CUresult rc = patch_entry_ok(a, begin)) return rc;
+    if (!begin)
+        if (CUresult rc = patch_entry_ok(r, false)) return rc;
+    if (a.state != state || (!begin && (r.state != state || r.count != a.count || r.save)))
+        return CUDA_ERROR_INVALID_VALUE;
+    const uint64_t pieces = hash_pieces(h.bytes);
+    if (h.src != a.dst || h.out != s.pieces || s.n_pieces != pieces || h.first_piece ||
+        !device_range_ok(h.src, h.bytes) || !device_range_ok(s.pieces, pieces * 8) || (pieces && !aligned(s.pieces, 8)))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    // The tiles: begin's checks then its piece groups, end's piece groups (one at least);
+    // another count leaves pieces unhashed or reads past the slot's work.
+    const uint64_t want = begin ? check_pass_tiles(a.count) + apply_tiles(pieces) : std::max<uint64_t>(apply_tiles(pieces), 1);
+    if (tiles != want) return CUDA_ERROR_INVALID_VALUE;
+    // The last block is found by counting arrivals from 0: a counter left nonzero would make
+    // no block (or a wrong one) the last, and no verdict would be taken.
+    if (s.arrived != 0) return CUDA_ERROR_INVALID_VALUE;
+    auto hash_all = [&] {
+        for (uint64_t p = 0; p < pieces; ++p) {
+            const uint64_t at = p * kHashPieceBytes, n = std::min(kHashPieceBytes, h.bytes - at);
+            const uint64_t v = wsync_xxh3::hash64_by_lanes(reinterpret_cast<const unsigned char *>(h.src) + at, n);
+            std::memcpy(reinterpret_cast<unsigned char *>(s.pieces) + 8 * p, &v, 8);
+        }
+    };
+    if (begin) {
+        uint64_t hd[4];
+        std::memcpy(hd, reinterpret_cast<const void *>(a.idx - 32), 32);
+        if (hd[0] != (0x31504457ull | (uint64_t(a.width) << 40)) || hd[1] != a.esize ||
+            hd[2] != a.count || hd[3] != a.elements)
+            s.verdict = kMalformed;
+        for (uint64_t i = 0; i < a.count; ++i) {
+            const uint64_t j = index_at(a, i);
+            if (j >= a.elements || (i > 0 && j <= index_at(a, i - 1))) {
+                s.bad = std::min(s.bad, i);
+                s.verdict = kMalformed;
+            }
+        }
+        hash_all();
+        take_verdict(s, 0);
+        return CUDA_SUCCESS;
+    }
+    if (s.verdict != kGo) return CUDA_SUCCESS;
+    hash_all();
+    take_verdict(s, 1);
+    if (s.verdict == kResultDiffers) scatter(r, 0, r.count);
     return CUDA_SUCCESS;
 }
 
@@ -2164,9 +2220,9 @@ CUresult cuLaunchKernel(CUfunction fn, unsigned int gx, unsigned int gy, unsigne
         case kKPieceHash: return run_piece_hash(table, count, tiles);
         case kKDeltaCount: return run_delta_diff(table, count, tiles, false);
         case kKDeltaCompact: return run_delta_diff(table, count, tiles, true);
-        case kKPatchCheck: return run_patch(table, count, tiles, false);
-        case kKPatchScatter: return run_patch(table, count, tiles, true);
-        case kKPatchVerdict: return run_patch_verdict(table, count, tiles);
+        case kKPatchScatter: return run_patch(table, count, tiles);
+        case kKApplyBegin: return run_apply(table, count, tiles, true);
+        case kKApplyEnd: return run_apply(table, count, tiles, false);
         default: return CUDA_ERROR_INVALID_HANDLE;
         }
     });

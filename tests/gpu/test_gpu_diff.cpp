@@ -25,6 +25,7 @@
 #include "gpu/diff.hpp"
 #include "sys.hpp"
 #include "whitebox.hpp"
+#include "fake_gpu/fake_gpu.h"
 
 using namespace wsync;
 using gpu::CUdeviceptr;
@@ -48,6 +49,7 @@ typedef void (*release_fn)(void);
 set_fail_fn fake_set_fail = nullptr;
 hold_fn fake_hold = nullptr;
 release_fn fake_release = nullptr;
+wsync_fake_stats_fn fake_stats = nullptr;
 
 #define NEED_GPU()                                           \
     do {                                                     \
@@ -206,6 +208,50 @@ void a_gpu_patch_is_the_host_encoders_patch_byte_for_byte(void **) {
     }
 }
 
+// The compare reads 16-byte vectors when now and base are both 16-byte aligned, element by
+// element otherwise (a vector load off its boundary faults, and the fake refuses it as the GPU
+// does) and for the elements of a vector the tensor ends in: at every element size, for lengths
+// that end inside a lane's vector, a warp's 1024 elements and a tile, with now and base at every
+// combination of aligned, equally misaligned and differently misaligned, the patch is the host
+// encoder's byte for byte.
+void a_gpu_patch_is_exact_at_every_element_size_length_and_alignment(void **) {
+    NEED_GPU();
+    std::vector<std::vector<uint8_t>> bases, nows;
+    std::vector<size_t> esizes;
+    std::vector<DevBytes> held;
+    std::vector<DeltaKernels::DiffJob> jobs;
+    uint64_t seed = 301;
+    for (size_t esize : {1, 2, 4, 8}) {
+        for (size_t elements : {size_t(1), size_t(16 / esize) + 1, size_t(1023), size_t(1025), size_t(8192 + 3)}) {
+            // (now's, base's) distance from a 16-byte boundary, in elements.
+            for (std::pair<size_t, size_t> pad : {std::pair<size_t, size_t>{0, 0}, {1, 1}, {0, 1}, {1, 0}}) {
+                const double fraction = elements % 2 ? 0.05 : 1.0;
+                bases.push_back(noise(elements * esize, seed++));
+                nows.push_back(changed_copy(bases.back(), esize, fraction, seed++));
+                esizes.push_back(esize);
+                held.push_back(to_device(nows.back(), pad.first * esize));
+                const CUdeviceptr now = held.back().ptr;
+                held.push_back(to_device(bases.back(), pad.second * esize));
+                jobs.push_back({now, held.back().ptr, elements, uint32_t(esize), UINT64_MAX});
+            }
+        }
+    }
+    std::vector<DeltaKernels::DiffOut> out;
+    g->kernels->diff(jobs, g->stream->get(), long_deadline(), "test", &out);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+        uint64_t count = 0;
+        const std::vector<uint8_t> want = host_patch(bases[i], nows[i], esizes[i], &count);
+        assert_true(out[i].patch);
+        assert_int_equal(out[i].changed, count);
+        const std::vector<uint8_t> got = from_device(out[i].bytes, out[i].nbytes);
+        if (got != want)
+            print_message("job %zu (esize %zu, %llu elements, now at %llu, base at %llu mod 16) differs\n", i,
+                          esizes[i], (unsigned long long)jobs[i].elements, (unsigned long long)(jobs[i].now % 16),
+                          (unsigned long long)(jobs[i].base % 16));
+        assert_true(got == want);
+    }
+}
+
 void a_tensor_over_its_limit_gets_no_patch_and_an_empty_one_goes_dense(void **) {
     NEED_GPU();
     std::vector<uint8_t> base = noise(2 * 20000, 21), now = changed_copy(base, 2, 0.01, 22);
@@ -357,6 +403,41 @@ void the_apply_writes_a_patch_only_onto_its_base_and_only_to_its_result(void **)
     for (int k = 7; k <= 10; ++k) assert_int_equal(int(out[k].outcome), int(O::kMalformed));
     for (const DevBytes *d : {&d_swapped, &d_outside, &d_garbage, &d_short, &d_esize, &d_elements, &d_count, &d_gaps})
         assert_true(from_device(d->ptr, base.size()) == base);  // untouched
+}
+
+// A verified apply is three launches (check + base hash + verdict, scatter, result hash +
+// verdict + restore), whatever the tensor's size; on a tensor of more than 30 pieces the
+// verdicts hash more than 240 bytes of piece hashes (XXH3's long path, by a whole warp), and a
+// wrong result is put back by the end launch's last block.
+void a_verified_apply_is_three_launches_and_verdicts_hash_long_piece_lists(void **) {
+    NEED_GPU();
+    const size_t E = 1700000;  // bf16, 3.4 MB: 52 pieces
+    std::vector<uint8_t> base = noise(2 * E, 51), now = changed_copy(base, 2, 0.001, 52);
+    uint64_t count = 0;
+    const DevBytes p = to_device(host_patch(base, now, 2, &count));
+    const uint64_t hb = delta::tree_hash(base.data(), base.size()), hr = delta::tree_hash(now.data(), now.size());
+    std::vector<uint8_t> touched = base;
+    touched[2 * (E - 5)] ^= 4;  // in the last piece
+    DevBytes good = to_device(base), wrong_base = to_device(touched), wrong_result = to_device(base);
+    struct wsync_fake_stats before {}, after {};
+    if (fake_stats) fake_stats(&before);
+    const auto out = g->kernels->apply({apply_job(good, E, 2, p, hb, hr, "good"),
+                                        apply_job(wrong_base, E, 2, p, hb, hr, "wrong_base"),
+                                        apply_job(wrong_result, E, 2, p, hb, hr ^ 8, "wrong_result")},
+                                       g->stream->get(), long_deadline());
+    if (fake_stats) {
+        fake_stats(&after);
+        assert_int_equal(after.kernel_launches - before.kernel_launches, 3 * 3);
+    }
+    using O = DeltaKernels::Outcome;
+    assert_int_equal(int(out[0].outcome), int(O::kApplied));
+    assert_true(from_device(good.ptr, now.size()) == now);
+    assert_int_equal(int(out[1].outcome), int(O::kBaseDiffers));
+    assert_true(out[1].got == delta::tree_hash(touched.data(), touched.size()));
+    assert_true(from_device(wrong_base.ptr, base.size()) == touched);
+    assert_int_equal(int(out[2].outcome), int(O::kResultDiffers));
+    assert_true(out[2].got == hr);
+    assert_true(from_device(wrong_result.ptr, base.size()) == base);
 }
 
 void a_trainer_and_an_engine_stay_bit_identical_through_many_versions(void **) {
@@ -548,7 +629,7 @@ void queued_applies_wait_for_nothing_and_one_collect_reads_every_verdict(void **
     DeltaKernels::ApplyOut refused;
     expect_error([&] { g->kernels->queue_apply(apply_job(d, E, 2, p, hb, hr, "d"), g->stream->get(),
                                                long_deadline(), &refused); },
-                 WSYNC_ERR_SYSTEM, "launching wsync_patch_verdict");
+                 WSYNC_ERR_SYSTEM, "launching wsync_apply_end");
     fake_set_fail(nullptr, 0, 0);
     const auto out = g->kernels->collect(long_deadline(), "chunk 6");
     assert_int_equal(out.size(), 1);
@@ -624,6 +705,7 @@ int setup(void **) {
             fake_set_fail = reinterpret_cast<set_fail_fn>(dlsym(h, "wsync_fake_set_fail"));
             fake_hold = reinterpret_cast<hold_fn>(dlsym(h, "wsync_fake_stream_hold"));
             fake_release = reinterpret_cast<release_fn>(dlsym(h, "wsync_fake_stream_release_held"));
+            fake_stats = reinterpret_cast<wsync_fake_stats_fn>(dlsym(h, "wsync_fake_stats"));
         }
     }
     return 0;
@@ -645,9 +727,11 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(tree_hashes_of_device_memory_equal_the_host_tree_hash),
         cmocka_unit_test(a_gpu_patch_is_the_host_encoders_patch_byte_for_byte),
+        cmocka_unit_test(a_gpu_patch_is_exact_at_every_element_size_length_and_alignment),
         cmocka_unit_test(a_tensor_over_its_limit_gets_no_patch_and_an_empty_one_goes_dense),
         cmocka_unit_test(a_fold_makes_the_base_the_new_version),
         cmocka_unit_test(the_apply_writes_a_patch_only_onto_its_base_and_only_to_its_result),
+        cmocka_unit_test(a_verified_apply_is_three_launches_and_verdicts_hash_long_piece_lists),
         cmocka_unit_test(a_trainer_and_an_engine_stay_bit_identical_through_many_versions),
         cmocka_unit_test(a_failed_launch_is_named_and_a_stuck_stream_ends_at_the_deadline),
         cmocka_unit_test(queued_applies_wait_for_nothing_and_one_collect_reads_every_verdict),

@@ -296,6 +296,7 @@ struct Gpu {
 struct Figures {
     double bytes = 0, send_ms = 0, apply_ms = 0, sync_ms = 0, sync_mean_ms = 0;
     std::string chose;  // per version from step 2: P (some tensor went as a patch) or D (dense)
+    std::vector<double> sync_each;  // per version from step 2, ms (a one-time cost shows here)
 };
 
 double mean(const std::vector<double> &v) {
@@ -428,7 +429,7 @@ Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int step
     wsync_sender_destroy(snd);
     wsync_strategy_destroy(s);
     wsync_blob_free(&init);
-    return {median(bytes), median(send), median(apply), median(sync), mean(sync), chose};
+    return {median(bytes), median(send), median(apply), median(sync), mean(sync), chose, sync};
 }
 
 // --- the floor: what any delta trainer must read, with nothing else running --------------------
@@ -606,7 +607,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
                 {"delta_threads", threads < 0 ? json("default") : json(threads)},
                 {"dense", {{"bytes", dense.bytes}, {"send_ms", dense.send_ms},
                            {"apply_ms", dense.apply_ms}, {"sync_ms", dense.sync_ms},
-                           {"sync_mean_ms", dense.sync_mean_ms}}},
+                           {"sync_mean_ms", dense.sync_mean_ms}, {"sync_ms_each", dense.sync_each}}},
                 {"delta_runs", json::array()}};
     if (!as_json)
         std::printf("%s%s: model %.0f MiB bf16, %zu tensors; median of steps 2..%d\n"
@@ -643,7 +644,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
                                      {"send_ms", r.send_ms}, {"apply_ms", r.apply_ms},
                                      {"sync_ms", r.sync_ms}, {"sync_mean_ms", r.sync_mean_ms},
                                      {"sync_ratio", r.sync_ms / dense.sync_ms},
-                                     {"chose", r.chose}});
+                                     {"chose", r.chose}, {"sync_ms_each", r.sync_each}});
     }
     if (!gpu) {
         // The floor rows (host kinds): the same model, a second copy standing for the sender's

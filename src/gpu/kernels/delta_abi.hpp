@@ -13,7 +13,8 @@ namespace wsync::gpu {
 // ---- tree hashes ---------------------------------------------------------------------------
 // A tensor's tree hash (delta::tree_hash) is XXH3-64 over the little-endian array of XXH3-64 of
 // each kHashPieceBytes piece (the last one shorter). wsync_piece_hash computes the pieces' hashes,
-// one thread a piece; the host combines them (a 2 GB model is 32768 pieces, 256 KiB of hashes).
+// one warp a piece (xxh3.h, "the lane-parallel form": each round of the warp reads 256
+// contiguous bytes); the host combines them (a 2 GB model is 32768 pieces, 256 KiB of hashes).
 constexpr uint64_t kHashPieceBytes = 65536;
 struct HashEntry {
     uint64_t src;          // device bytes to hash
@@ -25,8 +26,9 @@ struct HashEntry {
 };
 static_assert(sizeof(HashEntry) == 40, "HashEntry is part of the kernel ABI");
 inline uint64_t hash_pieces(uint64_t bytes) { return (bytes + kHashPieceBytes - 1) / kHashPieceBytes; }
-// A tile of wsync_piece_hash is one piece; kHashBlock threads a block.
-constexpr unsigned kHashBlock = 128;
+// A tile of wsync_piece_hash is one piece; kHashBlock threads a block, kPiecesPerBlock warps.
+constexpr unsigned kHashBlock = 256;
+constexpr unsigned kPiecesPerBlock = kHashBlock / 32;
 
 // ---- compare and compact (the trainer) -----------------------------------------------------
 // wsync_delta_count: per tile of kDiffTileElems elements, how many differ bitwise between `now`
@@ -35,8 +37,15 @@ constexpr unsigned kHashBlock = 128;
 // at offsets[tile - first_tile] within the patch whose header, indices and values begin at
 // `patch` (delta.hpp's format, plain coding; the kernel writes the header and the zero padding
 // after the indices). Elements are 1, 2, 4 or 8 bytes; now, base and patch aligned to that.
+// Each warp of a tile's block compares 1024 elements, 32 a lane, in 2 * esize rounds of 512
+// contiguous bytes: in round r lane l takes the 16 / esize elements at 32 * (16 / esize) * r +
+// (16 / esize) * l with one 16-byte load from each side when `vector16` is set (the host sets it
+// only when now and base are both 16-byte aligned; a vector load at any other address faults,
+// CUDA_ERROR_MISALIGNED_ADDRESS) and the vector lies inside the tensor, else element by element.
+// The compaction places each round's changes by a warp-wide prefix sum, so they land in index
+// order whatever the layout.
 constexpr uint64_t kDiffTileElems = 8192;
-constexpr unsigned kDiffBlock = 256;  // 32 elements a thread
+constexpr unsigned kDiffBlock = 256;  // 8 warps of 1024 elements
 struct DiffEntry {
     uint64_t now;
     uint64_t base;
@@ -48,26 +57,33 @@ struct DiffEntry {
     uint32_t esize;     // 1, 2, 4 or 8
     uint32_t width;     // 4 or 8 (compact pass)
     uint32_t first_tile;
-    uint32_t reserved;
+    uint32_t vector16;  // 1: now and base are 16-byte aligned, compare in 16-byte loads
 };
 static_assert(sizeof(DiffEntry) == 72, "DiffEntry is part of the kernel ABI");
 inline uint64_t diff_tiles(uint64_t elements) { return (elements + kDiffTileElems - 1) / kDiffTileElems; }
+inline uint32_t vector16(uint64_t now, uint64_t base) { return now % 16 == 0 && base % 16 == 0; }
 
 // ---- the receiver's verified apply, queued with no host wait -------------------------------
-// Each patch applied on an engine has an ApplyState in device memory, which the kernels below
-// read and write in stream order, so the whole apply is queued on the loader's stream and the
-// host reads every state once, when the chunk ends (src/gpu/diff.cpp, DeltaKernels::collect):
-//   wsync_patch_check   header and indices sound, else verdict kMalformed (and `bad`)
-//   wsync_piece_hash    the destination's pieces (HashEntry::state: only while kGo)
-//   wsync_patch_verdict stage 0: their tree hash is base_hash, else kBaseDiffers (`got`)
-//   wsync_patch_scatter saving the replaced values (PatchEntry::when kGo)
-//   wsync_piece_hash    the result's pieces (only while kGo)
-//   wsync_patch_verdict stage 1: their tree hash is result_hash, else kResultDiffers (`got`)
-//   wsync_patch_scatter the saved values back (PatchEntry::when kResultDiffers)
-// Who writes each word: the host writes the whole state before the first kernel (one upload)
-// and reads it after the last; `bad` and `verdict` kMalformed are written by the check kernel
-// (atomicMin / plain stores of the same value), `verdict` and `got` otherwise by the verdict
-// kernel's one thread per state. A verdict only ever moves away from kGo.
+// Each patch applied on an engine has an ApplySlot in device memory (its state, its scatter and
+// restore entries, its destination's hash entry), uploaded at once, which three launches read
+// and write in stream order, so the whole apply is queued on the loader's stream and the host
+// reads every state once, when the chunk ends (src/gpu/apply.cpp, DeltaKernels::collect):
+//   wsync_apply_begin   tiles [0, check_pass_tiles(count)): header and indices sound, else
+//                       verdict kMalformed (and `bad`); the next apply_tiles(n_pieces) tiles:
+//                       the destination's pieces, kPiecesPerBlock a tile; then the launch's
+//                       last block: their tree hash is base_hash, else kBaseDiffers (`got`)
+//   wsync_patch_scatter the `apply` entry, saving the replaced values (PatchEntry::when kGo)
+//   wsync_apply_end     apply_tiles(n_pieces) tiles: while kGo, the result's pieces; then the
+//                       last block: their tree hash is result_hash, else kResultDiffers (`got`),
+//                       and then it scatters the `restore` entry (the saved values back)
+// Both apply kernels take (const ApplySlot *slot, unsigned count = 1, unsigned tiles). A
+// launch's last block is the one whose atomicAdd on `arrived` returns gridDim.x - 1, after a
+// __threadfence (so it sees every block's stores); it takes the verdict with one warp (XXH3 of
+// the pieces' hashes, the lane-parallel form) and sets `arrived` back to 0, so the host writes
+// it 0 once, with the state. Who writes each word: the host the whole slot before the first
+// kernel and reads the state after the last; `bad` and `verdict` kMalformed the check tiles
+// (atomicMin / plain stores of the same value); `verdict` and `got` otherwise the last block.
+// A verdict only ever moves away from kGo.
 enum Verdict : uint64_t { kGo = 0, kMalformed = 1, kBaseDiffers = 2, kResultDiffers = 3 };
 struct ApplyState {
     uint64_t bad;          // the first index position out of order or outside (UINT64_MAX: none)
@@ -77,12 +93,15 @@ struct ApplyState {
     uint64_t result_hash;  // the same
     uint64_t pieces;       // device uint64_t[n_pieces]: the destination's piece hashes
     uint64_t n_pieces;
-    uint64_t reserved;
+    uint64_t arrived;      // blocks of the running launch that finished (0 between launches)
 };
 static_assert(sizeof(ApplyState) == 64, "ApplyState is part of the kernel ABI");
+inline uint64_t apply_tiles(uint64_t pieces) { return (pieces + kPiecesPerBlock - 1) / kPiecesPerBlock; }
+// The apply kernels' block size.
+constexpr unsigned kApplyBlock = 256;
 
 // ---- check and scatter (the receiver; the trainer's fold) ----------------------------------
-// wsync_patch_check: the header (at idx - 32) must be delta.hpp's for plain coding, `width`,
+// The check (wsync_apply_begin's first tiles): the header (at idx - 32) must be delta.hpp's for plain coding, `width`,
 // `esize`, `count` and `elements`, and every index below `elements` and above the one before
 // it; else state->verdict = kMalformed, and the first index position (in patch order) that is
 // not sound lowers state->bad (atomicMin). Every entry has at least one tile (the header's).
@@ -109,15 +128,20 @@ struct PatchEntry {
 static_assert(sizeof(PatchEntry) == 72, "PatchEntry is part of the kernel ABI");
 inline uint64_t patch_tiles(uint64_t count) { return (count + kPatchTileChanges - 1) / kPatchTileChanges; }
 inline uint64_t check_pass_tiles(uint64_t count) { return count ? patch_tiles(count) : 1; }
-// wsync_patch_verdict takes (ApplyState *states, unsigned count, unsigned stage): one thread a
-// state, kVerdictBlock threads a block.
-constexpr unsigned kVerdictBlock = 128;
+
+struct ApplySlot {
+    ApplyState state;
+    PatchEntry apply;    // dst, the patch's indices and values, save: the replaced values; when kGo
+    PatchEntry restore;  // dst, the same indices, values: the saved ones, save 0; when kResultDiffers
+    HashEntry hash;      // dst, its bytes, out: state.pieces; first_piece 0
+};
+static_assert(sizeof(ApplySlot) == 248, "ApplySlot is part of the kernel ABI");
 
 constexpr const char *kPieceHashKernel = "wsync_piece_hash";
 constexpr const char *kDeltaCountKernel = "wsync_delta_count";
 constexpr const char *kDeltaCompactKernel = "wsync_delta_compact";
-constexpr const char *kPatchCheckKernel = "wsync_patch_check";
 constexpr const char *kPatchScatterKernel = "wsync_patch_scatter";
-constexpr const char *kPatchVerdictKernel = "wsync_patch_verdict";
+constexpr const char *kApplyBeginKernel = "wsync_apply_begin";
+constexpr const char *kApplyEndKernel = "wsync_apply_end";
 
 }  // namespace wsync::gpu

@@ -272,12 +272,91 @@ WSYNC_XXH_FN u64 hash_long(const unsigned char *in, u64 len) {
     return avalanche(r);
 }
 
-// XXH3_64bits(in, len).
-WSYNC_XXH_FN u64 hash64(const unsigned char *in, u64 len) {
+// len 0..240
+WSYNC_XXH_FN u64 hash64_short(const unsigned char *in, u64 len) {
     if (len <= 16) return hash_0to16(in, len);
     if (len <= 128) return hash_17to128(in, len);
-    if (len <= 240) return hash_129to240(in, len);
-    return hash_long(in, len);
+    return hash_129to240(in, len);
+}
+// ---- the lane-parallel form of hash_long (a warp of 32 threads hashes one buffer) ----------
+// hash_long's eight accumulators are independent lanes, except that lane i's input word also
+// adds into accumulator i ^ 1; and within one 1 KiB block the 16 stripes only add (the scramble
+// comes after the block). So a warp takes a block in 4 rounds of 4 stripes: thread t = 8g + i
+// (g = t / 8: which stripe of the round, i = t % 8: which accumulator) reads the word at
+// 256 * round + 8 * t (one coalesced 256-byte load per round) and keeps two sums, of its product
+// terms (for accumulator i) and of its words (for accumulator i ^ 1). Summing over g (shuffles)
+// and exchanging the word sums with lane i ^ 1 gives every thread acc[i], which it scrambles
+// itself; the tail stripes go the same way, the last one (at len - 64) on threads g == 0. The
+// kernels do this with warp shuffles (delta.cu, warp_hash); hash_long_by_lanes below runs the
+// same schedule on the host, and test_delta_codec checks it against XXH3_64bits.
+WSYNC_XXH_FN u64 acc_init(unsigned i) {
+    return i == 0 ? WSYNC_XXH_P32_3 : i == 1 ? WSYNC_XXH_P64_1 : i == 2 ? WSYNC_XXH_P64_2
+         : i == 3 ? WSYNC_XXH_P64_3 : i == 4 ? WSYNC_XXH_P64_4 : i == 5 ? u64(WSYNC_XXH_P32_2)
+         : i == 6 ? WSYNC_XXH_P64_5 : u64(WSYNC_XXH_P32_1);
+}
+// One word of a stripe on lane i, with its secret word k: the product term (for acc[i]) and
+// the word itself (for acc[i ^ 1]) added into the thread's sums.
+WSYNC_XXH_FN void lane_add(u64 *prod, u64 *word, u64 v, u64 k) {
+    const u64 x = v ^ k;
+    *word += v;
+    *prod += u64(u32(x)) * u64(u32(x >> 32));
+}
+// acc[i] after a block's scramble (the secret word at 128 + 8i is `k`).
+WSYNC_XXH_FN u64 scramble_lane(u64 a, u64 k) {
+    a ^= a >> 47;
+    a ^= k;
+    return a * WSYNC_XXH_P32_1;
+}
+// The end of hash_long from the eight accumulators.
+WSYNC_XXH_FN u64 merge_accs(const u64 *acc, u64 len) {
+    u64 r = len * WSYNC_XXH_P64_1;
+    for (unsigned i = 0; i < 4; ++i)
+        r += mul128_fold64(acc[2 * i] ^ key64(11 + 16 * i), acc[2 * i + 1] ^ key64(11 + 16 * i + 8));
+    return avalanche(r);
+}
+#if !defined(__CUDACC__)
+// hash_long (len > 240) as the warp computes it: 32 threads' sums, reduced as the shuffles do.
+inline u64 hash_long_by_lanes(const unsigned char *in, u64 len) {
+    u64 acc[8];
+    for (unsigned i = 0; i < 8; ++i) acc[i] = acc_init(i);
+    auto reduce = [&](const u64 *prod, const u64 *word) {
+        u64 p[8] = {}, w[8] = {};
+        for (unsigned t = 0; t < 32; ++t) {
+            p[t & 7] += prod[t];
+            w[t & 7] += word[t];
+        }
+        for (unsigned i = 0; i < 8; ++i) acc[i] += p[i] + w[i ^ 1];
+    };
+    const u64 blocks = (len - 1) / 1024;
+    for (u64 b = 0; b < blocks; ++b) {
+        u64 prod[32] = {}, word[32] = {};
+        for (unsigned r = 0; r < 4; ++r)
+            for (unsigned t = 0; t < 32; ++t)
+                lane_add(&prod[t], &word[t], rd64(in + b * 1024 + 256 * r + 8 * t),
+                         key64(32 * r + 8 * (t >> 3) + 8 * (t & 7)));
+        reduce(prod, word);
+        for (unsigned i = 0; i < 8; ++i) acc[i] = scramble_lane(acc[i], key64(128 + 8 * i));
+    }
+    const unsigned stripes = unsigned(((len - 1) - 1024 * blocks) / 64);
+    u64 prod[32] = {}, word[32] = {};
+    for (unsigned r = 0; r < 4; ++r)
+        for (unsigned t = 0; t < 32; ++t)
+            if (4 * r + (t >> 3) < stripes)
+                lane_add(&prod[t], &word[t], rd64(in + blocks * 1024 + 256 * r + 8 * t),
+                         key64(32 * r + 8 * (t >> 3) + 8 * (t & 7)));
+    for (unsigned t = 0; t < 8; ++t)
+        lane_add(&prod[t], &word[t], rd64(in + len - 64 + 8 * t), key64(121 + 8 * t));
+    reduce(prod, word);
+    return merge_accs(acc, len);
+}
+// XXH3_64bits(in, len) with the long path in the warp's schedule.
+inline u64 hash64_by_lanes(const unsigned char *in, u64 len) {
+    return len <= 240 ? hash64_short(in, len) : hash_long_by_lanes(in, len);
+}
+#endif
+// XXH3_64bits(in, len).
+WSYNC_XXH_FN u64 hash64(const unsigned char *in, u64 len) {
+    return len <= 240 ? hash64_short(in, len) : hash_long(in, len);
 }
 
 }  // namespace wsync_xxh3
