@@ -328,7 +328,9 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * floods cost the trainer CPU (forged messages are dropped as they arrive, each receiver index
  * gets an equal share of what is handled a round, a receiver holds at most 4 leases on a chunk
  * and none on a version no longer kept, so the trainer's staging memory stays within
- * keep_versions + 1 versions). Run "ucx" between hosts of one trusted network
+ * keep_versions + 1 versions; fetches are answered round-robin across receivers, at most 4
+ * payloads being sent to one and 64 of its fetches waiting, the 65th refused
+ * WSYNC_ERR_WRONG_STATE). Run "ucx" between hosts of one trusted network
  * (narrow "net_devices" to it). Blobs and
  * messages name no host: engines call the trainer "the trainer (session S)", the trainer calls
  * an engine "receiver N (pid P)", and a refusal names no other engine; the worker addresses in
