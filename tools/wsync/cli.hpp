@@ -155,6 +155,14 @@ int cmd_bench(const Args &a);           // shm_sync.cpp; --strategy cuda_ipc goe
 int cmd_bench_cuda_ipc(Args a);         // bench_cuda_ipc.cpp
 int cmd_bench_delta(int argc, char **argv, int first);  // bench_delta.cpp (--delta-fraction)
 int cmd_bench_ucx(const Args &a);       // bench_ucx.cpp
+// torch.distributed gloo broadcasting `bytes` from this process (rank 0, listening at
+// trainer_address) to one in --engine-netns, over --net-devices (bench_gloo.cpp).
+struct GlooRow {
+    double steady_s = 0;  // median of the timed broadcasts; 0 with `why` set when there is none
+    std::string python;   // the interpreter that ran it
+    std::string why;
+};
+GlooRow gloo_broadcast(const Args &a, uint64_t bytes, const std::string &trainer_address);
 int cmd_clean(int argc, char **argv);   // clean.cpp
 // Moves this process into network namespace `name` (/run/netns/NAME); die() if it cannot.
 void enter_netns(const std::string &name);  // bench_ucx.cpp

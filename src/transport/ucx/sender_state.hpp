@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -50,6 +51,8 @@ struct Member {
     uint64_t acked_through = 0;  // highest chunk seq it answered
     std::map<uint64_t, uint32_t> leases;  // seq -> count (at most kLeasesPerChunk)
     uint64_t failed_version = 0;  // the version whose failure it last reported
+    std::deque<Msg> fetches;      // its fetches waiting their turn (at most kFetchesQueued)
+    uint32_t in_flight = 0;       // its payloads being sent (at most kFetchesInFlight)
     bool dropped = false;
     // Its connection failed (it died, or the network to it did) and nobody has taken its
     // index since: it stays a receiver the trainer publishes for, named DIED in the flush of
@@ -92,6 +95,9 @@ private:
     void hello(const Msg &m);
     void lease(uint32_t index, Member &mem, uint64_t seq);
     void fetch(uint32_t index, Member &mem, const Msg &m);
+    void answer_fetch(uint32_t index, Member &mem, const Msg &m);
+    void dispatch();
+    void sent(const std::vector<uint64_t> &ids);
     void ack(uint32_t index, Member &mem, const Msg &m);
     void check_members();
     void leave(uint32_t index, uint32_t what, const std::string &why);
@@ -136,6 +142,19 @@ private:
     uint64_t next_seq_ = 1, last_seq_ = 0, last_committed_ = 0, open_version_ = 0;
     uint64_t began_ = 0;  // the newest version begin_version() was called for
     uint64_t retired_through_ = 0;  // versions up to this one are no longer kept (by age)
+    // Payloads being sent, by send id (the worker's tag): whose, and from which chunk.
+    struct Flight {
+        uint64_t seq = 0;
+        uint32_t index = 0;
+        uint64_t token = 0;
+    };
+    std::map<uint64_t, Flight> flights_;
+    uint64_t flight_ids_ = 0;
+    uint32_t turn_ = 0;  // the member dispatch() serves first
+    // Fair service (issue 37): one receiver has at most kFetchesInFlight payloads being sent and
+    // kFetchesQueued fetches waiting; waiting fetches are served round-robin across receivers.
+    static constexpr uint32_t kFetchesInFlight = 4;
+    static constexpr std::size_t kFetchesQueued = 64;
     // The most leases one receiver may hold on one chunk at a time.
     static constexpr uint32_t kLeasesPerChunk = 4;
 };

@@ -16,11 +16,9 @@ void UcxSender::serve() {
     auto busy = std::chrono::steady_clock::now();
     for (;;) {
         const unsigned n = w_->progress();
-        for (uint64_t seq : w_->take_sent()) {
-            auto c = chunks_.find(seq);
-            if (c != chunks_.end() && c->second.sending) --c->second.sending;
-        }
+        sent(w_->take_sent());
         handle(w_->take_inbox());
+        dispatch();
         check_members();
         cv_.notify_all();
         uint64_t v;
@@ -199,11 +197,66 @@ void UcxSender::lease(uint32_t index, Member &mem, uint64_t seq) {
     tell(index, mem, reply);
 }
 
+// A fetch waits its turn in the member's queue (dispatch()); one past kFetchesQueued waiting is
+// refused at once (WRONG_STATE), with no byte.
+void UcxSender::fetch(uint32_t index, Member &mem, const Msg &m) {
+    if (mem.fetches.size() < kFetchesQueued) {
+        mem.fetches.push_back(m);
+        return;
+    }
+    Msg reply;
+    reply.type = MsgType::Data;
+    reply.seq = m.seq;
+    reply.version = m.version;
+    reply.offset = m.offset;
+    reply.bytes = m.bytes;
+    reply.index = index;
+    reply.token = mem.token;
+    reply.status = WSYNC_ERR_WRONG_STATE;
+    reply.text = "this receiver already has " + std::to_string(kFetchesQueued) +
+                 " fetches waiting, the most one receiver may: take their data first";
+    w_->send_data(*mem.ep, seal_msg(reply, mem.key, Dir::ToEngine), nullptr, 0, 0);
+}
+
+// Fair service (issue 37: one engine's fetch loop halved another's throughput): waiting fetches
+// are answered round-robin, one per receiver per turn, each receiver at most kFetchesInFlight
+// payloads being sent; the first receiver served moves on by one each call.
+void UcxSender::dispatch() {
+    const uint32_t n = static_cast<uint32_t>(members_.size());
+    if (n == 0) return;
+    for (bool any = true; any;) {
+        any = false;
+        for (uint32_t k = 0; k < n; ++k) {
+            const uint32_t i = (turn_ + k) % n;
+            Member &mem = members_[i];
+            if (mem.fetches.empty() || mem.in_flight >= kFetchesInFlight || !mem.ep) continue;
+            const Msg m = std::move(mem.fetches.front());
+            mem.fetches.pop_front();
+            answer_fetch(i, mem, m);
+            any = true;
+        }
+    }
+    turn_ = (turn_ + 1) % n;
+}
+
+// Payloads done (sent or failed): their chunk's buffer and their receiver's place are free.
+void UcxSender::sent(const std::vector<uint64_t> &ids) {
+    for (uint64_t id : ids) {
+        auto f = flights_.find(id);
+        if (f == flights_.end()) continue;
+        auto c = chunks_.find(f->second.seq);
+        if (c != chunks_.end() && c->second.sending) --c->second.sending;
+        Member &mem = members_[f->second.index];
+        if (mem.token == f->second.token && mem.in_flight) --mem.in_flight;
+        flights_.erase(f);
+    }
+}
+
 // Serves bytes [offset, offset + bytes) of chunk seq to a member that holds a lease on it,
 // as one Data message (eager or rendezvous, as UCX chooses) straight from the staging
 // buffer, which stays until the send is done (release()). Anything else, a range past the
 // chunk's end included, is answered with why not and no byte.
-void UcxSender::fetch(uint32_t index, Member &mem, const Msg &m) {
+void UcxSender::answer_fetch(uint32_t index, Member &mem, const Msg &m) {
     Msg reply;
     reply.type = MsgType::Data;
     reply.seq = m.seq;
@@ -238,8 +291,11 @@ void UcxSender::fetch(uint32_t index, Member &mem, const Msg &m) {
         return;
     }
     ++it->second.sending;
+    ++mem.in_flight;
+    const uint64_t id = ++flight_ids_;
+    flights_[id] = Flight{m.seq, index, mem.token};
     w_->send_data(*mem.ep, std::move(sealed), static_cast<const uint8_t *>(it->second.buf.base) + m.offset,
-                  m.bytes, m.seq);
+                  m.bytes, id);
 }
 
 bool UcxSender::abandoned_here(uint64_t version) const {
@@ -338,6 +394,7 @@ void UcxSender::forget(uint32_t index) {
         if (c != chunks_.end()) c->second.leases -= std::min(c->second.leases, kv.second);
     }
     m.leases.clear();
+    m.fetches.clear();
 }
 
 // ---- versions ---------------------------------------------------------------------------

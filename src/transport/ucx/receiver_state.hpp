@@ -1,0 +1,377 @@
+// The ucx receiver's state, shared by its two halves: the version and acknowledgement logic
+// (receiver.cpp: attach, the requests the core opens, selections, answers to the trainer, the
+// GPU loader's ordering) and the fetch engine (fetch.cpp: leases, fetches of a chunk's spans
+// into the receive buffer, the buffer itself). Internal to the ucx kind; make_receiver()
+// (receiver.hpp) makes one.
+#pragma once
+
+#include "transport/ucx/receiver.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "core.hpp"
+#include "error.hpp"
+#include "gpu/destination.hpp"
+#include "gpu/device.hpp"
+#include "plan/layout.hpp"
+
+
+namespace wsync::ucx {
+
+class UcxReceiver;
+
+class UcxBacking final : public ChunkBacking {
+public:
+    UcxBacking(UcxReceiver &owner, const uint8_t *base, std::vector<uint64_t> offsets, uint64_t seq)
+        : owner_(owner), base_(base), offsets_(std::move(offsets)), seq_(seq) {}
+    const void *data(std::size_t i) const override { return base_ + offsets_[i]; }
+    wsync_device_t device() const override { return {WSYNC_DEVICE_CPU, 0}; }
+    bool read_only() const override { return false; }
+    bool device_destination(const void *dst) const override;
+    bool copy_to_device(void *dst, const void *src, uint64_t len,
+                        const std::function<std::string()> &what) override;
+    wsync_status_t settle(wsync_status_t outcome, std::string *message) noexcept override;
+    void acknowledge(wsync_status_t outcome) noexcept override;
+    void set_header(const ChunkHeader &h) { header_ = h; }
+
+private:
+    UcxReceiver &owner_;
+    const uint8_t *base_;
+    std::vector<uint64_t> offsets_;
+    uint64_t seq_;
+    ChunkHeader header_;
+};
+
+class UcxReceiver final : public ReceiverImpl {
+public:
+    UcxReceiver(const InitInfo &info, uint32_t index, const ReceiverOptions &o)
+        : info_(info), index_(index), o_(o),
+          w_(std::make_unique<Worker>(o.config, std::string(kKind) + " receiver " + std::to_string(index))),
+          trainer_("the trainer (session " + hex16(info.session) + ")") {
+        if (o.device >= 0) {  // before the trainer hears of us: a bad ordinal attaches nothing
+            dev_ = std::make_unique<gpu::Device>(gpu::cuda(), o.device, kKind);
+            loaded_ = std::make_unique<gpu::Event>(*dev_);
+        }
+        sys::random_bytes(&token_, sizeof token_);
+        ep_ = w_->connect(info.address, trainer_);
+        // The hello names no host: the trainer learns our pid (for its failure records) and
+        // the worker address it must answer to, MACed with the init info's key (auth.hpp).
+        Msg hello;
+        hello.type = MsgType::Hello;
+        hello.index = index_;
+        hello.token = token_;
+        hello.seq = info.session;
+        hello.pid = static_cast<int32_t>(getpid());
+        sys::random_bytes(nonce_.data(), nonce_.size());
+        hello.nonce = nonce_;
+        hello.address = w_->address();
+        w_->send(*ep_, seal_msg(hello, info_.key, Dir::ToTrainer));
+        const sys::Deadline d(o.timeout_ms);
+        awaited_ = MsgType::Welcome;
+        if (!w_->wait([&] { return drain() || ep_->error != UCS_OK; }, d)) {
+            teardown();
+            fail(WSYNC_ERR_TIMEOUT, who() + ": " + trainer_ + " did not answer the attach within " +
+                                        std::to_string(o.timeout_ms) +
+                                        " ms (it answers only hellos made with its own init info's key)");
+        }
+        check_link("attaching");
+        if (reply_.status != WSYNC_OK) {
+            teardown();
+            fail(static_cast<wsync_status_t>(reply_.status), who() + ": " + trainer_ + " refused it: " + reply_.text);
+        }
+    }
+
+    ~UcxReceiver() override {
+        if (ep_ && ep_->error == UCS_OK) {
+            Msg bye;
+            bye.type = MsgType::Bye;
+            send(bye);
+            w_->wait([] { return false; }, sys::Deadline(20));  // let the goodbye go out
+        }
+        for (Msg &m : data_) w_->release(m.desc);
+        data_.clear();
+        teardown();
+        loader_caught_up();
+        const bool stuck = buffer_stuck_;
+        drop_buffer();  // left to the driver while copies may still read it
+        loaded_.reset();  // cuEventDestroy returns at once, even for an event not yet reached
+        // Those copies may also need the device's context: it stays until the process ends.
+        if (stuck && dev_) gpu::keep_until_exit(std::move(dev_));
+    }
+
+    // ---- an engine with a GPU ("device") --------------------------------------------------
+    // Its receive buffer is pinned host memory, so copies into device memory are asynchronous
+    // DMA on the loader's stream; every chunk's end waits for that stream (the loader's own
+    // copies out of the views included) before the buffer may take the next chunk.
+    bool orders_loader_work() const override { return dev_ != nullptr; }
+    void set_stream(void *stream) override { loader_ = gpu::ordering_stream(stream); }
+
+    bool device_destination(const void *dst) const { return dev_ && gpu::is_device_memory(*dev_, dst); }
+
+    // With "device", a destination the driver knows as device memory is checked as the GPU
+    // kinds check theirs; anything else is host memory, as for wsync_recv_copy.
+    DestMemory describe_destination(void *data, uint64_t len,
+                                    const std::function<std::string()> &what) const override {
+        if (!device_destination(data)) return {};
+        return gpu::describe_device_destination(*dev_, data, len, what, kKind);
+    }
+    void recheck_destination(const DestMemory &mem, const std::function<std::string()> &what) const override {
+        if (dev_) gpu::recheck_device_destination(*dev_, mem, what);
+    }
+
+    void queue_copy(void *dst, const void *src, uint64_t len, const std::function<std::string()> &what) {
+        gpu::queue_copy_host_to_device(*dev_, loader_, dst, src, len, what, kKind);
+    }
+
+    // Waits, up to timeout_ms, for the work queued on the loader's stream. When the wait fails
+    // (a timeout, or a failed stream) copies still to run may read the buffer later: it takes
+    // no other chunk until the loader's stream is seen past this point (loader_caught_up()).
+    wsync_status_t settle(const ChunkHeader &h, wsync_status_t outcome, std::string *message) noexcept;
+
+    // Whether the loader's stream has passed the point a failed settle gave up on (then the
+    // buffer is free again). False while it has not, or cannot say (a failed stream).
+    bool loader_caught_up() noexcept {
+        if (!buffer_stuck_) return true;
+        try {
+            gpu::Device::Scope scope(*dev_);
+            if (loaded_->done()) buffer_stuck_ = false;
+        } catch (...) {
+        }
+        return !buffer_stuck_;
+    }
+
+    bool verify_checksums() const override { return o_.verify; }
+    bool checksums_promised() const override { return info_.checksum; }
+    unsigned copy_threads() const override { return o_.copy_threads; }
+
+    Link link() const override {
+        auto *self = const_cast<UcxReceiver *>(this);  // progress is not observable state
+        if (self->ep_) {
+            self->w_->progress();
+            self->drain();
+        }
+        Link l;
+        l.dropped = dropped_;
+        l.sender_gone = !ep_ || ep_->error != UCS_OK;
+        l.abandoned_version = abandoned_;
+        return l;
+    }
+
+    std::unique_ptr<ChunkBacking> open(const ChunkHeader &h, const TensorTable &table,
+                                       const json &transport) override {
+        Where at = admit(h, table, transport);
+        pull(h, at, {Span{0, at.bytes, 0}}, at.bytes);
+        auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), table.offsets, at.seq);
+        b->set_header(h);
+        return b;
+    }
+
+    const select::Spec *selection() const override { return o_.selection.get(); }
+
+    // A selection's chunk: only the ranges move, coalesced into one fetch per run of ranges that
+    // are adjacent in the trainer's buffer (at most the kTensorAlign padding between two
+    // tensors apart), each run placed in our buffer at the trainer's alignment modulo
+    // kTensorAlign. Nothing to fetch: no lease and no fetch (the chunk is still acknowledged).
+    std::unique_ptr<ChunkBacking> open_ranges(const ChunkHeader &h, const TensorTable &table,
+                                              const std::vector<ByteRange> &fetch,
+                                              const json &transport) override;
+
+    void refuse(const ChunkHeader &h, const json &transport, wsync_status_t status,
+                const std::string &message, bool) noexcept override {
+        try {
+            Where at = parse_where(transport);
+            if (at.session == info_.session && at.seq > last_seq_) answer(at.seq, h, status, message);
+        } catch (...) {
+        }
+    }
+
+    void record_failure(const ChunkHeader &h, wsync_status_t, const std::string &message) noexcept override {
+        failure_text_ = message;  // said with the acknowledgement of that chunk only
+        failure_version_ = h.version;
+        failure_chunk_ = h.chunk_index;
+    }
+
+    // Tells the trainer we are done with chunk seq (and why it failed, if it did).
+    void answer(uint64_t seq, const ChunkHeader &h, wsync_status_t status, const std::string &message) noexcept {
+        try {
+            Msg ack;
+            ack.type = MsgType::Ack;
+            ack.seq = seq;
+            ack.version = h.version;
+            ack.chunk = h.chunk_index;
+            ack.status = status;
+            const bool recorded = !failure_text_.empty() && failure_version_ == h.version &&
+                                  failure_chunk_ == h.chunk_index;
+            ack.text = status == WSYNC_OK ? std::string() : (recorded ? failure_text_ : message);
+            failure_text_.clear();
+            if (ep_) {
+                send(ack);
+                w_->progress();
+            }
+        } catch (...) {
+        }
+    }
+
+private:
+    // Bytes [remote, remote + bytes) of the trainer's memory, read to buf_ + local.
+    struct Span {
+        uint64_t remote = 0, bytes = 0, local = 0;
+    };
+
+    std::string who() const { return std::string(kKind) + " receiver " + std::to_string(index_); }
+
+    // Verifies every block checksum a fetched range covers whole (a range that is a whole entry
+    // is left to the entry's own checksum, which the core verifies). Blocks a range covers only
+    // in part are not verified. WSYNC_ERR_INTEGRITY naming the tensor and the block; the
+    // trainer hears of it.
+    template <class Entries>
+    void verify_blocks(const ChunkHeader &h, const Where &at, const TensorTable &table,
+                       const std::vector<ByteRange> &fetch, const std::vector<uint64_t> &local,
+                       const Entries &entries);
+
+    void check_addressed(const json &transport) const override {
+        const uint64_t session = wire::uint_field(transport, "session", "ucx request", UINT64_MAX);
+        if (session != info_.session)
+            fail(WSYNC_ERR_MISMATCH, who() + ": request is from trainer session " + std::to_string(session) +
+                                         ", this receiver's init info is of session " +
+                                         std::to_string(info_.session) +
+                                         " (another trainer's, or a restarted one's: left unchanged)");
+    }
+
+    // Checks a request's transport map and table before anything moves.
+    Where admit(const ChunkHeader &, const TensorTable &table, const json &transport) {
+        Where at = parse_where(transport);
+        if (at.session != info_.session)
+            fail(WSYNC_ERR_MISMATCH, who() + ": request is from another trainer session than its init info");
+        if (at.seq <= last_seq_)
+            fail(WSYNC_ERR_MISMATCH, who() + ": request carries chunk seq " + std::to_string(at.seq) +
+                                         ", already received seq " + std::to_string(last_seq_));
+        layout::check(table, at.bytes, "ucx request", "chunk");
+        return at;
+    }
+
+    // Leases the chunk and fetches every span into our buffer (`need` bytes of it), all in flight
+    // at once, each bounded by the deadline; on any failure the trainer hears of it.
+    void pull(const ChunkHeader &h, const Where &at, const std::vector<Span> &spans, uint64_t need);
+
+    // Asks the trainer for every span (a Fetch each, numbered) and takes each answer into place:
+    // an eager payload is copied, a rendezvous one received straight into our buffer; all in
+    // flight at once, bounded by the deadline. Only an authentic Data message that answers a
+    // fetch still outstanding, with its range and size, is taken; the trainer's refusal (a
+    // range past the chunk, no lease) fails the chunk with its status and text.
+    void fetch(const Where &at, const std::vector<Span> &spans, const std::string &chunk, const sys::Deadline &deadline);
+
+    static std::string hex16(uint64_t v) {
+        char b[17];
+        std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+        return b;
+    }
+
+    // Sends the trainer a message sealed with the connection's key, numbered.
+    void send(Msg m) {
+        m.index = index_;
+        m.token = token_;
+        m.number = ++sent_;
+        w_->send(*ep_, seal_msg(m, key_, Dir::ToTrainer));
+    }
+
+    // Whether a message is the trainer's: for us (index, token), MACed with the connection's
+    // key and numbered above the last one. The welcome brings the trainer's nonce, from which
+    // (with ours) the connection's key is made. Anything else is dropped: whoever reaches our
+    // worker without the key cannot make us act.
+    bool from_trainer(const Msg &m) {
+        if (m.index != index_ || m.token != token_) return false;
+        if (m.type == MsgType::Welcome) {
+            if (attached_ || m.number != 1) return false;
+            const Key key = connection_key(info_.key, index_, token_, nonce_, m.nonce);
+            if (!authentic(m, key, Dir::ToEngine)) return false;
+            key_ = key;
+            attached_ = true;
+            heard_ = 1;
+            return true;
+        }
+        if (!attached_ || m.number <= heard_ || !authentic(m, key_, Dir::ToEngine)) return false;
+        heard_ = m.number;
+        return true;
+    }
+
+    // Handles the messages that arrived; true once the awaited reply has.
+    bool drain() {
+        bool got = false;
+        for (Msg &m : w_->take_inbox()) {
+            if (m.type == MsgType::Data) {  // no rising number: fetch() matches it to a fetch
+                if (attached_ && m.index == index_ && m.token == token_ && authentic(m, key_, Dir::ToEngine))
+                    data_.push_back(std::move(m));
+                else
+                    w_->release(m.desc);
+                continue;
+            }
+            if (!from_trainer(m)) continue;
+            if (m.type == MsgType::Abandon) abandoned_ = std::max(abandoned_, m.version);
+            else if (m.type == MsgType::Dropped) dropped_ = true;
+            else if (m.type == awaited_ && (m.type != MsgType::Grant || m.seq == awaited_seq_)) {
+                reply_ = std::move(m);
+                got = true;
+            }
+        }
+        return got;
+    }
+
+    void check_link(const std::string &when) {
+        if (!ep_) fail(WSYNC_ERR_PEER, who() + ": the connection to " + trainer_ + " was closed after an earlier failure");
+        if (ep_->error != UCS_OK)
+            fail(WSYNC_ERR_PEER, who() + ": " + trainer_ + " is unreachable " + when + " (" +
+                                     w_->api().ucs_status_string(ep_->error) +
+                                     "): its process died or the network to it failed");
+    }
+
+    void lease(uint64_t seq, const std::string &chunk, const sys::Deadline &deadline);
+
+    // The receive buffer: anonymous pages, or pinned host memory for an engine with a GPU.
+    void ensure_buffer(uint64_t bytes);
+
+    // Frees the receive buffer; a pinned one that copies a wait gave up on may
+    // still read is left to the driver (freeing pinned memory may wait for them).
+    void drop_buffer() noexcept;
+
+    void teardown() noexcept {
+        if (ep_) w_->close(std::move(ep_), sys::Deadline(std::min<int64_t>(o_.timeout_ms, 2000)));
+    }
+
+    InitInfo info_;
+    uint32_t index_;
+    ReceiverOptions o_;
+    std::unique_ptr<Worker> w_;
+    std::string trainer_;
+    std::unique_ptr<Endpoint> ep_;
+    uint64_t token_ = 0;
+    Nonce nonce_{};       // ours, in the hello
+    Key key_{};           // the connection's, once the welcome came (auth.hpp)
+    bool attached_ = false;
+    uint64_t sent_ = 0, heard_ = 0;  // numbers of the last message sent and heard
+    MsgType awaited_ = MsgType::Welcome;
+    uint64_t awaited_seq_ = 0;
+    Msg reply_;
+    uint64_t last_seq_ = 0, abandoned_ = 0;
+    bool dropped_ = false;
+    std::string failure_text_;  // record_failure's, for the chunk it names
+    uint64_t failure_version_ = 0;
+    uint32_t failure_chunk_ = 0;
+    void *buf_ = nullptr;
+    uint64_t cap_ = 0;
+    uint64_t fetches_ = 0;  // the number of the last fetch asked for
+    std::vector<Msg> data_;  // authentic Data messages drained, for fetch()
+    std::unique_ptr<gpu::Device> dev_;           // "device": the engine's GPU, else null
+    std::unique_ptr<gpu::DeviceBuffer> pinned_;  // buf_'s memory when dev_
+    std::unique_ptr<gpu::Event> loaded_;         // marks the loader's stream at a chunk's end
+    gpu::CUstream loader_ = gpu::CU_STREAM_LEGACY;
+    bool buffer_stuck_ = false;  // a wait for the loader's stream failed: buf_ may still be read
+    std::string stuck_chunk_;    // the chunk of that wait, for messages
+};
+
+}  // namespace wsync::ucx
