@@ -141,7 +141,9 @@ void UcxReceiver::ensure_buffer(uint64_t bytes) {
         p = mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED)
             fail(WSYNC_ERR_NO_MEMORY, who() + ": cannot map " + std::to_string(cap) + " bytes for a chunk");
-        madvise(p, cap, MADV_HUGEPAGE);
+        // No MADV_HUGEPAGE: on the CI VM the first touch of 618 MiB advised so took 4.1-5.2 s
+        // (huge-page zeroing and compaction) against 0.28-0.36 s without, and it landed in a
+        // sync (docs/delta.md, "Crossover cells where auto lost").
     }
     buf_ = p;
     cap_ = cap;
