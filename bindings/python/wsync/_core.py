@@ -342,9 +342,6 @@ class _Owned:
         """True once :meth:`close` has run."""
         return self._h is None
 
-    def close(self) -> None:  # pragma: no cover - every subclass defines its own
-        raise NotImplementedError
-
     def __enter__(self: _O) -> _O:
         return self
 
