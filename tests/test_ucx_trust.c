@@ -790,6 +790,7 @@ struct puller {
     volatile uint64_t seq;  /* the chunk to pull (0: none yet) */
     volatile int stop;
     long data;              /* Data messages that reached it */
+    long refused;           /* of them, refusals naming WRONG_STATE (no payload) */
     long received;          /* payload bytes received */
     volatile long receiving; /* receives started and not finished */
     uint8_t *scratch;
@@ -805,8 +806,11 @@ static void puller_received(void *req, ucs_status_t st, size_t n, void *arg) {
 static ucs_status_t puller_on_data(void *arg, const void *h, size_t hl, void *data, size_t n,
                                    const ucp_am_recv_param_t *param) {
     struct puller *p = arg;
-    (void)h, (void)hl;
     ++p->data;
+    if (hl > STATUS_AT + 1) {
+        const uint8_t *b = h;
+        if ((b[STATUS_AT] | b[STATUS_AT + 1] << 8) == WSYNC_ERR_WRONG_STATE) ++p->refused;
+    }
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) return UCS_OK;
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                               .cb.recv_am = puller_received, .user_data = p};
@@ -885,10 +889,12 @@ static long honest_big_versions(struct trainer *t, wsync_receiver_t *e0, uint8_t
 
 /* Fair service (issue 37 item 3): an engine holding the key that fetches its own leased chunk
  * in a loop, PULL_WINDOW fetches outstanding, cannot starve an honest engine pulling one fetch
- * at a time. The honest engine's versions, timed alone and then during the loop in the same
- * test, each load bit for bit with the flush OK within 3 s, and take at most 4x as long
- * during the loop (an equal share of the trainer would be about 2x; before the trainer served
- * fetches round-robin with a cap per engine, the loop's 64 queued payloads went ahead). */
+ * at a time: during the loop each of the honest engine's versions loads bit for bit with the
+ * flush OK within 3 s, and the loop did pull (at least 4 chunks). The slowdown against the
+ * same versions loaded alone, in the same test, is printed, not asserted: on a loaded 2-core
+ * CI host it ranged 2.3x-9x, a scheduling figure rather than a property (an equal share of the
+ * trainer would be about 2x). What bounds a greedy engine by construction, at most 4 payloads
+ * in flight and 64 waiting, is asserted by the next test and by the 65th fetch's refusal. */
 static void puller_start(struct puller *p, struct trainer *t) {
     memset(p, 0, sizeof *p);
     rogue_start(&p->r, t);
@@ -923,7 +929,6 @@ static void an_engine_fetching_in_a_loop_does_not_starve_another(void **state) {
     print_message("6 honest versions of 4 MiB: %ld ms alone, %ld ms while index 1 pulled %ld MiB in %ld Data "
                   "messages (%.1fx)\n", alone, during, p.received >> 20, p.data, (double)during / (alone ? alone : 1));
     assert_true(p.received >= 4L * BIG_BYTES);  /* the loop did pull */
-    assert_true(during <= 4 * (alone > 20 ? alone : 20));
     rogue_stop(&p.r);
     free(p.scratch);
     free(data);
@@ -975,6 +980,58 @@ static void a_peer_that_asks_and_never_reads_holds_at_most_four_sends(void **sta
     print_message("trainer RSS grew by %ld KiB from version 3 to 12 while a peer asked for 16 fetches a "
                   "version and read none (a chunk is %d KiB)\n", grew, BIG_BYTES / 1024);
     assert_true(grew < 3 * (BIG_BYTES / 1024));
+    rogue_stop(&p.r);
+    free(p.scratch);
+    free(data);
+    wsync_receiver_destroy(e0);
+    trainer_stop(&t);
+}
+
+/* Bounded waiting (issue 37 item 3): one receiver has at most kFetchesQueued (64) fetches
+ * waiting and kFetchesInFlight (4) payloads being sent. A peer holding the key that leases a
+ * chunk and sends 200 fetches of it before reading anything gets every fetch answered within
+ * 10 s: payloads for those the trainer queued, and for the rest a refusal naming
+ * WRONG_STATE with no payload. Refusals come (at least one; before the queue had a bound,
+ * none came and each fetch became a send), and only past the bound: at least 64 fetches are
+ * answered with their payload (64 to 68 by how far the trainer got sending while they arrived).
+ * The honest engine then loads the next version. */
+static void a_receivers_fetches_past_sixty_four_waiting_are_refused(void **state) {
+    (void)state;
+    if (!ucx_here()) skip();
+    struct trainer t;
+    trainer_start(&t, 2);
+    wsync_receiver_t *e0 = engine(&t, 0);
+    static struct puller p;
+    puller_start(&p, &t);
+    uint8_t *data = malloc(BIG_BYTES);
+    assert_non_null(data);
+    uint64_t v = 0;
+    wsync_blob_t req;
+    send_big(&t, data, ++v, &req);
+    const uint64_t seq = blob_uint(&req, "seq");
+    puller_send(&p, LEASE, seq, 0);
+    enum { ASKED = 200 };
+    for (int i = 0; i < ASKED; ++i) puller_send(&p, FETCH, seq, BIG_BYTES);
+    const long t0 = tu_now_ms();
+    while ((p.data < ASKED || p.receiving > 0) && tu_now_ms() - t0 < 10000) ucp_worker_progress(p.r.w);
+    print_message("%d fetches sent before reading: %ld answered, %ld refused, %ld MiB received\n", ASKED, p.data,
+                  p.refused, p.received >> 20);
+    assert_int_equal(p.data, ASKED);
+    assert_true(p.refused >= 1);
+    assert_true(ASKED - p.refused >= 64);
+    assert_int_equal(p.received, (long)(ASKED - p.refused) * BIG_BYTES);
+    puller_send(&p, ACK, seq, 0);
+    wsync_recv_t *it = NULL;
+    OK(wsync_receiver_receive(e0, req.data, req.size, &it));
+    wsync_tensor_t view;
+    bool has = false;
+    OK(wsync_recv_next(it, &view, &has));
+    assert_true(has);
+    assert_true(tu_check(view.data, BIG_BYTES, v, 1));
+    OK(wsync_recv_end(it));
+    OK(wsync_sender_flush(t.snd, 3000));
+    wsync_blob_free(&req);
+    honest_big_versions(&t, e0, data, &v, 1, &p, 0);
     rogue_stop(&p.r);
     free(p.scratch);
     free(data);
@@ -1058,6 +1115,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_flood_of_forged_messages_does_not_crowd_out_an_honest_engine),
         cmocka_unit_test(an_engine_fetching_in_a_loop_does_not_starve_another),
         cmocka_unit_test(a_peer_that_asks_and_never_reads_holds_at_most_four_sends),
+        cmocka_unit_test(a_receivers_fetches_past_sixty_four_waiting_are_refused),
         cmocka_unit_test(a_dropped_index_is_not_retaken_by_a_peer_holding_a_request_only),
         cmocka_unit_test(without_net_devices_the_kind_refuses_to_start_unless_told_all),
     };
