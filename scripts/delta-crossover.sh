@@ -59,15 +59,17 @@ python3 - "$out" $RATES <<'PY'
 import json, sys
 out, rates = sys.argv[1], sys.argv[2:]
 print("ucx over a veth pair shaped with tc tbf; sync time as a ratio to dense at the same rate")
-print(f"{'Gbit/s':>6} {'dense ms':>9} {'changed':>8} {'delta x':>8} {'auto x':>7}  auto chose (versions 2..)  ms each: dense | auto")
+print("dense2 x: dense run again after the delta runs, to the first (the baseline's own spread)")
+print(f"{'Gbit/s':>6} {'dense ms':>9} {'dense2 x':>8} {'changed':>8} {'delta x':>8} {'auto x':>7}  auto chose (versions 2..)  ms each: dense | auto")
 for r in rates:
     j = json.load(open(f"{out}/rate{r}.json"))
     dense = j["dense"]["sync_ms"]
+    again = j["dense_again"]["sync_ratio"]
     cells = {}
     for run in j["delta_runs"]:
         cells.setdefault(run["fraction"], {})[run["mode"]] = run
     for f, c in cells.items():
-        print(f"{r:>6} {dense:>9.1f} {f:>8g} {c['size']['sync_ratio']:>8.3f} "
+        print(f"{r:>6} {dense:>9.1f} {again:>8.3f} {f:>8g} {c['size']['sync_ratio']:>8.3f} "
               f"{c['auto']['sync_ratio']:>7.3f}  {c['auto']['chose']:<25} "
               f"{' '.join('%.0f' % x for x in j['dense'].get('sync_ms_each', []))} | "
               f"{' '.join('%.0f' % x for x in c['auto'].get('sync_ms_each', []))}")

@@ -14,7 +14,9 @@
 // engine time in wsync_recv_copy (dense copy, or verified apply), and sync time (first
 // send_chunk to flush), with each ratio to the dense baseline of the same run, and the mean
 // sync time over the same steps, and which way each version went (P: some tensor went as a
-// patch, D: dense). Step 1 (no base yet) is dense everywhere and is not counted. --delta takes
+// patch, D: dense). Step 1 (no base yet) is dense everywhere and is not counted. Dense runs
+// again after the delta runs ("dense2", JSON "dense_again", its ratio to the first): the spread
+// of the baseline itself, against which a ratio near 1 is to be read. --delta takes
 // one mode or several (each fraction runs each): auto (decided by cost, the default), size
 // (auto with "delta_decide": "size": every version compared) or on.
 //
@@ -645,6 +647,18 @@ int cmd_bench_delta(int argc, char **argv, int first) {
                                      {"sync_ms", r.sync_ms}, {"sync_mean_ms", r.sync_mean_ms},
                                      {"sync_ratio", r.sync_ms / dense.sync_ms},
                                      {"chose", r.chose}, {"sync_ms_each", r.sync_each}});
+    }
+    {
+        // Dense once more, after every delta run: the spread between two dense runs of the
+        // same processes' kind minutes apart, against which a delta run's ratio can be read (a
+        // run that goes dense, such as "auto" where delta does not pay, differs from the first
+        // dense run by that spread, not by a cost of its own).
+        Figures again = run(m, "off", 0.01, steps, false, gpu, base_memory, threads);
+        row("dense2", again);
+        out["dense_again"] = {{"bytes", again.bytes}, {"send_ms", again.send_ms},
+                              {"apply_ms", again.apply_ms}, {"sync_ms", again.sync_ms},
+                              {"sync_mean_ms", again.sync_mean_ms},
+                              {"sync_ratio", again.sync_ms / dense.sync_ms}, {"sync_ms_each", again.sync_each}};
     }
     if (!gpu) {
         // The floor rows (host kinds): the same model, a second copy standing for the sender's
