@@ -5,7 +5,7 @@
 //
 //   wsync bench --delta-fraction F[,F...] (e.g. 0.001,0.01,0.05,0.2,1.0) [--size-mb N=2048]
 //               [--steps N=4] [--delta auto|on|size[,...]] [--strategy shm|ucx|cuda_ipc]
-//               [--delta-base-memory device|pinned_host] [--delta-threads N] [--mirror] [--json]
+//               [--delta-base-memory device|pinned_host] [--delta-threads N] [--mirror] [--paired] [--json]
 //
 // The model is bf16 with Llama-like shapes, in torch-like buffers. Before every step after the
 // first, a fraction F of each tensor's elements changes (one ulp, spread at random). Per
@@ -18,7 +18,11 @@
 // again after the delta runs ("dense2", JSON "dense_again", its ratio to the first): the spread
 // of the baseline itself, against which a ratio near 1 is to be read. --delta takes
 // one mode or several (each fraction runs each): auto (decided by cost, the default), size
-// (auto with "delta_decide": "size": every version compared) or on.
+// (auto with "delta_decide": "size": every version compared) or on. --paired (host kinds):
+// each configuration runs beside a dense one of its own, the two alternating versions on the
+// same model, and its ratios are to that dense one (JSON "dense_paired"): on a host whose
+// speed drifts by more than the difference sought, only a baseline measured at the same
+// minutes can show it.
 //
 // --strategy ucx: the same with the engine pulling over UCX (tcp over loopback by default:
 // --transports, --net-devices), where the link, not memory, is the bottleneck, as between
@@ -43,6 +47,7 @@
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -330,108 +335,173 @@ double request_bytes(const wsync_blob_t &req, bool *patched) {
     return total;
 }
 
-// One configuration: a fresh strategy, sender and engine; `steps` versions.
-Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int steps, bool mirror,
-            Gpu *gpu, const std::string &base_memory, int threads) {
-    std::string opts = (g_ucx ? "{" + g_ucx_side + ", \"keep_versions\": 1" : std::string("{\"bucket_bytes\": 268435456")) +
-                       (delta == "size" ? std::string(", \"delta\": \"auto\", \"delta_decide\": \"size\"")
-                                        : ", \"delta\": \"" + delta + "\"");
-    if (gpu) opts += ", \"delta_base_memory\": \"" + base_memory + "\"";
-    else if (threads >= 0) opts += ", \"delta_threads\": " + std::to_string(threads);
-    opts += "}";
-    int down[2], up[2];
-    pid_t pid = -1;
-    if (gpu) {
-        down[1] = gpu->down, up[0] = gpu->up;
-    } else {
-        if (pipe(down) || pipe(up)) std::exit(3);
-        pid = fork();
-        if (pid == 0) {
-            close(down[1]), close(up[0]);
-            engine(down[0], up[1], mirror);
+// One configuration: a fresh strategy, sender and engine, driven one version at a time (the
+// caller changes the model between versions), so two configurations can alternate versions.
+class Config {
+public:
+    Config(std::vector<Tensor> &m, const std::string &delta, bool mirror, Gpu *gpu,
+           const std::string &base_memory, int threads)
+        : m_(m), gpu_(gpu) {
+        std::string opts = (g_ucx ? "{" + g_ucx_side + ", \"keep_versions\": 1" : std::string("{\"bucket_bytes\": 268435456")) +
+                           (delta == "size" ? std::string(", \"delta\": \"auto\", \"delta_decide\": \"size\"")
+                                            : ", \"delta\": \"" + delta + "\"");
+        if (gpu) opts += ", \"delta_base_memory\": \"" + base_memory + "\"";
+        else if (threads >= 0) opts += ", \"delta_threads\": " + std::to_string(threads);
+        opts += "}";
+        int down[2], up[2];
+        if (gpu) {
+            down[1] = gpu->down, up[0] = gpu->up;
+        } else {
+            if (pipe(down) || pipe(up)) std::exit(3);
+            std::fflush(stdout);
+            pid_ = fork();
+            if (pid_ == 0) {
+                close(down[1]), close(up[0]);
+                engine(down[0], up[1], mirror);
+            }
+            close(down[0]), close(up[1]);
         }
-        close(down[0]), close(up[1]);
+        down_ = down[1], up_ = up[0];
+        opts_ = opts;
     }
-    wsync_strategy_t *s;
-    wsync_blob_t init;
-    wsync_sender_t *snd;
-    MUST(wsync_strategy_create(gpu ? "cuda_ipc" : g_ucx ? "ucx" : "shm", opts.c_str(), &s));
-    MUST(wsync_strategy_create_init_info(s, &init));
-    MUST(wsync_sender_create(s, init.data, init.size, &snd));
-    send_frame(down[1], init.data, init.size);
-    if (!gpu) {  // the host engine says when it has attached: version 1 is then its first
-        double attached[2];
-        read_all(up[0], attached, sizeof attached);
+
+    // The strategy and the sender, and the engine attached (after every engine of a run is
+    // forked: a child forked later would inherit this sender).
+    void start() {
+        const std::string &opts = opts_;
+        Gpu *gpu = gpu_;
+        std::vector<Tensor> &m = m_;
+        MUST(wsync_strategy_create(gpu ? "cuda_ipc" : g_ucx ? "ucx" : "shm", opts.c_str(), &s_));
+        MUST(wsync_strategy_create_init_info(s_, &init_));
+        MUST(wsync_sender_create(s_, init_.data, init_.size, &snd_));
+        send_frame(down_, init_.data, init_.size);
+        if (!gpu) {  // the host engine says when it has attached: version 1 is then its first
+            double attached[2];
+            read_all(up_, attached, sizeof attached);
+        }
+        // Chunks of at most one bucket, in model order.
+        chunks_.resize(1);
+        uint64_t in_chunk = 0;
+        for (size_t k = 0; k < m.size(); ++k) {
+            Tensor &t = m[k];
+            if (in_chunk + t.bytes + 256 > (uint64_t(256) << 20)) chunks_.emplace_back(), in_chunk = 0;
+            wsync_tensor_t d{};
+            d.name = t.name.c_str();
+            d.data = gpu ? reinterpret_cast<void *>(gpu->dev[k]) : t.data;
+            d.shape = t.shape;
+            d.ndim = 2;
+            d.dtype = {WSYNC_DTYPE_BFLOAT, 16, 1};
+            d.device = gpu ? wsync_device_t{WSYNC_DEVICE_CUDA, 0} : wsync_device_t{WSYNC_DEVICE_CPU, 0};
+            chunks_.back().push_back(d);
+            in_chunk += (t.bytes + 255) / 256 * 256;
+        }
     }
-    // Chunks of at most one bucket, in model order.
-    std::vector<std::vector<wsync_tensor_t>> chunks(1);
-    uint64_t in_chunk = 0;
-    for (size_t k = 0; k < m.size(); ++k) {
-        Tensor &t = m[k];
-        if (in_chunk + t.bytes + 256 > (uint64_t(256) << 20)) chunks.emplace_back(), in_chunk = 0;
-        wsync_tensor_t d{};
-        d.name = t.name.c_str();
-        d.data = gpu ? reinterpret_cast<void *>(gpu->dev[k]) : t.data;
-        d.shape = t.shape;
-        d.ndim = 2;
-        d.dtype = {WSYNC_DTYPE_BFLOAT, 16, 1};
-        d.device = gpu ? wsync_device_t{WSYNC_DEVICE_CUDA, 0} : wsync_device_t{WSYNC_DEVICE_CPU, 0};
-        chunks.back().push_back(d);
-        in_chunk += (t.bytes + 255) / 256 * 256;
-    }
-    std::vector<double> bytes, send, apply, sync;
-    std::string chose;
-    for (int step = 1; step <= steps; ++step) {
-        if (step > 1) mutate(m, f, uint64_t(step) + uint64_t(f * 1e6));
-        if (gpu)  // the trainer's new weights on its GPU (not timed)
-            for (size_t k = 0; k < m.size(); ++k)
-                cu::ok(cu::api.MemcpyHtoD(gpu->dev[k], m[k].data, m[k].bytes), "cuMemcpyHtoD_v2");
+
+    // Version `step` of the model as it stands now; `more`: another version of this
+    // configuration follows.
+    void step(int step, bool more) {
+        if (gpu_)  // the trainer's new weights on its GPU (not timed)
+            for (size_t k = 0; k < m_.size(); ++k)
+                cu::ok(cu::api.MemcpyHtoD(gpu_->dev[k], m_[k].data, m_[k].bytes), "cuMemcpyHtoD_v2");
         double b = 0, send_ms = 0;
         bool patched = false;
         auto t0 = Clock::now();
-        for (size_t c = 0; c < chunks.size(); ++c) {
+        for (size_t c = 0; c < chunks_.size(); ++c) {
             wsync_chunk_t ch{};
-            ch.tensors = chunks[c].data();
-            ch.count = chunks[c].size();
-            ch.flags = c + 1 == chunks.size() ? WSYNC_CHUNK_LAST : 0;
+            ch.tensors = chunks_[c].data();
+            ch.count = chunks_[c].size();
+            ch.flags = c + 1 == chunks_.size() ? WSYNC_CHUNK_LAST : 0;
             wsync_blob_t req;
             auto ts = Clock::now();
-            MUST(wsync_sender_send_chunk(snd, &ch, &req));
+            MUST(wsync_sender_send_chunk(snd_, &ch, &req));
             send_ms += ms_since(ts);
-            send_frame(down[1], req.data, req.size);
+            send_frame(down_, req.data, req.size);
             b += request_bytes(req, &patched);
             wsync_blob_free(&req);
         }
-        MUST(wsync_sender_flush(snd, 600000));
+        MUST(wsync_sender_flush(snd_, 600000));
         double sync_ms = ms_since(t0);
-        send_frame(down[1], nullptr, 0);
+        send_frame(down_, nullptr, 0);
         double ans[2];
-        read_all(up[0], ans, sizeof ans);
+        read_all(up_, ans, sizeof ans);
         uint64_t h;
         std::memcpy(&h, &ans[1], 8);
-        if (h != model_hash(m)) {
+        if (h != model_hash(m_)) {
             std::fprintf(stderr, "wsync-bench-delta: the engine's model differs after step %d\n", step);
             std::exit(1);
         }
-        if (!gpu) {
-            uint8_t more = 1;
-            send_frame(down[1], &more, step < steps ? 1 : 0);
+        if (!gpu_) {
+            uint8_t next = 1;
+            send_frame(down_, &next, more ? 1 : 0);
         }
-        if (step > 1) bytes.push_back(b), send.push_back(send_ms), apply.push_back(ans[0]), sync.push_back(sync_ms);
-        if (step > 1) chose += patched ? 'P' : 'D';
+        if (step > 1) bytes_.push_back(b), send_.push_back(send_ms), apply_.push_back(ans[0]), sync_.push_back(sync_ms);
+        if (step > 1) chose_ += patched ? 'P' : 'D';
     }
-    if (gpu) {
-        const uint8_t end[2] = {0, 0};
-        send_frame(down[1], end, 2);  // the configuration ends; the engine stays for the next
-    } else {
-        int st;
-        waitpid(pid, &st, 0);
-        close(down[1]), close(up[0]);
+
+    // Ends the configuration (its engine, sender and strategy): the medians of versions 2..
+    Figures finish() {
+        if (gpu_) {
+            const uint8_t end[2] = {0, 0};
+            send_frame(down_, end, 2);  // the configuration ends; the engine stays for the next
+        } else {
+            int st;
+            waitpid(pid_, &st, 0);
+            close(down_), close(up_);
+        }
+        wsync_sender_destroy(snd_);
+        wsync_strategy_destroy(s_);
+        wsync_blob_free(&init_);
+        return {median(bytes_), median(send_), median(apply_), median(sync_), mean(sync_), chose_, sync_};
     }
-    wsync_sender_destroy(snd);
-    wsync_strategy_destroy(s);
-    wsync_blob_free(&init);
-    return {median(bytes), median(send), median(apply), median(sync), mean(sync), chose, sync};
+
+private:
+    std::vector<Tensor> &m_;
+    Gpu *gpu_;
+    std::string opts_;
+    pid_t pid_ = -1;
+    int down_ = -1, up_ = -1;
+    wsync_strategy_t *s_ = nullptr;
+    wsync_blob_t init_{};
+    wsync_sender_t *snd_ = nullptr;
+    std::vector<std::vector<wsync_tensor_t>> chunks_;
+    std::vector<double> bytes_, send_, apply_, sync_;
+    std::string chose_;
+};
+
+// Before every step after the first, a fraction f of the model changes (seeded by step and f).
+void change(std::vector<Tensor> &m, double f, int step) {
+    if (step > 1) mutate(m, f, uint64_t(step) + uint64_t(f * 1e6));
+}
+
+// One configuration alone: `steps` versions.
+Figures run(std::vector<Tensor> &m, const std::string &delta, double f, int steps, bool mirror,
+            Gpu *gpu, const std::string &base_memory, int threads) {
+    Config c(m, delta, mirror, gpu, base_memory, threads);
+    c.start();
+    for (int step = 1; step <= steps; ++step) {
+        change(m, f, step);
+        c.step(step, step < steps);
+    }
+    return c.finish();
+}
+
+// --paired: a configuration and dense side by side, alternating versions (which goes first
+// alternates too), both sending the same model at each step; the ratio is then to a dense
+// baseline that saw the same host at the same minutes.
+std::pair<Figures, Figures> run_paired(std::vector<Tensor> &m, const std::string &delta, double f, int steps,
+                                       bool mirror, const std::string &base_memory, int threads) {
+    Config dense(m, "off", mirror, nullptr, base_memory, threads);
+    Config c(m, delta, mirror, nullptr, base_memory, threads);
+    dense.start();
+    c.start();
+    for (int step = 1; step <= steps; ++step) {
+        change(m, f, step);
+        Config &one = step % 2 ? dense : c, &two = step % 2 ? c : dense;
+        one.step(step, step < steps);
+        two.step(step, step < steps);
+    }
+    Figures d = dense.finish();
+    return {c.finish(), d};
 }
 
 // --- the floor: what any delta trainer must read, with nothing else running --------------------
@@ -506,7 +576,7 @@ unsigned default_compare_threads() {
 int cmd_bench_delta(int argc, char **argv, int first) {
     uint64_t size_mb = 2048;
     int steps = 4;
-    bool as_json = false, mirror = false;
+    bool as_json = false, mirror = false, paired = false;
     std::vector<std::string> modes;
     std::string delta = "auto", strategy = "shm", base_memory = "device", transports = "tcp", net_devices = "lo";
     int threads = -1;  // the option's default
@@ -529,6 +599,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
             delta = list, ++i;
         } else if (a == "--json") as_json = true;
         else if (a == "--mirror") mirror = true;
+        else if (a == "--paired") paired = true;
         else if (a == "--delta-threads") threads = int(parse_uint(a, v, 0, 64)), ++i;
         else if (a == "--delta-base-memory") {
             if (!v || (std::strcmp(v, "device") && std::strcmp(v, "pinned_host")))
@@ -563,6 +634,8 @@ int cmd_bench_delta(int argc, char **argv, int first) {
     }
     if (strategy == "cuda_ipc" && mirror)
         usage_error("--mirror is an shm receiver option (cuda_ipc applies patches on the GPU)");
+    if (strategy == "cuda_ipc" && paired)
+        usage_error("--paired is for host kinds (cuda_ipc's one engine serves one configuration at a time)");
     if (strategy == "cuda_ipc" && threads >= 0)
         usage_error("--delta-threads is for shm (cuda_ipc compares on the GPU)");
     if (strategy != "cuda_ipc" && base_memory != "device")
@@ -604,7 +677,7 @@ int cmd_bench_delta(int argc, char **argv, int first) {
     }
     Figures dense = run(m, "off", 0.01, steps, false, gpu, base_memory, threads);
     json out = {{"strategy", strategy}, {"model_bytes", total}, {"tensors", m.size()}, {"dtype", "bfloat16"},
-                {"steps", steps}, {"delta", delta}, {"mirror", mirror},
+                {"steps", steps}, {"delta", delta}, {"mirror", mirror}, {"paired", paired},
                 {"delta_base_memory", gpu ? base_memory : "host"},
                 {"delta_threads", threads < 0 ? json("default") : json(threads)},
                 {"dense", {{"bytes", dense.bytes}, {"send_ms", dense.send_ms},
@@ -636,17 +709,32 @@ int cmd_bench_delta(int argc, char **argv, int first) {
     if (modes.empty()) modes.push_back(delta);
     for (double f : fractions)
       for (const std::string &mode : modes) {
-        Figures r = run(m, mode, f, steps, mirror, gpu, base_memory, threads);
+        Figures r, beside;
+        if (paired) std::tie(r, beside) = run_paired(m, mode, f, steps, mirror, base_memory, threads);
+        else r = run(m, mode, f, steps, mirror, gpu, base_memory, threads);
+        // --paired: the ratio is to the dense configuration that alternated with this one.
+        const Figures &base = paired ? beside : dense;
         char label[32];
         if (modes.size() == 1) std::snprintf(label, sizeof label, "%g", f);
         else std::snprintf(label, sizeof label, "%g/%s", f, mode.c_str());
-        row(label, r);
-        out["delta_runs"].push_back({{"fraction", f}, {"mode", mode}, {"bytes", r.bytes},
-                                     {"bytes_ratio", r.bytes / dense.bytes},
-                                     {"send_ms", r.send_ms}, {"apply_ms", r.apply_ms},
-                                     {"sync_ms", r.sync_ms}, {"sync_mean_ms", r.sync_mean_ms},
-                                     {"sync_ratio", r.sync_ms / dense.sync_ms},
-                                     {"chose", r.chose}, {"sync_ms_each", r.sync_each}});
+        if (paired && !as_json)
+            std::printf("%-9s %12.0f %8.4f %10.1f %10.1f %10.1f %9.3f %10.1f  %s\n", "  dense", beside.bytes,
+                        beside.bytes / dense.bytes, beside.send_ms, beside.apply_ms, beside.sync_ms,
+                        beside.sync_ms / dense.sync_ms, beside.sync_mean_ms, "(alternating with the next row)");
+        if (!as_json)
+            std::printf("%-9s %12.0f %8.4f %10.1f %10.1f %10.1f %9.3f %10.1f  %s\n", label, r.bytes,
+                        r.bytes / base.bytes, r.send_ms, r.apply_ms, r.sync_ms, r.sync_ms / base.sync_ms,
+                        r.sync_mean_ms, r.chose.c_str());
+        json cell = {{"fraction", f}, {"mode", mode}, {"bytes", r.bytes},
+                     {"bytes_ratio", r.bytes / base.bytes},
+                     {"send_ms", r.send_ms}, {"apply_ms", r.apply_ms},
+                     {"sync_ms", r.sync_ms}, {"sync_mean_ms", r.sync_mean_ms},
+                     {"sync_ratio", r.sync_ms / base.sync_ms},
+                     {"chose", r.chose}, {"sync_ms_each", r.sync_each}};
+        if (paired)
+            cell["dense_paired"] = {{"sync_ms", beside.sync_ms}, {"sync_mean_ms", beside.sync_mean_ms},
+                                    {"sync_ms_each", beside.sync_each}};
+        out["delta_runs"].push_back(cell);
     }
     {
         // Dense once more, after every delta run: the spread between two dense runs of the
