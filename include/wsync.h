@@ -1281,7 +1281,10 @@ WSYNC_API wsync_status_t wsync_plan_chunk_parts(const wsync_plan_t *plan, size_t
 /* Renders any blob (init info or request, any kind) as JSON for logs and tools: {"magic":
  * "wsync", "format": 5, "type": "request", "kind": "shm", "body": {...}}. The blob is parsed
  * with the same bounded parser receivers use; malformed input fails with WSYNC_ERR_MALFORMED
- * saying where. *json_out is freed with wsync_string_free(). Does not block. */
+ * saying where. An init info's secrets (the ucx key, nccl_broadcast's control key: whoever
+ * holds one may attach as an engine) appear as their length only, "(secret, 32 bytes, not
+ * shown)" (0.7.0 showed their bytes). *json_out is freed with wsync_string_free().
+ * Does not block. */
 WSYNC_API wsync_status_t wsync_blob_describe(const uint8_t *blob, size_t len, char **json_out);
 
 /* Sizes and field offsets of this header's structs as the library was compiled, as JSON

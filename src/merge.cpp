@@ -52,8 +52,30 @@ std::vector<uint8_t> merge_requests(
     return wire::encode(wire::BlobType::Request, kind.name, std::move(body));
 }
 
+namespace {
+
+// Secrets an init info carries (ucx's "key", nccl_broadcast's control "key": whoever holds one
+// may attach as an engine, docs/failure-model.md) are shown by their length only, so a
+// description pasted into a log or an issue gives nothing away. Any byte string under a member
+// named "key", at any depth, is such a secret.
+void redact_secrets(json &j) {
+    if (j.is_object()) {
+        for (auto it = j.begin(); it != j.end(); ++it) {
+            if (it.key() == "key" && it.value().is_binary())
+                it.value() = "(secret, " + std::to_string(it.value().get_binary().size()) + " bytes, not shown)";
+            else
+                redact_secrets(it.value());
+        }
+    } else if (j.is_array()) {
+        for (json &e : j) redact_secrets(e);
+    }
+}
+
+}  // namespace
+
 std::string describe_blob(const uint8_t *data, std::size_t size) {
     wire::Envelope env = wire::decode(data, size);
+    redact_secrets(env.body);
     json out = {{"magic", "wsync"},
                 {"format", wire::kFormatVersion},
                 {"type", wire::blob_type_name(env.type)},

@@ -554,6 +554,29 @@ static void the_key_is_in_the_init_info_only_and_an_older_init_info_is_refused_b
     trainer_stop(&t);
 }
 
+/* The key leaks through no description either: wsync_blob_describe (what `wsync inspect` and
+ * the bindings' describe print, and what lands in logs and issue reports) shows the init
+ * info's key by its length only, and none of the key's bytes as a JSON byte array. */
+static void a_description_of_the_init_info_shows_the_keys_length_not_the_key(void **state) {
+    (void)state;
+    if (!ucx_here()) skip();
+    struct trainer t;
+    trainer_start(&t, 1);
+    size_t kn = 0;
+    (void)blob_bytes(&t.init, "key", &kn);
+    assert_int_equal(kn, 32);
+    char *text = NULL;
+    OK(wsync_blob_describe(t.init.data, t.init.size, &text));
+    /* the member is a string naming the length; a byte string would render as an object
+     * {"bytes": [...], "subtype": null} */
+    assert_non_null(strstr(text, "\"key\": \"(secret, 32 bytes, not shown)\""));
+    assert_null(strstr(text, "\"key\": {"));
+    /* the other byte strings are still shown (the worker address an engine connects to) */
+    assert_non_null(strstr(text, "\"address\": {"));
+    wsync_string_free(text);
+    trainer_stop(&t);
+}
+
 /* Chunks move only as the trainer's answers to fetches it checked (nothing of its memory is
  * registered for peers, and its UCX context has no remote memory access: requests carry no
  * address and no remote key). Even an engine holding the key (here the test, attached as one)
@@ -1111,6 +1134,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(unknown_ids_and_malformed_messages_are_dropped),
         cmocka_unit_test(fetches_without_a_lease_or_past_a_chunks_end_are_refused_without_a_byte),
         cmocka_unit_test(the_key_is_in_the_init_info_only_and_an_older_init_info_is_refused_by_name),
+        cmocka_unit_test(a_description_of_the_init_info_shows_the_keys_length_not_the_key),
         cmocka_unit_test(leases_are_capped_and_end_when_their_version_is_no_longer_kept),
         cmocka_unit_test(a_flood_of_forged_messages_does_not_crowd_out_an_honest_engine),
         cmocka_unit_test(an_engine_fetching_in_a_loop_does_not_starve_another),
