@@ -194,8 +194,6 @@ public:
     // The stream the caller's writes to its tensors are queued on (wsync_sender_set_stream);
     // the host coder has none.
     virtual void set_stream(void * /*stream*/) {}
-    // Bytes held for bases and staging (docs/delta.md: memory cost).
-    virtual uint64_t held_bytes() const = 0;
 };
 
 // Whether version `version` may carry patches: it directly follows the last committed one,
@@ -292,7 +290,6 @@ public:
     void commit(uint64_t version) override;
     void abandon() override;
     void dense_next() override;
-    uint64_t held_bytes() const override;
 
 private:
     struct Entry;

@@ -325,15 +325,5 @@ void Encoder::commit(uint64_t version) {
     staging_.committed(version);
 }
 
-uint64_t Encoder::held_bytes() const {
-    uint64_t n = 0;
-    for (const auto &kv : entries_) {
-        const Entry &e = *kv.second;
-        n += (e.base ? e.nbytes : 0) + (e.spare ? e.spare_bytes : 0) + e.patch.capacity() +
-             e.parsed.idx.capacity() * sizeof(uint64_t);
-    }
-    return n;
-}
-
 }  // namespace delta
 }  // namespace wsync

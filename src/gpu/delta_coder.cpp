@@ -243,11 +243,4 @@ void DeviceCoder::commit(uint64_t version) {
     staging_.committed(version);
 }
 
-uint64_t DeviceCoder::held_bytes() const {
-    uint64_t n = 0;
-    for (const auto &kv : entries_) n += kv.second->base.size() + kv.second->spare.size() + kv.second->patch.size();
-    for (const DeviceBuffer &b : retired_) n += b.size();
-    return n;
-}
-
 }  // namespace wsync::gpu

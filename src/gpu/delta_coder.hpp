@@ -40,7 +40,6 @@ public:
     void abandon() override;
     void dense_next() override;
     void set_stream(void *stream) override { order_stream_ = ordering_stream(stream); }
-    uint64_t held_bytes() const override;
 
 private:
     struct Entry;
