@@ -728,7 +728,7 @@ static void leases_are_capped_and_end_when_their_version_is_no_longer_kept(void 
     }
     const long grew = rss_kib() - rss_early;
     print_message("trainer RSS grew by %ld KiB from version 3 to 12 (a chunk is %d KiB)\n", grew, BIG_BYTES / 1024);
-    assert_true(grew < 3 * (BIG_BYTES / 1024));
+    assert_true(grew < 6 * (BIG_BYTES / 1024));
     struct msg f = {FETCH, 1, token, ++number, first_seq, {0}, NULL, 0, 1, 0, 4096};
     rogue_send(&a, 1, out, seal(&f, ck, out));
     assert_int_equal(rogue_listen(&a), 1);
@@ -799,6 +799,63 @@ static void a_flood_of_forged_messages_does_not_crowd_out_an_honest_engine(void 
     print_message("the flood sent %ld forged messages\n", f.sent);
     wsync_receiver_destroy(e0);
     trainer_stop(&t);
+}
+
+/* The child's part (this program run again with EXIT_CHILD_ARG and the round): a trainer, a
+ * flood, and exit(0) mid-flood. 77: no UCX here. */
+#define EXIT_CHILD_ARG "--exit-while-serving"
+static int exit_while_serving(int round) {
+    if (!ucx_here()) return 77;
+    static struct trainer t;
+    trainer_start(&t, 1);
+    static struct flood f;
+    f.t = &t;
+    pthread_t th;
+    if (pthread_create(&th, NULL, flood_run, &f) != 0) return 3;
+    while (f.sent < 2000 + 500 * round) usleep(200);
+    exit(0); /* the trainer and the flood still running */
+}
+
+/* A process may end with a trainer still serving: a caller that returns from main (or calls
+ * exit) without destroying its sender, as an interpreter at shutdown may. Its serving thread
+ * goes on through exit handlers and static destructors, checking each message's MAC: it must
+ * find nothing freed under it. In one CI run (a test failed with its trainer up) it read
+ * libwsync's table of UCX functions after its static destructor had freed it, and OpenSSL's
+ * locks after OpenSSL's exit handler (SIGSEGV in CRYPTO_THREAD_read_lock); this reproduced
+ * both in the sanitizer build on the first round. Here a child process starts a trainer, floods
+ * it with forged messages (each costs the trainer one MAC) and calls exit(0) mid-flood, 20
+ * times: each child exits with status 0 within 10 s (in the sanitizer build: no report). */
+static void a_process_that_exits_while_its_trainer_checks_macs_exits_cleanly(void **state) {
+    (void)state;
+    /* The child is this program anew (no state inherited), with leak checking off: it ends
+     * without tearing down on purpose; any other sanitizer report still fails it. */
+    const char *asan = getenv("ASAN_OPTIONS");
+    char opts[1024];
+    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan && *asan ? ":" : "");
+    for (int round = 0; round < 20; ++round) {
+        fflush(NULL);
+        const pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            char r[16];
+            snprintf(r, sizeof r, "%d", round);
+            setenv("ASAN_OPTIONS", opts, 1);
+            execl("/proc/self/exe", "test_ucx_trust", EXIT_CHILD_ARG, r, (char *)NULL);
+            _exit(4);
+        }
+        int st = 0;
+        const long t0 = tu_now_ms();
+        pid_t got = 0;
+        while ((got = waitpid(pid, &st, WNOHANG)) == 0 && tu_now_ms() - t0 < 10000) usleep(2000);
+        if (got == 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            fail_msg("round %d: the child did not finish exiting within 10 s", round);
+        }
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 77) skip();
+        if (WIFSIGNALED(st)) fail_msg("round %d: the child died of signal %d while exiting", round, WTERMSIG(st));
+        if (WEXITSTATUS(st) != 0) fail_msg("round %d: the child exited with status %d", round, WEXITSTATUS(st));
+    }
 }
 
 /* A puller: a rogue holding the key at index 1, on a thread, that leases each chunk the test
@@ -878,7 +935,8 @@ static void *puller_run(void *arg) {
     return NULL;
 }
 
-/* Honest engine e0 loads `versions` 4 MiB versions (bit for bit, each flush OK within 3 s);
+/* Honest engine e0 loads `versions` 4 MiB versions (bit for bit, each flush OK within 3 s, or
+ * 10 s while the puller's thread runs and acknowledges for index 1);
  * returns the milliseconds they took. Index 1 leases and acknowledges each chunk: the puller's
  * thread does if it runs (p->seq), else this thread for it, so no flush waits for index 1. */
 static long honest_big_versions(struct trainer *t, wsync_receiver_t *e0, uint8_t *data, uint64_t *v,
@@ -902,9 +960,13 @@ static long honest_big_versions(struct trainer *t, wsync_receiver_t *e0, uint8_t
         assert_true(has);
         assert_true(tu_check(view.data, BIG_BYTES, *v, 1));
         OK(wsync_recv_end(it));
+        /* The flush also waits for the puller's acknowledgement, which its thread sends
+         * between its own receives: with it running, 10 s (3 s failed once in the sanitizer
+         * build on a loaded host, the honest engine's version long loaded). */
+        const int64_t deadline = puller_runs ? 10000 : 3000;
         const long f0 = tu_now_ms();
-        OK(wsync_sender_flush(t->snd, 3000));
-        assert_true(tu_now_ms() - f0 < 3000);
+        OK(wsync_sender_flush(t->snd, deadline));
+        assert_true(tu_now_ms() - f0 < deadline);
         wsync_blob_free(&req);
     }
     return tu_now_ms() - t0;
@@ -913,7 +975,7 @@ static long honest_big_versions(struct trainer *t, wsync_receiver_t *e0, uint8_t
 /* Fair service (issue 37 item 3): an engine holding the key that fetches its own leased chunk
  * in a loop, PULL_WINDOW fetches outstanding, cannot starve an honest engine pulling one fetch
  * at a time: during the loop each of the honest engine's versions loads bit for bit with the
- * flush OK within 3 s, and the loop did pull (at least 4 chunks). The slowdown against the
+ * flush OK within 10 s (it waits for the puller's acknowledgement too), and the loop did pull (at least 4 chunks). The slowdown against the
  * same versions loaded alone, in the same test, is printed, not asserted: on a loaded 2-core
  * CI host it ranged 2.3x-9x, a scheduling figure rather than a property (an equal share of the
  * trainer would be about 2x). What bounds a greedy engine by construction, at most 4 payloads
@@ -963,10 +1025,13 @@ static void an_engine_fetching_in_a_loop_does_not_starve_another(void **state) {
  * engine (kFetchesInFlight); its further fetches wait their turn (at most 64), served
  * round-robin with other engines' as payloads complete. A peer holding the key that leases
  * each version's chunk and asks for 16 fetches of it but never reads its connection therefore
- * holds at most 4 sends, of one chunk: the trainer's resident memory stays within a few chunks
- * over 12 versions of 4 MiB (before, every fetch became a send, each send kept its chunk's
- * buffer from going back to the pool, and the trainer grew by a chunk a version). The honest
- * engine loads every version bit for bit with each flush OK within 3 s. */
+ * holds at most 4 sends, of one chunk: from version 3 to 12 (9 versions of 4 MiB) the test
+ * process's resident memory grows by less than 6 chunks (before, every fetch became a send,
+ * each send kept its chunk's buffer from going back to the pool, and the trainer grew by a
+ * chunk a version: 37 MB over 10 versions). Measured with the bound: 0-1 chunk in the release
+ * build, 3 in one CI run of the sanitizer build (whose allocator keeps freed blocks for a
+ * while); a bound of 3 chunks failed that run by 12 KiB. The honest engine loads every version
+ * bit for bit with each flush OK within 3 s. */
 static void a_peer_that_asks_and_never_reads_holds_at_most_four_sends(void **state) {
     (void)state;
     if (!ucx_here()) skip();
@@ -1002,7 +1067,7 @@ static void a_peer_that_asks_and_never_reads_holds_at_most_four_sends(void **sta
     const long grew = rss_kib() - rss_early;
     print_message("trainer RSS grew by %ld KiB from version 3 to 12 while a peer asked for 16 fetches a "
                   "version and read none (a chunk is %d KiB)\n", grew, BIG_BYTES / 1024);
-    assert_true(grew < 3 * (BIG_BYTES / 1024));
+    assert_true(grew < 6 * (BIG_BYTES / 1024));
     rogue_stop(&p.r);
     free(p.scratch);
     free(data);
@@ -1128,6 +1193,7 @@ static void without_net_devices_the_kind_refuses_to_start_unless_told_all(void *
 
 int main(int argc, char **argv) {
     srand((unsigned)tu_now_ms());
+    if (argc == 3 && strcmp(argv[1], EXIT_CHILD_ARG) == 0) return exit_while_serving(atoi(argv[2]));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_peer_without_the_key_is_not_answered_and_takes_no_index),
         cmocka_unit_test(a_replayed_hello_and_forged_or_replayed_messages_are_dropped),
@@ -1137,6 +1203,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_description_of_the_init_info_shows_the_keys_length_not_the_key),
         cmocka_unit_test(leases_are_capped_and_end_when_their_version_is_no_longer_kept),
         cmocka_unit_test(a_flood_of_forged_messages_does_not_crowd_out_an_honest_engine),
+        cmocka_unit_test(a_process_that_exits_while_its_trainer_checks_macs_exits_cleanly),
         cmocka_unit_test(an_engine_fetching_in_a_loop_does_not_starve_another),
         cmocka_unit_test(a_peer_that_asks_and_never_reads_holds_at_most_four_sends),
         cmocka_unit_test(a_receivers_fetches_past_sixty_four_waiting_are_refused),

@@ -61,8 +61,11 @@ struct CudaState {
     std::string error;
 };
 
+// Never destroyed (nor NcclState below): helper threads (cuda_ipc's acknowledgement queue,
+// nccl_broadcast's watch of its communicator) call through the tables while the process exits,
+// after static destructors have run.
 CudaState &cuda_state() {
-    static CudaState state;
+    static CudaState &state = *new CudaState;
     std::call_once(state.once, [] {
         const std::string path = env_or("WSYNC_CUDA_LIBRARY", "libcuda.so.1");
         state.error = open_table(path, state.api, bind_cuda);
@@ -97,7 +100,7 @@ struct NcclState {
 };
 
 NcclState &nccl_state() {
-    static NcclState state;
+    static NcclState &state = *new NcclState;
     return state;
 }
 

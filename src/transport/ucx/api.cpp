@@ -55,8 +55,10 @@ void load(const std::string &path, Loaded &out) {
 }
 
 const Loaded &loaded(const std::string &path) {
-    static std::mutex mu;
-    static std::map<std::string, std::unique_ptr<Loaded>> cache;
+    // Never destroyed: a trainer's serving thread reads the table while the process exits (a
+    // caller that ends without destroying its sender), after static destructors have run.
+    static std::mutex &mu = *new std::mutex;
+    static auto &cache = *new std::map<std::string, std::unique_ptr<Loaded>>;
     const std::string p = resolve(path);
     std::lock_guard<std::mutex> lock(mu);
     auto &slot = cache[p];
