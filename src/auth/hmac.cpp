@@ -1,10 +1,7 @@
 #include "auth/hmac.hpp"
 
-#include <atomic>
-#include <cstdlib>
 #include <dlfcn.h>
 #include <mutex>
-#include <unistd.h>
 
 #include "error.hpp"
 
@@ -29,31 +26,9 @@ struct Crypto {
 // A process may exit while a trainer's serving thread (ucx) or control thread (nccl_broadcast)
 // is checking a MAC: a caller that ends without destroying its sender. OpenSSL frees the state
 // HMAC reads in an exit handler it registers when first initialised (OpenSSL 3: OPENSSL_cleanup
-// via atexit). So libwsync initialises it without one (OPENSSL_INIT_NO_ATEXIT), which holds
-// when libwsync is first; when something else in the process initialised OpenSSL before, its
-// handler was registered before ours and runs after it, and ours (at_exit) waits for MACs in
-// progress and parks any thread that starts one afterwards, so none runs into freed state.
-std::atomic<int> g_in_flight{0};
-std::atomic<bool> g_exiting{false};
-
-void at_exit() {
-    g_exiting.store(true);
-    for (int i = 0; i < 1000 && g_in_flight.load() > 0; ++i) usleep(1000);  // at most 1 s
-}
-
-// Counts a MAC in progress; a thread that would start one once the process is exiting sleeps
-// until the exit ends it (an exit handler never waits for such a thread).
-struct InFlight {
-    InFlight() {
-        g_in_flight.fetch_add(1);
-        while (g_exiting.load()) {
-            g_in_flight.fetch_sub(1);
-            for (;;) pause();
-        }
-    }
-    ~InFlight() { g_in_flight.fetch_sub(1); }
-};
-
+// via atexit), so libwsync initialises it without one (OPENSSL_INIT_NO_ATEXIT). That holds when
+// libwsync is the first to initialise OpenSSL in the process; docs/threading.md says what is
+// left when something else was first.
 const Crypto &crypto() {
     static Crypto &c = *new Crypto;  // never destroyed: threads may MAC during exit
     static std::once_flag once;
@@ -71,7 +46,6 @@ const Crypto &crypto() {
             if (c.sha256 && c.hmac) {  // the handle stays open for the life of the process
                 if (auto init = reinterpret_cast<InitCrypto>(dlsym(h, "OPENSSL_init_crypto")))
                     init(kOpensslInitNoAtexit, nullptr);
-                std::atexit(at_exit);
                 return;
             }
             tried += std::string(tried.empty() ? "" : "; ") + name + " lacks HMAC or EVP_sha256";
@@ -93,7 +67,6 @@ std::string crypto_unavailable_reason() { return crypto().error; }
 Mac hmac(const uint8_t *key, std::size_t key_len, const uint8_t *data, std::size_t n) {
     const Crypto &c = crypto();
     if (!c.error.empty()) fail(WSYNC_ERR_UNAVAILABLE, c.error);
-    const InFlight counted;
     Mac out{};
     unsigned int len = 0;
     static const uint8_t empty = 0;
