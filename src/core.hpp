@@ -66,6 +66,8 @@ public:
     // acknowledgements so far (SenderImpl::applied_ns; 0: none reported). What "auto" learns
     // from; no public ABI (white-box tests read it).
     uint64_t engines_apply_ns(uint64_t version);
+    // Delta "auto" by cost: what it learned so far (nullptr without it). White-box tests.
+    const delta::AutoState *auto_state() const { return auto_ ? &auto_->state() : nullptr; }
     const sys::Owner owner;  // the ABI's fork rule (sys.hpp)
 
 private:

@@ -1,9 +1,13 @@
 // Engines report their verified apply time with their acknowledgements (docs/delta.md, "How
 // auto decides"), white-box: a trainer and two engines in this process over the real board
 // (shm) and over loopback tcp (ucx, skipped where this build or machine has none); what the
-// trainer's Sender received is read through its internal accessor (no public ABI carries it).
+// trainer's Sender received is read through its internal accessor (no public ABI carries it);
+// and that the Sender hands it to "auto".
+#include <chrono>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core.hpp"
@@ -110,12 +114,62 @@ void the_trainer_receives_the_engines_apply_time_over_ucx(void **) {
     check_reports(g);
 }
 
+// The Sender hands "auto" what its transport heard (SenderImpl::applied_ns) for each patch
+// version, bounded. A stand-in transport moves nothing; its flush takes 100 ms (a slow link),
+// so the copy aside of 16 KiB (microseconds) opens the gate and version 2 is patches; it
+// reports `report_ns` for every version.
+struct SlowLink final : wsync::SenderImpl {
+    uint64_t report_ns;
+    explicit SlowLink(uint64_t ns) : report_ns(ns) {}
+    wsync::json send(const wsync::ChunkHeader &, const wsync_tensor_t *, wsync::TensorTable &t) override {
+        t.offsets.assign(t.metas.size(), 0);
+        return wsync::json::object();
+    }
+    void flush(int64_t) override { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }
+    uint64_t applied_ns(uint64_t) override { return report_ns; }
+};
+
+const wsync::delta::AutoState &after_a_patch_version(std::unique_ptr<wsync::Sender> &tx, uint64_t report_ns) {
+    wsync::delta::Config cfg;
+    cfg.mode = wsync::delta::Mode::kAuto;
+    cfg.threads = 1;
+    tx = std::make_unique<wsync::Sender>(wsync::find_kind("shm"), std::make_unique<SlowLink>(report_ns), cfg);
+    std::vector<float> x(4096, 1.0f);
+    int64_t shape = 4096;
+    wsync_tensor_t t{};
+    t.name = "w";
+    t.data = x.data();
+    t.shape = &shape;
+    t.ndim = 1;
+    t.dtype = {WSYNC_DTYPE_FLOAT, 32, 1};
+    t.device = {WSYNC_DEVICE_CPU, 0};
+    const wsync_chunk_t c{&t, 1, WSYNC_CHUNK_LAST, 0};
+    for (int v = 1; v <= 2; ++v) {
+        x[100] = float(v);
+        tx->send_chunk(c, nullptr);
+        tx->flush(1000);
+    }
+    const wsync::delta::AutoState &s = *tx->auto_state();
+    assert_true(s.patch_run == 1);  // version 2 went as patches
+    return s;
+}
+
+void a_trainer_s_auto_learns_the_apply_its_engines_report(void **) {
+    std::unique_ptr<wsync::Sender> tx;
+    assert_true(after_a_patch_version(tx, 0).apply == 0);  // none reported: the model
+    const double bytes = 4096 * sizeof(float);
+    assert_true(after_a_patch_version(tx, 1000).apply == double(1000) * 1e-9 / bytes);
+    // 7 s for 16 KiB is no apply: bounded.
+    assert_true(after_a_patch_version(tx, 7000000000).apply == wsync::delta::kMaxApplyPerByte);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(the_trainer_receives_the_engines_apply_time_on_the_board),
         cmocka_unit_test(the_trainer_receives_the_engines_apply_time_over_ucx),
+        cmocka_unit_test(a_trainer_s_auto_learns_the_apply_its_engines_report),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, nullptr, nullptr);

@@ -612,7 +612,7 @@ void a_forged_acknowledgement_never_completes_the_reader_s_version(void **) {
 
 // The apply time receivers report before their OK acknowledgement (slot[s].applied): the
 // sender reads the largest report of the chunk it published, per version; a word of another
-// chunk (an earlier one in the slot, or a board whose engines write nothing: before 0.8) reads
+// chunk (an earlier one in the slot, or a board whose engines write nothing: 0.7.0 and before) reads
 // as no report; a report is capped to what the word holds.
 void the_largest_apply_report_of_a_chunk_counts_for_its_version(void **) {
     Fixture f;  // seq 1 (version 1, chunk 0) in slot 0

@@ -25,7 +25,7 @@ struct VersionCost {
     double encode_seconds = 0;  // of that, in the delta coder (copy aside, or compare + encode)
     // The engines' verified apply of the version's patches as they reported it with their
     // acknowledgements (per chunk the slowest engine's, summed over the chunks); 0: not
-    // reported (engines before 0.8, a kind that carries no report, no patches). Untrusted:
+    // reported (engines of 0.7.0 and before, a kind that carries no report, no patches). Untrusted:
     // learn() bounds it (kMaxApplyPerByte).
     double apply_seconds = 0;
     // `seconds` includes a flush after the commit, i.e. the wait for every engine's

@@ -28,7 +28,7 @@
 // |                              | (seq tag, nanoseconds it spent     | acknowledged; a    |         |
 // |                              | applying the chunk's patches);     | word of another    |         |
 // |                              | a word of another seq's tag is     | seq's tag reads as |         |
-// |                              | replaced (0.8; zero padding before)| not reported (0)   |         |
+// |                              | replaced (after 0.7.0; was padding)| not reported (0)   |         |
 // | ack_futex                    | receivers (bump + wake)            | senders (futex)    | never   |
 // | receiver[r].state            | receiver r: claim (JOINING/ATTACHED| senders, receiver | never   |
 // |                              | via CAS), DETACHED at destroy;     |                    |         |
@@ -135,7 +135,7 @@ struct alignas(64) ChunkSlot {
     std::atomic<uint64_t> seq;                 // chunk now held (0: never used)
     std::atomic<uint64_t> ack[kMaxReceivers];  // per receiver: seq << 8 | status
     std::atomic<uint64_t> taken[kMaxReceivers];  // per receiver: the seq it began reading
-    // The most time one receiver spent applying the patches of the chunk (0.8: in what was
+    // The most time one receiver spent applying the patches of the chunk (after 0.7.0: in what was
     // the slot's zeroed padding, so the layout version stays): seq's low kApplyTagBits bits
     // above kApplyNsBits bits of nanoseconds (see report_apply and reported_apply).
     std::atomic<uint64_t> applied;
@@ -272,7 +272,7 @@ public:
     // summed over the version's chunks (so at least the slowest engine's, when one engine is
     // the slowest at every chunk). Reports arrive before the acknowledgements: after a flush
     // the figure is whole, before it, it holds the chunks answered so far. 0: no report
-    // (engines before 0.8, no patches, an abandoned version). The newest kAppliedKept
+    // (engines of 0.7.0 and before, no patches, an abandoned version). The newest kAppliedKept
     // versions are kept. Untrusted: each chunk's report is at most 2^40 - 1 ns.
     uint64_t applied_ns(uint64_t version);
 
@@ -384,7 +384,7 @@ void acknowledge(Board *b, uint32_t index, uint32_t slot, uint64_t seq,
 // word holds. 0 writes nothing. Never throws.
 void report_apply(Board *b, uint32_t slot, uint64_t seq, uint64_t ns) noexcept;
 // The largest apply time receivers reported for chunk `seq` in `slot`, in nanoseconds; 0 when
-// none did (engines before 0.8, a chunk without patches) or the word is tagged with another
+// none did (engines of 0.7.0 and before, a chunk without patches) or the word is tagged with another
 // seq. A hint from other processes: the caller bounds what it makes of it.
 uint64_t reported_apply(const Board *b, uint32_t slot, uint64_t seq) noexcept;
 // The seq receiver `index` last took in `slot`.

@@ -200,7 +200,7 @@ public:
 
     // Tells the trainer we are done with chunk seq (and why it failed, if it did).
     // `applied`: with an OK answer, the nanoseconds spent applying the chunk's patches (in the
-    // Ack's `offset`, unused by Acks before 0.8 and covered by the MAC; 0: none).
+    // Ack's `offset`, unused by Acks up to 0.7.0 and covered by the MAC; 0: none).
     void answer(uint64_t seq, const ChunkHeader &h, wsync_status_t status, const std::string &message,
                 uint64_t applied = 0) noexcept {
         try {

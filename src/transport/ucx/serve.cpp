@@ -310,9 +310,9 @@ void UcxSender::ack(uint32_t index, Member &mem, const Msg &m) {
         if (--l->second == 0) mem.leases.erase(l);
     }
     mem.acked_through = std::max(mem.acked_through, m.seq);
-    // An OK Ack's `offset` carries the engine's apply time of the chunk's patches in ns (0.8;
-    // 0 from earlier engines). Another process's figure: a chunk's is capped, and it counts for
-    // the version this sender published the chunk in.
+    // An OK Ack's `offset` carries the engine's apply time of the chunk's patches in ns (after
+    // 0.7.0; 0 from earlier engines). Another process's figure: a chunk's is capped, and it
+    // counts for the version this sender published the chunk in.
     if (m.status == WSYNC_OK && m.offset > 0 && !mem.dropped) {
         auto c = chunks_.find(m.seq);
         constexpr uint64_t kMostNs = (uint64_t(1) << 40) - 1;
