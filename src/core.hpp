@@ -62,6 +62,12 @@ public:
     std::pair<void *, uint64_t> arena() const { return impl_->arena(); }
     uint64_t version() const { return version_; }
     const std::vector<Failure> &failures() const { return failures_; }
+    // The engines' apply time of committed `version` as they reported it with their
+    // acknowledgements so far (SenderImpl::applied_ns; 0: none reported). What "auto" learns
+    // from; no public ABI (white-box tests read it).
+    uint64_t engines_apply_ns(uint64_t version);
+    // Delta "auto" by cost: what it learned so far (nullptr without it). White-box tests.
+    const delta::AutoState *auto_state() const { return auto_ ? &auto_->state() : nullptr; }
     const sys::Owner owner;  // the ABI's fork rule (sys.hpp)
 
 private:
@@ -72,7 +78,8 @@ private:
     void begin_plan();
     // Whether the coder takes this version (delta on, and not a bare "auto" version).
     bool coding() const { return delta_ && plan_ != delta::Plan::kBare; }
-    void measured(double flush_seconds);
+    // `flushed`: the time includes a flush (the engines' acknowledgements, after their apply).
+    void measured(double flush_seconds, bool flushed);
 
     const KindInfo &kind_;
     std::unique_ptr<SenderImpl> impl_;
@@ -84,6 +91,7 @@ private:
     delta::Plan plan_ = delta::Plan::kPatches;
     delta::VersionCost cost_;
     bool costed_ = false;
+    uint64_t cost_version_ = 0;  // the version cost_ measures
     uint64_t version_ = 1;
     uint64_t first_version_ = 1;  // impl_->first_version()
     uint32_t next_index_ = 0;
@@ -261,6 +269,10 @@ private:
     std::unordered_map<std::size_t, HandedPatch> handed_;
     std::vector<std::size_t> device_patches_;  // tensors whose patches are queued on the GPU
     bool device_queued_ = false;               // the transport may hold queued patch work
+    // Nanoseconds spent in the host's verified applies of this chunk's patches (onto a
+    // destination or the mirror: checksum of the patch, parse, apply), reported to the sender
+    // with an OK acknowledgement (docs/delta.md, "How auto decides").
+    uint64_t apply_ns_ = 0;
     std::size_t taken_ = 0;
     wsync_status_t failed_ = WSYNC_OK;
     std::string failure_;

@@ -317,6 +317,9 @@ wsync_status_t Iteration::finish(wsync_status_t outcome) noexcept {
         owner_->before_ack(header_, final, failure_);
     } catch (...) {
     }
+    // The apply time travels with an OK acknowledgement only (a failed chunk's version is not
+    // one "auto" learns from), and before it, so the sender that sees the one finds the other.
+    if (final == WSYNC_OK && apply_ns_ > 0) backing_->report_apply(apply_ns_);
     backing_->acknowledge(final);
     owner_->finished(header_, tallied(), final);
     return final;

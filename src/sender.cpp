@@ -68,19 +68,25 @@ Sender::Sender(const KindInfo &kind, std::unique_ptr<SenderImpl> impl, const del
 // commit, and sends that one dense, keeping bases, as kKeepBases does.
 void Sender::begin_plan() {
     if (!auto_) return;
-    measured(0);
+    measured(0, /*flushed=*/false);
     plan_ = auto_->plan();
     cost_ = delta::VersionCost{};
     cost_.plan = plan_;
     if (plan_ == delta::Plan::kKeepBases) delta_->dense_next();
 }
 
-void Sender::measured(double flush_seconds) {
+void Sender::measured(double flush_seconds, bool flushed) {
     if (!costed_) return;
     costed_ = false;
     cost_.seconds += flush_seconds;
+    cost_.flushed = flushed;
+    // What the engines reported so far with their acknowledgements (all of them after a flush).
+    if (cost_.plan == delta::Plan::kPatches)
+        cost_.apply_seconds = double(impl_->applied_ns(cost_version_)) * 1e-9;
     auto_->measured(cost_);
 }
+
+uint64_t Sender::engines_apply_ns(uint64_t version) { return impl_->applied_ns(version); }
 
 void Sender::set_stream(void *stream) {
     impl_->set_stream(stream);
@@ -206,6 +212,7 @@ std::vector<uint8_t> Sender::send(const wsync_tensor_t *tensors, std::size_t cou
         cost_.bytes += total;
         cost_.seconds += seconds_since(started);
         costed_ = last;
+        cost_version_ = version_;
     }
     if (!table.parts.empty()) parts::from_wire(table, part_wire);
     parts_ = std::move(split);
@@ -254,7 +261,7 @@ void Sender::flush(int64_t timeout_ms) {
         costed_ = false;
         throw;
     }
-    if (auto_) measured(seconds_since(t0));
+    if (auto_) measured(seconds_since(t0), /*flushed=*/true);
 }
 
 void Sender::wait_released(uint64_t version, int64_t timeout_ms) {

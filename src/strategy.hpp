@@ -144,6 +144,10 @@ public:
     // (shm: the segment's data region, every bucket and the arena): a caller passing another
     // tensor's view as a destination would crash there, so wsync_recv_copy refuses it.
     virtual bool maps_read_only(const void * /*dst*/, uint64_t /*len*/) const noexcept { return false; }
+    // Called at most once, before acknowledge(WSYNC_OK): this receiver spent `ns` (> 0)
+    // nanoseconds in the verified apply of the chunk's patches on the host, which the kind
+    // reports to the sender with the acknowledgement where it can (the board, ucx's Ack).
+    virtual void report_apply(uint64_t /*ns*/) noexcept {}
     // Called exactly once, after settle() and after a failure was recorded: publishes the final
     // outcome (WSYNC_OK or the status the chunk failed with) to the sender.
     virtual void acknowledge(wsync_status_t outcome) noexcept = 0;
@@ -185,6 +189,12 @@ public:
     virtual std::unique_ptr<delta::Coder> delta_coder(const delta::Config & /*config*/) {
         return nullptr;
     }
+    // The engines' apply time of committed `version` (docs/delta.md, "How auto decides"), in
+    // nanoseconds, as they reported it with their acknowledgements so far: per chunk the
+    // slowest engine's, summed over the version's chunks. 0 where none reported (older
+    // engines, no patches) or the kind carries no report. Untrusted (other processes): the
+    // caller bounds what it makes of it.
+    virtual uint64_t applied_ns(uint64_t /*version*/) { return 0; }
     // Host memory the caller may keep its tensors in, which are then sent in place (shm's
     // "arena_bytes"): its first byte and size, {nullptr, 0} where the kind has none.
     virtual std::pair<void *, uint64_t> arena() const { return {nullptr, 0}; }

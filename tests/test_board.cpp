@@ -610,6 +610,33 @@ void a_forged_acknowledgement_never_completes_the_reader_s_version(void **) {
     wsync_blob_free(&init);
 }
 
+// The apply time receivers report before their OK acknowledgement (slot[s].applied): the
+// sender reads the largest report of the chunk it published, per version; a word of another
+// chunk (an earlier one in the slot, or a board whose engines write nothing: 0.7.0 and before) reads
+// as no report; a report is capped to what the word holds.
+void the_largest_apply_report_of_a_chunk_counts_for_its_version(void **) {
+    Fixture f;  // seq 1 (version 1, chunk 0) in slot 0
+    assert_true(reported_apply(f.b, 0, 1) == 0);  // nobody reported: older engines' board
+    report_apply(f.b, 0, 1, 3000);                // receiver 0
+    report_apply(f.b, 0, 1, 5000);                // receiver 1, slower
+    report_apply(f.b, 0, 1, 4000);                // a smaller one does not lower it
+    assert_true(reported_apply(f.b, 0, 1) == 5000);
+    assert_true(reported_apply(f.b, 0, 3) == 0);  // the word is seq 1's
+    f.end->publish(1, 2, 1, 1);                   // chunk 1 of version 1 in slot 1
+    report_apply(f.b, 1, 2, 1000);
+    assert_true(f.end->applied_ns(1) == 6000);
+    assert_true(f.end->applied_ns(1) == 6000);  // counted once however often it is asked
+    f.end->publish(0, 3, 2, 0);  // version 2 in slot 0: seq 1's report stays version 1's
+    assert_true(f.end->applied_ns(2) == 0);
+    report_apply(f.b, 0, 3, 700);  // replaces the word of seq 1
+    assert_true(reported_apply(f.b, 0, 1) == 0 && reported_apply(f.b, 0, 3) == 700);
+    assert_true(f.end->applied_ns(2) == 700 && f.end->applied_ns(1) == 6000);
+    report_apply(f.b, 1, 2, UINT64_MAX);  // capped: 2^40 - 1 ns
+    assert_true(reported_apply(f.b, 1, 2) == (uint64_t(1) << kApplyNsBits) - 1);
+    // The word lies in what was the slot's padding: nothing else moved (layout version 5).
+    static_assert(sizeof(ChunkSlot) == 1088 && offsetof(ChunkSlot, applied) == 1032, "");
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -629,6 +656,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(an_abandoned_answer_to_a_version_the_sender_kept_fails_the_flush),
         cmocka_unit_test(a_sender_made_again_resumes_after_the_newest_version_and_seq_and_refuses_forged_words),
         cmocka_unit_test(a_flush_against_a_flipping_failure_count_holds_each_receiver_once),
+        cmocka_unit_test(the_largest_apply_report_of_a_chunk_counts_for_its_version),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, nullptr, nullptr);

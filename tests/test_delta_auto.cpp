@@ -1,6 +1,7 @@
 // Delta "auto" by cost (src/delta/auto.cpp), white-box: the decision from synthetic
 // measurements. decide() and learn() read nothing but their arguments, so every sequence below
 // gives the same plans on any machine.
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -166,6 +167,70 @@ static void the_decision_is_a_function_of_the_measurements(void **) {
     assert_true(delta::decide(delta::AutoState{}) == Plan::kKeepBases);
 }
 
+// What the engines report with their acknowledgements (VersionCost::apply_seconds): the gate
+// uses the apply per byte of an earlier patch version instead of modelling it as one more copy
+// aside. Here the link is 1.0 s a version, the first copy aside 0.3 s (the gate opens either
+// way), then a copy aside of 0.55 s: the model (2 x 0.55 > 1.0) shuts the gate, the engines'
+// reported apply (0.05 s) opens it (0.55 + 0.05 < 1.0).
+static Plan gate_after(double reported_apply, double second_copy) {
+    delta::AutoState s;
+    delta::learn(s, {Plan::kKeepBases, kModel, 1.0 + 0.3, 0.3});
+    assert_true(delta::decide(s) == Plan::kPatches);
+    delta::learn(s, {Plan::kPatches, kModel, 0.6, 0.3, reported_apply, true});
+    delta::learn(s, {Plan::kKeepBases, kModel, 1.0 + second_copy, second_copy});  // a remeasure
+    return delta::decide(s);
+}
+
+static void a_reported_fast_apply_opens_the_gate_the_model_would_shut(void **) {
+    assert_true(gate_after(0, 0.55) == Plan::kBare);       // modelled: 0.55 + 0.55 >= 1.0
+    assert_true(gate_after(0.05, 0.55) == Plan::kPatches);  // reported: 0.55 + 0.05 < 1.0
+}
+
+// The other way: engines whose verified apply is slow (0.8 s a version: a loaded engine host)
+// shut the gate the model would open (0.3 + 0.3 < 1.0, but 0.3 + 0.8 >= 1.0).
+static void a_reported_slow_apply_shuts_the_gate_the_model_would_open(void **) {
+    assert_true(gate_after(0, 0.3) == Plan::kPatches);
+    assert_true(gate_after(0.8, 0.3) == Plan::kBare);
+}
+
+// A trainer that does not flush does not wait for the engines' apply: a patch version costs its
+// sends plus the apply they reported. Sends of 0.5 s against a 2.0 s dense version win alone;
+// with the engines' 1.8 s apply added they lose, and the next version goes bare. The same
+// figures from a trainer that flushed (its time already holds the apply) keep patching.
+static void a_patch_version_without_a_flush_costs_the_reported_apply_too(void **) {
+    auto run_patches = [](bool flushed) {
+        delta::AutoState s;
+        delta::learn(s, {Plan::kKeepBases, kModel, 2.0 + 0.1, 0.1});
+        delta::learn(s, {Plan::kPatches, kModel, 0.5, 0.2, 1.0, flushed});  // the trial
+        delta::learn(s, {Plan::kPatches, kModel, 0.5, 0.2, 1.8, flushed});
+        return delta::decide(s);
+    };
+    assert_true(run_patches(true) == Plan::kPatches);
+    assert_true(run_patches(false) == Plan::kBare);
+    delta::AutoState s;  // nothing reported (older engines): the sends alone, as before
+    delta::learn(s, {Plan::kKeepBases, kModel, 2.0 + 0.1, 0.1});
+    delta::learn(s, {Plan::kPatches, kModel, 0.5, 0.2, 0, false});
+    assert_true(s.patch == 0.5 / double(kModel) && s.apply == 0);
+}
+
+// A report comes from another process: NaN, negative and zero are no report; a huge one counts
+// as kMaxApplyPerByte. Either way the estimates stay finite and the plans exact.
+static void a_reported_apply_is_bounded(void **) {
+    for (double bad : {std::nan(""), -1.0, 0.0}) {
+        delta::AutoState s;
+        delta::learn(s, {Plan::kKeepBases, kModel, 2.0 + 0.1, 0.1});
+        delta::learn(s, {Plan::kPatches, kModel, 0.5, 0.2, bad, false});
+        assert_true(s.apply == 0 && s.patch == 0.5 / double(kModel));
+    }
+    delta::AutoState s;
+    delta::learn(s, {Plan::kKeepBases, kModel, 2.0 + 0.1, 0.1});
+    delta::learn(s, {Plan::kPatches, kModel, 0.5, 0.2, 1e300, false});
+    assert_true(s.apply == delta::kMaxApplyPerByte);
+    assert_true(s.patch == 0.5 / double(kModel) + delta::kMaxApplyPerByte && std::isfinite(s.patch));
+    delta::learn(s, {Plan::kKeepBases, kModel, 2.0 + 0.1, 0.1});
+    assert_true(delta::decide(s) == Plan::kBare);  // a lie sends dense: exact, and probed again
+}
+
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_memory_speed_link_never_pays_a_compare),
@@ -176,6 +241,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test(the_first_copy_aside_gets_a_second_gate),
         cmocka_unit_test(a_planned_patch_version_sent_dense_reopens_the_gate),
         cmocka_unit_test(the_decision_is_a_function_of_the_measurements),
+        cmocka_unit_test(a_reported_fast_apply_opens_the_gate_the_model_would_shut),
+        cmocka_unit_test(a_reported_slow_apply_shuts_the_gate_the_model_would_open),
+        cmocka_unit_test(a_patch_version_without_a_flush_costs_the_reported_apply_too),
+        cmocka_unit_test(a_reported_apply_is_bounded),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, nullptr, nullptr);

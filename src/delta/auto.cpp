@@ -11,11 +11,23 @@ namespace {
 // Recent versions weigh half: a link that changed speed is followed within a few versions, and
 // one noisy version moves the estimate by half its error.
 double ewma(double old, double now) { return old > 0 ? (old + now) / 2 : now; }
+
+// A reported apply per dense byte, from another process: NaN, negative or 0 is no report, and
+// none costs more than kMaxApplyPerByte.
+double apply_per_byte(const VersionCost &c) {
+    const double a = c.apply_seconds / double(c.bytes);
+    return a > 0 ? std::min(a, kMaxApplyPerByte) : 0;
+}
 }  // namespace
 
 Plan decide(const AutoState &s) {
     if (!(s.dense > 0)) return Plan::kKeepBases;
-    if (s.after_keep) return 2 * s.keep < s.dense ? Plan::kPatches : Plan::kBare;
+    if (s.after_keep) {
+        // The compare (two streams: about the copy aside) and the engines' apply: as they
+        // reported it in an earlier patch version, else modelled as one more copy aside.
+        const double apply = s.apply > 0 ? s.apply : s.keep;
+        return s.keep + apply < s.dense ? Plan::kPatches : Plan::kBare;
+    }
     if (s.patching) return s.patch_run >= kRemeasureEvery ? Plan::kKeepBases : Plan::kPatches;
     return s.since_probe + 1 >= s.gap ? Plan::kKeepBases : Plan::kBare;
 }
@@ -48,11 +60,15 @@ void learn(AutoState &s, const VersionCost &c) {
             ++s.since_probe;
         }
         break;
-    case Plan::kPatches:
+    case Plan::kPatches: {
+        const double apply = apply_per_byte(c);
+        if (apply > 0) s.apply = apply;
+        // Without a flush the trainer did not wait for the engines' apply: it is added.
+        const double cost = c.seconds / bytes + (c.flushed ? 0 : apply);
         // The first patch version of a run pays one-time costs (the compare's scratch and the
         // patch buffers grow, a transport registers them): it is a trial, which the second
         // replaces; from the third on, an EWMA. So a run is judged lost from its second.
-        s.patch = s.patch_run >= 2 ? ewma(s.patch, c.seconds / bytes) : c.seconds / bytes;
+        s.patch = s.patch_run >= 2 ? ewma(s.patch, cost) : cost;
         ++s.patch_run;
         if (s.patch < s.dense || s.patch_run == 1) {
             s.patching = true;
@@ -64,6 +80,7 @@ void learn(AutoState &s, const VersionCost &c) {
             s.since_probe = 0;
         }
         break;
+    }
     }
 }
 

@@ -2,6 +2,7 @@
 // its mirror, or device memory), their verification and failures, and wsync_recv_patch. The
 // views, copies and end of a chunk are iteration.cpp.
 #include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -46,6 +47,8 @@ void Iteration::apply_onto(std::size_t i, void *dst, const char *where) {
                         "failure, or as the first version an attached receiver owes",
                         what.c_str(), p.base_version, have));
     if (p.tree) return apply_on_device(i, dst, what);
+    // Timed for the sender's "auto" (a failure fails the chunk, whose time is not reported).
+    const auto started = std::chrono::steady_clock::now();
     const auto *bytes = static_cast<const uint8_t *>(backing_->data(i));
     const uint64_t esize = dtype_size(m.dtype);
     if (verify_ && !(state_[i] & kVerified)) check_sum(i, sum_of(bytes, p.wire_bytes));
@@ -60,6 +63,9 @@ void Iteration::apply_onto(std::size_t i, void *dst, const char *where) {
                                                          p.result_xxh3, &got, owner_->replaced_);
     if (outcome != delta::Applied::kApplied) fail_apply(i, outcome, got, what, where);
     state_[i] |= kVerified;
+    const auto spent = std::chrono::steady_clock::now() - started;
+    apply_ns_ += static_cast<uint64_t>(
+        std::max<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(spent).count(), 1));
 }
 
 std::pair<wsync_status_t, std::string> Iteration::apply_failure(std::size_t i, delta::Applied outcome,

@@ -132,6 +132,27 @@ bool acknowledged(const Board *b, uint32_t index, uint32_t slot, uint64_t seq) n
     return ack_seq(b->slot[slot].ack[index].load(std::memory_order_relaxed)) >= seq;
 }
 
+namespace {
+constexpr uint64_t kApplyNsMax = (uint64_t(1) << kApplyNsBits) - 1;
+uint64_t apply_tag(uint64_t seq) { return seq & ((uint64_t(1) << kApplyTagBits) - 1); }
+}  // namespace
+
+void report_apply(Board *b, uint32_t slot, uint64_t seq, uint64_t ns) noexcept {
+    if (ns == 0) return;
+    const uint64_t want = apply_tag(seq) << kApplyNsBits | std::min(ns, kApplyNsMax);
+    std::atomic<uint64_t> &w = b->slot[slot].applied;
+    uint64_t cur = w.load(std::memory_order_relaxed);
+    // Another seq's tag (an earlier chunk in the slot) is replaced; this seq's is raised.
+    while ((cur >> kApplyNsBits != apply_tag(seq) || cur < want) &&
+           !w.compare_exchange_weak(cur, want, std::memory_order_relaxed)) {
+    }
+}
+
+uint64_t reported_apply(const Board *b, uint32_t slot, uint64_t seq) noexcept {
+    const uint64_t w = b->slot[slot].applied.load(std::memory_order_acquire);
+    return w >> kApplyNsBits == apply_tag(seq) ? w & kApplyNsMax : 0;
+}
+
 uint64_t taken_seq(const Board *b, uint32_t index, uint32_t slot) noexcept {
     return b->slot[slot].taken[index].load(std::memory_order_seq_cst);
 }

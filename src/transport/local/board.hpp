@@ -23,6 +23,12 @@
 // |                              | (also MISMATCH for a chunk it was  |                    |         |
 // |                              | never given, once given a later    |                    |         |
 // |                              | one: acknowledge_missed)           |                    |         |
+// | slot[s].applied              | receivers, before their OK         | the sender that    | never   |
+// |                              | acknowledgement: CAS to the max of | published seq, once|         |
+// |                              | (seq tag, nanoseconds it spent     | acknowledged; a    |         |
+// |                              | applying the chunk's patches);     | word of another    |         |
+// |                              | a word of another seq's tag is     | seq's tag reads as |         |
+// |                              | replaced (after 0.7.0; was padding)| not reported (0)   |         |
 // | ack_futex                    | receivers (bump + wake)            | senders (futex)    | never   |
 // | receiver[r].state            | receiver r: claim (JOINING/ATTACHED| senders, receiver | never   |
 // |                              | via CAS), DETACHED at destroy;     |                    |         |
@@ -129,7 +135,13 @@ struct alignas(64) ChunkSlot {
     std::atomic<uint64_t> seq;                 // chunk now held (0: never used)
     std::atomic<uint64_t> ack[kMaxReceivers];  // per receiver: seq << 8 | status
     std::atomic<uint64_t> taken[kMaxReceivers];  // per receiver: the seq it began reading
+    // The most time one receiver spent applying the patches of the chunk (after 0.7.0: in what was
+    // the slot's zeroed padding, so the layout version stays): seq's low kApplyTagBits bits
+    // above kApplyNsBits bits of nanoseconds (see report_apply and reported_apply).
+    std::atomic<uint64_t> applied;
 };
+constexpr unsigned kApplyNsBits = 40;  // up to 2^40 ns (18 minutes) a chunk
+constexpr unsigned kApplyTagBits = 64 - kApplyNsBits;
 
 // The shared layout. Zeroed memory plus init() is an empty board.
 struct Board {
@@ -155,6 +167,7 @@ static_assert(std::is_standard_layout<Board>::value, "the board is plain shared 
 static_assert(sizeof(FailureRecord) == 264 && sizeof(ReceiverSlot) == 1088 &&
                   sizeof(ChunkSlot) == 1088 && sizeof(Board) == 139584,
               "the board's layout is pinned (layout version 5)");
+static_assert(offsetof(ChunkSlot, applied) == 1032, "applied lies in what was padding");
 static_assert(offsetof(Board, creator_pid) == 20 && offsetof(Board, ack_futex) == 24 &&
                   offsetof(Board, sender_pid) == 56 && offsetof(Board, receiver) == 320 &&
                   offsetof(Board, slot) == 69952,
@@ -254,7 +267,20 @@ public:
     void wait_released(uint64_t version, uint64_t last_seq, const sys::Deadline &deadline,
                        const char *what);
 
+    // The engines' apply time of `version` as reported on the board (report_apply), in
+    // nanoseconds: per chunk this SenderEnd published, the largest report of any receiver,
+    // summed over the version's chunks (so at least the slowest engine's, when one engine is
+    // the slowest at every chunk). Reports arrive before the acknowledgements: after a flush
+    // the figure is whole, before it, it holds the chunks answered so far. 0: no report
+    // (engines of 0.7.0 and before, no patches, an abandoned version). The newest kAppliedKept
+    // versions are kept. Untrusted: each chunk's report is at most 2^40 - 1 ns.
+    uint64_t applied_ns(uint64_t version);
+
 private:
+    // Adds what receivers reported since the last look for the chunk published in `slot`.
+    void harvest_apply(uint32_t slot);
+    static constexpr std::size_t kAppliedKept = 8;
+    std::vector<std::pair<uint64_t, uint64_t>> applied_;  // (version, ns), oldest first
     uint64_t releases_pending(uint64_t version, uint64_t last_seq) const;
     uint64_t want(uint32_t slot, uint64_t max_seq) const;
     bool owes(uint32_t r, uint64_t seq) const;
@@ -311,6 +337,7 @@ private:
         bool withdrawn = false;  // slot word set to kWithdrawn
         uint64_t excused = 0;    // receivers that had not begun it when it was withdrawn
         uint64_t odd_acks = 0;   // receivers whose ABANDONED answer to it was reported
+        uint64_t applied = 0;    // the apply time reported for it, as far as counted
     };
     bool sole_ = false;
     bool exclusive_ = false;
@@ -351,6 +378,15 @@ void record_failure(Board *b, uint32_t index, wsync_status_t status, uint64_t ve
                     uint32_t chunk, const std::string &message) noexcept;
 void acknowledge(Board *b, uint32_t index, uint32_t slot, uint64_t seq,
                  wsync_status_t outcome) noexcept;
+// Before its OK acknowledgement of chunk `seq` in `slot`: this receiver spent `ns`
+// nanoseconds applying the chunk's patches. Raises the slot's applied word to the largest
+// report for `seq` (a word tagged with another seq is replaced); `ns` is capped to what the
+// word holds. 0 writes nothing. Never throws.
+void report_apply(Board *b, uint32_t slot, uint64_t seq, uint64_t ns) noexcept;
+// The largest apply time receivers reported for chunk `seq` in `slot`, in nanoseconds; 0 when
+// none did (engines of 0.7.0 and before, a chunk without patches) or the word is tagged with another
+// seq. A hint from other processes: the caller bounds what it makes of it.
+uint64_t reported_apply(const Board *b, uint32_t slot, uint64_t seq) noexcept;
 // The seq receiver `index` last took in `slot`.
 uint64_t taken_seq(const Board *b, uint32_t index, uint32_t slot) noexcept;
 // Acknowledges chunk `seq` with `outcome` unless this receiver's acknowledgement of `slot` is

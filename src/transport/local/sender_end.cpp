@@ -129,10 +129,36 @@ std::pair<uint64_t, uint64_t> SenderEnd::resume() {
 }
 
 void SenderEnd::publish(uint32_t slot, uint64_t seq, uint64_t version, uint32_t chunk) {
-    if (slot < kMaxSlots) published_[slot] = Published{seq, version, chunk}, expect_slot_[slot] = seq;
+    if (slot < kMaxSlots) {
+        harvest_apply(slot);  // the chunk the slot held is answered (or given up) by now
+        published_[slot] = Published{seq, version, chunk}, expect_slot_[slot] = seq;
+    }
     raise_to(b_->newest_version, version);
     raise_to(b_->newest_seq, seq);
     b_->slot[slot].seq.store(seq, std::memory_order_release);
+}
+
+void SenderEnd::harvest_apply(uint32_t slot) {
+    Published &p = published_[slot];
+    if (p.seq == 0 || p.abandoned) return;
+    const uint64_t ns = reported_apply(b_, slot, p.seq);
+    if (ns <= p.applied) return;
+    const uint64_t more = ns - p.applied;
+    p.applied = ns;
+    for (auto &[version, sum] : applied_)
+        if (version == p.version) {
+            sum = more > UINT64_MAX - sum ? UINT64_MAX : sum + more;
+            return;
+        }
+    if (applied_.size() == kAppliedKept) applied_.erase(applied_.begin());
+    applied_.emplace_back(p.version, more);
+}
+
+uint64_t SenderEnd::applied_ns(uint64_t version) {
+    for (uint32_t s = 0; s < slots_; ++s) harvest_apply(s);
+    for (const auto &[v, sum] : applied_)
+        if (v == version) return sum;
+    return 0;
 }
 
 std::string SenderEnd::label(uint64_t seq, Failure &f) const {

@@ -26,6 +26,10 @@ public:
     wsync_device_t device() const override { return {WSYNC_DEVICE_CPU, 0}; }
     bool read_only() const override { return true; }
 
+    void report_apply(uint64_t ns) noexcept override {
+        board::report_apply(end_->board(), at_.slot, at_.seq, ns);
+    }
+
     void acknowledge(wsync_status_t outcome) noexcept override {
         answered_ = true;
         end_->acknowledge(at_, outcome);

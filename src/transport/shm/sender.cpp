@@ -88,6 +88,7 @@ public:
     }
 
     void abandon(uint64_t version) override { board_.abandon(version); }
+    uint64_t applied_ns(uint64_t version) override { return board_.applied_ns(version); }
 
     void drop_receiver(uint32_t index) override {
         check_receiver_index(kKind, index, seg_->receivers());

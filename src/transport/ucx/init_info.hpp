@@ -65,7 +65,8 @@ Where parse_where(const json &transport);
 // Control messages (wire version 2). Receiver -> sender: Hello (attach, with its worker
 // address), Lease (may I read chunk seq?), Fetch (send me bytes [offset, offset + bytes) of
 // chunk seq, which I hold a lease on; `version` is the fetch's number, echoed), Ack (done with
-// chunk seq: status, and a message when it failed), Bye (destroyed). Sender -> receiver:
+// chunk seq: status, and a message when it failed; an OK one's `offset`, after 0.7.0, the
+// nanoseconds the engine spent applying the chunk's patches, 0 before), Bye (destroyed). Sender -> receiver:
 // Welcome (status: attached or refused), Grant (status: chunk seq may be read, or why not),
 // Data (the bytes of a fetch, or why not: the header of a message on kAmDataId whose payload is
 // the bytes), Abandon (version), Dropped.

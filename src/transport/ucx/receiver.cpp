@@ -138,7 +138,7 @@ wsync_status_t UcxBacking::settle(wsync_status_t outcome, std::string *message) 
 }
 
 void UcxBacking::acknowledge(wsync_status_t outcome) noexcept {
-    owner_.answer(seq_, header_, outcome, "");
+    owner_.answer(seq_, header_, outcome, "", applied_);
 }
 
 

@@ -108,6 +108,13 @@ void UcxSender::flush(int64_t timeout_ms) {
         cv_.wait_for(lock, std::chrono::milliseconds(std::clamp<int64_t>(deadline.remaining_ms(), 1, 50)));
     }
 }
+uint64_t UcxSender::applied_ns(uint64_t version) {
+    std::unique_lock<std::mutex> lock = caller_lock();
+    for (const auto &[v, ns] : applied_)
+        if (v == version) return ns;
+    return 0;
+}
+
 void UcxSender::abandon(uint64_t version) {
     std::unique_lock<std::mutex> lock = caller_lock();
     open_version_ = 0;

@@ -37,6 +37,7 @@ struct Chunk {
     uint32_t sending = 0;  // Data sends from its buffer still in flight
     uint32_t leases = 0;   // receivers granted a read and not done with it
     bool retired = false;  // no new leases, fetches refused: its version is no longer kept, or was abandoned
+    uint64_t applied = 0;  // the largest apply time (ns) an engine reported with its OK Ack
 };
 
 struct Member {
@@ -71,6 +72,7 @@ public:
     json send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) override;
     void flush(int64_t timeout_ms) override;
     void abandon(uint64_t version) override;
+    uint64_t applied_ns(uint64_t version) override;
     bool begin_version(uint64_t version) override;
     void set_stream(void *stream) override;
     void drop_receiver(uint32_t index) override;
@@ -136,6 +138,10 @@ private:
     std::vector<uint32_t> heard_this_round_;
     std::set<Nonce> seen_hellos_;  // the nonces of authentic hellos: a replayed one is dropped
     std::map<uint64_t, Chunk> chunks_;
+    // The engines' apply time per version (ack(): per chunk the largest report, summed over the
+    // version's chunks), the newest kAppliedKept versions, oldest first.
+    static constexpr std::size_t kAppliedKept = 8;
+    std::vector<std::pair<uint64_t, uint64_t>> applied_;
     std::vector<Buffer> pool_;
     std::vector<uint64_t> committed_;
     FailureGather failures_;  // gathered, reported whole by flush (the core's policy)

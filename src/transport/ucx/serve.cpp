@@ -310,6 +310,26 @@ void UcxSender::ack(uint32_t index, Member &mem, const Msg &m) {
         if (--l->second == 0) mem.leases.erase(l);
     }
     mem.acked_through = std::max(mem.acked_through, m.seq);
+    // An OK Ack's `offset` carries the engine's apply time of the chunk's patches in ns (after
+    // 0.7.0; 0 from earlier engines). Another process's figure: a chunk's is capped, and it
+    // counts for the version this sender published the chunk in.
+    if (m.status == WSYNC_OK && m.offset > 0 && !mem.dropped) {
+        auto c = chunks_.find(m.seq);
+        constexpr uint64_t kMostNs = (uint64_t(1) << 40) - 1;
+        const uint64_t ns = std::min(m.offset, kMostNs);
+        if (c != chunks_.end() && ns > c->second.applied) {
+            const uint64_t more = ns - c->second.applied;
+            c->second.applied = ns;
+            auto v = std::find_if(applied_.begin(), applied_.end(),
+                                  [&](const auto &e) { return e.first == c->second.version; });
+            if (v != applied_.end()) {
+                v->second = more > UINT64_MAX - v->second ? UINT64_MAX : v->second + more;
+            } else {
+                if (applied_.size() == kAppliedKept) applied_.erase(applied_.begin());
+                applied_.emplace_back(c->second.version, more);
+            }
+        }
+    }
     // A receiver that re-attached and completed a version is not reported gone for it (a 5 s
     // link outage reported an engine DIED that had re-attached and loaded the version): the
     // DIED or DETACHED failure its old connection left, still unreported, is withdrawn.
