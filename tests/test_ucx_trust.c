@@ -935,6 +935,23 @@ static void *puller_run(void *arg) {
     return NULL;
 }
 
+/* Engine e0 loads version v of the 4 MiB tensor from req bit for bit, and the trainer's flush
+ * is OK within deadline_ms. */
+static void big_version_loads(struct trainer *t, wsync_receiver_t *e0, const wsync_blob_t *req, uint64_t v,
+                              int64_t deadline_ms) {
+    wsync_recv_t *it = NULL;
+    OK(wsync_receiver_receive(e0, req->data, req->size, &it));
+    wsync_tensor_t view;
+    bool has = false;
+    OK(wsync_recv_next(it, &view, &has));
+    assert_true(has);
+    assert_true(tu_check(view.data, BIG_BYTES, v, 1));
+    OK(wsync_recv_end(it));
+    const long f0 = tu_now_ms();
+    OK(wsync_sender_flush(t->snd, deadline_ms));
+    assert_true(tu_now_ms() - f0 < deadline_ms);
+}
+
 /* Honest engine e0 loads `versions` 4 MiB versions (bit for bit, each flush OK within 3 s, or
  * 10 s while the puller's thread runs and acknowledges for index 1);
  * returns the milliseconds they took. Index 1 leases and acknowledges each chunk: the puller's
@@ -952,34 +969,15 @@ static long honest_big_versions(struct trainer *t, wsync_receiver_t *e0, uint8_t
             puller_send(p, LEASE, seq, 0);
             puller_send(p, ACK, seq, 0);
         }
-        wsync_recv_t *it = NULL;
-        OK(wsync_receiver_receive(e0, req.data, req.size, &it));
-        wsync_tensor_t view;
-        bool has = false;
-        OK(wsync_recv_next(it, &view, &has));
-        assert_true(has);
-        assert_true(tu_check(view.data, BIG_BYTES, *v, 1));
-        OK(wsync_recv_end(it));
         /* The flush also waits for the puller's acknowledgement, which its thread sends
          * between its own receives: with it running, 10 s (3 s failed once in the sanitizer
          * build on a loaded host, the honest engine's version long loaded). */
-        const int64_t deadline = puller_runs ? 10000 : 3000;
-        const long f0 = tu_now_ms();
-        OK(wsync_sender_flush(t->snd, deadline));
-        assert_true(tu_now_ms() - f0 < deadline);
+        big_version_loads(t, e0, &req, *v, puller_runs ? 10000 : 3000);
         wsync_blob_free(&req);
     }
     return tu_now_ms() - t0;
 }
 
-/* Fair service (issue 37 item 3): an engine holding the key that fetches its own leased chunk
- * in a loop, PULL_WINDOW fetches outstanding, cannot starve an honest engine pulling one fetch
- * at a time: during the loop each of the honest engine's versions loads bit for bit with the
- * flush OK within 10 s (it waits for the puller's acknowledgement too), and the loop did pull (at least 4 chunks). The slowdown against the
- * same versions loaded alone, in the same test, is printed, not asserted: on a loaded 2-core
- * CI host it ranged 2.3x-9x, a scheduling figure rather than a property (an equal share of the
- * trainer would be about 2x). What bounds a greedy engine by construction, at most 4 payloads
- * in flight and 64 waiting, is asserted by the next test and by the 65th fetch's refusal. */
 static void puller_start(struct puller *p, struct trainer *t) {
     memset(p, 0, sizeof *p);
     rogue_start(&p->r, t);
@@ -993,16 +991,41 @@ static void puller_start(struct puller *p, struct trainer *t) {
     assert_non_null(p->scratch);
 }
 
+/* The rig of the bounded-service tests: a trainer of 2 receivers, honest engine e0 at index 0,
+ * the puller attached at index 1 (not running), and a 4 MiB buffer for the versions' data. */
+static uint8_t *big_rig_start(struct trainer *t, wsync_receiver_t **e0, struct puller *p) {
+    trainer_start(t, 2);
+    *e0 = engine(t, 0);
+    puller_start(p, t);
+    uint8_t *data = malloc(BIG_BYTES);
+    assert_non_null(data);
+    return data;
+}
+
+static void big_rig_stop(struct trainer *t, wsync_receiver_t *e0, struct puller *p, uint8_t *data) {
+    rogue_stop(&p->r);
+    free(p->scratch);
+    free(data);
+    wsync_receiver_destroy(e0);
+    trainer_stop(t);
+}
+
+/* Fair service (issue 37 item 3): an engine holding the key that fetches its own leased chunk
+ * in a loop, PULL_WINDOW fetches outstanding, cannot starve an honest engine pulling one fetch
+ * at a time: during the loop each of the honest engine's versions loads bit for bit with the
+ * flush OK within 10 s (it waits for the puller's acknowledgement too), and the loop did pull
+ * (at least 4 chunks). The slowdown against the same versions loaded alone, in the same test,
+ * is printed, not asserted: on a loaded 2-core
+ * CI host it ranged 2.3x-9x, a scheduling figure rather than a property (an equal share of the
+ * trainer would be about 2x). What bounds a greedy engine by construction, at most 4 payloads
+ * in flight and 64 waiting, is asserted by the next test and by the 65th fetch's refusal. */
 static void an_engine_fetching_in_a_loop_does_not_starve_another(void **state) {
     (void)state;
     if (!ucx_here()) skip();
     struct trainer t;
-    trainer_start(&t, 2);
-    wsync_receiver_t *e0 = engine(&t, 0);
+    wsync_receiver_t *e0;
     static struct puller p;
-    puller_start(&p, &t);
-    uint8_t *data = malloc(BIG_BYTES);
-    assert_non_null(data);
+    uint8_t *data = big_rig_start(&t, &e0, &p);
     uint64_t v = 0;
     honest_big_versions(&t, e0, data, &v, 2, &p, 0);  /* buffers faulted in */
     const long alone = honest_big_versions(&t, e0, data, &v, 6, &p, 0);
@@ -1014,11 +1037,7 @@ static void an_engine_fetching_in_a_loop_does_not_starve_another(void **state) {
     print_message("6 honest versions of 4 MiB: %ld ms alone, %ld ms while index 1 pulled %ld MiB in %ld Data "
                   "messages (%.1fx)\n", alone, during, p.received >> 20, p.data, (double)during / (alone ? alone : 1));
     assert_true(p.received >= 4L * BIG_BYTES);  /* the loop did pull */
-    rogue_stop(&p.r);
-    free(p.scratch);
-    free(data);
-    wsync_receiver_destroy(e0);
-    trainer_stop(&t);
+    big_rig_stop(&t, e0, &p, data);
 }
 
 /* Bounded per engine (issue 37 item 3): the trainer has at most 4 payloads being sent to one
@@ -1036,12 +1055,9 @@ static void a_peer_that_asks_and_never_reads_holds_at_most_four_sends(void **sta
     (void)state;
     if (!ucx_here()) skip();
     struct trainer t;
-    trainer_start(&t, 2);
-    wsync_receiver_t *e0 = engine(&t, 0);
+    wsync_receiver_t *e0;
     static struct puller p;
-    puller_start(&p, &t);
-    uint8_t *data = malloc(BIG_BYTES);
-    assert_non_null(data);
+    uint8_t *data = big_rig_start(&t, &e0, &p);
     long rss_early = 0;
     for (uint64_t v = 1; v <= 12; ++v) {
         wsync_blob_t req;
@@ -1050,17 +1066,7 @@ static void a_peer_that_asks_and_never_reads_holds_at_most_four_sends(void **sta
         puller_send(&p, LEASE, seq, 0);
         for (int i = 0; i < 16; ++i) puller_send(&p, FETCH, seq, BIG_BYTES);
         puller_send(&p, ACK, seq, 0);
-        wsync_recv_t *it = NULL;
-        OK(wsync_receiver_receive(e0, req.data, req.size, &it));
-        wsync_tensor_t view;
-        bool has = false;
-        OK(wsync_recv_next(it, &view, &has));
-        assert_true(has);
-        assert_true(tu_check(view.data, BIG_BYTES, v, 1));
-        OK(wsync_recv_end(it));
-        const long f0 = tu_now_ms();
-        OK(wsync_sender_flush(t.snd, 3000));
-        assert_true(tu_now_ms() - f0 < 3000);
+        big_version_loads(&t, e0, &req, v, 3000);
         wsync_blob_free(&req);
         if (v == 3) rss_early = rss_kib();
     }
@@ -1068,11 +1074,7 @@ static void a_peer_that_asks_and_never_reads_holds_at_most_four_sends(void **sta
     print_message("trainer RSS grew by %ld KiB from version 3 to 12 while a peer asked for 16 fetches a "
                   "version and read none (a chunk is %d KiB)\n", grew, BIG_BYTES / 1024);
     assert_true(grew < 6 * (BIG_BYTES / 1024));
-    rogue_stop(&p.r);
-    free(p.scratch);
-    free(data);
-    wsync_receiver_destroy(e0);
-    trainer_stop(&t);
+    big_rig_stop(&t, e0, &p, data);
 }
 
 /* Bounded waiting (issue 37 item 3): one receiver has at most kFetchesQueued (64) fetches
@@ -1087,12 +1089,9 @@ static void a_receivers_fetches_past_sixty_four_waiting_are_refused(void **state
     (void)state;
     if (!ucx_here()) skip();
     struct trainer t;
-    trainer_start(&t, 2);
-    wsync_receiver_t *e0 = engine(&t, 0);
+    wsync_receiver_t *e0;
     static struct puller p;
-    puller_start(&p, &t);
-    uint8_t *data = malloc(BIG_BYTES);
-    assert_non_null(data);
+    uint8_t *data = big_rig_start(&t, &e0, &p);
     uint64_t v = 0;
     wsync_blob_t req;
     send_big(&t, data, ++v, &req);
@@ -1109,22 +1108,10 @@ static void a_receivers_fetches_past_sixty_four_waiting_are_refused(void **state
     assert_true(ASKED - p.refused >= 64);
     assert_int_equal(p.received, (long)(ASKED - p.refused) * BIG_BYTES);
     puller_send(&p, ACK, seq, 0);
-    wsync_recv_t *it = NULL;
-    OK(wsync_receiver_receive(e0, req.data, req.size, &it));
-    wsync_tensor_t view;
-    bool has = false;
-    OK(wsync_recv_next(it, &view, &has));
-    assert_true(has);
-    assert_true(tu_check(view.data, BIG_BYTES, v, 1));
-    OK(wsync_recv_end(it));
-    OK(wsync_sender_flush(t.snd, 3000));
+    big_version_loads(&t, e0, &req, v, 3000);
     wsync_blob_free(&req);
     honest_big_versions(&t, e0, data, &v, 1, &p, 0);
-    rogue_stop(&p.r);
-    free(p.scratch);
-    free(data);
-    wsync_receiver_destroy(e0);
-    trainer_stop(&t);
+    big_rig_stop(&t, e0, &p, data);
 }
 
 /* A dropped index is not retaken by a peer holding only a request blob (issue 37: such a peer
