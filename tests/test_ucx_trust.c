@@ -76,17 +76,21 @@ static void send_version(struct trainer *t, uint64_t v, wsync_blob_t *req) {
     OK(wsync_sender_send_chunk(t->snd, &c, req));
 }
 
-/* Engine r receives req, version v of the tensor, bit for bit. */
-static void take(wsync_receiver_t *r, const wsync_blob_t *req, uint64_t v) {
+/* Engine r receives req: version v of tensor number t (as tu_fill writes it), `bytes` long,
+ * bit for bit. */
+static void take_tensor(wsync_receiver_t *r, const wsync_blob_t *req, size_t bytes, uint64_t v, uint64_t t) {
     wsync_recv_t *it = NULL;
     OK(wsync_receiver_receive(r, req->data, req->size, &it));
     wsync_tensor_t view;
     bool has = false;
     OK(wsync_recv_next(it, &view, &has));
     assert_true(has);
-    assert_true(tu_check(view.data, TENSOR_BYTES, v, 0));
+    assert_true(tu_check(view.data, bytes, v, t));
     OK(wsync_recv_end(it));
 }
+
+/* Engine r receives req, version v of the tensor, bit for bit. */
+static void take(wsync_receiver_t *r, const wsync_blob_t *req, uint64_t v) { take_tensor(r, req, TENSOR_BYTES, v, 0); }
 
 /* The trainer is unharmed: version v reaches engine r bit for bit and the flush is OK within 3 s. */
 static void honest_version_loads(struct trainer *t, wsync_receiver_t *r, uint64_t v) {
@@ -939,14 +943,7 @@ static void *puller_run(void *arg) {
  * is OK within deadline_ms. */
 static void big_version_loads(struct trainer *t, wsync_receiver_t *e0, const wsync_blob_t *req, uint64_t v,
                               int64_t deadline_ms) {
-    wsync_recv_t *it = NULL;
-    OK(wsync_receiver_receive(e0, req->data, req->size, &it));
-    wsync_tensor_t view;
-    bool has = false;
-    OK(wsync_recv_next(it, &view, &has));
-    assert_true(has);
-    assert_true(tu_check(view.data, BIG_BYTES, v, 1));
-    OK(wsync_recv_end(it));
+    take_tensor(e0, req, BIG_BYTES, v, 1);
     const long f0 = tu_now_ms();
     OK(wsync_sender_flush(t->snd, deadline_ms));
     assert_true(tu_now_ms() - f0 < deadline_ms);
