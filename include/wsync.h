@@ -760,7 +760,14 @@ WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
  *   "ucx": asks the trainer for the chunk and pulls its bytes (WSYNC_ERR_TIMEOUT naming the
  *     chunk, WSYNC_ERR_PEER when the trainer is unreachable, the trainer's status when it
  *     refuses a fetch, WSYNC_ERR_TIMEOUT at once while the loader's earlier work on its stream
- *     has still not finished).
+ *     has still not finished). Since 0.8.0 a whole chunk of more than 4 MiB is pulled in pieces
+ *     on the receiver's own thread while the loader reads it: this call returns once the
+ *     trainer has leased the chunk and every piece is asked for, and the first read of each
+ *     tensor (wsync_recv_next(), wsync_recv_copy(), wsync_recv_apply(), wsync_recv_patch())
+ *     waits for its bytes, within the same deadline, which runs from this call; a failure
+ *     found then (the same statuses and messages as above) fails that read and the iteration,
+ *     and wsync_recv_end() returns it. wsync_recv_end() also waits for the rest of the chunk
+ *     before it answers the trainer. A selection's chunk ("select") is pulled whole here.
  * docs/kinds.md, "Receivers", says how each kind holds the bytes and its IPC handles. */
 WSYNC_API wsync_status_t wsync_receiver_receive(wsync_receiver_t *receiver,
                                                 const uint8_t *request, size_t len,
@@ -864,7 +871,8 @@ WSYNC_API wsync_status_t wsync_recv_peek(const wsync_recv_t *it, size_t i, wsync
  * version N"), and the view shows that copy, flagged WSYNC_TENSOR_READ_ONLY: writing through
  * it makes the next patch of that tensor fail with WSYNC_ERR_MISMATCH. A part of a split tensor (see "Split tensors" below) fails the
  * same way, WSYNC_ERR_UNSUPPORTED naming it: take parts with wsync_recv_copy() or
- * wsync_recv_next_part(). Does not block. */
+ * wsync_recv_next_part(). Does not block, except on "ucx" for a chunk pulled in pieces: it
+ * waits, within the receiver's deadline, for the tensor's bytes (wsync_receiver_receive()). */
 WSYNC_API wsync_status_t wsync_recv_next(wsync_recv_t *it, wsync_tensor_t *view, bool *has_view);
 
 /* Split tensors (wsync_part_t). An entry of a chunk may be a *part* of a tensor: its name,
@@ -995,7 +1003,9 @@ WSYNC_API wsync_status_t wsync_recv_next_part(wsync_recv_t *it, wsync_tensor_t *
  * tensor, dense ones too, is then copied whole into that mirror when first taken (one more
  * copy of each dense tensor, and the model's size in host memory on the engine).
  * len = 0 copies nothing, verifies nothing and does not take the tensor (arguments are still
- * checked). Does not block on peers (it takes CPU time proportional to the bytes read). Same
+ * checked). Does not block on peers (it takes CPU time proportional to the bytes read), except
+ * on "ucx" for a chunk pulled in pieces, where it first waits for the tensor's bytes
+ * (wsync_receiver_receive()). Same
  * threading as the iteration: one thread at a time; the copy threads are the library's and are
  * finished with dst when the call returns. */
 WSYNC_API wsync_status_t wsync_recv_copy(wsync_recv_t *it, size_t i, uint64_t offset, void *dst,

@@ -163,7 +163,7 @@ void Iteration::apply(DestTable &table, uint32_t flags, wsync_apply_result_t *ou
     if (device_chunk) {
         for (std::size_t i = 0; i < n; ++i) {
             if (!dests[i] || table_.is_patch(i)) continue;
-            const uint8_t *src = static_cast<const uint8_t *>(backing_->data(i));
+            const uint8_t *src = landed(i);
             for (std::size_t d : *dests[i]) {
                 const DestTable::Dest &dst = table.dests()[d];
                 uint64_t off = dst.offset, len = dst.len;

@@ -213,6 +213,9 @@ private:
     bool share_of_entry(std::size_t i, uint64_t *offset, void **dst, uint64_t *len) const;
     // Fails the iteration with this status and message (throws).
     [[noreturn]] void fail_chunk(wsync_status_t status, std::string message);
+    // Entry i's bytes, once the transport has them in place (ChunkBacking::await); a transport
+    // that cannot bring them fails the chunk with its status and message.
+    const uint8_t *landed(std::size_t i);
     // A view, copy or patch asked of an iteration that failed: its status, saying so.
     [[noreturn]] void already_failed() const;
     // Why the chunk cannot load any more because the sender dropped this receiver while it was

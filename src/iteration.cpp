@@ -105,14 +105,23 @@ bool Iteration::next(wsync_tensor_t *view, wsync_part_t *part) {
                             "option (or run the trainer with delta \"off\")",
                             tensor_label(i, table_.metas[i].name.c_str()).c_str(),
                             chunk_label(header_).c_str(), table_.patches[i].base_version));
-        if (verify_ && !(state_[i] & kVerified))
-            check_sum(i, sum_of(backing_->data(i), table_.payload_bytes(i)));
+        const uint8_t *bytes = landed(i);
+        if (verify_ && !(state_[i] & kVerified)) check_sum(i, sum_of(bytes, table_.payload_bytes(i)));
         fill(i, view, true);
     }
     if (part) this->part(i, part);
     if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
     ++next_;
     return true;
+}
+
+const uint8_t *Iteration::landed(std::size_t i) {
+    try {
+        backing_->await(i);
+    } catch (const Error &e) {
+        fail_chunk(e.status(), e.what());
+    }
+    return static_cast<const uint8_t *>(backing_->data(i));
 }
 
 uint64_t Iteration::sum_of(const void *p, uint64_t n) {
@@ -204,6 +213,7 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
         return apply_patch(i, offset, dst, len);
     }
     if (!share_of_entry(i, &offset, &dst, &len)) return;
+    landed(i);  // src's bytes are in place from here
     if (device) {
         if (!backing_->copy_to_device(dst, src + offset, len,
                                       [&] { return label() + " in " + chunk_label(header_); }))

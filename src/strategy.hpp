@@ -66,6 +66,13 @@ class ChunkBacking {
 public:
     virtual ~ChunkBacking() = default;
     virtual const void *data(std::size_t i) const = 0;
+    // Blocks until entry i's bytes are in place at data(i), for a transport that moves a chunk
+    // while the loader reads it (ucx pulls a large chunk in pieces); bounded by the receiver's
+    // deadline. Throws the Error that kept them from arriving (the trainer unreachable, the
+    // deadline, a refused fetch), naming the chunk; the iteration then fails the chunk with it.
+    // Bytes that arrived stay valid whatever later pieces do. The iteration calls it before every
+    // read of data(i): a view, a verification, a copy, a patch.
+    virtual void await(std::size_t /*i*/) {}
     virtual wsync_device_t device() const = 0;
     virtual bool read_only() const = 0;
     // wsync_recv_copy() for a backing in device memory: checks `dst` (device memory of this

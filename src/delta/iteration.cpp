@@ -49,7 +49,7 @@ void Iteration::apply_onto(std::size_t i, void *dst, const char *where) {
     if (p.tree) return apply_on_device(i, dst, what);
     // Timed for the sender's "auto" (a failure fails the chunk, whose time is not reported).
     const auto started = std::chrono::steady_clock::now();
-    const auto *bytes = static_cast<const uint8_t *>(backing_->data(i));
+    const auto *bytes = landed(i);
     const uint64_t esize = dtype_size(m.dtype);
     if (verify_ && !(state_[i] & kVerified)) check_sum(i, sum_of(bytes, p.wire_bytes));
     delta::Patch &patch = owner_->patch_;
@@ -100,7 +100,7 @@ void Iteration::apply_on_device(std::size_t i, void *dst, const std::string &wha
     const TensorMeta &m = table_.metas[i];
     const PatchInfo &p = table_.patches[i];
     ChunkBacking::DevicePatch dp;
-    dp.patch = backing_->data(i);
+    dp.patch = landed(i);
     dp.patch_bytes = p.wire_bytes;
     dp.esize = dtype_size(m.dtype);
     dp.elements = m.nbytes / dp.esize;
@@ -212,7 +212,7 @@ const uint8_t *Iteration::mirror(std::size_t i) {
             slot.bytes.reset(static_cast<uint8_t *>(p));
             slot.nbytes = m.nbytes;
         }
-        const auto *src = static_cast<const uint8_t *>(backing_->data(i));
+        const auto *src = landed(i);
         if (verify_ && !(state_[i] & kVerified))
             check_sum(i, copy_summing(slot.bytes.get(), src, m.nbytes, 0, m.nbytes));
         else
@@ -260,7 +260,7 @@ void Iteration::patch(std::size_t i, wsync_patch_t *out) {
                                                device_name(dev) + " memory" +
                                                (p.tree ? ", made on a GPU (apply it with wsync_recv_copy into device memory)" : ""));
     if (mirrored(i)) mirror(i);  // applied onto the mirror and the result verified first
-    const auto *bytes = static_cast<const uint8_t *>(backing_->data(i));
+    const auto *bytes = landed(i);
     if (verify_ && !(state_[i] & kVerified)) check_sum(i, sum_of(bytes, p.wire_bytes));
     const uint64_t elements = m.nbytes / dtype_size(m.dtype);
     delta::PatchView v;

@@ -4,9 +4,7 @@
 
 namespace wsync::ucx {
 
-void UcxReceiver::pull(const ChunkHeader &h, const Where &at, const std::vector<Span> &spans, uint64_t need) {
-    uint64_t moved = 0;
-    for (const Span &s : spans) moved += s.bytes;
+std::string UcxReceiver::before_pull(const ChunkHeader &h, const Where &at, uint64_t moved) {
     const std::string chunk = chunk_label(h) + " (seq " + std::to_string(at.seq) + ", " +
                               std::to_string(at.bytes) + " bytes" +
                               (moved == at.bytes ? std::string() : ", " + std::to_string(moved) + " of them selected") + ")";
@@ -21,6 +19,13 @@ void UcxReceiver::pull(const ChunkHeader &h, const Where &at, const std::vector<
         answer(at.seq, h, WSYNC_ERR_TIMEOUT, why);
         fail(WSYNC_ERR_TIMEOUT, why);
     }
+    return chunk;
+}
+
+void UcxReceiver::pull(const ChunkHeader &h, const Where &at, const std::vector<Span> &spans, uint64_t need) {
+    uint64_t moved = 0;
+    for (const Span &s : spans) moved += s.bytes;
+    const std::string chunk = before_pull(h, at, moved);
     const sys::Deadline deadline(o_.timeout_ms);
     lease(at.seq, chunk, deadline);
     // From here the trainer holds the chunk for us until we answer seq.
@@ -125,6 +130,215 @@ void UcxReceiver::lease(uint64_t seq, const std::string &chunk, const sys::Deadl
     check_link("asking for " + chunk);
     if (reply_.status != WSYNC_OK)
         fail(static_cast<wsync_status_t>(reply_.status), who() + ": " + chunk + ": " + reply_.text);
+}
+
+// ---- the puller --------------------------------------------------------------------------
+
+void UcxReceiver::start_pull(const ChunkHeader &h, const Where &at) {
+    const std::string chunk = before_pull(h, at, at.bytes);
+    const sys::Deadline deadline(o_.timeout_ms);
+    lease(at.seq, chunk, deadline);
+    // From here the trainer holds the chunk for us until we answer seq: the iteration's end
+    // answers it, once the pull has ended (settle).
+    Pull job;
+    try {
+        ensure_buffer(at.bytes);
+        // Pieces of at least kPullPiece, at most kPullPieces of them (whole 64 KiB apart from the
+        // last), so the trainer queues every fetch of the chunk (kFetchesQueued).
+        const uint64_t even = (at.bytes + kPullPieces - 1) / kPullPieces;
+        const uint64_t piece = std::max<uint64_t>(kPullPiece, (even + 65535) / 65536 * 65536);
+        for (uint64_t off = 0; off < at.bytes; off += piece) {
+            Piece p;
+            p.span = Span{off, std::min(piece, at.bytes - off), off};
+            p.number = ++fetches_;
+            job.pieces.push_back(p);
+        }
+        for (const Piece &p : job.pieces) {
+            Msg m;
+            m.type = MsgType::Fetch;
+            m.seq = at.seq;
+            m.version = p.number;
+            m.offset = p.span.remote;
+            m.bytes = p.span.bytes;
+            send(m);
+        }
+        if (!puller_.joinable()) puller_ = sys::start_thread([this] { puller_main(); });
+    } catch (const Error &e) {
+        answer(at.seq, h, e.status(), e.what());
+        throw;
+    }
+    last_seq_ = at.seq;
+    job.seq = at.seq;
+    job.chunk = chunk;
+    job.timeout_ms = o_.timeout_ms;
+    job.end = std::chrono::steady_clock::now() + std::chrono::milliseconds(deadline.remaining_ms());
+    job.active = job.running = true;
+    {
+        std::lock_guard<std::mutex> lk(pull_mu_);
+        pull_ = std::move(job);
+    }
+    pull_cv_.notify_all();
+}
+
+void UcxReceiver::puller_main() {
+    std::unique_lock<std::mutex> lk(pull_mu_);
+    for (;;) {
+        pull_cv_.wait(lk, [&] { return stop_ || pull_.running; });
+        if (stop_) return;
+        lk.unlock();
+        run_pull();
+        lk.lock();
+        pull_.running = false;
+        pull_cv_.notify_all();
+    }
+}
+
+// On the puller thread, which alone uses the worker until it returns.
+void UcxReceiver::run_pull() {
+    std::vector<Piece> &pieces = pull_.pieces;  // its size and spans are fixed while we run
+    const uint64_t seq = pull_.seq;
+    const std::string &chunk = pull_.chunk;
+    const sys::Deadline deadline(std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(pull_.end - std::chrono::steady_clock::now()).count()));
+    std::size_t left = pieces.size();
+    wsync_status_t status = WSYNC_OK;
+    std::string why;
+    auto answered = [&](Piece &p, bool landed) {
+        std::lock_guard<std::mutex> lk(pull_mu_);
+        p.landed = landed;
+        p.answered = true;
+        --left;
+        pull_cv_.notify_all();
+    };
+    auto refused = [&](wsync_status_t st, std::string text) {
+        if (status != WSYNC_OK) return;
+        status = st;
+        why = std::move(text);
+    };
+    auto take = [&] {
+        drain();
+        for (Msg &d : data_) {
+            auto p = std::find_if(pieces.begin(), pieces.end(), [&](const Piece &x) {
+                return !x.answered && !x.req && x.number == d.version && x.span.remote == d.offset &&
+                       x.span.bytes == d.bytes && d.seq == seq;
+            });
+            if (p == pieces.end()) {
+                w_->release(d.desc);  // answers nothing outstanding: given back
+                continue;
+            }
+            if (d.status != WSYNC_OK || d.length != d.bytes) {
+                w_->release(d.desc);
+                refused(d.status != WSYNC_OK ? static_cast<wsync_status_t>(d.status) : WSYNC_ERR_MALFORMED,
+                        who() + ": " + trainer_ + " refused to send " + chunk + ": " +
+                            (d.status != WSYNC_OK ? d.text
+                                                  : "the trainer sent " + std::to_string(d.length) +
+                                                        " bytes for a fetch of " + std::to_string(d.bytes)));
+                answered(*p, false);
+                continue;
+            }
+            uint8_t *dst = static_cast<uint8_t *>(buf_) + p->span.local;
+            if (d.desc) {
+                p->req = w_->receive(d.desc, dst, d.bytes, chunk + " from " + trainer_);
+                if (!p->req) answered(*p, true);
+            } else {
+                std::memcpy(dst, d.payload.data(), d.bytes);
+                answered(*p, true);
+            }
+        }
+        data_.clear();
+        for (Piece &p : pieces) {
+            if (!p.req) continue;
+            const ucs_status_t st = w_->api().ucp_request_check_status(p.req);
+            if (st == UCS_INPROGRESS) continue;
+            w_->api().ucp_request_free(p.req);
+            p.req = nullptr;
+            if (st != UCS_OK)
+                refused(WSYNC_ERR_PEER, who() + ": reading " + chunk + " from " + trainer_ + ": " +
+                                            w_->api().ucs_status_string(st));
+            answered(p, st == UCS_OK);
+        }
+        return left == 0 || ep_->error != UCS_OK || cancel_.load(std::memory_order_relaxed);
+    };
+    bool in_time = true;
+    try {
+        // No spinning: this thread runs beside the loader's, which needs the core more.
+        in_time = w_->wait(take, deadline, std::chrono::microseconds(0));
+    } catch (const Error &e) {  // a receive UCX refused to start
+        refused(e.status(), e.what());
+    }
+    bool in_flight = false;
+    for (const Piece &p : pieces) in_flight = in_flight || p.req;
+    if (ep_->error != UCS_OK) {
+        status = WSYNC_ERR_PEER;
+        why = who() + ": " + trainer_ + " is unreachable reading " + chunk + " (" +
+              w_->api().ucs_status_string(ep_->error) + "): its process died or the network to it failed";
+    } else if (!in_time) {
+        status = WSYNC_ERR_TIMEOUT;
+        why = who() + ": reading " + chunk + " from " + trainer_ + " did not finish within " +
+              std::to_string(pull_.timeout_ms) + " ms; the connection is closed";
+    } else if (cancel_.load() && left) {
+        refused(WSYNC_ERR_PEER, who() + ": the receiver was destroyed while it read " + chunk);
+    } else if (left && status == WSYNC_OK) {
+        refused(WSYNC_ERR_SYSTEM, who() + ": reading " + chunk + " stopped with pieces unanswered");
+    }
+    // A rendezvous receive still in flight, or one whose Data message is still to come, may land
+    // later: no buffer reuse until the endpoint is gone.
+    if (in_flight || !in_time) {
+        for (Piece &p : pieces)
+            if (p.req) {
+                w_->api().ucp_request_free(p.req);  // released by UCX once the endpoint's close ends it
+                p.req = nullptr;
+            }
+        teardown();
+    }
+    std::lock_guard<std::mutex> lk(pull_mu_);
+    pull_.status = status;
+    pull_.why = std::move(why);
+}
+
+void UcxReceiver::await_range(uint64_t lo, uint64_t hi) {
+    std::unique_lock<std::mutex> lk(pull_mu_);
+    if (!pull_.active || hi <= lo) return;
+    auto here = [&] {
+        for (const Piece &p : pull_.pieces)
+            if (p.span.remote < hi && lo < p.span.remote + p.span.bytes && !p.landed) return false;
+        return true;
+    };
+    // The puller ends by the pull's deadline; past it (and a grace) it is told to stop.
+    if (!pull_cv_.wait_until(lk, pull_.end + std::chrono::seconds(2), [&] { return here() || !pull_.running; })) {
+        cancel_ = true;
+        w_->signal();
+    }
+    if (here()) return;
+    lk.unlock();
+    auto [status, why] = finish_pull();
+    fail(status != WSYNC_OK ? status : WSYNC_ERR_SYSTEM,
+         why.empty() ? who() + ": bytes [" + std::to_string(lo) + ", " + std::to_string(hi) + ") never arrived" : why);
+}
+
+std::pair<wsync_status_t, std::string> UcxReceiver::finish_pull() noexcept {
+    std::unique_lock<std::mutex> lk(pull_mu_);
+    if (!pull_.active) return {WSYNC_OK, std::string()};
+    if (!pull_cv_.wait_until(lk, pull_.end + std::chrono::seconds(2), [&] { return !pull_.running; })) {
+        cancel_ = true;
+        w_->signal();
+        pull_cv_.wait(lk, [&] { return !pull_.running; });  // the next progress round sees cancel_
+    }
+    pull_.active = false;
+    cancel_ = false;
+    std::pair<wsync_status_t, std::string> out{pull_.status, std::move(pull_.why)};
+    pull_.pieces.clear();
+    return out;
+}
+
+void UcxReceiver::stop_puller() noexcept {
+    finish_pull();
+    {
+        std::lock_guard<std::mutex> lk(pull_mu_);
+        stop_ = true;
+    }
+    pull_cv_.notify_all();
+    if (puller_.joinable()) puller_.join();
 }
 
 void UcxReceiver::ensure_buffer(uint64_t bytes) {

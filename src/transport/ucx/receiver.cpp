@@ -3,6 +3,13 @@
 namespace wsync::ucx {
 
 wsync_status_t UcxReceiver::settle(const ChunkHeader &h, wsync_status_t outcome, std::string *message) noexcept {
+    // A chunk pulled in pieces is acknowledged only once every piece has answered: the trainer
+    // holds its lease until then, and no receive may still land in the buffer the next chunk takes.
+    auto [pulled, why] = finish_pull();
+    if (pulled != WSYNC_OK && outcome == WSYNC_OK) {
+        *message = std::move(why);
+        outcome = pulled;
+    }
     if (!dev_) return outcome;
     try {
         gpu::Device::Scope scope(*dev_);
@@ -123,6 +130,10 @@ void UcxReceiver::verify_blocks(const ChunkHeader &h, const Where &at, const Ten
             fail(WSYNC_ERR_INTEGRITY, msg);
         }
     }
+}
+
+void UcxBacking::await(std::size_t i) {
+    if (!ends_.empty()) owner_.await_range(offsets_[i], ends_[i]);
 }
 
 bool UcxBacking::device_destination(const void *dst) const { return owner_.device_destination(dst); }

@@ -8,7 +8,11 @@
 #include "transport/ucx/receiver.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <iterator>
 #include <sys/mman.h>
@@ -30,6 +34,10 @@ public:
     UcxBacking(UcxReceiver &owner, const uint8_t *base, std::vector<uint64_t> offsets, uint64_t seq)
         : owner_(owner), base_(base), offsets_(std::move(offsets)), seq_(seq) {}
     const void *data(std::size_t i) const override { return base_ + offsets_[i]; }
+    // A chunk pulled in pieces (UcxReceiver::start_pull): entry i's bytes are [offsets_[i],
+    // ends[i]) of the chunk, each waited for before it is read.
+    void stream(std::vector<uint64_t> ends) { ends_ = std::move(ends); }
+    void await(std::size_t i) override;
     wsync_device_t device() const override { return {WSYNC_DEVICE_CPU, 0}; }
     bool read_only() const override { return false; }
     bool device_destination(const void *dst) const override;
@@ -44,6 +52,7 @@ private:
     UcxReceiver &owner_;
     const uint8_t *base_;
     std::vector<uint64_t> offsets_;
+    std::vector<uint64_t> ends_;  // stream()'s; empty: every byte was in place at open
     uint64_t seq_;
     ChunkHeader header_;
     uint64_t applied_ = 0;  // report_apply's, said with the OK Ack
@@ -89,6 +98,7 @@ public:
     }
 
     ~UcxReceiver() override {
+        stop_puller();  // the worker is this thread's again from here
         if (ep_ && ep_->error == UCS_OK) {
             Msg bye;
             bye.type = MsgType::Bye;
@@ -164,14 +174,31 @@ public:
         return l;
     }
 
+    // A whole chunk. One larger than a piece (kPullPiece) is pulled in pieces on the puller
+    // thread while the loader reads it: receive returns once the lease is granted and every
+    // piece asked for, and each entry is waited for when it is first read (UcxBacking::await);
+    // a smaller one has landed whole when receive returns.
     std::unique_ptr<ChunkBacking> open(const ChunkHeader &h, const TensorTable &table,
                                        const json &transport) override {
         Where at = admit(h, table, transport);
-        pull(h, at, {Span{0, at.bytes, 0}}, at.bytes);
+        const bool streamed = at.bytes > kPullPiece;
+        if (streamed)
+            start_pull(h, at);
+        else
+            pull(h, at, {Span{0, at.bytes, 0}}, at.bytes);
         auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), table.offsets, at.seq);
         b->set_header(h);
+        if (streamed) {
+            std::vector<uint64_t> ends(table.metas.size());
+            for (std::size_t i = 0; i < ends.size(); ++i) ends[i] = table.offsets[i] + table.wire_bytes(i);
+            b->stream(std::move(ends));
+        }
         return b;
     }
+
+    // Blocks until bytes [lo, hi) of the chunk being pulled have landed in our buffer, up to the
+    // pull's deadline; throws the pull's failure when they did not (fetch.cpp).
+    void await_range(uint64_t lo, uint64_t hi);
 
     const select::Spec *selection() const override { return o_.selection.get(); }
 
@@ -338,6 +365,46 @@ private:
 
     void lease(uint64_t seq, const std::string &chunk, const sys::Deadline &deadline);
 
+    // What pull() and start_pull() check before asking for a chunk (the link, a drop, a loader
+    // still stuck on an earlier chunk); returns the chunk's name for messages.
+    std::string before_pull(const ChunkHeader &h, const Where &at, uint64_t moved);
+
+    // ---- the puller: a chunk pulled in pieces while the loader reads it --------------------
+    // start_pull() (the caller's thread) leases the chunk and asks for every piece, then hands
+    // the worker to the puller thread, which alone progresses it until the pull ends: every
+    // piece landed or refused, the link failed, the deadline passed, or the receiver is being
+    // destroyed. The caller's thread touches no UCX state meanwhile: it waits on pull_cv_ for
+    // the pieces an entry needs (await_range) and, at the chunk's end, for the whole pull
+    // (finish_pull), after which the worker is its own again. Who writes what:
+    //   pull_.pieces' span/number: start_pull, before the handoff; req: the puller only;
+    //   landed/answered, status/why, running: the puller, under pull_mu_;
+    //   active: start_pull sets it, finish_pull clears it (both under pull_mu_).
+    static constexpr uint64_t kPullPiece = 4 << 20;  // bytes a piece holds at least
+    static constexpr uint64_t kPullPieces = 32;      // the most pieces of one chunk (kFetchesQueued is 64)
+    struct Piece {
+        Span span;
+        uint64_t number = 0;   // the fetch's number, matched by its Data message
+        void *req = nullptr;   // the rendezvous receive in flight
+        bool landed = false;   // its bytes are in our buffer
+        bool answered = false; // landed, refused or failed: nothing more will come for it
+    };
+    struct Pull {
+        std::vector<Piece> pieces;
+        uint64_t seq = 0;
+        std::string chunk;
+        int64_t timeout_ms = 0;
+        std::chrono::steady_clock::time_point end;
+        bool active = false, running = false;
+        wsync_status_t status = WSYNC_OK;
+        std::string why;
+    };
+    void start_pull(const ChunkHeader &h, const Where &at);
+    void puller_main();
+    void run_pull();
+    // Waits (bounded) for the pull to end; returns its failure, or WSYNC_OK. No-op when none.
+    std::pair<wsync_status_t, std::string> finish_pull() noexcept;
+    void stop_puller() noexcept;
+
     // The receive buffer: anonymous pages, or pinned host memory for an engine with a GPU.
     void ensure_buffer(uint64_t bytes);
 
@@ -378,6 +445,12 @@ private:
     gpu::CUstream loader_ = gpu::CU_STREAM_LEGACY;
     bool buffer_stuck_ = false;  // a wait for the loader's stream failed: buf_ may still be read
     std::string stuck_chunk_;    // the chunk of that wait, for messages
+    std::mutex pull_mu_;
+    std::condition_variable pull_cv_;
+    Pull pull_;
+    std::atomic<bool> cancel_{false};  // the puller stops at its next progress round
+    bool stop_ = false;                // under pull_mu_: the puller thread exits
+    std::thread puller_;
 };
 
 }  // namespace wsync::ucx

@@ -10,10 +10,10 @@ namespace wsync::ucx {
 // ---- the progress thread ------------------------------------------------------------
 // Fetches are served here (their data messages, and UCX's rendezvous protocol under them,
 // need the trainer's worker to progress), and so is every control message. This thread
-// progresses whenever the worker's descriptor fires, and every 100 ms.
+// progresses while a round finds work, then whenever the worker's descriptor fires, and every
+// 100 ms.
 void UcxSender::serve() {
     std::unique_lock<std::mutex> lock(mu_);
-    auto busy = std::chrono::steady_clock::now();
     for (;;) {
         const unsigned n = w_->progress();
         sent(w_->take_sent());
@@ -23,10 +23,12 @@ void UcxSender::serve() {
         cv_.notify_all();
         uint64_t v;
         if (read(stop_fd_, &v, sizeof v) == sizeof v) return;
-        const auto now = std::chrono::steady_clock::now();
-        if (n) busy = now;
-        if (now - busy <= kSpin || !w_->arm()) {  // busy, or events pending: progress again
-            lock.unlock();                        // callers first: see caller_lock()
+        // No spinning once a round found nothing: on a host whose cores the engines share, 50 ms
+        // of spin after each burst took a core from them (1 GiB over a veth on 2 cores: 0.92 ->
+        // 0.78 CPU-seconds a sync, 0.46 -> 0.40 s; docs/architecture.md, "Against gloo"). The
+        // descriptor wakes this thread for the next fragment's socket event.
+        if (n || !w_->arm()) {  // work this round, or events pending: progress again
+            lock.unlock();      // callers first: see caller_lock()
             while (callers_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
             lock.lock();
             continue;

@@ -209,7 +209,7 @@ void Worker::wait_fd(int ms, int extra_fd) const {
 
 void Worker::signal() { api_.ucp_worker_signal(worker_); }
 
-bool Worker::wait(const std::function<bool()> &done, const sys::Deadline &deadline) {
+bool Worker::wait(const std::function<bool()> &done, const sys::Deadline &deadline, std::chrono::microseconds spin) {
     // Spin while UCX reports work and for a short while after: a large transfer over tcp arrives as
     // many fragments, and a sleep on the wakeup descriptor per fragment would halve its rate.
     auto busy = std::chrono::steady_clock::now();
@@ -219,7 +219,7 @@ bool Worker::wait(const std::function<bool()> &done, const sys::Deadline &deadli
         if (deadline.passed()) return false;
         const auto now = std::chrono::steady_clock::now();
         if (n) busy = now;
-        else if (now - busy > kSpin)
+        else if (now - busy >= spin)
             sleep(static_cast<int>(std::clamp<int64_t>(deadline.remaining_ms(), 1, 20)));
     }
 }

@@ -68,7 +68,10 @@ public:
     // Wakes a sleep() in another thread (ucp_worker_signal may be called from any thread).
     void signal();
     // Progresses until done() or the deadline; false when the deadline passed first.
-    bool wait(const std::function<bool()> &done, const sys::Deadline &deadline);
+    bool wait(const std::function<bool()> &done, const sys::Deadline &deadline) { return wait(done, deadline, kSpin); }
+    // The same, spinning only `spin` after UCX last reported work before it sleeps on the
+    // wakeup descriptor (a thread beside the loader's, on few cores, spins not at all).
+    bool wait(const std::function<bool()> &done, const sys::Deadline &deadline, std::chrono::microseconds spin);
 
     // An endpoint to a peer's worker address, failures reported through Endpoint::error
     // (UCP_ERR_HANDLING_MODE_PEER). Throws WSYNC_ERR_PEER if the address is unusable.
