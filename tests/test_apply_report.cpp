@@ -20,6 +20,19 @@ namespace {
 constexpr int64_t kElems = 1 << 20;  // 4 MiB of float32: a patch's apply takes microseconds
 constexpr uint32_t kEngines = 2;
 
+// The one float32 host tensor "w" over x (its length in *shape).
+wsync_tensor_t float_tensor(std::vector<float> &x, int64_t *shape) {
+    *shape = static_cast<int64_t>(x.size());
+    wsync_tensor_t t{};
+    t.name = "w";
+    t.data = x.data();
+    t.shape = shape;
+    t.ndim = 1;
+    t.dtype = {WSYNC_DTYPE_FLOAT, 32, 1};
+    t.device = {WSYNC_DEVICE_CPU, 0};
+    return t;
+}
+
 struct Rig {
     wsync_strategy_t *s = nullptr, *rs = nullptr;
     wsync_blob_t init{};
@@ -55,13 +68,7 @@ struct Rig {
     void version(uint64_t v) {
         for (int64_t k = 0; k < kElems; k += 100) x[k] = static_cast<float>(v * 1000 + k);
         int64_t shape = kElems;
-        wsync_tensor_t t{};
-        t.name = "w";
-        t.data = x.data();
-        t.shape = &shape;
-        t.ndim = 1;
-        t.dtype = {WSYNC_DTYPE_FLOAT, 32, 1};
-        t.device = {WSYNC_DEVICE_CPU, 0};
+        const wsync_tensor_t t = float_tensor(x, &shape);
         wsync_chunk_t c{&t, 1, WSYNC_CHUNK_LAST, 0};
         wsync_blob_t q{};
         assert_int_equal(wsync_sender_send_chunk(tx, &c, &q), WSYNC_OK);
@@ -136,13 +143,7 @@ const wsync::delta::AutoState &after_a_patch_version(std::unique_ptr<wsync::Send
     tx = std::make_unique<wsync::Sender>(wsync::find_kind("shm"), std::make_unique<SlowLink>(report_ns), cfg);
     std::vector<float> x(4096, 1.0f);
     int64_t shape = 4096;
-    wsync_tensor_t t{};
-    t.name = "w";
-    t.data = x.data();
-    t.shape = &shape;
-    t.ndim = 1;
-    t.dtype = {WSYNC_DTYPE_FLOAT, 32, 1};
-    t.device = {WSYNC_DEVICE_CPU, 0};
+    const wsync_tensor_t t = float_tensor(x, &shape);
     const wsync_chunk_t c{&t, 1, WSYNC_CHUNK_LAST, 0};
     for (int v = 1; v <= 2; ++v) {
         x[100] = float(v);

@@ -1016,6 +1016,18 @@ static void big_rig_stop(struct trainer *t, wsync_receiver_t *e0, struct puller 
  * CI host it ranged 2.3x-9x, a scheduling figure rather than a property (an equal share of the
  * trainer would be about 2x). What bounds a greedy engine by construction, at most 4 payloads
  * in flight and 64 waiting, is asserted by the next test and by the 65th fetch's refusal. */
+/* The trainer sends version v of the big model (*req, freed by the caller); the puller leases
+ * its chunk and asks for `fetches` fetches of the whole chunk without reading any. Returns the
+ * chunk's seq. */
+static uint64_t puller_lease_and_fetch(struct trainer *t, struct puller *p, uint8_t *data, uint64_t v,
+                                       wsync_blob_t *req, int fetches) {
+    send_big(t, data, v, req);
+    const uint64_t seq = blob_uint(req, "seq");
+    puller_send(p, LEASE, seq, 0);
+    for (int i = 0; i < fetches; ++i) puller_send(p, FETCH, seq, BIG_BYTES);
+    return seq;
+}
+
 static void an_engine_fetching_in_a_loop_does_not_starve_another(void **state) {
     (void)state;
     if (!ucx_here()) skip();
@@ -1058,11 +1070,7 @@ static void a_peer_that_asks_and_never_reads_holds_at_most_four_sends(void **sta
     long rss_early = 0;
     for (uint64_t v = 1; v <= 12; ++v) {
         wsync_blob_t req;
-        send_big(&t, data, v, &req);
-        const uint64_t seq = blob_uint(&req, "seq");
-        puller_send(&p, LEASE, seq, 0);
-        for (int i = 0; i < 16; ++i) puller_send(&p, FETCH, seq, BIG_BYTES);
-        puller_send(&p, ACK, seq, 0);
+        puller_send(&p, ACK, puller_lease_and_fetch(&t, &p, data, v, &req, 16), 0);
         big_version_loads(&t, e0, &req, v, 3000);
         wsync_blob_free(&req);
         if (v == 3) rss_early = rss_kib();
@@ -1091,11 +1099,8 @@ static void a_receivers_fetches_past_sixty_four_waiting_are_refused(void **state
     uint8_t *data = big_rig_start(&t, &e0, &p);
     uint64_t v = 0;
     wsync_blob_t req;
-    send_big(&t, data, ++v, &req);
-    const uint64_t seq = blob_uint(&req, "seq");
-    puller_send(&p, LEASE, seq, 0);
     enum { ASKED = 200 };
-    for (int i = 0; i < ASKED; ++i) puller_send(&p, FETCH, seq, BIG_BYTES);
+    const uint64_t seq = puller_lease_and_fetch(&t, &p, data, ++v, &req, ASKED);
     const long t0 = tu_now_ms();
     while ((p.data < ASKED || p.receiving > 0) && tu_now_ms() - t0 < 10000) ucp_worker_progress(p.r.w);
     print_message("%d fetches sent before reading: %ld answered, %ld refused, %ld MiB received\n", ASKED, p.data,

@@ -368,30 +368,27 @@ public:
     // The strategy and the sender, and the engine attached (after every engine of a run is
     // forked: a child forked later would inherit this sender).
     void start() {
-        const std::string &opts = opts_;
-        Gpu *gpu = gpu_;
-        std::vector<Tensor> &m = m_;
-        MUST(wsync_strategy_create(gpu ? "cuda_ipc" : g_ucx ? "ucx" : "shm", opts.c_str(), &s_));
+        MUST(wsync_strategy_create(gpu_ ? "cuda_ipc" : g_ucx ? "ucx" : "shm", opts_.c_str(), &s_));
         MUST(wsync_strategy_create_init_info(s_, &init_));
         MUST(wsync_sender_create(s_, init_.data, init_.size, &snd_));
         send_frame(down_, init_.data, init_.size);
-        if (!gpu) {  // the host engine says when it has attached: version 1 is then its first
+        if (!gpu_) {  // the host engine says when it has attached: version 1 is then its first
             double attached[2];
             read_all(up_, attached, sizeof attached);
         }
         // Chunks of at most one bucket, in model order.
         chunks_.resize(1);
         uint64_t in_chunk = 0;
-        for (size_t k = 0; k < m.size(); ++k) {
-            Tensor &t = m[k];
+        for (size_t k = 0; k < m_.size(); ++k) {
+            Tensor &t = m_[k];
             if (in_chunk + t.bytes + 256 > (uint64_t(256) << 20)) chunks_.emplace_back(), in_chunk = 0;
             wsync_tensor_t d{};
             d.name = t.name.c_str();
-            d.data = gpu ? reinterpret_cast<void *>(gpu->dev[k]) : t.data;
+            d.data = gpu_ ? reinterpret_cast<void *>(gpu_->dev[k]) : t.data;
             d.shape = t.shape;
             d.ndim = 2;
             d.dtype = {WSYNC_DTYPE_BFLOAT, 16, 1};
-            d.device = gpu ? wsync_device_t{WSYNC_DEVICE_CUDA, 0} : wsync_device_t{WSYNC_DEVICE_CPU, 0};
+            d.device = gpu_ ? wsync_device_t{WSYNC_DEVICE_CUDA, 0} : wsync_device_t{WSYNC_DEVICE_CPU, 0};
             chunks_.back().push_back(d);
             in_chunk += (t.bytes + 255) / 256 * 256;
         }
@@ -691,11 +688,14 @@ int cmd_bench_delta(int argc, char **argv, int first) {
                     double(total) / (1 << 20), m.size(),
                     steps, "changed", "bytes", "x dense", "send ms", "apply ms", "sync ms",
                     "x dense", "mean sync", "versions 2.. (P patches, D dense)");
-    auto row = [&](const char *label, const Figures &r) {
-        if (!as_json)
-            std::printf("%-9s %12.0f %8.4f %10.1f %10.1f %10.1f %9.3f %10.1f  %s\n", label, r.bytes,
-                        r.bytes / dense.bytes, r.send_ms, r.apply_ms, r.sync_ms,
-                        r.sync_ms / dense.sync_ms, r.sync_mean_ms, r.chose.c_str());
+    // One text row: r's figures as ratios to `base` (the first dense run unless said), and a note
+    // (what the versions were, by default).
+    auto row = [&](const char *label, const Figures &r, const Figures *base = nullptr, const char *note = nullptr) {
+        if (as_json) return;
+        const Figures &b = base ? *base : dense;
+        std::printf("%-9s %12.0f %8.4f %10.1f %10.1f %10.1f %9.3f %10.1f  %s\n", label, r.bytes, r.bytes / b.bytes,
+                    r.send_ms, r.apply_ms, r.sync_ms, r.sync_ms / b.sync_ms, r.sync_mean_ms,
+                    note ? note : r.chose.c_str());
     };
     row("dense", dense);
     if (mirror) {  // the same dense versions to engines that keep a mirror and read views
@@ -717,14 +717,8 @@ int cmd_bench_delta(int argc, char **argv, int first) {
         char label[32];
         if (modes.size() == 1) std::snprintf(label, sizeof label, "%g", f);
         else std::snprintf(label, sizeof label, "%g/%s", f, mode.c_str());
-        if (paired && !as_json)
-            std::printf("%-9s %12.0f %8.4f %10.1f %10.1f %10.1f %9.3f %10.1f  %s\n", "  dense", beside.bytes,
-                        beside.bytes / dense.bytes, beside.send_ms, beside.apply_ms, beside.sync_ms,
-                        beside.sync_ms / dense.sync_ms, beside.sync_mean_ms, "(alternating with the next row)");
-        if (!as_json)
-            std::printf("%-9s %12.0f %8.4f %10.1f %10.1f %10.1f %9.3f %10.1f  %s\n", label, r.bytes,
-                        r.bytes / base.bytes, r.send_ms, r.apply_ms, r.sync_ms, r.sync_ms / base.sync_ms,
-                        r.sync_mean_ms, r.chose.c_str());
+        if (paired) row("  dense", beside, nullptr, "(alternating with the next row)");
+        row(label, r, &base);
         json cell = {{"fraction", f}, {"mode", mode}, {"bytes", r.bytes},
                      {"bytes_ratio", r.bytes / base.bytes},
                      {"send_ms", r.send_ms}, {"apply_ms", r.apply_ms},
