@@ -723,7 +723,9 @@ WSYNC_API wsync_status_t wsync_receiver_create(wsync_strategy_t *strategy, const
  * The sender learns that this receiver detached. NULL is a no-op. Does not block, except:
  * "nccl_broadcast" finalizes its communicator for up to "timeout_ms" like
  * wsync_sender_destroy() and aborts it then; "ucx" says goodbye to the trainer and closes its
- * connection, up to the smaller of "timeout_ms" and 2 s. */
+ * connection, up to the smaller of "timeout_ms" and 2 s, after ending an open iteration as
+ * wsync_recv_end() does (a chunk still being pulled in pieces: up to the pull's deadline, 2 s
+ * past it at most). */
 WSYNC_API void wsync_receiver_destroy(wsync_receiver_t *receiver);
 
 /* Starts receiving the chunk described by a request (len bytes at request, borrowed for the
@@ -1072,7 +1074,9 @@ typedef struct wsync_patch_t {
  *   WSYNC_ERR_UNSUPPORTED for a patch in device memory (a GPU kind's: apply it with
  *     wsync_recv_copy() into device memory).
  * A failed iteration is acknowledged as failed at wsync_recv_end(): the sender's flush reports
- * it and its next version is dense. Does not block (it reads the patch once: O(count)). Same
+ * it and its next version is dense. Does not block (it reads the patch once: O(count)), except
+ * on "ucx" for a chunk pulled in pieces (first waits for the patch's bytes, as
+ * wsync_recv_copy() does). Same
  * threading as the iteration. 0.5. */
 WSYNC_API wsync_status_t wsync_recv_patch(wsync_recv_t *it, size_t i, wsync_patch_t *out);
 
@@ -1183,8 +1187,9 @@ typedef struct wsync_apply_result_t {
  * flags: WSYNC_APPLY_*; other bits are WSYNC_ERR_INVALID_ARGUMENT. out may be NULL.
  * Returns WSYNC_OK or the statuses above, WSYNC_ERR_INVALID_ARGUMENT for NULL it or table or a
  * table of another receiver, the iteration's own error once it failed, or a driver error's
- * status if queuing fails (naming the chunk). Does not block on peers; host copies take CPU
- * time proportional to the bytes. Same threading as the iteration. 0.6. */
+ * status if queuing fails (naming the chunk). Does not block on peers, except on "ucx" for a
+ * chunk pulled in pieces (each entry's bytes are waited for first, as wsync_recv_copy() does);
+ * host copies take CPU time proportional to the bytes. Same threading as the iteration. 0.6. */
 WSYNC_API wsync_status_t wsync_recv_apply(wsync_recv_t *it, const wsync_dest_table_t *table,
                                           uint32_t flags, wsync_apply_result_t *out);
 
@@ -1220,8 +1225,12 @@ WSYNC_API wsync_status_t wsync_recv_apply(wsync_recv_t *it, const wsync_dest_tab
  * also after a failure (their kernels read the chunk's memory); a patch that did not apply
  * fails the chunk with its status (see wsync_recv_copy()), which the call returns and the
  * sender's flush reports ("cuda_ipc").
- * NULL is a no-op returning WSYNC_OK. Does not block otherwise ("ucx" without "device", "shm",
- * and the cases above that return without waiting). */
+ * "ucx" with a chunk pulled in pieces (more than 4 MiB, see wsync_receiver_receive()) waits
+ *   first for the rest of the pull, whatever the loader read, up to the pull's deadline (2 s
+ *   past it at most, when the endpoint must be closed): the trainer is answered only once no
+ *   piece can still land; a pull that failed fails the chunk with its status here.
+ * NULL is a no-op returning WSYNC_OK. Does not block otherwise ("ucx" with chunks of 4 MiB or
+ * less and without "device", "shm", and the cases above that return without waiting). */
 WSYNC_API wsync_status_t wsync_recv_end(wsync_recv_t *it);
 
 /* Fails an iteration at any point, also after its last view (a loader that found a tensor it
@@ -1234,7 +1243,7 @@ WSYNC_API wsync_status_t wsync_recv_end(wsync_recv_t *it);
  * returning WSYNC_OK. Does not block, except for the waits wsync_recv_end() makes for a failed
  * chunk, each bounded by the receiver's "timeout_ms" (patches wsync_recv_copy() queued into
  * device memory, whose kernels read the chunk's memory; "cuda_ipc" with "synchronize": the
- * loader's copies out of the views). */
+ * loader's copies out of the views; "ucx": the rest of a chunk being pulled in pieces). */
 WSYNC_API wsync_status_t wsync_recv_fail(wsync_recv_t *it, wsync_status_t status,
                                          const char *message);
 

@@ -17,6 +17,7 @@ std::string UcxReceiver::before_pull(const ChunkHeader &h, const Where &at, uint
         const std::string why = who() + ": the loader's work on " + gpu::stream_text(loader_) + " for " +
                                 stuck_chunk_ + " has still not finished; " + chunk + " is not read";
         answer(at.seq, h, WSYNC_ERR_TIMEOUT, why);
+        answered_seq_ = at.seq;
         fail(WSYNC_ERR_TIMEOUT, why);
     }
     return chunk;
@@ -34,6 +35,7 @@ void UcxReceiver::pull(const ChunkHeader &h, const Where &at, const std::vector<
         fetch(at, spans, chunk, deadline);
     } catch (const Error &e) {
         answer(at.seq, h, e.status(), e.what());
+        answered_seq_ = at.seq;
         throw;
     }
     last_seq_ = at.seq;
@@ -142,6 +144,12 @@ void UcxReceiver::start_pull(const ChunkHeader &h, const Where &at) {
     // answers it, once the pull has ended (settle).
     Pull job;
     try {
+        // The thread first: nothing is asked for that no one could receive.
+        try {
+            if (!puller_.joinable()) puller_ = sys::start_thread([this] { puller_main(); });
+        } catch (const std::exception &e) {
+            fail(WSYNC_ERR_SYSTEM, who() + ": cannot start its puller thread for " + chunk + ": " + e.what());
+        }
         ensure_buffer(at.bytes);
         // Pieces of at least kPullPiece, at most kPullPieces of them (whole 64 KiB apart from the
         // last), so the trainer queues every fetch of the chunk (kFetchesQueued).
@@ -162,9 +170,9 @@ void UcxReceiver::start_pull(const ChunkHeader &h, const Where &at) {
             m.bytes = p.span.bytes;
             send(m);
         }
-        if (!puller_.joinable()) puller_ = sys::start_thread([this] { puller_main(); });
     } catch (const Error &e) {
         answer(at.seq, h, e.status(), e.what());
+        answered_seq_ = at.seq;
         throw;
     }
     last_seq_ = at.seq;
@@ -186,7 +194,19 @@ void UcxReceiver::puller_main() {
         pull_cv_.wait(lk, [&] { return stop_ || pull_.running; });
         if (stop_) return;
         lk.unlock();
-        run_pull();
+        try {
+            run_pull();
+        } catch (...) {  // no memory for a message, say: the pull ends, failed, whatever it held
+            for (Piece &p : pull_.pieces)
+                if (p.req) w_->api().ucp_request_free(p.req), p.req = nullptr;
+            teardown();
+            lk.lock();
+            if (pull_.status == WSYNC_OK) {
+                pull_.status = WSYNC_ERR_SYSTEM;
+                pull_.why = who() + ": pulling " + pull_.chunk + " failed inside the receiver; the connection is closed";
+            }
+            lk.unlock();
+        }
         lk.lock();
         pull_.running = false;
         pull_cv_.notify_all();
@@ -277,7 +297,8 @@ void UcxReceiver::run_pull() {
         why = who() + ": reading " + chunk + " from " + trainer_ + " did not finish within " +
               std::to_string(pull_.timeout_ms) + " ms; the connection is closed";
     } else if (cancel_.load() && left) {
-        refused(WSYNC_ERR_PEER, who() + ": the receiver was destroyed while it read " + chunk);
+        refused(WSYNC_ERR_TIMEOUT, who() + ": stopped reading " + chunk + " from " + trainer_ +
+                                       " before every piece arrived; the connection is closed");
     } else if (left && status == WSYNC_OK) {
         refused(WSYNC_ERR_SYSTEM, who() + ": reading " + chunk + " stopped with pieces unanswered");
     }
@@ -329,6 +350,14 @@ std::pair<wsync_status_t, std::string> UcxReceiver::finish_pull() noexcept {
     std::pair<wsync_status_t, std::string> out{pull_.status, std::move(pull_.why)};
     pull_.pieces.clear();
     return out;
+}
+
+void UcxReceiver::give_up_pull(uint64_t seq, const ChunkHeader &h) noexcept {
+    cancel_ = true;
+    w_->signal();
+    finish_pull();
+    answer(seq, h, WSYNC_ERR_SYSTEM, who() + ": " + chunk_label(h) + " was given up before the engine could read it");
+    answered_seq_ = seq;
 }
 
 void UcxReceiver::stop_puller() noexcept {

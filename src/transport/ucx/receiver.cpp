@@ -132,6 +132,10 @@ void UcxReceiver::verify_blocks(const ChunkHeader &h, const Where &at, const Ten
     }
 }
 
+UcxBacking::~UcxBacking() {
+    if (!acknowledged_ && !ends_.empty()) owner_.give_up_pull(seq_, header_);
+}
+
 void UcxBacking::await(std::size_t i) {
     if (!ends_.empty()) owner_.await_range(offsets_[i], ends_[i]);
 }
@@ -149,6 +153,7 @@ wsync_status_t UcxBacking::settle(wsync_status_t outcome, std::string *message) 
 }
 
 void UcxBacking::acknowledge(wsync_status_t outcome) noexcept {
+    acknowledged_ = true;
     owner_.answer(seq_, header_, outcome, "", applied_);
 }
 

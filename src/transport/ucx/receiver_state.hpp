@@ -33,6 +33,9 @@ class UcxBacking final : public ChunkBacking {
 public:
     UcxBacking(UcxReceiver &owner, const uint8_t *base, std::vector<uint64_t> offsets, uint64_t seq)
         : owner_(owner), base_(base), offsets_(std::move(offsets)), seq_(seq) {}
+    // A pulled chunk whose iteration never opened (the core failed to make it) is given up:
+    // the pull stopped and the trainer answered.
+    ~UcxBacking() override;
     const void *data(std::size_t i) const override { return base_ + offsets_[i]; }
     // A chunk pulled in pieces (UcxReceiver::start_pull): entry i's bytes are [offsets_[i],
     // ends[i]) of the chunk, each waited for before it is read.
@@ -56,6 +59,7 @@ private:
     uint64_t seq_;
     ChunkHeader header_;
     uint64_t applied_ = 0;  // report_apply's, said with the OK Ack
+    bool acknowledged_ = false;
 };
 
 class UcxReceiver final : public ReceiverImpl {
@@ -181,20 +185,29 @@ public:
     std::unique_ptr<ChunkBacking> open(const ChunkHeader &h, const TensorTable &table,
                                        const json &transport) override {
         Where at = admit(h, table, transport);
-        const bool streamed = at.bytes > kPullPiece;
-        if (streamed)
-            start_pull(h, at);
-        else
+        if (at.bytes <= kPullPiece) {
             pull(h, at, {Span{0, at.bytes, 0}}, at.bytes);
-        auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), table.offsets, at.seq);
-        b->set_header(h);
-        if (streamed) {
-            std::vector<uint64_t> ends(table.metas.size());
-            for (std::size_t i = 0; i < ends.size(); ++i) ends[i] = table.offsets[i] + table.wire_bytes(i);
-            b->stream(std::move(ends));
+            auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), table.offsets, at.seq);
+            b->set_header(h);
+            return b;
         }
-        return b;
+        std::vector<uint64_t> ends(table.metas.size());
+        for (std::size_t i = 0; i < ends.size(); ++i) ends[i] = table.offsets[i] + table.wire_bytes(i);
+        start_pull(h, at);
+        try {  // from here the pull runs: whatever fails ends it and answers the trainer
+            auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), table.offsets, at.seq);
+            b->set_header(h);
+            b->stream(std::move(ends));
+            return b;
+        } catch (...) {
+            give_up_pull(at.seq, h);
+            throw;
+        }
     }
+
+    // Stops the running pull (it ends at its next progress round; a receive in flight closes
+    // the endpoint) and answers chunk seq as failed: nothing will read it.
+    void give_up_pull(uint64_t seq, const ChunkHeader &h) noexcept;
 
     // Blocks until bytes [lo, hi) of the chunk being pulled have landed in our buffer, up to the
     // pull's deadline; throws the pull's failure when they did not (fetch.cpp).
@@ -214,7 +227,9 @@ public:
                 const std::string &message, bool) noexcept override {
         try {
             Where at = parse_where(transport);
-            if (at.session == info_.session && at.seq > last_seq_) answer(at.seq, h, status, message);
+            // A chunk whose pull failed was answered there already: once is what the trainer hears.
+            if (at.session == info_.session && at.seq > last_seq_ && at.seq != answered_seq_)
+                answer(at.seq, h, status, message);
         } catch (...) {
         }
     }
@@ -431,6 +446,7 @@ private:
     uint64_t awaited_seq_ = 0;
     Msg reply_;
     uint64_t last_seq_ = 0, abandoned_ = 0;
+    uint64_t answered_seq_ = 0;  // a chunk answered as failed when its pull failed to start
     bool dropped_ = false;
     std::string failure_text_;  // record_failure's, for the chunk it names
     uint64_t failure_version_ = 0;

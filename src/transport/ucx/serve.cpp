@@ -27,7 +27,9 @@ void UcxSender::serve() {
         // of spin after each burst took a core from them (1 GiB over a veth on 2 cores: 0.92 ->
         // 0.78 CPU-seconds a sync, 0.46 -> 0.40 s; docs/architecture.md, "Against gloo"). The
         // descriptor wakes this thread for the next fragment's socket event.
-        if (n || !w_->arm()) {  // work this round, or events pending: progress again
+        // A Data send dispatch() just made may have completed in place: its receiver's place is
+        // free only once sent() has seen it, and no event would wake us for that.
+        if (n || w_->has_sent() || !w_->arm()) {  // work this round, or events pending: progress again
             lock.unlock();      // callers first: see caller_lock()
             while (callers_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
             lock.lock();

@@ -88,6 +88,9 @@ public:
     void send_data(Endpoint &ep, std::vector<uint8_t> sealed, const void *data, std::size_t n, uint64_t tag);
     // The tags of the Data sends that completed or failed since the last call.
     std::vector<uint64_t> take_sent();
+    // Whether Data sends completed since the last take_sent() (one that completed in place
+    // raises no event a later progress would report).
+    bool has_sent() const { return !sent_.empty(); }
     // Receives a rendezvous Data message's payload (Msg::desc) into dst (Msg::length bytes);
     // returns the request (null: done), or throws WSYNC_ERR_PEER naming `what`.
     void *receive(void *desc, void *dst, std::size_t n, const std::string &what);
