@@ -804,7 +804,10 @@ class Receiver(_Owned):
         ``framework`` is ``"torch"`` (views as torch tensors) or ``"numpy"`` (read-only numpy
         arrays for read-only memory). ``copy=True`` yields owned copies instead of views.
         Requests must be received in the order they were sent; only one iteration per
-        receiver may be open (``WRONG_STATE`` otherwise).
+        receiver may be open (``WRONG_STATE`` otherwise). For ``"ucx"`` this pulls the chunk,
+        up to the receiver's ``timeout_ms``; a chunk of more than 4 MiB is pulled in pieces
+        while the loader reads it: this returns once it is leased, each tensor's first read
+        waits for its bytes and ``end`` for the rest, and a failure found then is raised there.
         """
         if framework not in ("torch", "numpy"):
             raise invalid(f"framework must be 'torch' or 'numpy', not {framework!r}")

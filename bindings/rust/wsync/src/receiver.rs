@@ -76,7 +76,10 @@ impl Receiver {
     /// Starts receiving the chunk `request` describes. The request is fully validated before
     /// any tensor memory is touched: malformed bytes fail with [`Status::Malformed`], another
     /// kind or a stale, replayed or out-of-order chunk with [`Status::Mismatch`]. Chunks must
-    /// be received in the order they were sent. Does not block for `"shm"`.
+    /// be received in the order they were sent. Does not block for `"shm"`. For `"ucx"` it
+    /// pulls the chunk, up to the receiver's `timeout_ms`; a chunk of more than 4 MiB is pulled
+    /// in pieces while the loader reads it (this returns once it is leased, each tensor's
+    /// first read waits for its bytes, and [`Recv::end`] for the rest; `wsync.h`).
     ///
     /// The returned [`Recv`] borrows the receiver until it is ended; end it with
     /// [`Recv::end`] to learn whether the chunk was acknowledged as good.
