@@ -172,18 +172,25 @@ static void a_chunk_larger_than_a_piece_loads_bit_exact_in_whatever_order_the_lo
     rig_stop(&g, 3000, 0);
 }
 
-/* The trainer freezes (SIGSTOP) or dies (SIGKILL after freezing, so no more bytes leave it)
- * right after the engine's receive returned: the last tensor cannot have landed. */
+/* Starts the rig, receives version 1's chunk and freezes the trainer (SIGSTOP) right after the
+ * receive returned: the last tensor cannot land. Returns the open iteration. */
+static wsync_recv_t *receive_then_freeze(struct rig *g, int64_t timeout_ms) {
+    rig_start(g, timeout_ms);
+    size_t len;
+    uint8_t *req = next_version(g, &len);
+    wsync_recv_t *it = NULL;
+    OK(wsync_receiver_receive(g->r, req, len, &it));
+    free(req);
+    kill(g->trainer.pid, SIGSTOP);
+    return it;
+}
+
+/* The trainer freezes or dies (SIGKILL after freezing, so no more bytes leave it) right after
+ * the engine's receive returned. */
 static void mid_chunk(int sig, wsync_status_t want, const char *needle) {
     const int64_t timeout_ms = 1500;
     struct rig g;
-    rig_start(&g, timeout_ms);
-    size_t len;
-    uint8_t *req = next_version(&g, &len);
-    wsync_recv_t *it = NULL;
-    OK(wsync_receiver_receive(g.r, req, len, &it));
-    free(req);
-    kill(g.trainer.pid, SIGSTOP);
+    wsync_recv_t *it = receive_then_freeze(&g, timeout_ms);
     if (sig == SIGKILL) kill(g.trainer.pid, SIGKILL);
     const long t0 = tu_now_ms();
     void *mine = malloc((size_t)elems[NT - 1] * 4);
@@ -215,13 +222,7 @@ static void a_receiver_destroyed_mid_chunk_returns_within_its_deadline_and_leave
     (void)state;
     const int64_t timeout_ms = 1500;
     struct rig g;
-    rig_start(&g, timeout_ms);
-    size_t len;
-    uint8_t *req = next_version(&g, &len);
-    wsync_recv_t *it = NULL;
-    OK(wsync_receiver_receive(g.r, req, len, &it));
-    free(req);
-    kill(g.trainer.pid, SIGSTOP);
+    (void)receive_then_freeze(&g, timeout_ms);
     /* The iteration is still open: destroying the receiver ends it (and the pull) too. */
     rig_stop(&g, timeout_ms + 3000, 1);
 }

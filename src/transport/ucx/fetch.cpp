@@ -50,15 +50,7 @@ void UcxReceiver::fetch(const Where &at, const std::vector<Span> &spans, const s
     std::vector<Want> wants;
     for (const Span &sp : spans)
         if (sp.bytes) wants.push_back(Want{sp, ++fetches_});
-    for (const Want &w : wants) {
-        Msg m;
-        m.type = MsgType::Fetch;
-        m.seq = at.seq;
-        m.version = w.number;
-        m.offset = w.span.remote;
-        m.bytes = w.span.bytes;
-        send(m);
-    }
+    for (const Want &w : wants) ask(at.seq, w.number, w.span);
     std::vector<void *> reqs;
     std::size_t left = wants.size();
     std::string refused;
@@ -119,6 +111,16 @@ void UcxReceiver::fetch(const Where &at, const std::vector<Span> &spans, const s
         fail(refused_status, who() + ": " + trainer_ + " refused to send " + chunk + ": " + refused);
 }
 
+void UcxReceiver::ask(uint64_t seq, uint64_t number, const Span &span) {
+    Msg m;
+    m.type = MsgType::Fetch;
+    m.seq = seq;
+    m.version = number;  // a fetch's number travels in `version`; its Data message echoes it
+    m.offset = span.remote;
+    m.bytes = span.bytes;
+    send(m);
+}
+
 void UcxReceiver::lease(uint64_t seq, const std::string &chunk, const sys::Deadline &deadline) {
     Msg m;
     m.type = MsgType::Lease;
@@ -161,15 +163,7 @@ void UcxReceiver::start_pull(const ChunkHeader &h, const Where &at) {
             p.number = ++fetches_;
             job.pieces.push_back(p);
         }
-        for (const Piece &p : job.pieces) {
-            Msg m;
-            m.type = MsgType::Fetch;
-            m.seq = at.seq;
-            m.version = p.number;
-            m.offset = p.span.remote;
-            m.bytes = p.span.bytes;
-            send(m);
-        }
+        for (const Piece &p : job.pieces) ask(at.seq, p.number, p.span);
     } catch (const Error &e) {
         answer(at.seq, h, e.status(), e.what());
         answered_seq_ = at.seq;

@@ -379,6 +379,8 @@ private:
     }
 
     void lease(uint64_t seq, const std::string &chunk, const sys::Deadline &deadline);
+    // Asks the trainer for bytes `span.remote`.. of chunk seq as fetch `number`.
+    void ask(uint64_t seq, uint64_t number, const Span &span);
 
     // What pull() and start_pull() check before asking for a chunk (the link, a drop, a loader
     // still stuck on an earlier chunk); returns the chunk's name for messages.
