@@ -302,7 +302,10 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * unless already set (a process that starts threads first sets it itself); its init info is a
  * secret (it holds the key that authenticates engines: hand it only to the engines meant to
  * attach); and its option "net_devices" is required (WSYNC_ERR_INVALID_ARGUMENT naming it when
- * missing; "all" listens on every interface).
+ * missing; "all" listens on every interface). Over tcp ("transports" "tcp", "data_path" "auto")
+ * the sender also listens on a second TCP port, on the first device "net_devices" names, for
+ * the engines' data streams; only engines that prove the connection's key are served there
+ * (docs/failure-model.md, "Who may talk to a trainer").
  * Borrows kind and options_json for the call. On success *out is a new strategy, freed with
  * wsync_strategy_destroy(). Does not block. */
 WSYNC_API wsync_status_t wsync_strategy_create(const char *kind, const char *options_json,
@@ -711,6 +714,9 @@ typedef struct wsync_recv_t wsync_recv_t;
  *   "ucx": attaches to the trainer (an authenticated hello and its answer): WSYNC_ERR_TIMEOUT
  *     when the trainer does not answer, the trainer's own status (e.g. WSYNC_ERR_WRONG_STATE
  *     for an index it still holds) when it refuses, WSYNC_ERR_PEER when it is unreachable.
+ *     Where the trainer offers a data stream (over tcp), it connects to it and proves its
+ *     key, up to 2 s more; a stream it cannot make leaves chunk bytes on UCX (slower, not
+ *     an error).
  * How each kind claims its index and tells a dead receiver from a slow one: docs/kinds.md,
  * "Receivers". */
 WSYNC_API wsync_status_t wsync_receiver_create(wsync_strategy_t *strategy, const uint8_t *init,

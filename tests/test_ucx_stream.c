@@ -11,6 +11,10 @@
 #include "testutil.h"
 
 #define OPTS "\"transports\":\"tcp\",\"net_devices\":\"lo\""
+/* How chunk bytes travel ("data_path", both sides): over tcp "auto" is the data stream (one
+ * plain TCP connection, src/transport/ucx/stream.hpp); the *_as_active_messages tests run the
+ * same specification with "ucx" (UCX's rendezvous). The forked trainer inherits it. */
+static const char *data_path = "auto";
 
 /* The model: five float32 tensors, 64 MiB in all; tensors straddle pieces and the last one
  * ends the chunk, so it lands last. */
@@ -27,7 +31,9 @@ static int trainer_main(const void *cfg, int in, int out) {
     wsync_strategy_t *s = NULL;
     wsync_blob_t init, req;
     wsync_sender_t *snd = NULL;
-    if (wsync_strategy_create("ucx", "{" OPTS ",\"receivers\":1,\"timeout_ms\":20000}", &s) != WSYNC_OK ||
+    char o[256];
+    snprintf(o, sizeof o, "{" OPTS ",\"receivers\":1,\"timeout_ms\":20000,\"data_path\":\"%s\"}", data_path);
+    if (wsync_strategy_create("ucx", o, &s) != WSYNC_OK ||
         wsync_strategy_create_init_info(s, &init) != WSYNC_OK ||
         wsync_sender_create(s, init.data, init.size, &snd) != WSYNC_OK || tu_send_frame(out, init.data, init.size))
         return 2;
@@ -93,7 +99,7 @@ static void rig_start(struct rig *g, int64_t timeout_ms) {
     size_t len;
     assert_int_equal(tu_recv_frame(g->trainer.from, &init, &len, 20000), 0);
     char o[256];
-    snprintf(o, sizeof o, "{" OPTS ",\"timeout_ms\":%lld}", (long long)timeout_ms);
+    snprintf(o, sizeof o, "{" OPTS ",\"timeout_ms\":%lld,\"data_path\":\"%s\"}", (long long)timeout_ms, data_path);
     wsync_strategy_t *s = NULL;
     OK(wsync_strategy_create("ucx", o, &s));
     OK(wsync_receiver_create(s, init, len, 0, &g->r));
@@ -218,6 +224,24 @@ static void a_trainer_killed_mid_chunk_fails_the_read_that_waits_for_it_as_unrea
     mid_chunk(SIGKILL, WSYNC_ERR_PEER, "unreachable");
 }
 
+static void the_same_chunks_load_bit_exact_as_active_messages(void **state) {
+    data_path = "ucx";
+    a_chunk_larger_than_a_piece_loads_bit_exact_in_whatever_order_the_loader_reads_it(state);
+    data_path = "auto";
+}
+
+static void a_trainer_frozen_mid_chunk_fails_the_same_way_as_active_messages(void **state) {
+    data_path = "ucx";
+    a_trainer_frozen_mid_chunk_fails_the_read_that_waits_for_it_by_the_deadline(state);
+    data_path = "auto";
+}
+
+static void a_trainer_killed_mid_chunk_fails_the_same_way_as_active_messages(void **state) {
+    data_path = "ucx";
+    a_trainer_killed_mid_chunk_fails_the_read_that_waits_for_it_as_unreachable(state);
+    data_path = "auto";
+}
+
 static void a_receiver_destroyed_mid_chunk_returns_within_its_deadline_and_leaves_no_thread(void **state) {
     (void)state;
     const int64_t timeout_ms = 1500;
@@ -233,6 +257,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_trainer_frozen_mid_chunk_fails_the_read_that_waits_for_it_by_the_deadline),
         cmocka_unit_test(a_trainer_killed_mid_chunk_fails_the_read_that_waits_for_it_as_unreachable),
         cmocka_unit_test(a_receiver_destroyed_mid_chunk_returns_within_its_deadline_and_leaves_no_thread),
+        cmocka_unit_test(the_same_chunks_load_bit_exact_as_active_messages),
+        cmocka_unit_test(a_trainer_frozen_mid_chunk_fails_the_same_way_as_active_messages),
+        cmocka_unit_test(a_trainer_killed_mid_chunk_fails_the_same_way_as_active_messages),
     };
     signal(SIGPIPE, SIG_IGN);  /* a dead trainer's pipe fails a write, not the test */
     if (argc > 1) cmocka_set_test_filter(argv[1]);

@@ -12,6 +12,11 @@
  * flush is OK), and the time bounds (the rogue listens a fixed 400 ms per attempt; flushes and
  * attaches within their deadlines). */
 #define _GNU_SOURCE /* memmem */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <sched.h>
@@ -449,17 +454,21 @@ static void a_replayed_hello_and_forged_or_replayed_messages_are_dropped(void **
 
     rogue_send(&a, 1, hello, hn);
     assert_int_equal(rogue_listen(&a), 1);           /* the welcome */
-    assert_int_equal(a.last_len, HEAD + MAC);
     assert_int_equal(a.last[STATUS_AT], 0);         /* attached */
+    /* Its text offers the data stream (over tcp, "data_path" "auto"): on lo, at 127.0.0.1. */
+    static const char offer[] = "data stream at 127.0.0.1:";
+    const size_t tlen = a.last_len - HEAD - MAC;
+    assert_true(tlen > sizeof offer - 1 && tlen <= sizeof offer - 1 + 5);
+    assert_memory_equal(a.last + HEAD, offer, sizeof offer - 1);
     uint8_t ck[32];
     connection_key(key, 1, token, h.nonce, a.last + NONCE_AT, ck);
     {
-        uint8_t d[1 + HEAD], mac[32];
+        uint8_t d[1 + HEAD + 64], mac[32];
         d[0] = 'T';
-        memcpy(d + 1, a.last, HEAD);
+        memcpy(d + 1, a.last, HEAD + tlen);
         unsigned len = 0;
-        HMAC(EVP_sha256(), ck, 32, d, sizeof d, mac, &len);
-        assert_memory_equal(mac, a.last + HEAD, MAC);  /* MACed with the connection's key */
+        HMAC(EVP_sha256(), ck, 32, d, 1 + HEAD + tlen, mac, &len);
+        assert_memory_equal(mac, a.last + HEAD + tlen, MAC);  /* MACed with the connection's key */
     }
 
     rogue_send(&b, 1, hello, hn);                    /* replayed from elsewhere */
@@ -1180,6 +1189,181 @@ static void without_net_devices_the_kind_refuses_to_start_unless_told_all(void *
     wsync_strategy_destroy(s);
 }
 
+/* ---- the data stream (src/transport/ucx/stream.hpp) ------------------------------------------ */
+
+/* The TCP ports this process listens on (from /proc/net/tcp and its own descriptors): UCX's
+ * and, over tcp with "data_path" "auto", the trainer's data stream. */
+static int listening_ports(int *ports, int cap) {
+    unsigned long inodes[512];
+    int ni = 0;
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    while (d && (e = readdir(d)) && ni < 512) {
+        char path[300], link[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        if (n <= 0) continue;
+        link[n] = 0;
+        unsigned long ino;
+        if (sscanf(link, "socket:[%lu]", &ino) == 1) inodes[ni++] = ino;
+    }
+    if (d) closedir(d);
+    FILE *f = fopen("/proc/net/tcp", "r");
+    char line[512];
+    int np = 0;
+    while (f && fgets(line, sizeof line, f) && np < cap) {
+        unsigned port, st;
+        unsigned long ino;
+        if (sscanf(line, " %*d: %*x:%x %*x:%*x %x %*x:%*x %*x:%*x %*x %*d %*d %lu", &port, &st, &ino) != 3) continue;
+        if (st != 0x0A) continue; /* LISTEN */
+        for (int i = 0; i < ni; ++i)
+            if (inodes[i] == ino) ports[np++] = (int)port;
+    }
+    if (f) fclose(f);
+    return np;
+}
+
+static int connect_lo(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+/* Reads what fd says within ms (until it closes): the byte count, -1 if it stayed open. */
+static int read_until_closed(int fd, uint8_t *buf, int cap, int ms) {
+    int got = 0;
+    for (long t0 = tu_now_ms(); tu_now_ms() - t0 < ms;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 50) <= 0) continue;
+        ssize_t n = recv(fd, buf + got, (size_t)(cap - got), 0);
+        if (n <= 0) return got;
+        got += (int)n;
+        if (got == cap) return got;
+    }
+    return -1;
+}
+
+/* The ports this process began to listen on between `before` (n of them) and now: 0 if none,
+ * -1 if several. */
+static int new_port(const int *before, int n) {
+    int now[64], found = 0;
+    const int m = listening_ports(now, 64);
+    for (int i = 0; i < m; ++i) {
+        int old = 0;
+        for (int k = 0; k < n; ++k) old |= before[k] == now[i];
+        if (!old) found = found ? -1 : now[i];
+    }
+    return found;
+}
+
+/* The trainer's data stream port: the one listener its sender adds to its UCX worker's (the
+ * init info's), or 0 when it offers none. */
+static int sender_with_stream(struct trainer *t, const char *options) {
+    OK(wsync_strategy_create("ucx", options, &t->s));
+    OK(wsync_strategy_create_init_info(t->s, &t->init));
+    int before[64];
+    const int n = listening_ports(before, 64);
+    OK(wsync_sender_create(t->s, t->init.data, t->init.size, &t->snd));
+    const int port = new_port(before, n);
+    assert_true(port >= 0);
+    return port;
+}
+
+/* A connection to the data stream that does not prove the connection's key gets the trainer's
+ * nonce and nothing else, and is closed: a wrong proof at once, silence within 2 s (kProofMs),
+ * a proof made for another nonce too. Meanwhile the honest engine's versions load. */
+static void a_stream_connection_without_the_key_gets_a_nonce_and_is_closed(void **state) {
+    (void)state;
+    if (!ucx_here()) skip();
+    struct trainer t;
+    const int port = sender_with_stream(&t, "{" OPTS ",\"receivers\":2}");
+    assert_true(port > 0);
+    wsync_receiver_t *e0 = engine(&t, 0);
+    uint8_t buf[256];
+
+    int fd;
+    for (uint32_t index = 0; index < 2; ++index) { /* a wrong proof for index 0 (attached) and 1 (not) */
+        fd = connect_lo(port);
+        assert_int_equal(read_until_closed(fd, buf, 16, 1000), 16); /* the nonce */
+        uint8_t proof[56] = {'W', 'S', 'D', '1'};
+        memcpy(proof + 4, &index, 4);
+        for (int i = 8; i < 56; ++i) proof[i] = (uint8_t)rand();
+        assert_int_equal(send(fd, proof, sizeof proof, MSG_NOSIGNAL), (ssize_t)sizeof proof);
+        const long t0 = tu_now_ms();
+        assert_int_equal(read_until_closed(fd, buf, sizeof buf, 1500), 0); /* closed, nothing said */
+        assert_true(tu_now_ms() - t0 < 1000);
+        close(fd);
+    }
+    fd = connect_lo(port); /* silence */
+    long t0 = tu_now_ms();
+    assert_int_equal(read_until_closed(fd, buf, sizeof buf, 4000), 16);
+    assert_true(tu_now_ms() - t0 >= 1500 && tu_now_ms() - t0 < 3500);
+    close(fd);
+    fd = connect_lo(port); /* garbage longer than a proof */
+    assert_int_equal(read_until_closed(fd, buf, 16, 1000), 16);
+    memset(buf, 0x5a, sizeof buf);
+    (void)send(fd, buf, sizeof buf, MSG_NOSIGNAL);
+    assert_true(read_until_closed(fd, buf, sizeof buf, 1500) == 0);
+    close(fd);
+    honest_version_loads(&t, e0, 1);
+    honest_version_loads(&t, e0, 2);
+    wsync_receiver_destroy(e0);
+    trainer_stop(&t);
+}
+
+/* 200 connections to the data stream at once: at most 64 wait for a proof (kMaxHalfOpen), the
+ * rest are closed at accept without a nonce; the honest engine's versions load during it, and
+ * every one is closed within 2 s and a margin. */
+static void a_flood_of_stream_connections_is_bounded_and_does_not_stop_an_honest_engine(void **state) {
+    (void)state;
+    if (!ucx_here()) skip();
+    struct trainer t;
+    const int port = sender_with_stream(&t, "{" OPTS ",\"receivers\":1}");
+    assert_true(port > 0);
+    wsync_receiver_t *e0 = engine(&t, 0);
+    enum { N = 200 };
+    int fds[N];
+    for (int i = 0; i < N; ++i) fds[i] = connect_lo(port);
+    honest_version_loads(&t, e0, 1);
+    int nonces = 0, closed = 0;
+    uint8_t buf[64];
+    for (int i = 0; i < N; ++i) {
+        const int got = read_until_closed(fds[i], buf, sizeof buf, i == 0 ? 3500 : 100);
+        nonces += got == 16;
+        closed += got >= 0;
+    }
+    assert_true(nonces <= 64);
+    assert_true(nonces >= 1);
+    honest_version_loads(&t, e0, 2);
+    for (int i = 0; i < N; ++i) {
+        assert_true(read_until_closed(fds[i], buf, sizeof buf, 3500) >= 0); /* all closed by now */
+        close(fds[i]);
+    }
+    (void)closed;
+    wsync_receiver_destroy(e0);
+    trainer_stop(&t);
+}
+
+/* With "data_path" "ucx" no stream is offered or listened for: Data travel as UCX active
+ * messages, bit for bit. */
+static void with_data_path_ucx_no_stream_listens_and_versions_still_load(void **state) {
+    (void)state;
+    if (!ucx_here()) skip();
+    struct trainer t;
+    assert_int_equal(sender_with_stream(&t, "{" OPTS ",\"receivers\":1,\"data_path\":\"ucx\"}"), 0);
+    wsync_receiver_t *e0 = engine(&t, 0);
+    honest_version_loads(&t, e0, 1);
+    wsync_strategy_t *s = NULL;
+    assert_int_equal(wsync_strategy_create("ucx", "{" OPTS ",\"data_path\":\"sockets\"}", &s), WSYNC_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(wsync_last_error(), "data_path"));
+    wsync_receiver_destroy(e0);
+    trainer_stop(&t);
+}
+
 int main(int argc, char **argv) {
     srand((unsigned)tu_now_ms());
     if (argc == 3 && strcmp(argv[1], EXIT_CHILD_ARG) == 0) return exit_while_serving(atoi(argv[2]));
@@ -1198,6 +1382,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_receivers_fetches_past_sixty_four_waiting_are_refused),
         cmocka_unit_test(a_dropped_index_is_not_retaken_by_a_peer_holding_a_request_only),
         cmocka_unit_test(without_net_devices_the_kind_refuses_to_start_unless_told_all),
+        cmocka_unit_test(a_stream_connection_without_the_key_gets_a_nonce_and_is_closed),
+        cmocka_unit_test(a_flood_of_stream_connections_is_bounded_and_does_not_stop_an_honest_engine),
+        cmocka_unit_test(with_data_path_ucx_no_stream_listens_and_versions_still_load),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);

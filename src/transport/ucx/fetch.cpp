@@ -192,7 +192,7 @@ void UcxReceiver::puller_main() {
             run_pull();
         } catch (...) {  // no memory for a message, say: the pull ends, failed, whatever it held
             for (Piece &p : pull_.pieces)
-                if (p.req) w_->api().ucp_request_free(p.req), p.req = nullptr;
+                if (p.req) w_->request_free(p.req), p.req = nullptr;
             teardown();
             lk.lock();
             if (pull_.status == WSYNC_OK) {
@@ -262,9 +262,9 @@ void UcxReceiver::run_pull() {
         data_.clear();
         for (Piece &p : pieces) {
             if (!p.req) continue;
-            const ucs_status_t st = w_->api().ucp_request_check_status(p.req);
+            const ucs_status_t st = w_->request_status(p.req);
             if (st == UCS_INPROGRESS) continue;
-            w_->api().ucp_request_free(p.req);
+            w_->request_free(p.req);
             p.req = nullptr;
             if (st != UCS_OK)
                 refused(WSYNC_ERR_PEER, who() + ": reading " + chunk + " from " + trainer_ + ": " +
@@ -301,7 +301,7 @@ void UcxReceiver::run_pull() {
     if (in_flight || !in_time) {
         for (Piece &p : pieces)
             if (p.req) {
-                w_->api().ucp_request_free(p.req);  // released by UCX once the endpoint's close ends it
+                w_->request_free(p.req);  // released by UCX once the endpoint's close ends it
                 p.req = nullptr;
             }
         teardown();

@@ -99,6 +99,12 @@ public:
             teardown();
             fail(static_cast<wsync_status_t>(reply_.status), who() + ": " + trainer_ + " refused it: " + reply_.text);
         }
+        // The trainer offers a data stream (stream.hpp) when its "data_path" is "auto" over tcp.
+        // One that cannot be made leaves Data on UCX, as for a trainer that offers none.
+        if (o.config.stream && !reply_.text.empty() &&
+            !w_->connect_stream(*ep_, reply_.text, key_, index_, token_, d, &stream_why_))
+            stream_why_ = who() + ": chunk bytes travel over UCX: the trainer's data stream could not be made (" +
+                          stream_why_ + ")";
     }
 
     ~UcxReceiver() override {
@@ -443,6 +449,7 @@ private:
     Nonce nonce_{};       // ours, in the hello
     Key key_{};           // the connection's, once the welcome came (auth.hpp)
     bool attached_ = false;
+    std::string stream_why_;  // why no data stream was made, where one was offered
     uint64_t sent_ = 0, heard_ = 0;  // numbers of the last message sent and heard
     MsgType awaited_ = MsgType::Welcome;
     uint64_t awaited_seq_ = 0;

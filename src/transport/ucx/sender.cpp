@@ -21,6 +21,16 @@ UcxSender::UcxSender(std::unique_ptr<Worker> w, const InitInfo &info, int64_t ti
     stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (stop_fd_ < 0) fail_errno("ucx sender: eventfd", errno);
     w_->set_admit([this](const Msg &m) { return admit(m); });
+    // The data stream (stream.hpp): its address goes in every welcome; a connection becomes a
+    // member's stream once it proves that member's connection key.
+    stream_address_ = w_->listen_stream();
+    w_->set_stream_auth([this](uint32_t index, uint64_t token, const Nonce &nonce, const Mac &mac) -> Endpoint * {
+        if (index >= members_.size()) return nullptr;
+        Member &mem = members_[index];
+        if (!mem.ep || mem.dropped || mem.token != token || mem.ep->error != UCS_OK) return nullptr;
+        const Mac want = stream_proof(mem.key, nonce, index, token);
+        return same_mac(want.data(), mac.data()) ? mem.ep.get() : nullptr;
+    });
     thread_ = sys::start_thread([this] { serve(); });
 }
 

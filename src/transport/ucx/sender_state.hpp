@@ -113,6 +113,7 @@ private:
     bool owes(const Member &m) const;
     std::vector<uint32_t> owing_members() const;
 
+    std::string stream_address_;  // the data stream's offer, as an OK welcome's text (empty: none)
     std::unique_ptr<Worker> w_;
     InitInfo info_;
     int64_t timeout_ms_;

@@ -35,8 +35,9 @@ void UcxSender::serve() {
             lock.lock();
             continue;
         }
+        std::vector<pollfd> fds = w_->poll_set(stop_fd_);
         lock.unlock();  // callers may use the worker while this one sleeps
-        w_->wait_fd(100, stop_fd_);
+        Worker::poll_on(fds, 100);
         lock.lock();
     }
 }
@@ -139,6 +140,7 @@ void UcxSender::hello(const Msg &m) {
     reply.number = 1;
     reply.status = st;
     reply.text = why;
+    if (st == WSYNC_OK) reply.text = stream_address_;  // empty: Data travels over UCX
     sys::random_bytes(reply.nonce.data(), reply.nonce.size());
     const Key key = connection_key(info_.key, m.index, m.token, m.nonce, reply.nonce);
     w_->send(*ep, seal_msg(reply, key, Dir::ToEngine));

@@ -64,6 +64,13 @@ const std::vector<OptionSpec> &option_specs() {
          "network devices UCX may use and listen on (UCX_NET_DEVICES), e.g. \"eth0\", \"mlx5_0:1\" "
          "or \"lo\"; required: \"all\" listens on every interface (UCX's own choice)",
          ""},
+        {"data_path", T::String, 0, 0, 0, "both",
+         "how chunk bytes travel: \"auto\": over tcp (\"transports\" \"tcp\"), on one plain TCP "
+         "connection per engine beside UCX's, on the first device of \"net_devices\", proven with "
+         "the connection's key (the kernel copies each byte once, into the engine's buffer); "
+         "else as UCX active messages. \"ucx\": always as UCX active messages. An engine takes "
+         "the stream its trainer offers unless its own is \"ucx\"",
+         "auto", "auto|ucx"},
         {"select", T::Json, 0, 0, 0, "receiver",
          "partial pull: the tensors, byte ranges or dimension-0 shards this engine loads, checked "
          "against each request before any byte moves; only those bytes are fetched: "
@@ -100,10 +107,30 @@ std::string net_devices(const Options &o) {
     return nd == "all" ? std::string() : nd;
 }
 
+// "data_path": a trainer offers its stream when UCX may use tcp only (over RDMA or shared
+// memory UCX's own path is the faster one); an engine takes what is offered unless told "ucx".
+bool tcp_only(const std::string &transports) {
+    if (transports.empty()) return false;
+    for (std::size_t at = 0; at <= transports.size();) {
+        std::size_t comma = transports.find(',', at);
+        if (comma == std::string::npos) comma = transports.size();
+        const std::string t = transports.substr(at, comma - at);
+        if (t != "tcp") return false;
+        at = comma + 1;
+    }
+    return true;
+}
+
+Config make_config(const Options &o) {
+    Config c{o.text("ucx_library"), o.text("transports"), net_devices(o)};
+    c.stream = o.text("data_path") == "auto";
+    return c;
+}
+
 class UcxStrategy final : public StrategyImpl {
 public:
     explicit UcxStrategy(const Options &o)
-        : config_{o.text("ucx_library"), o.text("transports"), net_devices(o)},
+        : config_(make_config(o)),
           receivers_(static_cast<uint32_t>(o.uint("receivers"))),
           keep_(static_cast<uint32_t>(o.uint("keep_versions"))), checksum_(o.boolean("checksum")),
           timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))), block_bytes_(o.uint("block_checksum_bytes")) {
@@ -123,7 +150,9 @@ public:
     }
 
     json create_init_info() override {
-        worker_ = std::make_unique<Worker>(config_, std::string(kKind) + " sender");
+        Config c = config_;
+        c.stream = c.stream && tcp_only(c.transports);
+        worker_ = std::make_unique<Worker>(c, std::string(kKind) + " sender");
         info_.address = worker_->address();
         sys::random_bytes(info_.key.data(), info_.key.size());  // the secret engines prove they hold
         sys::random_bytes(&info_.session, sizeof info_.session);

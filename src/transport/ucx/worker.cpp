@@ -3,8 +3,16 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
 #include <mutex>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "error.hpp"
 
@@ -37,7 +45,8 @@ void nonblocking_tcp_connect() {
 
 }  // namespace
 
-Worker::Worker(const Config &config, std::string who) : api_(ucx::api(config.library)), who_(std::move(who)) {
+Worker::Worker(const Config &config, std::string who)
+    : api_(ucx::api(config.library)), config_(config), who_(std::move(who)) {
     nonblocking_tcp_connect();
     ucp_config_t *cfg = nullptr;
     check(api_, api_.ucp_config_read(nullptr, nullptr, &cfg), who_ + ": ucp_config_read");
@@ -116,6 +125,11 @@ Worker::Worker(const Config &config, std::string who) : api_(ucx::api(config.lib
 Worker::~Worker() {
     for (Pending &p : sends_) api_.ucp_request_free(p.request);
     for (Msg &m : inbox_) release(m.desc);
+    inbox_.clear();
+    for (Endpoint *ep : streamed_) ep->streams_with = nullptr;  // their owners close them first
+    for (Stream::Req *r : done_reqs_) delete r;
+    for (HalfOpen &h : half_open_) ::close(h.fd);
+    if (listen_fd_ >= 0) ::close(listen_fd_);
     api_.ucp_worker_destroy(worker_);
     api_.ucp_cleanup(context_);
 }
@@ -181,7 +195,7 @@ unsigned Worker::progress() {
     unsigned n = 0, k;
     for (int i = 0; i < kMaxProgressCalls && (k = api_.ucp_worker_progress(worker_)) != 0; ++i) n += k;
     reap();
-    return n;
+    return n + pump_streams();
 }
 
 void Worker::reap() noexcept {
@@ -202,10 +216,21 @@ std::vector<Msg> Worker::take_inbox() {
 
 bool Worker::arm() { return api_.ucp_worker_arm(worker_) == UCS_OK; }
 
-void Worker::wait_fd(int ms, int extra_fd) const {
-    struct pollfd fds[2] = {{efd_, POLLIN, 0}, {extra_fd, POLLIN, 0}};
-    (void)::poll(fds, extra_fd >= 0 ? 2 : 1, ms);
+std::vector<pollfd> Worker::poll_set(int extra_fd) const {
+    std::vector<pollfd> fds{{efd_, POLLIN, 0}};
+    if (extra_fd >= 0) fds.push_back({extra_fd, POLLIN, 0});
+    if (listen_fd_ >= 0) fds.push_back({listen_fd_, POLLIN, 0});
+    for (const HalfOpen &h : half_open_) fds.push_back({h.fd, POLLIN, 0});
+    for (const Endpoint *ep : streamed_) {
+        const Stream &s = *ep->stream;
+        if (s.fd < 0) continue;
+        if (reader_ ? s.in != Stream::In::Held : !s.out.empty())
+            fds.push_back({s.fd, static_cast<short>(reader_ ? POLLIN : POLLOUT), 0});
+    }
+    return fds;
 }
+
+void Worker::poll_on(std::vector<pollfd> &fds, int ms) { (void)::poll(fds.data(), fds.size(), ms); }
 
 void Worker::signal() { api_.ucp_worker_signal(worker_); }
 
@@ -240,6 +265,7 @@ std::unique_ptr<Endpoint> Worker::connect(const std::vector<uint8_t> &address, c
 }
 
 void Worker::close(std::unique_ptr<Endpoint> ep, const sys::Deadline &deadline) noexcept {
+    if (ep && ep->stream) forget_stream(ep.get());
     if (!ep || !ep->ep) return;
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -276,6 +302,21 @@ void Worker::send_data(Endpoint &ep, std::vector<uint8_t> sealed, const void *da
         sent_.push_back(tag);
         return;
     }
+    if (ep.stream && ep.stream->fd >= 0) {
+        Stream::Out o;
+        o.head.resize(kFrameHead);
+        const uint32_t hl = static_cast<uint32_t>(sealed.size());
+        const uint64_t pl = n;
+        for (int i = 0; i < 4; ++i) o.head[i] = static_cast<uint8_t>(hl >> (8 * i));
+        for (int i = 0; i < 8; ++i) o.head[4 + i] = static_cast<uint8_t>(pl >> (8 * i));
+        o.head.insert(o.head.end(), sealed.begin(), sealed.end());
+        o.data = static_cast<const uint8_t *>(data);
+        o.n = n;
+        o.tag = tag;
+        ep.stream->out.push_back(std::move(o));
+        pump_out(ep);
+        return;
+    }
     Pending p{std::move(sealed), nullptr, tag};
     ucp_request_param_t rp{};
     void *req = api_.ucp_am_send_nbx(ep.ep, kAmDataId, p.bytes.data(), p.bytes.size(), data, n, &rp);
@@ -299,6 +340,27 @@ std::vector<uint64_t> Worker::take_sent() {
 }
 
 void *Worker::receive(void *desc, void *dst, std::size_t n, const std::string &what) {
+    if (desc == stream_desc()) {
+        Stream *s = stream_of(desc);
+        if (!s || n != s->payload)
+            fail(WSYNC_ERR_PEER, who_ + ": receiving " + what + ": its stream was closed");
+        auto *req = new Stream::Req;
+        req->stream = s;
+        s->req = req;
+        s->dst = static_cast<uint8_t *>(dst);
+        s->left = n;
+        s->in = n ? Stream::In::Payload : Stream::In::Head;
+        if (!n) req->status = 0;
+        for (Endpoint *ep : streamed_)  // the payload only: a header read now would wait unseen in the inbox
+            if (ep->stream.get() == s) pump_in(*ep, /*payload_only=*/true);
+        if (req->status == 1) return req;
+        const int st = req->status;  // done already: pump_in() put it with the ended ones
+        done_reqs_.erase(std::remove(done_reqs_.begin(), done_reqs_.end(), req), done_reqs_.end());
+        delete req;
+        if (st < 0)
+            ucs_fail(api_, static_cast<ucs_status_t>(st), who_ + ": receiving " + what, WSYNC_ERR_PEER);
+        return nullptr;
+    }
     ucp_request_param_t p{};
     void *req = api_.ucp_am_recv_data_nbx(worker_, desc, dst, n, &p);
     if (UCS_PTR_IS_ERR(req)) ucs_fail(api_, UCS_PTR_STATUS(req), who_ + ": receiving " + what, WSYNC_ERR_PEER);
@@ -306,7 +368,49 @@ void *Worker::receive(void *desc, void *dst, std::size_t n, const std::string &w
 }
 
 void Worker::release(void *desc) noexcept {
-    if (desc) api_.ucp_am_data_release(worker_, desc);
+    if (!desc) return;
+    if (desc == stream_desc()) {
+        Stream *s = stream_of(desc);
+        if (!s) return;  // its stream is gone
+        s->left = s->payload;
+        s->in = s->left ? Stream::In::Discard : Stream::In::Head;
+        return;  // the next progress round reads the payload away
+    }
+    api_.ucp_am_data_release(worker_, desc);
+}
+
+// A stream's receive is a Stream::Req (its stream knows it while it runs); anything else is
+// UCX's request.
+ucs_status_t Worker::request_status(void *req) const {
+    for (const Endpoint *ep : streamed_)
+        if (ep->stream->req == req) return UCS_INPROGRESS;
+    for (const Stream::Req *r : done_reqs_)
+        if (r == req) return r->status == 0 ? UCS_OK : static_cast<ucs_status_t>(r->status);
+    return api_.ucp_request_check_status(req);
+}
+
+void Worker::request_free(void *req) noexcept {
+    for (Endpoint *ep : streamed_)
+        if (ep->stream->req == req) {  // still in progress: the stream is out of step from here
+            break_stream(*ep);
+            break;
+        }
+    for (auto it = done_reqs_.begin(); it != done_reqs_.end(); ++it)
+        if (*it == req) {
+            delete *it;
+            done_reqs_.erase(it);
+            return;
+        }
+    api_.ucp_request_free(req);
+}
+
+// A stream message's descriptor is the worker's own sentinel (an engine has one stream); it
+// names the stream still held for it, or none once that stream broke or closed.
+Stream *Worker::stream_of(void *desc) const {
+    if (desc != stream_desc()) return nullptr;
+    for (const Endpoint *ep : streamed_)
+        if (ep->stream->in == Stream::In::Held) return ep->stream.get();
+    return nullptr;
 }
 
 std::string Worker::memory_types() const {
@@ -342,13 +446,316 @@ std::string Worker::transports() const {
 
 ucs_status_t finish(Worker &w, void *request, const Endpoint &ep, const sys::Deadline &deadline) {
     if (request == nullptr) return UCS_OK;
-    const Api &a = w.api();
-    const bool done = w.wait([&] { return a.ucp_request_check_status(request) != UCS_INPROGRESS || ep.error != UCS_OK; },
+    const bool done = w.wait([&] { return w.request_status(request) != UCS_INPROGRESS || ep.error != UCS_OK; },
                              deadline);
-    ucs_status_t st = a.ucp_request_check_status(request);
-    a.ucp_request_free(request);  // released on completion if still in flight (ucp.h)
+    ucs_status_t st = w.request_status(request);
+    w.request_free(request);  // released on completion if still in flight (ucp.h)
     if (st == UCS_INPROGRESS) return done ? ep.error : UCS_ERR_TIMED_OUT;
     return st;
+}
+
+// ---- the data stream (stream.hpp) -----------------------------------------------------
+
+namespace {
+
+void put_le(uint8_t *p, uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+uint64_t get_le(const uint8_t *p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v |= uint64_t(p[i]) << (8 * i);
+    return v;
+}
+
+// Waits for `events` on fd up to the deadline; false when it passed (or poll failed).
+bool wait_for(int fd, short events, const sys::Deadline &d) {
+    for (;;) {
+        pollfd p{fd, events, 0};
+        const int ms = static_cast<int>(std::clamp<int64_t>(d.remaining_ms(), 0, 1000));
+        const int r = ::poll(&p, 1, ms);
+        if (r > 0) return true;
+        if (r < 0 && errno != EINTR) return false;
+        if (d.passed()) return false;
+    }
+}
+
+}  // namespace
+
+std::string Worker::listen_stream() {
+    sockaddr_storage a{};
+    socklen_t len = 0;
+    if (!config_.stream || listen_fd_ >= 0 || !device_stream_address(config_.net_devices, &a, &len)) return {};
+    const int fd = ::socket(a.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return {};
+    reinterpret_cast<sockaddr_in &>(a).sin_port = 0;  // sin6_port sits at the same place
+    if (::bind(fd, reinterpret_cast<sockaddr *>(&a), len) != 0 || ::listen(fd, 64) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) != 0) {
+        ::close(fd);
+        return {};
+    }
+    listen_fd_ = fd;
+    return encode_stream_address(a);
+}
+
+// Connections waiting for their proof: each was sent its nonce at accept; a right proof makes it
+// the stream of the endpoint stream_auth_ names (answered kStreamAccepted), anything else, or
+// nothing by kProofMs, closes it. At most kMaxHalfOpen wait; more are closed at accept.
+void Worker::accept_streams() {
+    const auto now = std::chrono::steady_clock::now();
+    for (int k = 0; k < 64; ++k) {
+        const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;
+        HalfOpen h{fd, {}, {}, now + std::chrono::milliseconds(kProofMs)};
+        sys::random_bytes(h.nonce.data(), h.nonce.size());
+        if (half_open_.size() >= kMaxHalfOpen ||
+            ::send(fd, h.nonce.data(), h.nonce.size(), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(h.nonce.size())) {
+            ::close(fd);
+            continue;
+        }
+        half_open_.push_back(std::move(h));
+    }
+    for (std::size_t i = 0; i < half_open_.size();) {
+        HalfOpen &h = half_open_[i];
+        uint8_t buf[kProofBytes];
+        const ssize_t r = ::recv(h.fd, buf, kProofBytes - h.got.size(), MSG_DONTWAIT);
+        if (r > 0) h.got.insert(h.got.end(), buf, buf + r);
+        const bool gone = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+        Endpoint *ep = nullptr;
+        if (!gone && h.got.size() == kProofBytes && get_le(h.got.data(), 4) == kProofMagic && stream_auth_) {
+            Mac mac;
+            std::memcpy(mac.data(), h.got.data() + 16, kMacBytes);
+            ep = stream_auth_(static_cast<uint32_t>(get_le(h.got.data() + 4, 4)), get_le(h.got.data() + 8, 8), h.nonce, mac);
+        }
+        if (ep) {
+            // Frames end in a partial segment; with Nagle's algorithm it would wait for the
+            // engine's (delayed) acknowledgement of the one before.
+            const int one = 1;
+            (void)setsockopt(h.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            const uint8_t ok = kStreamAccepted;
+            if (::send(h.fd, &ok, 1, MSG_NOSIGNAL | MSG_DONTWAIT) == 1) {
+                if (ep->stream) forget_stream(ep);  // a second proof for one endpoint replaces the first
+                ep->stream = std::make_unique<Stream>();
+                ep->streams_with = this;
+                ep->stream->fd = h.fd;
+                h.fd = -1;
+                streamed_.push_back(ep);
+            }
+        }
+        if (ep || gone || h.got.size() == kProofBytes || now >= h.end) {
+            if (h.fd >= 0) ::close(h.fd);
+            half_open_.erase(half_open_.begin() + static_cast<std::ptrdiff_t>(i));
+            continue;
+        }
+        ++i;
+    }
+}
+
+bool Worker::connect_stream(Endpoint &ep, const std::string &address, const Key &key, uint32_t index,
+                            uint64_t token, const sys::Deadline &deadline, std::string *why) {
+    sockaddr_storage a{};
+    socklen_t len = 0;
+    if (!decode_stream_address(address, &a, &len)) {
+        *why = "the trainer's welcome offers a stream address that does not decode";
+        return false;
+    }
+    const std::string at = address_text(a);
+    const sys::Deadline d(std::min<int64_t>(deadline.remaining_ms(), kProofMs));
+    auto fd = std::make_unique<Stream>();
+    fd->fd = ::socket(a.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd->fd < 0) {
+        *why = std::string("socket(): ") + std::strerror(errno);
+        return false;
+    }
+    int r = ::connect(fd->fd, reinterpret_cast<sockaddr *>(&a), len);
+    if (r != 0 && errno != EINPROGRESS) {
+        *why = "connecting to " + at + ": " + std::strerror(errno);
+        return false;
+    }
+    int err = 0;
+    socklen_t el = sizeof err;
+    if (r != 0 && (!wait_for(fd->fd, POLLOUT, d) || getsockopt(fd->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err)) {
+        *why = "connecting to " + at + ": " + (err ? std::strerror(err) : "no answer within " + std::to_string(kProofMs) + " ms");
+        return false;
+    }
+    Nonce nonce;
+    std::size_t got = 0;
+    while (got < nonce.size()) {
+        if (!wait_for(fd->fd, POLLIN, d)) {
+            *why = at + " sent no nonce in time";
+            return false;
+        }
+        const ssize_t n = ::recv(fd->fd, nonce.data() + got, nonce.size() - got, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+            *why = at + " closed the connection before its nonce";
+            return false;
+        }
+        if (n > 0) got += static_cast<std::size_t>(n);
+    }
+    uint8_t proof[kProofBytes];
+    put_le(proof, kProofMagic, 4);
+    put_le(proof + 4, index, 4);
+    put_le(proof + 8, token, 8);
+    const Mac mac = stream_proof(key, nonce, index, token);
+    std::memcpy(proof + 16, mac.data(), kMacBytes);
+    if (::send(fd->fd, proof, sizeof proof, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof proof)) {
+        *why = "sending the proof to " + at + " failed";
+        return false;
+    }
+    uint8_t ok = 0;
+    for (;;) {
+        if (!wait_for(fd->fd, POLLIN, d)) {
+            *why = at + " did not accept the stream in time";
+            return false;
+        }
+        const ssize_t n = ::recv(fd->fd, &ok, 1, MSG_DONTWAIT);
+        if (n == 1) break;
+        if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+            *why = at + " refused the stream";
+            return false;
+        }
+    }
+    if (ok != kStreamAccepted) {
+        *why = at + " answered the proof with something else";
+        return false;
+    }
+    reader_ = true;
+    ep.stream = std::move(fd);
+    ep.streams_with = this;
+    streamed_.push_back(&ep);
+    return true;
+}
+
+void Worker::forget_stream(Endpoint *ep) noexcept {
+    const ucs_status_t was = ep->error;
+    break_stream(*ep);
+    ep->error = was;  // closing is not a failure of its peer
+    streamed_.erase(std::remove(streamed_.begin(), streamed_.end(), ep), streamed_.end());
+    ep->stream.reset();
+    ep->streams_with = nullptr;
+}
+
+Endpoint::~Endpoint() {
+    if (stream && streams_with) streams_with->forget_stream(this);
+}
+
+unsigned Worker::pump_streams() {
+    unsigned n = 0;
+    if (listen_fd_ >= 0) accept_streams();
+    for (std::size_t i = 0; i < streamed_.size(); ++i) n += reader_ ? pump_in(*streamed_[i]) : pump_out(*streamed_[i]);
+    return n;
+}
+
+// The trainer's: writes queued frames until the socket takes no more. Returns frames done.
+unsigned Worker::pump_out(Endpoint &ep) {
+    Stream &s = *ep.stream;
+    unsigned done = 0;
+    while (s.fd >= 0 && !s.out.empty()) {
+        Stream::Out &o = s.out.front();
+        iovec iov[2];
+        int k = 0;
+        if (o.done < o.head.size()) iov[k++] = {o.head.data() + o.done, o.head.size() - o.done};
+        const std::size_t pdone = o.done > o.head.size() ? o.done - o.head.size() : 0;
+        if (pdone < o.n) iov[k++] = {const_cast<uint8_t *>(o.data) + pdone, o.n - pdone};
+        msghdr m{};
+        m.msg_iov = iov;
+        m.msg_iovlen = static_cast<std::size_t>(k);
+        const ssize_t r = ::sendmsg(s.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+            break_stream(ep);
+            break;
+        }
+        o.done += static_cast<std::size_t>(r);
+        if (o.done == o.head.size() + o.n) {
+            sent_.push_back(o.tag);
+            s.out.pop_front();
+            ++done;
+        }
+    }
+    return done;
+}
+
+// The engine's: reads the next frame's head and header into the inbox (then holds until the
+// owner receives or releases it), or the payload being received or discarded. Returns 1 when
+// anything moved.
+unsigned Worker::pump_in(Endpoint &ep, bool payload_only) {
+    Stream &s = *ep.stream;
+    unsigned moved = 0;
+    static thread_local uint8_t scratch[1 << 16];
+    while (s.fd >= 0 && s.in != Stream::In::Held && !(payload_only && s.in == Stream::In::Head)) {
+        const bool head = s.in == Stream::In::Head;
+        std::size_t want;
+        uint8_t *to;
+        if (head) {
+            if (s.head.size() < kFrameHead + kMaxFrameHeader) s.head.resize(kFrameHead + kMaxFrameHeader);
+            const std::size_t need = s.got < kFrameHead ? kFrameHead : kFrameHead + get_le(s.head.data(), 4);
+            to = s.head.data() + s.got;
+            want = need - s.got;
+        } else if (s.in == Stream::In::Payload) {
+            to = s.dst + (s.payload - s.left);
+            want = s.left;
+        } else {
+            to = scratch;
+            want = std::min<uint64_t>(s.left, sizeof scratch);
+        }
+        const ssize_t r = ::recv(s.fd, to, want, MSG_DONTWAIT);
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
+        if (r <= 0) {  // the trainer closed it, or the network failed
+            break_stream(ep);
+            break;
+        }
+        moved = 1;
+        if (!head) {
+            s.left -= static_cast<uint64_t>(r);
+            if (s.left) continue;
+            if (s.in == Stream::In::Payload && s.req) {
+                s.req->status = 0;
+                done_reqs_.push_back(s.req);
+                s.req = nullptr;
+            }
+            s.in = Stream::In::Head;
+            continue;
+        }
+        s.got += static_cast<std::size_t>(r);
+        if (s.got == kFrameHead && get_le(s.head.data(), 4) > kMaxFrameHeader) {
+            break_stream(ep);  // no frame of ours is that: nothing after it can be trusted
+            break;
+        }
+        if (s.got < kFrameHead || s.got < kFrameHead + get_le(s.head.data(), 4)) continue;
+        s.payload = get_le(s.head.data() + 4, 8);
+        Msg m;
+        const bool ok = inbox_.size() < 65536 && decode_msg(s.head.data() + kFrameHead, s.got - kFrameHead, m) &&
+                        m.type == MsgType::Data && (!admit_ || admit_(m));
+        s.got = 0;
+        if (!ok) {  // read away unseen
+            s.left = s.payload;
+            s.in = s.left ? Stream::In::Discard : Stream::In::Head;
+            continue;
+        }
+        m.length = s.payload;
+        m.desc = s.payload ? stream_desc() : nullptr;
+        inbox_.push_back(std::move(m));
+        s.in = s.payload ? Stream::In::Held : Stream::In::Head;
+    }
+    return moved;
+}
+
+// A stream that failed, or fell out of step: closed; what it was sending is done (failed), a
+// receive in flight fails, and the endpoint counts as failed (its peer is unreachable on it).
+void Worker::break_stream(Endpoint &ep) noexcept {
+    Stream &s = *ep.stream;
+    if (s.fd >= 0) ::close(s.fd);
+    s.fd = -1;
+    for (const Stream::Out &o : s.out) sent_.push_back(o.tag);
+    s.out.clear();
+    if (s.req) {
+        s.req->status = UCS_ERR_CONNECTION_RESET;
+        done_reqs_.push_back(s.req);
+        s.req = nullptr;
+    }
+    s.in = Stream::In::Head;  // a message it held: receive() refuses it, release() forgets it
+    if (ep.error == UCS_OK) ep.error = UCS_ERR_CONNECTION_RESET;
 }
 
 }  // namespace wsync::ucx
