@@ -1349,8 +1349,9 @@ static void a_flood_of_stream_connections_is_bounded_and_does_not_stop_an_honest
 }
 
 /* With "data_path" "ucx" no stream is offered or listened for: Data travel as UCX active
- * messages, bit for bit. */
-static void with_data_path_ucx_no_stream_listens_and_versions_still_load(void **state) {
+ * messages, bit for bit. Nor with "net_devices" "all": the stream never listens on every
+ * interface, and there is no one device to listen on. */
+static void with_data_path_ucx_or_net_devices_all_no_stream_listens_and_versions_still_load(void **state) {
     (void)state;
     if (!ucx_here()) skip();
     struct trainer t;
@@ -1362,6 +1363,14 @@ static void with_data_path_ucx_no_stream_listens_and_versions_still_load(void **
     assert_non_null(strstr(wsync_last_error(), "data_path"));
     wsync_receiver_destroy(e0);
     trainer_stop(&t);
+
+    struct trainer all;
+    assert_int_equal(sender_with_stream(&all, "{\"transports\":\"tcp\",\"net_devices\":\"all\",\"timeout_ms\":3000,"
+                                              "\"receivers\":1}"), 0);
+    wsync_receiver_t *e1 = engine(&all, 0);
+    honest_version_loads(&all, e1, 1);
+    wsync_receiver_destroy(e1);
+    trainer_stop(&all);
 }
 
 int main(int argc, char **argv) {
@@ -1384,7 +1393,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(without_net_devices_the_kind_refuses_to_start_unless_told_all),
         cmocka_unit_test(a_stream_connection_without_the_key_gets_a_nonce_and_is_closed),
         cmocka_unit_test(a_flood_of_stream_connections_is_bounded_and_does_not_stop_an_honest_engine),
-        cmocka_unit_test(with_data_path_ucx_no_stream_listens_and_versions_still_load),
+        cmocka_unit_test(with_data_path_ucx_or_net_devices_all_no_stream_listens_and_versions_still_load),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);
