@@ -29,7 +29,7 @@ pins="sglang==0.5.23 ipython==9.18.1 traitlets==5.16.1 gguf==0.19.0 soundfile==0
 blobfile==3.3.0 hatchling==1.29.0 packaging==26.3 pathspec==1.1.1 pluggy==1.7.0
 trove-classifiers==2026.9.21.13 editables==0.6"
 
-# The vLLM venv (scripts/test-vllm.sh's install steps, only when it lacks vllm==0.33.0), and this
+# The vLLM venv (scripts/test-vllm.sh's install steps, only when not made from its lock), and this
 # one layered over it.
 ensure_vllm_venv "$base"
 layer_venv "$venv" "$base" sglang "$pins"

@@ -27,7 +27,7 @@ pyarrow==26.0.1 python-dateutil==4.0.0 tzdata==2026.6 xxhash==4.1.0
 hatchling==1.29.0 packaging==26.3 pathspec==1.1.1 pluggy==1.7.0 trove-classifiers==2026.9.21.13
 editables==0.6"
 
-# The vLLM venv (scripts/test-vllm.sh's install steps, only when it lacks vllm==0.33.0), and this
+# The vLLM venv (scripts/test-vllm.sh's install steps, only when not made from its lock), and this
 # one layered over it.
 ensure_vllm_venv "$base"
 layer_venv "$venv" "$base" trl "$pins"

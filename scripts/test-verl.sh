@@ -5,7 +5,7 @@
 #   WSYNC_VLLM_VENV  the venv scripts/test-vllm.sh makes (default /tmp/wsync-vllm-venv), whose
 #                    torch, numpy, pytest... this one uses through a .pth line rather than
 #                    installing them twice. It is only read: made here with test-vllm.sh's own
-#                    commands and pins only when it does not have vllm==0.33.0 (as test-vllm.sh
+#                    commands and lock only when not made from that lock (as test-vllm.sh
 #                    would), never installed into otherwise.
 #   WSYNC_LIBRARY    libwsync.so to test (default build/libwsync.so)
 # verl 0.9.1 and the packages its checkpoint-engine modules import that the vLLM venv lacks
@@ -25,7 +25,7 @@ pins=(verl==0.9.1 ray==2.60.0 msgpack==1.2.4 tensordict==0.15.3 pyvers==0.2.3 om
       codetiming==1.4.0)
 
 # The base: scripts/test-vllm.sh's venv, made with its commands when it is missing.
-ensure_vllm_venv "$base" "no vllm==0.33.0 venv at $base: making it as scripts/test-vllm.sh does (~2 min, ~9 GB)"
+ensure_vllm_venv "$base" "no venv from scripts/lib/vllm-lock.txt at $base: making it as scripts/test-vllm.sh does (~2 min, ~9 GB)"
 base_site=$(site_packages "$base/bin/python")
 
 # This venv: same python, the base's site-packages after its own, the pins.
