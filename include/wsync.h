@@ -608,8 +608,10 @@ WSYNC_API wsync_status_t wsync_sender_set_stream(wsync_sender_t *sender, void *s
 /* The sender's arena: host memory inside the shared segment where a trainer may keep its own
  * tensors (its parameters, as torch's share_memory_() would), so that they cross without being
  * packed. "shm" has one when made with the "arena_bytes" option (rounded up to whole pages;
- * reserved and pre-faulted with the segment, zero at first); other kinds and an "shm" sender
- * without the option give *base = NULL and *bytes = 0 and WSYNC_OK.
+ * reserved and pre-faulted with the segment, zero at first), and since 0.8.0 "ucx" too (private
+ * anonymous memory of the trainer's, pre-faulted, zero at first, never registered with UCX;
+ * see "ucx" below); other kinds and a sender without the option give *base = NULL and
+ * *bytes = 0 and WSYNC_OK.
  * The library never writes the arena; the caller lays out what it keeps there. A tensor passed
  * to wsync_sender_send_chunk() or wsync_sender_send_parts() whose bytes lie wholly in the arena
  * starting at a multiple of 256 bytes from *base is sent in place: the request points the
@@ -625,8 +627,20 @@ WSYNC_API wsync_status_t wsync_sender_set_stream(wsync_sender_t *sender, void *s
  * it and stay valid until their iteration ends, as views into a bucket do.
  * A segment with an arena has layout 4: a receiver of a library without arenas (before 0.5)
  * refuses it with WSYNC_ERR_MISMATCH at wsync_receiver_create().
- * *base stays valid while the sender exists; the memory is unmapped when both the sender and
- * the strategy that created it are destroyed, so nothing may use it after that.
+ * "ucx" sends in place a whole chunk or nothing: a chunk of host tensors that lie in the arena
+ * exactly as the sender would pack them (the first at a multiple of 256 bytes from *base, each
+ * next one at the first multiple of 256 bytes after the previous one's end, in the order
+ * given; a part of a split tensor counts from the part's first byte) is hashed where it lies
+ * and served from there, bytes between the tensors included; any other chunk is packed into
+ * staging memory as usual. The trainer keeps no staging copy of an in-place chunk (a 1 GiB
+ * model: 0.9 GB of trainer memory rather than 2.7 GB, docs/architecture.md). Such a chunk is
+ * leased only to receivers that owe its version (a receiver that attached after the version
+ * began is refused it with WSYNC_ERR_ABANDONED and gets the next version), and once
+ * wsync_sender_flush() returns WSYNC_OK for its version no lease or fetch of it is served
+ * again (queued fetches included). Receivers see no difference: the wire is the same.
+ * *base stays valid while the sender exists; "shm" unmaps the memory when both the sender and
+ * the strategy that created it are destroyed, "ucx" when the sender is, so nothing may use it
+ * after that.
  * Returns WSYNC_OK, or WSYNC_ERR_INVALID_ARGUMENT for NULL arguments (outputs are zeroed when
  * non-NULL). Does not block. Any thread. 0.5. */
 WSYNC_API wsync_status_t wsync_sender_arena(const wsync_sender_t *sender, void **base,

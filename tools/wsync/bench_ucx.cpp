@@ -89,10 +89,24 @@ double raw_get_bandwidth(const Args &a, uint64_t msg_bytes, uint64_t total, std:
     return mbps * 1048576.0;
 }
 
+// This process's peak resident memory (VmHWM), bytes; 0 if unknown.
+uint64_t peak_rss_bytes() {
+    FILE *f = std::fopen("/proc/self/status", "r");
+    char line[256];
+    uint64_t kb = 0;
+    while (f && std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "VmHWM: %" SCNu64 " kB", &kb) == 1) break;
+    if (f) std::fclose(f);
+    return kb * 1024;
+}
+
 }  // namespace
 
 int cmd_bench_ucx(const Args &a) {
     RunResult r = run_sync(a, a.checksum, !a.json, Baselines::None);
+    // The trainer's peak resident memory: the model, and staging (keep_versions 1: up to two
+    // versions of chunk buffers), none of which an arena run needs.
+    const uint64_t trainer_peak = peak_rss_bytes();
     const uint64_t chunk = a.chunk_mb << 20;
     std::string why;
     const double raw = raw_get_bandwidth(a, chunk, r.bytes, &why);
@@ -107,12 +121,12 @@ int cmd_bench_ucx(const Args &a) {
     // ratio_to_gloo: the sync's rate over gloo's; the target is >= 1/1.1 (0.909).
     std::printf("{\"strategy\": \"ucx\", \"gpu\": %s, \"engine_netns\": \"%s\", \"transports\": \"%s\", \"net_devices\": \"%s\", "
                 "\"bytes\": %" PRIu64 ", \"tensors\": %zu, \"chunks\": %zu, \"receivers\": %u, "
-                "\"checksum\": %s, \"first_sync_s\": %.6f, \"steady_sync_s\": %.6f, "
+                "\"checksum\": %s, \"arena\": %s, \"trainer_peak_rss_mb\": %.0f, \"first_sync_s\": %.6f, \"steady_sync_s\": %.6f, "
                 "\"steady_gbps\": %.3f, \"raw_get_gbps\": %.3f, \"raw_get_message_bytes\": %" PRIu64
                 ", \"ratio_to_raw_get\": %.3f, \"gloo_steady_s\": %.6f, \"gloo_gbps\": %.3f, \"ratio_to_gloo\": %.3f, "
                 "\"gloo_python\": \"%s\", \"steps_s\": %s%s%s}\n",
                 a.gpu ? "true" : "false", a.engine_netns.c_str(), a.transports.c_str(), a.net_devices.c_str(), r.bytes, r.tensors, r.chunks, a.receivers,
-                a.checksum ? "true" : "false", r.step_s[0], steady, sync_bps / 1e9, raw / 1e9, chunk,
+                a.checksum ? "true" : "false", a.arena ? "true" : "false", trainer_peak / 1048576.0, r.step_s[0], steady, sync_bps / 1e9, raw / 1e9, chunk,
                 raw > 0 ? sync_bps / raw : 0.0, gloo.steady_s, gloo_bps / 1e9, gloo_bps > 0 ? sync_bps / gloo_bps : 0.0,
                 gloo.python.c_str(), json_list(r.step_s).c_str(), error("raw_get_error", why).c_str(),
                 error("gloo_error", gloo.why).c_str());

@@ -146,7 +146,8 @@ std::string kind_options(const Args &a, bool checksum, uint64_t bucket, uint64_t
     if (a.copy_threads >= 0) common += ", \"copy_threads\": " + std::to_string(a.copy_threads);
     if (a.strategy == "ucx")
         return common + ", \"keep_versions\": 1, \"transports\": \"" + a.transports +
-               "\", \"net_devices\": \"" + a.net_devices + "\"}";
+               "\", \"net_devices\": \"" + a.net_devices + "\"" +
+               (arena_bytes ? ", \"arena_bytes\": " + std::to_string(arena_bytes) : std::string()) + "}";
     return common + ", \"buckets\": " + std::to_string(a.buckets) +
            ", \"bucket_bytes\": " + std::to_string(bucket) +
            (arena_bytes ? ", \"arena_bytes\": " + std::to_string(arena_bytes) : std::string()) + "}";
@@ -154,7 +155,9 @@ std::string kind_options(const Args &a, bool checksum, uint64_t bucket, uint64_t
 
 // --- the trainer and controller ---------------------------------------------------------------
 RunResult run_sync(const Args &a, bool checksum, bool progress, Baselines baselines) {
-    if (a.arena && a.strategy != "shm") die("--arena is for the shm strategy (its sender's arena)");
+    if (a.arena && a.strategy != "shm" && a.strategy != "ucx")
+        die("--arena is for the shm and ucx strategies (their sender's arena)");
+    if (a.arena && a.gpu) die("--arena keeps the model in host memory; --gpu keeps it on GPU 0: choose one");
     if (a.gpu && a.strategy != "ucx") die("--gpu is for the ucx strategy (cuda_ipc benches GPU memory itself)");
     const auto model = make_model(a.size_mb << 20);
     const int poll_ms = int(std::min<int64_t>(a.timeout_ms + 5000, INT32_MAX));
@@ -202,7 +205,10 @@ RunResult run_sync(const Args &a, bool checksum, bool progress, Baselines baseli
     RunResult r;
     r.tensors = model.size();
     std::vector<wsync_tensor_t> desc(model.size());
-    auto weights = allocate(model);
+    // With --arena the model lives in the sender's arena; the baselines copy from a second
+    // copy, made only when they run (so the ucx bench's trainer_peak_rss_mb is the sync's).
+    auto weights = a.arena && baselines == Baselines::None ? std::vector<std::vector<uint8_t>>(model.size())
+                                                           : allocate(model);
     std::vector<uint8_t *> held(model.size());  // where the trainer keeps each tensor
     uint64_t largest = 0;
     for (size_t i = 0; i < model.size(); ++i) {

@@ -121,3 +121,42 @@ def test_ucx_select_naming_a_tensor_the_version_lacks_fails_by_name_and_a_bad_en
     with pytest.raises(WsyncError) as info:
         wsync.Strategy("ucx", select=[{"tensor": "w", "offset": 0, "bytes": 0}], **OPTIONS)
     assert info.value.status is Status.INVALID_ARGUMENT and "select[0]" in info.value.message
+
+
+def test_ucx_a_model_placed_in_the_arena_arrives_bit_exact_each_step():
+    """The ucx sender's arena through the binding: place_in_arena moves the model in, and
+    send_model (which flushes before returning, as arena tensors are borrowed until then)
+    brings every step's weights to the engine bit for bit."""
+    import queue
+    import threading
+
+    from wsync.trainer import place_in_arena, send_model
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.LayerNorm(300), torch.nn.Linear(300, 7))
+    with wsync.Strategy("ucx", receivers=1, arena_bytes=1 << 20, **OPTIONS) as trainer, \
+            wsync.Strategy("ucx", **OPTIONS) as engine:
+        init = trainer.create_init_info()
+        with trainer.sender(init) as sender, engine.receiver(init, 0) as receiver:
+            assert sender.arena is not None and len(sender.arena) == 1 << 20
+            place_in_arena(sender, model)
+            for step in (1, 2, 3):
+                with torch.no_grad():  # the trainer's step, after the last flush
+                    for p in model.parameters():
+                        p.mul_(0.5).add_(step)
+                got, requests = {}, queue.Queue()
+
+                def load():
+                    for request in iter(requests.get, None):
+                        with receiver.receive(request) as it:
+                            got.update({name: t.clone() for name, t in it})
+
+                loader = threading.Thread(target=load)
+                loader.start()
+                send_model(sender, model, on_request=requests.put, flush_timeout_s=10.0)
+                requests.put(None)
+                loader.join(10.0)
+                assert receiver.completed_version == step
+                want = model.state_dict()
+                assert set(got) == set(want)
+                for name, t in want.items():
+                    assert torch.equal(got[name], t), name

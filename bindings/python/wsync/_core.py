@@ -712,12 +712,15 @@ class Sender(_Owned):
 
     @property
     def arena(self):
-        """The sender's arena (``shm`` made with ``arena_bytes``; libwsync 0.5) as a writable
-        ctypes byte array over the shared segment, or ``None`` when it has none.
+        """The sender's arena (``shm`` made with ``arena_bytes``, libwsync 0.5; ``ucx`` too since
+        0.8) as a writable ctypes byte array (over the shared segment for ``shm``, the trainer's
+        private memory for ``ucx``), or ``None`` when it has none.
 
         Tensors kept there (:func:`wsync.trainer.place_in_arena` moves a module's parameters
         in) cross in place: each engine reads them straight from the trainer's memory instead
-        of the trainer packing them into a bucket first. They are then borrowed until the
+        of the trainer packing them into a bucket first (``ucx``: a chunk whose tensors lie
+        there in packed layout is served from there, with no staging copy; see
+        ``wsync_sender_arena`` in wsync.h). They are then borrowed until the
         version is acknowledged: do not write them (an optimizer step) before ``flush`` (or
         :func:`wsync.trainer.send_model`, which flushes) returns. With checksums on, a write
         before then fails the version on the engines (``INTEGRITY``); with them off it may be

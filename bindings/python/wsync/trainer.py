@@ -454,9 +454,10 @@ ARENA_ALIGN = 256
 
 def place_in_arena(sender: Sender, source) -> int:
     """Moves a CPU module's parameters and buffers (or a list of tensors) into the sender's
-    arena (``shm`` made with ``arena_bytes``; libwsync 0.5) and returns the arena bytes they
-    take, so that every later sync sends them in place: each engine copies straight from the
-    trainer's memory, as with ``share_memory_()``, and no bucket copy is made.
+    arena (``shm`` or, since libwsync 0.8, ``ucx`` made with ``arena_bytes``) and returns the
+    arena bytes they take, so that every later sync sends them in place: each engine copies
+    straight from the trainer's memory, as with ``share_memory_()``, and no bucket copy is
+    made (``ucx``: for each chunk whose tensors lie there in the order they are sent).
 
     Each tensor keeps its identity: a parameter's ``.data`` is replaced by a tensor of the
     same dtype and shape over the arena holding the same values (contiguous, at a multiple of
@@ -476,8 +477,8 @@ def place_in_arena(sender: Sender, source) -> int:
 
     arena = sender.arena
     if arena is None:
-        raise invalid("place_in_arena: the sender has no arena; make the shm strategy with "
-                      "arena_bytes (e.g. wsync.Strategy('shm', arena_bytes=...))")
+        raise invalid("place_in_arena: the sender has no arena; make the shm or ucx strategy "
+                      "with arena_bytes (e.g. wsync.Strategy('shm', arena_bytes=...))")
     if isinstance(source, torch.nn.Module):
         tensors = list(source.parameters()) + [b for b in source.buffers() if b is not None]
     else:

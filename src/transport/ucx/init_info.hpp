@@ -18,6 +18,8 @@ using json = nlohmann::json;
 inline constexpr const char *kKind = "ucx";
 inline constexpr uint32_t kMaxReceivers = 4096;
 inline constexpr uint32_t kMaxKeepVersions = 64;
+// The sender's "arena_bytes" at most (1 TiB, as shm's).
+inline constexpr uint64_t kMaxArenaBytes = uint64_t(1) << 40;
 inline constexpr std::size_t kMaxAddressBytes = 64 << 10;  // a UCP worker address
 inline constexpr std::size_t kMaxText = 255;               // names and failure messages
 

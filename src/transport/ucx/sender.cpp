@@ -14,12 +14,26 @@ namespace wsync::ucx {
 using layout::round_up;
 
 UcxSender::UcxSender(std::unique_ptr<Worker> w, const InitInfo &info, int64_t timeout_ms, uint64_t block_bytes,
-          unsigned copy_threads)
+          unsigned copy_threads, uint64_t arena_bytes)
     : w_(std::move(w)), info_(info), timeout_ms_(timeout_ms), block_bytes_(block_bytes),
       copiers_(copy_threads), members_(info.receivers),
       failures_(std::size_t(info.receivers) * 4 + 16) {
+    if (arena_bytes) {
+        // Pre-faulted (MAP_POPULATE), so no first sync pays for zeroing pages; never registered
+        // with UCX: engines get its bytes only as the trainer sends them for a lease.
+        const uint64_t n = round_up(arena_bytes, layout::kPageBytes);
+        void *p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+        if (p == MAP_FAILED)
+            fail(WSYNC_ERR_NO_MEMORY, std::string(kKind) + ": cannot map the " + std::to_string(n) +
+                                          "-byte arena (\"arena_bytes\")");
+        arena_ = p;
+        arena_bytes_ = n;
+    }
     stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (stop_fd_ < 0) fail_errno("ucx sender: eventfd", errno);
+    if (stop_fd_ < 0) {
+        if (arena_) munmap(arena_, arena_bytes_);
+        fail_errno("ucx sender: eventfd", errno);
+    }
     w_->set_admit([this](const Msg &m) { return admit(m); });
     // The data stream (stream.hpp): its address goes in every welcome; a connection becomes a
     // member's stream once it proves that member's connection key.
@@ -53,6 +67,7 @@ UcxSender::~UcxSender() {
         for (auto &p : retired_) p->leak();
     retired_.clear();
     gpu_.reset();  // after its buffers
+    if (arena_) munmap(arena_, arena_bytes_);  // nothing reads it now: the progress thread is gone
 }
 
 json UcxSender::send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) {
@@ -61,7 +76,18 @@ json UcxSender::send(const ChunkHeader &h, const wsync_tensor_t *tensors, Tensor
     const uint64_t end = layout::place(table, uint64_t(1) << 62, kKind);
     const std::string chunk = "chunk " + std::to_string(h.chunk_index) + " of version " + std::to_string(h.version);
     if (!on_gpu.empty()) gpu_->require_not_stuck(chunk);
-    Buffer buf = take_buffer(std::max<uint64_t>(end, 1), !on_gpu.empty());
+    Buffer buf;
+    if (const uint8_t *at = on_gpu.empty() ? in_arena(tensors, table, end) : nullptr) {
+        // Sent in place: the chunk's bytes are where the caller keeps them; with checksums on
+        // they are hashed there (one read, no copy). Borrowed until the flush of its version.
+        layout::InPlace all(table.metas.size(), 1);
+        layout::pack_host(const_cast<uint8_t *>(at), tensors, table, info_.checksum, all, copiers_);
+        buf.base = const_cast<uint8_t *>(at);
+        buf.cap = end;
+        buf.borrowed = true;
+    } else {
+        buf = take_buffer(std::max<uint64_t>(end, 1), !on_gpu.empty());
+    }
     if (!on_gpu.empty()) {
         try {
             gpu_->pack(tensors, table, on_gpu, *buf.pinned, sys::Deadline(timeout_ms_), chunk);
@@ -72,7 +98,7 @@ json UcxSender::send(const ChunkHeader &h, const wsync_tensor_t *tensors, Tensor
             throw;
         }
     }
-    stage_host(static_cast<uint8_t *>(buf.base), tensors, table, on_gpu);
+    if (!buf.borrowed) stage_host(static_cast<uint8_t *>(buf.base), tensors, table, on_gpu);
     std::vector<uint64_t> blocks;
     if (block_bytes_) {  // a second pass, for engines that pull byte ranges (docs/architecture.md)
         const auto *base = static_cast<const uint8_t *>(buf.base);
@@ -112,6 +138,9 @@ void UcxSender::flush(int64_t timeout_ms) {
             if (!failures_.holds(i)) owing.push_back(i);
         if (owing.empty()) {
             if (!failures_.empty()) failures_.report(kKind);
+            // The version is complete everywhere it was owed: what it borrowed from the arena
+            // goes back to the caller, who may write it from now on (no later lease reads it).
+            retire_borrowed(last_version());
             return;
         }
         if (deadline.passed()) report_timeout(owing, deadline.budget_ms());
@@ -243,6 +272,26 @@ void UcxSender::stage_host(uint8_t *base, const wsync_tensor_t *tensors, TensorT
     layout::pack_host(base, staged.data(), table, info_.checksum, in_place, copiers_);
 }
 
+// Where the chunk lies in the arena when the caller laid it out there exactly as it would be
+// packed (layout::place: each tensor at the next multiple of 256 bytes after the previous one's
+// end, in the order given), starting at a multiple of 256 bytes from the arena's base; else
+// nullptr (the chunk is packed into a staging buffer as usual). Patches (delta) never are: their
+// bytes are the encoder's. A tensor of no bytes may be anywhere.
+const uint8_t *UcxSender::in_arena(const wsync_tensor_t *tensors, const TensorTable &table, uint64_t end) const {
+    if (!arena_ || table.metas.empty() || end == 0 || end > arena_bytes_) return nullptr;
+    const auto a = reinterpret_cast<uintptr_t>(arena_);
+    const auto first = reinterpret_cast<uintptr_t>(tensors[0].data);
+    if (first < a || first - a < table.offsets[0]) return nullptr;
+    const uintptr_t start = first - table.offsets[0];
+    if ((start - a) % layout::kTensorAlign != 0 || start - a > arena_bytes_ - end) return nullptr;
+    for (std::size_t i = 0; i < table.metas.size(); ++i) {
+        if (table.is_patch(i)) return nullptr;
+        if (table.metas[i].nbytes == 0) continue;
+        if (reinterpret_cast<uintptr_t>(tensors[i].data) != start + table.offsets[i]) return nullptr;
+    }
+    return reinterpret_cast<const uint8_t *>(start);
+}
+
 // A staging buffer of at least `bytes` (rounded up to 2 MiB): from the pool when one of the
 // right kind is at most twice that size, else new. `pinned`: for a chunk with device tensors.
 Buffer UcxSender::take_buffer(uint64_t bytes, bool pinned) {
@@ -274,8 +323,10 @@ Buffer UcxSender::take_buffer(uint64_t bytes, bool pinned) {
 }
 
 void UcxSender::put_buffer(Buffer &b) {
-    if (pool_.size() < 64) pool_.push_back(b);
-    else free_buffer(b);
+    if (!b.borrowed) {  // a borrowed one is the caller's arena: it only goes
+        if (pool_.size() < 64) pool_.push_back(b);
+        else free_buffer(b);
+    }
     b = Buffer{};
 }
 
@@ -283,7 +334,9 @@ void UcxSender::put_buffer(Buffer &b) {
 // it): this runs under the mutex, on the progress thread too, and freeing pinned memory may
 // wait for the GPU.
 void UcxSender::free_buffer(Buffer &b) noexcept {
-    if (b.pinned) {
+    if (b.borrowed) {
+        // the caller's arena: nothing to free
+    } else if (b.pinned) {
         try {
             retired_.push_back(std::move(b.pinned));
         } catch (...) {
@@ -317,8 +370,8 @@ void UcxSender::report_timeout(const std::vector<uint32_t> &owing, int64_t budge
 
 std::unique_ptr<SenderImpl> make_sender(std::unique_ptr<Worker> worker, const InitInfo &info,
                                         int64_t timeout_ms, uint64_t block_bytes,
-                                        unsigned copy_threads) {
-    return std::make_unique<UcxSender>(std::move(worker), info, timeout_ms, block_bytes, copy_threads);
+                                        unsigned copy_threads, uint64_t arena_bytes) {
+    return std::make_unique<UcxSender>(std::move(worker), info, timeout_ms, block_bytes, copy_threads, arena_bytes);
 }
 
 }  // namespace wsync::ucx

@@ -13,8 +13,10 @@
 namespace wsync::ucx {
 
 // copy_threads: the option, threads that pack and hash one large tensor (copy::Pool).
+// arena_bytes: the option, host memory for the trainer's own tensors (0: none; rounded up to
+// whole pages), whose chunks laid out as the sender would pack them cross without a pack.
 std::unique_ptr<SenderImpl> make_sender(std::unique_ptr<Worker> worker, const InitInfo &info,
                                         int64_t timeout_ms, uint64_t block_bytes,
-                                        unsigned copy_threads);
+                                        unsigned copy_threads, uint64_t arena_bytes);
 
 }  // namespace wsync::ucx

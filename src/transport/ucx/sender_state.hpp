@@ -26,6 +26,9 @@ struct Buffer {
     void *base = nullptr;
     std::size_t cap = 0;
     std::shared_ptr<gpu::DeviceBuffer> pinned;  // set: base is pinned->host()
+    // base lies in the sender's arena: the caller's tensors, sent in place (in_arena()); never
+    // pooled, written or unmapped here, and only leased to receivers that owe its version.
+    bool borrowed = false;
 };
 
 struct Chunk {
@@ -66,7 +69,7 @@ struct Member {
 class UcxSender final : public SenderImpl {
 public:
     UcxSender(std::unique_ptr<Worker> w, const InitInfo &info, int64_t timeout_ms, uint64_t block_bytes,
-              unsigned copy_threads);
+              unsigned copy_threads, uint64_t arena_bytes);
     ~UcxSender() override;
 
     json send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) override;
@@ -76,6 +79,7 @@ public:
     bool begin_version(uint64_t version) override;
     void set_stream(void *stream) override;
     void drop_receiver(uint32_t index) override;
+    std::pair<void *, uint64_t> arena() const override { return {arena_, arena_bytes_}; }
 
 private:
     // ---- staging (sender.cpp) ---------------------------------------------------------------
@@ -83,6 +87,7 @@ private:
     void free_retired();
     void stage_host(uint8_t *base, const wsync_tensor_t *tensors, TensorTable &table,
                     const std::vector<std::size_t> &on_gpu);
+    const uint8_t *in_arena(const wsync_tensor_t *tensors, const TensorTable &table, uint64_t end) const;
     Buffer take_buffer(uint64_t bytes, bool pinned);
     void put_buffer(Buffer &b);
     void free_buffer(Buffer &b) noexcept;
@@ -95,6 +100,7 @@ private:
     bool admit(const Msg &m);
     void handle(std::vector<Msg> inbox);
     void hello(const Msg &m);
+    std::string gone_text(uint64_t seq) const;
     void lease(uint32_t index, Member &mem, uint64_t seq);
     void fetch(uint32_t index, Member &mem, const Msg &m);
     void answer_fetch(uint32_t index, Member &mem, const Msg &m);
@@ -107,6 +113,7 @@ private:
     void name_dead(uint32_t index, Member &m);
     void commit(uint64_t version);
     void retire(Chunk &c, uint64_t seq);
+    void retire_borrowed(uint64_t through_version);
     void release();
     bool abandoned_here(uint64_t version) const;
     uint64_t last_version() const;
@@ -144,6 +151,8 @@ private:
     static constexpr std::size_t kAppliedKept = 8;
     std::vector<std::pair<uint64_t, uint64_t>> applied_;
     std::vector<Buffer> pool_;
+    void *arena_ = nullptr;     // "arena_bytes" of anonymous pages, pre-faulted; unmapped last
+    uint64_t arena_bytes_ = 0;
     std::vector<uint64_t> committed_;
     FailureGather failures_;  // gathered, reported whole by flush (the core's policy)
     uint64_t next_seq_ = 1, last_seq_ = 0, last_committed_ = 0, open_version_ = 0;

@@ -177,6 +177,14 @@ void UcxSender::hello(const Msg &m) {
     mem.acked_through = last_seq_;
 }
 
+// Why chunk seq is refused once retired (or gone from chunks_).
+std::string UcxSender::gone_text(uint64_t seq) const {
+    return "chunk seq " + std::to_string(seq) + " is no longer kept (abandoned, older than the last " +
+           std::to_string(info_.keep_versions) +
+           " committed versions, or sent in place from the trainer's arena and flushed; the latest is " +
+           std::to_string(last_committed_) + ")";
+}
+
 void UcxSender::lease(uint32_t index, Member &mem, uint64_t seq) {
     Msg reply;
     reply.type = MsgType::Grant;
@@ -187,10 +195,14 @@ void UcxSender::lease(uint32_t index, Member &mem, uint64_t seq) {
         reply.text = "this receiver was dropped by the trainer";
     } else if (it == chunks_.end() || it->second.retired) {
         reply.status = WSYNC_ERR_ABANDONED;
-        reply.text = "chunk seq " + std::to_string(seq) +
-                     " is no longer kept (abandoned, or older than the last " +
-                     std::to_string(info_.keep_versions) + " committed versions; the latest is " +
-                     std::to_string(last_committed_) + ")";
+        reply.text = gone_text(seq);
+    } else if (it->second.buf.borrowed && mem.from_version > it->second.version) {
+        // Sent in place from the arena, which the caller may write once the version's flush
+        // returns: only receivers that owe the version (whom that flush waits for) read it.
+        reply.status = WSYNC_ERR_ABANDONED;
+        reply.text = "chunk seq " + std::to_string(seq) + " of version " + std::to_string(it->second.version) +
+                     " was sent in place from the trainer's arena and is read only by receivers that owe it; "
+                     "this one owes versions from " + std::to_string(mem.from_version) + " on";
     } else if (mem.leases[seq] >= kLeasesPerChunk) {
         // Bounded per peer (issue 37): an honest engine holds one lease per chunk it reads.
         reply.status = WSYNC_ERR_WRONG_STATE;
@@ -275,9 +287,7 @@ void UcxSender::answer_fetch(uint32_t index, Member &mem, const Msg &m) {
         reply.text = "this receiver was dropped by the trainer";
     } else if (it != chunks_.end() ? it->second.retired : m.seq != 0 && m.seq < next_seq_) {
         reply.status = WSYNC_ERR_ABANDONED;
-        reply.text = "chunk seq " + std::to_string(m.seq) + " is no longer kept (abandoned, or older than the last " +
-                     std::to_string(info_.keep_versions) + " committed versions; the latest is " +
-                     std::to_string(last_committed_) + ")";
+        reply.text = gone_text(m.seq);
     } else if (it == chunks_.end() || mem.leases.count(m.seq) == 0) {
         reply.status = WSYNC_ERR_WRONG_STATE;
         reply.text = "chunk seq " + std::to_string(m.seq) + " is not leased to this receiver";
@@ -445,6 +455,18 @@ void UcxSender::retire(Chunk &c, uint64_t seq) {
     c.retired = true;
     for (Member &m : members_) m.leases.erase(seq);
     c.leases = 0;
+}
+
+// The chunks of versions up to `through_version` sent in place from the arena: retired, so
+// nothing leases them again (a send in flight still reads its range until it ends).
+void UcxSender::retire_borrowed(uint64_t through_version) {
+    bool any = false;
+    for (auto &kv : chunks_)
+        if (kv.second.buf.borrowed && !kv.second.retired && kv.second.version <= through_version) {
+            retire(kv.second, kv.first);
+            any = true;
+        }
+    if (any) release();
 }
 
 // Retired chunks go back to the pool once no send reads them.

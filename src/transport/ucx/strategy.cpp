@@ -53,6 +53,11 @@ const std::vector<OptionSpec> &option_specs() {
          "4096; 0: none), so engines that pull byte ranges (\"select\") verify each block their "
          "range covers whole; costs one more hashing pass over each chunk",
          nullptr, nullptr, /*experimental=*/true},
+        {"arena_bytes", T::UInt, 0, 0, kMaxArenaBytes, "sender",
+         "bytes of host memory for the trainer's own tensors (rounded up to 4096; 0: none): "
+         "wsync_sender_arena() hands it out, and a chunk whose tensors lie in it as the sender "
+         "would pack them (each at the next multiple of 256 bytes, in order) is sent from there "
+         "with no pack copy, borrowed until its version's flush returns OK"},
         option::verify(),
         option::copy_threads(),
         option::timeout_ms(1, "both",
@@ -133,7 +138,8 @@ public:
         : config_(make_config(o)),
           receivers_(static_cast<uint32_t>(o.uint("receivers"))),
           keep_(static_cast<uint32_t>(o.uint("keep_versions"))), checksum_(o.boolean("checksum")),
-          timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))), block_bytes_(o.uint("block_checksum_bytes")) {
+          timeout_ms_(static_cast<int64_t>(o.uint("timeout_ms"))), block_bytes_(o.uint("block_checksum_bytes")),
+          arena_bytes_(o.uint("arena_bytes")) {
         if (block_bytes_ % kMinBlockBytes)
             fail(WSYNC_ERR_INVALID_ARGUMENT, std::string(kKind) + ": option 'block_checksum_bytes' = " +
                                                  std::to_string(block_bytes_) + " is not a multiple of " +
@@ -169,7 +175,8 @@ public:
                                         "info (this one has not created one, or already made its sender)");
         if (info.session != info_.session)
             fail(WSYNC_ERR_MISMATCH, "ucx: the init info is not the one this strategy created");
-        return make_sender(std::move(worker_), info, timeout_ms_, block_bytes_, receiver_.copy_threads);
+        return make_sender(std::move(worker_), info, timeout_ms_, block_bytes_, receiver_.copy_threads,
+                           arena_bytes_);
     }
 
     std::unique_ptr<ReceiverImpl> create_receiver(const json &body, uint32_t index) override {
@@ -184,6 +191,7 @@ private:
     bool checksum_;
     int64_t timeout_ms_;
     uint64_t block_bytes_;
+    uint64_t arena_bytes_;  // the sender's arena (0: none)
     ReceiverOptions receiver_;
     std::unique_ptr<Worker> worker_;
     InitInfo info_;

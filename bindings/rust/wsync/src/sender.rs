@@ -340,20 +340,23 @@ impl Sender {
         check(unsafe { sys::wsync_sender_set_stream(self.raw.as_ptr(), stream) })
     }
 
-    /// The sender's arena: host memory in the `"shm"` segment (the strategy's `"arena_bytes"`
-    /// option; libwsync 0.5) where the trainer may keep its tensors, as its first byte and
-    /// length; `None` for other kinds and without the option.
+    /// The sender's arena: host memory in the `"shm"` segment, or since libwsync 0.8 the
+    /// `"ucx"` trainer's own memory (the strategy's `"arena_bytes"` option; libwsync 0.5) where
+    /// the trainer may keep its tensors, as its first byte and length; `None` for other kinds
+    /// and without the option.
     ///
     /// A tensor passed to [`Sender::send_chunk`] whose bytes lie wholly in the arena, starting a
     /// multiple of 256 bytes from its first byte, is sent in place: the engines read it there
-    /// instead of the trainer packing it into a bucket. It is then borrowed until the version
+    /// instead of the trainer packing it into a bucket (`"ucx"`: a whole chunk laid out there
+    /// as it would be packed, else none of it; see `wsync_sender_arena` in wsync.h). It is
+    /// then borrowed until the version
     /// is acknowledged: write it only after [`Sender::flush`] returns `Ok` (with checksums on,
     /// an earlier write fails the version on the engines with [`Status::Integrity`]; with them
     /// off it may be loaded torn). Make such tensors with [`TensorRef::from_raw_parts`], whose
     /// safety contract is exactly that rule.
     ///
-    /// The memory is the library's, mapped while this sender (or the strategy that created it)
-    /// lives: do not use the pointer after both are dropped.
+    /// The memory is the library's, mapped while this sender (for `"shm"`, or the strategy
+    /// that created it) lives: do not use the pointer after both are dropped.
     ///
     /// # Errors
     /// Only if the library refuses the call (a library bug for a live sender).
