@@ -636,8 +636,13 @@ WSYNC_API wsync_status_t wsync_sender_set_stream(wsync_sender_t *sender, void *s
  * model: 0.9 GB of trainer memory rather than 2.7 GB, docs/architecture.md). Such a chunk is
  * leased only to receivers that owe its version (a receiver that attached after the version
  * began is refused it with WSYNC_ERR_ABANDONED and gets the next version), and once
- * wsync_sender_flush() returns WSYNC_OK for its version no lease or fetch of it is served
- * again (queued fetches included). Receivers see no difference: the wire is the same.
+ * wsync_sender_flush() returns WSYNC_OK no lease or fetch of any in-place chunk is served
+ * again (queued fetches included); only a send already under way then (to a receiver dropped
+ * meanwhile) still reads its range until it ends, so with checksums off that receiver may see
+ * the next step's bytes. An engine that re-attaches while such a version is open (after a
+ * link outage) is a late joiner for it: it is not served the version, and the flush names it
+ * as one that died (with staging it could complete it). Receivers see no difference: the wire
+ * is the same.
  * *base stays valid while the sender exists; "shm" unmaps the memory when both the sender and
  * the strategy that created it are destroyed, "ucx" when the sender is, so nothing may use it
  * after that.

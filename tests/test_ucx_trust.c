@@ -662,6 +662,72 @@ static void fetches_without_a_lease_or_past_a_chunks_end_are_refused_without_a_b
     trainer_stop(&t);
 }
 
+/* A chunk sent in place from the trainer's arena is served only until the flush returns OK:
+ * a peer holding the key that owed the version, leased the chunk, read it and acknowledged it
+ * is refused a new lease and a fetch of it afterwards (ABANDONED, no byte), while the trainer
+ * writes the arena for its next step. */
+static void an_arena_chunk_is_served_to_no_peer_once_the_flush_returned(void **state) {
+    (void)state;
+    if (!ucx_here()) skip();
+    struct trainer t;
+    OK(wsync_strategy_create("ucx", "{" OPTS ",\"receivers\":2,\"arena_bytes\":65536}", &t.s));
+    OK(wsync_strategy_create_init_info(t.s, &t.init));
+    OK(wsync_sender_create(t.s, t.init.data, t.init.size, &t.snd));
+    void *arena = NULL;
+    uint64_t arena_bytes = 0;
+    OK(wsync_sender_arena(t.snd, &arena, &arena_bytes));
+    assert_true(arena_bytes >= TENSOR_BYTES);
+    wsync_receiver_t *e0 = engine(&t, 0);
+    struct rogue a;
+    rogue_start(&a, &t);
+    uint8_t ck[32];
+    const uint64_t token = rnd64();
+    keyed_attach(&a, &t, 1, token, ck);
+
+    static const int64_t shape[1] = {TENSOR_BYTES / 4};
+    tu_fill(arena, TENSOR_BYTES, 1, 0);
+    wsync_tensor_t w = tu_tensor("w", arena, shape, 1, WSYNC_DTYPE_FLOAT, 32);
+    wsync_chunk_t c = tu_chunk(&w, 1, WSYNC_CHUNK_LAST);
+    wsync_blob_t req;
+    OK(wsync_sender_send_chunk(t.snd, &c, &req));
+    const uint64_t seq = blob_uint(&req, "seq");
+    uint8_t out[4096];
+    uint64_t number = 0;
+    struct msg lease = {LEASE, 1, token, ++number, seq, {0}, NULL, 0, 0, 0, 0};
+    rogue_send(&a, 1, out, seal(&lease, ck, out));
+    assert_int_equal(rogue_listen(&a), 1);
+    assert_int_equal(a.last[2], GRANT);
+    assert_int_equal(last_status(&a), 0);
+    struct msg f = {FETCH, 1, token, ++number, seq, {0}, NULL, 0, 1, 0, 4096};
+    rogue_send(&a, 1, out, seal(&f, ck, out));
+    assert_int_equal(rogue_listen(&a), 1);
+    assert_int_equal(last_status(&a), 0);
+    assert_int_equal(a.payload_len, 4096);
+    assert_memory_equal(a.payload, arena, 4096);
+    struct msg ack = {ACK, 1, token, ++number, seq, {0}, NULL, 0, 1, 0, 0};
+    rogue_send(&a, 1, out, seal(&ack, ck, out));
+    take(e0, &req, 1);
+    OK(wsync_sender_flush(t.snd, 3000));
+    tu_fill(arena, TENSOR_BYTES, 2, 0); /* the trainer's next step */
+
+    struct msg again = {LEASE, 1, token, ++number, seq, {0}, NULL, 0, 0, 0, 0};
+    rogue_send(&a, 1, out, seal(&again, ck, out));
+    assert_int_equal(rogue_listen(&a), 1);
+    assert_int_equal(a.last[2], GRANT);
+    assert_int_equal(last_status(&a), WSYNC_ERR_ABANDONED);
+    assert_true(last_says(&a, "sent in place from the trainer's arena"));
+    struct msg f2 = {FETCH, 1, token, ++number, seq, {0}, NULL, 0, 2, 0, 4096};
+    rogue_send(&a, 1, out, seal(&f2, ck, out));
+    assert_int_equal(rogue_listen(&a), 1);
+    assert_int_equal(a.last[2], DATA);
+    assert_int_equal(last_status(&a), WSYNC_ERR_ABANDONED);
+    assert_int_equal(a.payload_len, 0);
+    rogue_stop(&a);
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(e0);
+    trainer_stop(&t);
+}
+
 /* The trainer's resident memory, in KiB (VmRSS). */
 static long rss_kib(void) {
     FILE *f = fopen("/proc/self/status", "r");
@@ -1381,6 +1447,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(a_replayed_hello_and_forged_or_replayed_messages_are_dropped),
         cmocka_unit_test(unknown_ids_and_malformed_messages_are_dropped),
         cmocka_unit_test(fetches_without_a_lease_or_past_a_chunks_end_are_refused_without_a_byte),
+        cmocka_unit_test(an_arena_chunk_is_served_to_no_peer_once_the_flush_returned),
         cmocka_unit_test(the_key_is_in_the_init_info_only_and_an_older_init_info_is_refused_by_name),
         cmocka_unit_test(a_description_of_the_init_info_shows_the_keys_length_not_the_key),
         cmocka_unit_test(leases_are_capped_and_end_when_their_version_is_no_longer_kept),

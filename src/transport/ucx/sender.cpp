@@ -26,14 +26,12 @@ UcxSender::UcxSender(std::unique_ptr<Worker> w, const InitInfo &info, int64_t ti
         if (p == MAP_FAILED)
             fail(WSYNC_ERR_NO_MEMORY, std::string(kKind) + ": cannot map the " + std::to_string(n) +
                                           "-byte arena (\"arena_bytes\")");
+        arena_map_.reset(p, n);
         arena_ = p;
         arena_bytes_ = n;
     }
     stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (stop_fd_ < 0) {
-        if (arena_) munmap(arena_, arena_bytes_);
-        fail_errno("ucx sender: eventfd", errno);
-    }
+    if (stop_fd_ < 0) fail_errno("ucx sender: eventfd", errno);
     w_->set_admit([this](const Msg &m) { return admit(m); });
     // The data stream (stream.hpp): its address goes in every welcome; a connection becomes a
     // member's stream once it proves that member's connection key.
@@ -67,7 +65,7 @@ UcxSender::~UcxSender() {
         for (auto &p : retired_) p->leak();
     retired_.clear();
     gpu_.reset();  // after its buffers
-    if (arena_) munmap(arena_, arena_bytes_);  // nothing reads it now: the progress thread is gone
+    arena_map_.reset();  // nothing reads it now: the progress thread is gone, endpoints closed
 }
 
 json UcxSender::send(const ChunkHeader &h, const wsync_tensor_t *tensors, TensorTable &table) {
@@ -138,9 +136,10 @@ void UcxSender::flush(int64_t timeout_ms) {
             if (!failures_.holds(i)) owing.push_back(i);
         if (owing.empty()) {
             if (!failures_.empty()) failures_.report(kKind);
-            // The version is complete everywhere it was owed: what it borrowed from the arena
-            // goes back to the caller, who may write it from now on (no later lease reads it).
-            retire_borrowed(last_version());
+            // Everything published is complete everywhere it was owed: what was borrowed from
+            // the arena goes back to the caller, who may write it from now on (no later lease
+            // or fetch reads it; every version's, as an OK flush covers all of them).
+            retire_borrowed();
             return;
         }
         if (deadline.passed()) report_timeout(owing, deadline.budget_ms());
@@ -270,6 +269,12 @@ void UcxSender::stage_host(uint8_t *base, const wsync_tensor_t *tensors, TensorT
         staged[i].data = base + table.offsets[i];
     }
     layout::pack_host(base, staged.data(), table, info_.checksum, in_place, copiers_);
+}
+
+void UcxSender::Mapping::reset(void *to, std::size_t bytes) noexcept {
+    if (p) munmap(p, n);
+    p = to;
+    n = bytes;
 }
 
 // Where the chunk lies in the arena when the caller laid it out there exactly as it would be

@@ -113,7 +113,7 @@ private:
     void name_dead(uint32_t index, Member &m);
     void commit(uint64_t version);
     void retire(Chunk &c, uint64_t seq);
-    void retire_borrowed(uint64_t through_version);
+    void retire_borrowed();
     void release();
     bool abandoned_here(uint64_t version) const;
     uint64_t last_version() const;
@@ -151,7 +151,16 @@ private:
     static constexpr std::size_t kAppliedKept = 8;
     std::vector<std::pair<uint64_t, uint64_t>> applied_;
     std::vector<Buffer> pool_;
-    void *arena_ = nullptr;     // "arena_bytes" of anonymous pages, pre-faulted; unmapped last
+    // "arena_bytes" of anonymous pages, pre-faulted; unmapped by the destructor's end (or when
+    // the constructor throws after mapping it).
+    struct Mapping {
+        void *p = nullptr;
+        std::size_t n = 0;
+        void reset(void *to = nullptr, std::size_t bytes = 0) noexcept;
+        ~Mapping() { reset(); }
+    };
+    Mapping arena_map_;
+    void *arena_ = nullptr;
     uint64_t arena_bytes_ = 0;
     std::vector<uint64_t> committed_;
     FailureGather failures_;  // gathered, reported whole by flush (the core's policy)

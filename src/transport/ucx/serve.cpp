@@ -457,12 +457,12 @@ void UcxSender::retire(Chunk &c, uint64_t seq) {
     c.leases = 0;
 }
 
-// The chunks of versions up to `through_version` sent in place from the arena: retired, so
-// nothing leases them again (a send in flight still reads its range until it ends).
-void UcxSender::retire_borrowed(uint64_t through_version) {
+// Every chunk sent in place from the arena: retired, so nothing leases or fetches it again
+// (a send already under way still reads its range until it ends).
+void UcxSender::retire_borrowed() {
     bool any = false;
     for (auto &kv : chunks_)
-        if (kv.second.buf.borrowed && !kv.second.retired && kv.second.version <= through_version) {
+        if (kv.second.buf.borrowed && !kv.second.retired) {
             retire(kv.second, kv.first);
             any = true;
         }
