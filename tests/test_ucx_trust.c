@@ -1393,23 +1393,25 @@ static void a_flood_of_stream_connections_is_bounded_and_does_not_stop_an_honest
     wsync_receiver_t *e0 = engine(&t, 0);
     enum { N = 200 };
     int fds[N];
+    const long t0 = tu_now_ms();
     for (int i = 0; i < N; ++i) fds[i] = connect_lo(port);
-    honest_version_loads(&t, e0, 1);
-    int nonces = 0, closed = 0;
+    /* The connections holding a nonce at one moment, before the first could have been closed
+     * for silence (2 s, kProofMs) and its place given to a later one: at most 64 wait at once.
+     * (Counted over time, more get a nonce as the first ones are closed.) */
+    usleep(300 * 1000);
+    int nonces = 0;
     uint8_t buf[64];
-    for (int i = 0; i < N; ++i) {
-        const int got = read_until_closed(fds[i], buf, sizeof buf, i == 0 ? 3500 : 100);
-        nonces += got == 16;
-        closed += got >= 0;
-    }
+    for (int i = 0; i < N; ++i) nonces += recv(fds[i], buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT) == 16;
+    assert_true(tu_now_ms() - t0 < 2000);
     assert_true(nonces <= 64);
     assert_true(nonces >= 1);
+    honest_version_loads(&t, e0, 1);
     honest_version_loads(&t, e0, 2);
     for (int i = 0; i < N; ++i) {
-        assert_true(read_until_closed(fds[i], buf, sizeof buf, 3500) >= 0); /* all closed by now */
+        /* every one closed in its turn: 64 at a time, each after 2 s of silence */
+        assert_true(read_until_closed(fds[i], buf, sizeof buf, 3500) >= 0);
         close(fds[i]);
     }
-    (void)closed;
     wsync_receiver_destroy(e0);
     trainer_stop(&t);
 }
