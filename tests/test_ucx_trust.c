@@ -715,7 +715,7 @@ static void an_arena_chunk_is_served_to_no_peer_once_the_flush_returned(void **s
     assert_int_equal(rogue_listen(&a), 1);
     assert_int_equal(a.last[2], GRANT);
     assert_int_equal(last_status(&a), WSYNC_ERR_ABANDONED);
-    assert_true(last_says(&a, "sent in place from the trainer's arena"));
+    assert_true(last_says(&a, "was sent in place from the trainer's arena and its flush has returned"));
     struct msg f2 = {FETCH, 1, token, ++number, seq, {0}, NULL, 0, 2, 0, 4096};
     rogue_send(&a, 1, out, seal(&f2, ck, out));
     assert_int_equal(rogue_listen(&a), 1);

@@ -160,3 +160,48 @@ def test_ucx_a_model_placed_in_the_arena_arrives_bit_exact_each_step():
                 assert set(got) == set(want)
                 for name, t in want.items():
                     assert torch.equal(got[name], t), name
+
+
+def test_ucx_a_module_with_buffers_between_its_parameters_is_sent_in_place():
+    """place_in_arena lays a module out in the order send_model sends it (its state dict:
+    BatchNorm's running statistics sit between the Linear weights), so each chunk lies in the
+    arena as it would be packed and ucx serves it from there: a write to a parameter after its
+    chunk was sent, before the engine reads it, is what the engine reads, and the checksum
+    fails the version there (with a staging copy the engine would load the old values)."""
+    import queue
+    import threading
+
+    from wsync.trainer import place_in_arena, send_model
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 16))
+    with wsync.Strategy("ucx", receivers=1, arena_bytes=1 << 20, **OPTIONS) as trainer, \
+            wsync.Strategy("ucx", **OPTIONS) as engine:
+        init = trainer.create_init_info()
+        with trainer.sender(init) as sender, engine.receiver(init, 0) as receiver:
+            used = place_in_arena(sender, model)
+            assert place_in_arena(sender, model) == 0 and sender.arena_used == used  # nothing moves twice
+            requests, outcome = queue.Queue(), []
+
+            def load():
+                for request in iter(requests.get, None):
+                    try:
+                        with receiver.receive(request) as it:
+                            for _ in it:
+                                pass
+                        outcome.append(None)
+                    except WsyncError as e:
+                        outcome.append(e.status)
+
+            def write_then_forward(request):
+                with torch.no_grad():
+                    model[0].weight.add_(1.0)  # too early: the chunk is the engine's to read
+                requests.put(request)
+
+            loader = threading.Thread(target=load)
+            loader.start()
+            with pytest.raises(WsyncError) as info:
+                send_model(sender, model, on_request=write_then_forward, flush_timeout_s=10.0)
+            requests.put(None)
+            loader.join(10.0)
+            assert info.value.status is Status.PEER and "INTEGRITY" in info.value.message
+            assert outcome == [Status.INTEGRITY]

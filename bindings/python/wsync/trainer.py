@@ -462,8 +462,18 @@ def place_in_arena(sender: Sender, source) -> int:
     Each tensor keeps its identity: a parameter's ``.data`` is replaced by a tensor of the
     same dtype and shape over the arena holding the same values (contiguous, at a multiple of
     :data:`ARENA_ALIGN` bytes), so optimizers, hooks and tied parameters (one ``Parameter`` under
-    two names, moved once) are unaffected. Tensors placed by earlier calls stay; each call
-    appends after them (``sender.arena_used``). Empty tensors are left where they are.
+    two names, moved once) are unaffected. Tensors placed by earlier calls stay where they are
+    (passing them again moves nothing); each call appends after them (``sender.arena_used``).
+    Empty tensors are left where they are.
+
+    A module's tensors are laid out in the order :func:`send_model` sends it (its
+    ``state_dict()``, a tied tensor at its first name, then parameters and buffers the state
+    dict leaves out), one after another. ``shm`` sends any arena tensor in place; ``ucx`` only
+    a chunk that lies in the arena exactly as it would be packed, which that order gives for
+    ``send_model(sender, module)``. What is sent differently is packed as usual, silently (the
+    sync is the same, only the copy and the trainer's staging memory come back): a ``dtype=``
+    cast, ``aliases="repeat"``, a list placed in another order than it is sent, or tensors
+    placed by several calls between which the module's other tensors are sent.
 
     The rule that comes with it (see :attr:`wsync.Sender.arena`): do not write the placed
     tensors (an optimizer step) while a sync is in flight, i.e. before :func:`send_model` (or
@@ -480,16 +490,25 @@ def place_in_arena(sender: Sender, source) -> int:
         raise invalid("place_in_arena: the sender has no arena; make the shm or ucx strategy "
                       "with arena_bytes (e.g. wsync.Strategy('shm', arena_bytes=...))")
     if isinstance(source, torch.nn.Module):
-        tensors = list(source.parameters()) + [b for b in source.buffers() if b is not None]
+        # In the order send_model sends the module (its state dict, ties once), then what the
+        # state dict leaves out (non-persistent buffers): each chunk then lies in the arena as
+        # it would be packed, which ucx needs to send it in place.
+        listed = [t for t in source.state_dict(keep_vars=True).values() if isinstance(t, torch.Tensor)]
+        tensors = listed + list(source.parameters()) + [b for b in source.buffers() if b is not None]
     else:
         tensors = list(source)
+    lo = ctypes.addressof(arena)
+    hi = lo + ctypes.sizeof(arena)
     seen, unique = set(), []
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise invalid(f"place_in_arena: {type(t).__name__} is not a torch.Tensor")
         if t.device.type != "cpu" or t.is_sparse:
             raise invalid(f"place_in_arena: a {t.device.type} {'sparse ' if t.is_sparse else ''}"
-                          f"tensor of shape {tuple(t.shape)} cannot live in host shared memory")
+                          f"tensor of shape {tuple(t.shape)} cannot live in the sender's arena "
+                          f"(host memory)")
+        if lo <= t.data_ptr() < hi:
+            continue  # placed by an earlier call: it stays where it is
         if id(t) not in seen and t.numel() > 0:
             seen.add(id(t))
             unique.append(t)

@@ -160,6 +160,10 @@ private:
         ~Mapping() { reset(); }
     };
     Mapping arena_map_;
+    // In-place chunks retired by an OK flush, seq -> version (the newest kFlushedInPlaceKept),
+    // so a refusal says why (gone_text()).
+    static constexpr std::size_t kFlushedInPlaceKept = 1024;
+    std::map<uint64_t, uint64_t> flushed_in_place_;
     void *arena_ = nullptr;
     uint64_t arena_bytes_ = 0;
     std::vector<uint64_t> committed_;

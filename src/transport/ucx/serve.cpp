@@ -179,9 +179,14 @@ void UcxSender::hello(const Msg &m) {
 
 // Why chunk seq is refused once retired (or gone from chunks_).
 std::string UcxSender::gone_text(uint64_t seq) const {
-    return "chunk seq " + std::to_string(seq) + " is no longer kept (abandoned, older than the last " +
-           std::to_string(info_.keep_versions) +
-           " committed versions, or sent in place from the trainer's arena and flushed; the latest is " +
+    const auto f = flushed_in_place_.find(seq);
+    if (f != flushed_in_place_.end())
+        return "chunk seq " + std::to_string(seq) + " of version " + std::to_string(f->second) +
+               " was sent in place from the trainer's arena and its flush has returned: the trainer "
+               "may have written that memory since (the latest committed version is " +
+               std::to_string(last_committed_) + ")";
+    return "chunk seq " + std::to_string(seq) + " is no longer kept (abandoned, or older than the last " +
+           std::to_string(info_.keep_versions) + " committed versions; the latest is " +
            std::to_string(last_committed_) + ")";
 }
 
@@ -464,6 +469,8 @@ void UcxSender::retire_borrowed() {
     for (auto &kv : chunks_)
         if (kv.second.buf.borrowed && !kv.second.retired) {
             retire(kv.second, kv.first);
+            flushed_in_place_[kv.first] = kv.second.version;
+            if (flushed_in_place_.size() > kFlushedInPlaceKept) flushed_in_place_.erase(flushed_in_place_.begin());
             any = true;
         }
     if (any) release();
