@@ -357,6 +357,37 @@ static int last_says(const struct rogue *r, const char *needle) {
     return strstr(text, needle) != NULL;
 }
 
+/* A peer that holds the key and is attached as receiver `index` (keyed_attach), and the number
+ * of its last message. */
+struct keyed {
+    struct rogue a;
+    uint8_t ck[32];
+    uint32_t index;
+    uint64_t token, number;
+};
+
+static void keyed_start(struct keyed *k, const struct trainer *t, uint32_t index) {
+    rogue_start(&k->a, t);
+    k->index = index;
+    k->token = rnd64();
+    k->number = 0;
+    keyed_attach(&k->a, t, index, k->token, k->ck);
+}
+
+/* Sends the keyed peer's next message of `type` for chunk seq (version, offset, bytes as the
+ * message carries them) and, unless `answer` is 0, asserts one answer of that type came back;
+ * returns its status (0 when none is awaited). */
+static int keyed_ask(struct keyed *k, int type, uint64_t seq, uint64_t version, uint64_t offset, uint64_t bytes,
+                     int answer) {
+    uint8_t out[4096];
+    struct msg m = {(uint16_t)type, k->index, k->token, ++k->number, seq, {0}, NULL, 0, version, offset, bytes};
+    rogue_send(&k->a, 1, out, seal(&m, k->ck, out));
+    if (!answer) return 0;
+    assert_int_equal(rogue_listen(&k->a), 1);
+    assert_int_equal(k->a.last[2], answer);
+    return last_status(&k->a);
+}
+
 /* ---- the tests ------------------------------------------------------------------------------ */
 
 /* A peer that reaches the trainer's port without the key is not answered and takes nothing:
@@ -604,57 +635,35 @@ static void fetches_without_a_lease_or_past_a_chunks_end_are_refused_without_a_b
     struct trainer t;
     trainer_start(&t, 2);
     wsync_receiver_t *e0 = engine(&t, 0);
-    struct rogue a;
-    rogue_start(&a, &t);
-    uint8_t ck[32];
-    const uint64_t token = rnd64();
-    keyed_attach(&a, &t, 1, token, ck);
+    struct keyed k;
+    keyed_start(&k, &t, 1);
     wsync_blob_t req;
     send_version(&t, 1, &req);
     assert_null(memmem(req.data, req.size, "\x64rkey", 5));
     assert_null(memmem(req.data, req.size, "\x64" "addr", 5));
     const uint64_t seq = blob_uint(&req, "seq");
-    uint8_t out[4096];
-    uint64_t number = 0;
-    struct msg m = {FETCH, 1, token, ++number, seq, {0}, NULL, 0, 1, 0, 4096};
-    rogue_send(&a, 1, out, seal(&m, ck, out));       /* no lease yet */
-    assert_int_equal(rogue_listen(&a), 1);
-    assert_int_equal(a.last[2], DATA);
-    assert_int_equal(last_status(&a), WSYNC_ERR_WRONG_STATE);
-    assert_true(last_says(&a, "is not leased to this receiver"));
-    assert_int_equal(a.payload_len, 0);
+    assert_int_equal(keyed_ask(&k, FETCH, seq, 1, 0, 4096, DATA), WSYNC_ERR_WRONG_STATE); /* no lease yet */
+    assert_true(last_says(&k.a, "is not leased to this receiver"));
+    assert_int_equal(k.a.payload_len, 0);
 
-    struct msg lease = {LEASE, 1, token, ++number, seq, {0}, NULL, 0, 0, 0, 0};
-    rogue_send(&a, 1, out, seal(&lease, ck, out));
-    assert_int_equal(rogue_listen(&a), 1);
-    assert_int_equal(a.last[2], GRANT);
-    assert_int_equal(last_status(&a), 0);
+    assert_int_equal(keyed_ask(&k, LEASE, seq, 0, 0, 0, GRANT), 0);
 
     const uint64_t past[][2] = {{TENSOR_BYTES - 100, 200}, {TENSOR_BYTES, 1}, {UINT64_MAX - 10, 100}, {0, 0}};
     for (size_t i = 0; i < sizeof past / sizeof *past; ++i) {
-        struct msg f = {FETCH, 1, token, ++number, seq, {0}, NULL, 0, 2 + i, past[i][0], past[i][1]};
-        rogue_send(&a, 1, out, seal(&f, ck, out));
-        assert_int_equal(rogue_listen(&a), 1);
-        assert_int_equal(a.last[2], DATA);
-        assert_int_equal(last_status(&a), WSYNC_ERR_MALFORMED);
-        assert_true(last_says(&a, "-byte chunk seq"));
-        assert_int_equal(a.payload_len, 0);
+        assert_int_equal(keyed_ask(&k, FETCH, seq, 2 + i, past[i][0], past[i][1], DATA), WSYNC_ERR_MALFORMED);
+        assert_true(last_says(&k.a, "-byte chunk seq"));
+        assert_int_equal(k.a.payload_len, 0);
     }
-    struct msg f = {FETCH, 1, token, ++number, seq, {0}, NULL, 0, 9, 4096, 4096};
-    rogue_send(&a, 1, out, seal(&f, ck, out));       /* within the chunk */
-    assert_int_equal(rogue_listen(&a), 1);
-    assert_int_equal(last_status(&a), 0);
-    assert_int_equal(a.payload_len, 4096);
+    assert_int_equal(keyed_ask(&k, FETCH, seq, 9, 4096, 4096, DATA), 0); /* within the chunk */
+    assert_int_equal(k.a.payload_len, 4096);
     uint8_t want[8192];
     tu_fill(want, sizeof want, 1, 0);
-    assert_memory_equal(a.payload, want + 4096, 4096);
+    assert_memory_equal(k.a.payload, want + 4096, 4096);
 
-    struct msg ack = {ACK, 1, token, ++number, seq, {0}, NULL, 0, 1, 0, 0};
-    rogue_send(&a, 1, out, seal(&ack, ck, out));
-    struct msg bye = {BYE, 1, token, ++number, 0, {0}, NULL, 0, 0, 0, 0};
-    rogue_send(&a, 1, out, seal(&bye, ck, out));
-    (void)rogue_listen(&a);
-    rogue_stop(&a);
+    keyed_ask(&k, ACK, seq, 1, 0, 0, 0);
+    keyed_ask(&k, BYE, 0, 0, 0, 0, 0);
+    (void)rogue_listen(&k.a);
+    rogue_stop(&k.a);
     take(e0, &req, 1);
     OK(wsync_sender_flush(t.snd, 3000));
     wsync_blob_free(&req);
@@ -678,11 +687,8 @@ static void an_arena_chunk_is_served_to_no_peer_once_the_flush_returned(void **s
     OK(wsync_sender_arena(t.snd, &arena, &arena_bytes));
     assert_true(arena_bytes >= TENSOR_BYTES);
     wsync_receiver_t *e0 = engine(&t, 0);
-    struct rogue a;
-    rogue_start(&a, &t);
-    uint8_t ck[32];
-    const uint64_t token = rnd64();
-    keyed_attach(&a, &t, 1, token, ck);
+    struct keyed k;
+    keyed_start(&k, &t, 1);
 
     static const int64_t shape[1] = {TENSOR_BYTES / 4};
     tu_fill(arena, TENSOR_BYTES, 1, 0);
@@ -691,38 +697,20 @@ static void an_arena_chunk_is_served_to_no_peer_once_the_flush_returned(void **s
     wsync_blob_t req;
     OK(wsync_sender_send_chunk(t.snd, &c, &req));
     const uint64_t seq = blob_uint(&req, "seq");
-    uint8_t out[4096];
-    uint64_t number = 0;
-    struct msg lease = {LEASE, 1, token, ++number, seq, {0}, NULL, 0, 0, 0, 0};
-    rogue_send(&a, 1, out, seal(&lease, ck, out));
-    assert_int_equal(rogue_listen(&a), 1);
-    assert_int_equal(a.last[2], GRANT);
-    assert_int_equal(last_status(&a), 0);
-    struct msg f = {FETCH, 1, token, ++number, seq, {0}, NULL, 0, 1, 0, 4096};
-    rogue_send(&a, 1, out, seal(&f, ck, out));
-    assert_int_equal(rogue_listen(&a), 1);
-    assert_int_equal(last_status(&a), 0);
-    assert_int_equal(a.payload_len, 4096);
-    assert_memory_equal(a.payload, arena, 4096);
-    struct msg ack = {ACK, 1, token, ++number, seq, {0}, NULL, 0, 1, 0, 0};
-    rogue_send(&a, 1, out, seal(&ack, ck, out));
+    assert_int_equal(keyed_ask(&k, LEASE, seq, 0, 0, 0, GRANT), 0);
+    assert_int_equal(keyed_ask(&k, FETCH, seq, 1, 0, 4096, DATA), 0);
+    assert_int_equal(k.a.payload_len, 4096);
+    assert_memory_equal(k.a.payload, arena, 4096);
+    keyed_ask(&k, ACK, seq, 1, 0, 0, 0);
     take(e0, &req, 1);
     OK(wsync_sender_flush(t.snd, 3000));
     tu_fill(arena, TENSOR_BYTES, 2, 0); /* the trainer's next step */
 
-    struct msg again = {LEASE, 1, token, ++number, seq, {0}, NULL, 0, 0, 0, 0};
-    rogue_send(&a, 1, out, seal(&again, ck, out));
-    assert_int_equal(rogue_listen(&a), 1);
-    assert_int_equal(a.last[2], GRANT);
-    assert_int_equal(last_status(&a), WSYNC_ERR_ABANDONED);
-    assert_true(last_says(&a, "was sent in place from the trainer's arena and its flush has returned"));
-    struct msg f2 = {FETCH, 1, token, ++number, seq, {0}, NULL, 0, 2, 0, 4096};
-    rogue_send(&a, 1, out, seal(&f2, ck, out));
-    assert_int_equal(rogue_listen(&a), 1);
-    assert_int_equal(a.last[2], DATA);
-    assert_int_equal(last_status(&a), WSYNC_ERR_ABANDONED);
-    assert_int_equal(a.payload_len, 0);
-    rogue_stop(&a);
+    assert_int_equal(keyed_ask(&k, LEASE, seq, 0, 0, 0, GRANT), WSYNC_ERR_ABANDONED);
+    assert_true(last_says(&k.a, "was sent in place from the trainer's arena and its flush has returned"));
+    assert_int_equal(keyed_ask(&k, FETCH, seq, 2, 0, 4096, DATA), WSYNC_ERR_ABANDONED);
+    assert_int_equal(k.a.payload_len, 0);
+    rogue_stop(&k.a);
     wsync_blob_free(&req);
     wsync_receiver_destroy(e0);
     trainer_stop(&t);

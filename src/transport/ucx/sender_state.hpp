@@ -1,6 +1,8 @@
 // The ucx sender's state, shared by its two halves: the caller's (sender.cpp: staging chunks,
 // flush, abandon, drop) and the progress thread's (serve.cpp: who is attached, leases, fetches,
-// acknowledgements, deaths). Internal to the ucx kind; make_sender() (sender.hpp) makes one.
+// acknowledgements, deaths), and what both call under the mutex about versions
+// (sender_versions.cpp: committing, retiring, who owes). Internal to the ucx kind;
+// make_sender() (sender.hpp) makes one.
 #pragma once
 
 #include <atomic>
@@ -100,7 +102,6 @@ private:
     bool admit(const Msg &m);
     void handle(std::vector<Msg> inbox);
     void hello(const Msg &m);
-    std::string gone_text(uint64_t seq) const;
     void lease(uint32_t index, Member &mem, uint64_t seq);
     void fetch(uint32_t index, Member &mem, const Msg &m);
     void answer_fetch(uint32_t index, Member &mem, const Msg &m);
@@ -111,11 +112,14 @@ private:
     void leave(uint32_t index, uint32_t what, const std::string &why);
     void forget(uint32_t index);
     void name_dead(uint32_t index, Member &m);
+    bool abandoned_here(uint64_t version) const;
+
+    // ---- versions (sender_versions.cpp), under the mutex --------------------------------------
+    std::string gone_text(uint64_t seq) const;
     void commit(uint64_t version);
     void retire(Chunk &c, uint64_t seq);
     void retire_borrowed();
     void release();
-    bool abandoned_here(uint64_t version) const;
     uint64_t last_version() const;
     bool owes(const Member &m) const;
     std::vector<uint32_t> owing_members() const;
