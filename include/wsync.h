@@ -1218,6 +1218,46 @@ typedef struct wsync_apply_result_t {
 WSYNC_API wsync_status_t wsync_recv_apply(wsync_recv_t *it, const wsync_dest_table_t *table,
                                           uint32_t flags, wsync_apply_result_t *out);
 
+/* Landing (since 0.8.0): receiving a chunk's bytes straight into the destinations.
+ *
+ * A "ucx" receiver without "device" lands chunks of more than 4 MiB, pulled over the data
+ * stream (docs/kinds.md, "The data stream over tcp"), in the engine's own memory: each dense
+ * tensor whose name has exactly one destination in the table, with its dtype and shape, that
+ * holds all the bytes the chunk carries of it, is read from the socket straight into that
+ * destination while wsync_receiver_receive()'s pull runs, and its checksum is computed piece by
+ * piece as it lands, while the bytes are still in the CPU's cache. wsync_recv_apply() with any
+ * table (or wsync_recv_copy() onto the same bytes) then verifies it and copies nothing; a view
+ * of it (wsync_recv_next()) is the destination itself. Every other tensor of the chunk (a tied
+ * weight with two destinations, a shard that keeps part of a tensor, a patch, a tensor without
+ * a destination or whose dtype or shape differ) arrives in the receive buffer and loads as
+ * before. Over UCX's own path (no data stream, "data_path" "ucx", a chunk of 4 MiB or less, a
+ * selection's chunk) nothing lands. What it saves is the engine's copy out of the receive
+ * buffer: docs/data-path.md, "Landing", and the figures in docs/architecture.md.
+ *
+ * What the engine agrees to: a landed tensor's destination is written while the chunk is
+ * pulled, before the loader asks for it, and holds unverified bytes until its verification
+ * (the first wsync_recv_apply(), wsync_recv_copy() or wsync_recv_next() that takes it). A chunk
+ * that fails (the trainer unreachable, a checksum mismatch, the deadline) may leave its landed
+ * destinations partly written, exactly as a wsync_recv_apply() that fails part way does: the
+ * version does not complete (wsync_receiver_completed_version()) and the trainer's flush
+ * reports it, so an engine serves only after a completed version, as it must anyway while it
+ * loads into the memory it serves from. No byte lands after the iteration's wsync_recv_end() or
+ * wsync_recv_fail() returns (or after wsync_receiver_destroy()). */
+
+/* Makes the receiver land the host destinations of `table` (made for this receiver by
+ * wsync_dest_table_create(), borrowed for the call: the receiver keeps its own copy of what it
+ * needs, and the table may be destroyed afterwards) from the next chunk on; NULL stops landing.
+ * Destinations in device memory are not landed. The memory every host destination names must
+ * stay allocated and writable by the receiver until landing is stopped, replaced by another
+ * call, or the receiver is destroyed.
+ * Returns WSYNC_OK; WSYNC_ERR_INVALID_ARGUMENT for a NULL receiver or a table of another
+ * receiver; WSYNC_ERR_WRONG_STATE while an iteration is open (nothing changes);
+ * WSYNC_ERR_UNSUPPORTED for a kind that does not land bytes ("shm" and "cuda_ipc" map the
+ * trainer's memory, "nccl_broadcast" receives into device memory), a "ucx" receiver with
+ * "device" and a receiver with "delta_mirror" (its loads come from its own copy); a NULL table
+ * is then WSYNC_OK. Does not block. Not while another thread uses the receiver. */
+WSYNC_API wsync_status_t wsync_receiver_land(wsync_receiver_t *receiver, const wsync_dest_table_t *table);
+
 /* Ends an iteration, acknowledges the chunk to the sender and frees the iteration (always, even
  * on failure; `it` is invalid afterwards). Returns WSYNC_OK only if every tensor was taken (yielded by
  * wsync_recv_next(), copied by wsync_recv_copy() or handed out by wsync_recv_patch()) and verified and, for the chunk that commits a version, the version's manifest matched what this

@@ -91,6 +91,35 @@ std::string DestTable::label(std::size_t d) const {
 }
 
 // ---------------------------------------------------------------------------------------------
+void Receiver::land(const DestTable *table) {
+    const std::string who = std::string("wsync_receiver_land (") + kind_.name + ")";
+    if (open_)
+        fail(WSYNC_ERR_WRONG_STATE, who + ": an iteration is open: end or fail it first (its chunk "
+                                          "is being pulled into the destinations landing has now)");
+    if (!table) {
+        impl_->land({});
+        return;
+    }
+    if (table->receiver() != this)
+        fail(WSYNC_ERR_INVALID_ARGUMENT, who + ": the destination table was made for another receiver");
+    if (mirror_on_)
+        fail(WSYNC_ERR_UNSUPPORTED, who + ": this receiver keeps its own copy of each tensor (\"delta_mirror\"), "
+                                          "which its loads come from; landing would bypass it");
+    std::vector<Landing> dests;
+    dests.reserve(table->dests().size());
+    for (const DestTable::Dest &d : table->dests())
+        if (!d.memory.device)  // device memory is loaded from the receive buffer, by the GPU
+            dests.push_back({d.meta, static_cast<uint8_t *>(d.data), d.offset, d.len});
+    if (!impl_->land(std::move(dests)))
+        fail(WSYNC_ERR_UNSUPPORTED,
+             who + ": this kind does not land bytes" +
+                 (std::string(kind_.name) == "ucx"
+                      ? std::string(" for a receiver with \"device\" (its chunks land in pinned memory the GPU copies from)")
+                      : std::string(" (\"shm\" and \"cuda_ipc\" map the trainer's memory, \"nccl_broadcast\" "
+                                    "receives into its own device buffer): load with wsync_recv_apply")));
+}
+
+// ---------------------------------------------------------------------------------------------
 void Iteration::apply(DestTable &table, uint32_t flags, wsync_apply_result_t *out) {
     constexpr uint32_t kKnown = WSYNC_APPLY_PARTIAL | WSYNC_APPLY_COMPLETE;
     if (flags & ~kKnown) failf(WSYNC_ERR_INVALID_ARGUMENT, "wsync_recv_apply: unknown flags 0x%x", flags & ~kKnown);

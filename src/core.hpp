@@ -118,6 +118,9 @@ public:
     wsync_receiver_state_t poll();
     // Not while an iteration is open: its chunk is released after the stream it began with.
     void set_stream(void *stream);
+    // wsync_receiver_land (apply.cpp): lands the table's host destinations as chunks arrive;
+    // nullptr stops. Not while an iteration is open.
+    void land(const DestTable *table);
     // The transport, for what a destination table asks of it (apply.cpp).
     ReceiverImpl &transport() const { return *impl_; }
     const sys::Owner owner;  // the ABI's fork rule (sys.hpp)

@@ -106,7 +106,9 @@ bool Iteration::next(wsync_tensor_t *view, wsync_part_t *part) {
                             tensor_label(i, table_.metas[i].name.c_str()).c_str(),
                             chunk_label(header_).c_str(), table_.patches[i].base_version));
         const uint8_t *bytes = landed(i);
-        if (verify_ && !(state_[i] & kVerified)) check_sum(i, sum_of(bytes, table_.payload_bytes(i)));
+        uint64_t sum = 0;  // a landed entry's, taken as it landed (wsync_receiver_land)
+        if (verify_ && !(state_[i] & kVerified))
+            check_sum(i, backing_->landed_sum(i, &sum) ? sum : sum_of(bytes, table_.payload_bytes(i)));
         fill(i, view, true);
     }
     if (part) this->part(i, part);
@@ -163,6 +165,21 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
     const uint8_t *src = static_cast<const uint8_t *>(backing_->data(i));
     const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
     auto label = [&] { return tensor_label(i, m.name.c_str()); };  // for messages only
+    if (backing_->in_place(i) && !table_.is_patch(i)) {
+        // Landed (wsync_receiver_land): a copy onto the very bytes it names moves nothing; the
+        // entry is verified with the checksum taken as its bytes landed.
+        uint64_t off = offset, n = len;
+        void *to = dst;
+        if (share_of_entry(i, &off, &to, &n) && to == src + off) {
+            landed(i);
+            if (verify_ && !(state_[i] & kVerified)) {
+                uint64_t sum = 0;
+                check_sum(i, backing_->landed_sum(i, &sum) ? sum : sum_of(src, table_.payload_bytes(i)));
+            }
+            if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
+            return;
+        }
+    }
     if (len != 0 && d < s + table_.wire_bytes(i) && s < d + len)
         wsync::fail(WSYNC_ERR_INVALID_ARGUMENT,
                     "wsync_recv_copy: the destination overlaps " + label() + "'s received bytes");

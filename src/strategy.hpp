@@ -155,6 +155,13 @@ public:
     // nanoseconds in the verified apply of the chunk's patches on the host, which the kind
     // reports to the sender with the acknowledgement where it can (the board, ucx's Ack).
     virtual void report_apply(uint64_t /*ns*/) noexcept {}
+    // Whether the transport landed entry i's bytes in the engine's own memory as they arrived
+    // (wsync_receiver_land): data(i) is then that memory, a destination of the landing table.
+    virtual bool in_place(std::size_t /*i*/) const { return false; }
+    // For an entry in_place(), after await(i): its checksum (as the request's checksums are
+    // computed: the tree hash) over the bytes as they landed, computed while they were still
+    // in the cache; false when it was not computed (the iteration then hashes data(i)).
+    virtual bool landed_sum(std::size_t /*i*/, uint64_t * /*sum*/) { return false; }
     // Called exactly once, after settle() and after a failure was recorded: publishes the final
     // outcome (WSYNC_OK or the status the chunk failed with) to the sender.
     virtual void acknowledge(wsync_status_t outcome) noexcept = 0;
@@ -207,9 +214,22 @@ public:
     virtual std::pair<void *, uint64_t> arena() const { return {nullptr, 0}; }
 };
 
+// A destination a receiver lands a wire tensor's bytes in as they arrive (wsync_receiver_land):
+// byte `offset` of the tensor `meta` describes goes to `data`, `len` bytes of it (host memory
+// the engine owns and keeps writable while landing is set).
+struct Landing {
+    TensorMeta meta;
+    uint8_t *data = nullptr;
+    uint64_t offset = 0, len = 0;
+};
+
 class ReceiverImpl {
 public:
     virtual ~ReceiverImpl() = default;
+    // wsync_receiver_land(): from the next chunk on, land each dense entry whose name has
+    // exactly one of `dests` (same dtype and shape, covering the entry's bytes) straight in
+    // it; an empty list stops. False where the kind does not land bytes (nothing changes).
+    virtual bool land(std::vector<Landing> /*dests*/) { return false; }
     // Validates the transport map against the table (every offset and length in bounds, the
     // chunk still current) and returns its backing. Throws WSYNC_ERR_MALFORMED or
     // WSYNC_ERR_MISMATCH; touches no tensor bytes.

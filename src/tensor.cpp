@@ -351,6 +351,7 @@ SparseColumn read_sparse_column(const json &obj, const char *key, std::size_t n,
 
 TensorTable TensorTable::as_wire() const {
     TensorTable w = *this;
+    w.whole = metas;
     for (std::size_t i = 0; i < metas.size(); ++i) {
         if (is_part(i)) {
             TensorMeta &m = w.metas[i];

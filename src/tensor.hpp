@@ -104,8 +104,10 @@ struct TensorTable {
         return is_patch(i) ? patches[i].wire_bytes : payload_bytes(i);
     }
     // The table a transport sees: each patch as a 1-D uint8 tensor of its bytes, each part as a
-    // 1-D tensor of its elements.
+    // 1-D tensor of its elements; `whole` then keeps every entry's tensor as it was sent.
     TensorTable as_wire() const;
+    std::vector<TensorMeta> whole;  // as_wire()'s: the tensors (metas describe the wire entries)
+    const TensorMeta &tensor(std::size_t i) const { return whole.empty() ? metas[i] : whole[i]; }
 };
 
 // A sparse column of the tensor table ("patches", "parts"): an object of equal-length arrays

@@ -33,16 +33,9 @@ struct trainer {
     int64_t shape[NT][1];
 };
 
-static int ucx_here(void) {
-    wsync_strategy_t *s = NULL;
-    if (wsync_strategy_create("ucx", "{" OPTS "}", &s) != WSYNC_OK) return 0;
-    wsync_strategy_destroy(s);
-    return 1;
-}
-
 /* A trainer for `receivers` engines with an arena of `arena_bytes` (0: none), checksums on. */
 static void trainer_start(struct trainer *t, unsigned receivers, uint64_t arena_bytes) {
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     memset(t, 0, sizeof *t);
     char o[512];
     snprintf(o, sizeof o, "{" OPTS ",\"receivers\":%u,\"data_path\":\"%s\",\"arena_bytes\":%llu}", receivers,

@@ -37,13 +37,6 @@ struct trainer {
     uint8_t data[TENSOR_BYTES];
 };
 
-static int ucx_here(void) {
-    wsync_strategy_t *s = NULL;
-    if (wsync_strategy_create("ucx", "{" OPTS "}", &s) != WSYNC_OK) return 0;
-    wsync_strategy_destroy(s);
-    return 1;
-}
-
 static void trainer_start(struct trainer *t, unsigned receivers) {
     char o[256];
     snprintf(o, sizeof o, "{" OPTS ",\"receivers\":%u}", receivers);
@@ -399,7 +392,7 @@ static int keyed_ask(struct keyed *k, int type, uint64_t seq, uint64_t version, 
  * Engine 0, attached throughout, loads a version bit for bit and the flush is OK. */
 static void a_peer_without_the_key_is_not_answered_and_takes_no_index(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     trainer_start(&t, 2);
     wsync_receiver_t *e0 = engine(&t, 0);
@@ -465,7 +458,7 @@ static void a_peer_without_the_key_is_not_answered_and_takes_no_index(void **sta
  * engine's version flushes OK. */
 static void a_replayed_hello_and_forged_or_replayed_messages_are_dropped(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     trainer_start(&t, 2);
     wsync_receiver_t *e0 = engine(&t, 0);
@@ -536,7 +529,7 @@ static void a_replayed_hello_and_forged_or_replayed_messages_are_dropped(void **
  * stalls, and the honest engine loads the next version with the flush OK. */
 static void unknown_ids_and_malformed_messages_are_dropped(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     trainer_start(&t, 1);
     wsync_receiver_t *e0 = engine(&t, 0);
@@ -567,7 +560,7 @@ static void unknown_ids_and_malformed_messages_are_dropped(void **state) {
  * is refused by name before anything connects. */
 static void the_key_is_in_the_init_info_only_and_an_older_init_info_is_refused_by_name(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     trainer_start(&t, 1);
     size_t kn = 0;
@@ -603,7 +596,7 @@ static void the_key_is_in_the_init_info_only_and_an_older_init_info_is_refused_b
  * info's key by its length only, and none of the key's bytes as a JSON byte array. */
 static void a_description_of_the_init_info_shows_the_keys_length_not_the_key(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     trainer_start(&t, 1);
     size_t kn = 0;
@@ -631,7 +624,7 @@ static void a_description_of_the_init_info_shows_the_keys_length_not_the_key(voi
  * acknowledges and leaves, the honest engine loads the version and the flush is OK. */
 static void fetches_without_a_lease_or_past_a_chunks_end_are_refused_without_a_byte(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     trainer_start(&t, 2);
     wsync_receiver_t *e0 = engine(&t, 0);
@@ -677,7 +670,7 @@ static void fetches_without_a_lease_or_past_a_chunks_end_are_refused_without_a_b
  * writes the arena for its next step. */
 static void an_arena_chunk_is_served_to_no_peer_once_the_flush_returned(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     OK(wsync_strategy_create("ucx", "{" OPTS ",\"receivers\":2,\"arena_bytes\":65536}", &t.s));
     OK(wsync_strategy_create_init_info(t.s, &t.init));
@@ -747,7 +740,7 @@ static void send_big(struct trainer *t, uint8_t *data, uint64_t v, wsync_blob_t 
  * The honest engine loads every version bit for bit and every flush is OK. */
 static void leases_are_capped_and_end_when_their_version_is_no_longer_kept(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     trainer_start(&t, 2);
     wsync_receiver_t *e0 = engine(&t, 0);
@@ -852,7 +845,7 @@ static void *flood_run(void *arg) {
  * during the flood, each flush OK within its 3 s. */
 static void a_flood_of_forged_messages_does_not_crowd_out_an_honest_engine(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     trainer_start(&t, 1);
     wsync_receiver_t *e0 = engine(&t, 0);
@@ -872,7 +865,7 @@ static void a_flood_of_forged_messages_does_not_crowd_out_an_honest_engine(void 
  * flood, and exit(0) mid-flood. 77: no UCX here. */
 #define EXIT_CHILD_ARG "--exit-while-serving"
 static int exit_while_serving(int round) {
-    if (!ucx_here()) return 77;
+    if (!tu_kind_here("ucx", "{" OPTS "}")) return 77;
     static struct trainer t;
     trainer_start(&t, 1);
     static struct flood f;
@@ -1093,7 +1086,7 @@ static uint64_t puller_lease_and_fetch(struct trainer *t, struct puller *p, uint
 
 static void an_engine_fetching_in_a_loop_does_not_starve_another(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     wsync_receiver_t *e0;
     static struct puller p;
@@ -1125,7 +1118,7 @@ static void an_engine_fetching_in_a_loop_does_not_starve_another(void **state) {
  * bit for bit with each flush OK within 3 s. */
 static void a_peer_that_asks_and_never_reads_holds_at_most_four_sends(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     wsync_receiver_t *e0;
     static struct puller p;
@@ -1155,7 +1148,7 @@ static void a_peer_that_asks_and_never_reads_holds_at_most_four_sends(void **sta
  * The honest engine then loads the next version. */
 static void a_receivers_fetches_past_sixty_four_waiting_are_refused(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     wsync_receiver_t *e0;
     static struct puller p;
@@ -1187,7 +1180,7 @@ static void a_receivers_fetches_past_sixty_four_waiting_are_refused(void **state
  * version with the flush OK. */
 static void a_dropped_index_is_not_retaken_by_a_peer_holding_a_request_only(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     trainer_start(&t, 2);
     wsync_receiver_t *e0 = engine(&t, 0), *e1 = engine(&t, 1);
@@ -1228,7 +1221,7 @@ static void a_dropped_index_is_not_retaken_by_a_peer_holding_a_request_only(void
  * without "net_devices" the strategy is refused, naming the option and "all"; "all" says it. */
 static void without_net_devices_the_kind_refuses_to_start_unless_told_all(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     wsync_strategy_t *s = NULL;
     EXPECT_ERR(wsync_strategy_create("ucx", "{\"transports\":\"tcp\"}", &s), WSYNC_ERR_INVALID_ARGUMENT,
                "option 'net_devices' is not set");
@@ -1332,7 +1325,7 @@ static int sender_with_stream(struct trainer *t, const char *options) {
  * a proof made for another nonce too. Meanwhile the honest engine's versions load. */
 static void a_stream_connection_without_the_key_gets_a_nonce_and_is_closed(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     const int port = sender_with_stream(&t, "{" OPTS ",\"receivers\":2}");
     assert_true(port > 0);
@@ -1374,7 +1367,7 @@ static void a_stream_connection_without_the_key_gets_a_nonce_and_is_closed(void 
  * every one is closed within 2 s and a margin. */
 static void a_flood_of_stream_connections_is_bounded_and_does_not_stop_an_honest_engine(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     const int port = sender_with_stream(&t, "{" OPTS ",\"receivers\":1}");
     assert_true(port > 0);
@@ -1409,7 +1402,7 @@ static void a_flood_of_stream_connections_is_bounded_and_does_not_stop_an_honest
  * interface, and there is no one device to listen on. */
 static void with_data_path_ucx_or_net_devices_all_no_stream_listens_and_versions_still_load(void **state) {
     (void)state;
-    if (!ucx_here()) skip();
+    if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     struct trainer t;
     assert_int_equal(sender_with_stream(&t, "{" OPTS ",\"receivers\":1,\"data_path\":\"ucx\"}"), 0);
     wsync_receiver_t *e0 = engine(&t, 0);

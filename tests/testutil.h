@@ -176,6 +176,15 @@ static inline int tu_recv_frame(int fd, uint8_t **out, size_t *len, int timeout_
 
 /* Waits for a child up to timeout_ms, then kills it. Returns its exit status, 128+signal,
  * or -1 if it had to be killed. */
+/* Whether a strategy of `kind` can be made with `options` (JSON) here: the ucx tests skip
+ * where libucp is missing or the transports named are not available. */
+static inline int tu_kind_here(const char *kind, const char *options) {
+    wsync_strategy_t *s = NULL;
+    if (wsync_strategy_create(kind, options, &s) != WSYNC_OK) return 0;
+    wsync_strategy_destroy(s);
+    return 1;
+}
+
 static inline int tu_wait_child(pid_t pid, int timeout_ms) {
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);

@@ -147,6 +147,13 @@ void wsync_dest_table_destroy(wsync_dest_table_t *table) {
     delete reinterpret_cast<wsync::DestTable *>(table);
 }
 
+wsync_status_t wsync_receiver_land(wsync_receiver_t *receiver, const wsync_dest_table_t *table) {
+    return guard([&] {
+        require(receiver, "wsync_receiver_land", "receiver");
+        core(receiver)->land(reinterpret_cast<const wsync::DestTable *>(table));
+    });
+}
+
 wsync_status_t wsync_recv_apply(wsync_recv_t *it, const wsync_dest_table_t *table, uint32_t flags,
                                 wsync_apply_result_t *out) {
     return guard([&] {

@@ -70,9 +70,12 @@ Args parse_args(int argc, char **argv, int first, bool bench) {
         else if (f == "--dst-offset") a.dst_offset = parse_uint(f, v, 0, 4095), ++i;
         else if (f == "--load") {
             if (!v || (std::strcmp(v, "copy") && std::strcmp(v, "memcpy") && std::strcmp(v, "apply") &&
-                       std::strcmp(v, "views")))
-                usage_error("--load takes copy or memcpy (shm), apply or views (cuda_ipc)");
+                       std::strcmp(v, "views") && std::strcmp(v, "land")))
+                usage_error("--load takes copy, memcpy or apply (shm, ucx), land (ucx), apply or views (cuda_ipc)");
             a.load_copy = std::strcmp(v, "copy") == 0;
+            a.load_table = std::strcmp(v, "apply") == 0 || std::strcmp(v, "land") == 0;
+            a.load_land = std::strcmp(v, "land") == 0;
+            a.load_set = true;
             a.load_views = std::strcmp(v, "views") == 0, ++i;
         } else if (f == "--split") {
             if (!v || (std::strcmp(v, "on") && std::strcmp(v, "off")))

@@ -102,7 +102,11 @@ uint64_t peak_rss_bytes() {
 
 }  // namespace
 
-int cmd_bench_ucx(const Args &a) {
+int cmd_bench_ucx(const Args &given) {
+    // Engines load as a host engine should: one wsync_recv_apply per chunk into a destination
+    // table that the receiver also lands chunks in (--load land), unless --load says otherwise.
+    Args a = given;
+    if (!a.load_set && !a.gpu) a.load_table = a.load_land = true;
     RunResult r = run_sync(a, a.checksum, !a.json, Baselines::None);
     // The trainer's peak resident memory: the model, and staging (keep_versions 1: up to two
     // versions of chunk buffers), none of which an arena run needs.
@@ -121,12 +125,14 @@ int cmd_bench_ucx(const Args &a) {
     // ratio_to_gloo: the sync's rate over gloo's; the target is >= 1/1.1 (0.909).
     std::printf("{\"strategy\": \"ucx\", \"gpu\": %s, \"engine_netns\": \"%s\", \"transports\": \"%s\", \"net_devices\": \"%s\", "
                 "\"bytes\": %" PRIu64 ", \"tensors\": %zu, \"chunks\": %zu, \"receivers\": %u, "
-                "\"checksum\": %s, \"arena\": %s, \"trainer_peak_rss_mb\": %.0f, \"first_sync_s\": %.6f, \"steady_sync_s\": %.6f, "
+                "\"checksum\": %s, \"load\": \"%s\", \"arena\": %s, \"trainer_peak_rss_mb\": %.0f, \"first_sync_s\": %.6f, \"steady_sync_s\": %.6f, "
                 "\"steady_gbps\": %.3f, \"raw_get_gbps\": %.3f, \"raw_get_message_bytes\": %" PRIu64
                 ", \"ratio_to_raw_get\": %.3f, \"gloo_steady_s\": %.6f, \"gloo_gbps\": %.3f, \"ratio_to_gloo\": %.3f, "
                 "\"gloo_python\": \"%s\", \"steps_s\": %s%s%s}\n",
                 a.gpu ? "true" : "false", a.engine_netns.c_str(), a.transports.c_str(), a.net_devices.c_str(), r.bytes, r.tensors, r.chunks, a.receivers,
-                a.checksum ? "true" : "false", a.arena ? "true" : "false", trainer_peak / 1048576.0, r.step_s[0], steady, sync_bps / 1e9, raw / 1e9, chunk,
+                a.checksum ? "true" : "false",
+                a.load_land ? "land" : a.load_table ? "apply" : a.gpu || a.load_copy ? "copy" : "memcpy",
+                a.arena ? "true" : "false", trainer_peak / 1048576.0, r.step_s[0], steady, sync_bps / 1e9, raw / 1e9, chunk,
                 raw > 0 ? sync_bps / raw : 0.0, gloo.steady_s, gloo_bps / 1e9, gloo_bps > 0 ? sync_bps / gloo_bps : 0.0,
                 gloo.python.c_str(), json_list(r.step_s).c_str(), error("raw_get_error", why).c_str(),
                 error("gloo_error", gloo.why).c_str());

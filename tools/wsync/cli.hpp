@@ -52,6 +52,10 @@ struct Args {
     uint64_t dst_offset = 64;
     bool load_copy = true;   // engines load with wsync_recv_copy (else next_part + memcpy)
     bool load_views = false; // cuda_ipc engines copy out of views (else wsync_recv_apply)
+    // shm, ucx: engines load each chunk with one wsync_recv_apply into a destination table over
+    // their parameters; with load_land (ucx) they also land it (wsync_receiver_land), so the
+    // chunk's bytes go from the socket straight into the parameters. ucx's default: land.
+    bool load_table = false, load_land = false, load_set = false;
     bool split = true;       // tensors larger than a chunk cross in parts (else chunks grow)
     bool copy_bench = true;  // bench: the receiver copy loop against memcpy, in process
     bool arena = false;      // the trainer keeps the model in the sender's arena (shm)

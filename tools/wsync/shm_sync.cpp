@@ -55,6 +55,26 @@ int engine_main(uint32_t index, int in, int out, const std::vector<TensorSpec> &
             return fail(e.what());
         }
     }
+    // --load apply / land: one destination table over the parameters (a tensor split into parts
+    // is one destination: each part lands at its place in it); land: the receiver lands chunks
+    // straight in it (ucx).
+    wsync_dest_table_t *table = nullptr;
+    if (a.load_table && !a.gpu) {
+        std::vector<wsync_dest_t> dests(model.size());
+        const wsync_dtype_t bf16 = {WSYNC_DTYPE_BFLOAT, 16, 1};
+        for (size_t i = 0; i < model.size(); ++i) {
+            dests[i] = wsync_dest_t{};
+            dests[i].name = model[i].name.c_str();
+            dests[i].data = params.at[i];
+            dests[i].shape = model[i].shape.data();
+            dests[i].ndim = static_cast<int32_t>(model[i].shape.size());
+            dests[i].dtype = bf16;
+            dests[i].struct_size = sizeof(wsync_dest_t);
+        }
+        if (wsync_dest_table_create(receiver, dests.data(), dests.size(), &table) != WSYNC_OK ||
+            (a.load_land && wsync_receiver_land(receiver, table) != WSYNC_OK))
+            return fail(wsync_last_error());
+    }
     send_frame(out, kReady, nullptr, 0);
     double load_s = 0;
     for (;;) {
@@ -68,7 +88,10 @@ int engine_main(uint32_t index, int in, int out, const std::vector<TensorSpec> &
             wsync_recv_info_t info{};
             info.struct_size = sizeof info;
             wsync_recv_info(it, &info);
-            for (size_t i = 0; i < info.count; ++i) {
+            // With a table, one call loads the chunk (a failure is the iteration's, which
+            // wsync_recv_end reports).
+            if (table) (void)wsync_recv_apply(it, table, WSYNC_APPLY_COMPLETE, nullptr);
+            for (size_t i = 0; !table && i < info.count; ++i) {
                 wsync_tensor_t v;
                 wsync_part_t part{};
                 bool has = true;
@@ -112,6 +135,7 @@ int engine_main(uint32_t index, int in, int out, const std::vector<TensorSpec> &
             load_s = 0;
         }
     }
+    wsync_dest_table_destroy(table);
     wsync_receiver_destroy(receiver);
     wsync_strategy_destroy(strategy);
     cu::free_each(on_gpu);

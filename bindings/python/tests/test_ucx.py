@@ -205,3 +205,43 @@ def test_ucx_a_module_with_buffers_between_its_parameters_is_sent_in_place():
             loader.join(10.0)
             assert info.value.status is Status.PEER and "INTEGRITY" in info.value.message
             assert outcome == [Status.INTEGRITY]
+
+
+def test_ucx_landing_reads_a_chunk_straight_into_the_destinations_bit_exact():
+    """Receiver.land: a chunk of more than 4 MiB lands in the engine's tensors as it is pulled;
+    a landed tensor's view is the engine's own tensor, apply verifies and copies nothing, and a
+    tied weight (two destinations) still gets both copies. land(None) stops it."""
+    big = torch.zeros((6 << 20) // 4 + 16)
+    small, tied_a, tied_b = torch.zeros(75), torch.zeros(1000), torch.zeros(1000)
+    with wsync.Strategy("ucx", receivers=1, **OPTIONS) as trainer, wsync.Strategy("ucx", **OPTIONS) as engine:
+        init = trainer.create_init_info()
+        with trainer.sender(init) as sender, engine.receiver(init, 0) as receiver:
+            table = receiver.dest_table([wsync.Dest("big", big), wsync.Dest("small", small),
+                                         wsync.Dest("tied", tied_a), wsync.Dest("tied", tied_b)])
+            receiver.land(table)
+            for step in (1, 2):
+                weights = {"big": torch.randn(big.numel()), "small": torch.randn(75),
+                           "tied": torch.randn(1000)}
+                request = sender.send_chunk(weights, last=True)
+                with receiver.receive(request) as it:
+                    name, view = next(iter(it))
+                    assert name == "big" and view.data_ptr() == big.data_ptr()  # landed
+                    it.apply(table, partial=True)
+                sender.flush(10.0)
+                assert receiver.completed_version == step
+                for name, dst in (("big", big), ("small", small), ("tied", tied_a), ("tied", tied_b)):
+                    assert torch.equal(dst, weights[name]), name
+            receiver.land(None)
+            weights = {"big": torch.randn(big.numel()), "small": torch.randn(75), "tied": torch.randn(1000)}
+            with receiver.receive(sender.send_chunk(weights, last=True)) as it:
+                name, view = next(iter(it))
+                assert view.data_ptr() != big.data_ptr()  # in the receive buffer
+                big.copy_(view)  # taken as a view: apply leaves it
+                it.apply(table, partial=True)
+            sender.flush(10.0)
+            assert torch.equal(big, weights["big"])
+            with pytest.raises(WsyncError) as info:
+                with wsync.Strategy("shm", receivers=1) as other:
+                    with other.receiver(other.create_init_info(), 0) as shm_receiver:
+                        shm_receiver.land(shm_receiver.dest_table([wsync.Dest("small", small)]))
+            assert info.value.status is Status.UNSUPPORTED

@@ -794,6 +794,8 @@ class Receiver(_Owned):
         #: True when the library itself waits for the loader's GPU work on the receiver's
         #: stream before a chunk is acknowledged (``cuda_ipc`` with ``synchronize`` on).
         self.orders_loader_work = False
+        # The memory of the destinations chunks land in (land()): kept alive while they may.
+        self._landing: list = []
 
     def _handle(self) -> int:
         if self._h is None:
@@ -863,6 +865,24 @@ class Receiver(_Owned):
             status = self._lib.wsync_receiver_set_stream(self._handle(), ptr)
             if status:
                 raise_for(status, self._lib)
+
+    def land(self, table: Optional["DestTable"]) -> None:
+        """Lands the chunks this receiver pulls straight in ``table``'s host destinations
+        (``wsync_receiver_land``, libwsync 0.8), ``None`` to stop: on ``ucx`` over its data
+        stream, each tensor with exactly one destination of its dtype and shape is read from
+        the socket into it and hashed as it lands, and :meth:`Iteration.apply` then verifies
+        it without a copy (a view of it is the destination). Destinations are written while
+        a chunk is pulled, before ``apply``; a chunk that fails may leave them partly written
+        (the version does not complete, as with an ``apply`` that fails). The receiver keeps
+        the destinations' memory alive while landing. ``UNSUPPORTED`` for kinds that do not
+        land bytes (``shm``, ``cuda_ipc``, ``nccl_broadcast``, ``ucx`` with ``device``);
+        ``WRONG_STATE`` while an iteration is open."""
+        with self._lock:
+            handle = table._handle() if table is not None else None
+            status = self._lib.wsync_receiver_land(self._handle(), handle)
+            if status:
+                raise_for(status, self._lib)
+            self._landing = table._keep if table is not None else []
 
     def dest_table(self, dests: Sequence["Dest"]) -> "DestTable":
         """A destination table for this receiver (``wsync_dest_table_create``, libwsync 0.6):

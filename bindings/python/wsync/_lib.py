@@ -310,6 +310,7 @@ SIGNATURES: Mapping[str, tuple] = {
     "wsync_dest_table_create": (_status, [_handle, POINTER(Dest), c_size_t, _out_handle]),
     "wsync_dest_table_destroy": (None, [_handle]),
     "wsync_recv_apply": (_status, [_handle, _handle, c_uint32, POINTER(ApplyResult)]),
+    "wsync_receiver_land": (_status, [_handle, _handle]),
     "wsync_recv_end": (_status, [_handle]),
     "wsync_recv_fail": (_status, [_handle, _status, c_char_p]),
     # 6. planner

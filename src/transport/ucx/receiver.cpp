@@ -136,6 +136,8 @@ UcxBacking::~UcxBacking() {
     if (!acknowledged_ && !ends_.empty()) owner_.give_up_pull(seq_, header_);
 }
 
+bool UcxBacking::landed_sum(std::size_t i, uint64_t *sum) { return in_place(i) && owner_.landed_sum(i, sum); }
+
 void UcxBacking::await(std::size_t i) {
     if (!ends_.empty()) owner_.await_range(offsets_[i], ends_[i]);
 }

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <sys/socket.h>
@@ -77,7 +78,16 @@ struct Stream {
     std::vector<uint8_t> head;  // the frame head and header, `got` bytes of them arrived
     std::size_t got = 0;
     uint64_t payload = 0;       // the held frame's payload length
-    uint8_t *dst = nullptr;     // In::Payload: where the rest goes
+    // In::Payload: where the payload goes, in order (one run, or a scatter over the engine's
+    // own destinations, Worker::receive_scattered); `run`/`run_done`: the run being filled.
+    struct Run {
+        uint8_t *dst = nullptr;
+        uint64_t n = 0;
+    };
+    std::vector<Run> runs;
+    std::size_t run = 0;
+    uint64_t run_done = 0;
+    std::function<void(uint64_t)> landed;  // told the payload bytes in place after each read
     uint64_t left = 0;          // In::Payload and In::Discard: bytes still to read
     struct Req;                 // the receive in flight (Worker::receive)
     Req *req = nullptr;

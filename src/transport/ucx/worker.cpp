@@ -340,14 +340,29 @@ std::vector<uint64_t> Worker::take_sent() {
 }
 
 void *Worker::receive(void *desc, void *dst, std::size_t n, const std::string &what) {
-    if (desc == stream_desc()) {
+    if (desc == stream_desc()) return receive_scattered(desc, {Stream::Run{static_cast<uint8_t *>(dst), n}}, nullptr, what);
+    ucp_request_param_t p{};
+    void *req = api_.ucp_am_recv_data_nbx(worker_, desc, dst, n, &p);
+    if (UCS_PTR_IS_ERR(req)) ucs_fail(api_, UCS_PTR_STATUS(req), who_ + ": receiving " + what, WSYNC_ERR_PEER);
+    return req;
+}
+
+void *Worker::receive_scattered(void *desc, std::vector<Stream::Run> runs, std::function<void(uint64_t)> landed,
+                                const std::string &what) {
+    {
+        uint64_t n = 0;
+        for (const Stream::Run &r : runs) n += r.n;
         Stream *s = stream_of(desc);
         if (!s || n != s->payload)
             fail(WSYNC_ERR_PEER, who_ + ": receiving " + what + ": its stream was closed");
+        runs.erase(std::remove_if(runs.begin(), runs.end(), [](const Stream::Run &r) { return r.n == 0; }), runs.end());
         auto *req = new Stream::Req;
         req->stream = s;
         s->req = req;
-        s->dst = static_cast<uint8_t *>(dst);
+        s->runs = std::move(runs);
+        s->run = 0;
+        s->run_done = 0;
+        s->landed = std::move(landed);
         s->left = n;
         s->in = n ? Stream::In::Payload : Stream::In::Head;
         if (!n) req->status = 0;
@@ -361,10 +376,6 @@ void *Worker::receive(void *desc, void *dst, std::size_t n, const std::string &w
             ucs_fail(api_, static_cast<ucs_status_t>(st), who_ + ": receiving " + what, WSYNC_ERR_PEER);
         return nullptr;
     }
-    ucp_request_param_t p{};
-    void *req = api_.ucp_am_recv_data_nbx(worker_, desc, dst, n, &p);
-    if (UCS_PTR_IS_ERR(req)) ucs_fail(api_, UCS_PTR_STATUS(req), who_ + ": receiving " + what, WSYNC_ERR_PEER);
-    return req;
 }
 
 void Worker::release(void *desc) noexcept {

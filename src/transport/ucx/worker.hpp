@@ -114,6 +114,16 @@ public:
     // Receives a rendezvous or stream Data message's payload (Msg::desc) into dst (Msg::length
     // bytes); returns the request (null: done), or throws WSYNC_ERR_PEER naming `what`.
     void *receive(void *desc, void *dst, std::size_t n, const std::string &what);
+    // The same for a stream Data message only (is_stream_desc), its payload scattered over
+    // `runs` in order (their lengths sum to Msg::length): the kernel copies each byte once, into
+    // its run. `landed`, if set, is called on this thread after every read with the count of
+    // payload bytes in place so far (wsync_receiver_land's hashing as the bytes land).
+    void *receive_scattered(void *desc, std::vector<Stream::Run> runs, std::function<void(uint64_t)> landed,
+                            const std::string &what);
+    // Whether the endpoint has a data stream open (its Data comes on it).
+    bool streams(const Endpoint &ep) const { return ep.stream && ep.stream->fd >= 0; }
+    // Whether a Data message's descriptor is the data stream's (else UCX's, or none: eager).
+    bool is_stream_desc(void *desc) const { return desc && desc == stream_desc(); }
     // A request receive() returned: UCS_INPROGRESS, UCS_OK, or why it failed.
     ucs_status_t request_status(void *req) const;
     // Frees it. One still in progress ends with its endpoint's close (a stream's is broken:

@@ -256,8 +256,42 @@ unsigned Worker::pump_in(Endpoint &ep, bool payload_only) {
             to = s.head.data() + s.got;
             want = need - s.got;
         } else if (s.in == Stream::In::Payload) {
-            to = s.dst + (s.payload - s.left);
-            want = s.left;
+            // Straight into the runs, as many as one call takes.
+            iovec iov[16];
+            int k = 0;
+            for (std::size_t r = s.run; r < s.runs.size() && k < 16; ++r) {
+                const uint64_t skip = r == s.run ? s.run_done : 0;
+                iov[k++] = {s.runs[r].dst + skip, static_cast<std::size_t>(s.runs[r].n - skip)};
+            }
+            msghdr mh{};
+            mh.msg_iov = iov;
+            mh.msg_iovlen = static_cast<std::size_t>(k);
+            const ssize_t r = k ? ::recvmsg(s.fd, &mh, MSG_DONTWAIT) : 0;
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
+            if (r <= 0) {  // the trainer closed it, or the network failed
+                break_stream(ep);
+                break;
+            }
+            moved = 1;
+            uint64_t got = static_cast<uint64_t>(r);
+            s.left -= got;
+            while (got) {
+                const uint64_t in_run = std::min(got, s.runs[s.run].n - s.run_done);
+                s.run_done += in_run;
+                got -= in_run;
+                if (s.run_done == s.runs[s.run].n) ++s.run, s.run_done = 0;
+            }
+            if (s.landed) s.landed(s.payload - s.left);
+            if (s.left) continue;
+            if (s.req) {
+                s.req->status = 0;
+                done_reqs_.push_back(s.req);
+                s.req = nullptr;
+            }
+            s.runs.clear();
+            s.landed = nullptr;
+            s.in = Stream::In::Head;
+            continue;
         } else {
             to = scratch;
             want = std::min<uint64_t>(s.left, sizeof scratch);
@@ -269,15 +303,9 @@ unsigned Worker::pump_in(Endpoint &ep, bool payload_only) {
             break;
         }
         moved = 1;
-        if (!head) {
+        if (!head) {  // read away
             s.left -= static_cast<uint64_t>(r);
-            if (s.left) continue;
-            if (s.in == Stream::In::Payload && s.req) {
-                s.req->status = 0;
-                done_reqs_.push_back(s.req);
-                s.req = nullptr;
-            }
-            s.in = Stream::In::Head;
+            if (!s.left) s.in = Stream::In::Head;
             continue;
         }
         s.got += static_cast<std::size_t>(r);
@@ -317,6 +345,8 @@ void Worker::break_stream(Endpoint &ep) noexcept {
         done_reqs_.push_back(s.req);
         s.req = nullptr;
     }
+    s.runs.clear();
+    s.landed = nullptr;
     s.in = Stream::In::Head;  // a message it held: receive() refuses it, release() forgets it
     if (ep.error == UCS_OK) ep.error = UCS_ERR_CONNECTION_RESET;
 }

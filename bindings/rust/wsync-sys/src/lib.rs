@@ -785,6 +785,14 @@ extern "C" {
         receiver: *mut wsync_receiver_t,
         stream: *mut c_void,
     ) -> wsync_status_t;
+    /// Lands the chunks this receiver pulls straight in the host destinations of `table` (made
+    /// for it; NULL stops): `ucx` over its data stream reads each tensor with exactly one
+    /// destination of its dtype and shape from the socket into it (0.8). The destinations'
+    /// memory must stay writable until landing stops or the receiver is destroyed.
+    pub fn wsync_receiver_land(
+        receiver: *mut wsync_receiver_t,
+        table: *const wsync_dest_table_t,
+    ) -> wsync_status_t;
     /// Writes the iteration's summary, up to `info->struct_size` (set it first).
     pub fn wsync_recv_info(it: *const wsync_recv_t, info: *mut wsync_recv_info_t)
         -> wsync_status_t;

@@ -154,6 +154,33 @@ impl Receiver {
         check(unsafe { sys::wsync_receiver_set_stream(self.raw.as_ptr(), stream) })
     }
 
+    /// Lands the chunks this receiver pulls straight in the host destinations of `table`
+    /// (`wsync_receiver_land`, 0.8), `None` to stop: on `ucx` over its data stream, each tensor
+    /// with exactly one destination of its dtype and shape is read from the socket into it and
+    /// hashed as it lands, and [`Recv::apply`](crate::Recv::apply) then verifies it without a
+    /// copy. Destinations are written while a chunk is pulled, before the apply; a chunk that
+    /// fails may leave them partly written (its version does not complete). Needs `&mut self`,
+    /// so no iteration is open. Does not block.
+    ///
+    /// # Safety
+    /// The memory of every host destination of `table` must stay allocated and untouched by
+    /// anything else while a chunk may land in it: until the next call of this method, or the
+    /// receiver is dropped (the table itself may be dropped earlier; the library keeps what it
+    /// needs).
+    ///
+    /// # Errors
+    /// [`Status::Unsupported`](crate::Status::Unsupported) for a kind that does not land bytes
+    /// (`shm`, `cuda_ipc`, `nccl_broadcast`, `ucx` with `device`);
+    /// [`Status::InvalidArgument`](crate::Status::InvalidArgument) for a table of another
+    /// receiver.
+    pub unsafe fn land(&mut self, table: Option<&crate::DestTable<'_>>) -> Result<()> {
+        let raw = table.map_or(std::ptr::null(), crate::DestTable::as_raw);
+        // SAFETY: the receiver is live, used by this thread only and has no open iteration
+        // (`&mut self`); `raw` is null or a live table; the memory's lifetime is the caller's
+        // promise.
+        check(unsafe { sys::wsync_receiver_land(self.raw.as_ptr(), raw) })
+    }
+
     /// Brings this receiver's view up to date without a request and says where it stands: a
     /// version the sender abandoned, or a trainer that died, fails the open version here. Call
     /// it when requests stop coming, or after a failed chunk, to decide whether to roll back

@@ -470,3 +470,17 @@ fn apply_flags_combine_as_the_header_bits() {
     assert!(both.contains(ApplyFlags::PARTIAL) && both.contains(ApplyFlags::COMPLETE));
     assert!(!ApplyFlags::PARTIAL.contains(ApplyFlags::COMPLETE));
 }
+
+#[test]
+fn landing_is_refused_by_name_on_a_kind_that_maps_the_trainers_memory() {
+    let t = trainer(1);
+    let mut r = receiver(&t.init, 0);
+    let mut mine = Engine::new();
+    let table = mine.table(&mut r);
+    // SAFETY: refused, so nothing lands; `mine` outlives the receiver anyway.
+    let e = unsafe { r.land(Some(&table)) }.unwrap_err();
+    assert_eq!(e.status(), Status::Unsupported, "{e}");
+    assert!(e.message().contains("does not land"), "{e}");
+    // SAFETY: stops landing (which never started).
+    unsafe { r.land(None) }.unwrap();
+}
