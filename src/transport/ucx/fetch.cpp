@@ -138,7 +138,7 @@ void UcxReceiver::lease(uint64_t seq, const std::string &chunk, const sys::Deadl
 
 // ---- the puller --------------------------------------------------------------------------
 
-void UcxReceiver::start_pull(const ChunkHeader &h, const Where &at) {
+void UcxReceiver::start_pull(const ChunkHeader &h, const Where &at, const TensorTable *table) {
     const std::string chunk = before_pull(h, at, at.bytes);
     const sys::Deadline deadline(o_.timeout_ms);
     lease(at.seq, chunk, deadline);
@@ -170,7 +170,12 @@ void UcxReceiver::start_pull(const ChunkHeader &h, const Where &at) {
         throw;
     }
     last_seq_ = at.seq;
-    land_.got.assign(job.pieces.size(), 0);
+    lander_.clear();
+    if (table && lander_.on() && ep_ && w_->streams(*ep_)) {
+        std::vector<std::pair<uint64_t, uint64_t>> spans;
+        for (const Piece &p : job.pieces) spans.emplace_back(p.span.remote, p.span.bytes);
+        lander_.plan(*table, o_.verify && table->tree_sums && !table->checksums.empty(), std::move(spans));
+    }
     job.seq = at.seq;
     job.chunk = chunk;
     job.timeout_ms = o_.timeout_ms;
@@ -252,7 +257,7 @@ void UcxReceiver::run_pull() {
                 continue;
             }
             uint8_t *dst = static_cast<uint8_t *>(buf_) + p->span.local;
-            if (!land_.entries.empty()) {
+            if (lander_.active()) {
                 // Landing: only the data stream writes into the engine's memory (a stream that
                 // is closed writes no more; a UCX receive could still land after a failure).
                 if (!w_->is_stream_desc(d.desc)) {
@@ -263,7 +268,8 @@ void UcxReceiver::run_pull() {
                     continue;
                 }
                 const std::size_t k = static_cast<std::size_t>(p - pieces.begin());
-                p->req = w_->receive_scattered(d.desc, scatter(p->span), [this, k](uint64_t upto) { landed_bytes(k, upto); },
+                p->req = w_->receive_scattered(d.desc, lander_.scatter(p->span.remote, p->span.bytes, dst),
+                                               [this, k](uint64_t upto) { lander_.landed(k, upto); },
                                                chunk + " from " + trainer_);
                 if (!p->req) answered(*p, true);
             } else if (d.desc) {
@@ -324,89 +330,6 @@ void UcxReceiver::run_pull() {
     std::lock_guard<std::mutex> lk(pull_mu_);
     pull_.status = status;
     pull_.why = std::move(why);
-}
-
-void UcxReceiver::plan_landing(const TensorTable &table) {
-    land_ = Land{};
-    if (landing_.empty() || !ep_ || !w_->streams(*ep_)) return;
-    const std::size_t n = table.metas.size();
-    land_.of.assign(n, -1);
-    for (std::size_t i = 0; i < n; ++i) {
-        const uint64_t bytes = table.payload_bytes(i);
-        if (table.is_patch(i) || bytes == 0) continue;
-        auto d = landing_of_.find(table.metas[i].name);
-        if (d == landing_of_.end() || d->second < 0) continue;
-        const Landing &to = landing_[static_cast<std::size_t>(d->second)];
-        const TensorMeta &m = table.tensor(i);  // a part's whole tensor, as the destination describes it
-        if (to.meta.dtype.code != m.dtype.code || to.meta.dtype.bits != m.dtype.bits ||
-            to.meta.dtype.lanes != m.dtype.lanes || to.meta.ndim != m.ndim ||
-            !std::equal(m.shape, m.shape + m.ndim, to.meta.shape))
-            continue;  // wsync_recv_apply refuses it by name; nothing lands
-        const uint64_t at = table.is_part(i) ? table.parts[i].offset : 0;  // the entry's bytes in the tensor
-        if (at < to.offset || at + bytes > to.offset + to.len) continue;  // a shard that does not hold it all
-        LandEntry e;
-        e.entry = i;
-        e.lo = table.offsets[i];
-        e.n = bytes;
-        e.dst = to.data + (at - to.offset);
-        e.sums.resize((bytes + copy::kTreePieceBytes - 1) / copy::kTreePieceBytes);
-        land_.entries.push_back(std::move(e));
-    }
-    std::sort(land_.entries.begin(), land_.entries.end(), [](const LandEntry &a, const LandEntry &b) { return a.lo < b.lo; });
-    for (std::size_t k = 0; k < land_.entries.size(); ++k) land_.of[land_.entries[k].entry] = static_cast<long>(k);
-    land_.hash = o_.verify && table.tree_sums && !table.checksums.empty();
-}
-
-std::vector<Stream::Run> UcxReceiver::scatter(const Span &span) const {
-    std::vector<Stream::Run> runs;
-    uint8_t *buf = static_cast<uint8_t *>(buf_);
-    const uint64_t end = span.remote + span.bytes;
-    uint64_t at = span.remote;
-    auto gap = [&](uint64_t upto) {
-        if (upto > at) runs.push_back({buf + span.local + (at - span.remote), upto - at});
-        at = std::max(at, upto);
-    };
-    auto e = std::upper_bound(land_.entries.begin(), land_.entries.end(), at,
-                              [](uint64_t x, const LandEntry &y) { return x < y.lo + y.n; });
-    for (; e != land_.entries.end() && e->lo < end; ++e) {
-        gap(e->lo);
-        const uint64_t upto = std::min(end, e->lo + e->n);
-        runs.push_back({e->dst + (at - e->lo), upto - at});
-        at = upto;
-    }
-    gap(end);
-    return runs;
-}
-
-void UcxReceiver::landed_bytes(std::size_t k, uint64_t upto) {
-    Land &l = land_;
-    const std::vector<Piece> &pieces = pull_.pieces;  // fixed while the puller runs
-    l.got[k] = upto;
-    if (!l.hash) return;
-    while (l.whole < pieces.size() && l.got[l.whole] == pieces[l.whole].span.bytes) ++l.whole;
-    const uint64_t prefix = l.whole < pieces.size() ? pieces[l.whole].span.remote + l.got[l.whole]
-                                                     : pieces.back().span.remote + pieces.back().span.bytes;
-    std::lock_guard<std::mutex> lk(land_mu_);
-    for (; l.cursor < l.entries.size(); ++l.cursor) {
-        LandEntry &e = l.entries[l.cursor];
-        for (; e.done < e.sums.size(); ++e.done) {
-            const uint64_t lo = e.done * copy::kTreePieceBytes, hi = std::min(lo + copy::kTreePieceBytes, e.n);
-            if (e.lo + hi > prefix) return;
-            e.sums[e.done] = copy::hash_bytes(e.dst + lo, hi - lo);
-        }
-    }
-}
-
-bool UcxReceiver::landed_sum(std::size_t i, uint64_t *sum) {
-    if (!land_.hash || i >= land_.of.size() || land_.of[i] < 0) return false;
-    std::lock_guard<std::mutex> lk(land_mu_);
-    LandEntry &e = land_.entries[static_cast<std::size_t>(land_.of[i])];
-    for (; e.done < e.sums.size(); ++e.done) {  // landed out of order: hashed here, from memory
-        const uint64_t lo = e.done * copy::kTreePieceBytes, hi = std::min(lo + copy::kTreePieceBytes, e.n);
-        e.sums[e.done] = copy::hash_bytes(e.dst + lo, hi - lo);
-    }
-    *sum = copy::combine_piece_hashes(e.sums.data(), e.sums.size());
-    return true;
 }
 
 void UcxReceiver::await_range(uint64_t lo, uint64_t hi) {

@@ -14,17 +14,16 @@
 #include <mutex>
 #include <thread>
 #include <cstring>
-#include <unordered_map>
 #include <iterator>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "copy/copy.hpp"
 #include "core.hpp"
 #include "error.hpp"
 #include "gpu/destination.hpp"
 #include "gpu/device.hpp"
 #include "plan/layout.hpp"
+#include "transport/ucx/land.hpp"
 
 
 namespace wsync::ucx {
@@ -38,16 +37,10 @@ public:
     // A pulled chunk whose iteration never opened (the core failed to make it) is given up:
     // the pull stopped and the trainer answered.
     ~UcxBacking() override;
-    const void *data(std::size_t i) const override {
-        return landing_ && landed_[i] ? landed_[i] : base_ + offsets_[i];
-    }
-    // The chunk's entries landed in the engine's destinations (UcxReceiver::plan_landing):
-    // per entry, where (null: in the receive buffer).
-    void land(std::vector<const uint8_t *> at) {
-        landed_ = std::move(at);
-        landing_ = true;
-    }
-    bool in_place(std::size_t i) const override { return landing_ && landed_[i]; }
+    const void *data(std::size_t i) const override { return in_place(i) ? landed_[i] : base_ + offsets_[i]; }
+    // Per entry, where it lands in the engine's memory (null: our buffer; Lander::where).
+    void land(std::vector<const uint8_t *> at) { landed_ = std::move(at); }
+    bool in_place(std::size_t i) const override { return !landed_.empty() && landed_[i]; }
     bool landed_sum(std::size_t i, uint64_t *sum) override;
     // A chunk pulled in pieces (UcxReceiver::start_pull): entry i's bytes are [offsets_[i],
     // ends[i]) of the chunk, each waited for before it is read.
@@ -68,8 +61,7 @@ private:
     const uint8_t *base_;
     std::vector<uint64_t> offsets_;
     std::vector<uint64_t> ends_;  // stream()'s; empty: every byte was in place at open
-    std::vector<const uint8_t *> landed_;  // land()'s
-    bool landing_ = false;
+    std::vector<const uint8_t *> landed_;  // land()'s; empty: nothing landed
     uint64_t seq_;
     ChunkHeader header_;
     uint64_t applied_ = 0;  // report_apply's, said with the OK Ack
@@ -213,17 +205,12 @@ public:
         }
         std::vector<uint64_t> ends(table.metas.size());
         for (std::size_t i = 0; i < ends.size(); ++i) ends[i] = table.offsets[i] + table.wire_bytes(i);
-        plan_landing(table);
-        start_pull(h, at);
+        start_pull(h, at, &table);
         try {  // from here the pull runs: whatever fails ends it and answers the trainer
             auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), table.offsets, at.seq);
             b->set_header(h);
             b->stream(std::move(ends));
-            if (!land_.entries.empty()) {
-                std::vector<const uint8_t *> where(table.metas.size(), nullptr);
-                for (const LandEntry &e : land_.entries) where[e.entry] = e.dst;
-                b->land(std::move(where));
-            }
+            if (lander_.active()) b->land(lander_.where());
             return b;
         } catch (...) {
             give_up_pull(at.seq, h);
@@ -231,24 +218,14 @@ public:
         }
     }
 
-    // ---- landing (wsync_receiver_land) --------------------------------------------------
-    // The engine's host destinations; from the next chunk pulled in pieces over the data
-    // stream on, each dense entry whose name has exactly one of them (same dtype and shape,
-    // covering the entry's bytes) is read from the socket straight into it, and hashed piece by
-    // piece as it lands, while the bytes are in the cache (docs/data-path.md, "Landing").
+    // Landing (land.hpp): from the next chunk pulled in pieces over the data stream on.
     bool land(std::vector<Landing> dests) override {
         if (dev_) return false;  // chunks land in pinned memory the GPU copies from
-        landing_ = std::move(dests);
-        landing_of_.clear();
-        for (std::size_t d = 0; d < landing_.size(); ++d) {
-            auto [it, fresh] = landing_of_.emplace(landing_[d].meta.name, static_cast<long>(d));
-            if (!fresh) it->second = -1;  // several destinations (a tied weight): apply copies
-        }
+        lander_.set(std::move(dests));
         return true;
     }
-    // Entry i's checksum over the bytes as they landed (after await(i)): the pieces the puller
-    // did not hash yet are hashed here. False when the chunk is not hashed as it lands.
-    bool landed_sum(std::size_t i, uint64_t *sum);
+    // Entry i's checksum as its bytes landed (after await(i)).
+    bool landed_sum(std::size_t i, uint64_t *sum) { return lander_.sum(i, sum); }
 
     // Stops the running pull (it ends at its next progress round; a receive in flight closes
     // the endpoint) and answers chunk seq as failed: nothing will read it.
@@ -460,16 +437,9 @@ private:
         wsync_status_t status = WSYNC_OK;
         std::string why;
     };
-    void start_pull(const ChunkHeader &h, const Where &at);
-    // Which entries of the chunk about to be pulled land where (land_), or none: no landing
-    // set, the endpoint has no data stream, or no entry qualifies.
-    void plan_landing(const TensorTable &table);
-    // Where bytes [span.remote, + span.bytes) of the chunk go: the landed entries' destinations,
-    // and our buffer between them.
-    std::vector<Stream::Run> scatter(const Span &span) const;
-    // The puller's, after every read of piece k: `upto` of its bytes are in place. Hashes the
-    // landed entries' tree pieces that now lie wholly in the chunk's landed prefix.
-    void landed_bytes(std::size_t k, uint64_t upto);
+    // `table`: the chunk's, to plan its landing (lander_) when landing is on and the endpoint
+    // has a data stream; else nothing lands.
+    void start_pull(const ChunkHeader &h, const Where &at, const TensorTable *table);
     void puller_main();
     void run_pull();
     // Waits (bounded) for the pull to end; returns its failure, or WSYNC_OK. No-op when none.
@@ -510,28 +480,7 @@ private:
     uint32_t failure_chunk_ = 0;
     void *buf_ = nullptr;
     uint64_t cap_ = 0;
-    std::vector<Landing> landing_;                      // land()'s
-    std::unordered_map<std::string, long> landing_of_;  // name -> index in landing_, -1: several
-    // The chunk being pulled's landing. Fixed by plan_landing() before the puller starts;
-    // then `got`, `whole` and `cursor` are the puller's, and each entry's sums/done are
-    // shared with the loader (landed_sum) under land_mu_.
-    struct LandEntry {
-        std::size_t entry = 0;       // index in the chunk's table
-        uint64_t lo = 0, n = 0;      // its bytes in the chunk
-        uint8_t *dst = nullptr;      // where they land
-        std::vector<uint64_t> sums;  // each tree piece's hash (copy::kTreePieceBytes)
-        std::size_t done = 0;        // pieces hashed
-    };
-    struct Land {
-        std::vector<LandEntry> entries;  // by lo
-        std::vector<long> of;            // table entry -> index in entries, -1: not landed
-        bool hash = false;               // checksums verified: hash as the bytes land
-        std::vector<uint64_t> got;       // per piece, bytes in place
-        std::size_t whole = 0;           // the pieces from the first in place whole
-        std::size_t cursor = 0;          // the first entry not hashed whole
-    };
-    Land land_;
-    std::mutex land_mu_;
+    Lander lander_;  // wsync_receiver_land's destinations and the plan of the chunk being pulled
     uint64_t fetches_ = 0;  // the number of the last fetch asked for
     std::vector<Msg> data_;  // authentic Data messages drained, for fetch()
     std::unique_ptr<gpu::Device> dev_;           // "device": the engine's GPU, else null
