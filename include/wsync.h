@@ -1225,12 +1225,14 @@ WSYNC_API wsync_status_t wsync_recv_apply(wsync_recv_t *it, const wsync_dest_tab
  * tensor whose name has exactly one destination in the table, with its dtype and shape, that
  * holds all the bytes the chunk carries of it, is read from the socket straight into that
  * destination while wsync_receiver_receive()'s pull runs, and its checksum is computed piece by
- * piece as it lands, while the bytes are still in the CPU's cache. wsync_recv_apply() with any
- * table (or wsync_recv_copy() onto the same bytes) then verifies it and copies nothing; a view
- * of it (wsync_recv_next()) is the destination itself. Every other tensor of the chunk (a tied
- * weight with two destinations, a shard that keeps part of a tensor, a patch, a tensor without
- * a destination or whose dtype or shape differ) arrives in the receive buffer and loads as
- * before. Over UCX's own path (no data stream, "data_path" "ucx", a chunk of 4 MiB or less, a
+ * piece as it lands, while the bytes are still in the CPU's cache (with the receiver's "verify"
+ * on and the request's tree checksums, which ucx requests carry). wsync_recv_apply() with the
+ * same table (or wsync_recv_copy() onto the same bytes) then verifies it and copies nothing; a
+ * copy elsewhere copies from the destination; a view of it (wsync_recv_next()) is the
+ * destination itself. Every other tensor of the chunk (a tied weight with two destinations, a
+ * destination that shares memory with another name's, a shard that keeps part of a tensor, a
+ * patch, a tensor without a destination or whose dtype or shape differ) arrives in the receive
+ * buffer and loads as before. Over UCX's own path (no data stream, "data_path" "ucx", a chunk of 4 MiB or less, a
  * selection's chunk) nothing lands. What it saves is the engine's copy out of the receive
  * buffer: docs/data-path.md, "Landing", and the figures in docs/architecture.md.
  *

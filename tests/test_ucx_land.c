@@ -268,6 +268,50 @@ static void a_landed_tensor_that_differs_from_what_the_trainer_hashed_fails_with
     rig_stop(&g);
 }
 
+/* Destinations of different names that share memory (an engine that aliases "embed" and
+ * "norm") land neither: both come through the receive buffer (their views are not the
+ * destination), and one apply writes both, in the chunk's order. */
+static void destinations_of_different_names_that_share_memory_do_not_land(void **state) {
+    (void)state;
+    struct trainer t;
+    trainer_start(&t, 0);
+    wsync_receiver_t *e = engine(t.init.data, t.init.size);
+    uint8_t *mem = calloc(1, bytes_of(EMBED));
+    assert_non_null(mem);
+    const wsync_dtype_t f32 = {WSYNC_DTYPE_FLOAT, 32, 1};
+    wsync_dest_t d[2] = {
+        {.name = names[EMBED], .data = mem, .shape = t.shape[EMBED], .ndim = 1, .dtype = f32},
+        {.name = names[NORM], .data = mem + 4096, .shape = t.shape[NORM], .ndim = 1, .dtype = f32},
+    };
+    wsync_dest_table_t *table = NULL;
+    OK(wsync_dest_table_create(e, d, 2, &table));
+    OK(wsync_receiver_land(e, table));
+    wsync_blob_t req;
+    send_version(&t, 1, &req);
+    wsync_recv_t *it = NULL;
+    OK(wsync_receiver_receive(e, req.data, req.size, &it));
+    wsync_tensor_t view;
+    bool has = false;
+    OK(wsync_recv_next(it, &view, &has));
+    assert_ptr_not_equal(view.data, mem);  /* not landed */
+    assert_true(tu_check(view.data, bytes_of(EMBED), 1, EMBED));
+    memcpy(mem, view.data, bytes_of(EMBED));
+    wsync_apply_result_t res = {.struct_size = sizeof res};
+    OK(wsync_recv_apply(it, table, WSYNC_APPLY_PARTIAL, &res));
+    assert_int_equal(res.writes, 1);  /* "norm", over its share of "embed" */
+    do OK(wsync_recv_next(it, &view, &has));  /* the tensors this engine does not keep */
+    while (has);
+    OK(wsync_recv_end(it));
+    assert_true(tu_check(mem + 4096, bytes_of(NORM), 1, NORM));
+    assert_true(tu_check(mem, 4096, 1, EMBED));
+    OK(wsync_sender_flush(t.snd, 5000));
+    wsync_blob_free(&req);
+    wsync_dest_table_destroy(table);
+    wsync_receiver_destroy(e);
+    free(mem);
+    trainer_stop(&t);
+}
+
 /* A tensor split into two parts (two chunks of one version, each pulled in pieces): each part
  * lands at its place in the one destination of the whole tensor (a part's view is that place),
  * and the version completes bit for bit. */
@@ -432,6 +476,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(landed_tensors_are_their_destinations_and_every_destination_loads_bit_exact),
         cmocka_unit_test(a_destination_of_another_shape_is_never_written_by_the_pull),
         cmocka_unit_test(each_part_of_a_split_tensor_lands_at_its_place_in_the_tensors_destination),
+        cmocka_unit_test(destinations_of_different_names_that_share_memory_do_not_land),
         cmocka_unit_test(a_landed_tensor_that_differs_from_what_the_trainer_hashed_fails_with_integrity),
         cmocka_unit_test(a_trainer_killed_mid_chunk_fails_the_apply_and_the_end_as_unreachable),
         cmocka_unit_test(land_refuses_what_it_cannot_do_and_changes_nothing),

@@ -14,6 +14,21 @@ void Lander::set(std::vector<Landing> dests) {
         auto [it, fresh] = by_name_.emplace(dests_[d].meta.name, static_cast<long>(d));
         if (!fresh) it->second = -1;  // several destinations (a tied weight): apply copies
     }
+    // Destinations of different names that share memory (an engine that aliases two tensors)
+    // land neither: the puller would write one while the loader hashes the other.
+    std::vector<std::size_t> order(dests_.size());
+    for (std::size_t d = 0; d < order.size(); ++d) order[d] = d;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return dests_[a].data < dests_[b].data; });
+    const uint8_t *reach = nullptr;  // the furthest end of the destinations so far
+    std::size_t reacher = 0;
+    for (std::size_t k = 0; k < order.size(); ++k) {
+        const Landing &d = dests_[order[k]];
+        if (k && d.data < reach) {
+            by_name_[d.meta.name] = -1;
+            by_name_[dests_[reacher].meta.name] = -1;
+        }
+        if (!k || d.data + d.len > reach) reach = d.data + d.len, reacher = order[k];
+    }
     clear();
 }
 
@@ -29,6 +44,14 @@ void Lander::clear() {
 void Lander::plan(const TensorTable &table, bool hash, std::vector<std::pair<uint64_t, uint64_t>> pieces) {
     clear();
     const std::size_t n = table.metas.size();
+    // Entries whose bytes overlap in the chunk (no sender of ours makes them; a faulty trainer
+    // could) land nothing: each byte of a piece must have one place to go.
+    std::vector<std::pair<uint64_t, uint64_t>> spans;
+    for (std::size_t i = 0; i < n; ++i)
+        if (table.wire_bytes(i)) spans.emplace_back(table.offsets[i], table.offsets[i] + table.wire_bytes(i));
+    std::sort(spans.begin(), spans.end());
+    for (std::size_t k = 1; k < spans.size(); ++k)
+        if (spans[k].first < spans[k - 1].second) return;
     of_.assign(n, -1);
     for (std::size_t i = 0; i < n; ++i) {
         const uint64_t bytes = table.payload_bytes(i);

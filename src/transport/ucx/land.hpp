@@ -24,14 +24,17 @@ namespace wsync::ucx {
 
 class Lander {
 public:
-    // The engine's host destinations (ReceiverImpl::land); empty stops landing.
+    // The engine's host destinations (ReceiverImpl::land); empty stops landing. A name with
+    // several destinations, or whose destination shares memory with another name's, never
+    // lands (its bytes come through the receive buffer).
     void set(std::vector<Landing> dests);
     bool on() const { return !dests_.empty(); }
 
     // The plan for the chunk about to be pulled (`table`: its wire table): each dense entry whose
     // name has exactly one destination, of the entry's dtype and its tensor's shape, holding all
-    // the entry's bytes, lands there. `hash`: take checksums as bytes land (checksums verified,
-    // tree sums). `pieces`: the pull's pieces, (first byte, bytes) each, in the order asked for.
+    // the entry's bytes, lands there; nothing lands when entries overlap in the chunk. `hash`:
+    // take checksums as bytes land (checksums verified, tree sums). `pieces`: the pull's
+    // pieces, (first byte, bytes) each, in the order asked for.
     void plan(const TensorTable &table, bool hash, std::vector<std::pair<uint64_t, uint64_t>> pieces);
     // Forgets the plan (a chunk that does not land).
     void clear();
