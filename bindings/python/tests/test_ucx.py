@@ -245,3 +245,4 @@ def test_ucx_landing_reads_a_chunk_straight_into_the_destinations_bit_exact():
                     with other.receiver(other.create_init_info(), 0) as shm_receiver:
                         shm_receiver.land(shm_receiver.dest_table([wsync.Dest("small", small)]))
             assert info.value.status is Status.UNSUPPORTED
+            assert info.value.message.startswith("Receiver.land (shm)")  # in Python's terms

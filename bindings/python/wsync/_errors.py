@@ -193,6 +193,7 @@ _PYTHON_NAMES = {
     "wsync_recv_patch": "Iteration.patch",
     "wsync_recv_info": "Iteration.info",
     "wsync_dest_table_create": "Receiver.dest_table",
+    "wsync_receiver_land": "Receiver.land",
     "wsync_sender_send_chunk": "Sender.send_chunk",
     "wsync_sender_send_parts": "Sender.send_chunk",
     "wsync_sender_commit": "Sender.commit",
