@@ -15,12 +15,6 @@
 namespace wsync {
 
 namespace {
-bool same_shape(const TensorMeta &a, const TensorMeta &b) {
-    return a.ndim == b.ndim && std::equal(a.shape, a.shape + a.ndim, b.shape);
-}
-bool same_dtype(wsync_dtype_t a, wsync_dtype_t b) {
-    return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
-}
 std::string shape_text(const TensorMeta &m) {
     std::string s = "[";
     for (int32_t k = 0; k < m.ndim; ++k) s += (k ? ", " : "") + std::to_string(m.shape[k]);

@@ -206,6 +206,9 @@ private:
     // The checksum of the table's kind (XXH3-64, or the tree hash on the receiver's copy
     // threads) of n bytes at p.
     uint64_t sum_of(const void *p, uint64_t n);
+    // Entry i's checksum over its bytes at `bytes` (data(i), in place): the one the transport
+    // took as they landed (wsync_receiver_land), else sum_of them.
+    uint64_t sum_in_place(std::size_t i, const uint8_t *bytes);
     // Copies bytes [off, off + len) of the `total` bytes at src to dst and returns the checksum
     // of the table's kind of all of them, in one pass (copy::copy_hashing, or
     // Pool::copy_tree_hashing on the copy threads).

@@ -106,9 +106,7 @@ bool Iteration::next(wsync_tensor_t *view, wsync_part_t *part) {
                             tensor_label(i, table_.metas[i].name.c_str()).c_str(),
                             chunk_label(header_).c_str(), table_.patches[i].base_version));
         const uint8_t *bytes = landed(i);
-        uint64_t sum = 0;  // a landed entry's, taken as it landed (wsync_receiver_land)
-        if (verify_ && !(state_[i] & kVerified))
-            check_sum(i, backing_->landed_sum(i, &sum) ? sum : sum_of(bytes, table_.payload_bytes(i)));
+        if (verify_ && !(state_[i] & kVerified)) check_sum(i, sum_in_place(i, bytes));
         fill(i, view, true);
     }
     if (part) this->part(i, part);
@@ -124,6 +122,11 @@ const uint8_t *Iteration::landed(std::size_t i) {
         fail_chunk(e.status(), e.what());
     }
     return static_cast<const uint8_t *>(backing_->data(i));
+}
+
+uint64_t Iteration::sum_in_place(std::size_t i, const uint8_t *bytes) {
+    uint64_t sum = 0;  // a landed entry's, taken as it landed (wsync_receiver_land)
+    return backing_->landed_sum(i, &sum) ? sum : sum_of(bytes, table_.payload_bytes(i));
 }
 
 uint64_t Iteration::sum_of(const void *p, uint64_t n) {
@@ -172,10 +175,7 @@ void Iteration::copy(std::size_t i, uint64_t offset, void *dst, uint64_t len) {
         void *to = dst;
         if (share_of_entry(i, &off, &to, &n) && to == src + off) {
             landed(i);
-            if (verify_ && !(state_[i] & kVerified)) {
-                uint64_t sum = 0;
-                check_sum(i, backing_->landed_sum(i, &sum) ? sum : sum_of(src, table_.payload_bytes(i)));
-            }
+            if (verify_ && !(state_[i] & kVerified)) check_sum(i, sum_in_place(i, src));
             if (!(state_[i] & kTaken)) state_[i] |= kTaken, ++taken_;
             return;
         }

@@ -3,6 +3,7 @@
 // checksums). Shared by every strategy; knows nothing of any strategy's transport fields.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
@@ -43,6 +44,15 @@ struct TensorMeta {
     int64_t shape[WSYNC_MAX_NDIM] = {};
     uint64_t nbytes = 0;  // product(shape) * dtype_size, checked
 };
+
+// Whether a destination declared as one tensor takes another (no cast is made): the same dtype,
+// the same shape (wsync_recv_apply's check, and landing's).
+inline bool same_dtype(wsync_dtype_t a, wsync_dtype_t b) {
+    return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+inline bool same_shape(const TensorMeta &a, const TensorMeta &b) {
+    return a.ndim == b.ndim && std::equal(a.shape, a.shape + a.ndim, b.shape);
+}
 
 // Validates caller descriptor number `index` and returns its metadata. `need_data` (sending)
 // requires a non-NULL data pointer and a WSYNC_DEVICE_* device type; the planner passes false. Throws

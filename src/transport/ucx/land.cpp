@@ -60,9 +60,7 @@ void Lander::plan(const TensorTable &table, bool hash, std::vector<std::pair<uin
         if (d == by_name_.end() || d->second < 0) continue;
         const Landing &to = dests_[static_cast<std::size_t>(d->second)];
         const TensorMeta &m = table.tensor(i);  // a part's whole tensor, as the destination describes it
-        if (to.meta.dtype.code != m.dtype.code || to.meta.dtype.bits != m.dtype.bits ||
-            to.meta.dtype.lanes != m.dtype.lanes || to.meta.ndim != m.ndim ||
-            !std::equal(m.shape, m.shape + m.ndim, to.meta.shape))
+        if (!same_dtype(to.meta.dtype, m.dtype) || !same_shape(to.meta, m))
             continue;  // wsync_recv_apply refuses it by name; nothing lands in it
         const uint64_t at = table.is_part(i) ? table.parts[i].offset : 0;  // the entry's bytes in the tensor
         if (at < to.offset || at + bytes > to.offset + to.len) continue;  // a shard that does not hold it all
