@@ -15,7 +15,7 @@ namespace wsync {
 Iteration::Iteration(Receiver &owner, ChunkHeader header, TensorTable table,
                      std::unique_ptr<ChunkBacking> backing, bool verify, Subset subset)
     : owner_(&owner), header_(header), table_(std::move(table)), backing_(std::move(backing)),
-      subset_(std::move(subset)), verify_(verify && !table_.checksums.empty()),
+      subset_(std::move(subset)), verify_(verify && (!table_.checksums.empty() || table_.sums_follow)),
       state_(table_.metas.size(), 0) {
     for (std::size_t i = 0; i < subset_.unverified.size(); ++i)
         if (subset_.unverified[i]) state_[i] |= kVerified;  // a range: no checksum covers it
@@ -138,7 +138,30 @@ uint64_t Iteration::copy_summing(void *dst, const void *src, uint64_t total, uin
                             : copy::copy_hashing(dst, src, total, off, len);
 }
 
+// Checksums that follow the bytes (TensorTable::sums_follow): taken from the backing once, at
+// the first verification, which waits for them; a selection's view maps its entries to them.
+void Iteration::take_trailing_sums() {
+    std::vector<uint64_t> sums;
+    try {
+        sums = backing_->trailing_sums();
+    } catch (const Error &e) {
+        fail_chunk(e.status(), e.what());
+    }
+    const std::size_t n = table_.metas.size();
+    std::vector<uint64_t> mine(n, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+        const uint64_t from = table_.follow_from.empty() ? i : table_.follow_from[i];
+        if (from == TensorTable::kNoSum) continue;  // a range: marked verified at construction
+        if (from >= sums.size())
+            fail_chunk(WSYNC_ERR_MALFORMED, strf("%s: %zu checksums followed the bytes for a table of more entries",
+                                                 chunk_label(header_).c_str(), sums.size()));
+        mine[i] = sums[from];
+    }
+    table_.checksums = std::move(mine);
+}
+
 void Iteration::check_sum(std::size_t i, uint64_t got) {
+    if (table_.checksums.empty()) take_trailing_sums();
     if (got != table_.checksums[i]) {
         char buf[64];
         std::snprintf(buf, sizeof buf, "%016llx, computed %016llx",

@@ -235,7 +235,11 @@ Iteration *Receiver::receive(const uint8_t *request, std::size_t len) {
         if (state_.status() == WSYNC_ERR_ABANDONED) fail(state_.status(), what + ": " + why);
         fail(WSYNC_ERR_SKIPPED, what + ": skipped, " + why);
     }
-    if (impl_->checksums_promised() && table.checksums.empty() && !table.metas.empty()) {
+    if (impl_->checksums_promised() && table.checksums.empty() && !table.metas.empty() &&
+        impl_->sums_follow(transport)) {
+        table.sums_follow = true;  // the transport brings them after the bytes
+        table.tree_sums = true;
+    } else if (impl_->checksums_promised() && table.checksums.empty() && !table.metas.empty()) {
         std::string why = "request carries no tensor checksums though the init info says they are on";
         impl_->refuse(h, transport, WSYNC_ERR_INTEGRITY, why, true);
         fail(WSYNC_ERR_INTEGRITY, what + ": " + why);
@@ -344,6 +348,10 @@ wsync_receiver_state_t Receiver::poll() {
     st.failed_version = state_.failed_version();
     st.failed_status = state_.failed_status();
     return st;
+}
+
+std::vector<uint64_t> ChunkBacking::trailing_sums() {
+    fail(WSYNC_ERR_INTERNAL, "this transport sends no checksums after the bytes");
 }
 
 std::unique_ptr<ChunkBacking> ReceiverImpl::open_ranges(const ChunkHeader &, const TensorTable &,

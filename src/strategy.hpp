@@ -162,6 +162,10 @@ public:
     // computed: the tree hash) over the bytes as they landed, computed while they were still
     // in the cache; false when it was not computed (the iteration then hashes data(i)).
     virtual bool landed_sum(std::size_t /*i*/, uint64_t * /*sum*/) { return false; }
+    // The chunk's checksums when its request said they follow the bytes (TensorTable::
+    // sums_follow): one per entry of the table the transport was given, blocking (within the
+    // receiver's deadline) until they arrived. Throws the Error that kept them from arriving.
+    virtual std::vector<uint64_t> trailing_sums();
     // Called exactly once, after settle() and after a failure was recorded: publishes the final
     // outcome (WSYNC_OK or the status the chunk failed with) to the sender.
     virtual void acknowledge(wsync_status_t outcome) noexcept = 0;
@@ -256,6 +260,9 @@ public:
     virtual bool verify_checksums() const = 0;
     // Whether the init info promised tensor checksums in every request.
     virtual bool checksums_promised() const { return false; }
+    // Whether this request's checksums follow its bytes (ChunkBacking::trailing_sums) rather
+    // than travel in its table. `transport` is checked later by open().
+    virtual bool sums_follow(const json & /*transport*/) const { return false; }
     // Whether chunks are acknowledged only after the loader's work queued on its stream before
     // wsync_recv_end() ran (WSYNC_RECEIVER_ORDERS_LOADER_WORK).
     virtual bool orders_loader_work() const { return false; }

@@ -99,6 +99,14 @@ struct TensorTable {
     // included): false XXH3-64 ("xxh3" on the wire), true the tree hash (copy::tree_hash;
     // "tree"), which a receiver verifies on several threads while it copies.
     bool tree_sums = false;
+    // A receiver's only: the request carries no checksums because its transport sends them
+    // after the bytes (ucx "sums_follow", docs/data-path.md "Checksums that follow the bytes");
+    // the iteration takes them from its backing (ChunkBacking::trailing_sums), tree hashes in
+    // the order of the request's table. A selection's view: `follow_from` maps each of its
+    // entries to that table's (kNoSum: a range no checksum covers).
+    bool sums_follow = false;
+    std::vector<uint64_t> follow_from;
+    static constexpr uint64_t kNoSum = UINT64_MAX;
     std::vector<PatchInfo> patches;   // empty: every tensor dense
     std::vector<PartInfo> parts;      // empty: every entry a whole tensor
     // Payload bytes: each entry's size, or its part's.

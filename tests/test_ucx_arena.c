@@ -1,9 +1,10 @@
 /* The ucx sender's arena ("arena_bytes", wsync_sender_arena()): a chunk whose tensors the
  * trainer keeps in the arena, laid out as the sender would pack them, is sent from there with
  * no pack copy (hashed where it lies), and is borrowed until its version's flush returns OK.
- * These tests specify what trainer and engine see: every version bit-exact; the engine reading
- * the arena itself (a write after wsync_sender_send_chunk() shows, caught by the checksum, and
- * the flush names the receiver); any other layout packed as usual (a later write does not
+ * These tests specify what trainer and engine see: every version bit-exact; engines reading
+ * the arena itself (a write before the flush shows, caught by the checksum of what was first
+ * sent, or over active messages of what send_chunk hashed, and the flush names the receiver);
+ * any other layout packed as usual (a later write does not
  * show); a version already flushed never read again from the arena (a late engine is refused
  * it by name and loads the next one). Trainer and engines are in this process, over loopback
  * tcp, with the data stream ("data_path" "auto") and with UCX active messages ("ucx"). */
@@ -158,24 +159,50 @@ static void versions_laid_out_in_the_arena_load_bit_exact_as_active_messages(voi
     data_path = "auto";
 }
 
-/* Sent in place means read in place: bytes written after send_chunk, before the engine reads,
- * are what it reads; the checksum taken at send_chunk catches it, the engine fails the version
- * with INTEGRITY and the flush names receiver 0. */
-static void the_engine_reads_the_arena_itself_and_a_write_before_the_flush_fails_the_version(void **state) {
+/* Sent in place means read in place. Over the data stream a chunk is hashed as it is first sent
+ * (its checksums follow its bytes, docs/data-path.md): bytes written before the flush, after
+ * engine 0 read them, are what engine 1 reads, and the checksums of what was first sent catch
+ * it: engine 1 fails the version with INTEGRITY, engine 0 loaded it bit-exact, and the flush
+ * names receiver 1 alone. */
+static void the_engines_read_the_arena_itself_and_a_write_before_the_flush_fails_the_version(void **state) {
     (void)state;
+    struct trainer t;
+    trainer_start(&t, 2, 8 << 20);
+    lay_out(&t, t.arena, 0);
+    wsync_receiver_t *e0 = engine(&t, 0), *e1 = engine(&t, 1);
+    wsync_blob_t req;
+    send_version(&t, 1, &req);
+    assert_int_equal(take(e0, &req, 1), WSYNC_OK);
+    write_version(&t, 2);  /* too early: the version is still the engines' to read */
+    assert_int_equal(take(e1, &req, 1), WSYNC_ERR_INTEGRITY);
+    assert_int_not_equal(wsync_sender_flush(t.snd, 3000), WSYNC_OK);
+    assert_non_null(strstr(wsync_last_error(), "receiver 1"));
+    assert_null(strstr(wsync_last_error(), "receiver 0"));
+    wsync_blob_free(&req);
+    wsync_receiver_destroy(e0);
+    wsync_receiver_destroy(e1);
+    trainer_stop(&t);
+}
+
+/* Over UCX active messages a chunk is hashed at send_chunk, where it lies: a write even before
+ * any engine read it is caught, the engine fails with INTEGRITY and the flush names it. */
+static void over_active_messages_a_write_before_any_read_fails_the_version(void **state) {
+    (void)state;
+    data_path = "ucx";
     struct trainer t;
     trainer_start(&t, 1, 8 << 20);
     lay_out(&t, t.arena, 0);
     wsync_receiver_t *e = engine(&t, 0);
     wsync_blob_t req;
     send_version(&t, 1, &req);
-    write_version(&t, 2);  /* too early: the version is still the engines' to read */
+    write_version(&t, 2);
     assert_int_equal(take(e, &req, 1), WSYNC_ERR_INTEGRITY);
     assert_int_not_equal(wsync_sender_flush(t.snd, 3000), WSYNC_OK);
     assert_non_null(strstr(wsync_last_error(), "receiver 0"));
     wsync_blob_free(&req);
     wsync_receiver_destroy(e);
     trainer_stop(&t);
+    data_path = "auto";
 }
 
 /* Any other layout is packed at send_chunk: a tensor 64 bytes off its packed place, in the
@@ -240,7 +267,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(the_arena_is_whole_pages_and_a_sender_without_the_option_has_none),
         cmocka_unit_test(versions_laid_out_in_the_arena_load_bit_exact),
         cmocka_unit_test(versions_laid_out_in_the_arena_load_bit_exact_as_active_messages),
-        cmocka_unit_test(the_engine_reads_the_arena_itself_and_a_write_before_the_flush_fails_the_version),
+        cmocka_unit_test(the_engines_read_the_arena_itself_and_a_write_before_the_flush_fails_the_version),
+        cmocka_unit_test(over_active_messages_a_write_before_any_read_fails_the_version),
         cmocka_unit_test(a_chunk_not_laid_out_as_packed_is_packed_and_a_later_write_does_not_show),
         cmocka_unit_test(a_flushed_version_is_never_read_from_the_arena_again),
     };

@@ -39,11 +39,12 @@ struct trainer {
 
 /* A trainer for one engine, checksums on; with `arena` the model is laid out in the sender's
  * arena as it would be packed (so it is hashed at send_chunk and read where it lies). */
+static unsigned receivers = 1;  /* the trainer's receiver indices */
 static void trainer_start(struct trainer *t, int arena) {
     if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
     memset(t, 0, sizeof *t);
     char o[256];
-    snprintf(o, sizeof o, "{" OPTS ",\"receivers\":1,\"arena_bytes\":%d}", arena ? 96 << 20 : 0);
+    snprintf(o, sizeof o, "{" OPTS ",\"receivers\":%u,\"arena_bytes\":%d}", receivers, arena ? 96 << 20 : 0);
     OK(wsync_strategy_create("ucx", o, &t->s));
     OK(wsync_strategy_create_init_info(t->s, &t->init));
     OK(wsync_sender_create(t->s, t->init.data, t->init.size, &t->snd));
@@ -80,14 +81,16 @@ static void send_version(struct trainer *t, uint64_t v, wsync_blob_t *req) {
     OK(wsync_sender_send_chunk(t->snd, &c, req));
 }
 
-static wsync_receiver_t *engine(const uint8_t *init, size_t len) {
+static wsync_receiver_t *engine_at(const uint8_t *init, size_t len, uint32_t index) {
     wsync_strategy_t *s = NULL;
     OK(wsync_strategy_create("ucx", "{" OPTS "}", &s));
     wsync_receiver_t *r = NULL;
-    OK(wsync_receiver_create(s, init, len, 0, &r));
+    OK(wsync_receiver_create(s, init, len, index, &r));
     wsync_strategy_destroy(s);
     return r;
 }
+
+static wsync_receiver_t *engine(const uint8_t *init, size_t len) { return engine_at(init, len, 0); }
 
 /* The engine's memory: every tensor whole, "tied" twice, and the second half of "shard". */
 struct params {
@@ -250,21 +253,37 @@ static void a_destination_of_another_shape_is_never_written_by_the_pull(void **s
 }
 
 /* The checksum is taken as the bytes land and compared with the trainer's: a tensor the trainer
- * wrote after hashing it (its arena, read where it lies) fails the apply with INTEGRITY naming
+ * wrote after hashing it (its arena, read where it lies, hashed as it was first sent: to engine
+ * 1, which loads the version with views) fails the landing engine's apply with INTEGRITY naming
  * it, the iteration's end says the same, and the flush names receiver 0. */
 static void a_landed_tensor_that_differs_from_what_the_trainer_hashed_fails_with_integrity(void **state) {
     (void)state;
     struct rig g;
+    receivers = 2;
     rig_start(&g, 1, elems[EMBED]);
+    receivers = 1;
+    wsync_receiver_t *first = engine_at(g.t.init.data, g.t.init.size, 1);
     wsync_blob_t req;
     send_version(&g.t, 1, &req);
-    ((uint8_t *)g.t.t[TAIL].data)[bytes_of(TAIL) - 1] ^= 1;  /* after the hash, before the pull */
     wsync_recv_t *it = NULL;
+    OK(wsync_receiver_receive(first, req.data, req.size, &it));
+    wsync_tensor_t view;
+    bool has = false;
+    for (int i = 0; i < NT; ++i) {
+        OK(wsync_recv_next(it, &view, &has));
+        assert_true(has);
+        assert_true(tu_check(view.data, bytes_of(i), 1, (uint64_t)i));
+    }
+    OK(wsync_recv_end(it));
+    ((uint8_t *)g.t.t[TAIL].data)[bytes_of(TAIL) - 1] ^= 1;  /* after the hash, before the pull */
+    it = NULL;
     OK(wsync_receiver_receive(g.e, req.data, req.size, &it));
     EXPECT_ERR(wsync_recv_apply(it, g.p.table, 0, NULL), WSYNC_ERR_INTEGRITY, "'tail'");
     EXPECT_ERR(wsync_recv_end(it), WSYNC_ERR_INTEGRITY, "checksum mismatch");
     version_failed_on_both_sides(&g);
+    assert_null(strstr(wsync_last_error(), "receiver 1"));  /* it loaded what was first sent */
     wsync_blob_free(&req);
+    wsync_receiver_destroy(first);
     rig_stop(&g);
 }
 

@@ -157,12 +157,12 @@ static void put(uint8_t **p, uint64_t v, int n) {
     for (int i = 0; i < n; ++i) *(*p)++ = (uint8_t)(v >> (8 * i));
 }
 
-/* Encodes m (wire version 2) into out and appends its MAC: a hello's is HMAC-SHA256(key,
+/* Encodes m (wire version 3) into out and appends its MAC: a hello's is HMAC-SHA256(key,
  * "wsync-ucx-hello" | bytes), any other's HMAC-SHA256(key, 'E' | bytes) (engine to trainer).
  * Returns the size. */
 static size_t seal(const struct msg *m, const uint8_t key[32], uint8_t *out) {
     uint8_t *p = out;
-    put(&p, 2, 2);
+    put(&p, 3, 2);
     put(&p, m->type, 2);
     put(&p, m->index, 4);
     put(&p, m->token, 8);
@@ -557,7 +557,8 @@ static void unknown_ids_and_malformed_messages_are_dropped(void **state) {
 /* The key is in the init info only: no request carries it. No blob names this host (the
  * trainer is "the trainer (session ...)" to engines, an engine "receiver N (pid P)" to the
  * trainer). An init info without the wire version and key (libwsync 0.6, ucx wire version 1)
- * is refused by name before anything connects. */
+ * is refused by name before anything connects, and so is one of wire version 2 (libwsync 0.7,
+ * whose engines would take a request whose checksums follow its bytes for one without). */
 static void the_key_is_in_the_init_info_only_and_an_older_init_info_is_refused_by_name(void **state) {
     (void)state;
     if (!tu_kind_here("ucx", "{" OPTS "}")) skip();
@@ -585,6 +586,14 @@ static void the_key_is_in_the_init_info_only_and_an_older_init_info_is_refused_b
     tu_reseal(old.data, old.size);
     wsync_receiver_t *r = NULL;
     EXPECT_ERR(engine_with(old.data, old.size, 0, &r), WSYNC_ERR_MALFORMED, "ucx wire version 1");
+    assert_null(r);
+    memcpy(old.data, t.init.data, t.init.size);
+    w = memmem(old.data, old.size, "\x64wire\x03", 6);  /* CBOR: "wire": 3 */
+    assert_non_null(w);
+    w[5] = 0x02;
+    tu_reseal(old.data, old.size);
+    EXPECT_ERR(engine_with(old.data, old.size, 0, &r), WSYNC_ERR_MALFORMED,
+               "ucx init info is of ucx wire version 2; this library speaks version 3");
     assert_null(r);
     free(old.data);
     wsync_blob_free(&req);

@@ -195,8 +195,9 @@ std::pair<uint64_t, uint64_t> resolve(const Entry &e, const TensorMeta &m, const
 Plan Version::plan(const Spec &spec, const ChunkHeader &h, const TensorTable &full, const std::string &what) {
     std::unordered_set<std::string> seen = seen_;
     Plan p;
-    const bool sums = !full.checksums.empty();
+    const bool sums = !full.checksums.empty() || full.sums_follow;
     p.view.tree_sums = full.tree_sums;
+    p.view.sums_follow = full.sums_follow;
     bool any_part = false;
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
     for (std::size_t i = 0; i < full.metas.size(); ++i) {
@@ -227,7 +228,8 @@ Plan Version::plan(const Spec &spec, const ChunkHeader &h, const TensorTable &fu
             p.view.parts.push_back(whole_tensor ? PartInfo{} : PartInfo{lo, hi - lo});
             any_part = any_part || !whole_tensor;
             p.view.offsets.push_back(full.offsets[i] + (lo - po));
-            if (sums) p.view.checksums.push_back(whole_entry ? full.checksums[i] : 0);
+            if (full.sums_follow) p.view.follow_from.push_back(whole_entry ? i : TensorTable::kNoSum);
+            else if (sums) p.view.checksums.push_back(whole_entry ? full.checksums[i] : 0);
             p.unverified.push_back(sums && !whole_entry);
             p.fetch.push_back(ByteRange{full.offsets[i] + (lo - po), hi - lo});
         }

@@ -3,7 +3,7 @@
  * bytes it asks for, then calling the real one) and nothing else; every other UCP symbol the
  * kind looks up is found in the real libucp.so.0, which this library depends on. So a test
  * measures the bytes the receiver asked the trainer to move at the UCX API itself, read from
- * the message as docs/wire-format.md defines it (ucx wire version 2: a Fetch is type 9 on
+ * the message as docs/wire-format.md defines it (ucx wire version 3: a Fetch is type 9 on
  * active-message id 1, its byte count the u64 at offset 48), not from the library's own
  * bookkeeping. */
 #define _GNU_SOURCE
@@ -30,7 +30,10 @@ ucs_status_ptr_t ucp_am_send_nbx(ucp_ep_h ep, unsigned id, const void *header, s
         atomic_store(&real, f);
     }
     const uint8_t *m = buffer;
-    if (id == CONTROL_ID && count >= BYTES_AT + 8 && m[0] == 2 && m[1] == 0 && m[2] == FETCH && m[3] == 0) {
+    /* A Fetch of bytes: its `chunk` field (after `bytes`) is 0; a Fetch of the checksums that
+     * follow a chunk's bytes (kFetchSums) moves no byte of the chunk and is not counted. */
+    if (id == CONTROL_ID && count >= BYTES_AT + 12 && m[0] == 3 && m[1] == 0 && m[2] == FETCH && m[3] == 0 &&
+        (m[BYTES_AT + 8] | m[BYTES_AT + 9] | m[BYTES_AT + 10] | m[BYTES_AT + 11]) == 0) {
         uint64_t n = 0;
         for (int i = 0; i < 8; ++i) n |= (uint64_t)m[BYTES_AT + i] << (8 * i);
         atomic_fetch_add(&get_bytes, n);

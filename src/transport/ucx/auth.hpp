@@ -36,4 +36,10 @@ using auth::same_mac;
 Key connection_key(const Key &key, uint32_t index, uint64_t token, const Nonce &engine,
                    const Nonce &trainer);
 
+// The checksums that follow a chunk's bytes travel as the payload of a Data message (the
+// answer to a Fetch of kFetchSums), which its header's MAC does not cover; the header's nonce
+// field carries this instead: the first kNonceBytes of HMAC(connection key, "wsync-ucx-sums" |
+// seq | the fetch's number | the payload).
+Nonce sums_mac(const Key &connection_key, uint64_t seq, uint64_t number, const uint8_t *payload, std::size_t n);
+
 }  // namespace wsync::ucx

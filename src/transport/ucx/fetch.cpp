@@ -23,7 +23,8 @@ std::string UcxReceiver::before_pull(const ChunkHeader &h, const Where &at, uint
     return chunk;
 }
 
-void UcxReceiver::pull(const ChunkHeader &h, const Where &at, const std::vector<Span> &spans, uint64_t need) {
+void UcxReceiver::pull(const ChunkHeader &h, const Where &at, const std::vector<Span> &spans, uint64_t need,
+                       std::size_t sums) {
     uint64_t moved = 0;
     for (const Span &s : spans) moved += s.bytes;
     const std::string chunk = before_pull(h, at, moved);
@@ -32,7 +33,7 @@ void UcxReceiver::pull(const ChunkHeader &h, const Where &at, const std::vector<
     // From here the trainer holds the chunk for us until we answer seq.
     try {
         ensure_buffer(need);
-        fetch(at, spans, chunk, deadline);
+        fetch(at, spans, chunk, deadline, at.sums_follow && o_.verify ? sums : 0);
     } catch (const Error &e) {
         answer(at.seq, h, e.status(), e.what());
         answered_seq_ = at.seq;
@@ -41,16 +42,23 @@ void UcxReceiver::pull(const ChunkHeader &h, const Where &at, const std::vector<
     last_seq_ = at.seq;
 }
 
-void UcxReceiver::fetch(const Where &at, const std::vector<Span> &spans, const std::string &chunk, const sys::Deadline &deadline) {
+void UcxReceiver::fetch(const Where &at, const std::vector<Span> &spans, const std::string &chunk,
+                        const sys::Deadline &deadline, std::size_t sums) {
     struct Want {
         Span span;
         uint64_t number;
         bool done = false;
+        bool sums = false;
+        Nonce mac{};
     };
     std::vector<Want> wants;
     for (const Span &sp : spans)
         if (sp.bytes) wants.push_back(Want{sp, ++fetches_});
-    for (const Want &w : wants) ask(at.seq, w.number, w.span);
+    if (sums) {  // after the bytes: the trainer hashes them as it sends them
+        sum_bytes_.assign(sums * 8, 0);
+        wants.push_back(Want{Span{0, sums * 8, 0}, ++fetches_, false, true, {}});
+    }
+    for (const Want &w : wants) ask(at.seq, w.number, w.span, w.sums ? kFetchSums : 0);
     std::vector<void *> reqs;
     std::size_t left = wants.size();
     std::string refused;
@@ -78,7 +86,8 @@ void UcxReceiver::fetch(const Where &at, const std::vector<Span> &spans, const s
                 }
                 continue;
             }
-            uint8_t *dst = static_cast<uint8_t *>(buf_) + w->span.local;
+            uint8_t *dst = w->sums ? sum_bytes_.data() : static_cast<uint8_t *>(buf_) + w->span.local;
+            w->mac = d.nonce;
             if (d.desc) {
                 void *req = w_->receive(d.desc, dst, d.bytes, chunk + " from " + trainer_);
                 if (req) reqs.push_back(req);
@@ -109,11 +118,53 @@ void UcxReceiver::fetch(const Where &at, const std::vector<Span> &spans, const s
     if (st != UCS_OK) ucs_fail(w_->api(), st, who() + ": reading " + chunk + " from " + trainer_, WSYNC_ERR_PEER);
     if (refused_status != WSYNC_OK)
         fail(refused_status, who() + ": " + trainer_ + " refused to send " + chunk + ": " + refused);
+    for (const Want &w : wants)
+        if (w.sums && !take_sums(at.seq, w.number, w.mac))
+            fail(WSYNC_ERR_PEER, who() + ": the checksums that followed " + chunk + " fail their MAC");
 }
 
-void UcxReceiver::ask(uint64_t seq, uint64_t number, const Span &span) {
+bool UcxReceiver::take_sums(uint64_t seq, uint64_t number, const Nonce &mac) {
+    const Nonce want = sums_mac(key_, seq, number, sum_bytes_.data(), sum_bytes_.size());
+    uint8_t differ = 0;  // in constant time, as same_mac
+    for (std::size_t i = 0; i < want.size(); ++i) differ |= static_cast<uint8_t>(want[i] ^ mac[i]);
+    if (differ) return false;
+    std::vector<uint64_t> sums(sum_bytes_.size() / 8, 0);
+    for (std::size_t i = 0; i < sums.size(); ++i)
+        for (int b = 0; b < 8; ++b) sums[i] |= uint64_t(sum_bytes_[i * 8 + b]) << (8 * b);
+    std::lock_guard<std::mutex> lk(pull_mu_);
+    sums_ = std::move(sums);
+    sums_seq_ = seq;
+    return true;
+}
+
+std::vector<uint64_t> UcxReceiver::trailing_sums(uint64_t seq) {
+    std::unique_lock<std::mutex> lk(pull_mu_);
+    if (pull_.active && pull_.seq == seq && sums_seq_ != seq) {
+        auto here = [&] {
+            for (const Piece &p : pull_.pieces)
+                if (p.sums) return p.answered;
+            return true;
+        };
+        if (!pull_cv_.wait_until(lk, pull_.end + std::chrono::seconds(2), [&] { return here() || !pull_.running; })) {
+            cancel_ = true;
+            w_->signal();
+        }
+        if (sums_seq_ != seq) {
+            lk.unlock();
+            auto [status, why] = finish_pull();
+            fail(status != WSYNC_OK ? status : WSYNC_ERR_SYSTEM,
+                 why.empty() ? who() + ": the checksums of chunk seq " + std::to_string(seq) + " never arrived" : why);
+        }
+    }
+    if (sums_seq_ != seq)
+        fail(WSYNC_ERR_INTERNAL, who() + ": no checksums followed chunk seq " + std::to_string(seq));
+    return sums_;
+}
+
+void UcxReceiver::ask(uint64_t seq, uint64_t number, const Span &span, uint32_t what) {
     Msg m;
     m.type = MsgType::Fetch;
+    m.chunk = what;
     m.seq = seq;
     m.version = number;  // a fetch's number travels in `version`; its Data message echoes it
     m.offset = span.remote;
@@ -163,7 +214,15 @@ void UcxReceiver::start_pull(const ChunkHeader &h, const Where &at, const Tensor
             p.number = ++fetches_;
             job.pieces.push_back(p);
         }
-        for (const Piece &p : job.pieces) ask(at.seq, p.number, p.span);
+        if (at.sums_follow && o_.verify && table) {  // last: the trainer hashes the bytes as it sends them
+            Piece p;
+            p.span = Span{0, table->metas.size() * 8, 0};
+            p.number = ++fetches_;
+            p.sums = true;
+            sum_bytes_.assign(p.span.bytes, 0);
+            job.pieces.push_back(p);
+        }
+        for (const Piece &p : job.pieces) ask(at.seq, p.number, p.span, p.sums ? kFetchSums : 0);
     } catch (const Error &e) {
         answer(at.seq, h, e.status(), e.what());
         answered_seq_ = at.seq;
@@ -173,8 +232,10 @@ void UcxReceiver::start_pull(const ChunkHeader &h, const Where &at, const Tensor
     lander_.clear();
     if (table && lander_.on() && ep_ && w_->streams(*ep_)) {
         std::vector<std::pair<uint64_t, uint64_t>> spans;
-        for (const Piece &p : job.pieces) spans.emplace_back(p.span.remote, p.span.bytes);
-        lander_.plan(*table, o_.verify && table->tree_sums && !table->checksums.empty(), std::move(spans));
+        for (const Piece &p : job.pieces)
+            if (!p.sums) spans.emplace_back(p.span.remote, p.span.bytes);
+        lander_.plan(*table, o_.verify && table->tree_sums && (!table->checksums.empty() || table->sums_follow),
+                     std::move(spans));
     }
     job.seq = at.seq;
     job.chunk = chunk;
@@ -235,6 +296,11 @@ void UcxReceiver::run_pull() {
         status = st;
         why = std::move(text);
     };
+    auto sums_in = [&](Piece &p) {
+        const bool ok = take_sums(seq, p.number, p.mac);
+        if (!ok) refused(WSYNC_ERR_PEER, who() + ": the checksums that followed " + chunk + " fail their MAC");
+        answered(p, ok);
+    };
     auto take = [&] {
         drain();
         for (Msg &d : data_) {
@@ -257,7 +323,12 @@ void UcxReceiver::run_pull() {
                 continue;
             }
             uint8_t *dst = static_cast<uint8_t *>(buf_) + p->span.local;
-            if (lander_.active()) {
+            if (p->sums) {  // the chunk's checksums (kFetchSums): checked once they are in
+                p->mac = d.nonce;
+                if (d.desc) p->req = w_->receive(d.desc, sum_bytes_.data(), d.bytes, chunk + " from " + trainer_);
+                else std::memcpy(sum_bytes_.data(), d.payload.data(), d.bytes);
+                if (!p->req) sums_in(*p);
+            } else if (lander_.active()) {
                 // Landing: only the data stream writes into the engine's memory (a stream that
                 // is closed writes no more; a UCX receive could still land after a failure).
                 if (!w_->is_stream_desc(d.desc)) {
@@ -290,7 +361,8 @@ void UcxReceiver::run_pull() {
             if (st != UCS_OK)
                 refused(WSYNC_ERR_PEER, who() + ": reading " + chunk + " from " + trainer_ + ": " +
                                             w_->api().ucs_status_string(st));
-            answered(p, st == UCS_OK);
+            if (st == UCS_OK && p.sums) sums_in(p);
+            else answered(p, st == UCS_OK);
         }
         return left == 0 || ep_->error != UCS_OK || cancel_.load(std::memory_order_relaxed);
     };
@@ -337,7 +409,7 @@ void UcxReceiver::await_range(uint64_t lo, uint64_t hi) {
     if (!pull_.active || hi <= lo) return;
     auto here = [&] {
         for (const Piece &p : pull_.pieces)
-            if (p.span.remote < hi && lo < p.span.remote + p.span.bytes && !p.landed) return false;
+            if (!p.sums && p.span.remote < hi && lo < p.span.remote + p.span.bytes && !p.landed) return false;
         return true;
     };
     // The puller ends by the pull's deadline; past it (and a grace) it is told to stop.

@@ -91,6 +91,7 @@ json encode_where(const Where &w) {
         t["block_bytes"] = w.block_bytes;
         t["block_sums"] = json::binary(std::move(sums));
     }
+    if (w.sums_follow) t["sums_follow"] = true;
     return t;
 }
 
@@ -116,6 +117,7 @@ Where parse_where(const json &t) {
         for (std::size_t i = 0; i < at.block_sums.size(); ++i)
             for (int k = 0; k < 8; ++k) at.block_sums[i] |= uint64_t(b[i * 8 + k]) << (8 * k);
     }
+    if (t.contains("sums_follow")) at.sums_follow = wire::bool_field(t, "sums_follow", w);
     return at;
 }
 

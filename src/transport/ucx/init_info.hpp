@@ -27,7 +27,10 @@ inline constexpr std::size_t kMaxText = 255;               // names and failure 
 // 2: an authenticated hello and MACed control messages (auth.hpp), the init info's "key";
 // version 1 peers (libwsync 0.6 and older) are refused by name or, where they speak first with
 // an unauthenticated hello, not answered.
-inline constexpr uint64_t kWireVersion = 2;
+// 3 (0.8): a chunk's checksums may follow its bytes (Where::sums_follow, kFetchSums), which a
+// version 2 engine would take for a request without checksums; each side refuses the other's
+// init info by name.
+inline constexpr uint64_t kWireVersion = 3;
 
 struct InitInfo {
     std::vector<uint8_t> address;  // the trainer's UCP worker address
@@ -55,6 +58,9 @@ struct Where {
     // in table order; little-endian in "block_sums". block_bytes 0: none carried.
     uint64_t block_bytes = 0;
     std::vector<uint64_t> block_sums;
+    // "sums_follow": the request's table carries no checksums; the trainer hashes the chunk as
+    // it sends it and an engine fetches the tree hashes after the bytes (kFetchSums).
+    bool sums_follow = false;
 };
 
 inline constexpr uint64_t kMinBlockBytes = 4096;
@@ -73,6 +79,13 @@ Where parse_where(const json &transport);
 // Data (the bytes of a fetch, or why not: the header of a message on kAmDataId whose payload is
 // the bytes), Abandon (version), Dropped.
 enum class MsgType : uint32_t { Hello = 1, Welcome, Lease, Grant, Ack, Bye, Abandon, Dropped, Fetch, Data };
+
+// A Fetch whose `chunk` is kFetchSums asks for the checksums of a chunk whose request said they
+// follow its bytes (Where::sums_follow): `offset` 0, `bytes` 8 per entry of its table. The
+// trainer answers it once it has sent this engine every byte it fetched before, with a Data
+// message (the same `chunk`) whose payload is each entry's tree hash, 8 bytes little-endian,
+// in table order, and whose nonce is sums_mac() of that payload (auth.hpp).
+inline constexpr uint32_t kFetchSums = 1;
 
 struct Msg {
     MsgType type = MsgType::Hello;

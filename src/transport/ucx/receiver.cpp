@@ -85,12 +85,14 @@ std::unique_ptr<ChunkBacking> UcxReceiver::open_ranges(const ChunkHeader &h, con
     }
     uint64_t moved = 0;
     for (const Span &s : spans) moved += s.bytes;
-    if (moved == 0) {
+    // Checksums that follow the bytes come even when no byte is selected (empty tensors).
+    const std::size_t trailing = at.sums_follow && o_.verify && !fetch.empty() ? table.metas.size() : 0;
+    if (moved == 0 && !trailing) {
         check_link("before acknowledging " + chunk_label(h));
         last_seq_ = at.seq;
         if (!fetch.empty()) ensure_buffer(1);  // empty tensors still get a valid pointer
     } else {
-        pull(h, at, spans, cursor);
+        pull(h, at, spans, std::max<uint64_t>(cursor, 1), trailing);
         if (o_.verify && at.block_bytes) verify_blocks(h, at, table, fetch, local, entries);
     }
     auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), std::move(local), at.seq);
@@ -137,6 +139,8 @@ UcxBacking::~UcxBacking() {
 }
 
 bool UcxBacking::landed_sum(std::size_t i, uint64_t *sum) { return in_place(i) && owner_.landed_sum(i, sum); }
+
+std::vector<uint64_t> UcxBacking::trailing_sums() { return owner_.trailing_sums(seq_); }
 
 void UcxBacking::await(std::size_t i) {
     if (!ends_.empty()) owner_.await_range(offsets_[i], ends_[i]);

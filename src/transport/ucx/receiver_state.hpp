@@ -42,6 +42,7 @@ public:
     void land(std::vector<const uint8_t *> at) { landed_ = std::move(at); }
     bool in_place(std::size_t i) const override { return !landed_.empty() && landed_[i]; }
     bool landed_sum(std::size_t i, uint64_t *sum) override;
+    std::vector<uint64_t> trailing_sums() override;
     // A chunk pulled in pieces (UcxReceiver::start_pull): entry i's bytes are [offsets_[i],
     // ends[i]) of the chunk, each waited for before it is read.
     void stream(std::vector<uint64_t> ends) { ends_ = std::move(ends); }
@@ -175,6 +176,9 @@ public:
 
     bool verify_checksums() const override { return o_.verify; }
     bool checksums_promised() const override { return info_.checksum; }
+    bool sums_follow(const json &t) const override {
+        return t.is_object() && t.contains("sums_follow") && t["sums_follow"].is_boolean() && t["sums_follow"].get<bool>();
+    }
     unsigned copy_threads() const override { return o_.copy_threads; }
 
     Link link() const override {
@@ -198,7 +202,7 @@ public:
                                        const json &transport) override {
         Where at = admit(h, table, transport);
         if (at.bytes <= kPullPiece) {
-            pull(h, at, {Span{0, at.bytes, 0}}, at.bytes);
+            pull(h, at, {Span{0, at.bytes, 0}}, at.bytes, table.metas.size());
             auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), table.offsets, at.seq);
             b->set_header(h);
             return b;
@@ -226,6 +230,8 @@ public:
     }
     // Entry i's checksum as its bytes landed (after await(i)).
     bool landed_sum(std::size_t i, uint64_t *sum) { return lander_.sum(i, sum); }
+    // Chunk seq's checksums that followed its bytes (kFetchSums), once they came (fetch.cpp).
+    std::vector<uint64_t> trailing_sums(uint64_t seq);
 
     // Stops the running pull (it ends at its next progress round; a receive in flight closes
     // the endpoint) and answers chunk seq as failed: nothing will read it.
@@ -327,14 +333,16 @@ private:
 
     // Leases the chunk and fetches every span into our buffer (`need` bytes of it), all in flight
     // at once, each bounded by the deadline; on any failure the trainer hears of it.
-    void pull(const ChunkHeader &h, const Where &at, const std::vector<Span> &spans, uint64_t need);
+    void pull(const ChunkHeader &h, const Where &at, const std::vector<Span> &spans, uint64_t need, std::size_t sums = 0);
 
     // Asks the trainer for every span (a Fetch each, numbered) and takes each answer into place:
     // an eager payload is copied, a rendezvous one received straight into our buffer; all in
     // flight at once, bounded by the deadline. Only an authentic Data message that answers a
     // fetch still outstanding, with its range and size, is taken; the trainer's refusal (a
     // range past the chunk, no lease) fails the chunk with its status and text.
-    void fetch(const Where &at, const std::vector<Span> &spans, const std::string &chunk, const sys::Deadline &deadline);
+    // `sums`: also the checksums that follow the bytes, for a table of that many entries.
+    void fetch(const Where &at, const std::vector<Span> &spans, const std::string &chunk, const sys::Deadline &deadline,
+               std::size_t sums = 0);
 
     static std::string hex16(uint64_t v) {
         char b[17];
@@ -402,7 +410,11 @@ private:
 
     void lease(uint64_t seq, const std::string &chunk, const sys::Deadline &deadline);
     // Asks the trainer for bytes `span.remote`.. of chunk seq as fetch `number`.
-    void ask(uint64_t seq, uint64_t number, const Span &span);
+    void ask(uint64_t seq, uint64_t number, const Span &span, uint32_t what = 0);
+    // Checksums that follow the bytes (init_info.hpp, kFetchSums): whether chunk seq's arrived
+    // in sum_bytes_ with the MAC `mac`; then they are sums_ (under pull_mu_), which
+    // trailing_sums() waits for (the puller's pull) or fails naming why they did not come.
+    bool take_sums(uint64_t seq, uint64_t number, const Nonce &mac);
 
     // What pull() and start_pull() check before asking for a chunk (the link, a drop, a loader
     // still stuck on an earlier chunk); returns the chunk's name for messages.
@@ -426,6 +438,8 @@ private:
         void *req = nullptr;   // the rendezvous receive in flight
         bool landed = false;   // its bytes are in our buffer
         bool answered = false; // landed, refused or failed: nothing more will come for it
+        bool sums = false;     // the chunk's checksums (kFetchSums), the last piece: into sum_bytes_
+        Nonce mac{};           // sums: its Data message's nonce (sums_mac)
     };
     struct Pull {
         std::vector<Piece> pieces;
@@ -457,6 +471,9 @@ private:
         if (ep_) w_->close(std::move(ep_), sys::Deadline(std::min<int64_t>(o_.timeout_ms, 2000)));
     }
 
+    std::vector<uint8_t> sum_bytes_;  // a kFetchSums answer's payload as it arrives
+    std::vector<uint64_t> sums_;      // chunk sums_seq_'s, checked (pull_mu_)
+    uint64_t sums_seq_ = 0;
     InitInfo info_;
     uint32_t index_;
     ReceiverOptions o_;

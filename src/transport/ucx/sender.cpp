@@ -43,6 +43,16 @@ UcxSender::UcxSender(std::unique_ptr<Worker> w, const InitInfo &info, int64_t ti
         const Mac want = stream_proof(mem.key, nonce, index, token);
         return same_mac(want.data(), mac.data()) ? mem.ep.get() : nullptr;
     });
+    // Checksums that follow the bytes (trail.hpp): each slice the stream wrote of a chunk that
+    // has a trail is hashed here, under the mutex (progress runs under it).
+    w_->set_written([this](uint64_t tag, const uint8_t *p, std::size_t n) {
+        auto f = flights_.find(tag);
+        if (f == flights_.end()) return;
+        auto c = chunks_.find(f->second.seq);
+        if (c == chunks_.end() || !c->second.trail) return;
+        const auto *base = static_cast<const uint8_t *>(c->second.buf.base);
+        c->second.trail->written(static_cast<uint64_t>(p - base), static_cast<uint64_t>(p - base) + n);
+    });
     thread_ = sys::start_thread([this] { serve(); });
 }
 
@@ -74,12 +84,18 @@ json UcxSender::send(const ChunkHeader &h, const wsync_tensor_t *tensors, Tensor
     const uint64_t end = layout::place(table, uint64_t(1) << 62, kKind);
     const std::string chunk = "chunk " + std::to_string(h.chunk_index) + " of version " + std::to_string(h.version);
     if (!on_gpu.empty()) gpu_->require_not_stuck(chunk);
+    // Checksums on, a host chunk without patches and a data stream to send it on: hashed as it
+    // is sent, and the checksums follow its bytes (trail.hpp; docs/data-path.md). Block sums
+    // are read before any byte moves, so they keep the checksums in the request.
+    bool follow = info_.checksum && on_gpu.empty() && !block_bytes_ && !stream_address_.empty();
+    for (std::size_t i = 0; follow && i < table.metas.size(); ++i) follow = !table.is_patch(i);
+    const bool hash_now = info_.checksum && !follow;
     Buffer buf;
     if (const uint8_t *at = on_gpu.empty() ? in_arena(tensors, table, end) : nullptr) {
         // Sent in place: the chunk's bytes are where the caller keeps them; with checksums on
         // they are hashed there (one read, no copy). Borrowed until the flush of its version.
         layout::InPlace all(table.metas.size(), 1);
-        layout::pack_host(const_cast<uint8_t *>(at), tensors, table, info_.checksum, all, copiers_);
+        if (hash_now) layout::pack_host(const_cast<uint8_t *>(at), tensors, table, true, all, copiers_);
         buf.base = const_cast<uint8_t *>(at);
         buf.cap = end;
         buf.borrowed = true;
@@ -96,7 +112,9 @@ json UcxSender::send(const ChunkHeader &h, const wsync_tensor_t *tensors, Tensor
             throw;
         }
     }
-    if (!buf.borrowed) stage_host(static_cast<uint8_t *>(buf.base), tensors, table, on_gpu);
+    if (!buf.borrowed) stage_host(static_cast<uint8_t *>(buf.base), tensors, table, on_gpu, hash_now);
+    std::shared_ptr<Trail> trail;
+    if (follow) trail = std::make_shared<Trail>(static_cast<const uint8_t *>(buf.base), table);
     std::vector<uint64_t> blocks;
     if (block_bytes_) {  // a second pass, for engines that pull byte ranges (docs/architecture.md)
         const auto *base = static_cast<const uint8_t *>(buf.base);
@@ -107,8 +125,9 @@ json UcxSender::send(const ChunkHeader &h, const wsync_tensor_t *tensors, Tensor
     Where at;
     {
         std::unique_lock<std::mutex> lock = caller_lock();
-        at = Where{info_.session, next_seq_++, end, block_bytes_, std::move(blocks)};
+        at = Where{info_.session, next_seq_++, end, block_bytes_, std::move(blocks), follow};
         Chunk &c = chunks_[at.seq];
+        c.trail = std::move(trail);
         c.version = h.version;
         c.index = h.chunk_index;
         c.bytes = end;
@@ -253,13 +272,13 @@ void UcxSender::free_retired() {
     done.clear();
 }
 
-// Copies the chunk's host tensors into the staging buffer and, with checksums on, hashes
+// Copies the chunk's host tensors into the staging buffer and, with `checksum`, hashes
 // every tensor (tree hashes, large tensors on the copy threads): a host one in the same pass
 // as its copy, a device one where the GPU put it.
 void UcxSender::stage_host(uint8_t *base, const wsync_tensor_t *tensors, TensorTable &table,
-                const std::vector<std::size_t> &on_gpu) {
+                const std::vector<std::size_t> &on_gpu, bool checksum) {
     if (on_gpu.empty()) {
-        layout::pack_host(base, tensors, table, info_.checksum, {}, copiers_);  // one pass
+        layout::pack_host(base, tensors, table, checksum, {}, copiers_);  // one pass
         return;
     }
     std::vector<wsync_tensor_t> staged(tensors, tensors + table.metas.size());
@@ -268,7 +287,7 @@ void UcxSender::stage_host(uint8_t *base, const wsync_tensor_t *tensors, TensorT
         in_place[i] = 1;
         staged[i].data = base + table.offsets[i];
     }
-    layout::pack_host(base, staged.data(), table, info_.checksum, in_place, copiers_);
+    layout::pack_host(base, staged.data(), table, checksum, in_place, copiers_);
 }
 
 void UcxSender::Mapping::reset(void *to, std::size_t bytes) noexcept {

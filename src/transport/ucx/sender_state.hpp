@@ -18,6 +18,7 @@
 #include "transport/ucx/auth.hpp"
 #include "transport/ucx/gpu_stage.hpp"
 #include "transport/ucx/sender.hpp"
+#include "transport/ucx/trail.hpp"
 
 namespace wsync::ucx {
 
@@ -43,6 +44,8 @@ struct Chunk {
     uint32_t leases = 0;   // receivers granted a read and not done with it
     bool retired = false;  // no new leases, fetches refused: its version is no longer kept, or was abandoned
     uint64_t applied = 0;  // the largest apply time (ns) an engine reported with its OK Ack
+    // Its checksums follow its bytes (trail.hpp): hashed as the streams send it.
+    std::shared_ptr<Trail> trail;
 };
 
 struct Member {
@@ -88,7 +91,7 @@ private:
     std::vector<std::size_t> device_tensors(const wsync_tensor_t *tensors, const TensorTable &table);
     void free_retired();
     void stage_host(uint8_t *base, const wsync_tensor_t *tensors, TensorTable &table,
-                    const std::vector<std::size_t> &on_gpu);
+                    const std::vector<std::size_t> &on_gpu, bool checksum);
     const uint8_t *in_arena(const wsync_tensor_t *tensors, const TensorTable &table, uint64_t end) const;
     Buffer take_buffer(uint64_t bytes, bool pinned);
     void put_buffer(Buffer &b);
@@ -105,6 +108,7 @@ private:
     void lease(uint32_t index, Member &mem, uint64_t seq);
     void fetch(uint32_t index, Member &mem, const Msg &m);
     void answer_fetch(uint32_t index, Member &mem, const Msg &m);
+    void answer_sums(uint32_t index, Member &mem, const Msg &m, Msg &reply);
     void dispatch();
     void sent(const std::vector<uint64_t> &ids);
     void ack(uint32_t index, Member &mem, const Msg &m);
@@ -180,6 +184,7 @@ private:
         uint64_t seq = 0;
         uint32_t index = 0;
         uint64_t token = 0;
+        std::vector<uint8_t> sums;  // a kFetchSums answer's payload, kept until it is sent
     };
     std::map<uint64_t, Flight> flights_;
     uint64_t flight_ids_ = 0;

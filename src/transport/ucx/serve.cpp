@@ -240,6 +240,9 @@ void UcxSender::dispatch() {
             const uint32_t i = (turn_ + k) % n;
             Member &mem = members_[i];
             if (mem.fetches.empty() || mem.in_flight >= kFetchesInFlight || !mem.ep) continue;
+            // A chunk's checksums go once every byte this member fetched before is written:
+            // they are hashed as those bytes go out (trail.hpp).
+            if (mem.fetches.front().chunk == kFetchSums && mem.in_flight) continue;
             const Msg m = std::move(mem.fetches.front());
             mem.fetches.pop_front();
             answer_fetch(i, mem, m);
@@ -283,6 +286,9 @@ void UcxSender::answer_fetch(uint32_t index, Member &mem, const Msg &m) {
     } else if (it == chunks_.end() || mem.leases.count(m.seq) == 0) {
         reply.status = WSYNC_ERR_WRONG_STATE;
         reply.text = "chunk seq " + std::to_string(m.seq) + " is not leased to this receiver";
+    } else if (m.chunk == kFetchSums) {
+        answer_sums(index, mem, m, reply);
+        return;
     } else if (m.bytes == 0 || m.offset > it->second.bytes || m.bytes > it->second.bytes - m.offset) {
         reply.status = WSYNC_ERR_MALFORMED;
         reply.text = "bytes [" + std::to_string(m.offset) + ", +" + std::to_string(m.bytes) +
@@ -301,9 +307,34 @@ void UcxSender::answer_fetch(uint32_t index, Member &mem, const Msg &m) {
     ++it->second.sending;
     ++mem.in_flight;
     const uint64_t id = ++flight_ids_;
-    flights_[id] = Flight{m.seq, index, mem.token};
+    flights_[id] = Flight{m.seq, index, mem.token, {}};
     w_->send_data(*mem.ep, std::move(sealed), static_cast<const uint8_t *>(it->second.buf.base) + m.offset,
-                  m.bytes, id);
+                  m.bytes, id, it->second.trail != nullptr);
+}
+
+// The checksums of a chunk whose request said they follow its bytes, to a member that holds a
+// lease on it (answer_fetch checked that): each entry's tree hash, the pieces no stream has
+// hashed yet hashed now (kFetchSums, init_info.hpp).
+void UcxSender::answer_sums(uint32_t index, Member &mem, const Msg &m, Msg &reply) {
+    Chunk &c = chunks_[m.seq];
+    reply.chunk = kFetchSums;
+    reply.index = index;
+    reply.token = mem.token;
+    if (!c.trail || m.offset != 0 || m.bytes != c.trail->entries() * 8) {
+        reply.status = WSYNC_ERR_MALFORMED;
+        reply.text = !c.trail ? "chunk seq " + std::to_string(m.seq) + " carries its checksums in its request"
+                              : "a fetch of the checksums of chunk seq " + std::to_string(m.seq) + " must ask for [0, +" +
+                                    std::to_string(c.trail->entries() * 8) + ")";
+        w_->send_data(*mem.ep, seal_msg(reply, mem.key, Dir::ToEngine), nullptr, 0, 0);
+        return;
+    }
+    const uint64_t id = ++flight_ids_;
+    Flight &f = flights_[id];
+    f = Flight{m.seq, index, mem.token, c.trail->sums()};
+    reply.nonce = sums_mac(mem.key, m.seq, m.version, f.sums.data(), f.sums.size());
+    ++c.sending;
+    ++mem.in_flight;
+    w_->send_data(*mem.ep, seal_msg(reply, mem.key, Dir::ToEngine), f.sums.data(), f.sums.size(), id);
 }
 
 bool UcxSender::abandoned_here(uint64_t version) const {

@@ -71,6 +71,7 @@ struct Stream {
         std::size_t n = 0;
         std::size_t done = 0;  // bytes of head + payload written
         uint64_t tag = 0;
+        bool hashed = false;  // written kHashSlice at a time, each slice told (Worker::set_written)
     };
     std::deque<Out> out;
     // The engine's.

@@ -297,7 +297,8 @@ void Worker::send(Endpoint &ep, std::vector<uint8_t> sealed) {
     sends_.push_back(std::move(p));
 }
 
-void Worker::send_data(Endpoint &ep, std::vector<uint8_t> sealed, const void *data, std::size_t n, uint64_t tag) {
+void Worker::send_data(Endpoint &ep, std::vector<uint8_t> sealed, const void *data, std::size_t n, uint64_t tag,
+                       bool hashed) {
     if (ep.error != UCS_OK) {
         sent_.push_back(tag);
         return;
@@ -313,6 +314,7 @@ void Worker::send_data(Endpoint &ep, std::vector<uint8_t> sealed, const void *da
         o.data = static_cast<const uint8_t *>(data);
         o.n = n;
         o.tag = tag;
+        o.hashed = hashed && written_;
         ep.stream->out.push_back(std::move(o));
         pump_out(ep);
         return;

@@ -105,7 +105,15 @@ public:
     // Queues a Data message: the sealed message as the header, n bytes at `data` (which stay
     // unchanged and allocated until take_sent() names `tag`) as the payload: on the endpoint's
     // stream if it has one, else eager or rendezvous as UCX chooses.
-    void send_data(Endpoint &ep, std::vector<uint8_t> sealed, const void *data, std::size_t n, uint64_t tag);
+    // `hashed`: over a data stream, the payload goes to the socket at most kHashSlice bytes a
+    // call, each slice reported to set_written()'s function right after it was written (while
+    // the kernel's read of it has left it in the cache: trail.hpp).
+    void send_data(Endpoint &ep, std::vector<uint8_t> sealed, const void *data, std::size_t n, uint64_t tag,
+                   bool hashed = false);
+    static constexpr std::size_t kHashSlice = 256 << 10;
+    // Told (tag, first byte, bytes) of each slice of a `hashed` payload the stream wrote; runs
+    // inside progress(), on whichever thread called it.
+    void set_written(std::function<void(uint64_t, const uint8_t *, std::size_t)> f) { written_ = std::move(f); }
     // The tags of the Data sends that completed or failed since the last call.
     std::vector<uint64_t> take_sent();
     // Whether Data sends completed since the last take_sent() (one that completed in place
@@ -187,6 +195,7 @@ private:
     std::vector<uint64_t> sent_;  // tags of Data sends done
     std::vector<Msg> inbox_;
     std::function<bool(const Msg &)> admit_;
+    std::function<void(uint64_t, const uint8_t *, std::size_t)> written_;
     // The data stream's side (stream.hpp).
     int listen_fd_ = -1;
     struct HalfOpen {

@@ -219,7 +219,8 @@ unsigned Worker::pump_out(Endpoint &ep) {
         int k = 0;
         if (o.done < o.head.size()) iov[k++] = {o.head.data() + o.done, o.head.size() - o.done};
         const std::size_t pdone = o.done > o.head.size() ? o.done - o.head.size() : 0;
-        if (pdone < o.n) iov[k++] = {const_cast<uint8_t *>(o.data) + pdone, o.n - pdone};
+        if (pdone < o.n)
+            iov[k++] = {const_cast<uint8_t *>(o.data) + pdone, o.hashed ? std::min(o.n - pdone, kHashSlice) : o.n - pdone};
         msghdr m{};
         m.msg_iov = iov;
         m.msg_iovlen = static_cast<std::size_t>(k);
@@ -230,6 +231,10 @@ unsigned Worker::pump_out(Endpoint &ep) {
             break;
         }
         o.done += static_cast<std::size_t>(r);
+        if (o.hashed && o.done > o.head.size() + pdone) {
+            const std::size_t upto = o.done - o.head.size();
+            written_(o.tag, o.data + pdone, upto - pdone);
+        }
         if (o.done == o.head.size() + o.n) {
             sent_.push_back(o.tag);
             s.out.pop_front();

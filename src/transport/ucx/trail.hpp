@@ -1,0 +1,54 @@
+// Checksums that follow the bytes (issue 37 item 6; docs/data-path.md, "Checksums that follow
+// the bytes"): the trainer's half. A chunk sent over the data stream with checksums on is not
+// hashed when it is staged or lent from the arena; each 64 KiB piece of each entry is hashed
+// right after the stream has written it to the socket, while the kernel's read of it has left
+// it in the cache (a hot hash: about a fifth of the cold one it replaces). An engine then asks
+// for the chunk's tree hashes (kFetchSums) after its bytes.
+//
+// One Trail per such chunk, used under the sender's mutex only (the progress thread, or a
+// caller holding caller_lock()). Pieces are hashed once, by whichever engine's stream sends
+// them first; a piece no stream has sent whole in one run (bytes fetched out of order, a
+// selection, the UCX path) is hashed when the sums are asked for, from memory.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tensor.hpp"
+
+namespace wsync::ucx {
+
+class Trail {
+public:
+    // `base`: the chunk's bytes (its staging buffer or its place in the arena), laid out by
+    // `table` (dense entries only: a chunk with patches carries its checksums in its request).
+    Trail(const uint8_t *base, const TensorTable &table);
+
+    // Bytes [lo, hi) of the chunk were just written to a socket: hashes every piece that now
+    // lies whole in the run of bytes written one after the other that ends at hi.
+    void written(uint64_t lo, uint64_t hi);
+    // Each entry's tree hash, 8 bytes little-endian in table order, hashing the pieces not
+    // hashed yet.
+    std::vector<uint8_t> sums();
+    std::size_t entries() const { return first_.size(); }
+    // Pieces hashed as they were sent, and later from memory (for tests and docs' figures).
+    uint64_t hashed_as_sent() const { return as_sent_; }
+
+private:
+    struct Piece {
+        uint64_t lo = 0, hi = 0;  // its bytes in the chunk
+    };
+    void hash(std::size_t k);
+
+    const uint8_t *base_;
+    std::vector<Piece> pieces_;    // by lo: each entry's pieces in turn
+    std::vector<uint64_t> hash_;   // per piece, once done_
+    std::vector<uint8_t> done_;
+    std::vector<std::size_t> first_;  // per entry: its first piece; count_ of them
+    std::vector<std::size_t> count_;
+    std::vector<uint64_t> empty_;     // per entry without bytes: the tree hash of nothing
+    uint64_t run_lo_ = 0, run_hi_ = 0;  // the bytes written one after the other, last
+    uint64_t as_sent_ = 0;
+};
+
+}  // namespace wsync::ucx
