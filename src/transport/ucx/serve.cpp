@@ -309,7 +309,7 @@ void UcxSender::answer_fetch(uint32_t index, Member &mem, const Msg &m) {
     const uint64_t id = ++flight_ids_;
     flights_[id] = Flight{m.seq, index, mem.token, {}};
     w_->send_data(*mem.ep, std::move(sealed), static_cast<const uint8_t *>(it->second.buf.base) + m.offset,
-                  m.bytes, id, it->second.trail != nullptr);
+                  m.bytes, id, it->second.trail && !it->second.trail->complete());
 }
 
 // The checksums of a chunk whose request said they follow its bytes, to a member that holds a

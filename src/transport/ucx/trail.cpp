@@ -33,6 +33,7 @@ Trail::Trail(const uint8_t *base, const TensorTable &table) : base_(base) {
 void Trail::hash(std::size_t k) {
     hash_[k] = copy::hash_bytes(base_ + pieces_[k].lo, pieces_[k].hi - pieces_[k].lo);
     done_[k] = 1;
+    ++hashed_;
 }
 
 void Trail::written(uint64_t lo, uint64_t hi) {
@@ -42,10 +43,7 @@ void Trail::written(uint64_t lo, uint64_t hi) {
     auto k = std::upper_bound(pieces_.begin(), pieces_.end(), lo, [](uint64_t x, const Piece &p) { return x < p.hi; });
     for (; k != pieces_.end() && k->hi <= hi; ++k) {
         const std::size_t at = static_cast<std::size_t>(k - pieces_.begin());
-        if (k->lo >= run_lo_ && !done_[at]) {
-            hash(at);
-            ++as_sent_;
-        }
+        if (k->lo >= run_lo_ && !done_[at]) hash(at);
     }
 }
 

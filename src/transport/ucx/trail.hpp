@@ -31,8 +31,8 @@ public:
     // hashed yet.
     std::vector<uint8_t> sums();
     std::size_t entries() const { return first_.size(); }
-    // Pieces hashed as they were sent, and later from memory (for tests and docs' figures).
-    uint64_t hashed_as_sent() const { return as_sent_; }
+    // Every piece hashed: a later send needs no hashing (nor slicing).
+    bool complete() const { return hashed_ == pieces_.size(); }
 
 private:
     struct Piece {
@@ -48,7 +48,7 @@ private:
     std::vector<std::size_t> count_;
     std::vector<uint64_t> empty_;     // per entry without bytes: the tree hash of nothing
     uint64_t run_lo_ = 0, run_hi_ = 0;  // the bytes written one after the other, last
-    uint64_t as_sent_ = 0;
+    std::size_t hashed_ = 0;
 };
 
 }  // namespace wsync::ucx
