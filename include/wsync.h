@@ -305,7 +305,10 @@ typedef struct wsync_strategy_t wsync_strategy_t;
  * missing; "all" listens on every interface). Over tcp ("transports" "tcp", "data_path" "auto")
  * the sender also listens on a second TCP port, on the first device "net_devices" names, for
  * the engines' data streams; only engines that prove the connection's key are served there
- * (docs/failure-model.md, "Who may talk to a trainer").
+ * (docs/failure-model.md, "Who may talk to a trainer"). With checksums on, a host chunk sent
+ * there is hashed as it is sent rather than at send_chunk, and an engine fetches its checksums
+ * after its bytes (since 0.8.0, ucx wire version 3: a library of ucx wire version 2, 0.7, and
+ * this one refuse each other's init info with WSYNC_ERR_MALFORMED naming the versions).
  * Borrows kind and options_json for the call. On success *out is a new strategy, freed with
  * wsync_strategy_destroy(). Does not block. */
 WSYNC_API wsync_status_t wsync_strategy_create(const char *kind, const char *options_json,
@@ -630,9 +633,14 @@ WSYNC_API wsync_status_t wsync_sender_set_stream(wsync_sender_t *sender, void *s
  * "ucx" sends in place a whole chunk or nothing: a chunk of host tensors that lie in the arena
  * exactly as the sender would pack them (the first at a multiple of 256 bytes from *base, each
  * next one at the first multiple of 256 bytes after the previous one's end, in the order
- * given; a part of a split tensor counts from the part's first byte) is hashed where it lies
- * and served from there, bytes between the tensors included; any other chunk is packed into
- * staging memory as usual. The trainer keeps no staging copy of an in-place chunk (a 1 GiB
+ * given; a part of a split tensor counts from the part's first byte) is served from where it
+ * lies, bytes between the tensors included; any other chunk is packed into staging memory as
+ * usual. With checksums on, such a chunk is hashed where it lies at send_chunk when its bytes
+ * travel over UCX; over the data stream (since 0.8.0, "data_path" "auto" over tcp) each piece
+ * is hashed as it is first sent and the checksums follow the bytes, so a write before the
+ * flush fails the version with WSYNC_ERR_INTEGRITY on every engine that reads the bytes after
+ * it, while the bytes of a piece no engine has read yet are taken as they are then (every
+ * engine loads the same bytes or fails; docs/data-path.md, "Checksums that follow the bytes"). The trainer keeps no staging copy of an in-place chunk (a 1 GiB
  * model: 0.9 GB of trainer memory rather than 2.7 GB, docs/architecture.md). Such a chunk is
  * leased only to receivers that owe its version (a receiver that attached after the version
  * began is refused it with WSYNC_ERR_ABANDONED and gets the next version), and once

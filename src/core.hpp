@@ -203,7 +203,7 @@ private:
     // Fails the iteration with WSYNC_ERR_INTEGRITY naming tensor i unless `got` is its checksum;
     // else marks it verified.
     void check_sum(std::size_t i, uint64_t got);
-    void take_trailing_sums();
+    uint64_t expected_sum(std::size_t i);
     // The checksum of the table's kind (XXH3-64, or the tree hash on the receiver's copy
     // threads) of n bytes at p.
     uint64_t sum_of(const void *p, uint64_t n);

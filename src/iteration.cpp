@@ -138,31 +138,22 @@ uint64_t Iteration::copy_summing(void *dst, const void *src, uint64_t total, uin
                             : copy::copy_hashing(dst, src, total, off, len);
 }
 
-// Checksums that follow the bytes (TensorTable::sums_follow): taken from the backing once, at
-// the first verification, which waits for them; a selection's view maps its entries to them.
-void Iteration::take_trailing_sums() {
-    std::vector<uint64_t> sums;
+// Entry i's checksum: the request's, or one that followed the bytes (TensorTable::sums_follow),
+// from the backing, which waits for it; a selection's view maps its entries to the request's.
+uint64_t Iteration::expected_sum(std::size_t i) {
+    if (!table_.sums_follow) return table_.checksums[i];
+    if (table_.checksums.empty()) table_.checksums.assign(table_.metas.size(), 0);
+    const uint64_t from = table_.follow_from.empty() ? i : table_.follow_from[i];
     try {
-        sums = backing_->trailing_sums();
+        table_.checksums[i] = backing_->trailing_sum(static_cast<std::size_t>(from));
     } catch (const Error &e) {
         fail_chunk(e.status(), e.what());
     }
-    const std::size_t n = table_.metas.size();
-    std::vector<uint64_t> mine(n, 0);
-    for (std::size_t i = 0; i < n; ++i) {
-        const uint64_t from = table_.follow_from.empty() ? i : table_.follow_from[i];
-        if (from == TensorTable::kNoSum) continue;  // a range: marked verified at construction
-        if (from >= sums.size())
-            fail_chunk(WSYNC_ERR_MALFORMED, strf("%s: %zu checksums followed the bytes for a table of more entries",
-                                                 chunk_label(header_).c_str(), sums.size()));
-        mine[i] = sums[from];
-    }
-    table_.checksums = std::move(mine);
+    return table_.checksums[i];
 }
 
 void Iteration::check_sum(std::size_t i, uint64_t got) {
-    if (table_.checksums.empty()) take_trailing_sums();
-    if (got != table_.checksums[i]) {
+    if (got != expected_sum(i)) {
         char buf[64];
         std::snprintf(buf, sizeof buf, "%016llx, computed %016llx",
                       static_cast<unsigned long long>(table_.checksums[i]),

@@ -162,10 +162,10 @@ public:
     // computed: the tree hash) over the bytes as they landed, computed while they were still
     // in the cache; false when it was not computed (the iteration then hashes data(i)).
     virtual bool landed_sum(std::size_t /*i*/, uint64_t * /*sum*/) { return false; }
-    // The chunk's checksums when its request said they follow the bytes (TensorTable::
-    // sums_follow): one per entry of the table the transport was given, blocking (within the
-    // receiver's deadline) until they arrived. Throws the Error that kept them from arriving.
-    virtual std::vector<uint64_t> trailing_sums();
+    // Entry i's checksum (i of the table the transport was given) when the request said they
+    // follow the bytes (TensorTable::sums_follow), blocking (within the receiver's deadline)
+    // until it arrived. Throws the Error that kept it from arriving.
+    virtual uint64_t trailing_sum(std::size_t i);
     // Called exactly once, after settle() and after a failure was recorded: publishes the final
     // outcome (WSYNC_OK or the status the chunk failed with) to the sender.
     virtual void acknowledge(wsync_status_t outcome) noexcept = 0;

@@ -25,7 +25,7 @@ public:
     void land(std::vector<const uint8_t *> at) { landed_ = std::move(at); }
     bool in_place(std::size_t i) const override { return !landed_.empty() && landed_[i]; }
     bool landed_sum(std::size_t i, uint64_t *sum) override;
-    std::vector<uint64_t> trailing_sums() override;
+    uint64_t trailing_sum(std::size_t i) override;
     // A chunk pulled in pieces (UcxReceiver::start_pull): entry i's bytes are [offsets_[i],
     // ends[i]) of the chunk, each waited for before it is read.
     void stream(std::vector<uint64_t> ends) { ends_ = std::move(ends); }

@@ -24,7 +24,7 @@ std::string UcxReceiver::before_pull(const ChunkHeader &h, const Where &at, uint
 }
 
 void UcxReceiver::pull(const ChunkHeader &h, const Where &at, const std::vector<Span> &spans, uint64_t need,
-                       std::size_t sums) {
+                       const SumRange &sums) {
     uint64_t moved = 0;
     for (const Span &s : spans) moved += s.bytes;
     const std::string chunk = before_pull(h, at, moved);
@@ -33,7 +33,7 @@ void UcxReceiver::pull(const ChunkHeader &h, const Where &at, const std::vector<
     // From here the trainer holds the chunk for us until we answer seq.
     try {
         ensure_buffer(need);
-        fetch(at, spans, chunk, deadline, at.sums_follow && o_.verify ? sums : 0);
+        fetch(at, spans, chunk, deadline, at.sums_follow && o_.verify ? sums : SumRange{});
     } catch (const Error &e) {
         answer(at.seq, h, e.status(), e.what());
         answered_seq_ = at.seq;
@@ -43,7 +43,7 @@ void UcxReceiver::pull(const ChunkHeader &h, const Where &at, const std::vector<
 }
 
 void UcxReceiver::fetch(const Where &at, const std::vector<Span> &spans, const std::string &chunk,
-                        const sys::Deadline &deadline, std::size_t sums) {
+                        const sys::Deadline &deadline, const SumRange &sums) {
     struct Want {
         Span span;
         uint64_t number;
@@ -54,9 +54,9 @@ void UcxReceiver::fetch(const Where &at, const std::vector<Span> &spans, const s
     std::vector<Want> wants;
     for (const Span &sp : spans)
         if (sp.bytes) wants.push_back(Want{sp, ++fetches_});
-    if (sums) {  // after the bytes: the trainer hashes them as it sends them
-        sum_bytes_.assign(sums * 8, 0);
-        wants.push_back(Want{Span{0, sums * 8, 0}, ++fetches_, false, true, {}});
+    if (sums.count) {  // after the bytes: the trainer hashes them as it sends them
+        expect_sums(at.seq, sums.entries);
+        wants.push_back(Want{Span{sums.first, sums.count * 8, sums.first * 8}, ++fetches_, false, true, {}});
     }
     for (const Want &w : wants) ask(at.seq, w.number, w.span, w.sums ? kFetchSums : 0);
     std::vector<void *> reqs;
@@ -86,7 +86,7 @@ void UcxReceiver::fetch(const Where &at, const std::vector<Span> &spans, const s
                 }
                 continue;
             }
-            uint8_t *dst = w->sums ? sum_bytes_.data() : static_cast<uint8_t *>(buf_) + w->span.local;
+            uint8_t *dst = w->sums ? sum_bytes_.data() + w->span.local : static_cast<uint8_t *>(buf_) + w->span.local;
             w->mac = d.nonce;
             if (d.desc) {
                 void *req = w_->receive(d.desc, dst, d.bytes, chunk + " from " + trainer_);
@@ -119,46 +119,55 @@ void UcxReceiver::fetch(const Where &at, const std::vector<Span> &spans, const s
     if (refused_status != WSYNC_OK)
         fail(refused_status, who() + ": " + trainer_ + " refused to send " + chunk + ": " + refused);
     for (const Want &w : wants)
-        if (w.sums && !take_sums(at.seq, w.number, w.mac))
+        if (w.sums && !take_sums(at.seq, w.number, w.mac, w.span))
             fail(WSYNC_ERR_PEER, who() + ": the checksums that followed " + chunk + " fail their MAC");
 }
 
-bool UcxReceiver::take_sums(uint64_t seq, uint64_t number, const Nonce &mac) {
-    const Nonce want = sums_mac(key_, seq, number, sum_bytes_.data(), sum_bytes_.size());
-    uint8_t differ = 0;  // in constant time, as same_mac
-    for (std::size_t i = 0; i < want.size(); ++i) differ |= static_cast<uint8_t>(want[i] ^ mac[i]);
-    if (differ) return false;
-    std::vector<uint64_t> sums(sum_bytes_.size() / 8, 0);
-    for (std::size_t i = 0; i < sums.size(); ++i)
-        for (int b = 0; b < 8; ++b) sums[i] |= uint64_t(sum_bytes_[i * 8 + b]) << (8 * b);
+void UcxReceiver::expect_sums(uint64_t seq, std::size_t entries) {
+    sum_bytes_.assign(entries * 8, 0);
     std::lock_guard<std::mutex> lk(pull_mu_);
-    sums_ = std::move(sums);
+    sums_.assign(entries, 0);
+    known_.assign(entries, 0);
     sums_seq_ = seq;
+}
+
+bool UcxReceiver::take_sums(uint64_t seq, uint64_t number, const Nonce &mac, const Span &range) {
+    const uint8_t *p = sum_bytes_.data() + range.local;
+    const Nonce want = sums_mac(key_, seq, number, p, range.bytes);
+    volatile uint8_t differ = 0;  // in constant time, as same_mac
+    for (std::size_t i = 0; i < want.size(); ++i) differ = static_cast<uint8_t>(differ | (want[i] ^ mac[i]));
+    if (differ) return false;
+    std::lock_guard<std::mutex> lk(pull_mu_);
+    for (uint64_t k = 0; k < range.bytes / 8; ++k) {
+        uint64_t v = 0;
+        for (int b = 0; b < 8; ++b) v |= uint64_t(p[k * 8 + b]) << (8 * b);
+        sums_[range.remote + k] = v;
+        known_[range.remote + k] = 1;
+    }
     return true;
 }
 
-std::vector<uint64_t> UcxReceiver::trailing_sums(uint64_t seq) {
+uint64_t UcxReceiver::trailing_sum(uint64_t seq, std::size_t entry) {
     std::unique_lock<std::mutex> lk(pull_mu_);
-    if (pull_.active && pull_.seq == seq && sums_seq_ != seq) {
-        auto here = [&] {
-            for (const Piece &p : pull_.pieces)
-                if (p.sums) return p.answered;
-            return true;
-        };
+    auto here = [&] { return sums_seq_ == seq && entry < known_.size() && known_[entry]; };
+    if (!here() && pull_.active && pull_.seq == seq) {
         if (!pull_cv_.wait_until(lk, pull_.end + std::chrono::seconds(2), [&] { return here() || !pull_.running; })) {
             cancel_ = true;
             w_->signal();
         }
-        if (sums_seq_ != seq) {
+        if (!here()) {
             lk.unlock();
             auto [status, why] = finish_pull();
             fail(status != WSYNC_OK ? status : WSYNC_ERR_SYSTEM,
-                 why.empty() ? who() + ": the checksums of chunk seq " + std::to_string(seq) + " never arrived" : why);
+                 why.empty() ? who() + ": the checksum of entry " + std::to_string(entry) + " of chunk seq " +
+                                   std::to_string(seq) + " never arrived"
+                             : why);
         }
     }
-    if (sums_seq_ != seq)
-        fail(WSYNC_ERR_INTERNAL, who() + ": no checksums followed chunk seq " + std::to_string(seq));
-    return sums_;
+    if (!here())
+        fail(WSYNC_ERR_INTERNAL, who() + ": no checksum followed entry " + std::to_string(entry) + " of chunk seq " +
+                                     std::to_string(seq));
+    return sums_[entry];
 }
 
 void UcxReceiver::ask(uint64_t seq, uint64_t number, const Span &span, uint32_t what) {
@@ -214,15 +223,36 @@ void UcxReceiver::start_pull(const ChunkHeader &h, const Where &at, const Tensor
             p.number = ++fetches_;
             job.pieces.push_back(p);
         }
-        if (at.sums_follow && o_.verify && table) {  // last: the trainer hashes the bytes as it sends them
-            Piece p;
-            p.span = Span{0, table->metas.size() * 8, 0};
-            p.number = ++fetches_;
-            p.sums = true;
-            sum_bytes_.assign(p.span.bytes, 0);
-            job.pieces.push_back(p);
+        // Checksums that follow the bytes: after each piece, those of the entries that end in
+        // it (in table order; an entry never before the one ahead of it), so each entry can be
+        // verified as soon as its bytes are in. After the data pieces in `pieces` (the lander
+        // counts those from 0), asked for in turn with them.
+        std::vector<std::size_t> order;
+        const std::size_t data = job.pieces.size();
+        if (at.sums_follow && o_.verify && table) {
+            const std::size_t n = table->metas.size();
+            expect_sums(at.seq, n);
+            std::size_t i = 0;
+            for (std::size_t k = 0; k < data; ++k) {
+                order.push_back(k);
+                const uint64_t hi = job.pieces[k].span.remote + job.pieces[k].span.bytes;
+                const std::size_t first = i;
+                while (i < n && (k + 1 == data || table->offsets[i] + table->wire_bytes(i) <= hi)) ++i;
+                if (i == first) continue;
+                Piece p;
+                p.span = Span{first, (i - first) * 8, first * 8};
+                p.number = ++fetches_;
+                p.sums = true;
+                order.push_back(job.pieces.size());
+                job.pieces.push_back(p);
+            }
+        } else {
+            for (std::size_t k = 0; k < data; ++k) order.push_back(k);
         }
-        for (const Piece &p : job.pieces) ask(at.seq, p.number, p.span, p.sums ? kFetchSums : 0);
+        for (std::size_t k : order) {
+            const Piece &p = job.pieces[k];
+            ask(at.seq, p.number, p.span, p.sums ? kFetchSums : 0);
+        }
     } catch (const Error &e) {
         answer(at.seq, h, e.status(), e.what());
         answered_seq_ = at.seq;
@@ -297,7 +327,7 @@ void UcxReceiver::run_pull() {
         why = std::move(text);
     };
     auto sums_in = [&](Piece &p) {
-        const bool ok = take_sums(seq, p.number, p.mac);
+        const bool ok = take_sums(seq, p.number, p.mac, p.span);
         if (!ok) refused(WSYNC_ERR_PEER, who() + ": the checksums that followed " + chunk + " fail their MAC");
         answered(p, ok);
     };
@@ -323,10 +353,11 @@ void UcxReceiver::run_pull() {
                 continue;
             }
             uint8_t *dst = static_cast<uint8_t *>(buf_) + p->span.local;
-            if (p->sums) {  // the chunk's checksums (kFetchSums): checked once they are in
+            if (p->sums) {  // checksums of some entries (kFetchSums): checked once they are in
                 p->mac = d.nonce;
-                if (d.desc) p->req = w_->receive(d.desc, sum_bytes_.data(), d.bytes, chunk + " from " + trainer_);
-                else std::memcpy(sum_bytes_.data(), d.payload.data(), d.bytes);
+                uint8_t *to = sum_bytes_.data() + p->span.local;
+                if (d.desc) p->req = w_->receive(d.desc, to, d.bytes, chunk + " from " + trainer_);
+                else std::memcpy(to, d.payload.data(), d.bytes);
                 if (!p->req) sums_in(*p);
             } else if (lander_.active()) {
                 // Landing: only the data stream writes into the engine's memory (a stream that

@@ -1,5 +1,7 @@
 #include "transport/ucx/receiver_state.hpp"
 
+#include <set>
+
 namespace wsync::ucx {
 
 wsync_status_t UcxReceiver::settle(const ChunkHeader &h, wsync_status_t outcome, std::string *message) noexcept {
@@ -85,9 +87,18 @@ std::unique_ptr<ChunkBacking> UcxReceiver::open_ranges(const ChunkHeader &h, con
     }
     uint64_t moved = 0;
     for (const Span &s : spans) moved += s.bytes;
-    // Checksums that follow the bytes come even when no byte is selected (empty tensors).
-    const std::size_t trailing = at.sums_follow && o_.verify && !fetch.empty() ? table.metas.size() : 0;
-    if (moved == 0 && !trailing) {
+    // Checksums that follow the bytes, of the entries selected whole (the only ones verified;
+    // empty ones too, which move no byte): asked for as one range of entries after the bytes.
+    SumRange trailing{table.metas.size(), 0, 0};
+    if (at.sums_follow && o_.verify) {
+        std::set<std::pair<uint64_t, uint64_t>> asked;
+        for (const ByteRange &r : fetch) asked.emplace(r.offset, r.bytes);
+        std::size_t lo = SIZE_MAX, hi = 0;
+        for (std::size_t i = 0; i < table.metas.size(); ++i)
+            if (asked.count({table.offsets[i], table.payload_bytes(i)})) lo = std::min(lo, i), hi = i + 1;
+        if (lo < hi) trailing.first = lo, trailing.count = hi - lo;
+    }
+    if (moved == 0 && !trailing.count) {
         check_link("before acknowledging " + chunk_label(h));
         last_seq_ = at.seq;
         if (!fetch.empty()) ensure_buffer(1);  // empty tensors still get a valid pointer
@@ -140,7 +151,7 @@ UcxBacking::~UcxBacking() {
 
 bool UcxBacking::landed_sum(std::size_t i, uint64_t *sum) { return in_place(i) && owner_.landed_sum(i, sum); }
 
-std::vector<uint64_t> UcxBacking::trailing_sums() { return owner_.trailing_sums(seq_); }
+uint64_t UcxBacking::trailing_sum(std::size_t i) { return owner_.trailing_sum(seq_, i); }
 
 void UcxBacking::await(std::size_t i) {
     if (!ends_.empty()) owner_.await_range(offsets_[i], ends_[i]);

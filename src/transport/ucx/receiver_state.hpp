@@ -162,7 +162,7 @@ public:
                                        const json &transport) override {
         Where at = admit(h, table, transport);
         if (at.bytes <= kPullPiece) {
-            pull(h, at, {Span{0, at.bytes, 0}}, at.bytes, table.metas.size());
+            pull(h, at, {Span{0, at.bytes, 0}}, at.bytes, SumRange{table.metas.size(), 0, table.metas.size()});
             auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), table.offsets, at.seq);
             b->set_header(h);
             return b;
@@ -190,8 +190,9 @@ public:
     }
     // Entry i's checksum as its bytes landed (after await(i)).
     bool landed_sum(std::size_t i, uint64_t *sum) { return lander_.sum(i, sum); }
-    // Chunk seq's checksums that followed its bytes (kFetchSums), once they came (fetch.cpp).
-    std::vector<uint64_t> trailing_sums(uint64_t seq);
+    // Entry `entry`'s checksum of chunk seq, which followed its bytes (kFetchSums): waits for it
+    // within the pull's deadline, or fails naming why it did not come (fetch.cpp).
+    uint64_t trailing_sum(uint64_t seq, std::size_t entry);
 
     // Stops the running pull (it ends at its next progress round; a receive in flight closes
     // the endpoint) and answers chunk seq as failed: nothing will read it.
@@ -291,18 +292,23 @@ private:
         return at;
     }
 
+    // Entries [first, first + count) of a chunk of `entries` (checksums that follow the bytes).
+    struct SumRange {
+        std::size_t entries = 0, first = 0, count = 0;
+    };
     // Leases the chunk and fetches every span into our buffer (`need` bytes of it), all in flight
     // at once, each bounded by the deadline; on any failure the trainer hears of it.
-    void pull(const ChunkHeader &h, const Where &at, const std::vector<Span> &spans, uint64_t need, std::size_t sums = 0);
+    void pull(const ChunkHeader &h, const Where &at, const std::vector<Span> &spans, uint64_t need,
+              const SumRange &sums);
 
     // Asks the trainer for every span (a Fetch each, numbered) and takes each answer into place:
     // an eager payload is copied, a rendezvous one received straight into our buffer; all in
     // flight at once, bounded by the deadline. Only an authentic Data message that answers a
     // fetch still outstanding, with its range and size, is taken; the trainer's refusal (a
     // range past the chunk, no lease) fails the chunk with its status and text.
-    // `sums`: also the checksums that follow the bytes, for a table of that many entries.
+    // `sums`: also the checksums that follow the bytes, of those entries.
     void fetch(const Where &at, const std::vector<Span> &spans, const std::string &chunk, const sys::Deadline &deadline,
-               std::size_t sums = 0);
+               const SumRange &sums);
 
     static std::string hex16(uint64_t v) {
         char b[17];
@@ -371,10 +377,12 @@ private:
     void lease(uint64_t seq, const std::string &chunk, const sys::Deadline &deadline);
     // Asks the trainer for bytes `span.remote`.. of chunk seq as fetch `number`.
     void ask(uint64_t seq, uint64_t number, const Span &span, uint32_t what = 0);
-    // Checksums that follow the bytes (init_info.hpp, kFetchSums): whether chunk seq's arrived
-    // in sum_bytes_ with the MAC `mac`; then they are sums_ (under pull_mu_), which
-    // trailing_sums() waits for (the puller's pull) or fails naming why they did not come.
-    bool take_sums(uint64_t seq, uint64_t number, const Nonce &mac);
+    // Checksums that follow the bytes (init_info.hpp, kFetchSums): chunk seq of `entries`
+    // entries will bring some (expect_sums, before they are asked for); take_sums: whether
+    // those of entries [range.remote, + range.bytes / 8) arrived (at sum_bytes_ + range.local)
+    // with the MAC `mac`, then known (sums_, known_, under pull_mu_; trailing_sum waits).
+    void expect_sums(uint64_t seq, std::size_t entries);
+    bool take_sums(uint64_t seq, uint64_t number, const Nonce &mac, const Span &range);
 
     // What pull() and start_pull() check before asking for a chunk (the link, a drop, a loader
     // still stuck on an earlier chunk); returns the chunk's name for messages.
@@ -431,8 +439,9 @@ private:
         if (ep_) w_->close(std::move(ep_), sys::Deadline(std::min<int64_t>(o_.timeout_ms, 2000)));
     }
 
-    std::vector<uint8_t> sum_bytes_;  // a kFetchSums answer's payload as it arrives
-    std::vector<uint64_t> sums_;      // chunk sums_seq_'s, checked (pull_mu_)
+    std::vector<uint8_t> sum_bytes_;  // kFetchSums answers' payloads as they arrive, 8 bytes an entry
+    std::vector<uint64_t> sums_;      // chunk sums_seq_'s, checked, where known_ (pull_mu_)
+    std::vector<uint8_t> known_;
     uint64_t sums_seq_ = 0;
     InitInfo info_;
     uint32_t index_;

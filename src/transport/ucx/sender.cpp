@@ -49,9 +49,10 @@ UcxSender::UcxSender(std::unique_ptr<Worker> w, const InitInfo &info, int64_t ti
         auto f = flights_.find(tag);
         if (f == flights_.end()) return;
         auto c = chunks_.find(f->second.seq);
-        if (c == chunks_.end() || !c->second.trail) return;
+        // A retired chunk's answers are never sent: an arena's bytes may be the caller's again.
+        if (c == chunks_.end() || !c->second.trail || c->second.retired) return;
         const auto *base = static_cast<const uint8_t *>(c->second.buf.base);
-        c->second.trail->written(static_cast<uint64_t>(p - base), static_cast<uint64_t>(p - base) + n);
+        c->second.trail->written(f->second.index, static_cast<uint64_t>(p - base), static_cast<uint64_t>(p - base) + n);
     });
     thread_ = sys::start_thread([this] { serve(); });
 }
@@ -88,6 +89,11 @@ json UcxSender::send(const ChunkHeader &h, const wsync_tensor_t *tensors, Tensor
     // is sent, and the checksums follow its bytes (trail.hpp; docs/data-path.md). Block sums
     // are read before any byte moves, so they keep the checksums in the request.
     bool follow = info_.checksum && on_gpu.empty() && !block_bytes_ && !stream_address_.empty();
+    if (follow) {  // and every engine attached has its stream (else it would be hashed cold, here, under the mutex)
+        std::unique_lock<std::mutex> lock = caller_lock();
+        for (const Member &m : members_)
+            if (m.ep && !m.dropped && m.ep->error == UCS_OK && !w_->streams(*m.ep)) follow = false;
+    }
     for (std::size_t i = 0; follow && i < table.metas.size(); ++i) follow = !table.is_patch(i);
     const bool hash_now = info_.checksum && !follow;
     Buffer buf;

@@ -109,6 +109,7 @@ private:
     void fetch(uint32_t index, Member &mem, const Msg &m);
     void answer_fetch(uint32_t index, Member &mem, const Msg &m);
     void answer_sums(uint32_t index, Member &mem, const Msg &m, Msg &reply);
+    bool sums_ready(const Msg &m) const;
     void dispatch();
     void sent(const std::vector<uint64_t> &ids);
     void ack(uint32_t index, Member &mem, const Msg &m);

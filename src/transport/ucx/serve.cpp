@@ -240,9 +240,9 @@ void UcxSender::dispatch() {
             const uint32_t i = (turn_ + k) % n;
             Member &mem = members_[i];
             if (mem.fetches.empty() || mem.in_flight >= kFetchesInFlight || !mem.ep) continue;
-            // A chunk's checksums go once every byte this member fetched before is written:
-            // they are hashed as those bytes go out (trail.hpp).
-            if (mem.fetches.front().chunk == kFetchSums && mem.in_flight) continue;
+            // Checksums that follow the bytes go once their entries are hashed as sent, or
+            // once nothing more is being sent to this member (then hashed from memory).
+            if (mem.fetches.front().chunk == kFetchSums && mem.in_flight && !sums_ready(mem.fetches.front())) continue;
             const Msg m = std::move(mem.fetches.front());
             mem.fetches.pop_front();
             answer_fetch(i, mem, m);
@@ -315,22 +315,34 @@ void UcxSender::answer_fetch(uint32_t index, Member &mem, const Msg &m) {
 // The checksums of a chunk whose request said they follow its bytes, to a member that holds a
 // lease on it (answer_fetch checked that): each entry's tree hash, the pieces no stream has
 // hashed yet hashed now (kFetchSums, init_info.hpp).
+bool UcxSender::sums_ready(const Msg &m) const {
+    auto c = chunks_.find(m.seq);
+    if (c == chunks_.end() || !c->second.trail || m.bytes % 8 || m.offset > c->second.trail->entries() ||
+        m.bytes / 8 > c->second.trail->entries() - m.offset)
+        return true;  // answered at once: refused
+    return c->second.trail->ready(static_cast<std::size_t>(m.offset), static_cast<std::size_t>(m.bytes / 8));
+}
+
+// Entries [offset, offset + bytes / 8) of the chunk, to a member holding a lease on it (checked
+// by answer_fetch).
 void UcxSender::answer_sums(uint32_t index, Member &mem, const Msg &m, Msg &reply) {
     Chunk &c = chunks_[m.seq];
     reply.chunk = kFetchSums;
     reply.index = index;
     reply.token = mem.token;
-    if (!c.trail || m.offset != 0 || m.bytes != c.trail->entries() * 8) {
+    const uint64_t n = c.trail ? c.trail->entries() : 0;
+    if (!c.trail || m.bytes == 0 || m.bytes % 8 || m.offset > n || m.bytes / 8 > n - m.offset) {
         reply.status = WSYNC_ERR_MALFORMED;
         reply.text = !c.trail ? "chunk seq " + std::to_string(m.seq) + " carries its checksums in its request"
-                              : "a fetch of the checksums of chunk seq " + std::to_string(m.seq) + " must ask for [0, +" +
-                                    std::to_string(c.trail->entries() * 8) + ")";
+                              : "a fetch of checksums of chunk seq " + std::to_string(m.seq) +
+                                    " must name a range of its " + std::to_string(n) + " entries, 8 bytes each";
         w_->send_data(*mem.ep, seal_msg(reply, mem.key, Dir::ToEngine), nullptr, 0, 0);
         return;
     }
     const uint64_t id = ++flight_ids_;
     Flight &f = flights_[id];
-    f = Flight{m.seq, index, mem.token, c.trail->sums()};
+    f = Flight{m.seq, index, mem.token,
+               c.trail->sums(static_cast<std::size_t>(m.offset), static_cast<std::size_t>(m.bytes / 8))};
     reply.nonce = sums_mac(mem.key, m.seq, m.version, f.sums.data(), f.sums.size());
     ++c.sending;
     ++mem.in_flight;

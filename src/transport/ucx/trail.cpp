@@ -36,27 +36,37 @@ void Trail::hash(std::size_t k) {
     ++hashed_;
 }
 
-void Trail::written(uint64_t lo, uint64_t hi) {
-    if (lo == run_hi_ && hi >= lo) run_hi_ = hi;  // one after the other: the run goes on
-    else run_lo_ = lo, run_hi_ = hi;
-    // The pieces that end inside [lo, hi) and begin inside the run.
+void Trail::written(uint32_t to, uint64_t lo, uint64_t hi) {
+    auto r = std::find_if(runs_.begin(), runs_.end(), [&](const Run &x) { return x.to == to; });
+    if (r == runs_.end()) r = runs_.insert(runs_.end(), Run{to, lo, lo});
+    if (lo == r->hi && hi >= lo) r->hi = hi;  // one after the other: the run goes on
+    else r->lo = lo, r->hi = hi;
+    // The pieces that end inside (lo, hi] and begin inside the run.
     auto k = std::upper_bound(pieces_.begin(), pieces_.end(), lo, [](uint64_t x, const Piece &p) { return x < p.hi; });
     for (; k != pieces_.end() && k->hi <= hi; ++k) {
         const std::size_t at = static_cast<std::size_t>(k - pieces_.begin());
-        if (k->lo >= run_lo_ && !done_[at]) hash(at);
+        if (k->lo >= r->lo && !done_[at]) hash(at);
     }
 }
 
-std::vector<uint8_t> Trail::sums() {
-    std::vector<uint8_t> out(first_.size() * 8);
-    for (std::size_t i = 0; i < first_.size(); ++i) {
+bool Trail::ready(std::size_t first, std::size_t count) const {
+    for (std::size_t i = first; i < first + count && i < first_.size(); ++i)
+        for (std::size_t k = first_[i]; k < first_[i] + count_[i]; ++k)
+            if (!done_[k]) return false;
+    return true;
+}
+
+std::vector<uint8_t> Trail::sums(std::size_t first, std::size_t count) {
+    std::vector<uint8_t> out(count * 8);
+    for (std::size_t j = 0; j < count; ++j) {
+        const std::size_t i = first + j;
         uint64_t sum = empty_[i];
         if (count_[i]) {
             for (std::size_t k = first_[i]; k < first_[i] + count_[i]; ++k)
                 if (!done_[k]) hash(k);
             sum = copy::combine_piece_hashes(hash_.data() + first_[i], count_[i]);
         }
-        for (int b = 0; b < 8; ++b) out[i * 8 + b] = static_cast<uint8_t>(sum >> (8 * b));
+        for (int b = 0; b < 8; ++b) out[j * 8 + b] = static_cast<uint8_t>(sum >> (8 * b));
     }
     return out;
 }

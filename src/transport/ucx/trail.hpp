@@ -1,16 +1,19 @@
 // Checksums that follow the bytes (issue 37 item 6; docs/data-path.md, "Checksums that follow
 // the bytes"): the trainer's half. A chunk sent over the data stream with checksums on is not
 // hashed when it is staged or lent from the arena; each 64 KiB piece of each entry is hashed
-// right after the stream has written it to the socket, while the kernel's read of it has left
-// it in the cache (a hot hash: about a fifth of the cold one it replaces). An engine then asks
-// for the chunk's tree hashes (kFetchSums) after its bytes.
+// right after an engine's stream has written it to the socket, while the kernel's read of it
+// has left it in the cache (a hot hash: about a fifth of the cold one it replaces). An engine
+// asks for the tree hashes of the entries that end in each piece it pulls right after that
+// piece (kFetchSums), so it verifies each entry as soon as its bytes are in.
 //
 // One Trail per such chunk, used under the sender's mutex only (the progress thread, or a
 // caller holding caller_lock()). Pieces are hashed once, by whichever engine's stream sends
-// them first; a piece no stream has sent whole in one run (bytes fetched out of order, a
-// selection, the UCX path) is hashed when the sums are asked for, from memory.
+// them first whole in one run of its bytes; a piece no stream has (bytes fetched out of order,
+// a selection's ranges, an engine without a stream) is hashed when its entry's sum is asked
+// for and nothing more is being sent to that engine, from memory.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -24,12 +27,14 @@ public:
     // `table` (dense entries only: a chunk with patches carries its checksums in its request).
     Trail(const uint8_t *base, const TensorTable &table);
 
-    // Bytes [lo, hi) of the chunk were just written to a socket: hashes every piece that now
-    // lies whole in the run of bytes written one after the other that ends at hi.
-    void written(uint64_t lo, uint64_t hi);
-    // Each entry's tree hash, 8 bytes little-endian in table order, hashing the pieces not
-    // hashed yet.
-    std::vector<uint8_t> sums();
+    // Bytes [lo, hi) of the chunk were just written to engine `to`'s socket: hashes every piece
+    // that now lies whole in the run of bytes written to it one after the other ending at hi.
+    void written(uint32_t to, uint64_t lo, uint64_t hi);
+    // Whether every piece of entries [first, first + count) is hashed.
+    bool ready(std::size_t first, std::size_t count) const;
+    // Those entries' tree hashes, 8 bytes little-endian each in table order, hashing the pieces
+    // not hashed yet (first + count <= entries()).
+    std::vector<uint8_t> sums(std::size_t first, std::size_t count);
     std::size_t entries() const { return first_.size(); }
     // Every piece hashed: a later send needs no hashing (nor slicing).
     bool complete() const { return hashed_ == pieces_.size(); }
@@ -47,7 +52,11 @@ private:
     std::vector<std::size_t> first_;  // per entry: its first piece; count_ of them
     std::vector<std::size_t> count_;
     std::vector<uint64_t> empty_;     // per entry without bytes: the tree hash of nothing
-    uint64_t run_lo_ = 0, run_hi_ = 0;  // the bytes written one after the other, last
+    struct Run {
+        uint32_t to = 0;
+        uint64_t lo = 0, hi = 0;  // the bytes written to it one after the other, last
+    };
+    std::vector<Run> runs_;  // one per engine that was sent bytes of the chunk
     std::size_t hashed_ = 0;
 };
 
