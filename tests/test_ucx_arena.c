@@ -232,6 +232,53 @@ static void a_chunk_not_laid_out_as_packed_is_packed_and_a_later_write_does_not_
     free(heap);
 }
 
+static int says_sums_follow(const wsync_blob_t *req) {
+    char *desc = NULL;
+    OK(wsync_blob_describe(req->data, req->size, &desc));
+    const int follow = strstr(desc, "\"sums_follow\"") != NULL;
+    wsync_string_free(desc);
+    return follow;
+}
+
+/* Checksums that follow the bytes need every engine on a data stream. An engine whose bytes
+ * travel over UCX ("data_path" "ucx") that attaches after a chunk was sent so gets its
+ * checksums over UCX too (the trainer hashes what no stream sent, from memory); while it is
+ * attached the trainer hashes each chunk at send_chunk and the request carries the checksums.
+ * Both engines load every version bit-exact and every flush is OK. */
+static void an_engine_without_a_data_stream_gets_the_checksums_either_way(void **state) {
+    (void)state;
+    struct trainer t;
+    trainer_start(&t, 2, 0);
+    size_t bytes = 0;
+    for (int i = 0; i < NT; ++i) bytes = round256(bytes + (size_t)elems[i] * 4);
+    uint8_t *heap = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    assert_non_null(heap);
+    lay_out(&t, heap, 0);
+    wsync_receiver_t *streamed = engine(&t, 0);
+    wsync_blob_t req;
+    send_version(&t, 1, &req);
+    assert_true(says_sums_follow(&req));
+    data_path = "ucx";
+    wsync_receiver_t *plain = engine(&t, 1);
+    data_path = "auto";
+    assert_int_equal(take(streamed, &req, 1), WSYNC_OK);
+    assert_int_equal(take(plain, &req, 1), WSYNC_OK);
+    OK(wsync_sender_flush(t.snd, 3000));
+    wsync_blob_free(&req);
+    for (uint64_t v = 2; v <= 3; ++v) {
+        send_version(&t, v, &req);
+        assert_false(says_sums_follow(&req));
+        assert_int_equal(take(plain, &req, v), WSYNC_OK);
+        assert_int_equal(take(streamed, &req, v), WSYNC_OK);
+        OK(wsync_sender_flush(t.snd, 3000));
+        wsync_blob_free(&req);
+    }
+    wsync_receiver_destroy(streamed);
+    wsync_receiver_destroy(plain);
+    trainer_stop(&t);
+    free(heap);
+}
+
 /* Once its flush returns OK a version's arena bytes are the trainer's again: an engine that
  * attaches afterwards and asks for it is refused by name (ABANDONED: it does not owe it), with
  * no byte of the rewritten arena loaded, and loads the next version bit-exact with the first. */
@@ -269,6 +316,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(versions_laid_out_in_the_arena_load_bit_exact_as_active_messages),
         cmocka_unit_test(the_engines_read_the_arena_itself_and_a_write_before_the_flush_fails_the_version),
         cmocka_unit_test(over_active_messages_a_write_before_any_read_fails_the_version),
+        cmocka_unit_test(an_engine_without_a_data_stream_gets_the_checksums_either_way),
         cmocka_unit_test(a_chunk_not_laid_out_as_packed_is_packed_and_a_later_write_does_not_show),
         cmocka_unit_test(a_flushed_version_is_never_read_from_the_arena_again),
     };
