@@ -54,9 +54,10 @@ void UcxReceiver::fetch(const Where &at, const std::vector<Span> &spans, const s
     std::vector<Want> wants;
     for (const Span &sp : spans)
         if (sp.bytes) wants.push_back(Want{sp, ++fetches_});
-    if (sums.count) {  // after the bytes: the trainer hashes them as it sends them
+    if (!sums.ranges.empty()) {  // after the bytes: the trainer hashes them as it sends them
         expect_sums(at.seq, sums.entries);
-        wants.push_back(Want{Span{sums.first, sums.count * 8, sums.first * 8}, ++fetches_, false, true, {}});
+        for (const auto &[first, count] : sums.ranges)
+            wants.push_back(Want{Span{first, count * 8, first * 8}, ++fetches_, false, true, {}});
     }
     for (const Want &w : wants) ask(at.seq, w.number, w.span, w.sums ? kFetchSums : 0);
     std::vector<void *> reqs;
@@ -144,13 +145,14 @@ bool UcxReceiver::take_sums(uint64_t seq, uint64_t number, const Nonce &mac, con
         sums_[range.remote + k] = v;
         known_[range.remote + k] = 1;
     }
+    pull_cv_.notify_all();
     return true;
 }
 
 uint64_t UcxReceiver::trailing_sum(uint64_t seq, std::size_t entry) {
     std::unique_lock<std::mutex> lk(pull_mu_);
     auto here = [&] { return sums_seq_ == seq && entry < known_.size() && known_[entry]; };
-    if (!here() && pull_.active && pull_.seq == seq) {
+    if (!here() && pull_.active && pull_.seq == seq && sums_seq_ == seq && entry < known_.size()) {
         if (!pull_cv_.wait_until(lk, pull_.end + std::chrono::seconds(2), [&] { return here() || !pull_.running; })) {
             cancel_ = true;
             w_->signal();
@@ -223,18 +225,21 @@ void UcxReceiver::start_pull(const ChunkHeader &h, const Where &at, const Tensor
             p.number = ++fetches_;
             job.pieces.push_back(p);
         }
-        // Checksums that follow the bytes: after each piece, those of the entries that end in
-        // it (in table order; an entry never before the one ahead of it), so each entry can be
-        // verified as soon as its bytes are in. After the data pieces in `pieces` (the lander
-        // counts those from 0), asked for in turn with them.
+        // Checksums that follow the bytes: after each piece (each `every` pieces, so at most
+        // kSumFetches of them: the trainer queues every fetch of the chunk with room to spare),
+        // those of the entries that end in it (in table order; an entry never before the one
+        // ahead of it), so each entry can be verified as soon as its bytes are in. After the data
+        // pieces in `pieces` (the lander counts those from 0), asked for in turn with them.
         std::vector<std::size_t> order;
         const std::size_t data = job.pieces.size();
         if (at.sums_follow && o_.verify && table) {
             const std::size_t n = table->metas.size();
+            const std::size_t every = (data + kSumFetches - 1) / kSumFetches;
             expect_sums(at.seq, n);
             std::size_t i = 0;
             for (std::size_t k = 0; k < data; ++k) {
                 order.push_back(k);
+                if ((k + 1) % every && k + 1 != data) continue;
                 const uint64_t hi = job.pieces[k].span.remote + job.pieces[k].span.bytes;
                 const std::size_t first = i;
                 while (i < n && (k + 1 == data || table->offsets[i] + table->wire_bytes(i) <= hi)) ++i;

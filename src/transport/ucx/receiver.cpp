@@ -88,17 +88,30 @@ std::unique_ptr<ChunkBacking> UcxReceiver::open_ranges(const ChunkHeader &h, con
     uint64_t moved = 0;
     for (const Span &s : spans) moved += s.bytes;
     // Checksums that follow the bytes, of the entries selected whole (the only ones verified;
-    // empty ones too, which move no byte): asked for as one range of entries after the bytes.
-    SumRange trailing{table.metas.size(), 0, 0};
+    // empty ones too, which move no byte): a range per run of them in table order, after the
+    // bytes (the trainer hashes what it did not send, so no more entries than those); more than
+    // kSumFetches runs are joined into that many, so every fetch fits the trainer's queue.
+    SumRange trailing{table.metas.size(), {}};
     if (at.sums_follow && o_.verify) {
         std::set<std::pair<uint64_t, uint64_t>> asked;
         for (const ByteRange &r : fetch) asked.emplace(r.offset, r.bytes);
-        std::size_t lo = SIZE_MAX, hi = 0;
-        for (std::size_t i = 0; i < table.metas.size(); ++i)
-            if (asked.count({table.offsets[i], table.payload_bytes(i)})) lo = std::min(lo, i), hi = i + 1;
-        if (lo < hi) trailing.first = lo, trailing.count = hi - lo;
+        for (std::size_t i = 0; i < table.metas.size(); ++i) {
+            if (!asked.count({table.offsets[i], table.payload_bytes(i)})) continue;
+            auto &runs = trailing.ranges;
+            if (!runs.empty() && runs.back().first + runs.back().second == i) ++runs.back().second;
+            else runs.emplace_back(i, 1);
+        }
+        auto &runs = trailing.ranges;
+        if (runs.size() > kSumFetches) {
+            std::vector<std::pair<std::size_t, std::size_t>> joined;
+            for (std::size_t g = 0; g < kSumFetches; ++g) {
+                const auto &a = runs[g * runs.size() / kSumFetches], &b = runs[(g + 1) * runs.size() / kSumFetches - 1];
+                joined.emplace_back(a.first, b.first + b.second - a.first);
+            }
+            runs = std::move(joined);
+        }
     }
-    if (moved == 0 && !trailing.count) {
+    if (moved == 0 && trailing.ranges.empty()) {
         check_link("before acknowledging " + chunk_label(h));
         last_seq_ = at.seq;
         if (!fetch.empty()) ensure_buffer(1);  // empty tensors still get a valid pointer

@@ -162,7 +162,7 @@ public:
                                        const json &transport) override {
         Where at = admit(h, table, transport);
         if (at.bytes <= kPullPiece) {
-            pull(h, at, {Span{0, at.bytes, 0}}, at.bytes, SumRange{table.metas.size(), 0, table.metas.size()});
+            pull(h, at, {Span{0, at.bytes, 0}}, at.bytes, SumRange{table.metas.size(), {{0, table.metas.size()}}});
             auto b = std::make_unique<UcxBacking>(*this, static_cast<const uint8_t *>(buf_), table.offsets, at.seq);
             b->set_header(h);
             return b;
@@ -292,10 +292,13 @@ private:
         return at;
     }
 
-    // Entries [first, first + count) of a chunk of `entries` (checksums that follow the bytes).
+    // Ranges of entries (first, count) of a chunk of `entries`, at most kSumFetches of them
+    // (checksums that follow the bytes).
     struct SumRange {
-        std::size_t entries = 0, first = 0, count = 0;
+        std::size_t entries = 0;
+        std::vector<std::pair<std::size_t, std::size_t>> ranges;
     };
+    static constexpr std::size_t kSumFetches = 16;
     // Leases the chunk and fetches every span into our buffer (`need` bytes of it), all in flight
     // at once, each bounded by the deadline; on any failure the trainer hears of it.
     void pull(const ChunkHeader &h, const Where &at, const std::vector<Span> &spans, uint64_t need,
@@ -399,7 +402,9 @@ private:
     //   landed/answered, status/why, running: the puller, under pull_mu_;
     //   active: start_pull sets it, finish_pull clears it (both under pull_mu_).
     static constexpr uint64_t kPullPiece = 4 << 20;  // bytes a piece holds at least
-    static constexpr uint64_t kPullPieces = 32;      // the most pieces of one chunk (kFetchesQueued is 64)
+    // The most pieces of one chunk: with kSumFetches fetches of checksums, 48 of the 64 fetches
+    // the trainer queues for one receiver (kFetchesQueued).
+    static constexpr uint64_t kPullPieces = 32;
     struct Piece {
         Span span;
         uint64_t number = 0;   // the fetch's number, matched by its Data message

@@ -108,7 +108,7 @@ private:
     void lease(uint32_t index, Member &mem, uint64_t seq);
     void fetch(uint32_t index, Member &mem, const Msg &m);
     void answer_fetch(uint32_t index, Member &mem, const Msg &m);
-    void answer_sums(uint32_t index, Member &mem, const Msg &m, Msg &reply);
+    void answer_sums(uint32_t index, Member &mem, const Msg &m, Chunk &c, Msg &reply);
     bool sums_ready(const Msg &m) const;
     void dispatch();
     void sent(const std::vector<uint64_t> &ids);

@@ -287,7 +287,7 @@ void UcxSender::answer_fetch(uint32_t index, Member &mem, const Msg &m) {
         reply.status = WSYNC_ERR_WRONG_STATE;
         reply.text = "chunk seq " + std::to_string(m.seq) + " is not leased to this receiver";
     } else if (m.chunk == kFetchSums) {
-        answer_sums(index, mem, m, reply);
+        answer_sums(index, mem, m, it->second, reply);
         return;
     } else if (m.bytes == 0 || m.offset > it->second.bytes || m.bytes > it->second.bytes - m.offset) {
         reply.status = WSYNC_ERR_MALFORMED;
@@ -325,8 +325,7 @@ bool UcxSender::sums_ready(const Msg &m) const {
 
 // Entries [offset, offset + bytes / 8) of the chunk, to a member holding a lease on it (checked
 // by answer_fetch).
-void UcxSender::answer_sums(uint32_t index, Member &mem, const Msg &m, Msg &reply) {
-    Chunk &c = chunks_[m.seq];
+void UcxSender::answer_sums(uint32_t index, Member &mem, const Msg &m, Chunk &c, Msg &reply) {
     reply.chunk = kFetchSums;
     reply.index = index;
     reply.token = mem.token;
