@@ -312,9 +312,8 @@ void UcxSender::answer_fetch(uint32_t index, Member &mem, const Msg &m) {
                   m.bytes, id, it->second.trail && !it->second.trail->complete());
 }
 
-// The checksums of a chunk whose request said they follow its bytes, to a member that holds a
-// lease on it (answer_fetch checked that): each entry's tree hash, the pieces no stream has
-// hashed yet hashed now (kFetchSums, init_info.hpp).
+// Whether a fetch of checksums that follow the bytes (kFetchSums, init_info.hpp) can be
+// answered from hashes taken as its entries were sent (or is refused at once).
 bool UcxSender::sums_ready(const Msg &m) const {
     auto c = chunks_.find(m.seq);
     if (c == chunks_.end() || !c->second.trail || m.bytes % 8 || m.offset > c->second.trail->entries() ||
@@ -323,8 +322,9 @@ bool UcxSender::sums_ready(const Msg &m) const {
     return c->second.trail->ready(static_cast<std::size_t>(m.offset), static_cast<std::size_t>(m.bytes / 8));
 }
 
-// Entries [offset, offset + bytes / 8) of the chunk, to a member holding a lease on it (checked
-// by answer_fetch).
+// The checksums of entries [offset, offset + bytes / 8) of a chunk whose request said they
+// follow its bytes, to a member holding a lease on it (answer_fetch checked that): each entry's
+// tree hash, the pieces no stream has hashed yet hashed now, from memory.
 void UcxSender::answer_sums(uint32_t index, Member &mem, const Msg &m, Chunk &c, Msg &reply) {
     reply.chunk = kFetchSums;
     reply.index = index;
