@@ -191,7 +191,7 @@ public:
     // Entry i's checksum as its bytes landed (after await(i)).
     bool landed_sum(std::size_t i, uint64_t *sum) { return lander_.sum(i, sum); }
     // Entry `entry`'s checksum of chunk seq, which followed its bytes (kFetchSums): waits for it
-    // within the pull's deadline, or fails naming why it did not come (fetch.cpp).
+    // within the pull's deadline, or fails naming why it did not come (sums.cpp).
     uint64_t trailing_sum(uint64_t seq, std::size_t entry);
 
     // Stops the running pull (it ends at its next progress round; a receive in flight closes
